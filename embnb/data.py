@@ -1,0 +1,250 @@
+"""Key streams that alias under `key % world_size`, and a loader for real ids.
+
+Every generator has the form `fn(num_keys, *, world_size=8, seed=0, ...)` and
+returns a 1-D torch.int64 tensor, the same for the same arguments. Patterns:
+
+- uniform:    ids drawn uniformly from [0, 2**40): the easy case.
+- sequential: start, start+1, ...: balanced by `%`, bunched by blocks.
+- strided:    k*W + r for random k: every key has the same residue mod W.
+- tagged:     low `tag_bits` bits hold a type tag from a small set.
+- snowflake:  Twitter-style (ms << 22 | worker << 12 | sequence); few ids per
+              ms, so the sequence is mostly 0 and ids are multiples of 4096.
+- zipf:       hot keys; ids scattered by a random permutation. Hashing spreads
+              distinct keys but cannot split one hot key, so it does NOT fix
+              this skew (see DESIGN.md, item 1).
+
+`load_id_column` reads an id column from a CSV/TSV/Parquet file such as
+MovieLens `ratings.csv` (userId, movieId) or KuaiRand (user_id, video_id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+ID_SPACE = 2**40  # large enough that random ids rarely collide
+TWITTER_EPOCH_MS = 1_288_834_974_657
+SNOWFLAKE_START_MS = 1_700_000_000_000 - TWITTER_EPOCH_MS  # Nov 2023
+
+
+def _check_sizes(num_keys: int, world_size: int) -> None:
+    if num_keys < 0:
+        raise ValueError(f"num_keys must be >= 0, got {num_keys}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def uniform_ids(
+    num_keys: int, *, world_size: int = 8, seed: int = 0, id_space: int = ID_SPACE
+) -> torch.Tensor:
+    """Ids uniform over [0, id_space)."""
+    _check_sizes(num_keys, world_size)
+    return torch.randint(
+        0, id_space, (num_keys,), generator=_generator(seed), dtype=torch.int64
+    )
+
+
+def sequential_ids(
+    num_keys: int, *, world_size: int = 8, seed: int = 0, start: int = 0
+) -> torch.Tensor:
+    """start, start+1, ...; `seed` is accepted for a uniform signature only."""
+    _check_sizes(num_keys, world_size)
+    return torch.arange(start, start + num_keys, dtype=torch.int64)
+
+
+def strided_ids(
+    num_keys: int,
+    *,
+    world_size: int = 8,
+    seed: int = 0,
+    residue: int = 0,
+    id_space: int = ID_SPACE,
+) -> torch.Tensor:
+    """k*W + residue for random k: e.g. ids from W allocators, one per shard."""
+    _check_sizes(num_keys, world_size)
+    if not 0 <= residue < world_size:
+        raise ValueError(f"residue must be in [0, {world_size}), got {residue}")
+    k = torch.randint(
+        0, id_space // world_size, (num_keys,), generator=_generator(seed),
+        dtype=torch.int64,
+    )
+    return k * world_size + residue
+
+
+def tagged_ids(
+    num_keys: int,
+    *,
+    world_size: int = 8,
+    seed: int = 0,
+    tag_bits: int = 3,
+    tags: tuple[int, ...] = (1, 2, 5),
+    id_space: int = ID_SPACE,
+) -> torch.Tensor:
+    """(random << tag_bits) | tag, tag drawn uniformly from `tags`.
+
+    With W a power of two <= 2**tag_bits, `key % W` sees only the tag, so at
+    most len(tags) ranks get any key.
+    """
+    _check_sizes(num_keys, world_size)
+    if not tags:
+        raise ValueError("tags must not be empty")
+    bad = [t for t in tags if not 0 <= t < 2**tag_bits]
+    if bad:
+        raise ValueError(f"tag {bad[0]} does not fit in tag_bits={tag_bits}")
+    gen = _generator(seed)
+    high = torch.randint(
+        0, id_space >> tag_bits, (num_keys,), generator=gen, dtype=torch.int64
+    )
+    which = torch.randint(0, len(tags), (num_keys,), generator=gen)
+    return (high << tag_bits) | torch.tensor(tags, dtype=torch.int64)[which]
+
+
+def snowflake_ids(
+    num_keys: int,
+    *,
+    world_size: int = 8,
+    seed: int = 0,
+    ids_per_ms: float = 0.05,
+    num_workers: int = 4,
+    start_ms: int = SNOWFLAKE_START_MS,
+) -> torch.Tensor:
+    """Snowflake ids in creation order: ms << 22 | worker << 12 | sequence.
+
+    Ids arrive as a Poisson stream of `ids_per_ms` per ms spread over
+    `num_workers` workers; the 12-bit sequence counts ids made by one worker
+    within one ms, so at low rates it is almost always 0.
+    """
+    _check_sizes(num_keys, world_size)
+    if not 0 < ids_per_ms <= 1:
+        raise ValueError(f"ids_per_ms must be in (0, 1], got {ids_per_ms}")
+    if not 1 <= num_workers <= 1024:
+        raise ValueError(f"num_workers must be in [1, 1024], got {num_workers}")
+    gen = _generator(seed)
+    gaps = torch.empty(num_keys, dtype=torch.float64).exponential_(
+        ids_per_ms, generator=gen
+    )
+    ms = start_ms + torch.cumsum(gaps, 0).floor().to(torch.int64)
+    worker = torch.randint(0, num_workers, (num_keys,), generator=gen)
+    # Sequence = position among earlier ids of the same (ms, worker).
+    group = ms * 1024 + worker
+    order = torch.sort(group, stable=True).indices
+    sorted_group = group[order]
+    new_run = torch.ones(num_keys, dtype=torch.bool)
+    new_run[1:] = sorted_group[1:] != sorted_group[:-1]
+    position = torch.arange(num_keys)
+    run_start = torch.cummax(torch.where(new_run, position, 0), 0).values
+    sequence = torch.empty(num_keys, dtype=torch.int64)
+    sequence[order] = position - run_start
+    # ids_per_ms <= 1 makes > 4096 ids in one ms practically impossible.
+    return (ms << 22) | (worker << 12) | sequence
+
+
+def zipf_probs(vocab_size: int, alpha: float) -> torch.Tensor:
+    """P(rank k) proportional to k**-alpha for k = 1..vocab_size (float64)."""
+    weights = torch.arange(1, vocab_size + 1, dtype=torch.float64).pow(-alpha)
+    return weights / weights.sum()
+
+
+def zipf_ids(
+    num_keys: int,
+    *,
+    world_size: int = 8,
+    seed: int = 0,
+    alpha: float = 1.2,
+    vocab_size: int = 100_000,
+) -> torch.Tensor:
+    """Zipf(alpha) over vocab_size ids; a random permutation of [0, vocab_size)
+    names the ranks, so the hottest id is not 0 and hot ids are not clustered.
+
+    The hottest id alone carries zipf_probs(...)[0] of the traffic (about 0.2
+    by default), so any routing has max/mean >= that share * world_size.
+    """
+    _check_sizes(num_keys, world_size)
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    gen = _generator(seed)
+    cdf = torch.cumsum(zipf_probs(vocab_size, alpha), 0)
+    uniform = torch.rand(num_keys, generator=gen, dtype=torch.float64)
+    popularity_rank = torch.searchsorted(cdf, uniform).clamp_(max=vocab_size - 1)
+    names = torch.randperm(vocab_size, generator=gen)
+    return names[popularity_rank]
+
+
+PATTERNS: dict[str, Callable[..., torch.Tensor]] = {
+    "uniform": uniform_ids,
+    "sequential": sequential_ids,
+    "strided": strided_ids,
+    "tagged": tagged_ids,
+    "snowflake": snowflake_ids,
+    "zipf": zipf_ids,
+}
+
+
+def make_keys(
+    pattern: str, num_keys: int, world_size: int, seed: int = 0, **options
+) -> torch.Tensor:
+    """Keys of a named pattern; `options` go to the generator."""
+    if pattern not in PATTERNS:
+        raise ValueError(
+            f"unknown pattern {pattern!r}; valid patterns: {', '.join(PATTERNS)}"
+        )
+    _check_sizes(num_keys, world_size)
+    return PATTERNS[pattern](num_keys, world_size=world_size, seed=seed, **options)
+
+
+_CSV_SEPARATORS = {".csv": ",", ".tsv": "\t"}
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+SUPPORTED_SUFFIXES = (*_CSV_SEPARATORS, *_PARQUET_SUFFIXES)
+
+
+def load_id_column(path: str | Path, column: str) -> torch.Tensor:
+    """Read one integer id column of a .csv, .tsv, .parquet or .pq file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    suffix = path.suffix.lower()
+    # Read the header first, so a missing column gets our message, not pandas'.
+    if suffix in _CSV_SEPARATORS:
+        sep = _CSV_SEPARATORS[suffix]
+        available = list(pd.read_csv(path, sep=sep, nrows=0).columns)
+    elif suffix in _PARQUET_SUFFIXES:
+        import pyarrow.parquet as pq
+
+        available = list(pq.read_schema(path).names)
+    else:
+        raise ValueError(
+            f"unsupported file suffix {path.suffix!r} for {path}; "
+            f"supported: {', '.join(SUPPORTED_SUFFIXES)}"
+        )
+    if column not in available:
+        raise ValueError(
+            f"column {column!r} not in {path}; available columns: {available}"
+        )
+    if suffix in _CSV_SEPARATORS:
+        series = pd.read_csv(path, sep=sep, usecols=[column])[column]
+    else:
+        series = pd.read_parquet(path, columns=[column])[column]
+    if len(series) == 0:
+        return torch.empty(0, dtype=torch.int64)
+    missing = int(series.isna().sum())
+    if missing:
+        raise ValueError(f"column {column!r} has {missing} missing values")
+    if not pd.api.types.is_integer_dtype(series.dtype):
+        raise ValueError(
+            f"column {column!r} is not integer (dtype {series.dtype})"
+        )
+    if pd.api.types.is_unsigned_integer_dtype(series.dtype) and (
+        int(series.max()) > np.iinfo(np.int64).max
+    ):
+        raise ValueError(f"column {column!r} has ids beyond int64")
+    return torch.from_numpy(series.to_numpy(dtype=np.int64, copy=True))

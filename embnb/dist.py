@@ -1,0 +1,305 @@
+"""Run one function on several ranks, each with a real process group.
+
+`launch(fn, world_size, *args)` spawns `world_size` processes, gives each an
+initialized default process group (gloo on CPU, nccl on GPUs), calls
+`fn(rank, world_size, *args)` and returns the per-rank results in rank order.
+A rank that raises, dies or hangs ends the whole launch with an error that
+names the rank; every spawned process is gone when `launch` returns or raises.
+
+Under torchrun (or any caller that already initialized a process group),
+`launch` runs `fn` in the calling process only and all-gathers the results,
+so the same per-rank functions work on one machine or several.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["launch", "RankError", "LaunchTimeout", "pick_backend", "check_collectives"]
+
+_BACKENDS = ("auto", "gloo", "nccl")
+
+
+class RankError(RuntimeError):
+    """A rank raised or died; `rank` says which, the message carries its traceback."""
+
+    def __init__(self, rank: int, detail: str):
+        super().__init__(f"rank {rank} failed:\n{detail}")
+        self.rank = rank
+        self.detail = detail
+
+
+class LaunchTimeout(TimeoutError):
+    """Some ranks did not finish within the timeout; all ranks were killed."""
+
+
+def pick_backend(backend: str, world_size: int) -> str:
+    """Resolve "auto" to nccl when there is one GPU per rank, else gloo."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(_BACKENDS)}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(
+            f"backend 'nccl' needs one GPU per rank: world_size={world_size}, "
+            f"GPUs visible={gpus}; use backend='gloo' or 'auto'"
+        )
+    return backend
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "auto",
+    timeout_s: float = 300.0,
+) -> list[Any]:
+    """Run `fn(rank, world_size, *args)` on `world_size` ranks; results in rank order.
+
+    `fn` and `args` must be picklable and `fn` importable (a module-level
+    function, not one defined in a notebook cell): spawned processes import it.
+    Return values are pickled by value; CUDA tensors come back on the CPU.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return _run_in_existing_group(fn, world_size, args)
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    backend = pick_backend(backend, world_size)
+    _check_importable(fn)
+
+    # The parent hosts the rendezvous store on a port the OS picks (port 0),
+    # so concurrent launches never race for a port.
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    results_queue = ctx.Queue()
+    threads = max(1, (os.cpu_count() or 1) // world_size)
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(rank, world_size, backend, store.port, timeout_s, threads, fn, args, results_queue),
+            name=f"embnb-rank{rank}",
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        return _collect(procs, results_queue, world_size, timeout_s)
+    finally:
+        _kill_all(procs)
+        results_queue.close()
+        results_queue.join_thread()
+        del store
+
+
+def _run_in_existing_group(fn: Callable[..., Any], world_size: int | None, args: tuple) -> list[Any]:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if world_size is not None and world_size != size:
+        raise ValueError(
+            f"world_size={world_size} but the existing process group has {size} ranks"
+        )
+    result = _to_cpu(fn(rank, size, *args))
+    gathered: list[Any] = [None] * size
+    dist.all_gather_object(gathered, result)
+    return gathered
+
+
+def _check_importable(fn: Callable[..., Any]) -> None:
+    module = getattr(fn, "__module__", None)
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if module == "__main__" and main_file is None:
+        raise ValueError(
+            f"fn {getattr(fn, '__qualname__', fn)!r} is defined in an interactive session "
+            "(notebook or REPL); spawned ranks cannot import it. Define it in a module "
+            "(e.g. embnb/ or a .py file next to the notebook) and import it."
+        )
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # lambdas, closures, bound methods of unpicklable objects
+        raise ValueError(
+            f"fn {fn!r} cannot be sent to spawned ranks ({exc}); use a module-level function"
+        ) from exc
+
+
+def _rank_main(rank, world_size, backend, port, timeout_s, threads, fn, args, results_queue):
+    # Own process group, so killing it also takes any processes this rank started.
+    os.setpgrp()
+    _exit_with_parent()
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    try:
+        if backend == "gloo":
+            torch.set_num_threads(threads)  # ranks share the cores
+        else:
+            torch.cuda.set_device(rank)
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        payload = ("ok", rank, pickle.dumps(_to_cpu(fn(rank, world_size, *args))))
+    except BaseException:
+        payload = ("error", rank, traceback.format_exc())
+    results_queue.put(payload)
+    results_queue.close()
+    results_queue.join_thread()  # flush before exiting, so the parent gets it
+    if dist.is_initialized() and payload[0] == "ok":
+        dist.destroy_process_group()
+    # Skip interpreter teardown: a rank whose peers failed can block in
+    # collective or store destructors; the parent has the result already.
+    os._exit(0)
+
+
+def _exit_with_parent() -> None:
+    # A killed parent (a restarted notebook kernel) must not leave ranks
+    # blocked in a collective forever.
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="embnb-parent-watch").start()
+
+
+def _collect(procs, results_queue, world_size: int, timeout_s: float) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    results: dict[int, Any] = {}
+    failures: dict[int, str] = {}  # rank -> traceback or exit note, in arrival order
+    while len(results) < world_size:
+        _read(results_queue, results, failures, wait_s=0.1)
+        _note_silent_deaths(procs, results_queue, results, failures)
+        if failures:
+            # Once a rank fails its peers soon fail too ("connection reset by
+            # peer"): wait briefly so the report can name the root cause.
+            _read(results_queue, results, failures, wait_s=1.0)
+            _note_silent_deaths(procs, results_queue, results, failures)
+            rank = _root_cause(failures)
+            others = [r for r in failures if r != rank]
+            note = f"\n(ranks {others} failed as well, probably as a consequence)" if others else ""
+            raise RankError(rank, failures[rank] + note)
+        if time.monotonic() > deadline:
+            missing = [r for r in range(world_size) if r not in results]
+            raise LaunchTimeout(
+                f"ranks {missing} did not finish within timeout_s={timeout_s:g}; all ranks were killed"
+            )
+    return [results[rank] for rank in range(world_size)]
+
+
+def _read(results_queue, results: dict[int, Any], failures: dict[int, str], wait_s: float) -> None:
+    """Take every message that arrives within `wait_s` seconds."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            status, rank, body = results_queue.get(timeout=max(0.0, end - time.monotonic()))
+        except queue.Empty:
+            return
+        if status == "ok":
+            results[rank] = pickle.loads(body)
+        else:
+            failures[rank] = body
+
+
+_DIED = "process exited with code {} without a result (killed, crashed in native code, or os._exit)"
+
+
+def _note_silent_deaths(procs, results_queue, results, failures) -> None:
+    dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in results and r not in failures]
+    if dead:
+        _read(results_queue, results, failures, wait_s=0.5)  # a last message may be in the pipe
+    for rank in dead:
+        if rank not in results and rank not in failures:
+            failures[rank] = _DIED.format(procs[rank].exitcode)
+
+
+def _root_cause(failures: dict[int, str]) -> int:
+    # A rank that died without a word caused the others' connection errors.
+    silent = [r for r, text in failures.items() if text.startswith("process exited with code")]
+    return silent[0] if silent else next(iter(failures))
+
+
+def _kill_all(procs) -> None:
+    for proc in procs:
+        if proc.pid is None:
+            continue
+        if proc.exitcode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+        proc.join(timeout=10)
+
+
+def _to_cpu(value: Any) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, value)
+
+
+def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
+    """A smoke test of the process group: all_reduce and an uneven all_to_all.
+
+    Rank r sends (d + 1) values to rank d, each `100 * r + d`; so rank r
+    receives r + 1 values from every source s, each `100 * s + r`.
+    """
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    total = torch.tensor([rank + 1.0], device=device)
+    dist.all_reduce(total)
+    in_splits = [d + 1 for d in range(world_size)]
+    out_splits = [rank + 1] * world_size
+    send = torch.cat([torch.full((d + 1,), 100 * rank + d, device=device) for d in range(world_size)])
+    recv = torch.empty(sum(out_splits), dtype=send.dtype, device=device)
+    dist.all_to_all_single(recv, send, out_splits, in_splits)
+    return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(),
+            "all_reduce": total.item(), "all_to_all": recv.tolist()}
+
+
+def _main(argv: list[str]) -> None:
+    """`python -m embnb.dist MODULE:FN [--world-size N]`, or the same under torchrun."""
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="python -m embnb.dist", description=_main.__doc__)
+    parser.add_argument("target", help="module:function taking (rank, world_size)")
+    parser.add_argument("--world-size", type=int, default=2, help="ranks to spawn when not under torchrun")
+    parser.add_argument("--backend", default="auto", choices=_BACKENDS)
+    opts = parser.parse_args(argv)
+    module_name, _, fn_name = opts.target.partition(":")
+    fn = getattr(importlib.import_module(module_name), fn_name)
+    if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ:
+        world_size = int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(pick_backend(opts.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
+        if dist.get_backend() == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        results = launch(fn, world_size)
+        if dist.get_rank() == 0:
+            for item in results:
+                print(item, flush=True)
+        dist.destroy_process_group()
+    else:
+        for item in launch(fn, opts.world_size, backend=opts.backend):
+            print(item, flush=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

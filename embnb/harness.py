@@ -1,0 +1,208 @@
+"""Execute notebooks headless with papermill, and check the committed ones.
+
+`run_notebook` is what `make run` and the tests use: it executes one notebook
+with parameters, saves the executed copy, its figures as PNG and its results
+JSON under an output folder, and returns the results. `notebook_problems`
+lists what breaks the notebook conventions in ../shared/DESIGN.md.
+
+    python -m embnb.harness run [NOTEBOOK ...] [--out build/notebooks]
+    python -m embnb.harness check [NOTEBOOK ...]
+    python -m embnb.harness strip NOTEBOOK ...
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import os
+import pathlib
+import sys
+import time
+from typing import Any
+
+import nbformat
+
+__all__ = ["run_notebook", "notebook_problems", "strip_outputs", "list_notebooks", "NotebookError"]
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS_DIR = ROOT / "notebooks"
+REQUIRED_PARAMETERS = ("device", "interactive", "results_path")
+
+
+class NotebookError(RuntimeError):
+    """A notebook failed to execute or did not write its results JSON."""
+
+
+def list_notebooks(directory: pathlib.Path = NOTEBOOKS_DIR) -> list[pathlib.Path]:
+    return sorted(directory.glob("[0-9][0-9]_*.ipynb"))
+
+
+def run_notebook(
+    path: str | pathlib.Path,
+    out_dir: str | pathlib.Path,
+    parameters: dict[str, Any] | None = None,
+    cell_timeout_s: int = 600,
+    cwd: str | pathlib.Path | None = None,
+) -> dict[str, Any]:
+    """Execute `path` with papermill into `out_dir` and return its results JSON.
+
+    Writes `out_dir/NAME.ipynb` (executed), `out_dir/NAME.json` (results) and
+    `out_dir/NAME_figNN.png` (each PNG the notebook displayed). Parameters
+    default to `interactive=False` and `results_path` in `out_dir`; the
+    working directory defaults to the notebook's own folder.
+    """
+    import papermill
+
+    _prefer_this_environment_kernel()
+    path = pathlib.Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"notebook {str(path)!r} does not exist")
+    out_dir = pathlib.Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / f"{path.stem}.json"
+    results_path.unlink(missing_ok=True)  # a stale file must not pass for this run's
+    params = {"interactive": False, "results_path": str(results_path), **(parameters or {})}
+    executed = out_dir / path.name
+    try:
+        papermill.execute_notebook(
+            str(path), str(executed), parameters=params, kernel_name="python3",
+            cwd=str(cwd or path.parent), execution_timeout=cell_timeout_s,
+            progress_bar=False, log_output=False,
+        )
+    except papermill.PapermillExecutionError as exc:
+        raise NotebookError(
+            f"{path.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n"
+            f"executed copy with the traceback: {executed}"
+        ) from exc
+    finally:
+        if executed.exists():
+            _save_figures(executed, out_dir)
+    results_file = pathlib.Path(params["results_path"])
+    if not results_file.is_file():
+        raise NotebookError(f"{path.name} ran but wrote no results JSON at {results_file}")
+    return json.loads(results_file.read_text())
+
+
+def _prefer_this_environment_kernel() -> None:
+    # A "python3" kernelspec in the user's ~/.local/share/jupyter would win
+    # over this environment's; JUPYTER_PATH is searched before it.
+    env_path = str(pathlib.Path(sys.prefix) / "share" / "jupyter")
+    parts = os.environ.get("JUPYTER_PATH", "").split(os.pathsep)
+    if env_path not in parts:
+        os.environ["JUPYTER_PATH"] = os.pathsep.join([env_path, *filter(None, parts)])
+
+
+def _save_figures(executed: pathlib.Path, out_dir: pathlib.Path) -> None:
+    notebook = nbformat.read(executed, as_version=4)
+    count = 0
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            png = output.get("data", {}).get("image/png")
+            if png:
+                count += 1
+                (out_dir / f"{executed.stem}_fig{count:02d}.png").write_bytes(base64.b64decode(png))
+
+
+def notebook_problems(path: str | pathlib.Path) -> list[str]:
+    """What breaks the committed-notebook conventions; empty when clean."""
+    notebook = nbformat.read(str(path), as_version=4)
+    problems = []
+    code_cells = [c for c in notebook.cells if c.cell_type == "code"]
+    if any(c.get("outputs") for c in code_cells):
+        problems.append("has outputs (run `python -m embnb.harness strip`)")
+    if any(c.get("execution_count") for c in code_cells):
+        problems.append("has execution counts")
+    if "widgets" in notebook.metadata:
+        problems.append("has saved widget state in its metadata")
+    kernelspec = notebook.metadata.get("kernelspec", {})
+    if not kernelspec.get("language"):
+        problems.append("kernelspec has no language (papermill needs one)")
+    tagged = [c for c in code_cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(tagged) != 1:
+        problems.append(f"has {len(tagged)} cells tagged 'parameters', needs exactly 1")
+    else:
+        problems += _parameter_problems(tagged[0].source)
+    return problems
+
+
+def _parameter_problems(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return [f"parameters cell does not parse: {exc}"]
+    problems, names = [], set()
+    lines = source.splitlines()
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
+            node.target if isinstance(node, ast.AnnAssign) else None)
+        if not isinstance(target, ast.Name) or node.value is None:
+            problems.append(f"parameters line {node.lineno} is not a plain `name = literal`")
+            continue
+        try:
+            ast.literal_eval(node.value)
+        except ValueError:
+            problems.append(f"parameter {target.id!r} is not a literal")
+        if "#" not in lines[node.end_lineno - 1]:
+            problems.append(f"parameter {target.id!r} has no comment")
+        names.add(target.id)
+    problems += [f"parameters cell lacks {name!r}" for name in REQUIRED_PARAMETERS if name not in names]
+    return problems
+
+
+def strip_outputs(path: str | pathlib.Path) -> None:
+    """Remove outputs, execution counts and widget state, in place."""
+    notebook = nbformat.read(str(path), as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    notebook.metadata.pop("widgets", None)
+    nbformat.write(notebook, str(path))
+
+
+def _summary(results: dict[str, Any]) -> str:
+    return str(results.get("summary", "(no summary in results JSON)"))
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m embnb.harness")
+    parser.add_argument("command", choices=["run", "check", "strip"])
+    parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebooks")
+    parser.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="a parameter for every notebook; VALUE is read as YAML like papermill -p")
+    opts = parser.parse_args(argv)
+    notebooks = opts.notebooks or list_notebooks()
+    if not notebooks:
+        print("no notebooks yet under notebooks/")
+        return 0
+    if opts.command == "strip":
+        for nb in notebooks:
+            strip_outputs(nb)
+        return 0
+    if opts.command == "check":
+        bad = {nb: notebook_problems(nb) for nb in notebooks}
+        for nb, problems in bad.items():
+            print(f"{nb}: {'; '.join(problems) or 'ok'}")
+        return 1 if any(bad.values()) else 0
+    import yaml
+
+    params = {name: yaml.safe_load(value) for name, value in opts.param}
+    failed = 0
+    for nb in notebooks:
+        start = time.perf_counter()
+        try:
+            line = _summary(run_notebook(nb, opts.out, params))
+        except Exception as exc:  # report and go on with the next notebook
+            failed += 1
+            line = f"FAILED: {str(exc).splitlines()[0]}"
+        print(f"{nb.stem:<28} {time.perf_counter() - start:7.1f} s  {line}", flush=True)
+    print(f"outputs in {opts.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Creates or updates .venv with the pinned stack. Idempotent: a stamp holds the
+# hash of everything that decides the install, so a second call is a no-op.
+# Usage: scripts/setup_env.sh [cpu|cuda|auto]   (default auto, or $EMBNB_FBGEMM)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_PIN="torch==2.13.0"
+FBGEMM_CPU_PIN="fbgemm-gpu-cpu==1.8.0"
+FBGEMM_CUDA_PIN="fbgemm-gpu==1.8.0"
+TORCHREC_PIN="torchrec==1.8.0"
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+variant=${1:-${EMBNB_FBGEMM:-auto}}
+if [[ $variant == auto ]]; then
+  # A CUDA GPU is usable when nvidia-smi lists at least one.
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    variant=cuda
+  else
+    variant=cpu
+  fi
+fi
+case $variant in
+  cpu) fbgemm_pin=$FBGEMM_CPU_PIN ;;
+  cuda) fbgemm_pin=$FBGEMM_CUDA_PIN ;;
+  *) echo "setup: EMBNB_FBGEMM='$variant' is not one of auto, cpu, cuda" >&2; exit 2 ;;
+esac
+
+stamp="$VENV/.embnb-stamp"
+want=$( { echo "$variant"; "$PYTHON" --version 2>&1; cat "$0" requirements.txt pyproject.toml; } | sha256sum | cut -d' ' -f1)
+if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+  exit 0
+fi
+
+echo "setup: building $VENV ($variant fbgemm); takes a few minutes the first time"
+rm -f "$stamp"
+[[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+# torch first, so nothing later can pull another torch build.
+"${pip[@]}" "$TORCH_PIN"
+"${pip[@]}" "$fbgemm_pin" -r requirements.txt "$TORCH_PIN"
+# The other fbgemm build may linger from an earlier variant; both own fbgemm_gpu/.
+other=$([[ $variant == cpu ]] && echo fbgemm-gpu || echo fbgemm-gpu-cpu)
+if "$VENV/bin/python" -m pip show -q "$other" >/dev/null 2>&1; then
+  "$VENV/bin/python" -m pip uninstall -q -y "$other"
+  "${pip[@]}" --force-reinstall --no-deps "$fbgemm_pin"
+fi
+"${pip[@]}" --no-deps "$TORCHREC_PIN"
+"${pip[@]}" --no-deps -e .
+# The notebooks' "python3" kernel must be this environment's python.
+"$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (embnb)" >/dev/null
+
+if ! "$VENV/bin/python" - <<'PY'
+import torch, fbgemm_gpu, torchrec  # noqa: F401  fbgemm_gpu registers torch.ops.fbgemm
+assert hasattr(torch.ops.fbgemm, "block_bucketize_sparse_features"), "fbgemm op missing"
+print(f"setup: torch {torch.__version__}, torchrec {torchrec.__version__}, fbgemm ops loaded")
+PY
+then
+  cat >&2 <<MSG
+setup: the stack does not load (see the error above). What to do:
+  - a CUDA machine whose fbgemm-gpu does not load: EMBNB_FBGEMM=cpu make setup
+  - a half-finished or stale install: rm -rf $VENV && make setup
+  - torch, fbgemm and torchrec must stay at $TORCH_PIN, $fbgemm_pin, $TORCHREC_PIN
+MSG
+  exit 1
+fi
+echo "$want" > "$stamp"

@@ -1,0 +1,220 @@
+"""Tests for embnb.data: each key pattern's statistical property against an
+expectation computed here from first principles, and the id-column loader on
+files written to tmp_path."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from embnb.data import (
+    PATTERNS,
+    load_id_column,
+    make_keys,
+    snowflake_ids,
+    strided_ids,
+    tagged_ids,
+    uniform_ids,
+    zipf_ids,
+)
+from embnb.metrics import max_over_mean, rank_load
+
+N = 100_000
+
+
+def within_sigmas(observed: int, n: int, p: float, sigmas: float = 5.0) -> bool:
+    """Is a binomial(n, p) count within `sigmas` standard deviations of n*p?"""
+    return abs(observed - n * p) <= sigmas * math.sqrt(n * p * (1 - p))
+
+
+# --- every pattern ---------------------------------------------------------
+
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+def test_shape_dtype_and_determinism(pattern):
+    keys = make_keys(pattern, 1000, world_size=8, seed=3)
+    assert keys.dtype == torch.int64 and keys.shape == (1000,)
+    assert bool((keys >= 0).all())
+    assert torch.equal(keys, make_keys(pattern, 1000, world_size=8, seed=3))
+    assert make_keys(pattern, 0, world_size=8).shape == (0,)
+
+
+@pytest.mark.parametrize("pattern", sorted(set(PATTERNS) - {"sequential"}))
+def test_different_seeds_differ(pattern):
+    first = make_keys(pattern, 1000, world_size=8, seed=0)
+    assert not torch.equal(first, make_keys(pattern, 1000, world_size=8, seed=1))
+
+
+def test_make_keys_errors_name_the_value():
+    with pytest.raises(ValueError, match="'nope'.*uniform, sequential, strided"):
+        make_keys("nope", 10, world_size=8)
+    with pytest.raises(ValueError, match="num_keys must be >= 0, got -3"):
+        make_keys("uniform", -3, world_size=8)
+    with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
+        make_keys("strided", 10, world_size=0)
+
+
+def test_make_keys_passes_options():
+    assert torch.equal(
+        make_keys("strided", 50, world_size=4, seed=2, residue=3),
+        strided_ids(50, world_size=4, seed=2, residue=3),
+    )
+
+
+# --- one property per pattern ------------------------------------------------
+
+def test_uniform_is_uniform():
+    space = 2**40
+    keys = uniform_ids(N, seed=5)
+    assert 0 <= int(keys.min()) and int(keys.max()) < space
+    # Mean of U[0, space): space/2, standard error space / sqrt(12 N).
+    mean_error = space / math.sqrt(12 * N)
+    assert abs(keys.double().mean().item() - space / 2) < 5 * mean_error
+    residue_counts = torch.bincount(keys % 8, minlength=8)
+    assert all(within_sigmas(int(c), N, 1 / 8) for c in residue_counts)
+
+
+def test_sequential_counts_up_from_start():
+    assert make_keys("sequential", 5, world_size=8, start=40).tolist() == [
+        40, 41, 42, 43, 44,
+    ]
+
+
+@pytest.mark.parametrize("world_size,residue", [(8, 0), (8, 5), (6, 1), (1, 0)])
+def test_strided_has_one_residue(world_size, residue):
+    keys = strided_ids(N, world_size=world_size, residue=residue, seed=1)
+    assert bool((keys % world_size == residue).all())
+    assert torch.unique(keys).numel() > 0.99 * N  # random, not repeated
+
+
+def test_strided_rejects_residue_outside_world():
+    with pytest.raises(ValueError, match=r"residue must be in \[0, 4\), got 4"):
+        strided_ids(10, world_size=4, residue=4)
+
+
+def test_tagged_low_bits_are_tags():
+    tags = (1, 2, 5)
+    keys = tagged_ids(N, tag_bits=3, tags=tags, seed=2)
+    low = keys & 0b111
+    for tag in tags:
+        assert within_sigmas(int((low == tag).sum()), N, 1 / len(tags))
+    assert int(sum((low == t).sum() for t in tags)) == N
+    assert torch.unique(keys >> 3).numel() > 0.99 * N  # high bits random
+
+
+def test_tagged_rejects_tag_that_does_not_fit():
+    with pytest.raises(ValueError, match="tag 9 does not fit in tag_bits=3"):
+        tagged_ids(10, tag_bits=3, tags=(1, 9))
+
+
+def test_snowflake_mostly_multiples_of_4096():
+    keys = snowflake_ids(N, seed=4)
+    assert (keys % 4096 == 0).double().mean().item() > 0.9
+    millis = keys >> 22
+    assert bool((millis[1:] >= millis[:-1]).all())  # made in time order
+    # Default 0.05 ids/ms: N ids span about N / 0.05 ms.
+    span = int(millis[-1] - millis[0])
+    assert abs(span - N / 0.05) < 0.05 * N / 0.05
+    workers = (keys >> 12) & 1023
+    assert set(workers.unique().tolist()) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("num_workers", [1, 4])
+def test_snowflake_sequence_zero_fraction_matches_poisson(num_workers):
+    # Each (ms, worker) cell gets Poisson(mu) ids, mu = rate / workers; one of
+    # them has sequence 0 when the cell is non-empty: (1 - e^-mu) / mu.
+    keys = snowflake_ids(N, seed=6, ids_per_ms=1.0, num_workers=num_workers)
+    mu = 1.0 / num_workers
+    expected = (1 - math.exp(-mu)) / mu
+    assert abs((keys % 4096 == 0).double().mean().item() - expected) < 0.01
+    assert int((keys & 4095).max()) < 4096 // 2  # sequence stays small
+
+
+def zipf_share(rank: int, vocab_size: int, alpha: float) -> float:
+    """Share of the rank-th hottest id, straight from the Zipf formula."""
+    normalizer = math.fsum(k**-alpha for k in range(1, vocab_size + 1))
+    return rank**-alpha / normalizer
+
+
+def test_zipf_top_keys_have_zipf_share():
+    vocab_size, alpha = 50_000, 1.1
+    keys = zipf_ids(N, alpha=alpha, vocab_size=vocab_size, seed=7)
+    counts = torch.bincount(keys, minlength=vocab_size)
+    top = torch.sort(counts, descending=True).values[:3]
+    for rank, count in enumerate(top.tolist(), start=1):
+        assert within_sigmas(count, N, zipf_share(rank, vocab_size, alpha))
+    # Scattered: the hottest ids are not simply 0, 1, 2.
+    hottest = torch.argsort(counts, descending=True)[:3]
+    assert hottest.tolist() != [0, 1, 2]
+
+
+def test_zipf_hot_key_defeats_any_routing():
+    # Route each distinct id to a random rank (an ideal hash). The hot id's
+    # rank still carries its whole share: max/mean >= share * world_size.
+    world_size, vocab_size, alpha = 8, 100_000, 1.2
+    keys = zipf_ids(N, world_size=world_size, alpha=alpha, vocab_size=vocab_size)
+    ideal_hash = torch.randint(
+        0, world_size, (vocab_size,), generator=torch.Generator().manual_seed(9)
+    )
+    counts = rank_load(keys, ideal_hash[keys], world_size).key_counts
+    bound = zipf_share(1, vocab_size, alpha) * world_size
+    assert bound > 1.5
+    assert max_over_mean(counts) >= 0.95 * bound
+
+
+# --- load_id_column -----------------------------------------------------------
+
+@pytest.fixture
+def ratings() -> pd.DataFrame:
+    # MovieLens ratings.csv columns.
+    return pd.DataFrame({
+        "userId": [1, 1, 7, 42],
+        "movieId": [31, 1029, 31, 2**40 + 3],
+        "rating": [2.5, 3.0, 4.5, 1.0],
+        "timestamp": [1260759144, 1260759179, 1260759182, 1260759185],
+    })
+
+
+def test_load_csv_and_tsv(tmp_path, ratings):
+    csv = tmp_path / "ratings.csv"
+    ratings.to_csv(csv, index=False)
+    ids = load_id_column(csv, "movieId")
+    assert ids.dtype == torch.int64
+    assert ids.tolist() == ratings["movieId"].tolist()
+    tsv = tmp_path / "ratings.tsv"
+    ratings.to_csv(tsv, sep="\t", index=False)
+    assert load_id_column(str(tsv), "userId").tolist() == [1, 1, 7, 42]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".pq"])
+def test_load_parquet(tmp_path, suffix):
+    # KuaiRand-style columns.
+    frame = pd.DataFrame({"user_id": [5, 6, 5], "video_id": [10, 20, 2**35]})
+    path = tmp_path / f"log{suffix}"
+    frame.to_parquet(path)
+    assert load_id_column(path, "video_id").tolist() == [10, 20, 2**35]
+
+
+def test_load_errors_name_the_problem(tmp_path, ratings):
+    missing = tmp_path / "absent.csv"
+    with pytest.raises(FileNotFoundError, match="absent.csv"):
+        load_id_column(missing, "userId")
+
+    csv = tmp_path / "ratings.csv"
+    ratings.to_csv(csv, index=False)
+    with pytest.raises(ValueError, match="'itemId'.*'userId', 'movieId'"):
+        load_id_column(csv, "itemId")
+    with pytest.raises(ValueError, match="'rating' is not integer"):
+        load_id_column(csv, "rating")
+
+    holes = tmp_path / "holes.parquet"
+    pd.DataFrame({"userId": [1, None, 3]}).to_parquet(holes)
+    with pytest.raises(ValueError, match="'userId' has 1 missing values"):
+        load_id_column(holes, "userId")
+
+    weird = tmp_path / "ratings.json"
+    weird.write_text("{}")
+    with pytest.raises(ValueError, match=r"'\.json'.*\.csv, \.tsv, \.parquet, \.pq"):
+        load_id_column(weird, "userId")

@@ -1,0 +1,160 @@
+"""embnb.dist.launch on real gloo process groups."""
+
+import ast
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import ranks
+from embnb import dist as edist
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited; only its table entry is left
+
+
+def _spawned_children() -> list[int]:
+    """Live processes started by multiprocessing's spawn from this process."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if ppid == os.getpid() and b"spawn_main" in cmdline and _alive(int(entry)):
+            pids.append(int(entry))
+    return pids
+
+
+def test_results_come_back_in_rank_order():
+    results = edist.launch(ranks.identity, 3, {"x": [1, 2]})
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert all(r["world_size"] == 3 and r["payload"] == {"x": [1, 2]} for r in results)
+    assert len({r["pid"] for r in results}) == 3 and os.getpid() not in {r["pid"] for r in results}
+    assert not _spawned_children()
+
+
+def test_tensors_come_back_by_value():
+    results = edist.launch(ranks.tensor_result, 2)
+    for rank, tensor in enumerate(results):
+        assert torch.equal(tensor, torch.arange(rank * 3, rank * 3 + 3))
+
+
+def _expected_collectives(rank, world_size):
+    received = [100 * src + rank for src in range(world_size) for _ in range(rank + 1)]
+    return {"rank": rank, "world_size": world_size, "backend": "gloo",
+            "all_reduce": float(sum(range(1, world_size + 1))), "all_to_all": received}
+
+
+def test_all_reduce_and_uneven_all_to_all_on_four_gloo_ranks():
+    results = edist.launch(edist.check_collectives, 4, backend="gloo")
+    assert results == [_expected_collectives(r, 4) for r in range(4)]
+
+
+def test_exception_in_rank_2_surfaces_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(edist.RankError) as info:
+        edist.launch(ranks.fail_on_rank, 4, 2, timeout_s=120)
+    assert info.value.rank == 2
+    message = str(info.value)
+    assert "rank 2" in message and "Traceback" in message
+    assert "deliberate failure on rank 2" in message and "fail_on_rank" in message
+    # The healthy ranks were blocked in a barrier: they were stopped, not waited for.
+    assert time.monotonic() - start < 60
+    assert not _spawned_children()
+
+
+def test_rank_that_dies_without_a_result_is_named():
+    with pytest.raises(edist.RankError, match="exited with code 7") as info:
+        edist.launch(ranks.exit_on_rank, 3, 1, timeout_s=120)
+    assert info.value.rank == 1
+    assert not _spawned_children()
+
+
+def test_hung_rank_is_killed_within_timeout_and_leaves_nothing(tmp_path):
+    timeout_s = 15
+    start = time.monotonic()
+    with pytest.raises(edist.LaunchTimeout, match=r"ranks \[0, 1, 2\] did not finish within timeout_s=15"):
+        edist.launch(ranks.hang_on_rank, 3, 1, str(tmp_path), timeout_s=timeout_s)
+    assert time.monotonic() - start < timeout_s + 15
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 4  # three ranks and the hung rank's own child
+    time.sleep(0.5)
+    assert [pid for pid in pids if _alive(pid)] == []
+    assert not _spawned_children()
+
+
+def test_parallel_launches_do_not_collide():
+    results, errors = {}, []
+
+    def run(tag):
+        try:
+            results[tag] = edist.launch(edist.check_collectives, 2, backend="gloo")
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert results[0] == results[1] == [_expected_collectives(r, 2) for r in range(2)]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"world_size": 0}, "world_size must be an int >= 1, got 0"),
+        ({"world_size": 2.0}, "got 2.0"),
+        ({"world_size": 2, "backend": "mpi"}, "backend 'mpi' is not one of auto, gloo, nccl"),
+        ({"world_size": 2, "timeout_s": 0}, "timeout_s must be a positive"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        edist.launch(ranks.identity, *([kwargs.pop("world_size")]), None, **kwargs)
+
+
+def test_unimportable_function_is_refused_before_spawning():
+    with pytest.raises(ValueError, match="cannot be sent to spawned ranks"):
+        edist.launch(lambda rank, world_size: rank, 2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 64, reason="needs fewer GPUs than ranks")
+def test_nccl_without_enough_gpus_is_refused():
+    with pytest.raises(ValueError, match="world_size=64, GPUs visible="):
+        edist.launch(ranks.identity, 64, None, backend="nccl")
+
+
+def test_same_rank_function_runs_under_torchrun():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "embnb.dist", "embnb.dist:check_collectives", "--backend", "gloo"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    printed = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert printed == [_expected_collectives(r, 2) for r in range(2)]
+
+
+def test_cli_spawns_when_not_under_torchrun():
+    cmd = [sys.executable, "-m", "embnb.dist", "embnb.dist:check_collectives", "--world-size", "3"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    printed = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert printed == [_expected_collectives(r, 3) for r in range(3)]

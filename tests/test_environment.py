@@ -1,0 +1,75 @@
+"""The pins agree everywhere, and the pinned stack loads in this environment."""
+
+import pathlib
+import re
+import subprocess
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _pins(lines):
+    return dict(re.match(r"^\s*-?\s*([A-Za-z0-9_.\-]+)==(\S+)", l).groups() for l in lines
+                if re.match(r"^\s*-?\s*[A-Za-z0-9_.\-]+==", l))
+
+
+def _setup_script_pins():
+    script = (ROOT / "scripts" / "setup_env.sh").read_text()
+    return dict(re.findall(r'_PIN="([A-Za-z0-9_.\-]+)==([^"]+)"', script))
+
+
+def test_environment_yml_has_the_same_pins():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert "python=3.11" in env["dependencies"]
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    expected = _pins((ROOT / "requirements.txt").read_text().splitlines())
+    script = _setup_script_pins()
+    expected |= {name: script[name] for name in ("torch", "fbgemm-gpu-cpu")}
+    assert _pins(pip_section) == expected
+
+
+def test_installed_versions_match_the_pins():
+    from importlib.metadata import version
+
+    pins = _pins((ROOT / "requirements.txt").read_text().splitlines()) | _setup_script_pins()
+    pins.pop("fbgemm-gpu" if _installed("fbgemm-gpu-cpu") else "fbgemm-gpu-cpu")
+    for name, pin in pins.items():
+        assert version(name).split("+")[0] == pin, name
+
+
+def _installed(name):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(name)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def test_stack_loads_with_the_fbgemm_ops():
+    import fbgemm_gpu  # noqa: F401  registers torch.ops.fbgemm
+    import torch
+    import torchrec  # noqa: F401
+
+    assert hasattr(torch.ops.fbgemm, "block_bucketize_sparse_features")
+
+
+def test_setup_is_a_fast_no_op_when_nothing_changed():
+    out = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "building" not in out.stdout
+
+
+def test_setup_rejects_an_unknown_fbgemm_variant():
+    out = subprocess.run(["bash", "scripts/setup_env.sh", "rocm"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "EMBNB_FBGEMM='rocm' is not one of auto, cpu, cuda" in out.stderr
+
+
+def test_empty_test_selection_fails_with_a_clear_message():
+    out = subprocess.run(["bash", "scripts/run_tests.sh", "-k", "no_test_has_this_name_xyz", "tests/test_environment.py"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "pytest collected no tests (exit 5)" in out.stderr

@@ -1,0 +1,120 @@
+"""The notebook harness: real papermill runs of notebooks the tests write."""
+
+import json
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from embnb import harness
+
+PARAMETERS = '''device = "auto"  # "auto", "cpu" or "cuda"
+interactive = True  # False in CI: no widgets
+results_path = "results.json"  # where the last cell writes its numbers
+num_items = 3  # how many items to sum
+'''
+
+BODY = [
+    "import json, os\nimport matplotlib.pyplot as plt",
+    "total = sum(range(num_items))\nfig, ax = plt.subplots()\nax.plot(range(num_items))\nplt.show()",
+    # The launcher must work from inside a Jupyter kernel.
+    "from embnb.dist import launch, check_collectives\nranks = launch(check_collectives, 2, backend='gloo')",
+    "with open(results_path, 'w') as f:\n"
+    "    json.dump({'total': total, 'interactive': interactive, 'cwd': os.getcwd(),\n"
+    "               'all_reduce': [r['all_reduce'] for r in ranks],\n"
+    "               'summary': f'total={total}'}, f)",
+]
+
+
+def _write_notebook(path, parameters=PARAMETERS, body=BODY, tags=("parameters",), language="python"):
+    cells = [new_markdown_cell("# A test notebook")]
+    cells.append(new_code_cell(parameters, metadata={"tags": list(tags)}))
+    cells += [new_code_cell(src) for src in body]
+    notebook = new_notebook(cells=cells)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": language}
+    if not language:
+        del notebook.metadata["kernelspec"]["language"]
+    nbformat.write(notebook, str(path))
+    return path
+
+
+def test_run_notebook_injects_parameters_and_returns_results(tmp_path):
+    (tmp_path / "src").mkdir()
+    nb = _write_notebook(tmp_path / "src" / "01_demo.ipynb")
+    out = tmp_path / "out"
+    results = harness.run_notebook(nb, out, {"num_items": 5})
+    assert results["total"] == sum(range(5))
+    assert results["interactive"] is False
+    assert results["cwd"] == str(nb.parent)
+    assert results["all_reduce"] == [3.0, 3.0]
+    assert json.loads((out / "01_demo.json").read_text()) == results
+    executed = nbformat.read(str(out / "01_demo.ipynb"), as_version=4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
+    pngs = sorted(out.glob("01_demo_fig*.png"))
+    assert [p.name for p in pngs] == ["01_demo_fig01.png"]
+    assert pngs[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_failing_cell_is_reported_with_the_error(tmp_path):
+    nb = _write_notebook(tmp_path / "bad.ipynb", body=["x = 1", "raise ValueError('num_items too big')"])
+    with pytest.raises(harness.NotebookError, match="ValueError: num_items too big"):
+        harness.run_notebook(nb, tmp_path / "out")
+    assert (tmp_path / "out" / "bad.ipynb").is_file()  # kept for reading the traceback
+
+
+def test_notebook_without_results_json_fails(tmp_path):
+    nb = _write_notebook(tmp_path / "quiet.ipynb", body=["x = 1"])
+    with pytest.raises(harness.NotebookError, match="wrote no results JSON"):
+        harness.run_notebook(nb, tmp_path / "out")
+
+
+def test_cell_timeout_stops_a_stuck_cell(tmp_path):
+    nb = _write_notebook(tmp_path / "slow.ipynb", body=["import time\ntime.sleep(120)"])
+    with pytest.raises(Exception, match="(?i)timed? ?out"):
+        harness.run_notebook(nb, tmp_path / "out", cell_timeout_s=5)
+
+
+def test_clean_notebook_has_no_problems(tmp_path):
+    assert harness.notebook_problems(_write_notebook(tmp_path / "ok.ipynb")) == []
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"tags": ()}, "has 0 cells tagged 'parameters'"),
+        ({"language": ""}, "kernelspec has no language"),
+        ({"parameters": PARAMETERS + "seed = int('3')  # derived\n"}, "parameter 'seed' is not a literal"),
+        ({"parameters": PARAMETERS + "size = 4\n"}, "parameter 'size' has no comment"),
+        ({"parameters": PARAMETERS + "print(1)  # side effect\n"}, "is not a plain `name = literal`"),
+        ({"parameters": "device = 'cpu'  # d\n"}, "parameters cell lacks 'interactive'"),
+    ],
+)
+def test_convention_breaks_are_named(tmp_path, change, problem):
+    nb = _write_notebook(tmp_path / "x.ipynb", **change)
+    assert any(problem in p for p in harness.notebook_problems(nb)), harness.notebook_problems(nb)
+
+
+def test_outputs_and_widget_state_are_found_and_stripped(tmp_path):
+    nb = _write_notebook(tmp_path / "x.ipynb")
+    notebook = nbformat.read(str(nb), as_version=4)
+    notebook.cells[2].outputs = [nbformat.v4.new_output("stream", text="hi")]
+    notebook.cells[2].execution_count = 4
+    notebook.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {}}
+    nbformat.write(notebook, str(nb))
+    problems = harness.notebook_problems(nb)
+    assert {"has outputs", "has execution counts", "has saved widget state"} <= {p.split(" (")[0].split(" in")[0] for p in problems}
+    harness.strip_outputs(nb)
+    assert harness.notebook_problems(nb) == []
+
+
+def test_two_parameter_cells_are_refused(tmp_path):
+    nb = _write_notebook(tmp_path / "x.ipynb")
+    notebook = nbformat.read(str(nb), as_version=4)
+    notebook.cells.append(new_code_cell("a = 1  # x", metadata={"tags": ["parameters"]}))
+    nbformat.write(notebook, str(nb))
+    assert "has 2 cells tagged 'parameters', needs exactly 1" in harness.notebook_problems(nb)
+
+
+@pytest.mark.parametrize("notebook", harness.list_notebooks(), ids=lambda p: p.name)
+def test_committed_notebook_follows_the_conventions(notebook):
+    assert harness.notebook_problems(notebook) == []
