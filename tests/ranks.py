@@ -42,3 +42,33 @@ def exit_on_rank(rank, world_size, bad_rank):
         os._exit(7)
     dist.barrier()
     return rank
+
+
+def call_each(rank, world_size, calls):
+    """Run several per-rank functions in one launch (spawning ranks is slow).
+
+    calls: [(fn, args), ...], each called as fn(rank, world_size, *args).
+    """
+    return [fn(rank, world_size, *args) for fn, args in calls]
+
+
+def kv_load_and_lookup(rank, world_size, directory, dist_type, seed, batches):
+    """Load embnb.kv's saved table on this rank, then look up batches[rank]."""
+    from embnb import kv
+
+    table = kv.ShardedKVTable.load(directory, kv.TABLE_NAME, dist_type, seed=seed)
+    keys, rows = table.keys.clone(), table.rows.clone()
+    return {"keys": keys, "rows": rows, "lookup": table.lookup(batches[rank])}
+
+
+def kv_rank_mismatch(rank, world_size):
+    """Error messages of tables whose layout contradicts the process group."""
+    from embnb import kv
+
+    messages = []
+    for size, r in [(world_size + 1, rank), (world_size, (rank + 1) % world_size)]:
+        try:
+            kv.ShardedKVTable("t", 4, "roundrobin", world_size=size, rank=r)
+        except ValueError as e:
+            messages.append(str(e))
+    return messages
