@@ -118,3 +118,27 @@ def test_two_parameter_cells_are_refused(tmp_path):
 @pytest.mark.parametrize("notebook", harness.list_notebooks(), ids=lambda p: p.name)
 def test_committed_notebook_follows_the_conventions(notebook):
     assert harness.notebook_problems(notebook) == []
+
+
+def test_command_line_run_prints_one_summary_line_per_notebook(tmp_path):
+    import subprocess
+    import sys
+
+    nb = _write_notebook(tmp_path / "02_cli.ipynb")
+    out = subprocess.run([sys.executable, "-m", "embnb.harness", "run", str(nb), "--out", str(tmp_path / "out"),
+                          "-p", "num_items", "4"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(l for l in out.stdout.splitlines() if l.startswith("02_cli"))
+    assert line.endswith(f"total={sum(range(4))}")
+    assert json.loads((tmp_path / "out" / "02_cli.json").read_text())["total"] == 6
+
+
+def test_command_line_check_fails_on_a_dirty_notebook(tmp_path):
+    import subprocess
+    import sys
+
+    nb = _write_notebook(tmp_path / "x.ipynb", tags=())
+    out = subprocess.run([sys.executable, "-m", "embnb.harness", "check", str(nb)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "has 0 cells tagged 'parameters'" in out.stdout
