@@ -6,7 +6,8 @@ rank plus one metadata file, all in one directory::
     {table}.rank{r}-of-{W}.safetensors   keys (int64 [n]) and rows ([n, dim])
     {table}.meta.json                    format_version, table_name,
                                          dist_type, world_size,
-                                         embedding_dim, block_size
+                                         embedding_dim, block_size,
+                                         init_seed (how new rows are made)
 
 Why the routing is saved: which rank owns a key depends on the dist_type
 (``continuous``, ``roundrobin``, ``hash_roundrobin``, see
@@ -173,7 +174,8 @@ def _prepared(keys: torch.Tensor, rows: torch.Tensor, rank: int,
 
 
 def _write(directory: Path, table_name: str, rank: int, world_size: int,
-           shard: Shard, dist: DistType, block_size: int | None) -> Path:
+           shard: Shard, dist: DistType, block_size: int | None,
+           init_seed: int | None) -> Path:
     keys, rows = shard
     path = shard_path(directory, table_name, rank, world_size)
     header = {"table_name": table_name, "rank": str(rank),
@@ -184,7 +186,9 @@ def _write(directory: Path, table_name: str, rank: int, world_size: int,
     meta = {"format_version": FORMAT_VERSION, "table_name": table_name,
             "dist_type": dist.value, "world_size": world_size,
             "embedding_dim": rows.shape[1],
-            "block_size": block_size if dist == _CONTINUOUS else None}
+            "block_size": block_size if dist == _CONTINUOUS else None,
+            # Rows of keys first seen after loading come from this seed.
+            "init_seed": init_seed}
     _atomic_write(meta_path(directory, table_name),
                   (json.dumps(meta, indent=2) + "\n").encode())
     return path
@@ -192,7 +196,8 @@ def _write(directory: Path, table_name: str, rank: int, world_size: int,
 
 def dump(directory: str | os.PathLike, table_name: str, rank: int,
          world_size: int, keys: torch.Tensor, rows: torch.Tensor,
-         dist_type: DistType | str, block_size: int | None = None) -> Path:
+         dist_type: DistType | str, block_size: int | None = None,
+         init_seed: int | None = None) -> Path:
     """Save rank ``rank``'s shard and the table's metadata; return its path.
 
     ``keys`` (int64 [n], unique) must all be owned by ``rank`` under
@@ -206,12 +211,13 @@ def dump(directory: str | os.PathLike, table_name: str, rank: int,
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     return _write(directory, table_name, rank, world_size, shard, dist,
-                  block_size)
+                  block_size, init_seed)
 
 
 def dump_all(directory: str | os.PathLike, table_name: str,
              shards: list[Shard], dist_type: DistType | str,
-             block_size: int | None = None) -> list[Path]:
+             block_size: int | None = None,
+             init_seed: int | None = None) -> list[Path]:
     """Save all ranks' shards from one process (tests, notebooks).
 
     ``shards[r]`` is rank r's ``(keys, rows)``; the world size is
@@ -230,7 +236,7 @@ def dump_all(directory: str | os.PathLike, table_name: str,
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     return [_write(directory, table_name, r, world_size, shard, dist,
-                   block_size) for r, shard in enumerate(prepared)]
+                   block_size, init_seed) for r, shard in enumerate(prepared)]
 
 
 # -------------------------------------------------------------------- reading

@@ -335,22 +335,26 @@ class ShardedKVTable:
         """
         return checkpoint.dump(directory, self.name, self.rank,
                                self.world_size, self.keys, self.rows,
-                               self.dist_type, self.block_size)
+                               self.dist_type, self.block_size,
+                               init_seed=self.seed)
 
     @classmethod
     def load(cls, directory: str | os.PathLike, name: str,
              dist_type: DistType | str, world_size: int | None = None,
              rank: int | None = None, block_size: int | None = None,
-             seed: int = 0, device: torch.device | str | None = None,
-             ) -> ShardedKVTable:
+             seed: int | None = None,
+             device: torch.device | str | None = None) -> ShardedKVTable:
         """This rank's shard of a saved table, possibly in another layout.
 
         ``dist_type`` must be the checkpoint's (ValueError otherwise). Another
         world size (or continuous block size, which defaults to the stored
         one) re-routes every stored key, so no row is lost or duplicated.
-        The seed is not stored: keys first seen later use this one.
+        ``seed`` defaults to the stored init seed, so keys first seen after
+        loading get the rows the saved table would have given them.
         """
         meta = checkpoint.read_metadata(directory, name)
+        if seed is None:
+            seed = meta.get("init_seed") or 0
         if block_size is None and meta.get("block_size") is not None:
             block_size = meta["block_size"]
         table = cls(name, meta["embedding_dim"], dist_type, world_size, rank,
@@ -425,7 +429,8 @@ def train_on_rank(rank: int, world_size: int, dist_type: DistType | str,
 
 def load_on_rank(rank: int, world_size: int, directory: str,
                  dist_type: DistType | str, block_size: int | None = None,
-                 seed: int = 0, name: str = TABLE_NAME) -> dict[str, Any]:
+                 seed: int | None = None, name: str = TABLE_NAME,
+                 ) -> dict[str, Any]:
     """For ``launch``: load this rank's shard of a saved table (resharding
     if the world size differs). Returns ``{"keys", "rows", "stats"}``."""
     table = ShardedKVTable.load(directory, name, dist_type,

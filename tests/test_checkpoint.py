@@ -65,7 +65,7 @@ def test_round_trip_same_world_size(tmp_path, dist):
     assert meta == {"format_version": checkpoint.FORMAT_VERSION,
                     "table_name": "emb", "dist_type": dist, "world_size": 4,
                     "embedding_dim": DIM,
-                    "block_size": block_for(dist, 4)}
+                    "block_size": block_for(dist, 4), "init_seed": None}
 
 
 def test_dump_per_rank_then_load_into_one_rank(tmp_path):

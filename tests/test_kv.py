@@ -239,3 +239,25 @@ def test_bad_inputs_raise_naming_the_value(tmp_path):
     assert loaded.block_size == 8
     assert torch.equal(loaded.keys, table.keys)
     assert torch.equal(loaded.rows, table.rows)
+
+
+def test_loaded_table_makes_new_rows_with_the_saved_seed(tmp_path):
+    table = kv.ShardedKVTable("t", 4, "roundrobin", seed=7)
+    table.lookup(bad_batch([1, 2]))
+    table.dump(tmp_path)
+    loaded = kv.ShardedKVTable.load(tmp_path, "t", "roundrobin")
+    assert loaded.seed == 7
+    new_keys = bad_batch([1, 99])
+    assert torch.equal(loaded.lookup(new_keys), table.lookup(new_keys))
+
+
+def test_sharded_lookup_takes_kjts():
+    # KJTs are converted to JaggedBatches before spawning (no torchrec there).
+    batches = [b.to_kjt() for b in make_batches(2, DistType.HASH_ROUNDROBIN,
+                                                 seed=40)]
+    results = kv.sharded_lookup(2, "hash_roundrobin", batches, DIM,
+                                seed=SEED, backend="gloo")
+    ref = reference(DistType.HASH_ROUNDROBIN)
+    for batch, result in zip(batches, results):
+        assert torch.equal(result["rows"], ref.lookup(batch))
+        assert result["stats"]["lookups"] == 1
