@@ -24,6 +24,7 @@ from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, StrMetho
 __all__ = ["load_heatmap", "rank_load_bars", "max_over_mean_vs_world_size"]
 
 HEATMAP_CMAP = "rocket_r"  # light = balanced, dark = one rank does it all
+VALUE_LABELS = {"max_over_mean": "max/mean", "spread_over_mean": "(max - min)/mean"}
 DIST_COLORS = {  # one colour per routing mode, the same in every figure
     "continuous": "#4c72b0",
     "roundrobin": "#dd8452",
@@ -39,6 +40,10 @@ def _ordered(values: Sequence, wanted: Sequence | None, what: str) -> list:
     if missing:
         raise ValueError(f"{what} {missing} not in the data; it has {present}")
     return list(wanted)
+
+
+def _label(value: str) -> str:
+    return VALUE_LABELS.get(value, value.replace("_", " "))
 
 
 def _color(dist_type: str, index: int) -> str:
@@ -85,7 +90,7 @@ def load_heatmap(
             grid, ax=ax, cmap=HEATMAP_CMAP, norm=norm, annot=True, fmt=".2f",
             annot_kws={"fontsize": 8}, linewidths=0.5, linecolor="white",
             cbar=i == num_panels - 1, cbar_ax=colorbar_ax,
-            cbar_kws={"label": value.replace("_", " ")},
+            cbar_kws={"label": _label(value)},
         )
         ax.set_title(f"world_size = {world_size}")
         ax.set_xlabel("dist_type")
@@ -98,7 +103,7 @@ def load_heatmap(
     colorbar_ax.yaxis.set_major_locator(FixedLocator(ticks))
     colorbar_ax.yaxis.set_minor_locator(NullLocator())
     colorbar_ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
-    fig.suptitle(title or f"{value.replace('_', ' ')} of keys per rank "
+    fig.suptitle(title or f"{_label(value)} of keys per rank "
                  "(1 = balanced, W = all on one rank)")
     return fig
 
@@ -143,6 +148,7 @@ def rank_load_bars(
         ax.set_title(f"{name}\nmax/mean {ratio}")
         ax.set_xlabel("rank")
         ax.set_xticks(ranks if len(ranks) <= 16 else ranks[:: len(ranks) // 8])
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
         if i == 0:
             ax.set_ylabel(ylabel)
     axes[0].legend(loc="upper right", fontsize=8)
