@@ -16,15 +16,17 @@ dynamicemb does): an int64 key -1 is 2**64 - 1. int32 keys are first
 sign-extended to int64, so an int32 -1 is also 2**64 - 1 (this differs from
 FBGEMM, which reads int32 keys as uint32). `continuous` rejects negative keys.
 
-`bucketize` is the pure-torch reference for the all-to-all input: for
-`continuous` it is bit-identical to FBGEMM's
-`block_bucketize_sparse_features(..., sequence=True)`, and native kernels
-for the other modes must match it.
+`bucketize` builds the all-to-all input with the native kernels in
+embnb/cuda (CPU and CUDA); `bucketize(..., impl="reference")` is the
+pure-torch reference they match bit for bit. For `continuous` both are
+bit-identical to FBGEMM's `block_bucketize_sparse_features(...,
+sequence=True)`.
 """
 
 from __future__ import annotations
 
 import enum
+import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -300,6 +302,18 @@ def _route_by_feature(
     return owner, local
 
 
+class _Args(NamedTuple):
+    """bucketize's arguments after the checks that need no data."""
+
+    lengths: torch.Tensor
+    indices: torch.Tensor
+    world_size: int
+    modes: list[DistType]
+    sizes: list[int] | None
+    batch: int
+    weights: torch.Tensor | None
+
+
 def bucketize(
     lengths: torch.Tensor,
     indices: torch.Tensor,
@@ -309,6 +323,7 @@ def bucketize(
     *,
     num_features: int | None = None,
     weights: torch.Tensor | None = None,
+    impl: str = "auto",
 ) -> Bucketized:
     """Group a KJT's keys by owner rank, as the row-wise all-to-all sends them.
 
@@ -320,10 +335,63 @@ def bucketize(
     num_features: defaults to len(block_sizes) or len(dist_type) when given
         per feature, else 1 (then batch = len(lengths)).
     weights: optional per-key weights, moved with their keys.
+    impl: "auto" runs the native kernels (`torch.ops.embnb.bucketize`,
+        built on first use by embnb.cuda.loader) and falls back to the
+        pure-torch reference, with one warning, when they cannot be built;
+        "native" raises instead; "reference" runs the pure-torch code.
+        All give bit-identical results.
 
     Output lengths keep the dtype of `lengths`; indices and
     unbucketize_permute keep the dtype of `indices` (as FBGEMM does).
     """
+    args = _check_args(lengths, indices, world_size, dist_type, block_sizes,
+                       num_features, weights)
+    if impl == "reference":
+        return _reference_on_cpu(args)
+    if impl not in ("auto", "native"):
+        raise ValueError(
+            f"impl must be 'auto', 'native' or 'reference', got {impl!r}"
+        )
+    from embnb.cuda import loader  # builds the extension on first use
+
+    native = loader.load() if impl == "native" else loader.try_load()
+    device = args.indices.device
+    if native is None:
+        return _reference_on_cpu(args)
+    if device.type != "cpu" and not native.cuda:
+        message = (f"embnb: the native extension was built without CUDA "
+                   f"kernels, so bucketize on {device} tensors runs the "
+                   f"pure-torch reference on the CPU (same results)")
+        if impl == "native":
+            raise loader.NativeUnavailable(message)
+        global _warned_no_cuda
+        if not _warned_no_cuda:
+            _warned_no_cuda = True
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return _reference_on_cpu(args)
+    codes = [_DIST_CODES[m] for m in args.modes]
+    blocks = [
+        args.sizes[f] if m is DistType.CONTINUOUS else 0
+        for f, m in enumerate(args.modes)
+    ]
+    out = torch.ops.embnb.bucketize(
+        args.lengths, args.indices, args.world_size, codes, blocks,
+        args.weights,
+    )
+    return Bucketized(*out)
+
+
+_warned_no_cuda = False
+_DIST_CODES = {  # torch.ops.embnb.bucketize's per-feature codes
+    DistType.CONTINUOUS: 0,
+    DistType.ROUNDROBIN: 1,
+    DistType.HASH_ROUNDROBIN: 2,
+}
+
+
+def _check_args(lengths, indices, world_size, dist_type, block_sizes,
+                num_features, weights) -> _Args:
+    """Checks that need no data; the kernels check lengths and keys."""
     lengths = _check_int_tensor("lengths", lengths)
     indices = _check_int_tensor("indices", indices)
     world_size = _check_world_size(world_size)
@@ -339,18 +407,7 @@ def bucketize(
             f"len(lengths) is {num_segments}, not a multiple of "
             f"num_features={num_features} ({source})"
         )
-    batch = num_segments // num_features
-    if num_segments and bool((lengths < 0).any()):
-        pos = int(torch.nonzero(lengths < 0)[0])
-        raise ValueError(
-            f"lengths must be >= 0, got {int(lengths[pos])} at position {pos}"
-        )
     num_keys = indices.numel()
-    total = int(lengths.sum()) if num_segments else 0
-    if total != num_keys:
-        raise ValueError(
-            f"lengths sum to {total} but indices has {num_keys} keys"
-        )
     if weights is not None:
         if not isinstance(weights, torch.Tensor) or weights.shape[:1] != (
             num_keys,
@@ -372,6 +429,38 @@ def bucketize(
                 f"block_sizes[{f}] is {sizes[f]}; continuous features need "
                 f"block sizes >= 1"
             )
+    batch = num_segments // num_features
+    return _Args(lengths, indices, world_size, modes, sizes, batch, weights)
+
+
+def _reference_on_cpu(args: _Args) -> Bucketized:
+    """The pure-torch reference; tensors on another device go via the CPU."""
+    device = args.indices.device
+    if device.type == "cpu":
+        return _bucketize_reference(args)
+    weights = None if args.weights is None else args.weights.cpu()
+    out = _bucketize_reference(args._replace(
+        lengths=args.lengths.cpu(), indices=args.indices.cpu(),
+        weights=weights,
+    ))
+    return Bucketized(*(None if t is None else t.to(device) for t in out))
+
+
+def _bucketize_reference(args: _Args) -> Bucketized:
+    lengths, indices, world_size, modes, sizes, batch, weights = args
+    num_segments = lengths.numel()
+    if num_segments and bool((lengths < 0).any()):
+        pos = int(torch.nonzero(lengths < 0)[0])
+        raise ValueError(
+            f"lengths must be >= 0, got {int(lengths[pos])} at position {pos}"
+        )
+    num_keys = indices.numel()
+    total = int(lengths.sum()) if num_segments else 0
+    if total != num_keys:
+        raise ValueError(
+            f"lengths sum to {total} but indices has {num_keys} keys"
+        )
+    continuous = [f for f, m in enumerate(modes) if m is DistType.CONTINUOUS]
 
     # Per key: its segment (f * batch + b) and feature; route in int64.
     segment = torch.repeat_interleave(

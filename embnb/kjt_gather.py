@@ -1,0 +1,252 @@
+"""Gather the KeyedJaggedTensors of a batch from every rank, in two collectives.
+
+A batch often has several KeyedJaggedTensors (user features, item history),
+each with several keys. Gathering them key by key costs two or three
+collectives per key (lengths, values, weights); every collective has a fixed
+latency, which dominates for small per-key payloads. `allgather_kjt` sends
+
+1. the lengths of every key of every KJT, concatenated (one all-gather);
+2. the values and weights of every KJT as one byte buffer, padded to the
+   largest rank's size (one all-gather): step 1 told every rank how many
+   values each rank sends, so the padding can be cut off again.
+
+and rebuilds each KJT with the global batch: sample j of rank r becomes
+sample r * stride + j, exactly as `allgather_kjt_per_key` (the naive
+reference) returns it. `select_samples` then keeps the samples a rank owns,
+and `count_collectives` counts the collectives that ran (from the profiler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+__all__ = ["allgather_kjt", "allgather_kjt_per_key", "select_samples", "count_collectives",
+           "random_kjts", "compare_gathers"]
+
+
+def _check_kjts(kjts: Sequence[KeyedJaggedTensor]) -> None:
+    if isinstance(kjts, KeyedJaggedTensor):
+        raise TypeError("kjts must be a list of KeyedJaggedTensors; wrap a single one in a list")
+    if len(kjts) == 0:
+        raise ValueError("kjts is empty: nothing to gather")
+    for i, kjt in enumerate(kjts):
+        if not isinstance(kjt, KeyedJaggedTensor):
+            raise TypeError(f"kjts[{i}] is a {type(kjt).__name__}, not a KeyedJaggedTensor")
+        if kjt.variable_stride_per_key():
+            raise ValueError(f"kjts[{i}] has a variable stride per key; only one batch size per KJT is supported")
+
+
+def _all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """(world_size, *tensor.shape): every rank's tensor, same size everywhere."""
+    world_size = dist.get_world_size(group)
+    out = torch.empty(world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    dist.all_gather_single(out, tensor.contiguous().view(-1), group=group)  # gloo wants the flat form
+    return out.view(world_size, *tensor.shape)
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().view(torch.uint8)
+
+
+def _from_bytes(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return buffer.clone().view(dtype)  # clone: aligned storage for the wider dtype
+
+
+def allgather_kjt(kjts: Sequence[KeyedJaggedTensor],
+                  group: dist.ProcessGroup | None = None) -> list[KeyedJaggedTensor]:
+    """Every rank's KJTs as one global batch each, with two collectives.
+
+    Each rank passes the same number of KJTs, with the same keys, batch size
+    (stride) and dtypes; the number of values per key may differ. Returns,
+    for each KJT, one with stride world_size * stride where rank r's sample
+    j is sample r * stride + j: identical to `allgather_kjt_per_key`.
+    """
+    _check_kjts(kjts)
+    world_size = dist.get_world_size(group)
+    # 1. All lengths at once; int64 so KJTs with int32 lengths can share it.
+    lengths = torch.cat([kjt.lengths().to(torch.int64) for kjt in kjts])
+    all_lengths = _all_gather(lengths, group)  # (world_size, total lengths)
+    # 2. Values and weights of every KJT as bytes: rank r's chunk holds, per
+    # KJT, its values then its weights; sizes follow from the lengths.
+    sizes = [kjt.lengths().numel() for kjt in kjts]
+    per_kjt_lengths = all_lengths.split(sizes, dim=1)
+    value_counts = torch.stack([l.sum(dim=1) for l in per_kjt_lengths], dim=1).tolist()  # [rank][kjt]
+    item_bytes = [kjt.values().element_size()
+                  + (kjt.weights().element_size() if kjt.weights_or_none() is not None else 0)
+                  for kjt in kjts]
+    rank_bytes = [sum(c * b for c, b in zip(counts, item_bytes)) for counts in value_counts]
+    device = kjts[0].values().device
+    local = torch.zeros(max(rank_bytes), dtype=torch.uint8, device=device)
+    pieces = [_as_bytes(t) for kjt in kjts for t in (kjt.values(), kjt.weights_or_none()) if t is not None]
+    if pieces:
+        local_bytes = torch.cat(pieces)
+        local[: local_bytes.numel()] = local_bytes
+    all_bytes = _all_gather(local, group)  # (world_size, max bytes)
+    return [
+        _rebuild(kjt, j, per_kjt_lengths[j], all_bytes, value_counts, item_bytes, world_size)
+        for j, kjt in enumerate(kjts)
+    ]
+
+
+def _rebuild(kjt: KeyedJaggedTensor, j: int, lengths: torch.Tensor, all_bytes: torch.Tensor,
+             value_counts: list[list[int]], item_bytes: list[int], world_size: int) -> KeyedJaggedTensor:
+    """KJT j of the global batch from every rank's lengths and bytes."""
+    keys, stride = kjt.keys(), kjt.stride()
+    value_size = kjt.values().element_size()
+    has_weights = kjt.weights_or_none() is not None
+    values, weights = [], []
+    for rank in range(world_size):
+        start = sum(c * b for c, b in zip(value_counts[rank][:j], item_bytes[:j]))
+        count = value_counts[rank][j]
+        end = start + count * value_size
+        values.append(_from_bytes(all_bytes[rank, start:end], kjt.values().dtype))
+        if has_weights:
+            w_end = end + count * kjt.weights().element_size()
+            weights.append(_from_bytes(all_bytes[rank, end:w_end], kjt.weights().dtype))
+    # Rank-major keys ("rank r, key f") reordered key-major by torchrec's own
+    # KJT.permute: key f then holds rank 0's samples, rank 1's, ...
+    by_rank = KeyedJaggedTensor.from_lengths_sync(
+        keys=[f"{rank}/{key}" for rank in range(world_size) for key in keys],
+        values=torch.cat(values),
+        lengths=lengths.reshape(-1).to(kjt.lengths().dtype),
+        weights=torch.cat(weights) if has_weights else None,
+        stride=stride,
+    )
+    num_keys = len(keys)
+    by_key = by_rank.permute([rank * num_keys + f for f in range(num_keys) for rank in range(world_size)])
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys, values=by_key.values(), lengths=by_key.lengths(),
+        weights=by_key.weights_or_none(), stride=stride * world_size,
+    )
+
+
+def allgather_kjt_per_key(kjts: Sequence[KeyedJaggedTensor],
+                          group: dist.ProcessGroup | None = None) -> list[KeyedJaggedTensor]:
+    """The naive reference: per KJT, per key, gather the lengths, then the
+    values (padded to the largest rank's), then the weights: 2-3 collectives
+    per key. Same result as `allgather_kjt`."""
+    _check_kjts(kjts)
+    gathered = []
+    for kjt in kjts:
+        lengths, values, weights = [], [], []
+        for key in kjt.keys():
+            jt = kjt[key]
+            key_lengths = [t for t in _all_gather(jt.lengths(), group)]
+            counts = [int(l.sum()) for l in key_lengths]
+            lengths += key_lengths
+            values += _gather_padded(jt.values(), counts, group)
+            if jt.weights_or_none() is not None:
+                weights += _gather_padded(jt.weights(), counts, group)
+        gathered.append(KeyedJaggedTensor.from_lengths_sync(
+            keys=kjt.keys(), values=torch.cat(values), lengths=torch.cat(lengths),
+            weights=torch.cat(weights) if weights else None,
+            stride=kjt.stride() * dist.get_world_size(group),
+        ))
+    return gathered
+
+
+def _gather_padded(tensor: torch.Tensor, counts: list[int], group) -> list[torch.Tensor]:
+    padded = torch.zeros(max(counts), dtype=tensor.dtype, device=tensor.device)
+    padded[: tensor.numel()] = tensor
+    return [row[:count] for row, count in zip(_all_gather(padded, group), counts)]
+
+
+def select_samples(kjt: KeyedJaggedTensor, indices: torch.Tensor | Sequence[int]) -> KeyedJaggedTensor:
+    """The samples `indices` of `kjt` (every key), in that order."""
+    stride, num_keys = kjt.stride(), len(kjt.keys())
+    indices = torch.as_tensor(indices, dtype=torch.int64, device=kjt.values().device)
+    if indices.numel() and (indices.min() < 0 or indices.max() >= stride):
+        bad = indices[(indices < 0) | (indices >= stride)][0].item()
+        raise ValueError(f"sample index {bad} is outside the batch of {stride} samples")
+    lengths = kjt.lengths().view(num_keys, stride)
+    starts = kjt.offsets()[:-1].view(num_keys, stride)
+    picked_lengths = lengths[:, indices].reshape(-1)
+    picked_starts = starts[:, indices].reshape(-1)
+    # Output value v belongs to segment s: its source is start[s] + (v - out_start[s]).
+    segment = torch.repeat_interleave(torch.arange(picked_lengths.numel(), device=indices.device),
+                                      picked_lengths.to(torch.int64))
+    out_starts = torch.cumsum(picked_lengths.to(torch.int64), 0) - picked_lengths
+    source = picked_starts[segment] + torch.arange(segment.numel(), device=indices.device) - out_starts[segment]
+    weights = kjt.weights_or_none()
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=kjt.keys(), values=kjt.values()[source], lengths=picked_lengths,
+        weights=weights[source] if weights is not None else None, stride=indices.numel(),
+    )
+
+
+@contextlib.contextmanager
+def count_collectives() -> Iterator[Counter]:
+    """Count the collectives that run inside the block, by the profiler's
+    "gloo:..." / "nccl:..." communication events (one per collective call).
+
+        with count_collectives() as calls:
+            allgather_kjt(kjts)
+        calls["all_gather"]  # -> 2
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    calls: Counter = Counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield calls
+    backends = ("gloo:", "nccl:")
+    for event in prof.events():
+        if event.name.startswith(backends):
+            calls[event.name.split(":", 1)[1]] += 1
+
+
+def random_kjts(rank: int, num_kjts: int = 3, keys_per_kjt: int = 4, batch_size: int = 64,
+                max_length: int = 8, seed: int = 0, weighted: bool = True) -> list[KeyedJaggedTensor]:
+    """A batch of `num_kjts` KJTs with `keys_per_kjt` keys each, random
+    lengths in [0, max_length], the last KJT weighted (when `weighted`)."""
+    gen = torch.Generator().manual_seed(seed * 100_003 + rank)
+    kjts = []
+    for j in range(num_kjts):
+        lengths = torch.randint(0, max_length + 1, (keys_per_kjt * batch_size,), generator=gen)
+        num_values = int(lengths.sum())
+        kjts.append(KeyedJaggedTensor.from_lengths_sync(
+            keys=[f"f{j}_{k}" for k in range(keys_per_kjt)],
+            values=torch.randint(0, 2**40, (num_values,), generator=gen),
+            lengths=lengths,
+            weights=torch.rand(num_values, generator=gen) if weighted and j == num_kjts - 1 else None,
+        ))
+    return kjts
+
+
+def compare_gathers(rank: int, world_size: int, num_kjts: int = 3, keys_per_kjt: int = 4,
+                    batch_size: int = 64, repeats: int = 5, seed: int = 0) -> dict[str, object]:
+    """Per rank (under embnb.dist.launch): gather a `random_kjts` batch with
+    `allgather_kjt` and `allgather_kjt_per_key`; the collective calls of
+    each, whether the results are identical, and each one's median seconds."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    kjts = [kjt.to(device) for kjt in random_kjts(rank, num_kjts, keys_per_kjt, batch_size, seed=seed)]
+    results, calls, seconds = {}, {}, {}
+    for name, gather in (("fused", allgather_kjt), ("per_key", allgather_kjt_per_key)):
+        with count_collectives() as counted:
+            results[name] = gather(kjts)
+        calls[name] = sum(counted.values())
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            gather(kjts)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        seconds[name] = statistics.median(times)
+    identical = all(
+        a.keys() == b.keys() and a.stride() == b.stride() and torch.equal(a.lengths(), b.lengths())
+        and torch.equal(a.values(), b.values())
+        and (a.weights_or_none() is None) == (b.weights_or_none() is None)
+        and (a.weights_or_none() is None or torch.equal(a.weights(), b.weights()))
+        for a, b in zip(results["fused"], results["per_key"])
+    )
+    return {"rank": rank, "calls": calls, "seconds": seconds, "identical": identical,
+            "num_kjts": num_kjts, "keys_per_kjt": keys_per_kjt}
