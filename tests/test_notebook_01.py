@@ -30,6 +30,8 @@ PARAMETERS = {
     "embedding_dim": 8,
     "reshard_world_size": RESHARD_WORLD_SIZE,
     "seed": 0,
+    "kernel_sizes": [20_000],
+    "kernel_repeats": 2,
     "device": "cpu",
 }
 ALIASED = ["strided", "snowflake"]  # every key shares its low bits
@@ -145,3 +147,13 @@ def test_summary_and_figures(run):
 
 def test_committed_notebook_is_clean():
     assert harness.notebook_problems(NOTEBOOK) == []
+
+
+def test_kernel_table_checks_outputs_before_timing(run):
+    kernel = run["results"]["kernel"]
+    assert kernel["device"] == "cpu"
+    rows = kernel["rows"]
+    assert {r["dist_type"] for r in rows} == {"continuous", "hash_roundrobin"}
+    assert all(r["identical"] and r["world_size"] == WORLD_SIZE for r in rows)
+    # FBGEMM has a continuous mode only: it is the peer there and nowhere else.
+    assert all((r["embnb_over_fbgemm"] is not None) == (r["dist_type"] == "continuous") for r in rows)

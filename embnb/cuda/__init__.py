@@ -9,4 +9,7 @@ and loads them; `embnb.routing.bucketize` calls it for you. Ops:
   1 roundrobin, 2 hash_roundrobin), `block_sizes` one size per feature
   (read for continuous features only). Bit-identical to
   `embnb.routing.bucketize(..., impl="reference")`.
+- `torch.ops.embnb.karmarkar_karp(workloads, num_parts, equal_size, refine)
+  -> (order, sizes)`: the partition of `embnb.balancer`, computed without
+  holding the GIL (CPU only), identical to the Python version.
 """
