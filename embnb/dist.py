@@ -28,9 +28,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["launch", "RankError", "LaunchTimeout", "pick_backend", "check_collectives"]
+__all__ = ["launch", "RankError", "LaunchTimeout", "pick_backend", "resolve_device", "check_collectives"]
 
 _BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class RankError(RuntimeError):
@@ -46,11 +47,15 @@ class LaunchTimeout(TimeoutError):
     """Some ranks did not finish within the timeout; all ranks were killed."""
 
 
+def _visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def pick_backend(backend: str, world_size: int) -> str:
     """Resolve "auto" to nccl when there is one GPU per rank, else gloo."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(_BACKENDS)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = _visible_gpus()
     if backend == "auto":
         return "nccl" if gpus >= world_size else "gloo"
     if backend == "nccl" and gpus < world_size:
@@ -59,6 +64,17 @@ def pick_backend(backend: str, world_size: int) -> str:
             f"GPUs visible={gpus}; use backend='gloo' or 'auto'"
         )
     return backend
+
+
+def resolve_device(device: str, world_size: int) -> str:
+    """A notebook's `device` parameter: "auto" -> "cuda" with one GPU per rank, else "cpu"."""
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r} is not one of {list(DEVICES)}")
+    gpus = _visible_gpus()
+    if device == "cuda" and gpus < world_size:
+        raise ValueError(f"device 'cuda' needs one GPU per rank: world_size={world_size}, "
+                         f"GPUs visible={gpus}; use device='cpu' or 'auto'")
+    return device if device != "auto" else ("cuda" if gpus >= world_size else "cpu")
 
 
 def launch(

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from embnb.dist import DEVICES, resolve_device  # noqa: F401  (re-exported)
+
 if TYPE_CHECKING:  # torchrec is imported where used: the pure functions stay light
     from torchrec import EmbeddingCollection, KeyedJaggedTensor
     from torchrec.distributed.embedding import ShardedEmbeddingCollection
@@ -172,7 +174,6 @@ def rank_ordered_shard_outputs(
 # kernel with the optimizer fused into backward) runs. On CUDA "fused" is
 # torchrec's usual choice for sharded tables.
 COMPUTE_KERNELS = {"cpu": "fused", "cuda": "fused"}
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def compute_kernel_for(device_type: str) -> str:
@@ -180,18 +181,6 @@ def compute_kernel_for(device_type: str) -> str:
     if device_type not in COMPUTE_KERNELS:
         raise ValueError(f"device_type {device_type!r} is not one of {list(COMPUTE_KERNELS)}")
     return COMPUTE_KERNELS[device_type]
-
-
-def resolve_device(device: str, world_size: int) -> str:
-    """"auto" -> "cuda" when there is one GPU per rank, else "cpu"."""
-    if device not in DEVICES:
-        raise ValueError(f"device {device!r} is not one of {list(DEVICES)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device == "auto":
-        return "cuda" if gpus >= world_size else "cpu"
-    if device == "cuda" and gpus < world_size:
-        raise ValueError(f"device 'cuda' needs one GPU per rank: world_size={world_size}, GPUs={gpus}")
-    return device
 
 
 def backend_for(device_type: str) -> str:

@@ -158,3 +158,13 @@ def test_cli_spawns_when_not_under_torchrun():
     assert out.returncode == 0, out.stderr[-3000:]
     printed = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert printed == [_expected_collectives(r, 3) for r in range(3)]
+
+
+def test_resolve_device_follows_the_gpus_there_are():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert edist.resolve_device("cpu", 4) == "cpu"
+    assert edist.resolve_device("auto", gpus + 1) == "cpu"
+    with pytest.raises(ValueError, match=f"device 'cuda' needs one GPU per rank: world_size={gpus + 1}"):
+        edist.resolve_device("cuda", gpus + 1)
+    with pytest.raises(ValueError, match="device 'gpu' is not one of"):
+        edist.resolve_device("gpu", 1)
