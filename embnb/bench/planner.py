@@ -1,0 +1,104 @@
+"""Planning time and plan quality at scale: `python -m embnb.bench planner`.
+
+Plans models of 50, 200 and 800 random tables (`embnb.planner.make_model`)
+on GPU topologies of 8 and 64 devices whose HBM holds a fraction of the
+tables' fp32 rows, with torchrec's EmbeddingShardingPlanner and, in turn,
+this DP proposer, torchrec's DynamicProgrammingProposer and torchrec's
+default proposers (GridSearch, Greedy x2, Uniform). Options are enumerated
+once per model and topology (torchrec's estimators; timed apart) and each
+proposer plans over the same options. Every proposer runs under the same
+time limit, checked by torchrec's planner between proposals.
+
+Reported per peer, as ratios against this DP in the same run: its perf
+rating (slowest rank; > 1: this DP's plan is faster) and its planning time
+(> 1: this DP plans faster).
+
+    python -m embnb.bench planner [--tables 50 200 800] [--world-sizes 8 64]
+        [--hbm-fraction 0.5] [--timeout-s 120] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import pathlib
+import time
+
+from embnb import planner
+from embnb.bench.timing import machine_name, write_results
+
+PEERS = ("torchrec DP", "torchrec default")
+OURS = "embnb DP"
+
+
+def bench_one(num_tables: int, world_size: int, hbm_fraction: float, timeout_s: float, seed: int,
+              batch_size: int) -> dict:
+    model = planner.make_model(num_tables, seed)
+    hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * hbm_fraction
+    topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
+    enumerated = planner.enumerate_options(model.tables, topology, batch_size, model.constraints)
+    proposers = {k: v for k, v in planner.default_proposers().items() if k in (OURS, *PEERS)}
+    table = planner.compare_proposers(model.tables, topology, batch_size, constraints=model.constraints,
+                                      proposers=proposers, timeout_s=timeout_s, enumerated=enumerated)
+    ours = table.loc[OURS]
+    row = {"num_tables": num_tables, "world_size": world_size, "hbm_cap_gb": hbm_cap_gb,
+           "num_options": len(enumerated.options), "enumerate_s": enumerated.seconds, "proposers": {}}
+    for name, result in table.iterrows():
+        entry = {"perf_rating": None if math.isnan(result.perf_rating) else float(result.perf_rating),
+                 "plan_s": float(result.plan_s), "proposals": int(result.proposals),
+                 "timed_out": bool(result.timed_out), "note": result.note}
+        if name != OURS:
+            entry["rating_vs_embnb"] = (float(result.perf_rating / ours.perf_rating)
+                                        if result.feasible and ours.feasible else None)
+            entry["time_vs_embnb"] = float(result.plan_s / ours.plan_s)
+        row["proposers"][name] = entry
+    return row
+
+
+def _line(row: dict) -> str:
+    ours = row["proposers"][OURS]
+    parts = [f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
+             f"{row['enumerate_s']:6.1f} s | {OURS} {_rating(ours['perf_rating'])} in {ours['plan_s']:6.1f} s"]
+    for name in PEERS:
+        peer = row["proposers"][name]
+        ratio = peer["rating_vs_embnb"]
+        parts.append(f"{name} {_rating(peer['perf_rating'])} ({'n/a' if ratio is None else f'{ratio:.2f}x'})"
+                     f" in {peer['plan_s']:6.1f} s{' TIMED OUT' if peer['timed_out'] else ''}")
+    return " | ".join(parts)
+
+
+def _rating(value: float | None) -> str:
+    return "no plan" if value is None else f"{value:9.3f} ms"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m embnb.bench planner", description=__doc__.split("\n")[0])
+    parser.add_argument("--tables", type=int, nargs="+", default=[50, 200, 800])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--hbm-fraction", type=float, default=0.5,
+                        help="HBM per device as a fraction of the tables' fp32 rows spread evenly")
+    parser.add_argument("--timeout-s", type=float, default=120, help="planning time limit per proposer")
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)")
+    opts = parser.parse_args(argv)
+    for name, values in (("--tables", opts.tables), ("--world-sizes", opts.world_sizes)):
+        if any(v < 1 for v in values):
+            parser.error(f"{name} must all be >= 1, got {values}")
+    if not 0 < opts.hbm_fraction:
+        parser.error(f"--hbm-fraction must be > 0, got {opts.hbm_fraction}")
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    start, rows = time.perf_counter(), []
+    for world_size in opts.world_sizes:
+        for num_tables in opts.tables:
+            rows.append(bench_one(num_tables, world_size, opts.hbm_fraction, opts.timeout_s, opts.seed,
+                                  opts.batch_size))
+            print(_line(rows[-1]), flush=True)
+    payload = {"benchmark": "planner", "machine": machine_name(), "hbm_fraction": opts.hbm_fraction,
+               "timeout_s": opts.timeout_s, "batch_size": opts.batch_size, "seed": opts.seed,
+               "rating_vs_embnb": "peer's perf rating / embnb DP's (> 1: embnb's plan is faster)",
+               "time_vs_embnb": "peer's planning seconds / embnb DP's (> 1: embnb plans faster)",
+               "rows": rows, "bench_s": time.perf_counter() - start}
+    print(f"wrote {write_results('planner', payload, opts.out)}")
+    return 0
