@@ -77,7 +77,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 __all__ = [
     "DynamicProgrammingProposer", "create_planner", "make_topology", "topology_for_device",
-    "resolve_device", "Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options",
+    "Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options",
     "PlanRun", "run_planner", "rank_loads", "default_proposers", "compare_proposers", "budget_sweep",
     "reserved_topology", "option_label", "options_table", "knapsack_table", "knapsack_frontier",
     "rate_every_plan", "brute_force_rating", "random_instance", "quality_study",
@@ -660,8 +660,10 @@ def make_topology(world_size: int, compute_device: str = "cuda", hbm_cap_gb: flo
     )
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
-    """The device meant: "auto" is cuda when a GPU is visible, else cpu."""
+def _planning_device(device: str | torch.device) -> torch.device:
+    """The kind of device planned for: "auto" is cuda when a GPU is visible,
+    else cpu. (Unlike `embnb.dist.resolve_device`, one GPU stands for a
+    cluster of them: planning needs none per rank.)"""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -679,7 +681,7 @@ def topology_for_device(device: str | torch.device, world_size: int, local_world
                         intra_host_bw: float | None = None, inter_host_bw: float | None = None) -> Topology:
     """The Topology of `world_size` ranks like this machine: HBM from the GPU,
     DDR from system memory shared by the local ranks."""
-    device = resolve_device(device)
+    device = _planning_device(device)
     local_world_size = world_size if local_world_size is None else local_world_size
     _check_int("local_world_size", local_world_size, 1)
     hbm = torch.cuda.get_device_properties(device).total_memory / GB if device.type == "cuda" else None

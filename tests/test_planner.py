@@ -416,7 +416,8 @@ def test_zero_tables_are_refused():
     (lambda: planner.create_planner("cpu", 0), "batch_size must be an int >= 1, got 0"),
     (lambda: planner.create_planner("cpu", 8, storage_reservation_percentage=1.5),
      r"storage_reservation_percentage must be in \[0, 1\), got 1.5"),
-    (lambda: planner.resolve_device("gpu"), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    (lambda: planner.topology_for_device("gpu", 2), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    (lambda: planner.create_planner("tpu", 8), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
 ])
 def test_bad_topology_and_planner_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
