@@ -88,7 +88,8 @@ def main(argv: list[str]) -> int:
             parser.error(f"{name} must all be >= 1, got {values}")
     if not 0 < opts.hbm_fraction:
         parser.error(f"--hbm-fraction must be > 0, got {opts.hbm_fraction}")
-    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger("torchrec").setLevel(logging.ERROR)  # the planner logs every proposal
+    logging.getLogger().setLevel(logging.ERROR)  # and warns for each data-parallel table
     start, rows = time.perf_counter(), []
     for world_size in opts.world_sizes:
         for num_tables in opts.tables:
