@@ -19,6 +19,7 @@ Writes benchmarks/results/balancer-DATE-MACHINE.json.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import statistics
 import sys
 import threading
@@ -154,6 +155,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--no-train", action="store_true", help="skip the multi-rank training part")
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)")
     opts = parser.parse_args(argv)
     native = balancer.native_available()
     if not native:
@@ -184,5 +186,5 @@ def main(argv: list[str]) -> int:
                             "backend": "gloo", "model": {k: overlap.DEFAULT_CONFIG[k] for k in
                                                          ("embedding_dim", "ffn_dim", "num_heads")}},
     }
-    print(f"wrote {write_results('balancer', payload)}")
+    print(f"wrote {write_results('balancer', payload, opts.out)}")
     return 0

@@ -248,6 +248,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true",
                         help=f"sizes {QUICK_SIZES}, 5 repeats, no JSON written")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
 
     device = args.device
@@ -267,7 +268,7 @@ def main(argv: list[str]) -> int:
           f"load average {payload['load_average_before'][0]:.1f} -> "
           f"{payload['load_average_after'][0]:.1f}")
     if not (args.quick or args.no_write):
-        print(f"wrote {write_results('bucketize', payload)}")
+        print(f"wrote {write_results('bucketize', payload, args.out)}")
     if not all(r["identical"] for r in payload["rows"]):
         print("bucketize bench: embnb's output differs from a peer's", file=sys.stderr)
         return 1

@@ -13,8 +13,17 @@ Reported per peer, as ratios against this DP in the same run: its perf
 rating (slowest rank; > 1: this DP's plan is faster) and its planning time
 (> 1: this DP plans faster).
 
+Plan quality: on random small instances (`embnb.planner.quality_study`:
+3-4 tables, 2-4 devices, HBM that binds) each proposer's rating over the
+brute-force optimum; reported per proposer as the worst ratio, the share
+within 2% and the instances where it found no plan.
+
     python -m embnb.bench planner [--tables 50 200 800] [--world-sizes 8 64]
-        [--hbm-fraction 0.5] [--timeout-s 120] [--out DIR]
+        [--hbm-fraction 0.5] [--timeout-s 120]
+        [--quality-instances 50] [--quality-tables 3 4] [--out DIR]
+
+`--tables` with no value skips the scale part; `--quality-instances 0`
+skips the quality part.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ import logging
 import math
 import pathlib
 import time
+
+import numpy as np
 
 from embnb import planner
 from embnb.bench.timing import machine_name, write_results
@@ -56,6 +67,30 @@ def bench_one(num_tables: int, world_size: int, hbm_fraction: float, timeout_s: 
     return row
 
 
+def quality(num_instances: int, table_counts: list[int], seed: int, batch_size: int) -> list[dict]:
+    rows = []
+    for num_tables in table_counts:
+        study = planner.quality_study(num_instances, seed=seed, num_tables=num_tables, batch_size=batch_size)
+        for name, ratios in study.groupby("proposer", sort=False).ratio:
+            skipped = int(ratios.isna().sum())  # GridSearch past torchrec's MAX_PROPOSALS
+            ratios = ratios.dropna()
+            found = ratios[np.isfinite(ratios)]
+            rows.append({"num_tables": num_tables, "proposer": name, "instances": int(len(ratios)),
+                         "skipped": skipped, "worst_ratio": float(found.max()) if len(found) else None,
+                         "within_2pct": float((ratios <= 1.02).mean()) if len(ratios) else None,
+                         "no_plan": int(np.isinf(ratios).sum())})
+    return rows
+
+
+def _quality_line(row: dict) -> str:
+    head = f"{row['num_tables']} tables, {row['proposer']:<12}"
+    if not row["instances"]:
+        return f"{head} skipped on all {row['skipped']} (torchrec's limit on combinations)"
+    worst = "n/a" if row["worst_ratio"] is None else f"{row['worst_ratio']:.3f}x"
+    return (f"{head} worst {worst:>8} of brute force, within 2% on {row['within_2pct']:6.1%} "
+            f"of {row['instances']}, no plan on {row['no_plan']}")
+
+
 def _line(row: dict) -> str:
     ours = row["proposers"][OURS]
     parts = [f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
@@ -74,18 +109,25 @@ def _rating(value: float | None) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m embnb.bench planner", description=__doc__.split("\n")[0])
-    parser.add_argument("--tables", type=int, nargs="+", default=[50, 200, 800])
+    parser.add_argument("--tables", type=int, nargs="*", default=[50, 200, 800])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--hbm-fraction", type=float, default=0.5,
                         help="HBM per device as a fraction of the tables' fp32 rows spread evenly")
     parser.add_argument("--timeout-s", type=float, default=120, help="planning time limit per proposer")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quality-instances", type=int, default=50,
+                        help="random small instances per table count rated against brute force (0: skip)")
+    parser.add_argument("--quality-tables", type=int, nargs="+", default=[3, 4],
+                        help="table counts of the quality instances (brute force grows as 16^tables)")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)")
     opts = parser.parse_args(argv)
-    for name, values in (("--tables", opts.tables), ("--world-sizes", opts.world_sizes)):
+    for name, values in (("--tables", opts.tables), ("--world-sizes", opts.world_sizes),
+                         ("--quality-tables", opts.quality_tables)):
         if any(v < 1 for v in values):
             parser.error(f"{name} must all be >= 1, got {values}")
+    if opts.quality_instances < 0:
+        parser.error(f"--quality-instances must be >= 0, got {opts.quality_instances}")
     if not 0 < opts.hbm_fraction:
         parser.error(f"--hbm-fraction must be > 0, got {opts.hbm_fraction}")
     logging.getLogger("torchrec").setLevel(logging.ERROR)  # the planner logs every proposal
@@ -96,10 +138,16 @@ def main(argv: list[str]) -> int:
             rows.append(bench_one(num_tables, world_size, opts.hbm_fraction, opts.timeout_s, opts.seed,
                                   opts.batch_size))
             print(_line(rows[-1]), flush=True)
+    quality_rows = []
+    if opts.quality_instances:
+        print(f"plan quality on {opts.quality_instances} random instances per table count:", flush=True)
+        quality_rows = quality(opts.quality_instances, opts.quality_tables, opts.seed, opts.batch_size)
+        for row in quality_rows:
+            print(_quality_line(row), flush=True)
     payload = {"benchmark": "planner", "machine": machine_name(), "hbm_fraction": opts.hbm_fraction,
                "timeout_s": opts.timeout_s, "batch_size": opts.batch_size, "seed": opts.seed,
                "rating_vs_embnb": "peer's perf rating / embnb DP's (> 1: embnb's plan is faster)",
                "time_vs_embnb": "peer's planning seconds / embnb DP's (> 1: embnb plans faster)",
-               "rows": rows, "bench_s": time.perf_counter() - start}
+               "rows": rows, "quality_vs_brute_force": quality_rows, "bench_s": time.perf_counter() - start}
     print(f"wrote {write_results('planner', payload, opts.out)}")
     return 0

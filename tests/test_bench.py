@@ -1,0 +1,90 @@
+"""`python -m embnb.bench NAME` end to end on tiny sizes: each writes a JSON
+whose derived figures (ratios, bandwidth, plan quality) agree with its raw
+measurements. No speed is asserted: the machines are shared and noisy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def bench(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "embnb.bench", *args], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == expect, done.stdout + done.stderr
+    return done
+
+
+def results(tmp_path, name: str) -> dict:
+    (path,) = tmp_path.glob(f"{name}-*.json")
+    return json.loads(path.read_text())
+
+
+def test_bucketize_bench_rows_agree_with_their_timings(tmp_path):
+    bench("bucketize", "--sizes", "2e4,5e4", "--world-sizes", "2,8", "--repeats", "3",
+          "--warmup", "1", "--reference-repeats", "1", "--out", str(tmp_path))
+    payload = results(tmp_path, "bucketize")
+    assert payload["device"] == "cpu" and payload["input"]["indices_dtype"] == "int64"
+    assert [(r["world_size"]) for r in payload["rows"]] == [2, 8, 2, 8]
+    for row in payload["rows"]:
+        n, s, w = row["num_keys"], row["num_segments"], row["world_size"]
+        assert row["identical"]
+        # lengths read and written (int32), keys read, keys and permute written (int64)
+        assert row["bytes_moved"] == 4 * s + 4 * w * s + 3 * 8 * n
+        assert row["embnb_mkeys_s"] == pytest.approx(n / row["embnb_s"] / 1e6)
+        assert row["embnb_gbps"] == pytest.approx(row["bytes_moved"] / row["embnb_s"] / 1e9)
+        assert row["embnb_over_fbgemm"] == pytest.approx(row["fbgemm_s"] / row["embnb_s"])
+        assert row["embnb_over_reference"] == pytest.approx(row["reference_s"] / row["embnb_s"])
+        assert row["embnb_min_s"] <= row["embnb_s"]
+
+
+def test_planner_bench_ratios_and_quality(tmp_path):
+    done = bench("planner", "--tables", "6", "--world-sizes", "2", "--timeout-s", "60",
+                 "--quality-instances", "3", "--quality-tables", "3", "--out", str(tmp_path))
+    payload = results(tmp_path, "planner")
+    (row,) = payload["rows"]
+    assert (row["num_tables"], row["world_size"]) == (6, 2)
+    ours = row["proposers"]["embnb DP"]
+    assert ours["perf_rating"] > 0 and not ours["timed_out"]
+    for name in ("torchrec DP", "torchrec default"):
+        peer = row["proposers"][name]
+        assert peer["time_vs_embnb"] == pytest.approx(peer["plan_s"] / ours["plan_s"])
+        if peer["perf_rating"] is not None:
+            assert peer["rating_vs_embnb"] == pytest.approx(peer["perf_rating"] / ours["perf_rating"])
+    quality = {q["proposer"]: q for q in payload["quality_vs_brute_force"]}
+    assert set(quality) == {"embnb DP", "torchrec DP", "Greedy", "Uniform", "GridSearch"}
+    for q in quality.values():
+        assert q["instances"] + q["skipped"] == quality["embnb DP"]["instances"] >= 1
+        # a plan can match brute force but never beat it
+        assert q["worst_ratio"] is None or q["worst_ratio"] >= 1 - 1e-9
+        assert 0 <= q["no_plan"] <= q["instances"]
+    assert quality["embnb DP"]["worst_ratio"] <= 1.02 and quality["embnb DP"]["no_plan"] == 0
+    assert "embnb DP" in done.stdout and "of brute force" in done.stdout
+
+
+def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
+    bench("balancer", "--samples", "64", "--parts", "4", "--budget", "0.02", "--no-train",
+          "--out", str(tmp_path))
+    payload = results(tmp_path, "balancer")
+    rows = payload["partitioning"]
+    (peer,) = [r for r in rows if r["method"] == "numberpartitioning_kk"]
+    assert peer["speedup_vs_numberpartitioning_kk"] == pytest.approx(1.0)
+    for r in rows:
+        assert r["speedup_vs_numberpartitioning_kk"] == pytest.approx(peer["seconds"] / r["seconds"])
+        assert r["gap_to_lower_bound"] >= -1e-12  # max(mean, largest item) bounds every partition
+    assert payload["training"] == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["planner", "--tables", "0"], "--tables must all be >= 1, got [0]"),
+    (["planner", "--quality-instances", "-1"], "--quality-instances must be >= 0, got -1"),
+    (["nosuch"], "got 'nosuch'"),
+])
+def test_bad_bench_arguments_are_named(tmp_path, args, message):
+    done = bench(*args, "--out", str(tmp_path), expect=2)
+    assert message in done.stderr
+    assert not list(tmp_path.glob("*.json"))
+
