@@ -298,6 +298,25 @@ def test_build_dir_changes_only_with_the_sources(tmp_path, monkeypatch):
     assert loader.build_dir(False) != first
 
 
+def test_cuda_builds_are_kept_apart_per_gpu_architecture(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBNB_EXT_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    a100 = loader.build_dir(True)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert loader.build_dir(True) != a100
+    assert loader.build_dir(False) == loader.build_dir(False)  # a CPU build has no architecture
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    assert loader.build_dir(True) == a100
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the machine without a visible GPU")
+def test_no_cuda_build_without_a_gpu_to_build_for(monkeypatch):
+    # torch cannot choose an architecture then, and a failed CUDA build
+    # would take the CPU kernels (same library) down with it.
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    assert not loader.with_cuda()
+
+
 def _run_python(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,

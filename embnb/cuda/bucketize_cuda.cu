@@ -195,6 +195,7 @@ struct Layout {
   int64_t num_tiles;
   size_t offsets, widened, tile_counts, cursors, routes, errors, scan, total;  // byte offsets
   size_t scan_bytes;
+  cudaError_t status;  // of cub's workspace size queries
 };
 
 Layout make_layout(const CudaBucketizeArgs& a) {
@@ -202,11 +203,13 @@ Layout make_layout(const CudaBucketizeArgs& a) {
   l.num_tiles = (a.num_keys + kTileKeys - 1) / kTileKeys;
   const int64_t num_counts = a.world_size * l.num_tiles;
   size_t lengths_scan = 0, tiles_scan = 0;
-  cub::DeviceScan::InclusiveSum(nullptr, lengths_scan, static_cast<const int64_t*>(nullptr),
-                                static_cast<int64_t*>(nullptr), a.num_segments);
-  cub::DeviceScan::ExclusiveSum(nullptr, tiles_scan,
-                                static_cast<const unsigned long long*>(nullptr),
-                                static_cast<unsigned long long*>(nullptr), num_counts);
+  l.status = cub::DeviceScan::InclusiveSum(nullptr, lengths_scan, static_cast<const int64_t*>(nullptr),
+                                           static_cast<int64_t*>(nullptr), a.num_segments);
+  if (l.status == cudaSuccess) {
+    l.status = cub::DeviceScan::ExclusiveSum(nullptr, tiles_scan,
+                                             static_cast<const unsigned long long*>(nullptr),
+                                             static_cast<unsigned long long*>(nullptr), num_counts);
+  }
   l.scan_bytes = lengths_scan > tiles_scan ? lengths_scan : tiles_scan;
   size_t at = 0;
   auto take = [&at](size_t bytes) {
@@ -254,8 +257,12 @@ cudaError_t launch(const CudaBucketizeArgs& a, const Layout& l, void* ws, cudaSt
                             cudaMemcpyHostToDevice, stream));
   EMBNB_TRY(cudaMemsetAsync(errors, 0xFF, sizeof(DeviceErrors), stream));
   EMBNB_TRY(cudaMemsetAsync(offsets, 0, sizeof(int64_t), stream));
-  EMBNB_TRY(cudaMemsetAsync(a.new_lengths, 0, (a.lengths_int64 ? 8 : 4) * W * S, stream));
-  EMBNB_TRY(cudaMemsetAsync(tile_counts, 0, sizeof(unsigned long long) * num_counts, stream));
+  if (W * S > 0) {  // an empty tensor's data pointer may be null
+    EMBNB_TRY(cudaMemsetAsync(a.new_lengths, 0, (a.lengths_int64 ? 8 : 4) * W * S, stream));
+  }
+  if (num_counts > 0) {
+    EMBNB_TRY(cudaMemsetAsync(tile_counts, 0, sizeof(unsigned long long) * num_counts, stream));
+  }
   if (S > 0) {
     widen_lengths<offset_t><<<blocks_for(S), kBlockThreads, 0, stream>>>(
         static_cast<const offset_t*>(a.lengths), S, widened, errors);
@@ -315,6 +322,7 @@ CudaBucketizeStatus cuda_bucketize(const CudaBucketizeArgs& a, void* workspace,
     return CudaBucketizeStatus{kCudaRuntimeError, 0, static_cast<int64_t>(e),
                                cudaGetErrorString(e)};
   };
+  if (l.status != cudaSuccess) return failed(l.status);
   if (workspace_bytes < l.total) {
     return CudaBucketizeStatus{kCudaRuntimeError, 0, 0, "bucketize workspace too small"};
   }

@@ -5,13 +5,15 @@ source registers its own ops with `TORCH_LIBRARY_FRAGMENT(embnb, m)` (and
 `TORCH_LIBRARY_IMPL(embnb, CPU/CUDA, m)`), so they appear as
 `torch.ops.embnb.*` once `load()` has run. To add a kernel: put the file in
 this folder and append its name to `CPU_SOURCES` (always built) or
-`CUDA_SOURCES` (built only when torch has CUDA and nvcc is found). Headers
-(*.h, *.cuh) here need no listing: they are hashed with the sources.
+`CUDA_SOURCES` (built only when torch has CUDA, nvcc is found and there is
+a GPU to build for). Headers (*.h, *.cuh) here need no listing: they are
+hashed with the sources.
 
 The build goes to `$EMBNB_EXT_DIR` (default `~/.cache/embnb`), in a folder
 named by a hash of every source and header here, the torch, CUDA and Python
-versions and the flags: it is rebuilt only when one of those changes, and a
-built library is loaded without any compiler. `CXX` picks the C++ compiler.
+versions, the flags and the GPU architectures built for: it is rebuilt only
+when one of those changes, and a built library is loaded without any
+compiler. `CXX` picks the C++ compiler.
 """
 
 from __future__ import annotations
@@ -61,12 +63,24 @@ def cache_root() -> pathlib.Path:
 
 
 def with_cuda() -> bool:
-    """Build the CUDA sources: torch has CUDA and nvcc is found."""
+    """Build the CUDA sources: torch has CUDA, nvcc is found and there is a
+    GPU to build for (a visible one, or TORCH_CUDA_ARCH_LIST). Without one
+    torch cannot pick an architecture, and a failed CUDA build would cost
+    the CPU kernels too: they are one library."""
     if torch.version.cuda is None:
         return False
     from torch.utils.cpp_extension import CUDA_HOME
 
-    return CUDA_HOME is not None
+    return CUDA_HOME is not None and (torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST")))
+
+
+def cuda_targets(cuda: bool) -> str | list[tuple[int, int]] | None:
+    """The GPU architectures a CUDA build is for: TORCH_CUDA_ARCH_LIST, else
+    those of the visible GPUs (what torch's build picks)."""
+    if not cuda:
+        return None
+    return os.environ.get("TORCH_CUDA_ARCH_LIST") or sorted(
+        {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
 
 
 def sources(cuda: bool) -> list[pathlib.Path]:
@@ -82,7 +96,7 @@ def build_dir(cuda: bool | None = None) -> pathlib.Path:
     for path in sources(cuda) + headers:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     for part in (torch.__version__, torch.version.cuda, sys.version,
-                 platform.machine(), CFLAGS, CUDA_CFLAGS, cuda):
+                 platform.machine(), CFLAGS, CUDA_CFLAGS, cuda, cuda_targets(cuda)):
         digest.update(repr(part).encode() + b"\0")
     return cache_root() / f"{NAME}-{digest.hexdigest()[:16]}"
 
