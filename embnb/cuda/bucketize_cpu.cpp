@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "bucketize.h"
 
@@ -146,6 +147,17 @@ void advise_huge_pages(const at::Tensor& t) {
 #endif
 }
 
+// Calls body(mode) with the dist_type as a compile-time constant, so each
+// mode gets its own loop with the other modes' branches folded away.
+template <typename Body>
+inline void with_mode(int32_t mode, Body&& body) {
+  switch (mode) {
+    case kContinuous: body(std::integral_constant<int32_t, kContinuous>{}); break;
+    case kRoundRobin: body(std::integral_constant<int32_t, kRoundRobin>{}); break;
+    default: body(std::integral_constant<int32_t, kHashRoundRobin>{}); break;
+  }
+}
+
 // Keys per chunk below which a second thread costs more than it saves.
 constexpr int64_t kMinKeysPerChunk = 1 << 15;
 
@@ -201,20 +213,21 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
 
   // Counts chunk c's keys [begin, end) of segment s per rank into cnt.
   auto count_run = [&](int64_t c, int64_t s, int64_t begin, int64_t end, int64_t* cnt) {
-    const FeatureRoute route = plan.routes[s / batch];
-    int64_t* ranks = rank_count.data() + c * W;
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t key = static_cast<int64_t>(keys[i]);
-      if (route.mode == kContinuous && key < 0) {
-        if (first_bad[c] < 0) first_bad[c] = i;
-        continue;
+    with_mode(plan.routes[s / batch].mode, [&](auto mode) {
+      FeatureRoute route = plan.routes[s / batch];
+      route.mode = mode;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t key = static_cast<int64_t>(keys[i]);
+        if (mode == kContinuous && key < 0) {
+          if (first_bad[c] < 0) first_bad[c] = i;
+          continue;
+        }
+        int64_t owner, sent;
+        route_key(key, route, plan.world, &owner, &sent);
+        ++cnt[owner];
+        if (keep_owner) owners[i] = static_cast<uint8_t>(owner);
       }
-      int64_t owner, sent;
-      route_key(key, route, plan.world, &owner, &sent);
-      ++cnt[owner];
-      ++ranks[owner];
-      if (keep_owner) owners[i] = static_cast<uint8_t>(owner);
-    }
+    });
   };
 
   // Pass 1: counts. Owned segments go in groups so that new_lengths
@@ -240,6 +253,14 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
           offset_t* out = new_lengths + r * S + g;
           for (int64_t j = 0; j < group; ++j) out[j] = static_cast<offset_t>(count[j * W + r]);
         }
+      }
+      // The chunk's keys per rank: its carry plus its own segments' counts
+      // (a sequential sum, cheaper than a second increment per key).
+      for (int64_t r = 0; r < W; ++r) {
+        const offset_t* row = new_lengths + r * S;
+        int64_t sum = carry_count[c * W + r];
+        for (int64_t s = seg_begin[c]; s < seg_begin[c + 1]; ++s) sum += row[s];
+        rank_count[c * W + r] = sum;
       }
     }
   });
@@ -274,20 +295,23 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
     for (int64_t c = chunk_lo; c < chunk_hi; ++c) {
       int64_t* next = cursor.data() + c * W;
       for_each_run(c, [&](int64_t s, int64_t begin, int64_t end) {
-        const FeatureRoute route = plan.routes[s / batch];
-        for (int64_t i = begin; i < end; ++i) {
-          const int64_t key = static_cast<int64_t>(keys[i]);
-          int64_t owner, sent;
-          if (keep_owner) {
-            owner = owners[i];
-            sent = sent_id(key, owner, route, plan.world);
-          } else {
-            route_key(key, route, plan.world, &owner, &sent);
+        with_mode(plan.routes[s / batch].mode, [&](auto mode) {
+          FeatureRoute route = plan.routes[s / batch];
+          route.mode = mode;
+          for (int64_t i = begin; i < end; ++i) {
+            const int64_t key = static_cast<int64_t>(keys[i]);
+            int64_t owner, sent;
+            if (keep_owner) {
+              owner = owners[i];
+              sent = sent_id(key, owner, route, plan.world);
+            } else {
+              route_key(key, route, plan.world, &owner, &sent);
+            }
+            const int64_t pos = next[owner]++;
+            new_keys[pos] = static_cast<index_t>(sent);
+            stream_store(permute + i, static_cast<index_t>(pos));
           }
-          const int64_t pos = next[owner]++;
-          new_keys[pos] = static_cast<index_t>(sent);
-          stream_store(permute + i, static_cast<index_t>(pos));
-        }
+        });
       });
     }
     stream_fence();
