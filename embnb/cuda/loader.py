@@ -71,7 +71,9 @@ def with_cuda() -> bool:
         return False
     from torch.utils.cpp_extension import CUDA_HOME
 
-    return CUDA_HOME is not None and (torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST")))
+    if CUDA_HOME is None:
+        return False
+    return torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST"))
 
 
 def cuda_targets(cuda: bool) -> str | list[tuple[int, int]] | None:
