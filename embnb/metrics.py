@@ -1,6 +1,6 @@
 """Load measures for keys routed to ranks.
 
-A routing function (see `embnb.routing`) gives each key an owner rank; these
+A routing function (see `embnb.rowwise.routing`) gives each key an owner rank; these
 helpers count what each rank receives and summarize the imbalance:
 
     load = rank_load(keys, ranks, world_size)

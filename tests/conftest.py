@@ -11,6 +11,6 @@ def pytest_sessionstart(session):
     # Build the native extension once, here, rather than in several spawned
     # ranks at the same moment; without a compiler this warns and tests that
     # need it say so.
-    from embnb.cuda import loader
+    from embnb.native import loader
 
     loader.try_load()

@@ -53,8 +53,8 @@ def call_each(rank, world_size, calls):
 
 
 def kv_load_and_lookup(rank, world_size, directory, dist_type, seed, batches):
-    """Load embnb.kv's saved table on this rank, then look up batches[rank]."""
-    from embnb import kv
+    """Load embnb.rowwise.kv's saved table on this rank, then look up batches[rank]."""
+    from embnb.rowwise import kv
 
     table = kv.ShardedKVTable.load(directory, kv.TABLE_NAME, dist_type, seed=seed)
     keys, rows = table.keys.clone(), table.rows.clone()
@@ -63,7 +63,7 @@ def kv_load_and_lookup(rank, world_size, directory, dist_type, seed, batches):
 
 def kv_rank_mismatch(rank, world_size):
     """Error messages of tables whose layout contradicts the process group."""
-    from embnb import kv
+    from embnb.rowwise import kv
 
     messages = []
     for size, r in [(world_size + 1, rank), (world_size, (rank + 1) % world_size)]:

@@ -29,7 +29,8 @@ from typing import Any, Callable
 import numberpartitioning
 import torch
 
-from embnb import balancer, overlap
+from embnb.balancing import partition as balancer
+from embnb.balancing import overlap
 from embnb.bench.timing import machine_name, write_results
 from embnb.dist import launch
 

@@ -32,9 +32,9 @@ from typing import Any, Callable
 
 import torch
 
-from embnb.cuda import loader
+from embnb.native import loader
 from embnb.bench.timing import machine_name, median_seconds, write_results
-from embnb.routing import DistType, bucketize
+from embnb.rowwise.routing import DistType, bucketize
 
 SIZES = [10**5, 10**6, 10**7]
 QUICK_SIZES = [10**4, 10**5]

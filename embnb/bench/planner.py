@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from embnb import planner
+from embnb.planner import core as planner
 from embnb.bench.timing import machine_name, write_results
 
 PEERS = ("torchrec DP", "torchrec default")

@@ -1,0 +1,1 @@
+"""Technique 4: Karmarkar-Karp batch balancing hidden behind compute."""

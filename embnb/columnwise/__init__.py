@@ -1,0 +1,1 @@
+"""Technique 2: column-wise sharding of sequence embeddings and its permute indices."""

@@ -1,0 +1,346 @@
+"""Checkpoints of a sharded key-value embedding table that keep the routing.
+
+A table sharded row-wise over ``world_size`` ranks is saved as one file per
+rank plus one metadata file, all in one directory::
+
+    {table}.rank{r}-of-{W}.safetensors   keys (int64 [n]) and rows ([n, dim])
+    {table}.meta.json                    format_version, table_name,
+                                         dist_type, world_size,
+                                         embedding_dim, block_size,
+                                         init_seed (how new rows are made)
+
+Why the routing is saved: which rank owns a key depends on the dist_type
+(``continuous``, ``roundrobin``, ``hash_roundrobin``, see
+:mod:`embnb.rowwise.routing`). Loading with another dist_type than the one the table
+was trained with would put rows on ranks that lookups never ask, so
+:func:`load` checks it and raises on a mismatch. Metadata without a
+``dist_type`` field loads as ``roundrobin``, as NVIDIA dynamicemb does for
+its older checkpoints.
+
+Resharding: :func:`load` may ask for another world size. It then reads every
+stored shard and keeps the keys whose ``owner_rank`` under the *new* world
+size is this rank, so across the new ranks no row is lost or duplicated.
+dynamicemb's loader instead keeps ``key % world_size == rank`` whatever the
+dist_type; under ``hash_roundrobin`` most rows then land on a rank that does
+not own them (or are dropped), which is the mistake this module avoids.
+
+Continuous mode stores global keys, so resharding re-routes the global keys
+with the ``block_size`` the caller gives for the new layout (by default the
+stored one, which still partitions the keys, since keys past
+``block_size * world_size`` fall back to ``key % world_size``, but usually
+not the block size the new layout wants, e.g. ``ceil(num_rows / W)``).
+
+Tensors are stored with safetensors (no pickle, so loading runs no code).
+Every file is written to a temporary name in the same directory, fsynced and
+then ``os.replace``'d, so a crash never leaves a half-written file under a
+final name. Shards are written before the metadata; every shard read back is
+checked against the metadata (dim, rank, ownership), so a crash between the
+two that left an inconsistent checkpoint is reported, not silently loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as safetensors_bytes
+
+from embnb.rowwise.routing import DistType, owner_rank
+
+FORMAT_VERSION = 1
+# Older checkpoints have no dist_type field; dynamicemb reads them as this.
+DEFAULT_DIST_TYPE = DistType.ROUNDROBIN
+_CONTINUOUS = DistType.CONTINUOUS
+
+Shard = tuple[torch.Tensor, torch.Tensor]
+
+
+def shard_path(directory: str | os.PathLike, table_name: str, rank: int,
+               world_size: int) -> Path:
+    """Path of rank ``rank``'s shard file among ``world_size`` shards."""
+    name = f"{table_name}.rank{rank}-of-{world_size}.safetensors"
+    return Path(directory) / name
+
+
+def meta_path(directory: str | os.PathLike, table_name: str) -> Path:
+    """Path of a table's metadata JSON."""
+    return Path(directory) / f"{table_name}.meta.json"
+
+
+# ---------------------------------------------------------------- validation
+
+def _check_table_name(table_name: str) -> None:
+    # The name becomes part of file names: keep it inside the directory.
+    if not table_name or "/" in table_name or os.sep in table_name:
+        raise ValueError(f"table_name {table_name!r} must be a non-empty "
+                         "file name without path separators")
+
+
+def _check_layout(rank: int, world_size: int, dist: DistType,
+                  block_size: int | None) -> None:
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size {world_size!r} must be an int >= 1")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank!r} is outside [0, {world_size})")
+    if dist == _CONTINUOUS and (not isinstance(block_size, int)
+                                or block_size < 1):
+        raise ValueError(f"dist_type 'continuous' needs block_size >= 1, "
+                         f"got {block_size!r}")
+
+
+def _check_shard(keys: torch.Tensor, rows: torch.Tensor, where: str) -> None:
+    """Shape, dtype and uniqueness checks shared by dump and load."""
+    if not isinstance(keys, torch.Tensor) or keys.dim() != 1 \
+            or keys.dtype != torch.int64:
+        got = (f"dtype {keys.dtype} and shape {tuple(keys.shape)}"
+               if isinstance(keys, torch.Tensor) else type(keys).__name__)
+        raise ValueError(f"{where}: keys must be a 1-D int64 tensor, "
+                         f"got {got}")
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 \
+            or not rows.is_floating_point():
+        got = (f"dtype {rows.dtype} and shape {tuple(rows.shape)}"
+               if isinstance(rows, torch.Tensor) else type(rows).__name__)
+        raise ValueError(f"{where}: rows must be a 2-D float tensor, "
+                         f"got {got}")
+    if len(keys) != len(rows):
+        raise ValueError(f"{where}: {len(keys)} keys but {len(rows)} rows")
+    ordered = keys.sort().values
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if len(repeated):
+        raise ValueError(f"{where}: duplicate key {int(repeated[0])}")
+
+
+def _check_owned(keys: torch.Tensor, rank: int, world_size: int,
+                 dist: DistType, block_size: int | None, where: str) -> None:
+    # A key stored on a rank that does not own it would be found by no lookup
+    # (and could be loaded twice when resharding): refuse it.
+    try:
+        owners = owner_rank(keys, world_size, dist, block_size)
+    except ValueError as e:  # e.g. a negative key under continuous
+        raise ValueError(f"{where}: {e}") from e
+    wrong = (owners != rank).nonzero().flatten()
+    if len(wrong):
+        i = int(wrong[0])
+        raise ValueError(
+            f"{where}: key {int(keys[i])} belongs to rank {int(owners[i])}, "
+            f"not rank {rank}, under dist_type '{dist.value}' with "
+            f"world_size {world_size}")
+
+
+# -------------------------------------------------------------------- writing
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not every platform can open a folder.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _prepared(keys: torch.Tensor, rows: torch.Tensor, rank: int,
+              world_size: int, dist: DistType,
+              block_size: int | None) -> Shard:
+    """Validate one shard and return it as contiguous CPU tensors."""
+    _check_shard(keys, rows, f"rank {rank}'s shard")
+    keys = keys.detach().cpu().contiguous()
+    rows = rows.detach().cpu().contiguous()
+    _check_owned(keys, rank, world_size, dist, block_size,
+                 f"rank {rank}'s shard")
+    return keys, rows
+
+
+def _write(directory: Path, table_name: str, rank: int, world_size: int,
+           shard: Shard, dist: DistType, block_size: int | None,
+           init_seed: int | None) -> Path:
+    keys, rows = shard
+    path = shard_path(directory, table_name, rank, world_size)
+    header = {"table_name": table_name, "rank": str(rank),
+              "world_size": str(world_size)}
+    _atomic_write(path, safetensors_bytes({"keys": keys, "rows": rows},
+                                          metadata=header))
+    # Every rank writes the same metadata: no rank has to go first.
+    meta = {"format_version": FORMAT_VERSION, "table_name": table_name,
+            "dist_type": dist.value, "world_size": world_size,
+            "embedding_dim": rows.shape[1],
+            "block_size": block_size if dist == _CONTINUOUS else None,
+            # Rows of keys first seen after loading come from this seed.
+            "init_seed": init_seed}
+    _atomic_write(meta_path(directory, table_name),
+                  (json.dumps(meta, indent=2) + "\n").encode())
+    return path
+
+
+def dump(directory: str | os.PathLike, table_name: str, rank: int,
+         world_size: int, keys: torch.Tensor, rows: torch.Tensor,
+         dist_type: DistType | str, block_size: int | None = None,
+         init_seed: int | None = None) -> Path:
+    """Save rank ``rank``'s shard and the table's metadata; return its path.
+
+    ``keys`` (int64 [n], unique) must all be owned by ``rank`` under
+    ``dist_type`` (``block_size`` is required for ``continuous``), so the
+    checkpoint's layout is what the metadata says.
+    """
+    _check_table_name(table_name)
+    dist = DistType.parse(dist_type)
+    _check_layout(rank, world_size, dist, block_size)
+    shard = _prepared(keys, rows, rank, world_size, dist, block_size)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    return _write(directory, table_name, rank, world_size, shard, dist,
+                  block_size, init_seed)
+
+
+def dump_all(directory: str | os.PathLike, table_name: str,
+             shards: list[Shard], dist_type: DistType | str,
+             block_size: int | None = None,
+             init_seed: int | None = None) -> list[Path]:
+    """Save all ranks' shards from one process (tests, notebooks).
+
+    ``shards[r]`` is rank r's ``(keys, rows)``; the world size is
+    ``len(shards)``. All shards are validated before any file is written.
+    """
+    _check_table_name(table_name)
+    dist = DistType.parse(dist_type)
+    world_size = len(shards)
+    _check_layout(0, world_size, dist, block_size)
+    prepared = [_prepared(k, v, r, world_size, dist, block_size)
+                for r, (k, v) in enumerate(shards)]
+    dims = {rows.shape[1] for _, rows in prepared}
+    if len(dims) > 1:
+        raise ValueError(f"shards have different embedding dims "
+                         f"{sorted(dims)}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    return [_write(directory, table_name, r, world_size, shard, dist,
+                   block_size, init_seed) for r, shard in enumerate(prepared)]
+
+
+# -------------------------------------------------------------------- reading
+
+def read_metadata(directory: str | os.PathLike, table_name: str) -> dict:
+    """Read and check a table's metadata; a missing dist_type reads as
+    ``roundrobin``. Returns the dict with ``dist_type`` as a DistType."""
+    path = meta_path(directory, table_name)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint of table {table_name!r}: "
+                                f"{path} does not exist")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: corrupt checkpoint metadata ({e})") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: checkpoint metadata is not a JSON object")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{path}: checkpoint format version {version!r} is "
+                         f"not supported (supported: {FORMAT_VERSION})")
+    for field, kind in [("table_name", str), ("world_size", int),
+                        ("embedding_dim", int)]:
+        if not isinstance(meta.get(field), kind):
+            raise ValueError(f"{path}: field {field!r} missing or not "
+                             f"{kind.__name__}: {meta.get(field)!r}")
+    if meta["table_name"] != table_name:
+        raise ValueError(f"{path}: holds table {meta['table_name']!r}, "
+                         f"not {table_name!r}")
+    try:
+        meta["dist_type"] = DistType.parse(
+            meta.get("dist_type", DEFAULT_DIST_TYPE.value))
+        _check_layout(0, meta["world_size"], meta["dist_type"],
+                      meta.get("block_size"))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+    return meta
+
+
+def _read_shard(path: Path, rank: int, meta: dict) -> Shard:
+    """Read one stored shard and check it against the metadata."""
+    try:
+        with safe_open(path, framework="pt") as f:
+            header = f.metadata() or {}
+            keys, rows = f.get_tensor("keys"), f.get_tensor("rows")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable or corrupt shard file ({e})") \
+            from e
+    where = str(path)
+    _check_shard(keys, rows, where)
+    if rows.shape[1] != meta["embedding_dim"]:
+        raise ValueError(f"{where}: rows have dim {rows.shape[1]} but the "
+                         f"metadata says {meta['embedding_dim']}")
+    if header.get("rank") != str(rank) or \
+            header.get("world_size") != str(meta["world_size"]):
+        raise ValueError(f"{where}: header says rank {header.get('rank')} of "
+                         f"{header.get('world_size')}, expected rank {rank} "
+                         f"of {meta['world_size']}")
+    _check_owned(keys, rank, meta["world_size"], meta["dist_type"],
+                 meta.get("block_size"), where)
+    return keys, rows
+
+
+def load(directory: str | os.PathLike, table_name: str, rank: int,
+         world_size: int, dist_type: DistType | str,
+         block_size: int | None = None) -> Shard:
+    """Return the ``(keys, rows)`` that ``rank`` owns among ``world_size``.
+
+    ``dist_type`` must match the checkpoint's (ValueError naming both
+    otherwise). With the stored layout only this rank's file is read; with
+    another world size (or continuous block size) every stored shard is read
+    and re-routed with ``owner_rank(keys, world_size, dist_type,
+    block_size)``. For ``continuous``, ``block_size`` defaults to the stored
+    one; pass the new layout's block size when resharding.
+    """
+    _check_table_name(table_name)
+    dist = DistType.parse(dist_type)
+    meta = read_metadata(directory, table_name)
+    if meta["dist_type"] != dist:
+        raise ValueError(
+            f"checkpoint {table_name!r} was written with dist_type "
+            f"'{meta['dist_type'].value}' but loading asks for '{dist.value}'")
+    if dist == _CONTINUOUS and block_size is None:
+        block_size = meta["block_size"]
+    _check_layout(rank, world_size, dist, block_size)
+
+    stored_world = meta["world_size"]
+    paths = [shard_path(directory, table_name, r, stored_world)
+             for r in range(stored_world)]
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"checkpoint {table_name!r} has {stored_world} shards but "
+            f"{len(missing)} shard file(s) are missing: "
+            + ", ".join(str(p) for p in missing))
+
+    same_layout = stored_world == world_size and (
+        dist != _CONTINUOUS or block_size == meta["block_size"])
+    # Same layout: this rank's file holds exactly its keys (checked on read).
+    read_ranks = [rank] if same_layout else range(stored_world)
+    kept_keys, kept_rows = [], []
+    for r in read_ranks:
+        keys, rows = _read_shard(paths[r], r, meta)
+        mine = owner_rank(keys, world_size, dist, block_size) == rank
+        kept_keys.append(keys[mine])
+        kept_rows.append(rows[mine])
+    return torch.cat(kept_keys), torch.cat(kept_rows)

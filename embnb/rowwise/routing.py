@@ -1,0 +1,490 @@
+"""Which rank owns a key, and how a KeyedJaggedTensor's keys are bucketed.
+
+Row-wise sharding splits an embedding table's rows over `world_size` ranks.
+Three routing modes (`DistType`) decide the owner of a key:
+
+- `continuous`: torchrec/FBGEMM's block layout. Rank r owns rows
+  `[r * block_size, (r + 1) * block_size)`; keys past the last block go to
+  `key % world_size`. The rank receives the local row, not the key.
+- `roundrobin`: `key % world_size`. Patterned ids (all multiples of W, tag
+  bits in the low bits) alias onto one rank.
+- `hash_roundrobin`: `fmix64(key) % world_size`, the hash NVIDIA dynamicemb
+  uses, so results compare. Both round-robin modes send the raw key.
+
+Keys are treated as unsigned 64-bit patterns in the round-robin modes (as
+dynamicemb does): an int64 key -1 is 2**64 - 1. int32 keys are first
+sign-extended to int64, so an int32 -1 is also 2**64 - 1 (this differs from
+FBGEMM, which reads int32 keys as uint32). `continuous` rejects negative keys.
+
+`bucketize` builds the all-to-all input with the native kernels in
+embnb/native (CPU and CUDA); `bucketize(..., impl="reference")` is the
+pure-torch reference they match bit for bit. For `continuous` both are
+bit-identical to FBGEMM's `block_bucketize_sparse_features(...,
+sequence=True)`.
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["DistType", "Bucketized", "hash_key", "owner_rank", "bucketize"]
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class DistType(str, enum.Enum):
+    """Row-wise routing mode; the value is what a checkpoint stores."""
+
+    CONTINUOUS = "continuous"
+    ROUNDROBIN = "roundrobin"
+    HASH_ROUNDROBIN = "hash_roundrobin"
+
+    def __str__(self) -> str:  # "roundrobin", not "DistType.ROUNDROBIN"
+        return self.value
+
+    @classmethod
+    def parse(cls, value: DistType | str) -> DistType:
+        """Return the DistType for `value`; raise naming the valid values."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, str):
+            raise TypeError(
+                f"dist_type must be a DistType or str, got "
+                f"{type(value).__name__} {value!r}"
+            )
+        try:
+            return cls(value)
+        except ValueError:
+            valid = ", ".join(m.value for m in cls)
+            raise ValueError(
+                f"dist_type {value!r} is not one of {valid}"
+            ) from None
+
+
+class Bucketized(NamedTuple):
+    """Keys grouped by destination rank, KeyedJaggedTensor-style.
+
+    lengths: `[world_size * num_features * batch]`, entry
+        `(rank * num_features + f) * batch + b`.
+    indices: what each rank receives, rank-major, then feature, then sample,
+        input order kept inside a bucket.
+    unbucketize_permute: `[len(input indices)]`; input key i sits at
+        `indices[unbucketize_permute[i]]`, so `x[unbucketize_permute]`
+        puts per-key results back in input order.
+    weights: the per-key weights moved like the indices, or None.
+    """
+
+    lengths: torch.Tensor
+    indices: torch.Tensor
+    unbucketize_permute: torch.Tensor
+    weights: torch.Tensor | None
+
+
+# fmix64 constants 0xff51afd7ed558ccd and 0xc4ceb9fe1a85ec53 are above
+# 2**63; int64 tensors hold them as the same bits, i.e. value - 2**64.
+_FMIX_C1 = 0xFF51AFD7ED558CCD - (1 << 64)
+_FMIX_C2 = 0xC4CEB9FE1A85EC53 - (1 << 64)
+_LOW_31_BITS = (1 << 31) - 1
+
+
+def _check_int_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor, got {type(t).__name__}"
+        )
+    if t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    return t
+
+
+def _check_world_size(world_size: object) -> int:
+    # bool is an int subclass; True as a world size is a bug, not 1.
+    if not isinstance(world_size, int) or isinstance(world_size, bool):
+        raise TypeError(
+            f"world_size must be an int >= 1, got {type(world_size).__name__} "
+            f"{world_size!r}"
+        )
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    return world_size
+
+
+def hash_key(keys: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3 fmix64 (no seed) of each key's unsigned 64-bit pattern.
+
+    Returns int64 holding the hash's 64 bits (negative when bit 63 is set).
+    int32 keys are sign-extended first: int32 -1 hashes like int64 -1.
+    """
+    x = _check_int_tensor("keys", keys).to(torch.int64)
+    # int64 multiply wraps like uint64; >> is arithmetic, so mask the bits
+    # the sign extension shifted in to get a logical shift.
+    x = x ^ ((x >> 33) & _LOW_31_BITS)
+    x = x * _FMIX_C1
+    x = x ^ ((x >> 33) & _LOW_31_BITS)
+    x = x * _FMIX_C2
+    x = x ^ ((x >> 33) & _LOW_31_BITS)
+    return x
+
+
+def _unsigned_mod(x: torch.Tensor, m: int) -> torch.Tensor:
+    """`x % m` with int64 `x` read as uint64 (x < 0 means x + 2**64)."""
+    r = torch.remainder(x, m)  # floor mod: in [0, m) even for x < 0
+    # (x + 2**64) % m == (x % m + 2**64 % m) % m
+    return torch.where(x < 0, (r + (1 << 64) % m) % m, r)
+
+
+def _route(
+    keys: torch.Tensor,
+    world_size: int,
+    dist_type: DistType,
+    block_size: torch.Tensor | int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(owner rank, id sent to the owner) per int64 key; inputs checked."""
+    if dist_type is DistType.ROUNDROBIN:
+        return _unsigned_mod(keys, world_size), keys
+    if dist_type is DistType.HASH_ROUNDROBIN:
+        return _unsigned_mod(hash_key(keys), world_size), keys
+    # continuous: `key // block_size < W` is `key < block_size * W` without
+    # the product overflowing int64 (keys >= 0, block_size > 0).
+    block = keys // block_size
+    in_blocks = block < world_size
+    owner = torch.where(in_blocks, block, keys % world_size)
+    local = torch.where(
+        in_blocks, keys - block * block_size, keys // world_size
+    )
+    return owner, local
+
+
+def _check_block_size(block_size: object) -> int:
+    if not isinstance(block_size, int) or isinstance(block_size, bool):
+        raise TypeError(
+            f"block_size must be an int >= 1 for continuous, got "
+            f"{type(block_size).__name__} {block_size!r}"
+        )
+    if block_size < 1:
+        raise ValueError(
+            f"block_size must be >= 1 for continuous, got {block_size}"
+        )
+    return block_size
+
+
+def _check_nonnegative_keys(keys: torch.Tensor, where: str) -> None:
+    if keys.numel() and bool((keys < 0).any()):
+        bad = int(keys[keys < 0][0])
+        raise ValueError(
+            f"continuous routing needs keys >= 0, got key {bad}{where}"
+        )
+
+
+def owner_rank(
+    keys: torch.Tensor,
+    world_size: int,
+    dist_type: DistType | str,
+    block_size: int | None = None,
+) -> torch.Tensor:
+    """Owner rank (int64) of each key under one routing mode.
+
+    continuous: `key // block_size` for `key < block_size * world_size`,
+    else `key % world_size`. roundrobin: `key % world_size` on the uint64
+    pattern. hash_roundrobin: `hash_key(key) % world_size`, unsigned.
+    """
+    keys = _check_int_tensor("keys", keys).to(torch.int64)
+    world_size = _check_world_size(world_size)
+    mode = DistType.parse(dist_type)
+    if mode is DistType.CONTINUOUS:
+        if block_size is None:
+            raise ValueError("continuous routing needs a block_size, got None")
+        block_size = _check_block_size(block_size)
+        _check_nonnegative_keys(keys, "")
+    return _route(keys, world_size, mode, block_size)[0]
+
+
+def _per_feature_modes(
+    dist_type: DistType | str | Sequence[DistType | str],
+) -> DistType | list[DistType]:
+    if isinstance(dist_type, (str, DistType)):
+        return DistType.parse(dist_type)
+    if isinstance(dist_type, Sequence):
+        return [DistType.parse(d) for d in dist_type]
+    raise TypeError(
+        f"dist_type must be a DistType, str or a list of them, got "
+        f"{type(dist_type).__name__} {dist_type!r}"
+    )
+
+
+def _block_size_list(
+    block_sizes: torch.Tensor | Sequence[int] | None,
+) -> list[int] | None:
+    if block_sizes is None:
+        return None
+    if isinstance(block_sizes, torch.Tensor):
+        if (
+            block_sizes.is_floating_point()
+            or block_sizes.is_complex()
+            or block_sizes.dtype == torch.bool
+        ):
+            raise TypeError(
+                f"block_sizes must be an integer tensor, got "
+                f"{block_sizes.dtype}"
+            )
+        return [int(b) for b in block_sizes.reshape(-1).tolist()]
+    sizes = list(block_sizes)
+    for b in sizes:
+        if not isinstance(b, int) or isinstance(b, bool):
+            raise TypeError(
+                f"block_sizes must hold ints, got {type(b).__name__} {b!r}"
+            )
+    return sizes
+
+
+def _resolve_num_features(
+    num_features: int | None,
+    modes: DistType | list[DistType],
+    sizes: list[int] | None,
+) -> tuple[int, str]:
+    """(count, where it came from): explicit, a per-feature list, else 1."""
+    candidates = []  # (where the count came from, count)
+    if num_features is not None:
+        if not isinstance(num_features, int) or isinstance(num_features, bool):
+            raise TypeError(
+                f"num_features must be an int >= 1, got "
+                f"{type(num_features).__name__} {num_features!r}"
+            )
+        if num_features < 1:
+            raise ValueError(f"num_features must be >= 1, got {num_features}")
+        candidates.append(("num_features", num_features))
+    if sizes is not None:
+        candidates.append(("len(block_sizes)", len(sizes)))
+    if isinstance(modes, list):
+        candidates.append(("len(dist_type)", len(modes)))
+    if not candidates:
+        return 1, "default for one dist_type and no block_sizes"
+    name0, count0 = candidates[0]
+    for name, count in candidates[1:]:
+        if count != count0:
+            raise ValueError(
+                f"{name} is {count} but {name0} is {count0}: "
+                f"one entry per feature is required"
+            )
+    if count0 < 1:
+        raise ValueError(f"{name0} must be >= 1, got {count0}")
+    return count0, name0
+
+
+def _route_by_feature(
+    keys: torch.Tensor,
+    feature: torch.Tensor,
+    modes: list[DistType],
+    sizes: list[int] | None,
+    world_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(owner, id sent) per key, each key routed by its feature's mode."""
+    block_size = None
+    if DistType.CONTINUOUS in modes:
+        # Entries of non-continuous features are never read; clamp them.
+        block_size = torch.tensor([max(s, 1) for s in sizes])[feature]
+    if len(set(modes)) == 1:  # the common case needs no masking
+        return _route(keys, world_size, modes[0], block_size)
+    owner, local = torch.empty_like(keys), torch.empty_like(keys)
+    for mode in set(modes):  # one pass per mode present, not per feature
+        mask = torch.tensor([m is mode for m in modes])[feature]
+        mode_block = None if block_size is None else block_size[mask]
+        owner[mask], local[mask] = _route(
+            keys[mask], world_size, mode, mode_block
+        )
+    return owner, local
+
+
+class _Args(NamedTuple):
+    """bucketize's arguments after the checks that need no data."""
+
+    lengths: torch.Tensor
+    indices: torch.Tensor
+    world_size: int
+    modes: list[DistType]
+    sizes: list[int] | None
+    batch: int
+    weights: torch.Tensor | None
+
+
+def bucketize(
+    lengths: torch.Tensor,
+    indices: torch.Tensor,
+    world_size: int,
+    dist_type: DistType | str | Sequence[DistType | str],
+    block_sizes: torch.Tensor | Sequence[int] | None = None,
+    *,
+    num_features: int | None = None,
+    weights: torch.Tensor | None = None,
+    impl: str = "auto",
+) -> Bucketized:
+    """Group a KJT's keys by owner rank, as the row-wise all-to-all sends them.
+
+    lengths: `[num_features * batch]`, feature-major (`KJT.lengths()`).
+    indices: the keys, concatenated in the same order.
+    dist_type: one mode for all features, or one per feature.
+    block_sizes: one per feature; read only for continuous features, and
+        required when there is one.
+    num_features: defaults to len(block_sizes) or len(dist_type) when given
+        per feature, else 1 (then batch = len(lengths)).
+    weights: optional per-key weights, moved with their keys.
+    impl: "auto" runs the native kernels (`torch.ops.embnb.bucketize`,
+        built on first use by embnb.native.loader) and falls back to the
+        pure-torch reference, with one warning, when they cannot be built;
+        "native" raises instead; "reference" runs the pure-torch code.
+        All give bit-identical results.
+
+    Output lengths keep the dtype of `lengths`; indices and
+    unbucketize_permute keep the dtype of `indices` (as FBGEMM does).
+    """
+    args = _check_args(lengths, indices, world_size, dist_type, block_sizes,
+                       num_features, weights)
+    if impl == "reference":
+        return _reference_on_cpu(args)
+    if impl not in ("auto", "native"):
+        raise ValueError(
+            f"impl must be 'auto', 'native' or 'reference', got {impl!r}"
+        )
+    from embnb.native import loader  # builds the extension on first use
+
+    native = loader.load() if impl == "native" else loader.try_load()
+    device = args.indices.device
+    if native is None:
+        return _reference_on_cpu(args)
+    if device.type != "cpu" and not native.cuda:
+        message = (f"embnb: the native extension was built without CUDA "
+                   f"kernels, so bucketize on {device} tensors runs the "
+                   f"pure-torch reference on the CPU (same results)")
+        if impl == "native":
+            raise loader.NativeUnavailable(message)
+        global _warned_no_cuda
+        if not _warned_no_cuda:
+            _warned_no_cuda = True
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return _reference_on_cpu(args)
+    codes = [_DIST_CODES[m] for m in args.modes]
+    blocks = [
+        args.sizes[f] if m is DistType.CONTINUOUS else 0
+        for f, m in enumerate(args.modes)
+    ]
+    out = torch.ops.embnb.bucketize(
+        args.lengths, args.indices, args.world_size, codes, blocks,
+        args.weights,
+    )
+    return Bucketized(*out)
+
+
+_warned_no_cuda = False
+_DIST_CODES = {  # torch.ops.embnb.bucketize's per-feature codes
+    DistType.CONTINUOUS: 0,
+    DistType.ROUNDROBIN: 1,
+    DistType.HASH_ROUNDROBIN: 2,
+}
+
+
+def _check_args(lengths, indices, world_size, dist_type, block_sizes,
+                num_features, weights) -> _Args:
+    """Checks that need no data; the kernels check lengths and keys."""
+    lengths = _check_int_tensor("lengths", lengths)
+    indices = _check_int_tensor("indices", indices)
+    world_size = _check_world_size(world_size)
+    modes = _per_feature_modes(dist_type)
+    sizes = _block_size_list(block_sizes)
+    num_features, source = _resolve_num_features(num_features, modes, sizes)
+    if isinstance(modes, DistType):
+        modes = [modes] * num_features
+
+    num_segments = lengths.numel()
+    if num_segments % num_features:
+        raise ValueError(
+            f"len(lengths) is {num_segments}, not a multiple of "
+            f"num_features={num_features} ({source})"
+        )
+    num_keys = indices.numel()
+    if weights is not None:
+        if not isinstance(weights, torch.Tensor) or weights.shape[:1] != (
+            num_keys,
+        ):
+            shape = getattr(weights, "shape", type(weights).__name__)
+            raise ValueError(
+                f"weights must be a tensor with {num_keys} rows (one per key),"
+                f" got {shape}"
+            )
+    continuous = [f for f, m in enumerate(modes) if m is DistType.CONTINUOUS]
+    if continuous and sizes is None:
+        raise ValueError(
+            f"block_sizes is None but features {continuous} are continuous: "
+            f"give one block size per feature"
+        )
+    for f in continuous:
+        if sizes[f] < 1:
+            raise ValueError(
+                f"block_sizes[{f}] is {sizes[f]}; continuous features need "
+                f"block sizes >= 1"
+            )
+    batch = num_segments // num_features
+    return _Args(lengths, indices, world_size, modes, sizes, batch, weights)
+
+
+def _reference_on_cpu(args: _Args) -> Bucketized:
+    """The pure-torch reference; tensors on another device go via the CPU."""
+    device = args.indices.device
+    if device.type == "cpu":
+        return _bucketize_reference(args)
+    weights = None if args.weights is None else args.weights.cpu()
+    out = _bucketize_reference(args._replace(
+        lengths=args.lengths.cpu(), indices=args.indices.cpu(),
+        weights=weights,
+    ))
+    return Bucketized(*(None if t is None else t.to(device) for t in out))
+
+
+def _bucketize_reference(args: _Args) -> Bucketized:
+    lengths, indices, world_size, modes, sizes, batch, weights = args
+    num_segments = lengths.numel()
+    if num_segments and bool((lengths < 0).any()):
+        pos = int(torch.nonzero(lengths < 0)[0])
+        raise ValueError(
+            f"lengths must be >= 0, got {int(lengths[pos])} at position {pos}"
+        )
+    num_keys = indices.numel()
+    total = int(lengths.sum()) if num_segments else 0
+    if total != num_keys:
+        raise ValueError(
+            f"lengths sum to {total} but indices has {num_keys} keys"
+        )
+    continuous = [f for f, m in enumerate(modes) if m is DistType.CONTINUOUS]
+
+    # Per key: its segment (f * batch + b) and feature; route in int64.
+    segment = torch.repeat_interleave(
+        torch.arange(num_segments), lengths.to(torch.int64),
+        output_size=num_keys,
+    )
+    feature = segment // batch if batch else segment
+    keys = indices.to(torch.int64)
+    if continuous:
+        is_continuous = torch.tensor([m is DistType.CONTINUOUS for m in modes])
+        where = f" (features {continuous} are continuous)"
+        _check_nonnegative_keys(keys[is_continuous[feature]], where)
+    owner, local = _route_by_feature(keys, feature, modes, sizes, world_size)
+
+    # Bucket (rank, f, b) sits at rank * num_segments + segment. A stable
+    # sort keeps input order inside each bucket, as FBGEMM's sequence mode.
+    bucket = owner * num_segments + segment
+    order = torch.sort(bucket, stable=True).indices
+    new_lengths = torch.bincount(bucket, minlength=world_size * num_segments)
+    permute = torch.empty_like(order)
+    permute[order] = torch.arange(num_keys)
+    return Bucketized(
+        lengths=new_lengths.to(lengths.dtype),
+        indices=local[order].to(indices.dtype),
+        unbucketize_permute=permute.to(indices.dtype),
+        weights=None if weights is None else weights[order],
+    )

@@ -1,0 +1,487 @@
+"""embnb/native: the native bucketize kernels against the pure-torch reference
+and FBGEMM, the loader (cache, fallback without a compiler), and the CUDA
+sources compiling with nvcc for sm_90 and linking into the extension (CI
+has nvcc but no GPU; the CUDA parity tests run only where a GPU is).
+The first test builds the extension (about a minute on a fresh clone); the
+CUDA compiles run in the background meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm.*)
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embnb.native import loader
+from embnb.rowwise.routing import bucketize
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CUDA_DIR = REPO / "embnb" / "native"
+MODES = ["continuous", "roundrobin", "hash_roundrobin"]
+DTYPES = [torch.int32, torch.int64]
+LIMITS = {torch.int32: 2**31 - 1, torch.int64: 2**63 - 1}
+HAS_GPU = torch.cuda.is_available()
+
+some = settings(max_examples=120, deadline=None)
+
+
+# ---- background compile checks (started first, checked last) -------------
+
+
+def _start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_jobs(tmp_path_factory):
+    """nvcc on the .cu and the C++ compiler on the CUDA binding, in the
+    background while the CPU extension builds and the parity tests run."""
+    out = tmp_path_factory.mktemp("cuda-objects")
+    jobs = {"dir": out}
+    if shutil.which("nvcc"):
+        jobs["nvcc"] = _start([
+            "nvcc", "-arch=sm_90", "-O3", "-std=c++20",
+            "-Xcompiler", "-fPIC,-Wall",
+            "-c", str(CUDA_DIR / "bucketize_cuda.cu"),
+            "-o", str(out / "bucketize_cuda_cu.o"),
+        ])
+    from torch.utils.cpp_extension import include_paths
+
+    jobs["binding"] = _start([
+        os.environ.get("CXX", "c++"), "-std=c++20", "-fPIC", "-Wall", "-c",
+        *[f"-I{p}" for p in include_paths()],
+        str(CUDA_DIR / "bucketize_cuda.cpp"),
+        "-o", str(out / "bucketize_cuda_binding.o"),
+    ])
+    yield jobs
+    for name, job in jobs.items():
+        if name != "dir" and job.poll() is None:
+            job.kill()
+
+
+@pytest.fixture(scope="module")
+def native():
+    """The extension, built on first use: a build failure fails the suite."""
+    return loader.load()
+
+
+# ---- independent expectations ----------------------------------------------
+
+
+def reference(*args, **kwargs):
+    return bucketize(*args, impl="reference", **kwargs)
+
+
+def assert_same(got, want):
+    for name in ("lengths", "indices", "unbucketize_permute", "weights"):
+        a, b = getattr(got, name), getattr(want, name)
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.dtype == b.dtype and a.device == b.device, (name, a, b)
+        assert torch.equal(a, b), (name, a.tolist(), b.tolist())
+
+
+@st.composite
+def cases(draw, modes=st.sampled_from(MODES), max_world=300):
+    """A KJT with per-feature modes, covering empty rows and features, one
+    rank, keys past the last block, keys >= 2**52 and int32/int64 data."""
+    world = draw(st.one_of(st.integers(1, 9), st.sampled_from([1, 64, 100]),
+                           st.integers(1, max_world)))
+    num_features = draw(st.integers(1, 4))
+    batch = draw(st.integers(0, 5))
+    feature_modes = [draw(modes) for _ in range(num_features)]
+    blocks = [draw(st.one_of(st.integers(1, 30), st.integers(1, 2**62)))
+              for _ in range(num_features)]
+    index_dtype = draw(st.sampled_from(DTYPES))
+    lengths_dtype = draw(st.sampled_from(DTYPES))
+    hi = LIMITS[index_dtype]
+    empty_feature = draw(st.integers(-1, num_features - 1))  # -1: none
+    lengths, indices = [], []
+    for seg in range(num_features * batch):
+        f = seg // batch
+        length = 0 if f == empty_feature else draw(st.integers(0, 7))
+        lengths.append(length)
+        if feature_modes[f] == "continuous":
+            keys = st.one_of(st.integers(0, 2 * min(blocks[f], 40) * world),
+                             st.integers(0, hi), st.integers(min(2**52 - 3, hi), hi))
+        else:
+            keys = st.one_of(st.integers(-hi - 1, hi),
+                             st.sampled_from([0, 1, -1, hi, -hi - 1]))
+        indices += [draw(keys) for _ in range(length)]
+    return dict(
+        lengths=torch.tensor(lengths, dtype=lengths_dtype),
+        indices=torch.tensor(indices, dtype=index_dtype),
+        world=world, modes=feature_modes, blocks=blocks,
+        num_features=num_features,
+    )
+
+
+def run_both(case, device="cpu", weights=None):
+    args = (case["lengths"].to(device), case["indices"].to(device),
+            case["world"], case["modes"], case["blocks"])
+    kwargs = dict(weights=weights)
+    return (bucketize(*args, impl="native", **kwargs),
+            reference(*args, **kwargs))
+
+
+# ---- CPU parity -------------------------------------------------------------
+
+
+def test_extension_builds_and_registers_the_op(native):
+    assert native.library.exists()
+    assert native.library.parent.parent == loader.cache_root()
+    assert native.library.parent.name.startswith(f"{loader.NAME}-")
+    assert hasattr(torch.ops.embnb, "bucketize")
+
+
+@some
+@given(case=cases())
+def test_native_matches_reference(native, case):
+    got, want = run_both(case)
+    assert_same(got, want)
+
+
+@some
+@given(case=cases(), weight_shape=st.sampled_from([(), (3,)]))
+def test_native_moves_weights_like_reference(native, case, weight_shape):
+    n = case["indices"].numel()
+    weights = torch.randn((n, *weight_shape), dtype=torch.float64)
+    got, want = run_both(case, weights=weights)
+    assert_same(got, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=cases(modes=st.just("continuous")), with_weights=st.booleans())
+def test_native_continuous_matches_fbgemm(native, case, with_weights):
+    lengths, indices = case["lengths"], case["indices"]
+    weights = torch.rand(len(indices)) if with_weights else None
+    # FBGEMM computes block_size * W in the dtype of the indices and routes
+    # wrongly when that overflows; the reference (and embnb) do not.
+    blocks = [min(b, LIMITS[indices.dtype] // case["world"])
+              for b in case["blocks"]]
+    got = bucketize(lengths, indices, case["world"], "continuous", blocks,
+                    weights=weights, impl="native")
+    block_sizes = torch.tensor(blocks, dtype=indices.dtype)
+    want = torch.ops.fbgemm.block_bucketize_sparse_features(
+        lengths, indices, bucketize_pos=False, sequence=True,
+        block_sizes=block_sizes, my_size=case["world"], weights=weights)
+    assert torch.equal(got.lengths, want[0]) and got.lengths.dtype == want[0].dtype
+    assert torch.equal(got.indices, want[1]) and got.indices.dtype == want[1].dtype
+    assert torch.equal(got.unbucketize_permute, want[4])
+    if with_weights:
+        assert torch.equal(got.weights, want[2])
+
+
+def big_case(seed, world, modes, index_dtype=torch.int64):
+    """~200k keys with heavy-tailed rows: many empty rows and one row of
+    60k keys, so rows span the CPU kernel's per-thread chunks."""
+    gen = torch.Generator().manual_seed(seed)
+    num_features, batch = len(modes), 500
+    lengths = torch.randint(0, 100, (num_features * batch,), generator=gen)
+    lengths[torch.rand(lengths.shape, generator=gen) < 0.3] = 0
+    lengths[7] = 60_000
+    n = int(lengths.sum())
+    indices = torch.randint(0, 10**9, (n,), generator=gen)
+    raw = torch.randint(-(2**62), 2**62, (n,), generator=gen)
+    feature = torch.repeat_interleave(
+        torch.arange(num_features * batch) // batch, lengths)
+    rr = torch.tensor([m != "continuous" for m in modes])[feature]
+    indices[rr] = raw[rr]
+    return dict(lengths=lengths.int(), indices=indices.to(index_dtype),
+                world=world, modes=modes, blocks=[10**9 // world + 1] * num_features)
+
+
+@pytest.mark.parametrize("threads", [2, 5])
+@pytest.mark.parametrize("world, modes", [
+    (8, ["continuous"] * 3),
+    (64, ["hash_roundrobin", "continuous", "roundrobin"]),
+    (300, ["roundrobin", "hash_roundrobin", "continuous"]),  # W > 256
+])
+def test_native_matches_reference_across_thread_chunks(native, threads, world,
+                                                        modes):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)  # more chunks than cores: more carries
+    try:
+        for index_dtype in DTYPES:
+            case = big_case(threads + world, world, modes)
+            if index_dtype == torch.int32:
+                case["indices"] = (case["indices"] % 2**31).int()
+            got, want = run_both(case)
+            assert_same(got, want)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_native_big_continuous_matches_fbgemm(native):
+    case = big_case(1, 8, ["continuous"] * 3)
+    lengths, indices = case["lengths"], case["indices"]
+    got = bucketize(lengths, indices, 8, "continuous", case["blocks"],
+                    impl="native")
+    want = torch.ops.fbgemm.block_bucketize_sparse_features(
+        lengths, indices, False, True,
+        torch.tensor(case["blocks"]), 8)
+    assert torch.equal(got.lengths, want[0])
+    assert torch.equal(got.indices, want[1])
+    assert torch.equal(got.unbucketize_permute, want[4])
+
+
+# ---- the op's own checks -----------------------------------------------------
+
+L = torch.tensor([1, 2, 0, 1])
+I = torch.tensor([3, 4, 5, 6])
+
+
+@pytest.mark.parametrize("args, error, words", [
+    ((L, I, 2, [0, 3], [4, 4]), ValueError, ["dist_types[1]", "3"]),
+    ((L, I, 2, [0, 1], [4]), ValueError, ["len(block_sizes) is 1", "2"]),
+    ((L, I, 2, [], []), ValueError, ["dist_types", "none"]),
+    ((L, I, 0, [1, 1], [0, 0]), ValueError, ["world_size", "0"]),
+    ((L, I, 2, [1, 1, 1], [0] * 3), ValueError, ["len(lengths) is 4", "3"]),
+    ((L, I, 2, [0, 0], [4, -1]), ValueError, ["block_sizes[1]", "-1"]),
+    ((L.float(), I, 2, [1, 1], [0, 0]), TypeError, ["lengths", "Float"]),
+    ((L, I.short(), 2, [1, 1], [0, 0]), TypeError, ["indices", "Short"]),
+    ((L.view(2, 2), I, 2, [1, 1], [0, 0]), ValueError, ["lengths", "1-D"]),
+    ((torch.tensor([1, 2, 0, 2]), I, 2, [1, 1], [0, 0]), ValueError,
+     ["sum to 5", "4 keys"]),
+    ((torch.tensor([1, -2, 4, 1]), I, 2, [1, 1], [0, 0]), ValueError,
+     ["-2", "position 1"]),
+    ((L, torch.tensor([3, 4, -7, 6]), 2, [0, 1], [4, 0]), ValueError,
+     ["key -7", "position 2", "feature 0"]),
+    ((L, torch.tensor([3, 4, -7, 6]), 2, [1, 0], [0, 4]), None, []),
+])
+def test_op_rejects_bad_input(native, args, error, words):
+    if error is None:  # a negative key of a round-robin feature is fine
+        torch.ops.embnb.bucketize(*args)
+        return
+    with pytest.raises(error) as info:
+        torch.ops.embnb.bucketize(*args)
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+def test_op_rejects_weights_of_the_wrong_length(native):
+    with pytest.raises(ValueError, match="4 rows"):
+        torch.ops.embnb.bucketize(L, I, 2, [1, 1], [0, 0], torch.ones(3))
+
+
+def test_bucketize_rejects_unknown_impl():
+    with pytest.raises(ValueError, match="'fast'"):
+        bucketize(L, I, 2, "roundrobin", impl="fast")
+
+
+# ---- loader: cache key, reuse, fallback -------------------------------------
+
+
+def test_build_dir_changes_only_with_the_sources(tmp_path, monkeypatch):
+    copy = tmp_path / "cuda"
+    shutil.copytree(CUDA_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(loader, "HERE", copy)
+    monkeypatch.setenv("EMBNB_EXT_DIR", str(tmp_path / "cache"))
+    first = loader.build_dir(False)
+    assert first.parent == tmp_path / "cache"
+    assert loader.build_dir(False) == first
+    assert loader.build_dir(True) != first  # CUDA sources join the hash
+    header = copy / "bucketize_common.h"
+    header.write_text(header.read_text() + "\n// changed\n")
+    assert loader.build_dir(False) != first
+
+
+def test_cuda_builds_are_kept_apart_per_gpu_architecture(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBNB_EXT_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    a100 = loader.build_dir(True)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert loader.build_dir(True) != a100
+    assert loader.build_dir(False) == loader.build_dir(False)  # a CPU build has no architecture
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    assert loader.build_dir(True) == a100
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the machine without a visible GPU")
+def test_no_cuda_build_without_a_gpu_to_build_for(monkeypatch):
+    # torch cannot choose an architecture then, and a failed CUDA build
+    # would take the CPU kernels (same library) down with it.
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    assert not loader.with_cuda()
+
+
+def _run_python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+        env={**os.environ, **env}, capture_output=True, text=True,
+        timeout=600,
+    )
+
+
+def test_second_process_loads_the_cached_build_without_compiling(native):
+    if loader.build_dir(native.cuda) != native.library.parent:
+        pytest.skip("a source in embnb/native changed since this run loaded it")
+    done = _run_python("""
+        from embnb.native import loader
+        print(loader.load().library)
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(native.library)
+    assert "compiling" not in done.stderr
+
+
+FALLBACK_SCRIPT = """
+    import json, warnings
+    import torch
+    from embnb.native import loader
+    from embnb.rowwise.routing import bucketize
+    lengths = torch.tensor([2, 0, 3, 1])
+    indices = torch.tensor([5, -1, 2**40, 7, 0, 11])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = bucketize(lengths, indices, 3, "hash_roundrobin", num_features=2)
+        second = bucketize(lengths, indices, 3, "roundrobin", num_features=2)
+    try:
+        bucketize(lengths, indices, 3, "roundrobin", impl="native")
+        native_error = None
+    except loader.NativeUnavailable as error:
+        native_error = str(error)
+    print(json.dumps(dict(
+        results=[[t.tolist() for t in out[:3]] for out in (first, second)],
+        warnings=[str(w.message) for w in caught
+                  if str(w.message).startswith("embnb:")],
+        native_error=native_error,
+    )))
+"""
+
+
+def test_fallback_without_compiler_warns_once_and_gives_same_answer(tmp_path):
+    done = _run_python(FALLBACK_SCRIPT, CXX="/nonexistent/c++",
+                       EMBNB_EXT_DIR=str(tmp_path / "empty-cache"))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(report["warnings"]) == 1, report["warnings"]
+    assert "falls back to the pure-torch reference" in report["warnings"][0]
+    assert "/nonexistent/c++" in report["warnings"][0]  # says why
+    assert report["native_error"] and "failed" in report["native_error"]
+    lengths = torch.tensor([2, 0, 3, 1])
+    indices = torch.tensor([5, -1, 2**40, 7, 0, 11])
+    for got, mode in zip(report["results"], ["hash_roundrobin", "roundrobin"]):
+        want = reference(lengths, indices, 3, mode, num_features=2)
+        assert got == [t.tolist() for t in want[:3]]
+
+
+# ---- CUDA -----------------------------------------------------------------
+
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU: CUDA parity "
+                               "runs only where one is lent")
+
+
+@needs_gpu
+def test_cuda_kernels_were_built(native):
+    assert native.cuda, "torch has CUDA but the extension has no CUDA kernels"
+
+
+@needs_gpu
+@some
+@given(case=cases(), with_weights=st.booleans())
+def test_cuda_matches_reference(native, case, with_weights):
+    n = case["indices"].numel()
+    weights = torch.randn(n, device="cuda") if with_weights else None
+    got, want = run_both(case, device="cuda", weights=weights)
+    assert_same(got, want)
+
+
+@needs_gpu
+@pytest.mark.parametrize("world, modes", [
+    (8, ["continuous"] * 3),
+    (64, ["hash_roundrobin", "continuous", "roundrobin"]),
+    (300, ["roundrobin", "hash_roundrobin", "continuous"]),
+])
+def test_cuda_big_matches_reference(native, world, modes):
+    for index_dtype in DTYPES:
+        case = big_case(world, world, modes)
+        if index_dtype == torch.int32:
+            case["indices"] = (case["indices"] % 2**31).int()
+        got, want = run_both(case, device="cuda")
+        assert_same(got, want)
+
+
+@needs_gpu
+def test_cuda_rejects_bad_data(native):
+    cuda = dict(device="cuda")
+    with pytest.raises(ValueError, match="-2 at position 1"):
+        torch.ops.embnb.bucketize(torch.tensor([1, -2, 4, 1], **cuda),
+                                  I.cuda(), 2, [1, 1], [0, 0])
+    with pytest.raises(ValueError, match="sum to 5"):
+        torch.ops.embnb.bucketize(torch.tensor([1, 2, 0, 2], **cuda),
+                                  I.cuda(), 2, [1, 1], [0, 0])
+    with pytest.raises(ValueError, match="key -7 at position 2 .feature 0"):
+        torch.ops.embnb.bucketize(L.cuda(), torch.tensor([3, 4, -7, 6], **cuda),
+                                  2, [0, 1], [4, 0])
+
+
+# ---- the CUDA sources compile (CI has nvcc but no GPU) ----------------------
+
+
+def _finished(compile_jobs, name: str) -> str:
+    job = compile_jobs[name]
+    output = job.communicate(timeout=600)[0]
+    assert job.returncode == 0, f"{' '.join(job.args)} failed:\n{output}"
+    return output
+
+
+def test_cuda_kernels_compile_with_nvcc(compile_jobs):
+    if "nvcc" not in compile_jobs:
+        pytest.skip("nvcc not on PATH: the CUDA kernels were not compiled")
+    _finished(compile_jobs, "nvcc")
+
+
+def test_cuda_binding_compiles(compile_jobs):
+    _finished(compile_jobs, "binding")
+
+
+LOAD_AND_DUMP = """
+    import sys, torch
+    torch.ops.load_library(sys.argv[1])
+    print(torch._C._dispatch_dump("embnb::bucketize"))
+"""
+
+
+def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
+    """The CPU objects of the built extension plus the two CUDA objects link
+    into one library with no undefined symbol (static cudart, CPU torch),
+    and loading it registers embnb::bucketize for CPU and CUDA."""
+    if "nvcc" not in compile_jobs:
+        pytest.skip("nvcc not on PATH: nothing to link")
+    _finished(compile_jobs, "nvcc")
+    _finished(compile_jobs, "binding")
+    out = compile_jobs["dir"]
+    cpu_objects = sorted(native.library.parent.glob("*.o"))
+    assert cpu_objects, f"no object files next to {native.library}"
+    torch_lib = pathlib.Path(torch.__file__).parent / "lib"
+    library = out / "embnb_cuda_check.so"
+    link = subprocess.run(
+        ["nvcc", "-shared", "-o", str(library), *map(str, cpu_objects),
+         str(out / "bucketize_cuda_cu.o"), str(out / "bucketize_cuda_binding.o"),
+         f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-ltorch",
+         "-Xlinker", "--no-undefined"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert link.returncode == 0, link.stdout + link.stderr
+    # A fresh process: this one already holds the op's schema.
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(LOAD_AND_DUMP), str(library)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    registered = {line.split(":")[0]: line for line in done.stdout.splitlines()}
+    assert "bucketize_cpu.cpp" in registered.get("CPU", ""), done.stdout
+    assert "bucketize_cuda.cpp" in registered.get("CUDA", ""), done.stdout

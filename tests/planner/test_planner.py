@@ -1,0 +1,424 @@
+"""embnb.planner.core: the DP proposer inside torchrec's real EmbeddingShardingPlanner.
+
+Plan quality is checked against a brute force written here, apart from the
+package: every combination of torchrec's enumerated options, placed by
+torchrec's GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest
+rank), as the planner does. Combinations are tried by a lower bound on their
+rating and the search stops once no untried one can beat the best: the
+slowest rank carries at least the mean load and at least any single shard.
+"""
+
+import itertools
+import logging
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.perf_models import NoopPerfModel
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.proposers import UniformProposer
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Stats
+from torchrec.distributed.planner.utils import reset_shard_rank
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from embnb.planner import core as planner
+
+BATCH_SIZE = 512
+RESERVATION = 0.15  # the package's default storage reservation
+GB = 1024**3
+
+logging.getLogger("torchrec").setLevel(logging.ERROR)
+
+
+# --- the independent expectation ----------------------------------------------
+
+
+def by_table(options):
+    groups = {}
+    for option in options:
+        groups.setdefault(option.fqn, []).append(option)
+    return list(groups.values())
+
+
+def brute_force(options, storage_constraint, world_size):
+    """The best NoopPerfModel rating over every combination (inf: none placed)."""
+    groups = by_table(options)
+    partitioner, perf_model, best = GreedyPerfPartitioner(), NoopPerfModel(storage_constraint), math.inf
+    bounded = []
+    for combination in itertools.product(*groups):
+        mean = sum(o.total_perf for o in combination) / world_size
+        largest = max(s.perf.total for o in combination for s in o.shards)
+        bounded.append((max(mean, largest), combination))
+    bounded.sort(key=lambda pair: pair[0])
+    for bound, combination in bounded:
+        if bound >= best:
+            break
+        proposal = list(combination)
+        try:
+            best = min(best, perf_model.rate(partitioner.partition(proposal, storage_constraint)))
+        except PlannerError:
+            pass
+        reset_shard_rank(proposal)
+    return best
+
+
+class RecordingProposer(planner.DynamicProgrammingProposer):
+    """The proposer under test, keeping a copy of every proposal."""
+
+    def load(self, search_space, enumerator=None):
+        self.proposals = []
+        super().load(search_space, enumerator)
+
+    def propose(self):
+        proposal = super().propose()
+        if proposal is not None:
+            self.proposals.append(list(proposal))
+        return proposal
+
+
+class BestPlan(Stats):
+    """torchrec's planner logs its best plan to its Stats."""
+
+    plan = None
+
+    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals,
+            num_plans, run_time, best_plan, *args, **kwargs):
+        if sharding_plan.plan:
+            self.plan = best_plan
+
+
+def plan_with(proposer, tables, constraints, topology):
+    """torchrec's planner with only `proposer`: its best plan's rating (inf:
+    none), the storage constraint it planned under, the ShardingPlan."""
+    module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    sharders = [EmbeddingBagCollectionSharder()]
+    reservation = FixedPercentageStorageReservation(RESERVATION)
+    best = BestPlan()
+    the_planner = EmbeddingShardingPlanner(
+        topology=topology, batch_size=BATCH_SIZE, storage_reservation=reservation,
+        proposer=[proposer], constraints=constraints, stats=[best], debug=False)
+    try:
+        sharding_plan = the_planner.plan(module, sharders)
+        rating = NoopPerfModel(topology).rate(best.plan)
+    except PlannerError:
+        sharding_plan, rating = None, math.inf
+    constraint = reservation.reserve(topology, BATCH_SIZE, module, sharders, constraints)
+    return rating, constraint, sharding_plan
+
+
+# --- small instances: 3 tables with every option, or up to 6 with fewer -------
+
+OTHER_TYPES = ["table_wise", "column_wise", "table_row_wise", "table_column_wise"]  # than row_wise
+
+
+@st.composite
+def instances(draw):
+    num_tables = draw(st.integers(3, 6))
+    world_size = draw(st.integers(2, 4))
+    device = draw(st.sampled_from(["cuda", "cuda", "cuda", "cpu"]))
+    tables, constraints = [], {}
+    for i in range(num_tables):
+        name = f"table_{i}"
+        tables.append(EmbeddingBagConfig(
+            name=name, feature_names=[f"feature_{i}"],
+            num_embeddings=int(10 ** draw(st.floats(4, 6.5))),
+            embedding_dim=draw(st.sampled_from([16, 32, 64, 128, 256]))))
+        limits = {}
+        if num_tables > 3 and device == "cuda":  # at most 4 options a table: 4^6 combinations
+            limits["sharding_types"] = ["row_wise"] + draw(st.lists(st.sampled_from(OTHER_TYPES), max_size=1))
+            limits["compute_kernels"] = ["fused"] + draw(st.lists(
+                st.sampled_from(["fused_uvm_caching", "fused_uvm"]), max_size=1))
+        constraints[name] = ParameterConstraints(
+            pooling_factors=[draw(st.sampled_from([1.0, 5.0, 20.0, 80.0]))], **limits)
+    memory = draw(st.floats(0.1, 1.0))  # where the budget sits between the least and the most memory
+    ddr = draw(st.one_of(st.none(), st.floats(0.5, 1.3)))  # a DDR budget too (GPUs): both bind
+    return tables, constraints, budget_topology(tables, constraints, world_size, device, memory, ddr)
+
+
+def budget_topology(tables, constraints, world_size, device, memory, ddr):
+    """A topology whose memory binds: per device, `memory` of the way from
+    every table's least memory to every table's fastest option (HBM; DDR on
+    CPU), plus 10% for packing, and never below the largest shard some table
+    cannot do without; on GPUs with `ddr`, DDR that fraction of every table's
+    largest DDR. Shard memory includes buffers that do not scale with rows,
+    so fp32 row sizes are no guide."""
+    axis = "hbm" if device == "cuda" else "ddr"
+    probe = planner.make_topology(world_size, device, hbm_cap_gb=1e6 if device == "cuda" else None,
+                                  ddr_cap_gb=1e6)
+    groups = by_table(planner.enumerate_options(tables, probe, BATCH_SIZE, constraints).options)
+
+    def size(option):
+        return getattr(option.total_storage, axis)
+
+    least = sum(min(size(o) for o in g) for g in groups)
+    fastest = sum(size(min(g, key=lambda o: o.total_perf)) for g in groups)
+    needed = max(min(max(getattr(s.storage, axis) for s in o.shards) for o in g) for g in groups)
+    per_device = max(needed * 1.01, (least + memory * max(fastest - least, 0)) * 1.1 / world_size)
+    if device == "cpu":
+        return planner.make_topology(world_size, "cpu", ddr_cap_gb=per_device / GB)
+    ddr_gb = 64.0
+    if ddr is not None:
+        largest_ddr = sum(max(o.total_storage.ddr for o in g) for g in groups)
+        ddr_gb = max(ddr * largest_ddr / world_size, 1.0) / GB
+    return planner.make_topology(world_size, "cuda", hbm_cap_gb=per_device / (1 - RESERVATION) / GB,
+                                 ddr_cap_gb=ddr_gb)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(instances())
+def test_plans_within_two_percent_of_brute_force(instance):
+    tables, constraints, topology = instance
+    proposer = RecordingProposer()
+    rating, constraint, _ = plan_with(proposer, tables, constraints, topology)
+    options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
+    best = brute_force(options, constraint, topology.world_size)
+    if math.isinf(best):
+        assert math.isinf(rating)  # nothing can be placed, so no plan
+        return
+    assert best * (1 - 1e-9) <= rating <= 1.02 * best, (rating, best)
+
+    # Every proposal after the first (made before memory is known) fits the
+    # memory of all devices on both axes, and holds no option whose largest
+    # shard fits on no device.
+    devices = constraint.devices
+    total = (sum(d.storage.hbm for d in devices), sum(d.storage.ddr for d in devices))
+    for proposal in proposer.proposals[1:]:
+        assert sum(o.total_storage.hbm for o in proposal) <= total[0]
+        assert sum(o.total_storage.ddr for o in proposal) <= total[1]
+        for option in proposal:
+            assert all(any(s.storage.fits_in(d.storage) for d in devices) for s in option.shards)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_notebook_instances_within_two_percent_of_brute_force(seed):
+    """The notebook's study: 3 tables, all 16 options each, HBM per device
+    15% to 120% of the fp32 rows spread evenly."""
+    model, topology = planner.random_instance(seed)
+    rating, constraint, _ = plan_with(planner.DynamicProgrammingProposer(), model.tables,
+                                      model.constraints, topology)
+    options = planner.enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints).options
+    assert len(by_table(options)) == 3 and all(len(g) == 16 for g in by_table(options))
+    best = brute_force(options, constraint, topology.world_size)
+    assert (math.isinf(rating) and math.isinf(best)) or best * (1 - 1e-9) <= rating <= 1.02 * best
+
+
+# --- fixed instances ------------------------------------------------------------
+
+
+def tiny(hbm_gb=0.5, ddr_gb=128.0, world_size=2, device="cuda"):
+    """Three tables (0.5, 0.5 and 0.13 GiB fp32), four options each."""
+    spec = [("user_id", 2_000_000, 64, 1.0), ("item_id", 1_000_000, 128, 5.0), ("ad_id", 500_000, 64, 20.0)]
+    tables = [EmbeddingBagConfig(name=n, feature_names=[n], num_embeddings=r, embedding_dim=d)
+              for n, r, d, _ in spec]
+    limits = {"sharding_types": ["table_wise", "row_wise"], "compute_kernels": ["fused", "fused_uvm_caching"]}
+    if device == "cpu":
+        limits = {}
+    constraints = {n: ParameterConstraints(pooling_factors=[p], **limits) for n, _, _, p in spec}
+    if device == "cpu":
+        topology = planner.make_topology(world_size, "cpu", ddr_cap_gb=ddr_gb)
+    else:
+        topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_gb, ddr_cap_gb=ddr_gb)
+    return tables, constraints, topology
+
+
+def test_beats_torchrec_dp_where_the_least_summed_perf_cannot_be_placed():
+    tables, constraints, topology = tiny()
+    ours, constraint, _ = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
+    theirs, _, _ = plan_with(planner.TorchrecDynamicProgrammingProposer(), tables, constraints, topology)
+    options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
+    assert ours == pytest.approx(brute_force(options, constraint, topology.world_size), rel=1e-9)
+    assert theirs > 2 * ours  # torchrec's DP keeps options that cannot be placed
+
+
+def test_cpu_topology_plans_on_ddr():
+    tables, constraints, _ = tiny(device="cpu")
+    topology = planner.make_topology(2, "cpu", ddr_cap_gb=0.7)
+    assert all(d.storage.hbm == 0 for d in topology.devices)
+    rating, constraint, plan = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
+    options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
+    assert rating == pytest.approx(brute_force(options, constraint, 2), rel=0.02)
+    assert set(plan.plan[""]) == {t.name for t in tables}
+    # torchrec's own DP proposer divides by the (zero) HBM there
+    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    run = planner.run_planner(planner.TorchrecDynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
+    assert "ZeroDivisionError" in run.note
+
+
+def test_knapsack_frontier_goes_from_the_largest_memory_down():
+    tables, constraints, topology = tiny(hbm_gb=0.5, ddr_gb=0.5)  # HBM and DDR both bind
+    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    frontier = planner.knapsack_frontier(enumerated, topology, BATCH_SIZE, bins_per_device=20,
+                                         ddr_bins_per_device=20)
+    assert frontier.attrs["axes"] == ["hbm", "ddr"]
+    constraint = planner.reserved_topology(topology, enumerated, BATCH_SIZE)
+    capacity_hbm = sum(d.storage.hbm for d in constraint.devices) / GB
+    capacity_ddr = sum(d.storage.ddr for d in constraint.devices) / GB
+    assert len(frontier) >= 2
+    assert (frontier.hbm_gb <= capacity_hbm + 1e-12).all() and (frontier.ddr_gb <= capacity_ddr + 1e-12).all()
+    memory = list(zip(frontier.hbm_gb, frontier.ddr_gb))
+    assert memory == sorted(memory, reverse=True)  # largest memory first
+    # no plan uses at least as much memory on both axes and more perf than another
+    for (i, a), (j, b) in itertools.permutations(frontier.iterrows(), 2):
+        assert not (a.hbm_gb >= b.hbm_gb and a.ddr_gb >= b.ddr_gb and a.summed_perf >= b.summed_perf)
+
+    # Against every combination: each plan the partitioner can place, within
+    # the capacity less some bins of rounding, is matched or beaten by a
+    # frontier plan with at most that much memory plus one bin per table
+    # (each bin keeps one state, within a bin of the plans it stands for).
+    every = planner.rate_every_plan(enumerated, topology, BATCH_SIZE)
+    slack_hbm = len(tables) * capacity_hbm / (20 * topology.world_size)
+    slack_ddr = len(tables) * capacity_ddr / (20 * topology.world_size)
+    fitting = every[every.perf_rating.notna() & (every.hbm_gb <= capacity_hbm - slack_hbm)
+                    & (every.ddr_gb <= capacity_ddr - slack_ddr)]
+    assert len(fitting)
+    for plan in fitting.itertuples():
+        covered = frontier[(frontier.hbm_gb <= plan.hbm_gb + slack_hbm)
+                           & (frontier.ddr_gb <= plan.ddr_gb + slack_ddr)]
+        assert covered.summed_perf.min() <= plan.summed_perf * (1 + 1e-12)
+
+
+def test_dp_table_rows_match_every_pair_of_options():
+    tables, constraints, topology = tiny()
+    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    table = planner.knapsack_table(enumerated, topology, BATCH_SIZE, bins_per_device=8)
+    options = planner.options_table(enumerated, topology, BATCH_SIZE)
+    first, second = (options[options.table == t.name] for t in tables[:2])
+    pairs = first.merge(second, how="cross")
+    cells = (pairs.hbm_gb_x + pairs.hbm_gb_y) // table.attrs["bin_gb"]
+    least = (pairs.perf_x + pairs.perf_y).groupby(cells.astype(int)).min()
+    by_hand = least.reindex(range(table.shape[1]), fill_value=math.inf).cummin().to_numpy()
+    assert np.allclose(table.iloc[1].cummin().to_numpy(), by_hand)
+
+
+def test_package_brute_force_agrees_with_the_test_one():
+    tables, constraints, topology = tiny()
+    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    constraint = planner.reserved_topology(topology, enumerated, BATCH_SIZE)
+    expected = brute_force(enumerated.options, constraint, topology.world_size)
+    every = planner.rate_every_plan(enumerated, topology, BATCH_SIZE)
+    assert len(every) == 4**3
+    assert every.perf_rating.min() == pytest.approx(expected)
+    assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(expected)
+
+
+# --- create_planner, topologies, compare_proposers ----------------------------------
+
+
+def test_create_planner_from_a_cpu_device_plans_a_model():
+    tables, constraints, _ = tiny(device="cpu")
+    the_planner = planner.create_planner("cpu", BATCH_SIZE, world_size=2, constraints=constraints)
+    assert isinstance(the_planner, EmbeddingShardingPlanner)
+    module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    plan = the_planner.plan(module, [EmbeddingBagCollectionSharder()])
+    assert set(plan.plan[""]) == {t.name for t in tables}
+
+
+def test_topology_for_a_cpu_device_splits_system_memory_over_local_ranks():
+    psutil = pytest.importorskip("psutil")
+    topology = planner.topology_for_device("cpu", world_size=4, local_world_size=2)
+    assert topology.compute_device == "cpu" and topology.world_size == 4
+    assert topology.local_world_size == 2
+    assert topology.devices[0].storage.hbm == 0
+    assert topology.devices[0].storage.ddr == pytest.approx(psutil.virtual_memory().total / 2, rel=1e-6)
+
+
+def test_bandwidth_overrides_reach_the_topology():
+    topology = planner.make_topology(8, "cuda", hbm_cap_gb=16, intra_host_bw=1e8, inter_host_bw=5e6)
+    assert topology.intra_host_bw == 1e8 and topology.inter_host_bw == 5e6
+    assert topology.devices[0].storage.hbm == 16 * GB
+
+
+def test_compare_proposers_rows_and_columns():
+    tables, constraints, topology = tiny()
+    table = planner.compare_proposers(tables, topology, BATCH_SIZE, constraints=constraints, timeout_s=60)
+    assert list(table.index) == ["embnb DP", "torchrec DP", "Greedy", "Uniform", "GridSearch", "torchrec default"]
+    assert {"perf_rating", "max_hbm_gb", "max_ddr_gb", "feasible", "proposals", "plan_s",
+            "timed_out", "note"} <= set(table.columns)
+    capacity = topology.devices[0].storage.hbm * (1 - RESERVATION) / GB
+    feasible = table[table.feasible]
+    assert (feasible.max_hbm_gb <= capacity + 1e-9).all()
+    assert table.perf_rating.notna().equals(table.feasible)
+    # 4^3 plans: GridSearch runs, and is brute force inside the planner
+    assert table.loc["GridSearch", "perf_rating"] == pytest.approx(table.loc["embnb DP", "perf_rating"])
+    assert table.attrs["combinations"] == 4**3
+
+
+def test_grid_search_is_reported_as_skipped_past_ten_thousand_plans():
+    model = planner.make_model(6, seed=1)
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables))
+    table = planner.compare_proposers(
+        model.tables, topology, BATCH_SIZE, constraints=model.constraints,
+        proposers={k: v for k, v in planner.default_proposers().items() if k in ("embnb DP", "GridSearch")})
+    assert table.loc["GridSearch", "note"].startswith("skipped:")
+    assert not table.loc["GridSearch", "feasible"] and table.loc["embnb DP", "feasible"]
+
+
+# --- bad input --------------------------------------------------------------------
+
+
+def test_a_table_that_fits_nowhere_is_named_with_its_memory():
+    tables, constraints, _ = tiny()
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.05)
+    with pytest.raises(PlannerError, match=r"table 'user_id' fits on no device: its smallest option "
+                                           r"\(row_wise, fused_uvm_caching\) needs 0.0546 GiB HBM and 0.238 GiB DDR"):
+        plan_with_errors(planner.DynamicProgrammingProposer(), tables, constraints, topology)
+
+
+def test_tables_that_do_not_fit_together_are_reported_with_totals():
+    tables, constraints, _ = tiny()
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.45)
+    with pytest.raises(PlannerError, match=r"do not fit together: no choice of options fits the 2 devices' "
+                                           r"0.34 GiB HBM and 0.9 GiB DDR"):
+        plan_with_errors(planner.DynamicProgrammingProposer(), tables, constraints, topology)
+
+
+def plan_with_errors(proposer, tables, constraints, topology):
+    module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    EmbeddingShardingPlanner(
+        topology=topology, batch_size=BATCH_SIZE, proposer=[proposer, UniformProposer()],
+        storage_reservation=FixedPercentageStorageReservation(RESERVATION), constraints=constraints,
+        stats=[], debug=False).plan(module, [EmbeddingBagCollectionSharder()])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"bins_per_device": 0}, "bins_per_device must be an int >= 1, got 0"),
+    ({"ddr_bins_per_device": -2}, "ddr_bins_per_device must be an int >= 1, got -2"),
+    ({"bins_per_device": 2.5}, "bins_per_device must be an int >= 1, got 2.5"),
+    ({"max_refinements": -1}, "max_refinements must be an int >= 0, got -1"),
+])
+def test_bad_proposer_settings_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        planner.DynamicProgrammingProposer(**kwargs)
+
+
+def test_zero_tables_are_refused():
+    topology = planner.make_topology(2)
+    with pytest.raises(ValueError, match="no tables to plan"):
+        planner.compare_proposers([], topology, BATCH_SIZE)
+    with pytest.raises(ValueError, match="num_tables must be an int >= 1, got 0"):
+        planner.make_model(0)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: planner.make_topology(0), "world_size must be an int >= 1, got 0"),
+    (lambda: planner.make_topology(8, local_world_size=3), "local_world_size 3 must divide world_size 8"),
+    (lambda: planner.make_topology(2, "tpu"), "compute_device must be 'cuda' or 'cpu', got 'tpu'"),
+    (lambda: planner.make_topology(2, hbm_cap_gb=-1), "hbm_cap_gb must be > 0"),
+    (lambda: planner.create_planner("cpu", 0), "batch_size must be an int >= 1, got 0"),
+    (lambda: planner.create_planner("cpu", 8, storage_reservation_percentage=1.5),
+     r"storage_reservation_percentage must be in \[0, 1\), got 1.5"),
+    (lambda: planner.topology_for_device("gpu", 2), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    (lambda: planner.create_planner("tpu", 8), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+])
+def test_bad_topology_and_planner_arguments_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
