@@ -47,14 +47,10 @@ def uniform_ids(
 ) -> torch.Tensor:
     """Ids uniform over [0, id_space)."""
     _check_sizes(num_keys, world_size)
-    return torch.randint(
-        0, id_space, (num_keys,), generator=_generator(seed), dtype=torch.int64
-    )
+    return torch.randint(0, id_space, (num_keys,), generator=_generator(seed), dtype=torch.int64)
 
 
-def sequential_ids(
-    num_keys: int, *, world_size: int = 8, seed: int = 0, start: int = 0
-) -> torch.Tensor:
+def sequential_ids(num_keys: int, *, world_size: int = 8, seed: int = 0, start: int = 0) -> torch.Tensor:
     """start, start+1, ...; `seed` is accepted for a uniform signature only."""
     _check_sizes(num_keys, world_size)
     return torch.arange(start, start + num_keys, dtype=torch.int64)
@@ -73,7 +69,10 @@ def strided_ids(
     if not 0 <= residue < world_size:
         raise ValueError(f"residue must be in [0, {world_size}), got {residue}")
     k = torch.randint(
-        0, id_space // world_size, (num_keys,), generator=_generator(seed),
+        0,
+        id_space // world_size,
+        (num_keys,),
+        generator=_generator(seed),
         dtype=torch.int64,
     )
     return k * world_size + residue
@@ -100,9 +99,7 @@ def tagged_ids(
     if bad:
         raise ValueError(f"tag {bad[0]} does not fit in tag_bits={tag_bits}")
     gen = _generator(seed)
-    high = torch.randint(
-        0, id_space >> tag_bits, (num_keys,), generator=gen, dtype=torch.int64
-    )
+    high = torch.randint(0, id_space >> tag_bits, (num_keys,), generator=gen, dtype=torch.int64)
     which = torch.randint(0, len(tags), (num_keys,), generator=gen)
     return (high << tag_bits) | torch.tensor(tags, dtype=torch.int64)[which]
 
@@ -128,9 +125,7 @@ def snowflake_ids(
     if not 1 <= num_workers <= 1024:
         raise ValueError(f"num_workers must be in [1, 1024], got {num_workers}")
     gen = _generator(seed)
-    gaps = torch.empty(num_keys, dtype=torch.float64).exponential_(
-        ids_per_ms, generator=gen
-    )
+    gaps = torch.empty(num_keys, dtype=torch.float64).exponential_(ids_per_ms, generator=gen)
     ms = start_ms + torch.cumsum(gaps, 0).floor().to(torch.int64)
     worker = torch.randint(0, num_workers, (num_keys,), generator=gen)
     # Sequence = position among earlier ids of the same (ms, worker).
@@ -190,14 +185,10 @@ PATTERNS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def make_keys(
-    pattern: str, num_keys: int, world_size: int, seed: int = 0, **options
-) -> torch.Tensor:
+def make_keys(pattern: str, num_keys: int, world_size: int, seed: int = 0, **options) -> torch.Tensor:
     """Keys of a named pattern; `options` go to the generator."""
     if pattern not in PATTERNS:
-        raise ValueError(
-            f"unknown pattern {pattern!r}; valid patterns: {', '.join(PATTERNS)}"
-        )
+        raise ValueError(f"unknown pattern {pattern!r}; valid patterns: {', '.join(PATTERNS)}")
     _check_sizes(num_keys, world_size)
     return PATTERNS[pattern](num_keys, world_size=world_size, seed=seed, **options)
 
@@ -223,13 +214,10 @@ def load_id_column(path: str | Path, column: str) -> torch.Tensor:
         available = list(pq.read_schema(path).names)
     else:
         raise ValueError(
-            f"unsupported file suffix {path.suffix!r} for {path}; "
-            f"supported: {', '.join(SUPPORTED_SUFFIXES)}"
+            f"unsupported file suffix {path.suffix!r} for {path}; supported: {', '.join(SUPPORTED_SUFFIXES)}"
         )
     if column not in available:
-        raise ValueError(
-            f"column {column!r} not in {path}; available columns: {available}"
-        )
+        raise ValueError(f"column {column!r} not in {path}; available columns: {available}")
     if suffix in _CSV_SEPARATORS:
         series = pd.read_csv(path, sep=sep, usecols=[column])[column]
     else:
@@ -240,11 +228,7 @@ def load_id_column(path: str | Path, column: str) -> torch.Tensor:
     if missing:
         raise ValueError(f"column {column!r} has {missing} missing values")
     if not pd.api.types.is_integer_dtype(series.dtype):
-        raise ValueError(
-            f"column {column!r} is not integer (dtype {series.dtype})"
-        )
-    if pd.api.types.is_unsigned_integer_dtype(series.dtype) and (
-        int(series.max()) > np.iinfo(np.int64).max
-    ):
+        raise ValueError(f"column {column!r} is not integer (dtype {series.dtype})")
+    if pd.api.types.is_unsigned_integer_dtype(series.dtype) and (int(series.max()) > np.iinfo(np.int64).max):
         raise ValueError(f"column {column!r} has ids beyond int64")
     return torch.from_numpy(series.to_numpy(dtype=np.int64, copy=True))

@@ -66,9 +66,14 @@ def run_notebook(
     executed = out_dir / path.name
     try:
         papermill.execute_notebook(
-            str(path), str(executed), parameters=params, kernel_name="python3",
-            cwd=str(cwd or path.parent), execution_timeout=cell_timeout_s,
-            progress_bar=False, log_output=False,
+            str(path),
+            str(executed),
+            parameters=params,
+            kernel_name="python3",
+            cwd=str(cwd or path.parent),
+            execution_timeout=cell_timeout_s,
+            progress_bar=False,
+            log_output=False,
         )
     except papermill.PapermillExecutionError as exc:
         raise NotebookError(
@@ -134,8 +139,11 @@ def _parameter_problems(source: str) -> list[str]:
     problems, names = [], set()
     lines = source.splitlines()
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
-            node.target if isinstance(node, ast.AnnAssign) else None)
+        target = (
+            node.targets[0]
+            if isinstance(node, ast.Assign) and len(node.targets) == 1
+            else (node.target if isinstance(node, ast.AnnAssign) else None)
+        )
         if not isinstance(target, ast.Name) or node.value is None:
             problems.append(f"parameters line {node.lineno} is not a plain `name = literal`")
             continue
@@ -172,8 +180,15 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("command", choices=["run", "check", "strip"])
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebooks")
-    parser.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                        help="a parameter for every notebook; VALUE is read as YAML like papermill -p")
+    parser.add_argument(
+        "-p",
+        "--param",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="a parameter for every notebook; VALUE is read as YAML like papermill -p",
+    )
     opts = parser.parse_args(argv)
     notebooks = opts.notebooks or list_notebooks()
     if not notebooks:

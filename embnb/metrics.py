@@ -32,8 +32,7 @@ def _as_1d_int64(values: torch.Tensor | Sequence[int], name: str) -> torch.Tenso
     tensor = torch.as_tensor(values)
     if tensor.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
-    if tensor.numel() and (tensor.is_floating_point() or tensor.is_complex()
-                           or tensor.dtype == torch.bool):
+    if tensor.numel() and (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool):
         raise ValueError(f"{name} must hold integers, got dtype {tensor.dtype}")
     return tensor.to(torch.int64)
 
@@ -53,15 +52,11 @@ def rank_load(
     keys = _as_1d_int64(keys, "keys")
     ranks = _as_1d_int64(ranks, "ranks")
     if keys.numel() != ranks.numel():
-        raise ValueError(
-            f"keys and ranks differ in length: {keys.numel()} != {ranks.numel()}"
-        )
+        raise ValueError(f"keys and ranks differ in length: {keys.numel()} != {ranks.numel()}")
     bad = (ranks < 0) | (ranks >= world_size)
     if bool(bad.any()):
         value = int(ranks[bad][0])
-        raise ValueError(
-            f"rank {value} is outside [0, {world_size}) for world_size={world_size}"
-        )
+        raise ValueError(f"rank {value} is outside [0, {world_size}) for world_size={world_size}")
 
     key_counts = torch.bincount(ranks, minlength=world_size)
     # Sort by (rank, key) with two stable sorts, then count run starts:
@@ -70,9 +65,7 @@ def rank_load(
     order = by_key[torch.sort(ranks[by_key], stable=True).indices]
     sorted_keys, sorted_ranks = keys[order], ranks[order]
     run_start = torch.ones_like(sorted_keys, dtype=torch.bool)
-    run_start[1:] = (sorted_keys[1:] != sorted_keys[:-1]) | (
-        sorted_ranks[1:] != sorted_ranks[:-1]
-    )
+    run_start[1:] = (sorted_keys[1:] != sorted_keys[:-1]) | (sorted_ranks[1:] != sorted_ranks[:-1])
     unique_counts = torch.bincount(sorted_ranks[run_start], minlength=world_size)
     return RankLoad(key_counts=key_counts, unique_counts=unique_counts)
 

@@ -12,8 +12,9 @@ import pytest
 
 
 def bench(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "embnb.bench", *args], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "embnb.bench", *args], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == expect, done.stdout + done.stderr
     return done
 
@@ -24,8 +25,21 @@ def results(tmp_path, name: str) -> dict:
 
 
 def test_bucketize_bench_rows_agree_with_their_timings(tmp_path):
-    bench("bucketize", "--sizes", "2e4,5e4", "--world-sizes", "2,8", "--repeats", "3",
-          "--warmup", "1", "--reference-repeats", "1", "--out", str(tmp_path))
+    bench(
+        "bucketize",
+        "--sizes",
+        "2e4,5e4",
+        "--world-sizes",
+        "2,8",
+        "--repeats",
+        "3",
+        "--warmup",
+        "1",
+        "--reference-repeats",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
     payload = results(tmp_path, "bucketize")
     assert payload["device"] == "cpu" and payload["input"]["indices_dtype"] == "int64"
     assert [(r["world_size"]) for r in payload["rows"]] == [2, 8, 2, 8]
@@ -42,8 +56,21 @@ def test_bucketize_bench_rows_agree_with_their_timings(tmp_path):
 
 
 def test_planner_bench_ratios_and_quality(tmp_path):
-    done = bench("planner", "--tables", "6", "--world-sizes", "2", "--timeout-s", "60",
-                 "--quality-instances", "3", "--quality-tables", "3", "--out", str(tmp_path))
+    done = bench(
+        "planner",
+        "--tables",
+        "6",
+        "--world-sizes",
+        "2",
+        "--timeout-s",
+        "60",
+        "--quality-instances",
+        "3",
+        "--quality-tables",
+        "3",
+        "--out",
+        str(tmp_path),
+    )
     payload = results(tmp_path, "planner")
     (row,) = payload["rows"]
     assert (row["num_tables"], row["world_size"]) == (6, 2)
@@ -66,8 +93,18 @@ def test_planner_bench_ratios_and_quality(tmp_path):
 
 
 def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
-    bench("balancer", "--samples", "64", "--parts", "4", "--budget", "0.02", "--no-train",
-          "--out", str(tmp_path))
+    bench(
+        "balancer",
+        "--samples",
+        "64",
+        "--parts",
+        "4",
+        "--budget",
+        "0.02",
+        "--no-train",
+        "--out",
+        str(tmp_path),
+    )
     payload = results(tmp_path, "balancer")
     rows = payload["partitioning"]
     (peer,) = [r for r in rows if r["method"] == "numberpartitioning_kk"]
@@ -78,13 +115,15 @@ def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
     assert payload["training"] == []
 
 
-@pytest.mark.parametrize("args, message", [
-    (["planner", "--tables", "0"], "--tables must all be >= 1, got [0]"),
-    (["planner", "--quality-instances", "-1"], "--quality-instances must be >= 0, got -1"),
-    (["nosuch"], "got 'nosuch'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["planner", "--tables", "0"], "--tables must all be >= 1, got [0]"),
+        (["planner", "--quality-instances", "-1"], "--quality-instances must be >= 0, got -1"),
+        (["nosuch"], "got 'nosuch'"),
+    ],
+)
 def test_bad_bench_arguments_are_named(tmp_path, args, message):
     done = bench(*args, "--out", str(tmp_path), expect=2)
     assert message in done.stderr
     assert not list(tmp_path.glob("*.json"))
-

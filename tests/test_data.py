@@ -32,6 +32,7 @@ def within_sigmas(observed: int, n: int, p: float, sigmas: float = 5.0) -> bool:
 
 # --- every pattern ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("pattern", sorted(PATTERNS))
 def test_shape_dtype_and_determinism(pattern):
     keys = make_keys(pattern, 1000, world_size=8, seed=3)
@@ -65,6 +66,7 @@ def test_make_keys_passes_options():
 
 # --- one property per pattern ------------------------------------------------
 
+
 def test_uniform_is_uniform():
     space = 2**40
     keys = uniform_ids(N, seed=5)
@@ -78,7 +80,11 @@ def test_uniform_is_uniform():
 
 def test_sequential_counts_up_from_start():
     assert make_keys("sequential", 5, world_size=8, start=40).tolist() == [
-        40, 41, 42, 43, 44,
+        40,
+        41,
+        42,
+        43,
+        44,
     ]
 
 
@@ -155,9 +161,7 @@ def test_zipf_hot_key_defeats_any_routing():
     # rank still carries its whole share: max/mean >= share * world_size.
     world_size, vocab_size, alpha = 8, 100_000, 1.2
     keys = zipf_ids(N, world_size=world_size, alpha=alpha, vocab_size=vocab_size)
-    ideal_hash = torch.randint(
-        0, world_size, (vocab_size,), generator=torch.Generator().manual_seed(9)
-    )
+    ideal_hash = torch.randint(0, world_size, (vocab_size,), generator=torch.Generator().manual_seed(9))
     counts = rank_load(keys, ideal_hash[keys], world_size).key_counts
     bound = zipf_share(1, vocab_size, alpha) * world_size
     assert bound > 1.5
@@ -166,15 +170,18 @@ def test_zipf_hot_key_defeats_any_routing():
 
 # --- load_id_column -----------------------------------------------------------
 
+
 @pytest.fixture
 def ratings() -> pd.DataFrame:
     # MovieLens ratings.csv columns.
-    return pd.DataFrame({
-        "userId": [1, 1, 7, 42],
-        "movieId": [31, 1029, 31, 2**40 + 3],
-        "rating": [2.5, 3.0, 4.5, 1.0],
-        "timestamp": [1260759144, 1260759179, 1260759182, 1260759185],
-    })
+    return pd.DataFrame(
+        {
+            "userId": [1, 1, 7, 42],
+            "movieId": [31, 1029, 31, 2**40 + 3],
+            "rating": [2.5, 3.0, 4.5, 1.0],
+            "timestamp": [1260759144, 1260759179, 1260759182, 1260759185],
+        }
+    )
 
 
 def test_load_csv_and_tsv(tmp_path, ratings):

@@ -10,8 +10,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _pins(lines):
-    return dict(re.match(r"^\s*-?\s*([A-Za-z0-9_.\-]+)==(\S+)", l).groups() for l in lines
-                if re.match(r"^\s*-?\s*[A-Za-z0-9_.\-]+==", l))
+    return dict(
+        re.match(r"^\s*-?\s*([A-Za-z0-9_.\-]+)==(\S+)", line).groups()
+        for line in lines
+        if re.match(r"^\s*-?\s*[A-Za-z0-9_.\-]+==", line)
+    )
 
 
 def _setup_script_pins():
@@ -57,19 +60,28 @@ def test_stack_loads_with_the_fbgemm_ops():
 
 
 def test_setup_is_a_fast_no_op_when_nothing_changed():
-    out = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", "scripts/setup_env.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert "building" not in out.stdout
 
 
 def test_setup_rejects_an_unknown_fbgemm_variant():
-    out = subprocess.run(["bash", "scripts/setup_env.sh", "rocm"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", "scripts/setup_env.sh", "rocm"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
     assert "EMBNB_FBGEMM='rocm' is not one of auto, cpu, cuda" in out.stderr
 
 
 def test_empty_test_selection_fails_with_a_clear_message():
-    out = subprocess.run(["bash", "scripts/run_tests.sh", "-k", "no_test_has_this_name_xyz", "tests/test_environment.py"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        ["bash", "scripts/run_tests.sh", "-k", "no_test_has_this_name_xyz", "tests/test_environment.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1
     assert "pytest collected no tests (exit 5)" in out.stderr

@@ -8,11 +8,11 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from embnb import harness
 
-PARAMETERS = '''device = "auto"  # "auto", "cpu" or "cuda"
+PARAMETERS = """device = "auto"  # "auto", "cpu" or "cuda"
 interactive = True  # False in CI: no widgets
 results_path = "results.json"  # where the last cell writes its numbers
 num_items = 3  # how many items to sum
-'''
+"""
 
 BODY = [
     "import json, os\nimport matplotlib.pyplot as plt",
@@ -102,7 +102,9 @@ def test_outputs_and_widget_state_are_found_and_stripped(tmp_path):
     notebook.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {}}
     nbformat.write(notebook, str(nb))
     problems = harness.notebook_problems(nb)
-    assert {"has outputs", "has execution counts", "has saved widget state"} <= {p.split(" (")[0].split(" in")[0] for p in problems}
+    assert {"has outputs", "has execution counts", "has saved widget state"} <= {
+        p.split(" (")[0].split(" in")[0] for p in problems
+    }
     harness.strip_outputs(nb)
     assert harness.notebook_problems(nb) == []
 
@@ -125,10 +127,25 @@ def test_command_line_run_prints_one_summary_line_per_notebook(tmp_path):
     import sys
 
     nb = _write_notebook(tmp_path / "02_cli.ipynb")
-    out = subprocess.run([sys.executable, "-m", "embnb.harness", "run", str(nb), "--out", str(tmp_path / "out"),
-                          "-p", "num_items", "4"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embnb.harness",
+            "run",
+            str(nb),
+            "--out",
+            str(tmp_path / "out"),
+            "-p",
+            "num_items",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    line = next(l for l in out.stdout.splitlines() if l.startswith("02_cli"))
+    line = next(row for row in out.stdout.splitlines() if row.startswith("02_cli"))
     assert line.endswith(f"total={sum(range(4))}")
     assert json.loads((tmp_path / "out" / "02_cli.json").read_text())["total"] == 6
 
@@ -138,7 +155,8 @@ def test_command_line_check_fails_on_a_dirty_notebook(tmp_path):
     import sys
 
     nb = _write_notebook(tmp_path / "x.ipynb", tags=())
-    out = subprocess.run([sys.executable, "-m", "embnb.harness", "check", str(nb)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "embnb.harness", "check", str(nb)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 1
     assert "has 0 cells tagged 'parameters'" in out.stdout

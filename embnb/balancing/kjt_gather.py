@@ -28,8 +28,14 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-__all__ = ["allgather_kjt", "allgather_kjt_per_key", "select_samples", "count_collectives",
-           "random_kjts", "compare_gathers"]
+__all__ = [
+    "allgather_kjt",
+    "allgather_kjt_per_key",
+    "select_samples",
+    "count_collectives",
+    "random_kjts",
+    "compare_gathers",
+]
 
 
 def _check_kjts(kjts: Sequence[KeyedJaggedTensor]) -> None:
@@ -41,7 +47,9 @@ def _check_kjts(kjts: Sequence[KeyedJaggedTensor]) -> None:
         if not isinstance(kjt, KeyedJaggedTensor):
             raise TypeError(f"kjts[{i}] is a {type(kjt).__name__}, not a KeyedJaggedTensor")
         if kjt.variable_stride_per_key():
-            raise ValueError(f"kjts[{i}] has a variable stride per key; only one batch size per KJT is supported")
+            raise ValueError(
+                f"kjts[{i}] has a variable stride per key; only one batch size per KJT is supported"
+            )
 
 
 def _all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -60,8 +68,9 @@ def _from_bytes(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return buffer.clone().view(dtype)  # clone: aligned storage for the wider dtype
 
 
-def allgather_kjt(kjts: Sequence[KeyedJaggedTensor],
-                  group: dist.ProcessGroup | None = None) -> list[KeyedJaggedTensor]:
+def allgather_kjt(
+    kjts: Sequence[KeyedJaggedTensor], group: dist.ProcessGroup | None = None
+) -> list[KeyedJaggedTensor]:
     """Every rank's KJTs as one global batch each, with two collectives.
 
     Each rank passes the same number of KJTs, with the same keys, batch size
@@ -78,10 +87,14 @@ def allgather_kjt(kjts: Sequence[KeyedJaggedTensor],
     # KJT, its values then its weights; sizes follow from the lengths.
     sizes = [kjt.lengths().numel() for kjt in kjts]
     per_kjt_lengths = all_lengths.split(sizes, dim=1)
-    value_counts = torch.stack([l.sum(dim=1) for l in per_kjt_lengths], dim=1).tolist()  # [rank][kjt]
-    item_bytes = [kjt.values().element_size()
-                  + (kjt.weights().element_size() if kjt.weights_or_none() is not None else 0)
-                  for kjt in kjts]
+    value_counts = torch.stack(
+        [lengths.sum(dim=1) for lengths in per_kjt_lengths], dim=1
+    ).tolist()  # [rank][kjt]
+    item_bytes = [
+        kjt.values().element_size()
+        + (kjt.weights().element_size() if kjt.weights_or_none() is not None else 0)
+        for kjt in kjts
+    ]
     rank_bytes = [sum(c * b for c, b in zip(counts, item_bytes)) for counts in value_counts]
     device = kjts[0].values().device
     local = torch.zeros(max(rank_bytes), dtype=torch.uint8, device=device)
@@ -96,8 +109,15 @@ def allgather_kjt(kjts: Sequence[KeyedJaggedTensor],
     ]
 
 
-def _rebuild(kjt: KeyedJaggedTensor, j: int, lengths: torch.Tensor, all_bytes: torch.Tensor,
-             value_counts: list[list[int]], item_bytes: list[int], world_size: int) -> KeyedJaggedTensor:
+def _rebuild(
+    kjt: KeyedJaggedTensor,
+    j: int,
+    lengths: torch.Tensor,
+    all_bytes: torch.Tensor,
+    value_counts: list[list[int]],
+    item_bytes: list[int],
+    world_size: int,
+) -> KeyedJaggedTensor:
     """KJT j of the global batch from every rank's lengths and bytes."""
     keys, stride = kjt.keys(), kjt.stride()
     value_size = kjt.values().element_size()
@@ -123,13 +143,17 @@ def _rebuild(kjt: KeyedJaggedTensor, j: int, lengths: torch.Tensor, all_bytes: t
     num_keys = len(keys)
     by_key = by_rank.permute([rank * num_keys + f for f in range(num_keys) for rank in range(world_size)])
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=keys, values=by_key.values(), lengths=by_key.lengths(),
-        weights=by_key.weights_or_none(), stride=stride * world_size,
+        keys=keys,
+        values=by_key.values(),
+        lengths=by_key.lengths(),
+        weights=by_key.weights_or_none(),
+        stride=stride * world_size,
     )
 
 
-def allgather_kjt_per_key(kjts: Sequence[KeyedJaggedTensor],
-                          group: dist.ProcessGroup | None = None) -> list[KeyedJaggedTensor]:
+def allgather_kjt_per_key(
+    kjts: Sequence[KeyedJaggedTensor], group: dist.ProcessGroup | None = None
+) -> list[KeyedJaggedTensor]:
     """The naive reference: per KJT, per key, gather the lengths, then the
     values (padded to the largest rank's), then the weights: 2-3 collectives
     per key. Same result as `allgather_kjt`."""
@@ -140,16 +164,20 @@ def allgather_kjt_per_key(kjts: Sequence[KeyedJaggedTensor],
         for key in kjt.keys():
             jt = kjt[key]
             key_lengths = [t for t in _all_gather(jt.lengths(), group)]
-            counts = [int(l.sum()) for l in key_lengths]
+            counts = [int(lengths.sum()) for lengths in key_lengths]
             lengths += key_lengths
             values += _gather_padded(jt.values(), counts, group)
             if jt.weights_or_none() is not None:
                 weights += _gather_padded(jt.weights(), counts, group)
-        gathered.append(KeyedJaggedTensor.from_lengths_sync(
-            keys=kjt.keys(), values=torch.cat(values), lengths=torch.cat(lengths),
-            weights=torch.cat(weights) if weights else None,
-            stride=kjt.stride() * dist.get_world_size(group),
-        ))
+        gathered.append(
+            KeyedJaggedTensor.from_lengths_sync(
+                keys=kjt.keys(),
+                values=torch.cat(values),
+                lengths=torch.cat(lengths),
+                weights=torch.cat(weights) if weights else None,
+                stride=kjt.stride() * dist.get_world_size(group),
+            )
+        )
     return gathered
 
 
@@ -171,14 +199,20 @@ def select_samples(kjt: KeyedJaggedTensor, indices: torch.Tensor | Sequence[int]
     picked_lengths = lengths[:, indices].reshape(-1)
     picked_starts = starts[:, indices].reshape(-1)
     # Output value v belongs to segment s: its source is start[s] + (v - out_start[s]).
-    segment = torch.repeat_interleave(torch.arange(picked_lengths.numel(), device=indices.device),
-                                      picked_lengths.to(torch.int64))
+    segment = torch.repeat_interleave(
+        torch.arange(picked_lengths.numel(), device=indices.device), picked_lengths.to(torch.int64)
+    )
     out_starts = torch.cumsum(picked_lengths.to(torch.int64), 0) - picked_lengths
-    source = picked_starts[segment] + torch.arange(segment.numel(), device=indices.device) - out_starts[segment]
+    source = (
+        picked_starts[segment] + torch.arange(segment.numel(), device=indices.device) - out_starts[segment]
+    )
     weights = kjt.weights_or_none()
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=kjt.keys(), values=kjt.values()[source], lengths=picked_lengths,
-        weights=weights[source] if weights is not None else None, stride=indices.numel(),
+        keys=kjt.keys(),
+        values=kjt.values()[source],
+        lengths=picked_lengths,
+        weights=weights[source] if weights is not None else None,
+        stride=indices.numel(),
     )
 
 
@@ -202,8 +236,15 @@ def count_collectives() -> Iterator[Counter]:
             calls[event.name.split(":", 1)[1]] += 1
 
 
-def random_kjts(rank: int, num_kjts: int = 3, keys_per_kjt: int = 4, batch_size: int = 64,
-                max_length: int = 8, seed: int = 0, weighted: bool = True) -> list[KeyedJaggedTensor]:
+def random_kjts(
+    rank: int,
+    num_kjts: int = 3,
+    keys_per_kjt: int = 4,
+    batch_size: int = 64,
+    max_length: int = 8,
+    seed: int = 0,
+    weighted: bool = True,
+) -> list[KeyedJaggedTensor]:
     """A batch of `num_kjts` KJTs with `keys_per_kjt` keys each, random
     lengths in [0, max_length], the last KJT weighted (when `weighted`)."""
     gen = torch.Generator().manual_seed(seed * 100_003 + rank)
@@ -211,21 +252,34 @@ def random_kjts(rank: int, num_kjts: int = 3, keys_per_kjt: int = 4, batch_size:
     for j in range(num_kjts):
         lengths = torch.randint(0, max_length + 1, (keys_per_kjt * batch_size,), generator=gen)
         num_values = int(lengths.sum())
-        kjts.append(KeyedJaggedTensor.from_lengths_sync(
-            keys=[f"f{j}_{k}" for k in range(keys_per_kjt)],
-            values=torch.randint(0, 2**40, (num_values,), generator=gen),
-            lengths=lengths,
-            weights=torch.rand(num_values, generator=gen) if weighted and j == num_kjts - 1 else None,
-        ))
+        kjts.append(
+            KeyedJaggedTensor.from_lengths_sync(
+                keys=[f"f{j}_{k}" for k in range(keys_per_kjt)],
+                values=torch.randint(0, 2**40, (num_values,), generator=gen),
+                lengths=lengths,
+                weights=torch.rand(num_values, generator=gen) if weighted and j == num_kjts - 1 else None,
+            )
+        )
     return kjts
 
 
-def compare_gathers(rank: int, world_size: int, num_kjts: int = 3, keys_per_kjt: int = 4,
-                    batch_size: int = 64, repeats: int = 5, seed: int = 0) -> dict[str, object]:
+def compare_gathers(
+    rank: int,
+    world_size: int,
+    num_kjts: int = 3,
+    keys_per_kjt: int = 4,
+    batch_size: int = 64,
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict[str, object]:
     """Per rank (under embnb.dist.launch): gather a `random_kjts` batch with
     `allgather_kjt` and `allgather_kjt_per_key`; the collective calls of
     each, whether the results are identical, and each one's median seconds."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
     kjts = [kjt.to(device) for kjt in random_kjts(rank, num_kjts, keys_per_kjt, batch_size, seed=seed)]
     results, calls, seconds = {}, {}, {}
     for name, gather in (("fused", allgather_kjt), ("per_key", allgather_kjt_per_key)):
@@ -242,11 +296,19 @@ def compare_gathers(rank: int, world_size: int, num_kjts: int = 3, keys_per_kjt:
             times.append(time.perf_counter() - start)
         seconds[name] = statistics.median(times)
     identical = all(
-        a.keys() == b.keys() and a.stride() == b.stride() and torch.equal(a.lengths(), b.lengths())
+        a.keys() == b.keys()
+        and a.stride() == b.stride()
+        and torch.equal(a.lengths(), b.lengths())
         and torch.equal(a.values(), b.values())
         and (a.weights_or_none() is None) == (b.weights_or_none() is None)
         and (a.weights_or_none() is None or torch.equal(a.weights(), b.weights()))
         for a, b in zip(results["fused"], results["per_key"])
     )
-    return {"rank": rank, "calls": calls, "seconds": seconds, "identical": identical,
-            "num_kjts": num_kjts, "keys_per_kjt": keys_per_kjt}
+    return {
+        "rank": rank,
+        "calls": calls,
+        "seconds": seconds,
+        "identical": identical,
+        "num_kjts": num_kjts,
+        "keys_per_kjt": keys_per_kjt,
+    }

@@ -47,33 +47,43 @@ from embnb.balancing import partition as balancer
 from embnb.balancing.kjt_gather import allgather_kjt, compare_gathers, select_samples
 
 __all__ = [
-    "DEFAULT_CONFIG", "MODES", "Timeline", "AttentionBlock", "SequenceModel",
-    "make_local_batch", "sample_workloads", "BalancedShuffle", "hidden_fraction", "train",
-    "train_modes", "gather_and_train", "summarize",
+    "DEFAULT_CONFIG",
+    "MODES",
+    "Timeline",
+    "AttentionBlock",
+    "SequenceModel",
+    "make_local_batch",
+    "sample_workloads",
+    "BalancedShuffle",
+    "hidden_fraction",
+    "train",
+    "train_modes",
+    "gather_and_train",
+    "summarize",
 ]
 
 MODES = ("none", "sync", "overlap")
 SEQUENCE_KEYS = ["item_id", "category_id"]
 
 DEFAULT_CONFIG: dict[str, Any] = {
-    "mode": "overlap",         # none | sync | overlap
-    "kk_backend": "auto",      # native | python | auto (embnb.balancing.partition.balance)
-    "method": "kk_swap",       # a name of embnb.balancing.partition.METHODS
-    "workload": "flops",       # flops (attention_block_flops) | length
-    "steps": 6,                # training steps
-    "batch_size": 32,          # samples per rank per step
-    "zipf_alpha": 1.5,         # sequence-length skew
-    "max_length": 1024,        # longest sequence
-    "num_items": 1000,         # item vocabulary
-    "num_categories": 50,      # category vocabulary
-    "embedding_dim": 32,       # model width d
-    "ffn_dim": 128,            # feed-forward width f
-    "num_heads": 2,            # attention heads
-    "lr": 0.01,                # SGD learning rate
-    "seed": 0,                 # data and initial weights
-    "fail_rank": None,         # tests: this rank raises at fail_step ...
+    "mode": "overlap",  # none | sync | overlap
+    "kk_backend": "auto",  # native | python | auto (embnb.balancing.partition.balance)
+    "method": "kk_swap",  # a name of embnb.balancing.partition.METHODS
+    "workload": "flops",  # flops (attention_block_flops) | length
+    "steps": 6,  # training steps
+    "batch_size": 32,  # samples per rank per step
+    "zipf_alpha": 1.5,  # sequence-length skew
+    "max_length": 1024,  # longest sequence
+    "num_items": 1000,  # item vocabulary
+    "num_categories": 50,  # category vocabulary
+    "embedding_dim": 32,  # model width d
+    "ffn_dim": 128,  # feed-forward width f
+    "num_heads": 2,  # attention heads
+    "lr": 0.01,  # SGD learning rate
+    "seed": 0,  # data and initial weights
+    "fail_rank": None,  # tests: this rank raises at fail_step ...
     "fail_step": None,
-    "fail_in_kk": False,       # ... inside its KK thread instead
+    "fail_in_kk": False,  # ... inside its KK thread instead
 }
 
 
@@ -89,8 +99,17 @@ class Timeline:
         self.iteration = -1  # set by the training loop
 
     def add(self, phase: str, step: int, start: float, end: float, **extra: Any) -> None:
-        self.spans.append({"phase": phase, "step": step, "start": start, "end": end,
-                           "warmup": self.warmup, "iteration": self.iteration, **extra})
+        self.spans.append(
+            {
+                "phase": phase,
+                "step": step,
+                "start": start,
+                "end": end,
+                "warmup": self.warmup,
+                "iteration": self.iteration,
+                **extra,
+            }
+        )
 
     @contextlib.contextmanager
     def span(self, phase: str, step: int, sync_device: torch.device | None = None) -> Iterator[None]:
@@ -127,6 +146,7 @@ def hidden_fraction(spans: list[dict[str, Any]]) -> float:
 
 # --- the model ----------------------------------------------------------------
 
+
 class AttentionBlock(nn.Module):
     """One transformer block over each sample's own tokens (no padding):
     its forward FLOPs are `balancer.attention_block_flops` per sample."""
@@ -162,8 +182,9 @@ class SequenceModel(nn.Module):
     """Item and category embeddings of a history, one attention block, mean
     pooling, a linear head: one prediction per sample."""
 
-    def __init__(self, num_items: int, num_categories: int, embedding_dim: int,
-                 ffn_dim: int, num_heads: int) -> None:
+    def __init__(
+        self, num_items: int, num_categories: int, embedding_dim: int, ffn_dim: int, num_heads: int
+    ) -> None:
         super().__init__()
         self.item = nn.Embedding(num_items, embedding_dim)
         self.category = nn.Embedding(num_categories, embedding_dim)
@@ -193,7 +214,9 @@ def make_local_batch(config: dict[str, Any], rank: int, step: int) -> tuple[Keye
     items = torch.randint(0, config["num_items"], (num_tokens,), generator=gen)
     categories = torch.randint(0, config["num_categories"], (num_tokens,), generator=gen)
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=SEQUENCE_KEYS, values=torch.cat([items, categories]), lengths=torch.cat([lengths, lengths]),
+        keys=SEQUENCE_KEYS,
+        values=torch.cat([items, categories]),
+        lengths=torch.cat([lengths, lengths]),
     )
     labels = torch.rand(config["batch_size"], 1, generator=gen, dtype=torch.float64)
     return kjt, labels
@@ -212,6 +235,7 @@ def sample_workloads(kjt: KeyedJaggedTensor, config: dict[str, Any]) -> torch.Te
 
 # --- the balanced shuffle ----------------------------------------------------
 
+
 class BalancedShuffle:
     """All-gather workloads, KK (in a background thread with `overlap`),
     exchange samples. Use as a context manager so the thread is shut down.
@@ -222,9 +246,15 @@ class BalancedShuffle:
             kjt, dense = shuffle.finish()                # this rank's part
     """
 
-    def __init__(self, timeline: Timeline, overlap: bool = True, method: str = "kk_swap",
-                 kk_backend: str = "auto", group: dist.ProcessGroup | None = None,
-                 fail_in_kk: bool = False) -> None:
+    def __init__(
+        self,
+        timeline: Timeline,
+        overlap: bool = True,
+        method: str = "kk_swap",
+        kk_backend: str = "auto",
+        group: dist.ProcessGroup | None = None,
+        fail_in_kk: bool = False,
+    ) -> None:
         if method not in balancer.METHODS:
             raise ValueError(f"method {method!r} is not one of {', '.join(balancer.METHODS)}")
         self.timeline, self.overlap, self.method = timeline, overlap, method
@@ -257,8 +287,10 @@ class BalancedShuffle:
         if self._pending is not None:
             raise RuntimeError("start() called twice without finish()")
         if workloads.shape != (kjt.stride(),) or dense.shape[0] != kjt.stride():
-            raise ValueError(f"need one workload and one dense row per sample: stride {kjt.stride()}, "
-                             f"workloads {tuple(workloads.shape)}, dense {tuple(dense.shape)}")
+            raise ValueError(
+                f"need one workload and one dense row per sample: stride {kjt.stride()}, "
+                f"workloads {tuple(workloads.shape)}, dense {tuple(dense.shape)}"
+            )
         with self.timeline.span("gather_workloads", step):
             rows = torch.cat([workloads.to(torch.float64).unsqueeze(1), dense.to(torch.float64)], dim=1)
             gathered = torch.empty(self.world_size * rows.numel(), dtype=torch.float64, device=rows.device)
@@ -267,7 +299,8 @@ class BalancedShuffle:
             all_workloads = gathered[:, 0].cpu().clone()  # KK runs on the CPU
         if self.overlap:
             parts: Future | list = self._executor.submit(
-                self._partition, all_workloads, step, self.timeline.iteration)
+                self._partition, all_workloads, step, self.timeline.iteration
+            )
         else:
             parts = self._partition(all_workloads, step, self.timeline.iteration)
         self._pending = (kjt, gathered[:, 1:].to(dense.dtype), parts, step)
@@ -289,6 +322,7 @@ class BalancedShuffle:
 
 
 # --- training ----------------------------------------------------------------
+
 
 def _device() -> torch.device:
     if dist.get_backend() == "nccl":
@@ -317,8 +351,13 @@ def train(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
     config = _check_config(config)
     device = _device()
     torch.manual_seed(config["seed"])  # the same initial weights on every rank
-    model = SequenceModel(config["num_items"], config["num_categories"], config["embedding_dim"],
-                          config["ffn_dim"], config["num_heads"]).to(device)
+    model = SequenceModel(
+        config["num_items"],
+        config["num_categories"],
+        config["embedding_dim"],
+        config["ffn_dim"],
+        config["num_heads"],
+    ).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
     global_batch = world_size * config["batch_size"]
     timeline = Timeline()
@@ -332,8 +371,13 @@ def train(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
             return kjt, labels, sample_workloads(kjt, config)
 
     fail_in_kk = config["fail_in_kk"] and rank == config["fail_rank"]
-    with BalancedShuffle(timeline, overlap=mode == "overlap", method=config["method"],
-                         kk_backend=config["kk_backend"], fail_in_kk=fail_in_kk) as shuffle:
+    with BalancedShuffle(
+        timeline,
+        overlap=mode == "overlap",
+        method=config["method"],
+        kk_backend=config["kk_backend"],
+        fail_in_kk=fail_in_kk,
+    ) as shuffle:
         dist.barrier()
         if mode == "overlap":  # the first batch has no step to hide behind
             timeline.warmup = True
@@ -363,7 +407,7 @@ def train(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
                 dist.all_reduce(grads)
                 offset = 0
                 for p in model.parameters():
-                    p.grad.copy_(grads[offset: offset + p.numel()].view_as(p))
+                    p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
                     offset += p.numel()
                 optimizer.step()
                 total_loss = loss.detach().clone()
@@ -385,7 +429,9 @@ def train(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
         "losses": losses,
         "weights": torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]),
         "hidden_fraction": hidden_fraction(timeline.spans),
-        "kk_seconds": [s["end"] - s["start"] for s in timeline.spans if s["phase"] == "kk" and not s["warmup"]],
+        "kk_seconds": [
+            s["end"] - s["start"] for s in timeline.spans if s["phase"] == "kk" and not s["warmup"]
+        ],
         "native_kk": balancer.native_available() if config["kk_backend"] != "python" else False,
     }
 
@@ -395,12 +441,15 @@ def train_modes(rank: int, world_size: int, configs: list[dict[str, Any]]) -> li
     return [train(rank, world_size, config) for config in configs]
 
 
-def gather_and_train(rank: int, world_size: int, gather_kwargs: dict[str, Any],
-                     configs: list[dict[str, Any]]) -> dict[str, Any]:
+def gather_and_train(
+    rank: int, world_size: int, gather_kwargs: dict[str, Any], configs: list[dict[str, Any]]
+) -> dict[str, Any]:
     """`kjt_gather.compare_gathers`, then `train_modes`: what notebook 04
     runs on its ranks, in one launch."""
-    return {"gather": compare_gathers(rank, world_size, **gather_kwargs),
-            "train": train_modes(rank, world_size, configs)}
+    return {
+        "gather": compare_gathers(rank, world_size, **gather_kwargs),
+        "train": train_modes(rank, world_size, configs),
+    }
 
 
 def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> dict[str, Any]:

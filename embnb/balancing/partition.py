@@ -46,9 +46,21 @@ import torch
 from embnb.data import zipf_probs
 
 __all__ = [
-    "METHODS", "zipf_lengths", "attention_block_flops", "lower_bound",
-    "equal_size_lower_bound", "imbalance", "contiguous", "greedy_lpt", "karmarkar_karp",
-    "refine_by_swaps", "kk_swap", "balance", "native_available", "compare_methods", "loads_by_method",
+    "METHODS",
+    "zipf_lengths",
+    "attention_block_flops",
+    "lower_bound",
+    "equal_size_lower_bound",
+    "imbalance",
+    "contiguous",
+    "greedy_lpt",
+    "karmarkar_karp",
+    "refine_by_swaps",
+    "kk_swap",
+    "balance",
+    "native_available",
+    "compare_methods",
+    "loads_by_method",
 ]
 
 Parts = list[list[int]]
@@ -56,6 +68,7 @@ BACKENDS = ("auto", "python", "native")
 
 
 # --- input checks -----------------------------------------------------------
+
 
 def _check_num_parts(num_parts: Any) -> int:
     if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
@@ -85,9 +98,7 @@ def _as_workloads(workloads: Any) -> list[float]:
     bad = (~torch.isfinite(tensor)) | (tensor < 0)
     if bad.any():
         i = int(bad.nonzero()[0])
-        raise ValueError(
-            f"workloads must be finite and >= 0; workloads[{i}] = {tensor[i].item()!r}"
-        )
+        raise ValueError(f"workloads must be finite and >= 0; workloads[{i}] = {tensor[i].item()!r}")
     return tensor.tolist()
 
 
@@ -103,8 +114,8 @@ def _drop_padding(parts: Parts, num_items: int) -> Parts:
 
 # --- workloads --------------------------------------------------------------
 
-def zipf_lengths(num_samples: int, alpha: float = 1.5, max_length: int = 8192,
-                 seed: int = 0) -> torch.Tensor:
+
+def zipf_lengths(num_samples: int, alpha: float = 1.5, max_length: int = 8192, seed: int = 0) -> torch.Tensor:
     """Sequence lengths with P(length = L) proportional to L**-alpha, L in
     [1, max_length] (int64). alpha=1.5: a third of the samples have length 1,
     and a few reach max_length: a heavy tail like user histories."""
@@ -150,6 +161,7 @@ def attention_block_flops(lengths: Any, embedding_dim: int, ffn_dim: int) -> tor
 
 
 # --- measuring a partition --------------------------------------------------
+
 
 def lower_bound(workloads: Any, num_parts: int) -> float:
     """No partition's largest part is below max(mean part load, largest item)."""
@@ -216,6 +228,7 @@ def imbalance(workloads: Any, parts: Sequence[Sequence[int]]) -> dict[str, float
 
 # --- baselines --------------------------------------------------------------
 
+
 def contiguous(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts:
     """The data loader's cut: consecutive runs, sizes differing by at most one
     (the first `n % num_parts` parts get the extra sample). `equal_size` is
@@ -254,12 +267,13 @@ def greedy_lpt(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts
 # sort, so equal sums keep their order). The native version in
 # embnb/native/karmarkar_karp.cpp follows these steps exactly.
 
+
 def _kk_sets(padded: list[float], num_parts: int, equal_size: bool, num_real: int) -> list[list]:
     # Padding (indices >= num_real) sorts before real zero-workload items: it
     # all lands in the first state, one per set, so one per final part.
     order = sorted(range(len(padded)), key=lambda i: (padded[i], i < num_real, i))
     if equal_size:  # k consecutive sorted items: one state of k single-item sets
-        groups = [order[g:g + num_parts] for g in range(0, len(order), num_parts)]
+        groups = [order[g : g + num_parts] for g in range(0, len(order), num_parts)]
     else:  # one item and k-1 empty sets
         groups = [[i] for i in order]
     heap = []
@@ -449,11 +463,12 @@ def _native_kk(workloads: Any, num_parts: int, equal_size: bool, refine: bool) -
     order, sizes = _native_op()(tensor, _check_num_parts(num_parts), equal_size, refine)
     order = order.tolist()
     bounds = list(itertools.accumulate(sizes.tolist(), initial=0))
-    return [order[bounds[p]:bounds[p + 1]] for p in range(num_parts)]
+    return [order[bounds[p] : bounds[p + 1]] for p in range(num_parts)]
 
 
-def balance(workloads: Any, num_parts: int, method: str = "kk_swap", backend: str = "auto",
-            equal_size: bool = True) -> Parts:
+def balance(
+    workloads: Any, num_parts: int, method: str = "kk_swap", backend: str = "auto", equal_size: bool = True
+) -> Parts:
     """Parts of a batch by `method` (default: KK then swaps).
 
     backend "native" runs KK (and swaps) as torch.ops.embnb.karmarkar_karp
@@ -480,13 +495,22 @@ def _warn_fallback() -> None:
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn(f"embnb native KK unavailable ({_native_error}); using the Python KK",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"embnb native KK unavailable ({_native_error}); using the Python KK",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
-def compare_methods(sample_counts: Sequence[int], part_counts: Sequence[int], seeds: Sequence[int] = (0,),
-                    alpha: float = 1.5, max_length: int = 8192, methods: Sequence[str] | None = None,
-                    backend: str = "auto") -> list[dict[str, Any]]:
+def compare_methods(
+    sample_counts: Sequence[int],
+    part_counts: Sequence[int],
+    seeds: Sequence[int] = (0,),
+    alpha: float = 1.5,
+    max_length: int = 8192,
+    methods: Sequence[str] | None = None,
+    backend: str = "auto",
+) -> list[dict[str, Any]]:
     """Imbalance of each method on Zipf(alpha) length batches: one row per
     (num_samples, num_parts, seed, method) with the `imbalance` numbers."""
     methods = list(methods or METHODS)
@@ -496,14 +520,24 @@ def compare_methods(sample_counts: Sequence[int], part_counts: Sequence[int], se
             lengths = zipf_lengths(num_samples, alpha, max_length, seed).tolist()
             for num_parts in part_counts:
                 for method in methods:
-                    parts = balance(lengths, num_parts, method, backend if method in NATIVE_METHODS else "python")
-                    rows.append({"num_samples": num_samples, "num_parts": num_parts, "seed": seed,
-                                 "method": method, **imbalance(lengths, parts)})
+                    parts = balance(
+                        lengths, num_parts, method, backend if method in NATIVE_METHODS else "python"
+                    )
+                    rows.append(
+                        {
+                            "num_samples": num_samples,
+                            "num_parts": num_parts,
+                            "seed": seed,
+                            "method": method,
+                            **imbalance(lengths, parts),
+                        }
+                    )
     return rows
 
 
-def loads_by_method(workloads: Any, num_parts: int, methods: Sequence[str] | None = None,
-                    backend: str = "auto") -> dict[str, list[float]]:
+def loads_by_method(
+    workloads: Any, num_parts: int, methods: Sequence[str] | None = None, backend: str = "auto"
+) -> dict[str, list[float]]:
     """Each method's part loads (heaviest part first for the KK family)."""
     weights = _as_workloads(workloads)
     result = {}

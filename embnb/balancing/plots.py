@@ -24,8 +24,17 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, FuncFormatter, PercentFormatter
 
-__all__ = ["METHOD_COLORS", "PHASE_COLORS", "length_histogram", "part_loads", "gap_by_method",
-           "flops_vs_length", "gantt", "collective_calls", "step_times"]
+__all__ = [
+    "METHOD_COLORS",
+    "PHASE_COLORS",
+    "length_histogram",
+    "part_loads",
+    "gap_by_method",
+    "flops_vs_length",
+    "gantt",
+    "collective_calls",
+    "step_times",
+]
 
 METHOD_COLORS = {  # one colour per balancer, the same in every figure
     "contiguous": "#8c8c8c",
@@ -83,8 +92,11 @@ def length_histogram(lengths: Sequence[int] | torch.Tensor, title: str | None = 
     return fig
 
 
-def part_loads(loads_by_method: Mapping[str, Sequence[float] | torch.Tensor],
-               ylabel: str = "workload per rank", title: str | None = None) -> Figure:
+def part_loads(
+    loads_by_method: Mapping[str, Sequence[float] | torch.Tensor],
+    ylabel: str = "workload per rank",
+    title: str | None = None,
+) -> Figure:
     """Bars of each rank's load, one panel per method, the mean dashed: the
     step waits for the tallest bar."""
     if not loads_by_method:
@@ -110,8 +122,12 @@ def part_loads(loads_by_method: Mapping[str, Sequence[float] | torch.Tensor],
     return fig
 
 
-def gap_by_method(table: pd.DataFrame, value: str = "gap_to_lower_bound",
-                  methods: Sequence[str] | None = None, title: str | None = None) -> Figure:
+def gap_by_method(
+    table: pd.DataFrame,
+    value: str = "gap_to_lower_bound",
+    methods: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Figure:
     """Mean gap to the lower bound (log scale) of each method for each
     (num_samples, num_parts), with the 1% target. Needs columns
     num_samples, num_parts, method and `value` (e.g. from
@@ -142,9 +158,12 @@ def gap_by_method(table: pd.DataFrame, value: str = "gap_to_lower_bound",
     return fig
 
 
-def flops_vs_length(lengths: Sequence[int] | torch.Tensor, flops: Sequence[float] | torch.Tensor,
-                    flops_max_over_mean: Mapping[str, float] | None = None,
-                    title: str | None = None) -> Figure:
+def flops_vs_length(
+    lengths: Sequence[int] | torch.Tensor,
+    flops: Sequence[float] | torch.Tensor,
+    flops_max_over_mean: Mapping[str, float] | None = None,
+    title: str | None = None,
+) -> Figure:
     """Left: FLOPs of each sample against its length (the quadratic bend).
     Right: max/mean FLOPs per rank when balancing by each estimate."""
     xs, ys = _values(lengths, "lengths"), _values(flops, "flops")
@@ -159,21 +178,30 @@ def flops_vs_length(lengths: Sequence[int] | torch.Tensor, flops: Sequence[float
     axes[0].set_title("FLOPs per sample")
     if flops_max_over_mean:
         names = list(flops_max_over_mean)
-        axes[1].bar(names, [flops_max_over_mean[n] for n in names],
-                    color=[_color(n, i) for i, n in enumerate(names)])
+        axes[1].bar(
+            names, [flops_max_over_mean[n] for n in names], color=[_color(n, i) for i, n in enumerate(names)]
+        )
         axes[1].axhline(1.0, color="0.3", linestyle="--", linewidth=1)
         axes[1].set_ylabel("max/mean FLOPs per rank")
         axes[1].set_title("balanced by ...")
         for i, n in enumerate(names):
-            axes[1].annotate(f"{flops_max_over_mean[n]:.3f}", (i, flops_max_over_mean[n]),
-                             ha="center", va="bottom", fontsize=8)
+            axes[1].annotate(
+                f"{flops_max_over_mean[n]:.3f}",
+                (i, flops_max_over_mean[n]),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     if title:
         fig.suptitle(title)
     return fig
 
 
-def gantt(spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]], steps: Sequence[int] | None = None,
-          title: str | None = None) -> Figure:
+def gantt(
+    spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]],
+    steps: Sequence[int] | None = None,
+    title: str | None = None,
+) -> Figure:
     """One panel per run: a row per rank (main thread) plus a thin row for
     its KK thread, bars per phase, time in ms from the run's first span.
     Spans need phase, rank, start, end (seconds); `steps` keeps the spans of
@@ -193,15 +221,23 @@ def gantt(spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]], steps: Sequen
             in_thread = s["phase"] == "kk" and s.get("thread") == "kk"
             y = ranks.index(s["rank"]) + (0.42 if in_thread else 0.0)
             height = 0.22 if in_thread else 0.55
-            ax.broken_barh([((s["start"] - t0) * 1e3, max((s["end"] - s["start"]) * 1e3, 1e-3))],
-                           (y - height / 2, height), color=PHASE_COLORS.get(s["phase"], "0.5"))
+            ax.broken_barh(
+                [((s["start"] - t0) * 1e3, max((s["end"] - s["start"]) * 1e3, 1e-3))],
+                (y - height / 2, height),
+                color=PHASE_COLORS.get(s["phase"], "0.5"),
+            )
         ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
         ax.invert_yaxis()
         ax.set_title(name, loc="left", fontsize=10)
         ax.set_xlabel("ms")
     present = dict.fromkeys(s["phase"] for run in spans_by_run.values() for s in run)
-    axes[0].legend(handles=[Patch(color=PHASE_COLORS.get(p, "0.5"), label=p) for p in present],
-                   ncols=len(present), fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.15))
+    axes[0].legend(
+        handles=[Patch(color=PHASE_COLORS.get(p, "0.5"), label=p) for p in present],
+        ncols=len(present),
+        fontsize=8,
+        loc="lower left",
+        bbox_to_anchor=(0, 1.15),
+    )
     if title:
         fig.suptitle(title)
     return fig

@@ -24,13 +24,14 @@ import statistics
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numberpartitioning
 import torch
 
-from embnb.balancing import partition as balancer
 from embnb.balancing import overlap
+from embnb.balancing import partition as balancer
 from embnb.bench.timing import machine_name, write_results
 from embnb.dist import launch
 
@@ -57,19 +58,26 @@ def partitioners(lengths: list[float], num_parts: int, native: bool) -> dict[str
         "python_kk": lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", "python"),
         "python_kk_swap": lambda: balancer.balance(lengths, num_parts, "kk_swap", "python"),
         "greedy_lpt": lambda: balancer.balance(lengths, num_parts, "greedy_lpt", "python"),
-        "python_kk_free_size": lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", "python", False),
+        "python_kk_free_size": lambda: balancer.balance(
+            lengths, num_parts, "karmarkar_karp", "python", False
+        ),
         PEER: lambda: numberpartitioning.karmarkar_karp(ints, num_parts, return_indices=True).partition,
-        "numberpartitioning_greedy": lambda: numberpartitioning.greedy(ints, num_parts, return_indices=True).partition,
+        "numberpartitioning_greedy": lambda: (
+            numberpartitioning.greedy(ints, num_parts, return_indices=True).partition
+        ),
     }
     if native:
         runs["native_kk"] = lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", "native")
         runs["default"] = lambda: balancer.balance(lengths, num_parts, "kk_swap", "native")
-        runs["native_kk_free_size"] = lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", "native", False)
+        runs["native_kk_free_size"] = lambda: balancer.balance(
+            lengths, num_parts, "karmarkar_karp", "native", False
+        )
     return runs
 
 
-def bench_partitioning(sample_counts: list[int], part_counts: list[int], budget_s: float,
-                       native: bool) -> list[dict[str, Any]]:
+def bench_partitioning(
+    sample_counts: list[int], part_counts: list[int], budget_s: float, native: bool
+) -> list[dict[str, Any]]:
     rows = []
     for num_samples in sample_counts:
         lengths = balancer.zipf_lengths(num_samples, 1.5, seed=num_samples).tolist()
@@ -78,13 +86,26 @@ def bench_partitioning(sample_counts: list[int], part_counts: list[int], budget_
                 parts = fn()
                 seconds = _time(fn, budget_s)
                 gaps = balancer.imbalance(lengths, [sorted(p) for p in parts])
-                rows.append({"num_samples": num_samples, "num_parts": num_parts, "method": name,
-                             "seconds": seconds, "gap_to_lower_bound": gaps["gap_to_lower_bound"],
-                             "equal_size": "free_size" not in name and not name.startswith("numberpartitioning")})
-                print(f"  {num_samples:>6} into {num_parts:>3}  {name:<26} {seconds * 1e3:10.3f} ms  "
-                      f"gap {gaps['gap_to_lower_bound']:8.3%}", flush=True)
-            peer = next(r["seconds"] for r in rows if r["num_samples"] == num_samples
-                        and r["num_parts"] == num_parts and r["method"] == PEER)
+                rows.append(
+                    {
+                        "num_samples": num_samples,
+                        "num_parts": num_parts,
+                        "method": name,
+                        "seconds": seconds,
+                        "gap_to_lower_bound": gaps["gap_to_lower_bound"],
+                        "equal_size": "free_size" not in name and not name.startswith("numberpartitioning"),
+                    }
+                )
+                print(
+                    f"  {num_samples:>6} into {num_parts:>3}  {name:<26} {seconds * 1e3:10.3f} ms  "
+                    f"gap {gaps['gap_to_lower_bound']:8.3%}",
+                    flush=True,
+                )
+            peer = next(
+                r["seconds"]
+                for r in rows
+                if r["num_samples"] == num_samples and r["num_parts"] == num_parts and r["method"] == PEER
+            )
             for r in rows:
                 if r["num_samples"] == num_samples and r["num_parts"] == num_parts:
                     r["speedup_vs_numberpartitioning_kk"] = peer / r["seconds"]
@@ -134,8 +155,13 @@ def bench_training(world_size: int, steps: int, batch_size: int, max_length: int
         "balancing overlapped (native KK)": {"mode": "overlap", "kk_backend": "native"},
         "balancing overlapped (Python KK)": {"mode": "overlap", "kk_backend": "python"},
     }
-    per_rank = launch(overlap.train_modes, world_size, [{**base, **r} for r in runs.values()],
-                      backend="gloo", timeout_s=1800)
+    per_rank = launch(
+        overlap.train_modes,
+        world_size,
+        [{**base, **r} for r in runs.values()],
+        backend="gloo",
+        timeout_s=1800,
+    )
     rows = []
     for i, label in enumerate(runs):
         summary = overlap.summarize([r[i] for r in per_rank])
@@ -147,7 +173,9 @@ def bench_training(world_size: int, steps: int, batch_size: int, max_length: int
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m embnb.bench balancer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m embnb.bench balancer", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--samples", type=int, nargs="+", default=[256, 1024, 4096, 16384])
     parser.add_argument("--parts", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--budget", type=float, default=0.4, help="seconds of timing per method and size")
@@ -156,7 +184,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--no-train", action="store_true", help="skip the multi-rank training part")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
+    )
     opts = parser.parse_args(argv)
     native = balancer.native_available()
     if not native:
@@ -164,17 +194,23 @@ def main(argv: list[str]) -> int:
     print("partitioning (Zipf(1.5) lengths, max 8192):", flush=True)
     partitioning = bench_partitioning(opts.samples, opts.parts, opts.budget, native)
     gil = bench_gil(native)
-    print("main-thread Python speed while KK runs in a thread (1 = unaffected):",
-          {k: round(v, 2) for k, v in gil.items()}, flush=True)
+    print(
+        "main-thread Python speed while KK runs in a thread (1 = unaffected):",
+        {k: round(v, 2) for k, v in gil.items()},
+        flush=True,
+    )
     training = []
     for world_size in [] if opts.no_train else opts.world_size:
         print(f"training on {world_size} gloo ranks ...", flush=True)
         rows = bench_training(world_size, opts.steps, opts.batch_size, opts.max_length)
         for r in rows:
             hidden = "" if r["hidden_fraction"] is None else f"  hidden {r['hidden_fraction']:.1%}"
-            print(f"  {r['label']:<34} {r['step_seconds'] * 1e3:8.1f} ms/step "
-                  f"({r['step_time_vs_no_balancing']:.2f}x)  FLOPs max/mean {r['flops_max_over_mean']:.3f}"
-                  f"  KK {r['kk_seconds'] * 1e3:.3f} ms{hidden}", flush=True)
+            print(
+                f"  {r['label']:<34} {r['step_seconds'] * 1e3:8.1f} ms/step "
+                f"({r['step_time_vs_no_balancing']:.2f}x)  FLOPs max/mean {r['flops_max_over_mean']:.3f}"
+                f"  KK {r['kk_seconds'] * 1e3:.3f} ms{hidden}",
+                flush=True,
+            )
         training.append({"world_size": world_size, "runs": rows})
     payload = {
         "machine": machine_name(),
@@ -183,9 +219,13 @@ def main(argv: list[str]) -> int:
         "partitioning": partitioning,
         "gil_main_thread_speed": gil,
         "training": training,
-        "training_config": {"steps": opts.steps, "batch_size": opts.batch_size, "max_length": opts.max_length,
-                            "backend": "gloo", "model": {k: overlap.DEFAULT_CONFIG[k] for k in
-                                                         ("embedding_dim", "ffn_dim", "num_heads")}},
+        "training_config": {
+            "steps": opts.steps,
+            "batch_size": opts.batch_size,
+            "max_length": opts.max_length,
+            "backend": "gloo",
+            "model": {k: overlap.DEFAULT_CONFIG[k] for k in ("embedding_dim", "ffn_dim", "num_heads")},
+        },
     }
     print(f"wrote {write_results('balancer', payload, opts.out)}")
     return 0

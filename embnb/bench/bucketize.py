@@ -8,8 +8,9 @@ only; on a GPU only where a CUDA FBGEMM is installed) and the pure-torch
 reference. Calls are interleaved round by round so that load from other
 processes hits all of them alike; each figure is a median after warm-up
 (CUDA timed with events); the JSON also keeps the best round, and the
-table the ratio of best rounds. On a GPU the reference runs on CPU copies. Before timing, the outputs are compared: embnb
-must equal FBGEMM and the reference bit for bit, or the run fails.
+table the ratio of best rounds. On a GPU the reference runs on CPU copies.
+Before timing, the outputs are compared: embnb must equal FBGEMM and the
+reference bit for bit, or the run fails.
 
 Bandwidth counts the bytes any implementation must move: read lengths and
 keys, write the new lengths, the keys and the permute. It is compared with
@@ -28,12 +29,13 @@ import os
 import pathlib
 import statistics
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from embnb.native import loader
 from embnb.bench.timing import machine_name, median_seconds, write_results
+from embnb.native import loader
 from embnb.rowwise.routing import DistType, bucketize
 
 SIZES = [10**5, 10**6, 10**7]
@@ -41,22 +43,26 @@ QUICK_SIZES = [10**4, 10**5]
 WORLD_SIZES = [8, 64]
 
 
-def make_inputs(num_keys: int, device: str, *, num_features: int = 8,
-                avg_length: int = 32, rows: int = 10**8, seed: int = 0,
-                lengths_dtype: torch.dtype = torch.int32,
-                indices_dtype: torch.dtype = torch.int64):
+def make_inputs(
+    num_keys: int,
+    device: str,
+    *,
+    num_features: int = 8,
+    avg_length: int = 32,
+    rows: int = 10**8,
+    seed: int = 0,
+    lengths_dtype: torch.dtype = torch.int32,
+    indices_dtype: torch.dtype = torch.int64,
+):
     """(lengths, indices) with about `num_keys` keys (the exact count varies)."""
     gen = torch.Generator().manual_seed(seed)
     batch = max(1, round(num_keys / (num_features * avg_length)))
-    lengths = torch.randint(0, 2 * avg_length + 1, (num_features * batch,),
-                            generator=gen)
+    lengths = torch.randint(0, 2 * avg_length + 1, (num_features * batch,), generator=gen)
     indices = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
-    return (lengths.to(device, lengths_dtype),
-            indices.to(device, indices_dtype))
+    return (lengths.to(device, lengths_dtype), indices.to(device, indices_dtype))
 
 
-def bytes_moved(lengths: torch.Tensor, indices: torch.Tensor,
-                world_size: int) -> int:
+def bytes_moved(lengths: torch.Tensor, indices: torch.Tensor, world_size: int) -> int:
     """Read lengths and keys; write W * len(lengths) lengths, keys, permute."""
     length_bytes = lengths.element_size() * lengths.numel()
     key_bytes = indices.element_size() * indices.numel()
@@ -88,9 +94,17 @@ def _same(a: Any, b: Any) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def measure_case(num_keys: int, world_size: int, dist_type: str, device: str,
-                 *, repeats: int, warmup: int, reference_repeats: int,
-                 fbgemm: Callable | None) -> dict:
+def measure_case(
+    num_keys: int,
+    world_size: int,
+    dist_type: str,
+    device: str,
+    *,
+    repeats: int,
+    warmup: int,
+    reference_repeats: int,
+    fbgemm: Callable | None,
+) -> dict:
     lengths, indices = make_inputs(num_keys, device)
     num_features = 8
     rows = 10**8
@@ -103,15 +117,13 @@ def measure_case(num_keys: int, world_size: int, dist_type: str, device: str,
     calls = {
         # The op itself, as FBGEMM's: no Python-side argument checks timed.
         "embnb": lambda: torch.ops.embnb.bucketize(
-            lengths, indices, world_size, [code] * num_features, blocks),
-        "reference": lambda: bucketize(lengths, indices, world_size, mode,
-                                       blocks, impl="reference"),
+            lengths, indices, world_size, [code] * num_features, blocks
+        ),
+        "reference": lambda: bucketize(lengths, indices, world_size, mode, blocks, impl="reference"),
     }
     if fbgemm is not None and mode is DistType.CONTINUOUS:
-        block_sizes = torch.full((num_features,), block, dtype=indices.dtype,
-                                 device=device)
-        calls["fbgemm"] = lambda: fbgemm(lengths, indices, False, True,
-                                         block_sizes, world_size)
+        block_sizes = torch.full((num_features,), block, dtype=indices.dtype, device=device)
+        calls["fbgemm"] = lambda: fbgemm(lengths, indices, False, True, block_sizes, world_size)
 
     # Bit-identical outputs first: a fast wrong answer is not a result.
     ours = calls["embnb"]()
@@ -133,31 +145,47 @@ def measure_case(num_keys: int, world_size: int, dist_type: str, device: str,
     num = indices.numel()
     moved = bytes_moved(lengths, indices, world_size)
     row: dict[str, Any] = dict(
-        num_keys=num, world_size=world_size, dist_type=mode.value,
-        num_segments=lengths.numel(), bytes_moved=moved,
+        num_keys=num,
+        world_size=world_size,
+        dist_type=mode.value,
+        num_segments=lengths.numel(),
+        bytes_moved=moved,
         identical=bool(identical),
     )
     for name in ("embnb", "fbgemm", "reference"):
         if name not in times:
-            row.update({f"{name}_s": None, f"{name}_min_s": None,
-                        f"{name}_mkeys_s": None, f"{name}_gbps": None})
+            row.update(
+                {f"{name}_s": None, f"{name}_min_s": None, f"{name}_mkeys_s": None, f"{name}_gbps": None}
+            )
             continue
         seconds = statistics.median(times[name])
-        row.update({f"{name}_s": seconds, f"{name}_min_s": min(times[name]),
-                    f"{name}_mkeys_s": num / seconds / 1e6,
-                    f"{name}_gbps": moved / seconds / 1e9})
+        row.update(
+            {
+                f"{name}_s": seconds,
+                f"{name}_min_s": min(times[name]),
+                f"{name}_mkeys_s": num / seconds / 1e6,
+                f"{name}_gbps": moved / seconds / 1e9,
+            }
+        )
     for peer in ("fbgemm", "reference"):
         theirs, best = row[f"{peer}_s"], row[f"{peer}_min_s"]
         row[f"embnb_over_{peer}"] = theirs / row["embnb_s"] if theirs else None
         # Best-of-rounds ratio: less sensitive to load from other processes.
-        row[f"embnb_over_{peer}_min"] = (
-            best / row["embnb_min_s"] if best else None)
+        row[f"embnb_over_{peer}_min"] = best / row["embnb_min_s"] if best else None
     return row
 
 
-def run(sizes=SIZES, world_sizes=WORLD_SIZES, dist_types=("continuous",),
-        device: str = "cpu", *, repeats: int = 15, warmup: int = 3,
-        reference_repeats: int = 3, progress: bool = True) -> dict:
+def run(
+    sizes=SIZES,
+    world_sizes=WORLD_SIZES,
+    dist_types=("continuous",),
+    device: str = "cpu",
+    *,
+    repeats: int = 15,
+    warmup: int = 3,
+    reference_repeats: int = 3,
+    progress: bool = True,
+) -> dict:
     """Measure every case; returns the JSON payload (rows plus context)."""
     fbgemm = fbgemm_peer(device)
     load_before = os.getloadavg()
@@ -166,14 +194,18 @@ def run(sizes=SIZES, world_sizes=WORLD_SIZES, dist_types=("continuous",),
         for num_keys in sizes:
             for world_size in world_sizes:
                 row = measure_case(
-                    num_keys, world_size, dist_type, device, repeats=repeats,
-                    warmup=warmup, reference_repeats=reference_repeats,
+                    num_keys,
+                    world_size,
+                    dist_type,
+                    device,
+                    repeats=repeats,
+                    warmup=warmup,
+                    reference_repeats=reference_repeats,
                     fbgemm=fbgemm,
                 )
                 rows.append(row)
                 if progress:
-                    print(format_table([row], header=len(rows) == 1),
-                          flush=True)
+                    print(format_table([row], header=len(rows) == 1), flush=True)
     copy = copy_gbps(device)
     for row in rows:
         row["embnb_fraction_of_copy"] = row["embnb_gbps"] / copy
@@ -188,10 +220,16 @@ def run(sizes=SIZES, world_sizes=WORLD_SIZES, dist_types=("continuous",),
         copy_gbps=copy,
         load_average_before=load_before,
         load_average_after=os.getloadavg(),
-        input=dict(num_features=8, avg_length=32, rows=10**8,
-                   lengths_dtype="int32", indices_dtype="int64",
-                   repeats=repeats, warmup=warmup,
-                   reference_repeats=reference_repeats),
+        input=dict(
+            num_features=8,
+            avg_length=32,
+            rows=10**8,
+            lengths_dtype="int32",
+            indices_dtype="int64",
+            repeats=repeats,
+            warmup=warmup,
+            reference_repeats=reference_repeats,
+        ),
         rows=rows,
     )
 
@@ -233,22 +271,30 @@ def format_table(rows: list[dict], header: bool = True) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m embnb.bench bucketize",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=lambda s: [int(float(x)) for x in s.split(",")],
-                        default=None, help="numbers of keys, e.g. 1e5,1e6")
-    parser.add_argument("--world-sizes", type=lambda s: [int(x) for x in s.split(",")],
-                        default=WORLD_SIZES)
-    parser.add_argument("--dist-types", default="continuous",
-                        help="comma-separated; FBGEMM runs only continuous")
+    parser = argparse.ArgumentParser(
+        prog="python -m embnb.bench bucketize", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--sizes",
+        type=lambda s: [int(float(x)) for x in s.split(",")],
+        default=None,
+        help="numbers of keys, e.g. 1e5,1e6",
+    )
+    parser.add_argument("--world-sizes", type=lambda s: [int(x) for x in s.split(",")], default=WORLD_SIZES)
+    parser.add_argument(
+        "--dist-types", default="continuous", help="comma-separated; FBGEMM runs only continuous"
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reference-repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true",
-                        help=f"sizes {QUICK_SIZES}, 5 repeats, no JSON written")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"sizes {QUICK_SIZES}, 5 repeats, no JSON written"
+    )
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
+    )
     args = parser.parse_args(argv)
 
     device = args.device
@@ -261,12 +307,21 @@ def main(argv: list[str]) -> int:
     repeats = 5 if args.quick else args.repeats
     dist_types = [DistType.parse(d).value for d in args.dist_types.split(",")]
 
-    payload = run(sizes, args.world_sizes, dist_types, device, repeats=repeats,
-                  warmup=args.warmup, reference_repeats=args.reference_repeats)
-    print(f"machine: {payload['machine']} ({payload['cpu_model']}), "
-          f"{payload['threads']} threads, copy {payload['copy_gbps']:.1f} GB/s, "
-          f"load average {payload['load_average_before'][0]:.1f} -> "
-          f"{payload['load_average_after'][0]:.1f}")
+    payload = run(
+        sizes,
+        args.world_sizes,
+        dist_types,
+        device,
+        repeats=repeats,
+        warmup=args.warmup,
+        reference_repeats=args.reference_repeats,
+    )
+    print(
+        f"machine: {payload['machine']} ({payload['cpu_model']}), "
+        f"{payload['threads']} threads, copy {payload['copy_gbps']:.1f} GB/s, "
+        f"load average {payload['load_average_before'][0]:.1f} -> "
+        f"{payload['load_average_after'][0]:.1f}"
+    )
     if not (args.quick or args.no_write):
         print(f"wrote {write_results('bucketize', payload, args.out)}")
     if not all(r["identical"] for r in payload["rows"]):

@@ -36,32 +36,51 @@ import time
 
 import numpy as np
 
-from embnb.planner import core as planner
 from embnb.bench.timing import machine_name, write_results
+from embnb.planner import core as planner
 
 PEERS = ("torchrec DP", "torchrec default")
 OURS = "embnb DP"
 
 
-def bench_one(num_tables: int, world_size: int, hbm_fraction: float, timeout_s: float, seed: int,
-              batch_size: int) -> dict:
+def bench_one(
+    num_tables: int, world_size: int, hbm_fraction: float, timeout_s: float, seed: int, batch_size: int
+) -> dict:
     model = planner.make_model(num_tables, seed)
     hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * hbm_fraction
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
     enumerated = planner.enumerate_options(model.tables, topology, batch_size, model.constraints)
     proposers = {k: v for k, v in planner.default_proposers().items() if k in (OURS, *PEERS)}
-    table = planner.compare_proposers(model.tables, topology, batch_size, constraints=model.constraints,
-                                      proposers=proposers, timeout_s=timeout_s, enumerated=enumerated)
+    table = planner.compare_proposers(
+        model.tables,
+        topology,
+        batch_size,
+        constraints=model.constraints,
+        proposers=proposers,
+        timeout_s=timeout_s,
+        enumerated=enumerated,
+    )
     ours = table.loc[OURS]
-    row = {"num_tables": num_tables, "world_size": world_size, "hbm_cap_gb": hbm_cap_gb,
-           "num_options": len(enumerated.options), "enumerate_s": enumerated.seconds, "proposers": {}}
+    row = {
+        "num_tables": num_tables,
+        "world_size": world_size,
+        "hbm_cap_gb": hbm_cap_gb,
+        "num_options": len(enumerated.options),
+        "enumerate_s": enumerated.seconds,
+        "proposers": {},
+    }
     for name, result in table.iterrows():
-        entry = {"perf_rating": None if math.isnan(result.perf_rating) else float(result.perf_rating),
-                 "plan_s": float(result.plan_s), "proposals": int(result.proposals),
-                 "timed_out": bool(result.timed_out), "note": result.note}
+        entry = {
+            "perf_rating": None if math.isnan(result.perf_rating) else float(result.perf_rating),
+            "plan_s": float(result.plan_s),
+            "proposals": int(result.proposals),
+            "timed_out": bool(result.timed_out),
+            "note": result.note,
+        }
         if name != OURS:
-            entry["rating_vs_embnb"] = (float(result.perf_rating / ours.perf_rating)
-                                        if result.feasible and ours.feasible else None)
+            entry["rating_vs_embnb"] = (
+                float(result.perf_rating / ours.perf_rating) if result.feasible and ours.feasible else None
+            )
             entry["time_vs_embnb"] = float(result.plan_s / ours.plan_s)
         row["proposers"][name] = entry
     return row
@@ -75,10 +94,17 @@ def quality(num_instances: int, table_counts: list[int], seed: int, batch_size: 
             skipped = int(ratios.isna().sum())  # GridSearch past torchrec's MAX_PROPOSALS
             ratios = ratios.dropna()
             found = ratios[np.isfinite(ratios)]
-            rows.append({"num_tables": num_tables, "proposer": name, "instances": int(len(ratios)),
-                         "skipped": skipped, "worst_ratio": float(found.max()) if len(found) else None,
-                         "within_2pct": float((ratios <= 1.02).mean()) if len(ratios) else None,
-                         "no_plan": int(np.isinf(ratios).sum())})
+            rows.append(
+                {
+                    "num_tables": num_tables,
+                    "proposer": name,
+                    "instances": int(len(ratios)),
+                    "skipped": skipped,
+                    "worst_ratio": float(found.max()) if len(found) else None,
+                    "within_2pct": float((ratios <= 1.02).mean()) if len(ratios) else None,
+                    "no_plan": int(np.isinf(ratios).sum()),
+                }
+            )
     return rows
 
 
@@ -87,19 +113,25 @@ def _quality_line(row: dict) -> str:
     if not row["instances"]:
         return f"{head} skipped on all {row['skipped']} (torchrec's limit on combinations)"
     worst = "n/a" if row["worst_ratio"] is None else f"{row['worst_ratio']:.3f}x"
-    return (f"{head} worst {worst:>8} of brute force, within 2% on {row['within_2pct']:6.1%} "
-            f"of {row['instances']}, no plan on {row['no_plan']}")
+    return (
+        f"{head} worst {worst:>8} of brute force, within 2% on {row['within_2pct']:6.1%} "
+        f"of {row['instances']}, no plan on {row['no_plan']}"
+    )
 
 
 def _line(row: dict) -> str:
     ours = row["proposers"][OURS]
-    parts = [f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
-             f"{row['enumerate_s']:6.1f} s | {OURS} {_rating(ours['perf_rating'])} in {ours['plan_s']:6.1f} s"]
+    parts = [
+        f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
+        f"{row['enumerate_s']:6.1f} s | {OURS} {_rating(ours['perf_rating'])} in {ours['plan_s']:6.1f} s"
+    ]
     for name in PEERS:
         peer = row["proposers"][name]
         ratio = peer["rating_vs_embnb"]
-        parts.append(f"{name} {_rating(peer['perf_rating'])} ({'n/a' if ratio is None else f'{ratio:.2f}x'})"
-                     f" in {peer['plan_s']:6.1f} s{' TIMED OUT' if peer['timed_out'] else ''}")
+        parts.append(
+            f"{name} {_rating(peer['perf_rating'])} ({'n/a' if ratio is None else f'{ratio:.2f}x'})"
+            f" in {peer['plan_s']:6.1f} s{' TIMED OUT' if peer['timed_out'] else ''}"
+        )
     return " | ".join(parts)
 
 
@@ -111,19 +143,37 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m embnb.bench planner", description=__doc__.split("\n")[0])
     parser.add_argument("--tables", type=int, nargs="*", default=[50, 200, 800])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
-    parser.add_argument("--hbm-fraction", type=float, default=0.5,
-                        help="HBM per device as a fraction of the tables' fp32 rows spread evenly")
+    parser.add_argument(
+        "--hbm-fraction",
+        type=float,
+        default=0.5,
+        help="HBM per device as a fraction of the tables' fp32 rows spread evenly",
+    )
     parser.add_argument("--timeout-s", type=float, default=120, help="planning time limit per proposer")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quality-instances", type=int, default=50,
-                        help="random small instances per table count rated against brute force (0: skip)")
-    parser.add_argument("--quality-tables", type=int, nargs="+", default=[3, 4],
-                        help="table counts of the quality instances (brute force grows as 16^tables)")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)")
+    parser.add_argument(
+        "--quality-instances",
+        type=int,
+        default=50,
+        help="random small instances per table count rated against brute force (0: skip)",
+    )
+    parser.add_argument(
+        "--quality-tables",
+        type=int,
+        nargs="+",
+        default=[3, 4],
+        help="table counts of the quality instances (brute force grows as 16^tables)",
+    )
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
+    )
     opts = parser.parse_args(argv)
-    for name, values in (("--tables", opts.tables), ("--world-sizes", opts.world_sizes),
-                         ("--quality-tables", opts.quality_tables)):
+    for name, values in (
+        ("--tables", opts.tables),
+        ("--world-sizes", opts.world_sizes),
+        ("--quality-tables", opts.quality_tables),
+    ):
         if any(v < 1 for v in values):
             parser.error(f"{name} must all be >= 1, got {values}")
     if opts.quality_instances < 0:
@@ -135,8 +185,11 @@ def main(argv: list[str]) -> int:
     start, rows = time.perf_counter(), []
     for world_size in opts.world_sizes:
         for num_tables in opts.tables:
-            rows.append(bench_one(num_tables, world_size, opts.hbm_fraction, opts.timeout_s, opts.seed,
-                                  opts.batch_size))
+            rows.append(
+                bench_one(
+                    num_tables, world_size, opts.hbm_fraction, opts.timeout_s, opts.seed, opts.batch_size
+                )
+            )
             print(_line(rows[-1]), flush=True)
     quality_rows = []
     if opts.quality_instances:
@@ -144,10 +197,18 @@ def main(argv: list[str]) -> int:
         quality_rows = quality(opts.quality_instances, opts.quality_tables, opts.seed, opts.batch_size)
         for row in quality_rows:
             print(_quality_line(row), flush=True)
-    payload = {"benchmark": "planner", "machine": machine_name(), "hbm_fraction": opts.hbm_fraction,
-               "timeout_s": opts.timeout_s, "batch_size": opts.batch_size, "seed": opts.seed,
-               "rating_vs_embnb": "peer's perf rating / embnb DP's (> 1: embnb's plan is faster)",
-               "time_vs_embnb": "peer's planning seconds / embnb DP's (> 1: embnb plans faster)",
-               "rows": rows, "quality_vs_brute_force": quality_rows, "bench_s": time.perf_counter() - start}
+    payload = {
+        "benchmark": "planner",
+        "machine": machine_name(),
+        "hbm_fraction": opts.hbm_fraction,
+        "timeout_s": opts.timeout_s,
+        "batch_size": opts.batch_size,
+        "seed": opts.seed,
+        "rating_vs_embnb": "peer's perf rating / embnb DP's (> 1: embnb's plan is faster)",
+        "time_vs_embnb": "peer's planning seconds / embnb DP's (> 1: embnb plans faster)",
+        "rows": rows,
+        "quality_vs_brute_force": quality_rows,
+        "bench_s": time.perf_counter() - start,
+    }
     print(f"wrote {write_results('planner', payload, opts.out)}")
     return 0

@@ -8,15 +8,17 @@ import pathlib
 import platform
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
-def median_seconds(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2,
-                   device: torch.device | str = "cpu") -> float:
+def median_seconds(
+    fn: Callable[[], Any], repeats: int = 10, warmup: int = 2, device: torch.device | str = "cpu"
+) -> float:
     """Median wall time of `fn()` after warm-up; CUDA work timed with events."""
     device = torch.device(device)
     for _ in range(warmup):

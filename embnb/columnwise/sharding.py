@@ -40,13 +40,32 @@ if TYPE_CHECKING:  # torchrec is imported where used: the pure functions stay li
     from torchrec.distributed.types import EmbeddingModuleShardingPlan
 
 __all__ = [
-    "check_shard_ranks", "rank_order", "cw_permute_indices", "equal_widths", "check_widths",
-    "stitch_cw", "concat_in_rank_order", "rank_ordered_shard_outputs",
-    "COMPUTE_KERNELS", "compute_kernel_for", "resolve_device", "backend_for",
-    "cw_sharding_plan", "shard_cw", "torchrec_permute_indices",
-    "TableSpec", "CWCase", "CWRun", "make_embedding_collection", "make_batches", "to_kjt",
-    "unsharded_outputs", "cw_sequence_lookup", "reference_cw_forward",
-    "cw_cases_on_rank", "run_cw_cases",
+    "check_shard_ranks",
+    "rank_order",
+    "cw_permute_indices",
+    "equal_widths",
+    "check_widths",
+    "stitch_cw",
+    "concat_in_rank_order",
+    "rank_ordered_shard_outputs",
+    "COMPUTE_KERNELS",
+    "compute_kernel_for",
+    "resolve_device",
+    "backend_for",
+    "cw_sharding_plan",
+    "shard_cw",
+    "torchrec_permute_indices",
+    "TableSpec",
+    "CWCase",
+    "CWRun",
+    "make_embedding_collection",
+    "make_batches",
+    "to_kjt",
+    "unsharded_outputs",
+    "cw_sequence_lookup",
+    "reference_cw_forward",
+    "cw_cases_on_rank",
+    "run_cw_cases",
 ]
 
 # ---------------------------------------------------------------- placements
@@ -69,7 +88,8 @@ def check_shard_ranks(shard_ranks: Sequence[int], world_size: int | None = None)
         if too_big:
             raise ValueError(
                 f"shard_ranks {ranks} has rank {too_big[0]} >= world_size {world_size}; "
-                f"ranks must be in 0..{world_size - 1}")
+                f"ranks must be in 0..{world_size - 1}"
+            )
     return ranks
 
 
@@ -105,7 +125,8 @@ def equal_widths(embedding_dim: int, num_shards: int) -> list[int]:
     if embedding_dim % num_shards:
         raise ValueError(
             f"embedding_dim {embedding_dim} is not divisible into {num_shards} equal shards; "
-            f"pick a shard count dividing it or give widths explicitly")
+            f"pick a shard count dividing it or give widths explicitly"
+        )
     return [embedding_dim // num_shards] * num_shards
 
 
@@ -120,8 +141,7 @@ def check_widths(widths: Sequence[int], embedding_dim: int, num_shards: int | No
     if num_shards is not None and len(widths) != num_shards:
         raise ValueError(f"widths {widths} has {len(widths)} entries for {num_shards} shards")
     if sum(widths) != embedding_dim:
-        raise ValueError(
-            f"widths {widths} sum to {sum(widths)}, not the embedding_dim {embedding_dim}")
+        raise ValueError(f"widths {widths} sum to {sum(widths)}, not the embedding_dim {embedding_dim}")
     return widths
 
 
@@ -138,8 +158,8 @@ def stitch_cw(rank_ordered_outputs: Sequence[torch.Tensor], shard_ranks: Sequenc
     ranks = check_shard_ranks(shard_ranks)
     if len(rank_ordered_outputs) != len(ranks):
         raise ValueError(
-            f"got {len(rank_ordered_outputs)} shard outputs for shard_ranks {ranks} "
-            f"({len(ranks)} shards)")
+            f"got {len(rank_ordered_outputs)} shard outputs for shard_ranks {ranks} ({len(ranks)} shards)"
+        )
     leading = {tuple(t.shape[:-1]) for t in rank_ordered_outputs}
     if len(leading) > 1:
         raise ValueError(f"shard outputs differ in their leading dims: {sorted(leading)}")
@@ -156,7 +176,9 @@ def concat_in_rank_order(rank_ordered_outputs: Sequence[torch.Tensor]) -> torch.
 
 
 def rank_ordered_shard_outputs(
-    rows: torch.Tensor, shard_ranks: Sequence[int], widths: Sequence[int] | None = None,
+    rows: torch.Tensor,
+    shard_ranks: Sequence[int],
+    widths: Sequence[int] | None = None,
 ) -> list[torch.Tensor]:
     """Cut looked-up `rows` ([n, D]) into column shards and return them in the
     order the ranks would send them back (`rank_order`); no communication."""
@@ -202,13 +224,17 @@ TORCHREC_CW_ALIGNMENT = 4  # column_wise() makes shards whose width is a multipl
 def _torchrec_num_shards(embedding_dim: int, width: int) -> int:
     # torchrec.distributed.sharding_plan._find_base_dim: the first width >= the
     # asked one that divides embedding_dim and is a multiple of 4, else all of it.
-    aligned = next((w for w in range(width, embedding_dim)
-                    if embedding_dim % w == 0 and w % TORCHREC_CW_ALIGNMENT == 0), embedding_dim)
+    aligned = next(
+        (w for w in range(width, embedding_dim) if embedding_dim % w == 0 and w % TORCHREC_CW_ALIGNMENT == 0),
+        embedding_dim,
+    )
     return embedding_dim // aligned
 
 
 def _torchrec_shard_widths(
-    embedding_dim: int, placements: Mapping[str, Sequence[int]], world_size: int,
+    embedding_dim: int,
+    placements: Mapping[str, Sequence[int]],
+    world_size: int,
 ) -> dict[str, int]:
     """The shard width of each table, checked against what torchrec's EC can do."""
     widths = {}
@@ -226,7 +252,8 @@ def _torchrec_shard_widths(
                 f"table {table!r}: {len(ranks)} shards of embedding_dim {embedding_dim} are "
                 f"{widths[table]} columns wide; torchrec's column_wise() needs a multiple of "
                 f"{TORCHREC_CW_ALIGNMENT} (it would make {made} shard{'s' * (made != 1)} "
-                f"and drop the rest of shard_ranks {ranks})")
+                f"and drop the rest of shard_ranks {ranks})"
+            )
     # torchrec's EC views every CW lookup as [-1, local_dim] with the first
     # table's width; other widths raise on some ranks ("Mixed dimension tables
     # only supported for pooling tables") while their peers wait in a collective.
@@ -234,12 +261,16 @@ def _torchrec_shard_widths(
         raise ValueError(
             "torchrec's ShardedEmbeddingCollection needs one shard width for all "
             f"column-wise tables; got widths {widths} (embedding_dim {embedding_dim} "
-            "split into different shard counts); use embnb's reference path for mixed widths")
+            "split into different shard counts); use embnb's reference path for mixed widths"
+        )
     return widths
 
 
 def cw_sharding_plan(
-    ec: EmbeddingCollection, placements: Mapping[str, Sequence[int]], world_size: int, device_type: str,
+    ec: EmbeddingCollection,
+    placements: Mapping[str, Sequence[int]],
+    world_size: int,
+    device_type: str,
 ) -> EmbeddingModuleShardingPlan:
     """torchrec's EmbeddingModuleShardingPlan: each table of `ec` column-wise on
     `placements[table]` (a rank per shard), with a kernel that runs on `device_type`."""
@@ -252,18 +283,26 @@ def cw_sharding_plan(
     _torchrec_shard_widths(ec.embedding_dim(), placements, world_size)
     kernel = compute_kernel_for(device_type)
     plan = construct_module_sharding_plan(
-        ec, {t: column_wise(ranks=list(placements[t]), compute_kernel=kernel) for t in tables},
-        sharder=EmbeddingCollectionSharder(), local_size=world_size, world_size=world_size,
-        device_type=device_type)
+        ec,
+        {t: column_wise(ranks=list(placements[t]), compute_kernel=kernel) for t in tables},
+        sharder=EmbeddingCollectionSharder(),
+        local_size=world_size,
+        world_size=world_size,
+        device_type=device_type,
+    )
     for table in tables:  # torchrec must not have dropped or moved a shard
         if list(plan[table].ranks) != list(placements[table]):
-            raise ValueError(f"torchrec planned table {table!r} on ranks {plan[table].ranks}, "
-                             f"not the shard_ranks {list(placements[table])} asked for")
+            raise ValueError(
+                f"torchrec planned table {table!r} on ranks {plan[table].ranks}, "
+                f"not the shard_ranks {list(placements[table])} asked for"
+            )
     return plan
 
 
 def shard_cw(
-    ec: EmbeddingCollection, placements: Mapping[str, Sequence[int]], group: dist.ProcessGroup | None = None,
+    ec: EmbeddingCollection,
+    placements: Mapping[str, Sequence[int]],
+    group: dist.ProcessGroup | None = None,
 ) -> ShardedEmbeddingCollection:
     """A real ShardedEmbeddingCollection of `ec` over `group` (default: the
     world), holding `ec`'s weights. Collective: every rank of `group` calls it."""
@@ -328,8 +367,11 @@ class CWCase:
         names = [t.name for t in self.tables]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"tables must be non-empty with unique names, got {names}")
-        sizes = {"batch_size": (self.batch_size, 1), "max_length": (self.max_length, 0),
-                 **{f"{t.name}.num_embeddings": (t.num_embeddings, 1) for t in self.tables}}
+        sizes = {
+            "batch_size": (self.batch_size, 1),
+            "max_length": (self.max_length, 0),
+            **{f"{t.name}.num_embeddings": (t.num_embeddings, 1) for t in self.tables},
+        }
         for what, (value, least) in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{what} must be an int >= {least}, got {value!r}")
@@ -350,7 +392,8 @@ class CWCase:
             if self.widths and any(len(set(w)) > 1 for w in self.widths.values()):
                 raise ValueError(
                     f"uneven widths {self.widths}: torchrec's ShardedEmbeddingCollection cuts "
-                    "equal widths only; run them with paths=('reference',) (embnb's path)")
+                    "equal widths only; run them with paths=('reference',) (embnb's path)"
+                )
             _torchrec_shard_widths(self.embedding_dim, self.placements, self.world_size)
 
     def shard_widths(self, table: str) -> list[int]:
@@ -367,8 +410,11 @@ class CWCase:
         """EmbeddingCollection's output names -> table: the feature's name, or
         feature@table when several tables read the feature."""
         readers = [f for t in self.tables for f in t.feature_names]
-        return {(f if readers.count(f) == 1 else f"{f}@{t.name}"): t.name
-                for t in self.tables for f in t.feature_names}
+        return {
+            (f if readers.count(f) == 1 else f"{f}@{t.name}"): t.name
+            for t in self.tables
+            for f in t.feature_names
+        }
 
 
 def make_embedding_collection(case: CWCase, device: torch.device | str = "cpu") -> EmbeddingCollection:
@@ -376,9 +422,15 @@ def make_embedding_collection(case: CWCase, device: torch.device | str = "cpu") 
     from `case.seed` (the same on every rank and in the parent)."""
     from torchrec import EmbeddingCollection, EmbeddingConfig
 
-    configs = [EmbeddingConfig(name=t.name, embedding_dim=case.embedding_dim,
-                               num_embeddings=t.num_embeddings, feature_names=list(t.feature_names))
-               for t in case.tables]
+    configs = [
+        EmbeddingConfig(
+            name=t.name,
+            embedding_dim=case.embedding_dim,
+            num_embeddings=t.num_embeddings,
+            feature_names=list(t.feature_names),
+        )
+        for t in case.tables
+    ]
     ec = EmbeddingCollection(tables=configs, device=torch.device("cpu"))
     generator = torch.Generator().manual_seed(case.seed)
     with torch.no_grad():
@@ -394,8 +446,9 @@ Batch = dict[str, tuple[torch.Tensor, torch.Tensor]]  # feature -> (lengths, ids
 def make_batches(case: CWCase) -> list[Batch]:
     """One batch per rank: for each feature `batch_size` sequences of 0 to
     `max_length` ids, valid in every table that reads the feature."""
-    rows = {f: min(t.num_embeddings for t in case.tables if f in t.feature_names)
-            for f in case.feature_names()}
+    rows = {
+        f: min(t.num_embeddings for t in case.tables if f in t.feature_names) for f in case.feature_names()
+    }
     batches = []
     for rank in range(case.world_size):
         generator = torch.Generator().manual_seed(case.seed * 1000 + rank + 1)
@@ -416,7 +469,8 @@ def to_kjt(batch: Batch, device: torch.device | str = "cpu") -> KeyedJaggedTenso
     return KeyedJaggedTensor.from_lengths_sync(
         keys=keys,
         values=torch.cat([batch[k][1] for k in keys]).to(device),
-        lengths=torch.cat([batch[k][0] for k in keys]).to(device))
+        lengths=torch.cat([batch[k][0] for k in keys]).to(device),
+    )
 
 
 def _plain(outputs: Mapping[str, Any]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -472,27 +526,36 @@ def cw_sequence_lookup(
 
     # 2. Look them up in the shards held here, in shard (column) order.
     my_width = sum(widths[s] for s in mine)
-    blocks = [torch.cat([local_shards[s][src_ids] for s in mine], dim=1) if mine
-              else torch.empty(len(src_ids), 0, dtype=dtype, device=device)
-              for src_ids in torch.split(all_ids, counts)]
-    send = torch.cat([b.reshape(-1) for b in blocks]) if blocks else torch.empty(0, dtype=dtype, device=device)
+    blocks = [
+        torch.cat([local_shards[s][src_ids] for s in mine], dim=1)
+        if mine
+        else torch.empty(len(src_ids), 0, dtype=dtype, device=device)
+        for src_ids in torch.split(all_ids, counts)
+    ]
+    send = (
+        torch.cat([b.reshape(-1) for b in blocks]) if blocks else torch.empty(0, dtype=dtype, device=device)
+    )
 
     # 3. Send each requester its rows; they arrive ordered by owner rank.
     owner_widths = [sum(widths[s] for s in range(len(ranks)) if ranks[s] == r) for r in range(world_size)]
     recv = torch.empty(ids.numel() * sum(widths), dtype=dtype, device=device)
-    dist.all_to_all_single(recv, send, [ids.numel() * w for w in owner_widths],
-                           [c * my_width for c in counts], group=group)
+    dist.all_to_all_single(
+        recv, send, [ids.numel() * w for w in owner_widths], [c * my_width for c in counts], group=group
+    )
     per_owner = torch.split(recv, [ids.numel() * w for w in owner_widths])
     rank_ordered = []
     for owner, chunk in enumerate(per_owner):
         shards = [s for s in range(len(ranks)) if ranks[s] == owner]
-        rank_ordered += torch.split(chunk.view(ids.numel(), owner_widths[owner]),
-                                    [widths[s] for s in shards], dim=1)
+        rank_ordered += torch.split(
+            chunk.view(ids.numel(), owner_widths[owner]), [widths[s] for s in shards], dim=1
+        )
     return stitch_cw(rank_ordered, ranks), list(rank_ordered)
 
 
 def reference_cw_forward(
-    case: CWCase, ec: EmbeddingCollection, features: KeyedJaggedTensor,
+    case: CWCase,
+    ec: EmbeddingCollection,
+    features: KeyedJaggedTensor,
     group: dist.ProcessGroup | None = None,
 ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, list[torch.Tensor]]]:
     """embnb's CW forward of `case` for this rank's KeyedJaggedTensor: per
@@ -506,14 +569,22 @@ def reference_cw_forward(
         ranks, widths = case.placements[table.name], case.shard_widths(table.name)
         weight = ec.embeddings[table.name].weight.detach()
         offsets = _column_offsets(widths)
-        local[table.name] = {s: weight[:, offsets[s]:offsets[s] + widths[s]].clone()
-                             for s in range(len(ranks)) if ranks[s] == rank}
+        local[table.name] = {
+            s: weight[:, offsets[s] : offsets[s] + widths[s]].clone()
+            for s in range(len(ranks))
+            if ranks[s] == rank
+        }
     outputs, rank_ordered = {}, {}
     for name, table in case.output_tables().items():
         jt = features[name.split("@")[0]]
-        rows, shards = cw_sequence_lookup(jt.values(), local[table], case.placements[table],
-                                          case.shard_widths(table), group,
-                                          ec.embeddings[table].weight.dtype)
+        rows, shards = cw_sequence_lookup(
+            jt.values(),
+            local[table],
+            case.placements[table],
+            case.shard_widths(table),
+            group,
+            ec.embeddings[table].weight.dtype,
+        )
         outputs[name] = (jt.lengths().cpu(), rows.cpu())
         rank_ordered[name] = [s.cpu() for s in shards]
     return outputs, rank_ordered
@@ -579,17 +650,20 @@ class CWRun:
 
     def naive_matches(self) -> bool:
         """Concatenating shard outputs in arrival (rank) order equals the unsharded EC."""
-        return all(torch.equal(concat_in_rank_order(got["rank_ordered"][name]), values)
-                   for want, got in zip(self.expected, self.ranks)
-                   for name, (_, values) in want.items())
+        return all(
+            torch.equal(concat_in_rank_order(got["rank_ordered"][name]), values)
+            for want, got in zip(self.expected, self.ranks)
+            for name, (_, values) in want.items()
+        )
 
     def max_abs_error(self, path: str) -> float:
         """Largest |output - unsharded| over ranks and outputs ("naive" for rank-order concat)."""
         worst = 0.0
         for want, got in zip(self.expected, self.ranks):
             for name, (_, values) in want.items():
-                out = (concat_in_rank_order(got["rank_ordered"][name]) if path == "naive"
-                       else got[path][name][1])
+                out = (
+                    concat_in_rank_order(got["rank_ordered"][name]) if path == "naive" else got[path][name][1]
+                )
                 if values.numel():
                     worst = max(worst, float((out - values).abs().max()))
         return worst
@@ -605,7 +679,10 @@ def run_cw_cases(cases: Sequence[CWCase], device: str = "auto", timeout_s: float
         raise ValueError("cases is empty: nothing to run")
     world_size = max(c.world_size for c in cases)
     device_type = resolve_device(device, world_size)
-    per_rank = launch(cw_cases_on_rank, world_size, cases,
-                      backend=backend_for(device_type), timeout_s=timeout_s)
-    return [CWRun(case, unsharded_outputs(case), [per_rank[r][i] for r in range(case.world_size)])
-            for i, case in enumerate(cases)]
+    per_rank = launch(
+        cw_cases_on_rank, world_size, cases, backend=backend_for(device_type), timeout_s=timeout_s
+    )
+    return [
+        CWRun(case, unsharded_outputs(case), [per_rank[r][i] for r in range(case.world_size)])
+        for i, case in enumerate(cases)
+    ]

@@ -17,13 +17,19 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 from embnb.columnwise import plots as cw_plots
-from embnb.columnwise.sharding import check_shard_ranks, check_widths, cw_permute_indices, equal_widths, rank_order
+from embnb.columnwise.sharding import (
+    check_shard_ranks,
+    check_widths,
+    cw_permute_indices,
+    equal_widths,
+    rank_order,
+)
 
 __all__ = ["PlacementExplorer", "parse_ints"]
 
 
 def parse_ints(text: str, what: str) -> list[int]:
-    """"1, 0, 0, 1" -> [1, 0, 0, 1]; a ValueError naming `what` otherwise."""
+    """ "1, 0, 0, 1" -> [1, 0, 0, 1]; a ValueError naming `what` otherwise."""
     parts = text.replace(",", " ").split()
     try:
         return [int(p) for p in parts]
@@ -36,37 +42,59 @@ class PlacementExplorer:
     `world_size` and `embedding_dim`; `output` holds the drawing. After each
     change: `permute` and `figure`, or `error` (the message shown)."""
 
-    def __init__(self, shard_ranks: str = "0, 1, 0", world_size: int = 2, embedding_dim: int = 12,
-                 widths: str = "", max_world_size: int = 8, max_embedding_dim: int = 48):
-        self.shard_ranks = widgets.Text(value=shard_ranks, description="shard_ranks",
-                                        continuous_update=False)
-        self.widths = widgets.Text(value=widths, description="widths", placeholder="equal split",
-                                   continuous_update=False)
-        self.world_size = widgets.IntSlider(value=world_size, min=1, max=max(max_world_size, world_size),
-                                            description="world_size", continuous_update=False)
-        self.embedding_dim = widgets.IntSlider(value=embedding_dim, min=1,
-                                               max=max(max_embedding_dim, embedding_dim),
-                                               description="embedding_dim", continuous_update=False)
+    def __init__(
+        self,
+        shard_ranks: str = "0, 1, 0",
+        world_size: int = 2,
+        embedding_dim: int = 12,
+        widths: str = "",
+        max_world_size: int = 8,
+        max_embedding_dim: int = 48,
+    ):
+        self.shard_ranks = widgets.Text(value=shard_ranks, description="shard_ranks", continuous_update=False)
+        self.widths = widgets.Text(
+            value=widths, description="widths", placeholder="equal split", continuous_update=False
+        )
+        self.world_size = widgets.IntSlider(
+            value=world_size,
+            min=1,
+            max=max(max_world_size, world_size),
+            description="world_size",
+            continuous_update=False,
+        )
+        self.embedding_dim = widgets.IntSlider(
+            value=embedding_dim,
+            min=1,
+            max=max(max_embedding_dim, embedding_dim),
+            description="embedding_dim",
+            continuous_update=False,
+        )
         self.output = widgets.Output()
         self.permute: list[int] | None = None
         self.figure: Figure | None = None
         self.error: str | None = None
         for control in (self.shard_ranks, self.widths, self.world_size, self.embedding_dim):
             control.observe(lambda _change: self.redraw(), names="value")
-        self.widget = widgets.VBox([
-            widgets.HBox([self.shard_ranks, self.widths]),
-            widgets.HBox([self.world_size, self.embedding_dim]),
-            self.output,
-        ])
+        self.widget = widgets.VBox(
+            [
+                widgets.HBox([self.shard_ranks, self.widths]),
+                widgets.HBox([self.world_size, self.embedding_dim]),
+                self.output,
+            ]
+        )
         self.redraw()
 
     def redraw(self) -> None:
         self.output.clear_output(wait=True)
         try:
-            ranks = check_shard_ranks(parse_ints(self.shard_ranks.value, "shard_ranks"),
-                                      self.world_size.value)
-            widths = (check_widths(parse_ints(self.widths.value, "widths"), self.embedding_dim.value, len(ranks))
-                      if self.widths.value.strip() else equal_widths(self.embedding_dim.value, len(ranks)))
+            ranks = check_shard_ranks(
+                parse_ints(self.shard_ranks.value, "shard_ranks"), self.world_size.value
+            )
+            widths = (
+                check_widths(parse_ints(self.widths.value, "widths"), self.embedding_dim.value, len(ranks))
+                if self.widths.value.strip()
+                else equal_widths(self.embedding_dim.value, len(ranks))
+            )
         except ValueError as exc:
             self.permute, self.figure, self.error = None, None, str(exc)
             with self.output:

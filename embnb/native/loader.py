@@ -82,7 +82,8 @@ def cuda_targets(cuda: bool) -> str | list[tuple[int, int]] | None:
     if not cuda:
         return None
     return os.environ.get("TORCH_CUDA_ARCH_LIST") or sorted(
-        {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+        {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+    )
 
 
 def sources(cuda: bool) -> list[pathlib.Path]:
@@ -97,8 +98,16 @@ def build_dir(cuda: bool | None = None) -> pathlib.Path:
     headers = sorted(p for p in HERE.iterdir() if p.suffix in HEADER_SUFFIXES)
     for path in sources(cuda) + headers:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    for part in (torch.__version__, torch.version.cuda, sys.version,
-                 platform.machine(), CFLAGS, CUDA_CFLAGS, cuda, cuda_targets(cuda)):
+    for part in (
+        torch.__version__,
+        torch.version.cuda,
+        sys.version,
+        platform.machine(),
+        CFLAGS,
+        CUDA_CFLAGS,
+        cuda,
+        cuda_targets(cuda),
+    ):
         digest.update(repr(part).encode() + b"\0")
     return cache_root() / f"{NAME}-{digest.hexdigest()[:16]}"
 
@@ -106,9 +115,11 @@ def build_dir(cuda: bool | None = None) -> pathlib.Path:
 def _build(directory: pathlib.Path, cuda: bool) -> pathlib.Path:
     from torch.utils import cpp_extension
 
-    print(f"embnb: compiling the native extension into {directory} "
-          f"(once per source change, about a minute)", file=sys.stderr,
-          flush=True)
+    print(
+        f"embnb: compiling the native extension into {directory} (once per source change, about a minute)",
+        file=sys.stderr,
+        flush=True,
+    )
     directory.mkdir(parents=True, exist_ok=True)
     if shutil.which("ninja") is None:  # pip's ninja sits next to python
         bindir = str(pathlib.Path(sys.executable).parent)
@@ -117,10 +128,14 @@ def _build(directory: pathlib.Path, cuda: bool) -> pathlib.Path:
         warnings.simplefilter("always")
         try:
             cpp_extension.load(
-                name=NAME, sources=[str(p) for p in sources(cuda)],
-                extra_cflags=CFLAGS, extra_cuda_cflags=CUDA_CFLAGS,
-                build_directory=str(directory), with_cuda=cuda,
-                is_python_module=False, verbose=False,
+                name=NAME,
+                sources=[str(p) for p in sources(cuda)],
+                extra_cflags=CFLAGS,
+                extra_cuda_cflags=CUDA_CFLAGS,
+                build_directory=str(directory),
+                with_cuda=cuda,
+                is_python_module=False,
+                verbose=False,
             )
         except Exception as error:  # compiler missing, compile error, ...
             notes = "; ".join(str(w.message) for w in caught)
@@ -173,7 +188,8 @@ def try_load() -> Native | None:
                 f"embnb: native kernels unavailable; embnb runs its pure-torch "
                 f"and Python versions instead (same results, much slower). "
                 f"Reason: {error}",
-                RuntimeWarning, stacklevel=3,
+                RuntimeWarning,
+                stacklevel=3,
             )
         return None
 

@@ -48,10 +48,12 @@ from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.proposers import (
     MAX_PROPOSALS,
-    DynamicProgrammingProposer as TorchrecDynamicProgrammingProposer,
     GreedyProposer,
     GridSearchProposer,
     UniformProposer,
+)
+from torchrec.distributed.planner.proposers import (
+    DynamicProgrammingProposer as TorchrecDynamicProgrammingProposer,
 )
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import (
@@ -76,11 +78,30 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 __all__ = [
-    "DynamicProgrammingProposer", "create_planner", "make_topology", "topology_for_device",
-    "Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options",
-    "PlanRun", "run_planner", "rank_loads", "default_proposers", "compare_proposers", "budget_sweep",
-    "reserved_topology", "option_label", "options_table", "knapsack_table", "knapsack_frontier",
-    "rate_every_plan", "brute_force_rating", "random_instance", "quality_study",
+    "DynamicProgrammingProposer",
+    "create_planner",
+    "make_topology",
+    "topology_for_device",
+    "Model",
+    "make_model",
+    "fused_table_gb",
+    "Enumerated",
+    "enumerate_options",
+    "PlanRun",
+    "run_planner",
+    "rank_loads",
+    "default_proposers",
+    "compare_proposers",
+    "budget_sweep",
+    "reserved_topology",
+    "option_label",
+    "options_table",
+    "knapsack_table",
+    "knapsack_frontier",
+    "rate_every_plan",
+    "brute_force_rating",
+    "random_instance",
+    "quality_study",
 ]
 
 logger = logging.getLogger(__name__)
@@ -126,8 +147,9 @@ class _SearchSpace:
         self.device_mem = np.array([_storage(d.storage) for d in devices])  # [W, 2]
         self.capacity = self.device_mem.sum(0)
         one_host = storage_constraint.intra_group_size >= self.world_size
-        self.options = [self._fitting(_distinct(table_options, one_host), devices)
-                        for table_options in options]
+        self.options = [
+            self._fitting(_distinct(table_options, one_host), devices) for table_options in options
+        ]
         num_tables, width = len(options), max(len(o) for o in self.options)
         shape = (num_tables, width)
         self.perf = np.full(shape, np.inf)
@@ -150,8 +172,11 @@ class _SearchSpace:
     @staticmethod
     def _fitting(table_options: list[ShardingOption], devices: list) -> list[ShardingOption]:
         # An option whose largest shard fits on no device can never be placed.
-        fitting = [o for o in table_options
-                   if all(any(s.storage.fits_in(d.storage) for d in devices) for s in o.shards)]
+        fitting = [
+            o
+            for o in table_options
+            if all(any(s.storage.fits_in(d.storage) for d in devices) for s in o.shards)
+        ]
         if fitting:
             return fitting
         smallest = min(table_options, key=lambda o: max((s.storage.hbm, s.storage.ddr) for s in o.shards))
@@ -170,14 +195,21 @@ class _SearchSpace:
         """A rating no partition of `choice` can beat (see `neighbor_bounds`)."""
         rows = np.arange(len(choice))
         rank_perf = self.rank_perf[rows, choice].sum(0)
-        return float(max(self.perf[rows, choice].sum() / self.world_size, rank_perf.max(),
-                         rank_perf.min() + self.shard_perf[rows, choice].max()))
+        return float(
+            max(
+                self.perf[rows, choice].sum() / self.world_size,
+                rank_perf.max(),
+                rank_perf.min() + self.shard_perf[rows, choice].max(),
+            )
+        )
 
     def fits(self, choice: np.ndarray) -> bool:
         """Necessary memory conditions: the totals, and uniform shards per device."""
         rows = np.arange(len(choice))
-        return bool((self.mem[rows, choice].sum(0) <= self.capacity).all()
-                    and (self.rank_mem[rows, choice].sum(0) <= self.device_mem).all())
+        return bool(
+            (self.mem[rows, choice].sum(0) <= self.capacity).all()
+            and (self.rank_mem[rows, choice].sum(0) <= self.device_mem).all()
+        )
 
     def neighbor_bounds(self, choice: np.ndarray, moves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Lower bounds and memory checks of `choice` changed by `moves`.
@@ -200,10 +232,12 @@ class _SearchSpace:
         untouched = (tables[:, :, None] != top[None, None, :]).all(1)
         rest = np.where(untouched, shard[top][None, :], 0.0).max(1)
         largest = np.maximum(rest, self.shard_perf[tables, new].max(1))
-        bound = np.maximum.reduce([total_perf / self.world_size, rank_perf.max(1),
-                                   rank_perf.min(1) + largest])
-        fits = ((changed(self.mem) <= self.capacity).all(1)
-                & (changed(self.rank_mem) <= self.device_mem).all((1, 2)))
+        bound = np.maximum.reduce(
+            [total_perf / self.world_size, rank_perf.max(1), rank_perf.min(1) + largest]
+        )
+        fits = (changed(self.mem) <= self.capacity).all(1) & (changed(self.rank_mem) <= self.device_mem).all(
+            (1, 2)
+        )
         return bound, fits
 
 
@@ -269,7 +303,7 @@ class _Knapsack:
         from the largest memory down (first axis first)."""
         states = np.lexsort(self.mem.T[::-1])[::-1]
         choices = np.full((len(states), num_tables), -1)
-        for table, cells, options, previous in reversed(self.trace):
+        for table, _cells, options, previous in reversed(self.trace):
             choices[:, table] = options[states]
             states = previous[states]
         return choices
@@ -318,8 +352,11 @@ class _FrontierSearch:
         if first is None or first >= count:
             return
         below = [first + k for k in range(1, _PATIENCE)]
-        below += [int(np.argmax(self.memory <= self.memory[first] * (1 - slack)))
-                  for slack in _SLACKS if self.memory[-1] <= self.memory[first] * (1 - slack)]
+        below += [
+            int(np.argmax(self.memory <= self.memory[first] * (1 - slack)))
+            for slack in _SLACKS
+            if self.memory[-1] <= self.memory[first] * (1 - slack)
+        ]
         for i in sorted(set(below)):
             if first < i < count and i not in self.placed:
                 yield i
@@ -343,8 +380,13 @@ class DynamicProgrammingProposer(Proposer):
             best plans so far.
     """
 
-    def __init__(self, bins_per_device: int = 100, ddr_bins_per_device: int = 10,
-                 max_caps: int = 8, max_refinements: int = 100) -> None:
+    def __init__(
+        self,
+        bins_per_device: int = 100,
+        ddr_bins_per_device: int = 10,
+        max_caps: int = 8,
+        max_refinements: int = 100,
+    ) -> None:
         self._bins_per_device = _check_int("bins_per_device", bins_per_device, 1)
         self._ddr_bins_per_device = _check_int("ddr_bins_per_device", ddr_bins_per_device, 1)
         self._max_caps = _check_int("max_caps", max_caps, 0)
@@ -370,17 +412,24 @@ class DynamicProgrammingProposer(Proposer):
         self.num_knapsack_proposals = self.num_refinements = 0  # how the proposals split
         # Before the first feedback the device memory is unknown: propose each
         # table's smallest option, like torchrec's DP proposer.
-        self._current: np.ndarray | None = np.array(
-            [min(range(len(opts)), key=lambda i: _memory_key(opts[i])) for opts in self._options]
-        ) if self._options else None
+        self._current: np.ndarray | None = (
+            np.array([min(range(len(opts)), key=lambda i: _memory_key(opts[i])) for opts in self._options])
+            if self._options
+            else None
+        )
 
     def propose(self) -> list[ShardingOption] | None:
         if self._current is None:
             return None
         return [options[o] for options, o in zip(self._options, self._current)]
 
-    def feedback(self, partitionable: bool, plan: list[ShardingOption] | None = None,
-                 perf_rating: float | None = None, storage_constraint: Topology | None = None) -> None:
+    def feedback(
+        self,
+        partitionable: bool,
+        plan: list[ShardingOption] | None = None,
+        perf_rating: float | None = None,
+        storage_constraint: Topology | None = None,
+    ) -> None:
         if self._current is None:
             return
         if self._space is None:
@@ -401,7 +450,12 @@ class DynamicProgrammingProposer(Proposer):
                 self._best_rating = min(self._best_rating, perf_rating)
                 start = (perf_rating, choice, _slowest_rank_tables(plan or [], self._options), True)
             else:  # refine by its bound, changing first the table that did not fit
-                start = (self._space.lower_bound(choice), choice, self._unplaced_tables(plan or [], choice), False)
+                start = (
+                    self._space.lower_bound(choice),
+                    choice,
+                    self._unplaced_tables(plan or [], choice),
+                    False,
+                )
             self._starts.append(start)
             center = self._center
             if center is not None and placed and (not center[3] or perf_rating < center[0]):
@@ -455,7 +509,9 @@ class DynamicProgrammingProposer(Proposer):
         memory (just below the largest in the run before's first plan:
         packing). Runs are made when the one before is done."""
         space = self._space
-        axes, capacity, bins, weights = _knapsack_axes(space, self._bins_per_device, self._ddr_bins_per_device)
+        axes, capacity, bins, weights = _knapsack_axes(
+            space, self._bins_per_device, self._ddr_bins_per_device
+        )
         rows = np.arange(len(space.options))
         seen: set[bytes] = set()
 
@@ -504,8 +560,9 @@ class DynamicProgrammingProposer(Proposer):
             uniform = [o for o in unplaced if o.partition_by == _UNIFORM]
             failed = [table_of[(uniform[0] if uniform else max(unplaced, key=lambda o: o.total_storage)).fqn]]
         biggest = self._space.shard_mem[np.arange(len(choice)), choice].max(1)
-        return failed + [int(t) for t in np.argsort(-biggest, kind="stable")
-                         if biggest[t] > 0 and t not in failed]
+        return failed + [
+            int(t) for t in np.argsort(-biggest, kind="stable") if biggest[t] > 0 and t not in failed
+        ]
 
     def _next_center(self) -> bool:
         """The best start not refined yet, among the few best keys (plans
@@ -529,9 +586,14 @@ class DynamicProgrammingProposer(Proposer):
             return [[(t, o)] for t in tables for o in np.flatnonzero(valid[t]) if o != choice[t]]
 
         heavy = first[:_PAIR_TABLES]
-        pairs = [[(t1, o1), (t2, o2)] for t1, t2 in itertools.combinations(heavy, 2)
-                 for o1 in np.flatnonzero(valid[t1]) if o1 != choice[t1]
-                 for o2 in np.flatnonzero(valid[t2]) if o2 != choice[t2]]
+        pairs = [
+            [(t1, o1), (t2, o2)]
+            for t1, t2 in itertools.combinations(heavy, 2)
+            for o1 in np.flatnonzero(valid[t1])
+            if o1 != choice[t1]
+            for o2 in np.flatnonzero(valid[t2])
+            if o2 != choice[t2]
+        ]
         groups = [singles(heavy), pairs + singles(range(len(choice)))]
         for moves in groups:
             bounds, kept = [], []
@@ -581,8 +643,12 @@ def _distinct(options: list[ShardingOption], one_host: bool) -> list[ShardingOpt
     device i)."""
     seen, kept = set(), []
     for option in options:
-        key = (_placement(option, one_host), option.dependency, option.compute_kernel == "key_value",
-               tuple((s.storage, s.perf.total) for s in option.shards))
+        key = (
+            _placement(option, one_host),
+            option.dependency,
+            option.compute_kernel == "key_value",
+            tuple((s.storage, s.perf.total) for s in option.shards),
+        )
         if key not in seen:
             seen.add(key)
             kept.append(option)
@@ -598,13 +664,13 @@ def _placement(option: ShardingOption, one_host: bool) -> str:
     return option.partition_by
 
 
-def _knapsack_axes(space: _SearchSpace, bins_per_device: int, ddr_bins_per_device: int
-                   ) -> tuple[list[int], np.ndarray, tuple[int, ...], np.ndarray]:
+def _knapsack_axes(
+    space: _SearchSpace, bins_per_device: int, ddr_bins_per_device: int
+) -> tuple[list[int], np.ndarray, tuple[int, ...], np.ndarray]:
     """The memory axes that can bind (the largest option of every table
     together exceeds them), their capacity, bins, and each option's weight."""
     valid = np.isfinite(space.perf)
-    axes = [a for a in range(2)
-            if np.where(valid, space.mem[..., a], 0.0).max(1).sum() > space.capacity[a]]
+    axes = [a for a in range(2) if np.where(valid, space.mem[..., a], 0.0).max(1).sum() > space.capacity[a]]
     if not axes:  # memory cannot bind: one bin, the least perf per table
         return axes, np.array([math.inf]), (1,), np.zeros(space.perf.shape + (1,))
     per_device = [bins_per_device, ddr_bins_per_device][: len(axes)]
@@ -625,17 +691,26 @@ def _slowest_rank_tables(plan: list[ShardingOption], options: list[list[Sharding
         return []
     slowest = max(loads, key=loads.get)
     table_of = {opts[0].fqn: t for t, opts in enumerate(options)}
-    on_slowest = {table_of[o.fqn]: sum(s.perf.total for s in o.shards if s.rank == slowest)
-                  for o in plan if any(s.rank == slowest for s in o.shards)}
+    on_slowest = {
+        table_of[o.fqn]: sum(s.perf.total for s in o.shards if s.rank == slowest)
+        for o in plan
+        if any(s.rank == slowest for s in o.shards)
+    }
     return sorted(on_slowest, key=on_slowest.get, reverse=True)
 
 
 # --- topology, model and planner ---------------------------------------------
 
 
-def make_topology(world_size: int, compute_device: str = "cuda", hbm_cap_gb: float | None = None,
-                  ddr_cap_gb: float | None = None, local_world_size: int | None = None,
-                  intra_host_bw: float | None = None, inter_host_bw: float | None = None) -> Topology:
+def make_topology(
+    world_size: int,
+    compute_device: str = "cuda",
+    hbm_cap_gb: float | None = None,
+    ddr_cap_gb: float | None = None,
+    local_world_size: int | None = None,
+    intra_host_bw: float | None = None,
+    inter_host_bw: float | None = None,
+) -> Topology:
     """A torchrec Topology (through TopologyFactory). Caps are per device in
     GiB; bandwidths in torchrec's unit, bytes per ms (None: its defaults)."""
     _check_int("world_size", world_size, 1)
@@ -645,16 +720,22 @@ def make_topology(world_size: int, compute_device: str = "cuda", hbm_cap_gb: flo
         raise ValueError(f"local_world_size {local_world_size} must divide world_size {world_size}")
     if compute_device not in ("cuda", "cpu"):
         raise ValueError(f"compute_device must be 'cuda' or 'cpu', got {compute_device!r}")
-    for name, value in (("hbm_cap_gb", hbm_cap_gb), ("ddr_cap_gb", ddr_cap_gb),
-                        ("intra_host_bw", intra_host_bw), ("inter_host_bw", inter_host_bw)):
+    for name, value in (
+        ("hbm_cap_gb", hbm_cap_gb),
+        ("ddr_cap_gb", ddr_cap_gb),
+        ("intra_host_bw", intra_host_bw),
+        ("inter_host_bw", inter_host_bw),
+    ):
         if value is not None and not value > 0:
             raise ValueError(f"{name} must be > 0 (or None for torchrec's default), got {value!r}")
     bandwidths = intra_host_bw is not None or inter_host_bw is not None
     return TopologyFactory.create_topology(
         trainer_config=TrainerConfig(
-            world_size=world_size, local_world_size=local_world_size,
+            world_size=world_size,
+            local_world_size=local_world_size,
             hbm_cap_bytes=None if hbm_cap_gb is None else int(hbm_cap_gb * GB),
-            ddr_cap_bytes=None if ddr_cap_gb is None else int(ddr_cap_gb * GB)),
+            ddr_cap_bytes=None if ddr_cap_gb is None else int(ddr_cap_gb * GB),
+        ),
         hardware_config=HardwareConfig(intra_host_bw=intra_host_bw, inter_host_bw=inter_host_bw),
         kernel_config=KernelConfig(compute_device=compute_device, use_hardware_based_bandwidth=bandwidths),
     )
@@ -677,16 +758,28 @@ def _planning_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-def topology_for_device(device: str | torch.device, world_size: int, local_world_size: int | None = None,
-                        intra_host_bw: float | None = None, inter_host_bw: float | None = None) -> Topology:
+def topology_for_device(
+    device: str | torch.device,
+    world_size: int,
+    local_world_size: int | None = None,
+    intra_host_bw: float | None = None,
+    inter_host_bw: float | None = None,
+) -> Topology:
     """The Topology of `world_size` ranks like this machine: HBM from the GPU,
     DDR from system memory shared by the local ranks."""
     device = _planning_device(device)
     local_world_size = world_size if local_world_size is None else local_world_size
     _check_int("local_world_size", local_world_size, 1)
     hbm = torch.cuda.get_device_properties(device).total_memory / GB if device.type == "cuda" else None
-    return make_topology(world_size, device.type, hbm, _system_memory() / local_world_size / GB,
-                         local_world_size, intra_host_bw, inter_host_bw)
+    return make_topology(
+        world_size,
+        device.type,
+        hbm,
+        _system_memory() / local_world_size / GB,
+        local_world_size,
+        intra_host_bw,
+        inter_host_bw,
+    )
 
 
 def _system_memory() -> int:
@@ -698,13 +791,19 @@ def _system_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def create_planner(topology: Topology | str | torch.device, batch_size: int, *,
-                   world_size: int | None = None, local_world_size: int | None = None,
-                   storage_reservation_percentage: float = 0.15,
-                   intra_host_bw: float | None = None, inter_host_bw: float | None = None,
-                   bins_per_device: int = 100,
-                   constraints: dict[str, ParameterConstraints] | None = None,
-                   timeout_seconds: int | None = None) -> EmbeddingShardingPlanner:
+def create_planner(
+    topology: Topology | str | torch.device,
+    batch_size: int,
+    *,
+    world_size: int | None = None,
+    local_world_size: int | None = None,
+    storage_reservation_percentage: float = 0.15,
+    intra_host_bw: float | None = None,
+    inter_host_bw: float | None = None,
+    bins_per_device: int = 100,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    timeout_seconds: int | None = None,
+) -> EmbeddingShardingPlanner:
     """torchrec's EmbeddingShardingPlanner with this DP proposer first and
     torchrec's UniformProposer as a fallback.
 
@@ -715,17 +814,22 @@ def create_planner(topology: Topology | str | torch.device, batch_size: int, *,
     """
     _check_int("batch_size", batch_size, 1)
     if not 0 <= storage_reservation_percentage < 1:
-        raise ValueError(f"storage_reservation_percentage must be in [0, 1), got {storage_reservation_percentage!r}")
+        raise ValueError(
+            f"storage_reservation_percentage must be in [0, 1), got {storage_reservation_percentage!r}"
+        )
     if not isinstance(topology, Topology):
         if world_size is None:
             dist = torch.distributed
             world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         topology = topology_for_device(topology, world_size, local_world_size, intra_host_bw, inter_host_bw)
     return EmbeddingShardingPlanner(
-        topology=topology, batch_size=batch_size, constraints=constraints,
+        topology=topology,
+        batch_size=batch_size,
+        constraints=constraints,
         storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
         proposer=[DynamicProgrammingProposer(bins_per_device=bins_per_device), UniformProposer()],
-        timeout_seconds=timeout_seconds, debug=False,
+        timeout_seconds=timeout_seconds,
+        debug=False,
     )
 
 
@@ -743,10 +847,14 @@ def make_model(num_tables: int, seed: int = 0, max_rows: int = 10_000_000) -> Mo
     tables, constraints = [], {}
     for i in range(num_tables):
         name = f"table_{i}"
-        tables.append(EmbeddingBagConfig(
-            name=name, feature_names=[f"feature_{i}"],
-            num_embeddings=int(10 ** rng.uniform(3, math.log10(max_rows))),
-            embedding_dim=int(rng.choice([16, 32, 64, 128, 256]))))
+        tables.append(
+            EmbeddingBagConfig(
+                name=name,
+                feature_names=[f"feature_{i}"],
+                num_embeddings=int(10 ** rng.uniform(3, math.log10(max_rows))),
+                embedding_dim=int(rng.choice([16, 32, 64, 128, 256])),
+            )
+        )
         constraints[name] = ParameterConstraints(pooling_factors=[float(rng.choice([1, 2, 5, 10, 20, 50]))])
     return Model(tables, constraints)
 
@@ -764,8 +872,12 @@ class Enumerated(collections.namedtuple("Enumerated", ["module", "sharders", "op
     the same options (enumerating is the slow part: torchrec's estimators)."""
 
 
-def enumerate_options(tables: Sequence[EmbeddingBagConfig], topology: Topology, batch_size: int,
-                      constraints: dict[str, ParameterConstraints] | None = None) -> Enumerated:
+def enumerate_options(
+    tables: Sequence[EmbeddingBagConfig],
+    topology: Topology,
+    batch_size: int,
+    constraints: dict[str, ParameterConstraints] | None = None,
+) -> Enumerated:
     """Sharding options of an EmbeddingBagCollection of `tables` (on meta)."""
     if not tables:
         raise ValueError("no tables to plan: pass at least one EmbeddingBagConfig")
@@ -773,8 +885,9 @@ def enumerate_options(tables: Sequence[EmbeddingBagConfig], topology: Topology, 
     module = EmbeddingBagCollection(tables=list(tables), device=torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
     start = time.perf_counter()
-    options = EmbeddingEnumerator(topology=topology, batch_size=batch_size,
-                                  constraints=constraints).enumerate(module, sharders)
+    options = EmbeddingEnumerator(
+        topology=topology, batch_size=batch_size, constraints=constraints
+    ).enumerate(module, sharders)
     return Enumerated(module, sharders, options, time.perf_counter() - start)
 
 
@@ -797,29 +910,56 @@ class _KeepBestPlan(Stats):
 
     best_plan: list[ShardingOption] | None = None
 
-    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals,
-            num_plans, run_time, best_plan, *args, **kwargs) -> None:
+    def log(
+        self,
+        sharding_plan,
+        topology,
+        batch_size,
+        storage_reservation,
+        num_proposals,
+        num_plans,
+        run_time,
+        best_plan,
+        *args,
+        **kwargs,
+    ) -> None:
         if sharding_plan.plan:  # on failure torchrec logs its last proposal, ranks -1
             self.best_plan = best_plan
 
 
-class PlanRun(collections.namedtuple(
-        "PlanRun", ["proposer", "plan", "perf_rating", "proposals", "seconds", "timed_out", "note"])):
+class PlanRun(
+    collections.namedtuple(
+        "PlanRun", ["proposer", "plan", "perf_rating", "proposals", "seconds", "timed_out", "note"]
+    )
+):
     """One EmbeddingShardingPlanner.plan: its best plan (None if none) and how it went."""
 
 
-def run_planner(proposer: Proposer | list[Proposer], enumerated: Enumerated, topology: Topology,
-                batch_size: int, *, name: str = "", storage_reservation_percentage: float = 0.15,
-                constraints: dict[str, ParameterConstraints] | None = None,
-                timeout_s: float | None = None) -> PlanRun:
+def run_planner(
+    proposer: Proposer | list[Proposer],
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    *,
+    name: str = "",
+    storage_reservation_percentage: float = 0.15,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    timeout_s: float | None = None,
+) -> PlanRun:
     """Plan with torchrec's EmbeddingShardingPlanner and these proposers."""
     proposers = proposer if isinstance(proposer, list) else [proposer]
     keep = _KeepBestPlan()
     planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=batch_size, enumerator=_Replay(enumerated.options),
+        topology=topology,
+        batch_size=batch_size,
+        enumerator=_Replay(enumerated.options),
         storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
-        proposer=proposers, stats=[keep], constraints=constraints, debug=False,
-        timeout_seconds=None if timeout_s is None else max(1, math.ceil(timeout_s)))
+        proposer=proposers,
+        stats=[keep],
+        constraints=constraints,
+        debug=False,
+        timeout_seconds=None if timeout_s is None else max(1, math.ceil(timeout_s)),
+    )
     note = ""
     start = time.perf_counter()
     try:
@@ -833,10 +973,20 @@ def run_planner(proposer: Proposer | list[Proposer], enumerated: Enumerated, top
     plan = keep.best_plan
     rating = NoopPerfModel(topology).rate(plan) if plan else math.nan
     # The planner stops asking at its time limit; a proposer that still has a proposal was cut.
-    timed_out = (timeout_s is not None and seconds >= math.ceil(timeout_s)
-                 and any(p.propose() is not None for p in proposers))
-    return PlanRun(name or "+".join(type(p).__name__ for p in proposers), plan, rating,
-                   planner._num_proposals, seconds, timed_out, note)
+    timed_out = (
+        timeout_s is not None
+        and seconds >= math.ceil(timeout_s)
+        and any(p.propose() is not None for p in proposers)
+    )
+    return PlanRun(
+        name or "+".join(type(p).__name__ for p in proposers),
+        plan,
+        rating,
+        planner._num_proposals,
+        seconds,
+        timed_out,
+        note,
+    )
 
 
 def rank_loads(plan: list[ShardingOption], world_size: int) -> pd.DataFrame:
@@ -860,16 +1010,27 @@ def default_proposers(bins_per_device: int = 100) -> dict[str, ProposerFactory]:
         "Greedy": lambda: GreedyProposer(),
         "Uniform": lambda: UniformProposer(),
         "GridSearch": lambda: GridSearchProposer(),
-        "torchrec default": lambda: [GridSearchProposer(), GreedyProposer(),
-                                     GreedyProposer(use_depth=False), UniformProposer()],
+        "torchrec default": lambda: [
+            GridSearchProposer(),
+            GreedyProposer(),
+            GreedyProposer(use_depth=False),
+            UniformProposer(),
+        ],
     }
 
 
-def compare_proposers(tables: Sequence[EmbeddingBagConfig] | None, topology: Topology, batch_size: int, *,
-                      constraints: dict[str, ParameterConstraints] | None = None,
-                      proposers: dict[str, ProposerFactory] | None = None,
-                      timeout_s: float | None = None, storage_reservation_percentage: float = 0.15,
-                      enumerated: Enumerated | None = None, progress: bool = False) -> pd.DataFrame:
+def compare_proposers(
+    tables: Sequence[EmbeddingBagConfig] | None,
+    topology: Topology,
+    batch_size: int,
+    *,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    proposers: dict[str, ProposerFactory] | None = None,
+    timeout_s: float | None = None,
+    storage_reservation_percentage: float = 0.15,
+    enumerated: Enumerated | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """One row per proposer: the best plan's perf rating (slowest rank), its
     largest HBM and DDR per device, feasible or not, proposals evaluated,
     planning seconds, whether `timeout_s` cut it short, and a note.
@@ -891,48 +1052,66 @@ def compare_proposers(tables: Sequence[EmbeddingBagConfig] | None, topology: Top
         names = tqdm(names, desc="proposers")
     rows = []
     for name in names:
-        run = run_planner(proposers[name](), enumerated, topology, batch_size, name=name,
-                          storage_reservation_percentage=storage_reservation_percentage,
-                          constraints=constraints, timeout_s=timeout_s)
+        run = run_planner(
+            proposers[name](),
+            enumerated,
+            topology,
+            batch_size,
+            name=name,
+            storage_reservation_percentage=storage_reservation_percentage,
+            constraints=constraints,
+            timeout_s=timeout_s,
+        )
         loads = rank_loads(run.plan, topology.world_size) if run.plan else None
         note = run.note
         if name == "GridSearch" and combinations > MAX_PROPOSALS:  # torchrec skips it then
             note = f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}"
-        rows.append({
-            "proposer": name, "perf_rating": run.perf_rating,
-            "max_hbm_gb": loads["hbm_gb"].max() if loads is not None else math.nan,
-            "max_ddr_gb": loads["ddr_gb"].max() if loads is not None else math.nan,
-            "feasible": run.plan is not None, "proposals": run.proposals,
-            "plan_s": run.seconds, "timed_out": run.timed_out, "note": note,
-        })
+        rows.append(
+            {
+                "proposer": name,
+                "perf_rating": run.perf_rating,
+                "max_hbm_gb": loads["hbm_gb"].max() if loads is not None else math.nan,
+                "max_ddr_gb": loads["ddr_gb"].max() if loads is not None else math.nan,
+                "feasible": run.plan is not None,
+                "proposals": run.proposals,
+                "plan_s": run.seconds,
+                "timed_out": run.timed_out,
+                "note": note,
+            }
+        )
     table = pd.DataFrame(rows).set_index("proposer")
-    table.attrs.update(enumerate_s=enumerated.seconds, num_options=len(enumerated.options),
-                       combinations=combinations)
+    table.attrs.update(
+        enumerate_s=enumerated.seconds, num_options=len(enumerated.options), combinations=combinations
+    )
     return table
 
 
 # --- looking inside: the knapsack, brute force, small instances -----------------
 
 
-def reserved_topology(topology: Topology, enumerated: Enumerated, batch_size: int,
-                      storage_reservation_percentage: float = 0.15) -> Topology:
+def reserved_topology(
+    topology: Topology, enumerated: Enumerated, batch_size: int, storage_reservation_percentage: float = 0.15
+) -> Topology:
     """The storage constraint the planner hands its proposers and partitioner."""
     return FixedPercentageStorageReservation(storage_reservation_percentage).reserve(
-        topology, batch_size, enumerated.module, enumerated.sharders)
+        topology, batch_size, enumerated.module, enumerated.sharders
+    )
 
 
 def option_label(option: ShardingOption) -> str:
     return f"{option.sharding_type}/{option.compute_kernel}"
 
 
-def _space_of(enumerated: Enumerated, topology: Topology, batch_size: int,
-              storage_reservation_percentage: float) -> _SearchSpace:
+def _space_of(
+    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float
+) -> _SearchSpace:
     constraint = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
     return _SearchSpace(_by_table(enumerated.options), constraint)
 
 
-def options_table(enumerated: Enumerated, topology: Topology, batch_size: int,
-                  storage_reservation_percentage: float = 0.15) -> pd.DataFrame:
+def options_table(
+    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
+) -> pd.DataFrame:
     """The options the knapsack chooses from, one row per table and option:
     summed perf, memory (GiB), and the largest shard's perf and memory.
     Options alike for the partitioner are shown once; options whose largest
@@ -942,17 +1121,28 @@ def options_table(enumerated: Enumerated, topology: Topology, batch_size: int,
     for t, options in enumerate(space.options):
         for o, option in enumerate(options):
             shards = option.shards
-            rows.append({
-                "table": option.name, "option": option_label(option), "shards": len(shards),
-                "perf": space.perf[t, o], "hbm_gb": space.mem[t, o, 0] / GB, "ddr_gb": space.mem[t, o, 1] / GB,
-                "shard_perf": max(s.perf.total for s in shards),
-                "shard_hbm_gb": max(s.storage.hbm for s in shards) / GB,
-            })
+            rows.append(
+                {
+                    "table": option.name,
+                    "option": option_label(option),
+                    "shards": len(shards),
+                    "perf": space.perf[t, o],
+                    "hbm_gb": space.mem[t, o, 0] / GB,
+                    "ddr_gb": space.mem[t, o, 1] / GB,
+                    "shard_perf": max(s.perf.total for s in shards),
+                    "shard_hbm_gb": max(s.storage.hbm for s in shards) / GB,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def knapsack_table(enumerated: Enumerated, topology: Topology, batch_size: int,
-                   bins_per_device: int = 100, storage_reservation_percentage: float = 0.15) -> pd.DataFrame:
+def knapsack_table(
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    bins_per_device: int = 100,
+    storage_reservation_percentage: float = 0.15,
+) -> pd.DataFrame:
     """The DP table on the knapsack's main memory axis: row i is the least
     summed perf per memory bin once tables 0..i are chosen (inf: unreachable);
     columns are each bin's upper memory edge in GiB (`.attrs["bin_gb"]`:
@@ -965,16 +1155,22 @@ def knapsack_table(enumerated: Enumerated, topology: Topology, batch_size: int,
     for t in range(len(space.options)):
         knapsack.add_table(t, weights[t], space.perf[t])
         rows.append(knapsack.least)
-    edges = (np.arange(1, bins[0] + 1) * capacity[0] / bins[0] / GB) if np.isfinite(capacity[0]) else [math.inf]
-    table = pd.DataFrame(rows, index=[opts[0].name for opts in space.options],
-                         columns=np.round(edges, 4))
+    edges = (
+        (np.arange(1, bins[0] + 1) * capacity[0] / bins[0] / GB) if np.isfinite(capacity[0]) else [math.inf]
+    )
+    table = pd.DataFrame(rows, index=[opts[0].name for opts in space.options], columns=np.round(edges, 4))
     table.attrs.update(axis=AXES[axes[0]] if axes else "none", bin_gb=float(capacity[0] / bins[0] / GB))
     return table
 
 
-def knapsack_frontier(enumerated: Enumerated, topology: Topology, batch_size: int,
-                      bins_per_device: int = 100, ddr_bins_per_device: int = 10,
-                      storage_reservation_percentage: float = 0.15) -> pd.DataFrame:
+def knapsack_frontier(
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    bins_per_device: int = 100,
+    ddr_bins_per_device: int = 10,
+    storage_reservation_percentage: float = 0.15,
+) -> pd.DataFrame:
     """The plain knapsack's plans in the order the proposer takes them, from
     the largest memory down: memory (GiB), summed perf and each table's
     option; `.attrs["axes"]`: the memory axes the knapsack bins (those that
@@ -986,24 +1182,35 @@ def knapsack_frontier(enumerated: Enumerated, topology: Topology, batch_size: in
         knapsack.add_table(t, weights[t], space.perf[t])
     plans = knapsack.frontier(len(space.options))
     tables = np.arange(len(space.options))
-    frame = pd.DataFrame({"hbm_gb": space.mem[tables, plans, 0].sum(-1) / GB,
-                          "ddr_gb": space.mem[tables, plans, 1].sum(-1) / GB,
-                          "summed_perf": space.perf[tables, plans].sum(-1)})
+    frame = pd.DataFrame(
+        {
+            "hbm_gb": space.mem[tables, plans, 0].sum(-1) / GB,
+            "ddr_gb": space.mem[tables, plans, 1].sum(-1) / GB,
+            "summed_perf": space.perf[tables, plans].sum(-1),
+        }
+    )
     for t, options in enumerate(space.options):
         frame[options[0].name] = [option_label(options[o]) for o in plans[:, t]]
     frame.attrs["axes"] = [AXES[a] for a in axes]  # those that can bind
     return frame
 
 
-def rate_every_plan(enumerated: Enumerated, topology: Topology, batch_size: int,
-                    storage_reservation_percentage: float = 0.15, max_plans: int = 100_000) -> pd.DataFrame:
+def rate_every_plan(
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    storage_reservation_percentage: float = 0.15,
+    max_plans: int = 100_000,
+) -> pd.DataFrame:
     """Brute force: every combination of options, placed by torchrec's
     GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest rank;
     NaN where it cannot be placed). Only for tiny models."""
     groups = _by_table(enumerated.options)
     count = math.prod(len(g) for g in groups)
     if count > max_plans:
-        raise ValueError(f"{count} combinations is more than max_plans={max_plans}; use fewer tables or options")
+        raise ValueError(
+            f"{count} combinations is more than max_plans={max_plans}; use fewer tables or options"
+        )
     constraint = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
     partitioner, perf_model = GreedyPerfPartitioner(), NoopPerfModel(topology)
     rows = []
@@ -1016,23 +1223,35 @@ def rate_every_plan(enumerated: Enumerated, topology: Topology, batch_size: int,
         reset_shard_rank(proposal)
         row = {o.name: option_label(o) for o in proposal}
         storage = sum((o.total_storage for o in proposal), Storage(0, 0))
-        row.update(hbm_gb=storage.hbm / GB, ddr_gb=storage.ddr / GB,
-                   summed_perf=sum(o.total_perf for o in proposal), perf_rating=rating)
+        row.update(
+            hbm_gb=storage.hbm / GB,
+            ddr_gb=storage.ddr / GB,
+            summed_perf=sum(o.total_perf for o in proposal),
+            perf_rating=rating,
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def brute_force_rating(enumerated: Enumerated, topology: Topology, batch_size: int,
-                       storage_reservation_percentage: float = 0.15) -> float:
+def brute_force_rating(
+    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
+) -> float:
     """The best rating over every combination of options (inf if none can be
     placed). Combinations are tried by a lower bound (the mean rank load, or
     the largest shard), stopping once no untried one can beat the best."""
     groups = _by_table(enumerated.options)
     perf = [[o.total_perf for o in g] for g in groups]
     shard = [[max(s.perf.total for s in o.shards) for o in g] for g in groups]
-    bounds = sorted((max(sum(perf[t][i] for t, i in enumerate(c)) / topology.world_size,
-                         max(shard[t][i] for t, i in enumerate(c))), c)
-                    for c in itertools.product(*(range(len(g)) for g in groups)))
+    bounds = sorted(
+        (
+            max(
+                sum(perf[t][i] for t, i in enumerate(c)) / topology.world_size,
+                max(shard[t][i] for t, i in enumerate(c)),
+            ),
+            c,
+        )
+        for c in itertools.product(*(range(len(g)) for g in groups))
+    )
     constraint = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
     partitioner, perf_model, best = GreedyPerfPartitioner(), NoopPerfModel(topology), math.inf
     for bound, combination in bounds:
@@ -1047,8 +1266,9 @@ def brute_force_rating(enumerated: Enumerated, topology: Topology, batch_size: i
     return best
 
 
-def random_instance(seed: int, num_tables: int = 3, world_size: int | None = None,
-                    compute_device: str = "cuda") -> tuple[Model, Topology]:
+def random_instance(
+    seed: int, num_tables: int = 3, world_size: int | None = None, compute_device: str = "cuda"
+) -> tuple[Model, Topology]:
     """A small model and a topology whose HBM (DDR on CPU) binds: per device,
     15% to 120% of the fp32 rows of all tables spread evenly."""
     rng = np.random.default_rng(seed)
@@ -1060,9 +1280,14 @@ def random_instance(seed: int, num_tables: int = 3, world_size: int | None = Non
     return model, make_topology(world_size, "cuda", hbm_cap_gb=budget)
 
 
-def quality_study(num_instances: int, seed: int = 0, num_tables: int = 3, batch_size: int = 512,
-                  proposers: dict[str, ProposerFactory] | None = None,
-                  progress: bool = False) -> pd.DataFrame:
+def quality_study(
+    num_instances: int,
+    seed: int = 0,
+    num_tables: int = 3,
+    batch_size: int = 512,
+    proposers: dict[str, ProposerFactory] | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Each proposer's rating over the brute-force best, on random small
     instances: one row per instance and proposer (ratio inf: no plan where
     brute force found one; NaN: GridSearch skipped, as torchrec skips it past
@@ -1086,18 +1311,35 @@ def quality_study(num_instances: int, seed: int = 0, num_tables: int = 3, batch_
             if name == "GridSearch" and combinations > MAX_PROPOSALS:
                 rating = math.nan
             else:
-                run = run_planner(make(), enumerated, topology, batch_size, name=name,
-                                  constraints=model.constraints)
+                run = run_planner(
+                    make(), enumerated, topology, batch_size, name=name, constraints=model.constraints
+                )
                 rating = run.perf_rating if run.plan else math.inf
-            rows.append({"instance": instance, "world_size": topology.world_size, "proposer": name,
-                         "perf_rating": rating, "brute_force": best, "ratio": rating / best})
+            rows.append(
+                {
+                    "instance": instance,
+                    "world_size": topology.world_size,
+                    "proposer": name,
+                    "perf_rating": rating,
+                    "brute_force": best,
+                    "ratio": rating / best,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def budget_sweep(enumerated: Enumerated, hbm_caps_gb: Sequence[float], world_size: int, batch_size: int, *,
-                 constraints: dict[str, ParameterConstraints] | None = None,
-                 proposers: dict[str, ProposerFactory] | None = None, timeout_s: float | None = None,
-                 ddr_cap_gb: float | None = None, progress: bool = False) -> pd.DataFrame:
+def budget_sweep(
+    enumerated: Enumerated,
+    hbm_caps_gb: Sequence[float],
+    world_size: int,
+    batch_size: int,
+    *,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    proposers: dict[str, ProposerFactory] | None = None,
+    timeout_s: float | None = None,
+    ddr_cap_gb: float | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """compare_proposers at each HBM budget per device (GPU topologies; the
     options do not depend on the budget, so one enumeration serves all)."""
     if not hbm_caps_gb:
@@ -1110,7 +1352,14 @@ def budget_sweep(enumerated: Enumerated, hbm_caps_gb: Sequence[float], world_siz
     frames = []
     for cap in caps:
         topology = make_topology(world_size, "cuda", hbm_cap_gb=cap, ddr_cap_gb=ddr_cap_gb)
-        table = compare_proposers(None, topology, batch_size, constraints=constraints, proposers=proposers,
-                                  timeout_s=timeout_s, enumerated=enumerated)
+        table = compare_proposers(
+            None,
+            topology,
+            batch_size,
+            constraints=constraints,
+            proposers=proposers,
+            timeout_s=timeout_s,
+            enumerated=enumerated,
+        )
         frames.append(table.reset_index().assign(hbm_cap_gb=cap))
     return pd.concat(frames, ignore_index=True)

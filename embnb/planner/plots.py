@@ -22,8 +22,14 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
-__all__ = ["PROPOSER_COLORS", "knapsack_heatmap", "proposer_comparison", "rating_vs_budget",
-           "quality_ratios", "rank_loads_figure"]
+__all__ = [
+    "PROPOSER_COLORS",
+    "knapsack_heatmap",
+    "proposer_comparison",
+    "rating_vs_budget",
+    "quality_ratios",
+    "rank_loads_figure",
+]
 
 PROPOSER_COLORS = {  # one colour per proposer, the same in every figure
     "embnb DP": "#55a868",
@@ -99,7 +105,9 @@ def proposer_comparison(table: pd.DataFrame, title: str | None = None) -> Figure
             left.barh(y, ratio, color=color)
             left.text(ratio, y, f" {ratio:.3g}x ({rating:.3g} ms)", va="center", fontsize=8)
         else:
-            left.text(1, y, " " + _why_no_plan(getattr(row, "note", "")), va="center", fontsize=8, color="0.4")
+            left.text(
+                1, y, " " + _why_no_plan(getattr(row, "note", "")), va="center", fontsize=8, color="0.4"
+            )
         right.barh(y, row.plan_s, color=color)
         note = " timed out" if row.timed_out else ""
         right.text(row.plan_s, y, f" {row.plan_s:.3g} s{note}", va="center", fontsize=8)
@@ -122,7 +130,7 @@ def _why_no_plan(note: str) -> str:
     if note.startswith("skipped"):
         return note
     if note.startswith("failed: "):
-        return "failed: " + note[len("failed: "):].split(":")[0]
+        return "failed: " + note[len("failed: ") :].split(":")[0]
     return "no plan"
 
 
@@ -161,8 +169,14 @@ def quality_ratios(study: pd.DataFrame, tolerance: float = 1.02, title: str | No
         shown = np.where(np.isfinite(ratios), ratios, top)
         ax.scatter(i + rng.uniform(-0.18, 0.18, len(shown)), shown, s=14, alpha=0.7, color=_color(name, i))
         worst = ratios.max() if len(ratios) else math.nan
-        ax.text(i, top * 1.15, "worst\n" + ("no plan" if worst == math.inf else f"{worst:.3g}x"),
-                ha="center", va="bottom", fontsize=8)
+        ax.text(
+            i,
+            top * 1.15,
+            "worst\n" + ("no plan" if worst == math.inf else f"{worst:.3g}x"),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.axhline(tolerance, color="0.3", linestyle="--", linewidth=1)
     ax.text(len(names) - 0.5, tolerance, f"{tolerance:g}x ", ha="right", va="bottom", fontsize=8)
     ax.axhline(top, color="0.8", linewidth=6, zorder=0)
@@ -178,8 +192,9 @@ def quality_ratios(study: pd.DataFrame, tolerance: float = 1.02, title: str | No
     return fig
 
 
-def rank_loads_figure(loads: pd.DataFrame, capacity_gb: Mapping[str, float] | None = None,
-                      title: str | None = None) -> Figure:
+def rank_loads_figure(
+    loads: pd.DataFrame, capacity_gb: Mapping[str, float] | None = None, title: str | None = None
+) -> Figure:
     """Per rank: summed perf (the slowest rank is the plan's rating) and HBM
     and DDR used, with each device's capacity dashed when given."""
     _need(loads, ["perf", "hbm_gb", "ddr_gb"], "loads")
@@ -196,8 +211,9 @@ def rank_loads_figure(loads: pd.DataFrame, capacity_gb: Mapping[str, float] | No
     for ax, column, name in ((axes[1], "hbm_gb", "HBM"), (axes[2], "ddr_gb", "DDR")):
         ax.bar(ranks, loads[column], color="#4c72b0")
         if capacity_gb and capacity_gb.get(column.split("_")[0]):
-            ax.axhline(capacity_gb[column.split("_")[0]], color="0.3", linestyle="--", linewidth=1,
-                       label="capacity")
+            ax.axhline(
+                capacity_gb[column.split("_")[0]], color="0.3", linestyle="--", linewidth=1, label="capacity"
+            )
             ax.legend(fontsize=8)
         ax.set_ylabel(f"{name}, GiB")
         ax.set_title(f"{name} per rank")

@@ -49,8 +49,14 @@ __all__ = [
 ]
 
 LOAD_COLUMNS = [
-    "pattern", "dist_type", "world_size", "num_keys",
-    "max_over_mean", "spread_over_mean", "busiest_rank", "busiest_share",
+    "pattern",
+    "dist_type",
+    "world_size",
+    "num_keys",
+    "max_over_mean",
+    "spread_over_mean",
+    "busiest_rank",
+    "busiest_share",
     "hot_key_floor",
 ]
 
@@ -159,23 +165,24 @@ def load_table(
         jobs = tqdm(jobs, desc="patterns x world sizes")
     rows = []
     for pattern, world_size in jobs:
-        keys = make_keys(pattern, num_keys, world_size, seed,
-                         **pattern_options.get(pattern, {}))
+        keys = make_keys(pattern, num_keys, world_size, seed, **pattern_options.get(pattern, {}))
         floor = hot_key_floor(keys, world_size)
         for mode in modes:
             counts = rank_counts(keys, world_size, mode)
             busiest = int(counts.argmax())
-            rows.append({
-                "pattern": pattern,
-                "dist_type": mode.value,
-                "world_size": world_size,
-                "num_keys": num_keys,
-                "max_over_mean": max_over_mean(counts),
-                "spread_over_mean": spread_over_mean(counts),
-                "busiest_rank": busiest,
-                "busiest_share": int(counts[busiest]) / num_keys,
-                "hot_key_floor": floor,
-            })
+            rows.append(
+                {
+                    "pattern": pattern,
+                    "dist_type": mode.value,
+                    "world_size": world_size,
+                    "num_keys": num_keys,
+                    "max_over_mean": max_over_mean(counts),
+                    "spread_over_mean": spread_over_mean(counts),
+                    "busiest_rank": busiest,
+                    "busiest_share": int(counts[busiest]) / num_keys,
+                    "hot_key_floor": floor,
+                }
+            )
     return pd.DataFrame(rows, columns=LOAD_COLUMNS)
 
 
@@ -233,10 +240,10 @@ def make_batches(
         )
     batches = []
     for rank_keys in keys.chunk(world_size):
-        lengths = torch.full((rank_keys.numel() // keys_per_sample,),
-                             keys_per_sample, dtype=torch.int64)
-        batches.append(KeyedJaggedTensor.from_lengths_sync(
-            keys=[feature], values=rank_keys.clone(), lengths=lengths))
+        lengths = torch.full((rank_keys.numel() // keys_per_sample,), keys_per_sample, dtype=torch.int64)
+        batches.append(
+            KeyedJaggedTensor.from_lengths_sync(keys=[feature], values=rank_keys.clone(), lengths=lengths)
+        )
     return batches
 
 
@@ -261,15 +268,14 @@ def kv_lookup_on_rank(
     from embnb.rowwise import kv
 
     if len(batches) != world_size:
-        raise ValueError(f"batches has {len(batches)} entries, need one per "
-                         f"rank (world_size={world_size})")
+        raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
     block_sizes = dict(block_sizes or {})
     dump_mode = None if dump_dist_type is None else DistType.parse(dump_dist_type)
     results = {}
     for mode in map(DistType.parse, dist_types):
-        table = kv.ShardedKVTable(kv.TABLE_NAME, embedding_dim, mode,
-                                  block_size=block_sizes.get(mode.value),
-                                  seed=seed)
+        table = kv.ShardedKVTable(
+            kv.TABLE_NAME, embedding_dim, mode, block_size=block_sizes.get(mode.value), seed=seed
+        )
         rows = table.lookup(batches[rank])
         if dump_dir is not None and mode is dump_mode:
             table.dump(dump_dir)

@@ -60,8 +60,7 @@ _CONTINUOUS = DistType.CONTINUOUS
 Shard = tuple[torch.Tensor, torch.Tensor]
 
 
-def shard_path(directory: str | os.PathLike, table_name: str, rank: int,
-               world_size: int) -> Path:
+def shard_path(directory: str | os.PathLike, table_name: str, rank: int, world_size: int) -> Path:
     """Path of rank ``rank``'s shard file among ``world_size`` shards."""
     name = f"{table_name}.rank{rank}-of-{world_size}.safetensors"
     return Path(directory) / name
@@ -74,39 +73,38 @@ def meta_path(directory: str | os.PathLike, table_name: str) -> Path:
 
 # ---------------------------------------------------------------- validation
 
+
 def _check_table_name(table_name: str) -> None:
     # The name becomes part of file names: keep it inside the directory.
     if not table_name or "/" in table_name or os.sep in table_name:
-        raise ValueError(f"table_name {table_name!r} must be a non-empty "
-                         "file name without path separators")
+        raise ValueError(f"table_name {table_name!r} must be a non-empty file name without path separators")
 
 
-def _check_layout(rank: int, world_size: int, dist: DistType,
-                  block_size: int | None) -> None:
+def _check_layout(rank: int, world_size: int, dist: DistType, block_size: int | None) -> None:
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size {world_size!r} must be an int >= 1")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank!r} is outside [0, {world_size})")
-    if dist == _CONTINUOUS and (not isinstance(block_size, int)
-                                or block_size < 1):
-        raise ValueError(f"dist_type 'continuous' needs block_size >= 1, "
-                         f"got {block_size!r}")
+    if dist == _CONTINUOUS and (not isinstance(block_size, int) or block_size < 1):
+        raise ValueError(f"dist_type 'continuous' needs block_size >= 1, got {block_size!r}")
 
 
 def _check_shard(keys: torch.Tensor, rows: torch.Tensor, where: str) -> None:
     """Shape, dtype and uniqueness checks shared by dump and load."""
-    if not isinstance(keys, torch.Tensor) or keys.dim() != 1 \
-            or keys.dtype != torch.int64:
-        got = (f"dtype {keys.dtype} and shape {tuple(keys.shape)}"
-               if isinstance(keys, torch.Tensor) else type(keys).__name__)
-        raise ValueError(f"{where}: keys must be a 1-D int64 tensor, "
-                         f"got {got}")
-    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 \
-            or not rows.is_floating_point():
-        got = (f"dtype {rows.dtype} and shape {tuple(rows.shape)}"
-               if isinstance(rows, torch.Tensor) else type(rows).__name__)
-        raise ValueError(f"{where}: rows must be a 2-D float tensor, "
-                         f"got {got}")
+    if not isinstance(keys, torch.Tensor) or keys.dim() != 1 or keys.dtype != torch.int64:
+        got = (
+            f"dtype {keys.dtype} and shape {tuple(keys.shape)}"
+            if isinstance(keys, torch.Tensor)
+            else type(keys).__name__
+        )
+        raise ValueError(f"{where}: keys must be a 1-D int64 tensor, got {got}")
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or not rows.is_floating_point():
+        got = (
+            f"dtype {rows.dtype} and shape {tuple(rows.shape)}"
+            if isinstance(rows, torch.Tensor)
+            else type(rows).__name__
+        )
+        raise ValueError(f"{where}: rows must be a 2-D float tensor, got {got}")
     if len(keys) != len(rows):
         raise ValueError(f"{where}: {len(keys)} keys but {len(rows)} rows")
     ordered = keys.sort().values
@@ -115,8 +113,9 @@ def _check_shard(keys: torch.Tensor, rows: torch.Tensor, where: str) -> None:
         raise ValueError(f"{where}: duplicate key {int(repeated[0])}")
 
 
-def _check_owned(keys: torch.Tensor, rank: int, world_size: int,
-                 dist: DistType, block_size: int | None, where: str) -> None:
+def _check_owned(
+    keys: torch.Tensor, rank: int, world_size: int, dist: DistType, block_size: int | None, where: str
+) -> None:
     # A key stored on a rank that does not own it would be found by no lookup
     # (and could be loaded twice when resharding): refuse it.
     try:
@@ -129,10 +128,12 @@ def _check_owned(keys: torch.Tensor, rank: int, world_size: int,
         raise ValueError(
             f"{where}: key {int(keys[i])} belongs to rank {int(owners[i])}, "
             f"not rank {rank}, under dist_type '{dist.value}' with "
-            f"world_size {world_size}")
+            f"world_size {world_size}"
+        )
 
 
 # -------------------------------------------------------------------- writing
+
 
 def _fsync_dir(directory: Path) -> None:
     # Makes the rename itself durable; not every platform can open a folder.
@@ -146,8 +147,7 @@ def _fsync_dir(directory: Path) -> None:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, then rename it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
-                               suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -161,43 +161,57 @@ def _atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _prepared(keys: torch.Tensor, rows: torch.Tensor, rank: int,
-              world_size: int, dist: DistType,
-              block_size: int | None) -> Shard:
+def _prepared(
+    keys: torch.Tensor, rows: torch.Tensor, rank: int, world_size: int, dist: DistType, block_size: int | None
+) -> Shard:
     """Validate one shard and return it as contiguous CPU tensors."""
     _check_shard(keys, rows, f"rank {rank}'s shard")
     keys = keys.detach().cpu().contiguous()
     rows = rows.detach().cpu().contiguous()
-    _check_owned(keys, rank, world_size, dist, block_size,
-                 f"rank {rank}'s shard")
+    _check_owned(keys, rank, world_size, dist, block_size, f"rank {rank}'s shard")
     return keys, rows
 
 
-def _write(directory: Path, table_name: str, rank: int, world_size: int,
-           shard: Shard, dist: DistType, block_size: int | None,
-           init_seed: int | None) -> Path:
+def _write(
+    directory: Path,
+    table_name: str,
+    rank: int,
+    world_size: int,
+    shard: Shard,
+    dist: DistType,
+    block_size: int | None,
+    init_seed: int | None,
+) -> Path:
     keys, rows = shard
     path = shard_path(directory, table_name, rank, world_size)
-    header = {"table_name": table_name, "rank": str(rank),
-              "world_size": str(world_size)}
-    _atomic_write(path, safetensors_bytes({"keys": keys, "rows": rows},
-                                          metadata=header))
+    header = {"table_name": table_name, "rank": str(rank), "world_size": str(world_size)}
+    _atomic_write(path, safetensors_bytes({"keys": keys, "rows": rows}, metadata=header))
     # Every rank writes the same metadata: no rank has to go first.
-    meta = {"format_version": FORMAT_VERSION, "table_name": table_name,
-            "dist_type": dist.value, "world_size": world_size,
-            "embedding_dim": rows.shape[1],
-            "block_size": block_size if dist == _CONTINUOUS else None,
-            # Rows of keys first seen after loading come from this seed.
-            "init_seed": init_seed}
-    _atomic_write(meta_path(directory, table_name),
-                  (json.dumps(meta, indent=2) + "\n").encode())
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "table_name": table_name,
+        "dist_type": dist.value,
+        "world_size": world_size,
+        "embedding_dim": rows.shape[1],
+        "block_size": block_size if dist == _CONTINUOUS else None,
+        # Rows of keys first seen after loading come from this seed.
+        "init_seed": init_seed,
+    }
+    _atomic_write(meta_path(directory, table_name), (json.dumps(meta, indent=2) + "\n").encode())
     return path
 
 
-def dump(directory: str | os.PathLike, table_name: str, rank: int,
-         world_size: int, keys: torch.Tensor, rows: torch.Tensor,
-         dist_type: DistType | str, block_size: int | None = None,
-         init_seed: int | None = None) -> Path:
+def dump(
+    directory: str | os.PathLike,
+    table_name: str,
+    rank: int,
+    world_size: int,
+    keys: torch.Tensor,
+    rows: torch.Tensor,
+    dist_type: DistType | str,
+    block_size: int | None = None,
+    init_seed: int | None = None,
+) -> Path:
     """Save rank ``rank``'s shard and the table's metadata; return its path.
 
     ``keys`` (int64 [n], unique) must all be owned by ``rank`` under
@@ -210,14 +224,17 @@ def dump(directory: str | os.PathLike, table_name: str, rank: int,
     shard = _prepared(keys, rows, rank, world_size, dist, block_size)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    return _write(directory, table_name, rank, world_size, shard, dist,
-                  block_size, init_seed)
+    return _write(directory, table_name, rank, world_size, shard, dist, block_size, init_seed)
 
 
-def dump_all(directory: str | os.PathLike, table_name: str,
-             shards: list[Shard], dist_type: DistType | str,
-             block_size: int | None = None,
-             init_seed: int | None = None) -> list[Path]:
+def dump_all(
+    directory: str | os.PathLike,
+    table_name: str,
+    shards: list[Shard],
+    dist_type: DistType | str,
+    block_size: int | None = None,
+    init_seed: int | None = None,
+) -> list[Path]:
     """Save all ranks' shards from one process (tests, notebooks).
 
     ``shards[r]`` is rank r's ``(keys, rows)``; the world size is
@@ -227,27 +244,27 @@ def dump_all(directory: str | os.PathLike, table_name: str,
     dist = DistType.parse(dist_type)
     world_size = len(shards)
     _check_layout(0, world_size, dist, block_size)
-    prepared = [_prepared(k, v, r, world_size, dist, block_size)
-                for r, (k, v) in enumerate(shards)]
+    prepared = [_prepared(k, v, r, world_size, dist, block_size) for r, (k, v) in enumerate(shards)]
     dims = {rows.shape[1] for _, rows in prepared}
     if len(dims) > 1:
-        raise ValueError(f"shards have different embedding dims "
-                         f"{sorted(dims)}")
+        raise ValueError(f"shards have different embedding dims {sorted(dims)}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    return [_write(directory, table_name, r, world_size, shard, dist,
-                   block_size, init_seed) for r, shard in enumerate(prepared)]
+    return [
+        _write(directory, table_name, r, world_size, shard, dist, block_size, init_seed)
+        for r, shard in enumerate(prepared)
+    ]
 
 
 # -------------------------------------------------------------------- reading
+
 
 def read_metadata(directory: str | os.PathLike, table_name: str) -> dict:
     """Read and check a table's metadata; a missing dist_type reads as
     ``roundrobin``. Returns the dict with ``dist_type`` as a DistType."""
     path = meta_path(directory, table_name)
     if not path.exists():
-        raise FileNotFoundError(f"no checkpoint of table {table_name!r}: "
-                                f"{path} does not exist")
+        raise FileNotFoundError(f"no checkpoint of table {table_name!r}: {path} does not exist")
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -256,21 +273,17 @@ def read_metadata(directory: str | os.PathLike, table_name: str) -> dict:
         raise ValueError(f"{path}: checkpoint metadata is not a JSON object")
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
-        raise ValueError(f"{path}: checkpoint format version {version!r} is "
-                         f"not supported (supported: {FORMAT_VERSION})")
-    for field, kind in [("table_name", str), ("world_size", int),
-                        ("embedding_dim", int)]:
+        raise ValueError(
+            f"{path}: checkpoint format version {version!r} is not supported (supported: {FORMAT_VERSION})"
+        )
+    for field, kind in [("table_name", str), ("world_size", int), ("embedding_dim", int)]:
         if not isinstance(meta.get(field), kind):
-            raise ValueError(f"{path}: field {field!r} missing or not "
-                             f"{kind.__name__}: {meta.get(field)!r}")
+            raise ValueError(f"{path}: field {field!r} missing or not {kind.__name__}: {meta.get(field)!r}")
     if meta["table_name"] != table_name:
-        raise ValueError(f"{path}: holds table {meta['table_name']!r}, "
-                         f"not {table_name!r}")
+        raise ValueError(f"{path}: holds table {meta['table_name']!r}, not {table_name!r}")
     try:
-        meta["dist_type"] = DistType.parse(
-            meta.get("dist_type", DEFAULT_DIST_TYPE.value))
-        _check_layout(0, meta["world_size"], meta["dist_type"],
-                      meta.get("block_size"))
+        meta["dist_type"] = DistType.parse(meta.get("dist_type", DEFAULT_DIST_TYPE.value))
+        _check_layout(0, meta["world_size"], meta["dist_type"], meta.get("block_size"))
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
     return meta
@@ -283,26 +296,31 @@ def _read_shard(path: Path, rank: int, meta: dict) -> Shard:
             header = f.metadata() or {}
             keys, rows = f.get_tensor("keys"), f.get_tensor("rows")
     except (SafetensorError, OSError, ValueError) as e:
-        raise ValueError(f"{path}: unreadable or corrupt shard file ({e})") \
-            from e
+        raise ValueError(f"{path}: unreadable or corrupt shard file ({e})") from e
     where = str(path)
     _check_shard(keys, rows, where)
     if rows.shape[1] != meta["embedding_dim"]:
-        raise ValueError(f"{where}: rows have dim {rows.shape[1]} but the "
-                         f"metadata says {meta['embedding_dim']}")
-    if header.get("rank") != str(rank) or \
-            header.get("world_size") != str(meta["world_size"]):
-        raise ValueError(f"{where}: header says rank {header.get('rank')} of "
-                         f"{header.get('world_size')}, expected rank {rank} "
-                         f"of {meta['world_size']}")
-    _check_owned(keys, rank, meta["world_size"], meta["dist_type"],
-                 meta.get("block_size"), where)
+        raise ValueError(
+            f"{where}: rows have dim {rows.shape[1]} but the metadata says {meta['embedding_dim']}"
+        )
+    if header.get("rank") != str(rank) or header.get("world_size") != str(meta["world_size"]):
+        raise ValueError(
+            f"{where}: header says rank {header.get('rank')} of "
+            f"{header.get('world_size')}, expected rank {rank} "
+            f"of {meta['world_size']}"
+        )
+    _check_owned(keys, rank, meta["world_size"], meta["dist_type"], meta.get("block_size"), where)
     return keys, rows
 
 
-def load(directory: str | os.PathLike, table_name: str, rank: int,
-         world_size: int, dist_type: DistType | str,
-         block_size: int | None = None) -> Shard:
+def load(
+    directory: str | os.PathLike,
+    table_name: str,
+    rank: int,
+    world_size: int,
+    dist_type: DistType | str,
+    block_size: int | None = None,
+) -> Shard:
     """Return the ``(keys, rows)`` that ``rank`` owns among ``world_size``.
 
     ``dist_type`` must match the checkpoint's (ValueError naming both
@@ -318,23 +336,22 @@ def load(directory: str | os.PathLike, table_name: str, rank: int,
     if meta["dist_type"] != dist:
         raise ValueError(
             f"checkpoint {table_name!r} was written with dist_type "
-            f"'{meta['dist_type'].value}' but loading asks for '{dist.value}'")
+            f"'{meta['dist_type'].value}' but loading asks for '{dist.value}'"
+        )
     if dist == _CONTINUOUS and block_size is None:
         block_size = meta["block_size"]
     _check_layout(rank, world_size, dist, block_size)
 
     stored_world = meta["world_size"]
-    paths = [shard_path(directory, table_name, r, stored_world)
-             for r in range(stored_world)]
+    paths = [shard_path(directory, table_name, r, stored_world) for r in range(stored_world)]
     missing = [p for p in paths if not p.exists()]
     if missing:
         raise FileNotFoundError(
             f"checkpoint {table_name!r} has {stored_world} shards but "
-            f"{len(missing)} shard file(s) are missing: "
-            + ", ".join(str(p) for p in missing))
+            f"{len(missing)} shard file(s) are missing: " + ", ".join(str(p) for p in missing)
+        )
 
-    same_layout = stored_world == world_size and (
-        dist != _CONTINUOUS or block_size == meta["block_size"])
+    same_layout = stored_world == world_size and (dist != _CONTINUOUS or block_size == meta["block_size"])
     # Same layout: this rank's file holds exactly its keys (checked on read).
     read_ranks = [rank] if same_layout else range(stored_world)
     kept_keys, kept_rows = [], []

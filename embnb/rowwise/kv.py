@@ -46,16 +46,23 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 import torch.distributed as dist
 
-from embnb.rowwise import checkpoint
 from embnb.dist import launch
+from embnb.rowwise import checkpoint
 from embnb.rowwise.routing import DistType, bucketize, hash_key
 
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 __all__ = [
-    "init_rows", "JaggedBatch", "ShardedKVTable", "TABLE_NAME", "lookup_on_rank",
-    "train_on_rank", "load_on_rank", "sharded_lookup", "sharded_train_step",
+    "init_rows",
+    "JaggedBatch",
+    "ShardedKVTable",
+    "TABLE_NAME",
+    "lookup_on_rank",
+    "train_on_rank",
+    "load_on_rank",
+    "sharded_lookup",
+    "sharded_train_step",
 ]
 
 INIT_SCALE = 0.05  # initial rows are uniform in [-INIT_SCALE, INIT_SCALE)
@@ -72,8 +79,7 @@ def _check_int(name: str, value: object, low: int = 1) -> int:
     return value
 
 
-def init_rows(keys: torch.Tensor, embedding_dim: int,
-              seed: int = 0) -> torch.Tensor:
+def init_rows(keys: torch.Tensor, embedding_dim: int, seed: int = 0) -> torch.Tensor:
     """Initial rows (float32 ``[len(keys), embedding_dim]``) of global keys.
 
     Entry ``(i, c)`` is ``fmix64(fmix64(key_i) ^ fmix64(seed) + c * golden)``
@@ -81,14 +87,11 @@ def init_rows(keys: torch.Tensor, embedding_dim: int,
     ``[-INIT_SCALE, INIT_SCALE)``: a pure function of (key, seed, column),
     on the keys' device.
     """
-    if not isinstance(keys, torch.Tensor) or keys.dim() != 1 \
-            or keys.dtype not in (torch.int32, torch.int64):
-        got = (f"{keys.dtype} {tuple(keys.shape)}"
-               if isinstance(keys, torch.Tensor) else type(keys).__name__)
+    if not isinstance(keys, torch.Tensor) or keys.dim() != 1 or keys.dtype not in (torch.int32, torch.int64):
+        got = f"{keys.dtype} {tuple(keys.shape)}" if isinstance(keys, torch.Tensor) else type(keys).__name__
         raise ValueError(f"keys must be a 1-D int32/int64 tensor, got {got}")
     embedding_dim = _check_int("embedding_dim", embedding_dim)
-    if isinstance(seed, bool) or not isinstance(seed, int) \
-            or not _INT64_MIN <= seed <= _INT64_MAX:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not _INT64_MIN <= seed <= _INT64_MAX:
         raise ValueError(f"seed must be an int64, got {seed!r}")
     seed_bits = int(hash_key(torch.tensor([seed]))[0])
     mixed = hash_key(keys.to(torch.int64)) ^ seed_bits
@@ -106,8 +109,7 @@ class JaggedBatch:
     ``KeyedJaggedTensor.lengths()``; the accessors have KJT's names.
     """
 
-    def __init__(self, keys: list[str], values: torch.Tensor,
-                 lengths: torch.Tensor):
+    def __init__(self, keys: list[str], values: torch.Tensor, lengths: torch.Tensor):
         self._keys, self._values, self._lengths = list(keys), values, lengths
 
     def keys(self) -> list[str]:
@@ -126,12 +128,10 @@ class JaggedBatch:
     def to_kjt(self) -> KeyedJaggedTensor:
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-        return KeyedJaggedTensor(keys=self._keys, values=self._values,
-                                 lengths=self._lengths)
+        return KeyedJaggedTensor(keys=self._keys, values=self._values, lengths=self._lengths)
 
     def __repr__(self) -> str:
-        return (f"JaggedBatch(keys={self._keys}, values={self._values}, "
-                f"lengths={self._lengths})")
+        return f"JaggedBatch(keys={self._keys}, values={self._values}, lengths={self._lengths})"
 
 
 Batch = Union["KeyedJaggedTensor", JaggedBatch]
@@ -150,10 +150,17 @@ class ShardedKVTable:
     ``[len(keys), embedding_dim]``) are this rank's storage.
     """
 
-    def __init__(self, name: str, embedding_dim: int,
-                 dist_type: DistType | str, world_size: int | None = None,
-                 rank: int | None = None, block_size: int | None = None,
-                 seed: int = 0, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        name: str,
+        embedding_dim: int,
+        dist_type: DistType | str,
+        world_size: int | None = None,
+        rank: int | None = None,
+        block_size: int | None = None,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+    ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         self.name = name
@@ -165,15 +172,14 @@ class ShardedKVTable:
         self.world_size = _check_int("world_size", world_size)
         if rank is None:
             rank = dist.get_rank() if grouped and world_size > 1 else 0
-        if not isinstance(rank, int) or isinstance(rank, bool) \
-                or not 0 <= rank < world_size:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank!r} is outside [0, {world_size})")
-        if grouped and world_size > 1 and (
-                world_size, rank) != (dist.get_world_size(), dist.get_rank()):
+        if grouped and world_size > 1 and (world_size, rank) != (dist.get_world_size(), dist.get_rank()):
             raise ValueError(
                 f"world_size={world_size}, rank={rank} do not match the "
                 f"process group (world_size={dist.get_world_size()}, "
-                f"rank={dist.get_rank()})")
+                f"rank={dist.get_rank()})"
+            )
         self.rank = rank
         if self.dist_type is DistType.CONTINUOUS:
             block_size = _check_int("block_size", block_size)
@@ -184,63 +190,61 @@ class ShardedKVTable:
         self.seed = seed
         if device is None:
             nccl = grouped and dist.get_backend() == "nccl"
-            device = (torch.device("cuda", torch.cuda.current_device())
-                      if nccl else torch.device("cpu"))
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         self.device = torch.device(device)
         self.keys = torch.empty(0, dtype=torch.int64, device=self.device)
         self.rows = torch.empty(0, embedding_dim, device=self.device)
-        self._counters = {"lookups": 0, "keys_requested": 0,
-                          "keys_served": 0, "unique_keys_served": 0,
-                          "bytes_served": 0, "grad_keys_applied": 0}
+        self._counters = {
+            "lookups": 0,
+            "keys_requested": 0,
+            "keys_served": 0,
+            "unique_keys_served": 0,
+            "bytes_served": 0,
+            "grad_keys_applied": 0,
+        }
 
     # ------------------------------------------------------------ routing
 
     def _read(self, batch: object) -> tuple[int, torch.Tensor, torch.Tensor]:
         """(num_features, lengths, values) of a batch, on this device."""
         try:
-            names, lengths, values = batch.keys(), batch.lengths(), \
-                batch.values()
+            names, lengths, values = batch.keys(), batch.lengths(), batch.values()
         except (AttributeError, TypeError):
             raise ValueError(
-                f"batch must be a KeyedJaggedTensor or JaggedBatch, got "
-                f"{type(batch).__name__}") from None
+                f"batch must be a KeyedJaggedTensor or JaggedBatch, got {type(batch).__name__}"
+            ) from None
         if getattr(batch, "variable_stride_per_key", lambda: False)():
-            raise ValueError(f"batch with features {names} has a variable "
-                             f"batch size per feature; not supported")
+            raise ValueError(
+                f"batch with features {names} has a variable batch size per feature; not supported"
+            )
         return len(names), lengths.to(self.device), values.to(self.device)
 
-    def _exchange(self, send: torch.Tensor, send_splits: list[int],
-                  recv_splits: list[int]) -> torch.Tensor:
+    def _exchange(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]) -> torch.Tensor:
         """all_to_all_single along dim 0 with uneven splits."""
         if self.world_size == 1:
             return send
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError(
                 f"table {self.name!r} has world_size={self.world_size} but "
-                f"no process group is initialized (use embnb.dist.launch)")
+                f"no process group is initialized (use embnb.dist.launch)"
+            )
         recv = send.new_empty((sum(recv_splits), *send.shape[1:]))
-        dist.all_to_all_single(recv, send.contiguous(), recv_splits,
-                               send_splits)
+        dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits)
         return recv
 
-    def _route(self, num_features: int, lengths: torch.Tensor,
-               values: torch.Tensor):
+    def _route(self, num_features: int, lengths: torch.Tensor, values: torch.Tensor):
         """Bucketize a batch, send each owner its ids; return (bucketized,
         splits sent, splits received, global keys received)."""
-        block_sizes = ([self.block_size] * num_features
-                       if self.block_size is not None else None)
+        block_sizes = [self.block_size] * num_features if self.block_size is not None else None
         # Validates the input (e.g. negative continuous keys) before any
         # collective, so bad input raises instead of hanging the other ranks.
-        buckets = bucketize(lengths, values, self.world_size,
-                            self.dist_type, block_sizes,
-                            num_features=num_features)
-        send_counts = buckets.lengths.to(torch.int64).view(
-            self.world_size, -1).sum(1)
-        recv_counts = self._exchange(send_counts, [1] * self.world_size,
-                                     [1] * self.world_size)
+        buckets = bucketize(
+            lengths, values, self.world_size, self.dist_type, block_sizes, num_features=num_features
+        )
+        send_counts = buckets.lengths.to(torch.int64).view(self.world_size, -1).sum(1)
+        recv_counts = self._exchange(send_counts, [1] * self.world_size, [1] * self.world_size)
         send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
-        ids = self._exchange(buckets.indices.to(torch.int64), send_splits,
-                             recv_splits)
+        ids = self._exchange(buckets.indices.to(torch.int64), send_splits, recv_splits)
         return buckets, send_splits, recv_splits, self._to_global(ids)
 
     def _to_global(self, ids: torch.Tensor) -> torch.Tensor:
@@ -248,8 +252,7 @@ class ShardedKVTable:
         if self.dist_type is not DistType.CONTINUOUS:
             return ids  # round-robin modes send the raw key
         in_block = ids < self.block_size
-        return torch.where(in_block, self.rank * self.block_size + ids,
-                           ids * self.world_size + self.rank)
+        return torch.where(in_block, self.rank * self.block_size + ids, ids * self.world_size + self.rank)
 
     # ------------------------------------------------------------ storage
 
@@ -275,8 +278,7 @@ class ShardedKVTable:
     def lookup(self, batch: Batch) -> torch.Tensor:
         """Rows (``[num_keys, embedding_dim]``, input key order) of this
         rank's batch; a collective: every rank of the group must call it."""
-        buckets, send_splits, recv_splits, keys = self._route(
-            *self._read(batch))
+        buckets, send_splits, recv_splits, keys = self._route(*self._read(batch))
         pos, num_unique = self._find_or_insert(keys)
         served = self.rows[pos]
         back = self._exchange(served, recv_splits, send_splits)
@@ -288,28 +290,31 @@ class ShardedKVTable:
         c["bytes_served"] += served.numel() * served.element_size()
         return back[buckets.unbucketize_permute.to(torch.int64)]
 
-    def apply_gradients(self, batch: Batch, grads: torch.Tensor,
-                        lr: float) -> None:
+    def apply_gradients(self, batch: Batch, grads: torch.Tensor, lr: float) -> None:
         """SGD on the owners: ``row -= lr * grad`` per key of ``batch``, with
         ``grads[i]`` the gradient of input key i; duplicates are summed.
         A collective, like ``lookup``."""
         num_features, lengths, values = self._read(batch)
         num_keys = values.numel()
-        if not isinstance(grads, torch.Tensor) or not grads.is_floating_point() \
-                or tuple(grads.shape) != (num_keys, self.embedding_dim):
-            got = (f"{grads.dtype} {tuple(grads.shape)}"
-                   if isinstance(grads, torch.Tensor) else type(grads).__name__)
+        if (
+            not isinstance(grads, torch.Tensor)
+            or not grads.is_floating_point()
+            or tuple(grads.shape) != (num_keys, self.embedding_dim)
+        ):
+            got = (
+                f"{grads.dtype} {tuple(grads.shape)}"
+                if isinstance(grads, torch.Tensor)
+                else type(grads).__name__
+            )
             raise ValueError(
                 f"grads must be a float tensor of shape ({num_keys}, "
-                f"{self.embedding_dim}) (one row per key), got {got}")
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) \
-                or not math.isfinite(lr):
+                f"{self.embedding_dim}) (one row per key), got {got}"
+            )
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr):
             raise ValueError(f"lr must be a finite number, got {lr!r}")
-        buckets, send_splits, recv_splits, keys = self._route(
-            num_features, lengths, values)
+        buckets, send_splits, recv_splits, keys = self._route(num_features, lengths, values)
         # Input key i sits at bucketized position permute[i].
-        send = torch.empty_like(grads, dtype=self.rows.dtype,
-                                device=self.device)
+        send = torch.empty_like(grads, dtype=self.rows.dtype, device=self.device)
         send[buckets.unbucketize_permute.to(torch.int64)] = grads.to(send)
         recv = self._exchange(send, send_splits, recv_splits)
         pos, _ = self._find_or_insert(keys)
@@ -326,24 +331,41 @@ class ShardedKVTable:
         distinct keys per lookup, summed over lookups; bytes_served: bytes of
         rows sent back; rows_held: rows stored now.
         """
-        return {"rank": self.rank, "world_size": self.world_size,
-                **self._counters, "rows_held": len(self.keys)}
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            **self._counters,
+            "rows_held": len(self.keys),
+        }
 
     def dump(self, directory: str | os.PathLike) -> Path:
         """Save this rank's shard with the table's routing (embnb.rowwise.checkpoint);
         returns the shard's path. Every rank calls it with the same directory.
         """
-        return checkpoint.dump(directory, self.name, self.rank,
-                               self.world_size, self.keys, self.rows,
-                               self.dist_type, self.block_size,
-                               init_seed=self.seed)
+        return checkpoint.dump(
+            directory,
+            self.name,
+            self.rank,
+            self.world_size,
+            self.keys,
+            self.rows,
+            self.dist_type,
+            self.block_size,
+            init_seed=self.seed,
+        )
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, name: str,
-             dist_type: DistType | str, world_size: int | None = None,
-             rank: int | None = None, block_size: int | None = None,
-             seed: int | None = None,
-             device: torch.device | str | None = None) -> ShardedKVTable:
+    def load(
+        cls,
+        directory: str | os.PathLike,
+        name: str,
+        dist_type: DistType | str,
+        world_size: int | None = None,
+        rank: int | None = None,
+        block_size: int | None = None,
+        seed: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> ShardedKVTable:
         """This rank's shard of a saved table, possibly in another layout.
 
         ``dist_type`` must be the checkpoint's (ValueError otherwise). Another
@@ -357,11 +379,10 @@ class ShardedKVTable:
             seed = meta.get("init_seed") or 0
         if block_size is None and meta.get("block_size") is not None:
             block_size = meta["block_size"]
-        table = cls(name, meta["embedding_dim"], dist_type, world_size, rank,
-                    block_size, seed, device)
-        keys, rows = checkpoint.load(directory, name, table.rank,
-                                     table.world_size, table.dist_type,
-                                     table.block_size)
+        table = cls(name, meta["embedding_dim"], dist_type, world_size, rank, block_size, seed, device)
+        keys, rows = checkpoint.load(
+            directory, name, table.rank, table.world_size, table.dist_type, table.block_size
+        )
         order = torch.argsort(keys)  # resharding concatenates several shards
         table.keys = keys[order].to(table.device)
         table.rows = rows[order].to(table.device, torch.float32)
@@ -370,46 +391,61 @@ class ShardedKVTable:
 
 # ------------------------------------------------- per-rank functions
 
-def _rank_table(rank: int, world_size: int, dist_type: DistType | str,
-                embedding_dim: int, block_size: int | None,
-                seed: int) -> ShardedKVTable:
-    table = ShardedKVTable(TABLE_NAME, embedding_dim, dist_type,
-                           block_size=block_size, seed=seed)
+
+def _rank_table(
+    rank: int,
+    world_size: int,
+    dist_type: DistType | str,
+    embedding_dim: int,
+    block_size: int | None,
+    seed: int,
+) -> ShardedKVTable:
+    table = ShardedKVTable(TABLE_NAME, embedding_dim, dist_type, block_size=block_size, seed=seed)
     if (table.world_size, table.rank) != (world_size, rank):
-        raise ValueError(f"called as rank {rank} of {world_size} but the "
-                         f"table is rank {table.rank} of {table.world_size}")
+        raise ValueError(
+            f"called as rank {rank} of {world_size} but the table is rank {table.rank} of {table.world_size}"
+        )
     return table
 
 
-def _my_batch(batches: list[Batch], rank: int,
-              world_size: int) -> Batch:
+def _my_batch(batches: list[Batch], rank: int, world_size: int) -> Batch:
     if len(batches) != world_size:
-        raise ValueError(f"batches has {len(batches)} entries, need one per "
-                         f"rank (world_size={world_size})")
+        raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
     return batches[rank]
 
 
-def lookup_on_rank(rank: int, world_size: int, dist_type: DistType | str,
-                   batches: list[Batch], embedding_dim: int,
-                   block_size: int | None = None,
-                   seed: int = 0) -> dict[str, Any]:
+def lookup_on_rank(
+    rank: int,
+    world_size: int,
+    dist_type: DistType | str,
+    batches: list[Batch],
+    embedding_dim: int,
+    block_size: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """For ``launch``: a fresh table; this rank looks up ``batches[rank]``.
 
     Returns ``{"rows": [num_keys, dim] in batches[rank]'s key order,
     "stats": table.stats()}``.
     """
     batch = _my_batch(batches, rank, world_size)
-    table = _rank_table(rank, world_size, dist_type, embedding_dim,
-                        block_size, seed)
+    table = _rank_table(rank, world_size, dist_type, embedding_dim, block_size, seed)
     rows = table.lookup(batch)
     return {"rows": rows, "stats": table.stats()}
 
 
-def train_on_rank(rank: int, world_size: int, dist_type: DistType | str,
-                  batches: list[Batch],
-                  grads: list[torch.Tensor], lr: float, embedding_dim: int,
-                  block_size: int | None = None, seed: int = 0,
-                  dump_dir: str | None = None) -> dict[str, Any]:
+def train_on_rank(
+    rank: int,
+    world_size: int,
+    dist_type: DistType | str,
+    batches: list[Batch],
+    grads: list[torch.Tensor],
+    lr: float,
+    embedding_dim: int,
+    block_size: int | None = None,
+    seed: int = 0,
+    dump_dir: str | None = None,
+) -> dict[str, Any]:
     """For ``launch``: one SGD step on a fresh table.
 
     Looks up ``batches[rank]``, applies ``grads[rank]``, looks up again and,
@@ -417,8 +453,7 @@ def train_on_rank(rank: int, world_size: int, dist_type: DistType | str,
     ``{"rows", "rows_after", "stats"}`` (stats count both lookups).
     """
     batch = _my_batch(batches, rank, world_size)
-    table = _rank_table(rank, world_size, dist_type, embedding_dim,
-                        block_size, seed)
+    table = _rank_table(rank, world_size, dist_type, embedding_dim, block_size, seed)
     rows = table.lookup(batch)
     table.apply_gradients(batch, grads[rank], lr)
     rows_after = table.lookup(batch)
@@ -427,53 +462,88 @@ def train_on_rank(rank: int, world_size: int, dist_type: DistType | str,
     return {"rows": rows, "rows_after": rows_after, "stats": table.stats()}
 
 
-def load_on_rank(rank: int, world_size: int, directory: str,
-                 dist_type: DistType | str, block_size: int | None = None,
-                 seed: int | None = None, name: str = TABLE_NAME,
-                 ) -> dict[str, Any]:
+def load_on_rank(
+    rank: int,
+    world_size: int,
+    directory: str,
+    dist_type: DistType | str,
+    block_size: int | None = None,
+    seed: int | None = None,
+    name: str = TABLE_NAME,
+) -> dict[str, Any]:
     """For ``launch``: load this rank's shard of a saved table (resharding
     if the world size differs). Returns ``{"keys", "rows", "stats"}``."""
-    table = ShardedKVTable.load(directory, name, dist_type,
-                                block_size=block_size, seed=seed)
+    table = ShardedKVTable.load(directory, name, dist_type, block_size=block_size, seed=seed)
     if (table.world_size, table.rank) != (world_size, rank):
-        raise ValueError(f"called as rank {rank} of {world_size} but the "
-                         f"table is rank {table.rank} of {table.world_size}")
+        raise ValueError(
+            f"called as rank {rank} of {world_size} but the table is rank {table.rank} of {table.world_size}"
+        )
     return {"keys": table.keys, "rows": table.rows, "stats": table.stats()}
 
 
 def _picklable(batches: list[Batch]) -> list[JaggedBatch]:
     # KJTs become JaggedBatches, so the spawned ranks never import torchrec.
-    return [b if isinstance(b, JaggedBatch) else JaggedBatch.from_kjt(b)
-            for b in batches]
+    return [b if isinstance(b, JaggedBatch) else JaggedBatch.from_kjt(b) for b in batches]
 
 
-def sharded_lookup(world_size: int, dist_type: DistType | str,
-                   batches: list[Batch], embedding_dim: int,
-                   block_size: int | None = None, seed: int = 0,
-                   backend: str = "auto",
-                   timeout_s: float = 300.0) -> list[dict[str, Any]]:
+def sharded_lookup(
+    world_size: int,
+    dist_type: DistType | str,
+    batches: list[Batch],
+    embedding_dim: int,
+    block_size: int | None = None,
+    seed: int = 0,
+    backend: str = "auto",
+    timeout_s: float = 300.0,
+) -> list[dict[str, Any]]:
     """Spawn ``world_size`` ranks running :func:`lookup_on_rank`; returns
     their results in rank order (tensors on the CPU)."""
     if len(batches) != world_size:
-        raise ValueError(f"batches has {len(batches)} entries, need one per "
-                         f"rank (world_size={world_size})")
-    return launch(lookup_on_rank, world_size, dist_type, _picklable(batches),
-                  embedding_dim, block_size, seed, backend=backend,
-                  timeout_s=timeout_s)
+        raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
+    return launch(
+        lookup_on_rank,
+        world_size,
+        dist_type,
+        _picklable(batches),
+        embedding_dim,
+        block_size,
+        seed,
+        backend=backend,
+        timeout_s=timeout_s,
+    )
 
 
-def sharded_train_step(world_size: int, dist_type: DistType | str,
-                       batches: list[Batch],
-                       grads: list[torch.Tensor], lr: float,
-                       embedding_dim: int, block_size: int | None = None,
-                       seed: int = 0, dump_dir: str | None = None,
-                       backend: str = "auto",
-                       timeout_s: float = 300.0) -> list[dict[str, Any]]:
+def sharded_train_step(
+    world_size: int,
+    dist_type: DistType | str,
+    batches: list[Batch],
+    grads: list[torch.Tensor],
+    lr: float,
+    embedding_dim: int,
+    block_size: int | None = None,
+    seed: int = 0,
+    dump_dir: str | None = None,
+    backend: str = "auto",
+    timeout_s: float = 300.0,
+) -> list[dict[str, Any]]:
     """Spawn ``world_size`` ranks running :func:`train_on_rank`."""
     if len(batches) != world_size or len(grads) != world_size:
-        raise ValueError(f"batches has {len(batches)} and grads "
-                         f"{len(grads)} entries, need one per rank "
-                         f"(world_size={world_size})")
-    return launch(train_on_rank, world_size, dist_type, _picklable(batches),
-                  grads, lr, embedding_dim, block_size, seed, dump_dir,
-                  backend=backend, timeout_s=timeout_s)
+        raise ValueError(
+            f"batches has {len(batches)} and grads "
+            f"{len(grads)} entries, need one per rank "
+            f"(world_size={world_size})"
+        )
+    return launch(
+        train_on_rank,
+        world_size,
+        dist_type,
+        _picklable(batches),
+        grads,
+        lr,
+        embedding_dim,
+        block_size,
+        seed,
+        dump_dir,
+        backend=backend,
+        timeout_s=timeout_s,
+    )

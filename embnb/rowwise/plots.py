@@ -66,30 +66,36 @@ def load_heatmap(
     """
     if table.empty:
         raise ValueError("table is empty: nothing to plot")
-    world_sizes = _ordered(sorted(table["world_size"].unique()), world_sizes,
-                           "world_sizes")
+    world_sizes = _ordered(sorted(table["world_size"].unique()), world_sizes, "world_sizes")
     patterns = _ordered(table["pattern"], patterns, "patterns")
     dist_types = _ordered(table["dist_type"], dist_types, "dist_types")
     vmax = max(float(max(world_sizes)), float(table[value].max()), 2.0)
     norm = LogNorm(vmin=1.0, vmax=vmax)
 
     num_panels = len(world_sizes)
-    fig = Figure(figsize=(0.9 + 2.9 * num_panels, 0.9 + 0.45 * len(patterns)),
-                 layout="constrained")
+    fig = Figure(figsize=(0.9 + 2.9 * num_panels, 0.9 + 0.45 * len(patterns)), layout="constrained")
     axes = fig.subplots(
-        1, num_panels + 1,
+        1,
+        num_panels + 1,
         gridspec_kw={"width_ratios": [1.0] * num_panels + [0.06]},
     )
     panels, colorbar_ax = axes[:-1], axes[-1]
     for i, (ax, world_size) in enumerate(zip(panels, world_sizes)):
         rows = table[table["world_size"] == world_size]
-        grid = rows.pivot_table(index="pattern", columns="dist_type",
-                                values=value, aggfunc="mean")
+        grid = rows.pivot_table(index="pattern", columns="dist_type", values=value, aggfunc="mean")
         grid = grid.reindex(index=patterns, columns=dist_types)
         sns.heatmap(
-            grid, ax=ax, cmap=HEATMAP_CMAP, norm=norm, annot=True, fmt=".2f",
-            annot_kws={"fontsize": 8}, linewidths=0.5, linecolor="white",
-            cbar=i == num_panels - 1, cbar_ax=colorbar_ax,
+            grid,
+            ax=ax,
+            cmap=HEATMAP_CMAP,
+            norm=norm,
+            annot=True,
+            fmt=".2f",
+            annot_kws={"fontsize": 8},
+            linewidths=0.5,
+            linecolor="white",
+            cbar=i == num_panels - 1,
+            cbar_ax=colorbar_ax,
             cbar_kws={"label": _label(value)},
         )
         ax.set_title(f"world_size = {world_size}")
@@ -103,8 +109,7 @@ def load_heatmap(
     colorbar_ax.yaxis.set_major_locator(FixedLocator(ticks))
     colorbar_ax.yaxis.set_minor_locator(NullLocator())
     colorbar_ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
-    fig.suptitle(title or f"{_label(value)} of keys per rank "
-                 "(1 = balanced, W = all on one rank)")
+    fig.suptitle(title or f"{_label(value)} of keys per rank (1 = balanced, W = all on one rank)")
     return fig
 
 
@@ -141,8 +146,7 @@ def rank_load_bars(
         mean = sum(counts) / len(counts)
         ax.bar(ranks, counts, color=_color(name, i), label="all keys")
         if highlight is not None and name in highlight:
-            ax.bar(ranks, _as_list(highlight[name]), color="black", width=0.4,
-                   label=highlight_label)
+            ax.bar(ranks, _as_list(highlight[name]), color="black", width=0.4, label=highlight_label)
         ax.axhline(mean, color="0.3", linestyle="--", linewidth=1, label="mean")
         ratio = f"{max(counts) / mean:.2f}" if mean else "n/a"
         ax.set_title(f"{name}\nmax/mean {ratio}")
@@ -176,18 +180,22 @@ def max_over_mean_vs_world_size(
     axes = fig.subplots(1, len(patterns), sharey=True, squeeze=False)[0]
     for ax, pattern in zip(axes, patterns):
         rows = table[table["pattern"] == pattern].sort_values("world_size")
-        ax.plot(world_sizes, world_sizes, color="0.6", linestyle=":",
-                label="W (all on one rank)")
-        ax.axhline(1.0, color="0.6", linestyle="--", linewidth=1,
-                   label="1 (balanced)")
+        ax.plot(world_sizes, world_sizes, color="0.6", linestyle=":", label="W (all on one rank)")
+        ax.axhline(1.0, color="0.6", linestyle="--", linewidth=1, label="1 (balanced)")
         if "hot_key_floor" in rows:
             floor = rows.groupby("world_size")["hot_key_floor"].first()
-            ax.plot(floor.index, floor.values, color="black", linewidth=2.5,
-                    alpha=0.35, label="hot-key floor")
+            ax.plot(
+                floor.index, floor.values, color="black", linewidth=2.5, alpha=0.35, label="hot-key floor"
+            )
         for i, dist_type in enumerate(dist_types):
             line = rows[rows["dist_type"] == dist_type]
-            ax.plot(line["world_size"], line["max_over_mean"], marker="o",
-                    color=_color(dist_type, i), label=dist_type)
+            ax.plot(
+                line["world_size"],
+                line["max_over_mean"],
+                marker="o",
+                color=_color(dist_type, i),
+                label=dist_type,
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_xticks(world_sizes, [str(w) for w in world_sizes])

@@ -53,17 +53,12 @@ class DistType(str, enum.Enum):
         if isinstance(value, cls):
             return value
         if not isinstance(value, str):
-            raise TypeError(
-                f"dist_type must be a DistType or str, got "
-                f"{type(value).__name__} {value!r}"
-            )
+            raise TypeError(f"dist_type must be a DistType or str, got {type(value).__name__} {value!r}")
         try:
             return cls(value)
         except ValueError:
             valid = ", ".join(m.value for m in cls)
-            raise ValueError(
-                f"dist_type {value!r} is not one of {valid}"
-            ) from None
+            raise ValueError(f"dist_type {value!r} is not one of {valid}") from None
 
 
 class Bucketized(NamedTuple):
@@ -94,9 +89,7 @@ _LOW_31_BITS = (1 << 31) - 1
 
 def _check_int_tensor(name: str, t: object) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor, got {type(t).__name__}"
-        )
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
     if t.dim() != 1:
@@ -107,10 +100,7 @@ def _check_int_tensor(name: str, t: object) -> torch.Tensor:
 def _check_world_size(world_size: object) -> int:
     # bool is an int subclass; True as a world size is a bug, not 1.
     if not isinstance(world_size, int) or isinstance(world_size, bool):
-        raise TypeError(
-            f"world_size must be an int >= 1, got {type(world_size).__name__} "
-            f"{world_size!r}"
-        )
+        raise TypeError(f"world_size must be an int >= 1, got {type(world_size).__name__} {world_size!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     return world_size
@@ -156,31 +146,24 @@ def _route(
     block = keys // block_size
     in_blocks = block < world_size
     owner = torch.where(in_blocks, block, keys % world_size)
-    local = torch.where(
-        in_blocks, keys - block * block_size, keys // world_size
-    )
+    local = torch.where(in_blocks, keys - block * block_size, keys // world_size)
     return owner, local
 
 
 def _check_block_size(block_size: object) -> int:
     if not isinstance(block_size, int) or isinstance(block_size, bool):
         raise TypeError(
-            f"block_size must be an int >= 1 for continuous, got "
-            f"{type(block_size).__name__} {block_size!r}"
+            f"block_size must be an int >= 1 for continuous, got {type(block_size).__name__} {block_size!r}"
         )
     if block_size < 1:
-        raise ValueError(
-            f"block_size must be >= 1 for continuous, got {block_size}"
-        )
+        raise ValueError(f"block_size must be >= 1 for continuous, got {block_size}")
     return block_size
 
 
 def _check_nonnegative_keys(keys: torch.Tensor, where: str) -> None:
     if keys.numel() and bool((keys < 0).any()):
         bad = int(keys[keys < 0][0])
-        raise ValueError(
-            f"continuous routing needs keys >= 0, got key {bad}{where}"
-        )
+        raise ValueError(f"continuous routing needs keys >= 0, got key {bad}{where}")
 
 
 def owner_rank(
@@ -214,8 +197,7 @@ def _per_feature_modes(
     if isinstance(dist_type, Sequence):
         return [DistType.parse(d) for d in dist_type]
     raise TypeError(
-        f"dist_type must be a DistType, str or a list of them, got "
-        f"{type(dist_type).__name__} {dist_type!r}"
+        f"dist_type must be a DistType, str or a list of them, got {type(dist_type).__name__} {dist_type!r}"
     )
 
 
@@ -225,22 +207,13 @@ def _block_size_list(
     if block_sizes is None:
         return None
     if isinstance(block_sizes, torch.Tensor):
-        if (
-            block_sizes.is_floating_point()
-            or block_sizes.is_complex()
-            or block_sizes.dtype == torch.bool
-        ):
-            raise TypeError(
-                f"block_sizes must be an integer tensor, got "
-                f"{block_sizes.dtype}"
-            )
+        if block_sizes.is_floating_point() or block_sizes.is_complex() or block_sizes.dtype == torch.bool:
+            raise TypeError(f"block_sizes must be an integer tensor, got {block_sizes.dtype}")
         return [int(b) for b in block_sizes.reshape(-1).tolist()]
     sizes = list(block_sizes)
     for b in sizes:
         if not isinstance(b, int) or isinstance(b, bool):
-            raise TypeError(
-                f"block_sizes must hold ints, got {type(b).__name__} {b!r}"
-            )
+            raise TypeError(f"block_sizes must hold ints, got {type(b).__name__} {b!r}")
     return sizes
 
 
@@ -254,8 +227,7 @@ def _resolve_num_features(
     if num_features is not None:
         if not isinstance(num_features, int) or isinstance(num_features, bool):
             raise TypeError(
-                f"num_features must be an int >= 1, got "
-                f"{type(num_features).__name__} {num_features!r}"
+                f"num_features must be an int >= 1, got {type(num_features).__name__} {num_features!r}"
             )
         if num_features < 1:
             raise ValueError(f"num_features must be >= 1, got {num_features}")
@@ -269,10 +241,7 @@ def _resolve_num_features(
     name0, count0 = candidates[0]
     for name, count in candidates[1:]:
         if count != count0:
-            raise ValueError(
-                f"{name} is {count} but {name0} is {count0}: "
-                f"one entry per feature is required"
-            )
+            raise ValueError(f"{name} is {count} but {name0} is {count0}: one entry per feature is required")
     if count0 < 1:
         raise ValueError(f"{name0} must be >= 1, got {count0}")
     return count0, name0
@@ -296,9 +265,7 @@ def _route_by_feature(
     for mode in set(modes):  # one pass per mode present, not per feature
         mask = torch.tensor([m is mode for m in modes])[feature]
         mode_block = None if block_size is None else block_size[mask]
-        owner[mask], local[mask] = _route(
-            keys[mask], world_size, mode, mode_block
-        )
+        owner[mask], local[mask] = _route(keys[mask], world_size, mode, mode_block)
     return owner, local
 
 
@@ -344,14 +311,11 @@ def bucketize(
     Output lengths keep the dtype of `lengths`; indices and
     unbucketize_permute keep the dtype of `indices` (as FBGEMM does).
     """
-    args = _check_args(lengths, indices, world_size, dist_type, block_sizes,
-                       num_features, weights)
+    args = _check_args(lengths, indices, world_size, dist_type, block_sizes, num_features, weights)
     if impl == "reference":
         return _reference_on_cpu(args)
     if impl not in ("auto", "native"):
-        raise ValueError(
-            f"impl must be 'auto', 'native' or 'reference', got {impl!r}"
-        )
+        raise ValueError(f"impl must be 'auto', 'native' or 'reference', got {impl!r}")
     from embnb.native import loader  # builds the extension on first use
 
     native = loader.load() if impl == "native" else loader.try_load()
@@ -359,9 +323,11 @@ def bucketize(
     if native is None:
         return _reference_on_cpu(args)
     if device.type != "cpu" and not native.cuda:
-        message = (f"embnb: the native extension was built without CUDA "
-                   f"kernels, so bucketize on {device} tensors runs the "
-                   f"pure-torch reference on the CPU (same results)")
+        message = (
+            f"embnb: the native extension was built without CUDA "
+            f"kernels, so bucketize on {device} tensors runs the "
+            f"pure-torch reference on the CPU (same results)"
+        )
         if impl == "native":
             raise loader.NativeUnavailable(message)
         global _warned_no_cuda
@@ -370,12 +336,13 @@ def bucketize(
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         return _reference_on_cpu(args)
     codes = [_DIST_CODES[m] for m in args.modes]
-    blocks = [
-        args.sizes[f] if m is DistType.CONTINUOUS else 0
-        for f, m in enumerate(args.modes)
-    ]
+    blocks = [args.sizes[f] if m is DistType.CONTINUOUS else 0 for f, m in enumerate(args.modes)]
     out = torch.ops.embnb.bucketize(
-        args.lengths, args.indices, args.world_size, codes, blocks,
+        args.lengths,
+        args.indices,
+        args.world_size,
+        codes,
+        blocks,
         args.weights,
     )
     return Bucketized(*out)
@@ -389,8 +356,7 @@ _DIST_CODES = {  # torch.ops.embnb.bucketize's per-feature codes
 }
 
 
-def _check_args(lengths, indices, world_size, dist_type, block_sizes,
-                num_features, weights) -> _Args:
+def _check_args(lengths, indices, world_size, dist_type, block_sizes, num_features, weights) -> _Args:
     """Checks that need no data; the kernels check lengths and keys."""
     lengths = _check_int_tensor("lengths", lengths)
     indices = _check_int_tensor("indices", indices)
@@ -404,31 +370,21 @@ def _check_args(lengths, indices, world_size, dist_type, block_sizes,
     num_segments = lengths.numel()
     if num_segments % num_features:
         raise ValueError(
-            f"len(lengths) is {num_segments}, not a multiple of "
-            f"num_features={num_features} ({source})"
+            f"len(lengths) is {num_segments}, not a multiple of num_features={num_features} ({source})"
         )
     num_keys = indices.numel()
     if weights is not None:
-        if not isinstance(weights, torch.Tensor) or weights.shape[:1] != (
-            num_keys,
-        ):
+        if not isinstance(weights, torch.Tensor) or weights.shape[:1] != (num_keys,):
             shape = getattr(weights, "shape", type(weights).__name__)
-            raise ValueError(
-                f"weights must be a tensor with {num_keys} rows (one per key),"
-                f" got {shape}"
-            )
+            raise ValueError(f"weights must be a tensor with {num_keys} rows (one per key), got {shape}")
     continuous = [f for f, m in enumerate(modes) if m is DistType.CONTINUOUS]
     if continuous and sizes is None:
         raise ValueError(
-            f"block_sizes is None but features {continuous} are continuous: "
-            f"give one block size per feature"
+            f"block_sizes is None but features {continuous} are continuous: give one block size per feature"
         )
     for f in continuous:
         if sizes[f] < 1:
-            raise ValueError(
-                f"block_sizes[{f}] is {sizes[f]}; continuous features need "
-                f"block sizes >= 1"
-            )
+            raise ValueError(f"block_sizes[{f}] is {sizes[f]}; continuous features need block sizes >= 1")
     batch = num_segments // num_features
     return _Args(lengths, indices, world_size, modes, sizes, batch, weights)
 
@@ -439,10 +395,13 @@ def _reference_on_cpu(args: _Args) -> Bucketized:
     if device.type == "cpu":
         return _bucketize_reference(args)
     weights = None if args.weights is None else args.weights.cpu()
-    out = _bucketize_reference(args._replace(
-        lengths=args.lengths.cpu(), indices=args.indices.cpu(),
-        weights=weights,
-    ))
+    out = _bucketize_reference(
+        args._replace(
+            lengths=args.lengths.cpu(),
+            indices=args.indices.cpu(),
+            weights=weights,
+        )
+    )
     return Bucketized(*(None if t is None else t.to(device) for t in out))
 
 
@@ -451,20 +410,17 @@ def _bucketize_reference(args: _Args) -> Bucketized:
     num_segments = lengths.numel()
     if num_segments and bool((lengths < 0).any()):
         pos = int(torch.nonzero(lengths < 0)[0])
-        raise ValueError(
-            f"lengths must be >= 0, got {int(lengths[pos])} at position {pos}"
-        )
+        raise ValueError(f"lengths must be >= 0, got {int(lengths[pos])} at position {pos}")
     num_keys = indices.numel()
     total = int(lengths.sum()) if num_segments else 0
     if total != num_keys:
-        raise ValueError(
-            f"lengths sum to {total} but indices has {num_keys} keys"
-        )
+        raise ValueError(f"lengths sum to {total} but indices has {num_keys} keys")
     continuous = [f for f, m in enumerate(modes) if m is DistType.CONTINUOUS]
 
     # Per key: its segment (f * batch + b) and feature; route in int64.
     segment = torch.repeat_interleave(
-        torch.arange(num_segments), lengths.to(torch.int64),
+        torch.arange(num_segments),
+        lengths.to(torch.int64),
         output_size=num_keys,
     )
     feature = segment // batch if batch else segment

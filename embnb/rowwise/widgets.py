@@ -19,9 +19,8 @@ import ipywidgets as widgets
 import torch
 from matplotlib.figure import Figure
 
-from embnb.rowwise import aliasing
-from embnb.rowwise import plots
 from embnb.data import make_keys
+from embnb.rowwise import aliasing, plots
 from embnb.rowwise.routing import DistType
 
 __all__ = ["LoadExplorer", "load_explorer"]
@@ -49,17 +48,24 @@ class LoadExplorer:
         names = [DistType.parse(d).value for d in dist_types]
         self.seed = seed
         self.pattern_options = {k: dict(v) for k, v in (pattern_options or {}).items()}
-        self.pattern = widgets.Dropdown(options=list(patterns), value=patterns[0],
-                                        description="pattern")
-        self.dist_type = widgets.ToggleButtons(options=names, value=names[-1],
-                                               description="dist_type")
+        self.pattern = widgets.Dropdown(options=list(patterns), value=patterns[0], description="pattern")
+        self.dist_type = widgets.ToggleButtons(options=names, value=names[-1], description="dist_type")
         self.world_size = widgets.IntSlider(
-            value=world_size, min=1, max=max(max_world_size, world_size),
-            description="world_size", continuous_update=False)
+            value=world_size,
+            min=1,
+            max=max(max_world_size, world_size),
+            description="world_size",
+            continuous_update=False,
+        )
         step = max(1, max_num_keys // 1000)
         self.num_keys = widgets.IntSlider(
-            value=num_keys, min=step, max=max(max_num_keys, num_keys), step=step,
-            description="num_keys", continuous_update=False)
+            value=num_keys,
+            min=step,
+            max=max(max_num_keys, num_keys),
+            step=step,
+            description="num_keys",
+            continuous_update=False,
+        )
         self.output = widgets.Output()
         self.figure: Figure | None = None
         self._keys_cache: dict[tuple, torch.Tensor] = {}
@@ -73,8 +79,10 @@ class LoadExplorer:
         key = (pattern, num_keys, world_size)
         if key not in self._keys_cache:
             self._keys_cache = {  # keep one: toggling dist_type reuses it
-                key: make_keys(pattern, num_keys, world_size, self.seed,
-                               **self.pattern_options.get(pattern, {}))}
+                key: make_keys(
+                    pattern, num_keys, world_size, self.seed, **self.pattern_options.get(pattern, {})
+                )
+            }
         return self._keys_cache[key]
 
     def _on_change(self, change: dict) -> None:
@@ -88,8 +96,10 @@ class LoadExplorer:
         counts = aliasing.rank_counts(keys, world_size, mode)
         hottest = aliasing.hottest_key_counts(keys, world_size, mode)
         self.figure = plots.rank_load_bars(
-            {mode: counts}, highlight={mode: hottest},
-            title=f"{pattern}, {num_keys:,} keys, world_size={world_size}")
+            {mode: counts},
+            highlight={mode: hottest},
+            title=f"{pattern}, {num_keys:,} keys, world_size={world_size}",
+        )
         self.output.clear_output(wait=True)
         with self.output:
             from IPython.display import display
@@ -111,5 +121,6 @@ def load_explorer(
     **limits: int,
 ) -> LoadExplorer:
     """A LoadExplorer drawn once; `limits`: max_world_size, max_num_keys."""
-    return LoadExplorer(patterns, dist_types, world_size, num_keys, seed=seed,
-                        pattern_options=pattern_options, **limits)
+    return LoadExplorer(
+        patterns, dist_types, world_size, num_keys, seed=seed, pattern_options=pattern_options, **limits
+    )

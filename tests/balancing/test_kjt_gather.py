@@ -37,8 +37,13 @@ def make_kjts(rank: int) -> list[KeyedJaggedTensor]:
 
 
 def as_plain(kjt: KeyedJaggedTensor) -> dict:
-    return {"keys": kjt.keys(), "stride": kjt.stride(), "lengths": kjt.lengths(), "values": kjt.values(),
-            "weights": kjt.weights_or_none()}
+    return {
+        "keys": kjt.keys(),
+        "stride": kjt.stride(),
+        "lengths": kjt.lengths(),
+        "values": kjt.values(),
+        "weights": kjt.weights_or_none(),
+    }
 
 
 def gather_on_rank(rank, world_size):
@@ -47,8 +52,12 @@ def gather_on_rank(rank, world_size):
         fused = kjt_gather.allgather_kjt(kjts)
     with kjt_gather.count_collectives() as per_key_calls:
         per_key = kjt_gather.allgather_kjt_per_key(kjts)
-    return {"fused": [as_plain(k) for k in fused], "per_key": [as_plain(k) for k in per_key],
-            "fused_calls": dict(fused_calls), "per_key_calls": dict(per_key_calls)}
+    return {
+        "fused": [as_plain(k) for k in fused],
+        "per_key": [as_plain(k) for k in per_key],
+        "fused_calls": dict(fused_calls),
+        "per_key_calls": dict(per_key_calls),
+    }
 
 
 def global_batch_by_hand(j: int) -> dict:
@@ -62,8 +71,13 @@ def global_batch_by_hand(j: int) -> dict:
             values.append(jagged.values())
             if jagged.weights_or_none() is not None:
                 weights.append(jagged.weights())
-    return {"keys": batches[0].keys(), "stride": STRIDE * WORLD_SIZE, "lengths": torch.cat(lengths),
-            "values": torch.cat(values), "weights": torch.cat(weights) if weights else None}
+    return {
+        "keys": batches[0].keys(),
+        "stride": STRIDE * WORLD_SIZE,
+        "lengths": torch.cat(lengths),
+        "values": torch.cat(values),
+        "weights": torch.cat(weights) if weights else None,
+    }
 
 
 def assert_same(got: dict, want: dict):

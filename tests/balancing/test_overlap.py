@@ -9,13 +9,23 @@ import time
 import pytest
 import torch
 
-from embnb.balancing import partition as balancer
 from embnb.balancing import overlap
+from embnb.balancing import partition as balancer
 from embnb.dist import RankError, launch
 
 WORLD_SIZE = 4
-TINY = {"steps": 3, "batch_size": 6, "max_length": 48, "num_items": 50, "num_categories": 5,
-        "embedding_dim": 8, "ffn_dim": 16, "num_heads": 2, "lr": 0.05, "seed": 3}
+TINY = {
+    "steps": 3,
+    "batch_size": 6,
+    "max_length": 48,
+    "num_items": 50,
+    "num_categories": 5,
+    "embedding_dim": 8,
+    "ffn_dim": 16,
+    "num_heads": 2,
+    "lr": 0.05,
+    "seed": 3,
+}
 RUNS = [
     {**TINY, "mode": "none"},
     {**TINY, "mode": "sync", "kk_backend": "python"},
@@ -35,8 +45,13 @@ def one_process_training(config):
     """The same model and steps on the whole global batch in this process."""
     config = {**overlap.DEFAULT_CONFIG, **config}
     torch.manual_seed(config["seed"])
-    model = overlap.SequenceModel(config["num_items"], config["num_categories"], config["embedding_dim"],
-                                  config["ffn_dim"], config["num_heads"])
+    model = overlap.SequenceModel(
+        config["num_items"],
+        config["num_categories"],
+        config["embedding_dim"],
+        config["ffn_dim"],
+        config["num_heads"],
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
     losses = []
     for step in range(config["steps"]):
@@ -56,15 +71,20 @@ def test_every_mode_trains_like_one_process_on_the_whole_batch(runs):
     want_losses, want_weights = one_process_training(TINY)
     for run in runs:
         for result in run:
-            assert result["losses"] == pytest.approx(want_losses, rel=1e-4), (result["mode"], result["kk_backend"])
+            assert result["losses"] == pytest.approx(want_losses, rel=1e-4), (
+                result["mode"],
+                result["kk_backend"],
+            )
             torch.testing.assert_close(result["weights"], want_weights, rtol=1e-4, atol=1e-5)
 
 
 def test_each_rank_trains_on_exactly_its_kk_part(runs):
     config = {**overlap.DEFAULT_CONFIG, **TINY}
     for step in range(TINY["steps"]):
-        per_rank = [overlap.sample_workloads(overlap.make_local_batch(config, r, step)[0], config)
-                    for r in range(WORLD_SIZE)]
+        per_rank = [
+            overlap.sample_workloads(overlap.make_local_batch(config, r, step)[0], config)
+            for r in range(WORLD_SIZE)
+        ]
         workloads = torch.cat(per_rank)
         parts = balancer.balance(workloads, WORLD_SIZE, "kk_swap", "python")
         want_balanced = [workloads[p].sum().item() for p in parts]
@@ -87,7 +107,9 @@ def test_timeline_has_every_phase_and_kk_runs_in_its_thread_when_overlapped(runs
                 if mode != "none":
                     assert {"gather_workloads", "kk", "exchange"} <= phases
             for kk in (s for s in spans if s["phase"] == "kk"):
-                gather = next(s for s in spans if s["phase"] == "gather_workloads" and s["step"] == kk["step"])
+                gather = next(
+                    s for s in spans if s["phase"] == "gather_workloads" and s["step"] == kk["step"]
+                )
                 assert kk["start"] >= gather["end"]  # KK needs the gathered workloads
                 assert kk["thread"] == ("kk" if mode == "overlap" else "main")
             assert all(s["end"] >= s["start"] and s["rank"] == result["rank"] for s in spans)
@@ -104,13 +126,16 @@ def test_timeline_has_every_phase_and_kk_runs_in_its_thread_when_overlapped(runs
 def test_hidden_fraction_by_hand():
     spans = [
         {"phase": "kk", "step": 1, "start": 0.0, "end": 4.0, "thread": "kk"},
-        {"phase": "wait_kk", "step": 1, "start": 3.0, "end": 4.5},   # 1 of 4 exposed
+        {"phase": "wait_kk", "step": 1, "start": 3.0, "end": 4.5},  # 1 of 4 exposed
         {"phase": "kk", "step": 2, "start": 10.0, "end": 12.0, "thread": "kk"},
         {"phase": "wait_kk", "step": 2, "start": 13.0, "end": 13.1},  # done before the wait
         {"phase": "kk", "step": 0, "start": 20.0, "end": 30.0, "thread": "kk", "warmup": True},
     ]
     assert overlap.hidden_fraction(spans) == pytest.approx(1 - 1 / 6)
-    assert overlap.hidden_fraction([{"phase": "kk", "step": 0, "start": 0.0, "end": 1.0, "thread": "main"}]) == 0.0
+    assert (
+        overlap.hidden_fraction([{"phase": "kk", "step": 0, "start": 0.0, "end": 1.0, "thread": "main"}])
+        == 0.0
+    )
     assert math.isnan(overlap.hidden_fraction([]))
 
 

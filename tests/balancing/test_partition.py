@@ -100,7 +100,11 @@ def test_every_method_is_valid_and_never_beats_brute_force(num_items, num_parts,
     workloads = torch.randint(0, 20, (num_items,), generator=gen).tolist()
     best = brute_force_best(workloads, num_parts, equal_size=True)
     # The bounds are bounds: no equal-size partition goes below them.
-    assert balancer.lower_bound(workloads, num_parts) <= balancer.equal_size_lower_bound(workloads, num_parts) <= best
+    assert (
+        balancer.lower_bound(workloads, num_parts)
+        <= balancer.equal_size_lower_bound(workloads, num_parts)
+        <= best
+    )
     for method in BALANCERS:
         parts = balancer.METHODS[method](workloads, num_parts)
         assert_partition(parts, num_items, num_parts)
@@ -133,11 +137,14 @@ def test_default_balancer_within_1_percent_of_the_lower_bound_on_zipf_batches(na
         assert result["max_load"] <= plain["max_load"]
 
 
-@pytest.mark.parametrize("workloads", [
-    list(range(1, 12)),
-    [100] + [1] * 10,  # the big item's part must not collect the padding
-    [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2],  # real zeros tie with the padding
-])
+@pytest.mark.parametrize(
+    "workloads",
+    [
+        list(range(1, 12)),
+        [100] + [1] * 10,  # the big item's part must not collect the padding
+        [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2],  # real zeros tie with the padding
+    ],
+)
 def test_padding_keeps_part_sizes_within_one(workloads):
     # 11 items into 5 parts: sizes 3, 2, 2, 2, 2 (and 4 padding items)
     for method in BALANCERS:
@@ -153,7 +160,9 @@ def test_imbalance_by_hand():
     assert even["max_over_mean"] == 1.0 and even["gap_to_lower_bound"] == 0.0
     skewed = balancer.imbalance(workloads, [[0, 1], [2, 3]])
     assert skewed["max_load"] == 7 and skewed["lower_bound"] == 5
-    assert skewed["max_over_mean"] == pytest.approx(1.4) and skewed["gap_to_lower_bound"] == pytest.approx(0.4)
+    assert skewed["max_over_mean"] == pytest.approx(1.4) and skewed["gap_to_lower_bound"] == pytest.approx(
+        0.4
+    )
     # Equal counts: the part with 100 also holds one other item, at least 1.
     assert balancer.equal_size_lower_bound([100, 1, 1, 1], 2) == 101
     assert balancer.lower_bound([100, 1, 1, 1], 2) == 100
@@ -177,7 +186,7 @@ def test_zipf_lengths_are_deterministic_heavy_tailed_and_in_range():
     assert torch.equal(lengths, balancer.zipf_lengths(20_000, 1.5, 1000, seed=7))
     assert lengths.min() >= 1 and lengths.max() <= 1000
     share_of_ones = (lengths == 1).double().mean().item()
-    expected = (1 / sum(k ** -1.5 for k in range(1, 1001)))
+    expected = 1 / sum(k**-1.5 for k in range(1, 1001))
     assert abs(share_of_ones - expected) < 0.02  # 20k draws: a few standard errors
 
 
@@ -200,8 +209,9 @@ def test_native_matches_python_on_zipf_and_flops(native, num_samples, num_parts)
     flops = balancer.attention_block_flops(lengths, 64, 256)
     for workloads in (lengths, flops, torch.rand(num_samples, dtype=torch.float64)):
         for method in ("karmarkar_karp", "kk_swap"):
-            assert balancer.balance(workloads, num_parts, method, "native") == \
-                balancer.balance(workloads, num_parts, method, "python"), method
+            assert balancer.balance(workloads, num_parts, method, "native") == balancer.balance(
+                workloads, num_parts, method, "python"
+            ), method
 
 
 def test_native_op_runs_without_the_gil(native):
@@ -209,6 +219,7 @@ def test_native_op_runs_without_the_gil(native):
     drops it. The main thread, woken by the worker just before the call,
     only gets to run while the worker is inside the op if the op released
     the GIL; with the Python KK it runs only after the worker is done."""
+
     def main_thread_ran_during(fn):
         entered, done = threading.Event(), threading.Event()
 

@@ -39,8 +39,7 @@ some = settings(max_examples=120, deadline=None)
 
 
 def _start(cmd: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,20 +49,35 @@ def compile_jobs(tmp_path_factory):
     out = tmp_path_factory.mktemp("cuda-objects")
     jobs = {"dir": out}
     if shutil.which("nvcc"):
-        jobs["nvcc"] = _start([
-            "nvcc", "-arch=sm_90", "-O3", "-std=c++20",
-            "-Xcompiler", "-fPIC,-Wall",
-            "-c", str(CUDA_DIR / "bucketize_cuda.cu"),
-            "-o", str(out / "bucketize_cuda_cu.o"),
-        ])
+        jobs["nvcc"] = _start(
+            [
+                "nvcc",
+                "-arch=sm_90",
+                "-O3",
+                "-std=c++20",
+                "-Xcompiler",
+                "-fPIC,-Wall",
+                "-c",
+                str(CUDA_DIR / "bucketize_cuda.cu"),
+                "-o",
+                str(out / "bucketize_cuda_cu.o"),
+            ]
+        )
     from torch.utils.cpp_extension import include_paths
 
-    jobs["binding"] = _start([
-        os.environ.get("CXX", "c++"), "-std=c++20", "-fPIC", "-Wall", "-c",
-        *[f"-I{p}" for p in include_paths()],
-        str(CUDA_DIR / "bucketize_cuda.cpp"),
-        "-o", str(out / "bucketize_cuda_binding.o"),
-    ])
+    jobs["binding"] = _start(
+        [
+            os.environ.get("CXX", "c++"),
+            "-std=c++20",
+            "-fPIC",
+            "-Wall",
+            "-c",
+            *[f"-I{p}" for p in include_paths()],
+            str(CUDA_DIR / "bucketize_cuda.cpp"),
+            "-o",
+            str(out / "bucketize_cuda_binding.o"),
+        ]
+    )
     yield jobs
     for name, job in jobs.items():
         if name != "dir" and job.poll() is None:
@@ -97,13 +111,11 @@ def assert_same(got, want):
 def cases(draw, modes=st.sampled_from(MODES), max_world=300):
     """A KJT with per-feature modes, covering empty rows and features, one
     rank, keys past the last block, keys >= 2**52 and int32/int64 data."""
-    world = draw(st.one_of(st.integers(1, 9), st.sampled_from([1, 64, 100]),
-                           st.integers(1, max_world)))
+    world = draw(st.one_of(st.integers(1, 9), st.sampled_from([1, 64, 100]), st.integers(1, max_world)))
     num_features = draw(st.integers(1, 4))
     batch = draw(st.integers(0, 5))
     feature_modes = [draw(modes) for _ in range(num_features)]
-    blocks = [draw(st.one_of(st.integers(1, 30), st.integers(1, 2**62)))
-              for _ in range(num_features)]
+    blocks = [draw(st.one_of(st.integers(1, 30), st.integers(1, 2**62))) for _ in range(num_features)]
     index_dtype = draw(st.sampled_from(DTYPES))
     lengths_dtype = draw(st.sampled_from(DTYPES))
     hi = LIMITS[index_dtype]
@@ -114,26 +126,34 @@ def cases(draw, modes=st.sampled_from(MODES), max_world=300):
         length = 0 if f == empty_feature else draw(st.integers(0, 7))
         lengths.append(length)
         if feature_modes[f] == "continuous":
-            keys = st.one_of(st.integers(0, 2 * min(blocks[f], 40) * world),
-                             st.integers(0, hi), st.integers(min(2**52 - 3, hi), hi))
+            keys = st.one_of(
+                st.integers(0, 2 * min(blocks[f], 40) * world),
+                st.integers(0, hi),
+                st.integers(min(2**52 - 3, hi), hi),
+            )
         else:
-            keys = st.one_of(st.integers(-hi - 1, hi),
-                             st.sampled_from([0, 1, -1, hi, -hi - 1]))
+            keys = st.one_of(st.integers(-hi - 1, hi), st.sampled_from([0, 1, -1, hi, -hi - 1]))
         indices += [draw(keys) for _ in range(length)]
     return dict(
         lengths=torch.tensor(lengths, dtype=lengths_dtype),
         indices=torch.tensor(indices, dtype=index_dtype),
-        world=world, modes=feature_modes, blocks=blocks,
+        world=world,
+        modes=feature_modes,
+        blocks=blocks,
         num_features=num_features,
     )
 
 
 def run_both(case, device="cpu", weights=None):
-    args = (case["lengths"].to(device), case["indices"].to(device),
-            case["world"], case["modes"], case["blocks"])
+    args = (
+        case["lengths"].to(device),
+        case["indices"].to(device),
+        case["world"],
+        case["modes"],
+        case["blocks"],
+    )
     kwargs = dict(weights=weights)
-    return (bucketize(*args, impl="native", **kwargs),
-            reference(*args, **kwargs))
+    return (bucketize(*args, impl="native", **kwargs), reference(*args, **kwargs))
 
 
 # ---- CPU parity -------------------------------------------------------------
@@ -169,14 +189,18 @@ def test_native_continuous_matches_fbgemm(native, case, with_weights):
     weights = torch.rand(len(indices)) if with_weights else None
     # FBGEMM computes block_size * W in the dtype of the indices and routes
     # wrongly when that overflows; the reference (and embnb) do not.
-    blocks = [min(b, LIMITS[indices.dtype] // case["world"])
-              for b in case["blocks"]]
-    got = bucketize(lengths, indices, case["world"], "continuous", blocks,
-                    weights=weights, impl="native")
+    blocks = [min(b, LIMITS[indices.dtype] // case["world"]) for b in case["blocks"]]
+    got = bucketize(lengths, indices, case["world"], "continuous", blocks, weights=weights, impl="native")
     block_sizes = torch.tensor(blocks, dtype=indices.dtype)
     want = torch.ops.fbgemm.block_bucketize_sparse_features(
-        lengths, indices, bucketize_pos=False, sequence=True,
-        block_sizes=block_sizes, my_size=case["world"], weights=weights)
+        lengths,
+        indices,
+        bucketize_pos=False,
+        sequence=True,
+        block_sizes=block_sizes,
+        my_size=case["world"],
+        weights=weights,
+    )
     assert torch.equal(got.lengths, want[0]) and got.lengths.dtype == want[0].dtype
     assert torch.equal(got.indices, want[1]) and got.indices.dtype == want[1].dtype
     assert torch.equal(got.unbucketize_permute, want[4])
@@ -195,22 +219,28 @@ def big_case(seed, world, modes, index_dtype=torch.int64):
     n = int(lengths.sum())
     indices = torch.randint(0, 10**9, (n,), generator=gen)
     raw = torch.randint(-(2**62), 2**62, (n,), generator=gen)
-    feature = torch.repeat_interleave(
-        torch.arange(num_features * batch) // batch, lengths)
+    feature = torch.repeat_interleave(torch.arange(num_features * batch) // batch, lengths)
     rr = torch.tensor([m != "continuous" for m in modes])[feature]
     indices[rr] = raw[rr]
-    return dict(lengths=lengths.int(), indices=indices.to(index_dtype),
-                world=world, modes=modes, blocks=[10**9 // world + 1] * num_features)
+    return dict(
+        lengths=lengths.int(),
+        indices=indices.to(index_dtype),
+        world=world,
+        modes=modes,
+        blocks=[10**9 // world + 1] * num_features,
+    )
 
 
 @pytest.mark.parametrize("threads", [2, 5])
-@pytest.mark.parametrize("world, modes", [
-    (8, ["continuous"] * 3),
-    (64, ["hash_roundrobin", "continuous", "roundrobin"]),
-    (300, ["roundrobin", "hash_roundrobin", "continuous"]),  # W > 256
-])
-def test_native_matches_reference_across_thread_chunks(native, threads, world,
-                                                        modes):
+@pytest.mark.parametrize(
+    "world, modes",
+    [
+        (8, ["continuous"] * 3),
+        (64, ["hash_roundrobin", "continuous", "roundrobin"]),
+        (300, ["roundrobin", "hash_roundrobin", "continuous"]),  # W > 256
+    ],
+)
+def test_native_matches_reference_across_thread_chunks(native, threads, world, modes):
     old = torch.get_num_threads()
     torch.set_num_threads(threads)  # more chunks than cores: more carries
     try:
@@ -227,11 +257,10 @@ def test_native_matches_reference_across_thread_chunks(native, threads, world,
 def test_native_big_continuous_matches_fbgemm(native):
     case = big_case(1, 8, ["continuous"] * 3)
     lengths, indices = case["lengths"], case["indices"]
-    got = bucketize(lengths, indices, 8, "continuous", case["blocks"],
-                    impl="native")
+    got = bucketize(lengths, indices, 8, "continuous", case["blocks"], impl="native")
     want = torch.ops.fbgemm.block_bucketize_sparse_features(
-        lengths, indices, False, True,
-        torch.tensor(case["blocks"]), 8)
+        lengths, indices, False, True, torch.tensor(case["blocks"]), 8
+    )
     assert torch.equal(got.lengths, want[0])
     assert torch.equal(got.indices, want[1])
     assert torch.equal(got.unbucketize_permute, want[4])
@@ -240,27 +269,31 @@ def test_native_big_continuous_matches_fbgemm(native):
 # ---- the op's own checks -----------------------------------------------------
 
 L = torch.tensor([1, 2, 0, 1])
-I = torch.tensor([3, 4, 5, 6])
+KEYS = torch.tensor([3, 4, 5, 6])
 
 
-@pytest.mark.parametrize("args, error, words", [
-    ((L, I, 2, [0, 3], [4, 4]), ValueError, ["dist_types[1]", "3"]),
-    ((L, I, 2, [0, 1], [4]), ValueError, ["len(block_sizes) is 1", "2"]),
-    ((L, I, 2, [], []), ValueError, ["dist_types", "none"]),
-    ((L, I, 0, [1, 1], [0, 0]), ValueError, ["world_size", "0"]),
-    ((L, I, 2, [1, 1, 1], [0] * 3), ValueError, ["len(lengths) is 4", "3"]),
-    ((L, I, 2, [0, 0], [4, -1]), ValueError, ["block_sizes[1]", "-1"]),
-    ((L.float(), I, 2, [1, 1], [0, 0]), TypeError, ["lengths", "Float"]),
-    ((L, I.short(), 2, [1, 1], [0, 0]), TypeError, ["indices", "Short"]),
-    ((L.view(2, 2), I, 2, [1, 1], [0, 0]), ValueError, ["lengths", "1-D"]),
-    ((torch.tensor([1, 2, 0, 2]), I, 2, [1, 1], [0, 0]), ValueError,
-     ["sum to 5", "4 keys"]),
-    ((torch.tensor([1, -2, 4, 1]), I, 2, [1, 1], [0, 0]), ValueError,
-     ["-2", "position 1"]),
-    ((L, torch.tensor([3, 4, -7, 6]), 2, [0, 1], [4, 0]), ValueError,
-     ["key -7", "position 2", "feature 0"]),
-    ((L, torch.tensor([3, 4, -7, 6]), 2, [1, 0], [0, 4]), None, []),
-])
+@pytest.mark.parametrize(
+    "args, error, words",
+    [
+        ((L, KEYS, 2, [0, 3], [4, 4]), ValueError, ["dist_types[1]", "3"]),
+        ((L, KEYS, 2, [0, 1], [4]), ValueError, ["len(block_sizes) is 1", "2"]),
+        ((L, KEYS, 2, [], []), ValueError, ["dist_types", "none"]),
+        ((L, KEYS, 0, [1, 1], [0, 0]), ValueError, ["world_size", "0"]),
+        ((L, KEYS, 2, [1, 1, 1], [0] * 3), ValueError, ["len(lengths) is 4", "3"]),
+        ((L, KEYS, 2, [0, 0], [4, -1]), ValueError, ["block_sizes[1]", "-1"]),
+        ((L.float(), KEYS, 2, [1, 1], [0, 0]), TypeError, ["lengths", "Float"]),
+        ((L, KEYS.short(), 2, [1, 1], [0, 0]), TypeError, ["indices", "Short"]),
+        ((L.view(2, 2), KEYS, 2, [1, 1], [0, 0]), ValueError, ["lengths", "1-D"]),
+        ((torch.tensor([1, 2, 0, 2]), KEYS, 2, [1, 1], [0, 0]), ValueError, ["sum to 5", "4 keys"]),
+        ((torch.tensor([1, -2, 4, 1]), KEYS, 2, [1, 1], [0, 0]), ValueError, ["-2", "position 1"]),
+        (
+            (L, torch.tensor([3, 4, -7, 6]), 2, [0, 1], [4, 0]),
+            ValueError,
+            ["key -7", "position 2", "feature 0"],
+        ),
+        ((L, torch.tensor([3, 4, -7, 6]), 2, [1, 0], [0, 4]), None, []),
+    ],
+)
 def test_op_rejects_bad_input(native, args, error, words):
     if error is None:  # a negative key of a round-robin feature is fine
         torch.ops.embnb.bucketize(*args)
@@ -273,12 +306,12 @@ def test_op_rejects_bad_input(native, args, error, words):
 
 def test_op_rejects_weights_of_the_wrong_length(native):
     with pytest.raises(ValueError, match="4 rows"):
-        torch.ops.embnb.bucketize(L, I, 2, [1, 1], [0, 0], torch.ones(3))
+        torch.ops.embnb.bucketize(L, KEYS, 2, [1, 1], [0, 0], torch.ones(3))
 
 
 def test_bucketize_rejects_unknown_impl():
     with pytest.raises(ValueError, match="'fast'"):
-        bucketize(L, I, 2, "roundrobin", impl="fast")
+        bucketize(L, KEYS, 2, "roundrobin", impl="fast")
 
 
 # ---- loader: cache key, reuse, fallback -------------------------------------
@@ -319,8 +352,11 @@ def test_no_cuda_build_without_a_gpu_to_build_for(monkeypatch):
 
 def _run_python(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-        env={**os.environ, **env}, capture_output=True, text=True,
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
         timeout=600,
     )
 
@@ -363,8 +399,7 @@ FALLBACK_SCRIPT = """
 
 
 def test_fallback_without_compiler_warns_once_and_gives_same_answer(tmp_path):
-    done = _run_python(FALLBACK_SCRIPT, CXX="/nonexistent/c++",
-                       EMBNB_EXT_DIR=str(tmp_path / "empty-cache"))
+    done = _run_python(FALLBACK_SCRIPT, CXX="/nonexistent/c++", EMBNB_EXT_DIR=str(tmp_path / "empty-cache"))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(report["warnings"]) == 1, report["warnings"]
@@ -380,8 +415,7 @@ def test_fallback_without_compiler_warns_once_and_gives_same_answer(tmp_path):
 
 # ---- CUDA -----------------------------------------------------------------
 
-needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU: CUDA parity "
-                               "runs only where one is lent")
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU: CUDA parity runs only where one is lent")
 
 
 @needs_gpu
@@ -400,11 +434,14 @@ def test_cuda_matches_reference(native, case, with_weights):
 
 
 @needs_gpu
-@pytest.mark.parametrize("world, modes", [
-    (8, ["continuous"] * 3),
-    (64, ["hash_roundrobin", "continuous", "roundrobin"]),
-    (300, ["roundrobin", "hash_roundrobin", "continuous"]),
-])
+@pytest.mark.parametrize(
+    "world, modes",
+    [
+        (8, ["continuous"] * 3),
+        (64, ["hash_roundrobin", "continuous", "roundrobin"]),
+        (300, ["roundrobin", "hash_roundrobin", "continuous"]),
+    ],
+)
 def test_cuda_big_matches_reference(native, world, modes):
     for index_dtype in DTYPES:
         case = big_case(world, world, modes)
@@ -418,14 +455,11 @@ def test_cuda_big_matches_reference(native, world, modes):
 def test_cuda_rejects_bad_data(native):
     cuda = dict(device="cuda")
     with pytest.raises(ValueError, match="-2 at position 1"):
-        torch.ops.embnb.bucketize(torch.tensor([1, -2, 4, 1], **cuda),
-                                  I.cuda(), 2, [1, 1], [0, 0])
+        torch.ops.embnb.bucketize(torch.tensor([1, -2, 4, 1], **cuda), KEYS.cuda(), 2, [1, 1], [0, 0])
     with pytest.raises(ValueError, match="sum to 5"):
-        torch.ops.embnb.bucketize(torch.tensor([1, 2, 0, 2], **cuda),
-                                  I.cuda(), 2, [1, 1], [0, 0])
+        torch.ops.embnb.bucketize(torch.tensor([1, 2, 0, 2], **cuda), KEYS.cuda(), 2, [1, 1], [0, 0])
     with pytest.raises(ValueError, match="key -7 at position 2 .feature 0"):
-        torch.ops.embnb.bucketize(L.cuda(), torch.tensor([3, 4, -7, 6], **cuda),
-                                  2, [0, 1], [4, 0])
+        torch.ops.embnb.bucketize(L.cuda(), torch.tensor([3, 4, -7, 6], **cuda), 2, [0, 1], [4, 0])
 
 
 # ---- the CUDA sources compile (CI has nvcc but no GPU) ----------------------
@@ -469,17 +503,32 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
     torch_lib = pathlib.Path(torch.__file__).parent / "lib"
     library = out / "embnb_cuda_check.so"
     link = subprocess.run(
-        ["nvcc", "-shared", "-o", str(library), *map(str, cpu_objects),
-         str(out / "bucketize_cuda_cu.o"), str(out / "bucketize_cuda_binding.o"),
-         f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-ltorch",
-         "-Xlinker", "--no-undefined"],
-        capture_output=True, text=True, timeout=300,
+        [
+            "nvcc",
+            "-shared",
+            "-o",
+            str(library),
+            *map(str, cpu_objects),
+            str(out / "bucketize_cuda_cu.o"),
+            str(out / "bucketize_cuda_binding.o"),
+            f"-L{torch_lib}",
+            "-lc10",
+            "-ltorch_cpu",
+            "-ltorch",
+            "-Xlinker",
+            "--no-undefined",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert link.returncode == 0, link.stdout + link.stderr
     # A fresh process: this one already holds the op's schema.
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(LOAD_AND_DUMP), str(library)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     registered = {line.split(":")[0]: line for line in done.stdout.splitlines()}

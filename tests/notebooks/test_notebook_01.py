@@ -80,8 +80,7 @@ def test_sweep_covers_every_case(run):
     sweep = run["results"]["sweep"]
     assert len(sweep) == 6 * 3 * 2  # patterns x dist_types x world sizes
     assert {row["world_size"] for row in sweep} == {4, 8}
-    strided_rr = [row for row in sweep
-                  if row["pattern"] == "strided" and row["dist_type"] == "roundrobin"]
+    strided_rr = [row for row in sweep if row["pattern"] == "strided" and row["dist_type"] == "roundrobin"]
     assert {row["world_size"]: row["max_over_mean"] for row in strided_rr} == {4: 4.0, 8: 8.0}
 
 
@@ -110,16 +109,14 @@ def test_checkpoint_reshard_conserves_rows(run):
     assert ckpt["saved_world_size"] == KV_WORLD_SIZE
     assert len(ckpt["rows_saved"]) == KV_WORLD_SIZE
     assert len(ckpt["rows_loaded"]) == RESHARD_WORLD_SIZE
-    distinct = make_keys("strided", KV_WORLD_SIZE * KV_KEYS_PER_RANK,
-                         KV_WORLD_SIZE, seed=0).unique().numel()
+    distinct = make_keys("strided", KV_WORLD_SIZE * KV_KEYS_PER_RANK, KV_WORLD_SIZE, seed=0).unique().numel()
     assert sum(ckpt["rows_saved"]) == sum(ckpt["rows_loaded"]) == distinct
     assert ckpt["distinct_keys_loaded"] == distinct
     assert all(rows > 0 for rows in ckpt["rows_loaded"])
     assert ckpt["every_key_on_owner"] is True
     assert ckpt["rows_exact"] is True
     # a `key % W == rank` loader agrees with the hash owner about 1/W of the time
-    assert ckpt["naive_loader_misplaced_fraction"] == pytest.approx(
-        1 - 1 / RESHARD_WORLD_SIZE, abs=0.08)
+    assert ckpt["naive_loader_misplaced_fraction"] == pytest.approx(1 - 1 / RESHARD_WORLD_SIZE, abs=0.08)
 
 
 def test_dist_type_mismatch_raised(run):

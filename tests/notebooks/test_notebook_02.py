@@ -49,7 +49,9 @@ def test_placement_explorer_redraws_and_shows_errors():
     explorer.widths.value = "1 3 2 6"
     assert explorer.figure.axes[0].images[0].get_array().size == 12
     explorer.widths.value = "1 3 2 2"
-    assert explorer.figure is None and "widths [1, 3, 2, 2] sum to 8, not the embedding_dim 12" in explorer.error
+    assert (
+        explorer.figure is None and "widths [1, 3, 2, 2] sum to 8, not the embedding_dim 12" in explorer.error
+    )
     explorer.widths.value = ""
     explorer.shard_ranks.value = "0, 4"
     assert "rank 4 >= world_size 2" in explorer.error
@@ -62,8 +64,13 @@ def test_committed_notebook_follows_the_conventions():
 
 
 def test_notebook_runs_on_real_ranks(tmp_path):
-    params = {"world_size": 2, "embedding_dim": 16, "shard_ranks": [1, 0, 0, 1],
-              "uneven_widths": [1, 6, 4, 5], "device": "cpu"}
+    params = {
+        "world_size": 2,
+        "embedding_dim": 16,
+        "shard_ranks": [1, 0, 0, 1],
+        "uneven_widths": [1, 6, 4, 5],
+        "device": "cpu",
+    }
     results = harness.run_notebook(NOTEBOOK, tmp_path, params, cell_timeout_s=300)
     assert results == json.loads((tmp_path / "02_cw_permute_indices.json").read_text())
     assert isinstance(results["summary"], str) and "\n" not in results["summary"]

@@ -29,7 +29,14 @@ def test_results_name_every_proposer_with_rating_and_time(run):
     results, _ = run
     assert isinstance(results["summary"], str) and "\n" not in results["summary"]
     proposers = results["proposers"]
-    assert set(proposers) == {"embnb DP", "torchrec DP", "Greedy", "Uniform", "GridSearch", "torchrec default"}
+    assert set(proposers) == {
+        "embnb DP",
+        "torchrec DP",
+        "Greedy",
+        "Uniform",
+        "GridSearch",
+        "torchrec default",
+    }
     for name, row in proposers.items():
         assert row["plan_s"] >= 0 and row["feasible"] == (row["perf_rating"] is not None), name
     assert proposers["embnb DP"]["feasible"]
@@ -52,7 +59,8 @@ def test_budget_sweep_and_chosen_plan(run):
     results, _ = run
     sweep = results["budget_sweep"]
     assert {(r["proposer"], r["hbm_cap_gb"]) for r in sweep} == {
-        (p, c) for p in ("embnb DP", "torchrec DP", "Greedy", "Uniform") for c in (0.75, 0.25)}
+        (p, c) for p in ("embnb DP", "torchrec DP", "Greedy", "Uniform") for c in (0.75, 0.25)
+    }
     ours = {r["hbm_cap_gb"]: r["perf_rating"] for r in sweep if r["proposer"] == "embnb DP"}
     assert ours[0.25] >= ours[0.75]  # less memory, slower options
     ranks = results["chosen_plan_rank_perf"]

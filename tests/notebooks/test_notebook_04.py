@@ -36,7 +36,10 @@ def test_every_method_reported_and_the_default_within_1_percent(run):
     imbalance = run["results"]["imbalance"]
     assert sorted(imbalance) == sorted(METHODS)
     assert imbalance["kk_swap"]["max_gap_to_lower_bound"] <= 0.01
-    assert imbalance["kk_swap"]["max_gap_to_lower_bound"] <= imbalance["karmarkar_karp"]["max_gap_to_lower_bound"]
+    assert (
+        imbalance["kk_swap"]["max_gap_to_lower_bound"]
+        <= imbalance["karmarkar_karp"]["max_gap_to_lower_bound"]
+    )
     # the loader's cut of a heavy-tailed batch is far from balanced
     assert imbalance["contiguous"]["max_gap_to_lower_bound"] > 0.1
     assert len(run["results"]["imbalance_rows"]) == len(METHODS)  # 1 size x 1 parts x 1 seed

@@ -13,7 +13,6 @@ import logging
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -89,8 +88,19 @@ class BestPlan(Stats):
 
     plan = None
 
-    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals,
-            num_plans, run_time, best_plan, *args, **kwargs):
+    def log(
+        self,
+        sharding_plan,
+        topology,
+        batch_size,
+        storage_reservation,
+        num_proposals,
+        num_plans,
+        run_time,
+        best_plan,
+        *args,
+        **kwargs,
+    ):
         if sharding_plan.plan:
             self.plan = best_plan
 
@@ -103,8 +113,14 @@ def plan_with(proposer, tables, constraints, topology):
     reservation = FixedPercentageStorageReservation(RESERVATION)
     best = BestPlan()
     the_planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=BATCH_SIZE, storage_reservation=reservation,
-        proposer=[proposer], constraints=constraints, stats=[best], debug=False)
+        topology=topology,
+        batch_size=BATCH_SIZE,
+        storage_reservation=reservation,
+        proposer=[proposer],
+        constraints=constraints,
+        stats=[best],
+        debug=False,
+    )
     try:
         sharding_plan = the_planner.plan(module, sharders)
         rating = NoopPerfModel(topology).rate(best.plan)
@@ -127,17 +143,23 @@ def instances(draw):
     tables, constraints = [], {}
     for i in range(num_tables):
         name = f"table_{i}"
-        tables.append(EmbeddingBagConfig(
-            name=name, feature_names=[f"feature_{i}"],
-            num_embeddings=int(10 ** draw(st.floats(4, 6.5))),
-            embedding_dim=draw(st.sampled_from([16, 32, 64, 128, 256]))))
+        tables.append(
+            EmbeddingBagConfig(
+                name=name,
+                feature_names=[f"feature_{i}"],
+                num_embeddings=int(10 ** draw(st.floats(4, 6.5))),
+                embedding_dim=draw(st.sampled_from([16, 32, 64, 128, 256])),
+            )
+        )
         limits = {}
         if num_tables > 3 and device == "cuda":  # at most 4 options a table: 4^6 combinations
             limits["sharding_types"] = ["row_wise"] + draw(st.lists(st.sampled_from(OTHER_TYPES), max_size=1))
-            limits["compute_kernels"] = ["fused"] + draw(st.lists(
-                st.sampled_from(["fused_uvm_caching", "fused_uvm"]), max_size=1))
+            limits["compute_kernels"] = ["fused"] + draw(
+                st.lists(st.sampled_from(["fused_uvm_caching", "fused_uvm"]), max_size=1)
+            )
         constraints[name] = ParameterConstraints(
-            pooling_factors=[draw(st.sampled_from([1.0, 5.0, 20.0, 80.0]))], **limits)
+            pooling_factors=[draw(st.sampled_from([1.0, 5.0, 20.0, 80.0]))], **limits
+        )
     memory = draw(st.floats(0.1, 1.0))  # where the budget sits between the least and the most memory
     ddr = draw(st.one_of(st.none(), st.floats(0.5, 1.3)))  # a DDR budget too (GPUs): both bind
     return tables, constraints, budget_topology(tables, constraints, world_size, device, memory, ddr)
@@ -151,8 +173,9 @@ def budget_topology(tables, constraints, world_size, device, memory, ddr):
     largest DDR. Shard memory includes buffers that do not scale with rows,
     so fp32 row sizes are no guide."""
     axis = "hbm" if device == "cuda" else "ddr"
-    probe = planner.make_topology(world_size, device, hbm_cap_gb=1e6 if device == "cuda" else None,
-                                  ddr_cap_gb=1e6)
+    probe = planner.make_topology(
+        world_size, device, hbm_cap_gb=1e6 if device == "cuda" else None, ddr_cap_gb=1e6
+    )
     groups = by_table(planner.enumerate_options(tables, probe, BATCH_SIZE, constraints).options)
 
     def size(option):
@@ -168,12 +191,17 @@ def budget_topology(tables, constraints, world_size, device, memory, ddr):
     if ddr is not None:
         largest_ddr = sum(max(o.total_storage.ddr for o in g) for g in groups)
         ddr_gb = max(ddr * largest_ddr / world_size, 1.0) / GB
-    return planner.make_topology(world_size, "cuda", hbm_cap_gb=per_device / (1 - RESERVATION) / GB,
-                                 ddr_cap_gb=ddr_gb)
+    return planner.make_topology(
+        world_size, "cuda", hbm_cap_gb=per_device / (1 - RESERVATION) / GB, ddr_cap_gb=ddr_gb
+    )
 
 
-@settings(max_examples=100, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(instances())
 def test_plans_within_two_percent_of_brute_force(instance):
     tables, constraints, topology = instance
@@ -203,8 +231,9 @@ def test_notebook_instances_within_two_percent_of_brute_force(seed):
     """The notebook's study: 3 tables, all 16 options each, HBM per device
     15% to 120% of the fp32 rows spread evenly."""
     model, topology = planner.random_instance(seed)
-    rating, constraint, _ = plan_with(planner.DynamicProgrammingProposer(), model.tables,
-                                      model.constraints, topology)
+    rating, constraint, _ = plan_with(
+        planner.DynamicProgrammingProposer(), model.tables, model.constraints, topology
+    )
     options = planner.enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints).options
     assert len(by_table(options)) == 3 and all(len(g) == 16 for g in by_table(options))
     best = brute_force(options, constraint, topology.world_size)
@@ -217,8 +246,10 @@ def test_notebook_instances_within_two_percent_of_brute_force(seed):
 def tiny(hbm_gb=0.5, ddr_gb=128.0, world_size=2, device="cuda"):
     """Three tables (0.5, 0.5 and 0.13 GiB fp32), four options each."""
     spec = [("user_id", 2_000_000, 64, 1.0), ("item_id", 1_000_000, 128, 5.0), ("ad_id", 500_000, 64, 20.0)]
-    tables = [EmbeddingBagConfig(name=n, feature_names=[n], num_embeddings=r, embedding_dim=d)
-              for n, r, d, _ in spec]
+    tables = [
+        EmbeddingBagConfig(name=n, feature_names=[n], num_embeddings=r, embedding_dim=d)
+        for n, r, d, _ in spec
+    ]
     limits = {"sharding_types": ["table_wise", "row_wise"], "compute_kernels": ["fused", "fused_uvm_caching"]}
     if device == "cpu":
         limits = {}
@@ -256,8 +287,9 @@ def test_cpu_topology_plans_on_ddr():
 def test_knapsack_frontier_goes_from_the_largest_memory_down():
     tables, constraints, topology = tiny(hbm_gb=0.5, ddr_gb=0.5)  # HBM and DDR both bind
     enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    frontier = planner.knapsack_frontier(enumerated, topology, BATCH_SIZE, bins_per_device=20,
-                                         ddr_bins_per_device=20)
+    frontier = planner.knapsack_frontier(
+        enumerated, topology, BATCH_SIZE, bins_per_device=20, ddr_bins_per_device=20
+    )
     assert frontier.attrs["axes"] == ["hbm", "ddr"]
     constraint = planner.reserved_topology(topology, enumerated, BATCH_SIZE)
     capacity_hbm = sum(d.storage.hbm for d in constraint.devices) / GB
@@ -267,7 +299,7 @@ def test_knapsack_frontier_goes_from_the_largest_memory_down():
     memory = list(zip(frontier.hbm_gb, frontier.ddr_gb))
     assert memory == sorted(memory, reverse=True)  # largest memory first
     # no plan uses at least as much memory on both axes and more perf than another
-    for (i, a), (j, b) in itertools.permutations(frontier.iterrows(), 2):
+    for (_, a), (_, b) in itertools.permutations(frontier.iterrows(), 2):
         assert not (a.hbm_gb >= b.hbm_gb and a.ddr_gb >= b.ddr_gb and a.summed_perf >= b.summed_perf)
 
     # Against every combination: each plan the partitioner can place, within
@@ -277,12 +309,16 @@ def test_knapsack_frontier_goes_from_the_largest_memory_down():
     every = planner.rate_every_plan(enumerated, topology, BATCH_SIZE)
     slack_hbm = len(tables) * capacity_hbm / (20 * topology.world_size)
     slack_ddr = len(tables) * capacity_ddr / (20 * topology.world_size)
-    fitting = every[every.perf_rating.notna() & (every.hbm_gb <= capacity_hbm - slack_hbm)
-                    & (every.ddr_gb <= capacity_ddr - slack_ddr)]
+    fitting = every[
+        every.perf_rating.notna()
+        & (every.hbm_gb <= capacity_hbm - slack_hbm)
+        & (every.ddr_gb <= capacity_ddr - slack_ddr)
+    ]
     assert len(fitting)
     for plan in fitting.itertuples():
-        covered = frontier[(frontier.hbm_gb <= plan.hbm_gb + slack_hbm)
-                           & (frontier.ddr_gb <= plan.ddr_gb + slack_ddr)]
+        covered = frontier[
+            (frontier.hbm_gb <= plan.hbm_gb + slack_hbm) & (frontier.ddr_gb <= plan.ddr_gb + slack_ddr)
+        ]
         assert covered.summed_perf.min() <= plan.summed_perf * (1 + 1e-12)
 
 
@@ -340,9 +376,24 @@ def test_bandwidth_overrides_reach_the_topology():
 def test_compare_proposers_rows_and_columns():
     tables, constraints, topology = tiny()
     table = planner.compare_proposers(tables, topology, BATCH_SIZE, constraints=constraints, timeout_s=60)
-    assert list(table.index) == ["embnb DP", "torchrec DP", "Greedy", "Uniform", "GridSearch", "torchrec default"]
-    assert {"perf_rating", "max_hbm_gb", "max_ddr_gb", "feasible", "proposals", "plan_s",
-            "timed_out", "note"} <= set(table.columns)
+    assert list(table.index) == [
+        "embnb DP",
+        "torchrec DP",
+        "Greedy",
+        "Uniform",
+        "GridSearch",
+        "torchrec default",
+    ]
+    assert {
+        "perf_rating",
+        "max_hbm_gb",
+        "max_ddr_gb",
+        "feasible",
+        "proposals",
+        "plan_s",
+        "timed_out",
+        "note",
+    } <= set(table.columns)
     capacity = topology.devices[0].storage.hbm * (1 - RESERVATION) / GB
     feasible = table[table.feasible]
     assert (feasible.max_hbm_gb <= capacity + 1e-9).all()
@@ -356,8 +407,12 @@ def test_grid_search_is_reported_as_skipped_past_ten_thousand_plans():
     model = planner.make_model(6, seed=1)
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables))
     table = planner.compare_proposers(
-        model.tables, topology, BATCH_SIZE, constraints=model.constraints,
-        proposers={k: v for k, v in planner.default_proposers().items() if k in ("embnb DP", "GridSearch")})
+        model.tables,
+        topology,
+        BATCH_SIZE,
+        constraints=model.constraints,
+        proposers={k: v for k, v in planner.default_proposers().items() if k in ("embnb DP", "GridSearch")},
+    )
     assert table.loc["GridSearch", "note"].startswith("skipped:")
     assert not table.loc["GridSearch", "feasible"] and table.loc["embnb DP", "feasible"]
 
@@ -368,33 +423,47 @@ def test_grid_search_is_reported_as_skipped_past_ten_thousand_plans():
 def test_a_table_that_fits_nowhere_is_named_with_its_memory():
     tables, constraints, _ = tiny()
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.05)
-    with pytest.raises(PlannerError, match=r"table 'user_id' fits on no device: its smallest option "
-                                           r"\(row_wise, fused_uvm_caching\) needs 0.0546 GiB HBM and 0.238 GiB DDR"):
+    with pytest.raises(
+        PlannerError,
+        match=r"table 'user_id' fits on no device: its smallest option "
+        r"\(row_wise, fused_uvm_caching\) needs 0.0546 GiB HBM and 0.238 GiB DDR",
+    ):
         plan_with_errors(planner.DynamicProgrammingProposer(), tables, constraints, topology)
 
 
 def test_tables_that_do_not_fit_together_are_reported_with_totals():
     tables, constraints, _ = tiny()
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.45)
-    with pytest.raises(PlannerError, match=r"do not fit together: no choice of options fits the 2 devices' "
-                                           r"0.34 GiB HBM and 0.9 GiB DDR"):
+    with pytest.raises(
+        PlannerError,
+        match=r"do not fit together: no choice of options fits the 2 devices' "
+        r"0.34 GiB HBM and 0.9 GiB DDR",
+    ):
         plan_with_errors(planner.DynamicProgrammingProposer(), tables, constraints, topology)
 
 
 def plan_with_errors(proposer, tables, constraints, topology):
     module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     EmbeddingShardingPlanner(
-        topology=topology, batch_size=BATCH_SIZE, proposer=[proposer, UniformProposer()],
-        storage_reservation=FixedPercentageStorageReservation(RESERVATION), constraints=constraints,
-        stats=[], debug=False).plan(module, [EmbeddingBagCollectionSharder()])
+        topology=topology,
+        batch_size=BATCH_SIZE,
+        proposer=[proposer, UniformProposer()],
+        storage_reservation=FixedPercentageStorageReservation(RESERVATION),
+        constraints=constraints,
+        stats=[],
+        debug=False,
+    ).plan(module, [EmbeddingBagCollectionSharder()])
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"bins_per_device": 0}, "bins_per_device must be an int >= 1, got 0"),
-    ({"ddr_bins_per_device": -2}, "ddr_bins_per_device must be an int >= 1, got -2"),
-    ({"bins_per_device": 2.5}, "bins_per_device must be an int >= 1, got 2.5"),
-    ({"max_refinements": -1}, "max_refinements must be an int >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"bins_per_device": 0}, "bins_per_device must be an int >= 1, got 0"),
+        ({"ddr_bins_per_device": -2}, "ddr_bins_per_device must be an int >= 1, got -2"),
+        ({"bins_per_device": 2.5}, "bins_per_device must be an int >= 1, got 2.5"),
+        ({"max_refinements": -1}, "max_refinements must be an int >= 0, got -1"),
+    ],
+)
 def test_bad_proposer_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         planner.DynamicProgrammingProposer(**kwargs)
@@ -408,17 +477,28 @@ def test_zero_tables_are_refused():
         planner.make_model(0)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: planner.make_topology(0), "world_size must be an int >= 1, got 0"),
-    (lambda: planner.make_topology(8, local_world_size=3), "local_world_size 3 must divide world_size 8"),
-    (lambda: planner.make_topology(2, "tpu"), "compute_device must be 'cuda' or 'cpu', got 'tpu'"),
-    (lambda: planner.make_topology(2, hbm_cap_gb=-1), "hbm_cap_gb must be > 0"),
-    (lambda: planner.create_planner("cpu", 0), "batch_size must be an int >= 1, got 0"),
-    (lambda: planner.create_planner("cpu", 8, storage_reservation_percentage=1.5),
-     r"storage_reservation_percentage must be in \[0, 1\), got 1.5"),
-    (lambda: planner.topology_for_device("gpu", 2), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
-    (lambda: planner.create_planner("tpu", 8), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: planner.make_topology(0), "world_size must be an int >= 1, got 0"),
+        (lambda: planner.make_topology(8, local_world_size=3), "local_world_size 3 must divide world_size 8"),
+        (lambda: planner.make_topology(2, "tpu"), "compute_device must be 'cuda' or 'cpu', got 'tpu'"),
+        (lambda: planner.make_topology(2, hbm_cap_gb=-1), "hbm_cap_gb must be > 0"),
+        (lambda: planner.create_planner("cpu", 0), "batch_size must be an int >= 1, got 0"),
+        (
+            lambda: planner.create_planner("cpu", 8, storage_reservation_percentage=1.5),
+            r"storage_reservation_percentage must be in \[0, 1\), got 1.5",
+        ),
+        (
+            lambda: planner.topology_for_device("gpu", 2),
+            "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'",
+        ),
+        (
+            lambda: planner.create_planner("tpu", 8),
+            "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'",
+        ),
+    ],
+)
 def test_bad_topology_and_planner_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()

@@ -4,10 +4,8 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embnb.rowwise import aliasing
-from embnb.rowwise import checkpoint
-from embnb.rowwise import kv
 from embnb.data import make_keys, zipf_probs
+from embnb.rowwise import aliasing, checkpoint, kv
 from embnb.rowwise.routing import DistType, hash_key, owner_rank
 
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]
@@ -25,10 +23,11 @@ def test_block_size_for_sizes_the_table_to_the_largest_key():
 def test_owners_defaults_continuous_to_blocks_of_the_key_range():
     keys = torch.arange(100)
     assert aliasing.owners(keys, 4, "continuous").tolist() == (keys // 25).tolist()
-    assert aliasing.owners(keys, 4, "continuous", block_size=10).tolist() == \
-        owner_rank(keys, 4, "continuous", 10).tolist()
-    assert torch.equal(aliasing.owners(keys, 4, "hash_roundrobin"),
-                       owner_rank(keys, 4, "hash_roundrobin"))
+    assert (
+        aliasing.owners(keys, 4, "continuous", block_size=10).tolist()
+        == owner_rank(keys, 4, "continuous", 10).tolist()
+    )
+    assert torch.equal(aliasing.owners(keys, 4, "hash_roundrobin"), owner_rank(keys, 4, "hash_roundrobin"))
 
 
 @pytest.mark.parametrize("dist_type", MODES)
@@ -60,8 +59,7 @@ def test_hot_key_floor():
 def test_hottest_key_lands_whole_on_its_owner(dist_type):
     keys = torch.tensor([7, 42, 42, 42, 9, 42, 11])
     per_rank = aliasing.hottest_key_counts(keys, 4, dist_type)
-    owner = int(aliasing.owners(torch.tensor([42]), 4, dist_type,
-                                aliasing.block_size_for(keys, 4))[0])
+    owner = int(aliasing.owners(torch.tensor([42]), 4, dist_type, aliasing.block_size_for(keys, 4))[0])
     expected = [0, 0, 0, 0]
     expected[owner] = 4
     assert per_rank.tolist() == expected
@@ -71,9 +69,15 @@ def test_hottest_key_lands_whole_on_its_owner(dist_type):
 def test_worked_example_shows_residues_hashes_and_owners():
     keys = [0, 8, 13, 2**40 + 16]
     table = aliasing.worked_example(keys, 8, MODES, block_size=2**38)
-    assert list(table.columns) == ["key", "low bits", "key % 8", "fmix64(key)",
-                                   "owner: continuous", "owner: roundrobin",
-                                   "owner: hash_roundrobin"]
+    assert list(table.columns) == [
+        "key",
+        "low bits",
+        "key % 8",
+        "fmix64(key)",
+        "owner: continuous",
+        "owner: roundrobin",
+        "owner: hash_roundrobin",
+    ]
     assert table["low bits"].tolist() == ["000", "000", "101", "000"]
     assert table["key % 8"].tolist() == [0, 0, 5, 0]
     hashes = hash_key(torch.tensor(keys)).tolist()
@@ -92,8 +96,9 @@ def test_worked_example_has_no_low_bits_column_when_w_is_not_a_power_of_two():
 
 def test_load_table_covers_every_case_and_finds_aliasing():
     patterns = ["uniform", "strided", "tagged", "zipf"]
-    table = aliasing.load_table(patterns, MODES, [4, 8], num_keys=40_000, seed=0,
-                                pattern_options={"zipf": {"alpha": 1.5}})
+    table = aliasing.load_table(
+        patterns, MODES, [4, 8], num_keys=40_000, seed=0, pattern_options={"zipf": {"alpha": 1.5}}
+    )
     assert list(table.columns) == aliasing.LOAD_COLUMNS
     assert len(table) == len(patterns) * len(MODES) * 2
     assert set(table["dist_type"]) == set(MODES)
@@ -113,12 +118,15 @@ def test_load_table_covers_every_case_and_finds_aliasing():
 
 
 def test_load_table_is_deterministic_and_passes_pattern_options():
-    mild = aliasing.load_table(["zipf"], ["hash_roundrobin"], [8], 20_000,
-                               pattern_options={"zipf": {"alpha": 1.1}})
-    steep = aliasing.load_table(["zipf"], ["hash_roundrobin"], [8], 20_000,
-                                pattern_options={"zipf": {"alpha": 2.0}})
-    again = aliasing.load_table(["zipf"], ["hash_roundrobin"], [8], 20_000,
-                                pattern_options={"zipf": {"alpha": 2.0}})
+    mild = aliasing.load_table(
+        ["zipf"], ["hash_roundrobin"], [8], 20_000, pattern_options={"zipf": {"alpha": 1.1}}
+    )
+    steep = aliasing.load_table(
+        ["zipf"], ["hash_roundrobin"], [8], 20_000, pattern_options={"zipf": {"alpha": 2.0}}
+    )
+    again = aliasing.load_table(
+        ["zipf"], ["hash_roundrobin"], [8], 20_000, pattern_options={"zipf": {"alpha": 2.0}}
+    )
     assert steep.equals(again)
     assert steep["hot_key_floor"].iloc[0] > 2 * mild["hot_key_floor"].iloc[0]
 
@@ -162,8 +170,16 @@ def test_kv_lookup_on_rank_single_process_returns_rows_and_dumps(tmp_path):
     keys = make_keys("strided", 64, 4, seed=0)
     batches = aliasing.make_batches(keys, 1, keys_per_sample=4)
     results = aliasing.kv_lookup_on_rank(
-        0, 1, MODES, batches, 8, {"continuous": aliasing.block_size_for(keys, 1)},
-        seed=3, dump_dir=str(tmp_path), dump_dist_type="hash_roundrobin")
+        0,
+        1,
+        MODES,
+        batches,
+        8,
+        {"continuous": aliasing.block_size_for(keys, 1)},
+        seed=3,
+        dump_dir=str(tmp_path),
+        dump_dist_type="hash_roundrobin",
+    )
     assert list(results) == MODES
     expected = kv.init_rows(keys, 8, 3)
     for mode in MODES:

@@ -28,9 +28,13 @@ def make_table(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Unique keys (some aliased multiples of 8, some past the continuous
     blocks) and random rows."""
     g = torch.Generator().manual_seed(seed)
-    keys = torch.cat([torch.randperm(NUM_ROWS, generator=g)[:300],
-                      torch.arange(0, 8 * 50, 8),
-                      torch.tensor([NUM_ROWS, 12345, 2**40 + 3])]).unique()
+    keys = torch.cat(
+        [
+            torch.randperm(NUM_ROWS, generator=g)[:300],
+            torch.arange(0, 8 * 50, 8),
+            torch.tensor([NUM_ROWS, 12345, 2**40 + 3]),
+        ]
+    ).unique()
     keys = keys[torch.randperm(len(keys), generator=g)]
     return keys, torch.randn(len(keys), DIM, generator=g)
 
@@ -47,13 +51,13 @@ def sorted_by_key(keys, rows):
 
 def write_table(tmp_path, dist, world_size, name="emb", seed=0):
     keys, rows = make_table(seed)
-    shards = shard_by_owner(keys, rows, world_size, dist,
-                            block_for(dist, world_size))
+    shards = shard_by_owner(keys, rows, world_size, dist, block_for(dist, world_size))
     dump_all(tmp_path, name, shards, dist, block_for(dist, world_size))
     return keys, rows, shards
 
 
 # ------------------------------------------------------------------ round trip
+
 
 @pytest.mark.parametrize("dist", DIST_TYPES)
 def test_round_trip_same_world_size(tmp_path, dist):
@@ -62,10 +66,15 @@ def test_round_trip_same_world_size(tmp_path, dist):
         got_keys, got_rows = load(tmp_path, "emb", rank, 4, dist)
         assert torch.equal(got_keys, keys) and torch.equal(got_rows, rows)
     meta = json.loads(meta_path(tmp_path, "emb").read_text())
-    assert meta == {"format_version": checkpoint.FORMAT_VERSION,
-                    "table_name": "emb", "dist_type": dist, "world_size": 4,
-                    "embedding_dim": DIM,
-                    "block_size": block_for(dist, 4), "init_seed": None}
+    assert meta == {
+        "format_version": checkpoint.FORMAT_VERSION,
+        "table_name": "emb",
+        "dist_type": dist,
+        "world_size": 4,
+        "embedding_dim": DIM,
+        "block_size": block_for(dist, 4),
+        "init_seed": None,
+    }
 
 
 def test_dump_per_rank_then_load_into_one_rank(tmp_path):
@@ -80,23 +89,21 @@ def test_dump_per_rank_then_load_into_one_rank(tmp_path):
 
 
 def test_empty_shard_round_trips(tmp_path):
-    dump(tmp_path, "emb", 0, 2, torch.tensor([0, 2]), torch.ones(2, DIM),
-         "roundrobin")
-    dump(tmp_path, "emb", 1, 2, torch.zeros(0, dtype=torch.int64),
-         torch.zeros(0, DIM), "roundrobin")
+    dump(tmp_path, "emb", 0, 2, torch.tensor([0, 2]), torch.ones(2, DIM), "roundrobin")
+    dump(tmp_path, "emb", 1, 2, torch.zeros(0, dtype=torch.int64), torch.zeros(0, DIM), "roundrobin")
     keys, rows = load(tmp_path, "emb", 1, 2, "roundrobin")
     assert keys.shape == (0,) and rows.shape == (0, DIM)
 
 
 # ----------------------------------------------------------------- resharding
 
+
 @pytest.mark.parametrize("dist", DIST_TYPES)
 @pytest.mark.parametrize("old_world,new_world", [(4, 2), (4, 3), (2, 8)])
 def test_reshard_keeps_every_row_once(tmp_path, dist, old_world, new_world):
     keys, rows, _ = write_table(tmp_path, dist, old_world)
     new_block = block_for(dist, new_world)
-    loaded = [load(tmp_path, "emb", r, new_world, dist, new_block)
-              for r in range(new_world)]
+    loaded = [load(tmp_path, "emb", r, new_world, dist, new_block) for r in range(new_world)]
     for rank, (k, _) in enumerate(loaded):
         owners = owner_rank(k, new_world, dist, new_block)
         assert bool((owners == rank).all()), f"rank {rank} got foreign keys"
@@ -113,28 +120,24 @@ def test_naive_modulo_filter_loses_rows_under_hash(tmp_path):
     """dynamicemb's loader keeps `key % W == rank`; under hash routing that
     drops rows from a rank's own file and misplaces rows when resharding."""
     keys, _, _ = write_table(tmp_path, "hash_roundrobin", 4)
-    stored = [load_file(shard_path(tmp_path, "emb", r, 4))["keys"]
-              for r in range(4)]
+    stored = [load_file(shard_path(tmp_path, "emb", r, 4))["keys"] for r in range(4)]
     # Same world size, each rank filters its own file: rows vanish.
     naive_kept = sum(int((k % 4 == r).sum()) for r, k in enumerate(stored))
     lost = len(keys) - naive_kept
     # Resharding 4 -> 2 over all files: rows land on a rank lookups never ask.
     all_keys = torch.cat(stored)
-    misplaced = int((all_keys % 2 != owner_rank(all_keys, 2,
-                                                "hash_roundrobin")).sum())
-    assert lost > len(keys) // 2 and misplaced > len(keys) // 4, (lost,
-                                                                  misplaced)
-    loaded = sum(len(load(tmp_path, "emb", r, w, "hash_roundrobin")[0])
-                 for w in (4, 2) for r in range(w))
+    misplaced = int((all_keys % 2 != owner_rank(all_keys, 2, "hash_roundrobin")).sum())
+    assert lost > len(keys) // 2 and misplaced > len(keys) // 4, (lost, misplaced)
+    loaded = sum(len(load(tmp_path, "emb", r, w, "hash_roundrobin")[0]) for w in (4, 2) for r in range(w))
     assert loaded == 2 * len(keys)
 
 
 # ----------------------------------------------------------- dist_type checks
 
+
 def test_dist_type_mismatch_names_both(tmp_path):
     write_table(tmp_path, "hash_roundrobin", 2)
-    with pytest.raises(ValueError, match="'hash_roundrobin' but loading asks "
-                                         "for 'roundrobin'"):
+    with pytest.raises(ValueError, match="'hash_roundrobin' but loading asks for 'roundrobin'"):
         load(tmp_path, "emb", 0, 2, "roundrobin")
 
 
@@ -145,29 +148,26 @@ def test_missing_dist_type_loads_as_roundrobin(tmp_path):
     meta_path(tmp_path, "emb").write_text(json.dumps(meta))
     got_keys, got_rows = load(tmp_path, "emb", 1, 2, "roundrobin")
     assert torch.equal(got_keys, shards[1][0])
-    with pytest.raises(ValueError, match="'roundrobin' but loading asks for "
-                                         "'hash_roundrobin'"):
+    with pytest.raises(ValueError, match="'roundrobin' but loading asks for 'hash_roundrobin'"):
         load(tmp_path, "emb", 1, 2, "hash_roundrobin")
 
 
 def test_continuous_needs_block_size_and_nonnegative_keys(tmp_path):
     with pytest.raises(ValueError, match="block_size"):
-        dump(tmp_path, "emb", 0, 1, torch.arange(3), torch.zeros(3, DIM),
-             "continuous")
+        dump(tmp_path, "emb", 0, 1, torch.arange(3), torch.zeros(3, DIM), "continuous")
     with pytest.raises(ValueError, match="rank 0's shard: .*key -1"):
-        dump(tmp_path, "emb", 0, 1, torch.tensor([-1]), torch.zeros(1, DIM),
-             "continuous", block_size=4)
+        dump(tmp_path, "emb", 0, 1, torch.tensor([-1]), torch.zeros(1, DIM), "continuous", block_size=4)
 
 
 # ---------------------------------------------------------------- atomicity
+
 
 def _boom(*args, **kwargs):
     raise OSError("simulated crash")
 
 
 @pytest.mark.parametrize("crash_in", ["replace", "fsync"])
-def test_crash_leaves_earlier_checkpoint_intact(tmp_path, monkeypatch,
-                                                crash_in):
+def test_crash_leaves_earlier_checkpoint_intact(tmp_path, monkeypatch, crash_in):
     _, _, shards = write_table(tmp_path, "roundrobin", 2)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     monkeypatch.setattr(os, crash_in, _boom)
@@ -185,6 +185,7 @@ def test_crash_leaves_earlier_checkpoint_intact(tmp_path, monkeypatch,
 
 # ------------------------------------------------------- corrupt checkpoints
 
+
 def test_truncated_shard_names_file(tmp_path):
     write_table(tmp_path, "roundrobin", 2)
     path = shard_path(tmp_path, "emb", 1, 2)
@@ -193,13 +194,12 @@ def test_truncated_shard_names_file(tmp_path):
         load(tmp_path, "emb", 1, 2, "roundrobin")
 
 
-@pytest.mark.parametrize("garbage", [b"\xff" * 8, b"\x10\x00" + b"\x00" * 6
-                                     + b"}{not json"])
+@pytest.mark.parametrize("garbage", [b"\xff" * 8, b"\x10\x00" + b"\x00" * 6 + b"}{not json"])
 def test_corrupt_header_names_file(tmp_path, garbage):
     write_table(tmp_path, "roundrobin", 2)
     path = shard_path(tmp_path, "emb", 0, 2)
     data = path.read_bytes()
-    path.write_bytes(garbage + data[len(garbage):])
+    path.write_bytes(garbage + data[len(garbage) :])
     with pytest.raises(ValueError, match=path.name):
         load(tmp_path, "emb", 0, 2, "roundrobin")
 
@@ -207,8 +207,11 @@ def test_corrupt_header_names_file(tmp_path, garbage):
 def test_keys_rows_length_mismatch_in_file(tmp_path):
     write_table(tmp_path, "roundrobin", 1)
     path = shard_path(tmp_path, "emb", 0, 1)
-    save_file({"keys": torch.arange(3), "rows": torch.zeros(2, DIM)}, path,
-              metadata={"rank": "0", "world_size": "1"})
+    save_file(
+        {"keys": torch.arange(3), "rows": torch.zeros(2, DIM)},
+        path,
+        metadata={"rank": "0", "world_size": "1"},
+    )
     with pytest.raises(ValueError, match=f"{path.name}.*3 keys but 2 rows"):
         load(tmp_path, "emb", 0, 1, "roundrobin")
 
@@ -267,37 +270,41 @@ def test_missing_checkpoint(tmp_path):
 KEYS, ROWS = torch.tensor([0, 2, 4]), torch.zeros(3, DIM)
 
 
-@pytest.mark.parametrize("rank,world_size,keys,rows,dist,match", [
-    (-1, 2, KEYS, ROWS, "roundrobin", "rank -1 is outside"),
-    (2, 2, KEYS, ROWS, "roundrobin", r"rank 2 is outside \[0, 2\)"),
-    (0, 0, KEYS, ROWS, "roundrobin", "world_size 0"),
-    (0, 2, KEYS.int(), ROWS, "roundrobin", "int64.*torch.int32"),
-    (0, 2, KEYS[None], ROWS, "roundrobin", r"1-D.*shape \(1, 3\)"),
-    (0, 2, KEYS, ROWS[0], "roundrobin", r"2-D.*shape \(8,\)"),
-    (0, 2, KEYS, ROWS[:2], "roundrobin", "3 keys but 2 rows"),
-    (0, 2, torch.tensor([0, 2, 0]), ROWS, "roundrobin", "duplicate key 0"),
-    (1, 2, KEYS, ROWS, "roundrobin", "key 0 belongs to rank 0, not rank 1"),
-    (0, 2, KEYS, ROWS, "modulo", "modulo"),
-])
-def test_dump_rejects_bad_inputs(tmp_path, rank, world_size, keys, rows,
-                                 dist, match):
+@pytest.mark.parametrize(
+    "rank,world_size,keys,rows,dist,match",
+    [
+        (-1, 2, KEYS, ROWS, "roundrobin", "rank -1 is outside"),
+        (2, 2, KEYS, ROWS, "roundrobin", r"rank 2 is outside \[0, 2\)"),
+        (0, 0, KEYS, ROWS, "roundrobin", "world_size 0"),
+        (0, 2, KEYS.int(), ROWS, "roundrobin", "int64.*torch.int32"),
+        (0, 2, KEYS[None], ROWS, "roundrobin", r"1-D.*shape \(1, 3\)"),
+        (0, 2, KEYS, ROWS[0], "roundrobin", r"2-D.*shape \(8,\)"),
+        (0, 2, KEYS, ROWS[:2], "roundrobin", "3 keys but 2 rows"),
+        (0, 2, torch.tensor([0, 2, 0]), ROWS, "roundrobin", "duplicate key 0"),
+        (1, 2, KEYS, ROWS, "roundrobin", "key 0 belongs to rank 0, not rank 1"),
+        (0, 2, KEYS, ROWS, "modulo", "modulo"),
+    ],
+)
+def test_dump_rejects_bad_inputs(tmp_path, rank, world_size, keys, rows, dist, match):
     with pytest.raises(ValueError, match=match):
         dump(tmp_path, "emb", rank, world_size, keys, rows, dist)
     assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_dump_all_rejects_mixed_dims(tmp_path):
-    shards = [(torch.tensor([0]), torch.zeros(1, 4)),
-              (torch.tensor([1]), torch.zeros(1, 5))]
+    shards = [(torch.tensor([0]), torch.zeros(1, 4)), (torch.tensor([1]), torch.zeros(1, 5))]
     with pytest.raises(ValueError, match=r"dims \[4, 5\]"):
         dump_all(tmp_path, "emb", shards, "roundrobin")
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("rank,world_size,dist,match", [
-    (3, 3, "roundrobin", r"rank 3 is outside \[0, 3\)"),
-    (0, 2, "nope", "nope"),
-])
+@pytest.mark.parametrize(
+    "rank,world_size,dist,match",
+    [
+        (3, 3, "roundrobin", r"rank 3 is outside \[0, 3\)"),
+        (0, 2, "nope", "nope"),
+    ],
+)
 def test_load_rejects_bad_inputs(tmp_path, rank, world_size, dist, match):
     write_table(tmp_path, "roundrobin", 2)
     with pytest.raises(ValueError, match=match):

@@ -6,13 +6,13 @@ checkpoints, one 3-rank launch runs lookups and a layout-mismatch check.
 """
 
 import pytest
+import ranks
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-import ranks
-from embnb.rowwise import kv
 from embnb.dist import launch
 from embnb.metrics import rank_load
+from embnb.rowwise import kv
 from embnb.rowwise.routing import DistType, owner_rank
 
 DIM = 8
@@ -34,8 +34,7 @@ def make_batches(world_size: int, dist_type: DistType, seed: int):
         if rank == world_size - 1:
             lengths.zero_()  # this rank only serves, it asks for nothing
         num_keys = int(lengths.sum())
-        keys = torch.randint(0, 3 * BLOCK * world_size, (num_keys,),
-                             generator=gen)
+        keys = torch.randint(0, 3 * BLOCK * world_size, (num_keys,), generator=gen)
         keys[::3] = keys[0] if num_keys else 0  # hot repeated key
         if rank != 1:  # rank 1 sends int32 keys
             keys[1::5] += 1 << 40  # far past the blocks
@@ -43,23 +42,21 @@ def make_batches(world_size: int, dist_type: DistType, seed: int):
             keys[2::7] = -keys[2::7] - 1  # uint64 patterns >= 2**63
         dtype = torch.int32 if rank == 1 else torch.int64
         # JaggedBatch, not KeyedJaggedTensor: the ranks skip importing torchrec.
-        batches.append(kv.JaggedBatch(["f0", "f1", "f2"], keys.to(dtype),
-                                      lengths))
+        batches.append(kv.JaggedBatch(["f0", "f1", "f2"], keys.to(dtype), lengths))
     return batches
 
 
 def make_grads(batches, seed: int):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(b.values().numel(), DIM, generator=gen)
-            for b in batches]
+    return [torch.randn(b.values().numel(), DIM, generator=gen) for b in batches]
 
 
 def reference(dist_type: DistType) -> kv.ShardedKVTable:
-    return kv.ShardedKVTable("ref", DIM, dist_type, world_size=1,
-                             block_size=BLOCK, seed=SEED)
+    return kv.ShardedKVTable("ref", DIM, dist_type, world_size=1, block_size=BLOCK, seed=SEED)
 
 
 # --------------------------------------------------------- 4 ranks: train
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
@@ -70,10 +67,8 @@ def trained(tmp_path_factory):
         batches = make_batches(4, dist_type, seed=i)
         grads = make_grads(batches, seed=10 + i)
         directory = str(root / dist_type.value)
-        cases[dist_type] = {"batches": batches, "grads": grads,
-                            "dir": directory}
-        calls.append((kv.train_on_rank, (dist_type, batches, grads, LR, DIM,
-                                         BLOCK, SEED, directory)))
+        cases[dist_type] = {"batches": batches, "grads": grads, "dir": directory}
+        calls.append((kv.train_on_rank, (dist_type, batches, grads, LR, DIM, BLOCK, SEED, directory)))
     per_rank = launch(ranks.call_each, 4, calls, backend="gloo")
     for i, dist_type in enumerate(DIST_TYPES):
         cases[dist_type]["results"] = [r[i] for r in per_rank]
@@ -98,31 +93,30 @@ def test_sharded_step_equals_single_process(trained, dist_type):
 
 # ----------------------------------------------------- 2 ranks: reshard
 
+
 @pytest.fixture(scope="module")
 def reloaded(trained):
-    calls = [(ranks.kv_load_and_lookup,
-              (trained[d]["dir"], d, SEED, make_batches(2, d, seed=20)))
-             for d in DIST_TYPES]
+    calls = [
+        (ranks.kv_load_and_lookup, (trained[d]["dir"], d, SEED, make_batches(2, d, seed=20)))
+        for d in DIST_TYPES
+    ]
     per_rank = launch(ranks.call_each, 2, calls, backend="gloo")
     return {d: [r[i] for r in per_rank] for i, d in enumerate(DIST_TYPES)}
 
 
 @pytest.mark.parametrize("dist_type", DIST_TYPES, ids=str)
-def test_dump_on_4_load_on_2_keeps_every_row_once(trained, reloaded,
-                                                  dist_type):
+def test_dump_on_4_load_on_2_keeps_every_row_once(trained, reloaded, dist_type):
     case, loaded = trained[dist_type], reloaded[dist_type]
     keys = torch.cat([r["keys"] for r in loaded])
     rows = torch.cat([r["rows"] for r in loaded])
-    expected = torch.unique(torch.cat([b.values().to(torch.int64)
-                                       for b in case["batches"]]))
+    expected = torch.unique(torch.cat([b.values().to(torch.int64) for b in case["batches"]]))
     assert torch.equal(keys.sort().values, expected)  # none lost or repeated
     for rank, r in enumerate(loaded):
         assert (owner_rank(r["keys"], 2, dist_type, BLOCK) == rank).all()
     ref = reference(dist_type)
     for batch, grads in zip(case["batches"], case["grads"]):
         ref.apply_gradients(batch, grads, LR)
-    everything = KeyedJaggedTensor(keys=["f0"], values=keys,
-                                   lengths=torch.tensor([len(keys)]))
+    everything = KeyedJaggedTensor(keys=["f0"], values=keys, lengths=torch.tensor([len(keys)]))
     assert torch.equal(rows, ref.lookup(everything))
     # The 2-rank table keeps serving: old keys trained, new keys initial.
     for batch, r in zip(make_batches(2, dist_type, seed=20), loaded):
@@ -131,12 +125,13 @@ def test_dump_on_4_load_on_2_keeps_every_row_once(trained, reloaded,
 
 # ---------------------------------------- 3 ranks: lookups, load counters
 
+
 @pytest.fixture(scope="module")
 def three_ranks():
-    batches = {d: make_batches(3, d, seed=30 + i)
-               for i, d in enumerate(DIST_TYPES)}
-    calls = [(kv.lookup_on_rank, (d, batches[d], DIM, BLOCK, SEED))
-             for d in DIST_TYPES] + [(ranks.kv_rank_mismatch, ())]
+    batches = {d: make_batches(3, d, seed=30 + i) for i, d in enumerate(DIST_TYPES)}
+    calls = [(kv.lookup_on_rank, (d, batches[d], DIM, BLOCK, SEED)) for d in DIST_TYPES] + [
+        (ranks.kv_rank_mismatch, ())
+    ]
     per_rank = launch(ranks.call_each, 3, calls, backend="gloo")
     results = {d: [r[i] for r in per_rank] for i, d in enumerate(DIST_TYPES)}
     return batches, results, [r[-1] for r in per_rank]
@@ -154,13 +149,10 @@ def test_three_rank_lookup_and_counters(three_ranks, dist_type):
     load = rank_load(keys, owner_rank(keys, 3, dist_type, BLOCK), 3)
     stats = [r["stats"] for r in results]
     assert [s["keys_served"] for s in stats] == load.key_counts.tolist()
-    assert [s["unique_keys_served"] for s in stats] == \
-        load.unique_counts.tolist()
+    assert [s["unique_keys_served"] for s in stats] == load.unique_counts.tolist()
     assert [s["rows_held"] for s in stats] == load.unique_counts.tolist()
-    assert [s["bytes_served"] for s in stats] == \
-        (load.key_counts * DIM * 4).tolist()
-    assert [s["keys_requested"] for s in stats] == \
-        [b.values().numel() for b in batches]
+    assert [s["bytes_served"] for s in stats] == (load.key_counts * DIM * 4).tolist()
+    assert [s["keys_requested"] for s in stats] == [b.values().numel() for b in batches]
     assert sum(s["keys_served"] for s in stats) == len(keys)
 
 
@@ -172,6 +164,7 @@ def test_layout_contradicting_the_group_raises(three_ranks):
 
 
 # ------------------------------------------------- single process only
+
 
 def test_init_rows_is_a_pure_function_of_key_and_seed():
     keys = torch.tensor([5, -1, 1 << 40, 5])
@@ -188,8 +181,9 @@ def test_init_rows_is_a_pure_function_of_key_and_seed():
 def test_single_process_table_inserts_and_sums_duplicate_grads():
     table = kv.ShardedKVTable("t", 4, "hash_roundrobin")
     assert (table.world_size, table.rank) == (1, 0)
-    batch = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([9, 3, 9]),
-                              lengths=torch.tensor([2, 0, 1, 0]))
+    batch = KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.tensor([9, 3, 9]), lengths=torch.tensor([2, 0, 1, 0])
+    )
     rows = table.lookup(batch)
     assert torch.equal(rows, kv.init_rows(torch.tensor([9, 3, 9]), 4))
     assert table.keys.tolist() == [3, 9]
@@ -202,8 +196,7 @@ def test_single_process_table_inserts_and_sums_duplicate_grads():
 
 
 def bad_batch(values):
-    return KeyedJaggedTensor(keys=["a"], values=torch.tensor(values),
-                             lengths=torch.tensor([len(values)]))
+    return KeyedJaggedTensor(keys=["a"], values=torch.tensor(values), lengths=torch.tensor([len(values)]))
 
 
 def test_bad_inputs_raise_naming_the_value(tmp_path):
@@ -211,8 +204,7 @@ def test_bad_inputs_raise_naming_the_value(tmp_path):
     with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 5\)"):
         table.apply_gradients(bad_batch([1, 2]), torch.zeros(2, 5), 0.1)
     with pytest.raises(ValueError, match="lr"):
-        table.apply_gradients(bad_batch([1, 2]), torch.zeros(2, 4),
-                              float("nan"))
+        table.apply_gradients(bad_batch([1, 2]), torch.zeros(2, 4), float("nan"))
     with pytest.raises(ValueError, match="-3"):
         table.lookup(bad_batch([1, -3]))
     with pytest.raises(ValueError, match="KeyedJaggedTensor or JaggedBatch"):
@@ -253,10 +245,8 @@ def test_loaded_table_makes_new_rows_with_the_saved_seed(tmp_path):
 
 def test_sharded_lookup_takes_kjts():
     # KJTs are converted to JaggedBatches before spawning (no torchrec there).
-    batches = [b.to_kjt() for b in make_batches(2, DistType.HASH_ROUNDROBIN,
-                                                 seed=40)]
-    results = kv.sharded_lookup(2, "hash_roundrobin", batches, DIM,
-                                seed=SEED, backend="gloo")
+    batches = [b.to_kjt() for b in make_batches(2, DistType.HASH_ROUNDROBIN, seed=40)]
+    results = kv.sharded_lookup(2, "hash_roundrobin", batches, DIM, seed=SEED, backend="gloo")
     ref = reference(DistType.HASH_ROUNDROBIN)
     for batch, result in zip(batches, results):
         assert torch.equal(result["rows"], ref.lookup(batch))

@@ -2,22 +2,24 @@
 
 import io
 
-import pandas as pd
 import pytest
 import torch
 from matplotlib.figure import Figure
 
-from embnb.rowwise import aliasing
-from embnb.rowwise import plots
-from embnb.rowwise import widgets
+from embnb.rowwise import aliasing, plots, widgets
 
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]
 
 
 @pytest.fixture(scope="module")
 def table():
-    return aliasing.load_table(["uniform", "strided", "zipf"], MODES, [2, 4, 8],
-                               num_keys=4000, pattern_options={"zipf": {"alpha": 1.5}})
+    return aliasing.load_table(
+        ["uniform", "strided", "zipf"],
+        MODES,
+        [2, 4, 8],
+        num_keys=4000,
+        pattern_options={"zipf": {"alpha": 1.5}},
+    )
 
 
 def _png_bytes(fig):
@@ -47,9 +49,14 @@ def test_load_heatmap_has_a_panel_per_world_size_and_one_colour_bar(table):
 
 
 def test_load_heatmap_selects_and_orders(table):
-    fig = plots.load_heatmap(table, world_sizes=[8], patterns=["zipf", "strided"],
-                             dist_types=["hash_roundrobin", "roundrobin"],
-                             value="spread_over_mean", title="custom")
+    fig = plots.load_heatmap(
+        table,
+        world_sizes=[8],
+        patterns=["zipf", "strided"],
+        dist_types=["hash_roundrobin", "roundrobin"],
+        value="spread_over_mean",
+        title="custom",
+    )
     assert len(fig.axes) == 2
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["zipf", "strided"]
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["hash_roundrobin", "roundrobin"]
@@ -65,8 +72,7 @@ def test_load_heatmap_rejects_missing_data(table):
 
 
 def test_rank_load_bars_panel_per_dist_type_with_max_over_mean():
-    counts = {"roundrobin": torch.tensor([800, 0, 0, 0]),
-              "hash_roundrobin": [205, 190, 200, 205]}
+    counts = {"roundrobin": torch.tensor([800, 0, 0, 0]), "hash_roundrobin": [205, 190, 200, 205]}
     fig = plots.rank_load_bars(counts, title="strided")
     assert isinstance(fig, Figure)
     assert len(fig.axes) == 2
@@ -81,9 +87,11 @@ def test_rank_load_bars_panel_per_dist_type_with_max_over_mean():
 
 
 def test_rank_load_bars_highlight_draws_over_the_bars():
-    fig = plots.rank_load_bars({"hash_roundrobin": [10, 50, 10]},
-                               highlight={"hash_roundrobin": [0, 40, 0]},
-                               highlight_label="hottest key")
+    fig = plots.rank_load_bars(
+        {"hash_roundrobin": [10, 50, 10]},
+        highlight={"hash_roundrobin": [0, 40, 0]},
+        highlight_label="hottest key",
+    )
     heights = [p.get_height() for p in fig.axes[0].patches]
     assert heights == [10, 50, 10, 0, 40, 0]
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
@@ -103,7 +111,7 @@ def test_max_over_mean_vs_world_size_panel_per_pattern(table):
     assert [ax.get_title() for ax in fig.axes] == ["strided", "zipf"]
     labels = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
     assert labels == ["W (all on one rank)", "1 (balanced)", "hot-key floor", *MODES]
-    roundrobin = next(l for l in fig.axes[0].lines if l.get_label() == "roundrobin")
+    roundrobin = next(line for line in fig.axes[0].lines if line.get_label() == "roundrobin")
     assert list(roundrobin.get_xdata()) == [2, 4, 8]
     assert list(roundrobin.get_ydata()) == [2.0, 4.0, 8.0]  # strided: all on one rank
     _png_bytes(fig)
@@ -111,13 +119,14 @@ def test_max_over_mean_vs_world_size_panel_per_pattern(table):
 
 def test_max_over_mean_vs_world_size_without_floor_column(table):
     fig = plots.max_over_mean_vs_world_size(table.drop(columns="hot_key_floor"), ["zipf"])
-    labels = [l.get_label() for l in fig.axes[0].lines]
+    labels = [line.get_label() for line in fig.axes[0].lines]
     assert "hot-key floor" not in labels
 
 
 def test_load_explorer_redraws_on_every_control():
-    explorer = widgets.load_explorer(["strided", "zipf"], MODES, world_size=8,
-                                     num_keys=4000, pattern_options={"zipf": {"alpha": 1.5}})
+    explorer = widgets.load_explorer(
+        ["strided", "zipf"], MODES, world_size=8, num_keys=4000, pattern_options={"zipf": {"alpha": 1.5}}
+    )
     assert explorer.dist_type.options == tuple(MODES)
     assert explorer.pattern.options == ("strided", "zipf")
     first = explorer.figure

@@ -103,9 +103,7 @@ def kjt_cases(draw, modes=st.sampled_from(MODES), max_world=8):
         f = seg // batch
         if feature_modes[f] == "continuous":
             # Mostly inside the blocks, some past the last block.
-            keys = st.one_of(
-                st.integers(0, 2 * blocks[f] * world), st.integers(0, hi)
-            )
+            keys = st.one_of(st.integers(0, 2 * blocks[f] * world), st.integers(0, hi))
         else:
             edges = [k for k in EDGE_KEYS if lo <= k <= hi]
             keys = st.one_of(st.integers(lo, hi), st.sampled_from(edges))
@@ -132,8 +130,7 @@ def test_dist_type_parse_and_str():
         assert DistType.parse(mode.value) is mode
         assert DistType.parse(mode) is mode
         assert str(mode) == mode.value == mode  # a str enum: compares as str
-    with pytest.raises(ValueError, match="'modulo' is not one of continuous, "
-                       "roundrobin, hash_roundrobin"):
+    with pytest.raises(ValueError, match="'modulo' is not one of continuous, roundrobin, hash_roundrobin"):
         DistType.parse("modulo")
     with pytest.raises(TypeError, match="int 3"):
         DistType.parse(3)
@@ -148,9 +145,7 @@ def test_hash_key_edge_keys():
     assert got.dtype == torch.int64
     np.testing.assert_array_equal(got.numpy(), np_fmix64(keys))
     assert int(hash_key(torch.tensor([0]))) == 0  # fmix64 has no seed
-    assert [int(h) & MASK64 for h in got] == [
-        py_fmix64(k % (1 << 64)) for k in EDGE_KEYS
-    ]
+    assert [int(h) & MASK64 for h in got] == [py_fmix64(k % (1 << 64)) for k in EDGE_KEYS]
 
 
 def test_hash_key_random_keys():
@@ -185,16 +180,13 @@ def test_owner_rank_round_robin_modes(keys, world, mode):
 
 @fast
 @given(
-    keys=st.lists(st.integers(0, 2**63 - 1) | st.integers(0, 500),
-                  max_size=50),
+    keys=st.lists(st.integers(0, 2**63 - 1) | st.integers(0, 500), max_size=50),
     world=st.integers(1, 16),
     block=st.integers(1, 40) | st.integers(1, 2**62),
 )
 def test_owner_rank_continuous(keys, world, block):
-    got = owner_rank(torch.tensor(keys, dtype=torch.int64), world,
-                     DistType.CONTINUOUS, block)
-    assert got.tolist() == [py_route(k, world, "continuous", block)[0]
-                            for k in keys]
+    got = owner_rank(torch.tensor(keys, dtype=torch.int64), world, DistType.CONTINUOUS, block)
+    assert got.tolist() == [py_route(k, world, "continuous", block)[0] for k in keys]
 
 
 def test_roundrobin_aliases_and_hash_spreads():
@@ -202,8 +194,7 @@ def test_roundrobin_aliases_and_hash_spreads():
     world = 8
     keys = torch.arange(0, 8000 * world, world)
     rr = torch.bincount(owner_rank(keys, world, "roundrobin"), minlength=world)
-    hashed = torch.bincount(owner_rank(keys, world, "hash_roundrobin"),
-                            minlength=world)
+    hashed = torch.bincount(owner_rank(keys, world, "hash_roundrobin"), minlength=world)
     assert rr.tolist() == [len(keys)] + [0] * (world - 1)
     assert int(hashed.max()) < 1.1 * len(keys) / world
 
@@ -214,8 +205,13 @@ def test_roundrobin_aliases_and_hash_spreads():
 def fbgemm_bucketize(lengths, indices, world, blocks, weights=None):
     block_sizes = torch.tensor(blocks, dtype=indices.dtype)
     out = torch.ops.fbgemm.block_bucketize_sparse_features(
-        lengths, indices, bucketize_pos=False, sequence=True,
-        block_sizes=block_sizes, my_size=world, weights=weights,
+        lengths,
+        indices,
+        bucketize_pos=False,
+        sequence=True,
+        block_sizes=block_sizes,
+        my_size=world,
+        weights=weights,
     )
     new_lengths, new_indices, new_weights, _, permute = out
     return new_lengths, new_indices, new_weights, permute
@@ -226,10 +222,8 @@ def fbgemm_bucketize(lengths, indices, world, blocks, weights=None):
 def test_bucketize_continuous_matches_fbgemm(case, with_weights):
     lengths, indices = case["lengths"], case["indices"]
     weights = torch.rand(len(indices)) if with_weights else None
-    got = bucketize(lengths, indices, case["world"], "continuous",
-                    case["blocks"], weights=weights)
-    want = fbgemm_bucketize(lengths, indices, case["world"], case["blocks"],
-                            weights)
+    got = bucketize(lengths, indices, case["world"], "continuous", case["blocks"], weights=weights)
+    want = fbgemm_bucketize(lengths, indices, case["world"], case["blocks"], weights)
     assert_same(got.lengths, want[0])
     assert_same(got.indices, want[1])
     assert_same(got.unbucketize_permute, want[3])
@@ -258,11 +252,11 @@ def test_bucketize_continuous_fbgemm_edge_shapes():
 
 
 def check_against_model(case, dist_type):
-    got = bucketize(case["lengths"], case["indices"], case["world"], dist_type,
-                    case["blocks"])
+    got = bucketize(case["lengths"], case["indices"], case["world"], dist_type, case["blocks"])
     assert isinstance(got, Bucketized)
-    want = py_bucketize(case["lengths"].tolist(), case["indices"].tolist(),
-                        case["world"], case["modes"], case["blocks"])
+    want = py_bucketize(
+        case["lengths"].tolist(), case["indices"].tolist(), case["world"], case["modes"], case["blocks"]
+    )
     assert got.lengths.dtype == case["lengths"].dtype
     assert got.indices.dtype == case["indices"].dtype
     assert got.lengths.tolist() == want[0]
@@ -292,8 +286,7 @@ def test_bucketize_permute_moves_weights_with_keys():
     lengths = torch.tensor([2, 3, 0, 4])
     indices = torch.tensor([9, -4, 2**40, 5, 6, 0, 17, -1, 3])
     weights = torch.arange(len(indices), dtype=torch.float32)
-    got = bucketize(lengths, indices, 4, "hash_roundrobin", num_features=2,
-                    weights=weights)
+    got = bucketize(lengths, indices, 4, "hash_roundrobin", num_features=2, weights=weights)
     perm = got.unbucketize_permute
     assert_same(got.weights[perm], weights)
     assert_same(got.indices[perm], indices)
@@ -316,7 +309,7 @@ def test_bucketize_num_features_from_block_sizes_or_list():
 # ---- bad input -------------------------------------------------------------
 
 L = torch.tensor([1, 2, 0, 1])
-I = torch.tensor([3, 4, 5, 6])
+KEYS = torch.tensor([3, 4, 5, 6])
 
 BAD_CALLS = [
     # (kwargs over a valid call, error type, words the message must hold)
@@ -325,26 +318,24 @@ BAD_CALLS = [
     (dict(world_size=0), ValueError, ["0", ">= 1"]),
     (dict(world_size=2.0), TypeError, ["2.0", "int"]),
     (dict(world_size=True), TypeError, ["True", "int"]),
-    (dict(block_sizes=[4, 4, 4]), ValueError,
-     ["len(lengths) is 4", "num_features=3", "len(block_sizes)"]),
-    (dict(block_sizes=[4, 4, 4], dist_type=["continuous"] * 2), ValueError,
-     ["len(dist_type) is 2", "len(block_sizes) is 3"]),
+    (dict(block_sizes=[4, 4, 4]), ValueError, ["len(lengths) is 4", "num_features=3", "len(block_sizes)"]),
+    (
+        dict(block_sizes=[4, 4, 4], dist_type=["continuous"] * 2),
+        ValueError,
+        ["len(dist_type) is 2", "len(block_sizes) is 3"],
+    ),
     (dict(block_sizes=[4, 0]), ValueError, ["block_sizes[1]", "0", ">= 1"]),
     (dict(block_sizes=[4, -3]), ValueError, ["-3", ">= 1"]),
     (dict(block_sizes=torch.tensor([4.0, 4.0])), TypeError, ["float32"]),
-    (dict(block_sizes=None, num_features=2), ValueError,
-     ["block_sizes is None", "features [0, 1]"]),
+    (dict(block_sizes=None, num_features=2), ValueError, ["block_sizes is None", "features [0, 1]"]),
     (dict(lengths=L.float()), TypeError, ["lengths", "float32"]),
-    (dict(indices=I.to(torch.int16)), TypeError, ["indices", "int16"]),
+    (dict(indices=KEYS.to(torch.int16)), TypeError, ["indices", "int16"]),
     (dict(indices=[3, 4, 5, 6]), TypeError, ["indices", "list"]),
     (dict(indices=torch.tensor([3, -7, 5, 6])), ValueError, ["-7", ">= 0"]),
-    (dict(dist_type="modulo"), ValueError,
-     ["'modulo'", "continuous, roundrobin, hash_roundrobin"]),
-    (dict(dist_type=["roundrobin"] * 3), ValueError,
-     ["len(dist_type) is 3", "len(block_sizes) is 2"]),
+    (dict(dist_type="modulo"), ValueError, ["'modulo'", "continuous, roundrobin, hash_roundrobin"]),
+    (dict(dist_type=["roundrobin"] * 3), ValueError, ["len(dist_type) is 3", "len(block_sizes) is 2"]),
     (dict(dist_type=["roundrobin", "mod"]), ValueError, ["'mod'"]),
-    (dict(num_features=3, block_sizes=None, dist_type="roundrobin"),
-     ValueError, ["4", "num_features=3"]),
+    (dict(num_features=3, block_sizes=None, dist_type="roundrobin"), ValueError, ["4", "num_features=3"]),
     (dict(num_features=0), ValueError, ["0", ">= 1"]),
     (dict(weights=torch.ones(3)), ValueError, ["4", "weights"]),
 ]
@@ -352,8 +343,7 @@ BAD_CALLS = [
 
 @pytest.mark.parametrize("bad, error, words", BAD_CALLS)
 def test_bucketize_bad_input(bad, error, words):
-    call = dict(lengths=L, indices=I, world_size=2, dist_type="continuous",
-                block_sizes=[4, 4])
+    call = dict(lengths=L, indices=KEYS, world_size=2, dist_type="continuous", block_sizes=[4, 4])
     call.update(bad)
     with pytest.raises(error) as info:
         bucketize(**call)
@@ -371,14 +361,17 @@ def test_bucketize_ignores_block_sizes_of_round_robin_features():
     assert got.indices.tolist() == want[1]
 
 
-@pytest.mark.parametrize("args, error, words", [
-    ((I, 0, "roundrobin"), ValueError, ["0"]),
-    ((I, 4, "hashed"), ValueError, ["'hashed'"]),
-    ((I, 4, "continuous"), ValueError, ["block_size", "None"]),
-    ((I, 4, "continuous", 0), ValueError, ["0", ">= 1"]),
-    ((torch.tensor([-5]), 4, "continuous", 2), ValueError, ["-5"]),
-    ((I.double(), 4, "roundrobin"), TypeError, ["float64"]),
-])
+@pytest.mark.parametrize(
+    "args, error, words",
+    [
+        ((KEYS, 0, "roundrobin"), ValueError, ["0"]),
+        ((KEYS, 4, "hashed"), ValueError, ["'hashed'"]),
+        ((KEYS, 4, "continuous"), ValueError, ["block_size", "None"]),
+        ((KEYS, 4, "continuous", 0), ValueError, ["0", ">= 1"]),
+        ((torch.tensor([-5]), 4, "continuous", 2), ValueError, ["-5"]),
+        ((KEYS.double(), 4, "roundrobin"), TypeError, ["float64"]),
+    ],
+)
 def test_owner_rank_bad_input(args, error, words):
     with pytest.raises(error) as info:
         owner_rank(*args)
