@@ -22,13 +22,29 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["launch", "RankError", "LaunchTimeout", "pick_backend", "resolve_device", "check_collectives"]
+from embnb._checks import check_choice, check_int, check_number
+
+__all__ = [
+    "launch",
+    "launch_each",
+    "run_each",
+    "RankError",
+    "LaunchTimeout",
+    "DevicePlan",
+    "device_plan",
+    "pick_backend",
+    "resolve_device",
+    "rank_device",
+    "check_collectives",
+]
 
 _BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
@@ -53,8 +69,7 @@ def _visible_gpus() -> int:
 
 def pick_backend(backend: str, world_size: int) -> str:
     """Resolve "auto" to nccl when there is one GPU per rank, else gloo."""
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend {backend!r} is not one of {', '.join(_BACKENDS)}")
+    check_choice("backend", backend, _BACKENDS)
     gpus = _visible_gpus()
     if backend == "auto":
         return "nccl" if gpus >= world_size else "gloo"
@@ -66,15 +81,50 @@ def pick_backend(backend: str, world_size: int) -> str:
     return backend
 
 
-def resolve_device(device: str, world_size: int) -> str:
-    """A notebook's `device` parameter: "auto" -> "cuda" with one GPU per rank, else "cpu"."""
-    if device not in DEVICES:
-        raise ValueError(f"device {device!r} is not one of {list(DEVICES)}")
+@dataclass(frozen=True)
+class DevicePlan:
+    """Where `world_size` ranks compute and how they talk: THE device rule."""
+
+    device: str  # "cpu" or "cuda": where each rank computes
+    backend: str  # "gloo" or "nccl": the process group's backend
+    world_size: int
+    gpus: int  # GPUs visible to this process
+
+    def describe(self) -> str:
+        return f"{self.world_size} ranks on {self.device} ({self.backend}; {self.gpus} GPUs visible)"
+
+
+def device_plan(device: str, world_size: int = 1) -> DevicePlan:
+    """Map a notebook's or CLI's `device` ("auto", "cpu", "cuda") to a plan.
+
+    "auto" is "cuda" when there is one GPU per rank, else "cpu". Ranks on
+    CUDA talk over nccl, ranks on the CPU over gloo. "cuda" without one GPU
+    per rank raises, naming how many GPUs there are.
+    """
+    check_choice("device", device, DEVICES)
+    check_int("world_size", world_size, low=1)
     gpus = _visible_gpus()
     if device == "cuda" and gpus < world_size:
-        raise ValueError(f"device 'cuda' needs one GPU per rank: world_size={world_size}, "
-                         f"GPUs visible={gpus}; use device='cpu' or 'auto'")
-    return device if device != "auto" else ("cuda" if gpus >= world_size else "cpu")
+        raise ValueError(
+            f"device 'cuda' needs one GPU per rank: world_size={world_size}, "
+            f"GPUs visible={gpus}; use device='cpu' or 'auto'"
+        )
+    if device == "auto":
+        device = "cuda" if gpus >= world_size else "cpu"
+    return DevicePlan(device, "nccl" if device == "cuda" else "gloo", world_size, gpus)
+
+
+def resolve_device(device: str, world_size: int = 1) -> str:
+    """`device_plan(device, world_size).device`: "cpu" or "cuda"."""
+    return device_plan(device, world_size).device
+
+
+def rank_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """The device a rank computes on: its own GPU under nccl (the launcher
+    set it), else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def launch(
@@ -82,9 +132,13 @@ def launch(
     world_size: int,
     *args: Any,
     backend: str = "auto",
+    device: str | None = None,
     timeout_s: float = 300.0,
 ) -> list[Any]:
     """Run `fn(rank, world_size, *args)` on `world_size` ranks; results in rank order.
+
+    `device` ("auto", "cpu", "cuda") picks the backend by `device_plan`;
+    otherwise `backend` ("auto", "gloo", "nccl") does.
 
     `fn` and `args` must be picklable and `fn` importable (a module-level
     function, not one defined in a notebook cell): spawned processes import it.
@@ -92,10 +146,12 @@ def launch(
     """
     if dist.is_available() and dist.is_initialized():
         return _run_in_existing_group(fn, world_size, args)
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    check_int("world_size", world_size, low=1)
+    check_number("timeout_s", timeout_s, low=0, low_open=True)
+    if device is not None:
+        if backend != "auto":
+            raise ValueError(f"give device or backend, not both (device={device!r}, backend={backend!r})")
+        backend = device_plan(device, world_size).backend
     backend = pick_backend(backend, world_size)
     _check_importable(fn)
 
@@ -125,12 +181,31 @@ def launch(
         del store
 
 
+def run_each(rank: int, world_size: int, calls: Sequence[tuple[Callable[..., Any], tuple]]) -> list[Any]:
+    """Per rank: `[fn(rank, world_size, *args) for fn, args in calls]`."""
+    return [fn(rank, world_size, *args) for fn, args in calls]
+
+
+def launch_each(
+    calls: Sequence[tuple[Callable[..., Any], tuple]], world_size: int, **launch_options: Any
+) -> list[list[Any]]:
+    """Several experiments in one launch (spawning ranks costs seconds).
+
+    `calls` is `[(fn, args), ...]`; each runs as `fn(rank, world_size,
+    *args)` on every rank, one after another, in the same process group.
+    Returns `results[i][rank]` for call i. `launch_options` go to `launch`.
+    """
+    calls = [(fn, tuple(args)) for fn, args in calls]
+    for fn, _ in calls:
+        _check_importable(fn)
+    per_rank = launch(run_each, world_size, calls, **launch_options)
+    return [[per_rank[rank][i] for rank in range(len(per_rank))] for i in range(len(calls))]
+
+
 def _run_in_existing_group(fn: Callable[..., Any], world_size: int | None, args: tuple) -> list[Any]:
     rank, size = dist.get_rank(), dist.get_world_size()
     if world_size is not None and world_size != size:
-        raise ValueError(
-            f"world_size={world_size} but the existing process group has {size} ranks"
-        )
+        raise ValueError(f"world_size={world_size} but the existing process group has {size} ranks")
     result = _to_cpu(fn(rank, size, *args))
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, result)
@@ -159,8 +234,12 @@ def _rank_main(rank, world_size, backend, port, timeout_s, threads, fn, args, re
     os.setpgrp()
     _exit_with_parent()
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     try:
         if backend == "gloo":
@@ -169,7 +248,10 @@ def _rank_main(rank, world_size, backend, port, timeout_s, threads, fn, args, re
             torch.cuda.set_device(rank)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timedelta(seconds=timeout_s))
         dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size,
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
         )
         payload = ("ok", rank, pickle.dumps(_to_cpu(fn(rank, world_size, *args))))
@@ -240,7 +322,9 @@ _DIED = "process exited with code {} without a result (killed, crashed in native
 
 
 def _note_silent_deaths(procs, results_queue, results, failures) -> None:
-    dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in results and r not in failures]
+    dead = [
+        r for r, p in enumerate(procs) if p.exitcode is not None and r not in results and r not in failures
+    ]
     if dead:
         _read(results_queue, results, failures, wait_s=0.5)  # a last message may be in the pipe
     for rank in dead:
@@ -278,7 +362,7 @@ def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
     Rank r sends (d + 1) values to rank d, each `100 * r + d`; so rank r
     receives r + 1 values from every source s, each `100 * s + r`.
     """
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = rank_device()
     total = torch.tensor([rank + 1.0], device=device)
     dist.all_reduce(total)
     in_splits = [d + 1 for d in range(world_size)]
@@ -286,8 +370,13 @@ def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
     send = torch.cat([torch.full((d + 1,), 100 * rank + d, device=device) for d in range(world_size)])
     recv = torch.empty(sum(out_splits), dtype=send.dtype, device=device)
     dist.all_to_all_single(recv, send, out_splits, in_splits)
-    return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(),
-            "all_reduce": total.item(), "all_to_all": recv.tolist()}
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "backend": dist.get_backend(),
+        "all_reduce": total.item(),
+        "all_to_all": recv.tolist(),
+    }
 
 
 def _main(argv: list[str]) -> None:
@@ -304,7 +393,9 @@ def _main(argv: list[str]) -> None:
     fn = getattr(importlib.import_module(module_name), fn_name)
     if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ:
         world_size = int(os.environ["WORLD_SIZE"])
-        dist.init_process_group(pick_backend(opts.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
+        dist.init_process_group(
+            pick_backend(opts.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        )
         if dist.get_backend() == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         results = launch(fn, world_size)

@@ -8,9 +8,9 @@ import threading
 import time
 
 import pytest
+import ranks
 import torch
 
-import ranks
 from embnb import dist as edist
 
 
@@ -57,8 +57,13 @@ def test_tensors_come_back_by_value():
 
 def _expected_collectives(rank, world_size):
     received = [100 * src + rank for src in range(world_size) for _ in range(rank + 1)]
-    return {"rank": rank, "world_size": world_size, "backend": "gloo",
-            "all_reduce": float(sum(range(1, world_size + 1))), "all_to_all": received}
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "backend": "gloo",
+        "all_reduce": float(sum(range(1, world_size + 1))),
+        "all_to_all": received,
+    }
 
 
 def test_all_reduce_and_uneven_all_to_all_on_four_gloo_ranks():
@@ -118,16 +123,27 @@ def test_parallel_launches_do_not_collide():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        ({"world_size": 0}, "world_size must be an int >= 1, got 0"),
-        ({"world_size": 2.0}, "got 2.0"),
-        ({"world_size": 2, "backend": "mpi"}, "backend 'mpi' is not one of auto, gloo, nccl"),
-        ({"world_size": 2, "timeout_s": 0}, "timeout_s must be a positive"),
+        ({"world_size": 0}, ValueError, "world_size must be an int >= 1, got 0"),
+        ({"world_size": 2.0}, TypeError, "got float 2.0"),
+        ({"world_size": True}, TypeError, "got bool True"),
+        (
+            {"world_size": 2, "backend": "mpi"},
+            ValueError,
+            "backend 'mpi' is not one of 'auto', 'gloo', 'nccl'",
+        ),
+        ({"world_size": 2, "timeout_s": 0}, ValueError, "timeout_s must be a finite number > 0, got 0"),
+        ({"world_size": 2, "device": "gpu"}, ValueError, "device 'gpu' is not one of 'auto', 'cpu', 'cuda'"),
+        (
+            {"world_size": 2, "device": "cpu", "backend": "gloo"},
+            ValueError,
+            "give device or backend, not both",
+        ),
     ],
 )
-def test_bad_arguments_are_named(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments_are_named(kwargs, error, match):
+    with pytest.raises(error, match=match):
         edist.launch(ranks.identity, *([kwargs.pop("world_size")]), None, **kwargs)
 
 
@@ -143,8 +159,19 @@ def test_nccl_without_enough_gpus_is_refused():
 
 
 def test_same_rank_function_runs_under_torchrun():
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "embnb.dist", "embnb.dist:check_collectives", "--backend", "gloo"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "embnb.dist",
+        "embnb.dist:check_collectives",
+        "--backend",
+        "gloo",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     printed = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -168,3 +195,31 @@ def test_resolve_device_follows_the_gpus_there_are():
         edist.resolve_device("cuda", gpus + 1)
     with pytest.raises(ValueError, match="device 'gpu' is not one of"):
         edist.resolve_device("gpu", 1)
+
+
+def test_device_plan_pairs_each_device_with_its_backend():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cpu = edist.device_plan("cpu", 3)
+    assert (cpu.device, cpu.backend, cpu.world_size, cpu.gpus) == ("cpu", "gloo", 3, gpus)
+    auto = edist.device_plan("auto", gpus + 1)  # more ranks than GPUs: the CPU
+    assert (auto.device, auto.backend) == ("cpu", "gloo")
+    assert "ranks on cpu (gloo" in auto.describe()
+    if gpus:
+        assert edist.device_plan("auto", 1).backend == "nccl"
+    with pytest.raises(TypeError, match="world_size must be an int >= 1, got bool True"):
+        edist.device_plan("cpu", True)
+
+
+def test_launch_each_runs_several_experiments_in_one_launch():
+    calls = [(ranks.identity, ("a",)), (edist.check_collectives, ()), (ranks.identity, ("b",))]
+    first, collectives, last = edist.launch_each(calls, 3, device="cpu")
+    assert [r["payload"] for r in first] == ["a"] * 3 and [r["payload"] for r in last] == ["b"] * 3
+    # One launch: each rank ran every call in the same process.
+    assert [r["pid"] for r in first] == [r["pid"] for r in last]
+    assert len({r["pid"] for r in first}) == 3
+    assert collectives == [_expected_collectives(r, 3) for r in range(3)]
+
+
+def test_launch_each_refuses_an_unimportable_call_before_spawning():
+    with pytest.raises(ValueError, match="cannot be sent to spawned ranks"):
+        edist.launch_each([(ranks.identity, (1,)), (lambda rank, world_size: rank, ())], 2)
