@@ -1,0 +1,126 @@
+"""The one widget pattern of the notebooks: controls plus an output that a
+package function redraws.
+
+A technique's explorer subclasses `Explorer`, names its controls and
+implements `draw(**values) -> Figure` by calling the same package functions
+the notebook's static figures use, so what a reader sees while dragging a
+slider is what the tests check. Nothing here needs a display:
+
+    explorer = SomeExplorer(...)
+    display(explorer)                 # in a notebook
+    explorer.controls["world_size"].value = 16   # redraws
+    explorer.figure                   # the last Figure drawn
+    explorer.error                    # the last bad value's message, or None
+
+A bad value never raises out of a callback: `draw`'s ValueError or TypeError
+is shown as text in the output (and kept in `error`). Slow work sits behind
+a button (`button=` a label): changing a control then only marks the figure
+stale; a click disables the button, shows a busy label while `draw` runs and
+ignores further clicks until it is done.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+
+__all__ = ["Explorer"]
+
+LABEL_STYLE = {"description_width": "initial"}  # labels are never cut
+BUSY_LABEL = "working…"
+STALE_SUFFIX = " (settings changed)"
+
+
+class Explorer:
+    """Controls (`controls`, by name) plus `output`, redrawn by `draw`.
+
+    Args:
+        controls: the ipywidgets controls, by the name `draw` takes them as.
+        button: a label for a button that runs `draw`; None redraws on
+            every change of a control.
+        draw_now: draw once at construction (without a button, always).
+    """
+
+    def __init__(
+        self, controls: Mapping[str, widgets.ValueWidget], button: str | None = None, draw_now: bool = True
+    ):
+        self.controls = dict(controls)
+        for control in self.controls.values():
+            control.style = LABEL_STYLE
+            control.observe(self._on_change, names="value")
+        self.output = widgets.Output()
+        self.status = widgets.HTML()
+        self.figure: Figure | None = None
+        self.error: str | None = None
+        self.busy = False
+        self.draws = 0  # how many times draw ran, for tests and the busy state
+        self.button_label = button
+        self.button = None if button is None else widgets.Button(description=button, button_style="primary")
+        if self.button is not None:
+            self.button.on_click(self._on_click)
+        parts = [widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap"))]
+        parts += [widgets.HBox([self.button, self.status])] if self.button is not None else [self.status]
+        self.widget = widgets.VBox([*parts, self.output])
+        if self.button is None or draw_now:
+            self.redraw()
+        else:
+            self.status.value = f"click <b>{html.escape(button)}</b> to draw"
+
+    def draw(self, **values: Any) -> Figure:
+        """Return the figure for the controls' `values`; subclasses implement it."""
+        raise NotImplementedError
+
+    def values(self) -> dict[str, Any]:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def redraw(self) -> Figure | None:
+        """Run `draw` for the current values and show the figure, or the
+        error text of a bad value. Returns the figure, or None on an error."""
+        self.busy = True
+        try:
+            figure = self.draw(**self.values())
+        except (ValueError, TypeError) as error:
+            self.error = f"{type(error).__name__}: {error}"
+            self.status.value = f'<span style="color:#c44e52">{html.escape(self.error)}</span>'
+            self.output.clear_output()
+            return None
+        finally:
+            self.busy = False
+            self.draws += 1
+        self.error, self.figure = None, figure
+        self.status.value = ""
+        self.output.clear_output(wait=True)
+        with self.output:
+            from IPython.display import display
+
+            display(figure)
+        return figure
+
+    def _on_change(self, change: dict) -> None:
+        if self.button is None:
+            self.redraw()
+        elif not self.busy:
+            self.button.description = self.button_label + STALE_SUFFIX
+
+    def _on_click(self, button: widgets.Button) -> None:
+        if self.busy:  # a click while drawing is ignored, not queued
+            return
+        button.disabled, button.description, button.icon = True, BUSY_LABEL, "spinner"
+        try:
+            self.redraw()
+        finally:
+            button.disabled, button.description, button.icon = False, self.button_label, ""
+
+    def click(self) -> Figure | None:
+        """Press the button (what a test or a script does)."""
+        if self.button is None:
+            return self.redraw()
+        self.button.click()
+        return self.figure
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
