@@ -11,7 +11,10 @@ returns a 1-D torch.int64 tensor, the same for the same arguments. Patterns:
               ms, so the sequence is mostly 0 and ids are multiples of 4096.
 - zipf:       hot keys; ids scattered by a random permutation. Hashing spreads
               distinct keys but cannot split one hot key, so it does NOT fix
-              this skew (see DESIGN.md, item 1).
+              this skew (notebook 01, section 3).
+
+`zipf_lengths` draws heavy-tailed sequence lengths from the same Zipf
+sampler (the balancing notebook's batches).
 
 `load_id_column` reads an id column from a CSV/TSV/Parquet file such as
 MovieLens `ratings.csv` (userId, movieId) or KuaiRand (user_id, video_id).
@@ -25,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+
+from embnb._checks import check_int, check_number
 
 ID_SPACE = 2**40  # large enough that random ids rarely collide
 TWITTER_EPOCH_MS = 1_288_834_974_657
@@ -148,6 +153,14 @@ def zipf_probs(vocab_size: int, alpha: float) -> torch.Tensor:
     return weights / weights.sum()
 
 
+def _zipf_ranks(num: int, alpha: float, support: int, gen: torch.Generator) -> torch.Tensor:
+    """THE Zipf sampler: `num` ranks in [0, support), P(k) ∝ (k + 1)**-alpha,
+    by inverting the CDF of `zipf_probs` at uniform draws from `gen`."""
+    cdf = torch.cumsum(zipf_probs(support, alpha), 0)
+    uniform = torch.rand(num, generator=gen, dtype=torch.float64)
+    return torch.searchsorted(cdf, uniform).clamp_(max=support - 1)
+
+
 def zipf_ids(
     num_keys: int,
     *,
@@ -168,11 +181,19 @@ def zipf_ids(
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     gen = _generator(seed)
-    cdf = torch.cumsum(zipf_probs(vocab_size, alpha), 0)
-    uniform = torch.rand(num_keys, generator=gen, dtype=torch.float64)
-    popularity_rank = torch.searchsorted(cdf, uniform).clamp_(max=vocab_size - 1)
+    popularity_rank = _zipf_ranks(num_keys, alpha, vocab_size, gen)
     names = torch.randperm(vocab_size, generator=gen)
     return names[popularity_rank]
+
+
+def zipf_lengths(num_samples: int, alpha: float = 1.5, max_length: int = 8192, seed: int = 0) -> torch.Tensor:
+    """Sequence lengths with P(length = L) proportional to L**-alpha, L in
+    [1, max_length] (int64). alpha=1.5: a third of the samples have length 1,
+    and a few reach max_length: a heavy tail like user histories."""
+    check_int("num_samples", num_samples, low=0)
+    check_int("max_length", max_length, low=1)
+    alpha = check_number("alpha", alpha, low=0, low_open=True)
+    return _zipf_ranks(num_samples, alpha, max_length, _generator(seed)) + 1
 
 
 PATTERNS: dict[str, Callable[..., torch.Tensor]] = {

@@ -35,7 +35,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embnb.data import zipf_probs
+from embnb.data import zipf_lengths  # noqa: F401  (re-exported: callers use balancer.zipf_lengths)
 
 __all__ = [
     "METHODS",
@@ -113,22 +112,6 @@ def _drop_padding(parts: Parts, num_items: int) -> Parts:
 
 
 # --- workloads --------------------------------------------------------------
-
-
-def zipf_lengths(num_samples: int, alpha: float = 1.5, max_length: int = 8192, seed: int = 0) -> torch.Tensor:
-    """Sequence lengths with P(length = L) proportional to L**-alpha, L in
-    [1, max_length] (int64). alpha=1.5: a third of the samples have length 1,
-    and a few reach max_length: a heavy tail like user histories."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
-        raise ValueError(f"num_samples must be an int >= 0, got {num_samples!r}")
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length must be an int >= 1, got {max_length!r}")
-    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
-    gen = torch.Generator().manual_seed(seed)
-    cdf = torch.cumsum(zipf_probs(max_length, float(alpha)), 0)
-    uniform = torch.rand(num_samples, generator=gen, dtype=torch.float64)
-    return torch.searchsorted(cdf, uniform).clamp_(max=max_length - 1) + 1
 
 
 def attention_block_flops(lengths: Any, embedding_dim: int, ffn_dim: int) -> torch.Tensor:

@@ -32,8 +32,9 @@ import torch
 
 from embnb.balancing import overlap
 from embnb.balancing import partition as balancer
-from embnb.bench.timing import machine_name, write_results
+from embnb.bench.timing import write_results
 from embnb.dist import launch
+from embnb.timing import machine_name
 
 PEER = "numberpartitioning_kk"
 

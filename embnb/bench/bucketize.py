@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 
-from embnb.bench.timing import machine_name, median_seconds, write_results
+from embnb.bench.timing import write_results
 from embnb.native import loader
 from embnb.rowwise.routing import DistType, bucketize
+from embnb.timing import machine_name, median_seconds
 
 SIZES = [10**5, 10**6, 10**7]
 QUICK_SIZES = [10**4, 10**5]

@@ -36,8 +36,9 @@ import time
 
 import numpy as np
 
-from embnb.bench.timing import machine_name, write_results
+from embnb.bench.timing import write_results
 from embnb.planner import core as planner
+from embnb.timing import machine_name
 
 PEERS = ("torchrec DP", "torchrec default")
 OURS = "embnb DP"

@@ -1,51 +1,15 @@
-"""Timing and result files shared by the benchmarks."""
+"""Result files of the benchmarks; timing itself lives in embnb.timing."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import pathlib
-import platform
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
-import torch
+from embnb.timing import machine_name
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-
-
-def median_seconds(
-    fn: Callable[[], Any], repeats: int = 10, warmup: int = 2, device: torch.device | str = "cpu"
-) -> float:
-    """Median wall time of `fn()` after warm-up; CUDA work timed with events."""
-    device = torch.device(device)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def machine_name(device: torch.device | str = "cpu") -> str:
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import os
-
-    return f"{platform.processor() or platform.machine()} x{os.cpu_count()} cores"
 
 
 def write_results(name: str, payload: dict[str, Any], out_dir: pathlib.Path | None = None) -> pathlib.Path:
