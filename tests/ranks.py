@@ -44,14 +44,6 @@ def exit_on_rank(rank, world_size, bad_rank):
     return rank
 
 
-def call_each(rank, world_size, calls):
-    """Run several per-rank functions in one launch (spawning ranks is slow).
-
-    calls: [(fn, args), ...], each called as fn(rank, world_size, *args).
-    """
-    return [fn(rank, world_size, *args) for fn, args in calls]
-
-
 def kv_load_and_lookup(rank, world_size, directory, dist_type, seed, batches):
     """Load embnb.rowwise.kv's saved table on this rank, then look up batches[rank]."""
     from embnb.rowwise import kv

@@ -38,7 +38,6 @@ imports torchrec, which costs each spawned rank seconds.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -46,7 +45,8 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 import torch.distributed as dist
 
-from embnb.dist import launch
+from embnb._checks import check_int, check_int_tensor, check_number
+from embnb.dist import launch, rank_device
 from embnb.rowwise import checkpoint
 from embnb.rowwise.routing import DistType, bucketize, hash_key
 
@@ -60,9 +60,7 @@ __all__ = [
     "TABLE_NAME",
     "lookup_on_rank",
     "train_on_rank",
-    "load_on_rank",
     "sharded_lookup",
-    "sharded_train_step",
 ]
 
 INIT_SCALE = 0.05  # initial rows are uniform in [-INIT_SCALE, INIT_SCALE)
@@ -70,13 +68,6 @@ TABLE_NAME = "kv"  # the table name the per-rank functions use
 # 2**64 / golden ratio, as int64 bits: spreads column indices before hashing.
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _check_int(name: str, value: object, low: int = 1) -> int:
-    # bool is an int subclass; True as a size is a bug, not 1.
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
 
 
 def init_rows(keys: torch.Tensor, embedding_dim: int, seed: int = 0) -> torch.Tensor:
@@ -87,12 +78,9 @@ def init_rows(keys: torch.Tensor, embedding_dim: int, seed: int = 0) -> torch.Te
     ``[-INIT_SCALE, INIT_SCALE)``: a pure function of (key, seed, column),
     on the keys' device.
     """
-    if not isinstance(keys, torch.Tensor) or keys.dim() != 1 or keys.dtype not in (torch.int32, torch.int64):
-        got = f"{keys.dtype} {tuple(keys.shape)}" if isinstance(keys, torch.Tensor) else type(keys).__name__
-        raise ValueError(f"keys must be a 1-D int32/int64 tensor, got {got}")
-    embedding_dim = _check_int("embedding_dim", embedding_dim)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not _INT64_MIN <= seed <= _INT64_MAX:
-        raise ValueError(f"seed must be an int64, got {seed!r}")
+    check_int_tensor("keys", keys)
+    embedding_dim = check_int("embedding_dim", embedding_dim, low=1)
+    check_int("seed", seed, low=_INT64_MIN, high=_INT64_MAX)
     seed_bits = int(hash_key(torch.tensor([seed]))[0])
     mixed = hash_key(keys.to(torch.int64)) ^ seed_bits
     columns = torch.arange(embedding_dim, device=keys.device) * _GOLDEN
@@ -164,16 +152,15 @@ class ShardedKVTable:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         self.name = name
-        self.embedding_dim = _check_int("embedding_dim", embedding_dim)
+        self.embedding_dim = check_int("embedding_dim", embedding_dim, low=1)
         self.dist_type = DistType.parse(dist_type)
         grouped = dist.is_available() and dist.is_initialized()
         if world_size is None:
             world_size = dist.get_world_size() if grouped else 1
-        self.world_size = _check_int("world_size", world_size)
+        self.world_size = check_int("world_size", world_size, low=1)
         if rank is None:
             rank = dist.get_rank() if grouped and world_size > 1 else 0
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank!r} is outside [0, {world_size})")
+        check_int("rank", rank, low=0, high=world_size - 1)
         if grouped and world_size > 1 and (world_size, rank) != (dist.get_world_size(), dist.get_rank()):
             raise ValueError(
                 f"world_size={world_size}, rank={rank} do not match the "
@@ -182,15 +169,14 @@ class ShardedKVTable:
             )
         self.rank = rank
         if self.dist_type is DistType.CONTINUOUS:
-            block_size = _check_int("block_size", block_size)
+            block_size = check_int("block_size", block_size, low=1)
         else:
             block_size = None  # never read by the round-robin modes
         self.block_size = block_size
         init_rows(torch.empty(0, dtype=torch.int64), 1, seed)  # checks seed
         self.seed = seed
         if device is None:
-            nccl = grouped and dist.get_backend() == "nccl"
-            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+            device = rank_device() if grouped else torch.device("cpu")
         self.device = torch.device(device)
         self.keys = torch.empty(0, dtype=torch.int64, device=self.device)
         self.rows = torch.empty(0, embedding_dim, device=self.device)
@@ -310,8 +296,7 @@ class ShardedKVTable:
                 f"grads must be a float tensor of shape ({num_keys}, "
                 f"{self.embedding_dim}) (one row per key), got {got}"
             )
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr):
-            raise ValueError(f"lr must be a finite number, got {lr!r}")
+        check_number("lr", lr)
         buckets, send_splits, recv_splits, keys = self._route(num_features, lengths, values)
         # Input key i sits at bucketized position permute[i].
         send = torch.empty_like(grads, dtype=self.rows.dtype, device=self.device)
@@ -422,8 +407,10 @@ def lookup_on_rank(
     embedding_dim: int,
     block_size: int | None = None,
     seed: int = 0,
+    dump_dir: str | None = None,
 ) -> dict[str, Any]:
-    """For ``launch``: a fresh table; this rank looks up ``batches[rank]``.
+    """For ``launch``: a fresh table; this rank looks up ``batches[rank]``
+    and, with ``dump_dir``, saves its shard there as :data:`TABLE_NAME`.
 
     Returns ``{"rows": [num_keys, dim] in batches[rank]'s key order,
     "stats": table.stats()}``.
@@ -431,6 +418,8 @@ def lookup_on_rank(
     batch = _my_batch(batches, rank, world_size)
     table = _rank_table(rank, world_size, dist_type, embedding_dim, block_size, seed)
     rows = table.lookup(batch)
+    if dump_dir is not None:
+        table.dump(dump_dir)
     return {"rows": rows, "stats": table.stats()}
 
 
@@ -462,25 +451,6 @@ def train_on_rank(
     return {"rows": rows, "rows_after": rows_after, "stats": table.stats()}
 
 
-def load_on_rank(
-    rank: int,
-    world_size: int,
-    directory: str,
-    dist_type: DistType | str,
-    block_size: int | None = None,
-    seed: int | None = None,
-    name: str = TABLE_NAME,
-) -> dict[str, Any]:
-    """For ``launch``: load this rank's shard of a saved table (resharding
-    if the world size differs). Returns ``{"keys", "rows", "stats"}``."""
-    table = ShardedKVTable.load(directory, name, dist_type, block_size=block_size, seed=seed)
-    if (table.world_size, table.rank) != (world_size, rank):
-        raise ValueError(
-            f"called as rank {rank} of {world_size} but the table is rank {table.rank} of {table.world_size}"
-        )
-    return {"keys": table.keys, "rows": table.rows, "stats": table.stats()}
-
-
 def _picklable(batches: list[Batch]) -> list[JaggedBatch]:
     # KJTs become JaggedBatches, so the spawned ranks never import torchrec.
     return [b if isinstance(b, JaggedBatch) else JaggedBatch.from_kjt(b) for b in batches]
@@ -493,11 +463,12 @@ def sharded_lookup(
     embedding_dim: int,
     block_size: int | None = None,
     seed: int = 0,
-    backend: str = "auto",
+    device: str = "auto",
     timeout_s: float = 300.0,
 ) -> list[dict[str, Any]]:
     """Spawn ``world_size`` ranks running :func:`lookup_on_rank`; returns
-    their results in rank order (tensors on the CPU)."""
+    their results in rank order (tensors on the CPU). ``device`` picks
+    where the ranks run by ``embnb.dist.device_plan``."""
     if len(batches) != world_size:
         raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
     return launch(
@@ -508,42 +479,6 @@ def sharded_lookup(
         embedding_dim,
         block_size,
         seed,
-        backend=backend,
-        timeout_s=timeout_s,
-    )
-
-
-def sharded_train_step(
-    world_size: int,
-    dist_type: DistType | str,
-    batches: list[Batch],
-    grads: list[torch.Tensor],
-    lr: float,
-    embedding_dim: int,
-    block_size: int | None = None,
-    seed: int = 0,
-    dump_dir: str | None = None,
-    backend: str = "auto",
-    timeout_s: float = 300.0,
-) -> list[dict[str, Any]]:
-    """Spawn ``world_size`` ranks running :func:`train_on_rank`."""
-    if len(batches) != world_size or len(grads) != world_size:
-        raise ValueError(
-            f"batches has {len(batches)} and grads "
-            f"{len(grads)} entries, need one per rank "
-            f"(world_size={world_size})"
-        )
-    return launch(
-        train_on_rank,
-        world_size,
-        dist_type,
-        _picklable(batches),
-        grads,
-        lr,
-        embedding_dim,
-        block_size,
-        seed,
-        dump_dir,
-        backend=backend,
+        device=device,
         timeout_s=timeout_s,
     )

@@ -10,8 +10,7 @@ import ranks
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embnb.dist import launch
-from embnb.metrics import rank_load
+from embnb.dist import launch_each
 from embnb.rowwise import kv
 from embnb.rowwise.routing import DistType, owner_rank
 
@@ -69,9 +68,8 @@ def trained(tmp_path_factory):
         directory = str(root / dist_type.value)
         cases[dist_type] = {"batches": batches, "grads": grads, "dir": directory}
         calls.append((kv.train_on_rank, (dist_type, batches, grads, LR, DIM, BLOCK, SEED, directory)))
-    per_rank = launch(ranks.call_each, 4, calls, backend="gloo")
-    for i, dist_type in enumerate(DIST_TYPES):
-        cases[dist_type]["results"] = [r[i] for r in per_rank]
+    for dist_type, results in zip(DIST_TYPES, launch_each(calls, 4, device="cpu")):
+        cases[dist_type]["results"] = results
     return cases
 
 
@@ -100,8 +98,7 @@ def reloaded(trained):
         (ranks.kv_load_and_lookup, (trained[d]["dir"], d, SEED, make_batches(2, d, seed=20)))
         for d in DIST_TYPES
     ]
-    per_rank = launch(ranks.call_each, 2, calls, backend="gloo")
-    return {d: [r[i] for r in per_rank] for i, d in enumerate(DIST_TYPES)}
+    return dict(zip(DIST_TYPES, launch_each(calls, 2, device="cpu")))
 
 
 @pytest.mark.parametrize("dist_type", DIST_TYPES, ids=str)
@@ -132,9 +129,8 @@ def three_ranks():
     calls = [(kv.lookup_on_rank, (d, batches[d], DIM, BLOCK, SEED)) for d in DIST_TYPES] + [
         (ranks.kv_rank_mismatch, ())
     ]
-    per_rank = launch(ranks.call_each, 3, calls, backend="gloo")
-    results = {d: [r[i] for r in per_rank] for i, d in enumerate(DIST_TYPES)}
-    return batches, results, [r[-1] for r in per_rank]
+    *lookups, mismatches = launch_each(calls, 3, device="cpu")
+    return batches, dict(zip(DIST_TYPES, lookups)), mismatches
 
 
 @pytest.mark.parametrize("dist_type", DIST_TYPES, ids=str)
@@ -146,12 +142,14 @@ def test_three_rank_lookup_and_counters(three_ranks, dist_type):
         assert torch.equal(result["rows"], ref.lookup(batch))
     # Independent count: route every rank's keys with owner_rank.
     keys = torch.cat([b.values().to(torch.int64) for b in batches])
-    load = rank_load(keys, owner_rank(keys, 3, dist_type, BLOCK), 3)
+    owners = owner_rank(keys, 3, dist_type, BLOCK).tolist()
+    key_counts = [owners.count(rank) for rank in range(3)]
+    unique_counts = [len({k for k, o in zip(keys.tolist(), owners) if o == rank}) for rank in range(3)]
     stats = [r["stats"] for r in results]
-    assert [s["keys_served"] for s in stats] == load.key_counts.tolist()
-    assert [s["unique_keys_served"] for s in stats] == load.unique_counts.tolist()
-    assert [s["rows_held"] for s in stats] == load.unique_counts.tolist()
-    assert [s["bytes_served"] for s in stats] == (load.key_counts * DIM * 4).tolist()
+    assert [s["keys_served"] for s in stats] == key_counts
+    assert [s["unique_keys_served"] for s in stats] == unique_counts
+    assert [s["rows_held"] for s in stats] == unique_counts
+    assert [s["bytes_served"] for s in stats] == [c * DIM * 4 for c in key_counts]
     assert [s["keys_requested"] for s in stats] == [b.values().numel() for b in batches]
     assert sum(s["keys_served"] for s in stats) == len(keys)
 
@@ -209,10 +207,12 @@ def test_bad_inputs_raise_naming_the_value(tmp_path):
         table.lookup(bad_batch([1, -3]))
     with pytest.raises(ValueError, match="KeyedJaggedTensor or JaggedBatch"):
         table.lookup(torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(TypeError, match="block_size must be an int >= 1, got NoneType None"):
         kv.ShardedKVTable("t", 4, "continuous")
-    with pytest.raises(ValueError, match="rank 2"):
+    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 1\], got 2"):
         kv.ShardedKVTable("t", 4, "roundrobin", world_size=2, rank=2)
+    with pytest.raises(TypeError, match="world_size must be an int >= 1, got bool True"):
+        kv.ShardedKVTable("t", 4, "roundrobin", world_size=True)
     with pytest.raises(ValueError, match="embedding_dim"):
         kv.ShardedKVTable("t", 0, "roundrobin")
     with pytest.raises(ValueError, match="modulo"):
@@ -246,7 +246,7 @@ def test_loaded_table_makes_new_rows_with_the_saved_seed(tmp_path):
 def test_sharded_lookup_takes_kjts():
     # KJTs are converted to JaggedBatches before spawning (no torchrec there).
     batches = [b.to_kjt() for b in make_batches(2, DistType.HASH_ROUNDROBIN, seed=40)]
-    results = kv.sharded_lookup(2, "hash_roundrobin", batches, DIM, seed=SEED, backend="gloo")
+    results = kv.sharded_lookup(2, "hash_roundrobin", batches, DIM, seed=SEED, device="cpu")
     ref = reference(DistType.HASH_ROUNDROBIN)
     for batch, result in zip(batches, results):
         assert torch.equal(result["rows"], ref.lookup(batch))
