@@ -11,10 +11,15 @@ Three routing modes (`DistType`) decide the owner of a key:
 - `hash_roundrobin`: `fmix64(key) % world_size`, the hash NVIDIA dynamicemb
   uses, so results compare. Both round-robin modes send the raw key.
 
-Keys are treated as unsigned 64-bit patterns in the round-robin modes (as
-dynamicemb does): an int64 key -1 is 2**64 - 1. int32 keys are first
-sign-extended to int64, so an int32 -1 is also 2**64 - 1 (this differs from
-FBGEMM, which reads int32 keys as uint32). `continuous` rejects negative keys.
+Keys are treated as unsigned 64-bit patterns in the round-robin modes. For
+int64 keys that is what dynamicemb does: an int64 key -1 is 2**64 - 1.
+int32 keys are first sign-extended to int64, so an int32 -1 is also
+2**64 - 1. dynamicemb's kernels (and FBGEMM) read an int32 key as uint32
+instead, so for NEGATIVE int32 keys the two disagree: `owner_rank` of int32
+-1 at W=7 is `(2**64 - 1) % 7 == 1` here and `(2**32 - 1) % 7 == 3` in
+dynamicemb. Non-negative int32 keys route identically. Use int64 keys (what
+torchrec's KJTs carry) to compare with dynamicemb. `continuous` rejects
+negative keys.
 
 `bucketize` builds the all-to-all input with the native kernels in
 embnb/native (CPU and CUDA); `bucketize(..., impl="reference")` is the
@@ -32,9 +37,9 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["DistType", "Bucketized", "hash_key", "owner_rank", "bucketize"]
+from embnb._checks import check_int, check_int_tensor
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
+__all__ = ["DistType", "DIST_CODES", "Bucketized", "hash_key", "owner_rank", "bucketize"]
 
 
 class DistType(str, enum.Enum):
@@ -87,32 +92,13 @@ _FMIX_C2 = 0xC4CEB9FE1A85EC53 - (1 << 64)
 _LOW_31_BITS = (1 << 31) - 1
 
 
-def _check_int_tensor(name: str, t: object) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    return t
-
-
-def _check_world_size(world_size: object) -> int:
-    # bool is an int subclass; True as a world size is a bug, not 1.
-    if not isinstance(world_size, int) or isinstance(world_size, bool):
-        raise TypeError(f"world_size must be an int >= 1, got {type(world_size).__name__} {world_size!r}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    return world_size
-
-
 def hash_key(keys: torch.Tensor) -> torch.Tensor:
     """MurmurHash3 fmix64 (no seed) of each key's unsigned 64-bit pattern.
 
     Returns int64 holding the hash's 64 bits (negative when bit 63 is set).
     int32 keys are sign-extended first: int32 -1 hashes like int64 -1.
     """
-    x = _check_int_tensor("keys", keys).to(torch.int64)
+    x = check_int_tensor("keys", keys).to(torch.int64)
     # int64 multiply wraps like uint64; >> is arithmetic, so mask the bits
     # the sign extension shifted in to get a logical shift.
     x = x ^ ((x >> 33) & _LOW_31_BITS)
@@ -150,16 +136,6 @@ def _route(
     return owner, local
 
 
-def _check_block_size(block_size: object) -> int:
-    if not isinstance(block_size, int) or isinstance(block_size, bool):
-        raise TypeError(
-            f"block_size must be an int >= 1 for continuous, got {type(block_size).__name__} {block_size!r}"
-        )
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1 for continuous, got {block_size}")
-    return block_size
-
-
 def _check_nonnegative_keys(keys: torch.Tensor, where: str) -> None:
     if keys.numel() and bool((keys < 0).any()):
         bad = int(keys[keys < 0][0])
@@ -177,14 +153,16 @@ def owner_rank(
     continuous: `key // block_size` for `key < block_size * world_size`,
     else `key % world_size`. roundrobin: `key % world_size` on the uint64
     pattern. hash_roundrobin: `hash_key(key) % world_size`, unsigned.
+    int32 keys are sign-extended first: a negative int32 key gets another
+    owner than in dynamicemb, which reads it as uint32 (module docstring).
     """
-    keys = _check_int_tensor("keys", keys).to(torch.int64)
-    world_size = _check_world_size(world_size)
+    keys = check_int_tensor("keys", keys).to(torch.int64)
+    world_size = check_int("world_size", world_size, low=1)
     mode = DistType.parse(dist_type)
     if mode is DistType.CONTINUOUS:
         if block_size is None:
             raise ValueError("continuous routing needs a block_size, got None")
-        block_size = _check_block_size(block_size)
+        block_size = check_int("block_size", block_size, low=1)
         _check_nonnegative_keys(keys, "")
     return _route(keys, world_size, mode, block_size)[0]
 
@@ -225,12 +203,7 @@ def _resolve_num_features(
     """(count, where it came from): explicit, a per-feature list, else 1."""
     candidates = []  # (where the count came from, count)
     if num_features is not None:
-        if not isinstance(num_features, int) or isinstance(num_features, bool):
-            raise TypeError(
-                f"num_features must be an int >= 1, got {type(num_features).__name__} {num_features!r}"
-            )
-        if num_features < 1:
-            raise ValueError(f"num_features must be >= 1, got {num_features}")
+        check_int("num_features", num_features, low=1)
         candidates.append(("num_features", num_features))
     if sizes is not None:
         candidates.append(("len(block_sizes)", len(sizes)))
@@ -335,7 +308,7 @@ def bucketize(
             _warned_no_cuda = True
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         return _reference_on_cpu(args)
-    codes = [_DIST_CODES[m] for m in args.modes]
+    codes = [DIST_CODES[m] for m in args.modes]
     blocks = [args.sizes[f] if m is DistType.CONTINUOUS else 0 for f, m in enumerate(args.modes)]
     out = torch.ops.embnb.bucketize(
         args.lengths,
@@ -349,7 +322,7 @@ def bucketize(
 
 
 _warned_no_cuda = False
-_DIST_CODES = {  # torch.ops.embnb.bucketize's per-feature codes
+DIST_CODES = {  # torch.ops.embnb.bucketize's per-feature codes
     DistType.CONTINUOUS: 0,
     DistType.ROUNDROBIN: 1,
     DistType.HASH_ROUNDROBIN: 2,
@@ -358,9 +331,9 @@ _DIST_CODES = {  # torch.ops.embnb.bucketize's per-feature codes
 
 def _check_args(lengths, indices, world_size, dist_type, block_sizes, num_features, weights) -> _Args:
     """Checks that need no data; the kernels check lengths and keys."""
-    lengths = _check_int_tensor("lengths", lengths)
-    indices = _check_int_tensor("indices", indices)
-    world_size = _check_world_size(world_size)
+    lengths = check_int_tensor("lengths", lengths)
+    indices = check_int_tensor("indices", indices)
+    world_size = check_int("world_size", world_size, low=1)
     modes = _per_feature_modes(dist_type)
     sizes = _block_size_list(block_sizes)
     num_features, source = _resolve_num_features(num_features, modes, sizes)

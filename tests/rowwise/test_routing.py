@@ -377,3 +377,21 @@ def test_owner_rank_bad_input(args, error, words):
         owner_rank(*args)
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_negative_int32_keys_are_sign_extended_unlike_dynamicemb():
+    """The documented difference: dynamicemb reads an int32 key as uint32,
+    embnb sign-extends it to int64 (so int32 and int64 keys route alike).
+    Both owners computed here with Python integers, not embnb's code."""
+    world_size = 7
+    key = -1
+    sign_extended = (key % 2**64) % world_size  # embnb: 2**64 - 1
+    as_uint32 = (key % 2**32) % world_size  # dynamicemb's reading: 2**32 - 1
+    assert (sign_extended, as_uint32) == (1, 3)  # they really differ here
+    for dtype in (torch.int32, torch.int64):
+        got = owner_rank(torch.tensor([key], dtype=dtype), world_size, "roundrobin")
+        assert got.tolist() == [sign_extended]
+    # Non-negative int32 keys route exactly as dynamicemb's uint32 reading.
+    keys = torch.tensor([0, 5, 2**31 - 1], dtype=torch.int32)
+    want = [k % world_size for k in keys.tolist()]
+    assert owner_rank(keys, world_size, "roundrobin").tolist() == want
