@@ -50,6 +50,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 
+from embnb._checks import check_int
 from embnb.rowwise.routing import DistType, owner_rank
 
 FORMAT_VERSION = 1
@@ -81,12 +82,10 @@ def _check_table_name(table_name: str) -> None:
 
 
 def _check_layout(rank: int, world_size: int, dist: DistType, block_size: int | None) -> None:
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size {world_size!r} must be an int >= 1")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank!r} is outside [0, {world_size})")
-    if dist == _CONTINUOUS and (not isinstance(block_size, int) or block_size < 1):
-        raise ValueError(f"dist_type 'continuous' needs block_size >= 1, got {block_size!r}")
+    check_int("world_size", world_size, low=1)
+    check_int("rank", rank, low=0, high=world_size - 1)
+    if dist == _CONTINUOUS:
+        check_int("block_size (dist_type 'continuous')", block_size, low=1)
 
 
 def _check_shard(keys: torch.Tensor, rows: torch.Tensor, where: str) -> None:
@@ -227,35 +226,6 @@ def dump(
     return _write(directory, table_name, rank, world_size, shard, dist, block_size, init_seed)
 
 
-def dump_all(
-    directory: str | os.PathLike,
-    table_name: str,
-    shards: list[Shard],
-    dist_type: DistType | str,
-    block_size: int | None = None,
-    init_seed: int | None = None,
-) -> list[Path]:
-    """Save all ranks' shards from one process (tests, notebooks).
-
-    ``shards[r]`` is rank r's ``(keys, rows)``; the world size is
-    ``len(shards)``. All shards are validated before any file is written.
-    """
-    _check_table_name(table_name)
-    dist = DistType.parse(dist_type)
-    world_size = len(shards)
-    _check_layout(0, world_size, dist, block_size)
-    prepared = [_prepared(k, v, r, world_size, dist, block_size) for r, (k, v) in enumerate(shards)]
-    dims = {rows.shape[1] for _, rows in prepared}
-    if len(dims) > 1:
-        raise ValueError(f"shards have different embedding dims {sorted(dims)}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    return [
-        _write(directory, table_name, r, world_size, shard, dist, block_size, init_seed)
-        for r, shard in enumerate(prepared)
-    ]
-
-
 # -------------------------------------------------------------------- reading
 
 
@@ -284,7 +254,7 @@ def read_metadata(directory: str | os.PathLike, table_name: str) -> dict:
     try:
         meta["dist_type"] = DistType.parse(meta.get("dist_type", DEFAULT_DIST_TYPE.value))
         _check_layout(0, meta["world_size"], meta["dist_type"], meta.get("block_size"))
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # a bad file is a bad value, whatever field broke
         raise ValueError(f"{path}: {e}") from e
     return meta
 

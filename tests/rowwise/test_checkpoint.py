@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from embnb.rowwise import checkpoint
-from embnb.rowwise.checkpoint import dump, dump_all, load, meta_path, shard_path
+from embnb.rowwise.checkpoint import dump, load, meta_path, shard_path
 from embnb.rowwise.routing import DistType, owner_rank
 
 DIST_TYPES = ["continuous", "roundrobin", "hash_roundrobin"]
@@ -52,7 +52,8 @@ def sorted_by_key(keys, rows):
 def write_table(tmp_path, dist, world_size, name="emb", seed=0):
     keys, rows = make_table(seed)
     shards = shard_by_owner(keys, rows, world_size, dist, block_for(dist, world_size))
-    dump_all(tmp_path, name, shards, dist, block_for(dist, world_size))
+    for rank, (rank_keys, rank_rows) in enumerate(shards):
+        dump(tmp_path, name, rank, world_size, rank_keys, rank_rows, dist, block_for(dist, world_size))
     return keys, rows, shards
 
 
@@ -153,7 +154,7 @@ def test_missing_dist_type_loads_as_roundrobin(tmp_path):
 
 
 def test_continuous_needs_block_size_and_nonnegative_keys(tmp_path):
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(TypeError, match="block_size"):
         dump(tmp_path, "emb", 0, 1, torch.arange(3), torch.zeros(3, DIM), "continuous")
     with pytest.raises(ValueError, match="rank 0's shard: .*key -1"):
         dump(tmp_path, "emb", 0, 1, torch.tensor([-1]), torch.zeros(1, DIM), "continuous", block_size=4)
@@ -273,9 +274,9 @@ KEYS, ROWS = torch.tensor([0, 2, 4]), torch.zeros(3, DIM)
 @pytest.mark.parametrize(
     "rank,world_size,keys,rows,dist,match",
     [
-        (-1, 2, KEYS, ROWS, "roundrobin", "rank -1 is outside"),
-        (2, 2, KEYS, ROWS, "roundrobin", r"rank 2 is outside \[0, 2\)"),
-        (0, 0, KEYS, ROWS, "roundrobin", "world_size 0"),
+        (-1, 2, KEYS, ROWS, "roundrobin", r"rank must be an int in \[0, 1\], got -1"),
+        (2, 2, KEYS, ROWS, "roundrobin", r"rank must be an int in \[0, 1\], got 2"),
+        (0, 0, KEYS, ROWS, "roundrobin", "world_size must be an int >= 1, got 0"),
         (0, 2, KEYS.int(), ROWS, "roundrobin", "int64.*torch.int32"),
         (0, 2, KEYS[None], ROWS, "roundrobin", r"1-D.*shape \(1, 3\)"),
         (0, 2, KEYS, ROWS[0], "roundrobin", r"2-D.*shape \(8,\)"),
@@ -291,17 +292,20 @@ def test_dump_rejects_bad_inputs(tmp_path, rank, world_size, keys, rows, dist, m
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def test_dump_all_rejects_mixed_dims(tmp_path):
-    shards = [(torch.tensor([0]), torch.zeros(1, 4)), (torch.tensor([1]), torch.zeros(1, 5))]
-    with pytest.raises(ValueError, match=r"dims \[4, 5\]"):
-        dump_all(tmp_path, "emb", shards, "roundrobin")
+def test_dump_refuses_bools_as_sizes_and_a_missing_block_size(tmp_path):
+    with pytest.raises(TypeError, match="world_size must be an int >= 1, got bool True"):
+        dump(tmp_path, "emb", 0, True, KEYS, ROWS, "roundrobin")
+    with pytest.raises(
+        TypeError, match="block_size \\(dist_type 'continuous'\\) must be an int >= 1, got NoneType"
+    ):
+        dump(tmp_path, "emb", 0, 1, KEYS, ROWS, "continuous")
     assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(
     "rank,world_size,dist,match",
     [
-        (3, 3, "roundrobin", r"rank 3 is outside \[0, 3\)"),
+        (3, 3, "roundrobin", r"rank must be an int in \[0, 2\], got 3"),
         (0, 2, "nope", "nope"),
     ],
 )
