@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def bench(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
@@ -53,6 +54,12 @@ def test_bucketize_bench_rows_agree_with_their_timings(tmp_path):
         assert row["embnb_over_fbgemm"] == pytest.approx(row["fbgemm_s"] / row["embnb_s"])
         assert row["embnb_over_reference"] == pytest.approx(row["reference_s"] / row["embnb_s"])
         assert row["embnb_min_s"] <= row["embnb_s"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_bucketize_bench_on_cuda_without_a_gpu_says_so(tmp_path):
+    done = bench("bucketize", "--device", "cuda", "--quick", "--out", str(tmp_path), expect=2)
+    assert "device 'cuda' needs one GPU per rank: world_size=1, GPUs visible=0" in done.stderr
 
 
 def test_planner_bench_ratios_and_quality(tmp_path):

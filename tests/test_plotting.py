@@ -35,6 +35,11 @@ def test_rank_bars_draws_one_panel_per_name_with_max_over_mean_titles():
     heights = [p.get_height() for p in axes[0].patches]
     assert heights == [8, 0, 0, 0, 4, 0, 0, 0]  # bars, then the highlight
     assert fig.legends and fig._suptitle.get_text() == "t"
+    assert axes[0].get_shared_y_axes().joined(axes[0], axes[1])
+    mean_line = axes[1].lines[0]
+    assert list(mean_line.get_ydata()) == [2.0, 2.0]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert sorted(legend) == ["all", "hottest key", "mean"]
 
 
 def test_rank_bars_refuses_empty_input():

@@ -1,35 +1,28 @@
-"""Figures of the notebooks: each function takes data, returns a Figure.
+"""Figures of notebook 01 (row-wise routing): each takes data, returns a Figure.
 
-Figures are made with `matplotlib.figure.Figure`, not pyplot, so nothing is
-kept in pyplot's global list: a notebook shows one with `display(fig)`, a
-widget redraws into its Output, a test just counts axes.
+Figures share the style of `embnb.plotting` (palette, rank bars).
 
     fig = load_heatmap(table)                        # notebook 01
-    fig = rank_load_bars({"roundrobin": [8, 0, 0, 0], "hash_roundrobin": ...})
+    fig = embnb.plotting.rank_bars({"roundrobin": [8, 0, 0, 0], ...})  # per-rank load
     fig = max_over_mean_vs_world_size(table, ["strided", "zipf"])
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-import matplotlib
 import pandas as pd
 import seaborn as sns
-import torch
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, StrMethodFormatter
 
-__all__ = ["load_heatmap", "rank_load_bars", "max_over_mean_vs_world_size"]
+from embnb.plotting import color, new_figure
+
+__all__ = ["load_heatmap", "max_over_mean_vs_world_size"]
 
 HEATMAP_CMAP = "rocket_r"  # light = balanced, dark = one rank does it all
 VALUE_LABELS = {"max_over_mean": "max/mean", "spread_over_mean": "(max - min)/mean"}
-DIST_COLORS = {  # one colour per routing mode, the same in every figure
-    "continuous": "#4c72b0",
-    "roundrobin": "#dd8452",
-    "hash_roundrobin": "#55a868",
-}
 
 
 def _ordered(values: Sequence, wanted: Sequence | None, what: str) -> list:
@@ -44,11 +37,6 @@ def _ordered(values: Sequence, wanted: Sequence | None, what: str) -> list:
 
 def _label(value: str) -> str:
     return VALUE_LABELS.get(value, value.replace("_", " "))
-
-
-def _color(dist_type: str, index: int) -> str:
-    palette = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    return DIST_COLORS.get(str(dist_type), palette[index % len(palette)])
 
 
 def load_heatmap(
@@ -73,7 +61,7 @@ def load_heatmap(
     norm = LogNorm(vmin=1.0, vmax=vmax)
 
     num_panels = len(world_sizes)
-    fig = Figure(figsize=(0.9 + 2.9 * num_panels, 0.9 + 0.45 * len(patterns)), layout="constrained")
+    fig = new_figure(0.9 + 2.9 * num_panels, 0.9 + 0.45 * len(patterns))
     axes = fig.subplots(
         1,
         num_panels + 1,
@@ -113,54 +101,6 @@ def load_heatmap(
     return fig
 
 
-def _as_list(counts: Sequence[float] | torch.Tensor) -> list[float]:
-    if isinstance(counts, torch.Tensor):
-        return counts.reshape(-1).tolist()
-    return [float(c) for c in counts]
-
-
-def rank_load_bars(
-    counts_by_dist_type: Mapping[str, Sequence[float] | torch.Tensor],
-    highlight: Mapping[str, Sequence[float] | torch.Tensor] | None = None,
-    highlight_label: str = "hottest key",
-    ylabel: str = "keys per rank",
-    title: str | None = None,
-) -> Figure:
-    """Bars of per-rank counts, one panel per dist_type, sharing the y axis.
-
-    Each panel marks the mean (dashed) and says max/mean in its title.
-    `highlight[dist_type]` (per-rank counts, a part of the totals, e.g. the
-    hottest key's lookups) is drawn over the bars in black.
-    """
-    if not counts_by_dist_type:
-        raise ValueError("counts_by_dist_type is empty: nothing to plot")
-    names = list(counts_by_dist_type)
-    num_panels = len(names)
-    fig = Figure(figsize=(0.6 + 3.2 * num_panels, 3.2), layout="constrained")
-    axes = fig.subplots(1, num_panels, sharey=True, squeeze=False)[0]
-    for i, (ax, name) in enumerate(zip(axes, names)):
-        counts = _as_list(counts_by_dist_type[name])
-        if not counts:
-            raise ValueError(f"counts for {name!r} are empty")
-        ranks = list(range(len(counts)))
-        mean = sum(counts) / len(counts)
-        ax.bar(ranks, counts, color=_color(name, i), label="all keys")
-        if highlight is not None and name in highlight:
-            ax.bar(ranks, _as_list(highlight[name]), color="black", width=0.4, label=highlight_label)
-        ax.axhline(mean, color="0.3", linestyle="--", linewidth=1, label="mean")
-        ratio = f"{max(counts) / mean:.2f}" if mean else "n/a"
-        ax.set_title(f"{name}\nmax/mean {ratio}")
-        ax.set_xlabel("rank")
-        ax.set_xticks(ranks if len(ranks) <= 16 else ranks[:: len(ranks) // 8])
-        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-        if i == 0:
-            ax.set_ylabel(ylabel)
-    axes[0].legend(loc="upper right", fontsize=8)
-    if title:
-        fig.suptitle(title)
-    return fig
-
-
 def max_over_mean_vs_world_size(
     table: pd.DataFrame,
     patterns: Sequence[str] | None = None,
@@ -176,7 +116,7 @@ def max_over_mean_vs_world_size(
     patterns = _ordered(table["pattern"], patterns, "patterns")
     dist_types = _ordered(table["dist_type"], dist_types, "dist_types")
     world_sizes = sorted(table["world_size"].unique().tolist())
-    fig = Figure(figsize=(0.6 + 3.4 * len(patterns), 3.4), layout="constrained")
+    fig = new_figure(0.6 + 3.4 * len(patterns), 3.4)
     axes = fig.subplots(1, len(patterns), sharey=True, squeeze=False)[0]
     for ax, pattern in zip(axes, patterns):
         rows = table[table["pattern"] == pattern].sort_values("world_size")
@@ -193,7 +133,7 @@ def max_over_mean_vs_world_size(
                 line["world_size"],
                 line["max_over_mean"],
                 marker="o",
-                color=_color(dist_type, i),
+                color=color(dist_type, i),
                 label=dist_type,
             )
         ax.set_xscale("log", base=2)

@@ -3,7 +3,6 @@
 import io
 
 import pytest
-import torch
 from matplotlib.figure import Figure
 
 from embnb.rowwise import aliasing, plots, widgets
@@ -71,40 +70,6 @@ def test_load_heatmap_rejects_missing_data(table):
         plots.load_heatmap(table.iloc[0:0])
 
 
-def test_rank_load_bars_panel_per_dist_type_with_max_over_mean():
-    counts = {"roundrobin": torch.tensor([800, 0, 0, 0]), "hash_roundrobin": [205, 190, 200, 205]}
-    fig = plots.rank_load_bars(counts, title="strided")
-    assert isinstance(fig, Figure)
-    assert len(fig.axes) == 2
-    assert fig.axes[0].get_title() == "roundrobin\nmax/mean 4.00"
-    assert fig.axes[1].get_title() == "hash_roundrobin\nmax/mean 1.02"
-    assert [p.get_height() for p in fig.axes[0].patches] == [800, 0, 0, 0]
-    mean_line = fig.axes[0].lines[0]
-    assert list(mean_line.get_ydata()) == [200, 200]
-    assert fig._suptitle.get_text() == "strided"
-    assert fig.axes[0].get_shared_y_axes().joined(fig.axes[0], fig.axes[1])
-    assert _png_bytes(fig)[:4] == b"\x89PNG"
-
-
-def test_rank_load_bars_highlight_draws_over_the_bars():
-    fig = plots.rank_load_bars(
-        {"hash_roundrobin": [10, 50, 10]},
-        highlight={"hash_roundrobin": [0, 40, 0]},
-        highlight_label="hottest key",
-    )
-    heights = [p.get_height() for p in fig.axes[0].patches]
-    assert heights == [10, 50, 10, 0, 40, 0]
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "hottest key" in labels and "mean" in labels
-
-
-def test_rank_load_bars_rejects_empty_input():
-    with pytest.raises(ValueError, match="empty"):
-        plots.rank_load_bars({})
-    with pytest.raises(ValueError, match="empty"):
-        plots.rank_load_bars({"roundrobin": []})
-
-
 def test_max_over_mean_vs_world_size_panel_per_pattern(table):
     fig = plots.max_over_mean_vs_world_size(table, ["strided", "zipf"], title="t")
     assert len(fig.axes) == 2
@@ -124,34 +89,49 @@ def test_max_over_mean_vs_world_size_without_floor_column(table):
 
 
 def test_load_explorer_redraws_on_every_control():
-    explorer = widgets.load_explorer(
+    explorer = widgets.LoadExplorer(
         ["strided", "zipf"], MODES, world_size=8, num_keys=4000, pattern_options={"zipf": {"alpha": 1.5}}
     )
-    assert explorer.dist_type.options == tuple(MODES)
-    assert explorer.pattern.options == ("strided", "zipf")
+    controls = explorer.controls
+    assert controls["dist_type"].options == tuple(MODES)
+    assert controls["pattern"].options == ("strided", "zipf")
     first = explorer.figure
     assert isinstance(first, Figure)
     assert first.axes[0].get_title().startswith("hash_roundrobin\nmax/mean")
 
-    explorer.dist_type.value = "roundrobin"
+    controls["dist_type"].value = "roundrobin"
     assert explorer.figure is not first
-    assert explorer.figure.axes[0].get_title() == "roundrobin\nmax/mean 8.00"
+    # strided keys k*W + 0 at W=8: all on rank 0, so max/mean is W
+    assert explorer.figure.axes[0].get_title() == "roundrobin\nmax/mean 8.000"
+    assert explorer.figure._suptitle.get_text().endswith("world_size=8, roundrobin")
 
-    explorer.world_size.value = 4
+    controls["world_size"].value = 4
     assert len(explorer.figure.axes[0].patches) == 4 * 2  # bars + hottest-key bars
-    assert explorer.figure.axes[0].get_title() == "roundrobin\nmax/mean 4.00"
+    assert explorer.figure.axes[0].get_title() == "roundrobin\nmax/mean 4.000"
 
-    explorer.pattern.value = "zipf"
-    explorer.num_keys.value = 2000
-    assert explorer.figure._suptitle.get_text() == "zipf, 2,000 keys, world_size=4"
+    controls["pattern"].value = "zipf"
+    controls["num_keys"].value = 2000
+    assert explorer.figure._suptitle.get_text() == "zipf, 2,000 keys, world_size=4, roundrobin"
     heights = [p.get_height() for p in explorer.figure.axes[0].patches]
     assert sum(heights[:4]) == 2000
+    assert explorer.error is None
+
+
+def test_load_explorer_shows_a_bad_value_instead_of_raising():
+    explorer = widgets.LoadExplorer(["strided"], MODES, world_size=8, num_keys=4000)
+    before = explorer.figure
+    # strided keys need residue < world_size; an option the generator refuses
+    explorer.pattern_options["strided"] = {"residue": 9}
+    explorer.controls["world_size"].value = 5
+    assert explorer.error.startswith("ValueError: residue must be in [0, 5), got 9")
+    assert "residue must be in" in explorer.status.value
+    assert explorer.figure is before  # the last good figure stays
 
 
 def test_load_explorer_widget_is_displayable_without_a_kernel():
-    explorer = widgets.load_explorer(["uniform"], ["hash_roundrobin"], num_keys=1000)
+    explorer = widgets.LoadExplorer(["uniform"], ["hash_roundrobin"], num_keys=1000)
     bundle = explorer._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert explorer.widget.children[-1] is explorer.output
     with pytest.raises(ValueError, match="must not be empty"):
-        widgets.load_explorer([], ["roundrobin"])
+        widgets.LoadExplorer([], ["roundrobin"])
