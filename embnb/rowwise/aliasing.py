@@ -13,10 +13,9 @@ key, as torchrec sizes a table by `num_embeddings`:
 `[0, num_rows)` (snowflake ids, hashed ids) then fall into few blocks; that
 is the layout's assumption, not a bug of the sweep.
 
-`make_batches` and `kv_lookup_on_rank` run the same comparison on a real
-sharded key-value table (`embnb.rowwise.kv`) over a process group: one launch looks
-the ranks' batches up under every dist_type, so the ranks pay the start-up
-(importing torch and torchrec) once.
+`make_batches` cuts keys into one KeyedJaggedTensor per rank, for the same
+comparison on a real sharded key-value table over a process group
+(`embnb.rowwise.kv_experiment`).
 
 `hot_key_floor` is the lower bound on max/mean that no routing beats: one
 key is one row on one rank, so the rank owning the hottest key serves at
@@ -45,7 +44,6 @@ __all__ = [
     "max_over_mean_grid",
     "hottest_key_counts",
     "make_batches",
-    "kv_lookup_on_rank",
 ]
 
 LOAD_COLUMNS = [
@@ -245,39 +243,3 @@ def make_batches(
             KeyedJaggedTensor.from_lengths_sync(keys=[feature], values=rank_keys.clone(), lengths=lengths)
         )
     return batches
-
-
-def kv_lookup_on_rank(
-    rank: int,
-    world_size: int,
-    dist_types: Sequence[DistType | str],
-    batches: list,
-    embedding_dim: int,
-    block_sizes: Mapping[str, int | None] | None = None,
-    seed: int = 0,
-    dump_dir: str | None = None,
-    dump_dist_type: DistType | str | None = None,
-) -> dict[str, dict[str, Any]]:
-    """For `embnb.dist.launch`: per dist_type, a fresh `ShardedKVTable`
-    looks up `batches[rank]` (a collective over the group).
-
-    With `dump_dir`, the table of `dump_dist_type` saves its shard there
-    (`embnb.rowwise.checkpoint`, table name `embnb.rowwise.kv.TABLE_NAME`). Returns
-    `{dist_type: {"rows": [num_keys, dim], "stats": table.stats()}}`.
-    """
-    from embnb.rowwise import kv
-
-    if len(batches) != world_size:
-        raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
-    block_sizes = dict(block_sizes or {})
-    dump_mode = None if dump_dist_type is None else DistType.parse(dump_dist_type)
-    results = {}
-    for mode in map(DistType.parse, dist_types):
-        table = kv.ShardedKVTable(
-            kv.TABLE_NAME, embedding_dim, mode, block_size=block_sizes.get(mode.value), seed=seed
-        )
-        rows = table.lookup(batches[rank])
-        if dump_dir is not None and mode is dump_mode:
-            table.dump(dump_dir)
-        results[mode.value] = {"rows": rows, "stats": table.stats()}
-    return results

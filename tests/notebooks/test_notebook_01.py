@@ -137,7 +137,7 @@ def test_summary_and_figures(run):
     code_cells = [c for c in executed.cells if c.cell_type == "code"]
     assert not [o for c in code_cells for o in c.outputs if o.output_type == "error"]
     # interactive=False (the harness default): the widget cell shows nothing
-    widget_cell = next(c for c in code_cells if "load_explorer(" in c.source)
+    widget_cell = next(c for c in code_cells if "LoadExplorer(" in c.source)
     assert widget_cell.outputs == []
     assert run["seconds"] < 300  # a generous bound; it takes well under a minute
 

@@ -5,8 +5,8 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb.data import make_keys, zipf_probs
-from embnb.rowwise import aliasing, checkpoint, kv
-from embnb.rowwise.routing import DistType, hash_key, owner_rank
+from embnb.rowwise import aliasing
+from embnb.rowwise.routing import hash_key, owner_rank
 
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]
 
@@ -162,32 +162,3 @@ def test_make_batches_splits_keys_into_one_kjt_per_rank():
     assert batches[0].keys() == ["item_id"]
     with pytest.raises(ValueError, match="do not split"):
         aliasing.make_batches(torch.arange(10), 3)
-
-
-def test_kv_lookup_on_rank_single_process_returns_rows_and_dumps(tmp_path):
-    # world_size 1 runs without a process group; `launch` runs it on W ranks
-    # (notebook 01's test does that for real).
-    keys = make_keys("strided", 64, 4, seed=0)
-    batches = aliasing.make_batches(keys, 1, keys_per_sample=4)
-    results = aliasing.kv_lookup_on_rank(
-        0,
-        1,
-        MODES,
-        batches,
-        8,
-        {"continuous": aliasing.block_size_for(keys, 1)},
-        seed=3,
-        dump_dir=str(tmp_path),
-        dump_dist_type="hash_roundrobin",
-    )
-    assert list(results) == MODES
-    expected = kv.init_rows(keys, 8, 3)
-    for mode in MODES:
-        assert torch.equal(results[mode]["rows"], expected)
-        assert results[mode]["stats"]["keys_served"] == 64
-    meta = checkpoint.read_metadata(tmp_path, kv.TABLE_NAME)
-    assert meta["dist_type"] is DistType.HASH_ROUNDROBIN
-    saved_keys, _ = checkpoint.load(tmp_path, kv.TABLE_NAME, 0, 1, "hash_roundrobin")
-    assert torch.equal(saved_keys.sort().values, keys.unique())
-    with pytest.raises(ValueError, match="one per rank"):
-        aliasing.kv_lookup_on_rank(0, 2, MODES, batches, 8)
