@@ -3,7 +3,7 @@
 `run_notebook` is what `make run` and the tests use: it executes one notebook
 with parameters, saves the executed copy, its figures as PNG and its results
 JSON under an output folder, and returns the results. `notebook_problems`
-lists what breaks the notebook conventions in ../shared/DESIGN.md.
+lists what breaks the notebook conventions (README, "Notebook conventions").
 
     python -m embnb.harness run [NOTEBOOK ...] [--out build/notebooks]
     python -m embnb.harness check [NOTEBOOK ...]
@@ -17,6 +17,7 @@ import base64
 import json
 import os
 import pathlib
+import re
 import sys
 import time
 from typing import Any
@@ -128,6 +129,30 @@ def notebook_problems(path: str | pathlib.Path) -> list[str]:
         problems.append(f"has {len(tagged)} cells tagged 'parameters', needs exactly 1")
     else:
         problems += _parameter_problems(tagged[0].source)
+    problems += _import_problems("\n".join(c.source for c in code_cells))
+    return problems
+
+
+_EMBNB_IMPORT = re.compile(
+    r"^\s*from (embnb[\w.]*) import (.+)$|^\s*import (embnb[\w.]*)(?: as (\w+))?", re.M
+)
+
+
+def _import_problems(code: str) -> list[str]:
+    """Notebooks call the package's public API: never the bench CLI, never a
+    private name (an `_x` imported from embnb or read off an embnb module)."""
+    problems, module_names = [], []
+    for match in _EMBNB_IMPORT.finditer(code):
+        module, names, plain, alias = match.groups()
+        module = module or plain
+        if module.startswith("embnb.bench") or (module == "embnb" and "bench" in (names or "")):
+            problems.append(f"imports the benchmark CLI ({match.group(0).strip()}); use the package")
+        imported = [n.split(" as ")[-1].strip(" ()") for n in (names or "").split(",") if n.strip()]
+        problems += [f"imports the private name {n!r} from {module}" for n in imported if n.startswith("_")]
+        module_names += imported or [alias or plain]
+    for name in module_names:
+        for private in sorted(set(re.findall(rf"\b{re.escape(name)}\.(_\w+)", code))):
+            problems.append(f"reads the private name {name}.{private}")
     return problems
 
 

@@ -94,6 +94,25 @@ def test_convention_breaks_are_named(tmp_path, change, problem):
     assert any(problem in p for p in harness.notebook_problems(nb)), harness.notebook_problems(nb)
 
 
+@pytest.mark.parametrize(
+    "cell, problem",
+    [
+        ("from embnb.bench import bucketize", "imports the benchmark CLI"),
+        ("import embnb.bench.timing as t", "imports the benchmark CLI"),
+        ("from embnb import bench", "imports the benchmark CLI"),
+        ("from embnb.dist import _visible_gpus", "imports the private name '_visible_gpus' from embnb.dist"),
+        (
+            "from embnb.balancing import partition\nprint(partition._warned)",
+            "reads the private name partition._warned",
+        ),
+        ("import embnb.dist as d\nd._kill_all([])", "reads the private name d._kill_all"),
+    ],
+)
+def test_notebooks_use_only_the_public_package(tmp_path, cell, problem):
+    nb = _write_notebook(tmp_path / "x.ipynb", body=[*BODY, cell])
+    assert any(problem in p for p in harness.notebook_problems(nb)), harness.notebook_problems(nb)
+
+
 def test_outputs_and_widget_state_are_found_and_stripped(tmp_path):
     nb = _write_notebook(tmp_path / "x.ipynb")
     notebook = nbformat.read(str(nb), as_version=4)
