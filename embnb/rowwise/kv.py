@@ -393,10 +393,19 @@ def _rank_table(
     return table
 
 
-def _my_batch(batches: list[Batch], rank: int, world_size: int) -> Batch:
+def _batch_and_table(
+    rank: int,
+    world_size: int,
+    batches: list[Batch],
+    dist_type: DistType | str,
+    embedding_dim: int,
+    block_size: int | None,
+    seed: int,
+) -> tuple[Batch, ShardedKVTable]:
+    """This rank's batch and a fresh table: what every per-rank function starts with."""
     if len(batches) != world_size:
         raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
-    return batches[rank]
+    return batches[rank], _rank_table(rank, world_size, dist_type, embedding_dim, block_size, seed)
 
 
 def lookup_on_rank(
@@ -415,8 +424,7 @@ def lookup_on_rank(
     Returns ``{"rows": [num_keys, dim] in batches[rank]'s key order,
     "stats": table.stats()}``.
     """
-    batch = _my_batch(batches, rank, world_size)
-    table = _rank_table(rank, world_size, dist_type, embedding_dim, block_size, seed)
+    batch, table = _batch_and_table(rank, world_size, batches, dist_type, embedding_dim, block_size, seed)
     rows = table.lookup(batch)
     if dump_dir is not None:
         table.dump(dump_dir)
@@ -441,8 +449,7 @@ def train_on_rank(
     with ``dump_dir``, saves the table there as :data:`TABLE_NAME`. Returns
     ``{"rows", "rows_after", "stats"}`` (stats count both lookups).
     """
-    batch = _my_batch(batches, rank, world_size)
-    table = _rank_table(rank, world_size, dist_type, embedding_dim, block_size, seed)
+    batch, table = _batch_and_table(rank, world_size, batches, dist_type, embedding_dim, block_size, seed)
     rows = table.lookup(batch)
     table.apply_gradients(batch, grads[rank], lr)
     rows_after = table.lookup(batch)
