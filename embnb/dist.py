@@ -43,6 +43,7 @@ __all__ = [
     "pick_backend",
     "resolve_device",
     "rank_device",
+    "collective_device",
     "check_collectives",
 ]
 
@@ -88,30 +89,47 @@ class DevicePlan:
     device: str  # "cpu" or "cuda": where each rank computes
     backend: str  # "gloo" or "nccl": the process group's backend
     world_size: int
-    gpus: int  # GPUs visible to this process
+    gpus: int  # GPUs visible to the parent
+
+    @property
+    def shares_gpus(self) -> bool:
+        """Ranks share GPUs (fewer GPUs than ranks): nccl refuses that, so
+        they compute on CUDA and run their collectives over gloo."""
+        return self.device == "cuda" and self.backend == "gloo"
+
+    def rank_device(self, rank: int) -> torch.device:
+        """Rank `rank`'s device: GPU `rank % gpus` on CUDA, else the CPU."""
+        return torch.device("cuda", rank % self.gpus) if self.device == "cuda" else torch.device("cpu")
 
     def describe(self) -> str:
+        if self.shares_gpus:
+            return (
+                f"{self.world_size} ranks share {self.gpus} GPU(s): they compute on CUDA and run "
+                f"their collectives over gloo through host memory (nccl needs one GPU per rank)"
+            )
         return f"{self.world_size} ranks on {self.device} ({self.backend}; {self.gpus} GPUs visible)"
 
 
-def device_plan(device: str, world_size: int = 1) -> DevicePlan:
+def device_plan(device: str, world_size: int = 1, *, gpus: int | None = None) -> DevicePlan:
     """Map a notebook's or CLI's `device` ("auto", "cpu", "cuda") to a plan.
 
-    "auto" is "cuda" when there is one GPU per rank, else "cpu". Ranks on
-    CUDA talk over nccl, ranks on the CPU over gloo. "cuda" without one GPU
-    per rank raises, naming how many GPUs there are.
+    "cpu": ranks compute on the CPU and talk over gloo. "cuda": with one GPU
+    per rank, each rank has its own GPU and talks over nccl; with fewer GPUs
+    than ranks, ranks share the GPUs (rank r on GPU r % gpus), compute on
+    CUDA and talk over gloo; with no GPU it raises. "auto": "cuda" when
+    there is a GPU, else "cpu". `gpus` overrides the number of visible GPUs
+    (to test the rule on a machine without them).
     """
     check_choice("device", device, DEVICES)
     check_int("world_size", world_size, low=1)
-    gpus = _visible_gpus()
-    if device == "cuda" and gpus < world_size:
-        raise ValueError(
-            f"device 'cuda' needs one GPU per rank: world_size={world_size}, "
-            f"GPUs visible={gpus}; use device='cpu' or 'auto'"
-        )
+    gpus = _visible_gpus() if gpus is None else check_int("gpus", gpus, low=0)
+    if device == "cuda" and gpus == 0:
+        raise ValueError("device 'cuda' needs a GPU, but none is visible; use device='cpu' or 'auto'")
     if device == "auto":
-        device = "cuda" if gpus >= world_size else "cpu"
-    return DevicePlan(device, "nccl" if device == "cuda" else "gloo", world_size, gpus)
+        device = "cuda" if gpus else "cpu"
+    if device == "cpu":
+        return DevicePlan("cpu", "gloo", world_size, gpus)
+    return DevicePlan("cuda", "nccl" if gpus >= world_size else "gloo", world_size, gpus)
 
 
 def resolve_device(device: str, world_size: int = 1) -> str:
@@ -119,9 +137,24 @@ def resolve_device(device: str, world_size: int = 1) -> str:
     return device_plan(device, world_size).device
 
 
+_RANK_DEVICE_ENV = "EMBNB_RANK_DEVICE"  # set by `launch` in each rank
+
+
 def rank_device(group: dist.ProcessGroup | None = None) -> torch.device:
-    """The device a rank computes on: its own GPU under nccl (the launcher
-    set it), else the CPU."""
+    """The device a rank computes on: what `launch` chose for it (its own
+    GPU, a shared GPU, or the CPU); elsewhere (torchrun) its GPU under nccl,
+    else the CPU."""
+    if os.environ.get(_RANK_DEVICE_ENV):
+        return torch.device(os.environ[_RANK_DEVICE_ENV])
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a tensor must be for the group's collectives: the rank's GPU
+    under nccl, host memory under gloo (also when the rank computes on a
+    shared GPU: gloo's CUDA support does not cover every collective)."""
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -151,8 +184,10 @@ def launch(
     if device is not None:
         if backend != "auto":
             raise ValueError(f"give device or backend, not both (device={device!r}, backend={backend!r})")
-        backend = device_plan(device, world_size).backend
-    backend = pick_backend(backend, world_size)
+        plan = device_plan(device, world_size)
+    else:  # a backend names the device: nccl ranks on their own GPU, gloo ranks on the CPU
+        backend = pick_backend(backend, world_size)
+        plan = DevicePlan("cuda" if backend == "nccl" else "cpu", backend, world_size, _visible_gpus())
     _check_importable(fn)
 
     # The parent hosts the rendezvous store on a port the OS picks (port 0),
@@ -164,7 +199,7 @@ def launch(
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(rank, world_size, backend, store.port, timeout_s, threads, fn, args, results_queue),
+            args=(rank, world_size, plan, store.port, timeout_s, threads, fn, args, results_queue),
             name=f"embnb-rank{rank}",
             daemon=True,
         )
@@ -229,7 +264,7 @@ def _check_importable(fn: Callable[..., Any]) -> None:
         ) from exc
 
 
-def _rank_main(rank, world_size, backend, port, timeout_s, threads, fn, args, results_queue):
+def _rank_main(rank, world_size, plan, port, timeout_s, threads, fn, args, results_queue):
     # Own process group, so killing it also takes any processes this rank started.
     os.setpgrp()
     _exit_with_parent()
@@ -241,14 +276,16 @@ def _rank_main(rank, world_size, backend, port, timeout_s, threads, fn, args, re
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    device = plan.rank_device(rank)
+    os.environ[_RANK_DEVICE_ENV] = str(device)
     try:
-        if backend == "gloo":
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if plan.backend == "gloo":
             torch.set_num_threads(threads)  # ranks share the cores
-        else:
-            torch.cuda.set_device(rank)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timedelta(seconds=timeout_s))
         dist.init_process_group(
-            backend,
+            plan.backend,
             store=store,
             rank=rank,
             world_size=world_size,
@@ -360,9 +397,10 @@ def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
     """A smoke test of the process group: all_reduce and an uneven all_to_all.
 
     Rank r sends (d + 1) values to rank d, each `100 * r + d`; so rank r
-    receives r + 1 values from every source s, each `100 * s + r`.
+    receives r + 1 values from every source s, each `100 * s + r`. The
+    tensors live where the group's collectives need them.
     """
-    device = rank_device()
+    device = collective_device()
     total = torch.tensor([rank + 1.0], device=device)
     dist.all_reduce(total)
     in_splits = [d + 1 for d in range(world_size)]
@@ -374,6 +412,7 @@ def check_collectives(rank: int, world_size: int) -> dict[str, Any]:
         "rank": rank,
         "world_size": world_size,
         "backend": dist.get_backend(),
+        "device": str(rank_device()),
         "all_reduce": total.item(),
         "all_to_all": recv.tolist(),
     }

@@ -64,3 +64,10 @@ def kv_rank_mismatch(rank, world_size):
         except ValueError as e:
             messages.append(str(e))
     return messages
+
+
+def rank_devices(rank, world_size):
+    """Where embnb.dist says this rank computes and runs its collectives."""
+    from embnb import dist as edist
+
+    return {"rank_device": str(edist.rank_device()), "collective_device": str(edist.collective_device())}

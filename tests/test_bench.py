@@ -59,7 +59,7 @@ def test_bucketize_bench_rows_agree_with_their_timings(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_bucketize_bench_on_cuda_without_a_gpu_says_so(tmp_path):
     done = bench("bucketize", "--device", "cuda", "--quick", "--out", str(tmp_path), expect=2)
-    assert "device 'cuda' needs one GPU per rank: world_size=1, GPUs visible=0" in done.stderr
+    assert "device 'cuda' needs a GPU, but none is visible" in done.stderr
 
 
 def test_planner_bench_ratios_and_quality(tmp_path):

@@ -61,6 +61,7 @@ def _expected_collectives(rank, world_size):
         "rank": rank,
         "world_size": world_size,
         "backend": "gloo",
+        "device": "cpu",
         "all_reduce": float(sum(range(1, world_size + 1))),
         "all_to_all": received,
     }
@@ -190,24 +191,51 @@ def test_cli_spawns_when_not_under_torchrun():
 def test_resolve_device_follows_the_gpus_there_are():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert edist.resolve_device("cpu", 4) == "cpu"
-    assert edist.resolve_device("auto", gpus + 1) == "cpu"
-    with pytest.raises(ValueError, match=f"device 'cuda' needs one GPU per rank: world_size={gpus + 1}"):
-        edist.resolve_device("cuda", gpus + 1)
+    assert edist.resolve_device("auto", 4) == ("cuda" if gpus else "cpu")
+    if not gpus:
+        with pytest.raises(ValueError, match="device 'cuda' needs a GPU, but none is visible"):
+            edist.resolve_device("cuda", 1)
     with pytest.raises(ValueError, match="device 'gpu' is not one of"):
         edist.resolve_device("gpu", 1)
 
 
-def test_device_plan_pairs_each_device_with_its_backend():
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    cpu = edist.device_plan("cpu", 3)
-    assert (cpu.device, cpu.backend, cpu.world_size, cpu.gpus) == ("cpu", "gloo", 3, gpus)
-    auto = edist.device_plan("auto", gpus + 1)  # more ranks than GPUs: the CPU
-    assert (auto.device, auto.backend) == ("cpu", "gloo")
-    assert "ranks on cpu (gloo" in auto.describe()
-    if gpus:
-        assert edist.device_plan("auto", 1).backend == "nccl"
+# (device, world_size, gpus) -> (device, backend, shares_gpus, rank devices)
+DEVICE_RULE = [
+    (("cpu", 4, 0), ("cpu", "gloo", False, ["cpu"] * 4)),
+    (("cpu", 4, 8), ("cpu", "gloo", False, ["cpu"] * 4)),
+    (("auto", 4, 0), ("cpu", "gloo", False, ["cpu"] * 4)),
+    (("auto", 2, 2), ("cuda", "nccl", False, ["cuda:0", "cuda:1"])),
+    (("cuda", 2, 8), ("cuda", "nccl", False, ["cuda:0", "cuda:1"])),
+    (("auto", 4, 1), ("cuda", "gloo", True, ["cuda:0"] * 4)),
+    (("cuda", 3, 2), ("cuda", "gloo", True, ["cuda:0", "cuda:1", "cuda:0"])),
+    (("cuda", 1, 1), ("cuda", "nccl", False, ["cuda:0"])),
+]
+
+
+@pytest.mark.parametrize("asked, expected", DEVICE_RULE, ids=lambda x: str(x))
+def test_device_rule_decides_what_runs_where(asked, expected):
+    device, world_size, gpus = asked
+    plan = edist.device_plan(device, world_size, gpus=gpus)
+    ranks = [str(plan.rank_device(r)) for r in range(world_size)]
+    assert (plan.device, plan.backend, plan.shares_gpus, ranks) == expected
+    assert (plan.world_size, plan.gpus) == (world_size, gpus)
+    if plan.shares_gpus:  # the run says so
+        assert f"{world_size} ranks share {gpus} GPU(s)" in plan.describe()
+        assert "gloo" in plan.describe()
+
+
+def test_device_rule_refuses_cuda_without_a_gpu_and_bad_values():
+    with pytest.raises(ValueError, match="device 'cuda' needs a GPU, but none is visible"):
+        edist.device_plan("cuda", 2, gpus=0)
+    with pytest.raises(TypeError, match="gpus must be an int >= 0, got bool True"):
+        edist.device_plan("cuda", 2, gpus=True)
     with pytest.raises(TypeError, match="world_size must be an int >= 1, got bool True"):
         edist.device_plan("cpu", True)
+
+
+def test_launched_ranks_know_their_device():
+    (on_cpu,) = edist.launch_each([(ranks.rank_devices, ())], 2, device="cpu")
+    assert on_cpu == [{"rank_device": "cpu", "collective_device": "cpu"}] * 2
 
 
 def test_launch_each_runs_several_experiments_in_one_launch():
