@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from matplotlib.figure import Figure
 
-from embnb.columnwise.sharding import (
+from embnb.columnwise.placement import (
     check_shard_ranks,
     check_widths,
     concat_in_rank_order,

@@ -17,7 +17,7 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 from embnb.columnwise import plots as cw_plots
-from embnb.columnwise.sharding import (
+from embnb.columnwise.placement import (
     check_shard_ranks,
     check_widths,
     cw_permute_indices,
