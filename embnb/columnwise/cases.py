@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from embnb._checks import check_choice, check_int
 from embnb.columnwise.lookup import cw_sequence_lookup, local_shards
 from embnb.columnwise.placement import check_shard_ranks, check_widths, concat_in_rank_order, equal_widths
 from embnb.columnwise.torchrec_adapter import (
-    backend_for,
     check_torchrec_placements,
     compute_kernel_for,
-    rank_device,
     shard_cw,
     torchrec_permute_indices,
 )
-from embnb.dist import launch, resolve_device
+from embnb.dist import launch_each, rank_device
 
 if TYPE_CHECKING:
     from torchrec import EmbeddingCollection, KeyedJaggedTensor
@@ -43,9 +42,13 @@ __all__ = [
     "to_kjt",
     "unsharded_outputs",
     "reference_cw_forward",
-    "cw_cases_on_rank",
+    "RankOutputs",
+    "run_case_on_rank",
     "run_cw_cases",
 ]
+
+
+PATHS = ("reference", "torchrec")  # embnb's CW lookup, torchrec's ShardedEmbeddingCollection
 
 
 @dataclass(frozen=True)
@@ -80,14 +83,10 @@ class CWCase:
         names = [t.name for t in self.tables]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"tables must be non-empty with unique names, got {names}")
-        sizes = {
-            "batch_size": (self.batch_size, 1),
-            "max_length": (self.max_length, 0),
-            **{f"{t.name}.num_embeddings": (t.num_embeddings, 1) for t in self.tables},
-        }
-        for what, (value, least) in sizes.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{what} must be an int >= {least}, got {value!r}")
+        check_int("batch_size", self.batch_size, low=1)
+        check_int("max_length", self.max_length, low=0)
+        for t in self.tables:
+            check_int(f"{t.name}.num_embeddings", t.num_embeddings, low=1)
         if sorted(self.placements) != sorted(names):
             raise ValueError(f"placements name tables {sorted(self.placements)}; tables are {names}")
         unknown = sorted(set(self.widths) - set(names))
@@ -98,7 +97,7 @@ class CWCase:
                 raise ValueError(f"table {table.name!r} has no feature_names")
             check_shard_ranks(self.placements[table.name], self.world_size)
             self.shard_widths(table.name)  # raises on widths that do not fit
-        bad_paths = [p for p in self.paths if p not in ("reference", "torchrec")]
+        bad_paths = [p for p in self.paths if p not in PATHS]
         if bad_paths or not self.paths:
             raise ValueError(f"paths {self.paths!r}: each must be 'reference' or 'torchrec'")
 
@@ -231,35 +230,43 @@ def reference_cw_forward(
     return outputs, rank_ordered
 
 
-def cw_cases_on_rank(rank: int, world_size: int, cases: Sequence[CWCase]) -> list[dict[str, Any] | None]:
-    """Per-rank function for `embnb.dist.launch`: run every case on a process
-    group of its own world size (ranks 0..case.world_size-1; one launch serves
-    many world sizes). None for cases this rank is not part of."""
-    results: list[dict[str, Any] | None] = [None] * len(cases)
-    for size in sorted({c.world_size for c in cases}):
-        # new_group is collective over the whole world, members or not.
-        group = dist.group.WORLD if size == world_size else dist.new_group(list(range(size)))
-        if rank < size:
-            device = rank_device(group)
-            for i, case in enumerate(cases):
-                if case.world_size == size:
-                    results[i] = _run_case(case, rank, group, device)
-        dist.barrier()
-    return results
+@dataclass
+class RankOutputs:
+    """What one rank returned for a case. Outputs map an output name (as
+    EmbeddingCollection names them) to (lengths, values), on the CPU; a path
+    the case did not run is None."""
+
+    device: str  # where the rank computed: "cpu" or "cuda"
+    reference: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # embnb's CW lookup
+    rank_ordered: dict[str, list[torch.Tensor]] | None = None  # its shard outputs, in arrival order
+    torchrec: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # ShardedEmbeddingCollection
+    torchrec_permute: dict[str, list[int]] | None = None  # the permute indices torchrec computed
+    compute_kernel: str | None = None  # torchrec's kernel
 
 
-def _run_case(case: CWCase, rank: int, group: dist.ProcessGroup, device: torch.device) -> dict[str, Any]:
-    ec = make_embedding_collection(case, device)
-    features = to_kjt(make_batches(case)[rank], device)
-    result: dict[str, Any] = {"device": device.type}
-    with torch.no_grad():
-        if "reference" in case.paths:
-            result["reference"], result["rank_ordered"] = reference_cw_forward(case, ec, features, group)
-        if "torchrec" in case.paths:
-            sharded = shard_cw(ec, case.placements, group)
-            result["torchrec"] = _plain(sharded(features).wait())
-            result["torchrec_permute"] = torchrec_permute_indices(sharded)
-            result["compute_kernel"] = compute_kernel_for(device.type)
+def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | None:
+    """Per-rank function for `embnb.dist.launch_each`: run `case` on ranks
+    0..case.world_size-1 (a subgroup when the launch has more ranks, so one
+    launch serves many world sizes). None on ranks outside the case."""
+    # new_group is collective over the whole world, members or not.
+    group = (
+        dist.group.WORLD if case.world_size == world_size else dist.new_group(list(range(case.world_size)))
+    )
+    result = None
+    if rank < case.world_size:
+        device = rank_device(group)
+        ec = make_embedding_collection(case, device)
+        features = to_kjt(make_batches(case)[rank], device)
+        result = RankOutputs(device.type)
+        with torch.no_grad():
+            if "reference" in case.paths:
+                result.reference, result.rank_ordered = reference_cw_forward(case, ec, features, group)
+            if "torchrec" in case.paths:
+                sharded = shard_cw(ec, case.placements, group)
+                result.torchrec = _plain(sharded(features).wait())
+                result.torchrec_permute = torchrec_permute_indices(sharded)
+                result.compute_kernel = compute_kernel_for(device.type)
+    dist.barrier()  # ranks outside the case wait here, not inside the next case's collectives
     return result
 
 
@@ -270,14 +277,15 @@ class CWRun:
 
     case: CWCase
     expected: list[dict[str, tuple[torch.Tensor, torch.Tensor]]]
-    ranks: list[dict[str, Any]]
+    ranks: list[RankOutputs]
 
     def _matches(self, path: str) -> bool:
-        for want, got in zip(self.expected, self.ranks):
-            if path not in got or sorted(got[path]) != sorted(want):
+        for want, rank in zip(self.expected, self.ranks):
+            got = getattr(rank, path)
+            if got is None or sorted(got) != sorted(want):
                 return False
             for name, (lengths, values) in want.items():
-                if not (torch.equal(got[path][name][0], lengths) and torch.equal(got[path][name][1], values)):
+                if not (torch.equal(got[name][0], lengths) and torch.equal(got[name][1], values)):
                     return False
         return True
 
@@ -292,27 +300,37 @@ class CWRun:
     def naive_matches(self) -> bool:
         """Concatenating shard outputs in arrival (rank) order equals the unsharded EC."""
         return all(
-            torch.equal(concat_in_rank_order(got["rank_ordered"][name]), values)
-            for want, got in zip(self.expected, self.ranks)
+            torch.equal(self._output(rank, "naive", name), values)
+            for want, rank in zip(self.expected, self.ranks)
             for name, (_, values) in want.items()
         )
 
+    def _output(self, rank: RankOutputs, path: str, name: str) -> torch.Tensor:
+        if path == "naive":
+            return concat_in_rank_order(rank.rank_ordered[name])
+        return getattr(rank, check_choice("path", path, (*PATHS, "naive")))[name][1]
+
+    def abs_errors(self, path: str, name: str) -> torch.Tensor:
+        """|output - unsharded| of output `name`, one row per looked-up id of
+        every rank in rank order, one column per embedding column; `path` is
+        "reference", "torchrec" or "naive" (rank-order concatenation)."""
+        return torch.cat(
+            [
+                (self._output(rank, path, name) - want[name][1]).abs()
+                for want, rank in zip(self.expected, self.ranks)
+            ]
+        )
+
     def max_abs_error(self, path: str) -> float:
-        """Largest |output - unsharded| over ranks and outputs ("naive" for rank-order concat)."""
-        worst = 0.0
-        for want, got in zip(self.expected, self.ranks):
-            for name, (_, values) in want.items():
-                out = (
-                    concat_in_rank_order(got["rank_ordered"][name]) if path == "naive" else got[path][name][1]
-                )
-                if values.numel():
-                    worst = max(worst, float((out - values).abs().max()))
-        return worst
+        """Largest |output - unsharded| over ranks and outputs (see `abs_errors`)."""
+        errors = [self.abs_errors(path, name) for name in self.expected[0]] if self.expected else []
+        return max([float(e.max()) for e in errors if e.numel()], default=0.0)
 
 
 def run_cw_cases(cases: Sequence[CWCase], device: str = "auto", timeout_s: float = 300.0) -> list[CWRun]:
-    """Run `cases` on real ranks in one `embnb.dist.launch` (gloo on CPU, nccl
-    with a GPU per rank), and pair each with the unsharded EC's outputs."""
+    """Run `cases` on real ranks in one `embnb.dist.launch_each` (`device` by
+    `embnb.dist.device_plan`: gloo on CPU, nccl with a GPU per rank), and pair
+    each with the unsharded EC's outputs."""
     cases = list(cases)
     if not cases:
         raise ValueError("cases is empty: nothing to run")
@@ -320,11 +338,9 @@ def run_cw_cases(cases: Sequence[CWCase], device: str = "auto", timeout_s: float
         if "torchrec" in case.paths:
             case.check_torchrec()
     world_size = max(c.world_size for c in cases)
-    device_type = resolve_device(device, world_size)
-    per_rank = launch(
-        cw_cases_on_rank, world_size, cases, backend=backend_for(device_type), timeout_s=timeout_s
+    per_case = launch_each(
+        [(run_case_on_rank, (case,)) for case in cases], world_size, device=device, timeout_s=timeout_s
     )
     return [
-        CWRun(case, unsharded_outputs(case), [per_rank[r][i] for r in range(case.world_size)])
-        for i, case in enumerate(cases)
+        CWRun(case, unsharded_outputs(case), ranks[: case.world_size]) for case, ranks in zip(cases, per_case)
     ]

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
+from embnb._checks import check_int
+
 __all__ = [
     "check_shard_ranks",
     "rank_order",
@@ -32,19 +34,26 @@ __all__ = [
 ]
 
 
+def _per_shard_ints(name: str, values: Sequence[int], item: str, low: int) -> list[int]:
+    """`values` (one int per shard, each >= `low`) as a list, else a TypeError or ValueError."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(
+            f"{name} must be a list with a {item} per shard, got {type(values).__name__} {values!r}"
+        )
+    values = list(values)
+    if not values:
+        raise ValueError(f"{name} is empty: a column-wise table needs at least one shard")
+    for s, value in enumerate(values):
+        check_int(f"{name} {values}: the {item} of shard {s}", value, low=low)
+    return values
+
+
 def check_shard_ranks(shard_ranks: Sequence[int], world_size: int | None = None) -> list[int]:
-    """`shard_ranks` as a list of ints, or a ValueError naming what is wrong."""
-    if isinstance(shard_ranks, (str, bytes)) or not isinstance(shard_ranks, Sequence):
-        raise ValueError(f"shard_ranks must be a list of ranks, got {shard_ranks!r}")
-    ranks = list(shard_ranks)
-    if not ranks:
-        raise ValueError("shard_ranks is empty: a column-wise table needs at least one shard")
-    bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or r < 0]
-    if bad:
-        raise ValueError(f"shard_ranks {ranks} has {bad[0]!r}: ranks must be ints >= 0")
+    """`shard_ranks` as a list of ints, or an error naming what is wrong
+    (TypeError for a wrong type, ValueError for a wrong value)."""
+    ranks = _per_shard_ints("shard_ranks", shard_ranks, "rank", low=0)
     if world_size is not None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        check_int("world_size", world_size, low=1)
         too_big = [r for r in ranks if r >= world_size]
         if too_big:
             raise ValueError(
@@ -79,10 +88,8 @@ def cw_permute_indices(shard_ranks: Sequence[int], world_size: int | None = None
 
 def equal_widths(embedding_dim: int, num_shards: int) -> list[int]:
     """torchrec's CW split: `num_shards` shards of `embedding_dim // num_shards` columns."""
-    if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) or embedding_dim < 1:
-        raise ValueError(f"embedding_dim must be an int >= 1, got {embedding_dim!r}")
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-        raise ValueError(f"num_shards must be an int >= 1, got {num_shards!r}")
+    check_int("embedding_dim", embedding_dim, low=1)
+    check_int("num_shards", num_shards, low=1)
     if embedding_dim % num_shards:
         raise ValueError(
             f"embedding_dim {embedding_dim} is not divisible into {num_shards} equal shards; "
@@ -92,13 +99,9 @@ def equal_widths(embedding_dim: int, num_shards: int) -> list[int]:
 
 
 def check_widths(widths: Sequence[int], embedding_dim: int, num_shards: int | None = None) -> list[int]:
-    """Shard widths as a list, or a ValueError: positive ints summing to `embedding_dim`."""
-    if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence) or not widths:
-        raise ValueError(f"widths must be a non-empty list of column counts, got {widths!r}")
-    widths = list(widths)
-    bad = [w for w in widths if isinstance(w, bool) or not isinstance(w, int) or w < 1]
-    if bad:
-        raise ValueError(f"widths {widths} has {bad[0]!r}: each shard needs an int >= 1 columns")
+    """Shard widths as a list: positive ints summing to `embedding_dim`, else
+    a TypeError (not a list of ints) or ValueError naming what is wrong."""
+    widths = _per_shard_ints("widths", widths, "width", low=1)
     if num_shards is not None and len(widths) != num_shards:
         raise ValueError(f"widths {widths} has {len(widths)} entries for {num_shards} shards")
     if sum(widths) != embedding_dim:

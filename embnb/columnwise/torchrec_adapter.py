@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 
+from embnb._checks import check_choice
 from embnb.columnwise.placement import check_shard_ranks, equal_widths
+from embnb.dist import rank_device
 
 if TYPE_CHECKING:
     from torchrec import EmbeddingCollection
@@ -29,8 +30,6 @@ __all__ = [
     "COMPUTE_KERNELS",
     "TORCHREC_CW_ALIGNMENT",
     "compute_kernel_for",
-    "backend_for",
-    "rank_device",
     "torchrec_num_shards",
     "check_torchrec_placements",
     "cw_sharding_plan",
@@ -49,22 +48,7 @@ COMPUTE_KERNELS = {"cpu": "fused", "cuda": "fused"}
 
 def compute_kernel_for(device_type: str) -> str:
     """A compute kernel that runs ShardedEmbeddingCollection on `device_type`."""
-    if device_type not in COMPUTE_KERNELS:
-        raise ValueError(f"device_type {device_type!r} is not one of {list(COMPUTE_KERNELS)}")
-    return COMPUTE_KERNELS[device_type]
-
-
-def backend_for(device_type: str) -> str:
-    """The process-group backend for a device: gloo on CPU, nccl on CUDA."""
-    compute_kernel_for(device_type)  # validates the name
-    return {"cpu": "gloo", "cuda": "nccl"}[device_type]
-
-
-def rank_device(group: dist.ProcessGroup | None = None) -> torch.device:
-    # The launcher put nccl ranks on their own GPU; gloo ranks compute on CPU.
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return COMPUTE_KERNELS[check_choice("device_type", device_type, COMPUTE_KERNELS)]
 
 
 TORCHREC_CW_ALIGNMENT = 4  # column_wise() makes shards whose width is a multiple of this

@@ -31,6 +31,7 @@ T0 = (TableSpec("t0", 8, ("f0",)),)
         ({"placements": {"t0": [0, 1, 0, 1, 0]}}, "embedding_dim 12 is not divisible into 5"),
         ({"placements": {"t0": [0, 1]}, "paths": ("fast",)}, "each must be 'reference' or 'torchrec'"),
         ({"placements": {"t0": [0, 1]}, "batch_size": 0}, "batch_size must be an int >= 1, got 0"),
+        ({"placements": {"t0": [0, 1]}, "max_length": -1}, "max_length must be an int >= 0, got -1"),
         (
             {"placements": {"t0": [0]}, "tables": (TableSpec("t0", 0, ("f0",)),)},
             "t0.num_embeddings must be an int >= 1, got 0",
@@ -39,6 +40,20 @@ T0 = (TableSpec("t0", 8, ("f0",)),)
 )
 def test_bad_cases_are_refused_before_any_rank_starts(kwargs, message):
     with pytest.raises(ValueError, match=message):
+        CWCase(**{"world_size": 2, "embedding_dim": 12, "tables": T0, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"placements": {"t0": [0, 1]}, "batch_size": 2.0}, "batch_size must be an int >= 1, got float 2.0"),
+        ({"placements": {"t0": [0, 1]}, "max_length": True}, "max_length must be an int >= 0, got bool True"),
+        ({"placements": {"t0": [0, 1]}, "world_size": "2"}, "world_size must be an int >= 1, got str '2'"),
+        ({"placements": {"t0": "01"}}, "shard_ranks must be a list with a rank per shard"),
+    ],
+)
+def test_bad_types_in_cases_are_type_errors(kwargs, message):
+    with pytest.raises(TypeError, match=message):
         CWCase(**{"world_size": 2, "embedding_dim": 12, "tables": T0, **kwargs})
 
 
@@ -154,7 +169,7 @@ def test_torchrec_sharded_collection_equals_unsharded_exactly(runs):
     torchrec_runs = [r for r in runs if "torchrec" in r.case.paths]
     assert len(torchrec_runs) >= 10
     assert [r.torchrec_matches() for r in torchrec_runs] == [True] * len(torchrec_runs)
-    assert {rank["compute_kernel"] for r in torchrec_runs for rank in r.ranks} == {"fused"}
+    assert {rank.compute_kernel for r in torchrec_runs for rank in r.ranks} == {"fused"}
 
 
 def test_permute_indices_equal_torchrecs(runs):
@@ -166,7 +181,7 @@ def test_permute_indices_equal_torchrecs(runs):
             for name, table in run.case.output_tables().items()
         }
         for rank in run.ranks:
-            assert rank["torchrec_permute"] == ours, run.case
+            assert rank.torchrec_permute == ours, run.case
 
 
 def test_naive_concatenation_is_wrong_exactly_when_ranks_are_unsorted(runs):
@@ -177,8 +192,18 @@ def test_naive_concatenation_is_wrong_exactly_when_ranks_are_unsorted(runs):
             for got, want in zip(run.ranks, run.expected):
                 if want[name][1].numel() == 0:
                     continue  # no ids: every stitching is right
-                naive = concat_in_rank_order(got["rank_ordered"][name])
+                naive = concat_in_rank_order(got.rank_ordered[name])
                 assert torch.equal(naive, want[name][1]) == (ranks == sorted(ranks)), (run.case, name)
                 checked += 1
     assert checked > 20
     assert not runs[0].naive_matches() and runs[0].max_abs_error("naive") > 0
+
+
+def test_abs_errors_have_a_row_per_looked_up_id(runs):
+    run = runs[1]  # shard_ranks [1, 0, 0, 1]: unsorted, so naive concatenation is wrong
+    naive = run.abs_errors("naive", "f0")
+    assert naive.shape == (sum(len(want["f0"][1]) for want in run.expected), DIM)
+    assert float(naive.max()) == run.max_abs_error("naive") > 0
+    assert not run.abs_errors("reference", "f0").any() and not run.abs_errors("torchrec", "f0").any()
+    with pytest.raises(ValueError, match="path 'fast' is not one of"):
+        run.abs_errors("fast", "f0")

@@ -93,14 +93,21 @@ def test_stitch_undoes_rank_order_for_any_widths(case):
             r"shard_ranks \[0, 4, 0\] has rank 4 >= world_size 4; ranks must be in 0..3",
         ),
         (lambda: placement.cw_permute_indices([]), "shard_ranks is empty"),
-        (lambda: placement.cw_permute_indices([0, -1]), r"has -1: ranks must be ints >= 0"),
-        (lambda: placement.cw_permute_indices("010"), "must be a list of ranks, got '010'"),
+        (
+            lambda: placement.cw_permute_indices([0, -1]),
+            r"shard_ranks \[0, -1\]: the rank of shard 1 must be an int >= 0, got -1",
+        ),
         (
             lambda: placement.check_widths([4, 4, 3], 12, 3),
             r"widths \[4, 4, 3\] sum to 11, not the embedding_dim 12",
         ),
         (lambda: placement.check_widths([6, 6], 12, 3), r"widths \[6, 6\] has 2 entries for 3 shards"),
-        (lambda: placement.check_widths([12, 0], 12), r"has 0: each shard needs an int >= 1"),
+        (
+            lambda: placement.check_widths([12, 0], 12),
+            r"widths \[12, 0\]: the width of shard 1 must be an int >= 1, got 0",
+        ),
+        (lambda: placement.check_widths([], 12), "widths is empty"),
+        (lambda: placement.equal_widths(0, 3), "embedding_dim must be an int >= 1, got 0"),
         (lambda: placement.equal_widths(10, 3), "embedding_dim 10 is not divisible into 3 equal shards"),
         (
             lambda: placement.stitch_cw([torch.zeros(2, 1)] * 2, [0, 1, 0]),
@@ -108,8 +115,36 @@ def test_stitch_undoes_rank_order_for_any_widths(case):
         ),
     ],
 )
-def test_bad_input_is_named(call, message):
+def test_bad_value_is_named(call, message):
     with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: placement.cw_permute_indices("010"),
+            "shard_ranks must be a list with a rank per shard, got str '010'",
+        ),
+        (
+            lambda: placement.cw_permute_indices([0, True]),
+            r"the rank of shard 1 must be an int >= 0, got bool True",
+        ),
+        (
+            lambda: placement.cw_permute_indices([0], world_size=2.0),
+            "world_size must be an int >= 1, got float",
+        ),
+        (lambda: placement.check_widths(12, 12), "widths must be a list with a width per shard, got int 12"),
+        (
+            lambda: placement.check_widths([6.0, 6], 12),
+            r"the width of shard 0 must be an int >= 1, got float 6.0",
+        ),
+        (lambda: placement.equal_widths(12, True), "num_shards must be an int >= 1, got bool True"),
+    ],
+)
+def test_bad_type_is_named(call, message):
+    with pytest.raises(TypeError, match=message):
         call()
 
 
