@@ -13,12 +13,15 @@ Layers, each importable alone, from the maths up:
 """
 
 from embnb.columnwise.cases import (
+    PATHS,
     CWCase,
     CWRun,
+    RankOutputs,
     TableSpec,
     make_batches,
     make_embedding_collection,
     reference_cw_forward,
+    run_case_on_rank,
     run_cw_cases,
     to_kjt,
     unsharded_outputs,
@@ -72,14 +75,17 @@ __all__ = [
     "shard_cw",
     "torchrec_permute_indices",
     # cases
+    "PATHS",
     "TableSpec",
     "CWCase",
+    "RankOutputs",
     "CWRun",
     "make_embedding_collection",
     "make_batches",
     "to_kjt",
     "unsharded_outputs",
     "reference_cw_forward",
+    "run_case_on_rank",
     "run_cw_cases",
     # plots, widgets
     "column_order_figure",

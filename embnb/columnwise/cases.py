@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from torchrec import EmbeddingCollection, KeyedJaggedTensor
 
 __all__ = [
+    "PATHS",
     "TableSpec",
     "CWCase",
     "CWRun",
