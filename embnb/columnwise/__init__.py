@@ -9,9 +9,11 @@ Layers, each importable alone, from the maths up:
   what torchrec's column_wise() can take, plans, the sharded module;
 - `cases`: `CWCase`/`TableSpec` and `run_cw_cases`, which runs cases on real
   ranks through both paths next to the unsharded EmbeddingCollection;
+- `experiment`: notebook 02's run of one placement and its results dict;
 - `plots` and `widgets`: notebook 02's figures and its placement explorer.
 """
 
+from embnb.columnwise import cases, experiment, lookup, placement, plots, torchrec_adapter, widgets
 from embnb.columnwise.cases import (
     PATHS,
     CWCase,
@@ -25,6 +27,12 @@ from embnb.columnwise.cases import (
     run_cw_cases,
     to_kjt,
     unsharded_outputs,
+)
+from embnb.columnwise.experiment import (
+    PlacementExperiment,
+    permute_derivation,
+    run_placement_experiment,
+    shard_table,
 )
 from embnb.columnwise.lookup import cw_sequence_lookup, local_shards
 from embnb.columnwise.placement import (
@@ -51,45 +59,13 @@ from embnb.columnwise.torchrec_adapter import (
 )
 from embnb.columnwise.widgets import PlacementExplorer, parse_ints
 
+# Each layer lists its public names; the package offers them all.
 __all__ = [
-    # placement
-    "check_shard_ranks",
-    "rank_order",
-    "cw_permute_indices",
-    "equal_widths",
-    "check_widths",
-    "column_offsets",
-    "stitch_cw",
-    "concat_in_rank_order",
-    "rank_ordered_shard_outputs",
-    # lookup
-    "local_shards",
-    "cw_sequence_lookup",
-    # torchrec_adapter
-    "COMPUTE_KERNELS",
-    "TORCHREC_CW_ALIGNMENT",
-    "compute_kernel_for",
-    "torchrec_num_shards",
-    "check_torchrec_placements",
-    "cw_sharding_plan",
-    "shard_cw",
-    "torchrec_permute_indices",
-    # cases
-    "PATHS",
-    "TableSpec",
-    "CWCase",
-    "RankOutputs",
-    "CWRun",
-    "make_embedding_collection",
-    "make_batches",
-    "to_kjt",
-    "unsharded_outputs",
-    "reference_cw_forward",
-    "run_case_on_rank",
-    "run_cw_cases",
-    # plots, widgets
-    "column_order_figure",
-    "lookup_error_figure",
-    "PlacementExplorer",
-    "parse_ints",
+    *placement.__all__,
+    *lookup.__all__,
+    *torchrec_adapter.__all__,
+    *cases.__all__,
+    *experiment.__all__,
+    *plots.__all__,
+    *widgets.__all__,
 ]

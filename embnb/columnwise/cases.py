@@ -108,6 +108,14 @@ class CWCase:
         calls it in the parent, before any rank starts."""
         check_torchrec_placements(self.embedding_dim, self.placements, self.world_size, self.widths)
 
+    def torchrec_problem(self) -> str | None:
+        """Why torchrec cannot run this case (`check_torchrec`'s message), or None."""
+        try:
+            self.check_torchrec()
+        except ValueError as exc:
+            return str(exc)
+        return None
+
     def shard_widths(self, table: str) -> list[int]:
         ranks = self.placements[table]
         if table in self.widths:
