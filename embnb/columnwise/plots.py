@@ -3,8 +3,8 @@
     fig = column_order_figure([0, 1, 0], [4, 4, 4])    # naive vs permuted stitching
     fig = lookup_error_figure({"naive": err, "embnb": err2}, [0, 4, 8])
 
-Figures are `matplotlib.figure.Figure`s, not pyplot's, so nothing piles up
-in pyplot's global list; a notebook shows one with `display(fig)`.
+Figures come from `embnb.plotting.new_figure` (the shared style); a notebook
+shows one with `display(fig)`. Columns, not ranks, run along these axes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from matplotlib.figure import Figure
 
-from embnb.columnwise.sharding import (
+from embnb.columnwise.placement import (
     check_shard_ranks,
     check_widths,
     concat_in_rank_order,
@@ -23,6 +23,7 @@ from embnb.columnwise.sharding import (
     rank_ordered_shard_outputs,
     stitch_cw,
 )
+from embnb.plotting import color, new_figure
 
 __all__ = ["column_order_figure", "lookup_error_figure"]
 
@@ -31,8 +32,11 @@ ERROR_CMAP = "Reds"  # white = exact
 RIGHT, WRONG = "#2a7d2a", "#c0392b"
 
 
-def _draw_strip(ax, columns: torch.Tensor, labels: list[str], widths: list[int], dim: int) -> None:
-    """One row of cells coloured (and numbered) by the column they came from."""
+def _draw_strip(
+    ax, columns: torch.Tensor, labels: list[str], widths: list[int], dim: int, label_colors: list[str]
+) -> None:
+    """One row of cells coloured (and numbered) by the column they came from;
+    shard labels below it in their rank's colour."""
     ax.imshow(
         columns.view(1, -1).numpy(),
         cmap=COLUMN_CMAP,
@@ -57,6 +61,8 @@ def _draw_strip(ax, columns: torch.Tensor, labels: list[str], widths: list[int],
         ax.axvline(start - 0.5, color="white", linewidth=3)
     # Shard names under their blocks, as tick labels.
     ax.set_xticks([start + width / 2 - 0.5 for start, width in zip(starts, widths)], labels, fontsize=8)
+    for tick, label_color in zip(ax.get_xticklabels(), label_colors):
+        tick.set_color(label_color)
     ax.tick_params(axis="x", length=0)
     ax.set_yticks([])
 
@@ -81,7 +87,7 @@ def column_order_figure(
     def label(s: int) -> str:
         return f"s{s} (rank {ranks[s]})"
 
-    fig = Figure(figsize=(min(max(7.0, 2.4 + 0.42 * dim), 16), 4.2), layout="constrained")
+    fig = new_figure(min(max(7.0, 2.4 + 0.42 * dim), 16), 4.2)
     axes = fig.subplots(3, 1)
     strips = [
         ("unsharded EmbeddingCollection (column order)", columns, list(range(len(ranks))), "black"),
@@ -94,9 +100,16 @@ def column_order_figure(
         ),
         (f"permute {permute}, then concatenate — right", stitched, list(range(len(ranks))), RIGHT),
     ]
-    for ax, (text, row, shard_order, color) in zip(axes, strips):
-        _draw_strip(ax, row[0], [label(s) for s in shard_order], [widths[s] for s in shard_order], dim)
-        ax.set_title(text, loc="left", fontsize=9, color=color)
+    for ax, (text, row, shard_order, verdict_color) in zip(axes, strips):
+        _draw_strip(
+            ax,
+            row[0],
+            [label(s) for s in shard_order],
+            [widths[s] for s in shard_order],
+            dim,
+            [color(f"rank {ranks[s]}", ranks[s]) for s in shard_order],
+        )
+        ax.set_title(text, loc="left", fontsize=9, color=verdict_color)
     fig.suptitle(title or f"shard_ranks {ranks}, widths {widths}: cell = source column", fontsize=10)
     return fig
 
@@ -116,10 +129,7 @@ def lookup_error_figure(
         raise ValueError(f"errors must be 2-D and of one shape, got shapes {sorted(shapes)}")
     rows, dim = next(iter(shapes))
     vmax = max([float(e.max()) for e in errors.values() if e.numel()] + [1e-6])
-    fig = Figure(
-        figsize=(min(2.4 + 0.3 * dim, 16), 0.9 + len(errors) * (0.6 + 0.16 * min(rows, 40))),
-        layout="constrained",
-    )
+    fig = new_figure(min(2.4 + 0.3 * dim, 16), 0.9 + len(errors) * (0.6 + 0.16 * min(rows, 40)))
     axes = fig.subplots(len(errors), 1, squeeze=False)[:, 0]
     image = None
     for ax, (name, error) in zip(axes, errors.items()):

@@ -1,0 +1,174 @@
+"""torchrec's side of column-wise sharding: a real ShardedEmbeddingCollection.
+
+- `compute_kernel_for`: a kernel that runs ShardedEmbeddingCollection on a device;
+- `check_torchrec_placements`: what torchrec's column_wise() and EC can take
+  (equal widths, multiples of 4, one shard width for all tables), checked in
+  the parent before any rank starts, with a message that says why;
+- `cw_sharding_plan`, `shard_cw`: torchrec's plan and the sharded module;
+- `torchrec_permute_indices`: the permute indices torchrec computed.
+
+torchrec is imported where used, so importing this module stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from embnb._checks import check_choice
+from embnb.columnwise.placement import check_shard_ranks, equal_widths
+from embnb.dist import rank_device
+
+if TYPE_CHECKING:
+    from torchrec import EmbeddingCollection
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan
+
+__all__ = [
+    "COMPUTE_KERNELS",
+    "TORCHREC_CW_ALIGNMENT",
+    "compute_kernel_for",
+    "torchrec_num_shards",
+    "check_torchrec_placements",
+    "cw_sharding_plan",
+    "shard_cw",
+    "torchrec_permute_indices",
+]
+
+
+# On CPU/gloo torchrec 1.8's default "dense" kernel corrupts the heap in
+# ShardedEmbeddingCollection ("Split sizes doesn't match", heap corruption);
+# "fused" (FBGEMM's table-batched
+# kernel with the optimizer fused into backward) runs. On CUDA "fused" is
+# torchrec's usual choice for sharded tables.
+COMPUTE_KERNELS = {"cpu": "fused", "cuda": "fused"}
+
+
+def compute_kernel_for(device_type: str) -> str:
+    """A compute kernel that runs ShardedEmbeddingCollection on `device_type`."""
+    return COMPUTE_KERNELS[check_choice("device_type", device_type, COMPUTE_KERNELS)]
+
+
+TORCHREC_CW_ALIGNMENT = 4  # column_wise() makes shards whose width is a multiple of this
+
+
+def torchrec_num_shards(embedding_dim: int, width: int) -> int:
+    """How many shards torchrec's column_wise() makes when asked for `width` columns each."""
+    # torchrec.distributed.sharding_plan._find_base_dim: the first width >= the
+    # asked one that divides embedding_dim and is a multiple of 4, else all of it.
+    aligned = next(
+        (w for w in range(width, embedding_dim) if embedding_dim % w == 0 and w % TORCHREC_CW_ALIGNMENT == 0),
+        embedding_dim,
+    )
+    return embedding_dim // aligned
+
+
+def check_torchrec_placements(
+    embedding_dim: int,
+    placements: Mapping[str, Sequence[int]],
+    world_size: int,
+    widths: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, int]:
+    """The shard width of each table, or a ValueError saying why torchrec's
+    ShardedEmbeddingCollection cannot take these placements (and `widths`,
+    explicit shard widths by table, which must be equal within a table)."""
+    if widths and any(len(set(w)) > 1 for w in widths.values()):
+        raise ValueError(
+            f"uneven widths {dict(widths)}: torchrec's ShardedEmbeddingCollection cuts "
+            "equal widths only; run them with paths=('reference',) (embnb's path)"
+        )
+    widths = {}
+    for table, ranks in placements.items():
+        ranks = check_shard_ranks(ranks, world_size)
+        try:
+            widths[table] = equal_widths(embedding_dim, len(ranks))[0]
+        except ValueError as exc:
+            raise ValueError(f"table {table!r}: {exc} (torchrec's CW needs equal widths)") from None
+        # torchrec's column_wise() rounds a width up to a multiple of 4 (FBGEMM
+        # alignment) and silently drops the ranks left without a shard.
+        made = torchrec_num_shards(embedding_dim, widths[table])
+        if widths[table] % TORCHREC_CW_ALIGNMENT:
+            raise ValueError(
+                f"table {table!r}: {len(ranks)} shards of embedding_dim {embedding_dim} are "
+                f"{widths[table]} columns wide; torchrec's column_wise() needs a multiple of "
+                f"{TORCHREC_CW_ALIGNMENT} (it would make {made} shard{'s' * (made != 1)} "
+                f"and drop the rest of shard_ranks {ranks})"
+            )
+    # torchrec's EC views every CW lookup as [-1, local_dim] with the first
+    # table's width; other widths raise on some ranks ("Mixed dimension tables
+    # only supported for pooling tables") while their peers wait in a collective.
+    if len(set(widths.values())) > 1:
+        raise ValueError(
+            "torchrec's ShardedEmbeddingCollection needs one shard width for all "
+            f"column-wise tables; got widths {widths} (embedding_dim {embedding_dim} "
+            "split into different shard counts); use embnb's reference path for mixed widths"
+        )
+    return widths
+
+
+def cw_sharding_plan(
+    ec: EmbeddingCollection,
+    placements: Mapping[str, Sequence[int]],
+    world_size: int,
+    device_type: str,
+) -> EmbeddingModuleShardingPlan:
+    """torchrec's EmbeddingModuleShardingPlan: each table of `ec` column-wise on
+    `placements[table]` (a rank per shard), with a kernel that runs on `device_type`."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
+
+    tables = [config.name for config in ec.embedding_configs()]
+    if sorted(placements) != sorted(tables):
+        raise ValueError(f"placements name tables {sorted(placements)}; the collection has {tables}")
+    check_torchrec_placements(ec.embedding_dim(), placements, world_size)
+    kernel = compute_kernel_for(device_type)
+    plan = construct_module_sharding_plan(
+        ec,
+        {t: column_wise(ranks=list(placements[t]), compute_kernel=kernel) for t in tables},
+        sharder=EmbeddingCollectionSharder(),
+        local_size=world_size,
+        world_size=world_size,
+        device_type=device_type,
+    )
+    for table in tables:  # torchrec must not have dropped or moved a shard
+        if list(plan[table].ranks) != list(placements[table]):
+            raise ValueError(
+                f"torchrec planned table {table!r} on ranks {plan[table].ranks}, "
+                f"not the shard_ranks {list(placements[table])} asked for"
+            )
+    return plan
+
+
+def shard_cw(
+    ec: EmbeddingCollection,
+    placements: Mapping[str, Sequence[int]],
+    group: dist.ProcessGroup | None = None,
+) -> ShardedEmbeddingCollection:
+    """A real ShardedEmbeddingCollection of `ec` over `group` (default: the
+    world), holding `ec`'s weights. Collective: every rank of `group` calls it."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.types import ShardingEnv
+
+    group = group or dist.group.WORLD
+    device = rank_device(group)
+    plan = cw_sharding_plan(ec, placements, dist.get_world_size(group), device.type)
+    if group == dist.group.WORLD:
+        env = ShardingEnv.from_process_group(group)
+    else:
+        # from_process_group builds a DeviceMesh through a world-collective
+        # new_group that only this subgroup's ranks would call: the next
+        # new_group anywhere then hangs. The mesh only serves DTensor outputs
+        # (output_dtensor=True), so a subgroup gets an env without one.
+        env = ShardingEnv(dist.get_world_size(group), dist.get_rank(group), None)
+        env.process_group = group
+    sharded = EmbeddingCollectionSharder().shard(ec, plan, env=env, device=device)
+    sharded.load_state_dict(ec.state_dict())
+    return sharded
+
+
+def torchrec_permute_indices(sharded: ShardedEmbeddingCollection) -> dict[str, list[int]]:
+    """The permute indices torchrec computed, per output name (feature, or
+    feature@table for a feature shared by tables). A private torchrec field."""
+    return {name: list(p) for name, p in sharded._features_to_permute_indices.items()}

@@ -1,0 +1,52 @@
+"""embnb.columnwise.torchrec_adapter: torchrec's plans, what its column_wise() can take.
+
+The sharded module itself runs on real ranks in test_cw_cases.py.
+"""
+
+import pytest
+from torchrec import EmbeddingConfig
+
+from embnb.columnwise import torchrec_adapter
+
+
+def test_torchrec_column_wise_helper_drops_shards_we_refuse():
+    from torchrec import EmbeddingCollection
+    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
+
+    ec = EmbeddingCollection(
+        tables=[EmbeddingConfig(name="t0", embedding_dim=12, num_embeddings=4, feature_names=["f0"])]
+    )
+    # Four shards of 3 columns: torchrec rounds the width to 4 and keeps 3 shards,
+    # silently dropping rank 1's second shard.
+    plan = construct_module_sharding_plan(
+        ec, {"t0": column_wise(ranks=[1, 0, 0, 1])}, local_size=2, world_size=2, device_type="cpu"
+    )
+    assert plan["t0"].ranks == [1, 0, 0]
+    with pytest.raises(
+        ValueError,
+        match=r"4 shards of embedding_dim 12 are 3 columns wide; "
+        r"torchrec's column_wise\(\) needs a multiple of 4 \(it would make 3 shards",
+    ):
+        torchrec_adapter.cw_sharding_plan(ec, {"t0": [1, 0, 0, 1]}, 2, "cpu")
+    assert torchrec_adapter.cw_sharding_plan(ec, {"t0": [1, 0, 1]}, 2, "cpu")["t0"].compute_kernel == "fused"
+
+
+def test_kernel_per_device():
+    # "dense" crashes ShardedEmbeddingCollection on CPU/gloo (the module's comment says how).
+    assert torchrec_adapter.compute_kernel_for("cpu") == "fused"
+    with pytest.raises(ValueError, match="device_type 'tpu' is not one of"):
+        torchrec_adapter.compute_kernel_for("tpu")
+
+
+def test_torchrec_num_shards_follows_torchrecs_rounding():
+    from torchrec import EmbeddingCollection
+    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
+
+    for dim, ranks in [(12, [1, 0, 0, 1]), (12, [0, 1, 0]), (20, [0, 1, 0, 1, 0]), (8, [0, 1, 0, 1])]:
+        ec = EmbeddingCollection(
+            tables=[EmbeddingConfig(name="t0", embedding_dim=dim, num_embeddings=4, feature_names=["f0"])]
+        )
+        plan = construct_module_sharding_plan(
+            ec, {"t0": column_wise(ranks=ranks)}, local_size=2, world_size=2, device_type="cpu"
+        )
+        assert torchrec_adapter.torchrec_num_shards(dim, dim // len(ranks)) == len(plan["t0"].ranks)
