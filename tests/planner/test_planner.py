@@ -1,4 +1,4 @@
-"""embnb.planner.core: the DP proposer inside torchrec's real EmbeddingShardingPlanner.
+"""embnb.planner: the DP proposer inside torchrec's real EmbeddingShardingPlanner.
 
 Plan quality is checked against a brute force written here, apart from the
 package: every combination of torchrec's enumerated options, placed by
@@ -21,6 +21,9 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.proposers import (
+    DynamicProgrammingProposer as TorchrecDynamicProgrammingProposer,
+)
 from torchrec.distributed.planner.proposers import UniformProposer
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Stats
@@ -28,7 +31,7 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from embnb.planner import core as planner
+from embnb import planner
 
 BATCH_SIZE = 512
 RESERVATION = 0.15  # the package's default storage reservation
@@ -264,7 +267,7 @@ def tiny(hbm_gb=0.5, ddr_gb=128.0, world_size=2, device="cuda"):
 def test_beats_torchrec_dp_where_the_least_summed_perf_cannot_be_placed():
     tables, constraints, topology = tiny()
     ours, constraint, _ = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
-    theirs, _, _ = plan_with(planner.TorchrecDynamicProgrammingProposer(), tables, constraints, topology)
+    theirs, _, _ = plan_with(TorchrecDynamicProgrammingProposer(), tables, constraints, topology)
     options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
     assert ours == pytest.approx(brute_force(options, constraint, topology.world_size), rel=1e-9)
     assert theirs > 2 * ours  # torchrec's DP keeps options that cannot be placed
@@ -280,7 +283,7 @@ def test_cpu_topology_plans_on_ddr():
     assert set(plan.plan[""]) == {t.name for t in tables}
     # torchrec's own DP proposer divides by the (zero) HBM there
     enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    run = planner.run_planner(planner.TorchrecDynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
+    run = planner.run_planner(TorchrecDynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
     assert "ZeroDivisionError" in run.note
 
 
@@ -456,16 +459,17 @@ def plan_with_errors(proposer, tables, constraints, topology):
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "kwargs, error, message",
     [
-        ({"bins_per_device": 0}, "bins_per_device must be an int >= 1, got 0"),
-        ({"ddr_bins_per_device": -2}, "ddr_bins_per_device must be an int >= 1, got -2"),
-        ({"bins_per_device": 2.5}, "bins_per_device must be an int >= 1, got 2.5"),
-        ({"max_refinements": -1}, "max_refinements must be an int >= 0, got -1"),
+        ({"bins_per_device": 0}, ValueError, "bins_per_device must be an int >= 1, got 0"),
+        ({"ddr_bins_per_device": -2}, ValueError, "ddr_bins_per_device must be an int >= 1, got -2"),
+        ({"bins_per_device": 2.5}, TypeError, "bins_per_device must be an int >= 1, got float 2.5"),
+        ({"max_caps": True}, TypeError, "max_caps must be an int >= 0, got bool True"),
+        ({"max_refinements": -1}, ValueError, "max_refinements must be an int >= 0, got -1"),
     ],
 )
-def test_bad_proposer_settings_are_named(kwargs, message):
-    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+def test_bad_proposer_settings_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message.replace(".", r"\.")):
         planner.DynamicProgrammingProposer(**kwargs)
 
 
@@ -482,12 +486,12 @@ def test_zero_tables_are_refused():
     [
         (lambda: planner.make_topology(0), "world_size must be an int >= 1, got 0"),
         (lambda: planner.make_topology(8, local_world_size=3), "local_world_size 3 must divide world_size 8"),
-        (lambda: planner.make_topology(2, "tpu"), "compute_device must be 'cuda' or 'cpu', got 'tpu'"),
-        (lambda: planner.make_topology(2, hbm_cap_gb=-1), "hbm_cap_gb must be > 0"),
+        (lambda: planner.make_topology(2, "tpu"), "compute_device 'tpu' is not one of 'cuda', 'cpu'"),
+        (lambda: planner.make_topology(2, hbm_cap_gb=-1), "hbm_cap_gb must be a finite number > 0, got -1"),
         (lambda: planner.create_planner("cpu", 0), "batch_size must be an int >= 1, got 0"),
         (
             lambda: planner.create_planner("cpu", 8, storage_reservation_percentage=1.5),
-            r"storage_reservation_percentage must be in \[0, 1\), got 1.5",
+            r"storage_reservation_percentage must be a finite number in \[0, 1\), got 1.5",
         ),
         (
             lambda: planner.topology_for_device("gpu", 2),
@@ -501,4 +505,20 @@ def test_zero_tables_are_refused():
 )
 def test_bad_topology_and_planner_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: planner.make_topology(True), "world_size must be an int >= 1, got bool True"),
+        (lambda: planner.make_model(2.0), "num_tables must be an int >= 1, got float 2.0"),
+        (
+            lambda: planner.make_topology(2, hbm_cap_gb="1"),
+            "hbm_cap_gb must be a finite number > 0, got str '1'",
+        ),
+    ],
+)
+def test_arguments_of_the_wrong_type_raise_type_error(call, message):
+    with pytest.raises(TypeError, match=message):
         call()
