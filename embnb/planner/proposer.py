@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import math
 from collections.abc import Iterator
 
@@ -37,7 +38,6 @@ import numpy as np
 from torchrec.distributed.planner.types import (
     Enumerator,
     PlannerError,
-    PlannerErrorType,
     Proposer,
     ShardingOption,
     Topology,
@@ -55,6 +55,8 @@ from embnb.planner.knapsack import (
 )
 
 __all__ = ["DynamicProgrammingProposer"]
+
+logger = logging.getLogger(__name__)
 
 _PAIR_TABLES = 8  # tables on the slowest rank whose options are changed in pairs
 _REFINE_STARTS = 4  # best rated plans that each start a hill climb
@@ -131,6 +133,11 @@ class DynamicProgrammingProposer(Proposer):
             its perf and on its memory (0: the plain knapsack only).
         max_refinements: proposals spent on changing one or two tables of the
             best plans so far.
+
+    When no plan can fit (a table fits on no device, or the tables do not fit
+    the devices together) it proposes nothing more and leaves the verdict to
+    the planner (a later proposer, or torchrec's own PlannerError); why is in
+    `no_plan_reason` and logged as a warning.
     """
 
     def __init__(
@@ -163,6 +170,7 @@ class DynamicProgrammingProposer(Proposer):
         self._neighbors: Iterator[np.ndarray] | None = None
         self._refinements_left = self._max_refinements
         self.num_knapsack_proposals = self.num_refinements = 0  # how the proposals split
+        self.no_plan_reason: str | None = None  # why it stopped proposing, when no plan can fit
         # Before the first feedback the device memory is unknown: propose each
         # table's smallest option, like torchrec's DP proposer.
         self._current: np.ndarray | None = (
@@ -189,7 +197,11 @@ class DynamicProgrammingProposer(Proposer):
             if storage_constraint is None:
                 raise ValueError("feedback needs the storage_constraint (torchrec's planner passes it)")
             first = [opts[o] for opts, o in zip(self._options, self._current)]
-            self._space = SearchSpace(self._options, storage_constraint)
+            try:
+                self._space = SearchSpace(self._options, storage_constraint)
+            except PlannerError as error:  # a table fits on no device
+                self._propose_nothing(str(error))
+                return
             self._options = self._space.options
             self._current = _indices(first, self._options)  # onto the options kept
             self._runs = self._knapsack_runs()
@@ -214,6 +226,15 @@ class DynamicProgrammingProposer(Proposer):
             if center is not None and placed and (not center[3] or perf_rating < center[0]):
                 self._center, self._neighbors = start, None  # climb on from the better plan
         self._current = self._next()
+
+    def _propose_nothing(self, reason: str) -> None:
+        """No plan can fit: stop proposing and say why. Raising here would
+        stop torchrec's planner before its later proposers and its own no-plan
+        report (its Stats, its PlannerError); the reason stays in
+        `no_plan_reason` and in a warning."""
+        self.no_plan_reason = reason
+        self._current, self._refinements_left = None, 0
+        logger.warning("DynamicProgrammingProposer proposes nothing: %s", reason)
 
     def _next(self) -> np.ndarray | None:
         choice = self._next_knapsack()
@@ -280,13 +301,13 @@ class DynamicProgrammingProposer(Proposer):
         uncapped = run(valid)
         if not len(uncapped.plans):
             smallest = np.where(valid[..., None], space.mem, np.inf).min(1).sum(0)
-            raise PlannerError(
+            self._propose_nothing(
                 f"the tables do not fit together: no choice of options fits the {space.world_size} "
                 f"devices' {gib_text(space.capacity[0])} HBM and {gib_text(space.capacity[1])} DDR in total "
                 f"after the storage reservation (each table's least HBM adds up to {gib_text(smallest[0])}, "
-                f"least DDR to {gib_text(smallest[1])}); add devices or memory, or shrink the tables",
-                error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
+                f"least DDR to {gib_text(smallest[1])}); add devices or memory, or shrink the tables"
             )
+            return
         yield uncapped
         for sizes, balance in ((space.shard_perf, True), (space.shard_mem[..., main], False)):
             search = uncapped

@@ -155,8 +155,10 @@ def run_planner(
     start = time.perf_counter()
     try:
         planner.plan(enumerated.module, enumerated.sharders)
-    except PlannerError as error:
-        note = "no plan: " + str(error).strip().splitlines()[0][:200]
+    except PlannerError as error:  # a proposer's own reason says more than torchrec's summary
+        reasons = [getattr(p, "no_plan_reason", None) for p in proposers]
+        reason = next(filter(None, reasons), None) or str(error).strip().splitlines()[0]
+        note = "no plan: " + reason[:200]
     except Exception as error:  # e.g. torchrec's DP divides by zero on CPU topologies
         note = f"failed: {type(error).__name__}: {str(error).strip()[:160]}"
     seconds = time.perf_counter() - start

@@ -11,6 +11,7 @@ slowest rank carries at least the mean load and at least any single shard.
 import itertools
 import logging
 import math
+import re
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from torchrec.distributed.planner.proposers import (
 )
 from torchrec.distributed.planner.proposers import UniformProposer
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Stats
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, PlannerErrorType, Stats
 from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -423,39 +424,84 @@ def test_grid_search_is_reported_as_skipped_past_ten_thousand_plans():
 # --- bad input --------------------------------------------------------------------
 
 
-def test_a_table_that_fits_nowhere_is_named_with_its_memory():
-    tables, constraints, _ = tiny()
-    topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.05)
-    with pytest.raises(
-        PlannerError,
-        match=r"table 'user_id' fits on no device: its smallest option "
-        r"\(row_wise, fused_uvm_caching\) needs 0.0546 GiB HBM and 0.238 GiB DDR",
-    ):
-        plan_with_errors(planner.DynamicProgrammingProposer(), tables, constraints, topology)
+class CountingUniform(UniformProposer):
+    """torchrec's UniformProposer, counting the proposals it is asked for."""
+
+    asked = 0
+
+    def propose(self):
+        self.asked += 1
+        return super().propose()
 
 
-def test_tables_that_do_not_fit_together_are_reported_with_totals():
-    tables, constraints, _ = tiny()
-    topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.45)
-    with pytest.raises(
-        PlannerError,
-        match=r"do not fit together: no choice of options fits the 2 devices' "
-        r"0.34 GiB HBM and 0.9 GiB DDR",
-    ):
-        plan_with_errors(planner.DynamicProgrammingProposer(), tables, constraints, topology)
+class NoPlanLogged(Stats):
+    """torchrec's no-plan handling logs its Stats with an empty plan."""
+
+    empty_plans = 0
+
+    def log(self, sharding_plan, *args, **kwargs):
+        self.empty_plans += not sharding_plan.plan
 
 
-def plan_with_errors(proposer, tables, constraints, topology):
+def plan_without_a_fit(proposers, tables, constraints, topology):
+    """Plan where nothing fits: torchrec's own PlannerError and its Stats."""
     module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-    EmbeddingShardingPlanner(
+    stats = NoPlanLogged()
+    the_planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=BATCH_SIZE,
-        proposer=[proposer, UniformProposer()],
+        proposer=proposers,
         storage_reservation=FixedPercentageStorageReservation(RESERVATION),
         constraints=constraints,
-        stats=[],
+        stats=[stats],
         debug=False,
-    ).plan(module, [EmbeddingBagCollectionSharder()])
+    )
+    with pytest.raises(PlannerError, match="Unable to find a plan for this model") as raised:
+        the_planner.plan(module, [EmbeddingBagCollectionSharder()])
+    assert stats.empty_plans == 1  # torchrec reached its own no-plan report
+    return raised.value, the_planner
+
+
+NO_DEVICE_FITS = (  # HBM and DDR per device, and what the proposer says
+    (0.2, 0.05),
+    r"table 'user_id' fits on no device: its smallest option "
+    r"\(row_wise, fused_uvm_caching\) needs 0.0546 GiB HBM and 0.238 GiB DDR for one shard, "
+    r"the largest device offers 0.17 GiB HBM and 0.05 GiB DDR",
+)
+NOT_TOGETHER = (
+    (0.2, 0.45),
+    r"the tables do not fit together: no choice of options fits the 2 devices' "
+    r"0.34 GiB HBM and 0.9 GiB DDR",
+)
+
+
+@pytest.mark.parametrize("memory, reason", [NO_DEVICE_FITS, NOT_TOGETHER], ids=["no device", "not together"])
+def test_without_a_fit_the_proposer_stops_and_a_later_proposer_gets_its_turn(memory, reason):
+    tables, constraints, _ = tiny()
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=memory[0], ddr_cap_gb=memory[1])
+    ours, uniform = planner.DynamicProgrammingProposer(), CountingUniform()
+    error, the_planner = plan_without_a_fit([ours, uniform], tables, constraints, topology)
+    assert uniform.asked >= 2  # its proposal, then its None
+    assert ours.propose() is None and re.search(reason, ours.no_plan_reason)
+    assert the_planner._num_proposals > 1  # ours and Uniform's were both evaluated
+
+
+@pytest.mark.parametrize("memory, reason", [NO_DEVICE_FITS, NOT_TOGETHER], ids=["no device", "not together"])
+def test_without_a_fit_alone_torchrec_reports_and_the_reason_is_logged(memory, reason, caplog):
+    tables, constraints, _ = tiny()
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=memory[0], ddr_cap_gb=memory[1])
+    ours = planner.DynamicProgrammingProposer()
+    with caplog.at_level(logging.WARNING, logger="embnb.planner.proposer"):
+        error, _ = plan_without_a_fit([ours], tables, constraints, topology)
+    assert error.error_type in (PlannerErrorType.INSUFFICIENT_STORAGE, PlannerErrorType.STRICT_CONSTRAINTS)
+    assert re.search(reason, ours.no_plan_reason)
+    logged = [r.getMessage() for r in caplog.records if r.name == "embnb.planner.proposer"]
+    assert len(logged) == 1 and logged[0].startswith("DynamicProgrammingProposer proposes nothing: ")
+    assert re.search(reason, logged[0])
+    # run_planner's note carries the proposer's reason, not only torchrec's summary
+    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    run = planner.run_planner(planner.DynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
+    assert run.plan is None and re.search(reason, run.note)
 
 
 @pytest.mark.parametrize(
