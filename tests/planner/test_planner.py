@@ -1,11 +1,14 @@
 """embnb.planner: the DP proposer inside torchrec's real EmbeddingShardingPlanner.
 
 Plan quality is checked against a brute force written here, apart from the
-package: every combination of torchrec's enumerated options, placed by
-torchrec's GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest
-rank), as the planner does. Combinations are tried by a lower bound on their
-rating and the search stops once no untried one can beat the best: the
-slowest rank carries at least the mean load and at least any single shard.
+package (whose `brute_force_rating` sorts every combination by a bound and
+rates with torchrec's NoopPerfModel): a depth-first search over the tables,
+each combination placed by torchrec's GreedyPerfPartitioner (the planner's
+placement, so the optimum is the planner's), then checked and rated here from
+its shards: every device's summed shard storage within its HBM and DDR, and the
+rating the largest summed shard perf of a rank. A branch is cut once its
+storage exceeds all devices together or a lower bound on its rating (its summed
+perf spread over the ranks, its largest shard) cannot beat the best found.
 """
 
 import itertools
@@ -51,25 +54,55 @@ def by_table(options):
     return list(groups.values())
 
 
-def brute_force(options, storage_constraint, world_size):
-    """The best NoopPerfModel rating over every combination (inf: none placed)."""
+def placed_rating(plan, devices):
+    """The slowest rank's summed shard perf of a placed plan, or inf if some
+    device holds more shard storage than it has (HBM or DDR)."""
+    perf, hbm, ddr = ([0.0] * len(devices) for _ in range(3))
+    for option in plan:
+        for shard in option.shards:
+            perf[shard.rank] += shard.perf.total
+            hbm[shard.rank] += shard.storage.hbm
+            ddr[shard.rank] += shard.storage.ddr
+    fits = all(hbm[r] <= d.storage.hbm and ddr[r] <= d.storage.ddr for r, d in enumerate(devices))
+    return max(perf) if fits else math.inf
+
+
+def brute_force(options, storage_constraint):
+    """The best rating over every combination of options, each placed by
+    torchrec's GreedyPerfPartitioner (inf: none can be placed)."""
     groups = by_table(options)
-    partitioner, perf_model, best = GreedyPerfPartitioner(), NoopPerfModel(storage_constraint), math.inf
-    bounded = []
-    for combination in itertools.product(*groups):
-        mean = sum(o.total_perf for o in combination) / world_size
-        largest = max(s.perf.total for o in combination for s in o.shards)
-        bounded.append((max(mean, largest), combination))
-    bounded.sort(key=lambda pair: pair[0])
-    for bound, combination in bounded:
-        if bound >= best:
-            break
-        proposal = list(combination)
-        try:
-            best = min(best, perf_model.rate(partitioner.partition(proposal, storage_constraint)))
-        except PlannerError:
-            pass
-        reset_shard_rank(proposal)
+    devices = storage_constraint.devices
+    world_size = len(devices)
+    total_hbm = sum(d.storage.hbm for d in devices)
+    total_ddr = sum(d.storage.ddr for d in devices)
+    partitioner = GreedyPerfPartitioner()
+    best = math.inf
+
+    def search(table, chosen, perf, largest, hbm, ddr):
+        nonlocal best
+        if hbm > total_hbm or ddr > total_ddr or max(perf / world_size, largest) >= best:
+            return
+        if table == len(groups):
+            try:
+                best = min(
+                    best, placed_rating(partitioner.partition(list(chosen), storage_constraint), devices)
+                )
+            except PlannerError:  # the partitioner cannot place it
+                pass
+            reset_shard_rank(chosen)
+            return
+        for option in sorted(groups[table], key=lambda o: sum(s.perf.total for s in o.shards)):
+            shards = option.shards
+            search(
+                table + 1,
+                [*chosen, option],
+                perf + sum(s.perf.total for s in shards),
+                max(largest, *(s.perf.total for s in shards)),
+                hbm + sum(s.storage.hbm for s in shards),
+                ddr + sum(s.storage.ddr for s in shards),
+            )
+
+    search(0, [], 0.0, 0.0, 0, 0)
     return best
 
 
@@ -211,8 +244,9 @@ def test_plans_within_two_percent_of_brute_force(instance):
     tables, constraints, topology = instance
     proposer = RecordingProposer()
     rating, constraint, _ = plan_with(proposer, tables, constraints, topology)
-    options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
-    best = brute_force(options, constraint, topology.world_size)
+    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    best = brute_force(enumerated.options, constraint)
+    assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(best, rel=1e-12)
     if math.isinf(best):
         assert math.isinf(rating)  # nothing can be placed, so no plan
         return
@@ -238,9 +272,11 @@ def test_notebook_instances_within_two_percent_of_brute_force(seed):
     rating, constraint, _ = plan_with(
         planner.DynamicProgrammingProposer(), model.tables, model.constraints, topology
     )
-    options = planner.enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints).options
-    assert len(by_table(options)) == 3 and all(len(g) == 16 for g in by_table(options))
-    best = brute_force(options, constraint, topology.world_size)
+    enumerated = planner.enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
+    groups = by_table(enumerated.options)
+    assert len(groups) == 3 and all(len(g) == 16 for g in groups)
+    best = brute_force(enumerated.options, constraint)
+    assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(best, rel=1e-12)
     assert (math.isinf(rating) and math.isinf(best)) or best * (1 - 1e-9) <= rating <= 1.02 * best
 
 
@@ -270,7 +306,7 @@ def test_beats_torchrec_dp_where_the_least_summed_perf_cannot_be_placed():
     ours, constraint, _ = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
     theirs, _, _ = plan_with(TorchrecDynamicProgrammingProposer(), tables, constraints, topology)
     options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
-    assert ours == pytest.approx(brute_force(options, constraint, topology.world_size), rel=1e-9)
+    assert ours == pytest.approx(brute_force(options, constraint), rel=1e-9)
     assert theirs > 2 * ours  # torchrec's DP keeps options that cannot be placed
 
 
@@ -280,7 +316,7 @@ def test_cpu_topology_plans_on_ddr():
     assert all(d.storage.hbm == 0 for d in topology.devices)
     rating, constraint, plan = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
     options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
-    assert rating == pytest.approx(brute_force(options, constraint, 2), rel=0.02)
+    assert rating == pytest.approx(brute_force(options, constraint), rel=0.02)
     assert set(plan.plan[""]) == {t.name for t in tables}
     # torchrec's own DP proposer divides by the (zero) HBM there
     enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
@@ -343,7 +379,7 @@ def test_package_brute_force_agrees_with_the_test_one():
     tables, constraints, topology = tiny()
     enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
     constraint = planner.reserved_topology(topology, enumerated, BATCH_SIZE)
-    expected = brute_force(enumerated.options, constraint, topology.world_size)
+    expected = brute_force(enumerated.options, constraint)
     every = planner.rate_every_plan(enumerated, topology, BATCH_SIZE)
     assert len(every) == 4**3
     assert every.perf_rating.min() == pytest.approx(expected)
