@@ -6,20 +6,24 @@
 - `study`: running proposers in torchrec's planner and comparing them
   (side by side, as the budget shrinks, against brute force).
 - `inspect`: the options, the DP table, the frontier, the brute-force optimum.
-- `plots`: the notebook's figures; `widgets`: its explorer.
+- `results`: notebook 03's results dict.
+- `plots`: the notebook's figures; `widgets`: its explorer (`PlannerExplorer`).
 
     from embnb.planner import DynamicProgrammingProposer, create_planner
 """
 
 from embnb.planner.inspect import (
+    PlanExtremes,
     brute_force_rating,
     knapsack_frontier,
     knapsack_table,
     option_label,
     options_table,
+    plan_extremes,
 )
 from embnb.planner.knapsack import GB
 from embnb.planner.proposer import DynamicProgrammingProposer
+from embnb.planner.results import notebook_results
 from embnb.planner.study import (
     PlanRun,
     ProposerFactory,
@@ -27,6 +31,7 @@ from embnb.planner.study import (
     compare_proposers,
     default_proposers,
     quality_study,
+    quality_summary,
     random_instance,
     rank_loads,
     rate_every_plan,
@@ -65,10 +70,14 @@ __all__ = [
     "rate_every_plan",
     "random_instance",
     "quality_study",
+    "quality_summary",
+    "notebook_results",
     "option_label",
     "options_table",
     "knapsack_table",
     "knapsack_frontier",
     "brute_force_rating",
+    "PlanExtremes",
+    "plan_extremes",
     "GB",
 ]

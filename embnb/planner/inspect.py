@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,15 @@ from embnb._checks import check_int
 from embnb.planner.knapsack import AXES, GB, Knapsack, SearchSpace, by_table, knapsack_axes
 from embnb.planner.topology import Enumerated, reserved_topology
 
-__all__ = ["option_label", "options_table", "knapsack_table", "knapsack_frontier", "brute_force_rating"]
+__all__ = [
+    "option_label",
+    "options_table",
+    "knapsack_table",
+    "knapsack_frontier",
+    "brute_force_rating",
+    "PlanExtremes",
+    "plan_extremes",
+]
 
 
 def option_label(option: ShardingOption) -> str:
@@ -154,3 +163,41 @@ def brute_force_rating(
             pass
         reset_shard_rank(proposal)
     return best
+
+
+@dataclass(frozen=True)
+class PlanExtremes:
+    """Three rows of a brute-force table (`rate_every_plan`): what the least
+    summed perf misses about the planner's rating (the slowest rank)."""
+
+    least_sum: pd.Series  # the least summed perf, placeable or not
+    least_placed_sum: pd.Series  # the least summed perf the partitioner can place
+    best_rated: pd.Series  # the best perf rating (ties: the least summed perf)
+    placeable: int  # plans the partitioner can place
+    plans: int  # plans in all
+
+    def describe(self) -> str:
+        least = self.least_sum
+        return (
+            f"{self.placeable} of {self.plans} plans can be placed. The least summed perf "
+            f"({least.summed_perf:.4f}) "
+            + ("cannot be placed" if pd.isna(least.perf_rating) else f"rates {least.perf_rating:.4f}")
+            + f"; the least among placeable ones ({self.least_placed_sum.summed_perf:.4f}) rates "
+            f"{self.least_placed_sum.perf_rating:.4f}; the best rating is {self.best_rated.perf_rating:.4f} "
+            f"(summed perf {self.best_rated.summed_perf:.4f})"
+        )
+
+
+def plan_extremes(every_plan: pd.DataFrame) -> PlanExtremes:
+    """The least summed perf, the least placeable one and the best rated of
+    `every_plan` (columns summed_perf and perf_rating, NaN: not placeable)."""
+    placeable = every_plan.dropna(subset=["perf_rating"])
+    if placeable.empty:
+        raise ValueError(f"none of the {len(every_plan)} plans can be placed: no best plan")
+    return PlanExtremes(
+        least_sum=every_plan.loc[every_plan.summed_perf.idxmin()],
+        least_placed_sum=placeable.loc[placeable.summed_perf.idxmin()],
+        best_rated=every_plan.sort_values(["perf_rating", "summed_perf"]).iloc[0],
+        placeable=len(placeable),
+        plans=len(every_plan),
+    )

@@ -30,6 +30,7 @@ __all__ = [
     "rating_vs_budget",
     "quality_ratios",
     "rank_loads_figure",
+    "planned_title",
 ]
 
 
@@ -80,6 +81,9 @@ def proposer_comparison(table: pd.DataFrame, title: str | None = None) -> Figure
     plan say why (from the `note` column); cut by the time limit, "timed out"."""
     _need(table.reset_index(), ["proposer", "perf_rating", "plan_s", "timed_out"], "table")
     rows = table.reset_index()
+    if not np.isfinite(rows["perf_rating"].to_numpy(dtype=float)).any():
+        notes = "; ".join(f"{r.proposer}: {getattr(r, 'note', '') or 'no plan'}" for r in rows.itertuples())
+        raise ValueError(f"no proposer found a plan, nothing to compare ({notes})")
     best = rows["perf_rating"].min()
     fig = new_figure(10, 0.9 + 0.45 * len(rows))
     left, right = fig.subplots(1, 2, sharey=True)
@@ -209,3 +213,8 @@ def rank_loads_figure(
     if title:
         fig.suptitle(title)
     return fig
+
+
+def planned_title(num_tables: int, world_size: int, hbm_cap_gb: float) -> str:
+    """What a comparison was planned for (the notebook's and its explorer's titles)."""
+    return f"{num_tables} tables, {world_size} devices, {hbm_cap_gb:.3g} GiB HBM each"

@@ -74,6 +74,7 @@ __all__ = [
     "rate_every_plan",
     "random_instance",
     "quality_study",
+    "quality_summary",
 ]
 
 
@@ -377,6 +378,16 @@ def quality_study(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def quality_summary(study: pd.DataFrame, tolerance: float = 1.02) -> pd.DataFrame:
+    """Per proposer of a `quality_study`: the worst (`max`) and `median` ratio
+    to brute force, and the share of instances within `tolerance`."""
+    ratios = study.groupby("proposer", sort=False).ratio
+    summary = ratios.agg(["max", "median"])
+    within = f"within {round((tolerance - 1) * 100):g}%"
+    summary[within] = study.assign(ok=study.ratio <= tolerance).groupby("proposer", sort=False).ok.mean()
+    return summary
 
 
 def budget_sweep(

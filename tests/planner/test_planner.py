@@ -17,6 +17,7 @@ import math
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -384,6 +385,28 @@ def test_package_brute_force_agrees_with_the_test_one():
     assert len(every) == 4**3
     assert every.perf_rating.min() == pytest.approx(expected)
     assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(expected)
+    extremes = planner.plan_extremes(every)
+    assert extremes.best_rated.perf_rating == pytest.approx(expected)
+    assert (extremes.plans, extremes.placeable) == (64, every.perf_rating.notna().sum())
+    # summed perf adds up per table: the least is each table's least option
+    least = sum(min(o.total_perf for o in g) for g in by_table(enumerated.options))
+    assert extremes.least_sum.summed_perf == pytest.approx(least)
+    assert extremes.least_placed_sum.summed_perf >= extremes.least_sum.summed_perf
+    assert "of 64 plans can be placed" in extremes.describe()
+
+
+def test_quality_summary_per_proposer():
+    study = pd.DataFrame(
+        {
+            "proposer": ["a", "a", "a", "b", "b"],
+            "ratio": [1.0, 1.01, 1.5, math.inf, 1.0],
+            "instance": [0, 1, 2, 0, 1],
+        }
+    )
+    summary = planner.quality_summary(study)
+    assert list(summary.index) == ["a", "b"] and list(summary.columns) == ["max", "median", "within 2%"]
+    assert summary.loc["a"].tolist() == pytest.approx([1.5, 1.01, 2 / 3])
+    assert summary.loc["b", "max"] == math.inf and summary.loc["b", "within 2%"] == 0.5
 
 
 # --- create_planner, topologies, compare_proposers ----------------------------------
