@@ -36,8 +36,8 @@ import time
 
 import numpy as np
 
+from embnb import planner
 from embnb.bench.timing import write_results
-from embnb.planner import core as planner
 from embnb.timing import machine_name
 
 PEERS = ("torchrec DP", "torchrec default")

@@ -1,7 +1,7 @@
 """Figures of notebook 03 (DP sharding planner): each takes data, returns a Figure.
 
-Made with `matplotlib.figure.Figure`, not pyplot, so nothing lingers in
-pyplot's global list; a notebook shows one with `display(fig)`.
+Figures use the shared style of `embnb.plotting` (one colour per proposer,
+rank ticks); a notebook shows one with `display(fig)`.
 
     fig = knapsack_heatmap(knapsack_table(...))        # the DP table
     fig = proposer_comparison(compare_proposers(...))  # rating and time
@@ -22,28 +22,16 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
+from embnb.plotting import MEAN_STYLE, color, new_figure, rank_ticks
+
 __all__ = [
-    "PROPOSER_COLORS",
     "knapsack_heatmap",
     "proposer_comparison",
     "rating_vs_budget",
     "quality_ratios",
     "rank_loads_figure",
+    "planned_title",
 ]
-
-PROPOSER_COLORS = {  # one colour per proposer, the same in every figure
-    "embnb DP": "#55a868",
-    "torchrec DP": "#4c72b0",
-    "Greedy": "#dd8452",
-    "Uniform": "#8172b3",
-    "GridSearch": "#937860",
-    "torchrec default": "#c44e52",
-}
-
-
-def _color(name: str, index: int) -> str:
-    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    return PROPOSER_COLORS.get(name, cycle[index % len(cycle)])
 
 
 def _need(table: pd.DataFrame, columns: list[str], what: str) -> None:
@@ -68,7 +56,7 @@ def knapsack_heatmap(table: pd.DataFrame, title: str | None = None) -> Figure:
     values = table.to_numpy(dtype=float)
     finite = values[np.isfinite(values) & (values > 0)]
     masked = np.ma.masked_invalid(np.where(values > 0, values, np.nan))
-    fig = Figure(figsize=(9, 0.8 + 0.22 * len(table)), layout="constrained")
+    fig = new_figure(9, 0.8 + 0.22 * len(table))
     ax = fig.subplots()
     cmap = matplotlib.colormaps["viridis"].copy()
     cmap.set_bad("0.88")
@@ -93,22 +81,25 @@ def proposer_comparison(table: pd.DataFrame, title: str | None = None) -> Figure
     plan say why (from the `note` column); cut by the time limit, "timed out"."""
     _need(table.reset_index(), ["proposer", "perf_rating", "plan_s", "timed_out"], "table")
     rows = table.reset_index()
+    if not np.isfinite(rows["perf_rating"].to_numpy(dtype=float)).any():
+        notes = "; ".join(f"{r.proposer}: {getattr(r, 'note', '') or 'no plan'}" for r in rows.itertuples())
+        raise ValueError(f"no proposer found a plan, nothing to compare ({notes})")
     best = rows["perf_rating"].min()
-    fig = Figure(figsize=(10, 0.9 + 0.45 * len(rows)), layout="constrained")
+    fig = new_figure(10, 0.9 + 0.45 * len(rows))
     left, right = fig.subplots(1, 2, sharey=True)
     positions = np.arange(len(rows))[::-1]
     for i, (y, row) in enumerate(zip(positions, rows.itertuples())):
-        color = _color(row.proposer, i)
+        shade = color(row.proposer, i)
         rating = row.perf_rating
         if math.isfinite(rating):
             ratio = rating / best
-            left.barh(y, ratio, color=color)
+            left.barh(y, ratio, color=shade)
             left.text(ratio, y, f" {ratio:.3g}x ({rating:.3g} ms)", va="center", fontsize=8)
         else:
             left.text(
                 1, y, " " + _why_no_plan(getattr(row, "note", "")), va="center", fontsize=8, color="0.4"
             )
-        right.barh(y, row.plan_s, color=color)
+        right.barh(y, row.plan_s, color=shade)
         note = " timed out" if row.timed_out else ""
         right.text(row.plan_s, y, f" {row.plan_s:.3g} s{note}", va="center", fontsize=8)
     left.set_yticks(positions, rows["proposer"])
@@ -139,11 +130,11 @@ def rating_vs_budget(sweep: pd.DataFrame, title: str | None = None) -> Figure:
     the x axis runs from the largest budget down. Needs columns proposer,
     hbm_cap_gb, perf_rating (NaN: no plan)."""
     _need(sweep, ["proposer", "hbm_cap_gb", "perf_rating"], "sweep")
-    fig = Figure(figsize=(6.5, 3.8), layout="constrained")
+    fig = new_figure(6.5, 3.8)
     ax = fig.subplots()
     for i, (name, rows) in enumerate(sweep.groupby("proposer", sort=False)):
         rows = rows.sort_values("hbm_cap_gb")
-        ax.plot(rows["hbm_cap_gb"], rows["perf_rating"], marker="o", color=_color(name, i), label=name)
+        ax.plot(rows["hbm_cap_gb"], rows["perf_rating"], marker="o", color=color(name, i), label=name)
     ax.invert_xaxis()
     ax.set_yscale("log")
     _plain_log_ticks(ax)
@@ -161,13 +152,13 @@ def quality_ratios(study: pd.DataFrame, tolerance: float = 1.02, title: str | No
     names = list(dict.fromkeys(study["proposer"]))
     finite = study["ratio"].replace(np.inf, np.nan)
     top = max(2.0, float(finite.max()) * 1.5) if finite.notna().any() else 2.0
-    fig = Figure(figsize=(1.2 + 1.3 * len(names), 3.8), layout="constrained")
+    fig = new_figure(1.2 + 1.3 * len(names), 3.8)
     ax = fig.subplots()
     rng = np.random.default_rng(0)
     for i, name in enumerate(names):
         ratios = study.loc[study["proposer"] == name, "ratio"].to_numpy(dtype=float)
         shown = np.where(np.isfinite(ratios), ratios, top)
-        ax.scatter(i + rng.uniform(-0.18, 0.18, len(shown)), shown, s=14, alpha=0.7, color=_color(name, i))
+        ax.scatter(i + rng.uniform(-0.18, 0.18, len(shown)), shown, s=14, alpha=0.7, color=color(name, i))
         worst = ratios.max() if len(ratios) else math.nan
         ax.text(
             i,
@@ -199,12 +190,12 @@ def rank_loads_figure(
     and DDR used, with each device's capacity dashed when given."""
     _need(loads, ["perf", "hbm_gb", "ddr_gb"], "loads")
     ranks = np.arange(len(loads))
-    fig = Figure(figsize=(min(14, 3 + 0.35 * len(loads)) * 1.6, 3.4), layout="constrained")
+    fig = new_figure(min(14, 3 + 0.35 * len(loads)) * 1.6, 3.4)
     axes = fig.subplots(1, 3)
     slowest = int(loads["perf"].to_numpy().argmax())
     colors = ["#c44e52" if r == slowest else "#55a868" for r in ranks]
     axes[0].bar(ranks, loads["perf"], color=colors)
-    axes[0].axhline(loads["perf"].mean(), color="0.3", linestyle="--", linewidth=1, label="mean")
+    axes[0].axhline(loads["perf"].mean(), **MEAN_STYLE, label="mean")
     axes[0].set_ylabel("summed perf, ms")
     axes[0].set_title(f"perf per rank (slowest: rank {slowest})")
     axes[0].legend(fontsize=8)
@@ -218,8 +209,12 @@ def rank_loads_figure(
         ax.set_ylabel(f"{name}, GiB")
         ax.set_title(f"{name} per rank")
     for ax in axes:
-        ax.set_xlabel("rank")
-        ax.set_xticks(ranks if len(ranks) <= 16 else ranks[:: max(1, len(ranks) // 8)])
+        rank_ticks(ax, len(ranks))
     if title:
         fig.suptitle(title)
     return fig
+
+
+def planned_title(num_tables: int, world_size: int, hbm_cap_gb: float) -> str:
+    """What a comparison was planned for (the notebook's and its explorer's titles)."""
+    return f"{num_tables} tables, {world_size} devices, {hbm_cap_gb:.3g} GiB HBM each"

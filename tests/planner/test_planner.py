@@ -1,18 +1,23 @@
-"""embnb.planner.core: the DP proposer inside torchrec's real EmbeddingShardingPlanner.
+"""embnb.planner: the DP proposer inside torchrec's real EmbeddingShardingPlanner.
 
 Plan quality is checked against a brute force written here, apart from the
-package: every combination of torchrec's enumerated options, placed by
-torchrec's GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest
-rank), as the planner does. Combinations are tried by a lower bound on their
-rating and the search stops once no untried one can beat the best: the
-slowest rank carries at least the mean load and at least any single shard.
+package (whose `brute_force_rating` sorts every combination by a bound and
+rates with torchrec's NoopPerfModel): a depth-first search over the tables,
+each combination placed by torchrec's GreedyPerfPartitioner (the planner's
+placement, so the optimum is the planner's), then checked and rated here from
+its shards: every device's summed shard storage within its HBM and DDR, and the
+rating the largest summed shard perf of a rank. A branch is cut once its
+storage exceeds all devices together or a lower bound on its rating (its summed
+perf spread over the ranks, its largest shard) cannot beat the best found.
 """
 
 import itertools
 import logging
 import math
+import re
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -21,14 +26,17 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.proposers import (
+    DynamicProgrammingProposer as TorchrecDynamicProgrammingProposer,
+)
 from torchrec.distributed.planner.proposers import UniformProposer
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Stats
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, PlannerErrorType, Stats
 from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from embnb.planner import core as planner
+from embnb import planner
 
 BATCH_SIZE = 512
 RESERVATION = 0.15  # the package's default storage reservation
@@ -47,25 +55,55 @@ def by_table(options):
     return list(groups.values())
 
 
-def brute_force(options, storage_constraint, world_size):
-    """The best NoopPerfModel rating over every combination (inf: none placed)."""
+def placed_rating(plan, devices):
+    """The slowest rank's summed shard perf of a placed plan, or inf if some
+    device holds more shard storage than it has (HBM or DDR)."""
+    perf, hbm, ddr = ([0.0] * len(devices) for _ in range(3))
+    for option in plan:
+        for shard in option.shards:
+            perf[shard.rank] += shard.perf.total
+            hbm[shard.rank] += shard.storage.hbm
+            ddr[shard.rank] += shard.storage.ddr
+    fits = all(hbm[r] <= d.storage.hbm and ddr[r] <= d.storage.ddr for r, d in enumerate(devices))
+    return max(perf) if fits else math.inf
+
+
+def brute_force(options, storage_constraint):
+    """The best rating over every combination of options, each placed by
+    torchrec's GreedyPerfPartitioner (inf: none can be placed)."""
     groups = by_table(options)
-    partitioner, perf_model, best = GreedyPerfPartitioner(), NoopPerfModel(storage_constraint), math.inf
-    bounded = []
-    for combination in itertools.product(*groups):
-        mean = sum(o.total_perf for o in combination) / world_size
-        largest = max(s.perf.total for o in combination for s in o.shards)
-        bounded.append((max(mean, largest), combination))
-    bounded.sort(key=lambda pair: pair[0])
-    for bound, combination in bounded:
-        if bound >= best:
-            break
-        proposal = list(combination)
-        try:
-            best = min(best, perf_model.rate(partitioner.partition(proposal, storage_constraint)))
-        except PlannerError:
-            pass
-        reset_shard_rank(proposal)
+    devices = storage_constraint.devices
+    world_size = len(devices)
+    total_hbm = sum(d.storage.hbm for d in devices)
+    total_ddr = sum(d.storage.ddr for d in devices)
+    partitioner = GreedyPerfPartitioner()
+    best = math.inf
+
+    def search(table, chosen, perf, largest, hbm, ddr):
+        nonlocal best
+        if hbm > total_hbm or ddr > total_ddr or max(perf / world_size, largest) >= best:
+            return
+        if table == len(groups):
+            try:
+                best = min(
+                    best, placed_rating(partitioner.partition(list(chosen), storage_constraint), devices)
+                )
+            except PlannerError:  # the partitioner cannot place it
+                pass
+            reset_shard_rank(chosen)
+            return
+        for option in sorted(groups[table], key=lambda o: sum(s.perf.total for s in o.shards)):
+            shards = option.shards
+            search(
+                table + 1,
+                [*chosen, option],
+                perf + sum(s.perf.total for s in shards),
+                max(largest, *(s.perf.total for s in shards)),
+                hbm + sum(s.storage.hbm for s in shards),
+                ddr + sum(s.storage.ddr for s in shards),
+            )
+
+    search(0, [], 0.0, 0.0, 0, 0)
     return best
 
 
@@ -207,8 +245,9 @@ def test_plans_within_two_percent_of_brute_force(instance):
     tables, constraints, topology = instance
     proposer = RecordingProposer()
     rating, constraint, _ = plan_with(proposer, tables, constraints, topology)
-    options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
-    best = brute_force(options, constraint, topology.world_size)
+    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    best = brute_force(enumerated.options, constraint)
+    assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(best, rel=1e-12)
     if math.isinf(best):
         assert math.isinf(rating)  # nothing can be placed, so no plan
         return
@@ -234,9 +273,11 @@ def test_notebook_instances_within_two_percent_of_brute_force(seed):
     rating, constraint, _ = plan_with(
         planner.DynamicProgrammingProposer(), model.tables, model.constraints, topology
     )
-    options = planner.enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints).options
-    assert len(by_table(options)) == 3 and all(len(g) == 16 for g in by_table(options))
-    best = brute_force(options, constraint, topology.world_size)
+    enumerated = planner.enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
+    groups = by_table(enumerated.options)
+    assert len(groups) == 3 and all(len(g) == 16 for g in groups)
+    best = brute_force(enumerated.options, constraint)
+    assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(best, rel=1e-12)
     assert (math.isinf(rating) and math.isinf(best)) or best * (1 - 1e-9) <= rating <= 1.02 * best
 
 
@@ -264,9 +305,9 @@ def tiny(hbm_gb=0.5, ddr_gb=128.0, world_size=2, device="cuda"):
 def test_beats_torchrec_dp_where_the_least_summed_perf_cannot_be_placed():
     tables, constraints, topology = tiny()
     ours, constraint, _ = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
-    theirs, _, _ = plan_with(planner.TorchrecDynamicProgrammingProposer(), tables, constraints, topology)
+    theirs, _, _ = plan_with(TorchrecDynamicProgrammingProposer(), tables, constraints, topology)
     options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
-    assert ours == pytest.approx(brute_force(options, constraint, topology.world_size), rel=1e-9)
+    assert ours == pytest.approx(brute_force(options, constraint), rel=1e-9)
     assert theirs > 2 * ours  # torchrec's DP keeps options that cannot be placed
 
 
@@ -276,11 +317,11 @@ def test_cpu_topology_plans_on_ddr():
     assert all(d.storage.hbm == 0 for d in topology.devices)
     rating, constraint, plan = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
     options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
-    assert rating == pytest.approx(brute_force(options, constraint, 2), rel=0.02)
+    assert rating == pytest.approx(brute_force(options, constraint), rel=0.02)
     assert set(plan.plan[""]) == {t.name for t in tables}
     # torchrec's own DP proposer divides by the (zero) HBM there
     enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    run = planner.run_planner(planner.TorchrecDynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
+    run = planner.run_planner(TorchrecDynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
     assert "ZeroDivisionError" in run.note
 
 
@@ -339,11 +380,33 @@ def test_package_brute_force_agrees_with_the_test_one():
     tables, constraints, topology = tiny()
     enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
     constraint = planner.reserved_topology(topology, enumerated, BATCH_SIZE)
-    expected = brute_force(enumerated.options, constraint, topology.world_size)
+    expected = brute_force(enumerated.options, constraint)
     every = planner.rate_every_plan(enumerated, topology, BATCH_SIZE)
     assert len(every) == 4**3
     assert every.perf_rating.min() == pytest.approx(expected)
     assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(expected)
+    extremes = planner.plan_extremes(every)
+    assert extremes.best_rated.perf_rating == pytest.approx(expected)
+    assert (extremes.plans, extremes.placeable) == (64, every.perf_rating.notna().sum())
+    # summed perf adds up per table: the least is each table's least option
+    least = sum(min(o.total_perf for o in g) for g in by_table(enumerated.options))
+    assert extremes.least_sum.summed_perf == pytest.approx(least)
+    assert extremes.least_placed_sum.summed_perf >= extremes.least_sum.summed_perf
+    assert "of 64 plans can be placed" in extremes.describe()
+
+
+def test_quality_summary_per_proposer():
+    study = pd.DataFrame(
+        {
+            "proposer": ["a", "a", "a", "b", "b"],
+            "ratio": [1.0, 1.01, 1.5, math.inf, 1.0],
+            "instance": [0, 1, 2, 0, 1],
+        }
+    )
+    summary = planner.quality_summary(study)
+    assert list(summary.index) == ["a", "b"] and list(summary.columns) == ["max", "median", "within 2%"]
+    assert summary.loc["a"].tolist() == pytest.approx([1.5, 1.01, 2 / 3])
+    assert summary.loc["b", "max"] == math.inf and summary.loc["b", "within 2%"] == 0.5
 
 
 # --- create_planner, topologies, compare_proposers ----------------------------------
@@ -420,52 +483,98 @@ def test_grid_search_is_reported_as_skipped_past_ten_thousand_plans():
 # --- bad input --------------------------------------------------------------------
 
 
-def test_a_table_that_fits_nowhere_is_named_with_its_memory():
-    tables, constraints, _ = tiny()
-    topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.05)
-    with pytest.raises(
-        PlannerError,
-        match=r"table 'user_id' fits on no device: its smallest option "
-        r"\(row_wise, fused_uvm_caching\) needs 0.0546 GiB HBM and 0.238 GiB DDR",
-    ):
-        plan_with_errors(planner.DynamicProgrammingProposer(), tables, constraints, topology)
+class CountingUniform(UniformProposer):
+    """torchrec's UniformProposer, counting the proposals it is asked for."""
+
+    asked = 0
+
+    def propose(self):
+        self.asked += 1
+        return super().propose()
 
 
-def test_tables_that_do_not_fit_together_are_reported_with_totals():
-    tables, constraints, _ = tiny()
-    topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.45)
-    with pytest.raises(
-        PlannerError,
-        match=r"do not fit together: no choice of options fits the 2 devices' "
-        r"0.34 GiB HBM and 0.9 GiB DDR",
-    ):
-        plan_with_errors(planner.DynamicProgrammingProposer(), tables, constraints, topology)
+class NoPlanLogged(Stats):
+    """torchrec's no-plan handling logs its Stats with an empty plan."""
+
+    empty_plans = 0
+
+    def log(self, sharding_plan, *args, **kwargs):
+        self.empty_plans += not sharding_plan.plan
 
 
-def plan_with_errors(proposer, tables, constraints, topology):
+def plan_without_a_fit(proposers, tables, constraints, topology):
+    """Plan where nothing fits: torchrec's own PlannerError and its Stats."""
     module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-    EmbeddingShardingPlanner(
+    stats = NoPlanLogged()
+    the_planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=BATCH_SIZE,
-        proposer=[proposer, UniformProposer()],
+        proposer=proposers,
         storage_reservation=FixedPercentageStorageReservation(RESERVATION),
         constraints=constraints,
-        stats=[],
+        stats=[stats],
         debug=False,
-    ).plan(module, [EmbeddingBagCollectionSharder()])
+    )
+    with pytest.raises(PlannerError, match="Unable to find a plan for this model") as raised:
+        the_planner.plan(module, [EmbeddingBagCollectionSharder()])
+    assert stats.empty_plans == 1  # torchrec reached its own no-plan report
+    return raised.value, the_planner
+
+
+NO_DEVICE_FITS = (  # HBM and DDR per device, and what the proposer says
+    (0.2, 0.05),
+    r"table 'user_id' fits on no device: its smallest option "
+    r"\(row_wise, fused_uvm_caching\) needs 0.0546 GiB HBM and 0.238 GiB DDR for one shard, "
+    r"the largest device offers 0.17 GiB HBM and 0.05 GiB DDR",
+)
+NOT_TOGETHER = (
+    (0.2, 0.45),
+    r"the tables do not fit together: no choice of options fits the 2 devices' "
+    r"0.34 GiB HBM and 0.9 GiB DDR",
+)
+
+
+@pytest.mark.parametrize("memory, reason", [NO_DEVICE_FITS, NOT_TOGETHER], ids=["no device", "not together"])
+def test_without_a_fit_the_proposer_stops_and_a_later_proposer_gets_its_turn(memory, reason):
+    tables, constraints, _ = tiny()
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=memory[0], ddr_cap_gb=memory[1])
+    ours, uniform = planner.DynamicProgrammingProposer(), CountingUniform()
+    error, the_planner = plan_without_a_fit([ours, uniform], tables, constraints, topology)
+    assert uniform.asked >= 2  # its proposal, then its None
+    assert ours.propose() is None and re.search(reason, ours.no_plan_reason)
+    assert the_planner._num_proposals > 1  # ours and Uniform's were both evaluated
+
+
+@pytest.mark.parametrize("memory, reason", [NO_DEVICE_FITS, NOT_TOGETHER], ids=["no device", "not together"])
+def test_without_a_fit_alone_torchrec_reports_and_the_reason_is_logged(memory, reason, caplog):
+    tables, constraints, _ = tiny()
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=memory[0], ddr_cap_gb=memory[1])
+    ours = planner.DynamicProgrammingProposer()
+    with caplog.at_level(logging.WARNING, logger="embnb.planner.proposer"):
+        error, _ = plan_without_a_fit([ours], tables, constraints, topology)
+    assert error.error_type in (PlannerErrorType.INSUFFICIENT_STORAGE, PlannerErrorType.STRICT_CONSTRAINTS)
+    assert re.search(reason, ours.no_plan_reason)
+    logged = [r.getMessage() for r in caplog.records if r.name == "embnb.planner.proposer"]
+    assert len(logged) == 1 and logged[0].startswith("DynamicProgrammingProposer proposes nothing: ")
+    assert re.search(reason, logged[0])
+    # run_planner's note carries the proposer's reason, not only torchrec's summary
+    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    run = planner.run_planner(planner.DynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
+    assert run.plan is None and re.search(reason, run.note)
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "kwargs, error, message",
     [
-        ({"bins_per_device": 0}, "bins_per_device must be an int >= 1, got 0"),
-        ({"ddr_bins_per_device": -2}, "ddr_bins_per_device must be an int >= 1, got -2"),
-        ({"bins_per_device": 2.5}, "bins_per_device must be an int >= 1, got 2.5"),
-        ({"max_refinements": -1}, "max_refinements must be an int >= 0, got -1"),
+        ({"bins_per_device": 0}, ValueError, "bins_per_device must be an int >= 1, got 0"),
+        ({"ddr_bins_per_device": -2}, ValueError, "ddr_bins_per_device must be an int >= 1, got -2"),
+        ({"bins_per_device": 2.5}, TypeError, "bins_per_device must be an int >= 1, got float 2.5"),
+        ({"max_caps": True}, TypeError, "max_caps must be an int >= 0, got bool True"),
+        ({"max_refinements": -1}, ValueError, "max_refinements must be an int >= 0, got -1"),
     ],
 )
-def test_bad_proposer_settings_are_named(kwargs, message):
-    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+def test_bad_proposer_settings_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message.replace(".", r"\.")):
         planner.DynamicProgrammingProposer(**kwargs)
 
 
@@ -482,12 +591,12 @@ def test_zero_tables_are_refused():
     [
         (lambda: planner.make_topology(0), "world_size must be an int >= 1, got 0"),
         (lambda: planner.make_topology(8, local_world_size=3), "local_world_size 3 must divide world_size 8"),
-        (lambda: planner.make_topology(2, "tpu"), "compute_device must be 'cuda' or 'cpu', got 'tpu'"),
-        (lambda: planner.make_topology(2, hbm_cap_gb=-1), "hbm_cap_gb must be > 0"),
+        (lambda: planner.make_topology(2, "tpu"), "compute_device 'tpu' is not one of 'cuda', 'cpu'"),
+        (lambda: planner.make_topology(2, hbm_cap_gb=-1), "hbm_cap_gb must be a finite number > 0, got -1"),
         (lambda: planner.create_planner("cpu", 0), "batch_size must be an int >= 1, got 0"),
         (
             lambda: planner.create_planner("cpu", 8, storage_reservation_percentage=1.5),
-            r"storage_reservation_percentage must be in \[0, 1\), got 1.5",
+            r"storage_reservation_percentage must be a finite number in \[0, 1\), got 1.5",
         ),
         (
             lambda: planner.topology_for_device("gpu", 2),
@@ -501,4 +610,20 @@ def test_zero_tables_are_refused():
 )
 def test_bad_topology_and_planner_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: planner.make_topology(True), "world_size must be an int >= 1, got bool True"),
+        (lambda: planner.make_model(2.0), "num_tables must be an int >= 1, got float 2.0"),
+        (
+            lambda: planner.make_topology(2, hbm_cap_gb="1"),
+            "hbm_cap_gb must be a finite number > 0, got str '1'",
+        ),
+    ],
+)
+def test_arguments_of_the_wrong_type_raise_type_error(call, message):
+    with pytest.raises(TypeError, match=message):
         call()

@@ -1,0 +1,203 @@
+"""Looking inside the proposer: its options, its DP table, its frontier, and
+the brute-force optimum it is measured against.
+
+    options_table(enumerated, topology, 512)     # what the knapsack chooses from
+    knapsack_table(enumerated, topology, 512)    # the DP table, one row per table added
+    knapsack_frontier(enumerated, topology, 512) # the plans proposed first, largest memory first
+    brute_force_rating(enumerated, topology, 512)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.perf_models import NoopPerfModel
+from torchrec.distributed.planner.types import PlannerError, ShardingOption, Topology
+from torchrec.distributed.planner.utils import reset_shard_rank
+
+from embnb._checks import check_int
+from embnb.planner.knapsack import AXES, GB, Knapsack, SearchSpace, by_table, knapsack_axes
+from embnb.planner.topology import Enumerated, reserved_topology
+
+__all__ = [
+    "option_label",
+    "options_table",
+    "knapsack_table",
+    "knapsack_frontier",
+    "brute_force_rating",
+    "PlanExtremes",
+    "plan_extremes",
+]
+
+
+def option_label(option: ShardingOption) -> str:
+    return f"{option.sharding_type}/{option.compute_kernel}"
+
+
+def _space_of(
+    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float
+) -> SearchSpace:
+    constraint = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
+    return SearchSpace(by_table(enumerated.options), constraint)
+
+
+def options_table(
+    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
+) -> pd.DataFrame:
+    """The options the knapsack chooses from, one row per table and option:
+    summed perf, memory (GiB), and the largest shard's perf and memory.
+    Options alike for the partitioner are shown once; options whose largest
+    shard fits on no device are left out."""
+    space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
+    rows = []
+    for t, options in enumerate(space.options):
+        for o, option in enumerate(options):
+            shards = option.shards
+            rows.append(
+                {
+                    "table": option.name,
+                    "option": option_label(option),
+                    "shards": len(shards),
+                    "perf": space.perf[t, o],
+                    "hbm_gb": space.mem[t, o, 0] / GB,
+                    "ddr_gb": space.mem[t, o, 1] / GB,
+                    "shard_perf": max(s.perf.total for s in shards),
+                    "shard_hbm_gb": max(s.storage.hbm for s in shards) / GB,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def knapsack_table(
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    bins_per_device: int = 100,
+    storage_reservation_percentage: float = 0.15,
+) -> pd.DataFrame:
+    """The DP table on the knapsack's main memory axis: row i is the least
+    summed perf per memory bin once tables 0..i are chosen (inf: unreachable);
+    columns are each bin's upper memory edge in GiB (`.attrs["bin_gb"]`:
+    the exact bin width)."""
+    check_int("bins_per_device", bins_per_device, low=1)
+    space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
+    axes, capacity, bins, weights = knapsack_axes(space, bins_per_device, 1)
+    capacity, bins, weights = capacity[:1], bins[:1], weights[..., :1]  # the main axis
+    knapsack, rows = Knapsack(capacity, bins), []
+    for t in range(len(space.options)):
+        knapsack.add_table(t, weights[t], space.perf[t])
+        rows.append(knapsack.least)
+    edges = (
+        (np.arange(1, bins[0] + 1) * capacity[0] / bins[0] / GB) if np.isfinite(capacity[0]) else [math.inf]
+    )
+    table = pd.DataFrame(rows, index=[opts[0].name for opts in space.options], columns=np.round(edges, 4))
+    table.attrs.update(axis=AXES[axes[0]] if axes else "none", bin_gb=float(capacity[0] / bins[0] / GB))
+    return table
+
+
+def knapsack_frontier(
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    bins_per_device: int = 100,
+    ddr_bins_per_device: int = 10,
+    storage_reservation_percentage: float = 0.15,
+) -> pd.DataFrame:
+    """The plain knapsack's plans in the order the proposer takes them, from
+    the largest memory down: memory (GiB), summed perf and each table's
+    option; `.attrs["axes"]`: the memory axes the knapsack bins (those that
+    can bind)."""
+    space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
+    axes, capacity, bins, weights = knapsack_axes(space, bins_per_device, ddr_bins_per_device)
+    knapsack = Knapsack(capacity, bins)
+    for t in range(len(space.options)):
+        knapsack.add_table(t, weights[t], space.perf[t])
+    plans = knapsack.frontier(len(space.options))
+    tables = np.arange(len(space.options))
+    frame = pd.DataFrame(
+        {
+            "hbm_gb": space.mem[tables, plans, 0].sum(-1) / GB,
+            "ddr_gb": space.mem[tables, plans, 1].sum(-1) / GB,
+            "summed_perf": space.perf[tables, plans].sum(-1),
+        }
+    )
+    for t, options in enumerate(space.options):
+        frame[options[0].name] = [option_label(options[o]) for o in plans[:, t]]
+    frame.attrs["axes"] = [AXES[a] for a in axes]  # those that can bind
+    return frame
+
+
+def brute_force_rating(
+    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
+) -> float:
+    """The best rating over every combination of options (inf if none can be
+    placed). Combinations are tried by a lower bound (the mean rank load, or
+    the largest shard), stopping once no untried one can beat the best."""
+    groups = by_table(enumerated.options)
+    perf = [[o.total_perf for o in g] for g in groups]
+    shard = [[max(s.perf.total for s in o.shards) for o in g] for g in groups]
+    bounds = sorted(
+        (
+            max(
+                sum(perf[t][i] for t, i in enumerate(c)) / topology.world_size,
+                max(shard[t][i] for t, i in enumerate(c)),
+            ),
+            c,
+        )
+        for c in itertools.product(*(range(len(g)) for g in groups))
+    )
+    constraint = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
+    partitioner, perf_model, best = GreedyPerfPartitioner(), NoopPerfModel(topology), math.inf
+    for bound, combination in bounds:
+        if bound >= best:
+            break
+        proposal = [g[i] for g, i in zip(groups, combination)]
+        try:
+            best = min(best, perf_model.rate(partitioner.partition(proposal, constraint)))
+        except PlannerError:
+            pass
+        reset_shard_rank(proposal)
+    return best
+
+
+@dataclass(frozen=True)
+class PlanExtremes:
+    """Three rows of a brute-force table (`rate_every_plan`): what the least
+    summed perf misses about the planner's rating (the slowest rank)."""
+
+    least_sum: pd.Series  # the least summed perf, placeable or not
+    least_placed_sum: pd.Series  # the least summed perf the partitioner can place
+    best_rated: pd.Series  # the best perf rating (ties: the least summed perf)
+    placeable: int  # plans the partitioner can place
+    plans: int  # plans in all
+
+    def describe(self) -> str:
+        least = self.least_sum
+        return (
+            f"{self.placeable} of {self.plans} plans can be placed. The least summed perf "
+            f"({least.summed_perf:.4f}) "
+            + ("cannot be placed" if pd.isna(least.perf_rating) else f"rates {least.perf_rating:.4f}")
+            + f"; the least among placeable ones ({self.least_placed_sum.summed_perf:.4f}) rates "
+            f"{self.least_placed_sum.perf_rating:.4f}; the best rating is {self.best_rated.perf_rating:.4f} "
+            f"(summed perf {self.best_rated.summed_perf:.4f})"
+        )
+
+
+def plan_extremes(every_plan: pd.DataFrame) -> PlanExtremes:
+    """The least summed perf, the least placeable one and the best rated of
+    `every_plan` (columns summed_perf and perf_rating, NaN: not placeable)."""
+    placeable = every_plan.dropna(subset=["perf_rating"])
+    if placeable.empty:
+        raise ValueError(f"none of the {len(every_plan)} plans can be placed: no best plan")
+    return PlanExtremes(
+        least_sum=every_plan.loc[every_plan.summed_perf.idxmin()],
+        least_placed_sum=placeable.loc[placeable.summed_perf.idxmin()],
+        best_rated=every_plan.sort_values(["perf_rating", "summed_perf"]).iloc[0],
+        placeable=len(placeable),
+        plans=len(every_plan),
+    )

@@ -1,0 +1,278 @@
+"""The proposer's building blocks: the options as arrays, and the knapsack over memory bins.
+
+`SearchSpace` turns torchrec's enumerated `ShardingOption`s into per-table
+arrays of perf and memory (dropping options the partitioner treats alike, and
+options whose largest shard fits on no device), with the lower bounds and
+memory checks the proposer prunes by. `Knapsack` is the DP: the least summed
+perf per memory bin over the tables added so far. `embnb.planner.proposer`
+proposes from them; `embnb.planner.inspect` shows them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+from torchrec.distributed.planner.types import (
+    PartitionByType,
+    PlannerError,
+    PlannerErrorType,
+    ShardingOption,
+    Storage,
+    Topology,
+)
+from torchrec.distributed.types import ShardingType
+
+logger = logging.getLogger(__name__)
+
+GB = 1024**3
+AXES = ("hbm", "ddr")
+UNIFORM = PartitionByType.UNIFORM.value
+# Each table added to the knapsack scans the bin grid once; past this many bins
+# the grid is coarsened.
+MAX_BINS = 2**18
+
+
+def storage_array(storage: Storage | None) -> np.ndarray:
+    return np.array([storage.hbm, storage.ddr], dtype=float) if storage else np.zeros(2)
+
+
+def gib_text(num_bytes: float) -> str:
+    return f"{num_bytes / GB:.3g} GiB"
+
+
+class SearchSpace:
+    """The options of each table as arrays, for bounds and the knapsack.
+
+    Rows are tables, columns options (padded with inf perf). Uniform options
+    (row-wise, data-parallel) put shard i on device i, so their per-rank perf
+    and memory are known before partitioning; other options are placed by the
+    partitioner, so only their largest shard is known.
+    """
+
+    def __init__(self, options: list[list[ShardingOption]], storage_constraint: Topology):
+        devices = storage_constraint.devices
+        self.world_size = len(devices)
+        self.device_mem = np.array([storage_array(d.storage) for d in devices])  # [W, 2]
+        self.capacity = self.device_mem.sum(0)
+        one_host = storage_constraint.intra_group_size >= self.world_size
+        self.options = [
+            self._fitting(distinct_options(table_options, one_host), devices) for table_options in options
+        ]
+        num_tables, width = len(options), max(len(o) for o in self.options)
+        shape = (num_tables, width)
+        self.perf = np.full(shape, np.inf)
+        self.mem = np.zeros(shape + (2,))
+        self.rank_perf = np.zeros(shape + (self.world_size,))  # uniform options only
+        self.rank_mem = np.zeros(shape + (self.world_size, 2))
+        self.shard_perf = np.zeros(shape)  # largest shard placed by the partitioner
+        self.shard_mem = np.zeros(shape + (2,))
+        for t, table_options in enumerate(self.options):
+            for o, option in enumerate(table_options):
+                perfs = np.array([shard.perf.total for shard in option.shards])
+                mems = np.array([storage_array(shard.storage) for shard in option.shards])
+                self.perf[t, o], self.mem[t, o] = perfs.sum(), mems.sum(0)
+                if placement(option, one_host) == UNIFORM:
+                    self.rank_perf[t, o, : len(perfs)] = perfs
+                    self.rank_mem[t, o, : len(perfs)] = mems
+                else:
+                    self.shard_perf[t, o], self.shard_mem[t, o] = perfs.max(), mems.max(0)
+
+    @staticmethod
+    def _fitting(table_options: list[ShardingOption], devices: list) -> list[ShardingOption]:
+        # An option whose largest shard fits on no device can never be placed.
+        fitting = [
+            o
+            for o in table_options
+            if all(any(s.storage.fits_in(d.storage) for d in devices) for s in o.shards)
+        ]
+        if fitting:
+            return fitting
+        smallest = min(table_options, key=lambda o: max((s.storage.hbm, s.storage.ddr) for s in o.shards))
+        shard = max(smallest.shards, key=lambda s: (s.storage.hbm, s.storage.ddr))
+        biggest = max(devices, key=lambda d: (d.storage.hbm, d.storage.ddr)).storage
+        raise PlannerError(
+            f"table {smallest.name!r} fits on no device: its smallest option "
+            f"({smallest.sharding_type}, {smallest.compute_kernel}) needs "
+            f"{gib_text(shard.storage.hbm)} HBM and {gib_text(shard.storage.ddr)} DDR for one shard, "
+            f"the largest device offers {gib_text(biggest.hbm)} HBM and {gib_text(biggest.ddr)} DDR "
+            "after the storage reservation; add devices or memory, or shrink the table",
+            error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
+        )
+
+    def lower_bound(self, choice: np.ndarray) -> float:
+        """A rating no partition of `choice` can beat (see `neighbor_bounds`)."""
+        rows = np.arange(len(choice))
+        rank_perf = self.rank_perf[rows, choice].sum(0)
+        return float(
+            max(
+                self.perf[rows, choice].sum() / self.world_size,
+                rank_perf.max(),
+                rank_perf.min() + self.shard_perf[rows, choice].max(),
+            )
+        )
+
+    def fits(self, choice: np.ndarray) -> bool:
+        """Necessary memory conditions: the totals, and uniform shards per device."""
+        rows = np.arange(len(choice))
+        return bool(
+            (self.mem[rows, choice].sum(0) <= self.capacity).all()
+            and (self.rank_mem[rows, choice].sum(0) <= self.device_mem).all()
+        )
+
+    def neighbor_bounds(self, choice: np.ndarray, moves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Lower bounds and memory checks of `choice` changed by `moves`.
+
+        `moves` is [N, k, 2] of (table, option). The slowest rank carries at
+        least the mean load, every uniform shard of its rank, and the largest
+        partitioned shard on top of the lightest uniform load.
+        """
+        tables, new = moves[..., 0], moves[..., 1]
+        old = choice[tables]
+        rows = np.arange(len(choice))
+
+        def changed(values: np.ndarray) -> np.ndarray:
+            return values[rows, choice].sum(0) + (values[tables, new] - values[tables, old]).sum(1)
+
+        total_perf, rank_perf = changed(self.perf), changed(self.rank_perf)
+        # Largest partitioned shard: the biggest among unchanged tables, or a new one.
+        shard = self.shard_perf[rows, choice]
+        top = np.argsort(-shard)[: moves.shape[1] + 1]
+        untouched = (tables[:, :, None] != top[None, None, :]).all(1)
+        rest = np.where(untouched, shard[top][None, :], 0.0).max(1)
+        largest = np.maximum(rest, self.shard_perf[tables, new].max(1))
+        bound = np.maximum.reduce(
+            [total_perf / self.world_size, rank_perf.max(1), rank_perf.min(1) + largest]
+        )
+        fits = (changed(self.mem) <= self.capacity).all(1) & (changed(self.rank_mem) <= self.device_mem).all(
+            (1, 2)
+        )
+        return bound, fits
+
+
+class Knapsack:
+    """Least summed perf per memory bin, over the tables added so far.
+
+    Each reachable bin keeps one state: its exact memory (so bins do not
+    accumulate rounding) and its summed perf. Adding a table moves every state
+    by each option's memory into bin `floor(memory / bin_size)` per axis; a
+    bin keeps the least perf that lands in it. States that another state beats
+    on every axis and on perf are dropped: no table added later can save them.
+    """
+
+    def __init__(self, capacity: np.ndarray, bins: tuple[int, ...]):
+        self.capacity, self.shape = capacity, bins
+        self.bin_size = capacity / np.array(bins)
+        self.cells = np.zeros(1, dtype=np.int64)  # flat bin of each state
+        self.perf = np.zeros(1)
+        self.mem = np.zeros((1, len(bins)))
+        self.least = np.full(math.prod(bins), np.inf)
+        self.least[0] = 0.0
+        self.trace: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add_table(self, table: int, weights: np.ndarray, perfs: np.ndarray) -> None:
+        options = np.flatnonzero(np.isfinite(perfs))
+        moved = self.mem[None] + weights[options][:, None]  # [options, states, axes]
+        cell = np.floor(moved / self.bin_size).astype(np.int64)
+        ok = (moved <= self.capacity).all(-1) & (cell < np.array(self.shape)).all(-1)
+        o, s = np.nonzero(ok)
+        cells = np.ravel_multi_index(tuple(np.moveaxis(cell[o, s], -1, 0)), self.shape)
+        perf = self.perf[s] + perfs[options[o]]
+        least = np.full(math.prod(self.shape), np.inf)
+        np.minimum.at(least, cells, perf)
+        win = perf == least[cells]
+        cells, first = np.unique(cells[win], return_index=True)
+        o, s = o[win][first], s[win][first]
+        keep = self._undominated(cells, least)
+        cells, o, s = cells[keep], o[keep], s[keep]
+        self.trace.append((table, cells, options[o], s))
+        self.cells, self.perf, self.mem = cells, least[cells], moved[o, s]
+        self.least = least  # per bin, dominated or not (for the notebook's heatmap)
+
+    def _undominated(self, cells: np.ndarray, least: np.ndarray) -> np.ndarray:
+        """Which of `cells` no other bin with less or equal memory on every
+        axis beats on perf (a prefix minimum per axis over the bin grid)."""
+        grid = least.reshape(self.shape)
+        below = np.full(self.shape, np.inf)  # least perf at strictly less memory
+        for axis in range(grid.ndim):
+            shifted = np.full(self.shape, np.inf)
+            into = [slice(None)] * grid.ndim
+            into[axis] = slice(1, None)
+            outof = list(into)
+            outof[axis] = slice(None, -1)
+            shifted[tuple(into)] = np.minimum.accumulate(grid, axis=axis)[tuple(outof)]
+            for other in range(grid.ndim):
+                if other != axis:
+                    shifted = np.minimum.accumulate(shifted, axis=other)
+            below = np.minimum(below, shifted)
+        return least[cells] < below.ravel()[cells]
+
+    def frontier(self, num_tables: int) -> np.ndarray:
+        """The option of each table for every kept state [states, tables],
+        from the largest memory down (first axis first)."""
+        states = np.lexsort(self.mem.T[::-1])[::-1]
+        choices = np.full((len(states), num_tables), -1)
+        for table, _cells, options, previous in reversed(self.trace):
+            choices[:, table] = options[states]
+            states = previous[states]
+        return choices
+
+
+def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
+    """Options grouped per table, tables in the order first seen."""
+    by_fqn: dict[str, list[ShardingOption]] = {}
+    for option in options:
+        by_fqn.setdefault(option.fqn, []).append(option)
+    return list(by_fqn.values())
+
+
+def memory_key(option: ShardingOption) -> tuple[int, int]:
+    storage = option.total_storage
+    return storage.hbm, storage.ddr
+
+
+def distinct_options(options: list[ShardingOption], one_host: bool) -> list[ShardingOption]:
+    """Drop options the partitioner and perf model treat alike; the first
+    enumerated stays. Table-wise and one-shard column-wise are alike; on one
+    host, so are table-column-wise and column-wise (both placed shard by shard
+    on the least loaded device), and table-row-wise and row-wise (shard i on
+    device i)."""
+    seen, kept = set(), []
+    for option in options:
+        key = (
+            placement(option, one_host),
+            option.dependency,
+            option.compute_kernel == "key_value",
+            tuple((s.storage, s.perf.total) for s in option.shards),
+        )
+        if key not in seen:
+            seen.add(key)
+            kept.append(option)
+    return kept
+
+
+def placement(option: ShardingOption, one_host: bool) -> str:
+    """How the partitioner places the option: uniform (shard i on device i),
+    device (each shard on the least loaded device that fits) or host."""
+    if one_host and option.partition_by == PartitionByType.HOST.value:
+        row_wise = option.sharding_type == ShardingType.TABLE_ROW_WISE.value
+        return UNIFORM if row_wise else PartitionByType.DEVICE.value
+    return option.partition_by
+
+
+def knapsack_axes(
+    space: SearchSpace, bins_per_device: int, ddr_bins_per_device: int
+) -> tuple[list[int], np.ndarray, tuple[int, ...], np.ndarray]:
+    """The memory axes that can bind (the largest option of every table
+    together exceeds them), their capacity, bins, and each option's weight."""
+    valid = np.isfinite(space.perf)
+    axes = [a for a in range(2) if np.where(valid, space.mem[..., a], 0.0).max(1).sum() > space.capacity[a]]
+    if not axes:  # memory cannot bind: one bin, the least perf per table
+        return axes, np.array([math.inf]), (1,), np.zeros(space.perf.shape + (1,))
+    per_device = [bins_per_device, ddr_bins_per_device][: len(axes)]
+    bins = tuple(n * space.world_size for n in per_device)
+    while math.prod(bins) > MAX_BINS:
+        bins = tuple(max(1, n // 2) if n == max(bins) else n for n in bins)
+        logger.info("DynamicProgrammingProposer: coarsened the bins to %s", bins)
+    return axes, space.capacity[axes], bins, space.mem[..., axes]

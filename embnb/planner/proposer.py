@@ -1,0 +1,412 @@
+"""A dynamic-programming sharding Proposer for torchrec's planner.
+
+torchrec's `EmbeddingShardingPlanner` asks its proposers for plans (one
+`ShardingOption` per table), places each on ranks with `GreedyPerfPartitioner`,
+rates it with `NoopPerfModel` (the slowest rank's summed perf) and keeps the
+best. `DynamicProgrammingProposer` proposes, in this order:
+
+1. a knapsack over discretized memory bins (`embnb.planner.knapsack`): for
+   each memory total, the options with the least summed perf, from the largest
+   total down. Unlike torchrec's own DP proposer it plans on DDR where HBM is
+   zero (CPU), drops options whose largest shard fits on no device, and bins
+   HBM x DDR where both can bind;
+2. the same knapsack with the largest partitioned shard capped on perf (the
+   slowest rank carries at least its largest shard: balance) or on memory
+   (packing), each cap just below the last run's largest;
+3. changes of one or two tables around the best plans so far, guided by the
+   ratings the planner feeds back.
+
+Within a run, plans the partitioner cannot place are bisected past, and below
+the first placed one plans with 1%, 2%, 4% ... less memory are tried: slack
+lets the partitioner balance ranks. A proposal is skipped when a lower bound on
+its slowest rank cannot beat the best rating so far, or when its memory cannot
+fit the devices.
+
+    planner = create_planner(topology, batch_size=512)    # this proposer first
+    plan = planner.plan(module, sharders)
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import math
+from collections.abc import Iterator
+
+import numpy as np
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    PlannerError,
+    Proposer,
+    ShardingOption,
+    Topology,
+)
+
+from embnb._checks import check_int
+from embnb.planner.knapsack import (
+    UNIFORM,
+    Knapsack,
+    SearchSpace,
+    by_table,
+    gib_text,
+    knapsack_axes,
+    memory_key,
+)
+
+__all__ = ["DynamicProgrammingProposer"]
+
+logger = logging.getLogger(__name__)
+
+_PAIR_TABLES = 8  # tables on the slowest rank whose options are changed in pairs
+_REFINE_STARTS = 4  # best rated plans that each start a hill climb
+_PATIENCE = 8  # unplaced plans in a row before a run is bisected; plans proposed below
+_SLACKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32)  # memory left free by plans proposed below
+
+
+class _FrontierSearch:
+    """Which plans of one knapsack run to propose, and in what order.
+
+    The frontier runs from the largest memory down. The top plans use the
+    most memory and may not fit per device: scan from the top and, after
+    `_PATIENCE` unplaced in a row, bisect for the first placed plan. Plans
+    below it are slower in sum but leave memory the partitioner needs to
+    balance ranks: propose the next few, then those with 1%, 2%, 4% ... less
+    memory, then the neighbors of the best rated one.
+    """
+
+    def __init__(self, plans: np.ndarray, memory: np.ndarray):
+        self.plans, self.memory = plans, memory
+        self.placed: dict[int, bool | None] = {}  # None: skipped, could not win
+        self.ratings: dict[int, float] = {}
+
+    def record(self, index: int, placed: bool | None, rating: float | None) -> None:
+        self.placed[index] = placed
+        if placed and rating is not None:
+            self.ratings[index] = rating
+
+    def best_index(self) -> int:
+        return min(self.ratings, key=self.ratings.get) if self.ratings else 0
+
+    def indices(self) -> Iterator[int]:
+        count, failed, first = len(self.plans), 0, None
+        for i in range(count):  # from the top, until one is placed
+            yield i
+            if self.placed.get(i):
+                first = i
+                break
+            failed += self.placed.get(i) is False
+            if failed >= _PATIENCE:
+                lo, hi = i, count
+                while hi - lo > 1:  # bisect: [0, lo] unplaced, [hi, ...] placed or skipped
+                    mid = (lo + hi) // 2
+                    yield mid
+                    lo, hi = (mid, hi) if self.placed.get(mid) is False else (lo, mid)
+                first = hi
+                break
+        if first is None or first >= count:
+            return
+        below = [first + k for k in range(1, _PATIENCE)]
+        below += [
+            int(np.argmax(self.memory <= self.memory[first] * (1 - slack)))
+            for slack in _SLACKS
+            if self.memory[-1] <= self.memory[first] * (1 - slack)
+        ]
+        for i in sorted(set(below)):
+            if first < i < count and i not in self.placed:
+                yield i
+        best = self.best_index()
+        for i in (best - 2, best - 1, best + 1, best + 2):
+            if 0 <= i < count and i not in self.placed:
+                yield i
+
+
+class DynamicProgrammingProposer(Proposer):
+    """Knapsack proposals, then refinements guided by the planner's feedback.
+
+    Args:
+        bins_per_device: memory bins per device on the knapsack's main axis
+            (HBM, or DDR on CPU topologies); more bins, finer totals.
+        ddr_bins_per_device: bins per device on the DDR axis when HBM and DDR
+            can both bind (the 2-D knapsack).
+        max_caps: knapsack runs with the largest partitioned shard capped, on
+            its perf and on its memory (0: the plain knapsack only).
+        max_refinements: proposals spent on changing one or two tables of the
+            best plans so far.
+
+    When no plan can fit (a table fits on no device, or the tables do not fit
+    the devices together) it proposes nothing more and leaves the verdict to
+    the planner (a later proposer, or torchrec's own PlannerError); why is in
+    `no_plan_reason` and logged as a warning.
+    """
+
+    def __init__(
+        self,
+        bins_per_device: int = 100,
+        ddr_bins_per_device: int = 10,
+        max_caps: int = 8,
+        max_refinements: int = 100,
+    ) -> None:
+        self._bins_per_device = check_int("bins_per_device", bins_per_device, low=1)
+        self._ddr_bins_per_device = check_int("ddr_bins_per_device", ddr_bins_per_device, low=1)
+        self._max_caps = check_int("max_caps", max_caps, low=0)
+        self._max_refinements = check_int("max_refinements", max_refinements, low=0)
+        self.load([])
+
+    def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
+        self._options = by_table(search_space)
+        self._space: SearchSpace | None = None
+        self._best_rating = math.inf
+        self._placed: dict[bytes, bool] = {}  # what the partitioner said per plan
+        self._runs: Iterator[_FrontierSearch] | None = None  # knapsack runs
+        self._search: _FrontierSearch | None = None  # the run being proposed from
+        self._pending: Iterator[int] = iter(())  # its plans still to consider
+        self._index: int | None = None  # the current proposal's place in it
+        # Where refinements may start: (rating, or bound if it was not placed;
+        # plan; tables to change first; placed). The center is the current one.
+        self._starts: list[tuple[float, np.ndarray, list[int], bool]] = []
+        self._started: set[float] = set()  # keys of the starts used
+        self._center: tuple[float, np.ndarray, list[int], bool] | None = None
+        self._neighbors: Iterator[np.ndarray] | None = None
+        self._refinements_left = self._max_refinements
+        self.num_knapsack_proposals = self.num_refinements = 0  # how the proposals split
+        self.no_plan_reason: str | None = None  # why it stopped proposing, when no plan can fit
+        # Before the first feedback the device memory is unknown: propose each
+        # table's smallest option, like torchrec's DP proposer.
+        self._current: np.ndarray | None = (
+            np.array([min(range(len(opts)), key=lambda i: memory_key(opts[i])) for opts in self._options])
+            if self._options
+            else None
+        )
+
+    def propose(self) -> list[ShardingOption] | None:
+        if self._current is None:
+            return None
+        return [options[o] for options, o in zip(self._options, self._current)]
+
+    def feedback(
+        self,
+        partitionable: bool,
+        plan: list[ShardingOption] | None = None,
+        perf_rating: float | None = None,
+        storage_constraint: Topology | None = None,
+    ) -> None:
+        if self._current is None:
+            return
+        if self._space is None:
+            if storage_constraint is None:
+                raise ValueError("feedback needs the storage_constraint (torchrec's planner passes it)")
+            first = [opts[o] for opts, o in zip(self._options, self._current)]
+            try:
+                self._space = SearchSpace(self._options, storage_constraint)
+            except PlannerError as error:  # a table fits on no device
+                self._propose_nothing(str(error))
+                return
+            self._options = self._space.options
+            self._current = _indices(first, self._options)  # onto the options kept
+            self._runs = self._knapsack_runs()
+        choice = self._current
+        if choice is not None:
+            placed = partitionable and perf_rating is not None
+            self._placed[choice.tobytes()] = placed
+            if self._index is not None:  # a knapsack plan
+                self._search.record(self._index, placed, perf_rating)
+            if placed:
+                self._best_rating = min(self._best_rating, perf_rating)
+                start = (perf_rating, choice, _slowest_rank_tables(plan or [], self._options), True)
+            else:  # refine by its bound, changing first the table that did not fit
+                start = (
+                    self._space.lower_bound(choice),
+                    choice,
+                    self._unplaced_tables(plan or [], choice),
+                    False,
+                )
+            self._starts.append(start)
+            center = self._center
+            if center is not None and placed and (not center[3] or perf_rating < center[0]):
+                self._center, self._neighbors = start, None  # climb on from the better plan
+        self._current = self._next()
+
+    def _propose_nothing(self, reason: str) -> None:
+        """No plan can fit: stop proposing and say why. Raising here would
+        stop torchrec's planner before its later proposers and its own no-plan
+        report (its Stats, its PlannerError); the reason stays in
+        `no_plan_reason` and in a warning."""
+        self.no_plan_reason = reason
+        self._current, self._refinements_left = None, 0
+        logger.warning("DynamicProgrammingProposer proposes nothing: %s", reason)
+
+    def _next(self) -> np.ndarray | None:
+        choice = self._next_knapsack()
+        if choice is not None:
+            self.num_knapsack_proposals += 1
+            return choice
+        # Hill-climb from the best plans in turn, taking the first improvement.
+        while self._refinements_left > 0:
+            if self._neighbors is None:
+                if self._center is None and not self._next_center():
+                    return None
+                self._neighbors = self._neighbors_of(*self._center[1:3])
+            for choice in self._neighbors:
+                if choice.tobytes() not in self._placed:
+                    self._refinements_left -= 1
+                    self.num_refinements += 1
+                    return choice
+            self._center = self._neighbors = None  # a local optimum
+        return None
+
+    def _next_knapsack(self) -> np.ndarray | None:
+        space = self._space
+        self._index = None
+        while True:
+            if self._search is None:
+                self._search = next(self._runs, None)
+                if self._search is None:
+                    return None
+                self._pending = self._search.indices()
+            for i in self._pending:
+                choice = self._search.plans[i]
+                known = self._placed.get(choice.tobytes())
+                if known is not None or not space.fits(choice):
+                    self._search.record(i, bool(known), None)
+                elif space.lower_bound(choice) >= self._best_rating:
+                    self._search.record(i, None, None)
+                else:
+                    self._index = i
+                    return choice
+            self._search = None
+
+    def _knapsack_runs(self) -> Iterator[_FrontierSearch]:
+        """Least-perf plans per memory bin, largest memory first: uncapped,
+        then with the largest partitioned shard capped, on perf (just below
+        the largest in the run before's best rated plan: balance), then on
+        memory (just below the largest in the run before's first plan:
+        packing). Runs are made when the one before is done."""
+        space = self._space
+        axes, capacity, bins, weights = knapsack_axes(space, self._bins_per_device, self._ddr_bins_per_device)
+        rows = np.arange(len(space.options))
+        seen: set[bytes] = set()
+
+        def run(allowed: np.ndarray) -> _FrontierSearch:
+            knapsack = Knapsack(capacity, bins)
+            for t in rows:
+                knapsack.add_table(int(t), weights[t], np.where(allowed[t], space.perf[t], np.inf))
+            plans = [p for p in knapsack.frontier(len(rows)) if p.tobytes() not in seen]
+            seen.update(p.tobytes() for p in plans)
+            plans = np.array(plans, dtype=np.int64).reshape(-1, len(rows))
+            return _FrontierSearch(plans, space.mem[rows, plans, main].sum(-1))
+
+        valid = np.isfinite(space.perf)
+        main = axes[0] if axes else 0
+        uncapped = run(valid)
+        if not len(uncapped.plans):
+            smallest = np.where(valid[..., None], space.mem, np.inf).min(1).sum(0)
+            self._propose_nothing(
+                f"the tables do not fit together: no choice of options fits the {space.world_size} "
+                f"devices' {gib_text(space.capacity[0])} HBM and {gib_text(space.capacity[1])} DDR in total "
+                f"after the storage reservation (each table's least HBM adds up to {gib_text(smallest[0])}, "
+                f"least DDR to {gib_text(smallest[1])}); add devices or memory, or shrink the tables"
+            )
+            return
+        yield uncapped
+        for sizes, balance in ((space.shard_perf, True), (space.shard_mem[..., main], False)):
+            search = uncapped
+            for _ in range(self._max_caps):
+                reference = search.plans[search.best_index() if balance else 0]
+                largest = sizes[rows, reference].max()
+                smaller = sizes[valid & (sizes < largest)]
+                if not len(smaller):
+                    break
+                search = run(valid & (sizes <= smaller.max()))
+                if not len(search.plans):
+                    break
+                yield search
+
+    def _unplaced_tables(self, plan: list[ShardingOption], choice: np.ndarray) -> list[int]:
+        """The table the partitioner could not place (uniform options go
+        first, then the largest storage first), then the biggest shards."""
+        table_of = {opts[0].fqn: t for t, opts in enumerate(self._options)}
+        unplaced = [o for o in plan if any(s.rank is None for s in o.shards)]
+        failed = []
+        if unplaced and len(unplaced) < len(plan):  # else no trace (e.g. a cached answer)
+            uniform = [o for o in unplaced if o.partition_by == UNIFORM]
+            failed = [table_of[(uniform[0] if uniform else max(unplaced, key=lambda o: o.total_storage)).fqn]]
+        biggest = self._space.shard_mem[np.arange(len(choice)), choice].max(1)
+        return failed + [
+            int(t) for t in np.argsort(-biggest, kind="stable") if biggest[t] > 0 and t not in failed
+        ]
+
+    def _next_center(self) -> bool:
+        """The best start not refined yet, among the few best keys (plans
+        rated alike are usually the same placement)."""
+        keys = sorted({start[0] for start in self._starts})[:_REFINE_STARTS]
+        for start in sorted(self._starts, key=lambda start: start[0]):  # stable: first seen first
+            if start[0] in keys and start[0] not in self._started:
+                self._started.add(start[0])
+                self._center = start
+                return True
+        return False
+
+    def _neighbors_of(self, choice: np.ndarray, first: list[int]) -> Iterator[np.ndarray]:
+        """Plans that change one of the first tables of `first`, then two of
+        them or any one table; each group by lower bound, while it can beat
+        the best rating."""
+        space = self._space
+        valid = np.isfinite(space.perf)
+
+        def singles(tables) -> list:
+            return [[(t, o)] for t in tables for o in np.flatnonzero(valid[t]) if o != choice[t]]
+
+        heavy = first[:_PAIR_TABLES]
+        pairs = [
+            [(t1, o1), (t2, o2)]
+            for t1, t2 in itertools.combinations(heavy, 2)
+            for o1 in np.flatnonzero(valid[t1])
+            if o1 != choice[t1]
+            for o2 in np.flatnonzero(valid[t2])
+            if o2 != choice[t2]
+        ]
+        groups = [singles(heavy), pairs + singles(range(len(choice)))]
+        for moves in groups:
+            bounds, kept = [], []
+            for size in (1, 2):
+                batch = np.array([m for m in moves if len(m) == size]).reshape(-1, size, 2)
+                if len(batch):
+                    bound, fits = space.neighbor_bounds(choice, batch)
+                    bounds.append(bound[fits])
+                    kept.extend(batch[fits])
+            if not kept:
+                continue
+            bounds = np.concatenate(bounds)
+            for i in np.argsort(bounds, kind="stable"):
+                if bounds[i] >= self._best_rating:
+                    break
+                neighbor = choice.copy()
+                neighbor[kept[i][:, 0]] = kept[i][:, 1]
+                yield neighbor
+
+
+def _indices(proposal: list[ShardingOption], options: list[list[ShardingOption]]) -> np.ndarray | None:
+    """`proposal` as option indices, or None if an option was dropped."""
+    try:
+        return np.array([[id(o) for o in opts].index(id(p)) for p, opts in zip(proposal, options)])
+    except ValueError:
+        return None
+
+
+def _slowest_rank_tables(plan: list[ShardingOption], options: list[list[ShardingOption]]) -> list[int]:
+    """Tables with a shard on the slowest rank, heaviest there first."""
+    loads: dict[int, float] = collections.defaultdict(float)
+    for option in plan:
+        for shard in option.shards:
+            loads[shard.rank] += shard.perf.total
+    if not loads:
+        return []
+    slowest = max(loads, key=loads.get)
+    table_of = {opts[0].fqn: t for t, opts in enumerate(options)}
+    on_slowest = {
+        table_of[o.fqn]: sum(s.perf.total for s in o.shards if s.rank == slowest)
+        for o in plan
+        if any(s.rank == slowest for s in o.shards)
+    }
+    return sorted(on_slowest, key=on_slowest.get, reverse=True)

@@ -1,0 +1,105 @@
+"""The key numbers of notebook 03, as the dict its results JSON holds.
+
+The notebook computes each part with the package's functions (and shows it);
+`notebook_results` gathers them, so the notebook's last cell is one call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from embnb.planner.inspect import PlanExtremes
+from embnb.planner.study import quality_summary
+from embnb.planner.topology import Enumerated
+
+__all__ = ["notebook_results"]
+
+
+def _rating(table: pd.DataFrame, name: str) -> float | None:
+    """A proposer's perf rating in a `compare_proposers` table; None: no plan."""
+    value = table.loc[name, "perf_rating"] if name in table.index else math.nan
+    return None if pd.isna(value) else float(value)
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None  # None: no plan
+
+
+def notebook_results(
+    *,
+    num_tables: int,
+    world_size: int,
+    hbm_cap_gb: float,
+    compute_device: str,
+    bins_per_device: int,
+    enumerated: Enumerated,
+    comparison: pd.DataFrame,
+    sweep: pd.DataFrame,
+    study: pd.DataFrame,
+    dp_matches_by_hand: bool,
+    tiny: PlanExtremes,
+    chosen_loads: pd.DataFrame,
+    cpu: pd.DataFrame,
+    notebook_s: float,
+) -> dict[str, Any]:
+    """The results dict of notebook 03: the settings, each proposer's row of
+    `comparison`, the budget `sweep`, the quality `study` against brute force,
+    the worked example (`tiny`), the chosen plan's perf per rank, the CPU
+    topology's ratings and notes, and a one-line summary."""
+    proposers = {
+        name: {
+            "perf_rating": _rating(comparison, name),
+            "plan_s": float(row.plan_s),
+            "proposals": int(row.proposals),
+            "feasible": bool(row.feasible),
+            "timed_out": bool(row.timed_out),
+            "note": row.note,
+        }
+        for name, row in comparison.iterrows()
+    }
+    worst = quality_summary(study)
+    quality = {
+        name: {
+            "worst_ratio": _finite(row["max"]),
+            "median_ratio": _finite(row["median"]),
+            "within_2_percent": float(row["within 2%"]),
+            "no_plan": int((~np.isfinite(study.ratio[study.proposer == name])).sum()),
+        }
+        for name, row in worst.iterrows()
+    }
+    ours, theirs = _rating(comparison, "embnb DP"), _rating(comparison, "torchrec DP")
+    summary = (
+        f"{num_tables} tables on {world_size}x{hbm_cap_gb} GiB: embnb DP rates {ours:.3g} ms "
+        f"in {proposers['embnb DP']['plan_s']:.2g} s, torchrec DP "
+        + (f"{theirs:.3g} ms" if theirs else "no plan")
+        + f"; vs brute force on {study.instance.nunique()} instances, worst "
+        f"{worst.loc['embnb DP', 'max']:.3f}x (torchrec DP {worst.loc['torchrec DP', 'max']:.3f}x)"
+    )
+    return {
+        "summary": summary,
+        "num_tables": num_tables,
+        "world_size": world_size,
+        "hbm_cap_gb": hbm_cap_gb,
+        "compute_device": compute_device,
+        "bins_per_device": bins_per_device,
+        "enumerate_s": enumerated.seconds,
+        "proposers": proposers,
+        "budget_sweep": json.loads(
+            sweep[["proposer", "hbm_cap_gb", "perf_rating", "plan_s"]].to_json(orient="records")
+        ),
+        "quality": quality,
+        "quality_instances": int(study.instance.nunique()),
+        "tiny_dp_matches_by_hand": dp_matches_by_hand,
+        "tiny_least_sum_placeable": bool(pd.notna(tiny.least_sum.perf_rating)),
+        "tiny_least_placed_sum_rating": float(tiny.least_placed_sum.perf_rating),
+        "tiny_best_rating": float(tiny.best_rated.perf_rating),
+        "chosen_plan_rank_perf": chosen_loads.perf.round(6).tolist(),
+        "cpu_topology": {name: _rating(cpu, name) for name in cpu.index},
+        "cpu_notes": {name: note for name, note in cpu.note.items()},
+        "notebook_s": notebook_s,
+    }

@@ -1,0 +1,427 @@
+"""Running proposers in torchrec's planner and comparing them: side by side,
+as the memory budget shrinks, and against brute force on small instances.
+
+Every proposer plans over the same enumerated options (`Enumerated`, from
+`embnb.planner.topology.enumerate_options`) with a fresh
+`EmbeddingShardingPlanner`.
+
+    run = run_planner(DynamicProgrammingProposer(), enumerated, topology, 512)
+    table = compare_proposers(tables, topology, batch_size=512)   # one row per proposer
+    sweep = budget_sweep(enumerated, [2.0, 1.0, 0.5], world_size=8, batch_size=512)
+    study = quality_study(20)                                      # rating / brute-force best
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from torch import nn
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.perf_models import NoopPerfModel
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.proposers import (
+    MAX_PROPOSALS,
+    GreedyProposer,
+    GridSearchProposer,
+    UniformProposer,
+)
+from torchrec.distributed.planner.proposers import (
+    DynamicProgrammingProposer as TorchrecDynamicProgrammingProposer,
+)
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    PlannerError,
+    Proposer,
+    ShardingOption,
+    Stats,
+    Storage,
+    Topology,
+)
+from torchrec.distributed.planner.utils import reset_shard_rank
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from embnb._checks import check_int
+from embnb.planner.inspect import brute_force_rating, option_label
+from embnb.planner.knapsack import GB, by_table
+from embnb.planner.proposer import DynamicProgrammingProposer
+from embnb.planner.topology import (
+    Enumerated,
+    Model,
+    enumerate_options,
+    fused_table_gb,
+    make_model,
+    make_topology,
+    reserved_topology,
+)
+
+__all__ = [
+    "PlanRun",
+    "run_planner",
+    "rank_loads",
+    "ProposerFactory",
+    "default_proposers",
+    "compare_proposers",
+    "budget_sweep",
+    "rate_every_plan",
+    "random_instance",
+    "quality_study",
+    "quality_summary",
+]
+
+
+class _Replay(Enumerator):
+    """An Enumerator that hands out one enumeration again."""
+
+    def __init__(self, options: list[ShardingOption]) -> None:
+        self._options = options
+
+    def enumerate(self, module: nn.Module, sharders: list) -> list[ShardingOption]:
+        reset_shard_rank(self._options)
+        return list(self._options)
+
+    def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
+        pass  # estimates were populated when enumerated
+
+
+class _KeepBestPlan(Stats):
+    """torchrec calls Stats.log with the best plan; keep it."""
+
+    best_plan: list[ShardingOption] | None = None
+
+    def log(
+        self,
+        sharding_plan,
+        topology,
+        batch_size,
+        storage_reservation,
+        num_proposals,
+        num_plans,
+        run_time,
+        best_plan,
+        *args,
+        **kwargs,
+    ) -> None:
+        if sharding_plan.plan:  # on failure torchrec logs its last proposal, ranks -1
+            self.best_plan = best_plan
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    """One EmbeddingShardingPlanner.plan: its best plan (None if none) and how it went."""
+
+    proposer: str  # its name
+    plan: list[ShardingOption] | None  # placed (shard ranks set); None: no plan
+    perf_rating: float  # NoopPerfModel's rating of the plan (the slowest rank); NaN: no plan
+    proposals: int  # proposals the planner evaluated
+    seconds: float  # planning took
+    timed_out: bool  # the time limit cut a proposer short
+    note: str  # why there is no plan, else ""
+
+
+def run_planner(
+    proposer: Proposer | list[Proposer],
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    *,
+    name: str = "",
+    storage_reservation_percentage: float = 0.15,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    timeout_s: float | None = None,
+) -> PlanRun:
+    """Plan with torchrec's EmbeddingShardingPlanner and these proposers."""
+    proposers = proposer if isinstance(proposer, list) else [proposer]
+    keep = _KeepBestPlan()
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=batch_size,
+        enumerator=_Replay(enumerated.options),
+        storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
+        proposer=proposers,
+        stats=[keep],
+        constraints=constraints,
+        debug=False,
+        timeout_seconds=None if timeout_s is None else max(1, math.ceil(timeout_s)),
+    )
+    note = ""
+    start = time.perf_counter()
+    try:
+        planner.plan(enumerated.module, enumerated.sharders)
+    except PlannerError as error:  # a proposer's own reason says more than torchrec's summary
+        reasons = [getattr(p, "no_plan_reason", None) for p in proposers]
+        reason = next(filter(None, reasons), None) or str(error).strip().splitlines()[0]
+        note = "no plan: " + reason[:200]
+    except Exception as error:  # e.g. torchrec's DP divides by zero on CPU topologies
+        note = f"failed: {type(error).__name__}: {str(error).strip()[:160]}"
+    seconds = time.perf_counter() - start
+    reset_shard_rank(enumerated.options)
+    plan = keep.best_plan
+    rating = NoopPerfModel(topology).rate(plan) if plan else math.nan
+    # The planner stops asking at its time limit; a proposer that still has a proposal was cut.
+    timed_out = (
+        timeout_s is not None
+        and seconds >= math.ceil(timeout_s)
+        and any(p.propose() is not None for p in proposers)
+    )
+    return PlanRun(
+        name or "+".join(type(p).__name__ for p in proposers),
+        plan,
+        rating,
+        planner._num_proposals,
+        seconds,
+        timed_out,
+        note,
+    )
+
+
+def rank_loads(plan: list[ShardingOption], world_size: int) -> pd.DataFrame:
+    """Perf and memory (GiB) of a placed plan, one row per rank."""
+    loads = np.zeros((world_size, 3))
+    for option in plan:
+        for shard in option.shards:
+            loads[shard.rank] += [shard.perf.total, shard.storage.hbm / GB, shard.storage.ddr / GB]
+    return pd.DataFrame(loads, columns=["perf", "hbm_gb", "ddr_gb"]).rename_axis("rank")
+
+
+ProposerFactory = Callable[[], "Proposer | list[Proposer]"]
+
+
+def default_proposers(bins_per_device: int = 100) -> dict[str, ProposerFactory]:
+    """This DP and torchrec's proposers, each alone, and torchrec's default set."""
+    check_int("bins_per_device", bins_per_device, low=1)
+    return {
+        "embnb DP": lambda: DynamicProgrammingProposer(bins_per_device=bins_per_device),
+        "torchrec DP": lambda: TorchrecDynamicProgrammingProposer(hbm_bins_per_device=bins_per_device),
+        "Greedy": lambda: GreedyProposer(),
+        "Uniform": lambda: UniformProposer(),
+        "GridSearch": lambda: GridSearchProposer(),
+        "torchrec default": lambda: [
+            GridSearchProposer(),
+            GreedyProposer(),
+            GreedyProposer(use_depth=False),
+            UniformProposer(),
+        ],
+    }
+
+
+def compare_proposers(
+    tables: Sequence[EmbeddingBagConfig] | None,
+    topology: Topology,
+    batch_size: int,
+    *,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    proposers: dict[str, ProposerFactory] | None = None,
+    timeout_s: float | None = None,
+    storage_reservation_percentage: float = 0.15,
+    enumerated: Enumerated | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """One row per proposer: the best plan's perf rating (slowest rank), its
+    largest HBM and DDR per device, feasible or not, proposals evaluated,
+    planning seconds, whether `timeout_s` cut it short, and a note.
+
+    Options are enumerated once (`enumerated`, from `enumerate_options` for
+    this topology's world size and device; else now, from `tables`) and every
+    proposer plans over them with a fresh EmbeddingShardingPlanner; the
+    enumeration's seconds are in `.attrs["enumerate_s"]`.
+    """
+    enumerated = enumerated or enumerate_options(tables, topology, batch_size, constraints)
+    proposers = default_proposers() if proposers is None else proposers
+    if not proposers:
+        raise ValueError("proposers is empty: pass at least one name -> proposer factory")
+    combinations = math.prod(collections.Counter(o.fqn for o in enumerated.options).values())
+    names = list(proposers)
+    if progress:
+        from tqdm.auto import tqdm
+
+        names = tqdm(names, desc="proposers")
+    rows = []
+    for name in names:
+        run = run_planner(
+            proposers[name](),
+            enumerated,
+            topology,
+            batch_size,
+            name=name,
+            storage_reservation_percentage=storage_reservation_percentage,
+            constraints=constraints,
+            timeout_s=timeout_s,
+        )
+        loads = rank_loads(run.plan, topology.world_size) if run.plan else None
+        note = run.note
+        if name == "GridSearch" and combinations > MAX_PROPOSALS:  # torchrec skips it then
+            note = f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}"
+        rows.append(
+            {
+                "proposer": name,
+                "perf_rating": run.perf_rating,
+                "max_hbm_gb": loads["hbm_gb"].max() if loads is not None else math.nan,
+                "max_ddr_gb": loads["ddr_gb"].max() if loads is not None else math.nan,
+                "feasible": run.plan is not None,
+                "proposals": run.proposals,
+                "plan_s": run.seconds,
+                "timed_out": run.timed_out,
+                "note": note,
+            }
+        )
+    table = pd.DataFrame(rows).set_index("proposer")
+    table.attrs.update(
+        enumerate_s=enumerated.seconds, num_options=len(enumerated.options), combinations=combinations
+    )
+    return table
+
+
+def rate_every_plan(
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    storage_reservation_percentage: float = 0.15,
+    max_plans: int = 100_000,
+) -> pd.DataFrame:
+    """Brute force: every combination of options, placed by torchrec's
+    GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest rank;
+    NaN where it cannot be placed). Only for tiny models."""
+    groups = by_table(enumerated.options)
+    count = math.prod(len(g) for g in groups)
+    if count > max_plans:
+        raise ValueError(
+            f"{count} combinations is more than max_plans={max_plans}; use fewer tables or options"
+        )
+    constraint = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
+    partitioner, perf_model = GreedyPerfPartitioner(), NoopPerfModel(topology)
+    rows = []
+    for combination in itertools.product(*groups):
+        proposal = list(combination)
+        try:
+            rating = perf_model.rate(partitioner.partition(proposal, constraint))
+        except PlannerError:
+            rating = math.nan
+        reset_shard_rank(proposal)
+        row = {o.name: option_label(o) for o in proposal}
+        storage = sum((o.total_storage for o in proposal), Storage(0, 0))
+        row.update(
+            hbm_gb=storage.hbm / GB,
+            ddr_gb=storage.ddr / GB,
+            summed_perf=sum(o.total_perf for o in proposal),
+            perf_rating=rating,
+        )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def random_instance(
+    seed: int, num_tables: int = 3, world_size: int | None = None, compute_device: str = "cuda"
+) -> tuple[Model, Topology]:
+    """A small model and a topology whose HBM (DDR on CPU) binds: per device,
+    15% to 120% of the fp32 rows of all tables spread evenly."""
+    rng = np.random.default_rng(seed)
+    world_size = int(rng.integers(2, 5)) if world_size is None else world_size
+    model = make_model(num_tables, seed)
+    budget = fused_table_gb(model.tables) / world_size * rng.uniform(0.15, 1.2)
+    if compute_device == "cpu":
+        return model, make_topology(world_size, "cpu", ddr_cap_gb=budget)
+    return model, make_topology(world_size, "cuda", hbm_cap_gb=budget)
+
+
+def quality_study(
+    num_instances: int,
+    seed: int = 0,
+    num_tables: int = 3,
+    batch_size: int = 512,
+    proposers: dict[str, ProposerFactory] | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Each proposer's rating over the brute-force best, on random small
+    instances: one row per instance and proposer (ratio inf: no plan where
+    brute force found one; NaN: GridSearch skipped, as torchrec skips it past
+    MAX_PROPOSALS combinations; instances without any plan are left out)."""
+    check_int("num_instances", num_instances, low=1)
+    proposers = proposers or {k: v for k, v in default_proposers().items() if k != "torchrec default"}
+    seeds = range(seed, seed + num_instances)
+    if progress:
+        from tqdm.auto import tqdm
+
+        seeds = tqdm(seeds, desc="instances")
+    rows = []
+    for instance in seeds:
+        model, topology = random_instance(instance, num_tables)
+        enumerated = enumerate_options(model.tables, topology, batch_size, model.constraints)
+        best = brute_force_rating(enumerated, topology, batch_size)
+        if not math.isfinite(best):
+            continue
+        combinations = math.prod(collections.Counter(o.fqn for o in enumerated.options).values())
+        for name, make in proposers.items():
+            if name == "GridSearch" and combinations > MAX_PROPOSALS:
+                rating = math.nan
+            else:
+                run = run_planner(
+                    make(), enumerated, topology, batch_size, name=name, constraints=model.constraints
+                )
+                rating = run.perf_rating if run.plan else math.inf
+            rows.append(
+                {
+                    "instance": instance,
+                    "world_size": topology.world_size,
+                    "proposer": name,
+                    "perf_rating": rating,
+                    "brute_force": best,
+                    "ratio": rating / best,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def quality_summary(study: pd.DataFrame, tolerance: float = 1.02) -> pd.DataFrame:
+    """Per proposer of a `quality_study`: the worst (`max`) and `median` ratio
+    to brute force, and the share of instances within `tolerance`."""
+    ratios = study.groupby("proposer", sort=False).ratio
+    summary = ratios.agg(["max", "median"])
+    within = f"within {round((tolerance - 1) * 100):g}%"
+    summary[within] = study.assign(ok=study.ratio <= tolerance).groupby("proposer", sort=False).ok.mean()
+    return summary
+
+
+def budget_sweep(
+    enumerated: Enumerated,
+    hbm_caps_gb: Sequence[float],
+    world_size: int,
+    batch_size: int,
+    *,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    proposers: dict[str, ProposerFactory] | None = None,
+    timeout_s: float | None = None,
+    ddr_cap_gb: float | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """compare_proposers at each HBM budget per device (GPU topologies; the
+    options do not depend on the budget, so one enumeration serves all)."""
+    if not hbm_caps_gb:
+        raise ValueError("hbm_caps_gb is empty: give at least one HBM budget per device")
+    caps = list(hbm_caps_gb)
+    if progress:
+        from tqdm.auto import tqdm
+
+        caps = tqdm(caps, desc="budgets")
+    frames = []
+    for cap in caps:
+        topology = make_topology(world_size, "cuda", hbm_cap_gb=cap, ddr_cap_gb=ddr_cap_gb)
+        table = compare_proposers(
+            None,
+            topology,
+            batch_size,
+            constraints=constraints,
+            proposers=proposers,
+            timeout_s=timeout_s,
+            enumerated=enumerated,
+        )
+        frames.append(table.reset_index().assign(hbm_cap_gb=cap))
+    return pd.concat(frames, ignore_index=True)
