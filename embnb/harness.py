@@ -51,11 +51,15 @@ def run_notebook(
     Writes `out_dir/NAME.ipynb` (executed), `out_dir/NAME.json` (results) and
     `out_dir/NAME_figNN.png` (each PNG the notebook displayed). Parameters
     default to `interactive=False` and `results_path` in `out_dir`; the
-    working directory defaults to the notebook's own folder.
+    working directory defaults to the notebook's own folder. The kernel runs
+    with PYTHONHASHSEED=0 unless it is set: numbers repeat run to run.
     """
     import papermill
 
     _prefer_this_environment_kernel()
+    # The kernel inherits this: a fixed string-hash seed makes set and dict
+    # orders (and so torchrec's tie-breaks in planning) the same every run.
+    os.environ.setdefault("PYTHONHASHSEED", "0")
     path = pathlib.Path(path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"notebook {str(path)!r} does not exist")
