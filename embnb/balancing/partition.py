@@ -251,6 +251,13 @@ def greedy_lpt(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts
 # embnb/native/karmarkar_karp.cpp follows these steps exactly.
 
 
+def _set_order(weighted_set: list) -> tuple[float, int]:
+    # Larger sum first, then more items (as verl's KK): sets of equal sum pair
+    # their items with the emptier sets, so no part ends empty while there are
+    # at least as many items as parts (e.g. all-zero workloads).
+    return weighted_set[0], len(weighted_set[1])
+
+
 def _kk_sets(padded: list[float], num_parts: int, equal_size: bool, num_real: int) -> list[list]:
     # Padding (indices >= num_real) sorts before real zero-workload items: it
     # all lands in the first state, one per set, so one per final part.
@@ -262,7 +269,7 @@ def _kk_sets(padded: list[float], num_parts: int, equal_size: bool, num_real: in
     heap = []
     for state_id, group in enumerate(groups):
         sets = [[padded[i], [i]] for i in group] + [[0.0, []] for _ in range(num_parts - len(group))]
-        sets.sort(key=lambda s: s[0], reverse=True)
+        sets.sort(key=_set_order, reverse=True)
         # Largest spread first, then largest top set, then the older state:
         # a strict order, so any correct heap pops the same sequence.
         heap.append((sets[-1][0] - sets[0][0], -sets[0][0], state_id, sets))
@@ -275,7 +282,7 @@ def _kk_sets(padded: list[float], num_parts: int, equal_size: bool, num_real: in
         for s, t in zip(first, reversed(second)):
             s[0] = s[0] + t[0]
             s[1].extend(t[1])
-        first.sort(key=lambda s: s[0], reverse=True)
+        first.sort(key=_set_order, reverse=True)
         heapq.heappush(heap, (first[-1][0] - first[0][0], -first[0][0], next_id, first))
         next_id += 1
     return heap[0][3]

@@ -1,9 +1,9 @@
 // torch.ops.embnb.karmarkar_karp: Karmarkar-Karp (largest differencing) for
 // k parts, optionally followed by swap refinement; the native twin of
-// embnb/balancer.py (_kk_sets, _refine, _best_swap, _heaviest_first). It
+// embnb/balancing/partition.py (_kk_sets, _refine, _best_swap, _heaviest_first). It
 // returns exactly the Python version's partition: every tie is broken the
 // same way (states by (bottom - top, -top, id), sets by a stable sort on
-// decreasing sum, swaps by (|diff - gap/2|, a, b)) and every float sum is
+// decreasing (sum, item count), swaps by (|diff - gap/2|, a, b)) and every float sum is
 // formed in the same order. Torch ops called from Python run without the
 // GIL, so a training loop's Python keeps running while this works in a
 // background thread.
@@ -29,17 +29,26 @@ namespace {
 // so merging two sets is O(1). Empty sets have head == -1.
 struct SetPool {
   std::vector<double> sum;
+  std::vector<int64_t> count;  // items in the set: breaks ties of equal sums
   std::vector<int64_t> head, tail;
   std::vector<int64_t> next;  // per item
 
   int64_t make(double value, int64_t item) {
     sum.push_back(value);
+    count.push_back(item < 0 ? 0 : 1);
     head.push_back(item);
     tail.push_back(item);
     return static_cast<int64_t>(sum.size()) - 1;
   }
+  // Set a sorts before set b: larger sum, then more items (as verl's KK), so
+  // that sets of equal sum pair their items with the emptier sets and no part
+  // ends empty while there are at least as many items as parts.
+  bool before(int64_t a, int64_t b) const {
+    return sum[a] > sum[b] || (sum[a] == sum[b] && count[a] > count[b]);
+  }
   void absorb(int64_t s, int64_t t) {  // s <- s + t
     sum[s] = sum[s] + sum[t];
+    count[s] += count[t];
     if (head[t] < 0) return;
     if (head[s] < 0) {
       head[s] = head[t];
@@ -64,17 +73,17 @@ struct PopsFirst {  // std::priority_queue keeps the "largest": invert
   }
 };
 
-// Stable sort by decreasing sum (as Python's sort(reverse=True)): insertion
-// sort for the usual small k, no allocation.
+// Stable sort by decreasing (sum, count) (as Python's sort(reverse=True)):
+// insertion sort for the usual small k, no allocation.
 void sort_sets(const SetPool& pool, int64_t* sets, int64_t k) {
   if (k > 64) {
-    std::stable_sort(sets, sets + k, [&](int64_t a, int64_t b) { return pool.sum[a] > pool.sum[b]; });
+    std::stable_sort(sets, sets + k, [&](int64_t a, int64_t b) { return pool.before(a, b); });
     return;
   }
   for (int64_t i = 1; i < k; ++i) {
     const int64_t s = sets[i];
     int64_t j = i;
-    while (j > 0 && pool.sum[sets[j - 1]] < pool.sum[s]) {
+    while (j > 0 && pool.before(s, sets[j - 1])) {
       sets[j] = sets[j - 1];
       --j;
     }
@@ -110,6 +119,7 @@ std::vector<std::vector<int64_t>> kk_parts(const std::vector<double>& w, int64_t
   SetPool pool;
   pool.next.assign(n, -1);
   pool.sum.reserve(num_states * k);
+  pool.count.reserve(num_states * k);
   pool.head.reserve(num_states * k);
   pool.tail.reserve(num_states * k);
   std::vector<int64_t> slots(num_states * k);

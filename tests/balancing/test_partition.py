@@ -285,3 +285,31 @@ def test_bad_arguments_are_named():
         balancer.attention_block_flops([2, -1], 8, 8)
     with pytest.raises(ValueError, match="max_length must be an int >= 1, got 0"):
         balancer.zipf_lengths(4, max_length=0)
+
+
+@pytest.mark.parametrize("backend", ["python", "native"])
+@pytest.mark.parametrize("method", ["karmarkar_karp", "kk_swap"])
+def test_zero_workloads_leave_no_part_empty(native, backend, method):
+    # verl's KK guarantees a non-empty part per rank when items >= parts;
+    # before the fix this gave [[1, 2], [], [0]].
+    parts = balancer.balance([0, 0, 0], 3, method, backend=backend, equal_size=False)
+    assert sorted(map(sorted, parts)) == [[0], [1], [2]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    workloads=st.lists(st.sampled_from([0, 0, 0, 1, 2, 5]), min_size=1, max_size=24),
+    num_parts=st.integers(1, 8),
+    equal_size=st.booleans(),
+)
+def test_kk_never_leaves_a_part_empty_when_items_suffice(native, workloads, num_parts, equal_size):
+    """Many zeros and ties (where sums alone cannot order the sets): with at
+    least as many items as parts no part is empty, both backends agree."""
+    for method in ("karmarkar_karp", "kk_swap"):
+        python = balancer.balance(workloads, num_parts, method, backend="python", equal_size=equal_size)
+        assert_partition(python, len(workloads), num_parts, equal_size)
+        if len(workloads) >= num_parts:
+            assert all(python), (workloads, num_parts, python)
+        assert (
+            balancer.balance(workloads, num_parts, method, backend="native", equal_size=equal_size) == python
+        )
