@@ -1,14 +1,22 @@
 # The README's two commands are `make run` and `make test`; both set up first.
+# STACK picks the end of the supported range: pinned (torch 2.13, fbgemm 1.8,
+# torchrec 1.8; .venv) or min (torch 2.11, fbgemm 1.6, torchrec 1.6.1 on
+# Python 3.12; .venv-min), e.g. `make test STACK=min`.
+STACK ?= pinned
+ifeq ($(STACK),min)
+VENV := .venv-min
+else
 PYTHON ?= python3
 VENV := .venv
+endif
 PY := $(VENV)/bin/python
 # auto | cpu | cuda: which fbgemm build to install (auto: cuda when nvidia-smi lists a GPU)
 EMBNB_FBGEMM ?= auto
 # extra pytest arguments, e.g. make test PYTEST_ARGS="-k routing -x"
 PYTEST_ARGS ?=
-export PYTHON VENV EMBNB_FBGEMM
+export PYTHON VENV EMBNB_FBGEMM STACK
 
-.PHONY: setup run test lab check-notebooks strip-notebooks clean
+.PHONY: setup run test test-gpu-kit lab check-notebooks strip-notebooks clean
 
 setup:
 	@bash scripts/setup_env.sh
@@ -18,6 +26,11 @@ run: setup
 
 test: setup
 	@bash scripts/run_tests.sh $(PYTEST_ARGS)
+
+# The GPU kit on CPU: gather its wheels (< 48 MiB) and run its command in a
+# stand-in for the GPU machine (Python 3.12, torch 2.11, nothing else of ours).
+test-gpu-kit: setup
+	@bash scripts/test_gpu_kit.sh
 
 lab: setup
 	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(VENV)/bin/jupyter lab notebooks

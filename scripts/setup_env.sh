@@ -1,17 +1,56 @@
 #!/usr/bin/env bash
-# Creates or updates .venv with the pinned stack. Idempotent: a stamp holds the
-# hash of everything that decides the install, so a second call is a no-op.
-# Usage: scripts/setup_env.sh [cpu|cuda|auto]   (default auto, or $EMBNB_FBGEMM)
+# Creates or updates $VENV with one end of the supported stack range.
+# Idempotent: a stamp holds the hash of everything that decides the install,
+# so a second call is a no-op.
+# Usage: [STACK=pinned|min] scripts/setup_env.sh [cpu|cuda|auto]
+#   (fbgemm build: default auto, or $EMBNB_FBGEMM)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TORCH_PIN="torch==2.13.0"
-FBGEMM_CPU_PIN="fbgemm-gpu-cpu==1.8.0"
-FBGEMM_CUDA_PIN="fbgemm-gpu==1.8.0"
-TORCHREC_PIN="torchrec==1.8.0"
+# The supported range. fbgemm's .so loads only against its own torch minor
+# (1.6 with 2.11, 1.8 with 2.13); torchrec follows fbgemm.
+PINNED_TORCH_PIN="torch==2.13.0"
+PINNED_FBGEMM_CPU_PIN="fbgemm-gpu-cpu==1.8.0"
+PINNED_FBGEMM_CUDA_PIN="fbgemm-gpu==1.8.0"
+PINNED_TORCHREC_PIN="torchrec==1.8.0"
+MIN_TORCH_PIN="torch==2.11.0"
+MIN_FBGEMM_CPU_PIN="fbgemm-gpu-cpu==1.6.0"
+MIN_FBGEMM_CUDA_PIN="fbgemm-gpu==1.6.0"
+MIN_TORCHREC_PIN="torchrec==1.6.1"
 
-PYTHON=${PYTHON:-python3}
-VENV=${VENV:-.venv}
+STACK=${STACK:-pinned}
+case $STACK in
+  pinned) prefix=PINNED ;;
+  min) prefix=MIN ;;
+  *) echo "setup: STACK='$STACK' is not one of pinned, min" >&2; exit 2 ;;
+esac
+TORCH_PIN=${prefix}_TORCH_PIN; TORCH_PIN=${!TORCH_PIN}
+FBGEMM_CPU_PIN=${prefix}_FBGEMM_CPU_PIN; FBGEMM_CPU_PIN=${!FBGEMM_CPU_PIN}
+FBGEMM_CUDA_PIN=${prefix}_FBGEMM_CUDA_PIN; FBGEMM_CUDA_PIN=${!FBGEMM_CUDA_PIN}
+TORCHREC_PIN=${prefix}_TORCHREC_PIN; TORCHREC_PIN=${!TORCHREC_PIN}
+
+# A python that runs: pyenv's shim for a version that is not selected exists
+# but fails, so try the versions pyenv holds as well.
+find_python() {
+  local candidate
+  for candidate in "$@"; do
+    if "$candidate" --version >/dev/null 2>&1; then echo "$candidate"; return; fi
+  done
+}
+if [[ $STACK == min ]]; then
+  default_venv=.venv-min
+  pyenv_root=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
+  default_python=$(find_python python3.12 "$pyenv_root"/versions/3.12*/bin/python3.12)
+else
+  default_venv=.venv
+  default_python=python3
+fi
+PYTHON=${PYTHON:-$default_python}
+VENV=${VENV:-$default_venv}
+if [[ -z $PYTHON ]] || ! "$PYTHON" --version >/dev/null 2>&1; then
+  echo "setup: no working Python for the $STACK stack (${PYTHON:-python3.12 not found}); set PYTHON=/path/to/python" >&2
+  exit 2
+fi
 variant=${1:-${EMBNB_FBGEMM:-auto}}
 if [[ $variant == auto ]]; then
   # A CUDA GPU is usable when nvidia-smi lists at least one.
@@ -28,12 +67,12 @@ case $variant in
 esac
 
 stamp="$VENV/.embnb-stamp"
-want=$( { echo "$variant"; "$PYTHON" --version 2>&1; cat "$0" requirements.txt pyproject.toml; } | sha256sum | cut -d' ' -f1)
+want=$( { echo "$variant $STACK"; "$PYTHON" --version 2>&1; cat "$0" requirements.txt pyproject.toml; } | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
   exit 0
 fi
 
-echo "setup: building $VENV ($variant fbgemm); takes a few minutes the first time"
+echo "setup: building $VENV ($STACK stack, $variant fbgemm); takes a few minutes the first time"
 rm -f "$stamp"
 [[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)

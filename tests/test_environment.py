@@ -1,5 +1,7 @@
-"""The pins agree everywhere, and the pinned stack loads in this environment."""
+"""The pins agree everywhere, and this environment's stack (STACK=pinned or
+min, as `make test` exports it) loads."""
 
+import os
 import pathlib
 import re
 import subprocess
@@ -17,9 +19,24 @@ def _pins(lines):
     )
 
 
-def _setup_script_pins():
+STACK = os.environ.get("STACK", "pinned")
+
+
+def _setup_script_pins(stack="pinned"):
     script = (ROOT / "scripts" / "setup_env.sh").read_text()
-    return dict(re.findall(r'_PIN="([A-Za-z0-9_.\-]+)==([^"]+)"', script))
+    return dict(re.findall(rf'^{stack.upper()}_\w+_PIN="([A-Za-z0-9_.\-]+)==([^"]+)"', script, re.M))
+
+
+def test_the_range_has_two_ends_with_matching_fbgemm_and_torch():
+    pinned, minimum = _setup_script_pins("pinned"), _setup_script_pins("min")
+    assert set(pinned) == set(minimum) == {"torch", "fbgemm-gpu-cpu", "fbgemm-gpu", "torchrec"}
+    assert (pinned["torch"], pinned["fbgemm-gpu-cpu"]) == ("2.13.0", "1.8.0")
+    assert (minimum["torch"], minimum["fbgemm-gpu-cpu"]) == ("2.11.0", "1.6.0")
+    readme = (ROOT / "README.md").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for stack in (pinned, minimum):  # the README and pyproject state the same range
+        assert f"torch {stack['torch']}" in readme and f"torchrec {stack['torchrec']}" in readme
+    assert '"torch>=2.11,<2.14"' in pyproject
 
 
 def test_environment_yml_has_the_same_pins():
@@ -35,7 +52,7 @@ def test_environment_yml_has_the_same_pins():
 def test_installed_versions_match_the_pins():
     from importlib.metadata import version
 
-    pins = _pins((ROOT / "requirements.txt").read_text().splitlines()) | _setup_script_pins()
+    pins = _pins((ROOT / "requirements.txt").read_text().splitlines()) | _setup_script_pins(STACK)
     pins.pop("fbgemm-gpu" if _installed("fbgemm-gpu-cpu") else "fbgemm-gpu-cpu")
     for name, pin in pins.items():
         assert version(name).split("+")[0] == pin, name
@@ -60,8 +77,9 @@ def test_stack_loads_with_the_fbgemm_ops():
 
 
 def test_setup_is_a_fast_no_op_when_nothing_changed():
+    env = {**os.environ, "STACK": STACK}
     out = subprocess.run(
-        ["bash", "scripts/setup_env.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ["bash", "scripts/setup_env.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env
     )
     assert out.returncode == 0, out.stderr
     assert "building" not in out.stdout
@@ -85,3 +103,16 @@ def test_empty_test_selection_fails_with_a_clear_message():
     )
     assert out.returncode == 1
     assert "pytest collected no tests (exit 5)" in out.stderr
+
+
+def test_setup_rejects_an_unknown_stack():
+    out = subprocess.run(
+        ["bash", "scripts/setup_env.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "STACK": "max"},
+    )
+    assert out.returncode == 2
+    assert "STACK='max' is not one of pinned, min" in out.stderr
