@@ -1,0 +1,318 @@
+"""The GPU kit: verify every CUDA path of embnb in one short run on an
+air-gapped GPU machine whose Python stack is fixed (Python 3.12, torch
+2.11.0+cu130, no torchrec, fbgemm, papermill or jupyter; README "GPU kit").
+
+On a machine with a package registry:
+
+    python scripts/gpu_kit.py gather            # wheels into build/gpu-kit (< 48 MiB)
+
+On the GPU machine, from the repository root, with that folder:
+
+    python3 scripts/gpu_kit.py run --kit build/gpu-kit --out OUT
+
+`run` installs the wheels into a temporary target (never into the machine's
+Python), builds the native extension for the local GPU, runs the CUDA parity
+and launcher tests, every notebook with device="cuda" (small parameters) and
+`python -m embnb.bench bucketize --device cuda`, and writes JSON results,
+pytest reports and executed notebooks under OUT. Each step is recorded in
+OUT/kit.json with its outcome and time; a failed step does not stop the
+others. Without a GPU (the CPU test of the kit) it runs the same steps with
+device="cpu".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KIT_REQUIREMENTS = ROOT / "scripts" / "gpu_kit.txt"
+DEFAULT_KIT = ROOT / "build" / "gpu-kit"
+MAX_KIT_BYTES = 48 << 20  # 64 MiB travel per call; the repository needs the rest
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64", "any"]
+
+# Notebook parameters small enough for one short GPU run.
+NOTEBOOK_PARAMETERS = {
+    "01_modulo_aliasing": {
+        "num_keys": 100_000,
+        "world_sizes": [4, 8],
+        "kv_keys_per_rank": 1024,
+        "kernel_sizes": [1_000_000],
+        "kernel_repeats": 3,
+    },
+    "02_cw_permute_indices": {},
+    "03_dp_planner": {"num_tables": 12, "quality_instances": 4, "budget_fractions": [1.0, 0.5]},
+    "04_balancer_overlap": {
+        "steps": 3,
+        "sample_counts": [256],
+        "part_counts": [8],
+        "seeds": [0],
+        "comparison_max_length": 1024,
+    },
+}
+# The tests that exercise CUDA (parity of the native kernels, native KK,
+# the launcher on GPU backends); CPU-only suites are `make test`'s job.
+KIT_TESTS = ["tests/native/test_native.py", "tests/balancing/test_partition.py", "tests/test_dist.py"]
+
+
+def kit_pins() -> list[str]:
+    """`name==version` of every wheel the GPU machine lacks (scripts/gpu_kit.txt)."""
+    lines = KIT_REQUIREMENTS.read_text().splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
+def kit_size(kit: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in kit.glob("*.whl"))
+
+
+def gather(kit: pathlib.Path) -> int:
+    """Download cp312 manylinux x86-64 wheels of every kit pin (never torch)."""
+    pins = kit_pins()
+    if any(pin.split("==")[0].lower() == "torch" for pin in pins):
+        raise SystemExit("gpu kit: torch must not be in scripts/gpu_kit.txt (the GPU machine has its own)")
+    kit.mkdir(parents=True, exist_ok=True)
+    for old in kit.glob("*.whl"):
+        old.unlink()
+    download = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+    ]
+    download += [
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--dest",
+        str(kit),
+    ]
+    download += [x for abi in ("cp312", "abi3", "none") for x in ("--abi", abi)]
+    download += [x for tag in PLATFORMS for x in ("--platform", tag)]
+    for pin in pins:
+        if subprocess.run([*download, pin], capture_output=True).returncode == 0:
+            continue
+        # Some pure-Python packages publish only an sdist (iopath): build
+        # their wheel here; it is py3-none-any, so it installs there too.
+        wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps"]
+        built = subprocess.run([*wheel, "--wheel-dir", str(kit), pin], capture_output=True, text=True)
+        if built.returncode != 0:
+            raise SystemExit(
+                f"gpu kit: no cp312 x86-64 wheel of {pin}, and building one failed:\n{built.stderr}"
+            )
+        stem = pin.split("==")[0].replace("-", "_")
+        if not any(w.name.endswith("-none-any.whl") for w in kit.glob(f"{stem}-*.whl")):
+            raise SystemExit(f"gpu kit: {pin} built a platform wheel here; it would not install there")
+    return check_size(kit)
+
+
+def check_size(kit: pathlib.Path) -> int:
+    """0 if the kit's wheels fit in MAX_KIT_BYTES, else 1 (with the largest named)."""
+    size = kit_size(kit)
+    wheels = sorted(kit.glob("*.whl"), key=lambda p: -p.stat().st_size)
+    print(f"gpu kit: {len(wheels)} wheels, {size / 2**20:.1f} MiB in {kit}")
+    if size <= MAX_KIT_BYTES:
+        return 0
+    largest = ", ".join(f"{p.name} {p.stat().st_size / 2**20:.1f} MiB" for p in wheels[:5])
+    limit = MAX_KIT_BYTES >> 20
+    print(
+        f"gpu kit: {size / 2**20:.1f} MiB is over the {limit} MiB limit; largest: {largest}", file=sys.stderr
+    )
+    return 1
+
+
+class Steps:
+    """Runs the kit's steps, each recorded with its outcome and time."""
+
+    def __init__(self, out: pathlib.Path, env: dict[str, str]):
+        self.out, self.env, self.records = out, env, []
+
+    def run(self, name: str, command: list[str], timeout_s: int = 1800) -> bool:
+        start = time.perf_counter()
+        log = self.out / f"{name}.log"
+        with log.open("w") as sink:
+            try:
+                done = subprocess.run(
+                    command, cwd=ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout_s
+                )
+                code = done.returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+        seconds = time.perf_counter() - start
+        self.records.append(
+            {"step": name, "command": command, "returncode": code, "seconds": seconds, "log": log.name}
+        )
+        print(f"gpu kit: {name}: {'ok' if code == 0 else f'FAILED ({code})'} in {seconds:.1f} s", flush=True)
+        return code == 0
+
+
+def install(kit: pathlib.Path, target: pathlib.Path) -> None:
+    wheels = sorted(str(p) for p in kit.glob("*.whl"))
+    if not wheels:
+        raise SystemExit(
+            f"gpu kit: no wheels in {kit}; run `python scripts/gpu_kit.py gather` where pip works"
+        )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-index",
+            "--no-deps",
+            "--target",
+            str(target),
+            *wheels,
+        ],
+        check=True,
+    )
+
+
+def environment(target: pathlib.Path, jupyter: pathlib.Path) -> dict[str, str]:
+    """The kit's environment: the wheels and the repository on the path, a
+    `python3` kernel for papermill that is this Python."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(target), env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
+    env["PATH"] = os.pathsep.join([str(target / "bin"), env.get("PATH", "")])
+    kernel = jupyter / "kernels" / "python3"
+    kernel.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (embnb GPU kit)",
+        "language": "python",
+        "env": {"PYTHONPATH": env["PYTHONPATH"]},
+    }
+    (kernel / "kernel.json").write_text(json.dumps(spec))
+    env["JUPYTER_PATH"] = str(jupyter)
+    env["PYTHONHASHSEED"] = env.get("PYTHONHASHSEED", "0")
+    return env
+
+
+def gpu_arch_list() -> str | None:
+    """TORCH_CUDA_ARCH_LIST of the local GPUs (e.g. "9.0"), or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    return ";".join(f"{major}.{minor}" for major, minor in caps)
+
+
+def run(kit: pathlib.Path, out: pathlib.Path, quick: bool) -> int:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    work = pathlib.Path(tempfile.mkdtemp(prefix="embnb-gpu-kit-"))
+    try:
+        install(kit, work / "site")
+        env = environment(work / "site", work / "jupyter")
+        arch = gpu_arch_list()
+        if arch:
+            env["TORCH_CUDA_ARCH_LIST"] = arch
+        env["EMBNB_EXT_DIR"] = str(work / "ext")  # a fresh build for this machine
+        steps = Steps(out, env)
+        python = sys.executable
+        steps.run(
+            "build",
+            [
+                python,
+                "-c",
+                "from embnb.native import loader; n = loader.load(); "
+                "print(n.library, 'cuda' if n.cuda else 'cpu only')",
+            ],
+        )
+        tests = KIT_TESTS if not quick else ["tests/test_dist.py"]
+        steps.run(
+            "tests",
+            [
+                python,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={out / 'tests.xml'}",
+                *tests,
+            ],
+        )
+        notebooks = out / "notebooks"
+        for name, parameters in NOTEBOOK_PARAMETERS.items():
+            if quick and name != "01_modulo_aliasing":
+                continue
+            pairs = [x for k, v in {**parameters, "device": device}.items() for x in ("-p", k, json.dumps(v))]
+            steps.run(
+                f"notebook-{name}",
+                [
+                    python,
+                    "-m",
+                    "embnb.harness",
+                    "run",
+                    f"notebooks/{name}.ipynb",
+                    "--out",
+                    str(notebooks),
+                    *pairs,
+                ],
+            )
+        bench = [python, "-m", "embnb.bench", "bucketize", "--device", device, "--out", str(out)]
+        steps.run(
+            "bench-bucketize",
+            bench
+            + (
+                ["--sizes", "1e5", "--world-sizes", "8", "--repeats", "3"]
+                if quick
+                else ["--dist-types", "continuous,roundrobin,hash_roundrobin"]
+            ),
+        )
+        summary = {
+            "device": device,
+            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "quick": quick,
+            "steps": steps.records,
+        }
+        (out / "kit.json").write_text(json.dumps(summary, indent=2) + "\n")
+        failed = [r["step"] for r in steps.records if r["returncode"] != 0]
+        print(
+            f"gpu kit: {len(steps.records) - len(failed)} of {len(steps.records)} steps passed; "
+            f"results in {out}" + (f"; failed: {', '.join(failed)}" if failed else "")
+        )
+        return 1 if failed else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/gpu_kit.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    gather_cmd = sub.add_parser("gather", help="download the kit's wheels (needs a package registry)")
+    gather_cmd.add_argument("--kit", type=pathlib.Path, default=DEFAULT_KIT)
+    run_cmd = sub.add_parser("run", help="install the kit and run every CUDA path (on the GPU machine)")
+    run_cmd.add_argument("--kit", type=pathlib.Path, default=DEFAULT_KIT)
+    run_cmd.add_argument("--out", type=pathlib.Path, required=True, help="results folder")
+    run_cmd.add_argument("--quick", action="store_true", help="one test file, one notebook, a tiny bench")
+    args = parser.parse_args(argv)
+    if args.command == "gather":
+        return gather(args.kit)
+    return run(args.kit, args.out, args.quick)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
