@@ -44,6 +44,8 @@ __all__ = [
     "resolve_device",
     "rank_device",
     "collective_device",
+    "all_reduce_",
+    "all_gather_flat",
     "check_collectives",
 ]
 
@@ -391,6 +393,29 @@ def _to_cpu(value: Any) -> Any:
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, value)
+
+
+def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Sum `tensor` over the group, in place, through host memory when the
+    backend needs it there (ranks sharing a GPU talk over gloo)."""
+    where = collective_device(group)
+    if tensor.device == where:
+        dist.all_reduce(tensor, group=group)
+        return tensor
+    staged = tensor.to(where)
+    dist.all_reduce(staged, group=group)
+    return tensor.copy_(staged)
+
+
+def all_gather_flat(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Every rank's `tensor` flattened and concatenated in rank order (same
+    size on every rank), on `tensor`'s device. One `all_gather_into_tensor`
+    (in every supported torch; gloo wants the flat form), through host
+    memory when the backend needs it there."""
+    flat = tensor.contiguous().view(-1).to(collective_device(group))
+    out = flat.new_empty(dist.get_world_size(group) * flat.numel())
+    dist.all_gather_into_tensor(out, flat, group=group)
+    return out.to(tensor.device)
 
 
 def check_collectives(rank: int, world_size: int) -> dict[str, Any]:

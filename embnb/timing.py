@@ -17,12 +17,25 @@ __all__ = ["median_seconds", "machine_name"]
 
 
 def median_seconds(
-    fn: Callable[[], Any], repeats: int = 10, warmup: int = 2, device: torch.device | str = "cpu"
+    fn: Callable[[], Any],
+    repeats: int = 10,
+    warmup: int = 2,
+    device: torch.device | str = "cpu",
+    budget_s: float | None = None,
 ) -> float:
-    """Median wall time of `fn()` after warm-up; CUDA work timed with events."""
+    """Median wall time of `fn()` after warm-up; CUDA work timed with events.
+
+    With `budget_s`, `repeats` is chosen (3 to 200) so that the timed calls
+    take about that long, from one timed warm-up call.
+    """
     device = torch.device(device)
     for _ in range(warmup):
         fn()
+    if budget_s is not None:
+        start = time.perf_counter()
+        fn()
+        once = time.perf_counter() - start
+        repeats = max(3, min(200, int(budget_s / max(once, 1e-6))))
     times = []
     for _ in range(repeats):
         if device.type == "cuda":

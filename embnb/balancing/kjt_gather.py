@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from embnb.dist import all_gather_flat, rank_device
+
 __all__ = [
     "allgather_kjt",
     "allgather_kjt_per_key",
@@ -54,10 +56,7 @@ def _check_kjts(kjts: Sequence[KeyedJaggedTensor]) -> None:
 
 def _all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """(world_size, *tensor.shape): every rank's tensor, same size everywhere."""
-    world_size = dist.get_world_size(group)
-    out = torch.empty(world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-    dist.all_gather_single(out, tensor.contiguous().view(-1), group=group)  # gloo wants the flat form
-    return out.view(world_size, *tensor.shape)
+    return all_gather_flat(tensor, group).view(dist.get_world_size(group), *tensor.shape)
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -275,11 +274,7 @@ def compare_gathers(
     """Per rank (under embnb.dist.launch): gather a `random_kjts` batch with
     `allgather_kjt` and `allgather_kjt_per_key`; the collective calls of
     each, whether the results are identical, and each one's median seconds."""
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.get_backend() == "nccl"
-        else torch.device("cpu")
-    )
+    device = rank_device()
     kjts = [kjt.to(device) for kjt in random_kjts(rank, num_kjts, keys_per_kjt, batch_size, seed=seed)]
     results, calls, seconds = {}, {}, {}
     for name, gather in (("fused", allgather_kjt), ("per_key", allgather_kjt_per_key)):

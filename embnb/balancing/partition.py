@@ -19,14 +19,13 @@ indices per rank (ascending), heaviest part first for the KK family:
                      samples into 8-64 parts, where plain KK lands up to
                      ~25% above it (notebook 04 shows every method's gap).
 
-Workloads: `zipf_lengths` draws heavy-tailed sequence lengths;
-`attention_block_flops` turns lengths into an attention block's FLOPs, which
-is what a transformer-style sequence model actually spends per sample.
+What to balance and how to measure a partition is `embnb.balancing.workloads`;
+heavy-tailed lengths come from `embnb.data.zipf_lengths`.
 
 Equal-size parts pad the batch with zero-workload items up to a multiple of
 W, as real trainers do, at most one per part, and drop them from the result:
-part sizes then differ by at most one. Every function is deterministic (ties broken by index), so
-all ranks compute the same partition from the same all-gathered workloads
+part sizes then differ by at most one. Every function is deterministic
+(ties broken by index), so all ranks compute the same partition from the same all-gathered workloads
 without a broadcast.
 """
 
@@ -35,22 +34,18 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from embnb.data import zipf_lengths  # noqa: F401  (re-exported: callers use balancer.zipf_lengths)
+from embnb._checks import check_choice, check_int
+from embnb.native import loader
 
 __all__ = [
     "METHODS",
-    "zipf_lengths",
-    "attention_block_flops",
-    "lower_bound",
-    "equal_size_lower_bound",
-    "imbalance",
+    "NATIVE_METHODS",
     "contiguous",
     "greedy_lpt",
     "karmarkar_karp",
@@ -58,8 +53,6 @@ __all__ = [
     "kk_swap",
     "balance",
     "native_available",
-    "compare_methods",
-    "loads_by_method",
 ]
 
 Parts = list[list[int]]
@@ -70,9 +63,7 @@ BACKENDS = ("auto", "python", "native")
 
 
 def _check_num_parts(num_parts: Any) -> int:
-    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
-        raise ValueError(f"num_parts must be an int >= 1, got {num_parts!r}")
-    return num_parts
+    return check_int("num_parts", num_parts, low=1)
 
 
 def _workload_tensor(workloads: Any) -> torch.Tensor:
@@ -91,7 +82,7 @@ def _workload_tensor(workloads: Any) -> torch.Tensor:
     return tensor.contiguous()
 
 
-def _as_workloads(workloads: Any) -> list[float]:
+def as_workloads(workloads: Any) -> list[float]:
     """A 1-D, non-empty sequence of finite, non-negative numbers, as floats."""
     tensor = _workload_tensor(workloads)
     bad = (~torch.isfinite(tensor)) | (tensor < 0)
@@ -101,59 +92,7 @@ def _as_workloads(workloads: Any) -> list[float]:
     return tensor.tolist()
 
 
-def _padded(weights: list[float], num_parts: int, equal_size: bool) -> list[float]:
-    # Zero-workload items up to a multiple of num_parts; indices >= len(weights).
-    pad = (-len(weights)) % num_parts if equal_size else 0
-    return weights + [0.0] * pad
-
-
-def _drop_padding(parts: Parts, num_items: int) -> Parts:
-    return [sorted(i for i in part if i < num_items) for part in parts]
-
-
-# --- workloads --------------------------------------------------------------
-
-
-def attention_block_flops(lengths: Any, embedding_dim: int, ffn_dim: int) -> torch.Tensor:
-    """Forward FLOPs of one transformer block on each sample (float64).
-
-    A sample of L tokens, model width d, feed-forward width f, with a
-    multiply-add counted as 2 FLOPs (as torch.utils.flop_counter does):
-
-        QKV projections       3 * 2*L*d*d  = 6*L*d^2
-        scores Q @ K^T            2*L*L*d
-        weights @ V               2*L*L*d
-        output projection       2*L*d*d    = 2*L*d^2
-        feed-forward (2 Linear) 2*2*L*d*f  = 4*L*d*f
-        --------------------------------------------
-        total  = L*(8*d^2 + 4*d*f) + 4*d*L^2
-
-    The number of heads does not change the count. Biases, softmax and
-    norms are O(L*d) and left out. The quadratic term is why a few long
-    sequences cost far more than their share of tokens.
-    """
-    for name, value in (("embedding_dim", embedding_dim), ("ffn_dim", ffn_dim)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    length = torch.as_tensor(lengths, dtype=torch.float64)
-    if length.numel() and ((length < 0) | ~torch.isfinite(length)).any():
-        i = int(((length < 0) | ~torch.isfinite(length)).flatten().nonzero()[0])
-        raise ValueError(f"lengths must be finite and >= 0; lengths[{i}] = {length.flatten()[i].item()!r}")
-    d, f = float(embedding_dim), float(ffn_dim)
-    return length * (8 * d * d + 4 * d * f) + 4 * d * length * length
-
-
-# --- measuring a partition --------------------------------------------------
-
-
-def lower_bound(workloads: Any, num_parts: int) -> float:
-    """No partition's largest part is below max(mean part load, largest item)."""
-    weights = _as_workloads(workloads)
-    num_parts = _check_num_parts(num_parts)
-    return max(sum(weights) / num_parts, max(weights))
-
-
-def _check_partition(parts: Any, num_items: int) -> None:
+def check_partition(parts: Any, num_items: int) -> None:
     counts = [0] * num_items
     outside = []
     for part in parts:
@@ -171,42 +110,14 @@ def _check_partition(parts: Any, num_items: int) -> None:
         )
 
 
-def equal_size_lower_bound(workloads: Any, num_parts: int) -> float:
-    """A tighter bound when part sizes may differ by at most one: the part
-    that holds the largest item also holds ceil(n / num_parts) - 1 others,
-    at least the smallest ones (zero-workload padding counts as smallest)."""
-    weights = _as_workloads(workloads)
-    num_parts = _check_num_parts(num_parts)
-    padded = sorted(_padded(weights, num_parts, True))
-    others = len(padded) // num_parts - 1
-    return max(sum(weights) / num_parts, padded[-1] + sum(padded[:others]))
+def padded_weights(weights: list[float], num_parts: int, equal_size: bool) -> list[float]:
+    # Zero-workload items up to a multiple of num_parts; indices >= len(weights).
+    pad = (-len(weights)) % num_parts if equal_size else 0
+    return weights + [0.0] * pad
 
 
-def imbalance(workloads: Any, parts: Sequence[Sequence[int]]) -> dict[str, float]:
-    """Loads of a partition: max/mean, and the gap of the largest part to the
-    lower bound max(mean, largest item) (0.02 means 2% above it). For parts
-    whose sizes differ by at most one, also the gap to
-    `equal_size_lower_bound`: what equal counts leave unavoidable."""
-    weights = _as_workloads(workloads)
-    if not parts:
-        raise ValueError("parts is empty: need at least one part")
-    _check_partition(parts, len(weights))
-    loads = [sum(weights[i] for i in part) for part in parts]
-    mean = sum(weights) / len(parts)
-    bound = max(mean, max(weights))
-    result = {
-        "max_load": max(loads),
-        "mean_load": mean,
-        "lower_bound": bound,
-        "max_over_mean": max(loads) / mean if mean > 0 else 1.0,
-        "gap_to_lower_bound": max(loads) / bound - 1 if bound > 0 else 0.0,
-    }
-    sizes = [len(part) for part in parts]
-    if max(sizes) - min(sizes) <= 1:
-        eq_bound = equal_size_lower_bound(weights, len(parts))
-        result["equal_size_lower_bound"] = eq_bound
-        result["gap_to_equal_size_bound"] = max(loads) / eq_bound - 1 if eq_bound > 0 else 0.0
-    return result
+def _drop_padding(parts: Parts, num_items: int) -> Parts:
+    return [sorted(i for i in part if i < num_items) for part in parts]
 
 
 # --- baselines --------------------------------------------------------------
@@ -216,7 +127,7 @@ def contiguous(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts
     """The data loader's cut: consecutive runs, sizes differing by at most one
     (the first `n % num_parts` parts get the extra sample). `equal_size` is
     there for the common signature of METHODS: this cut always is."""
-    num_items = len(_as_workloads(workloads))
+    num_items = len(as_workloads(workloads))
     num_parts = _check_num_parts(num_parts)
     base, extra = divmod(num_items, num_parts)
     bounds = list(itertools.accumulate([base + (p < extra) for p in range(num_parts)], initial=0))
@@ -228,10 +139,10 @@ def greedy_lpt(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts
     lower index), each to the lightest part (ties: lower part index) among
     the parts that are not full when equal_size. With equal_size the last
     parts hold one padding item each, so they take one sample fewer."""
-    weights = _as_workloads(workloads)
+    weights = as_workloads(workloads)
     num_parts = _check_num_parts(num_parts)
     num_items = len(weights)
-    pads = len(_padded(weights, num_parts, equal_size)) - num_items
+    pads = len(padded_weights(weights, num_parts, equal_size)) - num_items
     per_part = (num_items + pads) // num_parts
     capacity = [per_part - (p >= num_parts - pads) if equal_size else num_items for p in range(num_parts)]
     heap = [(0.0, p) for p in range(num_parts) if capacity[p] > 0]  # (load, part): lightest on top
@@ -304,9 +215,9 @@ def karmarkar_karp(workloads: Any, num_parts: int, equal_size: bool = True) -> P
     from the result, so part sizes differ by at most one. Parts come
     heaviest first, indices ascending.
     """
-    weights = _as_workloads(workloads)
+    weights = as_workloads(workloads)
     num_parts = _check_num_parts(num_parts)
-    sets = _kk_sets(_padded(weights, num_parts, equal_size), num_parts, equal_size, len(weights))
+    sets = _kk_sets(padded_weights(weights, num_parts, equal_size), num_parts, equal_size, len(weights))
     return _drop_padding([items for _, items in sets], len(weights))
 
 
@@ -381,14 +292,13 @@ def refine_by_swaps(workloads: Any, parts: Sequence[Sequence[int]], max_swaps: i
     Stops when the heaviest part admits no swap, or after `max_swaps`
     (default 4 * items). Cost per round: O(m log m) for parts of m items.
     """
-    weights = _as_workloads(workloads)
+    weights = as_workloads(workloads)
     if not parts:
         raise ValueError("parts is empty: need at least one part")
-    _check_partition(parts, len(weights))
+    check_partition(parts, len(weights))
     if max_swaps is None:
         max_swaps = _default_max_swaps(len(weights))
-    if isinstance(max_swaps, bool) or not isinstance(max_swaps, int) or max_swaps < 0:
-        raise ValueError(f"max_swaps must be an int >= 0, got {max_swaps!r}")
+    check_int("max_swaps", max_swaps, low=0)
     return _refine(weights, [list(p) for p in parts], max_swaps, len(weights))
 
 
@@ -396,9 +306,9 @@ def kk_swap(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts:
     """Karmarkar-Karp, then `refine_by_swaps` (the padding stays where KK put
     it, one item per part at most). Pure Python; `balance` runs the native
     one, which gives the same parts."""
-    weights = _as_workloads(workloads)
+    weights = as_workloads(workloads)
     num_parts = _check_num_parts(num_parts)
-    padded = _padded(weights, num_parts, equal_size)
+    padded = padded_weights(weights, num_parts, equal_size)
     sets = _kk_sets(padded, num_parts, equal_size, len(weights))
     refined = _refine(padded, [items for _, items in sets], _default_max_swaps(len(padded)), len(weights))
     return _drop_padding(_heaviest_first(padded, refined), len(weights))
@@ -421,36 +331,17 @@ METHODS = {
 equal_size=True); `kk_swap` is the default of `balance`."""
 NATIVE_METHODS = ("karmarkar_karp", "kk_swap")
 
-_native_error: str | None = None
-_warned = False
-
-
-def _native_op():
-    # Builds embnb's extension on first use (about a minute), then loads it.
-    from embnb.native import loader
-
-    loader.load()
-    return torch.ops.embnb.karmarkar_karp
-
 
 def native_available() -> bool:
-    """True when the embnb extension (with its KK op) builds and loads here."""
-    global _native_error
-    if _native_error is not None:
-        return False
-    try:
-        _native_op()
-    except Exception as exc:  # no compiler, a build error: say why, fall back
-        _native_error = f"{type(exc).__name__}: {exc}"
-        return False
-    return True
+    """Whether the native KK op builds and loads here (`loader.failure()` says why not)."""
+    return loader.available()
 
 
 def _native_kk(workloads: Any, num_parts: int, equal_size: bool, refine: bool) -> Parts:
     """torch.ops.embnb.karmarkar_karp: the same parts as the Python version.
     The op itself rejects negative and non-finite workloads."""
     tensor = _workload_tensor(workloads)
-    order, sizes = _native_op()(tensor, _check_num_parts(num_parts), equal_size, refine)
+    order, sizes = torch.ops.embnb.karmarkar_karp(tensor, _check_num_parts(num_parts), equal_size, refine)
     order = order.tolist()
     bounds = list(itertools.accumulate(sizes.tolist(), initial=0))
     return [order[bounds[p] : bounds[p + 1]] for p in range(num_parts)]
@@ -468,70 +359,12 @@ def balance(
     extension loads (warning once when it does not). Both backends give
     exactly the same parts.
     """
-    if method not in METHODS:
-        raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    check_choice("method", method, tuple(METHODS))
+    check_choice("backend", backend, BACKENDS)
     if backend == "native" and method not in NATIVE_METHODS:
         raise ValueError(f"method {method!r} has no native version; native: {', '.join(NATIVE_METHODS)}")
     if method in NATIVE_METHODS and backend != "python":
-        if backend == "native" or native_available():
+        # "native" raises when the op cannot load; "auto" falls back (one warning).
+        if (loader.load() if backend == "native" else loader.try_load()) is not None:
             return _native_kk(workloads, num_parts, equal_size, method == "kk_swap")
-        _warn_fallback()
     return METHODS[method](workloads, num_parts, equal_size=equal_size)
-
-
-def _warn_fallback() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(
-            f"embnb native KK unavailable ({_native_error}); using the Python KK",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def compare_methods(
-    sample_counts: Sequence[int],
-    part_counts: Sequence[int],
-    seeds: Sequence[int] = (0,),
-    alpha: float = 1.5,
-    max_length: int = 8192,
-    methods: Sequence[str] | None = None,
-    backend: str = "auto",
-) -> list[dict[str, Any]]:
-    """Imbalance of each method on Zipf(alpha) length batches: one row per
-    (num_samples, num_parts, seed, method) with the `imbalance` numbers."""
-    methods = list(methods or METHODS)
-    rows = []
-    for num_samples in sample_counts:
-        for seed in seeds:
-            lengths = zipf_lengths(num_samples, alpha, max_length, seed).tolist()
-            for num_parts in part_counts:
-                for method in methods:
-                    parts = balance(
-                        lengths, num_parts, method, backend if method in NATIVE_METHODS else "python"
-                    )
-                    rows.append(
-                        {
-                            "num_samples": num_samples,
-                            "num_parts": num_parts,
-                            "seed": seed,
-                            "method": method,
-                            **imbalance(lengths, parts),
-                        }
-                    )
-    return rows
-
-
-def loads_by_method(
-    workloads: Any, num_parts: int, methods: Sequence[str] | None = None, backend: str = "auto"
-) -> dict[str, list[float]]:
-    """Each method's part loads (heaviest part first for the KK family)."""
-    weights = _as_workloads(workloads)
-    result = {}
-    for method in methods or METHODS:
-        parts = balance(weights, num_parts, method, backend if method in NATIVE_METHODS else "python")
-        result[method] = [sum(weights[i] for i in part) for part in parts]
-    return result

@@ -1,34 +1,34 @@
 """Figures of notebook 04 (batch balancing): each takes data, returns a Figure.
 
-Made with `matplotlib.figure.Figure`, not pyplot, so nothing lingers in
-pyplot's global list; a notebook shows one with `display(fig)`.
+The shared style is `embnb.plotting`; per-rank loads are its `rank_bars`.
 
     fig = length_histogram(lengths)                      # the heavy tail
-    fig = part_loads({"contiguous": loads, ...})          # slowest rank
     fig = gap_by_method(table)                            # KK vs LPT vs ...
     fig = flops_vs_length(lengths, flops, {...})          # what to balance
     fig = gantt({"sync": spans, "overlap": spans})        # timelines
     fig = collective_calls({"per key": 7, "fused": 2})
-    fig = step_times(summary_rows)
+    fig = step_times({"no balancing": summary, ...})  # RunSummary per run
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import EngFormatter, FuncFormatter, PercentFormatter
+from matplotlib.ticker import FuncFormatter, PercentFormatter
+
+from embnb.plotting import color, new_figure, values_of
+
+if TYPE_CHECKING:
+    from embnb.balancing.training import RunSummary
 
 __all__ = [
-    "METHOD_COLORS",
     "PHASE_COLORS",
     "length_histogram",
-    "part_loads",
     "gap_by_method",
     "flops_vs_length",
     "gantt",
@@ -36,12 +36,6 @@ __all__ = [
     "step_times",
 ]
 
-METHOD_COLORS = {  # one colour per balancer, the same in every figure
-    "contiguous": "#8c8c8c",
-    "greedy_lpt": "#dd8452",
-    "karmarkar_karp": "#4c72b0",
-    "kk_swap": "#55a868",
-}
 PHASE_COLORS = {  # Gantt chart phases
     "load": "#c7c7c7",
     "gather_workloads": "#8172b3",
@@ -53,23 +47,11 @@ PHASE_COLORS = {  # Gantt chart phases
 }
 
 
-def _color(name: str, index: int, palette: Mapping[str, str] = METHOD_COLORS) -> str:
-    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    return palette.get(name, cycle[index % len(cycle)])
-
-
-def _values(data: Sequence[float] | torch.Tensor, what: str) -> list[float]:
-    values = data.reshape(-1).tolist() if isinstance(data, torch.Tensor) else [float(v) for v in data]
-    if not values:
-        raise ValueError(f"{what} is empty: nothing to plot")
-    return values
-
-
 def length_histogram(lengths: Sequence[int] | torch.Tensor, title: str | None = None) -> Figure:
     """Counts of each sequence length on log-log axes (a power law is a line),
     and the share of all tokens held by the longest samples."""
-    values = sorted(_values(lengths, "lengths"))
-    fig = Figure(figsize=(9, 3.2), layout="constrained")
+    values = sorted(values_of(lengths, "lengths"))
+    fig = new_figure(9, 3.2)
     ax, share_ax = fig.subplots(1, 2)
     counts = pd.Series(values).value_counts().sort_index()
     ax.loglog(counts.index, counts.values, ".", color="#4c72b0")
@@ -87,36 +69,6 @@ def length_histogram(lengths: Sequence[int] | torch.Tensor, title: str | None = 
     share_ax.set_xlabel("longest samples (share of the batch)")
     share_ax.set_ylabel("share of all tokens")
     share_ax.set_title("the tail holds the tokens")
-    if title:
-        fig.suptitle(title)
-    return fig
-
-
-def part_loads(
-    loads_by_method: Mapping[str, Sequence[float] | torch.Tensor],
-    ylabel: str = "workload per rank",
-    title: str | None = None,
-) -> Figure:
-    """Bars of each rank's load, one panel per method, the mean dashed: the
-    step waits for the tallest bar."""
-    if not loads_by_method:
-        raise ValueError("loads_by_method is empty: nothing to plot")
-    names = list(loads_by_method)
-    fig = Figure(figsize=(0.6 + 3.0 * len(names), 3.2), layout="constrained")
-    axes = fig.subplots(1, len(names), sharey=True, squeeze=False)[0]
-    for i, (ax, name) in enumerate(zip(axes, names)):
-        loads = _values(loads_by_method[name], f"loads of {name!r}")
-        mean = sum(loads) / len(loads)
-        ranks = list(range(len(loads)))
-        ax.bar(ranks, loads, color=_color(name, i))
-        ax.axhline(mean, color="0.3", linestyle="--", linewidth=1, label="mean")
-        ax.axhline(max(loads), color=_color(name, i), linestyle=":", linewidth=1, label="slowest rank")
-        ax.set_title(f"{name}\nmax/mean {max(loads) / mean:.3f}" if mean else name)
-        ax.set_xlabel("rank")
-        ax.set_xticks(ranks if len(ranks) <= 16 else ranks[:: len(ranks) // 8])
-        ax.yaxis.set_major_formatter(EngFormatter(sep=""))
-    axes[0].set_ylabel(ylabel)
-    axes[0].legend(loc="lower right", fontsize=8)
     if title:
         fig.suptitle(title)
     return fig
@@ -140,13 +92,13 @@ def gap_by_method(
     if missing:
         raise ValueError(f"methods {missing} not in the table; it has {list(grid.columns)}")
     grid = grid[methods]
-    fig = Figure(figsize=(3.0 + 1.3 * len(grid), 3.8), layout="constrained")
+    fig = new_figure(3.0 + 1.3 * len(grid), 3.8)
     ax = fig.subplots()
     width = 0.8 / len(methods)
     floor = 1e-5  # a perfect split (gap 0) still gets a visible stub on the log axis
     for i, method in enumerate(methods):
         xs = [x + (i - (len(methods) - 1) / 2) * width for x in range(len(grid))]
-        ax.bar(xs, grid[method].clip(lower=floor), width, color=_color(method, i), label=method)
+        ax.bar(xs, grid[method].clip(lower=floor), width, color=color(method, i), label=method)
     ax.axhline(0.01, color="black", linestyle="--", linewidth=1, label="1% target")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{100 * y:.3g}%"))
@@ -166,11 +118,11 @@ def flops_vs_length(
 ) -> Figure:
     """Left: FLOPs of each sample against its length (the quadratic bend).
     Right: max/mean FLOPs per rank when balancing by each estimate."""
-    xs, ys = _values(lengths, "lengths"), _values(flops, "flops")
+    xs, ys = values_of(lengths, "lengths"), values_of(flops, "flops")
     if len(xs) != len(ys):
         raise ValueError(f"{len(xs)} lengths but {len(ys)} flops")
     panels = 2 if flops_max_over_mean else 1
-    fig = Figure(figsize=(4.2 * panels, 3.4), layout="constrained")
+    fig = new_figure(4.2 * panels, 3.4)
     axes = fig.subplots(1, panels, squeeze=False)[0]
     axes[0].loglog(xs, ys, ".", color="#4c72b0", alpha=0.5)
     axes[0].set_xlabel("sequence length")
@@ -179,7 +131,7 @@ def flops_vs_length(
     if flops_max_over_mean:
         names = list(flops_max_over_mean)
         axes[1].bar(
-            names, [flops_max_over_mean[n] for n in names], color=[_color(n, i) for i, n in enumerate(names)]
+            names, [flops_max_over_mean[n] for n in names], color=[color(n, i) for i, n in enumerate(names)]
         )
         axes[1].axhline(1.0, color="0.3", linestyle="--", linewidth=1)
         axes[1].set_ylabel("max/mean FLOPs per rank")
@@ -209,7 +161,7 @@ def gantt(
     if not spans_by_run:
         raise ValueError("spans_by_run is empty: nothing to plot")
     names = list(spans_by_run)
-    fig = Figure(figsize=(11, 0.8 + 1.9 * len(names)), layout="constrained")
+    fig = new_figure(11, 0.8 + 1.9 * len(names))
     axes = fig.subplots(len(names), 1, squeeze=False)[:, 0]
     for ax, name in zip(axes, names):
         spans = [s for s in spans_by_run[name] if steps is None or s.get("iteration", s["step"]) in steps]
@@ -248,7 +200,7 @@ def collective_calls(calls: Mapping[str, float], title: str | None = None) -> Fi
     if not calls:
         raise ValueError("calls is empty: nothing to plot")
     names = list(calls)
-    fig = Figure(figsize=(1.5 + 1.4 * len(names), 3.0), layout="constrained")
+    fig = new_figure(1.5 + 1.4 * len(names), 3.0)
     ax = fig.subplots()
     bars = ax.bar(names, [calls[n] for n in names], color=["#c44e52", "#55a868", "#4c72b0"][: len(names)])
     ax.bar_label(bars, fmt="%g")
@@ -257,20 +209,20 @@ def collective_calls(calls: Mapping[str, float], title: str | None = None) -> Fi
     return fig
 
 
-def step_times(rows: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
-    """Median step time of each run (rows with "label" and "step_seconds"),
+def step_times(summaries: Mapping[str, RunSummary], title: str | None = None) -> Figure:
+    """Median step time of each run (label -> `training.RunSummary`),
     annotated with the hidden share of KK time where there is one."""
-    if not rows:
-        raise ValueError("rows is empty: nothing to plot")
-    fig = Figure(figsize=(1.5 + 1.6 * len(rows), 3.2), layout="constrained")
+    if not summaries:
+        raise ValueError("summaries is empty: nothing to plot")
+    fig = new_figure(1.5 + 1.6 * len(summaries), 3.2)
     ax = fig.subplots()
-    labels = [r["label"] for r in rows]
-    bars = ax.bar(labels, [r["step_seconds"] * 1e3 for r in rows], color="#4c72b0")
+    runs = list(summaries.values())
+    bars = ax.bar(list(summaries), [r.step_seconds * 1e3 for r in runs], color="#4c72b0")
     notes = []
-    for r in rows:
-        hidden = r.get("hidden_fraction")
+    for r in runs:
+        hidden = r.hidden_fraction
         shown = hidden is not None and hidden == hidden  # None or NaN: this run has no KK
-        notes.append(f"{r['step_seconds'] * 1e3:.1f} ms" + (f"\n{hidden:.0%} hidden" if shown else ""))
+        notes.append(f"{r.step_seconds * 1e3:.1f} ms" + (f"\n{hidden:.0%} hidden" if shown else ""))
     ax.bar_label(bars, notes, fontsize=8)
     ax.set_ylabel("median step time (ms)")
     ax.tick_params(axis="x", labelrotation=15)

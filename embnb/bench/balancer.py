@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import sys
 import threading
 import time
@@ -30,27 +29,16 @@ from typing import Any
 import numberpartitioning
 import torch
 
-from embnb.balancing import overlap
 from embnb.balancing import partition as balancer
+from embnb.balancing.training import TrainConfig, summarize, train
+from embnb.balancing.workloads import imbalance
 from embnb.bench.timing import write_results
-from embnb.dist import launch
-from embnb.timing import machine_name
+from embnb.data import zipf_lengths
+from embnb.dist import launch_each
+from embnb.native import loader
+from embnb.timing import machine_name, median_seconds
 
 PEER = "numberpartitioning_kk"
-
-
-def _time(fn: Callable[[], Any], budget_s: float) -> float:
-    """Median seconds of fn(), repeats chosen so the whole takes ~budget_s."""
-    start = time.perf_counter()
-    fn()  # warm-up, and a first estimate
-    once = time.perf_counter() - start
-    repeats = max(3, min(200, int(budget_s / max(once, 1e-6))))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def partitioners(lengths: list[float], num_parts: int, native: bool) -> dict[str, Callable[[], Any]]:
@@ -81,12 +69,12 @@ def bench_partitioning(
 ) -> list[dict[str, Any]]:
     rows = []
     for num_samples in sample_counts:
-        lengths = balancer.zipf_lengths(num_samples, 1.5, seed=num_samples).tolist()
+        lengths = zipf_lengths(num_samples, 1.5, seed=num_samples).tolist()
         for num_parts in part_counts:
             for name, fn in partitioners(lengths, num_parts, native).items():
                 parts = fn()
-                seconds = _time(fn, budget_s)
-                gaps = balancer.imbalance(lengths, [sorted(p) for p in parts])
+                seconds = median_seconds(fn, warmup=0, budget_s=budget_s)
+                gaps = imbalance(lengths, [sorted(p) for p in parts])
                 rows.append(
                     {
                         "num_samples": num_samples,
@@ -119,7 +107,7 @@ def bench_gil(native: bool, seconds: float = 1.0) -> dict[str, float]:
     The native op runs without the GIL; on a machine with idle cores its
     thread then costs the main thread nothing (on a busy one it still
     competes for a core)."""
-    lengths = balancer.zipf_lengths(16384, 1.5, seed=0).to(torch.float64)
+    lengths = zipf_lengths(16384, 1.5, seed=0).to(torch.float64)
     as_list = lengths.tolist()
 
     def rate(work: Callable[[], Any] | None) -> float:
@@ -143,30 +131,23 @@ def bench_gil(native: bool, seconds: float = 1.0) -> dict[str, float]:
     idle = rate(None)
     result = {"python_kk_swap": rate(lambda: balancer.kk_swap(as_list, 64)) / idle}
     if native:
-        op = balancer._native_op()
+        op = torch.ops.embnb.karmarkar_karp  # the op itself: no Python around it
         result["native_kk_swap"] = rate(lambda: op(lengths, 64, True, True)) / idle
     return result
 
 
 def bench_training(world_size: int, steps: int, batch_size: int, max_length: int) -> list[dict[str, Any]]:
-    base = {"steps": steps, "batch_size": batch_size, "max_length": max_length}
+    base = TrainConfig(steps=steps, batch_size=batch_size, max_length=max_length)
     runs = {
-        "no balancing": {"mode": "none"},
-        "balancing, no overlap": {"mode": "sync", "kk_backend": "native"},
-        "balancing overlapped (native KK)": {"mode": "overlap", "kk_backend": "native"},
-        "balancing overlapped (Python KK)": {"mode": "overlap", "kk_backend": "python"},
+        "no balancing": base.replace(mode="none"),
+        "balancing, no overlap": base.replace(mode="sync", kk_backend="native"),
+        "balancing overlapped (native KK)": base.replace(mode="overlap", kk_backend="native"),
+        "balancing overlapped (Python KK)": base.replace(mode="overlap", kk_backend="python"),
     }
-    per_rank = launch(
-        overlap.train_modes,
-        world_size,
-        [{**base, **r} for r in runs.values()],
-        backend="gloo",
-        timeout_s=1800,
+    per_run = launch_each(
+        [(train, (config,)) for config in runs.values()], world_size, device="cpu", timeout_s=1800
     )
-    rows = []
-    for i, label in enumerate(runs):
-        summary = overlap.summarize([r[i] for r in per_rank])
-        rows.append({"label": label, **summary})
+    rows = [{"label": label, **summarize(ranks).as_dict()} for label, ranks in zip(runs, per_run)]
     none = rows[0]["step_seconds"]
     for r in rows:
         r["step_time_vs_no_balancing"] = r["step_seconds"] / none
@@ -189,9 +170,9 @@ def main(argv: list[str]) -> int:
         "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
     )
     opts = parser.parse_args(argv)
-    native = balancer.native_available()
+    native = loader.available()
     if not native:
-        print(f"native KK unavailable: {balancer._native_error}", file=sys.stderr)
+        print(f"native KK unavailable: {loader.failure()}", file=sys.stderr)
     print("partitioning (Zipf(1.5) lengths, max 8192):", flush=True)
     partitioning = bench_partitioning(opts.samples, opts.parts, opts.budget, native)
     gil = bench_gil(native)
@@ -225,7 +206,7 @@ def main(argv: list[str]) -> int:
             "batch_size": opts.batch_size,
             "max_length": opts.max_length,
             "backend": "gloo",
-            "model": {k: overlap.DEFAULT_CONFIG[k] for k in ("embedding_dim", "ffn_dim", "num_heads")},
+            "model": {k: getattr(TrainConfig(), k) for k in ("embedding_dim", "ffn_dim", "num_heads")},
         },
     }
     print(f"wrote {write_results('balancer', payload, opts.out)}")

@@ -1,66 +1,66 @@
-"""embnb.balancing.overlap on 4 real gloo ranks: balanced training follows the same
+"""embnb.balancing.training on 4 real gloo ranks: balanced training follows the same
 trajectory as one process on the whole batch, each rank trains on exactly
 the part KK gives it, the timeline is complete, and a failing rank (in its
 KK thread or its main thread) ends the launch instead of hanging it."""
 
+import dataclasses
 import math
 import time
 
 import pytest
 import torch
 
-from embnb.balancing import overlap
 from embnb.balancing import partition as balancer
-from embnb.dist import RankError, launch
+from embnb.balancing import training
+from embnb.balancing.timeline import hidden_fraction
+from embnb.balancing.training import Faults, TrainConfig
+from embnb.dist import RankError, launch, launch_each
+from embnb.native import loader
 
 WORLD_SIZE = 4
-TINY = {
-    "steps": 3,
-    "batch_size": 6,
-    "max_length": 48,
-    "num_items": 50,
-    "num_categories": 5,
-    "embedding_dim": 8,
-    "ffn_dim": 16,
-    "num_heads": 2,
-    "lr": 0.05,
-    "seed": 3,
-}
+TINY = TrainConfig(
+    steps=3,
+    batch_size=6,
+    max_length=48,
+    num_items=50,
+    num_categories=5,
+    embedding_dim=8,
+    ffn_dim=16,
+    num_heads=2,
+    lr=0.05,
+    seed=3,
+)
 RUNS = [
-    {**TINY, "mode": "none"},
-    {**TINY, "mode": "sync", "kk_backend": "python"},
-    {**TINY, "mode": "overlap", "kk_backend": "native"},
-    {**TINY, "mode": "overlap", "kk_backend": "python"},
+    TINY.replace(mode="none"),
+    TINY.replace(mode="sync", kk_backend="python"),
+    TINY.replace(mode="overlap", kk_backend="native"),
+    TINY.replace(mode="overlap", kk_backend="python"),
 ]
 
 
 @pytest.fixture(scope="module")
 def runs():
-    assert balancer.native_available(), balancer._native_error  # build once, before the ranks load it
-    per_rank = launch(overlap.train_modes, WORLD_SIZE, RUNS, backend="gloo", timeout_s=300)
-    return [[per_rank[rank][i] for rank in range(WORLD_SIZE)] for i in range(len(RUNS))]
+    assert loader.available(), loader.failure()  # build once, before the ranks load it
+    return launch_each(
+        [(training.train, (config,)) for config in RUNS], WORLD_SIZE, device="cpu", timeout_s=300
+    )
 
 
 def one_process_training(config):
     """The same model and steps on the whole global batch in this process."""
-    config = {**overlap.DEFAULT_CONFIG, **config}
-    torch.manual_seed(config["seed"])
-    model = overlap.SequenceModel(
-        config["num_items"],
-        config["num_categories"],
-        config["embedding_dim"],
-        config["ffn_dim"],
-        config["num_heads"],
+    torch.manual_seed(config.seed)
+    model = training.SequenceModel(
+        config.num_items, config.num_categories, config.embedding_dim, config.ffn_dim, config.num_heads
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     losses = []
-    for step in range(config["steps"]):
+    for step in range(config.steps):
         optimizer.zero_grad()
         loss = 0
         for rank in range(WORLD_SIZE):
-            kjt, labels = overlap.make_local_batch(config, rank, step)
+            kjt, labels = training.make_local_batch(config, rank, step)
             loss = loss + ((model(kjt) - labels[:, 0].float()) ** 2).sum()
-        loss = loss / (WORLD_SIZE * config["batch_size"])
+        loss = loss / (WORLD_SIZE * config.batch_size)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -79,10 +79,10 @@ def test_every_mode_trains_like_one_process_on_the_whole_batch(runs):
 
 
 def test_each_rank_trains_on_exactly_its_kk_part(runs):
-    config = {**overlap.DEFAULT_CONFIG, **TINY}
-    for step in range(TINY["steps"]):
+    config = TINY
+    for step in range(TINY.steps):
         per_rank = [
-            overlap.sample_workloads(overlap.make_local_batch(config, r, step)[0], config)
+            training.sample_workloads(training.make_local_batch(config, r, step)[0], config)
             for r in range(WORLD_SIZE)
         ]
         workloads = torch.cat(per_rank)
@@ -96,7 +96,7 @@ def test_each_rank_trains_on_exactly_its_kk_part(runs):
 
 
 def test_timeline_has_every_phase_and_kk_runs_in_its_thread_when_overlapped(runs):
-    steps = range(TINY["steps"])
+    steps = range(TINY.steps)
     for run in runs:
         mode = run[0]["mode"]
         for result in run:
@@ -120,7 +120,7 @@ def test_timeline_has_every_phase_and_kk_runs_in_its_thread_when_overlapped(runs
             else:
                 assert 0.0 <= result["hidden_fraction"] <= 1.0
                 # one KK per later step ran in the thread while the step computed
-                assert len(result["kk_seconds"]) == TINY["steps"] - 1
+                assert len(result["kk_seconds"]) == TINY.steps - 1
 
 
 def test_hidden_fraction_by_hand():
@@ -131,30 +131,74 @@ def test_hidden_fraction_by_hand():
         {"phase": "wait_kk", "step": 2, "start": 13.0, "end": 13.1},  # done before the wait
         {"phase": "kk", "step": 0, "start": 20.0, "end": 30.0, "thread": "kk", "warmup": True},
     ]
-    assert overlap.hidden_fraction(spans) == pytest.approx(1 - 1 / 6)
-    assert (
-        overlap.hidden_fraction([{"phase": "kk", "step": 0, "start": 0.0, "end": 1.0, "thread": "main"}])
-        == 0.0
-    )
-    assert math.isnan(overlap.hidden_fraction([]))
+    assert hidden_fraction(spans) == pytest.approx(1 - 1 / 6)
+    assert hidden_fraction([{"phase": "kk", "step": 0, "start": 0.0, "end": 1.0, "thread": "main"}]) == 0.0
+    assert math.isnan(hidden_fraction([]))
 
 
 def test_a_failure_in_one_ranks_kk_thread_ends_the_launch():
     # Rank 1's KK thread raises; rank 0 is then blocked in the exchange's
     # all-gather that rank 1 never joins: the launch must still end, naming rank 1.
     start = time.monotonic()
-    config = {**TINY, "mode": "overlap", "kk_backend": "python", "fail_rank": 1, "fail_in_kk": True}
+    config = TINY.replace(mode="overlap", kk_backend="python")
     with pytest.raises(RankError) as info:
-        launch(overlap.train, 2, config, backend="gloo", timeout_s=240)
+        launch(training.train, 2, config, Faults(rank=1, in_kk=True), device="cpu", timeout_s=240)
     assert info.value.rank == 1
     assert "deliberate failure in the KK thread of rank 1" in str(info.value)
     assert time.monotonic() - start < 200  # stopped, not waited for until the timeout
 
 
+def test_a_failure_in_one_ranks_main_thread_ends_the_launch():
+    with pytest.raises(RankError) as info:
+        launch(
+            training.train, 2, TINY.replace(mode="sync"), Faults(rank=0, step=1), device="cpu", timeout_s=240
+        )
+    assert info.value.rank == 0
+    assert "deliberate failure on rank 0 at step 1" in str(info.value)
+
+
 def test_bad_config_is_named():
-    with pytest.raises(ValueError, match=r"unknown config keys \['batchsize'\]"):
-        overlap.train(0, 1, {"batchsize": 4})
-    with pytest.raises(ValueError, match="mode 'async' is not one of none, sync, overlap"):
-        overlap.train(0, 1, {"mode": "async"})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
+        TrainConfig(batchsize=4)
+    with pytest.raises(ValueError, match="mode 'async' is not one of 'none', 'sync', 'overlap'"):
+        TrainConfig(mode="async")
+    with pytest.raises(TypeError, match="steps must be an int >= 1, got bool True"):
+        TrainConfig(steps=True)
+    with pytest.raises(ValueError, match="lr must be a finite number > 0, got -1"):
+        TrainConfig(lr=-1)
+    with pytest.raises(TypeError, match="config must be a TrainConfig, got dict"):
+        training.train(0, 1, {"mode": "none"})
     with pytest.raises(ValueError, match="embedding_dim=10 is not a multiple of num_heads=4"):
-        overlap.AttentionBlock(10, 16, 4)
+        training.AttentionBlock(10, 16, 4)
+
+
+def test_public_defaults_carry_no_test_hooks():
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert not {name for name in fields if "fail" in name}
+
+
+def test_summarize_takes_each_step_at_its_slowest_rank():
+    ranks = [
+        {
+            "mode": "sync",
+            "kk_backend": "python",
+            "step_seconds": [9.0, 1.0, 3.0],
+            "step_flops": [1, 2, 2],
+            "spans": [{}],
+            "kk_seconds": [0.5],
+            "hidden_fraction": 0.0,
+        },
+        {
+            "mode": "sync",
+            "kk_backend": "python",
+            "step_seconds": [9.0, 2.0, 1.0],
+            "step_flops": [1, 2, 6],
+            "spans": [{}, {}],
+            "kk_seconds": [0.25],
+            "hidden_fraction": 0.0,
+        },
+    ]
+    summary = training.summarize(ranks)  # the first step is warm-up
+    assert summary.step_seconds == 2.5  # median of the slowest ranks: 2.0 and 3.0
+    assert summary.flops_max_over_mean == pytest.approx((1.0 + 6 / 4) / 2)
+    assert summary.kk_seconds == 0.375 and summary.num_spans == 3 and summary.hidden_fraction == 0.0

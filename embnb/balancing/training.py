@@ -1,0 +1,347 @@
+"""Balanced data-parallel training of a small sequence model, with the
+balancer hidden behind compute.
+
+`train(rank, world_size, config)` runs the model (item and category
+embeddings, one attention block, mean pooling, a regression head) for a few
+steps in one of three modes of `TrainConfig.mode`: "none" (no balancing),
+"sync" (balance before each step) and "overlap" (balance the next batch in a
+thread while this one computes, `embnb.balancing.shuffle.BalancedShuffle`),
+recording a `Timeline` per rank and step. Several configs run in one launch
+with `embnb.dist.launch_each`:
+
+    launch_each([(train, (TrainConfig(mode="none"),)),
+                 (train, (TrainConfig(mode="overlap"),))], 4, device="cpu")
+
+`summarize` turns one mode's per-rank results into a `RunSummary`. On a GPU
+the model runs on the rank's device while KK runs on a CPU thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embnb._checks import check_choice, check_int, check_number
+from embnb.balancing.partition import BACKENDS, METHODS
+from embnb.balancing.shuffle import BalancedShuffle
+from embnb.balancing.timeline import Timeline, hidden_fraction
+from embnb.balancing.workloads import attention_block_flops
+from embnb.data import zipf_lengths
+from embnb.dist import all_reduce_, rank_device
+from embnb.metrics import max_over_mean
+from embnb.native import loader
+
+__all__ = [
+    "MODES",
+    "TrainConfig",
+    "Faults",
+    "AttentionBlock",
+    "SequenceModel",
+    "make_local_batch",
+    "sample_workloads",
+    "train",
+    "RunSummary",
+    "summarize",
+]
+
+MODES = ("none", "sync", "overlap")
+WORKLOADS = ("flops", "length")
+SEQUENCE_KEYS = ["item_id", "category_id"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run; every rank gets the same config."""
+
+    mode: str = "overlap"  # none | sync | overlap
+    kk_backend: str = "auto"  # native | python | auto (embnb.balancing.partition.balance)
+    method: str = "kk_swap"  # a name of embnb.balancing.partition.METHODS
+    workload: str = "flops"  # flops (attention_block_flops) | length
+    steps: int = 6  # training steps
+    batch_size: int = 32  # samples per rank per step
+    zipf_alpha: float = 1.5  # sequence-length skew
+    max_length: int = 1024  # longest sequence
+    num_items: int = 1000  # item vocabulary
+    num_categories: int = 50  # category vocabulary
+    embedding_dim: int = 32  # model width d
+    ffn_dim: int = 128  # feed-forward width f
+    num_heads: int = 2  # attention heads
+    lr: float = 0.01  # SGD learning rate
+    seed: int = 0  # data and initial weights
+
+    def __post_init__(self) -> None:
+        check_choice("mode", self.mode, MODES)
+        check_choice("kk_backend", self.kk_backend, BACKENDS)
+        check_choice("method", self.method, tuple(METHODS))
+        check_choice("workload", self.workload, WORKLOADS)
+        for name in (
+            "steps",
+            "batch_size",
+            "max_length",
+            "num_items",
+            "num_categories",
+            "embedding_dim",
+            "ffn_dim",
+            "num_heads",
+        ):
+            check_int(name, getattr(self, name), low=1)
+        check_int("seed", self.seed)
+        check_number("zipf_alpha", self.zipf_alpha, low=0, low_open=True)
+        check_number("lr", self.lr, low=0, low_open=True)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Test-only fault injection: `rank` raises at `step`, in its main
+    thread or (with `in_kk`) inside its KK thread. Not part of TrainConfig,
+    so the public defaults carry no test hooks."""
+
+    rank: int
+    step: int = 0
+    in_kk: bool = False
+
+
+# --- the model ----------------------------------------------------------------
+
+
+class AttentionBlock(nn.Module):
+    """One transformer block over each sample's own tokens (no padding):
+    its forward FLOPs are `balancer.attention_block_flops` per sample."""
+
+    def __init__(self, embedding_dim: int, ffn_dim: int, num_heads: int) -> None:
+        super().__init__()
+        if embedding_dim % num_heads:
+            raise ValueError(f"embedding_dim={embedding_dim} is not a multiple of num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(embedding_dim, 3 * embedding_dim)
+        self.out = nn.Linear(embedding_dim, embedding_dim)
+        self.ffn_in = nn.Linear(embedding_dim, ffn_dim)
+        self.ffn_out = nn.Linear(ffn_dim, embedding_dim)
+
+    def forward(self, tokens: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """tokens: (sum(lengths), d), samples one after another."""
+        q, k, v = self.qkv(tokens).chunk(3, dim=-1)
+        heads = self.num_heads
+        attended = []
+        for sq, sk, sv in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
+            if sq.shape[0] == 0:
+                attended.append(sq)
+                continue
+            # (L, d) -> (heads, L, d / heads): attention within the sample only
+            shape = (sq.shape[0], heads, -1)
+            a = F.scaled_dot_product_attention(*(t.reshape(shape).transpose(0, 1) for t in (sq, sk, sv)))
+            attended.append(a.transpose(0, 1).reshape(sq.shape))
+        x = tokens + self.out(torch.cat(attended))
+        return x + self.ffn_out(F.relu(self.ffn_in(x)))
+
+
+class SequenceModel(nn.Module):
+    """Item and category embeddings of a history, one attention block, mean
+    pooling, a linear head: one prediction per sample."""
+
+    def __init__(
+        self, num_items: int, num_categories: int, embedding_dim: int, ffn_dim: int, num_heads: int
+    ) -> None:
+        super().__init__()
+        self.item = nn.Embedding(num_items, embedding_dim)
+        self.category = nn.Embedding(num_categories, embedding_dim)
+        self.block = AttentionBlock(embedding_dim, ffn_dim, num_heads)
+        self.head = nn.Linear(embedding_dim, 1)
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        items, categories = kjt["item_id"], kjt["category_id"]
+        lengths = items.lengths()
+        tokens = self.item(items.values()) + self.category(categories.values())
+        hidden = self.block(tokens, lengths.tolist())
+        sample = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+        pooled = torch.zeros(lengths.numel(), hidden.shape[1], device=hidden.device, dtype=hidden.dtype)
+        pooled.index_add_(0, sample, hidden)
+        pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(hidden.dtype)
+        return self.head(pooled).squeeze(1)
+
+
+def make_local_batch(config: TrainConfig, rank: int, step: int) -> tuple[KeyedJaggedTensor, torch.Tensor]:
+    """Rank `rank`'s batch of `step`, as its data loader would cut it: a KJT
+    with keys item_id and category_id (Zipf sequence lengths) and a dense
+    (batch_size, 1) float64 tensor of labels. The same for the same args."""
+    seed = (config.seed * 1_000_003 + step) * 1009 + rank
+    lengths = zipf_lengths(config.batch_size, config.zipf_alpha, config.max_length, seed)
+    gen = torch.Generator().manual_seed(seed)
+    num_tokens = int(lengths.sum())
+    items = torch.randint(0, config.num_items, (num_tokens,), generator=gen)
+    categories = torch.randint(0, config.num_categories, (num_tokens,), generator=gen)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=SEQUENCE_KEYS,
+        values=torch.cat([items, categories]),
+        lengths=torch.cat([lengths, lengths]),
+    )
+    labels = torch.rand(config.batch_size, 1, generator=gen, dtype=torch.float64)
+    return kjt, labels
+
+
+def sample_workloads(kjt: KeyedJaggedTensor, config: TrainConfig) -> torch.Tensor:
+    """Per-sample cost estimate (float64): the attention block's FLOPs or the length."""
+    lengths = kjt["item_id"].lengths().to(torch.float64)
+    if config.workload == "length":
+        return lengths
+    flops = attention_block_flops(lengths.cpu(), config.embedding_dim, config.ffn_dim)
+    return flops.to(lengths.device)
+
+
+# --- training ----------------------------------------------------------------
+
+
+def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None = None) -> dict[str, Any]:
+    """Train the sequence model on this rank; see TrainConfig.
+
+    Returns the timeline spans, per-step wall time and FLOPs computed on
+    this rank, the losses (global, all-reduced), the final weights and the
+    hidden fraction of KK time. The loss is the global batch's mean squared
+    error whatever the mode, so all modes follow the same trajectory.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    device = rank_device()
+    torch.manual_seed(config.seed)  # the same initial weights on every rank
+    model = SequenceModel(
+        config.num_items,
+        config.num_categories,
+        config.embedding_dim,
+        config.ffn_dim,
+        config.num_heads,
+    ).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    global_batch = world_size * config.batch_size
+    timeline = Timeline()
+    mode = config.mode
+    step_seconds, step_flops, losses = [], [], []
+
+    def load(step: int):
+        with timeline.span("load", step):
+            kjt, labels = make_local_batch(config, rank, step)
+            kjt, labels = kjt.to(device), labels.to(device)
+            return kjt, labels, sample_workloads(kjt, config)
+
+    fail_in_kk = faults is not None and faults.in_kk and faults.rank == rank
+    fail_step = faults.step if faults is not None and not faults.in_kk and faults.rank == rank else None
+    with BalancedShuffle(
+        timeline,
+        overlap=mode == "overlap",
+        method=config.method,
+        kk_backend=config.kk_backend,
+        fail_in_kk=fail_in_kk,
+    ) as shuffle:
+        dist.barrier()
+        if mode == "overlap":  # the first batch has no step to hide behind
+            timeline.warmup = True
+            shuffle.start(*load(0), step=0)
+            current = shuffle.finish()
+            timeline.warmup = False
+        for step in range(config.steps):
+            timeline.iteration = step
+            step_start = time.perf_counter()
+            if step == fail_step:
+                raise RuntimeError(f"deliberate failure on rank {rank} at step {step}")
+            if mode == "none":
+                kjt, labels, _ = load(step)
+            elif mode == "sync":
+                shuffle.start(*load(step), step=step)
+                kjt, labels = shuffle.finish()
+            else:
+                kjt, labels = current
+                if step + 1 < config.steps:  # balance the next batch meanwhile
+                    shuffle.start(*load(step + 1), step=step + 1)
+            with timeline.span("forward", step, device):
+                loss = ((model(kjt) - labels[:, 0].to(torch.float32)) ** 2).sum() / global_batch
+            with timeline.span("backward", step, device):
+                optimizer.zero_grad()
+                loss.backward()
+                grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+                all_reduce_(grads)
+                offset = 0
+                for p in model.parameters():
+                    p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
+                optimizer.step()
+                total_loss = loss.detach().clone()
+                all_reduce_(total_loss)
+            if mode == "overlap" and step + 1 < config.steps:
+                current = shuffle.finish()
+            step_seconds.append(time.perf_counter() - step_start)
+            step_flops.append(float(sample_workloads(kjt, config.replace(workload="flops")).sum()))
+            losses.append(float(total_loss))
+    for span in timeline.spans:
+        span["rank"] = rank
+    return {
+        "rank": rank,
+        "mode": mode,
+        "kk_backend": config.kk_backend,
+        "spans": timeline.spans,
+        "step_seconds": step_seconds,
+        "step_flops": step_flops,
+        "losses": losses,
+        "weights": torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]),
+        "hidden_fraction": hidden_fraction(timeline.spans),
+        "kk_seconds": [
+            s["end"] - s["start"] for s in timeline.spans if s["phase"] == "kk" and not s["warmup"]
+        ],
+        "native_kk": loader.available() if config.kk_backend != "python" else False,
+    }
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One mode's numbers across its ranks."""
+
+    mode: str
+    kk_backend: str
+    step_seconds: float  # median over steps of the slowest rank's step time
+    flops_max_over_mean: float  # mean over steps of the ranks' FLOPs max/mean
+    hidden_fraction: float | None  # KK time the main thread never waited for; None without KK
+    kk_seconds: float  # median KK time
+    num_spans: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary:
+    """One mode's per-rank `train` results, summarized; the first
+    `skip_first` steps (warm-up) are left out."""
+    steps = len(per_rank[0]["step_seconds"])
+    kept = range(min(skip_first, steps - 1), steps)
+    slowest = [max(r["step_seconds"][s] for r in per_rank) for s in kept]
+    flops_ratio = [max_over_mean([r["step_flops"][s] for r in per_rank]) for s in kept]
+    kk = [d for r in per_rank for d in r["kk_seconds"]]
+    return RunSummary(
+        mode=per_rank[0]["mode"],
+        kk_backend=per_rank[0]["kk_backend"],
+        step_seconds=statistics.median(slowest),
+        flops_max_over_mean=statistics.mean(flops_ratio),
+        hidden_fraction=_hidden_over_ranks(per_rank),
+        kk_seconds=statistics.median(kk) if kk else 0.0,
+        num_spans=sum(len(r["spans"]) for r in per_rank),
+    )
+
+
+def _hidden_over_ranks(per_rank: list[dict[str, Any]]) -> float | None:
+    """KK-time-weighted hidden fraction over ranks; None without KK."""
+    total = hidden = 0.0
+    for r in per_rank:
+        kk = sum(r["kk_seconds"])
+        if kk > 0:
+            total += kk
+            hidden += r["hidden_fraction"] * kk
+    return hidden / total if total > 0 else None

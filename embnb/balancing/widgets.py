@@ -1,0 +1,66 @@
+"""Notebook 04's explorer: every balancer's per-rank load on one Zipf batch,
+redrawn by the same functions as the notebook's static figures.
+
+    explorer = BalanceExplorer(alpha=1.5, num_parts=8, num_samples=1024)
+    display(explorer)                              # in a notebook
+    explorer.controls["num_parts"].value = 16      # redraws
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+
+from embnb.balancing.workloads import loads_by_method
+from embnb.data import zipf_lengths
+from embnb.plotting import rank_bars
+from embnb.widgets import Explorer
+
+__all__ = ["BalanceExplorer"]
+
+
+class BalanceExplorer(Explorer):
+    """Tokens per rank of each method of `partition.METHODS` on a Zipf(alpha)
+    batch of `num_samples` sequences split into `num_parts` ranks.
+
+    Args:
+        alpha, num_parts, num_samples: the starting values.
+        max_length: the longest sequence drawn.
+        seed: the batch's seed.
+    """
+
+    def __init__(
+        self,
+        alpha: float = 1.5,
+        num_parts: int = 8,
+        num_samples: int = 1024,
+        max_length: int = 8192,
+        seed: int = 0,
+    ):
+        self.max_length, self.seed = max_length, seed
+        super().__init__(
+            {
+                "alpha": widgets.FloatSlider(
+                    value=alpha, min=1.05, max=3.0, step=0.05, description="skew α", continuous_update=False
+                ),
+                "num_parts": widgets.IntSlider(
+                    value=num_parts, min=2, max=64, description="ranks", continuous_update=False
+                ),
+                "num_samples": widgets.IntSlider(
+                    value=num_samples,
+                    min=64,
+                    max=8192,
+                    step=64,
+                    description="batch size",
+                    continuous_update=False,
+                ),
+            }
+        )
+
+    def draw(self, alpha: float, num_parts: int, num_samples: int) -> Figure:
+        lengths = zipf_lengths(num_samples, alpha, self.max_length, self.seed)
+        return rank_bars(
+            loads_by_method(lengths, num_parts),
+            ylabel="tokens per rank",
+            title=f"Zipf({alpha:.2f}) lengths, {num_samples} samples into {num_parts} ranks",
+        )

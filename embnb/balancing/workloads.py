@@ -1,0 +1,162 @@
+"""What to balance, and how far a partition is from the best possible.
+
+- `attention_block_flops`: the forward FLOPs of one transformer block per
+  sample; its quadratic term makes long samples cost more than their share
+  of tokens, so this, not the raw length, is what to balance.
+- `lower_bound` (max(mean, largest item)), `equal_size_lower_bound` (what
+  equal counts leave unavoidable) and `imbalance` (a partition's max/mean
+  and gaps to both bounds).
+- `compare_methods` / `loads_by_method`: every balancer of
+  `embnb.balancing.partition.METHODS` on Zipf batches, for notebook 04.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from embnb._checks import check_int
+from embnb.balancing.partition import (
+    METHODS,
+    NATIVE_METHODS,
+    as_workloads,
+    balance,
+    check_partition,
+    padded_weights,
+)
+from embnb.data import zipf_lengths
+
+__all__ = [
+    "attention_block_flops",
+    "lower_bound",
+    "equal_size_lower_bound",
+    "imbalance",
+    "compare_methods",
+    "loads_by_method",
+]
+
+
+def attention_block_flops(lengths: Any, embedding_dim: int, ffn_dim: int) -> torch.Tensor:
+    """Forward FLOPs of one transformer block on each sample (float64).
+
+    A sample of L tokens, model width d, feed-forward width f, with a
+    multiply-add counted as 2 FLOPs (as torch.utils.flop_counter does):
+
+        QKV projections       3 * 2*L*d*d  = 6*L*d^2
+        scores Q @ K^T            2*L*L*d
+        weights @ V               2*L*L*d
+        output projection       2*L*d*d    = 2*L*d^2
+        feed-forward (2 Linear) 2*2*L*d*f  = 4*L*d*f
+        --------------------------------------------
+        total  = L*(8*d^2 + 4*d*f) + 4*d*L^2
+
+    The number of heads does not change the count. Biases, softmax and
+    norms are O(L*d) and left out. The quadratic term is why a few long
+    sequences cost far more than their share of tokens.
+    """
+    check_int("embedding_dim", embedding_dim, low=1)
+    check_int("ffn_dim", ffn_dim, low=1)
+    length = torch.as_tensor(lengths, dtype=torch.float64)
+    if length.numel() and ((length < 0) | ~torch.isfinite(length)).any():
+        i = int(((length < 0) | ~torch.isfinite(length)).flatten().nonzero()[0])
+        raise ValueError(f"lengths must be finite and >= 0; lengths[{i}] = {length.flatten()[i].item()!r}")
+    d, f = float(embedding_dim), float(ffn_dim)
+    return length * (8 * d * d + 4 * d * f) + 4 * d * length * length
+
+
+# --- measuring a partition --------------------------------------------------
+
+
+def lower_bound(workloads: Any, num_parts: int) -> float:
+    """No partition's largest part is below max(mean part load, largest item)."""
+    weights = as_workloads(workloads)
+    num_parts = check_int("num_parts", num_parts, low=1)
+    return max(sum(weights) / num_parts, max(weights))
+
+
+def equal_size_lower_bound(workloads: Any, num_parts: int) -> float:
+    """A tighter bound when part sizes may differ by at most one: the part
+    that holds the largest item also holds ceil(n / num_parts) - 1 others,
+    at least the smallest ones (zero-workload padding counts as smallest)."""
+    weights = as_workloads(workloads)
+    num_parts = check_int("num_parts", num_parts, low=1)
+    padded = sorted(padded_weights(weights, num_parts, True))
+    others = len(padded) // num_parts - 1
+    return max(sum(weights) / num_parts, padded[-1] + sum(padded[:others]))
+
+
+def imbalance(workloads: Any, parts: Sequence[Sequence[int]]) -> dict[str, float]:
+    """Loads of a partition: max/mean, and the gap of the largest part to the
+    lower bound max(mean, largest item) (0.02 means 2% above it). For parts
+    whose sizes differ by at most one, also the gap to
+    `equal_size_lower_bound`: what equal counts leave unavoidable."""
+    weights = as_workloads(workloads)
+    if not parts:
+        raise ValueError("parts is empty: need at least one part")
+    check_partition(parts, len(weights))
+    loads = [sum(weights[i] for i in part) for part in parts]
+    mean = sum(weights) / len(parts)
+    bound = max(mean, max(weights))
+    result = {
+        "max_load": max(loads),
+        "mean_load": mean,
+        "lower_bound": bound,
+        "max_over_mean": max(loads) / mean if mean > 0 else 1.0,
+        "gap_to_lower_bound": max(loads) / bound - 1 if bound > 0 else 0.0,
+    }
+    sizes = [len(part) for part in parts]
+    if max(sizes) - min(sizes) <= 1:
+        eq_bound = equal_size_lower_bound(weights, len(parts))
+        result["equal_size_lower_bound"] = eq_bound
+        result["gap_to_equal_size_bound"] = max(loads) / eq_bound - 1 if eq_bound > 0 else 0.0
+    return result
+
+
+# --- every method on Zipf batches -------------------------------------------
+
+
+def compare_methods(
+    sample_counts: Sequence[int],
+    part_counts: Sequence[int],
+    seeds: Sequence[int] = (0,),
+    alpha: float = 1.5,
+    max_length: int = 8192,
+    methods: Sequence[str] | None = None,
+    backend: str = "auto",
+) -> list[dict[str, Any]]:
+    """Imbalance of each method on Zipf(alpha) length batches: one row per
+    (num_samples, num_parts, seed, method) with the `imbalance` numbers."""
+    methods = list(methods or METHODS)
+    rows = []
+    for num_samples in sample_counts:
+        for seed in seeds:
+            lengths = zipf_lengths(num_samples, alpha, max_length, seed).tolist()
+            for num_parts in part_counts:
+                for method in methods:
+                    parts = balance(
+                        lengths, num_parts, method, backend if method in NATIVE_METHODS else "python"
+                    )
+                    rows.append(
+                        {
+                            "num_samples": num_samples,
+                            "num_parts": num_parts,
+                            "seed": seed,
+                            "method": method,
+                            **imbalance(lengths, parts),
+                        }
+                    )
+    return rows
+
+
+def loads_by_method(
+    workloads: Any, num_parts: int, methods: Sequence[str] | None = None, backend: str = "auto"
+) -> dict[str, list[float]]:
+    """Each method's part loads (heaviest part first for the KK family)."""
+    weights = as_workloads(workloads)
+    result = {}
+    for method in methods or METHODS:
+        parts = balance(weights, num_parts, method, backend if method in NATIVE_METHODS else "python")
+        result[method] = [sum(weights[i] for i in part) for part in parts]
+    return result
