@@ -28,7 +28,7 @@ from typing import Any
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-__all__ = ["Explorer"]
+__all__ = ["Explorer", "world_size_slider"]
 
 LABEL_STYLE = {"description_width": "initial"}  # labels are never cut
 BUSY_LABEL = "working…"
@@ -124,3 +124,11 @@ class Explorer:
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
+
+
+def world_size_slider(value: int, max_world_size: int, description: str = "world_size") -> widgets.IntSlider:
+    """The ranks control every explorer shares: 1 to max(max_world_size, value),
+    redrawing when released (not at every step of a drag)."""
+    return widgets.IntSlider(
+        value=value, min=1, max=max(max_world_size, value), description=description, continuous_update=False
+    )

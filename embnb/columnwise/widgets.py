@@ -25,7 +25,7 @@ from embnb.columnwise.placement import (
     rank_order,
 )
 from embnb.columnwise.plots import column_order_figure
-from embnb.widgets import Explorer
+from embnb.widgets import Explorer, world_size_slider
 
 __all__ = ["PlacementExplorer", "parse_ints"]
 
@@ -61,13 +61,7 @@ class PlacementExplorer(Explorer):
             "widths": widgets.Text(
                 value=widths, description="widths", placeholder="equal split", continuous_update=False
             ),
-            "world_size": widgets.IntSlider(
-                value=world_size,
-                min=1,
-                max=max(max_world_size, world_size),
-                description="world_size",
-                continuous_update=False,
-            ),
+            "world_size": world_size_slider(world_size, max_world_size),
             "embedding_dim": widgets.IntSlider(
                 value=embedding_dim,
                 min=1,

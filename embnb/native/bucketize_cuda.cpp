@@ -25,6 +25,7 @@ int64_t feature_of_key(const at::Tensor& lengths, int64_t position, int64_t batc
   return -1;
 }
 
+// The signature of bucketize_cpu: both implement torch.ops.embnb.bucketize.
 BucketizeResult bucketize_cuda(const at::Tensor& lengths, const at::Tensor& indices,
                                int64_t world_size, c10::IntArrayRef dist_types,
                                c10::IntArrayRef block_sizes,

@@ -12,72 +12,13 @@
     from embnb.planner import DynamicProgrammingProposer, create_planner
 """
 
-from embnb.planner.inspect import (
-    PlanExtremes,
-    brute_force_rating,
-    knapsack_frontier,
-    knapsack_table,
-    option_label,
-    options_table,
-    plan_extremes,
-)
+# Each module lists its public names once (its __all__); this gathers them.
+from embnb.planner import inspect, proposer, results, study, topology
+from embnb.planner.inspect import *  # noqa: F403
 from embnb.planner.knapsack import GB
-from embnb.planner.proposer import DynamicProgrammingProposer
-from embnb.planner.results import notebook_results
-from embnb.planner.study import (
-    PlanRun,
-    ProposerFactory,
-    budget_sweep,
-    compare_proposers,
-    default_proposers,
-    quality_study,
-    quality_summary,
-    random_instance,
-    rank_loads,
-    rate_every_plan,
-    run_planner,
-)
-from embnb.planner.topology import (
-    Enumerated,
-    Model,
-    create_planner,
-    enumerate_options,
-    fused_table_gb,
-    make_model,
-    make_topology,
-    reserved_topology,
-    topology_for_device,
-)
+from embnb.planner.proposer import *  # noqa: F403
+from embnb.planner.results import *  # noqa: F403
+from embnb.planner.study import *  # noqa: F403
+from embnb.planner.topology import *  # noqa: F403
 
-__all__ = [
-    "DynamicProgrammingProposer",
-    "create_planner",
-    "make_topology",
-    "topology_for_device",
-    "Model",
-    "make_model",
-    "fused_table_gb",
-    "Enumerated",
-    "enumerate_options",
-    "reserved_topology",
-    "PlanRun",
-    "run_planner",
-    "rank_loads",
-    "ProposerFactory",
-    "default_proposers",
-    "compare_proposers",
-    "budget_sweep",
-    "rate_every_plan",
-    "random_instance",
-    "quality_study",
-    "quality_summary",
-    "notebook_results",
-    "option_label",
-    "options_table",
-    "knapsack_table",
-    "knapsack_frontier",
-    "brute_force_rating",
-    "PlanExtremes",
-    "plan_extremes",
-    "GB",
-]
+__all__ = [*proposer.__all__, *topology.__all__, *study.__all__, *inspect.__all__, *results.__all__, "GB"]

@@ -73,6 +73,8 @@ def options_table(
     return pd.DataFrame(rows)
 
 
+# Planning functions take torchrec's inputs in one order: the enumerated options,
+# the topology, the batch size, then bins and the storage reservation.
 def knapsack_table(
     enumerated: Enumerated,
     topology: Topology,
@@ -100,6 +102,8 @@ def knapsack_table(
     return table
 
 
+# Planning functions take torchrec's inputs in one order: the enumerated options,
+# the topology, the batch size, then bins and the storage reservation.
 def knapsack_frontier(
     enumerated: Enumerated,
     topology: Topology,

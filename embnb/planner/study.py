@@ -280,6 +280,8 @@ def compare_proposers(
     return table
 
 
+# Planning functions take torchrec's inputs in one order: the enumerated options,
+# the topology, the batch size, then bins and the storage reservation.
 def rate_every_plan(
     enumerated: Enumerated,
     topology: Topology,

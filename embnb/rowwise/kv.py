@@ -463,6 +463,7 @@ def _picklable(batches: list[Batch]) -> list[JaggedBatch]:
     return [b if isinstance(b, JaggedBatch) else JaggedBatch.from_kjt(b) for b in batches]
 
 
+# Takes lookup_on_rank's parameters, which it runs on spawned ranks.
 def sharded_lookup(
     world_size: int,
     dist_type: DistType | str,

@@ -19,7 +19,7 @@ from embnb.data import make_keys
 from embnb.plotting import rank_bars
 from embnb.rowwise import aliasing
 from embnb.rowwise.routing import DistType
-from embnb.widgets import Explorer
+from embnb.widgets import Explorer, world_size_slider
 
 __all__ = ["LoadExplorer"]
 
@@ -59,13 +59,7 @@ class LoadExplorer(Explorer):
             {
                 "pattern": widgets.Dropdown(options=list(patterns), value=patterns[0], description="pattern"),
                 "dist_type": widgets.ToggleButtons(options=names, value=names[-1], description="dist_type"),
-                "world_size": widgets.IntSlider(
-                    value=world_size,
-                    min=1,
-                    max=max(max_world_size, world_size),
-                    description="world_size",
-                    continuous_update=False,
-                ),
+                "world_size": world_size_slider(world_size, max_world_size),
                 "num_keys": widgets.IntSlider(
                     value=num_keys,
                     min=step,
