@@ -46,6 +46,7 @@ __all__ = [
     "collective_device",
     "all_reduce_",
     "all_gather_flat",
+    "exchange",
     "check_collectives",
 ]
 
@@ -416,6 +417,22 @@ def all_gather_flat(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
     out = flat.new_empty(dist.get_world_size(group) * flat.numel())
     dist.all_gather_into_tensor(out, flat, group=group)
     return out.to(tensor.device)
+
+
+def exchange(
+    send: torch.Tensor,
+    send_splits: Sequence[int],
+    recv_splits: Sequence[int],
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """`all_to_all_single` along dim 0 with uneven splits: rank r receives
+    `recv_splits[s]` rows from each rank s, in rank order, on `send`'s
+    device; through host memory when the backend needs it there."""
+    where = collective_device(group)
+    staged = send.contiguous().to(where)
+    recv = staged.new_empty((sum(recv_splits), *send.shape[1:]))
+    dist.all_to_all_single(recv, staged, list(recv_splits), list(send_splits), group=group)
+    return recv.to(send.device)
 
 
 def check_collectives(rank: int, world_size: int) -> dict[str, Any]:

@@ -71,3 +71,15 @@ def rank_devices(rank, world_size):
     from embnb import dist as edist
 
     return {"rank_device": str(edist.rank_device()), "collective_device": str(edist.collective_device())}
+
+
+def collective_helpers(rank, world_size):
+    """embnb.dist's staged collectives: all_reduce_, all_gather_flat, exchange."""
+    from embnb import dist as edist
+
+    total = edist.all_reduce_(torch.tensor([float(rank + 1)]))
+    gathered = edist.all_gather_flat(torch.tensor([[rank, 10 * rank]]))
+    # rank r sends d + 1 rows of [r, d] to rank d
+    send = torch.cat([torch.tensor([[rank, d]] * (d + 1)) for d in range(world_size)])
+    received = edist.exchange(send, [d + 1 for d in range(world_size)], [rank + 1] * world_size)
+    return {"total": total.tolist(), "gathered": gathered.tolist(), "received": received.tolist()}

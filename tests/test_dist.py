@@ -233,6 +233,14 @@ def test_device_rule_refuses_cuda_without_a_gpu_and_bad_values():
         edist.device_plan("cpu", True)
 
 
+def test_staged_collectives_give_what_plain_python_says():
+    (results,) = edist.launch_each([(ranks.collective_helpers, ())], 3, device="cpu")
+    for rank, got in enumerate(results):
+        assert got["total"] == [1.0 + 2.0 + 3.0]
+        assert got["gathered"] == [x for r in range(3) for x in (r, 10 * r)]
+        assert got["received"] == [[src, rank] for src in range(3) for _ in range(rank + 1)]
+
+
 def test_launched_ranks_know_their_device():
     (on_cpu,) = edist.launch_each([(ranks.rank_devices, ())], 2, device="cpu")
     assert on_cpu == [{"rank_device": "cpu", "collective_device": "cpu"}] * 2

@@ -53,6 +53,7 @@ from embnb.columnwise.torchrec_adapter import (
     check_torchrec_placements,
     compute_kernel_for,
     cw_sharding_plan,
+    fbgemm_cuda_problem,
     shard_cw,
     torchrec_num_shards,
     torchrec_permute_indices,

@@ -26,7 +26,7 @@ from embnb.columnwise.placement import (
     equal_widths,
     rank_order,
 )
-from embnb.columnwise.torchrec_adapter import compute_kernel_for
+from embnb.columnwise.torchrec_adapter import compute_kernel_for, fbgemm_cuda_problem
 from embnb.dist import DevicePlan, device_plan
 
 __all__ = ["shard_table", "permute_derivation", "PlacementExperiment", "run_placement_experiment"]
@@ -77,7 +77,9 @@ class PlacementExperiment:
     uneven_run: CWRun  # uneven widths, embnb's path
     torchrec_skipped: str | None  # why torchrec did not run the seed case, or None
     uneven_torchrec_refusal: str | None  # what torchrec says to the uneven widths
-    run_seconds: float  # the launch, including process start
+    run_seconds: float  # the launches, including process start
+    torchrec_device: str = "cpu"  # where torchrec's path ran: the CPU when fbgemm has no CUDA kernels
+    torchrec_device_note: str | None = None  # why torchrec ran elsewhere than the plan's device
 
     @property
     def torchrec_ran(self) -> bool:
@@ -142,7 +144,9 @@ class PlacementExperiment:
             "widths": case.shard_widths("t0"),
             "device": self.plan.device,
             "backend": self.plan.backend,
-            "compute_kernel": compute_kernel_for(self.plan.device),
+            "compute_kernel": compute_kernel_for(self.torchrec_device),
+            "torchrec_device": self.torchrec_device,
+            "torchrec_device_note": self.torchrec_device_note,
             "rank_order": rank_order(shard_ranks),
             "permute_indices": permute,
             "torchrec_permute_indices": permutes,
@@ -189,7 +193,12 @@ def run_placement_experiment(
     uneven = dict(widths={"t0": list(uneven_widths)}, **common)
     uneven_case = CWCase(world_size, embedding_dim, tables, {"t0": ranks}, paths=("reference",), **uneven)
     start = time.perf_counter()
-    seed_run, uneven_run = run_cw_cases([seed_case, uneven_case], device=device, timeout_s=timeout_s)
+    note = fbgemm_cuda_problem() if plan.device == "cuda" and torchrec_skipped is None else None
+    if note is None:
+        seed_run, uneven_run = run_cw_cases([seed_case, uneven_case], device=device, timeout_s=timeout_s)
+    else:  # torchrec's sharded module cannot run on this GPU: compare on the CPU, and say so
+        (seed_run,) = run_cw_cases([seed_case], device="cpu", timeout_s=timeout_s)
+        (uneven_run,) = run_cw_cases([uneven_case], device=device, timeout_s=timeout_s)
     return PlacementExperiment(
         plan,
         seed_run,
@@ -197,4 +206,6 @@ def run_placement_experiment(
         torchrec_skipped,
         CWCase(world_size, embedding_dim, tables, {"t0": ranks}, **uneven).torchrec_problem(),
         time.perf_counter() - start,
+        torchrec_device="cpu" if note else plan.device,
+        torchrec_device_note=f"torchrec's path ran on the CPU: {note}" if note else None,
     )

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from embnb.columnwise.placement import check_shard_ranks, check_widths, column_offsets, stitch_cw
+from embnb.dist import all_gather_flat, exchange
 
 __all__ = ["local_shards", "cw_sequence_lookup"]
 
@@ -62,12 +63,8 @@ def cw_sequence_lookup(
     device = ids.device
 
     # 1. Every rank needs every rank's ids: CW shards cover all rows.
-    count = torch.tensor([ids.numel()], device=device)
-    counts = [torch.zeros_like(count) for _ in range(world_size)]
-    dist.all_gather(counts, count, group=group)
-    counts = [int(c.item()) for c in counts]
-    all_ids = torch.empty(sum(counts), dtype=ids.dtype, device=device)
-    dist.all_to_all_single(all_ids, ids.repeat(world_size), counts, [ids.numel()] * world_size, group=group)
+    counts = all_gather_flat(torch.tensor([ids.numel()], device=device), group).tolist()
+    all_ids = exchange(ids.repeat(world_size), [ids.numel()] * world_size, counts, group)
 
     # 2. Look them up in the shards held here, in shard (column) order.
     my_width = sum(widths[s] for s in mine)
@@ -83,10 +80,7 @@ def cw_sequence_lookup(
 
     # 3. Send each requester its rows; they arrive ordered by owner rank.
     owner_widths = [sum(widths[s] for s in range(len(ranks)) if ranks[s] == r) for r in range(world_size)]
-    recv = torch.empty(ids.numel() * sum(widths), dtype=dtype, device=device)
-    dist.all_to_all_single(
-        recv, send, [ids.numel() * w for w in owner_widths], [c * my_width for c in counts], group=group
-    )
+    recv = exchange(send, [c * my_width for c in counts], [ids.numel() * w for w in owner_widths], group)
     per_owner = torch.split(recv, [ids.numel() * w for w in owner_widths])
     rank_ordered = []
     for owner, chunk in enumerate(per_owner):

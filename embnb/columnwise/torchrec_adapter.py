@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
 
 from embnb._checks import check_choice
@@ -30,6 +31,7 @@ __all__ = [
     "COMPUTE_KERNELS",
     "TORCHREC_CW_ALIGNMENT",
     "compute_kernel_for",
+    "fbgemm_cuda_problem",
     "torchrec_num_shards",
     "check_torchrec_placements",
     "cw_sharding_plan",
@@ -44,6 +46,23 @@ __all__ = [
 # kernel with the optimizer fused into backward) runs. On CUDA "fused" is
 # torchrec's usual choice for sharded tables.
 COMPUTE_KERNELS = {"cpu": "fused", "cuda": "fused"}
+
+
+def fbgemm_cuda_problem(gpu_visible: bool | None = None) -> str | None:
+    """Why torchrec's sharded modules cannot run on CUDA here, or None.
+
+    They need FBGEMM's CUDA kernels; the fbgemm-gpu-cpu wheel (what the GPU
+    kit carries: the CUDA wheel is hundreds of MB) has none. `gpu_visible`
+    overrides torch.cuda.is_available() (to test the rule without a GPU).
+    """
+    import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm.*)
+
+    if not (torch.cuda.is_available() if gpu_visible is None else gpu_visible):
+        return "no CUDA GPU is visible"
+    op = "fbgemm::block_bucketize_sparse_features"  # any op: a CUDA build registers CUDA kernels
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"):
+        return "this fbgemm build has no CUDA kernels (fbgemm-gpu-cpu)"
+    return None
 
 
 def compute_kernel_for(device_type: str) -> str:

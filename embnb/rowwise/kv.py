@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from embnb._checks import check_int, check_int_tensor, check_number
-from embnb.dist import launch, rank_device
+from embnb.dist import exchange, launch, rank_device
 from embnb.rowwise import checkpoint
 from embnb.rowwise.routing import DistType, bucketize, hash_key
 
@@ -214,9 +214,7 @@ class ShardedKVTable:
                 f"table {self.name!r} has world_size={self.world_size} but "
                 f"no process group is initialized (use embnb.dist.launch)"
             )
-        recv = send.new_empty((sum(recv_splits), *send.shape[1:]))
-        dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits)
-        return recv
+        return exchange(send, send_splits, recv_splits)
 
     def _route(self, num_features: int, lengths: torch.Tensor, values: torch.Tensor):
         """Bucketize a batch, send each owner its ids; return (bucketized,

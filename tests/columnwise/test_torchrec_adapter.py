@@ -50,3 +50,20 @@ def test_torchrec_num_shards_follows_torchrecs_rounding():
             ec, {"t0": column_wise(ranks=ranks)}, local_size=2, world_size=2, device_type="cpu"
         )
         assert torchrec_adapter.torchrec_num_shards(dim, dim // len(ranks)) == len(plan["t0"].ranks)
+
+
+def test_torchrec_on_cuda_needs_fbgemm_cuda_kernels():
+    import fbgemm_gpu  # noqa: F401
+    import torch
+
+    from embnb.columnwise.torchrec_adapter import fbgemm_cuda_problem
+
+    op = "fbgemm::block_bucketize_sparse_features"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")  # the op the rule reads exists
+    assert fbgemm_cuda_problem(gpu_visible=False) == "no CUDA GPU is visible"
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"):  # the CPU wheel, as in CI
+        assert (
+            fbgemm_cuda_problem(gpu_visible=True) == "this fbgemm build has no CUDA kernels (fbgemm-gpu-cpu)"
+        )
+    else:
+        assert fbgemm_cuda_problem(gpu_visible=True) is None
