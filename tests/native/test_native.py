@@ -452,6 +452,30 @@ def test_cuda_big_matches_reference(native, world, modes):
 
 
 @needs_gpu
+@pytest.mark.parametrize("num_keys, world", [(10**6, 4096), (10**7, 512), (10**8, 8)])
+def test_cuda_matches_the_cpu_kernel_and_the_reference_at_scale(native, num_keys, world):
+    """Every dist_type at up to 1e8 keys and W up to 4096 (the GPU kit runs
+    this): the CUDA kernel, the CPU kernel and the pure-torch reference agree
+    bit for bit."""
+    from embnb.rowwise.kernel_timing import make_inputs
+    from embnb.rowwise.routing import DIST_CODES, DistType
+
+    lengths, indices = make_inputs(num_keys, "cpu")
+    num_features = 8
+    blocks = [-(-(10**8) // world)] * num_features  # the table's rows split into W blocks
+    for mode in DistType:
+        codes = [DIST_CODES[mode]] * num_features
+        cpu = torch.ops.embnb.bucketize(lengths, indices, world, codes, blocks)
+        cuda = torch.ops.embnb.bucketize(lengths.cuda(), indices.cuda(), world, codes, blocks)
+        reference = bucketize(lengths, indices, world, mode, blocks, impl="reference")
+        for name, on_gpu, on_cpu, want in zip(("lengths", "indices", "permute"), cuda, cpu, reference):
+            assert torch.equal(on_gpu.cpu(), on_cpu), (mode, name, "CUDA vs CPU kernel")
+            assert torch.equal(on_cpu, want), (mode, name, "CPU kernel vs reference")
+        del cpu, cuda, reference
+        torch.cuda.empty_cache()
+
+
+@needs_gpu
 def test_cuda_rejects_bad_data(native):
     cuda = dict(device="cuda")
     with pytest.raises(ValueError, match="-2 at position 1"):
