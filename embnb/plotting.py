@@ -42,7 +42,7 @@ PALETTE = {
     "torchrec default": "#c44e52",
 }
 MEAN_STYLE = {"color": "0.3", "linestyle": "--", "linewidth": 1}
-MAX_RANK_LABELS = 16  # more rank labels than this run together
+MAX_RANK_LABELS = 8  # more rank labels than this run together in a 3-inch panel
 
 
 def color(name: str, index: int = 0) -> str:
@@ -70,7 +70,8 @@ def values_of(data: Sequence[float] | torch.Tensor, what: str) -> list[float]:
 
 
 def rank_ticks(ax, num_ranks: int) -> None:
-    """Label the x axis with rank numbers, thinned so that they stay legible."""
+    """Label the x axis with rank numbers, thinned to at most MAX_RANK_LABELS
+    (every k-th rank from 0) so that they stay legible."""
     ranks = list(range(num_ranks))
     stride = max(1, -(-num_ranks // MAX_RANK_LABELS))  # ceil
     ax.set_xticks(ranks[::stride])
