@@ -83,3 +83,10 @@ def collective_helpers(rank, world_size):
     send = torch.cat([torch.tensor([[rank, d]] * (d + 1)) for d in range(world_size)])
     received = edist.exchange(send, [d + 1 for d in range(world_size)], [rank + 1] * world_size)
     return {"total": total.tolist(), "gathered": gathered.tolist(), "received": received.tolist()}
+
+
+def call_is_fx_tracing(rank, world_size):
+    """What torchrec's sharded modules call on every rank."""
+    from torch.fx._symbolic_trace import is_fx_tracing
+
+    return is_fx_tracing()

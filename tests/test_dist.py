@@ -259,3 +259,8 @@ def test_launch_each_runs_several_experiments_in_one_launch():
 def test_launch_each_refuses_an_unimportable_call_before_spawning():
     with pytest.raises(ValueError, match="cannot be sent to spawned ranks"):
         edist.launch_each([(ranks.identity, (1,)), (lambda rank, world_size: rank, ())], 2)
+
+
+def test_ranks_do_not_print_torch_fx_deprecation_noise(capfd):
+    assert edist.launch(ranks.call_is_fx_tracing, 2, device="cpu") == [False, False]
+    assert "is_fx_tracing will return" not in capfd.readouterr().err
