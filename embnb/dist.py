@@ -423,13 +423,18 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) ->
 
 def all_gather_flat(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Every rank's `tensor` flattened and concatenated in rank order (same
-    size on every rank), on `tensor`'s device. One `all_gather_into_tensor`
-    (in every supported torch; gloo wants the flat form), through host
-    memory when the backend needs it there."""
+    size on every rank), on `tensor`'s device: one all-gather into a flat
+    tensor (gloo wants the flat form), through host memory when the
+    backend needs it there."""
     flat = tensor.contiguous().view(-1).to(collective_device(group))
     out = flat.new_empty(dist.get_world_size(group) * flat.numel())
-    dist.all_gather_into_tensor(out, flat, group=group)
+    _all_gather_into(out, flat, group=group)
     return out.to(tensor.device)
+
+
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name
+# warns there); torch 2.11, the oldest supported, has only the old name.
+_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def exchange(

@@ -264,3 +264,12 @@ def test_launch_each_refuses_an_unimportable_call_before_spawning():
 def test_ranks_do_not_print_torch_fx_deprecation_noise(capfd):
     assert edist.launch(ranks.call_is_fx_tracing, 2, device="cpu") == [False, False]
     assert "is_fx_tracing will return" not in capfd.readouterr().err
+
+
+def test_the_flat_all_gather_uses_the_name_this_torch_prefers():
+    import torch.distributed as dist
+
+    expected = dist.all_gather_single if hasattr(dist, "all_gather_single") else dist.all_gather_into_tensor
+    assert edist._all_gather_into is expected
+    (gathered,) = edist.launch_each([(ranks.collective_helpers, ())], 2, device="cpu")
+    assert gathered[1]["gathered"] == [0, 0, 1, 10]
