@@ -10,7 +10,8 @@ directly; FBGEMM in continuous mode only, and on a GPU only where a CUDA
 FBGEMM is installed) and the pure-torch reference. Calls are interleaved
 round by round so that load from other processes hits all of them alike; each figure is a median after warm-up
 (CUDA timed with events); the JSON also keeps the best round, and the
-table the ratio of best rounds. On a GPU the reference runs on CPU copies.
+table the ratio of best rounds. On a GPU the pure-torch reference runs on
+the GPU too: it is the torch-native GPU peer.
 Before timing, the outputs are compared: embnb must equal FBGEMM and the
 reference bit for bit, or the run fails.
 

@@ -231,12 +231,12 @@ def _route_by_feature(
     block_size = None
     if DistType.CONTINUOUS in modes:
         # Entries of non-continuous features are never read; clamp them.
-        block_size = torch.tensor([max(s, 1) for s in sizes])[feature]
+        block_size = torch.tensor([max(s, 1) for s in sizes], device=feature.device)[feature]
     if len(set(modes)) == 1:  # the common case needs no masking
         return _route(keys, world_size, modes[0], block_size)
     owner, local = torch.empty_like(keys), torch.empty_like(keys)
     for mode in set(modes):  # one pass per mode present, not per feature
-        mask = torch.tensor([m is mode for m in modes])[feature]
+        mask = torch.tensor([m is mode for m in modes], device=feature.device)[feature]
         mode_block = None if block_size is None else block_size[mask]
         owner[mask], local[mask] = _route(keys[mask], world_size, mode, mode_block)
     return owner, local
@@ -286,7 +286,7 @@ def bucketize(
     """
     args = _check_args(lengths, indices, world_size, dist_type, block_sizes, num_features, weights)
     if impl == "reference":
-        return _reference_on_cpu(args)
+        return _bucketize_reference(args)
     if impl not in ("auto", "native"):
         raise ValueError(f"impl must be 'auto', 'native' or 'reference', got {impl!r}")
     from embnb.native import loader  # builds the extension on first use
@@ -294,12 +294,12 @@ def bucketize(
     native = loader.load() if impl == "native" else loader.try_load()
     device = args.indices.device
     if native is None:
-        return _reference_on_cpu(args)
+        return _bucketize_reference(args)
     if device.type != "cpu" and not native.cuda:
         message = (
             f"embnb: the native extension was built without CUDA "
             f"kernels, so bucketize on {device} tensors runs the "
-            f"pure-torch reference on the CPU (same results)"
+            f"pure-torch reference (same results)"
         )
         if impl == "native":
             raise loader.NativeUnavailable(message)
@@ -307,7 +307,7 @@ def bucketize(
         if not _warned_no_cuda:
             _warned_no_cuda = True
             warnings.warn(message, RuntimeWarning, stacklevel=2)
-        return _reference_on_cpu(args)
+        return _bucketize_reference(args)
     codes = [DIST_CODES[m] for m in args.modes]
     blocks = [args.sizes[f] if m is DistType.CONTINUOUS else 0 for f, m in enumerate(args.modes)]
     out = torch.ops.embnb.bucketize(
@@ -362,24 +362,13 @@ def _check_args(lengths, indices, world_size, dist_type, block_sizes, num_featur
     return _Args(lengths, indices, world_size, modes, sizes, batch, weights)
 
 
-def _reference_on_cpu(args: _Args) -> Bucketized:
-    """The pure-torch reference; tensors on another device go via the CPU."""
-    device = args.indices.device
-    if device.type == "cpu":
-        return _bucketize_reference(args)
-    weights = None if args.weights is None else args.weights.cpu()
-    out = _bucketize_reference(
-        args._replace(
-            lengths=args.lengths.cpu(),
-            indices=args.indices.cpu(),
-            weights=weights,
-        )
-    )
-    return Bucketized(*(None if t is None else t.to(device) for t in out))
-
-
 def _bucketize_reference(args: _Args) -> Bucketized:
+    """The pure-torch reference, on the device of `indices` (plain torch ops,
+    so on a GPU it is the torch-native peer the benchmark times)."""
     lengths, indices, world_size, modes, sizes, batch, weights = args
+    device = indices.device
+    lengths = lengths.to(device)
+    weights = None if weights is None else weights.to(device)
     num_segments = lengths.numel()
     if num_segments and bool((lengths < 0).any()):
         pos = int(torch.nonzero(lengths < 0)[0])
@@ -392,14 +381,14 @@ def _bucketize_reference(args: _Args) -> Bucketized:
 
     # Per key: its segment (f * batch + b) and feature; route in int64.
     segment = torch.repeat_interleave(
-        torch.arange(num_segments),
+        torch.arange(num_segments, device=device),
         lengths.to(torch.int64),
         output_size=num_keys,
     )
     feature = segment // batch if batch else segment
     keys = indices.to(torch.int64)
     if continuous:
-        is_continuous = torch.tensor([m is DistType.CONTINUOUS for m in modes])
+        is_continuous = torch.tensor([m is DistType.CONTINUOUS for m in modes], device=device)
         where = f" (features {continuous} are continuous)"
         _check_nonnegative_keys(keys[is_continuous[feature]], where)
     owner, local = _route_by_feature(keys, feature, modes, sizes, world_size)
@@ -410,7 +399,7 @@ def _bucketize_reference(args: _Args) -> Bucketized:
     order = torch.sort(bucket, stable=True).indices
     new_lengths = torch.bincount(bucket, minlength=world_size * num_segments)
     permute = torch.empty_like(order)
-    permute[order] = torch.arange(num_keys)
+    permute[order] = torch.arange(num_keys, device=device)
     return Bucketized(
         lengths=new_lengths.to(lengths.dtype),
         indices=local[order].to(indices.dtype),
