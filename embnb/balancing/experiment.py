@@ -49,6 +49,7 @@ def tail_share(lengths: torch.Tensor, fraction: float = 0.01) -> float:
     )
 
 
+# workloads.compare_methods' parameters: it runs that over the grid, with a progress bar.
 def comparison_table(
     sample_counts: Sequence[int],
     part_counts: Sequence[int],
