@@ -19,6 +19,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -69,6 +70,7 @@ def run_notebook(
     results_path.unlink(missing_ok=True)  # a stale file must not pass for this run's
     params = {"interactive": False, "results_path": str(results_path), **(parameters or {})}
     executed = out_dir / path.name
+    sockets = tempfile.TemporaryDirectory(prefix="embnb-kernel-")
     try:
         papermill.execute_notebook(
             str(path),
@@ -79,6 +81,7 @@ def run_notebook(
             execution_timeout=cell_timeout_s,
             progress_bar=False,
             log_output=False,
+            config=_ipc_kernel_config(sockets.name),
         )
     except papermill.PapermillExecutionError as exc:
         raise NotebookError(
@@ -86,12 +89,22 @@ def run_notebook(
             f"executed copy with the traceback: {executed}"
         ) from exc
     finally:
+        sockets.cleanup()
         if executed.exists():
             _save_figures(executed, out_dir)
     results_file = pathlib.Path(params["results_path"])
     if not results_file.is_file():
         raise NotebookError(f"{path.name} ran but wrote no results JSON at {results_file}")
     return json.loads(results_file.read_text())
+
+
+def _ipc_kernel_config(socket_dir: str):
+    # The kernel talks over Unix sockets in a private folder instead of TCP on
+    # localhost: ipykernel then has no reason to warn that its traffic is
+    # unencrypted (one warning line per notebook in `make run`).
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(socket_dir, "kernel")}})
 
 
 def _prefer_this_environment_kernel() -> None:

@@ -164,6 +164,8 @@ def test_command_line_run_prints_one_summary_line_per_notebook(tmp_path):
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    # no warning lines: ipykernel warns about TCP transport unless the harness uses IPC
+    assert "WARNING" not in out.stderr and "encryption" not in out.stderr, out.stderr[-2000:]
     line = next(row for row in out.stdout.splitlines() if row.startswith("02_cli"))
     assert line.endswith(f"total={sum(range(4))}")
     assert json.loads((tmp_path / "out" / "02_cli.json").read_text())["total"] == 6

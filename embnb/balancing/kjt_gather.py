@@ -19,7 +19,10 @@ and `count_collectives` counts the collectives that ran (from the profiler).
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
+import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -227,12 +230,40 @@ def count_collectives() -> Iterator[Counter]:
     from torch.profiler import ProfilerActivity, profile
 
     calls: Counter = Counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU])
+    # Kineto writes a "USDT: ... profiler_start/stop" line to stderr at both
+    # ends: drop those two, keep anything else it says; the block runs unfiltered.
+    with _without_stderr_lines("USDT:"):
+        prof.__enter__()
+    try:
         yield calls
+    finally:
+        with _without_stderr_lines("USDT:"):
+            prof.__exit__(None, None, None)
     backends = ("gloo:", "nccl:")
     for event in prof.events():
         if event.name.startswith(backends):
             calls[event.name.split(":", 1)[1]] += 1
+
+
+@contextlib.contextmanager
+def _without_stderr_lines(prefix: str) -> Iterator[None]:
+    """Native code writes to file descriptor 2 directly, past sys.stderr:
+    catch the descriptor in a temporary file, then pass on every line that
+    does not start with `prefix`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().splitlines(True) if not line.startswith(prefix.encode())]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def random_kjts(

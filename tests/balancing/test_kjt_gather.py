@@ -137,3 +137,21 @@ def test_bad_input_is_named():
         kjt_gather.allgather_kjt_per_key([history, torch.zeros(3)])
     with pytest.raises(ValueError, match="sample index 4 is outside the batch of 4 samples"):
         kjt_gather.select_samples(history, [0, 4])
+
+
+def test_counting_collectives_prints_no_profiler_lines_but_keeps_other_output(capfd):
+    with kjt_gather.count_collectives() as calls:
+        torch.ones(3).add_(1)
+        print("from the block", flush=True)
+    captured = capfd.readouterr()
+    assert dict(calls) == {}
+    assert "USDT" not in captured.err and "profiler_start" not in captured.err
+    assert "from the block" in captured.out
+
+
+def test_the_stderr_filter_drops_only_the_named_lines(capfd):
+    import os
+
+    with kjt_gather._without_stderr_lines("USDT:"):
+        os.write(2, b"USDT: profiler_start\na real error\nUSDT: profiler_stop\n")
+    assert capfd.readouterr().err == "a real error\n"
