@@ -8,12 +8,13 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["median_seconds", "machine_name"]
+__all__ = ["median_seconds", "machine_name", "Ratio", "paired_ratio"]
 
 
 def median_seconds(
@@ -57,3 +58,34 @@ def machine_name(device: torch.device | str = "cpu") -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"{platform.processor() or platform.machine()} x{os.cpu_count()} cores"
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A time ratio over repeats that each timed both sides back to back:
+    its median and its range (the spread a reader should see with it)."""
+
+    median: float
+    low: float
+    high: float
+    repeats: int
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f} over {self.repeats})"
+
+    def as_dict(self) -> dict[str, float]:
+        return {"median": self.median, "low": self.low, "high": self.high, "repeats": self.repeats}
+
+
+def paired_ratio(numerator_seconds: Sequence[float], denominator_seconds: Sequence[float]) -> Ratio:
+    """numerator / denominator per repeat (pair i timed in repeat i), summarized.
+    With the peer as numerator, > 1 means faster than the peer."""
+    if len(numerator_seconds) != len(denominator_seconds) or not numerator_seconds:
+        raise ValueError(
+            f"need the same number (>= 1) of timings on both sides, got "
+            f"{len(numerator_seconds)} and {len(denominator_seconds)}"
+        )
+    if min(denominator_seconds) <= 0:
+        raise ValueError(f"denominator timings must be > 0, got {list(denominator_seconds)}")
+    ratios = [n / d for n, d in zip(numerator_seconds, denominator_seconds)]
+    return Ratio(statistics.median(ratios), min(ratios), max(ratios), len(ratios))

@@ -127,6 +127,7 @@ def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
     [
         (["planner", "--tables", "0"], "--tables must all be >= 1, got [0]"),
         (["planner", "--quality-instances", "-1"], "--quality-instances must be >= 0, got -1"),
+        (["balancer", "--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["nosuch"], "got 'nosuch'"),
     ],
 )

@@ -19,14 +19,22 @@ import pandas as pd
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from embnb._checks import check_int
 from embnb.balancing.kjt_gather import compare_gathers
 from embnb.balancing.partition import METHODS, balance
-from embnb.balancing.training import AttentionBlock, RunSummary, TrainConfig, summarize, train
+from embnb.balancing.training import (
+    AttentionBlock,
+    RunSummary,
+    TrainConfig,
+    slowest_rank_seconds,
+    summarize,
+    train,
+)
 from embnb.balancing.workloads import attention_block_flops, compare_methods
 from embnb.dist import device_plan, launch_each
 from embnb.metrics import max_over_mean
 from embnb.native import loader
-from embnb.timing import median_seconds
+from embnb.timing import Ratio, median_seconds, paired_ratio
 
 __all__ = [
     "tail_share",
@@ -116,12 +124,18 @@ def flops_balance(lengths: torch.Tensor, flops: torch.Tensor, num_parts: int) ->
 
 @dataclass(frozen=True)
 class TrainingRuns:
-    """One launch: the KJT gathers, then every training run, per rank."""
+    """One launch: the KJT gathers, then every training run, `repeats`
+    times over, interleaved (run a, b, c, a, b, c, ...) so that a slow
+    moment of the machine hits every run alike."""
 
     backend: str
     seconds: float
-    gathers: list[dict[str, Any]]  # compare_gathers per rank
-    per_run: dict[str, list[dict[str, Any]]]  # label -> train() per rank
+    gathers: list[dict[str, Any]]  # compare_gathers per rank; empty when not run
+    per_repeat: dict[str, list[list[dict[str, Any]]]]  # label -> per repeat -> train() per rank
+
+    def ranks(self, label: str) -> list[dict[str, Any]]:
+        """The first repeat of run `label`: train() per rank."""
+        return self.per_repeat[label][0]
 
     def collective_calls(self) -> dict[str, int]:
         return self.gathers[0]["calls"]
@@ -133,17 +147,32 @@ class TrainingRuns:
         return {k: 1e3 * max(g["seconds"][k] for g in self.gathers) for k in self.collective_calls()}
 
     def summaries(self) -> dict[str, RunSummary]:
-        return {label: summarize(ranks) for label, ranks in self.per_run.items()}
+        """Each run's first repeat, summarized."""
+        return {label: summarize(self.ranks(label)) for label in self.per_repeat}
+
+    def speedups(self, reference: str) -> dict[str, Ratio]:
+        """Per run: the reference run's time over this run's, each repeat's
+        steps at their slowest rank (the same global batches in every run);
+        > 1 means faster than `reference`."""
+        if reference not in self.per_repeat:
+            raise ValueError(f"reference {reference!r} is not a run; runs: {list(self.per_repeat)}")
+        seconds = {
+            label: [slowest_rank_seconds(ranks) for ranks in repeats]
+            for label, repeats in self.per_repeat.items()
+        }
+        return {label: paired_ratio(seconds[reference], seconds[label]) for label in seconds}
 
     def same_weights(self, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
         """Whether every run trained rank 0 to the first run's weights."""
-        first = next(iter(self.per_run.values()))[0]["weights"]
+        first = self.ranks(next(iter(self.per_repeat)))[0]["weights"]
         return all(
-            torch.allclose(r[0]["weights"], first, rtol=rtol, atol=atol) for r in self.per_run.values()
+            torch.allclose(repeat[0]["weights"], first, rtol=rtol, atol=atol)
+            for repeats in self.per_repeat.values()
+            for repeat in repeats
         )
 
     def spans(self, label: str) -> list[dict[str, Any]]:
-        return [span for rank in self.per_run[label] for span in rank["spans"]]
+        return [span for rank in self.ranks(label) for span in rank["spans"]]
 
 
 def run_training(
@@ -151,15 +180,23 @@ def run_training(
     world_size: int,
     gather_kwargs: Mapping[str, Any] | None = None,
     device: str = "auto",
+    repeats: int = 1,
     timeout_s: float = 1800,
 ) -> TrainingRuns:
-    """`compare_gathers`, then `train` once per config, in one launch
-    (spawning ranks takes seconds each time)."""
+    """`compare_gathers` (unless `gather_kwargs` is None), then `train` once
+    per config, `repeats` times over, in one launch (spawning ranks takes
+    seconds each time)."""
+    check_int("repeats", repeats, low=1)
     backend = device_plan(device, world_size).backend
-    calls = [(_gathers, (dict(gather_kwargs or {}),))] + [(train, (config,)) for config in configs.values()]
+    gather_calls = [] if gather_kwargs is None else [(_gathers, (dict(gather_kwargs),))]
+    train_calls = [(train, (config,)) for _ in range(repeats) for config in configs.values()]
     start = time.perf_counter()
-    gathers, *trained = launch_each(calls, world_size, device=device, timeout_s=timeout_s)
-    return TrainingRuns(backend, time.perf_counter() - start, gathers, dict(zip(configs, trained)))
+    outcomes = launch_each(gather_calls + train_calls, world_size, device=device, timeout_s=timeout_s)
+    seconds = time.perf_counter() - start
+    gathers = outcomes.pop(0) if gather_calls else []
+    labels = list(configs)
+    per_repeat = {label: outcomes[i :: len(labels)] for i, label in enumerate(labels)}
+    return TrainingRuns(backend, seconds, gathers, per_repeat)
 
 
 def _gathers(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -178,6 +215,7 @@ def results(
     flops_max_over_mean: dict[str, float],
     kk_timing: KKTiming,
     runs: TrainingRuns,
+    unbalanced_label: str,
     overlapped_label: str,
     seconds: float,
 ) -> dict[str, Any]:
@@ -192,6 +230,7 @@ def results(
         for method, rows in comparison.groupby("method")
     }
     summaries = runs.summaries()
+    speedups = runs.speedups(unbalanced_label)
     hidden = summaries[overlapped_label].hidden_fraction
     calls = runs.collective_calls()
     gaps = {m: imbalance[m]["max_gap_to_lower_bound"] for m in METHODS if m in imbalance}
@@ -200,7 +239,7 @@ def results(
         f"LPT {gaps.get('greedy_lpt', float('nan')):.2%}, "
         f"KK {gaps.get('karmarkar_karp', float('nan')):.2%}, "
         f"KK+swaps {gaps.get('kk_swap', float('nan')):.2%}; "
-        f"{hidden:.0%} of KK hidden; "
+        f"{hidden:.0%} of KK hidden; step speed-up {speedups[overlapped_label]}; "
         f"KJT gather {calls['fused']} vs {calls['per_key']} collectives"
     )
     return {
@@ -209,6 +248,7 @@ def results(
         "batch_size": batch_size,
         "zipf_alpha": zipf_alpha,
         "steps": steps,
+        "repeats": len(runs.per_repeat[unbalanced_label]),
         "backend": runs.backend,
         "native_kk": kk_timing.native_s is not None,
         "imbalance": imbalance,
@@ -221,6 +261,8 @@ def results(
         "gathers_identical": runs.gathers_identical(),
         "gather_ms": runs.gather_ms(),
         "runs": [{"label": label, **s.as_dict()} for label, s in summaries.items()],
+        "step_speedup_vs": unbalanced_label,
+        "step_speedups": {label: ratio.as_dict() for label, ratio in speedups.items()},
         "same_weights": runs.same_weights(),
         "hidden_fraction": float(hidden),
         "seconds": seconds,

@@ -7,7 +7,7 @@ The shared style is `embnb.plotting`; per-rank loads are its `rank_bars`.
     fig = flops_vs_length(lengths, flops, {...})          # what to balance
     fig = gantt({"sync": spans, "overlap": spans})        # timelines
     fig = collective_calls({"per key": 7, "fused": 2})
-    fig = step_times({"no balancing": summary, ...})  # RunSummary per run
+    fig = step_speedups(runs.speedups("no balancing"), "no balancing")
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from embnb.plotting import color, new_figure, values_of
 
 if TYPE_CHECKING:
     from embnb.balancing.training import RunSummary
+    from embnb.timing import Ratio
 
 __all__ = [
     "PHASE_COLORS",
@@ -33,7 +34,7 @@ __all__ = [
     "flops_vs_length",
     "gantt",
     "collective_calls",
-    "step_times",
+    "step_speedups",
 ]
 
 PHASE_COLORS = {  # Gantt chart phases
@@ -209,22 +210,33 @@ def collective_calls(calls: Mapping[str, float], title: str | None = None) -> Fi
     return fig
 
 
-def step_times(summaries: Mapping[str, RunSummary], title: str | None = None) -> Figure:
-    """Median step time of each run (label -> `training.RunSummary`),
-    annotated with the hidden share of KK time where there is one."""
-    if not summaries:
-        raise ValueError("summaries is empty: nothing to plot")
-    fig = new_figure(1.5 + 1.6 * len(summaries), 3.2)
+def step_speedups(
+    speedups: Mapping[str, Ratio],
+    reference: str,
+    summaries: Mapping[str, RunSummary] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """How much faster each run trained than `reference` (label ->
+    `embnb.timing.Ratio`): the median over repeats, the range as an error
+    bar; with `summaries`, each bar also notes the hidden share of KK time."""
+    if not speedups:
+        raise ValueError("speedups is empty: nothing to plot")
+    labels = list(speedups)
+    ratios = list(speedups.values())
+    medians = [r.median for r in ratios]
+    errors = [[r.median - r.low for r in ratios], [r.high - r.median for r in ratios]]
+    fig = new_figure(1.5 + 1.7 * len(labels), 3.4)
     ax = fig.subplots()
-    runs = list(summaries.values())
-    bars = ax.bar(list(summaries), [r.step_seconds * 1e3 for r in runs], color="#4c72b0")
+    bars = ax.bar(labels, medians, yerr=errors, capsize=4, color=color(0), ecolor="#333333")
+    ax.axhline(1.0, color="#555555", linestyle="--", linewidth=1)
     notes = []
-    for r in runs:
-        hidden = r.hidden_fraction
+    for label, r in speedups.items():
+        hidden = summaries[label].hidden_fraction if summaries and label in summaries else None
         shown = hidden is not None and hidden == hidden  # None or NaN: this run has no KK
-        notes.append(f"{r.step_seconds * 1e3:.1f} ms" + (f"\n{hidden:.0%} hidden" if shown else ""))
-    ax.bar_label(bars, notes, fontsize=8)
-    ax.set_ylabel("median step time (ms)")
+        notes.append(f"{r.median:.2f}x" + (f"\n{hidden:.0%} KK hidden" if shown else ""))
+    ax.bar_label(bars, notes, fontsize=8, label_type="center", color="white")
+    ax.set_ylabel(f"step speed-up vs {reference}")
     ax.tick_params(axis="x", labelrotation=15)
-    ax.set_title(title or "step time (each step at its slowest rank)")
+    repeats = ratios[0].repeats
+    ax.set_title(title or f"speed-up over {repeats} repeats (bar: median, whisker: range)")
     return fig

@@ -51,6 +51,7 @@ __all__ = [
     "train",
     "RunSummary",
     "summarize",
+    "slowest_rank_seconds",
 ]
 
 MODES = ("none", "sync", "overlap")
@@ -334,6 +335,14 @@ def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary
         kk_seconds=statistics.median(kk) if kk else 0.0,
         num_spans=sum(len(r["spans"]) for r in per_rank),
     )
+
+
+def slowest_rank_seconds(per_rank: list[dict[str, Any]], skip_first: int = 1) -> float:
+    """Wall time of one run's steps as the ranks lived them: each step lasts
+    as long as its slowest rank (they meet at the all-reduce), summed over
+    the steps after the first `skip_first` (warm-up)."""
+    steps = len(per_rank[0]["step_seconds"])
+    return sum(max(r["step_seconds"][s] for r in per_rank) for s in range(min(skip_first, steps - 1), steps))
 
 
 def _hidden_over_ranks(per_rank: list[dict[str, Any]]) -> float | None:

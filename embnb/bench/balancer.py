@@ -9,9 +9,11 @@
    numberpartitioning.karmarkar_karp on the same input in the same run.
 2. GIL: how fast the main thread's Python runs while KK runs in a thread
    (native releases the GIL, Python holds it), relative to no KK at all.
-3. Training: step time of a small sequence model on 4 gloo ranks with no
+3. Training: step time of a small sequence model on 2 ranks (one core each
+   on a 2-core machine, so the slowest rank sets the step) with no
    balancing, balancing without overlap, and balancing overlapped (native
-   and Python KK), and the share of KK time hidden behind the step.
+   and Python KK), each repeated, interleaved; the speed-up over no
+   balancing per repeat (median and range), and the share of KK time hidden.
 
 Writes benchmarks/results/balancer-DATE-MACHINE.json.
 """
@@ -30,13 +32,14 @@ import numberpartitioning
 import torch
 
 from embnb.balancing import partition as balancer
-from embnb.balancing.training import TrainConfig, summarize, train
+from embnb.balancing.experiment import run_training
+from embnb.balancing.training import TrainConfig
 from embnb.balancing.workloads import imbalance
 from embnb.bench.timing import write_results
 from embnb.data import zipf_lengths
-from embnb.dist import launch_each
+from embnb.dist import device_plan
 from embnb.native import loader
-from embnb.timing import machine_name, median_seconds
+from embnb.timing import Ratio, machine_name, median_seconds
 
 PEER = "numberpartitioning_kk"
 
@@ -136,7 +139,9 @@ def bench_gil(native: bool, seconds: float = 1.0) -> dict[str, float]:
     return result
 
 
-def bench_training(world_size: int, steps: int, batch_size: int, max_length: int) -> list[dict[str, Any]]:
+def bench_training(
+    world_size: int, steps: int, batch_size: int, max_length: int, repeats: int, device: str
+) -> list[dict[str, Any]]:
     base = TrainConfig(steps=steps, batch_size=batch_size, max_length=max_length)
     runs = {
         "no balancing": base.replace(mode="none"),
@@ -144,14 +149,12 @@ def bench_training(world_size: int, steps: int, batch_size: int, max_length: int
         "balancing overlapped (native KK)": base.replace(mode="overlap", kk_backend="native"),
         "balancing overlapped (Python KK)": base.replace(mode="overlap", kk_backend="python"),
     }
-    per_run = launch_each(
-        [(train, (config,)) for config in runs.values()], world_size, device="cpu", timeout_s=1800
-    )
-    rows = [{"label": label, **summarize(ranks).as_dict()} for label, ranks in zip(runs, per_run)]
-    none = rows[0]["step_seconds"]
-    for r in rows:
-        r["step_time_vs_no_balancing"] = r["step_seconds"] / none
-    return rows
+    trained = run_training(runs, world_size, device=device, repeats=repeats)
+    speedups = trained.speedups("no balancing")
+    return [
+        {"label": label, **summary.as_dict(), "speedup_vs_no_balancing": speedups[label].as_dict()}
+        for label, summary in trained.summaries().items()
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -161,15 +164,32 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--samples", type=int, nargs="+", default=[256, 1024, 4096, 16384])
     parser.add_argument("--parts", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--budget", type=float, default=0.4, help="seconds of timing per method and size")
-    parser.add_argument("--world-size", type=int, nargs="+", default=[4], help="one training run per value")
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        nargs="+",
+        default=[2],
+        help="one training run per value (2: one core per rank on a 2-core machine)",
+    )
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
-    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of each training run")
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="where ranks train")
     parser.add_argument("--no-train", action="store_true", help="skip the multi-rank training part")
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
     )
     opts = parser.parse_args(argv)
+    for name, values in (
+        ("--world-size", opts.world_size),
+        ("--steps", [opts.steps]),
+        ("--repeats", [opts.repeats]),
+        ("--batch-size", [opts.batch_size]),
+        ("--max-length", [opts.max_length]),
+    ):
+        if any(v < 1 for v in values):
+            parser.error(f"{name} must be >= 1, got {values if len(values) > 1 else values[0]}")
     native = loader.available()
     if not native:
         print(f"native KK unavailable: {loader.failure()}", file=sys.stderr)
@@ -183,17 +203,21 @@ def main(argv: list[str]) -> int:
     )
     training = []
     for world_size in [] if opts.no_train else opts.world_size:
-        print(f"training on {world_size} gloo ranks ...", flush=True)
-        rows = bench_training(world_size, opts.steps, opts.batch_size, opts.max_length)
+        print(f"training on {world_size} ranks ({opts.device}), {opts.repeats} repeats ...", flush=True)
+        rows = bench_training(
+            world_size, opts.steps, opts.batch_size, opts.max_length, opts.repeats, opts.device
+        )
         for r in rows:
             hidden = "" if r["hidden_fraction"] is None else f"  hidden {r['hidden_fraction']:.1%}"
             print(
-                f"  {r['label']:<34} {r['step_seconds'] * 1e3:8.1f} ms/step "
-                f"({r['step_time_vs_no_balancing']:.2f}x)  FLOPs max/mean {r['flops_max_over_mean']:.3f}"
-                f"  KK {r['kk_seconds'] * 1e3:.3f} ms{hidden}",
+                f"  {r['label']:<34} {r['step_seconds'] * 1e3:8.1f} ms/step  "
+                f"speed-up {Ratio(**r['speedup_vs_no_balancing'])}  "
+                f"FLOPs max/mean {r['flops_max_over_mean']:.3f}  KK {r['kk_seconds'] * 1e3:.3f} ms{hidden}",
                 flush=True,
             )
-        training.append({"world_size": world_size, "runs": rows})
+        training.append(
+            {"world_size": world_size, "backend": device_plan(opts.device, world_size).backend, "runs": rows}
+        )
     payload = {
         "machine": machine_name(),
         "native_kk": native,
@@ -205,7 +229,8 @@ def main(argv: list[str]) -> int:
             "steps": opts.steps,
             "batch_size": opts.batch_size,
             "max_length": opts.max_length,
-            "backend": "gloo",
+            "repeats": opts.repeats,
+            "device": opts.device,
             "model": {k: getattr(TrainConfig(), k) for k in ("embedding_dim", "ffn_dim", "num_heads")},
         },
     }

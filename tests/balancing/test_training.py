@@ -202,3 +202,11 @@ def test_summarize_takes_each_step_at_its_slowest_rank():
     assert summary.step_seconds == 2.5  # median of the slowest ranks: 2.0 and 3.0
     assert summary.flops_max_over_mean == pytest.approx((1.0 + 6 / 4) / 2)
     assert summary.kk_seconds == 0.375 and summary.num_spans == 3 and summary.hidden_fraction == 0.0
+
+
+def test_slowest_rank_seconds_sums_each_steps_slowest_rank_after_warm_up():
+    ranks = [{"step_seconds": [9.0, 1.0, 3.0, 2.0]}, {"step_seconds": [8.0, 2.0, 1.0, 2.5]}]
+    assert training.slowest_rank_seconds(ranks) == 2.0 + 3.0 + 2.5
+    assert training.slowest_rank_seconds(ranks, skip_first=0) == 9.0 + 2.0 + 3.0 + 2.5
+    one_step = [{"step_seconds": [4.0]}, {"step_seconds": [5.0]}]
+    assert training.slowest_rank_seconds(one_step) == 5.0  # never skips every step

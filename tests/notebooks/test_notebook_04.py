@@ -16,6 +16,7 @@ PARAMETERS = {
     "batch_size": 8,
     "max_length": 64,
     "steps": 3,
+    "repeats": 2,
     "embedding_dim": 16,
     "ffn_dim": 32,
     "sample_counts": [1024],
@@ -64,6 +65,17 @@ def test_real_run_modes_train_the_same_weights_and_report_hidden_time(run):
     assert 0.0 <= results["hidden_fraction"] <= 1.0
     assert results["native_kk"] is True
     assert all(r["step_seconds"] > 0 for r in results["runs"])
+
+
+def test_step_speedups_are_measured_per_repeat_against_no_balancing(run):
+    results = run["results"]
+    speedups = results["step_speedups"]
+    assert results["step_speedup_vs"] == "no balancing" and results["repeats"] == 2
+    assert sorted(speedups) == sorted(r["label"] for r in results["runs"])
+    assert speedups["no balancing"] == {"median": 1.0, "low": 1.0, "high": 1.0, "repeats": 2}
+    for ratio in speedups.values():
+        assert 0 < ratio["low"] <= ratio["median"] <= ratio["high"] and ratio["repeats"] == 2
+    assert "step speed-up" in results["summary"]
 
 
 def test_summary_figures_and_committed_notebook(run):
