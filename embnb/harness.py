@@ -247,18 +247,21 @@ def _main(argv: list[str]) -> int:
         return 1 if any(bad.values()) else 0
     import yaml
 
+    from embnb.report import ReportEntry, write_report
+
     params = {name: yaml.safe_load(value) for name, value in opts.param}
-    failed = 0
+    entries = []
     for nb in notebooks:
         start = time.perf_counter()
         try:
-            line = _summary(run_notebook(nb, opts.out, params))
+            line, ok = _summary(run_notebook(nb, opts.out, params)), True
         except Exception as exc:  # report and go on with the next notebook
-            failed += 1
-            line = f"FAILED: {str(exc).splitlines()[0]}"
-        print(f"{nb.stem:<28} {time.perf_counter() - start:7.1f} s  {line}", flush=True)
-    print(f"outputs in {opts.out}")
-    return 1 if failed else 0
+            line, ok = f"FAILED: {str(exc).splitlines()[0]}", False
+        seconds = time.perf_counter() - start
+        entries.append(ReportEntry(nb.stem, seconds, line, ok))
+        print(f"{nb.stem:<28} {seconds:7.1f} s  {line}", flush=True)
+    print(f"outputs in {opts.out}; report: {write_report(opts.out, entries)}")
+    return 0 if all(e.ok for e in entries) else 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ A bad value never raises out of a callback: `draw`'s ValueError or TypeError
 is shown as text in the output (and kept in `error`). Slow work sits behind
 a button (`button=` a label): changing a control then only marks the figure
 stale; a click disables the button, shows a busy label while `draw` runs and
-ignores further clicks until it is done.
+ignores further clicks until it is done. A `draw` with steps calls
+`progress_step(done, total, what)` between them: a progress bar beside the
+button shows how far it is.
 """
 
 from __future__ import annotations
@@ -60,10 +62,16 @@ class Explorer:
         self.draws = 0  # how many times draw ran, for tests and the busy state
         self.button_label = button
         self.button = None if button is None else widgets.Button(description=button, button_style="primary")
+        self.progress = None if button is None else widgets.IntProgress(style=LABEL_STYLE)
+        self.progress_steps: list[tuple[int, int, str]] = []  # this draw's steps, as shown
         if self.button is not None:
             self.button.on_click(self._on_click)
+            self._hide_progress()
         parts = [widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap"))]
-        parts += [widgets.HBox([self.button, self.status])] if self.button is not None else [self.status]
+        if self.button is not None:
+            parts += [widgets.HBox([self.button, self.progress, self.status])]
+        else:
+            parts += [self.status]
         self.widget = widgets.VBox([*parts, self.output])
         if self.button is None or draw_now:
             self.redraw()
@@ -74,6 +82,19 @@ class Explorer:
         """Return the figure for the controls' `values`; subclasses implement it."""
         raise NotImplementedError
 
+    def progress_step(self, done: int, total: int, what: str) -> None:
+        """From `draw`, before each step: `done` of `total` steps are
+        finished and `what` runs now (a no-op without a button)."""
+        self.progress_steps.append((done, total, what))
+        if self.progress is not None:
+            self.progress.description = what  # before the value: observers see both new
+            self.progress.max, self.progress.value = total, done
+            self.progress.layout.visibility = "visible"
+
+    def _hide_progress(self) -> None:
+        self.progress.value, self.progress.description = 0, ""
+        self.progress.layout.visibility = "hidden"
+
     def values(self) -> dict[str, Any]:
         return {name: control.value for name, control in self.controls.items()}
 
@@ -81,6 +102,7 @@ class Explorer:
         """Run `draw` for the current values and show the figure, or the
         error text of a bad value. Returns the figure, or None on an error."""
         self.busy = True
+        self.progress_steps = []
         try:
             figure = self.draw(**self.values())
         except (ValueError, TypeError) as error:
@@ -91,6 +113,8 @@ class Explorer:
         finally:
             self.busy = False
             self.draws += 1
+            if self.progress is not None:
+                self._hide_progress()
         self.error, self.figure = None, figure
         self.status.value = ""
         self.output.clear_output(wait=True)

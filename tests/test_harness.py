@@ -1,6 +1,7 @@
 """The notebook harness: real papermill runs of notebooks the tests write."""
 
 import json
+import re
 
 import nbformat
 import pytest
@@ -169,6 +170,13 @@ def test_command_line_run_prints_one_summary_line_per_notebook(tmp_path):
     line = next(row for row in out.stdout.splitlines() if row.startswith("02_cli"))
     assert line.endswith(f"total={sum(range(4))}")
     assert json.loads((tmp_path / "out" / "02_cli.json").read_text())["total"] == 6
+    # the report: an index linking each notebook's HTML, with its summary line
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert 'href="02_cli.html"' in index and f"total={sum(range(4))}" in index
+    page = (tmp_path / "out" / "02_cli.html").read_text()
+    # the executed copy: injected parameters and the figure embedded
+    text = re.sub(r"<[^>]+>", "", page)
+    assert "num_items = 4" in text and "data:image/png;base64," in page
 
 
 def test_command_line_check_fails_on_a_dirty_notebook(tmp_path):

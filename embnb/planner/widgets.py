@@ -15,12 +15,13 @@ import math
 from collections.abc import Sequence
 
 import ipywidgets as widgets
+import pandas as pd
 from matplotlib.figure import Figure
 
 from embnb._checks import check_choice, check_int, check_number
 from embnb.planner.plots import planned_title, proposer_comparison
 from embnb.planner.study import compare_proposers, default_proposers
-from embnb.planner.topology import make_model, make_topology
+from embnb.planner.topology import enumerate_options, make_model, make_topology
 from embnb.widgets import Explorer
 
 __all__ = ["PlannerExplorer", "hbm_slider"]
@@ -110,12 +111,23 @@ class PlannerExplorer(Explorer):
         topology = make_topology(
             world_size, self.compute_device, hbm_cap_gb=hbm_cap_gb, ddr_cap_gb=self.ddr_cap_gb
         )
-        table = compare_proposers(
-            model.tables,
-            topology,
-            self.batch_size,
-            constraints=model.constraints,
-            proposers=self.proposers,
-            timeout_s=self.timeout_s,
-        )
+        steps = 1 + len(self.proposers)  # enumerate once, then each proposer plans
+        self.progress_step(0, steps, "enumerating options")
+        enumerated = enumerate_options(model.tables, topology, self.batch_size, model.constraints)
+        rows = []
+        for done, (name, factory) in enumerate(self.proposers.items(), start=1):
+            self.progress_step(done, steps, name)
+            rows.append(
+                compare_proposers(
+                    None,
+                    topology,
+                    self.batch_size,
+                    constraints=model.constraints,
+                    proposers={name: factory},
+                    timeout_s=self.timeout_s,
+                    enumerated=enumerated,
+                )
+            )
+        table = pd.concat(rows)
+        table.attrs = dict(rows[0].attrs)
         return proposer_comparison(table, title=planned_title(num_tables, world_size, hbm_cap_gb))

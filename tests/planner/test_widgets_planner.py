@@ -40,6 +40,18 @@ def test_nothing_is_planned_until_the_button_is_clicked():
     assert bar_labels(explorer) == ["embnb DP", "Uniform"]
 
 
+def test_a_replan_shows_its_steps_on_a_progress_bar_then_hides_it():
+    explorer = small_explorer()
+    seen = []
+    explorer.progress.observe(lambda change: seen.append(explorer.progress.description), names="value")
+    explorer.click()
+    # enumeration, then one step per proposer, each announced before it runs
+    assert explorer.progress_steps == [(0, 3, "enumerating options"), (1, 3, "embnb DP"), (2, 3, "Uniform")]
+    assert seen[:2] == ["embnb DP", "Uniform"]  # the bar moved while planning
+    assert explorer.progress.layout.visibility == "hidden" and explorer.progress.value == 0
+    assert bar_labels(explorer) == ["embnb DP", "Uniform"]
+
+
 @pytest.mark.parametrize(
     "control, value, expected",
     [

@@ -1,0 +1,34 @@
+"""Equal-count Karmarkar-Karp in a dozen lines, the core notebook 04 shows.
+
+`embnb.balancing.partition.karmarkar_karp` (and the native op) add what a
+library needs: padding when the batch is not a multiple of k, strict
+tie-breaks, zero workloads, checked input. On distinct workloads they give
+this function's partition; the tests check that.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+__all__ = ["kk_equal_count"]
+
+
+def kk_equal_count(workloads: list[float], num_parts: int) -> list[list[int]]:
+    """Split item indices into `num_parts` parts of equal count and near-equal
+    sums; `len(workloads)` must be a multiple of `num_parts`."""
+    order = sorted(range(len(workloads)), key=lambda i: workloads[i])
+    heap = []  # states: k sets [sum, items], heaviest first, keyed by -spread
+    for start in range(0, len(order), num_parts):
+        sets = sorted(([workloads[i], [i]] for i in order[start : start + num_parts]), reverse=True)
+        heap.append((sets[-1][0] - sets[0][0], start, sets))
+    heapq.heapify(heap)
+    next_id = len(order)
+    while len(heap) > 1:
+        _, _, first = heapq.heappop(heap)  # the two states with the largest spread
+        _, _, second = heapq.heappop(heap)
+        # merge: heaviest set of one with the lightest of the other, and so on
+        merged = [[s + t, a + b] for (s, a), (t, b) in zip(first, reversed(second))]
+        merged.sort(reverse=True)
+        heapq.heappush(heap, (merged[-1][0] - merged[0][0], next_id, merged))
+        next_id += 1
+    return [sorted(items) for _, items in heap[0][2]]

@@ -1,0 +1,70 @@
+"""The browsable report of a `make run`: each executed notebook rendered to
+HTML (nbconvert) and one index page linking them, with each notebook's
+summary line and run time.
+
+    write_report(out_dir, [ReportEntry("01_modulo_aliasing", 17.2, "strided W=8: ...")])
+"""
+
+from __future__ import annotations
+
+import html
+import pathlib
+import time
+from dataclasses import dataclass
+
+__all__ = ["ReportEntry", "write_report"]
+
+
+@dataclass(frozen=True)
+class ReportEntry:
+    name: str  # notebook stem; its executed copy is out_dir/NAME.ipynb
+    seconds: float
+    summary: str  # the results JSON's summary line, or why the run failed
+    ok: bool = True
+
+
+def _render(executed: pathlib.Path) -> pathlib.Path | None:
+    """executed/NAME.ipynb -> NAME.html beside it; None when there is no executed copy."""
+    if not executed.is_file():
+        return None
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+    page = executed.with_suffix(".html")
+    page.write_text(body, encoding="utf-8")
+    return page
+
+
+def write_report(out_dir: str | pathlib.Path, entries: list[ReportEntry]) -> pathlib.Path:
+    """Render every entry's executed notebook and write out_dir/index.html."""
+    out_dir = pathlib.Path(out_dir)
+    rows = []
+    for entry in entries:
+        page = _render(out_dir / f"{entry.name}.ipynb")
+        name = html.escape(entry.name)
+        link = f'<a href="{html.escape(page.name)}">{name}</a>' if page else name
+        status = "" if entry.ok else '<b class="failed">FAILED</b> '
+        rows.append(
+            f"<tr><td>{link}</td><td class='num'>{entry.seconds:.1f} s</td>"
+            f"<td>{status}{html.escape(entry.summary)}</td></tr>"
+        )
+    index = out_dir / "index.html"
+    index.write_text(
+        f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>embnb notebooks</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }}
+td, th {{ padding: 0.3em 0.8em; text-align: left; vertical-align: top; border-bottom: 1px solid #ddd; }}
+.num {{ text-align: right; white-space: nowrap; }}
+.failed {{ color: #b00; }}
+</style></head><body>
+<h1>embnb notebooks</h1>
+<p>Executed {html.escape(time.strftime("%Y-%m-%d %H:%M"))} by <code>make run</code>.</p>
+<table><tr><th>notebook</th><th>time</th><th>summary</th></tr>
+{chr(10).join(rows)}
+</table></body></html>
+""",
+        encoding="utf-8",
+    )
+    return index

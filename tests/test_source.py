@@ -1,0 +1,26 @@
+"""embnb.source.show_source: what the notebooks show is the package's code."""
+
+import inspect
+
+import pytest
+
+from embnb.balancing.reference import kk_equal_count
+from embnb.rowwise import reference
+from embnb.source import show_source
+
+
+def test_shows_each_function_whole_in_order():
+    code = show_source(reference.fmix64, reference.owner_of)
+    text = code.data
+    assert text.index("def fmix64") < text.index("def owner_of")
+    for fn in (reference.fmix64, reference.owner_of):
+        assert inspect.getsource(fn).strip() in text
+    assert "0xFF51AFD7ED558CCD" in text
+    assert "<div" in code._repr_html_() and "kk_equal_count" in show_source(kk_equal_count)._repr_html_()
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="at least one function"):
+        show_source()
+    with pytest.raises(TypeError, match="show_source takes functions, got str"):
+        show_source("fmix64")
