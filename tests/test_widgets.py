@@ -72,3 +72,24 @@ def test_the_button_is_busy_while_drawing_and_ignores_clicks():
 def test_base_class_needs_a_draw():
     with pytest.raises(NotImplementedError):
         Explorer({"n": widgets.IntSlider()}).draw(n=1)
+
+
+def test_a_draw_with_steps_moves_the_progress_bar_and_a_failed_one_hides_it():
+    shown = []
+
+    class Steps(Bars):
+        def draw(self, num_ranks, height):
+            for step in range(3):
+                self.progress_step(step, 3, f"part {step}")
+                shown.append((self.progress.value, self.progress.max, self.progress.description))
+                assert self.progress.layout.visibility == "visible"
+            return super().draw(num_ranks, height)
+
+    explorer = Steps(button="draw")
+    assert shown == [(0, 3, "part 0"), (1, 3, "part 1"), (2, 3, "part 2")]
+    assert explorer.progress.layout.visibility == "hidden"
+    explorer.controls["height"].value = -1.0
+    explorer.click()  # fails after its steps: the error shows, the bar goes
+    assert explorer.error.startswith("ValueError") and explorer.progress.layout.visibility == "hidden"
+    assert Bars().progress is None  # no button, no bar: progress_step is a no-op
+    Bars().progress_step(1, 2, "ignored")
