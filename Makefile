@@ -16,7 +16,7 @@ EMBNB_FBGEMM ?= auto
 PYTEST_ARGS ?=
 export PYTHON VENV EMBNB_FBGEMM STACK
 
-.PHONY: setup run test test-gpu-kit lab check-notebooks strip-notebooks clean
+.PHONY: setup run test test-browser test-gpu-kit lab check-notebooks strip-notebooks clean
 
 setup:
 	@bash scripts/setup_env.sh
@@ -26,6 +26,11 @@ run: setup
 
 test: setup
 	@bash scripts/run_tests.sh $(PYTEST_ARGS)
+
+# The notebooks in a real JupyterLab in headless chromium (installs chromium
+# and Playwright where it can; tests/browser, which `make test` leaves out).
+test-browser: setup
+	@bash scripts/test_browser.sh $(PYTEST_ARGS)
 
 # The GPU kit on CPU: gather its wheels (< 48 MiB) and run its command in a
 # stand-in for the GPU machine (Python 3.12, torch 2.11, nothing else of ours).

@@ -13,7 +13,6 @@ so the same per-rank functions work on one machine or several.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import os
 import pickle
@@ -282,7 +281,6 @@ def _rank_main(rank, world_size, plan, port, timeout_s, threads, fn, args, resul
     )
     device = plan.rank_device(rank)
     os.environ[_RANK_DEVICE_ENV] = str(device)
-    _quiet_known_noise()
     try:
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -307,17 +305,6 @@ def _rank_main(rank, world_size, plan, port, timeout_s, threads, fn, args, resul
     # Skip interpreter teardown: a rank whose peers failed can block in
     # collective or store destructors; the parent has the result already.
     os._exit(0)
-
-
-# Third-party messages every rank would print, that say nothing about the run
-# (torchrec's sharded modules call torch.fx's is_fx_tracing, which logs a
-# deprecation once per process): in a notebook they show as red error boxes.
-_NOISY_LOGGERS = ("torch.fx._symbolic_trace",)
-
-
-def _quiet_known_noise() -> None:
-    for name in _NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _exit_with_parent() -> None:

@@ -1,3 +1,4 @@
+import os
 import pathlib
 import sys
 
@@ -5,6 +6,9 @@ import sys
 TESTS_DIR = pathlib.Path(__file__).parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
+
+# tests/browser needs chromium and Playwright: `make test-browser` runs it.
+collect_ignore = [] if os.environ.get("EMBNB_BROWSER_TEST") else ["browser"]
 
 
 def pytest_sessionstart(session):
