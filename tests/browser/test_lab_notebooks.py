@@ -30,9 +30,11 @@ ALL_CELLS_RAN = """() => {
     const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
     return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
 }"""
-FIGURE_CHANGED = """([selector, before]) => {
+# The explorer's own error text (embnb.widgets.Explorer: a bad value's message, in red).
+EXPLORER_ERROR = '.widget-html [style*="c44e52"]'
+FIGURE_CHANGED = """([selector, before, error]) => {
     const img = document.querySelector(selector);
-    return img !== null && img.src !== before;
+    return document.querySelector(error) !== null || (img !== null && img.src !== before);
 }"""
 
 
@@ -49,7 +51,8 @@ def page(browser, lab, request, tmp_path):
         (tmp_path / "page.html").write_text(page.content())
         print(f"browser evidence: {tmp_path}/page.png and page.html")
     context.close()
-    shutdown_kernels(lab.url)  # the next notebook gets the cores
+    left = shutdown_kernels(lab.url)  # the next notebook gets the cores
+    assert not left, f"kernels still running after their test: {left}"
 
 
 def open_and_run(page, lab, name: str) -> None:
@@ -82,6 +85,8 @@ def assert_clean(page, name: str) -> None:
     outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
     fallbacks = [f for f in FALLBACKS if f in outputs]
     assert not fallbacks, f"{name}: a widget rendered as text: {fallbacks}"
+    shown = page.locator(EXPLORER_ERROR).all_inner_texts()
+    assert not shown, f"{name}: the explorer shows an error: {shown}"
     assert not page.console_errors, f"{name}: browser console errors: {page.console_errors}"
 
 
@@ -92,9 +97,13 @@ def figure_src(page) -> str | None:
 
 def wait_redrawn(page, before: str | None, what: str) -> str:
     try:
-        page.wait_for_function(FIGURE_CHANGED, arg=[FIGURE, before], timeout=REDRAW_TIMEOUT_MS)
+        page.wait_for_function(
+            FIGURE_CHANGED, arg=[FIGURE, before, EXPLORER_ERROR], timeout=REDRAW_TIMEOUT_MS
+        )
     except Exception as error:
         raise AssertionError(f"the figure was not redrawn after {what}") from error
+    shown = page.locator(EXPLORER_ERROR).all_inner_texts()
+    assert not shown, f"the explorer shows an error after {what}: {shown}"
     return figure_src(page)
 
 
