@@ -46,6 +46,10 @@ def page(browser, lab, request, tmp_path):
     page.on("console", lambda message: message.type == "error" and page.console_errors.append(message.text))
     page.on("pageerror", lambda error: page.console_errors.append(str(error)))
     yield page
+    explorer = page.locator(".widget-output").last.locator("xpath=..")  # controls, status, figure
+    if explorer.count():  # what a reader saw last, to look at by eye
+        explorer.scroll_into_view_if_needed()
+        explorer.screenshot(path=str(tmp_path / "explorer.png"))
     if getattr(request.node, "failed_call", False):  # keep what the browser showed
         page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
         (tmp_path / "page.html").write_text(page.content())
