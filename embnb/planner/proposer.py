@@ -29,6 +29,8 @@ fit the devices.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import itertools
 import logging
 import math
@@ -213,6 +215,16 @@ class DynamicProgrammingProposer(Proposer):
         plan: list[ShardingOption] | None = None,
         perf_rating: float | None = None,
         storage_constraint: Topology | None = None,
+    ) -> None:
+        with _gc_paused():
+            self._feedback(partitionable, plan, perf_rating, storage_constraint)
+
+    def _feedback(
+        self,
+        partitionable: bool,
+        plan: list[ShardingOption] | None,
+        perf_rating: float | None,
+        storage_constraint: Topology | None,
     ) -> None:
         if self._current is None:
             return
@@ -486,3 +498,18 @@ def _indices(proposal: list[ShardingOption], options: list[list[ShardingOption]]
         return np.array([[id(o) for o in opts].index(id(p)) for p, opts in zip(proposal, options)])
     except ValueError:
         return None
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a while. The search makes
+    many small lists and tuples (freed by reference counting), and each
+    collection they trigger walks every live object, e.g. the hundreds of
+    thousands of enumerated shards: at 800 tables that was most of the time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
