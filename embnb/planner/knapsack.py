@@ -60,6 +60,7 @@ class SearchSpace:
         self.options = [
             self._fitting(distinct_options(table_options, one_host), devices) for table_options in options
         ]
+        self.storage = [[memory_key(o) for o in table] for table in self.options]  # (HBM, DDR, SSD)
         num_tables, width = len(options), max(len(o) for o in self.options)
         shape = (num_tables, width)
         self.perf = np.full(shape, np.inf)
@@ -227,9 +228,15 @@ def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
     return list(by_fqn.values())
 
 
-def memory_key(option: ShardingOption) -> tuple[int, int]:
-    storage = option.total_storage
-    return storage.hbm, storage.ddr
+def memory_key(option: ShardingOption) -> tuple[int, int, int]:
+    """The option's total storage (HBM, DDR, SSD), as `total_storage` orders
+    it, without building a Storage per shard."""
+    shards = option.shards
+    return (
+        sum(s.storage.hbm for s in shards),
+        sum(s.storage.ddr for s in shards),
+        sum(s.storage.ssd for s in shards),
+    )
 
 
 def distinct_options(options: list[ShardingOption], one_host: bool) -> list[ShardingOption]:

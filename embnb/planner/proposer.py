@@ -199,7 +199,7 @@ class DynamicProgrammingProposer(Proposer):
         # Before the first feedback the device memory is unknown: propose each
         # table's smallest option, like torchrec's DP proposer.
         self._current: np.ndarray | None = (
-            np.array([min(range(len(opts)), key=lambda i: memory_key(opts[i])) for opts in self._options])
+            np.array([min(range(len(opts)), key=lambda i: memory_key(opts[i])[:2]) for opts in self._options])
             if self._options
             else None
         )
@@ -407,7 +407,7 @@ class DynamicProgrammingProposer(Proposer):
         if unplaced and len(unplaced) < len(ranks):  # else no trace (e.g. a cached answer)
             option = [self._options[t][choice[t]] for t in unplaced]
             uniform = [t for t, o in zip(unplaced, option) if o.partition_by == UNIFORM]
-            storage = [memory_key(o) + (o.total_storage.ssd,) for o in option]
+            storage = [self._space.storage[t][choice[t]] for t in unplaced]
             failed = [uniform[0] if uniform else unplaced[storage.index(max(storage))]]
         biggest = self._space.shard_mem[np.arange(len(choice)), choice].max(1)
         return failed + [
