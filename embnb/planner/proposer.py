@@ -22,6 +22,14 @@ lets the partitioner balance ranks. A proposal is skipped when a lower bound on
 its slowest rank cannot beat the best rating so far, or when its memory cannot
 fit the devices.
 
+Every plan considered is placed and rated here by a replica of torchrec's
+GreedyPerfPartitioner and NoopPerfModel (`embnb.planner.replica`, equal to the
+bit), so the planner's partitioner sees two proposals: the first (each table's
+smallest option: it brings the devices' memory) and the best plan found, which
+checks the replica. If the planner rates that plan otherwise (another
+partitioner or perf model), the search starts again without the replica,
+proposing every plan as before.
+
     planner = create_planner(topology, batch_size=512)    # this proposer first
     plan = planner.plan(module, sharders)
 """
@@ -48,6 +56,7 @@ from torchrec.distributed.planner.types import (
 from embnb._checks import check_bool, check_int
 from embnb.planner.knapsack import (
     UNIFORM,
+    FrontierSearch,
     Knapsack,
     SearchSpace,
     by_table,
@@ -63,65 +72,6 @@ logger = logging.getLogger(__name__)
 
 _PAIR_TABLES = 8  # tables on the slowest rank whose options are changed in pairs
 _REFINE_STARTS = 4  # best rated plans that each start a hill climb
-_PATIENCE = 8  # unplaced plans in a row before a run is bisected; plans proposed below
-_SLACKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32)  # memory left free by plans proposed below
-
-
-class _FrontierSearch:
-    """Which plans of one knapsack run to propose, and in what order.
-
-    The frontier runs from the largest memory down. The top plans use the
-    most memory and may not fit per device: scan from the top and, after
-    `_PATIENCE` unplaced in a row, bisect for the first placed plan. Plans
-    below it are slower in sum but leave memory the partitioner needs to
-    balance ranks: propose the next few, then those with 1%, 2%, 4% ... less
-    memory, then the neighbors of the best rated one.
-    """
-
-    def __init__(self, plans: np.ndarray, memory: np.ndarray):
-        self.plans, self.memory = plans, memory
-        self.placed: dict[int, bool | None] = {}  # None: skipped, could not win
-        self.ratings: dict[int, float] = {}
-
-    def record(self, index: int, placed: bool | None, rating: float | None) -> None:
-        self.placed[index] = placed
-        if placed and rating is not None:
-            self.ratings[index] = rating
-
-    def best_index(self) -> int:
-        return min(self.ratings, key=self.ratings.get) if self.ratings else 0
-
-    def indices(self) -> Iterator[int]:
-        count, failed, first = len(self.plans), 0, None
-        for i in range(count):  # from the top, until one is placed
-            yield i
-            if self.placed.get(i):
-                first = i
-                break
-            failed += self.placed.get(i) is False
-            if failed >= _PATIENCE:
-                lo, hi = i, count
-                while hi - lo > 1:  # bisect: [0, lo] unplaced, [hi, ...] placed or skipped
-                    mid = (lo + hi) // 2
-                    yield mid
-                    lo, hi = (mid, hi) if self.placed.get(mid) is False else (lo, mid)
-                first = hi
-                break
-        if first is None or first >= count:
-            return
-        below = [first + k for k in range(1, _PATIENCE)]
-        below += [
-            int(np.argmax(self.memory <= self.memory[first] * (1 - slack)))
-            for slack in _SLACKS
-            if self.memory[-1] <= self.memory[first] * (1 - slack)
-        ]
-        for i in sorted(set(below)):
-            if first < i < count and i not in self.placed:
-                yield i
-        best = self.best_index()
-        for i in (best - 2, best - 1, best + 1, best + 2):
-            if 0 <= i < count and i not in self.placed:
-                yield i
 
 
 class DynamicProgrammingProposer(Proposer):
@@ -179,8 +129,8 @@ class DynamicProgrammingProposer(Proposer):
         self._space: SearchSpace | None = None
         self._best_rating = math.inf
         self._placed: dict[bytes, bool] = {}  # what the partitioner said per plan
-        self._runs: Iterator[_FrontierSearch] | None = None  # knapsack runs
-        self._search: _FrontierSearch | None = None  # the run being proposed from
+        self._runs: Iterator[FrontierSearch] | None = None  # knapsack runs
+        self._search: FrontierSearch | None = None  # the run being proposed from
         self._pending: Iterator[int] = iter(())  # its plans still to consider
         self._index: int | None = None  # the current proposal's place in it
         # Where refinements may start: (rating, or bound if it was not placed;
@@ -353,7 +303,7 @@ class DynamicProgrammingProposer(Proposer):
                     return choice
             self._search = None
 
-    def _knapsack_runs(self) -> Iterator[_FrontierSearch]:
+    def _knapsack_runs(self) -> Iterator[FrontierSearch]:
         """Least-perf plans per memory bin, largest memory first: uncapped,
         then with the largest partitioned shard capped, on perf (just below
         the largest in the run before's best rated plan: balance), then on
@@ -364,14 +314,14 @@ class DynamicProgrammingProposer(Proposer):
         rows = np.arange(len(space.options))
         seen: set[bytes] = set()
 
-        def run(allowed: np.ndarray) -> _FrontierSearch:
+        def run(allowed: np.ndarray) -> FrontierSearch:
             knapsack = Knapsack(capacity, bins)
             for t in rows:
                 knapsack.add_table(int(t), weights[t], np.where(allowed[t], space.perf[t], np.inf))
             plans = [p for p in knapsack.frontier(len(rows)) if p.tobytes() not in seen]
             seen.update(p.tobytes() for p in plans)
             plans = np.array(plans, dtype=np.int64).reshape(-1, len(rows))
-            return _FrontierSearch(plans, space.mem[rows, plans, main].sum(-1))
+            return FrontierSearch(plans, space.mem[rows, plans, main].sum(-1))
 
         valid = np.isfinite(space.perf)
         main = axes[0] if axes else 0
