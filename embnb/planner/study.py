@@ -70,6 +70,7 @@ __all__ = [
     "ProposerFactory",
     "default_proposers",
     "compare_proposers",
+    "timing_breakdown",
     "budget_sweep",
     "rate_every_plan",
     "random_instance",
@@ -323,6 +324,25 @@ def compare_proposers(
         enumerate_s=enumerated.seconds, num_options=len(enumerated.options), combinations=combinations
     )
     return table
+
+
+def timing_breakdown(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Where each proposer's planning time went, one row per proposer of a
+    `compare_proposers` table: torchrec's enumeration of the options (once,
+    shared by all), the proposer's own work, torchrec's partitioner, the rest
+    of torchrec's planner (rating, copying the best plan), and the proposals
+    the partitioner placed."""
+    breakdown = pd.DataFrame(
+        {
+            "enumerate_s": comparison.attrs.get("enumerate_s", math.nan),
+            "proposer_s": comparison.proposer_s,
+            "partitioner_s": comparison.partitioner_s,
+            "planner_rest_s": comparison.plan_s - comparison.proposer_s - comparison.partitioner_s,
+            "plan_s": comparison.plan_s,
+            "proposals": comparison.proposals,
+        }
+    )
+    return breakdown
 
 
 # Planning functions take torchrec's inputs in one order: the enumerated options,

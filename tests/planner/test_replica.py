@@ -120,3 +120,23 @@ def test_a_perf_model_unlike_the_replica_turns_replay_off():
         planner.DynamicProgrammingProposer(replay=False), enumerated, topology, perf_model=Doubled(topology)
     )
     assert rating == rating_all
+
+
+def test_timing_breakdown_parts_add_up_to_the_planning_time():
+    model = planner.make_model(8, seed=5)
+    topology = planner.make_topology(4, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables) / 8)
+    comparison = planner.compare_proposers(
+        model.tables,
+        topology,
+        512,
+        constraints=model.constraints,
+        proposers={k: v for k, v in planner.default_proposers().items() if k in ("embnb DP", "torchrec DP")},
+    )
+    breakdown = planner.timing_breakdown(comparison)
+    assert list(breakdown.index) == ["embnb DP", "torchrec DP"]
+    parts = breakdown.proposer_s + breakdown.partitioner_s + breakdown.planner_rest_s
+    assert np.allclose(parts, comparison.plan_s)
+    assert (breakdown[["proposer_s", "partitioner_s", "planner_rest_s"]] >= 0).all().all()
+    assert (breakdown.enumerate_s == comparison.attrs["enumerate_s"]).all()
+    # torchrec's DP has every proposal placed by torchrec's partitioner; embnb's DP only its best
+    assert breakdown.proposals["embnb DP"] <= 2 < breakdown.proposals["torchrec DP"]
