@@ -176,13 +176,16 @@ class Knapsack:
 
     def add_table(self, table: int, weights: np.ndarray, perfs: np.ndarray) -> None:
         options = np.flatnonzero(np.isfinite(perfs))
-        moved = self.mem[None] + weights[options][:, None]  # [options, states, axes]
-        cell = np.floor(moved / self.bin_size).astype(np.int64)
-        ok = (moved <= self.capacity).all(-1) & (cell < np.array(self.shape)).all(-1)
-        o, s = np.nonzero(ok)
-        if len(self.shape) == 1:
-            cells = cell[o, s, 0]
+        if len(self.shape) == 1:  # the same steps on [options, states] arrays
+            moved = self.mem[None, :, 0] + weights[options, 0][:, None]
+            cell = np.floor(moved / self.bin_size[0]).astype(np.int64)
+            o, s = np.nonzero((moved <= self.capacity[0]) & (cell < self.shape[0]))
+            cells = cell[o, s]
         else:
+            moved = self.mem[None] + weights[options][:, None]  # [options, states, axes]
+            cell = np.floor(moved / self.bin_size).astype(np.int64)
+            ok = (moved <= self.capacity).all(-1) & (cell < np.array(self.shape)).all(-1)
+            o, s = np.nonzero(ok)
             cells = np.ravel_multi_index(tuple(np.moveaxis(cell[o, s], -1, 0)), self.shape)
         perf = self.perf[s] + perfs[options[o]]
         least = np.full(math.prod(self.shape), np.inf)
@@ -193,7 +196,8 @@ class Knapsack:
         keep = self._undominated(cells, least)
         cells, o, s = cells[keep], o[keep], s[keep]
         self.trace.append((table, cells, options[o], s))
-        self.cells, self.perf, self.mem = cells, least[cells], moved[o, s]
+        moved = moved[o, s]
+        self.cells, self.perf, self.mem = cells, least[cells], moved[:, None] if moved.ndim == 1 else moved
         self.least = least  # per bin, dominated or not (for the notebook's heatmap)
 
     def _undominated(self, cells: np.ndarray, least: np.ndarray) -> np.ndarray:
