@@ -83,6 +83,10 @@ def test_planner_bench_ratios_and_quality(tmp_path):
     assert (row["num_tables"], row["world_size"]) == (6, 2)
     ours = row["proposers"]["embnb DP"]
     assert ours["perf_rating"] > 0 and not ours["timed_out"]
+    for entry in row["proposers"].values():  # the breakdown: parts of the planning time
+        assert 0 <= entry["proposer_s"] and 0 <= entry["partitioner_s"]
+        assert entry["proposer_s"] + entry["partitioner_s"] <= entry["plan_s"]
+        assert entry["proposals"] >= 1
     for name in ("torchrec DP", "torchrec default"):
         peer = row["proposers"][name]
         assert peer["time_vs_embnb"] == pytest.approx(peer["plan_s"] / ours["plan_s"])

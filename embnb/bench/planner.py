@@ -74,6 +74,8 @@ def bench_one(
         entry = {
             "perf_rating": None if math.isnan(result.perf_rating) else float(result.perf_rating),
             "plan_s": float(result.plan_s),
+            "proposer_s": float(result.proposer_s),
+            "partitioner_s": float(result.partitioner_s),
             "proposals": int(result.proposals),
             "timed_out": bool(result.timed_out),
             "note": result.note,
@@ -125,15 +127,23 @@ def _line(row: dict) -> str:
     parts = [
         f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
         f"{row['enumerate_s']:6.1f} s | {OURS} {_rating(ours['perf_rating'])} in {ours['plan_s']:6.1f} s"
+        f" ({_breakdown(ours)})"
     ]
     for name in PEERS:
         peer = row["proposers"][name]
         ratio = peer["rating_vs_embnb"]
         parts.append(
             f"{name} {_rating(peer['perf_rating'])} ({'n/a' if ratio is None else f'{ratio:.2f}x'})"
-            f" in {peer['plan_s']:6.1f} s{' TIMED OUT' if peer['timed_out'] else ''}"
+            f" in {peer['plan_s']:6.1f} s ({_breakdown(peer)}){' TIMED OUT' if peer['timed_out'] else ''}"
         )
     return " | ".join(parts)
+
+
+def _breakdown(entry: dict) -> str:
+    return (
+        f"proposer {entry['proposer_s']:.2f} s, partitioner {entry['partitioner_s']:.2f} s, "
+        f"{entry['proposals']} proposals"
+    )
 
 
 def _rating(value: float | None) -> str:

@@ -4,7 +4,8 @@
 arrays of perf and memory (dropping options the partitioner treats alike, and
 options whose largest shard fits on no device), with the lower bounds and
 memory checks the proposer prunes by. `Knapsack` is the DP: the least summed
-perf per memory bin over the tables added so far. `embnb.planner.proposer`
+perf per memory bin over the tables added so far; `FrontierSearch` picks
+which plans of one run to consider. `embnb.planner.proposer`
 proposes from them; `embnb.planner.inspect` shows them.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 
 import numpy as np
 from torchrec.distributed.planner.types import (
@@ -60,6 +62,7 @@ class SearchSpace:
         self.options = [
             self._fitting(distinct_options(table_options, one_host), devices) for table_options in options
         ]
+        self.storage = [[memory_key(o) for o in table] for table in self.options]  # (HBM, DDR, SSD)
         num_tables, width = len(options), max(len(o) for o in self.options)
         shape = (num_tables, width)
         self.perf = np.full(shape, np.inf)
@@ -173,11 +176,17 @@ class Knapsack:
 
     def add_table(self, table: int, weights: np.ndarray, perfs: np.ndarray) -> None:
         options = np.flatnonzero(np.isfinite(perfs))
-        moved = self.mem[None] + weights[options][:, None]  # [options, states, axes]
-        cell = np.floor(moved / self.bin_size).astype(np.int64)
-        ok = (moved <= self.capacity).all(-1) & (cell < np.array(self.shape)).all(-1)
-        o, s = np.nonzero(ok)
-        cells = np.ravel_multi_index(tuple(np.moveaxis(cell[o, s], -1, 0)), self.shape)
+        if len(self.shape) == 1:  # the same steps on [options, states] arrays
+            moved = self.mem[None, :, 0] + weights[options, 0][:, None]
+            cell = np.floor(moved / self.bin_size[0]).astype(np.int64)
+            o, s = np.nonzero((moved <= self.capacity[0]) & (cell < self.shape[0]))
+            cells = cell[o, s]
+        else:
+            moved = self.mem[None] + weights[options][:, None]  # [options, states, axes]
+            cell = np.floor(moved / self.bin_size).astype(np.int64)
+            ok = (moved <= self.capacity).all(-1) & (cell < np.array(self.shape)).all(-1)
+            o, s = np.nonzero(ok)
+            cells = np.ravel_multi_index(tuple(np.moveaxis(cell[o, s], -1, 0)), self.shape)
         perf = self.perf[s] + perfs[options[o]]
         least = np.full(math.prod(self.shape), np.inf)
         np.minimum.at(least, cells, perf)
@@ -187,12 +196,16 @@ class Knapsack:
         keep = self._undominated(cells, least)
         cells, o, s = cells[keep], o[keep], s[keep]
         self.trace.append((table, cells, options[o], s))
-        self.cells, self.perf, self.mem = cells, least[cells], moved[o, s]
+        moved = moved[o, s]
+        self.cells, self.perf, self.mem = cells, least[cells], moved[:, None] if moved.ndim == 1 else moved
         self.least = least  # per bin, dominated or not (for the notebook's heatmap)
 
     def _undominated(self, cells: np.ndarray, least: np.ndarray) -> np.ndarray:
         """Which of `cells` no other bin with less or equal memory on every
         axis beats on perf (a prefix minimum per axis over the bin grid)."""
+        if len(self.shape) == 1:  # the same, on one axis
+            below = np.concatenate([[np.inf], np.minimum.accumulate(least)[:-1]])
+            return least[cells] < below[cells]
         grid = least.reshape(self.shape)
         below = np.full(self.shape, np.inf)  # least perf at strictly less memory
         for axis in range(grid.ndim):
@@ -219,6 +232,67 @@ class Knapsack:
         return choices
 
 
+_PATIENCE = 8  # unplaced plans in a row before a run is bisected; plans proposed below
+_SLACKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32)  # memory left free by plans proposed below
+
+
+class FrontierSearch:
+    """Which plans of one knapsack run to propose, and in what order.
+
+    The frontier runs from the largest memory down. The top plans use the
+    most memory and may not fit per device: scan from the top and, after
+    `_PATIENCE` unplaced in a row, bisect for the first placed plan. Plans
+    below it are slower in sum but leave memory the partitioner needs to
+    balance ranks: propose the next few, then those with 1%, 2%, 4% ... less
+    memory, then the neighbors of the best rated one.
+    """
+
+    def __init__(self, plans: np.ndarray, memory: np.ndarray):
+        self.plans, self.memory = plans, memory
+        self.placed: dict[int, bool | None] = {}  # None: skipped, could not win
+        self.ratings: dict[int, float] = {}
+
+    def record(self, index: int, placed: bool | None, rating: float | None) -> None:
+        self.placed[index] = placed
+        if placed and rating is not None:
+            self.ratings[index] = rating
+
+    def best_index(self) -> int:
+        return min(self.ratings, key=self.ratings.get) if self.ratings else 0
+
+    def indices(self) -> Iterator[int]:
+        count, failed, first = len(self.plans), 0, None
+        for i in range(count):  # from the top, until one is placed
+            yield i
+            if self.placed.get(i):
+                first = i
+                break
+            failed += self.placed.get(i) is False
+            if failed >= _PATIENCE:
+                lo, hi = i, count
+                while hi - lo > 1:  # bisect: [0, lo] unplaced, [hi, ...] placed or skipped
+                    mid = (lo + hi) // 2
+                    yield mid
+                    lo, hi = (mid, hi) if self.placed.get(mid) is False else (lo, mid)
+                first = hi
+                break
+        if first is None or first >= count:
+            return
+        below = [first + k for k in range(1, _PATIENCE)]
+        below += [
+            int(np.argmax(self.memory <= self.memory[first] * (1 - slack)))
+            for slack in _SLACKS
+            if self.memory[-1] <= self.memory[first] * (1 - slack)
+        ]
+        for i in sorted(set(below)):
+            if first < i < count and i not in self.placed:
+                yield i
+        best = self.best_index()
+        for i in (best - 2, best - 1, best + 1, best + 2):
+            if 0 <= i < count and i not in self.placed:
+                yield i
+
+
 def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
     """Options grouped per table, tables in the order first seen."""
     by_fqn: dict[str, list[ShardingOption]] = {}
@@ -227,9 +301,15 @@ def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
     return list(by_fqn.values())
 
 
-def memory_key(option: ShardingOption) -> tuple[int, int]:
-    storage = option.total_storage
-    return storage.hbm, storage.ddr
+def memory_key(option: ShardingOption) -> tuple[int, int, int]:
+    """The option's total storage (HBM, DDR, SSD), as `total_storage` orders
+    it, without building a Storage per shard."""
+    shards = option.shards
+    return (
+        sum(s.storage.hbm for s in shards),
+        sum(s.storage.ddr for s in shards),
+        sum(s.storage.ssd for s in shards),
+    )
 
 
 def distinct_options(options: list[ShardingOption], one_host: bool) -> list[ShardingOption]:

@@ -22,6 +22,14 @@ lets the partitioner balance ranks. A proposal is skipped when a lower bound on
 its slowest rank cannot beat the best rating so far, or when its memory cannot
 fit the devices.
 
+Every plan considered is placed and rated here by a replica of torchrec's
+GreedyPerfPartitioner and NoopPerfModel (`embnb.planner.replica`, equal to the
+bit), so the planner's partitioner sees two proposals: the first (each table's
+smallest option: it brings the devices' memory) and the best plan found, which
+checks the replica. If the planner rates that plan otherwise (another
+partitioner or perf model), the search starts again without the replica,
+proposing every plan as before.
+
     planner = create_planner(topology, batch_size=512)    # this proposer first
     plan = planner.plan(module, sharders)
 """
@@ -29,6 +37,8 @@ fit the devices.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import itertools
 import logging
 import math
@@ -43,9 +53,10 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
-from embnb._checks import check_int
+from embnb._checks import check_bool, check_int
 from embnb.planner.knapsack import (
     UNIFORM,
+    FrontierSearch,
     Knapsack,
     SearchSpace,
     by_table,
@@ -53,6 +64,7 @@ from embnb.planner.knapsack import (
     knapsack_axes,
     memory_key,
 )
+from embnb.planner.replica import GreedyPerfReplica, Placement
 
 __all__ = ["DynamicProgrammingProposer"]
 
@@ -60,65 +72,6 @@ logger = logging.getLogger(__name__)
 
 _PAIR_TABLES = 8  # tables on the slowest rank whose options are changed in pairs
 _REFINE_STARTS = 4  # best rated plans that each start a hill climb
-_PATIENCE = 8  # unplaced plans in a row before a run is bisected; plans proposed below
-_SLACKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32)  # memory left free by plans proposed below
-
-
-class _FrontierSearch:
-    """Which plans of one knapsack run to propose, and in what order.
-
-    The frontier runs from the largest memory down. The top plans use the
-    most memory and may not fit per device: scan from the top and, after
-    `_PATIENCE` unplaced in a row, bisect for the first placed plan. Plans
-    below it are slower in sum but leave memory the partitioner needs to
-    balance ranks: propose the next few, then those with 1%, 2%, 4% ... less
-    memory, then the neighbors of the best rated one.
-    """
-
-    def __init__(self, plans: np.ndarray, memory: np.ndarray):
-        self.plans, self.memory = plans, memory
-        self.placed: dict[int, bool | None] = {}  # None: skipped, could not win
-        self.ratings: dict[int, float] = {}
-
-    def record(self, index: int, placed: bool | None, rating: float | None) -> None:
-        self.placed[index] = placed
-        if placed and rating is not None:
-            self.ratings[index] = rating
-
-    def best_index(self) -> int:
-        return min(self.ratings, key=self.ratings.get) if self.ratings else 0
-
-    def indices(self) -> Iterator[int]:
-        count, failed, first = len(self.plans), 0, None
-        for i in range(count):  # from the top, until one is placed
-            yield i
-            if self.placed.get(i):
-                first = i
-                break
-            failed += self.placed.get(i) is False
-            if failed >= _PATIENCE:
-                lo, hi = i, count
-                while hi - lo > 1:  # bisect: [0, lo] unplaced, [hi, ...] placed or skipped
-                    mid = (lo + hi) // 2
-                    yield mid
-                    lo, hi = (mid, hi) if self.placed.get(mid) is False else (lo, mid)
-                first = hi
-                break
-        if first is None or first >= count:
-            return
-        below = [first + k for k in range(1, _PATIENCE)]
-        below += [
-            int(np.argmax(self.memory <= self.memory[first] * (1 - slack)))
-            for slack in _SLACKS
-            if self.memory[-1] <= self.memory[first] * (1 - slack)
-        ]
-        for i in sorted(set(below)):
-            if first < i < count and i not in self.placed:
-                yield i
-        best = self.best_index()
-        for i in (best - 2, best - 1, best + 1, best + 2):
-            if 0 <= i < count and i not in self.placed:
-                yield i
 
 
 class DynamicProgrammingProposer(Proposer):
@@ -133,6 +86,13 @@ class DynamicProgrammingProposer(Proposer):
             its perf and on its memory (0: the plain knapsack only).
         max_refinements: proposals spent on changing one or two tables of the
             best plans so far.
+        replay: place and rate plans with a replica of torchrec's
+            GreedyPerfPartitioner and NoopPerfModel
+            (`embnb.planner.replica`) and propose only those that beat the
+            best rating so far; the same plans are considered either way,
+            the planner partitions far fewer. Off by itself when the
+            planner's answer differs from the replica's (another
+            partitioner or perf model).
 
     When no plan can fit (a table fits on no device, or the tables do not fit
     the devices together) it proposes nothing more and leaves the verdict to
@@ -146,20 +106,31 @@ class DynamicProgrammingProposer(Proposer):
         ddr_bins_per_device: int = 10,
         max_caps: int = 8,
         max_refinements: int = 100,
+        replay: bool = True,
     ) -> None:
         self._bins_per_device = check_int("bins_per_device", bins_per_device, low=1)
         self._ddr_bins_per_device = check_int("ddr_bins_per_device", ddr_bins_per_device, low=1)
         self._max_caps = check_int("max_caps", max_caps, low=0)
         self._max_refinements = check_int("max_refinements", max_refinements, low=0)
+        self._replay = check_bool("replay", replay)
         self.load([])
 
-    def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
+    def load(
+        self,
+        search_space: list[ShardingOption],
+        enumerator: Enumerator | None = None,
+        *,
+        replay: bool | None = None,
+    ) -> None:
+        if replay is not None:
+            self._replay = check_bool("replay", replay)
+        self._search_space = search_space
         self._options = by_table(search_space)
         self._space: SearchSpace | None = None
         self._best_rating = math.inf
         self._placed: dict[bytes, bool] = {}  # what the partitioner said per plan
-        self._runs: Iterator[_FrontierSearch] | None = None  # knapsack runs
-        self._search: _FrontierSearch | None = None  # the run being proposed from
+        self._runs: Iterator[FrontierSearch] | None = None  # knapsack runs
+        self._search: FrontierSearch | None = None  # the run being proposed from
         self._pending: Iterator[int] = iter(())  # its plans still to consider
         self._index: int | None = None  # the current proposal's place in it
         # Where refinements may start: (rating, or bound if it was not placed;
@@ -169,12 +140,16 @@ class DynamicProgrammingProposer(Proposer):
         self._center: tuple[float, np.ndarray, list[int], bool] | None = None
         self._neighbors: Iterator[np.ndarray] | None = None
         self._refinements_left = self._max_refinements
-        self.num_knapsack_proposals = self.num_refinements = 0  # how the proposals split
+        self.num_knapsack_proposals = self.num_refinements = 0  # how the plans considered split
+        self.num_replayed = 0  # plans the replica placed and rated instead of the planner
+        self._replica: GreedyPerfReplica | None = None
+        self._predicted: Placement | None = None  # the replica's answer for the current proposal
+        self._best_replayed: tuple[np.ndarray, Placement] | None = None  # the best plan not proposed yet
         self.no_plan_reason: str | None = None  # why it stopped proposing, when no plan can fit
         # Before the first feedback the device memory is unknown: propose each
         # table's smallest option, like torchrec's DP proposer.
         self._current: np.ndarray | None = (
-            np.array([min(range(len(opts)), key=lambda i: memory_key(opts[i])) for opts in self._options])
+            np.array([min(range(len(opts)), key=lambda i: memory_key(opts[i])[:2]) for opts in self._options])
             if self._options
             else None
         )
@@ -191,6 +166,16 @@ class DynamicProgrammingProposer(Proposer):
         perf_rating: float | None = None,
         storage_constraint: Topology | None = None,
     ) -> None:
+        with _gc_paused():
+            self._feedback(partitionable, plan, perf_rating, storage_constraint)
+
+    def _feedback(
+        self,
+        partitionable: bool,
+        plan: list[ShardingOption] | None,
+        perf_rating: float | None,
+        storage_constraint: Topology | None,
+    ) -> None:
         if self._current is None:
             return
         if self._space is None:
@@ -203,29 +188,71 @@ class DynamicProgrammingProposer(Proposer):
                 self._propose_nothing(str(error))
                 return
             self._options = self._space.options
+            if self._replay:
+                self._replica = GreedyPerfReplica(self._options, storage_constraint)
             self._current = _indices(first, self._options)  # onto the options kept
             self._runs = self._knapsack_runs()
-        choice = self._current
-        if choice is not None:
-            placed = partitionable and perf_rating is not None
-            self._placed[choice.tobytes()] = placed
-            if self._index is not None:  # a knapsack plan
-                self._search.record(self._index, placed, perf_rating)
-            if placed:
-                self._best_rating = min(self._best_rating, perf_rating)
-                start = (perf_rating, choice, _slowest_rank_tables(plan or [], self._options), True)
-            else:  # refine by its bound, changing first the table that did not fit
-                start = (
-                    self._space.lower_bound(choice),
-                    choice,
-                    self._unplaced_tables(plan or [], choice),
-                    False,
+        choice, predicted, self._predicted = self._current, self._predicted, None
+        placed = partitionable and perf_rating is not None
+        if predicted is not None:  # the replica's best, proposed last: check it
+            if (predicted.placed, predicted.rating) == (placed, perf_rating):
+                self._current = None
+            else:  # the planner's partitioner or perf model is not torchrec's default
+                logger.warning(
+                    "DynamicProgrammingProposer: the planner rated the plan %s, its replica %s; "
+                    "searching again without the replica",
+                    perf_rating,
+                    predicted.rating,
                 )
-            self._starts.append(start)
-            center = self._center
-            if center is not None and placed and (not center[3] or perf_rating < center[0]):
-                self._center, self._neighbors = start, None  # climb on from the better plan
-        self._current = self._next()
+                self.load(self._search_space, replay=False)
+            return
+        if choice is not None:
+            ranks = [[s.rank for s in o.shards] for o in plan or []]
+            self._record(choice, placed, perf_rating, ranks, None)
+        self._current = self._next_proposal()
+
+    def _next_proposal(self) -> np.ndarray | None:
+        """The next plan for the planner. With the replica, every plan it can
+        place is placed and rated here; the planner gets the plans it cannot
+        model, then the best one (to check the replica against)."""
+        while True:
+            choice = self._next()
+            if choice is None:
+                best, self._best_replayed = self._best_replayed, None
+                if best is None or best[1].rating > self._best_rating:
+                    return None
+                choice, self._predicted = best
+                return choice
+            placement = self._replica.place(choice) if self._replica is not None else None
+            if placement is None:
+                return choice
+            self.num_replayed += 1
+            if placement.placed and placement.rating < self._best_rating:
+                self._best_replayed = (choice, placement)
+            self._record(choice, placement.placed, placement.rating, placement.ranks, placement)
+
+    def _record(
+        self,
+        choice: np.ndarray,
+        placed: bool,
+        perf_rating: float | None,
+        ranks: list[list[int | None]],
+        placement: Placement | None,
+    ) -> None:
+        """What the partitioner said (or would say) about `choice`; where
+        refinements may start from it."""
+        self._placed[choice.tobytes()] = placed
+        if self._index is not None:  # a knapsack plan
+            self._search.record(self._index, placed, perf_rating)
+        if placed:
+            self._best_rating = min(self._best_rating, perf_rating)
+            start = (perf_rating, choice, self._slowest_rank_tables(choice, ranks, placement), True)
+        else:  # refine by its bound, changing first the table that did not fit
+            start = (self._space.lower_bound(choice), choice, self._unplaced_tables(ranks, choice), False)
+        self._starts.append(start)
+        center = self._center
+        if center is not None and placed and (not center[3] or perf_rating < center[0]):
+            self._center, self._neighbors = start, None  # climb on from the better plan
 
     def _propose_nothing(self, reason: str) -> None:
         """No plan can fit: stop proposing and say why. Raising here would
@@ -276,7 +303,7 @@ class DynamicProgrammingProposer(Proposer):
                     return choice
             self._search = None
 
-    def _knapsack_runs(self) -> Iterator[_FrontierSearch]:
+    def _knapsack_runs(self) -> Iterator[FrontierSearch]:
         """Least-perf plans per memory bin, largest memory first: uncapped,
         then with the largest partitioned shard capped, on perf (just below
         the largest in the run before's best rated plan: balance), then on
@@ -287,14 +314,14 @@ class DynamicProgrammingProposer(Proposer):
         rows = np.arange(len(space.options))
         seen: set[bytes] = set()
 
-        def run(allowed: np.ndarray) -> _FrontierSearch:
+        def run(allowed: np.ndarray) -> FrontierSearch:
             knapsack = Knapsack(capacity, bins)
             for t in rows:
                 knapsack.add_table(int(t), weights[t], np.where(allowed[t], space.perf[t], np.inf))
             plans = [p for p in knapsack.frontier(len(rows)) if p.tobytes() not in seen]
             seen.update(p.tobytes() for p in plans)
             plans = np.array(plans, dtype=np.int64).reshape(-1, len(rows))
-            return _FrontierSearch(plans, space.mem[rows, plans, main].sum(-1))
+            return FrontierSearch(plans, space.mem[rows, plans, main].sum(-1))
 
         valid = np.isfinite(space.perf)
         main = axes[0] if axes else 0
@@ -322,19 +349,48 @@ class DynamicProgrammingProposer(Proposer):
                     break
                 yield search
 
-    def _unplaced_tables(self, plan: list[ShardingOption], choice: np.ndarray) -> list[int]:
+    def _unplaced_tables(self, ranks: list[list[int | None]], choice: np.ndarray) -> list[int]:
         """The table the partitioner could not place (uniform options go
         first, then the largest storage first), then the biggest shards."""
-        table_of = {opts[0].fqn: t for t, opts in enumerate(self._options)}
-        unplaced = [o for o in plan if any(s.rank is None for s in o.shards)]
+        unplaced = [t for t, shard_ranks in enumerate(ranks) if None in shard_ranks]
         failed = []
-        if unplaced and len(unplaced) < len(plan):  # else no trace (e.g. a cached answer)
-            uniform = [o for o in unplaced if o.partition_by == UNIFORM]
-            failed = [table_of[(uniform[0] if uniform else max(unplaced, key=lambda o: o.total_storage)).fqn]]
+        if unplaced and len(unplaced) < len(ranks):  # else no trace (e.g. a cached answer)
+            option = [self._options[t][choice[t]] for t in unplaced]
+            uniform = [t for t, o in zip(unplaced, option) if o.partition_by == UNIFORM]
+            storage = [self._space.storage[t][choice[t]] for t in unplaced]
+            failed = [uniform[0] if uniform else unplaced[storage.index(max(storage))]]
         biggest = self._space.shard_mem[np.arange(len(choice)), choice].max(1)
         return failed + [
             int(t) for t in np.argsort(-biggest, kind="stable") if biggest[t] > 0 and t not in failed
         ]
+
+    def _slowest_rank_tables(
+        self, choice: np.ndarray, ranks: list[list[int | None]], placement: Placement | None
+    ) -> list[int]:
+        """Tables with a shard on the slowest rank, heaviest there first
+        (ties: the rank, then the table, seen first in plan order)."""
+        options = [opts[o] for opts, o in zip(self._options, choice)]
+        if placement is None:  # the planner's answer, as its shards say
+            by_rank: dict[int | None, float] = collections.defaultdict(float)
+            for option, shard_ranks in zip(options, ranks):
+                for shard, r in zip(option.shards, shard_ranks):
+                    by_rank[r] += shard.perf.total
+            if not by_rank:
+                return []
+            slowest = max(by_rank, key=by_rank.get)
+        else:  # the replica's loads; the first rank seen wins a tie, as above
+            loads = placement.loads.tolist()
+            seen: dict[int, None] = {}
+            for shard_ranks in ranks:
+                seen.update(dict.fromkeys(shard_ranks))
+                if len(seen) == len(loads):
+                    break
+            slowest = max(seen, key=loads.__getitem__)
+        on_slowest = {}
+        for t, (option, shard_ranks) in enumerate(zip(options, ranks)):
+            if slowest in shard_ranks:
+                on_slowest[t] = sum(s.perf.total for s, r in zip(option.shards, shard_ranks) if r == slowest)
+        return sorted(on_slowest, key=on_slowest.get, reverse=True)
 
     def _next_center(self) -> bool:
         """The best start not refined yet, among the few best keys (plans
@@ -394,19 +450,16 @@ def _indices(proposal: list[ShardingOption], options: list[list[ShardingOption]]
         return None
 
 
-def _slowest_rank_tables(plan: list[ShardingOption], options: list[list[ShardingOption]]) -> list[int]:
-    """Tables with a shard on the slowest rank, heaviest there first."""
-    loads: dict[int, float] = collections.defaultdict(float)
-    for option in plan:
-        for shard in option.shards:
-            loads[shard.rank] += shard.perf.total
-    if not loads:
-        return []
-    slowest = max(loads, key=loads.get)
-    table_of = {opts[0].fqn: t for t, opts in enumerate(options)}
-    on_slowest = {
-        table_of[o.fqn]: sum(s.perf.total for s in o.shards if s.rank == slowest)
-        for o in plan
-        if any(s.rank == slowest for s in o.shards)
-    }
-    return sorted(on_slowest, key=on_slowest.get, reverse=True)
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a while. The search makes
+    many small lists and tuples (freed by reference counting), and each
+    collection they trigger walks every live object, e.g. the hundreds of
+    thousands of enumerated shards: at 800 tables that was most of the time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -55,6 +55,8 @@ def notebook_results(
         name: {
             "perf_rating": _rating(comparison, name),
             "plan_s": float(row.plan_s),
+            "proposer_s": float(row.proposer_s),
+            "partitioner_s": float(row.partitioner_s),
             "proposals": int(row.proposals),
             "feasible": bool(row.feasible),
             "timed_out": bool(row.timed_out),

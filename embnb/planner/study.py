@@ -70,6 +70,7 @@ __all__ = [
     "ProposerFactory",
     "default_proposers",
     "compare_proposers",
+    "timing_breakdown",
     "budget_sweep",
     "rate_every_plan",
     "random_instance",
@@ -90,6 +91,42 @@ class _Replay(Enumerator):
 
     def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
         pass  # estimates were populated when enumerated
+
+
+class _TimedPartitioner(GreedyPerfPartitioner):
+    """torchrec's default partitioner, timed."""
+
+    seconds = 0.0
+
+    def partition(self, proposal, storage_constraint, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return super().partition(proposal, storage_constraint, *args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+class _TimedProposer(Proposer):
+    """A proposer, its load/propose/feedback timed."""
+
+    def __init__(self, proposer: Proposer) -> None:
+        self.proposer, self.seconds = proposer, 0.0
+
+    def _timed(self, method: str, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return getattr(self.proposer, method)(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def load(self, search_space, enumerator=None) -> None:
+        self._timed("load", search_space=search_space, enumerator=enumerator)
+
+    def propose(self):
+        return self._timed("propose")
+
+    def feedback(self, partitionable, plan=None, perf_rating=None, storage_constraint=None) -> None:
+        self._timed("feedback", partitionable, plan, perf_rating, storage_constraint)
 
 
 class _KeepBestPlan(Stats):
@@ -125,6 +162,8 @@ class PlanRun:
     seconds: float  # planning took
     timed_out: bool  # the time limit cut a proposer short
     note: str  # why there is no plan, else ""
+    proposer_s: float = math.nan  # of `seconds`, in the proposers' load, propose and feedback
+    partitioner_s: float = math.nan  # of `seconds`, in torchrec's GreedyPerfPartitioner
 
 
 def run_planner(
@@ -140,13 +179,16 @@ def run_planner(
 ) -> PlanRun:
     """Plan with torchrec's EmbeddingShardingPlanner and these proposers."""
     proposers = proposer if isinstance(proposer, list) else [proposer]
+    timed = [_TimedProposer(p) for p in proposers]
+    partitioner = _TimedPartitioner()
     keep = _KeepBestPlan()
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
         enumerator=_Replay(enumerated.options),
         storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
-        proposer=proposers,
+        proposer=timed,
+        partitioner=partitioner,
         stats=[keep],
         constraints=constraints,
         debug=False,
@@ -180,6 +222,8 @@ def run_planner(
         seconds,
         timed_out,
         note,
+        sum(p.seconds for p in timed),
+        partitioner.seconds,
     )
 
 
@@ -269,6 +313,8 @@ def compare_proposers(
                 "feasible": run.plan is not None,
                 "proposals": run.proposals,
                 "plan_s": run.seconds,
+                "proposer_s": run.proposer_s,
+                "partitioner_s": run.partitioner_s,
                 "timed_out": run.timed_out,
                 "note": note,
             }
@@ -278,6 +324,25 @@ def compare_proposers(
         enumerate_s=enumerated.seconds, num_options=len(enumerated.options), combinations=combinations
     )
     return table
+
+
+def timing_breakdown(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Where each proposer's planning time went, one row per proposer of a
+    `compare_proposers` table: torchrec's enumeration of the options (once,
+    shared by all), the proposer's own work, torchrec's partitioner, the rest
+    of torchrec's planner (rating, copying the best plan), and the proposals
+    the partitioner placed."""
+    breakdown = pd.DataFrame(
+        {
+            "enumerate_s": comparison.attrs.get("enumerate_s", math.nan),
+            "proposer_s": comparison.proposer_s,
+            "partitioner_s": comparison.partitioner_s,
+            "planner_rest_s": comparison.plan_s - comparison.proposer_s - comparison.partitioner_s,
+            "plan_s": comparison.plan_s,
+            "proposals": comparison.proposals,
+        }
+    )
+    return breakdown
 
 
 # Planning functions take torchrec's inputs in one order: the enumerated options,

@@ -39,6 +39,7 @@ def test_results_name_every_proposer_with_rating_and_time(run):
     }
     for name, row in proposers.items():
         assert row["plan_s"] >= 0 and row["feasible"] == (row["perf_rating"] is not None), name
+        assert 0 <= row["proposer_s"] + row["partitioner_s"] <= row["plan_s"], name  # parts of it
     assert proposers["embnb DP"]["feasible"]
     assert proposers["GridSearch"]["note"].startswith("skipped:")  # 16^10 plans
     assert results["num_tables"] == 10 and results["world_size"] == 4

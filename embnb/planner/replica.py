@@ -1,0 +1,271 @@
+"""torchrec's GreedyPerfPartitioner and NoopPerfModel, replayed on arrays.
+
+torchrec's planner places every proposal with `GreedyPerfPartitioner` (uniform
+options first, shard i on device i; then the others, largest storage first,
+each shard on the least loaded device it fits) and rates it with
+`NoopPerfModel` (the slowest rank's summed perf). On Python objects that costs
+milliseconds per proposal. `GreedyPerfReplica` does the same placement on
+plain floats and arrays, adding in the same order so its ratings equal
+torchrec's to the last bit; the proposer uses it to propose only plans that
+beat the best so far (and checks every prediction against the planner's
+answer, falling back to proposing everything on a mismatch).
+
+Supported: one host, uniform, device and host (table-row-wise,
+table-column-wise) placement. Anything else (several hosts, grid sharding,
+key-value column-wise) is left to torchrec: `place` returns None.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
+from torchrec.distributed.types import ShardingType
+
+UNIFORM = PartitionByType.UNIFORM.value
+DEVICE = PartitionByType.DEVICE.value
+HOST = PartitionByType.HOST.value
+
+
+def perf_parts(perf) -> tuple[float, ...]:
+    """A torchrec Perf's parts in the order `Perf.total` adds them."""
+    return (perf.fwd_compute, perf.bwd_compute, perf.fwd_comms, perf.bwd_comms, perf.prefetch_compute)
+
+
+def total_of(parts) -> float:
+    return parts[0] + parts[1] + parts[2] + parts[3] + parts[4]
+
+
+def storage_of(storage) -> tuple[int, int, int]:
+    return (storage.hbm, storage.ddr, storage.ssd)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A replayed partition: placed or not, the rating, each shard's rank
+    (None where torchrec would not have set one), and per rank the load."""
+
+    placed: bool
+    rating: float | None
+    ranks: list[list[int | None]]
+    loads: np.ndarray | None  # [W] NoopPerfModel's per-rank sums; None if not placed
+
+
+class _Option:
+    __slots__ = ("kind", "sharding_type", "key", "parts", "totals", "storages", "total_storage")
+
+    def __init__(self, option: ShardingOption, supported: bool) -> None:
+        kind = option.partition_by
+        key_value_cw = (
+            option.compute_kernel == "key_value" and option.sharding_type == ShardingType.COLUMN_WISE.value
+        )
+        self.kind = kind if supported and kind in (UNIFORM, DEVICE, HOST) and not key_value_cw else None
+        self.sharding_type = option.sharding_type
+        self.key = option.dependency or option.fqn
+        self.parts = [perf_parts(s.perf) for s in option.shards]
+        self.totals = [s.perf.total for s in option.shards]
+        self.storages = [storage_of(s.storage) for s in option.shards]
+        self.total_storage = tuple(sum(s[i] for s in self.storages) for i in range(3))
+
+
+class GreedyPerfReplica:
+    """GreedyPerfPartitioner (sort by storage, no module balancing) and
+    NoopPerfModel over `options[table][option]`, for `storage_constraint`."""
+
+    def __init__(self, options: list[list[ShardingOption]], storage_constraint: Topology) -> None:
+        devices = storage_constraint.devices
+        self.world_size = num = len(devices)
+        self.local_world_size = storage_constraint.local_world_size
+        one_host = storage_constraint.world_size // storage_constraint.intra_group_size <= 1
+        self.options = [[_Option(o, one_host) for o in table] for table in options]
+        self.start_storage = np.array([storage_of(d.storage) for d in devices], dtype=np.int64)
+        self.start_parts = np.array([perf_parts(d.perf) for d in devices], dtype=float)
+        width = max(len(t) for t in options)
+        shape = (len(options), width, num)
+        # Uniform options' shards as arrays (zeros elsewhere): parts, storage, totals.
+        self.uniform = np.zeros(shape[:2], dtype=bool)
+        self.uniform_parts = np.zeros(shape + (5,))
+        self.uniform_storage = np.zeros(shape + (3,), dtype=np.int64)
+        self.uniform_totals = np.zeros(shape)
+        for t, table in enumerate(self.options):
+            for o, option in enumerate(table):
+                if option.kind == UNIFORM and len(option.parts) == num:
+                    self.uniform[t, o] = True
+                    self.uniform_parts[t, o] = option.parts
+                    self.uniform_storage[t, o] = option.storages
+                    self.uniform_totals[t, o] = option.totals
+
+    def place(self, choice: np.ndarray) -> Placement | None:
+        """Place the plan choosing option `choice[t]` of each table t as
+        torchrec would; None where this replica does not model the options."""
+        chosen = [self.options[t][o] for t, o in enumerate(choice)]
+        if any(option.kind is None for option in chosen):
+            return None
+        num = self.world_size
+        ranks: list[list[int | None]] = [[None] * len(option.totals) for option in chosen]
+
+        def failed() -> Placement:
+            return Placement(False, None, ranks, None)
+
+        # 1. Uniform options, in proposal order: shard i on device i.
+        tables = np.arange(len(chosen))
+        uniform = [t for t, option in enumerate(chosen) if option.kind == UNIFORM]
+        if any(len(chosen[t].totals) != num for t in uniform):
+            bad = next(t for t in uniform if len(chosen[t].totals) != num)
+            for t in uniform[: uniform.index(bad)]:
+                ranks[t] = list(range(num))
+            return failed()
+        used = self.uniform_storage[tables[uniform], choice[uniform]]  # [U, W, 3]
+        left = self.start_storage[None] - np.cumsum(used, axis=0)
+        over = (left < 0).any(axis=(1, 2))
+        if over.any():
+            k = int(np.argmax(over))
+            for t in uniform[:k]:
+                ranks[t] = list(range(num))
+            before = left[k - 1] if k else self.start_storage
+            fits = (used[k] <= before).all(1)
+            ranks[uniform[k]][: int(np.argmin(fits))] = list(range(int(np.argmin(fits))))
+            return failed()
+        for t in uniform:
+            ranks[t] = list(range(num))
+        parts_sum = np.concatenate(
+            [self.start_parts[None], self.uniform_parts[tables[uniform], choice[uniform]]]
+        )
+        parts = np.add.accumulate(parts_sum, axis=0)[-1].tolist()  # sequential, as Perf adds
+        storage = (left[-1] if uniform else self.start_storage).tolist()
+
+        # 2. The rest, grouped by dependency (else table), largest storage first.
+        rest = [t for t, option in enumerate(chosen) if option.kind != UNIFORM]
+        if len({chosen[t].key for t in rest}) == len(rest):  # one table per group
+            order = [[t] for t in sorted(rest, key=lambda t: chosen[t].total_storage, reverse=True)]
+        else:
+            groups: dict[str, list[int]] = {}
+            for t in rest:
+                groups.setdefault(chosen[t].key, []).append(t)
+            order = sorted(
+                groups.values(),
+                key=lambda group: tuple(sum(chosen[t].total_storage[i] for t in group) for i in range(3)),
+                reverse=True,
+            )
+        heap: list | None = None
+        for group in order:
+            kind = chosen[group[0]].kind
+            if kind == DEVICE:
+                if heap is None:
+                    heap = self._heap(parts, range(num), self.local_world_size)
+                if not self._device_place(chosen[group[0]], ranks[group[0]], heap, parts, storage):
+                    return failed()
+            elif kind == HOST:
+                if not self._host_place(
+                    [chosen[t] for t in group], [ranks[t] for t in group], parts, storage
+                ):
+                    return failed()
+                heap = None
+            else:
+                return None
+        loads = self._rate(chosen, choice, ranks)
+        return Placement(True, float(max(loads.tolist())), ranks, loads)
+
+    @staticmethod
+    def _heap(parts: list, devices, local_world_size: int) -> list:
+        heap = [(total_of(parts[r]), r % local_world_size, r) for r in devices]
+        heapq.heapify(heap)
+        return heap
+
+    @staticmethod
+    def _device_place(option: _Option, ranks: list, heap: list, parts: list, storage: list) -> bool:
+        """Each shard on the least loaded device it fits (torchrec's
+        _device_partition; the heap holds (total, rank % local, rank))."""
+        for j, need in enumerate(option.storages):
+            skipped = []
+            while heap:
+                _total, tie, r = heap[0]
+                have = storage[r]
+                if need[0] <= have[0] and need[1] <= have[1] and need[2] <= have[2]:
+                    ranks[j] = r
+                    storage[r] = [have[0] - need[0], have[1] - need[1], have[2] - need[2]]
+                    add = option.parts[j]
+                    now = parts[r]
+                    parts[r] = [
+                        now[0] + add[0],
+                        now[1] + add[1],
+                        now[2] + add[2],
+                        now[3] + add[3],
+                        now[4] + add[4],
+                    ]
+                    heapq.heapreplace(heap, (total_of(parts[r]), tie, r))
+                    break
+                skipped.append(heapq.heappop(heap))
+            else:
+                return False
+            for entry in skipped:
+                heapq.heappush(heap, entry)
+        return True
+
+    def _host_place(self, group: list[_Option], group_ranks: list[list], parts: list, storage: list) -> bool:
+        """torchrec's _cohost_partition on the one host: the group's storage
+        must fit the host's; table-row-wise is uniform over the host's
+        devices, table-column-wise device by device."""
+        need = tuple(sum(o.total_storage[i] for o in group) for i in range(3))
+        have = tuple(sum(s[i] for s in storage) for i in range(3))
+        if not all(n <= h for n, h in zip(need, have)):
+            return False
+        host_parts = [list(p) for p in parts]
+        host_storage = [list(s) for s in storage]
+        heap = None
+        for option, ranks in zip(group, group_ranks):
+            if option.sharding_type == ShardingType.TABLE_ROW_WISE.value:
+                if len(option.storages) != self.world_size:
+                    return False
+                for r, (want, add) in enumerate(zip(option.storages, option.parts)):
+                    got = host_storage[r]
+                    if not (want[0] <= got[0] and want[1] <= got[1] and want[2] <= got[2]):
+                        return False
+                    ranks[r] = r
+                    host_storage[r] = [got[0] - want[0], got[1] - want[1], got[2] - want[2]]
+                    now = host_parts[r]
+                    host_parts[r] = [a + b for a, b in zip(now, add)]
+                heap = None
+            elif option.sharding_type == ShardingType.TABLE_COLUMN_WISE.value:
+                if heap is None:
+                    heap = self._heap(host_parts, range(self.world_size), self.world_size)
+                if not self._device_place(option, ranks, heap, host_parts, host_storage):
+                    return False
+            else:
+                return False
+        parts[:] = host_parts
+        storage[:] = host_storage
+        return True
+
+    def _rate(self, chosen: list[_Option], choice: np.ndarray, ranks: list[list]) -> np.ndarray:
+        """NoopPerfModel: per rank, the shards' totals added in plan order."""
+        rows = self.uniform_totals[np.arange(len(chosen)), choice]  # [T, W]; zeros off uniform
+        at_t, at_r, values = [], [], []
+        extra: list[tuple[int, np.ndarray]] = []
+        for t, option in enumerate(chosen):
+            if option.kind == UNIFORM:
+                continue
+            shard_ranks = ranks[t]
+            if len(shard_ranks) == 1 or len(set(shard_ranks)) == len(shard_ranks):
+                at_t += [t] * len(shard_ranks)
+                at_r += shard_ranks
+                values += option.totals
+                continue
+            layers: list[dict[int, float]] = []  # a second shard on a rank adds after the first
+            for r, total in zip(shard_ranks, option.totals):
+                layer = next((layer for layer in layers if r not in layer), None)
+                if layer is None:
+                    layer = {}
+                    layers.append(layer)
+                layer[r] = total
+            rows[t, list(layers[0])] = list(layers[0].values())
+            for layer in layers[1:]:
+                row = np.zeros(self.world_size)
+                row[list(layer)] = list(layer.values())
+                extra.append((t + 1, row))
+        rows[at_t, at_r] = values
+        if extra:
+            rows = np.insert(rows, [at for at, _ in extra], np.array([row for _, row in extra]), axis=0)
+        return np.add.accumulate(rows, axis=0)[-1]
