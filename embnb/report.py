@@ -24,11 +24,16 @@ class ReportEntry:
 
 
 def _render(executed: pathlib.Path) -> pathlib.Path | None:
-    """executed/NAME.ipynb -> NAME.html beside it; None when there is no executed copy."""
+    """executed/NAME.ipynb -> NAME.html beside it; the executed copy itself
+    where nbconvert is missing (the GPU kit has none); None when there is no
+    executed copy."""
     if not executed.is_file():
         return None
+    try:
+        from nbconvert import HTMLExporter
+    except ImportError:
+        return executed
     import nbformat
-    from nbconvert import HTMLExporter
 
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
     page = executed.with_suffix(".html")
@@ -37,9 +42,16 @@ def _render(executed: pathlib.Path) -> pathlib.Path | None:
 
 
 def write_report(out_dir: str | pathlib.Path, entries: list[ReportEntry]) -> pathlib.Path:
-    """Render every entry's executed notebook and write out_dir/index.html."""
+    """Render every entry's executed notebook and write out_dir/index.html
+    (without nbconvert, the index links the executed notebooks themselves)."""
     out_dir = pathlib.Path(out_dir)
     rows = []
+    try:
+        import nbconvert  # noqa: F401
+    except ImportError:
+        note = "<p>nbconvert is not installed here: the notebooks are linked as executed .ipynb files.</p>"
+    else:
+        note = ""
     for entry in entries:
         page = _render(out_dir / f"{entry.name}.ipynb")
         name = html.escape(entry.name)
@@ -60,7 +72,7 @@ td, th {{ padding: 0.3em 0.8em; text-align: left; vertical-align: top; border-bo
 .failed {{ color: #b00; }}
 </style></head><body>
 <h1>embnb notebooks</h1>
-<p>Executed {html.escape(time.strftime("%Y-%m-%d %H:%M"))} by <code>make run</code>.</p>
+<p>Executed {html.escape(time.strftime("%Y-%m-%d %H:%M"))} by <code>make run</code>.</p>{note}
 <table><tr><th>notebook</th><th>time</th><th>summary</th></tr>
 {chr(10).join(rows)}
 </table></body></html>
