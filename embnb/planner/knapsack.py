@@ -67,6 +67,7 @@ class SearchSpace:
         shape = (num_tables, width)
         self.perf = np.full(shape, np.inf)
         self.mem = np.zeros(shape + (2,))
+        self.uniform = np.zeros(shape, dtype=bool)
         self.rank_perf = np.zeros(shape + (self.world_size,))  # uniform options only
         self.rank_mem = np.zeros(shape + (self.world_size, 2))
         self.shard_perf = np.zeros(shape)  # largest shard placed by the partitioner
@@ -77,6 +78,7 @@ class SearchSpace:
                 mems = np.array([storage_array(shard.storage) for shard in option.shards])
                 self.perf[t, o], self.mem[t, o] = perfs.sum(), mems.sum(0)
                 if placement(option, one_host) == UNIFORM:
+                    self.uniform[t, o] = True
                     self.rank_perf[t, o, : len(perfs)] = perfs
                     self.rank_mem[t, o, : len(perfs)] = mems
                 else:
@@ -123,6 +125,52 @@ class SearchSpace:
             (self.mem[rows, choice].sum(0) <= self.capacity).all()
             and (self.rank_mem[rows, choice].sum(0) <= self.device_mem).all()
         )
+
+    def screen(self, plans: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """`fits` and `lower_bound` of every plan in `plans` [P, tables] at
+        once, up to rounding: the sums run along the plans, adding what
+        changed from one plan to the next (plans next to each other on a
+        knapsack frontier differ in a few tables), so this costs about as
+        much as a few single checks. Returns the memory left (the least of
+        what the totals and the uniform shards per device leave free; < 0:
+        does not fit), the bound, and the rounding each may be off by."""
+        num_plans, num_tables = plans.shape
+        rows = np.arange(num_tables)
+        if not num_plans:
+            return np.zeros(0), np.zeros(0), 0.0, 0.0
+        step, table = np.nonzero(plans[1:] != plans[:-1])
+        old, new = plans[step, table], plans[step + 1, table]
+        # Only changes to or from a uniform option move the per-device sums.
+        uniform = self.uniform[table, old] | self.uniform[table, new]
+
+        def running(values: np.ndarray, changes: np.ndarray | slice = slice(None)) -> np.ndarray:
+            """Each plan's `values` summed over the tables: the first plan's
+            sum plus the changes made before it."""
+            at, t = step[changes], table[changes]
+            changed = np.zeros((len(at) + 1,) + values.shape[2:])
+            changed[0] = values[rows, plans[0]].sum(0)
+            np.cumsum(values[t, new[changes]] - values[t, old[changes]], axis=0, out=changed[1:])
+            changed[1:] += changed[0]
+            return changed[np.searchsorted(at, np.arange(num_plans), side="left")]
+
+        left = np.minimum(
+            (self.capacity - running(self.mem)).min(-1),
+            (self.device_mem - running(self.rank_mem, uniform)).min((-2, -1)),
+        )
+        rank_perf = running(self.rank_perf, uniform)
+        bound = np.maximum.reduce(
+            [
+                running(self.perf) / self.world_size,
+                rank_perf.max(-1),
+                rank_perf.min(-1) + self.shard_perf[rows, plans].max(-1),
+            ]
+        )
+        # Each running sum rounds a few times per change, relative to its largest value.
+        steps = 4.0 * (len(step) + num_tables) * np.finfo(float).eps
+        finite = np.isfinite(self.perf)
+        perf_scale = np.where(finite, self.perf, 0.0).max(1).sum()
+        mem_scale = max(self.capacity.max(), self.device_mem.max())
+        return left, bound, steps * mem_scale, steps * perf_scale
 
     def neighbor_bounds(self, choice: np.ndarray, moves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Lower bounds and memory checks of `choice` changed by `moves`.
@@ -232,6 +280,20 @@ class Knapsack:
         return choices
 
 
+def without_dominated(perfs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """`perfs` [tables, options] with inf for options another option of the
+    same table beats: no more weight on any axis and less perf by more than
+    rounding can hide. They change no knapsack state (every state they make,
+    the better option makes in the same or a lower bin with less perf), and
+    dropping them makes each table's step several times smaller."""
+    finite = np.isfinite(perfs)
+    margin = 4 * np.spacing(np.where(finite, perfs, 0.0).max(1, initial=0.0).sum())
+    lighter = (weights[:, None, :, :] <= weights[:, :, None, :]).all(-1)  # [t, a, b]: b weighs <= a
+    faster = perfs[:, None, :] + margin < perfs[:, :, None]  # b's perf is less than a's
+    dominated = (lighter & faster & finite[:, None, :]).any(-1)
+    return np.where(dominated, np.inf, perfs)
+
+
 _PATIENCE = 8  # unplaced plans in a row before a run is bisected; plans proposed below
 _SLACKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32)  # memory left free by plans proposed below
 
@@ -247,8 +309,12 @@ class FrontierSearch:
     memory, then the neighbors of the best rated one.
     """
 
-    def __init__(self, plans: np.ndarray, memory: np.ndarray):
+    def __init__(self, plans: np.ndarray, memory: np.ndarray, space: SearchSpace | None = None):
         self.plans, self.memory = plans, memory
+        # Each plan's memory left and lower bound, up to rounding (SearchSpace.screen).
+        self.left, self.bound, self.left_error, self.bound_error = (
+            space.screen(plans) if space is not None else (None, None, 0.0, 0.0)
+        )
         self.placed: dict[int, bool | None] = {}  # None: skipped, could not win
         self.ratings: dict[int, float] = {}
 
@@ -256,6 +322,19 @@ class FrontierSearch:
         self.placed[index] = placed
         if placed and rating is not None:
             self.ratings[index] = rating
+
+    def fits(self, index: int, space: SearchSpace) -> bool:
+        """`space.fits` of plan `index`, from the screen where rounding cannot matter."""
+        if self.left is None or abs(self.left[index]) <= self.left_error:
+            return space.fits(self.plans[index])
+        return bool(self.left[index] > 0)
+
+    def cannot_win(self, index: int, space: SearchSpace, best_rating: float) -> bool:
+        """`space.lower_bound(plan) >= best_rating`, from the screen where
+        rounding cannot matter."""
+        if self.bound is None or abs(self.bound[index] - best_rating) <= self.bound_error:
+            return space.lower_bound(self.plans[index]) >= best_rating
+        return bool(self.bound[index] > best_rating)
 
     def best_index(self) -> int:
         return min(self.ratings, key=self.ratings.get) if self.ratings else 0

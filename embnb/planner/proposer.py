@@ -63,6 +63,7 @@ from embnb.planner.knapsack import (
     gib_text,
     knapsack_axes,
     memory_key,
+    without_dominated,
 )
 from embnb.planner.replica import GreedyPerfReplica, Placement
 
@@ -294,9 +295,9 @@ class DynamicProgrammingProposer(Proposer):
             for i in self._pending:
                 choice = self._search.plans[i]
                 known = self._placed.get(choice.tobytes())
-                if known is not None or not space.fits(choice):
+                if known is not None or not self._search.fits(i, space):
                     self._search.record(i, bool(known), None)
-                elif space.lower_bound(choice) >= self._best_rating:
+                elif self._search.cannot_win(i, space, self._best_rating):
                     self._search.record(i, None, None)
                 else:
                     self._index = i
@@ -316,12 +317,13 @@ class DynamicProgrammingProposer(Proposer):
 
         def run(allowed: np.ndarray) -> FrontierSearch:
             knapsack = Knapsack(capacity, bins)
+            perfs = without_dominated(np.where(allowed, space.perf, np.inf), weights)
             for t in rows:
-                knapsack.add_table(int(t), weights[t], np.where(allowed[t], space.perf[t], np.inf))
+                knapsack.add_table(int(t), weights[t], perfs[t])
             plans = [p for p in knapsack.frontier(len(rows)) if p.tobytes() not in seen]
             seen.update(p.tobytes() for p in plans)
             plans = np.array(plans, dtype=np.int64).reshape(-1, len(rows))
-            return FrontierSearch(plans, space.mem[rows, plans, main].sum(-1))
+            return FrontierSearch(plans, space.mem[rows, plans, main].sum(-1), space)
 
         valid = np.isfinite(space.perf)
         main = axes[0] if axes else 0

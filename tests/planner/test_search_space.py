@@ -1,0 +1,115 @@
+"""The proposer's shortcuts against the slow way they stand for: dropping
+dominated options changes no knapsack state, and screening a whole run of plans
+at once gives each plan's own `fits` and `lower_bound` verdicts."""
+
+import itertools
+import logging
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embnb import planner
+from embnb.planner.knapsack import FrontierSearch, Knapsack, SearchSpace, by_table, without_dominated
+
+logging.getLogger("torchrec").setLevel(logging.ERROR)
+
+
+@st.composite
+def knapsack_instances(draw):
+    """Small integer perfs and weights (so ties happen), some options missing."""
+    num_tables = draw(st.integers(1, 6))
+    num_options = draw(st.integers(1, 5))
+    num_axes = draw(st.integers(1, 2))
+    values = st.integers(0, 6)
+    perfs = np.array(
+        draw(st.lists(values, min_size=num_tables * num_options, max_size=num_tables * num_options))
+    )
+    perfs = perfs.reshape(num_tables, num_options).astype(float)
+    missing = np.array(draw(st.lists(st.booleans(), min_size=perfs.size, max_size=perfs.size)))
+    perfs[missing.reshape(perfs.shape)] = np.inf
+    weights = np.array(draw(st.lists(values, min_size=perfs.size * num_axes, max_size=perfs.size * num_axes)))
+    weights = weights.reshape(num_tables, num_options, num_axes).astype(float)
+    capacity = np.array([draw(st.integers(1, 6 * num_tables)) for _ in range(num_axes)], dtype=float)
+    bins = tuple(draw(st.integers(1, 12)) for _ in range(num_axes))
+    return perfs, weights, capacity, bins
+
+
+@settings(max_examples=300, deadline=None)
+@given(knapsack_instances())
+def test_dropping_dominated_options_keeps_every_knapsack_state(instance):
+    perfs, weights, capacity, bins = instance
+    pruned = without_dominated(perfs, weights)
+
+    # By the definition, option by option: dropped iff another option of the
+    # table weighs no more on any axis and has less perf.
+    for t, a in itertools.product(*map(range, perfs.shape)):
+        beaten = any(
+            np.isfinite(perfs[t, b]) and perfs[t, b] < perfs[t, a] and all(weights[t, b] <= weights[t, a])
+            for b in range(perfs.shape[1])
+        )
+        assert np.isinf(pruned[t, a]) == (beaten or np.isinf(perfs[t, a]))
+        if not beaten:
+            assert pruned[t, a] == perfs[t, a]
+
+    runs = []
+    for table_perfs in (perfs, pruned):
+        knapsack = Knapsack(capacity, bins)
+        for t in range(len(perfs)):
+            knapsack.add_table(t, weights[t], table_perfs[t])
+        runs.append(knapsack)
+    full, fast = runs
+    assert np.array_equal(full.frontier(len(perfs)), fast.frontier(len(perfs)))
+    assert np.array_equal(full.perf, fast.perf) and np.array_equal(full.mem, fast.mem)
+    for step_full, step_fast in zip(full.trace, fast.trace, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(step_full, step_fast))
+
+
+@pytest.fixture(scope="module")
+def space():
+    model = planner.make_model(24, seed=3)
+    topology = planner.make_topology(8, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables) / 8 * 0.5)
+    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
+    return SearchSpace(by_table(enumerated.options), planner.reserved_topology(topology, enumerated, 512))
+
+
+def walk(space, rng, num_plans):
+    """Plans that change a few tables at a time (like a knapsack frontier),
+    leaning to small options so that some fit, with a few jumps."""
+    valid = [np.flatnonzero(np.isfinite(row)) for row in space.perf]
+    small = [v[np.argsort(space.mem[t, v, 0])][: max(1, len(v) // 2)] for t, v in enumerate(valid)]
+    plan = np.array([rng.choice(options) for options in small])
+    plans = []
+    for _ in range(num_plans):
+        plans.append(plan.copy())
+        tables = range(len(plan)) if rng.random() < 0.05 else rng.choice(len(plan), rng.integers(1, 4))
+        for t in tables:
+            plan[t] = rng.choice(small[t] if rng.random() < 0.8 else valid[t])
+    return np.array(plans)
+
+
+def test_screen_gives_each_plans_own_checks(space):
+    plans = walk(space, np.random.default_rng(0), 400)
+    left, bound, left_error, bound_error = space.screen(plans)
+    search = FrontierSearch(plans, space.mem[np.arange(plans.shape[1]), plans, 0].sum(-1), space)
+    exact_bounds = np.array([space.lower_bound(plan) for plan in plans])
+    fits = np.array([space.fits(plan) for plan in plans])
+    assert 0 < fits.sum() < len(plans)  # both verdicts occur
+    assert np.allclose(bound, exact_bounds, rtol=0, atol=bound_error)
+    assert ((left > left_error) <= fits).all() and ((left < -left_error) <= ~fits).all()
+    # The search's verdicts are the exact ones, also at ratings on a bound (rounding decides there).
+    ratings = [*np.quantile(exact_bounds, [0.1, 0.5, 0.9]), *exact_bounds[:20]]
+    for i in range(len(plans)):
+        assert search.fits(i, space) == fits[i]
+        for rating in ratings:
+            assert search.cannot_win(i, space, rating) == (exact_bounds[i] >= rating)
+
+
+def test_screen_of_no_plans_and_one_plan(space):
+    left, bound, *_ = space.screen(np.zeros((0, len(space.perf)), dtype=np.int64))
+    assert left.shape == bound.shape == (0,)
+    plan = walk(space, np.random.default_rng(1), 1)
+    left, bound, *_ = space.screen(plan)
+    assert bound[0] == pytest.approx(space.lower_bound(plan[0]), rel=1e-12)
+    assert (left[0] >= 0) == space.fits(plan[0])
