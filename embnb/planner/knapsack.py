@@ -21,7 +21,6 @@ from torchrec.distributed.planner.types import (
     PlannerError,
     PlannerErrorType,
     ShardingOption,
-    Storage,
     Topology,
 )
 from torchrec.distributed.types import ShardingType
@@ -36,12 +35,49 @@ UNIFORM = PartitionByType.UNIFORM.value
 MAX_BINS = 2**18
 
 
-def storage_array(storage: Storage | None) -> np.ndarray:
-    return np.array([storage.hbm, storage.ddr], dtype=float) if storage else np.zeros(2)
-
-
 def gib_text(num_bytes: float) -> str:
     return f"{num_bytes / GB:.3g} GiB"
+
+
+class ShardValues:
+    """Every shard's storage and perf, read once from torchrec's objects.
+
+    At 800 tables the options hold hundreds of thousands of shards, and
+    walking their attributes again for each check (distinct options, fits,
+    storage totals, the replica) was seconds of the planning time. Rows are
+    the shards of `options` in order; `rows(option)` is one option's.
+    """
+
+    def __init__(self, options: list[ShardingOption]):
+        read = [
+            (
+                st.hbm,
+                st.ddr,
+                st.ssd,
+                p.fwd_compute,
+                p.bwd_compute,
+                p.fwd_comms,
+                p.bwd_comms,
+                p.prefetch_compute,
+                p.total,
+            )
+            for option in options
+            for shard in option.shards
+            for st, p in ((shard.storage, shard.perf),)
+        ]
+        values = np.array(read, dtype=float).reshape(-1, 9)  # storage is in whole bytes: exact below 2**53
+        self.storage = values[:, :3].astype(np.int64)  # HBM, DDR, SSD
+        self.parts = np.ascontiguousarray(values[:, 3:8])  # in the order Perf.total adds them
+        self.totals = np.ascontiguousarray(values[:, 8])  # Perf.total as torchrec computed it
+        ends = np.cumsum([len(option.shards) for option in options]).tolist()
+        self._rows = {id(o): slice(end - len(o.shards), end) for o, end in zip(options, ends)}
+
+    def rows(self, option: ShardingOption) -> slice:
+        return self._rows[id(option)]
+
+    def memory(self, option: ShardingOption) -> tuple[int, int, int]:
+        """The option's total storage (HBM, DDR, SSD), as `total_storage` orders it."""
+        return tuple(self.storage[self.rows(option)].sum(0).tolist())
 
 
 class SearchSpace:
@@ -53,16 +89,24 @@ class SearchSpace:
     partitioner, so only their largest shard is known.
     """
 
-    def __init__(self, options: list[list[ShardingOption]], storage_constraint: Topology):
+    def __init__(
+        self,
+        options: list[list[ShardingOption]],
+        storage_constraint: Topology,
+        values: ShardValues | None = None,
+    ):
         devices = storage_constraint.devices
         self.world_size = len(devices)
-        self.device_mem = np.array([storage_array(d.storage) for d in devices])  # [W, 2]
+        self.values = values = values or ShardValues([o for table in options for o in table])
+        device_storage = np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in devices])
+        self.device_mem = device_storage[:, :2].astype(float)  # [W, 2]
         self.capacity = self.device_mem.sum(0)
         one_host = storage_constraint.intra_group_size >= self.world_size
         self.options = [
-            self._fitting(distinct_options(table_options, one_host), devices) for table_options in options
+            self._fitting(distinct_options(table_options, one_host, values), device_storage, values)
+            for table_options in options
         ]
-        self.storage = [[memory_key(o) for o in table] for table in self.options]  # (HBM, DDR, SSD)
+        self.storage = [[values.memory(o) for o in table] for table in self.options]  # (HBM, DDR, SSD)
         num_tables, width = len(options), max(len(o) for o in self.options)
         shape = (num_tables, width)
         self.perf = np.full(shape, np.inf)
@@ -74,8 +118,8 @@ class SearchSpace:
         self.shard_mem = np.zeros(shape + (2,))
         for t, table_options in enumerate(self.options):
             for o, option in enumerate(table_options):
-                perfs = np.array([shard.perf.total for shard in option.shards])
-                mems = np.array([storage_array(shard.storage) for shard in option.shards])
+                rows = values.rows(option)
+                perfs, mems = values.totals[rows], values.storage[rows, :2].astype(float)
                 self.perf[t, o], self.mem[t, o] = perfs.sum(), mems.sum(0)
                 if placement(option, one_host) == UNIFORM:
                     self.uniform[t, o] = True
@@ -85,23 +129,25 @@ class SearchSpace:
                     self.shard_perf[t, o], self.shard_mem[t, o] = perfs.max(), mems.max(0)
 
     @staticmethod
-    def _fitting(table_options: list[ShardingOption], devices: list) -> list[ShardingOption]:
+    def _fitting(
+        table_options: list[ShardingOption], device_storage: np.ndarray, values: ShardValues
+    ) -> list[ShardingOption]:
         # An option whose largest shard fits on no device can never be placed.
-        fitting = [
-            o
-            for o in table_options
-            if all(any(s.storage.fits_in(d.storage) for d in devices) for s in o.shards)
-        ]
+        def fits(option: ShardingOption) -> bool:
+            shards = values.storage[values.rows(option)]
+            return bool((shards[:, None, :] <= device_storage[None]).all(-1).any(-1).all())
+
+        fitting = [o for o in table_options if fits(o)]
         if fitting:
             return fitting
         smallest = min(table_options, key=lambda o: max((s.storage.hbm, s.storage.ddr) for s in o.shards))
         shard = max(smallest.shards, key=lambda s: (s.storage.hbm, s.storage.ddr))
-        biggest = max(devices, key=lambda d: (d.storage.hbm, d.storage.ddr)).storage
+        biggest = device_storage[np.lexsort(device_storage[:, 1::-1].T)[-1]]
         raise PlannerError(
             f"table {smallest.name!r} fits on no device: its smallest option "
             f"({smallest.sharding_type}, {smallest.compute_kernel}) needs "
             f"{gib_text(shard.storage.hbm)} HBM and {gib_text(shard.storage.ddr)} DDR for one shard, "
-            f"the largest device offers {gib_text(biggest.hbm)} HBM and {gib_text(biggest.ddr)} DDR "
+            f"the largest device offers {gib_text(biggest[0])} HBM and {gib_text(biggest[1])} DDR "
             "after the storage reservation; add devices or memory, or shrink the table",
             error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
         )
@@ -391,7 +437,9 @@ def memory_key(option: ShardingOption) -> tuple[int, int, int]:
     )
 
 
-def distinct_options(options: list[ShardingOption], one_host: bool) -> list[ShardingOption]:
+def distinct_options(
+    options: list[ShardingOption], one_host: bool, values: ShardValues
+) -> list[ShardingOption]:
     """Drop options the partitioner and perf model treat alike; the first
     enumerated stays. Table-wise and one-shard column-wise are alike; on one
     host, so are table-column-wise and column-wise (both placed shard by shard
@@ -399,11 +447,13 @@ def distinct_options(options: list[ShardingOption], one_host: bool) -> list[Shar
     device i)."""
     seen, kept = set(), []
     for option in options:
+        rows = values.rows(option)
         key = (
             placement(option, one_host),
             option.dependency,
             option.compute_kernel == "key_value",
-            tuple((s.storage, s.perf.total) for s in option.shards),
+            values.storage[rows].tobytes(),  # each shard's storage and perf total, as equal as ==
+            values.totals[rows].tobytes(),
         )
         if key not in seen:
             seen.add(key)

@@ -59,10 +59,10 @@ from embnb.planner.knapsack import (
     FrontierSearch,
     Knapsack,
     SearchSpace,
+    ShardValues,
     by_table,
     gib_text,
     knapsack_axes,
-    memory_key,
     without_dominated,
 )
 from embnb.planner.replica import GreedyPerfReplica, Placement
@@ -149,8 +149,14 @@ class DynamicProgrammingProposer(Proposer):
         self.no_plan_reason: str | None = None  # why it stopped proposing, when no plan can fit
         # Before the first feedback the device memory is unknown: propose each
         # table's smallest option, like torchrec's DP proposer.
+        self._values = ShardValues(search_space)
         self._current: np.ndarray | None = (
-            np.array([min(range(len(opts)), key=lambda i: memory_key(opts[i])[:2]) for opts in self._options])
+            np.array(
+                [
+                    min(range(len(opts)), key=lambda i: self._values.memory(opts[i])[:2])
+                    for opts in self._options
+                ]
+            )
             if self._options
             else None
         )
@@ -184,13 +190,13 @@ class DynamicProgrammingProposer(Proposer):
                 raise ValueError("feedback needs the storage_constraint (torchrec's planner passes it)")
             first = [opts[o] for opts, o in zip(self._options, self._current)]
             try:
-                self._space = SearchSpace(self._options, storage_constraint)
+                self._space = SearchSpace(self._options, storage_constraint, self._values)
             except PlannerError as error:  # a table fits on no device
                 self._propose_nothing(str(error))
                 return
             self._options = self._space.options
             if self._replay:
-                self._replica = GreedyPerfReplica(self._options, storage_constraint)
+                self._replica = GreedyPerfReplica(self._options, storage_constraint, self._values)
             self._current = _indices(first, self._options)  # onto the options kept
             self._runs = self._knapsack_runs()
         choice, predicted, self._predicted = self._current, self._predicted, None

@@ -24,6 +24,8 @@ import numpy as np
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 from torchrec.distributed.types import ShardingType
 
+from embnb.planner.knapsack import ShardValues
+
 UNIFORM = PartitionByType.UNIFORM.value
 DEVICE = PartitionByType.DEVICE.value
 HOST = PartitionByType.HOST.value
@@ -56,7 +58,7 @@ class Placement:
 class _Option:
     __slots__ = ("kind", "sharding_type", "key", "parts", "totals", "storages", "total_storage")
 
-    def __init__(self, option: ShardingOption, supported: bool) -> None:
+    def __init__(self, option: ShardingOption, supported: bool, values: ShardValues) -> None:
         kind = option.partition_by
         key_value_cw = (
             option.compute_kernel == "key_value" and option.sharding_type == ShardingType.COLUMN_WISE.value
@@ -64,9 +66,10 @@ class _Option:
         self.kind = kind if supported and kind in (UNIFORM, DEVICE, HOST) and not key_value_cw else None
         self.sharding_type = option.sharding_type
         self.key = option.dependency or option.fqn
-        self.parts = [perf_parts(s.perf) for s in option.shards]
-        self.totals = [s.perf.total for s in option.shards]
-        self.storages = [storage_of(s.storage) for s in option.shards]
+        rows = values.rows(option)
+        self.parts = [tuple(p) for p in values.parts[rows].tolist()]
+        self.totals = values.totals[rows].tolist()
+        self.storages = [tuple(s) for s in values.storage[rows].tolist()]
         self.total_storage = tuple(sum(s[i] for s in self.storages) for i in range(3))
 
 
@@ -74,12 +77,18 @@ class GreedyPerfReplica:
     """GreedyPerfPartitioner (sort by storage, no module balancing) and
     NoopPerfModel over `options[table][option]`, for `storage_constraint`."""
 
-    def __init__(self, options: list[list[ShardingOption]], storage_constraint: Topology) -> None:
+    def __init__(
+        self,
+        options: list[list[ShardingOption]],
+        storage_constraint: Topology,
+        values: ShardValues | None = None,
+    ) -> None:
         devices = storage_constraint.devices
         self.world_size = num = len(devices)
         self.local_world_size = storage_constraint.local_world_size
         one_host = storage_constraint.world_size // storage_constraint.intra_group_size <= 1
-        self.options = [[_Option(o, one_host) for o in table] for table in options]
+        values = values or ShardValues([o for table in options for o in table])
+        self.options = [[_Option(o, one_host, values) for o in table] for table in options]
         self.start_storage = np.array([storage_of(d.storage) for d in devices], dtype=np.int64)
         self.start_parts = np.array([perf_parts(d.perf) for d in devices], dtype=float)
         width = max(len(t) for t in options)

@@ -74,23 +74,25 @@ def space():
     return SearchSpace(by_table(enumerated.options), planner.reserved_topology(topology, enumerated, 512))
 
 
-def walk(space, rng, num_plans):
+def walk(space, rng, num_plans, largest):
     """Plans that change a few tables at a time (like a knapsack frontier),
-    leaning to small options so that some fit, with a few jumps."""
+    leaning to each table's smaller (or larger) options, with a few jumps."""
     valid = [np.flatnonzero(np.isfinite(row)) for row in space.perf]
-    small = [v[np.argsort(space.mem[t, v, 0])][: max(1, len(v) // 2)] for t, v in enumerate(valid)]
-    plan = np.array([rng.choice(options) for options in small])
+    by_size = [v[np.argsort(space.mem[t, v, 0])] for t, v in enumerate(valid)]
+    leaning = [v[len(v) // 2 :] if largest else v[: max(1, len(v) // 2)] for v in by_size]
+    plan = np.array([rng.choice(options) for options in leaning])
     plans = []
     for _ in range(num_plans):
         plans.append(plan.copy())
         tables = range(len(plan)) if rng.random() < 0.05 else rng.choice(len(plan), rng.integers(1, 4))
         for t in tables:
-            plan[t] = rng.choice(small[t] if rng.random() < 0.8 else valid[t])
+            plan[t] = rng.choice(leaning[t] if rng.random() < 0.8 else valid[t])
     return np.array(plans)
 
 
 def test_screen_gives_each_plans_own_checks(space):
-    plans = walk(space, np.random.default_rng(0), 400)
+    rng = np.random.default_rng(0)
+    plans = np.concatenate([walk(space, rng, 200, largest=False), walk(space, rng, 200, largest=True)])
     left, bound, left_error, bound_error = space.screen(plans)
     search = FrontierSearch(plans, space.mem[np.arange(plans.shape[1]), plans, 0].sum(-1), space)
     exact_bounds = np.array([space.lower_bound(plan) for plan in plans])
@@ -109,7 +111,33 @@ def test_screen_gives_each_plans_own_checks(space):
 def test_screen_of_no_plans_and_one_plan(space):
     left, bound, *_ = space.screen(np.zeros((0, len(space.perf)), dtype=np.int64))
     assert left.shape == bound.shape == (0,)
-    plan = walk(space, np.random.default_rng(1), 1)
+    plan = walk(space, np.random.default_rng(1), 1, largest=False)
     left, bound, *_ = space.screen(plan)
     assert bound[0] == pytest.approx(space.lower_bound(plan[0]), rel=1e-12)
     assert (left[0] >= 0) == space.fits(plan[0])
+
+
+def test_shard_values_hold_each_shards_storage_and_perf(space):
+    options = [o for table in space.options for o in table]
+    for option in options[::7]:
+        rows = space.values.rows(option)
+        for shard, storage, parts, total in zip(
+            option.shards,
+            space.values.storage[rows].tolist(),
+            space.values.parts[rows].tolist(),
+            space.values.totals[rows].tolist(),
+            strict=True,
+        ):
+            perf = shard.perf
+            assert storage == [shard.storage.hbm, shard.storage.ddr, shard.storage.ssd]
+            assert parts == [
+                perf.fwd_compute,
+                perf.bwd_compute,
+                perf.fwd_comms,
+                perf.bwd_comms,
+                perf.prefetch_compute,
+            ]
+            assert total == perf.total
+        assert space.values.memory(option) == tuple(
+            sum(getattr(s.storage, a) for s in option.shards) for a in ("hbm", "ddr", "ssd")
+        )
