@@ -270,17 +270,14 @@ class Knapsack:
 
     def add_table(self, table: int, weights: np.ndarray, perfs: np.ndarray) -> None:
         options = np.flatnonzero(np.isfinite(perfs))
-        if len(self.shape) == 1:  # the same steps on [options, states] arrays
-            moved = self.mem[None, :, 0] + weights[options, 0][:, None]
-            cell = np.floor(moved / self.bin_size[0]).astype(np.int64)
-            o, s = np.nonzero((moved <= self.capacity[0]) & (cell < self.shape[0]))
-            cells = cell[o, s]
-        else:
-            moved = self.mem[None] + weights[options][:, None]  # [options, states, axes]
-            cell = np.floor(moved / self.bin_size).astype(np.int64)
-            ok = (moved <= self.capacity).all(-1) & (cell < np.array(self.shape)).all(-1)
-            o, s = np.nonzero(ok)
-            cells = np.ravel_multi_index(tuple(np.moveaxis(cell[o, s], -1, 0)), self.shape)
+        if len(self.shape) == 1:
+            self._add_table_on_one_axis(table, weights[options, 0], perfs, options)
+            return
+        moved = self.mem[None] + weights[options][:, None]  # [options, states, axes]
+        cell = np.floor(moved / self.bin_size).astype(np.int64)
+        ok = (moved <= self.capacity).all(-1) & (cell < np.array(self.shape)).all(-1)
+        o, s = np.nonzero(ok)
+        cells = np.ravel_multi_index(tuple(np.moveaxis(cell[o, s], -1, 0)), self.shape)
         perf = self.perf[s] + perfs[options[o]]
         least = np.full(math.prod(self.shape), np.inf)
         np.minimum.at(least, cells, perf)
@@ -290,16 +287,35 @@ class Knapsack:
         keep = self._undominated(cells, least)
         cells, o, s = cells[keep], o[keep], s[keep]
         self.trace.append((table, cells, options[o], s))
-        moved = moved[o, s]
-        self.cells, self.perf, self.mem = cells, least[cells], moved[:, None] if moved.ndim == 1 else moved
-        self.least = least  # per bin, dominated or not (for the notebook's heatmap)
+        self.cells, self.perf, self.mem, self.least = cells, least[cells], moved[o, s], least
+
+    def _add_table_on_one_axis(
+        self, table: int, weights: np.ndarray, perfs: np.ndarray, options: np.ndarray
+    ) -> None:
+        """`add_table` on one memory axis, the same states without sorting:
+        each bin's first winner in (option, state) order comes from a second
+        scatter, and a bin is kept if it beats every bin below it."""
+        num_bins = self.shape[0]
+        moved = self.mem[None, :, 0] + weights[:, None]  # [options, states]
+        cell = np.floor(moved / self.bin_size[0]).astype(np.int64)
+        o, s = np.nonzero((moved <= self.capacity[0]) & (cell < num_bins))
+        cells = cell[o, s]
+        perf = self.perf[s] + perfs[options[o]]
+        least = np.full(num_bins, np.inf)
+        np.minimum.at(least, cells, perf)
+        winners = np.flatnonzero(perf == least[cells])
+        first = np.full(num_bins, len(perf))
+        np.minimum.at(first, cells[winners], winners)
+        below = np.concatenate([[np.inf], np.minimum.accumulate(least)[:-1]])
+        cells = np.flatnonzero(least < below)  # reached (least < inf) and undominated
+        pick = first[cells]
+        o, s = o[pick], s[pick]
+        self.trace.append((table, cells, options[o], s))
+        self.cells, self.perf, self.mem, self.least = cells, least[cells], moved[o, s][:, None], least
 
     def _undominated(self, cells: np.ndarray, least: np.ndarray) -> np.ndarray:
         """Which of `cells` no other bin with less or equal memory on every
         axis beats on perf (a prefix minimum per axis over the bin grid)."""
-        if len(self.shape) == 1:  # the same, on one axis
-            below = np.concatenate([[np.inf], np.minimum.accumulate(least)[:-1]])
-            return least[cells] < below[cells]
         grid = least.reshape(self.shape)
         below = np.full(self.shape, np.inf)  # least perf at strictly less memory
         for axis in range(grid.ndim):
