@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import gc
 import itertools
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from torchrec.distributed.planner.types import (
@@ -135,10 +136,11 @@ class DynamicProgrammingProposer(Proposer):
         self._pending: Iterator[int] = iter(())  # its plans still to consider
         self._index: int | None = None  # the current proposal's place in it
         # Where refinements may start: (rating, or bound if it was not placed;
-        # plan; tables to change first; placed). The center is the current one.
-        self._starts: list[tuple[float, np.ndarray, list[int], bool]] = []
+        # plan; the tables to change first, when asked; placed). The center is
+        # the current one.
+        self._starts: list[tuple[float, np.ndarray, Callable[[], list[int]], bool]] = []
         self._started: set[float] = set()  # keys of the starts used
-        self._center: tuple[float, np.ndarray, list[int], bool] | None = None
+        self._center: tuple[float, np.ndarray, Callable[[], list[int]], bool] | None = None
         self._neighbors: Iterator[np.ndarray] | None = None
         self._refinements_left = self._max_refinements
         self.num_knapsack_proposals = self.num_refinements = 0  # how the plans considered split
@@ -251,11 +253,14 @@ class DynamicProgrammingProposer(Proposer):
         self._placed[choice.tobytes()] = placed
         if self._index is not None:  # a knapsack plan
             self._search.record(self._index, placed, perf_rating)
+        # Which tables to change first is worked out only for the starts refined.
         if placed:
             self._best_rating = min(self._best_rating, perf_rating)
-            start = (perf_rating, choice, self._slowest_rank_tables(choice, ranks, placement), True)
+            tables = functools.partial(self._slowest_rank_tables, choice, ranks, placement)
+            start = (perf_rating, choice, tables, True)
         else:  # refine by its bound, changing first the table that did not fit
-            start = (self._space.lower_bound(choice), choice, self._unplaced_tables(ranks, choice), False)
+            tables = functools.partial(self._unplaced_tables, ranks, choice)
+            start = (self._space.lower_bound(choice), choice, tables, False)
         self._starts.append(start)
         center = self._center
         if center is not None and placed and (not center[3] or perf_rating < center[0]):
@@ -280,7 +285,7 @@ class DynamicProgrammingProposer(Proposer):
             if self._neighbors is None:
                 if self._center is None and not self._next_center():
                     return None
-                self._neighbors = self._neighbors_of(*self._center[1:3])
+                self._neighbors = self._neighbors_of(self._center[1], self._center[2]())
             for choice in self._neighbors:
                 if choice.tobytes() not in self._placed:
                     self._refinements_left -= 1

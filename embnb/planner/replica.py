@@ -109,7 +109,7 @@ class GreedyPerfReplica:
     def place(self, choice: np.ndarray) -> Placement | None:
         """Place the plan choosing option `choice[t]` of each table t as
         torchrec would; None where this replica does not model the options."""
-        chosen = [self.options[t][o] for t, o in enumerate(choice)]
+        chosen = [self.options[t][o] for t, o in enumerate(choice.tolist())]
         if any(option.kind is None for option in chosen):
             return None
         num = self.world_size
