@@ -32,7 +32,7 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 NAME = "embnb_native"
-CPU_SOURCES = ["bucketize_cpu.cpp", "karmarkar_karp.cpp"]
+CPU_SOURCES = ["bucketize_cpu.cpp", "karmarkar_karp.cpp", "knapsack.cpp"]
 CUDA_SOURCES = ["bucketize_cuda.cpp", "bucketize_cuda.cu"]
 HEADER_SUFFIXES = (".h", ".cuh")
 CFLAGS = ["-O3"]

@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterator
 
 import numpy as np
+import torch
 from torchrec.distributed.planner.types import (
     PartitionByType,
     PlannerError,
@@ -24,6 +25,8 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 from torchrec.distributed.types import ShardingType
+
+from embnb.native import loader
 
 logger = logging.getLogger(__name__)
 
@@ -258,8 +261,14 @@ class Knapsack:
     on every axis and on perf are dropped: no table added later can save them.
     """
 
-    def __init__(self, capacity: np.ndarray, bins: tuple[int, ...]):
+    def __init__(self, capacity: np.ndarray, bins: tuple[int, ...], native: bool | None = None):
+        """`native`: add tables on one axis with torch.ops.embnb.knapsack_step
+        (the same states, several times faster); None: when embnb's native
+        extension loads (else numpy, after one warning); False: numpy."""
         self.capacity, self.shape = capacity, bins
+        self._native = len(bins) == 1 and (
+            loader.load() is not None if native else native is None and loader.try_load() is not None
+        )
         self.bin_size = capacity / np.array(bins)
         self.cells = np.zeros(1, dtype=np.int64)  # flat bin of each state
         self.perf = np.zeros(1)
@@ -292,10 +301,22 @@ class Knapsack:
     def _add_table_on_one_axis(
         self, table: int, weights: np.ndarray, perfs: np.ndarray, options: np.ndarray
     ) -> None:
-        """`add_table` on one memory axis, the same states without sorting:
-        each bin's first winner in (option, state) order comes from a second
-        scatter, and a bin is kept if it beats every bin below it."""
+        """`add_table` on one memory axis: natively (embnb/native/knapsack.cpp,
+        one pass), else in numpy without sorting (each bin's first winner in
+        (option, state) order comes from a second scatter); either way a bin
+        is kept if it beats every bin below it."""
         num_bins = self.shape[0]
+        if self._native:
+            step = torch.ops.embnb.knapsack_step(
+                *map(torch.from_numpy, (self.mem[:, 0], self.perf, weights, perfs[options])),
+                float(self.capacity[0]),
+                float(self.bin_size[0]),
+                num_bins,
+            )
+            cells, o, s, perf, mem, least = (t.numpy() for t in step)
+            self.trace.append((table, cells, options[o], s))
+            self.cells, self.perf, self.mem, self.least = cells, perf, mem[:, None], least
+            return
         moved = self.mem[None, :, 0] + weights[:, None]  # [options, states]
         cell = np.floor(moved / self.bin_size[0]).astype(np.int64)
         o, s = np.nonzero((moved <= self.capacity[0]) & (cell < num_bins))

@@ -126,6 +126,10 @@ class DynamicProgrammingProposer(Proposer):
     ) -> None:
         if replay is not None:
             self._replay = check_bool("replay", replay)
+        with _gc_paused():
+            self._load(search_space)
+
+    def _load(self, search_space: list[ShardingOption]) -> None:
         self._search_space = search_space
         self._options = by_table(search_space)
         self._space: SearchSpace | None = None
@@ -331,9 +335,11 @@ class DynamicProgrammingProposer(Proposer):
             perfs = without_dominated(np.where(allowed, space.perf, np.inf), weights)
             for t in rows:
                 knapsack.add_table(int(t), weights[t], perfs[t])
-            plans = [p for p in knapsack.frontier(len(rows)) if p.tobytes() not in seen]
-            seen.update(p.tobytes() for p in plans)
-            plans = np.array(plans, dtype=np.int64).reshape(-1, len(rows))
+            frontier = knapsack.frontier(len(rows))
+            keys = [plan.tobytes() for plan in frontier]
+            new = np.array([key not in seen for key in keys], dtype=bool)
+            seen.update(itertools.compress(keys, new))
+            plans = frontier[new]
             return FrontierSearch(plans, space.mem[rows, plans, main].sum(-1), space)
 
         valid = np.isfinite(space.perf)

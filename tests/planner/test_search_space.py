@@ -7,11 +7,20 @@ import logging
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embnb import planner
-from embnb.planner.knapsack import FrontierSearch, Knapsack, SearchSpace, by_table, without_dominated
+from embnb.native import loader
+from embnb.planner.knapsack import (
+    FrontierSearch,
+    Knapsack,
+    SearchSpace,
+    by_table,
+    knapsack_axes,
+    without_dominated,
+)
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 
@@ -64,6 +73,52 @@ def test_dropping_dominated_options_keeps_every_knapsack_state(instance):
     assert np.array_equal(full.perf, fast.perf) and np.array_equal(full.mem, fast.mem)
     for step_full, step_fast in zip(full.trace, fast.trace, strict=True):
         assert all(np.array_equal(x, y) for x, y in zip(step_full, step_fast))
+
+
+@settings(max_examples=300, deadline=None)
+@given(knapsack_instances())
+def test_native_knapsack_step_keeps_the_numpy_states(instance):
+    perfs, weights, capacity, bins = instance
+    assert loader.available(), f"the native knapsack step did not build: {loader.failure()}"
+    weights, capacity, bins = weights[..., :1], capacity[:1], bins[:1]  # the native step is one-axis
+    runs = []
+    for native in (False, True):
+        knapsack = Knapsack(capacity, bins, native=native)
+        assert knapsack._native == native
+        for t in range(len(perfs)):
+            knapsack.add_table(t, weights[t], perfs[t])
+        runs.append(knapsack)
+    numpy_run, native_run = runs
+    assert np.array_equal(numpy_run.frontier(len(perfs)), native_run.frontier(len(perfs)))
+    for name in ("cells", "perf", "mem", "least"):
+        assert np.array_equal(getattr(numpy_run, name), getattr(native_run, name)), name
+    for step_numpy, step_native in zip(numpy_run.trace, native_run.trace, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(step_numpy, step_native))
+
+
+def test_native_knapsack_step_on_a_bench_sized_table(space):
+    """The same states on real options, where float sums and bin edges are not whole numbers."""
+    axes, capacity, bins, weights = knapsack_axes(space, 100, 10)
+    runs = []
+    for native in (False, True):
+        knapsack = Knapsack(capacity[:1], bins[:1], native=native)
+        for t in range(len(space.perf)):
+            knapsack.add_table(t, weights[t, :, :1], space.perf[t])
+        runs.append(knapsack)
+    assert len(runs[0].cells) > 10
+    assert np.array_equal(runs[0].frontier(len(space.perf)), runs[1].frontier(len(space.perf)))
+    assert np.array_equal(runs[0].perf, runs[1].perf) and np.array_equal(runs[0].mem, runs[1].mem)
+
+
+def test_native_knapsack_step_names_bad_input():
+    assert loader.available(), loader.failure()
+    one = torch.zeros(1, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="1-D float64 CPU tensors"):
+        torch.ops.embnb.knapsack_step(one.float(), one, one, one, 1.0, 1.0, 1)
+    with pytest.raises(RuntimeError, match="2 state memories but 1 state perfs"):
+        torch.ops.embnb.knapsack_step(torch.zeros(2, dtype=torch.float64), one, one, one, 1.0, 1.0, 1)
+    with pytest.raises(RuntimeError, match="num_bins must be >= 1"):
+        torch.ops.embnb.knapsack_step(one, one, one, one, 1.0, 1.0, 0)
 
 
 @pytest.fixture(scope="module")
