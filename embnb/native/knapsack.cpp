@@ -1,100 +1,191 @@
-// torch.ops.embnb.knapsack_step: one table added to the DP proposer's
-// knapsack on one memory axis; the native twin of
-// embnb/planner/knapsack.py (Knapsack._add_table_on_one_axis). It keeps
-// exactly the numpy version's states: the same float sums (state + option,
-// in double), the same bins (floor(memory / bin_size)), the same winner per
-// bin (the least perf; on a tie the first in (option, state) order) and the
-// same dominance rule (a bin is kept if its perf beats every bin below it).
-// numpy needs a dozen passes and temporaries per table; this is one pass
-// over (option, state) and one over the bins.
+// torch.ops.embnb.knapsack_step and knapsack_run: the DP proposer's knapsack
+// on one memory axis, one table at a time or every table in one call; the
+// native twin of embnb/planner/knapsack.py (Knapsack._add_table_on_one_axis).
+// It keeps exactly the numpy version's states: the same float sums (state +
+// option, in double), the same bins (floor(memory / bin_size)), the same
+// winner per bin (the least perf; on a tie the first in (option, state)
+// order) and the same dominance rule (a bin is kept if its perf beats every
+// bin below it). numpy needs a dozen passes and temporaries per table, and
+// a call per table; this is one pass over (option, state) and one over the
+// bins, and one call per run.
 //
-// Result: (cells, option, state, perf, memory, least): per kept bin, its
-// index, the option (an index into `weights`) and previous state that won
-// it, its perf and exact memory; `least` is every bin's least perf (inf:
-// unreached), dominated or not.
+// knapsack_step's result: (cells, option, state, perf, memory, least): per
+// kept bin, its index, the option (an index into `weights`) and previous
+// state that won it, its perf and exact memory; `least` is every bin's least
+// perf (inf: unreached), dominated or not. knapsack_run's: the same for
+// every table, concatenated, with offsets (see there).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <tuple>
 #include <vector>
 
 namespace embnb {
 namespace {
 
-using Step = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
-Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const at::Tensor& weights,
-                       const at::Tensor& perfs, double capacity, double bin_size, int64_t num_bins) {
-  for (const auto* t : {&memory, &perf, &weights, &perfs}) {
-    TORCH_CHECK(t->dim() == 1 && t->scalar_type() == at::kDouble && t->device().is_cpu(),
-                "knapsack_step takes 1-D float64 CPU tensors, got ", t->sizes(), " ", t->scalar_type());
-  }
-  TORCH_CHECK(memory.numel() == perf.numel(), "knapsack_step: ", memory.numel(), " state memories but ",
-              perf.numel(), " state perfs");
-  TORCH_CHECK(weights.numel() == perfs.numel(), "knapsack_step: ", weights.numel(), " option weights but ",
-              perfs.numel(), " option perfs");
-  TORCH_CHECK(num_bins >= 1 && bin_size > 0, "knapsack_step: num_bins must be >= 1 and bin_size > 0, got ",
-              num_bins, " and ", bin_size);
-  const at::Tensor mem_c = memory.contiguous(), perf_c = perf.contiguous();
-  const at::Tensor weights_c = weights.contiguous(), perfs_c = perfs.contiguous();
-  const double* mem = mem_c.data_ptr<double>();
-  const double* state_perf = perf_c.data_ptr<double>();
-  const double* weight = weights_c.data_ptr<double>();
-  const double* option_perf = perfs_c.data_ptr<double>();
-  const int64_t num_states = memory.numel(), num_options = weights.numel();
+// The knapsack's states: per kept bin, its exact memory and perf.
+struct States {
+  std::vector<double> memory, perf;
+};
 
-  at::Tensor least = at::full({num_bins}, std::numeric_limits<double>::infinity(), memory.options());
-  double* bin_perf = least.data_ptr<double>();
-  std::vector<int64_t> win_option(num_bins), win_state(num_bins);
-  std::vector<double> win_memory(num_bins);
+// Each bin's winner, reused across tables (sized to the bins once).
+struct Bins {
+  std::vector<double> perf, memory;
+  std::vector<int64_t> option, state;
+  explicit Bins(int64_t n) : perf(n), memory(n), option(n), state(n) {}
+};
+
+// One table: every (option, state) moved into its bin; each bin keeps the
+// least perf (the first in (option, state) order on a tie); a bin is kept
+// if its perf beats every bin below it. Kept bins go to `cells`, their
+// winning option (its index in the table's row, via `option_ids`) and
+// previous state to `options` and `states`, the new states to `next`.
+void step(const States& now, const double* weight, const double* option_perf, const int64_t* option_ids,
+          int64_t num_options, double capacity, double bin_size, int64_t num_bins, Bins& bins,
+          std::vector<int64_t>& cells, std::vector<int64_t>& options, std::vector<int64_t>& states,
+          States& next) {
+  std::fill(bins.perf.begin(), bins.perf.end(), kInf);
+  const auto num_states = static_cast<int64_t>(now.memory.size());
   for (int64_t o = 0; o < num_options; ++o) {
     for (int64_t s = 0; s < num_states; ++s) {
-      const double moved = mem[s] + weight[o];
+      const double moved = now.memory[s] + weight[o];
       if (!(moved <= capacity)) continue;
-      const double bin = std::floor(moved / bin_size);
-      if (!(bin < static_cast<double>(num_bins))) continue;
-      const int64_t cell = static_cast<int64_t>(bin);
-      const double total = state_perf[s] + option_perf[o];
-      if (total < bin_perf[cell]) {  // strictly less: the first of equal perfs stays
-        bin_perf[cell] = total;
-        win_option[cell] = o;
-        win_state[cell] = s;
-        win_memory[cell] = moved;
+      // floor(q) < num_bins iff q < num_bins; q >= 0, so truncation is floor
+      // (and needs no libm call).
+      const double q = moved / bin_size;
+      if (!(q < static_cast<double>(num_bins))) continue;
+      const auto cell = static_cast<int64_t>(q);
+      const double total = now.perf[s] + option_perf[o];
+      if (total < bins.perf[cell]) {  // strictly less: the first of equal perfs stays
+        bins.perf[cell] = total;
+        bins.option[cell] = option_ids[o];
+        bins.state[cell] = s;
+        bins.memory[cell] = moved;
       }
     }
   }
-  std::vector<int64_t> kept;
-  double below = std::numeric_limits<double>::infinity();  // least perf of the bins below
+  next.memory.clear();
+  next.perf.clear();
+  double below = kInf;  // the least perf of the bins below
   for (int64_t c = 0; c < num_bins; ++c) {
-    if (bin_perf[c] < below) kept.push_back(c);
-    if (bin_perf[c] < below) below = bin_perf[c];
+    if (bins.perf[c] < below) {
+      below = bins.perf[c];
+      cells.push_back(c);
+      options.push_back(bins.option[c]);
+      states.push_back(bins.state[c]);
+      next.memory.push_back(bins.memory[c]);
+      next.perf.push_back(bins.perf[c]);
+    }
   }
-  const auto k = static_cast<int64_t>(kept.size());
-  at::Tensor cells = at::empty({k}, memory.options().dtype(at::kLong));
-  at::Tensor options = at::empty({k}, cells.options());
-  at::Tensor states = at::empty({k}, cells.options());
-  at::Tensor perf_out = at::empty({k}, memory.options());
-  at::Tensor memory_out = at::empty({k}, memory.options());
-  int64_t* cell_p = cells.data_ptr<int64_t>();
-  int64_t* option_p = options.data_ptr<int64_t>();
-  int64_t* state_p = states.data_ptr<int64_t>();
-  double* perf_p = perf_out.data_ptr<double>();
-  double* memory_p = memory_out.data_ptr<double>();
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t c = kept[i];
-    cell_p[i] = c;
-    option_p[i] = win_option[c];
-    state_p[i] = win_state[c];
-    perf_p[i] = bin_perf[c];
-    memory_p[i] = win_memory[c];
+}
+
+void check_vector(const at::Tensor& t, int64_t dim, const char* what) {
+  TORCH_CHECK(t.dim() == dim && t.scalar_type() == at::kDouble && t.device().is_cpu(), "knapsack: ", what,
+              " must be a ", dim, "-D float64 CPU tensor, got ", t.sizes(), " ", t.scalar_type());
+}
+
+void check_bins(double bin_size, int64_t num_bins) {
+  TORCH_CHECK(num_bins >= 1 && bin_size > 0, "knapsack: num_bins must be >= 1 and bin_size > 0, got ",
+              num_bins, " and ", bin_size);
+}
+
+at::Tensor longs(const std::vector<int64_t>& values) {
+  at::Tensor out = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(at::kLong));
+  std::copy(values.begin(), values.end(), out.data_ptr<int64_t>());
+  return out;
+}
+
+at::Tensor doubles(const std::vector<double>& values) {
+  at::Tensor out = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(at::kDouble));
+  std::copy(values.begin(), values.end(), out.data_ptr<double>());
+  return out;
+}
+
+at::Tensor doubles(const std::vector<double>& values, int64_t n) {
+  return doubles(std::vector<double>(values.begin(), values.begin() + n));
+}
+
+using Step = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// One table added to the states (memory, perf); options are the table's
+// allowed ones (weights, perfs), their indices in the result are 0..n-1.
+Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const at::Tensor& weights,
+                       const at::Tensor& perfs, double capacity, double bin_size, int64_t num_bins) {
+  check_vector(memory, 1, "memory");
+  check_vector(perf, 1, "perf");
+  check_vector(weights, 1, "weights");
+  check_vector(perfs, 1, "perfs");
+  TORCH_CHECK(memory.numel() == perf.numel(), "knapsack: ", memory.numel(), " state memories but ",
+              perf.numel(), " state perfs");
+  TORCH_CHECK(weights.numel() == perfs.numel(), "knapsack: ", weights.numel(), " option weights but ",
+              perfs.numel(), " option perfs");
+  check_bins(bin_size, num_bins);
+  const at::Tensor mem_c = memory.contiguous(), perf_c = perf.contiguous();
+  const at::Tensor weights_c = weights.contiguous(), perfs_c = perfs.contiguous();
+  States now{std::vector<double>(mem_c.data_ptr<double>(), mem_c.data_ptr<double>() + mem_c.numel()),
+             std::vector<double>(perf_c.data_ptr<double>(), perf_c.data_ptr<double>() + perf_c.numel())};
+  std::vector<int64_t> ids(weights.numel());
+  std::iota(ids.begin(), ids.end(), 0);
+  Bins bins(num_bins);
+  std::vector<int64_t> cells, options, states;
+  States next;
+  step(now, weights_c.data_ptr<double>(), perfs_c.data_ptr<double>(), ids.data(), weights.numel(), capacity,
+       bin_size, num_bins, bins, cells, options, states, next);
+  return {longs(cells), longs(options), longs(states), doubles(next.perf), doubles(next.memory),
+          doubles(bins.perf, num_bins)};
+}
+
+using Run = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// Every table in order from the empty plan: weights and perfs are
+// [tables, options], inf perf where an option is not allowed. The steps'
+// kept bins, options and previous states come back concatenated; table t's
+// are [offsets[t], offsets[t + 1]).
+Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double capacity, double bin_size,
+                     int64_t num_bins) {
+  check_vector(weights, 2, "weights");
+  check_vector(perfs, 2, "perfs");
+  TORCH_CHECK(weights.sizes() == perfs.sizes(), "knapsack: weights ", weights.sizes(), " and perfs ",
+              perfs.sizes(), " differ in shape");
+  check_bins(bin_size, num_bins);
+  const at::Tensor weights_c = weights.contiguous(), perfs_c = perfs.contiguous();
+  const int64_t num_tables = weights.size(0), width = weights.size(1);
+  const double* weight = weights_c.data_ptr<double>();
+  const double* perf = perfs_c.data_ptr<double>();
+  States now{{0.0}, {0.0}}, next;
+  Bins bins(num_bins);
+  std::vector<int64_t> cells, options, states, offsets{0};
+  std::vector<double> allowed_weight, allowed_perf;
+  std::vector<int64_t> allowed_ids;
+  for (int64_t t = 0; t < num_tables; ++t) {
+    allowed_weight.clear();
+    allowed_perf.clear();
+    allowed_ids.clear();
+    for (int64_t o = 0; o < width; ++o) {
+      const double p = perf[t * width + o];
+      if (std::isfinite(p)) {
+        allowed_weight.push_back(weight[t * width + o]);
+        allowed_perf.push_back(p);
+        allowed_ids.push_back(o);
+      }
+    }
+    step(now, allowed_weight.data(), allowed_perf.data(), allowed_ids.data(),
+         static_cast<int64_t>(allowed_ids.size()), capacity, bin_size, num_bins, bins, cells, options, states,
+         next);
+    std::swap(now, next);
+    offsets.push_back(static_cast<int64_t>(cells.size()));
   }
-  return {cells, options, states, perf_out, memory_out, least};
+  return {longs(cells),       longs(options),    longs(states), longs(offsets),
+          doubles(now.perf), doubles(now.memory), doubles(bins.perf, num_tables ? num_bins : 0)};
 }
 
 }  // namespace
@@ -106,8 +197,13 @@ TORCH_LIBRARY_FRAGMENT(embnb, m) {
       "knapsack_step(Tensor memory, Tensor perf, Tensor weights, Tensor perfs, float capacity, "
       "float bin_size, int num_bins) -> (Tensor cells, Tensor option, Tensor state, Tensor perf, "
       "Tensor memory, Tensor least)");
+  m.def(
+      "knapsack_run(Tensor weights, Tensor perfs, float capacity, float bin_size, int num_bins) -> "
+      "(Tensor cells, Tensor option, Tensor state, Tensor offsets, Tensor perf, Tensor memory, "
+      "Tensor least)");
 }
 
 TORCH_LIBRARY_IMPL(embnb, CPU, m) {
   m.impl("knapsack_step", &embnb::knapsack_step_cpu);
+  m.impl("knapsack_run", &embnb::knapsack_run_cpu);
 }

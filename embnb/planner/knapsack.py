@@ -11,6 +11,7 @@ proposes from them; `embnb.planner.inspect` shows them.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Iterator
@@ -276,6 +277,25 @@ class Knapsack:
         self.least = np.full(math.prod(bins), np.inf)
         self.least[0] = 0.0
         self.trace: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add_tables(self, weights: np.ndarray, perfs: np.ndarray) -> None:
+        """`add_table(t, weights[t], perfs[t])` for every table t in order,
+        from the empty plan; on one axis natively, in one call."""
+        if not self._native or self.trace or not len(perfs):
+            for t in range(len(perfs)):
+                self.add_table(t, weights[t], perfs[t])
+            return
+        run = torch.ops.embnb.knapsack_run(
+            torch.from_numpy(np.ascontiguousarray(weights[..., 0])),
+            torch.from_numpy(np.ascontiguousarray(perfs)),
+            float(self.capacity[0]),
+            float(self.bin_size[0]),
+            self.shape[0],
+        )
+        cells, options, states, offsets, perf, mem, least = (t.numpy() for t in run)
+        for t, (start, end) in enumerate(itertools.pairwise(offsets.tolist())):
+            self.trace.append((t, cells[start:end], options[start:end], states[start:end]))
+        self.cells, self.perf, self.mem, self.least = self.trace[-1][1], perf, mem[:, None], least
 
     def add_table(self, table: int, weights: np.ndarray, perfs: np.ndarray) -> None:
         options = np.flatnonzero(np.isfinite(perfs))

@@ -332,9 +332,7 @@ class DynamicProgrammingProposer(Proposer):
 
         def run(allowed: np.ndarray) -> FrontierSearch:
             knapsack = Knapsack(capacity, bins)
-            perfs = without_dominated(np.where(allowed, space.perf, np.inf), weights)
-            for t in rows:
-                knapsack.add_table(int(t), weights[t], perfs[t])
+            knapsack.add_tables(weights, without_dominated(np.where(allowed, space.perf, np.inf), weights))
             frontier = knapsack.frontier(len(rows))
             keys = [plan.tobytes() for plan in frontier]
             new = np.array([key not in seen for key in keys], dtype=bool)

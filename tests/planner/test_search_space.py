@@ -81,19 +81,21 @@ def test_native_knapsack_step_keeps_the_numpy_states(instance):
     perfs, weights, capacity, bins = instance
     assert loader.available(), f"the native knapsack step did not build: {loader.failure()}"
     weights, capacity, bins = weights[..., :1], capacity[:1], bins[:1]  # the native step is one-axis
-    runs = []
-    for native in (False, True):
-        knapsack = Knapsack(capacity, bins, native=native)
-        assert knapsack._native == native
-        for t in range(len(perfs)):
-            knapsack.add_table(t, weights[t], perfs[t])
-        runs.append(knapsack)
-    numpy_run, native_run = runs
-    assert np.array_equal(numpy_run.frontier(len(perfs)), native_run.frontier(len(perfs)))
-    for name in ("cells", "perf", "mem", "least"):
-        assert np.array_equal(getattr(numpy_run, name), getattr(native_run, name)), name
-    for step_numpy, step_native in zip(numpy_run.trace, native_run.trace, strict=True):
-        assert all(np.array_equal(x, y) for x, y in zip(step_numpy, step_native))
+    numpy_run = Knapsack(capacity, bins, native=False)
+    for t in range(len(perfs)):
+        numpy_run.add_table(t, weights[t], perfs[t])
+    step_by_step = Knapsack(capacity, bins, native=True)  # knapsack_step, a call per table
+    for t in range(len(perfs)):
+        step_by_step.add_table(t, weights[t], perfs[t])
+    in_one_call = Knapsack(capacity, bins, native=True)  # knapsack_run
+    in_one_call.add_tables(weights, perfs)
+    assert not numpy_run._native and step_by_step._native
+    for native_run in (step_by_step, in_one_call):
+        assert np.array_equal(numpy_run.frontier(len(perfs)), native_run.frontier(len(perfs)))
+        for name in ("cells", "perf", "mem", "least"):
+            assert np.array_equal(getattr(numpy_run, name), getattr(native_run, name)), name
+        for step_numpy, step_native in zip(numpy_run.trace, native_run.trace, strict=True):
+            assert all(np.array_equal(x, y) for x, y in zip(step_numpy, step_native))
 
 
 def test_native_knapsack_step_on_a_bench_sized_table(space):
@@ -102,8 +104,7 @@ def test_native_knapsack_step_on_a_bench_sized_table(space):
     runs = []
     for native in (False, True):
         knapsack = Knapsack(capacity[:1], bins[:1], native=native)
-        for t in range(len(space.perf)):
-            knapsack.add_table(t, weights[t, :, :1], space.perf[t])
+        knapsack.add_tables(weights[..., :1], space.perf)
         runs.append(knapsack)
     assert len(runs[0].cells) > 10
     assert np.array_equal(runs[0].frontier(len(space.perf)), runs[1].frontier(len(space.perf)))
@@ -113,8 +114,10 @@ def test_native_knapsack_step_on_a_bench_sized_table(space):
 def test_native_knapsack_step_names_bad_input():
     assert loader.available(), loader.failure()
     one = torch.zeros(1, dtype=torch.float64)
-    with pytest.raises(RuntimeError, match="1-D float64 CPU tensors"):
+    with pytest.raises(RuntimeError, match="memory must be a 1-D float64 CPU tensor"):
         torch.ops.embnb.knapsack_step(one.float(), one, one, one, 1.0, 1.0, 1)
+    with pytest.raises(RuntimeError, match=r"weights \[1, 1\] and perfs \[1, 2\] differ"):
+        torch.ops.embnb.knapsack_run(one[None], torch.zeros(1, 2, dtype=torch.float64), 1.0, 1.0, 1)
     with pytest.raises(RuntimeError, match="2 state memories but 1 state perfs"):
         torch.ops.embnb.knapsack_step(torch.zeros(2, dtype=torch.float64), one, one, one, 1.0, 1.0, 1)
     with pytest.raises(RuntimeError, match="num_bins must be >= 1"):
