@@ -81,6 +81,7 @@ def test_planner_bench_ratios_and_quality(tmp_path):
     payload = results(tmp_path, "planner")
     (row,) = payload["rows"]
     assert (row["num_tables"], row["world_size"]) == (6, 2)
+    assert row["enumerate_s"] > 0 and row["enumerate_embnb_s"] > 0 and row["enumerate_same_options"] is True
     ours = row["proposers"]["embnb DP"]
     assert ours["perf_rating"] > 0 and not ours["timed_out"]
     for entry in row["proposers"].values():  # the breakdown: parts of the planning time

@@ -5,8 +5,9 @@ on GPU topologies of 8 and 64 devices whose HBM holds a fraction of the
 tables' fp32 rows, with torchrec's EmbeddingShardingPlanner and, in turn,
 this DP proposer, torchrec's DynamicProgrammingProposer and torchrec's
 default proposers (GridSearch, Greedy x2, Uniform). Options are enumerated
-once per model and topology (torchrec's estimators; timed apart) and each
-proposer plans over the same options. Every proposer runs under the same
+once per model and topology by torchrec's EmbeddingEnumerator and once by
+embnb's DistinctShardEnumerator (each timed apart; their options checked
+equal, option by option), and each proposer plans over torchrec's. Every proposer runs under the same
 time limit, checked by torchrec's planner between proposals.
 
 Reported per peer, as ratios against this DP in the same run: its perf
@@ -29,6 +30,7 @@ skips the quality part.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import pathlib
@@ -51,6 +53,9 @@ def bench_one(
     hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * hbm_fraction
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
     enumerated = planner.enumerate_options(model.tables, topology, batch_size, model.constraints)
+    ours_enumerated = planner.enumerate_options(
+        model.tables, topology, batch_size, model.constraints, enumerator="embnb"
+    )
     proposers = {k: v for k, v in planner.default_proposers().items() if k in (OURS, *PEERS)}
     table = planner.compare_proposers(
         model.tables,
@@ -67,7 +72,9 @@ def bench_one(
         "world_size": world_size,
         "hbm_cap_gb": hbm_cap_gb,
         "num_options": len(enumerated.options),
-        "enumerate_s": enumerated.seconds,
+        "enumerate_s": enumerated.seconds,  # torchrec's EmbeddingEnumerator
+        "enumerate_embnb_s": ours_enumerated.seconds,  # embnb's DistinctShardEnumerator
+        "enumerate_same_options": _same_options(enumerated.options, ours_enumerated.options),
         "proposers": {},
     }
     for name, result in table.iterrows():
@@ -87,6 +94,41 @@ def bench_one(
             entry["time_vs_embnb"] = float(result.plan_s / ours.plan_s)
         row["proposers"][name] = entry
     return row
+
+
+def _same_options(expected: list, actual: list) -> bool:
+    """Both enumerations hold the same options in the same order: each option's
+    fields, and each shard's size, offset, storage and perf (floats to the bit)."""
+
+    def record(option) -> tuple:
+        shards = [
+            (shard.size, shard.offset, shard.storage, shard.rank, *map(_bits, _perf_values(shard.perf)))
+            for shard in option.shards
+        ]
+        fields = {
+            k: v for k, v in vars(option).items() if k not in ("shards", "_tensor", "_module", "cache_params")
+        }
+        cache = option.cache_params  # its statistics are copied per option: compared by presence
+        cache = None if cache is None else (dataclasses.replace(cache, stats=None), cache.stats is None)
+        return (fields, option.tensor.shape, option.module[0], cache, shards)
+
+    return len(expected) == len(actual) and all(record(a) == record(b) for a, b in zip(expected, actual))
+
+
+def _bits(value: float) -> object:
+    return value.hex() if isinstance(value, float) else value  # -0.0 apart from 0.0, NaN equal to NaN
+
+
+def _perf_values(perf) -> tuple[float, ...]:
+    return (
+        perf.fwd_compute,
+        perf.fwd_comms,
+        perf.bwd_compute,
+        perf.bwd_comms,
+        perf.input_dist_comms,
+        perf.prefetch_compute,
+        perf.total,
+    )
 
 
 def quality(num_instances: int, table_counts: list[int], seed: int, batch_size: int) -> list[dict]:
@@ -126,7 +168,9 @@ def _line(row: dict) -> str:
     ours = row["proposers"][OURS]
     parts = [
         f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
-        f"{row['enumerate_s']:6.1f} s | {OURS} {_rating(ours['perf_rating'])} in {ours['plan_s']:6.1f} s"
+        f"{row['enumerate_s']:6.1f} s (embnb's {row['enumerate_embnb_s']:5.1f} s, "
+        f"{'same options' if row['enumerate_same_options'] else 'OPTIONS DIFFER'}) "
+        f"| {OURS} {_rating(ours['perf_rating'])} in {ours['plan_s']:6.1f} s"
         f" ({_breakdown(ours)})"
     ]
     for name in PEERS:

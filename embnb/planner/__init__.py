@@ -3,6 +3,8 @@
 - `proposer`: `DynamicProgrammingProposer`, a torchrec `Proposer`;
   `knapsack`: its building blocks (the options as arrays, the DP over memory bins).
 - `topology`: topologies, random models, enumerated options, `create_planner`.
+- `enumerator`: `DistinctShardEnumerator`, torchrec's enumerator with each
+  distinct shard's perf estimated once (opt-in: `enumerator="embnb"`).
 - `study`: running proposers in torchrec's planner and comparing them
   (side by side, as the budget shrinks, against brute force).
 - `inspect`: the options, the DP table, the frontier, the brute-force optimum.
@@ -13,7 +15,8 @@
 """
 
 # Each module lists its public names once (its __all__); this gathers them.
-from embnb.planner import inspect, proposer, results, study, topology
+from embnb.planner import enumerator, inspect, proposer, results, study, topology
+from embnb.planner.enumerator import *  # noqa: F403
 from embnb.planner.inspect import *  # noqa: F403
 from embnb.planner.knapsack import GB
 from embnb.planner.proposer import *  # noqa: F403
@@ -21,4 +24,12 @@ from embnb.planner.results import *  # noqa: F403
 from embnb.planner.study import *  # noqa: F403
 from embnb.planner.topology import *  # noqa: F403
 
-__all__ = [*proposer.__all__, *topology.__all__, *study.__all__, *inspect.__all__, *results.__all__, "GB"]
+__all__ = [
+    *proposer.__all__,
+    *enumerator.__all__,
+    *topology.__all__,
+    *study.__all__,
+    *inspect.__all__,
+    *results.__all__,
+    "GB",
+]

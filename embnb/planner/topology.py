@@ -3,6 +3,7 @@
 topology = make_topology(8, "cuda", hbm_cap_gb=16)     # or topology_for_device("auto", 8)
 model = make_model(40, seed=0)                           # random tables like production ones
 enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+enumerated = enumerate_options(..., enumerator="embnb")  # the same options, estimated faster
 planner = create_planner(topology, batch_size=512)       # torchrec's planner, embnb's DP first
 """
 
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.proposers import UniformProposer
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -34,6 +34,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._checks import check_choice, check_int, check_number
+from embnb.planner.enumerator import make_enumerator
 from embnb.planner.knapsack import GB
 from embnb.planner.proposer import DynamicProgrammingProposer
 
@@ -150,6 +151,7 @@ def create_planner(
     bins_per_device: int = 100,
     constraints: dict[str, ParameterConstraints] | None = None,
     timeout_seconds: int | None = None,
+    enumerator: str = "torchrec",
 ) -> EmbeddingShardingPlanner:
     """torchrec's EmbeddingShardingPlanner with this DP proposer first and
     torchrec's UniformProposer as a fallback.
@@ -157,7 +159,9 @@ def create_planner(
     `topology` is a Topology, or a device ("auto", "cpu", "cuda") whose
     topology is read from the machine for `world_size` ranks (default: the
     process group's, else 1). `storage_reservation_percentage` of each
-    device is kept for everything but the embedding tables.
+    device is kept for everything but the embedding tables. `enumerator`:
+    "torchrec" (its EmbeddingEnumerator) or "embnb" (`DistinctShardEnumerator`:
+    the same options, each distinct shard's perf estimated once).
     """
     check_int("batch_size", batch_size, low=1)
     check_number(
@@ -171,6 +175,7 @@ def create_planner(
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
+        enumerator=make_enumerator(enumerator, topology, batch_size, constraints),
         constraints=constraints,
         storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
         proposer=[DynamicProgrammingProposer(bins_per_device=bins_per_device), UniformProposer()],
@@ -216,8 +221,9 @@ def fused_table_gb(tables: Sequence[EmbeddingBagConfig]) -> float:
 
 @dataclass(frozen=True)
 class Enumerated:
-    """torchrec's EmbeddingEnumerator output, kept so every proposer plans over
-    the same options (enumerating is the slow part: torchrec's estimators)."""
+    """An enumerator's output (torchrec's or embnb's: the same options), kept so
+    every proposer plans over the same options (enumerating is the slow part:
+    torchrec's estimators)."""
 
     module: EmbeddingBagCollection  # on the meta device
     sharders: list[EmbeddingBagCollectionSharder]
@@ -230,17 +236,19 @@ def enumerate_options(
     topology: Topology,
     batch_size: int,
     constraints: dict[str, ParameterConstraints] | None = None,
+    enumerator: str = "torchrec",
 ) -> Enumerated:
-    """Sharding options of an EmbeddingBagCollection of `tables` (on meta)."""
+    """Sharding options of an EmbeddingBagCollection of `tables` (on meta), from
+    torchrec's EmbeddingEnumerator (`enumerator="torchrec"`) or embnb's
+    `DistinctShardEnumerator` ("embnb": the same options, faster)."""
     if not tables:
         raise ValueError("no tables to plan: pass at least one EmbeddingBagConfig")
     check_int("batch_size", batch_size, low=1)
+    chosen = make_enumerator(enumerator, topology, batch_size, constraints)
     module = EmbeddingBagCollection(tables=list(tables), device=torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
     start = time.perf_counter()
-    options = EmbeddingEnumerator(
-        topology=topology, batch_size=batch_size, constraints=constraints
-    ).enumerate(module, sharders)
+    options = chosen.enumerate(module, sharders)
     return Enumerated(module, sharders, options, time.perf_counter() - start)
 
 
