@@ -12,8 +12,8 @@
 // knapsack_step's result: (cells, option, state, perf, memory, least): per
 // kept bin, its index, the option (an index into `weights`) and previous
 // state that won it, its perf and exact memory; `least` is every bin's least
-// perf (inf: unreached), dominated or not. knapsack_run's: the same for
-// every table, concatenated, with offsets (see there).
+// perf (inf: unreached), dominated or not. knapsack_run returns the frontier
+// traced back from the last table's states (see there).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -51,7 +51,7 @@ struct Bins {
 // previous state to `options` and `states`, the new states to `next`.
 void step(const States& now, const double* weight, const double* option_perf, const int64_t* option_ids,
           int64_t num_options, double capacity, double bin_size, int64_t num_bins, Bins& bins,
-          std::vector<int64_t>& cells, std::vector<int64_t>& options, std::vector<int64_t>& states,
+          std::vector<int64_t>& cells, std::vector<int32_t>& options, std::vector<int32_t>& states,
           States& next) {
   std::fill(bins.perf.begin(), bins.perf.end(), kInf);
   const auto num_states = static_cast<int64_t>(now.memory.size());
@@ -65,12 +65,13 @@ void step(const States& now, const double* weight, const double* option_perf, co
       if (!(q < static_cast<double>(num_bins))) continue;
       const auto cell = static_cast<int64_t>(q);
       const double total = now.perf[s] + option_perf[o];
-      if (total < bins.perf[cell]) {  // strictly less: the first of equal perfs stays
-        bins.perf[cell] = total;
-        bins.option[cell] = option_ids[o];
-        bins.state[cell] = s;
-        bins.memory[cell] = moved;
-      }
+      // Strictly less: the first of equal perfs stays. Written without a
+      // branch (which bin wins is not predictable).
+      const bool better = total < bins.perf[cell];
+      bins.perf[cell] = better ? total : bins.perf[cell];
+      bins.option[cell] = better ? option_ids[o] : bins.option[cell];
+      bins.state[cell] = better ? s : bins.state[cell];
+      bins.memory[cell] = better ? moved : bins.memory[cell];
     }
   }
   next.memory.clear();
@@ -80,8 +81,8 @@ void step(const States& now, const double* weight, const double* option_perf, co
     if (bins.perf[c] < below) {
       below = bins.perf[c];
       cells.push_back(c);
-      options.push_back(bins.option[c]);
-      states.push_back(bins.state[c]);
+      options.push_back(static_cast<int32_t>(bins.option[c]));
+      states.push_back(static_cast<int32_t>(bins.state[c]));
       next.memory.push_back(bins.memory[c]);
       next.perf.push_back(bins.perf[c]);
     }
@@ -94,11 +95,12 @@ void check_vector(const at::Tensor& t, int64_t dim, const char* what) {
 }
 
 void check_bins(double bin_size, int64_t num_bins) {
-  TORCH_CHECK(num_bins >= 1 && bin_size > 0, "knapsack: num_bins must be >= 1 and bin_size > 0, got ",
-              num_bins, " and ", bin_size);
+  TORCH_CHECK(num_bins >= 1 && num_bins <= std::numeric_limits<int32_t>::max() && bin_size > 0,
+              "knapsack: num_bins must be in [1, 2**31) and bin_size > 0, got ", num_bins, " and ", bin_size);
 }
 
-at::Tensor longs(const std::vector<int64_t>& values) {
+template <typename Int>
+at::Tensor longs(const std::vector<Int>& values) {
   at::Tensor out = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(at::kLong));
   std::copy(values.begin(), values.end(), out.data_ptr<int64_t>());
   return out;
@@ -136,7 +138,8 @@ Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const a
   std::vector<int64_t> ids(weights.numel());
   std::iota(ids.begin(), ids.end(), 0);
   Bins bins(num_bins);
-  std::vector<int64_t> cells, options, states;
+  std::vector<int64_t> cells;
+  std::vector<int32_t> options, states;
   States next;
   step(now, weights_c.data_ptr<double>(), perfs_c.data_ptr<double>(), ids.data(), weights.numel(), capacity,
        bin_size, num_bins, bins, cells, options, states, next);
@@ -144,12 +147,15 @@ Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const a
           doubles(bins.perf, num_bins)};
 }
 
-using Run = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Run = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // Every table in order from the empty plan: weights and perfs are
-// [tables, options], inf perf where an option is not allowed. The steps'
-// kept bins, options and previous states come back concatenated; table t's
-// are [offsets[t], offsets[t + 1]).
+// [tables, options], inf perf where an option is not allowed. Returns the
+// frontier (each final state's option per table [states, tables], from the
+// largest memory down, as Knapsack.frontier orders it), and the final
+// states' bins, perfs and memories (in bin order) and the last table's
+// least perf per bin. Each step's winners stay here, only to trace the
+// frontier back.
 Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double capacity, double bin_size,
                      int64_t num_bins) {
   check_vector(weights, 2, "weights");
@@ -163,7 +169,8 @@ Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double 
   const double* perf = perfs_c.data_ptr<double>();
   States now{{0.0}, {0.0}}, next;
   Bins bins(num_bins);
-  std::vector<int64_t> cells, options, states, offsets{0};
+  std::vector<int64_t> cells, offsets{0};
+  std::vector<int32_t> options, states;  // per step: 32 bits hold any option or bin
   std::vector<double> allowed_weight, allowed_perf;
   std::vector<int64_t> allowed_ids;
   for (int64_t t = 0; t < num_tables; ++t) {
@@ -178,14 +185,32 @@ Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double 
         allowed_ids.push_back(o);
       }
     }
+    cells.clear();  // only the last table's bins are returned
     step(now, allowed_weight.data(), allowed_perf.data(), allowed_ids.data(),
          static_cast<int64_t>(allowed_ids.size()), capacity, bin_size, num_bins, bins, cells, options, states,
          next);
     std::swap(now, next);
-    offsets.push_back(static_cast<int64_t>(cells.size()));
+    offsets.push_back(static_cast<int64_t>(options.size()));
   }
-  return {longs(cells),       longs(options),    longs(states), longs(offsets),
-          doubles(now.perf), doubles(now.memory), doubles(bins.perf, num_tables ? num_bins : 0)};
+  // Trace every final state back at once, table by table from the last (each
+  // step's winners are read where they lie together), from the largest
+  // memory (the last bin) down; written [tables, states], returned transposed.
+  const auto num_states = static_cast<int64_t>(now.perf.size());
+  at::Tensor by_table = at::empty({num_tables, num_states}, at::TensorOptions().dtype(at::kLong));
+  int64_t* choice = by_table.data_ptr<int64_t>();
+  std::vector<int64_t> state(num_states);
+  for (int64_t row = 0; row < num_states; ++row) state[row] = num_states - 1 - row;
+  for (int64_t t = num_tables - 1; t >= 0; --t) {
+    const int32_t* option = options.data() + offsets[t];
+    const int32_t* previous = states.data() + offsets[t];
+    int64_t* out = choice + t * num_states;
+    for (int64_t row = 0; row < num_states; ++row) {
+      out[row] = option[state[row]];
+      state[row] = previous[state[row]];
+    }
+  }
+  return {by_table.t().contiguous(), longs(cells), doubles(now.perf), doubles(now.memory),
+          doubles(bins.perf, num_tables ? num_bins : 0)};
 }
 
 }  // namespace
@@ -199,8 +224,7 @@ TORCH_LIBRARY_FRAGMENT(embnb, m) {
       "Tensor memory, Tensor least)");
   m.def(
       "knapsack_run(Tensor weights, Tensor perfs, float capacity, float bin_size, int num_bins) -> "
-      "(Tensor cells, Tensor option, Tensor state, Tensor offsets, Tensor perf, Tensor memory, "
-      "Tensor least)");
+      "(Tensor frontier, Tensor cells, Tensor perf, Tensor memory, Tensor least)");
 }
 
 TORCH_LIBRARY_IMPL(embnb, CPU, m) {

@@ -11,7 +11,6 @@ proposes from them; `embnb.planner.inspect` shows them.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from collections.abc import Iterator
@@ -103,11 +102,16 @@ class SearchSpace:
         self.world_size = len(devices)
         self.values = values = values or ShardValues([o for table in options for o in table])
         device_storage = np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in devices])
+        shard_fits = np.zeros(len(values.storage), dtype=bool)  # each shard: on some device
+        for device in np.unique(device_storage, axis=0):  # devices are mostly alike
+            shard_fits |= (values.storage <= device).all(1)
         self.device_mem = device_storage[:, :2].astype(float)  # [W, 2]
         self.capacity = self.device_mem.sum(0)
         one_host = storage_constraint.intra_group_size >= self.world_size
         self.options = [
-            self._fitting(distinct_options(table_options, one_host, values), device_storage, values)
+            self._fitting(
+                distinct_options(table_options, one_host, values), shard_fits, device_storage, values
+            )
             for table_options in options
         ]
         self.storage = [[values.memory(o) for o in table] for table in self.options]  # (HBM, DDR, SSD)
@@ -134,14 +138,13 @@ class SearchSpace:
 
     @staticmethod
     def _fitting(
-        table_options: list[ShardingOption], device_storage: np.ndarray, values: ShardValues
+        table_options: list[ShardingOption],
+        shard_fits: np.ndarray,
+        device_storage: np.ndarray,
+        values: ShardValues,
     ) -> list[ShardingOption]:
         # An option whose largest shard fits on no device can never be placed.
-        def fits(option: ShardingOption) -> bool:
-            shards = values.storage[values.rows(option)]
-            return bool((shards[:, None, :] <= device_storage[None]).all(-1).any(-1).all())
-
-        fitting = [o for o in table_options if fits(o)]
+        fitting = [o for o in table_options if shard_fits[values.rows(o)].all()]
         if fitting:
             return fitting
         smallest = min(table_options, key=lambda o: max((s.storage.hbm, s.storage.ddr) for s in o.shards))
@@ -277,10 +280,13 @@ class Knapsack:
         self.least = np.full(math.prod(bins), np.inf)
         self.least[0] = 0.0
         self.trace: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._frontier: np.ndarray | None = None  # traced natively by add_tables
 
     def add_tables(self, weights: np.ndarray, perfs: np.ndarray) -> None:
         """`add_table(t, weights[t], perfs[t])` for every table t in order,
-        from the empty plan; on one axis natively, in one call."""
+        from the empty plan. On one axis natively, in one call that also
+        traces the frontier back (`trace` then stays empty: no more tables
+        can be added)."""
         if not self._native or self.trace or not len(perfs):
             for t in range(len(perfs)):
                 self.add_table(t, weights[t], perfs[t])
@@ -292,12 +298,12 @@ class Knapsack:
             float(self.bin_size[0]),
             self.shape[0],
         )
-        cells, options, states, offsets, perf, mem, least = (t.numpy() for t in run)
-        for t, (start, end) in enumerate(itertools.pairwise(offsets.tolist())):
-            self.trace.append((t, cells[start:end], options[start:end], states[start:end]))
-        self.cells, self.perf, self.mem, self.least = self.trace[-1][1], perf, mem[:, None], least
+        self._frontier, self.cells, self.perf, mem, self.least = (t.numpy() for t in run)
+        self.mem = mem[:, None]
 
     def add_table(self, table: int, weights: np.ndarray, perfs: np.ndarray) -> None:
+        if self._frontier is not None:
+            raise RuntimeError("this knapsack's tables were added in one native run; start a new Knapsack")
         options = np.flatnonzero(np.isfinite(perfs))
         if len(self.shape) == 1:
             self._add_table_on_one_axis(table, weights[options, 0], perfs, options)
@@ -375,6 +381,8 @@ class Knapsack:
     def frontier(self, num_tables: int) -> np.ndarray:
         """The option of each table for every kept state [states, tables],
         from the largest memory down (first axis first)."""
+        if self._frontier is not None:
+            return self._frontier
         states = np.lexsort(self.mem.T[::-1])[::-1]
         choices = np.full((len(states), num_tables), -1)
         for table, _cells, options, previous in reversed(self.trace):
@@ -412,12 +420,10 @@ class FrontierSearch:
     memory, then the neighbors of the best rated one.
     """
 
-    def __init__(self, plans: np.ndarray, memory: np.ndarray, space: SearchSpace | None = None):
-        self.plans, self.memory = plans, memory
+    def __init__(self, plans: np.ndarray, memory: np.ndarray, space: SearchSpace):
+        self.plans, self.memory, self.space = plans, memory, space
         # Each plan's memory left and lower bound, up to rounding (SearchSpace.screen).
-        self.left, self.bound, self.left_error, self.bound_error = (
-            space.screen(plans) if space is not None else (None, None, 0.0, 0.0)
-        )
+        self.left, self.bound, self.left_error, self.bound_error = space.screen(plans)
         self.placed: dict[int, bool | None] = {}  # None: skipped, could not win
         self.ratings: dict[int, float] = {}
 
@@ -426,17 +432,17 @@ class FrontierSearch:
         if placed and rating is not None:
             self.ratings[index] = rating
 
-    def fits(self, index: int, space: SearchSpace) -> bool:
+    def fits(self, index: int) -> bool:
         """`space.fits` of plan `index`, from the screen where rounding cannot matter."""
-        if self.left is None or abs(self.left[index]) <= self.left_error:
-            return space.fits(self.plans[index])
+        if abs(self.left[index]) <= self.left_error:
+            return self.space.fits(self.plans[index])
         return bool(self.left[index] > 0)
 
-    def cannot_win(self, index: int, space: SearchSpace, best_rating: float) -> bool:
+    def cannot_win(self, index: int, best_rating: float) -> bool:
         """`space.lower_bound(plan) >= best_rating`, from the screen where
         rounding cannot matter."""
-        if self.bound is None or abs(self.bound[index] - best_rating) <= self.bound_error:
-            return space.lower_bound(self.plans[index]) >= best_rating
+        if abs(self.bound[index] - best_rating) <= self.bound_error:
+            return self.space.lower_bound(self.plans[index]) >= best_rating
         return bool(self.bound[index] > best_rating)
 
     def best_index(self) -> int:
@@ -481,17 +487,6 @@ def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
     for option in options:
         by_fqn.setdefault(option.fqn, []).append(option)
     return list(by_fqn.values())
-
-
-def memory_key(option: ShardingOption) -> tuple[int, int, int]:
-    """The option's total storage (HBM, DDR, SSD), as `total_storage` orders
-    it, without building a Storage per shard."""
-    shards = option.shards
-    return (
-        sum(s.storage.hbm for s in shards),
-        sum(s.storage.ddr for s in shards),
-        sum(s.storage.ssd for s in shards),
-    )
 
 
 def distinct_options(

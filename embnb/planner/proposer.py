@@ -299,7 +299,6 @@ class DynamicProgrammingProposer(Proposer):
         return None
 
     def _next_knapsack(self) -> np.ndarray | None:
-        space = self._space
         self._index = None
         while True:
             if self._search is None:
@@ -310,9 +309,9 @@ class DynamicProgrammingProposer(Proposer):
             for i in self._pending:
                 choice = self._search.plans[i]
                 known = self._placed.get(choice.tobytes())
-                if known is not None or not self._search.fits(i, space):
+                if known is not None or not self._search.fits(i):
                     self._search.record(i, bool(known), None)
-                elif self._search.cannot_win(i, space, self._best_rating):
+                elif self._search.cannot_win(i, self._best_rating):
                     self._search.record(i, None, None)
                 else:
                     self._index = i
