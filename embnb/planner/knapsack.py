@@ -1,12 +1,15 @@
 """The proposer's building blocks: the options as arrays, and the knapsack over memory bins.
 
-`SearchSpace` turns torchrec's enumerated `ShardingOption`s into per-table
-arrays of perf and memory (dropping options the partitioner treats alike, and
-options whose largest shard fits on no device), with the lower bounds and
-memory checks the proposer prunes by. `Knapsack` is the DP: the least summed
-perf per memory bin over the tables added so far; `FrontierSearch` picks
-which plans of one run to consider. `embnb.planner.proposer`
-proposes from them; `embnb.planner.inspect` shows them.
+`ShardValues` reads every shard's storage and perf once; `SearchSpace` turns
+torchrec's enumerated `ShardingOption`s into per-table arrays of perf and
+memory (dropping options the partitioner treats alike, and options whose
+largest shard fits on no device), with the lower bounds and memory checks the
+proposer prunes by (`screen`: for a whole run of plans at once). `Knapsack` is
+the DP: the least summed perf per memory bin over the tables added so far (on
+one axis natively, embnb/native/knapsack.cpp); `without_dominated` drops the
+options that cannot change it; `FrontierSearch` picks which plans of one run
+to consider. `embnb.planner.proposer` proposes from them;
+`embnb.planner.inspect` shows them.
 """
 
 from __future__ import annotations
