@@ -32,7 +32,7 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 NAME = "embnb_native"
-CPU_SOURCES = ["bucketize_cpu.cpp", "karmarkar_karp.cpp", "knapsack.cpp"]
+CPU_SOURCES = ["bucketize_cpu.cpp", "greedy_place.cpp", "karmarkar_karp.cpp", "knapsack.cpp"]
 CUDA_SOURCES = ["bucketize_cuda.cpp", "bucketize_cuda.cu"]
 HEADER_SUFFIXES = (".h", ".cuh")
 CFLAGS = ["-O3"]
@@ -192,6 +192,16 @@ def try_load() -> Native | None:
                 stacklevel=3,
             )
         return None
+
+
+def use(native: bool | None) -> bool:
+    """The one reading of a `native=` switch: True needs the native ops
+    (NativeUnavailable when they cannot load), None uses them where they
+    load (else `try_load`'s fallback), False never does."""
+    if native:
+        load()
+        return True
+    return native is None and try_load() is not None
 
 
 def available() -> bool:

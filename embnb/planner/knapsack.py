@@ -273,9 +273,7 @@ class Knapsack:
         (the same states, several times faster); None: when embnb's native
         extension loads (else numpy, after one warning); False: numpy."""
         self.capacity, self.shape = capacity, bins
-        self._native = len(bins) == 1 and (
-            loader.load() is not None if native else native is None and loader.try_load() is not None
-        )
+        self._native = len(bins) == 1 and loader.use(native)
         self.bin_size = capacity / np.array(bins)
         self.cells = np.zeros(1, dtype=np.int64)  # flat bin of each state
         self.perf = np.zeros(1)

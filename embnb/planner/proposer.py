@@ -221,7 +221,7 @@ class DynamicProgrammingProposer(Proposer):
             return
         if choice is not None:
             ranks = [[s.rank for s in o.shards] for o in plan or []]
-            self._record(choice, placed, perf_rating, ranks, None)
+            self._record(choice, placed, perf_rating, lambda: ranks, None)
         self._current = self._next_proposal()
 
     def _next_proposal(self) -> np.ndarray | None:
@@ -242,18 +242,20 @@ class DynamicProgrammingProposer(Proposer):
             self.num_replayed += 1
             if placement.placed and placement.rating < self._best_rating:
                 self._best_replayed = (choice, placement)
-            self._record(choice, placement.placed, placement.rating, placement.ranks, placement)
+            ranks = functools.partial(getattr, placement, "ranks")  # bound now: the loop reuses the name
+            self._record(choice, placement.placed, placement.rating, ranks, placement)
 
     def _record(
         self,
         choice: np.ndarray,
         placed: bool,
         perf_rating: float | None,
-        ranks: list[list[int | None]],
+        ranks: Callable[[], list[list[int | None]]],
         placement: Placement | None,
     ) -> None:
         """What the partitioner said (or would say) about `choice`; where
-        refinements may start from it."""
+        refinements may start from it. `ranks` gives each shard's rank, read
+        only for the starts refined."""
         self._placed[choice.tobytes()] = placed
         if self._index is not None:  # a knapsack plan
             self._search.record(self._index, placed, perf_rating)
@@ -365,9 +367,10 @@ class DynamicProgrammingProposer(Proposer):
                     break
                 yield search
 
-    def _unplaced_tables(self, ranks: list[list[int | None]], choice: np.ndarray) -> list[int]:
+    def _unplaced_tables(self, ranks: Callable[[], list[list[int | None]]], choice: np.ndarray) -> list[int]:
         """The table the partitioner could not place (uniform options go
         first, then the largest storage first), then the biggest shards."""
+        ranks = ranks()
         unplaced = [t for t, shard_ranks in enumerate(ranks) if None in shard_ranks]
         failed = []
         if unplaced and len(unplaced) < len(ranks):  # else no trace (e.g. a cached answer)
@@ -381,10 +384,11 @@ class DynamicProgrammingProposer(Proposer):
         ]
 
     def _slowest_rank_tables(
-        self, choice: np.ndarray, ranks: list[list[int | None]], placement: Placement | None
+        self, choice: np.ndarray, ranks: Callable[[], list[list[int | None]]], placement: Placement | None
     ) -> list[int]:
         """Tables with a shard on the slowest rank, heaviest there first
         (ties: the rank, then the table, seen first in plan order)."""
+        ranks = ranks()
         options = [opts[o] for opts, o in zip(self._options, choice)]
         if placement is None:  # the planner's answer, as its shards say
             by_rank: dict[int | None, float] = collections.defaultdict(float)

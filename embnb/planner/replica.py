@@ -12,18 +12,26 @@ answer, falling back to proposing everything on a mismatch).
 
 Supported: one host, uniform, device and host (table-row-wise,
 table-column-wise) placement. Anything else (several hosts, grid sharding,
-key-value column-wise) is left to torchrec: `place` returns None.
+key-value column-wise) is left to torchrec: `place` returns None. Plans of
+uniform and device placement only, one table per dependency (the common
+case), are placed natively (torch.ops.embnb.greedy_place,
+embnb/native/greedy_place.cpp: the same answers, without a heap of Python
+tuples per shard); the rest, or all without the native extension, here.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 from torchrec.distributed.types import ShardingType
 
+from embnb.native import loader
 from embnb.planner.knapsack import ShardValues
 
 UNIFORM = PartitionByType.UNIFORM.value
@@ -46,13 +54,21 @@ def storage_of(storage) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class Placement:
-    """A replayed partition: placed or not, the rating, each shard's rank
-    (None where torchrec would not have set one), and per rank the load."""
+    """A replayed partition: placed or not, the rating, per rank the load,
+    and each shard's rank (`ranks`, worked out when asked)."""
 
     placed: bool
     rating: float | None
-    ranks: list[list[int | None]]
     loads: np.ndarray | None  # [W] NoopPerfModel's per-rank sums; None if not placed
+    shard_ranks: np.ndarray  # every shard's rank in plan order; -1 where torchrec set none
+    num_shards: list[int]  # per table, how many of shard_ranks are its
+
+    @functools.cached_property
+    def ranks(self) -> list[list[int | None]]:
+        """Per table, its shards' ranks (None where torchrec set none)."""
+        flat = [None if r < 0 else r for r in self.shard_ranks.tolist()]
+        ends = list(itertools.accumulate(self.num_shards))
+        return [flat[end - n : end] for n, end in zip(self.num_shards, ends)]
 
 
 class _Option:
@@ -82,7 +98,11 @@ class GreedyPerfReplica:
         options: list[list[ShardingOption]],
         storage_constraint: Topology,
         values: ShardValues | None = None,
+        native: bool | None = None,
     ) -> None:
+        """`native`: place what it models with torch.ops.embnb.greedy_place;
+        None: when embnb's native extension loads (else here, after one
+        warning); False: here."""
         devices = storage_constraint.devices
         self.world_size = num = len(devices)
         self.local_world_size = storage_constraint.local_world_size
@@ -105,18 +125,29 @@ class GreedyPerfReplica:
                     self.uniform_parts[t, o] = option.parts
                     self.uniform_storage[t, o] = option.storages
                     self.uniform_totals[t, o] = option.totals
+        self._native = _NativeOptions(self, options, values) if loader.use(native) else None
 
     def place(self, choice: np.ndarray) -> Placement | None:
         """Place the plan choosing option `choice[t]` of each table t as
         torchrec would; None where this replica does not model the options."""
+        if self._native is not None:
+            placement = self._native.place(choice)
+            if placement is not None:
+                return placement
         chosen = [self.options[t][o] for t, o in enumerate(choice.tolist())]
         if any(option.kind is None for option in chosen):
             return None
         num = self.world_size
-        ranks: list[list[int | None]] = [[None] * len(option.totals) for option in chosen]
+        ranks = [[-1] * len(option.totals) for option in chosen]  # -1: no rank set
+
+        def answer(loads: np.ndarray | None) -> Placement:
+            num_shards = [len(option.totals) for option in chosen]
+            flat = np.fromiter(itertools.chain.from_iterable(ranks), dtype=np.int64, count=sum(num_shards))
+            rating = None if loads is None else float(max(loads.tolist()))
+            return Placement(loads is not None, rating, loads, flat, num_shards)
 
         def failed() -> Placement:
-            return Placement(False, None, ranks, None)
+            return answer(None)
 
         # 1. Uniform options, in proposal order: shard i on device i.
         tables = np.arange(len(chosen))
@@ -174,8 +205,7 @@ class GreedyPerfReplica:
                 heap = None
             else:
                 return None
-        loads = self._rate(chosen, choice, ranks)
-        return Placement(True, float(max(loads.tolist())), ranks, loads)
+        return answer(self._rate(chosen, choice, ranks))
 
     @staticmethod
     def _heap(parts: list, devices, local_world_size: int) -> list:
@@ -278,3 +308,43 @@ class GreedyPerfReplica:
         if extra:
             rows = np.insert(rows, [at for at, _ in extra], np.array([row for _, row in extra]), axis=0)
         return np.add.accumulate(rows, axis=0)[-1]
+
+
+class _NativeOptions:
+    """The replica's options laid out flat for torch.ops.embnb.greedy_place:
+    per option its placement kind (uniform 0, device 1, else 2: left to
+    Python), dependency key, first shard and shard count (rows of the
+    `ShardValues` arrays) and total storage."""
+
+    _KINDS = {UNIFORM: 0, DEVICE: 1}
+
+    def __init__(self, replica: GreedyPerfReplica, options: list[list[ShardingOption]], values: ShardValues):
+        rows = [values.rows(o) for table in options for o in table]
+        kept = [o for table in replica.options for o in table]  # the replica's _Option of each
+        keys: dict[str, int] = {}
+        self.table_start = np.cumsum([0] + [len(table) for table in options[:-1]]).astype(np.int64)
+        self.args = (
+            torch.tensor([self._KINDS.get(o.kind, 2) for o in kept], dtype=torch.long),
+            torch.tensor([keys.setdefault(o.key, len(keys)) for o in kept], dtype=torch.long),
+            torch.tensor([r.start for r in rows], dtype=torch.long),
+            torch.tensor([r.stop - r.start for r in rows], dtype=torch.long),
+            torch.tensor([o.total_storage for o in kept], dtype=torch.long).reshape(-1, 3),
+            torch.from_numpy(values.parts),
+            torch.from_numpy(values.totals),
+            torch.from_numpy(np.ascontiguousarray(values.storage)),
+            torch.from_numpy(replica.start_storage),
+            torch.from_numpy(np.ascontiguousarray(replica.start_parts)),
+            replica.local_world_size,
+        )
+        self.num_shards = self.args[3].numpy()
+
+    def place(self, choice: np.ndarray) -> Placement | None:
+        flat = self.table_start + choice
+        status, loads, ranks = torch.ops.embnb.greedy_place(torch.from_numpy(flat), *self.args)
+        if status < 0:
+            return None
+        num_shards = self.num_shards[flat].tolist()
+        if not status:
+            return Placement(False, None, None, ranks.numpy(), num_shards)
+        loads = loads.numpy()
+        return Placement(True, float(loads.max()), loads, ranks.numpy(), num_shards)

@@ -558,3 +558,10 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
     registered = {line.split(":")[0]: line for line in done.stdout.splitlines()}
     assert "bucketize_cpu.cpp" in registered.get("CPU", ""), done.stdout
     assert "bucketize_cuda.cpp" in registered.get("CUDA", ""), done.stdout
+
+
+def test_use_reads_the_native_switch_one_way():
+    assert loader.use(False) is False  # never, whatever is built
+    assert loader.use(None) is loader.available()  # where the ops load
+    if loader.available():
+        assert loader.use(True) is True

@@ -7,6 +7,7 @@ import logging
 
 import numpy as np
 import pytest
+import torch
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.types import PlannerError
@@ -30,17 +31,19 @@ def torchrec_answer(proposal, storage_constraint, topology):
     return verdict, ranks
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
 @pytest.mark.parametrize(
-    ("num_tables", "world_size", "hbm_fraction"), [(12, 2, 0.6), (30, 8, 0.5), (20, 8, 3)]
+    ("num_tables", "world_size", "hbm_fraction"), [(12, 2, 0.6), (30, 8, 0.5), (20, 8, 3), (16, 64, 0.5)]
 )
-def test_replica_places_and_rates_like_torchrec(num_tables, world_size, hbm_fraction):
+def test_replica_places_and_rates_like_torchrec(num_tables, world_size, hbm_fraction, native):
     model = planner.make_model(num_tables, seed=world_size)
     hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * hbm_fraction
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
     enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
     storage_constraint = planner.reserved_topology(topology, enumerated, 512)
     options = SearchSpace(by_table(enumerated.options), storage_constraint).options
-    replica = GreedyPerfReplica(options, storage_constraint)
+    replica = GreedyPerfReplica(options, storage_constraint, native=native)
+    assert (replica._native is not None) == native
     rng = np.random.default_rng(num_tables)
     outcomes = set()
     for k in range(150):
@@ -51,7 +54,8 @@ def test_replica_places_and_rates_like_torchrec(num_tables, world_size, hbm_frac
             choice = np.where(rng.random(len(options)) < 0.8, smallest, choice)
         proposal = [table[o] for table, o in zip(options, choice)]
         (placed, rating), ranks = torchrec_answer(proposal, storage_constraint, topology)
-        placement = replica.place(choice)
+        # the native op must answer every plan here itself (uniform and device options only)
+        placement = replica._native.place(choice) if native else replica.place(choice)
         assert placement is not None
         assert (placement.placed, placement.rating) == (placed, rating)
         assert placement.ranks == ranks
@@ -59,6 +63,24 @@ def test_replica_places_and_rates_like_torchrec(num_tables, world_size, hbm_frac
             assert max(placement.loads) == rating
         outcomes.add(placed)
     assert outcomes == {True, False} or hbm_fraction > 1  # both verdicts were checked where HBM binds
+
+
+def test_native_placement_names_bad_input():
+    model = planner.make_model(4, seed=2)
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=4)
+    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
+    storage_constraint = planner.reserved_topology(topology, enumerated, 512)
+    options = SearchSpace(by_table(enumerated.options), storage_constraint).options
+    args = GreedyPerfReplica(options, storage_constraint, native=True)._native.args
+    num_options = sum(len(table) for table in options)
+    with pytest.raises(
+        RuntimeError, match=rf"choice\[1\] = {num_options} is not an option in \[0, {num_options}\)"
+    ):
+        torch.ops.embnb.greedy_place(torch.tensor([0, num_options, 0, 0]), *args)
+    with pytest.raises(RuntimeError, match="choice must be a contiguous 1-D Long CPU tensor"):
+        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.int32), *args)
+    with pytest.raises(RuntimeError, match="local_world_size 0 must be >= 1"):
+        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:-1], 0)
 
 
 def test_replica_leaves_several_hosts_to_torchrec():
