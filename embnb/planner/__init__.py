@@ -1,7 +1,8 @@
 """Technique 3: a dynamic-programming sharding proposer inside torchrec's planner.
 
-- `proposer`: `DynamicProgrammingProposer`, a torchrec `Proposer`;
-  `knapsack`: its building blocks (the options as arrays, the DP over memory bins).
+- `proposer`: `DynamicProgrammingProposer`, a torchrec `Proposer`, on its
+  building blocks: `space` (the options as arrays), `knapsack` (the DP over
+  memory bins) and `replica` (torchrec's partitioner and perf model on arrays).
 - `topology`: topologies, random models, enumerated options, `create_planner`.
 - `enumerator`: `DistinctShardEnumerator`, torchrec's enumerator with each
   distinct shard's perf estimated once (opt-in: `enumerator="embnb"`).
@@ -18,9 +19,9 @@
 from embnb.planner import enumerator, inspect, proposer, results, study, topology
 from embnb.planner.enumerator import *  # noqa: F403
 from embnb.planner.inspect import *  # noqa: F403
-from embnb.planner.knapsack import GB
 from embnb.planner.proposer import *  # noqa: F403
 from embnb.planner.results import *  # noqa: F403
+from embnb.planner.space import GB
 from embnb.planner.study import *  # noqa: F403
 from embnb.planner.topology import *  # noqa: F403
 

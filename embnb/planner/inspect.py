@@ -21,7 +21,8 @@ from torchrec.distributed.planner.types import PlannerError, ShardingOption, Top
 from torchrec.distributed.planner.utils import reset_shard_rank
 
 from embnb._checks import check_int
-from embnb.planner.knapsack import AXES, GB, Knapsack, SearchSpace, by_table, knapsack_axes
+from embnb.planner.knapsack import Knapsack, knapsack_axes
+from embnb.planner.space import AXES, GB, SearchSpace, by_table
 from embnb.planner.topology import Enumerated, reserved_topology
 
 __all__ = [

@@ -1,15 +1,12 @@
-"""The proposer's building blocks: the options as arrays, and the knapsack over memory bins.
+"""The DP proposer's search: the knapsack over memory bins, and which of its plans to try.
 
-`ShardValues` reads every shard's storage and perf once; `SearchSpace` turns
-torchrec's enumerated `ShardingOption`s into per-table arrays of perf and
-memory (dropping options the partitioner treats alike, and options whose
-largest shard fits on no device), with the lower bounds and memory checks the
-proposer prunes by (`screen`: for a whole run of plans at once). `Knapsack` is
-the DP: the least summed perf per memory bin over the tables added so far (on
-one axis natively, embnb/native/knapsack.cpp); `without_dominated` drops the
-options that cannot change it; `FrontierSearch` picks which plans of one run
-to consider. `embnb.planner.proposer` proposes from them;
-`embnb.planner.inspect` shows them.
+`Knapsack` is the DP: the least summed perf per memory bin over the tables
+added so far (on one axis natively, embnb/native/knapsack.cpp);
+`without_dominated` drops the options that cannot change it; `knapsack_axes`
+picks the memory axes that can bind and their bins; `FrontierSearch` picks
+which plans of one run to consider. They work on the arrays of
+`embnb.planner.space.SearchSpace`. `embnb.planner.proposer` proposes from
+them; `embnb.planner.inspect` shows them.
 """
 
 from __future__ import annotations
@@ -20,242 +17,15 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torchrec.distributed.planner.types import (
-    PartitionByType,
-    PlannerError,
-    PlannerErrorType,
-    ShardingOption,
-    Topology,
-)
-from torchrec.distributed.types import ShardingType
 
 from embnb.native import loader
+from embnb.planner.space import SearchSpace
 
 logger = logging.getLogger(__name__)
 
-GB = 1024**3
-AXES = ("hbm", "ddr")
-UNIFORM = PartitionByType.UNIFORM.value
 # Each table added to the knapsack scans the bin grid once; past this many bins
 # the grid is coarsened.
 MAX_BINS = 2**18
-
-
-def gib_text(num_bytes: float) -> str:
-    return f"{num_bytes / GB:.3g} GiB"
-
-
-class ShardValues:
-    """Every shard's storage and perf, read once from torchrec's objects.
-
-    At 800 tables the options hold hundreds of thousands of shards, and
-    walking their attributes again for each check (distinct options, fits,
-    storage totals, the replica) was seconds of the planning time. Rows are
-    the shards of `options` in order; `rows(option)` is one option's.
-    """
-
-    def __init__(self, options: list[ShardingOption]):
-        read = [
-            (
-                st.hbm,
-                st.ddr,
-                st.ssd,
-                p.fwd_compute,
-                p.bwd_compute,
-                p.fwd_comms,
-                p.bwd_comms,
-                p.prefetch_compute,
-                p.total,
-            )
-            for option in options
-            for shard in option.shards
-            for st, p in ((shard.storage, shard.perf),)
-        ]
-        values = np.array(read, dtype=float).reshape(-1, 9)  # storage is in whole bytes: exact below 2**53
-        self.storage = values[:, :3].astype(np.int64)  # HBM, DDR, SSD
-        self.parts = np.ascontiguousarray(values[:, 3:8])  # in the order Perf.total adds them
-        self.totals = np.ascontiguousarray(values[:, 8])  # Perf.total as torchrec computed it
-        ends = np.cumsum([len(option.shards) for option in options]).tolist()
-        self._rows = {id(o): slice(end - len(o.shards), end) for o, end in zip(options, ends)}
-
-    def rows(self, option: ShardingOption) -> slice:
-        return self._rows[id(option)]
-
-    def memory(self, option: ShardingOption) -> tuple[int, int, int]:
-        """The option's total storage (HBM, DDR, SSD), as `total_storage` orders it."""
-        return tuple(self.storage[self.rows(option)].sum(0).tolist())
-
-
-class SearchSpace:
-    """The options of each table as arrays, for bounds and the knapsack.
-
-    Rows are tables, columns options (padded with inf perf). Uniform options
-    (row-wise, data-parallel) put shard i on device i, so their per-rank perf
-    and memory are known before partitioning; other options are placed by the
-    partitioner, so only their largest shard is known.
-    """
-
-    def __init__(
-        self,
-        options: list[list[ShardingOption]],
-        storage_constraint: Topology,
-        values: ShardValues | None = None,
-    ):
-        devices = storage_constraint.devices
-        self.world_size = len(devices)
-        self.values = values = values or ShardValues([o for table in options for o in table])
-        device_storage = np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in devices])
-        shard_fits = np.zeros(len(values.storage), dtype=bool)  # each shard: on some device
-        for device in np.unique(device_storage, axis=0):  # devices are mostly alike
-            shard_fits |= (values.storage <= device).all(1)
-        self.device_mem = device_storage[:, :2].astype(float)  # [W, 2]
-        self.capacity = self.device_mem.sum(0)
-        one_host = storage_constraint.intra_group_size >= self.world_size
-        self.options = [
-            self._fitting(
-                distinct_options(table_options, one_host, values), shard_fits, device_storage, values
-            )
-            for table_options in options
-        ]
-        self.storage = [[values.memory(o) for o in table] for table in self.options]  # (HBM, DDR, SSD)
-        num_tables, width = len(options), max(len(o) for o in self.options)
-        shape = (num_tables, width)
-        self.perf = np.full(shape, np.inf)
-        self.mem = np.zeros(shape + (2,))
-        self.uniform = np.zeros(shape, dtype=bool)
-        self.rank_perf = np.zeros(shape + (self.world_size,))  # uniform options only
-        self.rank_mem = np.zeros(shape + (self.world_size, 2))
-        self.shard_perf = np.zeros(shape)  # largest shard placed by the partitioner
-        self.shard_mem = np.zeros(shape + (2,))
-        for t, table_options in enumerate(self.options):
-            for o, option in enumerate(table_options):
-                rows = values.rows(option)
-                perfs, mems = values.totals[rows], values.storage[rows, :2].astype(float)
-                self.perf[t, o], self.mem[t, o] = perfs.sum(), mems.sum(0)
-                if placement(option, one_host) == UNIFORM:
-                    self.uniform[t, o] = True
-                    self.rank_perf[t, o, : len(perfs)] = perfs
-                    self.rank_mem[t, o, : len(perfs)] = mems
-                else:
-                    self.shard_perf[t, o], self.shard_mem[t, o] = perfs.max(), mems.max(0)
-
-    @staticmethod
-    def _fitting(
-        table_options: list[ShardingOption],
-        shard_fits: np.ndarray,
-        device_storage: np.ndarray,
-        values: ShardValues,
-    ) -> list[ShardingOption]:
-        # An option whose largest shard fits on no device can never be placed.
-        fitting = [o for o in table_options if shard_fits[values.rows(o)].all()]
-        if fitting:
-            return fitting
-        smallest = min(table_options, key=lambda o: max((s.storage.hbm, s.storage.ddr) for s in o.shards))
-        shard = max(smallest.shards, key=lambda s: (s.storage.hbm, s.storage.ddr))
-        biggest = device_storage[np.lexsort(device_storage[:, 1::-1].T)[-1]]
-        raise PlannerError(
-            f"table {smallest.name!r} fits on no device: its smallest option "
-            f"({smallest.sharding_type}, {smallest.compute_kernel}) needs "
-            f"{gib_text(shard.storage.hbm)} HBM and {gib_text(shard.storage.ddr)} DDR for one shard, "
-            f"the largest device offers {gib_text(biggest[0])} HBM and {gib_text(biggest[1])} DDR "
-            "after the storage reservation; add devices or memory, or shrink the table",
-            error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
-        )
-
-    def lower_bound(self, choice: np.ndarray) -> float:
-        """A rating no partition of `choice` can beat (see `neighbor_bounds`)."""
-        rows = np.arange(len(choice))
-        rank_perf = self.rank_perf[rows, choice].sum(0)
-        return float(
-            max(
-                self.perf[rows, choice].sum() / self.world_size,
-                rank_perf.max(),
-                rank_perf.min() + self.shard_perf[rows, choice].max(),
-            )
-        )
-
-    def fits(self, choice: np.ndarray) -> bool:
-        """Necessary memory conditions: the totals, and uniform shards per device."""
-        rows = np.arange(len(choice))
-        return bool(
-            (self.mem[rows, choice].sum(0) <= self.capacity).all()
-            and (self.rank_mem[rows, choice].sum(0) <= self.device_mem).all()
-        )
-
-    def screen(self, plans: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
-        """`fits` and `lower_bound` of every plan in `plans` [P, tables] at
-        once, up to rounding: the sums run along the plans, adding what
-        changed from one plan to the next (plans next to each other on a
-        knapsack frontier differ in a few tables), so this costs about as
-        much as a few single checks. Returns the memory left (the least of
-        what the totals and the uniform shards per device leave free; < 0:
-        does not fit), the bound, and the rounding each may be off by."""
-        num_plans, num_tables = plans.shape
-        rows = np.arange(num_tables)
-        if not num_plans:
-            return np.zeros(0), np.zeros(0), 0.0, 0.0
-        step, table = np.nonzero(plans[1:] != plans[:-1])
-        old, new = plans[step, table], plans[step + 1, table]
-        # Only changes to or from a uniform option move the per-device sums.
-        uniform = self.uniform[table, old] | self.uniform[table, new]
-
-        def running(values: np.ndarray, changes: np.ndarray | slice = slice(None)) -> np.ndarray:
-            """Each plan's `values` summed over the tables: the first plan's
-            sum plus the changes made before it."""
-            at, t = step[changes], table[changes]
-            changed = np.zeros((len(at) + 1,) + values.shape[2:])
-            changed[0] = values[rows, plans[0]].sum(0)
-            np.cumsum(values[t, new[changes]] - values[t, old[changes]], axis=0, out=changed[1:])
-            changed[1:] += changed[0]
-            return changed[np.searchsorted(at, np.arange(num_plans), side="left")]
-
-        left = np.minimum(
-            (self.capacity - running(self.mem)).min(-1),
-            (self.device_mem - running(self.rank_mem, uniform)).min((-2, -1)),
-        )
-        rank_perf = running(self.rank_perf, uniform)
-        bound = np.maximum.reduce(
-            [
-                running(self.perf) / self.world_size,
-                rank_perf.max(-1),
-                rank_perf.min(-1) + self.shard_perf[rows, plans].max(-1),
-            ]
-        )
-        # Each running sum rounds a few times per change, relative to its largest value.
-        steps = 4.0 * (len(step) + num_tables) * np.finfo(float).eps
-        finite = np.isfinite(self.perf)
-        perf_scale = np.where(finite, self.perf, 0.0).max(1).sum()
-        mem_scale = max(self.capacity.max(), self.device_mem.max())
-        return left, bound, steps * mem_scale, steps * perf_scale
-
-    def neighbor_bounds(self, choice: np.ndarray, moves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Lower bounds and memory checks of `choice` changed by `moves`.
-
-        `moves` is [N, k, 2] of (table, option). The slowest rank carries at
-        least the mean load, every uniform shard of its rank, and the largest
-        partitioned shard on top of the lightest uniform load.
-        """
-        tables, new = moves[..., 0], moves[..., 1]
-        old = choice[tables]
-        rows = np.arange(len(choice))
-
-        def changed(values: np.ndarray) -> np.ndarray:
-            return values[rows, choice].sum(0) + (values[tables, new] - values[tables, old]).sum(1)
-
-        total_perf, rank_perf = changed(self.perf), changed(self.rank_perf)
-        # Largest partitioned shard: the biggest among unchanged tables, or a new one.
-        shard = self.shard_perf[rows, choice]
-        top = np.argsort(-shard)[: moves.shape[1] + 1]
-        untouched = (tables[:, :, None] != top[None, None, :]).all(1)
-        rest = np.where(untouched, shard[top][None, :], 0.0).max(1)
-        largest = np.maximum(rest, self.shard_perf[tables, new].max(1))
-        bound = np.maximum.reduce(
-            [total_perf / self.world_size, rank_perf.max(1), rank_perf.min(1) + largest]
-        )
-        fits = (changed(self.mem) <= self.capacity).all(1) & (changed(self.rank_mem) <= self.device_mem).all(
-            (1, 2)
-        )
-        return bound, fits
 
 
 class Knapsack:
@@ -480,47 +250,6 @@ class FrontierSearch:
         for i in (best - 2, best - 1, best + 1, best + 2):
             if 0 <= i < count and i not in self.placed:
                 yield i
-
-
-def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
-    """Options grouped per table, tables in the order first seen."""
-    by_fqn: dict[str, list[ShardingOption]] = {}
-    for option in options:
-        by_fqn.setdefault(option.fqn, []).append(option)
-    return list(by_fqn.values())
-
-
-def distinct_options(
-    options: list[ShardingOption], one_host: bool, values: ShardValues
-) -> list[ShardingOption]:
-    """Drop options the partitioner and perf model treat alike; the first
-    enumerated stays. Table-wise and one-shard column-wise are alike; on one
-    host, so are table-column-wise and column-wise (both placed shard by shard
-    on the least loaded device), and table-row-wise and row-wise (shard i on
-    device i)."""
-    seen, kept = set(), []
-    for option in options:
-        rows = values.rows(option)
-        key = (
-            placement(option, one_host),
-            option.dependency,
-            option.compute_kernel == "key_value",
-            values.storage[rows].tobytes(),  # each shard's storage and perf total, as equal as ==
-            values.totals[rows].tobytes(),
-        )
-        if key not in seen:
-            seen.add(key)
-            kept.append(option)
-    return kept
-
-
-def placement(option: ShardingOption, one_host: bool) -> str:
-    """How the partitioner places the option: uniform (shard i on device i),
-    device (each shard on the least loaded device that fits) or host."""
-    if one_host and option.partition_by == PartitionByType.HOST.value:
-        row_wise = option.sharding_type == ShardingType.TABLE_ROW_WISE.value
-        return UNIFORM if row_wise else PartitionByType.DEVICE.value
-    return option.partition_by
 
 
 def knapsack_axes(

@@ -55,18 +55,9 @@ from torchrec.distributed.planner.types import (
 )
 
 from embnb._checks import check_bool, check_int
-from embnb.planner.knapsack import (
-    UNIFORM,
-    FrontierSearch,
-    Knapsack,
-    SearchSpace,
-    ShardValues,
-    by_table,
-    gib_text,
-    knapsack_axes,
-    without_dominated,
-)
+from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
 from embnb.planner.replica import GreedyPerfReplica, Placement
+from embnb.planner.space import UNIFORM, SearchSpace, ShardValues, by_table, gib_text
 
 __all__ = ["DynamicProgrammingProposer"]
 

@@ -32,7 +32,7 @@ from torchrec.distributed.planner.types import PartitionByType, ShardingOption, 
 from torchrec.distributed.types import ShardingType
 
 from embnb.native import loader
-from embnb.planner.knapsack import ShardValues
+from embnb.planner.space import ShardValues
 
 UNIFORM = PartitionByType.UNIFORM.value
 DEVICE = PartitionByType.DEVICE.value

@@ -51,8 +51,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_int
 from embnb.planner.inspect import brute_force_rating, option_label
-from embnb.planner.knapsack import GB, by_table
 from embnb.planner.proposer import DynamicProgrammingProposer
+from embnb.planner.space import GB, by_table
 from embnb.planner.topology import (
     Enumerated,
     Model,

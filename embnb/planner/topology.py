@@ -35,8 +35,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._checks import check_choice, check_int, check_number
 from embnb.planner.enumerator import make_enumerator
-from embnb.planner.knapsack import GB
 from embnb.planner.proposer import DynamicProgrammingProposer
+from embnb.planner.space import GB
 
 __all__ = [
     "make_topology",

@@ -14,8 +14,8 @@ from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.planner.utils import reset_shard_rank
 
 from embnb import planner
-from embnb.planner.knapsack import SearchSpace, by_table
 from embnb.planner.replica import GreedyPerfReplica
+from embnb.planner.space import SearchSpace, by_table
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 

@@ -13,14 +13,8 @@ from hypothesis import strategies as st
 
 from embnb import planner
 from embnb.native import loader
-from embnb.planner.knapsack import (
-    FrontierSearch,
-    Knapsack,
-    SearchSpace,
-    by_table,
-    knapsack_axes,
-    without_dominated,
-)
+from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
+from embnb.planner.space import SearchSpace, by_table
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 
