@@ -75,6 +75,8 @@ def test_planner_bench_ratios_and_quality(tmp_path):
         "3",
         "--quality-tables",
         "3",
+        "--repeats",
+        "3",
         "--out",
         str(tmp_path),
     )
@@ -84,6 +86,9 @@ def test_planner_bench_ratios_and_quality(tmp_path):
     assert row["enumerate_s"] > 0 and row["enumerate_embnb_s"] > 0 and row["enumerate_same_options"] is True
     ours = row["proposers"]["embnb DP"]
     assert ours["perf_rating"] > 0 and not ours["timed_out"]
+    # three runs, the same plan each time; the entry's times are the median run's
+    assert len(ours["plan_s_runs"]) == 3 and ours["same_rating_every_run"] is True
+    assert ours["plan_s"] == sorted(ours["plan_s_runs"])[1]
     for entry in row["proposers"].values():  # the breakdown: parts of the planning time
         assert 0 <= entry["proposer_s"] and 0 <= entry["partitioner_s"]
         assert entry["proposer_s"] + entry["partitioner_s"] <= entry["plan_s"]
@@ -133,6 +138,7 @@ def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
         (["planner", "--tables", "0"], "--tables must all be >= 1, got [0]"),
         (["planner", "--quality-instances", "-1"], "--quality-instances must be >= 0, got -1"),
         (["balancer", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["planner", "--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["nosuch"], "got 'nosuch'"),
     ],
 )

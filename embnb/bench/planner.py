@@ -12,7 +12,9 @@ time limit, checked by torchrec's planner between proposals.
 
 Reported per peer, as ratios against this DP in the same run: its perf
 rating (slowest rank; > 1: this DP's plan is faster) and its planning time
-(> 1: this DP plans faster).
+(> 1: this DP plans faster). This DP plans `--repeats` times per row (it
+takes seconds where the peers take minutes): its times are the median run's,
+with every run's time (`plan_s_runs`) for the spread.
 
 Plan quality: on random small instances (`embnb.planner.quality_study`:
 3-4 tables, 2-4 devices, HBM that binds) each proposer's rating over the
@@ -20,7 +22,7 @@ brute-force optimum; reported per proposer as the worst ratio, the share
 within 2% and the instances where it found no plan.
 
     python -m embnb.bench planner [--tables 50 200 800] [--world-sizes 8 64]
-        [--hbm-fraction 0.5] [--timeout-s 120]
+        [--hbm-fraction 0.5] [--timeout-s 120] [--repeats 5]
         [--quality-instances 50] [--quality-tables 3 4] [--out DIR]
 
 `--tables` with no value skips the scale part; `--quality-instances 0`
@@ -47,7 +49,13 @@ OURS = "embnb DP"
 
 
 def bench_one(
-    num_tables: int, world_size: int, hbm_fraction: float, timeout_s: float, seed: int, batch_size: int
+    num_tables: int,
+    world_size: int,
+    hbm_fraction: float,
+    timeout_s: float,
+    seed: int,
+    batch_size: int,
+    repeats: int = 1,
 ) -> dict:
     model = planner.make_model(num_tables, seed)
     hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * hbm_fraction
@@ -87,13 +95,39 @@ def bench_one(
             "timed_out": bool(result.timed_out),
             "note": result.note,
         }
-        if name != OURS:
-            entry["rating_vs_embnb"] = (
-                float(result.perf_rating / ours.perf_rating) if result.feasible and ours.feasible else None
-            )
-            entry["time_vs_embnb"] = float(result.plan_s / ours.plan_s)
         row["proposers"][name] = entry
+    plan_s = _repeat_ours(
+        row["proposers"][OURS], repeats, proposers[OURS], enumerated, topology, batch_size, model
+    )
+    for name in PEERS:
+        result, entry = table.loc[name], row["proposers"][name]
+        entry["rating_vs_embnb"] = (
+            float(result.perf_rating / ours.perf_rating) if result.feasible and ours.feasible else None
+        )
+        entry["time_vs_embnb"] = float(result.plan_s / plan_s)
     return row
+
+
+def _repeat_ours(entry: dict, repeats: int, make_proposer, enumerated, topology, batch_size, model) -> float:
+    """Plan with this DP `repeats` times in all (it takes seconds where the
+    peers take minutes): the entry's times become the median run's, with
+    every run's planning time beside them. Returns the median time."""
+    runs = [
+        planner.run_planner(make_proposer(), enumerated, topology, batch_size, constraints=model.constraints)
+        for _ in range(repeats - 1)
+    ]
+    times = [entry["plan_s"], *(run.seconds for run in runs)]
+    ratings = [
+        entry["perf_rating"],
+        *(None if math.isnan(run.perf_rating) else run.perf_rating for run in runs),
+    ]
+    median = sorted(range(repeats), key=times.__getitem__)[(repeats - 1) // 2]
+    if median:
+        run = runs[median - 1]
+        entry.update(plan_s=run.seconds, proposer_s=run.proposer_s, partitioner_s=run.partitioner_s)
+    entry["plan_s_runs"] = times
+    entry["same_rating_every_run"] = len(set(ratings)) == 1
+    return entry["plan_s"]
 
 
 def _same_options(expected: list, actual: list) -> bool:
@@ -166,11 +200,14 @@ def _quality_line(row: dict) -> str:
 
 def _line(row: dict) -> str:
     ours = row["proposers"][OURS]
+    runs = ours["plan_s_runs"]
     parts = [
         f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
         f"{row['enumerate_s']:6.1f} s (embnb's {row['enumerate_embnb_s']:5.1f} s, "
         f"{'same options' if row['enumerate_same_options'] else 'OPTIONS DIFFER'}) "
-        f"| {OURS} {_rating(ours['perf_rating'])} in {ours['plan_s']:6.1f} s"
+        f"| {OURS} {_rating(ours['perf_rating'])} in {ours['plan_s']:6.2f} s"
+        f" ({min(runs):.2f}-{max(runs):.2f} s over {len(runs)} runs"
+        f"{'' if ours['same_rating_every_run'] else ', RATINGS DIFFER'})"
         f" ({_breakdown(ours)})"
     ]
     for name in PEERS:
@@ -205,6 +242,9 @@ def main(argv: list[str]) -> int:
         help="HBM per device as a fraction of the tables' fp32 rows spread evenly",
     )
     parser.add_argument("--timeout-s", type=float, default=120, help="planning time limit per proposer")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="plans with embnb DP per row (median and range reported)"
+    )
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -231,6 +271,8 @@ def main(argv: list[str]) -> int:
     ):
         if any(v < 1 for v in values):
             parser.error(f"{name} must all be >= 1, got {values}")
+    if opts.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {opts.repeats}")
     if opts.quality_instances < 0:
         parser.error(f"--quality-instances must be >= 0, got {opts.quality_instances}")
     if not 0 < opts.hbm_fraction:
@@ -242,7 +284,13 @@ def main(argv: list[str]) -> int:
         for num_tables in opts.tables:
             rows.append(
                 bench_one(
-                    num_tables, world_size, opts.hbm_fraction, opts.timeout_s, opts.seed, opts.batch_size
+                    num_tables,
+                    world_size,
+                    opts.hbm_fraction,
+                    opts.timeout_s,
+                    opts.seed,
+                    opts.batch_size,
+                    opts.repeats,
                 )
             )
             print(_line(rows[-1]), flush=True)
