@@ -212,7 +212,7 @@ class DynamicProgrammingProposer(Proposer):
             return
         if choice is not None:
             ranks = [[s.rank for s in o.shards] for o in plan or []]
-            self._record(choice, placed, perf_rating, lambda: ranks, None)
+            self._record(choice, placed, perf_rating, ranks, None)
         self._current = self._next_proposal()
 
     def _next_proposal(self) -> np.ndarray | None:
@@ -233,20 +233,20 @@ class DynamicProgrammingProposer(Proposer):
             self.num_replayed += 1
             if placement.placed and placement.rating < self._best_rating:
                 self._best_replayed = (choice, placement)
-            ranks = functools.partial(getattr, placement, "ranks")  # bound now: the loop reuses the name
-            self._record(choice, placement.placed, placement.rating, ranks, placement)
+            self._record(choice, placement.placed, placement.rating, None, placement)
 
     def _record(
         self,
         choice: np.ndarray,
         placed: bool,
         perf_rating: float | None,
-        ranks: Callable[[], list[list[int | None]]],
+        ranks: list[list[int | None]] | None,
         placement: Placement | None,
     ) -> None:
         """What the partitioner said (or would say) about `choice`; where
-        refinements may start from it. `ranks` gives each shard's rank, read
-        only for the starts refined."""
+        refinements may start from it. `ranks`: each shard's rank as the
+        planner set it, or None where `placement` (the replica's answer)
+        works them out, only for the starts refined."""
         self._placed[choice.tobytes()] = placed
         if self._index is not None:  # a knapsack plan
             self._search.record(self._index, placed, perf_rating)
@@ -256,7 +256,7 @@ class DynamicProgrammingProposer(Proposer):
             tables = functools.partial(self._slowest_rank_tables, choice, ranks, placement)
             start = (perf_rating, choice, tables, True)
         else:  # refine by its bound, changing first the table that did not fit
-            tables = functools.partial(self._unplaced_tables, ranks, choice)
+            tables = functools.partial(self._unplaced_tables, choice, ranks, placement)
             start = (self._space.lower_bound(choice), choice, tables, False)
         self._starts.append(start)
         center = self._center
@@ -358,10 +358,12 @@ class DynamicProgrammingProposer(Proposer):
                     break
                 yield search
 
-    def _unplaced_tables(self, ranks: Callable[[], list[list[int | None]]], choice: np.ndarray) -> list[int]:
+    def _unplaced_tables(
+        self, choice: np.ndarray, ranks: list[list[int | None]] | None, placement: Placement | None
+    ) -> list[int]:
         """The table the partitioner could not place (uniform options go
         first, then the largest storage first), then the biggest shards."""
-        ranks = ranks()
+        ranks = placement.ranks if ranks is None else ranks
         unplaced = [t for t, shard_ranks in enumerate(ranks) if None in shard_ranks]
         failed = []
         if unplaced and len(unplaced) < len(ranks):  # else no trace (e.g. a cached answer)
@@ -375,11 +377,11 @@ class DynamicProgrammingProposer(Proposer):
         ]
 
     def _slowest_rank_tables(
-        self, choice: np.ndarray, ranks: Callable[[], list[list[int | None]]], placement: Placement | None
+        self, choice: np.ndarray, ranks: list[list[int | None]] | None, placement: Placement | None
     ) -> list[int]:
         """Tables with a shard on the slowest rank, heaviest there first
         (ties: the rank, then the table, seen first in plan order)."""
-        ranks = ranks()
+        ranks = placement.ranks if ranks is None else ranks
         options = [opts[o] for opts, o in zip(self._options, choice)]
         if placement is None:  # the planner's answer, as its shards say
             by_rank: dict[int | None, float] = collections.defaultdict(float)
