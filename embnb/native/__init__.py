@@ -12,4 +12,11 @@ and loads them; `embnb.rowwise.routing.bucketize` calls it for you. Ops:
 - `torch.ops.embnb.karmarkar_karp(workloads, num_parts, equal_size, refine)
   -> (order, sizes)`: the partition of `embnb.balancing.partition`, computed without
   holding the GIL (CPU only), identical to the Python version.
+- `torch.ops.embnb.knapsack_step(...)` and `knapsack_run(...)`: the DP
+  proposer's knapsack on one memory axis (`embnb.planner.knapsack.Knapsack`),
+  the same states as its numpy version.
+- `torch.ops.embnb.greedy_place(choice, ...) -> (status, loads, ranks)`:
+  torchrec's GreedyPerfPartitioner and NoopPerfModel for one plan of uniform
+  and device-placed options (`embnb.planner.replica.GreedyPerfReplica`),
+  ratings equal to torchrec's to the bit.
 """
