@@ -4,6 +4,7 @@ ratios against a peer timed in the same run (see `python -m embnb.bench`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -14,7 +15,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["median_seconds", "machine_name", "Ratio", "paired_ratio"]
+__all__ = [
+    "median_seconds",
+    "machine_name",
+    "Ratio",
+    "paired_ratio",
+    "Difference",
+    "paired_difference",
+    "t_quantile_975",
+]
 
 
 def median_seconds(
@@ -89,3 +98,60 @@ def paired_ratio(numerator_seconds: Sequence[float], denominator_seconds: Sequen
         raise ValueError(f"denominator timings must be > 0, got {list(denominator_seconds)}")
     ratios = [n / d for n, d in zip(numerator_seconds, denominator_seconds)]
     return Ratio(statistics.median(ratios), min(ratios), max(ratios), len(ratios))
+
+
+# Student's t, 0.975 quantile, for 1..30 degrees of freedom (any table of the
+# t distribution); past 30 the Cornish-Fisher expansion around the normal's
+# 1.95996 is within 1e-4 of it.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t_quantile_975(degrees_of_freedom: int) -> float:
+    """The 0.975 quantile of Student's t: half-width of a 95% interval in standard errors."""
+    if degrees_of_freedom <= len(_T975):
+        return _T975[degrees_of_freedom - 1]
+    z, n = 1.959964, degrees_of_freedom
+    return z + (z**3 + z) / (4 * n) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * n**2)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A paired difference a - b over repeats that each timed both sides:
+    its mean with a 95% t-interval, and the range of the repeats' differences."""
+
+    mean: float
+    ci_low: float
+    ci_high: float
+    low: float
+    high: float
+    repeats: int
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.ci_low > 0 or self.ci_high < 0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.mean:+.3g} (95% CI {self.ci_low:+.3g} to {self.ci_high:+.3g}; "
+            f"range {self.low:+.3g} to {self.high:+.3g} over {self.repeats})"
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {**dataclasses.asdict(self), "excludes_zero": self.excludes_zero}
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> Difference:
+    """a[i] - b[i] per repeat, summarized; the interval needs >= 2 repeats
+    (with one it is that difference, NaN either side)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"need the same number (>= 1) of values on both sides, got {len(a)} and {len(b)}")
+    diffs = [x - y for x, y in zip(a, b)]
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return Difference(mean, float("nan"), float("nan"), mean, mean, 1)
+    half = t_quantile_975(len(diffs) - 1) * statistics.stdev(diffs) / len(diffs) ** 0.5
+    return Difference(mean, mean - half, mean + half, min(diffs), max(diffs), len(diffs))

@@ -56,6 +56,7 @@ NOTEBOOK_PARAMETERS = {
         "part_counts": [8],
         "seeds": [0],
         "comparison_max_length": 1024,
+        "exchange_world_sizes": [2],
     },
 }
 # The tests that exercise CUDA (parity of the native kernels, native KK,

@@ -1,8 +1,10 @@
 """embnb.timing: paired ratios over repeats, and median timing."""
 
+import math
+
 import pytest
 
-from embnb.timing import Ratio, median_seconds, paired_ratio
+from embnb.timing import Ratio, median_seconds, paired_difference, paired_ratio, t_quantile_975
 
 
 def test_paired_ratio_divides_pair_by_pair_then_takes_median_and_range():
@@ -32,3 +34,34 @@ def test_median_seconds_times_the_call_it_is_given():
     calls = []
     seconds = median_seconds(lambda: calls.append(1), repeats=5, warmup=2)
     assert len(calls) == 7 and 0 <= seconds < 1
+
+
+def _t_cdf(t, df, steps=20000):
+    """Student's t CDF at t > 0 by Simpson's rule on its density (an oracle
+    independent of the quantile table)."""
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    h = t / steps
+    total = sum(
+        (1 if i in (0, steps) else 4 if i % 2 else 2) * c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2)
+        for i in range(steps + 1)
+    )
+    return 0.5 + total * h / 3
+
+
+@pytest.mark.parametrize("df", [1, 2, 4, 9, 29, 31, 60, 200])
+def test_t_quantile_is_the_975_point_of_students_t(df):
+    assert _t_cdf(t_quantile_975(df), df) == pytest.approx(0.975, abs=2e-5)
+
+
+def test_paired_difference_mean_interval_and_range():
+    # differences 1, 2, 3: mean 2, sample sd 1, half-width t(2) / sqrt(3)
+    diff = paired_difference([11.0, 12.0, 13.0], [10.0, 10.0, 10.0])
+    half = t_quantile_975(2) / math.sqrt(3)
+    assert (diff.mean, diff.low, diff.high, diff.repeats) == (2.0, 1.0, 3.0, 3)
+    assert (diff.ci_low, diff.ci_high) == pytest.approx((2 - half, 2 + half))
+    assert diff.excludes_zero is False  # 2 - 4.303 / 1.732 < 0
+    assert paired_difference([5.0, 5.1, 4.9, 5.0], [1.0, 1.0, 1.0, 1.0]).excludes_zero is True
+    one = paired_difference([3.0], [1.0])
+    assert one.mean == 2.0 and math.isnan(one.ci_low) and not one.excludes_zero
+    with pytest.raises(ValueError, match="same number"):
+        paired_difference([1.0], [])

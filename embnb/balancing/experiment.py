@@ -9,7 +9,9 @@ mode on real ranks; then the notebook's results JSON.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,31 +22,42 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from embnb._checks import check_int
+from embnb.balancing.kjt_alltoall import batch_exchange_bytes, compare_exchanges, zipf_batch
 from embnb.balancing.kjt_gather import compare_gathers
-from embnb.balancing.partition import METHODS, balance
+from embnb.balancing.partition import balance
+from embnb.balancing.reference import kk_equal_count
+from embnb.balancing.shuffle import EXCHANGES
+from embnb.balancing.timeline import phase_seconds
 from embnb.balancing.training import (
     AttentionBlock,
     RunSummary,
     TrainConfig,
     slowest_rank_seconds,
     summarize,
+    timed_steps,
     train,
 )
 from embnb.balancing.workloads import attention_block_flops, compare_methods
-from embnb.dist import device_plan, launch_each
+from embnb.dist import device_plan, launch, launch_each
 from embnb.metrics import max_over_mean
 from embnb.native import loader
-from embnb.timing import Ratio, median_seconds, paired_ratio
+from embnb.timing import Difference, Ratio, median_seconds, paired_difference, paired_ratio
 
 __all__ = [
     "tail_share",
     "comparison_table",
+    "kk_trace_table",
+    "bound_table",
     "KKTiming",
     "time_kk",
     "flop_model_check",
     "flops_balance",
     "TrainingRuns",
     "run_training",
+    "ExchangeRuns",
+    "run_exchanges",
+    "exchange_bytes_by_world_size",
+    "RunLabels",
     "results",
 ]
 
@@ -65,16 +78,61 @@ def comparison_table(
     alpha: float = 1.5,
     max_length: int = 8192,
     progress: bool = False,
+    flops_dims: tuple[int, int] | None = None,
 ) -> pd.DataFrame:
     """`workloads.compare_methods` over every (samples, parts), one row per
-    (num_samples, num_parts, seed, method); `progress` shows a tqdm bar."""
+    (num_samples, num_parts, seed, workload, method); `progress` shows a
+    tqdm bar; `flops_dims` (embedding_dim, ffn_dim) adds FLOP workloads."""
     grid = list(itertools.product(sample_counts, part_counts))
     if progress:
         from tqdm.auto import tqdm
 
         grid = tqdm(grid, desc="balancing")
-    rows = [row for n, k in grid for row in compare_methods([n], [k], seeds, alpha, max_length)]
+    rows = [
+        row
+        for n, k in grid
+        for row in compare_methods([n], [k], seeds, alpha, max_length, flops_dims=flops_dims)
+    ]
     return pd.DataFrame(rows)
+
+
+def kk_trace_table(workloads: Sequence[float], num_parts: int) -> pd.DataFrame:
+    """The merges of `reference.kk_equal_count` on `workloads`, one row per
+    merge: the two states popped (their sets' sums, heaviest first, and
+    spread) and the merged state."""
+    trace: list = []
+    kk_equal_count(list(workloads), num_parts, trace)
+
+    def sets(state: list) -> str:
+        return "  ".join(f"{sum_:g} {sorted(workloads[i] for i in items)}" for sum_, items in state)
+
+    return pd.DataFrame(
+        [
+            {
+                "first (widest spread)": sets(first),
+                "second": sets(second),
+                "merged": sets(merged),
+                "merged spread": merged[0][0] - merged[-1][0],
+            }
+            for first, second, merged in trace
+        ],
+        index=pd.RangeIndex(1, len(trace) + 1, name="merge"),
+    )
+
+
+def bound_table(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Per (workload, num_samples, num_parts), over seeds: the lower bound's
+    max/mean (the floor no split goes below), the share of batches whose
+    longest sample alone exceeds a fair share, and KK + swaps' max/mean."""
+    rows = comparison[comparison["method"] == "kk_swap"].assign(
+        bound_over_mean=lambda t: t["lower_bound"] / t["mean_load"]
+    )
+    keys = [k for k in ("workload", "num_samples", "num_parts") if k in rows]
+    return rows.groupby(keys).agg(
+        bound_over_mean=("bound_over_mean", "mean"),
+        longest_sets_bound=("largest_item_sets_bound", "mean"),
+        kk_swap_max_over_mean=("max_over_mean", "mean"),
+    )
 
 
 @dataclass(frozen=True)
@@ -150,6 +208,45 @@ class TrainingRuns:
         """Each run's first repeat, summarized."""
         return {label: summarize(self.ranks(label)) for label in self.per_repeat}
 
+    def step_ms(self, label: str) -> list[float]:
+        """Per repeat: run `label`'s mean step time (ms) over its timed steps,
+        each step at its slowest rank."""
+        repeats = self.per_repeat[label]
+        timed = len(timed_steps(len(repeats[0][0]["step_seconds"])))
+        return [1e3 * slowest_rank_seconds(ranks) / timed for ranks in repeats]
+
+    def difference(self, a: str, b: str) -> Difference:
+        """Run a's step time minus run b's (ms per step), paired per repeat."""
+        return paired_difference(self.step_ms(a), self.step_ms(b))
+
+    def flops_speedups(self, reference: str) -> dict[str, float]:
+        """The speed-up each run would get if step time were its slowest
+        rank's FLOPs: the reference's summed per-step max FLOPs over this
+        run's, over the timed steps (FLOPs are the same every repeat)."""
+
+        def max_flops(label: str) -> float:
+            ranks = self.ranks(label)
+            steps = timed_steps(len(ranks[0]["step_flops"]))
+            return sum(max(r["step_flops"][s] for r in ranks) for s in steps)
+
+        return {label: max_flops(reference) / max_flops(label) for label in self.per_repeat}
+
+    def phase_breakdown(self) -> pd.DataFrame:
+        """One row per (run, thread, phase): ms per timed step, the median
+        over repeats of the mean over timed steps and ranks."""
+        rows = []
+        for label, repeats in self.per_repeat.items():
+            steps = timed_steps(len(repeats[0][0]["step_seconds"]))
+            per_repeat = [
+                phase_seconds((s for rank in ranks for s in rank["spans"]), steps) for ranks in repeats
+            ]
+            for key in dict.fromkeys(k for phases in per_repeat for k in phases):
+                if key[1] == "step":
+                    continue
+                ms = statistics.median(1e3 * phases.get(key, 0.0) for phases in per_repeat)
+                rows.append({"run": label, "thread": key[0], "phase": key[1], "ms": ms})
+        return pd.DataFrame(rows, columns=["run", "thread", "phase", "ms"])
+
     def speedups(self, reference: str) -> dict[str, Ratio]:
         """Per run: the reference run's time over this run's, each repeat's
         steps at their slowest rank (the same global batches in every run);
@@ -203,6 +300,76 @@ def _gathers(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, An
     return compare_gathers(rank, world_size, **kwargs)
 
 
+@dataclass(frozen=True)
+class ExchangeRuns:
+    """`kjt_alltoall.compare_exchanges` per world size (one launch each)."""
+
+    per_world_size: dict[int, list[dict[str, Any]]]  # world size -> per rank
+
+    def identical(self) -> bool:
+        return all(r["identical"] for ranks in self.per_world_size.values() for r in ranks)
+
+    def ms(self) -> dict[int, dict[str, dict[str, float]]]:
+        """World size -> exchange -> ms median, low, high, each the slowest rank's."""
+        return {
+            w: {
+                name: {k: 1e3 * max(r["seconds"][name][k] for r in ranks) for k in ("median", "low", "high")}
+                for name in EXCHANGES
+            }
+            for w, ranks in self.per_world_size.items()
+        }
+
+    def table(self) -> pd.DataFrame:
+        rows = [
+            {"world_size": w, "exchange": name, **{f"ms_{k}": v for k, v in times.items()}}
+            for w, by_name in self.ms().items()
+            for name, times in by_name.items()
+        ]
+        for row in rows:
+            if row["exchange"] == "alltoall":
+                ranks = self.per_world_size[row["world_size"]]
+                row["measured_bytes_max"] = max(r["alltoall_bytes"] for r in ranks)
+        return pd.DataFrame(rows)
+
+
+def run_exchanges(
+    world_sizes: Sequence[int], device: str = "auto", timeout_s: float = 600, **kwargs: Any
+) -> ExchangeRuns:
+    """`compare_exchanges(**kwargs)` on each world size, one launch each."""
+    return ExchangeRuns(
+        {w: launch(_exchanges, w, kwargs, device=device, timeout_s=timeout_s) for w in world_sizes}
+    )
+
+
+def _exchanges(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, Any]:
+    return compare_exchanges(rank, world_size, **kwargs)
+
+
+def exchange_bytes_by_world_size(
+    world_sizes: Sequence[int], batch_size: int, seed: int = 0, **batch: Any
+) -> dict[int, dict[str, float]]:
+    """World size -> exchange -> the most bytes a rank receives, for the
+    `zipf_batch` each of W ranks would have, balanced by KK: computed from
+    sizes (`kjt_alltoall.exchange_bytes`), no ranks run."""
+    result = {}
+    for w in world_sizes:
+        check_int("world_size", w, low=1)
+        batches = [zipf_batch(r, batch_size, seed=seed, **batch) for r in range(w)]
+        parts = balance(torch.cat([workloads for _, _, workloads in batches]), w)
+        counted = batch_exchange_bytes([(kjts, dense) for kjts, dense, _ in batches], parts)
+        result[w] = {name: counted[name]["max"] for name in EXCHANGES}
+    return result
+
+
+@dataclass(frozen=True)
+class RunLabels:
+    """Which of notebook 04's runs plays which part in its results."""
+
+    unbalanced: str  # the reference of every speed-up
+    sync: str  # balanced, shuffle on the training loop
+    overlapped: str  # balanced, shuffle in the worker
+
+
 def results(
     *,
     world_size: int,
@@ -210,37 +377,54 @@ def results(
     zipf_alpha: float,
     steps: int,
     comparison: pd.DataFrame,
+    kk_example_sums: dict[str, list[float]],
+    kk_example_bounds: dict[str, float],
     example_max_over_mean: dict[str, float],
     flop_model: tuple[int, float],
+    crossover_length: int,
     flops_max_over_mean: dict[str, float],
     kk_timing: KKTiming,
     runs: TrainingRuns,
-    unbalanced_label: str,
-    overlapped_label: str,
+    exchanges: ExchangeRuns,
+    exchange_bytes: dict[int, dict[str, float]],
+    labels: RunLabels,
     seconds: float,
 ) -> dict[str, Any]:
     """Notebook 04's results JSON: its key numbers, for `make run` and the tests."""
     imbalance = {
-        method: {
-            "mean_gap_to_lower_bound": float(rows["gap_to_lower_bound"].mean()),
-            "max_gap_to_lower_bound": float(rows["gap_to_lower_bound"].max()),
-            "max_gap_to_equal_size_bound": float(rows["gap_to_equal_size_bound"].max()),
-            "mean_max_over_mean": float(rows["max_over_mean"].mean()),
+        workload: {
+            method: {
+                "mean_gap_to_lower_bound": float(rows["gap_to_lower_bound"].mean()),
+                "max_gap_to_lower_bound": float(rows["gap_to_lower_bound"].max()),
+                "max_gap_to_equal_size_bound": float(rows["gap_to_equal_size_bound"].max()),
+                "mean_max_over_mean": float(rows["max_over_mean"].mean()),
+                "mean_bound_over_mean": float((rows["lower_bound"] / rows["mean_load"]).mean()),
+                "share_longest_sets_bound": float(rows["largest_item_sets_bound"].mean()),
+            }
+            for method, rows in by_workload.groupby("method")
         }
-        for method, rows in comparison.groupby("method")
+        for workload, by_workload in comparison.groupby("workload")
     }
     summaries = runs.summaries()
-    speedups = runs.speedups(unbalanced_label)
-    hidden = summaries[overlapped_label].hidden_fraction
-    calls = runs.collective_calls()
-    gaps = {m: imbalance[m]["max_gap_to_lower_bound"] for m in METHODS if m in imbalance}
+    speedups = runs.speedups(labels.unbalanced)
+    flops_ideal = runs.flops_speedups(labels.unbalanced)
+    difference = runs.difference(labels.overlapped, labels.sync)
+    step_ms = {label: runs.step_ms(label) for label in runs.per_repeat}
+    median_ms = {label: statistics.median(ms) for label, ms in step_ms.items()}
+    tokens = imbalance["tokens"]
+    largest = max(exchange_bytes)
     summary = (
-        f"max gap to bound: contiguous {gaps.get('contiguous', float('nan')):.1%}, "
-        f"LPT {gaps.get('greedy_lpt', float('nan')):.2%}, "
-        f"KK {gaps.get('karmarkar_karp', float('nan')):.2%}, "
-        f"KK+swaps {gaps.get('kk_swap', float('nan')):.2%}; "
-        f"{hidden:.0%} of KK hidden; step speed-up {speedups[overlapped_label]}; "
-        f"KJT gather {calls['fused']} vs {calls['per_key']} collectives"
+        f"tokens, max gap to bound: KK {tokens['karmarkar_karp']['max_gap_to_lower_bound']:.1%}, "
+        f"KK+swaps {tokens['kk_swap']['max_gap_to_lower_bound']:.2%}; "
+        f"ms/step (median of {difference.repeats}): "
+        + ", ".join(f"{label} {ms:.1f}" for label, ms in median_ms.items())
+        + f"; {labels.sync} {speedups[labels.sync].median:.2f}x and {labels.overlapped} "
+        f"{speedups[labels.overlapped].median:.2f}x over {labels.unbalanced} (FLOPs predict "
+        f"{flops_ideal[labels.sync]:.2f}x); {labels.overlapped} - {labels.sync}: "
+        f"{difference.mean:+.2f} ms/step "
+        f"(95% CI {difference.ci_low:+.2f} to {difference.ci_high:+.2f}); all-to-all receives "
+        f"{exchange_bytes[largest]['alltoall'] / exchange_bytes[largest]['allgather']:.1%} of all-gather's "
+        f"bytes at W={largest}"
     )
     return {
         "summary": summary,
@@ -248,22 +432,34 @@ def results(
         "batch_size": batch_size,
         "zipf_alpha": zipf_alpha,
         "steps": steps,
-        "repeats": len(runs.per_repeat[unbalanced_label]),
+        "timed_steps": list(timed_steps(steps)),
+        "repeats": difference.repeats,
         "backend": runs.backend,
         "native_kk": kk_timing.native_s is not None,
+        "kk_example_sums": kk_example_sums,
+        "kk_example_bounds": kk_example_bounds,
         "imbalance": imbalance,
         "imbalance_rows": comparison.to_dict(orient="records"),
         "example_max_over_mean": example_max_over_mean,
         "flop_model_matches_counter": bool(flop_model[0] == flop_model[1]),
+        "crossover_length": crossover_length,
         "flops_max_over_mean": flops_max_over_mean,
         "kk_seconds": kk_timing.as_dict(),
-        "collective_calls": calls,
+        "collective_calls": runs.collective_calls(),
         "gathers_identical": runs.gathers_identical(),
         "gather_ms": runs.gather_ms(),
+        "exchanges": exchanges.table().to_dict(orient="records"),
+        "exchanges_identical": exchanges.identical(),
+        "exchange_bytes": {str(w): b for w, b in exchange_bytes.items()},
         "runs": [{"label": label, **s.as_dict()} for label, s in summaries.items()],
-        "step_speedup_vs": unbalanced_label,
+        "labels": dataclasses.asdict(labels),
+        "step_ms": step_ms,
+        "step_speedup_vs": labels.unbalanced,
         "step_speedups": {label: ratio.as_dict() for label, ratio in speedups.items()},
+        "flops_ideal_speedups": flops_ideal,
+        "overlap_minus_sync_ms": difference.as_dict(),
+        "phase_ms": runs.phase_breakdown().to_dict(orient="records"),
         "same_weights": runs.same_weights(),
-        "hidden_fraction": float(hidden),
+        "hidden_fraction": summaries[labels.overlapped].hidden_fraction,
         "seconds": seconds,
     }

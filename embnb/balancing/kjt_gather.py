@@ -37,6 +37,7 @@ __all__ = [
     "allgather_kjt",
     "allgather_kjt_per_key",
     "select_samples",
+    "same_kjt",
     "count_collectives",
     "random_kjts",
     "compare_gathers",
@@ -189,6 +190,18 @@ def _gather_padded(tensor: torch.Tensor, counts: list[int], group) -> list[torch
     return [row[:count] for row, count in zip(_all_gather(padded, group), counts)]
 
 
+def same_kjt(a: KeyedJaggedTensor, b: KeyedJaggedTensor) -> bool:
+    """Whether two KJTs hold the same keys, stride, lengths, values and weights."""
+    return (
+        a.keys() == b.keys()
+        and a.stride() == b.stride()
+        and torch.equal(a.lengths(), b.lengths())
+        and torch.equal(a.values(), b.values())
+        and (a.weights_or_none() is None) == (b.weights_or_none() is None)
+        and (a.weights_or_none() is None or torch.equal(a.weights(), b.weights()))
+    )
+
+
 def select_samples(kjt: KeyedJaggedTensor, indices: torch.Tensor | Sequence[int]) -> KeyedJaggedTensor:
     """The samples `indices` of `kjt` (every key), in that order."""
     stride, num_keys = kjt.stride(), len(kjt.keys())
@@ -321,15 +334,7 @@ def compare_gathers(
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
         seconds[name] = statistics.median(times)
-    identical = all(
-        a.keys() == b.keys()
-        and a.stride() == b.stride()
-        and torch.equal(a.lengths(), b.lengths())
-        and torch.equal(a.values(), b.values())
-        and (a.weights_or_none() is None) == (b.weights_or_none() is None)
-        and (a.weights_or_none() is None or torch.equal(a.weights(), b.weights()))
-        for a, b in zip(results["fused"], results["per_key"])
-    )
+    identical = all(same_kjt(a, b) for a, b in zip(results["fused"], results["per_key"]))
     return {
         "rank": rank,
         "calls": calls,

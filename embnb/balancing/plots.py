@@ -3,17 +3,18 @@
 The shared style is `embnb.plotting`; per-rank loads are its `rank_bars`.
 
     fig = length_histogram(lengths)                      # the heavy tail
-    fig = gap_by_method(table)                            # KK vs LPT vs ...
+    fig = gap_by_method(table)                            # KK vs LPT vs ..., and the bound
     fig = flops_vs_length(lengths, flops, {...})          # what to balance
-    fig = gantt({"sync": spans, "overlap": spans})        # timelines
-    fig = collective_calls({"per key": 7, "fused": 2})
-    fig = step_speedups(runs.speedups("no balancing"), "no balancing")
+    fig = gantt({"sync": spans, "overlap": spans})        # timelines, loop and worker
+    fig = gather_times({"per key": 9.1, "fused": 1.2}, {"per key": 28, "fused": 2})
+    fig = exchange_scaling({2: {"allgather": b, "alltoall": c}, ...})
+    fig = step_times({"none": [...], "sync": [...]}, "none", ideal, ("sync", "overlap"))
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import torch
@@ -21,11 +22,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from embnb.plotting import color, new_figure, values_of
-
-if TYPE_CHECKING:
-    from embnb.balancing.training import RunSummary
-    from embnb.timing import Ratio
+from embnb.plotting import MEAN_STYLE, color, new_figure, values_of
+from embnb.timing import paired_difference, paired_ratio
 
 __all__ = [
     "PHASE_COLORS",
@@ -33,18 +31,21 @@ __all__ = [
     "gap_by_method",
     "flops_vs_length",
     "gantt",
-    "collective_calls",
-    "step_speedups",
+    "gather_times",
+    "exchange_scaling",
+    "step_times",
 ]
 
 PHASE_COLORS = {  # Gantt chart phases
     "load": "#c7c7c7",
     "gather_workloads": "#8172b3",
     "kk": "#c44e52",
-    "wait_kk": "#000000",
     "exchange": "#937860",
     "forward": "#4c72b0",
     "backward": "#55a868",
+    "wait": "#000000",
+    "all_reduce": "#dd8452",
+    "optimizer": "#da8bc3",
 }
 
 
@@ -76,38 +77,64 @@ def length_histogram(lengths: Sequence[int] | torch.Tensor, title: str | None = 
 
 
 def gap_by_method(
-    table: pd.DataFrame,
-    value: str = "gap_to_lower_bound",
-    methods: Sequence[str] | None = None,
-    title: str | None = None,
+    table: pd.DataFrame, methods: Sequence[str] | None = None, title: str | None = None
 ) -> Figure:
-    """Mean gap to the lower bound (log scale) of each method for each
-    (num_samples, num_parts), with the 1% target. Needs columns
-    num_samples, num_parts, method and `value` (e.g. from
-    `embnb.balancing.partition.compare_methods`)."""
+    """Per workload (a row of panels): each method's max/mean with the lower
+    bound's max/mean drawn as the floor no split can go below, and its gap
+    to that bound (log axis, markers; a split at the bound is marked at the
+    axis floor as "= bound"). Means over seeds per (num_samples, num_parts).
+    Needs columns num_samples, num_parts, method, max_over_mean,
+    gap_to_lower_bound, lower_bound, mean_load (and workload, if several)."""
     if table.empty:
         raise ValueError("table is empty: nothing to plot")
+    table = table.assign(bound_over_mean=table["lower_bound"] / table["mean_load"])
+    if "workload" not in table:
+        table = table.assign(workload="tokens")
     methods = list(methods or dict.fromkeys(table["method"]))
-    grid = table.groupby(["num_samples", "num_parts", "method"])[value].mean().unstack("method")
-    missing = [m for m in methods if m not in grid.columns]
+    missing = [m for m in methods if m not in set(table["method"])]
     if missing:
-        raise ValueError(f"methods {missing} not in the table; it has {list(grid.columns)}")
-    grid = grid[methods]
-    fig = new_figure(3.0 + 1.3 * len(grid), 3.8)
-    ax = fig.subplots()
-    width = 0.8 / len(methods)
-    floor = 1e-5  # a perfect split (gap 0) still gets a visible stub on the log axis
-    for i, method in enumerate(methods):
-        xs = [x + (i - (len(methods) - 1) / 2) * width for x in range(len(grid))]
-        ax.bar(xs, grid[method].clip(lower=floor), width, color=color(method, i), label=method)
-    ax.axhline(0.01, color="black", linestyle="--", linewidth=1, label="1% target")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{100 * y:.3g}%"))
-    ax.set_xticks(range(len(grid)), [f"{n} into {k}" for n, k in grid.index])
-    ax.set_xlabel("samples into parts")
-    ax.set_ylabel(value.replace("_", " "))
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(title or "largest part above max(mean, largest item)")
+        raise ValueError(f"methods {missing} not in the table; it has {sorted(set(table['method']))}")
+    workloads = list(dict.fromkeys(table["workload"]))
+    fig = new_figure(10, 0.6 + 3.2 * len(workloads))
+    axes = fig.subplots(len(workloads), 2, squeeze=False)
+    floor = 1e-5
+    for (ratio_ax, gap_ax), workload in zip(axes, workloads):
+        grid = (
+            table[table["workload"] == workload]
+            .groupby(["num_samples", "num_parts", "method"])
+            .mean(numeric_only=True)
+        )
+        cases = list(dict.fromkeys((n, k) for n, k, _ in grid.index))
+        xs = range(len(cases))
+        bounds = [grid.loc[(n, k)]["bound_over_mean"].iloc[0] for n, k in cases]
+        ratio_ax.plot(xs, bounds, "_", color="black", markersize=28, mew=2, label="lower bound")
+        for i, method in enumerate(methods):
+            offset = (i - (len(methods) - 1) / 2) * 0.12
+            shifted = [x + offset for x in xs]
+            ratios = [grid.loc[(n, k, method), "max_over_mean"] for n, k in cases]
+            gaps = [grid.loc[(n, k, method), "gap_to_lower_bound"] for n, k in cases]
+            ratio_ax.plot(shifted, ratios, "o", color=color(method, i), label=method)
+            gap_ax.plot(shifted, [max(g, floor) for g in gaps], "o", color=color(method, i), label=method)
+        ratio_ax.set_yscale("log")
+        ratio_ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+        ratio_ax.set_ylabel(f"max/mean ({workload})")
+        gap_ax.axhline(0.01, **{**MEAN_STYLE, "color": "#c44e52"})
+        gap_ax.annotate("1%", (len(cases) - 0.5, 0.01), fontsize=8, va="bottom", ha="right")
+        gap_ax.axhline(floor, color="0.6", linewidth=0.8)
+        gap_ax.annotate("= bound", (-0.45, floor), fontsize=8, va="bottom")
+        gap_ax.set_yscale("log")
+        gap_ax.set_ylim(bottom=floor / 2)
+        gap_ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: "" if y < floor else f"{100 * y:.3g}%"))
+        gap_ax.set_ylabel(f"gap to the bound ({workload})")
+        for ax in (ratio_ax, gap_ax):
+            ax.set_xticks(list(xs), [f"{n} into {k}" for n, k in cases])
+            ax.set_xlim(-0.6, len(cases) - 0.4)
+    axes[0][0].set_title("max/mean: the bound is the floor")
+    axes[0][1].set_title("largest part above max(mean, largest item)")
+    axes[-1][1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[-1][0].legend(handles=axes[-1][0].get_legend_handles_labels()[0][:1], fontsize=8, loc="upper left")
+    if title:
+        fig.suptitle(title)
     return fig
 
 
@@ -153,16 +180,19 @@ def flops_vs_length(
 def gantt(
     spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]],
     steps: Sequence[int] | None = None,
+    phase_ms: Mapping[str, Mapping[tuple[str, str], float]] | None = None,
     title: str | None = None,
 ) -> Figure:
-    """One panel per run: a row per rank (main thread) plus a thin row for
-    its KK thread, bars per phase, time in ms from the run's first span.
-    Spans need phase, rank, start, end (seconds); `steps` keeps the spans of
-    those loop iterations (the "iteration" field, else "step")."""
+    """One panel per run: per rank a row for its training loop ("main") and
+    a row below for its shuffle worker, bars per phase, time in ms from the
+    run's first span; the step labels sit above each iteration. Spans need
+    phase, rank, start, end (seconds) and thread; `steps` keeps the spans of
+    those loop iterations (the "iteration" field). With `phase_ms` (run ->
+    (thread, phase) -> ms per step), the legend of each panel gives them."""
     if not spans_by_run:
         raise ValueError("spans_by_run is empty: nothing to plot")
     names = list(spans_by_run)
-    fig = new_figure(11, 0.8 + 1.9 * len(names))
+    fig = new_figure(12, 0.9 + 2.3 * len(names))
     axes = fig.subplots(len(names), 1, squeeze=False)[:, 0]
     for ax, name in zip(axes, names):
         spans = [s for s in spans_by_run[name] if steps is None or s.get("iteration", s["step"]) in steps]
@@ -171,72 +201,166 @@ def gantt(
         t0 = min(s["start"] for s in spans)
         ranks = sorted({s["rank"] for s in spans})
         for s in spans:
-            in_thread = s["phase"] == "kk" and s.get("thread") == "kk"
-            y = ranks.index(s["rank"]) + (0.42 if in_thread else 0.0)
-            height = 0.22 if in_thread else 0.55
+            left, width = (s["start"] - t0) * 1e3, max((s["end"] - s["start"]) * 1e3, 1e-3)
+            row = ranks.index(s["rank"])
+            if s["phase"] == "step":  # the iteration's extent, as a bracket above the main row
+                ax.annotate(f"step {s['iteration']}", (left, row - 0.45), fontsize=7, va="bottom")
+                ax.plot([left, left + width], [row - 0.42] * 2, color="0.4", linewidth=0.8)
+                continue
+            worker = s.get("thread") == "worker"
+            y, height = (row + 0.3, 0.22) if worker else (row - 0.1, 0.5)
             ax.broken_barh(
-                [((s["start"] - t0) * 1e3, max((s["end"] - s["start"]) * 1e3, 1e-3))],
-                (y - height / 2, height),
-                color=PHASE_COLORS.get(s["phase"], "0.5"),
+                [(left, width)], (y - height / 2, height), color=PHASE_COLORS.get(s["phase"], "0.5")
             )
-        ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-        ax.invert_yaxis()
+        ax.set_yticks(
+            [r + dy for r in range(len(ranks)) for dy in (-0.1, 0.3)],
+            [f"rank {r} {what}" for r in ranks for what in ("loop", "worker")],
+            fontsize=8,
+        )
+        ax.set_ylim(len(ranks) - 0.4, -0.6)
         ax.set_title(name, loc="left", fontsize=10)
         ax.set_xlabel("ms")
-    present = dict.fromkeys(s["phase"] for run in spans_by_run.values() for s in run)
-    axes[0].legend(
-        handles=[Patch(color=PHASE_COLORS.get(p, "0.5"), label=p) for p in present],
-        ncols=len(present),
-        fontsize=8,
-        loc="lower left",
-        bbox_to_anchor=(0, 1.15),
-    )
+        present = dict.fromkeys(s["phase"] for s in spans if s["phase"] != "step")
+        ms = (phase_ms or {}).get(name, {})
+
+        ax.legend(
+            handles=[Patch(color=PHASE_COLORS.get(p, "0.5"), label=_phase_label(p, ms)) for p in present],
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            title="ms per step" if ms else None,
+            title_fontsize=7,
+        )
     if title:
         fig.suptitle(title)
     return fig
 
 
-def collective_calls(calls: Mapping[str, float], title: str | None = None) -> Figure:
-    """Bars of collective calls per way of gathering."""
-    if not calls:
-        raise ValueError("calls is empty: nothing to plot")
-    names = list(calls)
+def _phase_label(phase: str, ms: Mapping[tuple[str, str], float]) -> str:
+    """ "kk: 0.2 (worker) ms": the phase's ms per step in each thread it ran in."""
+    times = [f"{v:.1f}" + (" (worker)" if t == "worker" else "") for (t, p), v in ms.items() if p == phase]
+    return f"{phase}: {', '.join(times)} ms" if times else phase
+
+
+def gather_times(
+    gather_ms: Mapping[str, float], calls: Mapping[str, int], title: str | None = None
+) -> Figure:
+    """Milliseconds per gather of a batch's KJTs, one bar per way of
+    gathering, each labelled with its number of collective calls."""
+    if not gather_ms:
+        raise ValueError("gather_ms is empty: nothing to plot")
+    names = list(gather_ms)
     fig = new_figure(1.5 + 1.4 * len(names), 3.0)
     ax = fig.subplots()
-    bars = ax.bar(names, [calls[n] for n in names], color=["#c44e52", "#55a868", "#4c72b0"][: len(names)])
-    ax.bar_label(bars, fmt="%g")
-    ax.set_ylabel("collective calls")
+    bars = ax.bar(names, [gather_ms[n] for n in names], color=[color(n, i) for i, n in enumerate(names)])
+    ax.bar_label(bars, [f"{gather_ms[n]:.2f} ms\n{calls[n]} collectives" for n in names], fontsize=8)
+    ax.set_ylabel("ms per gather (slowest rank)")
+    ax.margins(y=0.25)
     ax.set_title(title or "all-gather of a batch's KJTs")
     return fig
 
 
-def step_speedups(
-    speedups: Mapping[str, Ratio],
-    reference: str,
-    summaries: Mapping[str, RunSummary] | None = None,
+def exchange_scaling(
+    bytes_by_world_size: Mapping[int, Mapping[str, float]],
+    ms_by_world_size: Mapping[int, Mapping[str, Mapping[str, float]]] | None = None,
     title: str | None = None,
 ) -> Figure:
-    """How much faster each run trained than `reference` (label ->
-    `embnb.timing.Ratio`): the median over repeats, the range as an error
-    bar; with `summaries`, each bar also notes the hidden share of KK time."""
-    if not speedups:
-        raise ValueError("speedups is empty: nothing to plot")
-    labels = list(speedups)
-    ratios = list(speedups.values())
-    medians = [r.median for r in ratios]
-    errors = [[r.median - r.low for r in ratios], [r.high - r.median for r in ratios]]
-    fig = new_figure(1.5 + 1.7 * len(labels), 3.4)
-    ax = fig.subplots()
-    bars = ax.bar(labels, medians, yerr=errors, capsize=4, color=color(0), ecolor="#333333")
-    ax.axhline(1.0, color="#555555", linestyle="--", linewidth=1)
-    notes = []
-    for label, r in speedups.items():
-        hidden = summaries[label].hidden_fraction if summaries and label in summaries else None
-        shown = hidden is not None and hidden == hidden  # None or NaN: this run has no KK
-        notes.append(f"{r.median:.2f}x" + (f"\n{hidden:.0%} KK hidden" if shown else ""))
-    ax.bar_label(bars, notes, fontsize=8, label_type="center", color="white")
-    ax.set_ylabel(f"step speed-up vs {reference}")
-    ax.tick_params(axis="x", labelrotation=15)
-    repeats = ratios[0].repeats
-    ax.set_title(title or f"speed-up over {repeats} repeats (bar: median, whisker: range)")
+    """Left: bytes a rank receives per exchange (the largest over ranks) as
+    the world size grows, all-gather against all-to-all. Right, with
+    `ms_by_world_size` (world size -> exchange -> median, low, high):
+    measured ms per exchange (median, whisker: range)."""
+    if not bytes_by_world_size:
+        raise ValueError("bytes_by_world_size is empty: nothing to plot")
+    panels = 2 if ms_by_world_size else 1
+    fig = new_figure(4.6 * panels, 3.4)
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    sizes = sorted(bytes_by_world_size)
+    for i, exchange in enumerate(("allgather", "alltoall")):
+        style = {"color": color(exchange, i + 2), "marker": "os"[i], "label": exchange}
+        axes[0].loglog(sizes, [bytes_by_world_size[w][exchange] for w in sizes], **style)
+        if ms_by_world_size:
+            run = sorted(ms_by_world_size)
+            ratios = [ms_by_world_size[w][exchange] for w in run]
+            axes[1].errorbar(
+                [w * (0.97 if i == 0 else 1.03) for w in run],
+                [r["median"] for r in ratios],
+                yerr=[[r["median"] - r["low"] for r in ratios], [r["high"] - r["median"] for r in ratios]],
+                capsize=3,
+                linestyle="-",
+                **style,
+            )
+    axes[0].set_xlabel("ranks")
+    axes[0].set_ylabel("bytes received per rank")
+    axes[0].set_title("bytes (from the batch's sizes)")
+    axes[0].legend(fontsize=8)
+    if ms_by_world_size:
+        axes[1].set_xscale("log")
+        axes[1].set_xticks(sorted(ms_by_world_size), [str(w) for w in sorted(ms_by_world_size)])
+        axes[1].set_ylim(bottom=0)
+        axes[1].set_xlabel("ranks")
+        axes[1].set_ylabel("ms per exchange")
+        axes[1].set_title("measured here")
+    for ax in axes:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def step_times(
+    step_ms: Mapping[str, Sequence[float]],
+    reference: str,
+    flops_ideal: Mapping[str, float],
+    compared: tuple[str, str],
+    title: str | None = None,
+) -> Figure:
+    """Three panels over repeats of every run (label -> ms per step, one
+    value per repeat, each repeat timed back to back in every run):
+    the step times (a line joins one repeat across runs); the speed-up over
+    `reference` per repeat (median, whisker: range) next to what the
+    slowest rank's FLOPs predict; and `compared` = (a, b): a minus b per
+    repeat with the mean and its 95% interval."""
+    if reference not in step_ms or any(c not in step_ms for c in compared):
+        raise ValueError(f"runs {[reference, *compared]} must all be in step_ms; it has {list(step_ms)}")
+    labels = list(step_ms)
+    fig = new_figure(12, 3.8)
+    times_ax, speed_ax, diff_ax = fig.subplots(1, 3, width_ratios=[1.4, 1.4, 0.8])
+    for repeat in zip(*(step_ms[label] for label in labels)):
+        times_ax.plot(range(len(labels)), repeat, "-", color="0.8", linewidth=0.8, zorder=1)
+    for x, label in enumerate(labels):
+        times_ax.plot([x] * len(step_ms[label]), step_ms[label], "o", color=color(label, x), zorder=2)
+        speeds = [ref / mine for ref, mine in zip(step_ms[reference], step_ms[label])]
+        ratio = paired_ratio(step_ms[reference], step_ms[label])
+        speed_ax.errorbar(
+            x, ratio.median, yerr=[[ratio.median - ratio.low], [ratio.high - ratio.median]], fmt="o",
+            color=color(label, x), capsize=4, label="measured" if x == 0 else None,
+        )  # fmt: skip
+        speed_ax.plot([x + 0.15] * len(speeds), speeds, ".", color=color(label, x), alpha=0.5)
+        speed_ax.plot(
+            x - 0.15, flops_ideal[label], "x", color="black", label="FLOPs predict" if x == 0 else None
+        )
+    for ax in (times_ax, speed_ax):
+        ax.set_xticks(range(len(labels)), labels, rotation=15, ha="right", fontsize=8)
+        ax.set_xlim(-0.5, len(labels) - 0.5)
+    times_ax.set_ylim(bottom=0)
+    times_ax.set_ylabel("ms per step (slowest rank)")
+    times_ax.set_title("step time per repeat")
+    speed_ax.axhline(1.0, **MEAN_STYLE)
+    speed_ax.set_ylabel(f"speed-up over {reference}")
+    speed_ax.set_title("measured (median, range) vs FLOPs")
+    speed_ax.legend(fontsize=8, loc="lower right")
+    a, b = compared
+    diffs = [x - y for x, y in zip(step_ms[a], step_ms[b])]
+    difference = paired_difference(step_ms[a], step_ms[b])
+    diff_ax.plot([0.15] * len(diffs), diffs, ".", color="0.5")
+    if difference.repeats > 1:
+        yerr = [[difference.mean - difference.ci_low], [difference.ci_high - difference.mean]]
+        diff_ax.errorbar(0, difference.mean, yerr=yerr, fmt="o", color="black", capsize=4)
+    diff_ax.axhline(0.0, **MEAN_STYLE)
+    diff_ax.set_xticks([0], [f"{a}\nminus {b}"], fontsize=8)
+    diff_ax.set_xlim(-0.5, 0.5)
+    diff_ax.set_ylabel("ms per step")
+    diff_ax.set_title("paired difference, 95% CI")
+    if title:
+        fig.suptitle(title)
     return fig

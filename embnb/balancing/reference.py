@@ -3,7 +3,8 @@
 `embnb.balancing.partition.karmarkar_karp` (and the native op) add what a
 library needs: padding when the batch is not a multiple of k, strict
 tie-breaks, zero workloads, checked input. On distinct workloads they give
-this function's partition; the tests check that.
+this function's partition; the tests check that. With `trace`, each merge
+is recorded (the worked example of notebook 04 prints them).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import heapq
 __all__ = ["kk_equal_count"]
 
 
-def kk_equal_count(workloads: list[float], num_parts: int) -> list[list[int]]:
+def kk_equal_count(workloads: list[float], num_parts: int, trace: list | None = None) -> list[list[int]]:
     """Split item indices into `num_parts` parts of equal count and near-equal
-    sums; `len(workloads)` must be a multiple of `num_parts`."""
+    sums; `len(workloads)` must be a multiple of `num_parts`. A `trace` list
+    receives (first, second, merged) states, each a list of [sum, items]."""
     order = sorted(range(len(workloads)), key=lambda i: workloads[i])
     heap = []  # states: k sets [sum, items], heaviest first, keyed by -spread
     for start in range(0, len(order), num_parts):
@@ -29,6 +31,8 @@ def kk_equal_count(workloads: list[float], num_parts: int) -> list[list[int]]:
         # merge: heaviest set of one with the lightest of the other, and so on
         merged = [[s + t, a + b] for (s, a), (t, b) in zip(first, reversed(second))]
         merged.sort(reverse=True)
+        if trace is not None:
+            trace.append((first, second, merged))
         heapq.heappush(heap, (merged[-1][0] - merged[0][0], next_id, merged))
         next_id += 1
     return [sorted(items) for _, items in heap[0][2]]

@@ -1,22 +1,38 @@
 """The balanced shuffle: move every sample of the global batch to the rank
 that Karmarkar-Karp (`embnb.balancing.partition.balance`) assigns it to.
 
-1. `start(kjt, dense, workloads)`: one all-gather of every rank's per-sample
-   workloads (with the dense per-sample features and labels riding along),
-   then KK, in a one-worker background thread when `overlap` is on;
-2. the caller runs the current step's forward and backward meanwhile;
-3. `finish()`: wait for the parts, all-gather the KJTs in two collectives
-   (`embnb.balancing.kjt_gather.allgather_kjt`) and keep this rank's samples.
+For one batch, `BalancedShuffle` runs three phases:
 
-Every rank computes the same parts from the same gathered workloads, so no
-broadcast is needed. The native KK releases the GIL, so the thread does not
-stall the training loop's Python; the pure-Python KK does (compare both).
+1. gather_workloads: one all-gather of every rank's per-sample workloads
+   (with the "allgather" exchange, the dense rows ride along);
+2. kk: every rank computes the same parts from the same workloads (so no
+   broadcast is needed);
+3. exchange: "allgather" all-gathers the KJTs in two collectives
+   (`kjt_gather.allgather_kjt`, every rank receives the whole global batch)
+   and keeps this rank's samples; "alltoall" sends each rank only the
+   samples it receives, in two all-to-alls (`kjt_alltoall.alltoall_kjt`).
+
+With `overlap` all three run in one background worker thread, for batch
+s+1 while step s computes (as NVIDIA recsys-examples PR #308 does); the
+training loop only waits for the finished batch. Without it they run on
+the caller's thread, on the critical path.
+
+One process group, one rule. Between `start()` and `finish()` the worker
+owns the group; the caller runs no collective on it until `finish()`
+returns, so the training loop calls `finish()` after its backward pass and
+before the gradient all-reduce. Gloo pairs the collectives of a group in
+the order each rank issues them, so two threads issuing on one group
+interleave differently on different ranks and mismatch; NCCL collectives
+issued from two threads (or on two communicators) can be enqueued in
+different orders on different ranks and deadlock. A group of its own for
+the worker would let the shuffle also overlap the all-reduce on gloo, but
+not safely on nccl, so embnb keeps the one rule for both.
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import contextlib
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -25,22 +41,26 @@ import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb._checks import check_choice
+from embnb.balancing.kjt_alltoall import alltoall_kjt
 from embnb.balancing.kjt_gather import allgather_kjt, select_samples
 from embnb.balancing.partition import METHODS, balance
 from embnb.balancing.timeline import Timeline
 from embnb.dist import all_gather_flat
 
-__all__ = ["BalancedShuffle"]
+__all__ = ["EXCHANGES", "BalancedShuffle"]
+
+EXCHANGES = ("allgather", "alltoall")
+Batch = tuple[KeyedJaggedTensor, torch.Tensor]
 
 
 class BalancedShuffle:
-    """All-gather workloads, KK (in a background thread with `overlap`),
-    exchange samples. Use as a context manager so the thread is shut down.
+    """Gather workloads, KK, exchange samples: in a background worker with
+    `overlap`. Use as a context manager so the worker is shut down.
 
         with BalancedShuffle(timeline, overlap=True) as shuffle:
             shuffle.start(kjt, dense, workloads, step)   # returns at once
             ...                                          # forward, backward
-            kjt, dense = shuffle.finish()                # this rank's part
+            kjt, dense = shuffle.finish()                # then the all-reduce
     """
 
     def __init__(
@@ -49,15 +69,19 @@ class BalancedShuffle:
         overlap: bool = True,
         method: str = "kk_swap",
         kk_backend: str = "auto",
+        exchange: str = "allgather",
         group: dist.ProcessGroup | None = None,
         fail_in_kk: bool = False,
     ) -> None:
         check_choice("method", method, tuple(METHODS))
+        check_choice("exchange", exchange, EXCHANGES)
         self.timeline, self.overlap, self.method = timeline, overlap, method
-        self.kk_backend, self.group, self.fail_in_kk = kk_backend, group, fail_in_kk
+        self.kk_backend, self.exchange, self.group = kk_backend, exchange, group
+        self.fail_in_kk = fail_in_kk
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embnb-kk") if overlap else None
-        self._pending: tuple | None = None
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="embnb-shuffle") if overlap else None
+        self._worker_stream: torch.cuda.Stream | None = None  # created in the worker, on a GPU
+        self._pending: tuple[Future | Batch, int] | None = None
 
     def __enter__(self) -> BalancedShuffle:
         return self
@@ -66,50 +90,82 @@ class BalancedShuffle:
         self.close()
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-
-    def _partition(self, workloads: torch.Tensor, step: int, iteration: int) -> list[list[int]]:
-        thread = "kk" if threading.current_thread() is not threading.main_thread() else "main"
-        start = time.perf_counter()
-        if self.fail_in_kk:
-            raise RuntimeError(f"deliberate failure in the KK thread of rank {self.rank} at step {step}")
-        parts = balance(workloads, self.world_size, self.method, self.kk_backend)
-        self.timeline.add("kk", step, start, time.perf_counter(), thread=thread, iteration=iteration)
-        return parts
+        if self._worker is not None:
+            self._worker.shutdown(wait=True, cancel_futures=True)
 
     def start(self, kjt: KeyedJaggedTensor, dense: torch.Tensor, workloads: torch.Tensor, step: int) -> None:
-        """Gather every rank's workloads (and dense rows); start KK."""
+        """Shuffle this batch: in the worker with `overlap`, else now."""
         if self._pending is not None:
             raise RuntimeError("start() called twice without finish()")
-        if workloads.shape != (kjt.stride(),) or dense.shape[0] != kjt.stride():
+        if workloads.shape != (kjt.stride(),) or dense.dim() != 2 or dense.shape[0] != kjt.stride():
             raise ValueError(
                 f"need one workload and one dense row per sample: stride {kjt.stride()}, "
                 f"workloads {tuple(workloads.shape)}, dense {tuple(dense.shape)}"
             )
-        with self.timeline.span("gather_workloads", step):
-            rows = torch.cat([workloads.to(torch.float64).unsqueeze(1), dense.to(torch.float64)], dim=1)
-            gathered = all_gather_flat(rows, self.group).view(-1, rows.shape[1])
-            all_workloads = gathered[:, 0].cpu().clone()  # KK runs on the CPU
-        if self.overlap:
-            parts: Future | list = self._executor.submit(
-                self._partition, all_workloads, step, self.timeline.iteration
-            )
-        else:
-            parts = self._partition(all_workloads, step, self.timeline.iteration)
-        self._pending = (kjt, gathered[:, 1:].to(dense.dtype), parts, step)
+        if self._worker is None:
+            self._pending = (self._shuffle(kjt, dense, workloads, step, None), step)
+            return
+        ready = None
+        if dense.device.type == "cuda":  # the worker's stream waits for the batch
+            ready = torch.cuda.Event()
+            ready.record()
+        self._pending = (self._worker.submit(self._shuffle, kjt, dense, workloads, step, ready), step)
 
-    def finish(self) -> tuple[KeyedJaggedTensor, torch.Tensor]:
-        """Wait for KK, then exchange: this rank's KJT and dense rows."""
+    def finish(self) -> Batch:
+        """This rank's KJT and dense rows (waits for the worker, re-raising its error)."""
         if self._pending is None:
             raise RuntimeError("finish() called before start()")
-        kjt, all_dense, parts, step = self._pending
+        pending, step = self._pending
         self._pending = None
-        if isinstance(parts, Future):
-            with self.timeline.span("wait_kk", step):
-                parts = parts.result()  # re-raises an error of the KK thread
-        with self.timeline.span("exchange", step, all_dense.device):
-            mine = torch.tensor(parts[self.rank], dtype=torch.int64, device=all_dense.device)
-            (global_kjt,) = allgather_kjt([kjt], self.group)
-            local = select_samples(global_kjt, mine)
-        return local, all_dense[mine]
+        if not isinstance(pending, Future):
+            return pending
+        with self.timeline.span("wait", step):
+            kjt, dense = pending.result()
+        if dense.device.type == "cuda":  # made on the worker's stream, used on this one
+            stream = torch.cuda.current_stream(dense.device)
+            for tensor in (dense, kjt.values(), kjt.lengths(), kjt.weights_or_none()):
+                if tensor is not None:
+                    tensor.record_stream(stream)
+        return kjt, dense
+
+    def _shuffle(
+        self,
+        kjt: KeyedJaggedTensor,
+        dense: torch.Tensor,
+        workloads: torch.Tensor,
+        step: int,
+        ready: torch.cuda.Event | None,
+    ) -> Batch:
+        device, span = dense.device, self.timeline.span
+        with self._stream(device, ready):
+            with span("gather_workloads", step, device):
+                rows = workloads.to(torch.float64).unsqueeze(1)
+                if self.exchange == "allgather":  # the dense rows ride along
+                    rows = torch.cat([rows, dense.to(torch.float64)], dim=1)
+                gathered = all_gather_flat(rows, self.group).view(-1, rows.shape[1])
+                all_workloads = gathered[:, 0].cpu()  # KK runs on the CPU
+            with span("kk", step):
+                if self.fail_in_kk:
+                    where = f"rank {self.rank} at step {step}"
+                    raise RuntimeError(f"deliberate failure in the KK thread of {where}")
+                parts = balance(all_workloads, self.world_size, self.method, self.kk_backend)
+            with span("exchange", step, device):
+                if self.exchange == "alltoall":
+                    (local,), local_dense = alltoall_kjt([kjt], dense, parts, self.group)
+                    return local, local_dense
+                mine = torch.tensor(parts[self.rank], dtype=torch.int64, device=device)
+                (global_kjt,) = allgather_kjt([kjt], self.group)
+                return select_samples(global_kjt, mine), gathered[mine, 1:].to(dense.dtype)
+
+    @contextlib.contextmanager
+    def _stream(self, device: torch.device, ready: torch.cuda.Event | None) -> Iterator[None]:
+        """On a GPU the worker computes on a stream of its own, after the batch is ready."""
+        if ready is None:
+            yield
+            return
+        torch.cuda.set_device(device)
+        if self._worker_stream is None:
+            self._worker_stream = torch.cuda.Stream(device)
+        self._worker_stream.wait_event(ready)
+        with torch.cuda.stream(self._worker_stream):
+            yield

@@ -1,36 +1,46 @@
 """When each phase of each step ran, per rank and thread, and how much of
-the balancer's time the training loop never waited for."""
+the balanced shuffle's time the training loop never waited for."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["Timeline", "hidden_fraction"]
+__all__ = ["SHUFFLE_PHASES", "Timeline", "hidden_fraction", "phase_seconds"]
+
+# The balanced shuffle's own work (embnb.balancing.shuffle): in the worker
+# thread when overlapped, on the critical path otherwise.
+SHUFFLE_PHASES = ("gather_workloads", "kk", "exchange")
 
 
 class Timeline:
-    """Spans (phase, step, start, end) in perf_counter seconds; threads may
-    add spans concurrently (list.append is atomic). `step` is the batch a
-    span works on, `iteration` the training-loop iteration it ran in: when
-    overlapped, batch s+1 is loaded and balanced during iteration s."""
+    """Spans (phase, step, start, end, thread) in perf_counter seconds;
+    threads may add spans concurrently (list.append is atomic); the thread
+    that made the Timeline is "main", any other "worker". `step` is
+    the batch a span works on, `iteration` the training-loop iteration it
+    ran in: when overlapped, batch s+1 is shuffled during iteration s."""
 
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
         self.warmup = False  # spans added while True are marked "warmup"
         self.iteration = -1  # set by the training loop
+        self._loop_thread = threading.get_ident()  # the training loop's: "main"; any other: "worker"
 
     def add(self, phase: str, step: int, start: float, end: float, **extra: Any) -> None:
+        thread = "main" if threading.get_ident() == self._loop_thread else "worker"
         self.spans.append(
             {
                 "phase": phase,
                 "step": step,
                 "start": start,
                 "end": end,
+                "thread": thread,
                 "warmup": self.warmup,
                 "iteration": self.iteration,
                 **extra,
@@ -38,33 +48,52 @@ class Timeline:
         )
 
     @contextlib.contextmanager
-    def span(self, phase: str, step: int, sync_device: torch.device | None = None) -> Iterator[None]:
+    def span(self, phase: str, step: int, device: torch.device | None = None) -> Iterator[None]:
+        """Time the block; on a GPU, until this thread's stream has run it."""
         start = time.perf_counter()
         try:
             yield
         finally:
-            if sync_device is not None and sync_device.type == "cuda":
-                torch.cuda.synchronize(sync_device)  # GPU work belongs to this span
+            if device is not None and device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
             self.add(phase, step, start, time.perf_counter())
 
 
-def hidden_fraction(spans: list[dict[str, Any]]) -> float:
-    """Share of KK time the main thread did not wait for.
+def _overlap(a: dict[str, Any], b: dict[str, Any]) -> float:
+    return max(0.0, min(a["end"], b["end"]) - max(a["start"], b["start"]))
 
-    For each step, the exposed part of KK is the overlap of its "kk" span
-    with the main thread's "wait_kk" span; a KK run in the main thread
-    (sync mode, no wait span) is fully exposed. Warm-up spans (the first
-    batch of an overlapped run, with no step to hide behind) are left out.
-    Returns 1 - exposed / total over all KK spans, or NaN when there is none.
+
+def hidden_fraction(spans: Sequence[dict[str, Any]]) -> float:
+    """Share of the shuffle's time (`SHUFFLE_PHASES`) the main thread did
+    not wait for, over one rank's spans.
+
+    A shuffle span in the main thread (sync mode) is fully exposed; one in
+    the worker is exposed where it overlaps the main thread's "wait" span
+    for the same batch. Warm-up spans (the first batch of an overlapped run,
+    with no step to hide behind) are left out. NaN when there is no shuffle.
     """
-    waits = {s["step"]: s for s in spans if s["phase"] == "wait_kk"}
+    waits = {s["step"]: s for s in spans if s["phase"] == "wait"}
     total = exposed = 0.0
-    for kk in (s for s in spans if s["phase"] == "kk" and not s.get("warmup")):
-        duration = kk["end"] - kk["start"]
+    for s in spans:
+        if s["phase"] not in SHUFFLE_PHASES or s.get("warmup"):
+            continue
+        duration = s["end"] - s["start"]
         total += duration
-        wait = waits.get(kk["step"])
-        if kk.get("thread") == "main" or wait is None:
-            exposed += duration
-        else:
-            exposed += max(0.0, min(kk["end"], wait["end"]) - max(kk["start"], wait["start"]))
+        wait = waits.get(s["step"])
+        exposed += duration if s.get("thread") == "main" or wait is None else _overlap(s, wait)
     return 1.0 - exposed / total if total > 0 else float("nan")
+
+
+def phase_seconds(spans: Iterable[dict[str, Any]], iterations: Sequence[int]) -> dict[tuple[str, str], float]:
+    """(thread, phase) -> seconds per iteration, over the spans that ran in
+    `iterations` (the loop iteration, whichever batch they worked on),
+    averaged over those iterations and the ranks present."""
+    wanted = set(iterations)
+    totals: dict[tuple[str, str], float] = defaultdict(float)
+    ranks = set()
+    for s in spans:
+        if s["iteration"] in wanted and not s.get("warmup"):
+            totals[(s["thread"], s["phase"])] += s["end"] - s["start"]
+            ranks.add(s.get("rank", 0))
+    count = max(1, len(wanted)) * max(1, len(ranks))
+    return {key: total / count for key, total in totals.items()}

@@ -4,16 +4,18 @@ balancer hidden behind compute.
 `train(rank, world_size, config)` runs the model (item and category
 embeddings, one attention block, mean pooling, a regression head) for a few
 steps in one of three modes of `TrainConfig.mode`: "none" (no balancing),
-"sync" (balance before each step) and "overlap" (balance the next batch in a
-thread while this one computes, `embnb.balancing.shuffle.BalancedShuffle`),
+"sync" (shuffle each batch before computing it) and "overlap" (shuffle the
+next batch in a worker thread while this one computes, then wait for it
+before the gradient all-reduce: `embnb.balancing.shuffle.BalancedShuffle`),
 recording a `Timeline` per rank and step. Several configs run in one launch
 with `embnb.dist.launch_each`:
 
     launch_each([(train, (TrainConfig(mode="none"),)),
                  (train, (TrainConfig(mode="overlap"),))], 4, device="cpu")
 
-`summarize` turns one mode's per-rank results into a `RunSummary`. On a GPU
-the model runs on the rank's device while KK runs on a CPU thread.
+`summarize` turns one mode's per-rank results into a `RunSummary` over the
+`timed_steps`. On a GPU the model runs on the rank's device while KK runs
+on the CPU in the worker.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb._checks import check_choice, check_int, check_number
 from embnb.balancing.partition import BACKENDS, METHODS
-from embnb.balancing.shuffle import BalancedShuffle
-from embnb.balancing.timeline import Timeline, hidden_fraction
+from embnb.balancing.shuffle import EXCHANGES, BalancedShuffle
+from embnb.balancing.timeline import SHUFFLE_PHASES, Timeline, hidden_fraction
 from embnb.balancing.workloads import attention_block_flops
 from embnb.data import zipf_lengths
 from embnb.dist import all_reduce_, rank_device
@@ -51,6 +53,7 @@ __all__ = [
     "train",
     "RunSummary",
     "summarize",
+    "timed_steps",
     "slowest_rank_seconds",
 ]
 
@@ -67,6 +70,7 @@ class TrainConfig:
     kk_backend: str = "auto"  # native | python | auto (embnb.balancing.partition.balance)
     method: str = "kk_swap"  # a name of embnb.balancing.partition.METHODS
     workload: str = "flops"  # flops (attention_block_flops) | length
+    exchange: str = "allgather"  # allgather | alltoall (embnb.balancing.shuffle.EXCHANGES)
     steps: int = 6  # training steps
     batch_size: int = 32  # samples per rank per step
     zipf_alpha: float = 1.5  # sequence-length skew
@@ -84,6 +88,7 @@ class TrainConfig:
         check_choice("kk_backend", self.kk_backend, BACKENDS)
         check_choice("method", self.method, tuple(METHODS))
         check_choice("workload", self.workload, WORKLOADS)
+        check_choice("exchange", self.exchange, EXCHANGES)
         for name in (
             "steps",
             "batch_size",
@@ -209,8 +214,12 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
 
     Returns the timeline spans, per-step wall time and FLOPs computed on
     this rank, the losses (global, all-reduced), the final weights and the
-    hidden fraction of KK time. The loss is the global batch's mean squared
-    error whatever the mode, so all modes follow the same trajectory.
+    hidden fraction of the shuffle's time. The loss is the global batch's
+    mean squared error whatever the mode, so all modes follow the same
+    trajectory. Each iteration loads one batch in every mode; "sync"
+    shuffles it before computing, "overlap" shuffles the next one in the
+    worker meanwhile (batch 0 before the loop, nothing in the last
+    iteration: `timed_steps` leaves both out of every mode's timing).
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -230,7 +239,7 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
     step_seconds, step_flops, losses = [], [], []
 
     def load(step: int):
-        with timeline.span("load", step):
+        with timeline.span("load", step, device):
             kjt, labels = make_local_batch(config, rank, step)
             kjt, labels = kjt.to(device), labels.to(device)
             return kjt, labels, sample_workloads(kjt, config)
@@ -242,6 +251,7 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
         overlap=mode == "overlap",
         method=config.method,
         kk_backend=config.kk_backend,
+        exchange=config.exchange,
         fail_in_kk=fail_in_kk,
     ) as shuffle:
         dist.barrier()
@@ -255,6 +265,7 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
             step_start = time.perf_counter()
             if step == fail_step:
                 raise RuntimeError(f"deliberate failure on rank {rank} at step {step}")
+            shuffling_next = mode == "overlap" and step + 1 < config.steps
             if mode == "none":
                 kjt, labels, _ = load(step)
             elif mode == "sync":
@@ -262,7 +273,7 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
                 kjt, labels = shuffle.finish()
             else:
                 kjt, labels = current
-                if step + 1 < config.steps:  # balance the next batch meanwhile
+                if shuffling_next:  # the worker shuffles the next batch meanwhile
                     shuffle.start(*load(step + 1), step=step + 1)
             with timeline.span("forward", step, device):
                 loss = ((model(kjt) - labels[:, 0].to(torch.float32)) ** 2).sum() / global_batch
@@ -270,17 +281,21 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
                 optimizer.zero_grad()
                 loss.backward()
                 grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            if shuffling_next:  # the worker owns the group until finish() returns
+                current = shuffle.finish()
+            with timeline.span("all_reduce", step, device):
                 all_reduce_(grads)
+                total_loss = loss.detach().clone()
+                all_reduce_(total_loss)
+            with timeline.span("optimizer", step, device):
                 offset = 0
                 for p in model.parameters():
                     p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
                     offset += p.numel()
                 optimizer.step()
-                total_loss = loss.detach().clone()
-                all_reduce_(total_loss)
-            if mode == "overlap" and step + 1 < config.steps:
-                current = shuffle.finish()
-            step_seconds.append(time.perf_counter() - step_start)
+            step_end = time.perf_counter()
+            timeline.add("step", step, step_start, step_end)
+            step_seconds.append(step_end - step_start)
             step_flops.append(float(sample_workloads(kjt, config.replace(workload="flops")).sum()))
             losses.append(float(total_loss))
     for span in timeline.spans:
@@ -289,6 +304,7 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
         "rank": rank,
         "mode": mode,
         "kk_backend": config.kk_backend,
+        "exchange": config.exchange,
         "spans": timeline.spans,
         "step_seconds": step_seconds,
         "step_flops": step_flops,
@@ -302,16 +318,29 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
     }
 
 
+def timed_steps(steps: int, skip_first: int = 1) -> range:
+    """The steady-state iterations every mode is timed on: after `skip_first`
+    warm-up iterations and before the last one. In each of them every mode
+    loads one batch and (except "none") shuffles one batch: the overlapped
+    run shuffles batch 0 before the loop and nothing in its last iteration.
+    With fewer than 3 steps, the last iteration alone."""
+    check_int("steps", steps, low=1)
+    kept = range(min(skip_first, steps - 1), steps - 1)
+    return kept if len(kept) else range(steps - 1, steps)
+
+
 @dataclass(frozen=True)
 class RunSummary:
-    """One mode's numbers across its ranks."""
+    """One mode's numbers across its ranks, over its `timed_steps`."""
 
     mode: str
     kk_backend: str
-    step_seconds: float  # median over steps of the slowest rank's step time
-    flops_max_over_mean: float  # mean over steps of the ranks' FLOPs max/mean
-    hidden_fraction: float | None  # KK time the main thread never waited for; None without KK
+    exchange: str
+    step_seconds: float  # median over timed steps of the slowest rank's step time
+    flops_max_over_mean: float  # mean over timed steps of the ranks' FLOPs max/mean
+    hidden_fraction: float | None  # shuffle time the main thread never waited for; None without one
     kk_seconds: float  # median KK time
+    shuffle_seconds: float  # median time of one batch's gather + KK + exchange, on one rank
     num_spans: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -319,20 +348,25 @@ class RunSummary:
 
 
 def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary:
-    """One mode's per-rank `train` results, summarized; the first
-    `skip_first` steps (warm-up) are left out."""
-    steps = len(per_rank[0]["step_seconds"])
-    kept = range(min(skip_first, steps - 1), steps)
+    """One mode's per-rank `train` results over its `timed_steps`."""
+    kept = timed_steps(len(per_rank[0]["step_seconds"]), skip_first)
     slowest = [max(r["step_seconds"][s] for r in per_rank) for s in kept]
     flops_ratio = [max_over_mean([r["step_flops"][s] for r in per_rank]) for s in kept]
     kk = [d for r in per_rank for d in r["kk_seconds"]]
+    shuffles = [
+        sum(s["end"] - s["start"] for s in r["spans"] if s["phase"] in SHUFFLE_PHASES and s["step"] == step)
+        for r in per_rank
+        for step in {s["step"] for s in r["spans"] if s["phase"] == "kk" and not s["warmup"]}
+    ]
     return RunSummary(
         mode=per_rank[0]["mode"],
         kk_backend=per_rank[0]["kk_backend"],
+        exchange=per_rank[0]["exchange"],
         step_seconds=statistics.median(slowest),
         flops_max_over_mean=statistics.mean(flops_ratio),
         hidden_fraction=_hidden_over_ranks(per_rank),
         kk_seconds=statistics.median(kk) if kk else 0.0,
+        shuffle_seconds=statistics.median(shuffles) if shuffles else 0.0,
         num_spans=sum(len(r["spans"]) for r in per_rank),
     )
 
@@ -340,17 +374,19 @@ def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary
 def slowest_rank_seconds(per_rank: list[dict[str, Any]], skip_first: int = 1) -> float:
     """Wall time of one run's steps as the ranks lived them: each step lasts
     as long as its slowest rank (they meet at the all-reduce), summed over
-    the steps after the first `skip_first` (warm-up)."""
-    steps = len(per_rank[0]["step_seconds"])
-    return sum(max(r["step_seconds"][s] for r in per_rank) for s in range(min(skip_first, steps - 1), steps))
+    the `timed_steps`."""
+    kept = timed_steps(len(per_rank[0]["step_seconds"]), skip_first)
+    return sum(max(r["step_seconds"][s] for r in per_rank) for s in kept)
 
 
 def _hidden_over_ranks(per_rank: list[dict[str, Any]]) -> float | None:
-    """KK-time-weighted hidden fraction over ranks; None without KK."""
+    """Shuffle-time-weighted hidden fraction over ranks; None without a shuffle."""
     total = hidden = 0.0
     for r in per_rank:
-        kk = sum(r["kk_seconds"])
-        if kk > 0:
-            total += kk
-            hidden += r["hidden_fraction"] * kk
+        shuffle = sum(
+            s["end"] - s["start"] for s in r["spans"] if s["phase"] in SHUFFLE_PHASES and not s["warmup"]
+        )
+        if shuffle > 0:
+            total += shuffle
+            hidden += r["hidden_fraction"] * shuffle
     return hidden / total if total > 0 else None

@@ -30,6 +30,7 @@ from embnb.data import zipf_lengths
 
 __all__ = [
     "attention_block_flops",
+    "crossover_length",
     "lower_bound",
     "equal_size_lower_bound",
     "imbalance",
@@ -64,6 +65,15 @@ def attention_block_flops(lengths: Any, embedding_dim: int, ffn_dim: int) -> tor
         raise ValueError(f"lengths must be finite and >= 0; lengths[{i}] = {length.flatten()[i].item()!r}")
     d, f = float(embedding_dim), float(ffn_dim)
     return length * (8 * d * d + 4 * d * f) + 4 * d * length * length
+
+
+def crossover_length(embedding_dim: int, ffn_dim: int) -> int:
+    """The length L where the quadratic attention term 4*d*L^2 of
+    `attention_block_flops` equals the linear term L*(8*d^2 + 4*d*f):
+    L = 2*d + f. Past it a sample's FLOPs grow faster than its tokens."""
+    check_int("embedding_dim", embedding_dim, low=1)
+    check_int("ffn_dim", ffn_dim, low=1)
+    return 2 * embedding_dim + ffn_dim
 
 
 # --- measuring a partition --------------------------------------------------
@@ -105,6 +115,8 @@ def imbalance(workloads: Any, parts: Sequence[Sequence[int]]) -> dict[str, float
         "lower_bound": bound,
         "max_over_mean": max(loads) / mean if mean > 0 else 1.0,
         "gap_to_lower_bound": max(loads) / bound - 1 if bound > 0 else 0.0,
+        # the longest sample alone exceeds a fair share: no split can reach the mean
+        "largest_item_sets_bound": max(weights) > mean,
     }
     sizes = [len(part) for part in parts]
     if max(sizes) - min(sizes) <= 1:
@@ -125,28 +137,36 @@ def compare_methods(
     max_length: int = 8192,
     methods: Sequence[str] | None = None,
     backend: str = "auto",
+    flops_dims: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Imbalance of each method on Zipf(alpha) length batches: one row per
-    (num_samples, num_parts, seed, method) with the `imbalance` numbers."""
+    (num_samples, num_parts, seed, workload, method) with the `imbalance`
+    numbers. Workloads are the tokens (lengths) and, with `flops_dims`
+    (embedding_dim, ffn_dim), also `attention_block_flops`."""
     methods = list(methods or METHODS)
     rows = []
     for num_samples in sample_counts:
         for seed in seeds:
-            lengths = zipf_lengths(num_samples, alpha, max_length, seed).tolist()
+            lengths = zipf_lengths(num_samples, alpha, max_length, seed)
+            estimates = {"tokens": lengths.tolist()}
+            if flops_dims is not None:
+                estimates["flops"] = attention_block_flops(lengths, *flops_dims).tolist()
             for num_parts in part_counts:
-                for method in methods:
-                    parts = balance(
-                        lengths, num_parts, method, backend if method in NATIVE_METHODS else "python"
-                    )
-                    rows.append(
-                        {
-                            "num_samples": num_samples,
-                            "num_parts": num_parts,
-                            "seed": seed,
-                            "method": method,
-                            **imbalance(lengths, parts),
-                        }
-                    )
+                for workload, weights in estimates.items():
+                    for method in methods:
+                        parts = balance(
+                            weights, num_parts, method, backend if method in NATIVE_METHODS else "python"
+                        )
+                        rows.append(
+                            {
+                                "num_samples": num_samples,
+                                "num_parts": num_parts,
+                                "seed": seed,
+                                "workload": workload,
+                                "method": method,
+                                **imbalance(weights, parts),
+                            }
+                        )
     return rows
 
 

@@ -35,22 +35,39 @@ def _ranks(*step_seconds):
     return [{"step_seconds": list(s)} for s in step_seconds]
 
 
-def test_speedups_compare_each_repeat_at_its_slowest_ranks():
+def test_speedups_compare_each_repeat_at_its_slowest_ranks_over_the_timed_steps():
     runs = experiment.TrainingRuns(
         backend="gloo",
         seconds=0.0,
         gathers=[],
         per_repeat={
-            # steps after the first: repeat 0 takes 4 + 6 = 10 s, repeat 1 takes 12 s
-            "none": [_ranks([9, 4, 6], [1, 1, 5]), _ranks([9, 6, 6], [9, 2, 2])],
+            # timed steps 1 and 2 (not the warm-up, not the last): repeat 0 takes 4 + 6 = 10 s, repeat 1 12 s
+            "none": [_ranks([9, 4, 6, 50], [1, 1, 5, 1]), _ranks([9, 6, 6, 1], [9, 2, 2, 1])],
             # repeat 0 takes 2 + 3 = 5 s, repeat 1 takes 4 + 4 = 8 s
-            "kk": [_ranks([0, 2, 3], [0, 1, 2]), _ranks([0, 4, 1], [0, 3, 4])],
+            "kk": [_ranks([0, 2, 3, 1], [0, 1, 2, 1]), _ranks([0, 4, 1, 1], [0, 3, 4, 1])],
         },
     )
     speedups = runs.speedups("none")
     assert speedups["kk"] == Ratio(median=(10 / 5 + 12 / 8) / 2, low=1.5, high=2.0, repeats=2)
+    assert runs.step_ms("none") == [5000.0, 6000.0] and runs.step_ms("kk") == [2500.0, 4000.0]
+    difference = runs.difference("kk", "none")
+    assert (difference.mean, difference.low, difference.high) == (-2250.0, -2500.0, -2000.0)
     with pytest.raises(ValueError, match="reference 'sync' is not a run; runs: \\['none', 'kk'\\]"):
         runs.speedups("sync")
+
+
+def test_flops_speedups_divide_the_slowest_ranks_flops():
+    def ranks(*flops):
+        return [{"step_flops": list(f), "step_seconds": [1.0] * len(f)} for f in flops]
+
+    runs = experiment.TrainingRuns(
+        backend="gloo",
+        seconds=0.0,
+        gathers=[],
+        per_repeat={"none": [ranks([0, 8, 6, 99], [0, 2, 2, 0])], "kk": [ranks([0, 5, 4, 0], [0, 5, 4, 99])]},
+    )
+    # timed steps 1 and 2: (8 + 6) / (5 + 4)
+    assert runs.flops_speedups("none") == {"none": 1.0, "kk": pytest.approx(14 / 9)}
 
 
 def test_bad_repeats_is_named():

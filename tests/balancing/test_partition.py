@@ -187,6 +187,19 @@ def test_attention_flops_by_hand_and_counted_by_torch():
     assert counter.get_total_flops() == expected
 
 
+def test_crossover_length_is_where_torchs_attention_flops_equal_the_rest():
+    # torch's counter on the block, split by operator: the attention matmuls
+    # (bmm, inside scaled_dot_product_attention) against the Linear layers (addmm)
+    d, f = 16, 48
+    length = workload_measures.crossover_length(d, f)
+    block = AttentionBlock(embedding_dim=d, ffn_dim=f, num_heads=2)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        block(torch.randn(length, d), [length])
+    by_op = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    assert set(by_op) == {"aten.addmm", "aten.bmm"}
+    assert by_op["aten.bmm"] == by_op["aten.addmm"] > 0
+
+
 def test_zipf_lengths_are_deterministic_heavy_tailed_and_in_range():
     lengths = zipf_lengths(20_000, 1.5, 1000, seed=7)
     assert torch.equal(lengths, zipf_lengths(20_000, 1.5, 1000, seed=7))

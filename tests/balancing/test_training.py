@@ -12,14 +12,14 @@ import torch
 
 from embnb.balancing import partition as balancer
 from embnb.balancing import training
-from embnb.balancing.timeline import hidden_fraction
+from embnb.balancing.timeline import SHUFFLE_PHASES, hidden_fraction, phase_seconds
 from embnb.balancing.training import Faults, TrainConfig
 from embnb.dist import RankError, launch, launch_each
 from embnb.native import loader
 
 WORLD_SIZE = 4
 TINY = TrainConfig(
-    steps=3,
+    steps=4,
     batch_size=6,
     max_length=48,
     num_items=50,
@@ -34,7 +34,8 @@ RUNS = [
     TINY.replace(mode="none"),
     TINY.replace(mode="sync", kk_backend="python"),
     TINY.replace(mode="overlap", kk_backend="native"),
-    TINY.replace(mode="overlap", kk_backend="python"),
+    TINY.replace(mode="overlap", kk_backend="python", exchange="alltoall"),
+    TINY.replace(mode="sync", kk_backend="native", exchange="alltoall"),
 ]
 
 
@@ -95,45 +96,116 @@ def test_each_rank_trains_on_exactly_its_kk_part(runs):
             assert got == pytest.approx(want), (run[0]["mode"], step)
 
 
-def test_timeline_has_every_phase_and_kk_runs_in_its_thread_when_overlapped(runs):
-    steps = range(TINY.steps)
+def _one(spans, **match):
+    found = [s for s in spans if all(s[k] == v for k, v in match.items())]
+    assert len(found) == 1, (match, found)
+    return found[0]
+
+
+def _overlaps(a, b):
+    return min(a["end"], b["end"]) > max(a["start"], b["start"])
+
+
+def test_timeline_has_every_phase_in_the_thread_the_mode_says(runs):
     for run in runs:
         mode = run[0]["mode"]
         for result in run:
             spans = result["spans"]
-            for step in steps:
-                phases = {s["phase"] for s in spans if s["step"] == step}
-                assert {"load", "forward", "backward"} <= phases
-                if mode != "none":
-                    assert {"gather_workloads", "kk", "exchange"} <= phases
-            for kk in (s for s in spans if s["phase"] == "kk"):
-                gather = next(
-                    s for s in spans if s["phase"] == "gather_workloads" and s["step"] == kk["step"]
-                )
-                assert kk["start"] >= gather["end"]  # KK needs the gathered workloads
-                assert kk["thread"] == ("kk" if mode == "overlap" else "main")
+            for step in range(TINY.steps):
+                phases = {s["phase"] for s in spans if s["step"] == step and s["thread"] == "main"}
+                assert {"load", "forward", "backward", "all_reduce", "optimizer", "step"} <= phases
+                shuffle = {(s["phase"], s["thread"]) for s in spans if s["step"] == step} & {
+                    (p, t) for p in SHUFFLE_PHASES for t in ("main", "worker")
+                }
+                want = {"none": set(), "sync": {(p, "main") for p in SHUFFLE_PHASES}}
+                assert shuffle == want.get(mode, {(p, "worker") for p in SHUFFLE_PHASES}), (mode, step)
             assert all(s["end"] >= s["start"] and s["rank"] == result["rank"] for s in spans)
             if mode == "none":
                 assert math.isnan(result["hidden_fraction"])
             elif mode == "sync":
                 assert result["hidden_fraction"] == 0.0
-            else:
-                assert 0.0 <= result["hidden_fraction"] <= 1.0
-                # one KK per later step ran in the thread while the step computed
-                assert len(result["kk_seconds"]) == TINY.steps - 1
+
+
+def test_every_mode_loads_and_shuffles_one_batch_per_timed_step(runs):
+    timed = training.timed_steps(TINY.steps)
+    assert list(timed) == list(range(1, TINY.steps - 1))
+    for run in runs:
+        mode = run[0]["mode"]
+        for result in run:
+            for phase in ("load", *SHUFFLE_PHASES):
+                count = sum(1 for s in result["spans"] if s["phase"] == phase and s["iteration"] in timed)
+                want = 0 if mode == "none" and phase != "load" else len(timed)
+                assert count == want, (mode, phase)
+
+
+def test_overlapped_shuffle_of_the_next_batch_runs_inside_the_step_before_it(runs):
+    for run in (r for r in runs if r[0]["mode"] == "overlap"):
+        for result in run:
+            spans = result["spans"]
+            for i in range(TINY.steps - 1):
+                step, next_step = (
+                    _one(spans, phase="step", iteration=i),
+                    _one(spans, phase="step", iteration=i + 1),
+                )
+                shuffle = [s for s in spans if s["phase"] in SHUFFLE_PHASES and s["step"] == i + 1]
+                assert len(shuffle) == len(SHUFFLE_PHASES) and {s["thread"] for s in shuffle} == {"worker"}
+                backward = _one(spans, phase="backward", iteration=i)
+                wait = _one(spans, phase="wait", step=i + 1)
+                all_reduce = _one(spans, phase="all_reduce", iteration=i)
+                # batch i+1 is shuffled after step i began and before it all-reduces ...
+                assert all(step["start"] <= s["start"] and s["end"] <= all_reduce["start"] for s in shuffle)
+                assert all(s["end"] <= next_step["start"] for s in shuffle)
+                # ... and the loop waits for it only once its own compute is done
+                assert backward["end"] <= wait["start"] and wait["end"] <= all_reduce["start"]
+            # the loop runs no collective on the group while the worker may
+            worker = [s for s in spans if s["thread"] == "worker"]
+            for reduce in (s for s in spans if s["phase"] == "all_reduce"):
+                assert not any(_overlaps(reduce, w) for w in worker)
+            assert 0.0 <= result["hidden_fraction"] <= 1.0
+
+
+def test_synchronous_shuffle_runs_before_the_compute_of_its_step(runs):
+    for run in (r for r in runs if r[0]["mode"] == "sync"):
+        for result in run:
+            spans = result["spans"]
+            assert not [s for s in spans if s["thread"] == "worker"]
+            for i in range(TINY.steps):
+                forward = _one(spans, phase="forward", iteration=i)
+                for s in (s for s in spans if s["phase"] in SHUFFLE_PHASES and s["step"] == i):
+                    assert s["end"] <= forward["start"] and s["iteration"] == i
 
 
 def test_hidden_fraction_by_hand():
     spans = [
-        {"phase": "kk", "step": 1, "start": 0.0, "end": 4.0, "thread": "kk"},
-        {"phase": "wait_kk", "step": 1, "start": 3.0, "end": 4.5},  # 1 of 4 exposed
-        {"phase": "kk", "step": 2, "start": 10.0, "end": 12.0, "thread": "kk"},
-        {"phase": "wait_kk", "step": 2, "start": 13.0, "end": 13.1},  # done before the wait
-        {"phase": "kk", "step": 0, "start": 20.0, "end": 30.0, "thread": "kk", "warmup": True},
+        {"phase": "gather_workloads", "step": 1, "start": 0.0, "end": 1.0, "thread": "worker"},
+        {"phase": "kk", "step": 1, "start": 1.0, "end": 4.0, "thread": "worker"},
+        {"phase": "wait", "step": 1, "start": 3.0, "end": 4.5, "thread": "main"},  # 1 of 4 exposed
+        {"phase": "exchange", "step": 2, "start": 10.0, "end": 12.0, "thread": "worker"},
+        {"phase": "wait", "step": 2, "start": 13.0, "end": 13.1, "thread": "main"},  # done before the wait
+        {"phase": "kk", "step": 0, "start": 20.0, "end": 30.0, "thread": "worker", "warmup": True},
+        {"phase": "forward", "step": 1, "start": 0.0, "end": 9.0, "thread": "main"},  # not the shuffle's
     ]
     assert hidden_fraction(spans) == pytest.approx(1 - 1 / 6)
     assert hidden_fraction([{"phase": "kk", "step": 0, "start": 0.0, "end": 1.0, "thread": "main"}]) == 0.0
     assert math.isnan(hidden_fraction([]))
+
+
+def test_phase_seconds_averages_per_iteration_and_rank():
+    spans = [
+        {"phase": "kk", "iteration": 1, "start": 0.0, "end": 2.0, "thread": "worker", "rank": 0},
+        {"phase": "kk", "iteration": 2, "start": 0.0, "end": 4.0, "thread": "worker", "rank": 1},
+        {
+            "phase": "kk",
+            "iteration": 3,
+            "start": 0.0,
+            "end": 50.0,
+            "thread": "worker",
+            "rank": 1,
+        },  # not asked
+        {"phase": "forward", "iteration": 1, "start": 0.0, "end": 8.0, "thread": "main", "rank": 0},
+    ]
+    # 2 iterations x 2 ranks: (2 + 4) / 4 and 8 / 4
+    assert phase_seconds(spans, [1, 2]) == {("worker", "kk"): 1.5, ("main", "forward"): 2.0}
 
 
 def test_a_failure_in_one_ranks_kk_thread_ends_the_launch():
@@ -177,36 +249,45 @@ def test_public_defaults_carry_no_test_hooks():
     assert not {name for name in fields if "fail" in name}
 
 
-def test_summarize_takes_each_step_at_its_slowest_rank():
+def _span(phase, step, start, end, thread="main"):
+    return {"phase": phase, "step": step, "start": start, "end": end, "thread": thread, "warmup": False}
+
+
+def test_summarize_takes_each_timed_step_at_its_slowest_rank():
+    # 4 steps: the first is warm-up, the last shuffles nothing when overlapped: steps 1 and 2 count
     ranks = [
         {
             "mode": "sync",
             "kk_backend": "python",
-            "step_seconds": [9.0, 1.0, 3.0],
-            "step_flops": [1, 2, 2],
-            "spans": [{}],
+            "exchange": "allgather",
+            "step_seconds": [9.0, 1.0, 3.0, 7.0],
+            "step_flops": [1, 2, 2, 1],
+            "spans": [_span("kk", 1, 0.0, 0.5), _span("exchange", 1, 0.5, 1.0), _span("forward", 1, 1, 9)],
             "kk_seconds": [0.5],
             "hidden_fraction": 0.0,
         },
         {
             "mode": "sync",
             "kk_backend": "python",
-            "step_seconds": [9.0, 2.0, 1.0],
-            "step_flops": [1, 2, 6],
-            "spans": [{}, {}],
+            "exchange": "allgather",
+            "step_seconds": [9.0, 2.0, 1.0, 7.0],
+            "step_flops": [1, 2, 6, 1],
+            "spans": [_span("kk", 1, 0.0, 0.25), _span("gather_workloads", 1, 0.0, 3.0)],
             "kk_seconds": [0.25],
             "hidden_fraction": 0.0,
         },
     ]
-    summary = training.summarize(ranks)  # the first step is warm-up
+    summary = training.summarize(ranks)
     assert summary.step_seconds == 2.5  # median of the slowest ranks: 2.0 and 3.0
     assert summary.flops_max_over_mean == pytest.approx((1.0 + 6 / 4) / 2)
-    assert summary.kk_seconds == 0.375 and summary.num_spans == 3 and summary.hidden_fraction == 0.0
+    assert summary.kk_seconds == 0.375 and summary.num_spans == 5 and summary.hidden_fraction == 0.0
+    assert summary.shuffle_seconds == pytest.approx((1.0 + 3.25) / 2)  # per rank: 0.5 + 0.5, 0.25 + 3
 
 
-def test_slowest_rank_seconds_sums_each_steps_slowest_rank_after_warm_up():
+def test_slowest_rank_seconds_sums_each_timed_steps_slowest_rank():
     ranks = [{"step_seconds": [9.0, 1.0, 3.0, 2.0]}, {"step_seconds": [8.0, 2.0, 1.0, 2.5]}]
-    assert training.slowest_rank_seconds(ranks) == 2.0 + 3.0 + 2.5
-    assert training.slowest_rank_seconds(ranks, skip_first=0) == 9.0 + 2.0 + 3.0 + 2.5
+    assert training.slowest_rank_seconds(ranks) == 2.0 + 3.0
+    assert training.slowest_rank_seconds(ranks, skip_first=0) == 9.0 + 2.0 + 3.0
     one_step = [{"step_seconds": [4.0]}, {"step_seconds": [5.0]}]
     assert training.slowest_rank_seconds(one_step) == 5.0  # never skips every step
+    assert list(training.timed_steps(2)) == [1] and list(training.timed_steps(6, 2)) == [2, 3, 4]

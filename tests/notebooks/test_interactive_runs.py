@@ -30,12 +30,15 @@ SMALL = {  # the smallest runs that still touch every section
         "world_size": 2,
         "batch_size": 4,
         "max_length": 32,
-        "steps": 2,
+        "steps": 3,
+        "repeats": 2,
         "embedding_dim": 8,
         "ffn_dim": 16,
         "sample_counts": [256],
         "part_counts": [4],
         "seeds": [0],
+        "exchange_world_sizes": [2],
+        "bytes_world_sizes": [2, 4],
     },
 }
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
