@@ -119,6 +119,15 @@ def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
         "--budget",
         "0.02",
         "--no-train",
+        "--exchange-world-size",
+        "2",
+        "--bytes-world-size",
+        "2",
+        "8",
+        "--batch-size",
+        "8",
+        "--repeats",
+        "1",
         "--out",
         str(tmp_path),
     )
@@ -130,6 +139,14 @@ def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
         assert r["speedup_vs_numberpartitioning_kk"] == pytest.approx(peer["seconds"] / r["seconds"])
         assert r["gap_to_lower_bound"] >= -1e-12  # max(mean, largest item) bounds every partition
     assert payload["training"] == []
+    exchanges = payload["exchanges"]
+    assert exchanges["identical"] is True
+    assert [(r["world_size"], r["exchange"]) for r in exchanges["measured"]] == [
+        (2, "allgather"),
+        (2, "alltoall"),
+    ]
+    # every rank receives the whole global batch in the all-gather, its part in the all-to-all
+    assert exchanges["bytes_per_rank"]["8"]["alltoall"] < exchanges["bytes_per_rank"]["8"]["allgather"] / 2
 
 
 @pytest.mark.parametrize(

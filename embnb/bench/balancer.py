@@ -11,9 +11,14 @@
    (native releases the GIL, Python holds it), relative to no KK at all.
 3. Training: step time of a small sequence model on 2 ranks (one core each
    on a 2-core machine, so the slowest rank sets the step) with no
-   balancing, balancing without overlap, and balancing overlapped (native
-   and Python KK), each repeated, interleaved; the speed-up over no
-   balancing per repeat (median and range), and the share of KK time hidden.
+   balancing, the shuffle on the loop (sync), and the shuffle in a worker
+   under compute (overlap; all-gather and all-to-all exchange), each
+   repeated, interleaved, timed over the same steady-state steps: step
+   time per mode (median, range), the speed-up over no balancing and what
+   the slowest rank's FLOPs predict, the paired overlap - sync difference
+   with its 95% interval, and the per-phase breakdown.
+4. Exchanges: all-gather vs all-to-all on real ranks (time, identical
+   batches) and the bytes a rank receives, computed up to 64 ranks.
 
 Writes benchmarks/results/balancer-DATE-MACHINE.json.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import statistics
 import sys
 import threading
 import time
@@ -32,14 +38,14 @@ import numberpartitioning
 import torch
 
 from embnb.balancing import partition as balancer
-from embnb.balancing.experiment import run_training
-from embnb.balancing.training import TrainConfig
+from embnb.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
+from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
 from embnb.bench.timing import write_results
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan
 from embnb.native import loader
-from embnb.timing import Ratio, machine_name, median_seconds
+from embnb.timing import Difference, Ratio, machine_name, median_seconds
 
 PEER = "numberpartitioning_kk"
 
@@ -141,20 +147,54 @@ def bench_gil(native: bool, seconds: float = 1.0) -> dict[str, float]:
 
 def bench_training(
     world_size: int, steps: int, batch_size: int, max_length: int, repeats: int, device: str
-) -> list[dict[str, Any]]:
+) -> dict[str, Any]:
+    """Every mode on the same batches, interleaved repeats, timed over the
+    same steady-state steps (`training.timed_steps`)."""
     base = TrainConfig(steps=steps, batch_size=batch_size, max_length=max_length)
     runs = {
         "no balancing": base.replace(mode="none"),
-        "balancing, no overlap": base.replace(mode="sync", kk_backend="native"),
-        "balancing overlapped (native KK)": base.replace(mode="overlap", kk_backend="native"),
-        "balancing overlapped (Python KK)": base.replace(mode="overlap", kk_backend="python"),
+        "sync": base.replace(mode="sync", kk_backend="native"),
+        "overlap": base.replace(mode="overlap", kk_backend="native"),
+        "overlap, all-to-all": base.replace(mode="overlap", kk_backend="native", exchange="alltoall"),
     }
     trained = run_training(runs, world_size, device=device, repeats=repeats)
     speedups = trained.speedups("no balancing")
-    return [
-        {"label": label, **summary.as_dict(), "speedup_vs_no_balancing": speedups[label].as_dict()}
-        for label, summary in trained.summaries().items()
-    ]
+    ideal = trained.flops_speedups("no balancing")
+    rows = []
+    for label, summary in trained.summaries().items():
+        ms = trained.step_ms(label)
+        rows.append(
+            {
+                "label": label,
+                **summary.as_dict(),
+                "step_ms": {"median": statistics.median(ms), "low": min(ms), "high": max(ms), "repeats": ms},
+                "speedup_vs_no_balancing": speedups[label].as_dict(),
+                "flops_ideal_speedup": ideal[label],
+            }
+        )
+    return {
+        "world_size": world_size,
+        "backend": device_plan(device, world_size).backend,
+        "timed_steps": list(timed_steps(steps)),
+        "runs": rows,
+        "overlap_minus_sync_ms": trained.difference("overlap", "sync").as_dict(),
+        "phase_ms": trained.phase_breakdown().to_dict(orient="records"),
+    }
+
+
+def bench_exchanges(
+    world_sizes: list[int], bytes_world_sizes: list[int], batch_size: int, repeats: int, device: str
+) -> dict[str, Any]:
+    """Both exchanges on real ranks (time, identical batches) and their bytes per rank up to 64 ranks."""
+    runs = run_exchanges(world_sizes, device=device, batch_size=batch_size, repeats=repeats)
+    return {
+        "batch_size": batch_size,
+        "measured": runs.table().to_dict(orient="records"),
+        "identical": runs.identical(),
+        "bytes_per_rank": {
+            str(w): b for w, b in exchange_bytes_by_world_size(bytes_world_sizes, batch_size).items()
+        },
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -171,18 +211,36 @@ def main(argv: list[str]) -> int:
         default=[2],
         help="one training run per value (2: one core per rank on a 2-core machine)",
     )
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--steps", type=int, default=12, help="steps per run; the first and last are not timed"
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
     parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of each training run")
+    parser.add_argument("--repeats", type=int, default=10, help="interleaved repeats of each training run")
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="where ranks train")
     parser.add_argument("--no-train", action="store_true", help="skip the multi-rank training part")
+    parser.add_argument(
+        "--exchange-world-size",
+        type=int,
+        nargs="*",
+        default=[2, 4],
+        help="ranks both exchanges run on (none: skip)",
+    )
+    parser.add_argument(
+        "--bytes-world-size",
+        type=int,
+        nargs="+",
+        default=[2, 4, 8, 16, 32, 64],
+        help="ranks bytes are computed for",
+    )
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
     )
     opts = parser.parse_args(argv)
     for name, values in (
         ("--world-size", opts.world_size),
+        ("--exchange-world-size", opts.exchange_world_size or [1]),
+        ("--bytes-world-size", opts.bytes_world_size),
         ("--steps", [opts.steps]),
         ("--repeats", [opts.repeats]),
         ("--batch-size", [opts.batch_size]),
@@ -204,20 +262,33 @@ def main(argv: list[str]) -> int:
     training = []
     for world_size in [] if opts.no_train else opts.world_size:
         print(f"training on {world_size} ranks ({opts.device}), {opts.repeats} repeats ...", flush=True)
-        rows = bench_training(
+        trained = bench_training(
             world_size, opts.steps, opts.batch_size, opts.max_length, opts.repeats, opts.device
         )
-        for r in rows:
-            hidden = "" if r["hidden_fraction"] is None else f"  hidden {r['hidden_fraction']:.1%}"
+        for r in trained["runs"]:
+            hidden = "" if r["hidden_fraction"] is None else f"  shuffle hidden {r['hidden_fraction']:.1%}"
+            step = r["step_ms"]
             print(
-                f"  {r['label']:<34} {r['step_seconds'] * 1e3:8.1f} ms/step  "
-                f"speed-up {Ratio(**r['speedup_vs_no_balancing'])}  "
-                f"FLOPs max/mean {r['flops_max_over_mean']:.3f}  KK {r['kk_seconds'] * 1e3:.3f} ms{hidden}",
+                f"  {r['label']:<20} {step['median']:7.1f} ms/step ({step['low']:.1f}-{step['high']:.1f})  "
+                f"speed-up {Ratio(**r['speedup_vs_no_balancing'])}  FLOPs predict "
+                f"{r['flops_ideal_speedup']:.2f}x  shuffle {r['shuffle_seconds'] * 1e3:.2f} ms{hidden}",
                 flush=True,
             )
-        training.append(
-            {"world_size": world_size, "backend": device_plan(opts.device, world_size).backend, "runs": rows}
+        print(f"  overlap - sync, ms/step: {Difference(**trained['overlap_minus_sync_ms'])}", flush=True)
+        training.append(trained)
+    exchanges = None
+    if opts.exchange_world_size:
+        print(f"exchanges on {opts.exchange_world_size} ranks ({opts.device}) ...", flush=True)
+        exchanges = bench_exchanges(
+            opts.exchange_world_size, opts.bytes_world_size, opts.batch_size, opts.repeats, opts.device
         )
+        for row in exchanges["measured"]:
+            print(
+                f"  W={row['world_size']} {row['exchange']:<9} {row['ms_median']:.2f} ms "
+                f"({row['ms_low']:.2f}-{row['ms_high']:.2f})",
+                flush=True,
+            )
+        print("  bytes received per rank (max):", exchanges["bytes_per_rank"], flush=True)
     payload = {
         "machine": machine_name(),
         "native_kk": native,
@@ -225,6 +296,7 @@ def main(argv: list[str]) -> int:
         "partitioning": partitioning,
         "gil_main_thread_speed": gil,
         "training": training,
+        "exchanges": exchanges,
         "training_config": {
             "steps": opts.steps,
             "batch_size": opts.batch_size,
