@@ -109,7 +109,7 @@ def test_planner_bench_ratios_and_quality(tmp_path):
     assert "embnb DP" in done.stdout and "of brute force" in done.stdout
 
 
-def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
+def test_balancer_bench_ratios_are_against_the_peer_and_the_unbalanced_run_in_the_same_run(tmp_path):
     bench(
         "balancer",
         "--samples",
@@ -118,7 +118,12 @@ def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
         "4",
         "--budget",
         "0.02",
-        "--no-train",
+        "--world-size",
+        "2",
+        "--steps",
+        "3",
+        "--max-length",
+        "16",
         "--exchange-world-size",
         "2",
         "--bytes-world-size",
@@ -138,7 +143,19 @@ def test_balancer_bench_speedups_are_against_the_peer_in_the_same_run(tmp_path):
     for r in rows:
         assert r["speedup_vs_numberpartitioning_kk"] == pytest.approx(peer["seconds"] / r["seconds"])
         assert r["gap_to_lower_bound"] >= -1e-12  # max(mean, largest item) bounds every partition
-    assert payload["training"] == []
+    (training,) = payload["training"]
+    assert training["timed_steps"] == [1]  # 3 steps: not the first, not the last
+    runs = {r["label"]: r for r in training["runs"]}
+    assert list(runs) == ["no balancing", "sync", "overlap", "overlap, all-to-all"]
+    for r in runs.values():
+        ms = r["step_ms"]["repeats"]
+        assert len(ms) == 1 and r["step_ms"]["median"] == ms[0]
+        ratio = runs["no balancing"]["step_ms"]["median"] / ms[0]
+        assert r["speedup_vs_no_balancing"]["median"] == pytest.approx(ratio)
+    difference = training["overlap_minus_sync_ms"]
+    assert difference["mean"] == pytest.approx(
+        runs["overlap"]["step_ms"]["median"] - runs["sync"]["step_ms"]["median"]
+    )
     exchanges = payload["exchanges"]
     assert exchanges["identical"] is True
     assert [(r["world_size"], r["exchange"]) for r in exchanges["measured"]] == [

@@ -319,17 +319,20 @@ class ExchangeRuns:
             for w, ranks in self.per_world_size.items()
         }
 
+    def records(self) -> list[dict[str, Any]]:
+        """One row per (world size, exchange): ms median, low, high (slowest
+        rank) and, for the all-to-all, the most bytes a rank received."""
+        rows = []
+        for w, by_name in self.ms().items():
+            for name, times in by_name.items():
+                row = {"world_size": w, "exchange": name, **{f"ms_{k}": v for k, v in times.items()}}
+                if name == "alltoall":
+                    row["measured_bytes_max"] = max(r["alltoall_bytes"] for r in self.per_world_size[w])
+                rows.append(row)
+        return rows
+
     def table(self) -> pd.DataFrame:
-        rows = [
-            {"world_size": w, "exchange": name, **{f"ms_{k}": v for k, v in times.items()}}
-            for w, by_name in self.ms().items()
-            for name, times in by_name.items()
-        ]
-        for row in rows:
-            if row["exchange"] == "alltoall":
-                ranks = self.per_world_size[row["world_size"]]
-                row["measured_bytes_max"] = max(r["alltoall_bytes"] for r in ranks)
-        return pd.DataFrame(rows)
+        return pd.DataFrame(self.records())
 
 
 def run_exchanges(
@@ -448,7 +451,7 @@ def results(
         "collective_calls": runs.collective_calls(),
         "gathers_identical": runs.gathers_identical(),
         "gather_ms": runs.gather_ms(),
-        "exchanges": exchanges.table().to_dict(orient="records"),
+        "exchanges": exchanges.records(),
         "exchanges_identical": exchanges.identical(),
         "exchange_bytes": {str(w): b for w, b in exchange_bytes.items()},
         "runs": [{"label": label, **s.as_dict()} for label, s in summaries.items()],

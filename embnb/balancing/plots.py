@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, PercentFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
 
 from embnb.plotting import MEAN_STYLE, color, new_figure, values_of
 from embnb.timing import paired_difference, paired_ratio
@@ -116,10 +116,12 @@ def gap_by_method(
             ratio_ax.plot(shifted, ratios, "o", color=color(method, i), label=method)
             gap_ax.plot(shifted, [max(g, floor) for g in gaps], "o", color=color(method, i), label=method)
         ratio_ax.set_yscale("log")
+        ratio_ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
         ratio_ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+        ratio_ax.yaxis.set_minor_formatter(NullFormatter())
         ratio_ax.set_ylabel(f"max/mean ({workload})")
         gap_ax.axhline(0.01, **{**MEAN_STYLE, "color": "#c44e52"})
-        gap_ax.annotate("1%", (len(cases) - 0.5, 0.01), fontsize=8, va="bottom", ha="right")
+        gap_ax.annotate("1%", (-0.45, 0.01), fontsize=8, va="bottom")
         gap_ax.axhline(floor, color="0.6", linewidth=0.8)
         gap_ax.annotate("= bound", (-0.45, floor), fontsize=8, va="bottom")
         gap_ax.set_yscale("log")
@@ -127,12 +129,12 @@ def gap_by_method(
         gap_ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: "" if y < floor else f"{100 * y:.3g}%"))
         gap_ax.set_ylabel(f"gap to the bound ({workload})")
         for ax in (ratio_ax, gap_ax):
-            ax.set_xticks(list(xs), [f"{n} into {k}" for n, k in cases])
+            ax.set_xticks(list(xs), [f"{n}\ninto {k}" for n, k in cases], fontsize=8)
             ax.set_xlim(-0.6, len(cases) - 0.4)
     axes[0][0].set_title("max/mean: the bound is the floor")
     axes[0][1].set_title("largest part above max(mean, largest item)")
-    axes[-1][1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    axes[-1][0].legend(handles=axes[-1][0].get_legend_handles_labels()[0][:1], fontsize=8, loc="upper left")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    axes[0][1].legend(handles, names, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if title:
         fig.suptitle(title)
     return fig
@@ -295,13 +297,13 @@ def exchange_scaling(
     axes[0].legend(fontsize=8)
     if ms_by_world_size:
         axes[1].set_xscale("log")
-        axes[1].set_xticks(sorted(ms_by_world_size), [str(w) for w in sorted(ms_by_world_size)])
         axes[1].set_ylim(bottom=0)
         axes[1].set_xlabel("ranks")
         axes[1].set_ylabel("ms per exchange")
         axes[1].set_title("measured here")
-    for ax in axes:
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    for ax, ticks in zip(axes, [sizes, sorted(ms_by_world_size or [])]):
+        ax.set_xticks(ticks, [str(w) for w in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
     if title:
         fig.suptitle(title)
     return fig
@@ -348,7 +350,7 @@ def step_times(
     speed_ax.axhline(1.0, **MEAN_STYLE)
     speed_ax.set_ylabel(f"speed-up over {reference}")
     speed_ax.set_title("measured (median, range) vs FLOPs")
-    speed_ax.legend(fontsize=8, loc="lower right")
+    speed_ax.legend(fontsize=8, loc="upper left")
     a, b = compared
     diffs = [x - y for x, y in zip(step_ms[a], step_ms[b])]
     difference = paired_difference(step_ms[a], step_ms[b])

@@ -45,7 +45,7 @@ from embnb.bench.timing import write_results
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan
 from embnb.native import loader
-from embnb.timing import Difference, Ratio, machine_name, median_seconds
+from embnb.timing import machine_name, median_seconds
 
 PEER = "numberpartitioning_kk"
 
@@ -172,12 +172,23 @@ def bench_training(
                 "flops_ideal_speedup": ideal[label],
             }
         )
+    for r in rows:
+        hidden = "" if r["hidden_fraction"] is None else f"  shuffle hidden {r['hidden_fraction']:.1%}"
+        step = r["step_ms"]
+        print(
+            f"  {r['label']:<20} {step['median']:7.1f} ms/step ({step['low']:.1f}-{step['high']:.1f})  "
+            f"speed-up {speedups[r['label']]}  FLOPs predict {r['flops_ideal_speedup']:.2f}x  "
+            f"shuffle {r['shuffle_seconds'] * 1e3:.2f} ms{hidden}",
+            flush=True,
+        )
+    difference = trained.difference("overlap", "sync")
+    print(f"  overlap - sync, ms/step: {difference}", flush=True)
     return {
         "world_size": world_size,
         "backend": device_plan(device, world_size).backend,
         "timed_steps": list(timed_steps(steps)),
         "runs": rows,
-        "overlap_minus_sync_ms": trained.difference("overlap", "sync").as_dict(),
+        "overlap_minus_sync_ms": difference.as_dict(),
         "phase_ms": trained.phase_breakdown().to_dict(orient="records"),
     }
 
@@ -189,7 +200,7 @@ def bench_exchanges(
     runs = run_exchanges(world_sizes, device=device, batch_size=batch_size, repeats=repeats)
     return {
         "batch_size": batch_size,
-        "measured": runs.table().to_dict(orient="records"),
+        "measured": runs.records(),
         "identical": runs.identical(),
         "bytes_per_rank": {
             str(w): b for w, b in exchange_bytes_by_world_size(bytes_world_sizes, batch_size).items()
@@ -262,20 +273,11 @@ def main(argv: list[str]) -> int:
     training = []
     for world_size in [] if opts.no_train else opts.world_size:
         print(f"training on {world_size} ranks ({opts.device}), {opts.repeats} repeats ...", flush=True)
-        trained = bench_training(
-            world_size, opts.steps, opts.batch_size, opts.max_length, opts.repeats, opts.device
-        )
-        for r in trained["runs"]:
-            hidden = "" if r["hidden_fraction"] is None else f"  shuffle hidden {r['hidden_fraction']:.1%}"
-            step = r["step_ms"]
-            print(
-                f"  {r['label']:<20} {step['median']:7.1f} ms/step ({step['low']:.1f}-{step['high']:.1f})  "
-                f"speed-up {Ratio(**r['speedup_vs_no_balancing'])}  FLOPs predict "
-                f"{r['flops_ideal_speedup']:.2f}x  shuffle {r['shuffle_seconds'] * 1e3:.2f} ms{hidden}",
-                flush=True,
+        training.append(
+            bench_training(
+                world_size, opts.steps, opts.batch_size, opts.max_length, opts.repeats, opts.device
             )
-        print(f"  overlap - sync, ms/step: {Difference(**trained['overlap_minus_sync_ms'])}", flush=True)
-        training.append(trained)
+        )
     exchanges = None
     if opts.exchange_world_size:
         print(f"exchanges on {opts.exchange_world_size} ranks ({opts.device}) ...", flush=True)
