@@ -47,6 +47,7 @@ __all__ = [
     "all_reduce_",
     "all_gather_flat",
     "exchange",
+    "collective_seconds",
     "check_collectives",
 ]
 
@@ -438,6 +439,22 @@ def exchange(
     recv = staged.new_empty((sum(recv_splits), *send.shape[1:]))
     dist.all_to_all_single(recv, staged, list(recv_splits), list(send_splits), group=group)
     return recv.to(send.device)
+
+
+def collective_seconds(fn: Callable[[], Any], repeats: int) -> list[float]:
+    """Wall time of `fn()` on this rank, `repeats` times, each call started
+    together on every rank (a barrier first) and timed until the rank's GPU,
+    if any, has run it."""
+    device = rank_device()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def check_collectives(rank: int, world_size: int) -> dict[str, Any]:

@@ -18,7 +18,6 @@ ranks; `compare_exchanges` runs both on real ranks and times them.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +36,7 @@ from embnb.balancing.kjt_gather import (
 )
 from embnb.balancing.partition import balance
 from embnb.data import zipf_lengths
-from embnb.dist import all_gather_flat, exchange, rank_device
+from embnb.dist import all_gather_flat, collective_seconds, exchange, rank_device
 
 __all__ = [
     "alltoall_kjt",
@@ -295,14 +294,7 @@ def compare_exchanges(
     outputs = {name: run() for name, run in runs.items()}  # also the warm-up
     seconds = {}
     for name, run in runs.items():
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            run()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - start)
+        times = collective_seconds(run, repeats)
         seconds[name] = {"median": statistics.median(times), "low": min(times), "high": max(times)}
     (a_kjts, a_dense), (b_kjts, b_dense) = outputs["allgather"], outputs["alltoall"]
     identical = torch.equal(a_dense, b_dense) and all(same_kjt(a, b) for a, b in zip(a_kjts, b_kjts))

@@ -19,11 +19,11 @@ and `count_collectives` counts the collectives that ran (from the profiler).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embnb.dist import all_gather_flat, rank_device
+from embnb.dist import all_gather_flat, collective_seconds, rank_device
 
 __all__ = [
     "allgather_kjt",
@@ -325,15 +325,7 @@ def compare_gathers(
         with count_collectives() as counted:
             results[name] = gather(kjts)
         calls[name] = sum(counted.values())
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            gather(kjts)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - start)
-        seconds[name] = statistics.median(times)
+        seconds[name] = statistics.median(collective_seconds(functools.partial(gather, kjts), repeats))
     identical = all(same_kjt(a, b) for a, b in zip(results["fused"], results["per_key"]))
     return {
         "rank": rank,
