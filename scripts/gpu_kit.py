@@ -16,8 +16,11 @@ and launcher tests, every notebook with device="cuda" (small parameters) and
 `python -m embnb.bench bucketize --device cuda`, and writes JSON results,
 pytest reports and executed notebooks under OUT. Each step is recorded in
 OUT/kit.json with its outcome and time; a failed step does not stop the
-others. Without a GPU (the CPU test of the kit) it runs the same steps with
-device="cpu".
+others. Where a GPU is visible the run cannot pass unless CUDA really ran:
+the build fails without CUDA kernels, EMBNB_REQUIRE_GPU=1 turns a skipped
+CUDA test into a failure, and kit.json records the CUDA kernels built and
+the CUDA tests run, skipped and failed. Without a GPU (the CPU test of the
+kit) it runs the same steps with device="cpu".
 """
 
 from __future__ import annotations
@@ -62,6 +65,51 @@ NOTEBOOK_PARAMETERS = {
 # The tests that exercise CUDA (parity of the native kernels, native KK,
 # the launcher on GPU backends); CPU-only suites are `make test`'s job.
 KIT_TESTS = ["tests/native/test_native.py", "tests/balancing/test_partition.py", "tests/test_dist.py"]
+REQUIRE_GPU = "EMBNB_REQUIRE_GPU"  # tests/conftest.py: a CUDA test that cannot run fails
+# The build step: load (build) the library, say whether it has CUDA kernels,
+# and fail where a GPU is visible but it has none.
+BUILD_CHECK = """
+import json, sys, torch
+from embnb.native import loader
+native = loader.load()
+json.dump({"library": str(native.library), "cuda": bool(native.cuda)}, open(sys.argv[1], "w"))
+print(native.library, "cuda" if native.cuda else "cpu only")
+if torch.cuda.is_available() and not native.cuda:
+    sys.exit("a GPU is visible but the library was built without CUDA kernels")
+"""
+
+
+def junit_counts(junit_xml: pathlib.Path) -> dict[str, int]:
+    """run / passed / skipped / failed of a pytest JUnit report (all zero if it is missing)."""
+    import xml.etree.ElementTree as ElementTree
+
+    if not junit_xml.exists():
+        return {"run": 0, "passed": 0, "skipped": 0, "failed": 0}
+    suites = ElementTree.parse(junit_xml).getroot().iter("testsuite")
+    total = {"tests": 0, "skipped": 0, "failures": 0, "errors": 0}
+    for suite in suites:
+        for key in total:
+            total[key] += int(suite.get(key, 0))
+    failed = total["failures"] + total["errors"]
+    run = total["tests"] - total["skipped"]
+    return {"run": run, "passed": run - failed, "skipped": total["skipped"], "failed": failed}
+
+
+def cuda_problems(gpu_visible: bool, build: dict, cuda_tests: dict[str, int]) -> list[str]:
+    """Why a kit run on a GPU machine did not prove the CUDA paths; empty
+    when it did, and always empty without a GPU (the CPU test of the kit)."""
+    if not gpu_visible:
+        return []
+    problems = []
+    if not build.get("cuda"):
+        problems.append("the library has no CUDA kernels")
+    if cuda_tests["run"] == 0:
+        problems.append("no CUDA test ran")
+    if cuda_tests["skipped"]:
+        problems.append(f"{cuda_tests['skipped']} CUDA tests were skipped")
+    if cuda_tests["failed"]:
+        problems.append(f"{cuda_tests['failed']} CUDA tests failed")
+    return problems
 
 
 def kit_pins() -> list[str]:
@@ -230,29 +278,14 @@ def run(kit: pathlib.Path, out: pathlib.Path, quick: bool) -> int:
         env["EMBNB_EXT_DIR"] = str(work / "ext")  # a fresh build for this machine
         steps = Steps(out, env)
         python = sys.executable
-        steps.run(
-            "build",
-            [
-                python,
-                "-c",
-                "from embnb.native import loader; n = loader.load(); "
-                "print(n.library, 'cuda' if n.cuda else 'cpu only')",
-            ],
-        )
+        gpu_visible = device == "cuda"
+        if gpu_visible:
+            env[REQUIRE_GPU] = "1"
+        steps.run("build", [python, "-c", BUILD_CHECK, str(out / "build.json")])
         tests = KIT_TESTS if not quick else ["tests/test_dist.py"]
-        steps.run(
-            "tests",
-            [
-                python,
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                f"--junitxml={out / 'tests.xml'}",
-                *tests,
-            ],
-        )
+        pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        steps.run("cuda-tests", [*pytest, "-m", "cuda", f"--junitxml={out / 'cuda-tests.xml'}", *tests])
+        steps.run("tests", [*pytest, "-m", "not cuda", f"--junitxml={out / 'tests.xml'}", *tests])
         notebooks = out / "notebooks"
         for name, parameters in NOTEBOOK_PARAMETERS.items():
             if quick and name != "01_modulo_aliasing":
@@ -281,12 +314,20 @@ def run(kit: pathlib.Path, out: pathlib.Path, quick: bool) -> int:
                 else ["--dist-types", "continuous,roundrobin,hash_roundrobin"]
             ),
         )
+        build = json.loads((out / "build.json").read_text()) if (out / "build.json").exists() else {}
+        cuda_tests = junit_counts(out / "cuda-tests.xml")
+        problems = cuda_problems(gpu_visible, build, cuda_tests)
         summary = {
             "device": device,
-            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+            "gpu": torch.cuda.get_device_name(0) if gpu_visible else None,
             "torch": torch.__version__,
             "python": platform.python_version(),
             "quick": quick,
+            "cuda_kernels": build.get("cuda"),
+            "cuda_tests": cuda_tests,
+            "other_tests": junit_counts(out / "tests.xml"),
+            "notebook_device": device,
+            "cuda_problems": problems,
             "steps": steps.records,
         }
         (out / "kit.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -295,7 +336,9 @@ def run(kit: pathlib.Path, out: pathlib.Path, quick: bool) -> int:
             f"gpu kit: {len(steps.records) - len(failed)} of {len(steps.records)} steps passed; "
             f"results in {out}" + (f"; failed: {', '.join(failed)}" if failed else "")
         )
-        return 1 if failed else 0
+        for problem in problems:
+            print(f"gpu kit: CUDA not proven: {problem}", file=sys.stderr)
+        return 1 if failed or problems else 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

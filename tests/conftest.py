@@ -2,6 +2,8 @@ import os
 import pathlib
 import sys
 
+import pytest
+
 # Spawned ranks import their per-rank functions from tests/ as plain modules.
 TESTS_DIR = pathlib.Path(__file__).parent
 if str(TESTS_DIR) not in sys.path:
@@ -18,3 +20,28 @@ def pytest_sessionstart(session):
     from embnb.native import loader
 
     loader.try_load()
+
+
+# The one rule for tests that need a CUDA GPU: mark them `@pytest.mark.cuda`.
+# Without a visible GPU they are skipped, except where EMBNB_REQUIRE_GPU=1
+# (the GPU kit sets it on a GPU machine): there a CUDA test that cannot run
+# fails, so a kit run cannot pass without running its CUDA tests.
+REQUIRE_GPU = "EMBNB_REQUIRE_GPU"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cuda: needs a CUDA GPU (fails instead of skipping under EMBNB_REQUIRE_GPU=1)"
+    )
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("cuda") is None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    if os.environ.get(REQUIRE_GPU) == "1":
+        pytest.fail(f"{REQUIRE_GPU}=1 but no CUDA GPU is visible: this CUDA test cannot run")
+    pytest.skip("no CUDA GPU: CUDA tests run only where one is lent")

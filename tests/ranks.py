@@ -74,15 +74,23 @@ def rank_devices(rank, world_size):
 
 
 def collective_helpers(rank, world_size):
-    """embnb.dist's staged collectives: all_reduce_, all_gather_flat, exchange."""
+    """embnb.dist's staged collectives (all_reduce_, all_gather_flat,
+    exchange) on tensors on this rank's device, and where their results are."""
     from embnb import dist as edist
 
-    total = edist.all_reduce_(torch.tensor([float(rank + 1)]))
-    gathered = edist.all_gather_flat(torch.tensor([[rank, 10 * rank]]))
+    device = edist.rank_device()
+    total = edist.all_reduce_(torch.tensor([float(rank + 1)], device=device))
+    gathered = edist.all_gather_flat(torch.tensor([[rank, 10 * rank]], device=device))
     # rank r sends d + 1 rows of [r, d] to rank d
-    send = torch.cat([torch.tensor([[rank, d]] * (d + 1)) for d in range(world_size)])
+    send = torch.cat([torch.tensor([[rank, d]] * (d + 1), device=device) for d in range(world_size)])
     received = edist.exchange(send, [d + 1 for d in range(world_size)], [rank + 1] * world_size)
-    return {"total": total.tolist(), "gathered": gathered.tolist(), "received": received.tolist()}
+    return {
+        "total": total.tolist(),
+        "gathered": gathered.tolist(),
+        "received": received.tolist(),
+        "devices": [str(t.device) for t in (total, gathered, received)],
+        "backend": torch.distributed.get_backend(),
+    }
 
 
 def call_is_fx_tracing(rank, world_size):

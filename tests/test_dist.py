@@ -233,12 +233,48 @@ def test_device_rule_refuses_cuda_without_a_gpu_and_bad_values():
         edist.device_plan("cpu", True)
 
 
+def assert_collective_helpers(results, devices):
+    """What plain Python says all_reduce_, all_gather_flat and exchange give
+    on len(results) ranks, each result on its rank's device."""
+    world_size = len(results)
+    for rank, got in enumerate(results):
+        assert got["total"] == [sum(r + 1.0 for r in range(world_size))]
+        assert got["gathered"] == [x for r in range(world_size) for x in (r, 10 * r)]
+        assert got["received"] == [[src, rank] for src in range(world_size) for _ in range(rank + 1)]
+        assert got["devices"] == [devices[rank]] * 3
+
+
 def test_staged_collectives_give_what_plain_python_says():
     (results,) = edist.launch_each([(ranks.collective_helpers, ())], 3, device="cpu")
-    for rank, got in enumerate(results):
-        assert got["total"] == [1.0 + 2.0 + 3.0]
-        assert got["gathered"] == [x for r in range(3) for x in (r, 10 * r)]
-        assert got["received"] == [[src, rank] for src in range(3) for _ in range(rank + 1)]
+    assert_collective_helpers(results, ["cpu"] * 3)
+
+
+@pytest.mark.cuda
+def test_nccl_with_one_rank_runs_its_collectives_on_the_gpu():
+    (result,) = edist.launch(edist.check_collectives, 1, backend="nccl")
+    assert (result["backend"], result["device"]) == ("nccl", "cuda:0")
+    assert result["all_reduce"] == 1.0 and result["all_to_all"] == [0.0]
+
+
+@pytest.mark.cuda
+def test_collective_helpers_on_cuda_tensors_under_nccl():
+    world_size = torch.cuda.device_count()  # one rank per GPU
+    (results,) = edist.launch_each([(ranks.collective_helpers, ())], world_size, device="cuda")
+    assert {r["backend"] for r in results} == {"nccl"}
+    assert_collective_helpers(results, [f"cuda:{r}" for r in range(world_size)])
+
+
+@pytest.mark.cuda
+def test_ranks_sharing_a_gpu_compute_on_it_and_stage_collectives_through_host_memory():
+    gpus = torch.cuda.device_count()
+    world_size = gpus + 1  # more ranks than GPUs: nccl would refuse, so gloo
+    devices, results = edist.launch_each(
+        [(ranks.rank_devices, ()), (ranks.collective_helpers, ())], world_size, device="cuda"
+    )
+    want = [f"cuda:{r % gpus}" for r in range(world_size)]
+    assert devices == [{"rank_device": d, "collective_device": "cpu"} for d in want]
+    assert {r["backend"] for r in results} == {"gloo"}
+    assert_collective_helpers(results, want)
 
 
 def test_launched_ranks_know_their_device():

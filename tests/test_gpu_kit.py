@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -63,6 +64,67 @@ def test_every_kit_notebook_parameter_exists_in_its_notebook():
         cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
         defined = set(re.findall(r"^(\w+) =", cell.source, re.M))
         assert set(parameters) <= defined, (name, set(parameters) - defined)
+
+
+def test_a_gpu_run_without_cuda_kernels_or_cuda_tests_cannot_pass():
+    ran = {"run": 12, "passed": 12, "skipped": 0, "failed": 0}
+    assert gpu_kit.cuda_problems(True, {"cuda": True}, ran) == []
+    # a GPU visible, but a CPU-only build and every CUDA test skipped: the kit fails
+    skipped = {"run": 0, "passed": 0, "skipped": 12, "failed": 0}
+    assert gpu_kit.cuda_problems(True, {"cuda": False}, skipped) == [
+        "the library has no CUDA kernels",
+        "no CUDA test ran",
+        "12 CUDA tests were skipped",
+    ]
+    assert gpu_kit.cuda_problems(True, {}, {**ran, "failed": 2}) == [
+        "the library has no CUDA kernels",
+        "2 CUDA tests failed",
+    ]
+    assert gpu_kit.cuda_problems(False, {"cuda": False}, skipped) == []  # the CPU test of the kit
+
+
+def test_junit_counts_read_what_pytest_wrote(tmp_path):
+    test_file = tmp_path / "test_three.py"
+    test_file.write_text(
+        "import pytest\n"
+        "def test_ok(): pass\n"
+        "def test_bad(): assert False\n"
+        "@pytest.mark.skip(reason='x')\n"
+        "def test_skipped(): pass\n"
+    )
+    xml = tmp_path / "report.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", str(test_file)],
+        cwd=tmp_path,
+        capture_output=True,
+    )
+    assert gpu_kit.junit_counts(xml) == {"run": 2, "passed": 1, "skipped": 1, "failed": 1}
+    assert gpu_kit.junit_counts(tmp_path / "missing.xml") == {
+        "run": 0,
+        "passed": 0,
+        "skipped": 0,
+        "failed": 0,
+    }
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the rule where no GPU is visible")
+@pytest.mark.parametrize("required, code, outcome", [(None, 0, "1 skipped"), ("1", 1, "1 error")])
+def test_a_cuda_test_without_a_gpu_skips_unless_the_kit_requires_the_gpu(required, code, outcome):
+    env = {k: v for k, v in os.environ.items() if k != gpu_kit.REQUIRE_GPU}
+    if required:
+        env[gpu_kit.REQUIRE_GPU] = required
+    test = "tests/test_dist.py::test_nccl_with_one_rank_runs_its_collectives_on_the_gpu"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == code, done.stdout[-2000:]
+    assert outcome in done.stdout
+    if required:
+        assert "EMBNB_REQUIRE_GPU=1 but no CUDA GPU is visible" in done.stdout
 
 
 def test_a_kit_over_the_limit_is_refused(tmp_path):
@@ -115,11 +177,17 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     assert summary["python"].startswith("3.12")
     assert [s["step"] for s in summary["steps"]] == [
         "build",
+        "cuda-tests",
         "tests",
         "notebook-01_modulo_aliasing",
         "bench-bucketize",
     ]
     assert all(s["returncode"] == 0 for s in summary["steps"])
+    # no GPU here: the CUDA tests were collected and skipped, nothing claims CUDA ran
+    assert summary["cuda_kernels"] is False and summary["notebook_device"] == "cpu"
+    assert summary["cuda_tests"]["run"] == 0 and summary["cuda_tests"]["skipped"] >= 3
+    assert summary["other_tests"]["run"] > 0 and summary["other_tests"]["failed"] == 0
+    assert summary["cuda_problems"] == []
     results = json.loads((out / "notebooks" / "01_modulo_aliasing.json").read_text())
     assert results["kv"]["rows_match"] and results["kernel"]["device"] == "cpu"
     (bench,) = out.glob("bucketize-*.json")
