@@ -1,6 +1,7 @@
 """embnb.timing: paired ratios over repeats, and median timing."""
 
 import math
+import time
 
 import pytest
 
@@ -34,6 +35,8 @@ def test_median_seconds_times_the_call_it_is_given():
     calls = []
     seconds = median_seconds(lambda: calls.append(1), repeats=5, warmup=2)
     assert len(calls) == 7 and 0 <= seconds < 1
+    # a call of known length: never timed shorter than it sleeps (no upper bound on a shared machine)
+    assert median_seconds(lambda: time.sleep(0.02), repeats=3, warmup=0) >= 0.02
 
 
 def _t_cdf(t, df, steps=20000):

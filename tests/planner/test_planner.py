@@ -266,7 +266,7 @@ def test_plans_within_two_percent_of_brute_force(instance):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_notebook_instances_within_two_percent_of_brute_force(seed):
+def test_notebook_instances_equal_brute_force(seed):
     """The notebook's study: 3 tables, all 16 options each, HBM per device
     15% to 120% of the fp32 rows spread evenly."""
     model, topology = planner.random_instance(seed)
@@ -278,7 +278,8 @@ def test_notebook_instances_within_two_percent_of_brute_force(seed):
     assert len(groups) == 3 and all(len(g) == 16 for g in groups)
     best = brute_force(enumerated.options, constraint)
     assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(best, rel=1e-12)
-    assert (math.isinf(rating) and math.isinf(best)) or best * (1 - 1e-9) <= rating <= 1.02 * best
+    # the README's 1.000x: never better than brute force (a bug), equal up to float rounding
+    assert (math.isinf(rating) and math.isinf(best)) or best * (1 - 1e-9) <= rating <= best * (1 + 1e-9)
 
 
 # --- fixed instances ------------------------------------------------------------
@@ -317,7 +318,8 @@ def test_cpu_topology_plans_on_ddr():
     assert all(d.storage.hbm == 0 for d in topology.devices)
     rating, constraint, plan = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
     options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
-    assert rating == pytest.approx(brute_force(options, constraint), rel=0.02)
+    best = brute_force(options, constraint)
+    assert best * (1 - 1e-9) <= rating <= best * (1 + 1e-9)
     assert set(plan.plan[""]) == {t.name for t in tables}
     # torchrec's own DP proposer divides by the (zero) HBM there
     enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
