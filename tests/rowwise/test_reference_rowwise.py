@@ -1,12 +1,13 @@
 """embnb.rowwise.reference (plain-int routing, shown in notebook 01) against
 the tensor fast path embnb.rowwise.routing uses."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embnb.rowwise import reference
-from embnb.rowwise.routing import hash_key, owner_rank
+from embnb.rowwise.routing import bucketize, hash_key, owner_rank
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
@@ -44,3 +45,55 @@ def test_unknown_dist_type_is_named():
 
     with pytest.raises(ValueError, match="dist_type 'modulo' is not one of"):
         reference.owner_of(5, 4, "modulo")
+
+
+# fmix64 of each key, computed outside this project: with mmh3 5.3.1 (PyPI, a
+# C binding of Austin Appleby's MurmurHash3.cpp). MurmurHash3_x64_128 of an
+# 8-byte key with seed 0 ends with h1 = fmix64(x) + fmix64(x + 8) and
+# h2 = h1 + fmix64(x + 8), where x is set by the key; choosing the key as the
+# inverse of the tail mix for x gives fmix64(x) = 2 * h1 - h2 (mod 2**64):
+#     k1 = rotr((((x - 8) ^ 8) * inverse(c2)) mod 2**64, 31) * inverse(c1)
+#     h = mmh3.hash128(k1.to_bytes(8, "little"), 0, True, False)
+#     fmix64(x) = (2 * (h & MASK64) - (h >> 64)) & MASK64
+GOLDEN_FMIX64 = [
+    (0x0, 0x0000000000000000),
+    (0x1, 0xB456BCFC34C2CB2C),
+    (0x2, 0x3ABF2A20650683E7),
+    (0x3, 0x0B5181C509F8D8CE),
+    (0x7, 0x740729CBE468D1DD),
+    (0x8, 0x46ABCCA593A3C687),
+    (0xFF, 0x1200A2A61D248B28),
+    (0x3039, 0x17D2ABFBF90BAEF9),
+    (0x7FFFFFFF, 0x8A662C1A93A26B91),
+    (0x100000000, 0xBA3A9E160A5F1419),
+    (0x100000001, 0x0AD0F115ABD5E507),
+    (0x4000000000000000, 0x6554A70955A989A0),
+    (0x7FFFFFFFFFFFFFFF, 0xABB93DF0A930EDEA),
+    (0x8000000000000000, 0x8F780810AF31A493),
+    (0xFFFFFFFFFFFFFFFF, 0x64B5720B4B825F21),
+    (0xDEADBEEFCAFEBABE, 0x7082995008F0C48C),
+    (0x189E8399DEE6CD15, 0x0AFE914E92716D23),  # a snowflake-style id
+]
+
+
+def _as_int64(unsigned: int) -> int:
+    return unsigned - (1 << 64) if unsigned >> 63 else unsigned
+
+
+def test_fmix64_equals_murmurhash3_as_mmh3_computes_it():
+    keys = [k for k, _ in GOLDEN_FMIX64]
+    want = [h for _, h in GOLDEN_FMIX64]
+    assert [reference.fmix64(k) for k in keys] == want
+    tensor = torch.tensor([_as_int64(k) for k in keys], dtype=torch.int64)
+    assert [h & reference.MASK64 for h in hash_key(tensor).tolist()] == want
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
+@pytest.mark.parametrize("world_size", [3, 8, 1000])
+def test_hash_roundrobin_owners_are_the_golden_hash_mod_world_size(impl, world_size):
+    # each key alone in its batch: the rank whose output length is 1 owns it
+    for key, hashed in GOLDEN_FMIX64:
+        out = bucketize(
+            torch.tensor([1]), torch.tensor([_as_int64(key)]), world_size, "hash_roundrobin", impl=impl
+        )
+        assert out.lengths.tolist().index(1) == hashed % world_size, (hex(key), impl)
