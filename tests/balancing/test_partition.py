@@ -4,6 +4,7 @@ op against the Python reference."""
 
 import itertools
 import math
+import random
 import sys
 import threading
 
@@ -337,3 +338,39 @@ def test_kk_never_leaves_a_part_empty_when_items_suffice(native, workloads, num_
         assert (
             balancer.balance(workloads, num_parts, method, backend="native", equal_size=equal_size) == python
         )
+
+
+def _best_max_load(workloads, num_parts, equal_counts):
+    """The optimum by brute force: every assignment of items to parts (with
+    equal counts: only those whose counts differ by at most one)."""
+    best = math.inf
+    for assignment in itertools.product(range(num_parts), repeat=len(workloads)):
+        counts = [assignment.count(p) for p in range(num_parts)]
+        if equal_counts and max(counts) - min(counts) > 1:
+            continue
+        loads = [0.0] * num_parts
+        for item, part in zip(workloads, assignment):
+            loads[part] += item
+        best = min(best, max(loads))
+    return best
+
+
+@pytest.mark.parametrize("num_items, num_parts", [(8, 2), (7, 3)])
+def test_kk_swaps_is_optimal_on_most_tiny_batches_and_lpt_keeps_grahams_bound(num_items, num_parts):
+    rng = random.Random(num_items * 10 + num_parts)
+    instances = [[rng.paretovariate(1.5) for _ in range(num_items)] for _ in range(60)]
+    optimal = 0
+    for workloads in instances:
+        best_equal = _best_max_load(workloads, num_parts, equal_counts=True)
+        kk = max(
+            sum(workloads[i] for i in p) for p in balancer.balance(workloads, num_parts, "kk_swap", "python")
+        )
+        assert kk >= best_equal * (1 - 1e-12)  # never better than the optimum (that would be a bug)
+        optimal += kk <= best_equal * (1 + 1e-12)
+        # Graham: LPT without the count constraint is within 4/3 - 1/(3k) of that optimum
+        best_free = _best_max_load(workloads, num_parts, equal_counts=False)
+        lpt = balancer.balance(workloads, num_parts, "greedy_lpt", "python", False)
+        assert max(sum(workloads[i] for i in p) for p in lpt) <= (4 / 3 - 1 / (3 * num_parts)) * best_free * (
+            1 + 1e-12
+        )
+    assert optimal >= 0.9 * len(instances), f"KK + swaps optimal on {optimal} of {len(instances)}"
