@@ -350,7 +350,7 @@ def step_times(
     speed_ax.axhline(1.0, **MEAN_STYLE)
     speed_ax.set_ylabel(f"speed-up over {reference}")
     speed_ax.set_title("measured (median, range) vs FLOPs")
-    speed_ax.legend(fontsize=8, loc="upper left")
+    speed_ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncols=2)  # off the data
     a, b = compared
     diffs = [x - y for x, y in zip(step_ms[a], step_ms[b])]
     difference = paired_difference(step_ms[a], step_ms[b])
