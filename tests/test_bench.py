@@ -178,7 +178,13 @@ def test_balancer_bench_ratios_are_against_the_peer_and_the_unbalanced_run_in_th
         (["nosuch"], "got 'nosuch'"),
     ],
 )
-def test_bad_bench_arguments_are_named(tmp_path, args, message):
-    done = bench(*args, "--out", str(tmp_path), expect=2)
-    assert message in done.stderr
+def test_bad_bench_arguments_are_named(tmp_path, capsys, args, message):
+    from embnb.bench.__main__ import main
+
+    try:  # in process: argparse exits 2, the dispatcher returns 2
+        code = main([*args, "--out", str(tmp_path)])
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    assert message in capsys.readouterr().err
     assert not list(tmp_path.glob("*.json"))

@@ -38,6 +38,12 @@ def _machine_packages() -> set[str]:
     return _names([line for line in lines if line.strip() and not line.startswith("#")])
 
 
+def _test_cases(junit_xml: pathlib.Path) -> list[dict]:
+    import xml.etree.ElementTree as ElementTree
+
+    return [case.attrib for case in ElementTree.parse(junit_xml).getroot().iter("testcase")]
+
+
 def test_the_kit_never_carries_torch_nor_what_the_machine_has():
     carried = _names(gpu_kit.kit_pins())
     assert "torch" not in carried
@@ -164,22 +170,24 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
             str(gpu_kit.DEFAULT_KIT),
             "--out",
             str(out),
-            "--quick",
+            "--short-bench",
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=3600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "kit.json").read_text())
     assert summary["device"] == "cpu" and summary["torch"].startswith("2.11.0")
     assert summary["python"].startswith("3.12")
+    # the whole kit but a shorter bench: every kit test file, every notebook with the kit's parameters
+    notebooks = [f"notebook-{name}" for name in gpu_kit.NOTEBOOK_PARAMETERS]
     assert [s["step"] for s in summary["steps"]] == [
         "build",
         "cuda-tests",
         "tests",
-        "notebook-01_modulo_aliasing",
+        *notebooks,
         "bench-bucketize",
     ]
     assert all(s["returncode"] == 0 for s in summary["steps"])
@@ -187,6 +195,8 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     assert summary["cuda_kernels"] is False and summary["notebook_device"] == "cpu"
     assert summary["cuda_tests"]["run"] == 0 and summary["cuda_tests"]["skipped"] >= 3
     assert summary["other_tests"]["run"] > 0 and summary["other_tests"]["failed"] == 0
+    ran_files = {case.get("classname", "").split(".")[-1] for case in _test_cases(out / "tests.xml")}
+    assert {pathlib.Path(f).stem for f in gpu_kit.KIT_TESTS} <= ran_files
     assert summary["cuda_problems"] == []
     results = json.loads((out / "notebooks" / "01_modulo_aliasing.json").read_text())
     assert results["kv"]["rows_match"] and results["kernel"]["device"] == "cpu"

@@ -5,15 +5,10 @@ key streams are built (embnb.data) and from counting, not from re-running
 the notebook's own code.
 """
 
-import time
-
-import nbformat
 import pytest
 
-from embnb import harness
 from embnb.data import make_keys, zipf_probs
 
-NOTEBOOK = harness.NOTEBOOKS_DIR / "01_modulo_aliasing.ipynb"
 WORLD_SIZE = 8
 KV_WORLD_SIZE = 2
 KV_KEYS_PER_RANK = 512
@@ -32,22 +27,18 @@ PARAMETERS = {
     "seed": 0,
     "kernel_sizes": [20_000],
     "kernel_repeats": 2,
-    "device": "cpu",
 }
 ALIASED = ["strided", "snowflake"]  # every key shares its low bits
 SPREAD = ["uniform", "sequential", "strided", "tagged", "snowflake"]  # not hot
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("nb01")
-    start = time.perf_counter()
-    results = harness.run_notebook(NOTEBOOK, out, PARAMETERS)
-    return {"results": results, "out": out, "seconds": time.perf_counter() - start}
+def run(execute):
+    return execute("01_modulo_aliasing", PARAMETERS)
 
 
 def test_aliased_streams_land_on_one_rank_under_roundrobin(run):
-    ratios = run["results"]["max_over_mean"]
+    ratios = run.results["max_over_mean"]
     assert ratios["strided"]["roundrobin"] == WORLD_SIZE  # all keys on one rank
     # snowflake: a handful of ids have a nonzero sequence
     assert ratios["snowflake"]["roundrobin"] > 0.95 * WORLD_SIZE
@@ -56,13 +47,13 @@ def test_aliased_streams_land_on_one_rank_under_roundrobin(run):
 
 
 def test_hash_roundrobin_balances_every_stream_without_hot_keys(run):
-    ratios = run["results"]["max_over_mean"]
+    ratios = run.results["max_over_mean"]
     for pattern in SPREAD:
         assert 1.0 <= ratios[pattern]["hash_roundrobin"] < 1.12, pattern
 
 
 def test_hashing_does_not_fix_hot_keys(run):
-    results = run["results"]
+    results = run.results
     zipf = results["max_over_mean"]["zipf"]
     floor = results["zipf_hot_key_floor"]
     expected_floor = WORLD_SIZE * float(zipf_probs(100_000, ZIPF_ALPHA)[0])
@@ -77,7 +68,7 @@ def test_hashing_does_not_fix_hot_keys(run):
 
 
 def test_sweep_covers_every_case(run):
-    sweep = run["results"]["sweep"]
+    sweep = run.results["sweep"]
     assert len(sweep) == 6 * 3 * 2  # patterns x dist_types x world sizes
     assert {row["world_size"] for row in sweep} == {4, 8}
     strided_rr = [row for row in sweep if row["pattern"] == "strided" and row["dist_type"] == "roundrobin"]
@@ -85,7 +76,7 @@ def test_sweep_covers_every_case(run):
 
 
 def test_kv_run_served_every_key_once(run):
-    kv = run["results"]["kv"]
+    kv = run.results["kv"]
     total = KV_WORLD_SIZE * KV_KEYS_PER_RANK
     assert kv["keys_looked_up"] == total
     assert set(kv["keys_served"]) == {"continuous", "roundrobin", "hash_roundrobin"}
@@ -104,7 +95,7 @@ def test_kv_run_served_every_key_once(run):
 
 
 def test_checkpoint_reshard_conserves_rows(run):
-    ckpt = run["results"]["checkpoint"]
+    ckpt = run.results["checkpoint"]
     assert ckpt["dist_type"] == "hash_roundrobin"
     assert ckpt["saved_world_size"] == KV_WORLD_SIZE
     assert len(ckpt["rows_saved"]) == KV_WORLD_SIZE
@@ -120,34 +111,23 @@ def test_checkpoint_reshard_conserves_rows(run):
 
 
 def test_dist_type_mismatch_raised(run):
-    mismatch = run["results"]["mismatch"]
+    mismatch = run.results["mismatch"]
     assert mismatch["raised"] is True
     assert mismatch["asked_dist_type"] == "roundrobin"
     assert "'hash_roundrobin'" in mismatch["message"]
     assert "'roundrobin'" in mismatch["message"]
 
 
-def test_summary_and_figures(run):
-    results, out = run["results"], run["out"]
-    assert results["summary"].startswith(f"strided W={WORLD_SIZE}: roundrobin max/mean 8.00")
-    figures = sorted(out.glob("01_modulo_aliasing_fig*.png"))
+def test_summary_figures_and_explorer(run):
+    assert run.results["summary"].startswith(f"strided W={WORLD_SIZE}: roundrobin max/mean 8.00")
+    figures = run.figures()
     assert len(figures) == 4  # heatmap, zipf bars, trend, KV bars
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
-    executed = nbformat.read(str(out / "01_modulo_aliasing.ipynb"), as_version=4)
-    code_cells = [c for c in executed.cells if c.cell_type == "code"]
-    assert not [o for c in code_cells for o in c.outputs if o.output_type == "error"]
-    # interactive=False (the harness default): the widget cell shows nothing
-    widget_cell = next(c for c in code_cells if "LoadExplorer(" in c.source)
-    assert widget_cell.outputs == []
-    assert run["seconds"] < 300  # a generous bound; it takes well under a minute
-
-
-def test_committed_notebook_is_clean():
-    assert harness.notebook_problems(NOTEBOOK) == []
+    assert run.widgets_shown_by("LoadExplorer(") == 1
 
 
 def test_kernel_table_checks_outputs_before_timing(run):
-    kernel = run["results"]["kernel"]
+    kernel = run.results["kernel"]
     assert kernel["device"] == "cpu"
     rows = kernel["rows"]
     assert {r["dist_type"] for r in rows} == {"continuous", "hash_roundrobin"}

@@ -10,9 +10,6 @@ import statistics
 
 import pytest
 
-from embnb import harness
-
-NOTEBOOK = harness.NOTEBOOKS_DIR / "04_balancer_overlap.ipynb"
 WORLD_SIZE = 2
 NUM_KJTS, KEYS_PER_KJT = 3, 4  # the notebook's gather comparison
 EMBEDDING_DIM, FFN_DIM = 16, 32
@@ -29,20 +26,18 @@ PARAMETERS = {
     "seeds": [0],
     "exchange_world_sizes": [2],
     "bytes_world_sizes": [2, 8, 64],
-    "device": "cpu",
 }
 METHODS = ["contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap"]
 SHUFFLE_PHASES = {"gather_workloads", "kk", "exchange"}
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("nb04")
-    return {"results": harness.run_notebook(NOTEBOOK, out, PARAMETERS), "out": out}
+def run(execute):
+    return execute("04_balancer_overlap", PARAMETERS)
 
 
 def test_kk_worked_example_lands_where_the_hand_computation_does(run):
-    results = run["results"]
+    results = run.results
     # [13, 1, 100, 5, 40, 2, 8, 3] into 2: KK merges (40,100)+(8,13), +(3,5), +(1,2)
     assert results["kk_example_sums"] == {"KK": [112, 60], "KK + swaps": [106, 66]}
     # mean 86 < largest 100; equal counts: 100 + 1 + 2 + 3
@@ -51,7 +46,7 @@ def test_kk_worked_example_lands_where_the_hand_computation_does(run):
 
 
 def test_every_method_on_tokens_and_flops_and_the_default_within_1_percent(run):
-    imbalance = run["results"]["imbalance"]
+    imbalance = run.results["imbalance"]
     assert sorted(imbalance) == ["flops", "tokens"]
     for by_method in imbalance.values():
         assert sorted(by_method) == sorted(METHODS)
@@ -65,12 +60,12 @@ def test_every_method_on_tokens_and_flops_and_the_default_within_1_percent(run):
         # max/mean never below the bound's own max/mean
         for stats in by_method.values():
             assert stats["mean_max_over_mean"] >= stats["mean_bound_over_mean"] - 1e-12
-    rows = run["results"]["imbalance_rows"]
+    rows = run.results["imbalance_rows"]
     assert len(rows) == 2 * 2 * len(METHODS)  # 1 size x 2 part counts x 1 seed x 2 workloads
 
 
 def test_the_longest_sample_sets_the_bound_more_often_with_more_parts_and_on_flops(run):
-    rows = [r for r in run["results"]["imbalance_rows"] if r["method"] == "kk_swap"]
+    rows = [r for r in run.results["imbalance_rows"] if r["method"] == "kk_swap"]
 
     def share(**match):
         picked = [r for r in rows if all(r[k] == v for k, v in match.items())]
@@ -85,14 +80,14 @@ def test_the_longest_sample_sets_the_bound_more_often_with_more_parts_and_on_flo
 
 
 def test_fused_gather_uses_two_collectives(run):
-    results = run["results"]
+    results = run.results
     assert results["gathers_identical"] is True
     # per key: lengths and values; the last KJT is weighted: + weights
     assert results["collective_calls"] == {"fused": 2, "per_key": NUM_KJTS * KEYS_PER_KJT * 2 + KEYS_PER_KJT}
 
 
 def test_both_exchanges_give_the_same_batch_and_all_to_all_moves_o_b_bytes(run):
-    results = run["results"]
+    results = run.results
     assert results["exchanges_identical"] is True
     assert {(r["world_size"], r["exchange"]) for r in results["exchanges"]} == {
         (2, "allgather"),
@@ -106,7 +101,7 @@ def test_both_exchanges_give_the_same_batch_and_all_to_all_moves_o_b_bytes(run):
 
 
 def test_real_run_times_every_mode_on_the_same_steps_and_records_each_phase(run):
-    results = run["results"]
+    results = run.results
     assert results["flop_model_matches_counter"] is True
     assert results["same_weights"] is True
     assert results["timed_steps"] == [1, 2]  # 4 steps: not the first, not the last
@@ -127,7 +122,7 @@ def test_real_run_times_every_mode_on_the_same_steps_and_records_each_phase(run)
 
 
 def test_speedups_and_the_overlap_sync_difference_follow_from_the_step_times(run):
-    results = run["results"]
+    results = run.results
     step_ms = results["step_ms"]
     repeats = PARAMETERS["repeats"]
     assert results["repeats"] == repeats and all(len(v) == repeats for v in step_ms.values())
@@ -146,12 +141,12 @@ def test_speedups_and_the_overlap_sync_difference_follow_from_the_step_times(run
     assert results["flops_ideal_speedups"]["sync"] >= 1.0
 
 
-def test_summary_figures_and_committed_notebook(run):
-    summary = run["results"]["summary"]
+def test_summary_figures_and_explorer(run):
+    summary = run.results["summary"]
     assert isinstance(summary, str) and "\n" not in summary
     assert "overlap - sync" in summary and "95% CI" in summary and "FLOPs predict" in summary
-    figures = sorted(run["out"].glob("04_balancer_overlap_fig*.png"))
+    figures = run.figures()
     # lengths, part loads, gap by method, FLOPs, gather times, exchanges, step times, timeline
     assert len(figures) == 8
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
-    assert harness.notebook_problems(NOTEBOOK) == []
+    assert run.widgets_shown_by("BalanceExplorer(") == 1

@@ -1,0 +1,45 @@
+"""Each notebook runs once under papermill, with interactive=True: its tests
+assert both its results JSON and the explorer its last section displays."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import nbformat
+import pytest
+
+from embnb import harness
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+@dataclasses.dataclass
+class Executed:
+    name: str
+    results: dict
+    out: pathlib.Path
+    notebook: nbformat.NotebookNode
+
+    def widgets_shown_by(self, code: str) -> int:
+        """How many widgets the first code cell containing `code` displayed."""
+        cell = next(c for c in self.notebook.cells if c.cell_type == "code" and code in c.source)
+        return sum(WIDGET_VIEW in o.get("data", {}) for o in cell.outputs)
+
+    def figures(self) -> list[pathlib.Path]:
+        return sorted(self.out.glob(f"{self.name}_fig*.png"))
+
+
+@pytest.fixture(scope="module")
+def execute(tmp_path_factory):
+    """execute(name, parameters): one papermill run of notebooks/NAME.ipynb
+    on CPU with interactive=True; a cell that raises fails the run."""
+
+    def run(name: str, parameters: dict) -> Executed:
+        out = tmp_path_factory.mktemp(name)
+        params = {"device": "cpu", **parameters, "interactive": True}
+        notebook = harness.NOTEBOOKS_DIR / f"{name}.ipynb"
+        results = harness.run_notebook(notebook, out, params, cell_timeout_s=300)
+        return Executed(name, results, out, nbformat.read(str(out / f"{name}.ipynb"), as_version=4))
+
+    return run
