@@ -98,3 +98,33 @@ def call_is_fx_tracing(rank, world_size):
     from torch.fx._symbolic_trace import is_fx_tracing
 
     return is_fx_tracing()
+
+
+def train_failing_in_kk(rank, world_size, config, bad_rank):
+    """training.train, with the bad rank's KK (run in its shuffle's worker
+    thread) raising: the fault is injected here, not through the library."""
+    from embnb.balancing import shuffle, training
+
+    if rank == bad_rank:
+
+        def failing_balance(*args, **kwargs):
+            raise RuntimeError(f"deliberate failure in the KK thread of rank {rank}")
+
+        shuffle.balance = failing_balance
+    return training.train(rank, world_size, config)
+
+
+def train_failing_at_step(rank, world_size, config, bad_rank, bad_step):
+    """training.train, with the bad rank's main thread raising when it loads `bad_step`."""
+    from embnb.balancing import training
+
+    if rank == bad_rank:
+        make_local_batch = training.make_local_batch
+
+        def failing_load(config, rank, step):
+            if step == bad_step:
+                raise RuntimeError(f"deliberate failure on rank {rank} at step {step}")
+            return make_local_batch(config, rank, step)
+
+        training.make_local_batch = failing_load
+    return training.train(rank, world_size, config)

@@ -27,3 +27,33 @@ def test_ruff_finds_nothing(command):
         f"ruff {' '.join(command)}: fix with `ruff check --fix . && ruff format .`\n"
         + (out.stdout + out.stderr)[-4000:]
     )
+
+
+def test_no_public_signature_carries_a_test_hook():
+    """Faults are injected by the tests (tests/ranks.py), never through a
+    parameter of the library's public functions, classes or methods."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import embnb
+
+    hooks = []
+    for info in pkgutil.walk_packages(embnb.__path__, "embnb."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if name.startswith("_") or getattr(value, "__module__", None) != info.name:
+                continue
+            members = [value]
+            if inspect.isclass(value):
+                methods = {n: m for n, m in vars(value).items() if n == "__init__" or n[0] != "_"}
+                members += [m for m in methods.values() if callable(m)]
+            for member in members:
+                try:
+                    parameters = inspect.signature(member).parameters
+                except (TypeError, ValueError):  # a builtin without a signature
+                    continue
+                hooks += [f"{info.name}.{name}({p})" for p in parameters if "fail" in p or "fault" in p]
+    assert hooks == []

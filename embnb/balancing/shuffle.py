@@ -71,13 +71,11 @@ class BalancedShuffle:
         kk_backend: str = "auto",
         exchange: str = "allgather",
         group: dist.ProcessGroup | None = None,
-        fail_in_kk: bool = False,
     ) -> None:
         check_choice("method", method, tuple(METHODS))
         check_choice("exchange", exchange, EXCHANGES)
         self.timeline, self.overlap, self.method = timeline, overlap, method
         self.kk_backend, self.exchange, self.group = kk_backend, exchange, group
-        self.fail_in_kk = fail_in_kk
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="embnb-shuffle") if overlap else None
         self._worker_stream: torch.cuda.Stream | None = None  # created in the worker, on a GPU
@@ -145,9 +143,6 @@ class BalancedShuffle:
                 gathered = all_gather_flat(rows, self.group).view(-1, rows.shape[1])
                 all_workloads = gathered[:, 0].cpu()  # KK runs on the CPU
             with span("kk", step):
-                if self.fail_in_kk:
-                    where = f"rank {self.rank} at step {step}"
-                    raise RuntimeError(f"deliberate failure in the KK thread of {where}")
                 parts = balance(all_workloads, self.world_size, self.method, self.kk_backend)
             with span("exchange", step, device):
                 if self.exchange == "alltoall":

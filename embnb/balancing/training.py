@@ -45,7 +45,6 @@ from embnb.native import loader
 __all__ = [
     "MODES",
     "TrainConfig",
-    "Faults",
     "AttentionBlock",
     "SequenceModel",
     "make_local_batch",
@@ -106,17 +105,6 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class Faults:
-    """Test-only fault injection: `rank` raises at `step`, in its main
-    thread or (with `in_kk`) inside its KK thread. Not part of TrainConfig,
-    so the public defaults carry no test hooks."""
-
-    rank: int
-    step: int = 0
-    in_kk: bool = False
 
 
 # --- the model ----------------------------------------------------------------
@@ -209,7 +197,7 @@ def sample_workloads(kjt: KeyedJaggedTensor, config: TrainConfig) -> torch.Tenso
 # --- training ----------------------------------------------------------------
 
 
-def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None = None) -> dict[str, Any]:
+def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
     """Train the sequence model on this rank; see TrainConfig.
 
     Returns the timeline spans, per-step wall time and FLOPs computed on
@@ -244,15 +232,12 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
             kjt, labels = kjt.to(device), labels.to(device)
             return kjt, labels, sample_workloads(kjt, config)
 
-    fail_in_kk = faults is not None and faults.in_kk and faults.rank == rank
-    fail_step = faults.step if faults is not None and not faults.in_kk and faults.rank == rank else None
     with BalancedShuffle(
         timeline,
         overlap=mode == "overlap",
         method=config.method,
         kk_backend=config.kk_backend,
         exchange=config.exchange,
-        fail_in_kk=fail_in_kk,
     ) as shuffle:
         dist.barrier()
         if mode == "overlap":  # the first batch has no step to hide behind
@@ -263,8 +248,6 @@ def train(rank: int, world_size: int, config: TrainConfig, faults: Faults | None
         for step in range(config.steps):
             timeline.iteration = step
             step_start = time.perf_counter()
-            if step == fail_step:
-                raise RuntimeError(f"deliberate failure on rank {rank} at step {step}")
             shuffling_next = mode == "overlap" and step + 1 < config.steps
             if mode == "none":
                 kjt, labels, _ = load(step)
