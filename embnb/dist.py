@@ -1,6 +1,6 @@
 """Run one function on several ranks, each with a real process group.
 
-`launch(fn, world_size, *args)` spawns `world_size` processes, gives each an
+`launch(fn, world_size, *args)` starts `world_size` processes, gives each an
 initialized default process group (gloo on CPU, nccl on GPUs), calls
 `fn(rank, world_size, *args)` and returns the per-rank results in rank order.
 A rank that raises, dies or hangs ends the whole launch with an error that
@@ -197,13 +197,26 @@ def launch(
     # The parent hosts the rendezvous store on a port the OS picks (port 0),
     # so concurrent launches never race for a port.
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context(plan)
     results_queue = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // world_size)
+    environ = dict(os.environ)  # as now, also where the ranks fork from an older server
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(rank, world_size, plan, store.port, timeout_s, threads, fn, args, results_queue),
+            args=(
+                rank,
+                world_size,
+                plan,
+                store.port,
+                timeout_s,
+                threads,
+                os.getpid(),
+                environ,
+                fn,
+                args,
+                results_queue,
+            ),
             name=f"embnb-rank{rank}",
             daemon=True,
         )
@@ -268,10 +281,28 @@ def _check_importable(fn: Callable[..., Any]) -> None:
         ) from exc
 
 
-def _rank_main(rank, world_size, plan, port, timeout_s, threads, fn, args, results_queue):
+# CPU ranks fork from a server process that imported these once (a launch
+# then starts in a fraction of a second, not seconds of imports per rank);
+# ranks on GPUs are spawned fresh, since CUDA cannot run in a process forked
+# from one where it was initialised, and an import may initialise it.
+GROUP_TIMEOUT_MARGIN_S = 60
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torchrec", "embnb.dist"]
+
+
+def _rank_context(plan: DevicePlan) -> Any:
+    if plan.device == "cuda" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server starts (the first launch)
+    return ctx
+
+
+def _rank_main(rank, world_size, plan, port, timeout_s, threads, launcher, environ, fn, args, results_queue):
     # Own process group, so killing it also takes any processes this rank started.
     os.setpgrp()
-    _exit_with_parent()
+    _exit_with_parent(launcher)
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -287,13 +318,16 @@ def _rank_main(rank, world_size, plan, port, timeout_s, threads, fn, args, resul
             torch.cuda.set_device(device)
         if plan.backend == "gloo":
             torch.set_num_threads(threads)  # ranks share the cores
-        store = dist.TCPStore("127.0.0.1", port, world_size, False, timedelta(seconds=timeout_s))
+        # The ranks' own timeouts outlast the launch's: its deadline, not a
+        # collective's timeout in a healthy rank, ends a launch that hangs.
+        backstop = timedelta(seconds=timeout_s + GROUP_TIMEOUT_MARGIN_S)
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, backstop)
         dist.init_process_group(
             plan.backend,
             store=store,
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=backstop,
         )
         payload = ("ok", rank, pickle.dumps(_to_cpu(fn(rank, world_size, *args))))
     except BaseException:
@@ -308,17 +342,32 @@ def _rank_main(rank, world_size, plan, port, timeout_s, threads, fn, args, resul
     os._exit(0)
 
 
-def _exit_with_parent() -> None:
-    # A killed parent (a restarted notebook kernel) must not leave ranks
-    # blocked in a collective forever.
+def _exit_with_parent(launcher: int) -> None:
+    # A killed launcher (a restarted notebook kernel) must not leave ranks
+    # blocked in a collective forever. A forked rank's parent is the fork
+    # server, which exits with the launcher: watch both.
     parent = os.getppid()
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and _running(launcher):
             time.sleep(1.0)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="embnb-parent-watch").start()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def _collect(procs, results_queue, world_size: int, timeout_s: float) -> list[Any]:

@@ -24,7 +24,11 @@ def _alive(pid: int) -> bool:
 
 
 def _spawned_children() -> list[int]:
-    """Live processes started by multiprocessing's spawn from this process."""
+    """Live rank processes of this process: spawned by it (GPU ranks) or
+    forked for it by its fork server (CPU ranks)."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver._forkserver_pid
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -36,7 +40,8 @@ def _spawned_children() -> list[int]:
                 cmdline = f.read()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if ppid == os.getpid() and b"spawn_main" in cmdline and _alive(int(entry)):
+        spawned = ppid == os.getpid() and b"spawn_main" in cmdline
+        if (spawned or (server is not None and ppid == server)) and _alive(int(entry)):
             pids.append(int(entry))
     return pids
 
@@ -93,9 +98,9 @@ def test_rank_that_dies_without_a_result_is_named():
 
 
 def test_hung_rank_is_killed_within_timeout_and_leaves_nothing(tmp_path):
-    timeout_s = 15
+    timeout_s = 10  # long enough for three ranks to start and write their pids
     start = time.monotonic()
-    with pytest.raises(edist.LaunchTimeout, match=r"ranks \[0, 1, 2\] did not finish within timeout_s=15"):
+    with pytest.raises(edist.LaunchTimeout, match=r"ranks \[0, 1, 2\] did not finish within timeout_s=10"):
         edist.launch(ranks.hang_on_rank, 3, 1, str(tmp_path), timeout_s=timeout_s)
     assert time.monotonic() - start < timeout_s + 15
     pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]

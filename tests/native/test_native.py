@@ -389,11 +389,20 @@ FALLBACK_SCRIPT = """
         native_error = None
     except loader.NativeUnavailable as error:
         native_error = str(error)
+    try:
+        loader.use(True)
+        use_true_error = None
+    except loader.NativeUnavailable as error:
+        use_true_error = str(error)
     print(json.dumps(dict(
         results=[[t.tolist() for t in out[:3]] for out in (first, second)],
         warnings=[str(w.message) for w in caught
                   if str(w.message).startswith("embnb:")],
         native_error=native_error,
+        use_true_error=use_true_error,
+        use_none=loader.use(None),
+        use_false=loader.use(False),
+        failure=loader.failure(),
     )))
 """
 
@@ -406,6 +415,9 @@ def test_fallback_without_compiler_warns_once_and_gives_same_answer(tmp_path):
     assert "runs its pure-torch and Python versions instead" in report["warnings"][0]
     assert "/nonexistent/c++" in report["warnings"][0]  # says why
     assert report["native_error"] and "failed" in report["native_error"]
+    # the switch: True needs the library and says why it cannot have it; None and False fall back
+    assert report["use_true_error"] == report["failure"] and "/nonexistent/c++" in report["failure"]
+    assert report["use_none"] is False and report["use_false"] is False
     lengths = torch.tensor([2, 0, 3, 1])
     indices = torch.tensor([5, -1, 2**40, 7, 0, 11])
     for got, mode in zip(report["results"], ["hash_roundrobin", "roundrobin"]):
@@ -496,9 +508,15 @@ def _finished(compile_jobs, name: str) -> str:
     return output
 
 
+NO_NVCC = (
+    "nvcc is not on PATH: `make test` compiles the CUDA sources (CI has the CUDA toolkit, "
+    "13.0, with nvcc in /usr/local/bin); install the toolkit or put its bin/ on PATH"
+)
+
+
 def test_cuda_kernels_compile_with_nvcc(compile_jobs):
     if "nvcc" not in compile_jobs:
-        pytest.skip("nvcc not on PATH: the CUDA kernels were not compiled")
+        pytest.fail(NO_NVCC)
     _finished(compile_jobs, "nvcc")
 
 
@@ -518,7 +536,7 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
     into one library with no undefined symbol (static cudart, CPU torch),
     and loading it registers embnb::bucketize for CPU and CUDA."""
     if "nvcc" not in compile_jobs:
-        pytest.skip("nvcc not on PATH: nothing to link")
+        pytest.fail(NO_NVCC)
     _finished(compile_jobs, "nvcc")
     _finished(compile_jobs, "binding")
     out = compile_jobs["dir"]
@@ -558,6 +576,56 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
     registered = {line.split(":")[0]: line for line in done.stdout.splitlines()}
     assert "bucketize_cpu.cpp" in registered.get("CPU", ""), done.stdout
     assert "bucketize_cuda.cpp" in registered.get("CUDA", ""), done.stdout
+
+
+BUILD_THROUGH_THE_LOADER = """
+    import json, torch
+    from embnb.native import loader
+    native = loader.load()
+    print(json.dumps({"cuda": native.cuda, "library": str(native.library),
+                      "dispatch": torch._C._dispatch_dump("embnb::bucketize")}))
+"""
+
+
+def cuda_home() -> str:
+    """$CUDA_HOME, else the toolkit nvcc runs from: nvcc on PATH may be a
+    wrapper script, where torch's guess (its parent folder) has no headers."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    if shutil.which("nvcc") is None:
+        pytest.fail(NO_NVCC)
+    dry = subprocess.run(["nvcc", "--dryrun", "-c", "-x", "cu", os.devnull], capture_output=True, text=True)
+    (top,) = [line.split("=", 1)[1] for line in dry.stderr.splitlines() if line.startswith("#$ TOP=")]
+    return str(pathlib.Path(top).resolve())
+
+
+# The pinned stack's torch is a CPU build; the min stack's (a CUDA wheel, as
+# on the GPU machine) takes the loader's CUDA build path: `make test STACK=min`.
+@pytest.mark.skipif(
+    torch.version.cuda is None and os.environ.get("STACK") != "min",
+    reason="torch here is a CPU build: `make test STACK=min` (a CUDA torch) runs this",
+)
+def test_the_loader_builds_cuda_kernels_for_sm_90_without_a_gpu(tmp_path):
+    """The loader's own cpp_extension path, as on a GPU machine, with the
+    architecture given instead of read off a GPU: CUDA kernels for sm_90
+    in the library, and the bucketize op registered for CPU and CUDA."""
+    assert torch.version.cuda is not None, f"the min stack's torch {torch.__version__} has no CUDA"
+    home = cuda_home()
+    done = _run_python(
+        BUILD_THROUGH_THE_LOADER,
+        EMBNB_EXT_DIR=str(tmp_path),
+        TORCH_CUDA_ARCH_LIST="9.0",
+        CUDA_HOME=home,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    built = json.loads(done.stdout.strip().splitlines()[-1])
+    library = pathlib.Path(built["library"])
+    assert built["cuda"] is True and library.is_relative_to(tmp_path)
+    registered = {line.split(":")[0]: line for line in built["dispatch"].splitlines()}
+    assert "bucketize_cpu.cpp" in registered.get("CPU", ""), built["dispatch"]
+    assert "bucketize_cuda.cpp" in registered.get("CUDA", ""), built["dispatch"]
+    # what nvcc was told to build: code for sm_90 (torch's build file beside the library)
+    assert "code=sm_90" in (library.parent / "build.ninja").read_text()
 
 
 def test_use_reads_the_native_switch_one_way():
