@@ -281,19 +281,22 @@ def _check_importable(fn: Callable[..., Any]) -> None:
         ) from exc
 
 
-# CPU ranks fork from a server process that imported these once (a launch
-# then starts in a fraction of a second, not seconds of imports per rank);
-# ranks on GPUs are spawned fresh, since CUDA cannot run in a process forked
-# from one where it was initialised, and an import may initialise it.
+# CPU ranks fork from a server process that imported torch (and torchrec,
+# where the launcher has it) once: a launch then starts in a fraction of a
+# second, not seconds of imports per rank. Only modules the launcher already
+# imported are preloaded, so the server prints nothing the launcher did not.
+# Ranks on GPUs are spawned fresh: CUDA cannot run in a process forked from
+# one where it was initialised, and an import may initialise it.
 GROUP_TIMEOUT_MARGIN_S = 60
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torchrec", "embnb.dist"]
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "embnb.dist", "torchrec"]
 
 
 def _rank_context(plan: DevicePlan) -> Any:
     if plan.device == "cuda" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server starts (the first launch)
+    # read when the server starts, at the first launch
+    ctx.set_forkserver_preload([name for name in FORKSERVER_PRELOAD if name in sys.modules])
     return ctx
 
 

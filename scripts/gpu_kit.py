@@ -54,6 +54,9 @@ NOTEBOOK_PARAMETERS = {
     "02_cw_permute_indices": {},
     "03_dp_planner": {"num_tables": 12, "quality_instances": 4, "budget_fractions": [1.0, 0.5]},
     "04_balancer_overlap": {
+        "batch_size": 32,
+        "max_length": 1024,
+        "repeats": 3,
         "steps": 3,
         "sample_counts": [256],
         "part_counts": [8],

@@ -89,6 +89,35 @@ def test_a_gpu_run_without_cuda_kernels_or_cuda_tests_cannot_pass():
     assert gpu_kit.cuda_problems(False, {"cuda": False}, skipped) == []  # the CPU test of the kit
 
 
+def test_the_build_step_fails_where_a_gpu_is_seen_but_the_library_has_no_cuda(tmp_path):
+    # A faked visible GPU in front of a CPU-only build (the loader told not to
+    # build CUDA, as where nvcc is missing): the kit's build step must exit
+    # non-zero and say why.
+    fake_gpu = (
+        "import torch\nfrom embnb.native import loader\n"
+        "loader.with_cuda = lambda: False\ntorch.cuda.is_available = lambda: True\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", fake_gpu + gpu_kit.BUILD_CHECK, str(tmp_path / "build.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode != 0
+    assert "a GPU is visible but the library was built without CUDA kernels" in done.stderr
+    assert json.loads((tmp_path / "build.json").read_text())["cuda"] is False
+    # and without the fake, the same step passes on this CPU machine
+    plain = subprocess.run(
+        [sys.executable, "-c", gpu_kit.BUILD_CHECK, str(tmp_path / "plain.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert plain.returncode == 0, plain.stderr[-2000:]
+
+
 def test_junit_counts_read_what_pytest_wrote(tmp_path):
     test_file = tmp_path / "test_three.py"
     test_file.write_text(
