@@ -13,8 +13,41 @@ import pytest
 
 from embnb import harness
 from tests.browser.conftest import shutdown_kernels
-from tests.notebooks.test_interactive_runs import SMALL
 
+SMALL = {  # the smallest runs that still touch every section
+    "01_modulo_aliasing": {
+        "num_keys": 20_000,
+        "world_sizes": [4],
+        "kv_world_size": 2,
+        "kv_keys_per_rank": 64,
+        "embedding_dim": 4,
+        "reshard_world_size": 3,
+        "kernel_sizes": [10_000],
+        "kernel_repeats": 1,
+    },
+    "02_cw_permute_indices": {},
+    "03_dp_planner": {
+        "num_tables": 6,
+        "world_size": 2,
+        "budget_fractions": [1.0],
+        "quality_instances": 1,
+        "timeout_s": 10,
+    },
+    "04_balancer_overlap": {
+        "world_size": 2,
+        "batch_size": 4,
+        "max_length": 32,
+        "steps": 3,
+        "repeats": 2,
+        "embedding_dim": 8,
+        "ffn_dim": 16,
+        "sample_counts": [256],
+        "part_counts": [4],
+        "seeds": [0],
+        "exchange_world_sizes": [2],
+        "bytes_world_sizes": [2, 4],
+    },
+}
 RUN_ALL_TIMEOUT_MS = 420_000  # ranks on a 2-core machine: tens of seconds per notebook
 REDRAW_TIMEOUT_MS = 120_000
 FIGURE = ".widget-output img"  # the explorer's figure (the only image inside a widget)
