@@ -1,11 +1,14 @@
 """Key streams that alias under `key % world_size`, and a loader for real ids.
 
-Every generator has the form `fn(num_keys, *, world_size=8, seed=0, ...)` and
-returns a 1-D torch.int64 tensor, the same for the same arguments. Patterns:
+Every generator has the form `fn(num_keys, *, seed=0, ...)` and returns a
+1-D torch.int64 tensor, the same for the same arguments. No stream knows the
+world size it will be routed to: whatever aliasing `key % W` shows is found
+in the stream, not built into it. Patterns:
 
 - uniform:    ids drawn uniformly from [0, 2**40): the easy case.
 - sequential: start, start+1, ...: balanced by `%`, bunched by blocks.
-- strided:    k*W + r for random k: every key has the same residue mod W.
+- strided:    k*stride + offset for random k (one of `stride` interleaved id
+              allocators): `key % W` reaches only W / gcd(stride, W) ranks.
 - tagged:     low `tag_bits` bits hold a type tag from a small set.
 - snowflake:  Twitter-style (ms << 22 | worker << 12 | sequence); few ids per
               ms, so the sequence is mostly 0 and ids are multiples of 4096.
@@ -36,57 +39,50 @@ TWITTER_EPOCH_MS = 1_288_834_974_657
 SNOWFLAKE_START_MS = 1_700_000_000_000 - TWITTER_EPOCH_MS  # Nov 2023
 
 
-def _check_sizes(num_keys: int, world_size: int) -> None:
+def _check_sizes(num_keys: int) -> None:
     if num_keys < 0:
         raise ValueError(f"num_keys must be >= 0, got {num_keys}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
 
 
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def uniform_ids(
-    num_keys: int, *, world_size: int = 8, seed: int = 0, id_space: int = ID_SPACE
-) -> torch.Tensor:
+def uniform_ids(num_keys: int, *, seed: int = 0, id_space: int = ID_SPACE) -> torch.Tensor:
     """Ids uniform over [0, id_space)."""
-    _check_sizes(num_keys, world_size)
+    _check_sizes(num_keys)
     return torch.randint(0, id_space, (num_keys,), generator=_generator(seed), dtype=torch.int64)
 
 
-def sequential_ids(num_keys: int, *, world_size: int = 8, seed: int = 0, start: int = 0) -> torch.Tensor:
+def sequential_ids(num_keys: int, *, seed: int = 0, start: int = 0) -> torch.Tensor:
     """start, start+1, ...; `seed` is accepted for a uniform signature only."""
-    _check_sizes(num_keys, world_size)
+    _check_sizes(num_keys)
     return torch.arange(start, start + num_keys, dtype=torch.int64)
 
 
 def strided_ids(
     num_keys: int,
     *,
-    world_size: int = 8,
     seed: int = 0,
-    residue: int = 0,
+    stride: int = 12,
+    offset: int = 0,
     id_space: int = ID_SPACE,
 ) -> torch.Tensor:
-    """k*W + residue for random k: e.g. ids from W allocators, one per shard."""
-    _check_sizes(num_keys, world_size)
-    if not 0 <= residue < world_size:
-        raise ValueError(f"residue must be in [0, {world_size}), got {residue}")
-    k = torch.randint(
-        0,
-        id_space // world_size,
-        (num_keys,),
-        generator=_generator(seed),
-        dtype=torch.int64,
-    )
-    return k * world_size + residue
+    """k*stride + offset for random k: the ids one of `stride` interleaved
+    allocators hands out (allocator `offset`), e.g. auto-increment with
+    `auto_increment_increment = stride` in a multi-writer database."""
+    _check_sizes(num_keys)
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
+    if not 0 <= offset < stride:
+        raise ValueError(f"offset must be in [0, {stride}), got {offset}")
+    k = torch.randint(0, id_space // stride, (num_keys,), generator=_generator(seed), dtype=torch.int64)
+    return k * stride + offset
 
 
 def tagged_ids(
     num_keys: int,
     *,
-    world_size: int = 8,
     seed: int = 0,
     tag_bits: int = 3,
     tags: tuple[int, ...] = (1, 2, 5),
@@ -97,7 +93,7 @@ def tagged_ids(
     With W a power of two <= 2**tag_bits, `key % W` sees only the tag, so at
     most len(tags) ranks get any key.
     """
-    _check_sizes(num_keys, world_size)
+    _check_sizes(num_keys)
     if not tags:
         raise ValueError("tags must not be empty")
     bad = [t for t in tags if not 0 <= t < 2**tag_bits]
@@ -112,7 +108,6 @@ def tagged_ids(
 def snowflake_ids(
     num_keys: int,
     *,
-    world_size: int = 8,
     seed: int = 0,
     ids_per_ms: float = 0.05,
     num_workers: int = 4,
@@ -124,7 +119,7 @@ def snowflake_ids(
     `num_workers` workers; the 12-bit sequence counts ids made by one worker
     within one ms, so at low rates it is almost always 0.
     """
-    _check_sizes(num_keys, world_size)
+    _check_sizes(num_keys)
     if not 0 < ids_per_ms <= 1:
         raise ValueError(f"ids_per_ms must be in (0, 1], got {ids_per_ms}")
     if not 1 <= num_workers <= 1024:
@@ -164,7 +159,6 @@ def _zipf_ranks(num: int, alpha: float, support: int, gen: torch.Generator) -> t
 def zipf_ids(
     num_keys: int,
     *,
-    world_size: int = 8,
     seed: int = 0,
     alpha: float = 1.2,
     vocab_size: int = 100_000,
@@ -175,7 +169,7 @@ def zipf_ids(
     The hottest id alone carries zipf_probs(...)[0] of the traffic (about 0.2
     by default), so any routing has max/mean >= that share * world_size.
     """
-    _check_sizes(num_keys, world_size)
+    _check_sizes(num_keys)
     if vocab_size < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     if alpha <= 0:
@@ -206,12 +200,12 @@ PATTERNS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def make_keys(pattern: str, num_keys: int, world_size: int, seed: int = 0, **options) -> torch.Tensor:
+def make_keys(pattern: str, num_keys: int, seed: int = 0, **options) -> torch.Tensor:
     """Keys of a named pattern; `options` go to the generator."""
     if pattern not in PATTERNS:
         raise ValueError(f"unknown pattern {pattern!r}; valid patterns: {', '.join(PATTERNS)}")
-    _check_sizes(num_keys, world_size)
-    return PATTERNS[pattern](num_keys, world_size=world_size, seed=seed, **options)
+    _check_sizes(num_keys)
+    return PATTERNS[pattern](num_keys, seed=seed, **options)
 
 
 _CSV_SEPARATORS = {".csv": ",", ".tsv": "\t"}

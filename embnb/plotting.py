@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import matplotlib
 import torch
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter
 
 __all__ = ["PALETTE", "color", "new_figure", "values_of", "rank_ticks", "rank_bars"]
@@ -83,6 +84,8 @@ def rank_bars(
     *,
     highlight: Mapping[str, Sequence[float] | torch.Tensor] | None = None,
     highlight_label: str = "hottest key",
+    floor: float | None = None,
+    floor_label: str = "hot-key floor",
     ylabel: str = "load per rank",
     title: str | None = None,
 ) -> Figure:
@@ -91,7 +94,9 @@ def rank_bars(
     Each panel dashes the mean and gives max/mean in its title: a synchronous
     step waits for the tallest bar. `highlight[name]` (per-rank values, a
     part of the totals such as the hottest key's lookups) is drawn over the
-    bars in black. The legend sits below the panels, so it never hides a bar.
+    bars in black. `floor` (a max/mean no layout can go below) is drawn at
+    `floor * mean`. The legend sits below the panels, so it never hides a
+    bar; its "all" patch is grey, since each panel has its own colour.
     """
     if not loads_by_name:
         raise ValueError("loads_by_name is empty: nothing to plot")
@@ -112,11 +117,14 @@ def rank_bars(
                 label=highlight_label,
             )
         ax.axhline(mean, **MEAN_STYLE, label="mean")
+        if floor is not None:
+            ax.axhline(floor * mean, color="#c44e52", linestyle=":", linewidth=1.5, label=floor_label)
         ax.set_title(f"{name}\nmax/mean {max(loads) / mean:.3f}" if mean else name)
         rank_ticks(ax, len(loads))
         ax.yaxis.set_major_formatter(EngFormatter(sep=""))
     axes[0].set_ylabel(ylabel)
     handles, labels = axes[0].get_legend_handles_labels()
+    handles[labels.index("all")] = Patch(facecolor="0.6", label="all")
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)

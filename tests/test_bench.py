@@ -7,6 +7,7 @@ subprocess would only add torch's import); one test runs the module."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -38,6 +39,7 @@ def results(tmp_path, name: str) -> dict:
 
 
 def test_bucketize_bench_rows_agree_with_their_timings(tmp_path, bench):
+    threads_before = torch.get_num_threads()
     bench(
         "bucketize",
         "--device",
@@ -52,12 +54,19 @@ def test_bucketize_bench_rows_agree_with_their_timings(tmp_path, bench):
         "1",
         "--reference-repeats",
         "1",
+        "--threads",
+        "1,0",
         "--out",
         str(tmp_path),
     )
     payload = results(tmp_path, "bucketize")
     assert payload["device"] == "cpu" and payload["input"]["indices_dtype"] == "int64"
-    assert [(r["world_size"]) for r in payload["rows"]] == [2, 8, 2, 8]
+    cores = os.cpu_count()
+    # every case at one thread and at all cores, for every implementation alike
+    assert [(r["world_size"], r["threads"]) for r in payload["rows"]] == [
+        (w, t) for _ in range(2) for w in (2, 8) for t in (1, cores)
+    ]
+    assert torch.get_num_threads() == threads_before  # the bench puts the setting back
     for row in payload["rows"]:
         n, s, w = row["num_keys"], row["num_segments"], row["world_size"]
         assert row["identical"]

@@ -35,32 +35,32 @@ def within_sigmas(observed: int, n: int, p: float, sigmas: float = 5.0) -> bool:
 
 @pytest.mark.parametrize("pattern", sorted(PATTERNS))
 def test_shape_dtype_and_determinism(pattern):
-    keys = make_keys(pattern, 1000, world_size=8, seed=3)
+    keys = make_keys(pattern, 1000, seed=3)
     assert keys.dtype == torch.int64 and keys.shape == (1000,)
     assert bool((keys >= 0).all())
-    assert torch.equal(keys, make_keys(pattern, 1000, world_size=8, seed=3))
-    assert make_keys(pattern, 0, world_size=8).shape == (0,)
+    assert torch.equal(keys, make_keys(pattern, 1000, seed=3))
+    assert make_keys(pattern, 0).shape == (0,)
 
 
 @pytest.mark.parametrize("pattern", sorted(set(PATTERNS) - {"sequential"}))
 def test_different_seeds_differ(pattern):
-    first = make_keys(pattern, 1000, world_size=8, seed=0)
-    assert not torch.equal(first, make_keys(pattern, 1000, world_size=8, seed=1))
+    first = make_keys(pattern, 1000, seed=0)
+    assert not torch.equal(first, make_keys(pattern, 1000, seed=1))
 
 
 def test_make_keys_errors_name_the_value():
     with pytest.raises(ValueError, match="'nope'.*uniform, sequential, strided"):
-        make_keys("nope", 10, world_size=8)
+        make_keys("nope", 10)
     with pytest.raises(ValueError, match="num_keys must be >= 0, got -3"):
-        make_keys("uniform", -3, world_size=8)
-    with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
-        make_keys("strided", 10, world_size=0)
+        make_keys("uniform", -3)
+    with pytest.raises(ValueError, match="stride must be >= 1, got 0"):
+        make_keys("strided", 10, stride=0)
 
 
 def test_make_keys_passes_options():
     assert torch.equal(
-        make_keys("strided", 50, world_size=4, seed=2, residue=3),
-        strided_ids(50, world_size=4, seed=2, residue=3),
+        make_keys("strided", 50, seed=2, stride=4, offset=3),
+        strided_ids(50, seed=2, stride=4, offset=3),
     )
 
 
@@ -79,7 +79,7 @@ def test_uniform_is_uniform():
 
 
 def test_sequential_counts_up_from_start():
-    assert make_keys("sequential", 5, world_size=8, start=40).tolist() == [
+    assert make_keys("sequential", 5, start=40).tolist() == [
         40,
         41,
         42,
@@ -88,16 +88,19 @@ def test_sequential_counts_up_from_start():
     ]
 
 
-@pytest.mark.parametrize("world_size,residue", [(8, 0), (8, 5), (6, 1), (1, 0)])
-def test_strided_has_one_residue(world_size, residue):
-    keys = strided_ids(N, world_size=world_size, residue=residue, seed=1)
-    assert bool((keys % world_size == residue).all())
+@pytest.mark.parametrize("stride,offset", [(12, 0), (8, 5), (6, 1), (1, 0)])
+def test_strided_has_one_residue_and_random_multiples(stride, offset):
+    keys = strided_ids(N, stride=stride, offset=offset, seed=1)
+    assert bool((keys % stride == offset).all())
     assert torch.unique(keys).numel() > 0.99 * N  # random, not repeated
+    # the multiples k are uniform: their residues mod 7 are 1/7 each
+    multiples = (keys - offset) // stride
+    assert all(within_sigmas(int(c), N, 1 / 7) for c in torch.bincount(multiples % 7, minlength=7))
 
 
-def test_strided_rejects_residue_outside_world():
-    with pytest.raises(ValueError, match=r"residue must be in \[0, 4\), got 4"):
-        strided_ids(10, world_size=4, residue=4)
+def test_strided_rejects_offset_outside_stride():
+    with pytest.raises(ValueError, match=r"offset must be in \[0, 4\), got 4"):
+        strided_ids(10, stride=4, offset=4)
 
 
 def test_tagged_low_bits_are_tags():
@@ -160,7 +163,7 @@ def test_zipf_hot_key_defeats_any_routing():
     # Route each distinct id to a random rank (an ideal hash). The hot id's
     # rank still carries its whole share: max/mean >= share * world_size.
     world_size, vocab_size, alpha = 8, 100_000, 1.2
-    keys = zipf_ids(N, world_size=world_size, alpha=alpha, vocab_size=vocab_size)
+    keys = zipf_ids(N, alpha=alpha, vocab_size=vocab_size)
     ideal_hash = torch.randint(0, world_size, (vocab_size,), generator=torch.Generator().manual_seed(9))
     counts = torch.bincount(ideal_hash[keys], minlength=world_size)
     bound = zipf_share(1, vocab_size, alpha) * world_size

@@ -40,6 +40,18 @@ def test_rank_bars_draws_one_panel_per_name_with_max_over_mean_titles():
     assert list(mean_line.get_ydata()) == [2.0, 2.0]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert sorted(legend) == ["all", "hottest key", "mean"]
+    # each panel has its own colour, so the legend's "all" is neither
+    patch = fig.legends[0].get_patches()[legend.index("all")]
+    panel_colours = {tuple(ax.patches[0].get_facecolor()) for ax in axes}
+    assert tuple(patch.get_facecolor()) not in panel_colours
+
+
+def test_rank_bars_draws_the_floor_at_floor_times_the_mean():
+    fig = plotting.rank_bars({"zipf": [6, 1, 1, 0]}, floor=2.5, title="t")
+    (ax,) = fig.get_axes()
+    heights = sorted({float(line.get_ydata()[0]) for line in ax.lines})
+    assert heights == [2.0, 5.0]  # the mean 2 and the floor 2.5 * 2
+    assert "hot-key floor" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
 def test_rank_bars_refuses_empty_input():

@@ -8,6 +8,7 @@ JSON to benchmarks/results/.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 
@@ -32,6 +33,12 @@ def main(argv: list[str]) -> int:
         "--dist-types", default="continuous", help="comma-separated; FBGEMM runs only continuous"
     )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument(
+        "--threads",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 0],
+        help="torch threads for every implementation, one row each (0: all cores; CPU only)",
+    )
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reference-repeats", type=int, default=3)
@@ -58,13 +65,14 @@ def main(argv: list[str]) -> int:
         args.world_sizes,
         dist_types,
         device,
+        threads=args.threads,
         repeats=repeats,
         warmup=args.warmup,
         reference_repeats=args.reference_repeats,
     )
     print(
         f"machine: {payload['machine']} ({payload['cpu_model']}), "
-        f"{payload['threads']} threads, copy {payload['copy_gbps']:.1f} GB/s, "
+        f"{os.cpu_count()} cores, copy {payload['copy_gbps']:.1f} GB/s, "
         f"load average {payload['load_average_before'][0]:.1f} -> "
         f"{payload['load_average_after'][0]:.1f}"
     )

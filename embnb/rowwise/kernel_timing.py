@@ -8,9 +8,15 @@ the same run: embnb's native kernel (`torch.ops.embnb.bucketize`),
 FBGEMM's `block_bucketize_sparse_features(sequence=True)` (both ops called
 directly; FBGEMM in continuous mode only, and on a GPU only where a CUDA
 FBGEMM is installed) and the pure-torch reference. Calls are interleaved
-round by round so that load from other processes hits all of them alike; each figure is a median after warm-up
-(CUDA timed with events); the JSON also keeps the best round, and the
-table the ratio of best rounds. On a GPU the pure-torch reference runs on
+round by round so that load from other processes hits all of them alike;
+each figure is a median after warm-up (CUDA timed with events); the JSON
+also keeps the best round, and the table the ratio of best rounds.
+
+On CPU each case runs at every thread count of `threads` (0: all cores),
+set with `torch.set_num_threads` for all implementations alike: embnb's
+kernel splits its work with `at::parallel_for`, FBGEMM's CPU op runs on one
+thread whatever the setting, so a ratio at all cores depends on the core
+count and only the one-thread ratio compares the kernels themselves. On a GPU the pure-torch reference runs on
 the GPU too: it is the torch-native GPU peer.
 Before timing, the outputs are compared: embnb must equal FBGEMM and the
 reference bit for bit, or the run fails.
@@ -26,11 +32,12 @@ for continuous, FBGEMM's block size ceil(rows / W).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import pathlib
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -101,6 +108,7 @@ def measure_case(
     dist_type: str,
     device: str,
     *,
+    threads: int,
     repeats: int,
     warmup: int,
     reference_repeats: int,
@@ -133,15 +141,21 @@ def measure_case(
         theirs = calls["fbgemm"]()
         identical &= _same(ours[:3], (theirs[0], theirs[1], theirs[4]))
 
-    for name, fn in calls.items():
-        for _ in range(warmup if name != "reference" else 0):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for round_ in range(repeats):  # interleaved rounds
-        for name, fn in calls.items():
-            if name == "reference" and round_ >= reference_repeats:
-                continue
-            times[name].append(median_seconds(fn, 1, 0, device))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    try:
+        used_threads = torch.get_num_threads()
+        for fn in calls.values():
+            for _ in range(warmup):
+                fn()
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for round_ in range(repeats):  # interleaved rounds
+            for name, fn in calls.items():
+                if name == "reference" and round_ >= reference_repeats:
+                    continue
+                times[name].append(median_seconds(fn, 1, 0, device))
+    finally:
+        torch.set_num_threads(before)
 
     num = indices.numel()
     moved = bytes_moved(lengths, indices, world_size)
@@ -149,6 +163,7 @@ def measure_case(
         num_keys=num,
         world_size=world_size,
         dist_type=mode.value,
+        threads=used_threads,
         num_segments=lengths.numel(),
         bytes_moved=moved,
         identical=bool(identical),
@@ -182,31 +197,38 @@ def run(
     dist_types=("continuous",),
     device: str = "cpu",
     *,
+    threads: Sequence[int] = (1, 0),
     repeats: int = 15,
     warmup: int = 3,
     reference_repeats: int = 3,
     progress: bool = True,
 ) -> dict:
-    """Measure every case; returns the JSON payload (rows plus context)."""
+    """Measure every case at every thread count of `threads` (0: all cores;
+    on CUDA only the first); returns the JSON payload (rows plus context)."""
+    bad = [t for t in threads if not isinstance(t, int) or isinstance(t, bool) or t < 0]
+    if not threads or bad:
+        raise ValueError(f"threads must be a non-empty list of ints >= 0 (0: all cores), got {list(threads)}")
+    if torch.device(device).type == "cuda":
+        threads = threads[:1]  # the host threads only launch the kernels
     fbgemm = fbgemm_peer(device)
     load_before = os.getloadavg()
     rows = []
-    for dist_type in dist_types:
-        for num_keys in sizes:
-            for world_size in world_sizes:
-                row = measure_case(
-                    num_keys,
-                    world_size,
-                    dist_type,
-                    device,
-                    repeats=repeats,
-                    warmup=warmup,
-                    reference_repeats=reference_repeats,
-                    fbgemm=fbgemm,
-                )
-                rows.append(row)
-                if progress:
-                    print(format_table([row], header=len(rows) == 1), flush=True)
+    cases = itertools.product(dist_types, sizes, world_sizes, threads)
+    for dist_type, num_keys, world_size, thread_count in cases:
+        row = measure_case(
+            num_keys,
+            world_size,
+            dist_type,
+            device,
+            threads=thread_count,
+            repeats=repeats,
+            warmup=warmup,
+            reference_repeats=reference_repeats,
+            fbgemm=fbgemm,
+        )
+        rows.append(row)
+        if progress:
+            print(format_table([row], header=len(rows) == 1), flush=True)
     copy = copy_gbps(device)
     for row in rows:
         row["embnb_fraction_of_copy"] = row["embnb_gbps"] / copy
@@ -215,7 +237,8 @@ def run(
         device=device,
         machine=machine_name(device),
         cpu_model=_cpu_model(),
-        threads=torch.get_num_threads(),
+        cores=os.cpu_count(),
+        threads=list(threads),
         torch=torch.__version__,
         fbgemm="available" if fbgemm else "not available on this device",
         copy_gbps=copy,
@@ -253,13 +276,13 @@ def format_table(rows: list[dict], header: bool = True) -> str:
     lines = []
     if header:
         lines.append(
-            f"{'keys':>9} {'W':>3} {'dist_type':<15} {'embnb Mk/s':>10} "
+            f"{'keys':>9} {'W':>3} {'dist_type':<15} {'threads':>7} {'embnb Mk/s':>10} "
             f"{'GB/s':>6} {'fbgemm Mk/s':>11} {'GB/s':>6} {'ref Mk/s':>8} "
             f"{'x fbgemm':>8} {'(best)':>6} {'x ref':>6} same"
         )
     for r in rows:
         lines.append(
-            f"{r['num_keys']:>9} {r['world_size']:>3} {r['dist_type']:<15} "
+            f"{r['num_keys']:>9} {r['world_size']:>3} {r['dist_type']:<15} {r['threads']:>7} "
             f"{_fmt(r['embnb_mkeys_s']):>10} {_fmt(r['embnb_gbps'], 2):>6} "
             f"{_fmt(r['fbgemm_mkeys_s']):>11} {_fmt(r['fbgemm_gbps'], 2):>6} "
             f"{_fmt(r['reference_mkeys_s'], 2):>8} "

@@ -8,7 +8,8 @@ a seed, so every rank, every world size and the single-process table give a
 key the same initial row.
 
 One lookup of a KeyedJaggedTensor (data-parallel input: every rank looks up
-its own batch) is two all-to-alls, as torchrec's row-wise sharding does:
+its own batch) is three ``all_to_all_single`` calls (counts, ids, rows), the
+ids-out, rows-back shape of torchrec's row-wise sharding:
 
 1. ``bucketize`` groups the keys by owner rank; the ranks exchange how many
    keys each sends to each, then the keys (``all_to_all_single`` with uneven

@@ -24,10 +24,19 @@ import torch
 
 from embnb.dist import device_plan, launch_each
 from embnb.metrics import max_over_mean
-from embnb.rowwise import checkpoint, kv
-from embnb.rowwise.routing import DistType, owner_rank
+from embnb.rowwise import checkpoint, kv, reference
+from embnb.rowwise.routing import DistType, hash_key, owner_rank
 
-__all__ = ["KVLookupRun", "run_kv_lookups", "ReshardReport", "reshard", "mismatch_message", "results"]
+__all__ = [
+    "KVLookupRun",
+    "run_kv_lookups",
+    "ReshardReport",
+    "reshard",
+    "DYNAMICEMB_LOADER",
+    "compare_loaders",
+    "mismatch_message",
+    "results",
+]
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,8 @@ class ReshardReport:
     distinct_keys_loaded: int
     every_key_on_owner: bool  # each loaded key sits on its owner under the new W
     rows_exact: bool  # loaded rows are bit-identical to the saved ones
-    naive_loader_misplaced_fraction: float  # rows a `key % W == rank` loader gets wrong
+    rows_moved_fraction: float  # rows whose owner differs between the two world sizes
+    jump_hash_moved_fraction: float  # the same, had the owner been jump_bucket(fmix64(key), W)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -141,11 +151,19 @@ def reshard(
         for rank in range(load_world_size)
     ]
     keys = torch.cat([k for k, _ in loaded])
-    true_owner = owner_rank(keys, load_world_size, mode, block_size)
-    naive_owner = torch.remainder(keys, load_world_size)  # dynamicemb's loader
+    saved_world_size = len(rows_saved)
+    old_owner = owner_rank(
+        keys, saved_world_size, mode, checkpoint.read_metadata(directory, kv.TABLE_NAME)["block_size"]
+    )
+    new_owner = owner_rank(keys, load_world_size, mode, block_size)
+    hashes = [h & reference.MASK64 for h in hash_key(keys).tolist()]
+    jump_moved = sum(
+        reference.jump_bucket(h, saved_world_size) != reference.jump_bucket(h, load_world_size)
+        for h in hashes
+    )
     return ReshardReport(
         dist_type=mode.value,
-        saved_world_size=len(rows_saved),
+        saved_world_size=saved_world_size,
         load_world_size=load_world_size,
         rows_saved=list(rows_saved),
         rows_loaded=[len(k) for k, _ in loaded],
@@ -155,8 +173,62 @@ def reshard(
             for rank, (k, _) in enumerate(loaded)
         ),
         rows_exact=all(torch.equal(rows, kv.init_rows(k, embedding_dim, seed)) for k, rows in loaded),
-        naive_loader_misplaced_fraction=float((naive_owner != true_owner).double().mean()),
+        rows_moved_fraction=float((old_owner != new_owner).double().mean()),
+        jump_hash_moved_fraction=jump_moved / max(len(hashes), 1),
     )
+
+
+# The loader this compares with: NVIDIA/recsys-examples at 5174c99 (2025),
+# corelib/dynamicemb/dynamicemb/key_value_table.py, KeyValueTable.load, keeps
+# `masks = keys % world_size == rank` of every key file it reads, whatever
+# dist_type the table routes with.
+DYNAMICEMB_LOADER = "NVIDIA/recsys-examples@5174c99, dynamicemb/key_value_table.py, KeyValueTable.load"
+
+
+def compare_loaders(
+    directory: str,
+    dist_type: DistType | str,
+    world_sizes: Sequence[int],
+    block_sizes: Mapping[int, int | None] | None = None,
+) -> list[dict[str, Any]]:
+    """For each world size: where the checkpoint's rows land under embnb's
+    loader (`checkpoint.load`: each row on the rank that routing asks) and
+    under the `key % W == rank` filter of `DYNAMICEMB_LOADER` applied to
+    every saved row, counted against the owner that lookups go to. A row
+    off its owner is unreachable: lookups of its key start from a fresh
+    row on the owner."""
+    mode = DistType.parse(dist_type)
+    block_sizes = dict(block_sizes or {})
+    saved_world_size = checkpoint.read_metadata(directory, kv.TABLE_NAME)["world_size"]
+    saved = torch.cat(
+        [
+            checkpoint.load(directory, kv.TABLE_NAME, r, saved_world_size, mode)[0]
+            for r in range(saved_world_size)
+        ]
+    )
+    rows = []
+    for world_size in world_sizes:
+        block_size = block_sizes.get(world_size)
+        loaded = [
+            checkpoint.load(directory, kv.TABLE_NAME, rank, world_size, mode, block_size=block_size)[0]
+            for rank in range(world_size)
+        ]
+        embnb_off_owner = sum(
+            int((owner_rank(keys, world_size, mode, block_size) != rank).sum())
+            for rank, keys in enumerate(loaded)
+        )
+        modulo_rank = torch.remainder(saved, world_size)  # the rank whose filter keeps the row
+        owner = owner_rank(saved, world_size, mode, block_size)
+        rows.append(
+            {
+                "world_size": world_size,
+                "rows_saved": saved.numel(),
+                "embnb_rows_loaded": sum(k.numel() for k in loaded),
+                "embnb_rows_off_owner": embnb_off_owner,
+                "modulo_filter_rows_off_owner": int((modulo_rank != owner).sum()),
+            }
+        )
+    return rows
 
 
 def mismatch_message(directory: str, load_world_size: int, dist_type: DistType | str) -> str | None:
@@ -174,50 +246,77 @@ def results(
     world_size: int,
     num_keys: int,
     zipf_alpha: float,
+    stride: int,
     sweep: pd.DataFrame,
     max_over_mean_grid: dict[str, dict[str, float]],
+    gcd_rule: dict[str, dict[int, dict[str, float]]],
     zipf_floor: float,
+    hash_noise: pd.DataFrame,
+    hash_bands: dict[int, dict[float, float]],
+    zipf_seeds: pd.DataFrame,
+    zipf_sign: dict[str, Any],
     kv_run: KVLookupRun,
     kv_pattern: str,
     kv_rows_match: bool,
     reshard_report: ReshardReport,
+    loaders: list[dict[str, Any]],
     wrong_dist_type: str,
     mismatch: str | None,
     kernel: dict[str, Any],
     seconds: dict[str, float],
 ) -> dict[str, Any]:
     """Notebook 01's results JSON: its key numbers, for `make run` and the tests."""
-
-    def ratio(pattern: str, dist_type: str) -> float:
-        return max_over_mean_grid.get(pattern, {}).get(dist_type, float("nan"))
-
+    strided = gcd_rule.get("strided", {})
+    medians = zipf_seeds.groupby(["traffic", "dist_type"])["max_over_mean"].median()
+    noise = hash_noise.groupby("keys_per_rank")["max_over_mean"].median()
     kv_ratios = kv_run.max_over_mean()
-    keys_looked_up = sum(len(r) for r in next(iter(kv_run.rows.values())))
-    summary = "; ".join(
-        [
-            f"strided W={world_size}: roundrobin max/mean {ratio('strided', 'roundrobin'):.2f} "
-            f"vs hash {ratio('strided', 'hash_roundrobin'):.2f}",
-            f"zipf: {ratio('zipf', 'roundrobin'):.2f} vs {ratio('zipf', 'hash_roundrobin'):.2f} "
-            f"(floor {zipf_floor:.2f})",
-            f"KV {kv_run.world_size} ranks: {kv_ratios.get('roundrobin', 0):.2f} "
-            f"vs {kv_ratios.get('hash_roundrobin', 0):.2f}",
-            f"checkpoint {sum(reshard_report.rows_saved)} rows "
-            f"{reshard_report.saved_world_size}->{reshard_report.load_world_size} "
-            f"ranks: {sum(reshard_report.rows_loaded)} loaded",
-        ]
-    )
+    same_w = next((r for r in loaders if r["world_size"] == kv_run.world_size), None)
+    parts = []
+    if strided:
+        measured = ", ".join(f"W={w} {v['measured']:.2f}" for w, v in strided.items())
+        parts.append(f"strided (stride {stride}) under roundrobin: {measured}, = gcd({stride}, W)")
+    if not noise.empty:
+        n = noise.index[len(noise) // 2]
+        band = hash_bands[n]
+        low, high = min(band), max(band)
+        parts.append(
+            f"hash at {n:,} keys/rank: {noise[n]:.3f} (random owner {band[low]:.3f}-{band[high]:.3f})"
+        )
+    if not medians.empty:
+        raw = medians["all lookups"]
+        parts.append(
+            "zipf medians over seeds: "
+            + ", ".join(f"{d} {v:.2f}" for d, v in raw.items())
+            + f" (floor {zipf_floor:.2f}), hash below roundrobin on {zipf_sign['first_below']} of "
+            f"{zipf_sign['seeds']} seeds (p = {zipf_sign['p_value']:.2f}): hashing does not fix hot keys"
+        )
+    parts.append(f"KV {kv_run.world_size} ranks: " + ", ".join(f"{d} {v:.2f}" for d, v in kv_ratios.items()))
+    if same_w is not None:
+        parts.append(
+            f"checkpoint reloaded at W={same_w['world_size']}: a key % W filter leaves "
+            f"{same_w['modulo_filter_rows_off_owner'] / max(same_w['rows_saved'], 1):.0%} of rows off their "
+            f"owner, embnb {same_w['embnb_rows_off_owner']}"
+        )
     return {
         "world_size": world_size,
         "num_keys": num_keys,
         "zipf_alpha": zipf_alpha,
+        "stride": stride,
         "max_over_mean": max_over_mean_grid,
+        "gcd_rule": {p: {str(w): v for w, v in rule.items()} for p, rule in gcd_rule.items()},
         "zipf_hot_key_floor": zipf_floor,
         "sweep": sweep.to_dict(orient="records"),
+        "hash_noise": {
+            "measured": hash_noise.to_dict(orient="records"),
+            "random_owner": {str(n): {str(q): v for q, v in band.items()} for n, band in hash_bands.items()},
+        },
+        "zipf_seeds": zipf_seeds.to_dict(orient="records"),
+        "zipf_sign_test": zipf_sign,
         "kv": {
             "world_size": kv_run.world_size,
             "pattern": kv_pattern,
             "backend": kv_run.backend,
-            "keys_looked_up": keys_looked_up,
+            "keys_looked_up": sum(len(r) for r in next(iter(kv_run.rows.values()))),
             "keys_served": kv_run.keys_served(),
             "rows_held": kv_run.rows_held(),
             "max_over_mean": kv_ratios,
@@ -225,8 +324,9 @@ def results(
             "seconds": kv_run.seconds,
         },
         "checkpoint": reshard_report.as_dict(),
+        "loaders": {"dynamicemb": DYNAMICEMB_LOADER, "rows": loaders},
         "mismatch": {"asked_dist_type": wrong_dist_type, "raised": mismatch is not None, "message": mismatch},
         "kernel": kernel,
         "seconds": seconds,
-        "summary": summary,
+        "summary": "; ".join(parts),
     }

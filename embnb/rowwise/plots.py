@@ -5,6 +5,8 @@ Figures share the style of `embnb.plotting` (palette, rank bars).
     fig = load_heatmap(table)                        # notebook 01
     fig = embnb.plotting.rank_bars({"roundrobin": [8, 0, 0, 0], ...})  # per-rank load
     fig = max_over_mean_vs_world_size(table, ["strided", "zipf"])
+    fig = hash_noise_figure(noise, bands, world_size=8)
+    fig = zipf_seeds_figure(zipf)
 """
 
 from __future__ import annotations
@@ -15,13 +17,21 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, StrMethodFormatter
 
 from embnb.plotting import color, new_figure
 
-__all__ = ["load_heatmap", "max_over_mean_vs_world_size"]
+__all__ = ["load_heatmap", "max_over_mean_vs_world_size", "hash_noise_figure", "zipf_seeds_figure"]
 
 HEATMAP_CMAP = "rocket_r"  # light = balanced, dark = one rank does it all
+# Lines that coincide (e.g. roundrobin and continuous past the last block)
+# stay visible: each mode has its own marker size and dash.
+LINE_STYLES = [
+    {"marker": "o", "markersize": 9, "linestyle": "-", "linewidth": 3.0, "alpha": 0.55},
+    {"marker": "s", "markersize": 6, "linestyle": "--", "linewidth": 2.0, "alpha": 0.85},
+    {"marker": "^", "markersize": 4, "linestyle": ":", "linewidth": 1.5, "alpha": 1.0},
+]
 VALUE_LABELS = {"max_over_mean": "max/mean", "spread_over_mean": "(max - min)/mean"}
 
 
@@ -106,10 +116,14 @@ def max_over_mean_vs_world_size(
     patterns: Sequence[str] | None = None,
     dist_types: Sequence[str] | None = None,
     title: str | None = None,
+    rules: dict[str, dict[int, float]] | None = None,
 ) -> Figure:
     """max/mean against world size, one panel per pattern, a line per
-    dist_type, with the bounds: 1 (balanced), W (all on one rank) and, when
+    dist_type (each with its own marker and dash, so coinciding lines stay
+    visible), with the bounds: 1 (balanced), W (all on one rank) and, when
     the table has it, the hot-key floor no routing can beat.
+    `rules[pattern]` (`{world_size: value}`, e.g. gcd(stride, W)) is drawn as
+    black crosses labelled "rule".
     """
     if table.empty:
         raise ValueError("table is empty: nothing to plot")
@@ -122,8 +136,8 @@ def max_over_mean_vs_world_size(
         rows = table[table["pattern"] == pattern].sort_values("world_size")
         ax.plot(world_sizes, world_sizes, color="0.6", linestyle=":", label="W (all on one rank)")
         ax.axhline(1.0, color="0.6", linestyle="--", linewidth=1, label="1 (balanced)")
-        if "hot_key_floor" in rows:
-            floor = rows.groupby("world_size")["hot_key_floor"].first()
+        floor = rows.groupby("world_size")["hot_key_floor"].first() if "hot_key_floor" in rows else None
+        if floor is not None and floor.max() > 1.0:  # a floor of 1 is the balanced line
             ax.plot(
                 floor.index, floor.values, color="black", linewidth=2.5, alpha=0.35, label="hot-key floor"
             )
@@ -132,9 +146,19 @@ def max_over_mean_vs_world_size(
             ax.plot(
                 line["world_size"],
                 line["max_over_mean"],
-                marker="o",
                 color=color(dist_type, i),
                 label=dist_type,
+                **LINE_STYLES[i % len(LINE_STYLES)],
+            )
+        if rules and pattern in rules:
+            sizes = sorted(rules[pattern])
+            ax.plot(
+                sizes,
+                [rules[pattern][w] for w in sizes],
+                "x",
+                color="black",
+                markersize=8,
+                label="rule",
             )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
@@ -144,7 +168,96 @@ def max_over_mean_vs_world_size(
         ax.set_title(pattern)
         ax.set_xlabel("world_size")
     axes[0].set_ylabel("max/mean keys per rank")
-    axes[-1].legend(loc="upper left", fontsize=8)
+    handles, labels = {}, []
+    for ax in axes:  # one legend below the panels, never over the data
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    labels = list(handles)
+    fig.legend(
+        [handles[k] for k in labels], labels, loc="outside lower center", ncols=len(labels), fontsize=8
+    )
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def hash_noise_figure(
+    noise: pd.DataFrame,
+    bands: dict[int, dict[float, float]],
+    world_size: int,
+    title: str | None = None,
+) -> Figure:
+    """`hash_roundrobin`'s excess max/mean - 1 against distinct keys per rank
+    (log-log, a marker per seed), over the balls-into-bins band of a truly
+    random owner (`bands[keys_per_rank]`: {quantile: max/mean}, its lowest
+    and highest quantile shaded, the middle one a line)."""
+    if noise.empty or not bands:
+        raise ValueError("noise and bands must not be empty")
+    sizes = sorted(bands)
+    quantiles = sorted(bands[sizes[0]])
+    fig = new_figure(6.0, 3.8)
+    ax = fig.subplots()
+    low, mid, high = quantiles[0], quantiles[len(quantiles) // 2], quantiles[-1]
+    ax.fill_between(
+        sizes,
+        [bands[n][low] - 1 for n in sizes],
+        [bands[n][high] - 1 for n in sizes],
+        color="0.85",
+        label=f"random owner, {low:.0%} to {high:.0%} quantile",
+    )
+    ax.plot(
+        sizes, [bands[n][mid] - 1 for n in sizes], color="0.5", linestyle="--", label="random owner, median"
+    )
+    ax.plot(
+        noise["keys_per_rank"],
+        noise["max_over_mean"] - 1,
+        "o",
+        color=color("hash_roundrobin"),
+        alpha=0.8,
+        label="hash_roundrobin (one marker per seed)",
+    )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("distinct keys per rank per step")
+    ax.set_ylabel("max/mean - 1")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(title or f"hashing's own imbalance, world_size={world_size}")
+    return fig
+
+
+def zipf_seeds_figure(zipf: pd.DataFrame, title: str | None = None) -> Figure:
+    """max/mean of Zipf traffic per dist_type over seeds (a dot per seed, a
+    bar at the median), one panel per traffic kind; the hot-key floor of
+    all lookups shaded over its range across seeds."""
+    if zipf.empty:
+        raise ValueError("zipf is empty: nothing to plot")
+    kinds = list(dict.fromkeys(zipf["traffic"]))
+    dist_types = list(dict.fromkeys(zipf["dist_type"]))
+    fig = new_figure(0.8 + 3.4 * len(kinds), 3.6)
+    axes = fig.subplots(1, len(kinds), squeeze=False)[0]
+    for ax, kind in zip(axes, kinds):
+        rows = zipf[zipf["traffic"] == kind]
+        if kind == "all lookups":
+            floors = rows["hot_key_floor"]
+            ax.axhspan(
+                floors.min(), floors.max(), color="#c44e52", alpha=0.2, label="hot-key floor (over seeds)"
+            )
+        for i, dist_type in enumerate(dist_types):
+            values = rows[rows["dist_type"] == dist_type]["max_over_mean"]
+            jitter = [(j % 7 - 3) * 0.04 for j in range(len(values))]  # dots side by side, not stacked
+            ax.plot([i + d for d in jitter], values, "o", color=color(dist_type, i), alpha=0.6, markersize=4)
+            ax.hlines(values.median(), i - 0.3, i + 0.3, color="black", linewidth=2)
+        ax.set_xticks(range(len(dist_types)), dist_types, rotation=15)
+        ax.set_ylim(bottom=1.0)
+        ax.axhline(1.0, color="0.6", linestyle="--", linewidth=1)
+        ax.set_title(kind)
+    axes[0].set_ylabel("max/mean keys per rank")
+    fig.legend(
+        [Line2D([], [], color="black", linewidth=2), *axes[0].get_legend_handles_labels()[0]],
+        ["median over seeds", *axes[0].get_legend_handles_labels()[1]],
+        loc="outside lower center",
+        ncols=2,
+        fontsize=8,
+    )
+    fig.suptitle(title or "zipf over seeds: max/mean per dist_type")
     return fig

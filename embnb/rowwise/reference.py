@@ -8,7 +8,7 @@ explicit. The tests check one against the other.
 
 from __future__ import annotations
 
-__all__ = ["MASK64", "fmix64", "owner_of"]
+__all__ = ["MASK64", "fmix64", "owner_of", "jump_bucket"]
 
 MASK64 = (1 << 64) - 1  # keep the low 64 bits: uint64 arithmetic
 
@@ -34,3 +34,19 @@ def owner_of(key: int, world_size: int, dist_type: str, block_size: int = 0) -> 
         block = key // block_size
         return block if block < world_size else key % world_size
     raise ValueError(f"dist_type {dist_type!r} is not one of roundrobin, hash_roundrobin, continuous")
+
+
+def jump_bucket(key: int, num_buckets: int) -> int:
+    """Jump consistent hash (Lamping and Veach, 2014): a bucket in
+    [0, num_buckets) such that going from n to n + 1 buckets moves only the
+    keys that land in the new bucket, about 1/(n + 1) of them. Not a routing
+    mode of embnb or dynamicemb: the contrast to `% W` when resharding."""
+    if num_buckets < 1:
+        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+    key &= MASK64
+    bucket, jump = -1, 0
+    while jump < num_buckets:
+        bucket = jump
+        key = (key * 2862933555777941757 + 1) & MASK64  # the paper's 64-bit LCG
+        jump = int((bucket + 1) * ((1 << 31) / ((key >> 33) + 1)))
+    return bucket

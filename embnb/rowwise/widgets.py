@@ -35,6 +35,8 @@ class LoadExplorer(Explorer):
         max_world_size, max_num_keys: the sliders' ends.
         seed: the key generators' seed.
         pattern_options: extra generator arguments per pattern (zipf's alpha).
+        table_rows: rows of the table per pattern for `continuous` (default:
+            sized to the stream's largest key), as in `aliasing.load_table`.
     """
 
     def __init__(
@@ -47,12 +49,14 @@ class LoadExplorer(Explorer):
         max_num_keys: int = 1_000_000,
         seed: int = 0,
         pattern_options: Mapping[str, Mapping[str, Any]] | None = None,
+        table_rows: Mapping[str, int] | None = None,
     ):
         if not patterns or not dist_types:
             raise ValueError("patterns and dist_types must not be empty")
         names = [DistType.parse(d).value for d in dist_types]
         self.seed = seed
         self.pattern_options = {k: dict(v) for k, v in (pattern_options or {}).items()}
+        self.table_rows = dict(table_rows or {})
         self._keys_cache: dict[tuple, torch.Tensor] = {}
         step = max(1, max_num_keys // 1000)
         super().__init__(
@@ -71,21 +75,25 @@ class LoadExplorer(Explorer):
             }
         )
 
-    def _keys(self, pattern: str, num_keys: int, world_size: int) -> torch.Tensor:
-        key = (pattern, num_keys, world_size)
+    def _keys(self, pattern: str, num_keys: int) -> torch.Tensor:
+        key = (pattern, num_keys)
         if key not in self._keys_cache:
             options = self.pattern_options.get(pattern, {})
-            # Keep one stream: toggling dist_type reuses it.
-            self._keys_cache = {key: make_keys(pattern, num_keys, world_size, self.seed, **options)}
+            # Keep one stream: toggling dist_type or world_size reuses it.
+            self._keys_cache = {key: make_keys(pattern, num_keys, self.seed, **options)}
         return self._keys_cache[key]
 
     def draw(self, pattern: str, dist_type: str, world_size: int, num_keys: int) -> Figure:
-        keys = self._keys(pattern, num_keys, world_size)
-        counts = aliasing.rank_counts(keys, world_size, dist_type)
-        hottest = aliasing.hottest_key_counts(keys, world_size, dist_type)
+        keys = self._keys(pattern, num_keys)
+        block_size = aliasing.block_size_for(keys, world_size, self.table_rows.get(pattern))
+        if DistType.parse(dist_type) is not DistType.CONTINUOUS:
+            block_size = None
+        counts = aliasing.rank_counts(keys, world_size, dist_type, block_size)
+        hottest = aliasing.hottest_key_counts(keys, world_size, dist_type, block_size)
         return rank_bars(
             {dist_type: counts},
             highlight={dist_type: hottest},
+            floor=aliasing.hot_key_floor(keys, world_size),
             ylabel="keys per rank",
             title=f"{pattern}, {num_keys:,} keys, world_size={world_size}, {dist_type}",
         )

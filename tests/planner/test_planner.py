@@ -11,6 +11,7 @@ storage exceeds all devices together or a lower bound on its rating (its summed
 perf spread over the ranks, its largest shard) cannot beat the best found.
 """
 
+import copy
 import itertools
 import logging
 import math
@@ -108,10 +109,13 @@ def brute_force(options, storage_constraint):
 
 
 class RecordingProposer(planner.DynamicProgrammingProposer):
-    """The proposer under test, keeping a copy of every proposal."""
+    """The proposer under test, keeping a copy of every proposal and of the
+    options torchrec's planner enumerated (taken before the proposer sees
+    them, so the oracle rates what the planner offered)."""
 
     def load(self, search_space, enumerator=None):
         self.proposals = []
+        self.search_space = copy.deepcopy(search_space)
         super().load(search_space, enumerator)
 
     def propose(self):
@@ -246,8 +250,7 @@ def test_plans_within_two_percent_of_brute_force(instance):
     proposer = RecordingProposer()
     rating, constraint, _ = plan_with(proposer, tables, constraints, topology)
     # (the package's own brute force is checked against this one apart, below)
-    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    best = brute_force(enumerated.options, constraint)
+    best = brute_force(proposer.search_space, constraint)
     if math.isinf(best):
         assert math.isinf(rating)  # nothing can be placed, so no plan
         return

@@ -1,5 +1,6 @@
 """embnb.rowwise.aliasing: per-rank load of key streams under each routing mode."""
 
+import pandas as pd
 import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -18,6 +19,10 @@ def test_block_size_for_sizes_the_table_to_the_largest_key():
     assert aliasing.block_size_for(torch.empty(0, dtype=torch.int64), 4) == 1
     with pytest.raises(ValueError, match="keys >= 0"):
         aliasing.block_size_for(torch.tensor([-5, -1]), 4)
+    # a table of its own size: the keys do not matter
+    assert aliasing.block_size_for(torch.tensor([2**60]), 3, table_rows=100) == 34
+    with pytest.raises(ValueError, match="table_rows must be >= 1, got 0"):
+        aliasing.block_size_for(torch.tensor([1]), 3, table_rows=0)
 
 
 def test_owners_defaults_continuous_to_blocks_of_the_key_range():
@@ -32,7 +37,7 @@ def test_owners_defaults_continuous_to_blocks_of_the_key_range():
 
 @pytest.mark.parametrize("dist_type", MODES)
 def test_rank_counts_count_every_key_once(dist_type):
-    keys = make_keys("uniform", 5000, 8, seed=1)
+    keys = make_keys("uniform", 5000, seed=1)
     counts = aliasing.rank_counts(keys, 8, dist_type)
     assert counts.shape == (8,) and counts.dtype == torch.int64
     assert int(counts.sum()) == 5000
@@ -66,32 +71,34 @@ def test_hottest_key_lands_whole_on_its_owner(dist_type):
     assert aliasing.hottest_key_counts(torch.empty(0, dtype=torch.int64), 4, dist_type).tolist() == [0] * 4
 
 
-def test_worked_example_shows_residues_hashes_and_owners():
+def test_worked_example_shows_the_key_and_hash_low_bits_side_by_side():
     keys = [0, 8, 13, 2**40 + 16]
     table = aliasing.worked_example(keys, 8, MODES, block_size=2**38)
     assert list(table.columns) == [
         "key",
-        "low bits",
+        "key, low 3 bits",
+        "fmix64, low 3 bits",
         "key % 8",
-        "fmix64(key)",
+        "fmix64 % 8",
         "owner: continuous",
         "owner: roundrobin",
         "owner: hash_roundrobin",
     ]
-    assert table["low bits"].tolist() == ["000", "000", "101", "000"]
+    assert table["key, low 3 bits"].tolist() == ["000", "000", "101", "000"]
     assert table["key % 8"].tolist() == [0, 0, 5, 0]
-    hashes = hash_key(torch.tensor(keys)).tolist()
-    assert [int(h, 16) for h in table["fmix64(key)"]] == [h & (2**64 - 1) for h in hashes]
-    assert table["fmix64(key)"][0] == "0" * 16  # fmix64(0) == 0
+    hashes = [h & (2**64 - 1) for h in hash_key(torch.tensor(keys)).tolist()]
+    assert table["fmix64, low 3 bits"].tolist() == [format(h % 8, "03b") for h in hashes]
+    assert table["fmix64 % 8"].tolist() == [h % 8 for h in hashes]
+    assert table["fmix64 % 8"][0] == 0  # fmix64(0) == 0
     for mode in MODES:
         expected = owner_rank(torch.tensor(keys), 8, mode, 2**38).tolist()
         assert table[f"owner: {mode}"].tolist() == expected
 
 
-def test_worked_example_has_no_low_bits_column_when_w_is_not_a_power_of_two():
-    table = aliasing.worked_example([1, 2, 3], 6, ["roundrobin"])
-    assert "low bits" not in table.columns
-    assert table["key % 6"].tolist() == [1, 2, 3]
+def test_worked_example_shows_8_low_bits_when_w_is_not_a_power_of_two():
+    table = aliasing.worked_example([1, 2, 300], 6, ["roundrobin"])
+    assert table["key, low 8 bits"].tolist() == ["00000001", "00000010", "00101100"]  # 300 - 256 = 44
+    assert table["key % 6"].tolist() == [1, 2, 0]
 
 
 def test_load_table_covers_every_case_and_finds_aliasing():
@@ -103,12 +110,12 @@ def test_load_table_covers_every_case_and_finds_aliasing():
     assert len(table) == len(patterns) * len(MODES) * 2
     assert set(table["dist_type"]) == set(MODES)
     grid8 = aliasing.max_over_mean_grid(table, 8)
-    assert grid8["strided"]["roundrobin"] == 8.0
+    assert grid8["strided"]["roundrobin"] == pytest.approx(4.0, rel=0.01)  # k * 12: 2 of 8 residues
     assert grid8["tagged"]["roundrobin"] == pytest.approx(8 / 3, rel=0.05)  # 3 tags
     for pattern in ("uniform", "strided", "tagged"):
         assert grid8[pattern]["hash_roundrobin"] < 1.1
     strided_rr = table[(table.pattern == "strided") & (table.dist_type == "roundrobin")]
-    assert strided_rr["busiest_share"].tolist() == [1.0, 1.0]
+    assert strided_rr["busiest_share"].tolist() == [1.0, pytest.approx(0.5, abs=0.01)]  # W=4 divides 12
     # Zipf: every routing sits at or above the hot-key floor, near W * p1.
     zipf = table[(table.pattern == "zipf") & (table.world_size == 8)]
     p1 = float(zipf_probs(100_000, 1.5)[0])
@@ -132,8 +139,10 @@ def test_load_table_is_deterministic_and_passes_pattern_options():
 
 
 def test_load_table_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="not swept"):
+    with pytest.raises(ValueError, match="pattern_options for patterns not swept"):
         aliasing.load_table(["uniform"], MODES, [4], 100, pattern_options={"zipf": {}})
+    with pytest.raises(ValueError, match=r"table_rows for patterns not swept: \['zipf'\]"):
+        aliasing.load_table(["uniform"], MODES, [4], 100, table_rows={"zipf": 10})
     with pytest.raises(ValueError, match="unknown pattern"):
         aliasing.load_table(["nope"], MODES, [4], 100)
     with pytest.raises(ValueError, match="not one of"):
@@ -143,6 +152,15 @@ def test_load_table_rejects_bad_arguments():
 def test_load_table_progress_bar_runs():
     table = aliasing.load_table(["sequential"], ["roundrobin"], [2, 4], 1000, progress=True)
     assert table["max_over_mean"].tolist() == [1.0, 1.0]
+
+
+def test_load_table_sends_keys_past_a_small_table_to_key_mod_w():
+    # sequential ids 0..999 in a table of 100 rows over 4 ranks: blocks of
+    # 25 rows hold ids 0..99 (25 each); the 900 others wrap to key % 4 (225 each)
+    table = aliasing.load_table(["sequential"], ["continuous"], [4], 1000, table_rows={"sequential": 100})
+    assert table["max_over_mean"].tolist() == [1.0]
+    sized = aliasing.load_table(["sequential"], ["continuous"], [4], 1000, table_rows={"sequential": 4000})
+    assert sized["max_over_mean"].tolist() == [4.0]  # all in the first block of 1000 rows
 
 
 def test_max_over_mean_grid_needs_a_swept_world_size():
@@ -162,3 +180,54 @@ def test_make_batches_splits_keys_into_one_kjt_per_rank():
     assert batches[0].keys() == ["item_id"]
     with pytest.raises(ValueError, match="do not split"):
         aliasing.make_batches(torch.arange(10), 3)
+
+
+def test_hash_noise_routes_distinct_keys_of_each_size_and_seed():
+    noise = aliasing.hash_noise([10, 100], 4, [0, 1], "uniform")
+    assert noise[["keys_per_rank", "seed"]].values.tolist() == [[10, 0], [10, 1], [100, 0], [100, 1]]
+    assert noise["distinct_keys"].tolist() == [40, 40, 400, 400]  # 2**40 ids: no collision here
+    for row in noise.itertuples():
+        keys = make_keys("uniform", row.keys_per_rank * 4, seed=row.seed)
+        counts = torch.bincount(owner_rank(keys, 4, "hash_roundrobin"), minlength=4)
+        assert row.max_over_mean == pytest.approx(float(counts.max()) * 4 / len(keys))
+
+
+def test_balls_into_bins_quantiles_match_the_two_bin_case():
+    # two bins, 2n balls: max/mean = max(X, 2n - X) / n with X ~ Binomial(2n, 1/2),
+    # whose median is 1 + (median of |X - n|) / n; for n = 50, |X - 50| <= 3 has
+    # probability 0.6728 and <= 2 has 0.5405, so the median distance is 3.
+    band = aliasing.balls_into_bins(50, 2, trials=20_000, quantiles=(0.5,), seed=1)
+    assert band[0.5] == pytest.approx(1.06)
+    wide = aliasing.balls_into_bins(50, 2, trials=20_000, quantiles=(0.05, 0.95), seed=1)
+    assert wide[0.05] < band[0.5] < wide[0.95]
+
+
+def test_zipf_over_seeds_deduplicates_within_each_step_only():
+    runs = aliasing.zipf_over_seeds(4000, 4, ["roundrobin"], [0, 1], keys_per_step=1000, alpha=1.5)
+    assert runs["traffic"].tolist() == ["all lookups", "deduplicated per step"] * 2
+    for seed in (0, 1):
+        keys = make_keys("zipf", 4000, seed=seed, alpha=1.5)
+        sent = torch.cat([torch.unique(step) for step in keys.split(1000)])  # each step's distinct keys
+        counts = torch.bincount(sent % 4, minlength=4)
+        row = runs[(runs.seed == seed) & (runs.traffic == "deduplicated per step")].iloc[0]
+        assert row.max_over_mean == pytest.approx(float(counts.max()) * 4 / len(sent))
+        assert row.hot_key_floor == aliasing.hot_key_floor(keys, 4)
+    with pytest.raises(ValueError, match=r"keys_per_step must be in \[1, num_keys=100\], got 0"):
+        aliasing.zipf_over_seeds(100, 4, ["roundrobin"], [0], keys_per_step=0, alpha=1.5)
+
+
+@pytest.mark.parametrize(
+    ("below", "n", "expected"), [(0, 4, 2 / 16), (2, 4, 1.0), (1, 5, 12 / 32), (10, 10, 2 / 1024)]
+)
+def test_sign_test_is_the_two_sided_binomial_tail(below, n, expected):
+    # hand-computed tails: P(X <= 0) = 1/16 for Binomial(4, 1/2), doubled; P(X <= 1) = 6/32 for n = 5
+    first = [0.0] * below + [2.0] * (n - below)
+    runs = pd.DataFrame(
+        [{"seed": s, "dist_type": "a", "traffic": "all lookups", "max_over_mean": first[s]} for s in range(n)]
+        + [{"seed": s, "dist_type": "b", "traffic": "all lookups", "max_over_mean": 1.0} for s in range(n)]
+    )
+    result = aliasing.sign_test(runs, "a", "b")
+    assert (result["first_below"], result["seeds"]) == (below, n)
+    assert result["p_value"] == pytest.approx(expected)
+    with pytest.raises(ValueError, match=r"dist_types \['c'\] not in the runs"):
+        aliasing.sign_test(runs, "a", "c")

@@ -8,6 +8,7 @@ import torch
 
 from embnb.data import make_keys
 from embnb.rowwise import aliasing, kv, kv_experiment
+from embnb.rowwise.reference import fmix64, jump_bucket
 from embnb.rowwise.routing import owner_rank
 
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]
@@ -17,7 +18,7 @@ DIM, SEED, WORLD = 4, 3, 2
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("kv01"))
-    keys = make_keys("strided", 2 * 48, WORLD, seed=1)
+    keys = make_keys("strided", 2 * 48, seed=1, stride=4)
     batches = aliasing.make_batches(keys, WORLD, keys_per_sample=4)
     blocks = {"continuous": aliasing.block_size_for(keys, WORLD)}
     run = kv_experiment.run_kv_lookups(
@@ -65,9 +66,26 @@ def test_reshard_into_three_ranks_keeps_every_row_once(saved):
     assert report.saved_world_size == WORLD and report.load_world_size == 3
     assert sum(report.rows_saved) == sum(report.rows_loaded) == report.distinct_keys_loaded == len(distinct)
     assert report.every_key_on_owner and report.rows_exact
-    wrong = (distinct % 3 != owner_rank(distinct, 3, "hash_roundrobin")).double().mean()
-    assert report.naive_loader_misplaced_fraction == pytest.approx(float(wrong))
+    moved = (
+        owner_rank(distinct, WORLD, "hash_roundrobin") != owner_rank(distinct, 3, "hash_roundrobin")
+    ).sum()
+    assert report.rows_moved_fraction == pytest.approx(int(moved) / len(distinct))
+    jumps = [jump_bucket(fmix64(k), WORLD) != jump_bucket(fmix64(k), 3) for k in distinct.tolist()]
+    assert report.jump_hash_moved_fraction == pytest.approx(sum(jumps) / len(distinct))
     assert report.as_dict()["rows_loaded"] == report.rows_loaded
+
+
+def test_loaders_compared_at_the_saved_and_a_new_world_size(saved):
+    directory, keys, _, _, _ = saved
+    distinct = keys.unique().tolist()
+    rows = kv_experiment.compare_loaders(directory, "hash_roundrobin", [WORLD, 3])
+    assert [r["world_size"] for r in rows] == [WORLD, 3]
+    for row in rows:
+        w = row["world_size"]
+        assert row["rows_saved"] == row["embnb_rows_loaded"] == len(distinct)
+        assert row["embnb_rows_off_owner"] == 0
+        # counted with the plain-int rule: kept by `key % W == rank`, owned by fmix64(key) % W
+        assert row["modulo_filter_rows_off_owner"] == sum(k % w != fmix64(k) % w for k in distinct)
 
 
 def test_loading_with_another_dist_type_is_refused(saved):

@@ -17,7 +17,7 @@ def table():
         MODES,
         [2, 4, 8],
         num_keys=4000,
-        pattern_options={"zipf": {"alpha": 1.5}},
+        pattern_options={"zipf": {"alpha": 1.5}, "strided": {"stride": 8}},  # W | 8: all on one rank
     )
 
 
@@ -74,8 +74,14 @@ def test_max_over_mean_vs_world_size_panel_per_pattern(table):
     fig = plots.max_over_mean_vs_world_size(table, ["strided", "zipf"], title="t")
     assert len(fig.axes) == 2
     assert [ax.get_title() for ax in fig.axes] == ["strided", "zipf"]
-    labels = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
-    assert labels == ["W (all on one rank)", "1 (balanced)", "hot-key floor", *MODES]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]  # one legend, below the panels
+    assert labels == ["W (all on one rank)", "1 (balanced)", *MODES, "hot-key floor"]
+    assert not [ax for ax in fig.axes if ax.get_legend()]
+    # coinciding lines stay visible: each mode has its own marker and dash
+    styles = {
+        (line.get_marker(), line.get_linestyle()) for line in fig.axes[0].lines if line.get_label() in MODES
+    }
+    assert len(styles) == len(MODES)
     roundrobin = next(line for line in fig.axes[0].lines if line.get_label() == "roundrobin")
     assert list(roundrobin.get_xdata()) == [2, 4, 8]
     assert list(roundrobin.get_ydata()) == [2.0, 4.0, 8.0]  # strided: all on one rank
@@ -101,13 +107,13 @@ def test_load_explorer_redraws_on_every_control():
 
     controls["dist_type"].value = "roundrobin"
     assert explorer.figure is not first
-    # strided keys k*W + 0 at W=8: all on rank 0, so max/mean is W
-    assert explorer.figure.axes[0].get_title() == "roundrobin\nmax/mean 8.000"
+    # strided keys k * 12 at W=8: ranks 0 and 4 only, so max/mean is gcd(12, 8) = 4
+    assert explorer.figure.axes[0].get_title().startswith("roundrobin\nmax/mean 4.0")
     assert explorer.figure._suptitle.get_text().endswith("world_size=8, roundrobin")
 
     controls["world_size"].value = 4
     assert len(explorer.figure.axes[0].patches) == 4 * 2  # bars + hottest-key bars
-    assert explorer.figure.axes[0].get_title() == "roundrobin\nmax/mean 4.000"
+    assert explorer.figure.axes[0].get_title() == "roundrobin\nmax/mean 4.000"  # 4 divides 12
 
     controls["pattern"].value = "zipf"
     controls["num_keys"].value = 2000
@@ -120,11 +126,11 @@ def test_load_explorer_redraws_on_every_control():
 def test_load_explorer_shows_a_bad_value_instead_of_raising():
     explorer = widgets.LoadExplorer(["strided"], MODES, world_size=8, num_keys=4000)
     before = explorer.figure
-    # strided keys need residue < world_size; an option the generator refuses
-    explorer.pattern_options["strided"] = {"residue": 9}
-    explorer.controls["world_size"].value = 5
-    assert explorer.error.startswith("ValueError: residue must be in [0, 5), got 9")
-    assert "residue must be in" in explorer.status.value
+    # strided keys need offset < stride; an option the generator refuses
+    explorer.pattern_options["strided"] = {"stride": 5, "offset": 9}
+    explorer.controls["num_keys"].value = 2000
+    assert explorer.error.startswith("ValueError: offset must be in [0, 5), got 9")
+    assert "offset must be in" in explorer.status.value
     assert explorer.figure is before  # the last good figure stays
 
 
