@@ -97,3 +97,30 @@ def test_hash_roundrobin_owners_are_the_golden_hash_mod_world_size(impl, world_s
             torch.tensor([1]), torch.tensor([_as_int64(key)]), world_size, "hash_roundrobin", impl=impl
         )
         assert out.lengths.tolist().index(1) == hashed % world_size, (hex(key), impl)
+
+
+# Buckets 1..N of jump consistent hash for four keys, as printed by the paper's
+# reference C++ code and kept in github.com/dgryski/go-jump's jump_test.go.
+JUMP_REFERENCE = {
+    0: [0] * 19,
+    1: [0, 0, 0, 0, 0, 0, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 17, 17],
+    0xDEADBEEF: [0, 1, 2, 3, 3, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 16, 16, 16],
+    0x0DDC0FFEEBADF00D: [0, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 15, 15, 15, 15],
+}
+
+
+@pytest.mark.parametrize("key", list(JUMP_REFERENCE))
+def test_jump_bucket_matches_the_reference_implementation(key):
+    assert [reference.jump_bucket(key, n) for n in range(1, 20)] == JUMP_REFERENCE[key]
+
+
+@given(key=st.integers(0, 2**64 - 1), buckets=st.integers(1, 200))
+def test_jump_bucket_moves_a_key_only_into_the_new_bucket(key, buckets):
+    before, after = reference.jump_bucket(key, buckets), reference.jump_bucket(key, buckets + 1)
+    assert 0 <= before < buckets
+    assert after in (before, buckets)
+
+
+def test_jump_bucket_rejects_no_buckets():
+    with pytest.raises(ValueError, match="num_buckets must be >= 1, got 0"):
+        reference.jump_bucket(5, 0)
