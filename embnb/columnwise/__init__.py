@@ -7,24 +7,28 @@ Layers, each importable alone, from the maths up:
 - `lookup`: embnb's own CW lookup over a process group (any shard widths);
 - `torchrec_adapter`: torchrec's ShardedEmbeddingCollection: compute kernel,
   what torchrec's column_wise() can take, plans, the sharded module;
+- `traffic`: what each path sends, recorded from `all_to_all_single`'s inputs;
 - `cases`: `CWCase`/`TableSpec` and `run_cw_cases`, which runs cases on real
-  ranks through both paths next to the unsharded EmbeddingCollection;
+  ranks through both paths next to the unsharded EmbeddingCollection (and
+  torchrec with its permute off); `run_torchrec_size_per_rank`;
 - `experiment`: notebook 02's run of one placement and its results dict;
 - `plots` and `widgets`: notebook 02's figures and its placement explorer.
 """
 
-from embnb.columnwise import cases, experiment, lookup, placement, plots, torchrec_adapter, widgets
+from embnb.columnwise import cases, experiment, lookup, placement, plots, torchrec_adapter, traffic, widgets
 from embnb.columnwise.cases import (
     PATHS,
     CWCase,
     CWRun,
     RankOutputs,
     TableSpec,
+    TorchrecOutcome,
     make_batches,
     make_embedding_collection,
     reference_cw_forward,
     run_case_on_rank,
     run_cw_cases,
+    run_torchrec_size_per_rank,
     to_kjt,
     unsharded_outputs,
 )
@@ -33,9 +37,11 @@ from embnb.columnwise.experiment import (
     permute_derivation,
     run_placement_experiment,
     shard_table,
+    torchrec_version,
 )
 from embnb.columnwise.lookup import cw_sequence_lookup, local_shards
 from embnb.columnwise.placement import (
+    check_permute_answer,
     check_shard_ranks,
     check_widths,
     column_offsets,
@@ -46,7 +52,7 @@ from embnb.columnwise.placement import (
     rank_ordered_shard_outputs,
     stitch_cw,
 )
-from embnb.columnwise.plots import column_order_figure, lookup_error_figure
+from embnb.columnwise.plots import column_order_figure, lookup_error_figure, traffic_figure
 from embnb.columnwise.torchrec_adapter import (
     COMPUTE_KERNELS,
     TORCHREC_CW_ALIGNMENT,
@@ -58,6 +64,7 @@ from embnb.columnwise.torchrec_adapter import (
     torchrec_num_shards,
     torchrec_permute_indices,
 )
+from embnb.columnwise.traffic import Traffic, recorded_all_to_all
 from embnb.columnwise.widgets import PlacementExplorer, parse_ints
 
 # Each layer lists its public names; the package offers them all.
@@ -66,6 +73,7 @@ __all__ = [
     *lookup.__all__,
     *torchrec_adapter.__all__,
     *cases.__all__,
+    *traffic.__all__,
     *experiment.__all__,
     *plots.__all__,
     *widgets.__all__,

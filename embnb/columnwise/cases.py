@@ -4,6 +4,13 @@ ShardedEmbeddingCollection next to the unsharded EmbeddingCollection.
 
     runs = run_cw_cases([CWCase(2, 12, (TableSpec("t0", 32, ("f0",)),), {"t0": [0, 1, 0]})])
     runs[0].reference_matches(), runs[0].torchrec_matches()
+    runs[0].traffic("torchrec")  # what each rank sent through all_to_all_single
+
+Each torchrec run also steps once with torchrec's own permute switched off
+(`torchrec_unpermuted`: its `_features_to_permute_indices` emptied for that
+forward, then restored), so the bug the permute fixes is shown in torchrec.
+`run_torchrec_size_per_rank` runs torchrec's `column_wise(size_per_rank=...)`
+(uneven widths) as torchrec takes it, and reports what each rank got.
 
 A `CWCase` checks itself with the placement maths when it is built; what
 only torchrec cannot take (uneven or unaligned widths) is refused by
@@ -12,6 +19,7 @@ only torchrec cannot take (uneven or unaligned widths) is refused by
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,10 +36,12 @@ from embnb.columnwise.torchrec_adapter import (
     shard_cw,
     torchrec_permute_indices,
 )
+from embnb.columnwise.traffic import recorded_all_to_all
 from embnb.dist import launch_each, rank_device
 
 if TYPE_CHECKING:
     from torchrec import EmbeddingCollection, KeyedJaggedTensor
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
 
 __all__ = [
     "PATHS",
@@ -46,6 +56,8 @@ __all__ = [
     "RankOutputs",
     "run_case_on_rank",
     "run_cw_cases",
+    "TorchrecOutcome",
+    "run_torchrec_size_per_rank",
 ]
 
 
@@ -249,8 +261,22 @@ class RankOutputs:
     reference: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # embnb's CW lookup
     rank_ordered: dict[str, list[torch.Tensor]] | None = None  # its shard outputs, in arrival order
     torchrec: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # ShardedEmbeddingCollection
+    torchrec_unpermuted: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # its permute off
     torchrec_permute: dict[str, list[int]] | None = None  # the permute indices torchrec computed
     compute_kernel: str | None = None  # torchrec's kernel
+    traffic: dict[str, dict[str, int]] = field(default_factory=dict)  # path -> Traffic.as_dict()
+
+
+def _without_permute(sharded: ShardedEmbeddingCollection, features: KeyedJaggedTensor) -> dict:
+    """One forward of torchrec's module with its CW permute switched off (a
+    private field, emptied for this call and restored): the outputs in rank
+    order, as before torchrec stitched them."""
+    saved = sharded._features_to_permute_indices
+    sharded._features_to_permute_indices = {}
+    try:
+        return _plain(sharded(features).wait())
+    finally:
+        sharded._features_to_permute_indices = saved
 
 
 def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | None:
@@ -269,10 +295,16 @@ def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | 
         result = RankOutputs(device.type)
         with torch.no_grad():
             if "reference" in case.paths:
-                result.reference, result.rank_ordered = reference_cw_forward(case, ec, features, group)
+                with recorded_all_to_all() as sent:
+                    result.reference, result.rank_ordered = reference_cw_forward(case, ec, features, group)
+                result.traffic["reference"] = sent.as_dict()
             if "torchrec" in case.paths:
                 sharded = shard_cw(ec, case.placements, group)
                 result.torchrec = _plain(sharded(features).wait())
+                with recorded_all_to_all() as sent:  # a second, warm step
+                    sharded(features).wait()
+                result.traffic["torchrec"] = sent.as_dict()
+                result.torchrec_unpermuted = _without_permute(sharded, features)
                 result.torchrec_permute = torchrec_permute_indices(sharded)
                 result.compute_kernel = compute_kernel_for(device.type)
     dist.barrier()  # ranks outside the case wait here, not inside the next case's collectives
@@ -298,6 +330,14 @@ class CWRun:
                     return False
         return True
 
+    def torchrec_unpermuted_matches(self) -> bool:
+        """torchrec's module with its permute switched off equals the unsharded EC."""
+        return self._matches("torchrec_unpermuted")
+
+    def traffic(self, path: str) -> list[dict[str, int]]:
+        """What each rank sent through all_to_all_single in one forward of `path`."""
+        return [rank.traffic[check_choice("path", path, PATHS)] for rank in self.ranks]
+
     def reference_matches(self) -> bool:
         """embnb's CW lookup equals the unsharded EC on every rank, exactly."""
         return self._matches("reference")
@@ -317,12 +357,13 @@ class CWRun:
     def _output(self, rank: RankOutputs, path: str, name: str) -> torch.Tensor:
         if path == "naive":
             return concat_in_rank_order(rank.rank_ordered[name])
-        return getattr(rank, check_choice("path", path, (*PATHS, "naive")))[name][1]
+        return getattr(rank, check_choice("path", path, (*PATHS, "torchrec_unpermuted", "naive")))[name][1]
 
     def abs_errors(self, path: str, name: str) -> torch.Tensor:
         """|output - unsharded| of output `name`, one row per looked-up id of
         every rank in rank order, one column per embedding column; `path` is
-        "reference", "torchrec" or "naive" (rank-order concatenation)."""
+        "reference", "torchrec", "torchrec_unpermuted" (its permute off) or
+        "naive" (rank-order concatenation)."""
         return torch.cat(
             [
                 (self._output(rank, path, name) - want[name][1]).abs()
@@ -353,3 +394,71 @@ def run_cw_cases(cases: Sequence[CWCase], device: str = "auto", timeout_s: float
     return [
         CWRun(case, unsharded_outputs(case), ranks[: case.world_size]) for case, ranks in zip(cases, per_case)
     ]
+
+
+@dataclass(frozen=True)
+class TorchrecOutcome:
+    """What one rank got from torchrec: its error, or whether its output
+    equals the unsharded EmbeddingCollection's."""
+
+    error: str | None  # "RuntimeError: ..." as torchrec raised it, or None
+    matches: bool | None  # output equal to the unsharded EC (None after an error)
+    max_abs_error: float | None
+    raised_in: str | None = None  # the innermost torchrec frame of the error: "path:line (function)"
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return self.error + (f" [in {self.raised_in}]" if self.raised_in else "")
+        return "equals the unsharded EC" if self.matches else f"WRONG: max |error| {self.max_abs_error:.3g}"
+
+
+def _torchrec_size_per_rank_on_rank(rank: int, world_size: int, case: CWCase, size_per_rank: list[int]):
+    device = rank_device()
+    ec = make_embedding_collection(case, device)
+    features = to_kjt(make_batches(case)[rank], device)
+    try:
+        with torch.no_grad():
+            sharded = shard_cw(ec, case.placements, size_per_rank=size_per_rank)
+            return None, None, _plain(sharded(features).wait())
+    except Exception as error:  # torchrec's own failure is the result; the peer fails at the same step
+        first_line = (str(error).splitlines() or [""])[0]
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torchrec/" in f.filename]
+        where = (
+            f"torchrec/{frames[-1].filename.rsplit('/torchrec/', 1)[1]}:{frames[-1].lineno}"
+            if frames
+            else None
+        )
+        return f"{type(error).__name__}: {first_line[:200]}", where, None
+
+
+def run_torchrec_size_per_rank(
+    case: CWCase, size_per_rank: Sequence[int], device: str = "auto", timeout_s: float = 120.0
+) -> list[TorchrecOutcome]:
+    """torchrec's `column_wise(size_per_rank=...)` on `case`'s one table, run
+    as torchrec takes it (no embnb check first), in a launch of its own: each
+    rank's error text, or its output against the unsharded EC."""
+    sizes = [check_int("size_per_rank entry", s, low=1) for s in size_per_rank]
+    if len(case.tables) != 1 or sum(sizes) != case.embedding_dim:
+        raise ValueError(
+            f"size_per_rank {sizes} must cover embedding_dim {case.embedding_dim} of one table, "
+            f"got {len(case.tables)} tables"
+        )
+    if len(sizes) > case.world_size:
+        raise ValueError(
+            f"size_per_rank {sizes} puts shard i on rank i: needs {len(sizes)} ranks, has {case.world_size}"
+        )
+    expected = unsharded_outputs(case)
+    per_rank = launch_each(
+        [(_torchrec_size_per_rank_on_rank, (case, sizes))],
+        case.world_size,
+        device=device,
+        timeout_s=timeout_s,
+    )[0]
+    outcomes = []
+    for want, (error, where, got) in zip(expected, per_rank):
+        if error is not None:
+            outcomes.append(TorchrecOutcome(error, None, None, where))
+            continue
+        worst = max(float((got[n][1] - v).abs().max()) if v.numel() else 0.0 for n, (_, v) in want.items())
+        outcomes.append(TorchrecOutcome(None, worst == 0.0, worst))
+    return outcomes

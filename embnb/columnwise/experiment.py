@@ -1,10 +1,14 @@
 """Notebook 02's experiment: one placement on real ranks, through embnb's CW
-lookup and torchrec's ShardedEmbeddingCollection, plus the same placement
-with uneven widths (embnb's path only), in one launch; and the tables and
-results dict the notebook shows.
+lookup and torchrec's ShardedEmbeddingCollection (also with torchrec's
+permute switched off), the same placement with uneven widths (embnb's path),
+and a sweep of shard counts whose all-to-all traffic is recorded, in one
+launch; then torchrec's own `column_wise(size_per_rank=...)` in a launch of
+its own (it fails on some ranks); and the tables and results dict the
+notebook shows.
 
     experiment = run_placement_experiment(2, 12, [0, 1, 0], [2, 7, 3], device="cpu")
-    experiment.checks_table(); experiment.results(notebook_seconds=12.3)
+    experiment.checks_table(); experiment.traffic_table()
+    experiment.results(notebook_seconds=12.3)
 """
 
 from __future__ import annotations
@@ -17,7 +21,15 @@ from typing import Any
 import pandas as pd
 import torch
 
-from embnb.columnwise.cases import CWCase, CWRun, TableSpec, make_batches, run_cw_cases
+from embnb.columnwise.cases import (
+    CWCase,
+    CWRun,
+    TableSpec,
+    TorchrecOutcome,
+    make_batches,
+    run_cw_cases,
+    run_torchrec_size_per_rank,
+)
 from embnb.columnwise.placement import (
     check_shard_ranks,
     check_widths,
@@ -29,7 +41,13 @@ from embnb.columnwise.placement import (
 from embnb.columnwise.torchrec_adapter import compute_kernel_for, fbgemm_cuda_problem
 from embnb.dist import DevicePlan, device_plan
 
-__all__ = ["shard_table", "permute_derivation", "PlacementExperiment", "run_placement_experiment"]
+__all__ = [
+    "shard_table",
+    "permute_derivation",
+    "PlacementExperiment",
+    "run_placement_experiment",
+    "torchrec_version",
+]
 
 FEATURE = "f0"  # the experiment's one table "t0" serves one feature
 
@@ -75,8 +93,11 @@ class PlacementExperiment:
     plan: DevicePlan
     seed_run: CWRun  # equal widths, both paths (torchrec's unless it cannot take them)
     uneven_run: CWRun  # uneven widths, embnb's path
+    traffic_runs: list[CWRun]  # shard counts on the same ranks, both paths, traffic recorded
     torchrec_skipped: str | None  # why torchrec did not run the seed case, or None
-    uneven_torchrec_refusal: str | None  # what torchrec says to the uneven widths
+    embnb_uneven_check: str | None  # embnb's own check's verdict on the uneven widths for torchrec
+    size_per_rank: list[int] | None  # torchrec's column_wise(size_per_rank=...) widths run
+    torchrec_uneven: list[TorchrecOutcome] | None  # what each rank got from torchrec with them
     run_seconds: float  # the launches, including process start
     torchrec_device: str = "cpu"  # where torchrec's path ran: the CPU when fbgemm has no CUDA kernels
     torchrec_device_note: str | None = None  # why torchrec ran elsewhere than the plan's device
@@ -95,31 +116,56 @@ class PlacementExperiment:
     def checks_table(self) -> pd.DataFrame:
         """Does each stitching equal the unsharded EmbeddingCollection, and by how much not."""
         run, ran = self.seed_run, self.torchrec_ran
+        paths = {
+            "embnb: naive concatenation in rank order": "naive",
+            "embnb reference (permuted)": "reference",
+        }
+        if ran:
+            paths["torchrec ShardedEmbeddingCollection"] = "torchrec"
+            paths["torchrec, its permute switched off"] = "torchrec_unpermuted"
         return pd.DataFrame(
             {
-                "equals unsharded": [
-                    run.naive_matches(),
-                    run.reference_matches(),
-                    run.torchrec_matches() if ran else None,
-                ],
-                "max |error|": [
-                    run.max_abs_error("naive"),
-                    run.max_abs_error("reference"),
-                    run.max_abs_error("torchrec") if ran else None,
-                ],
+                "equals unsharded": [run.abs_errors(p, FEATURE).max().item() == 0 for p in paths.values()],
+                "max |error|": [run.max_abs_error(p) for p in paths.values()],
             },
-            index=["naive concatenation", "embnb reference", "torchrec ShardedEmbeddingCollection"],
+            index=list(paths),
         )
 
     def error_panels(self) -> dict[str, torch.Tensor]:
-        """|output - unsharded| per looked-up id, by path: what `lookup_error_figure` draws."""
-        panels = {
-            "naive concatenation in rank order": self.seed_run.abs_errors("naive", FEATURE),
-            "embnb reference (permuted)": self.seed_run.abs_errors("reference", FEATURE),
-        }
+        """|output - unsharded| per looked-up id, by wrong stitching: what
+        `lookup_error_figure` draws (the exact paths are all zeros)."""
+        panels = {"embnb: naive concatenation in rank order": self.seed_run.abs_errors("naive", FEATURE)}
         if self.torchrec_ran:
-            panels["torchrec ShardedEmbeddingCollection"] = self.seed_run.abs_errors("torchrec", FEATURE)
+            panels["torchrec, its permute switched off"] = self.seed_run.abs_errors(
+                "torchrec_unpermuted", FEATURE
+            )
         return panels
+
+    def traffic_table(self) -> pd.DataFrame:
+        """Per shard count: what all ranks together sent through
+        all_to_all_single in one forward, integers (ids, lengths, splits)
+        and floats (rows), and bytes, by torchrec's path and embnb's."""
+        rows = []
+        for run in self.traffic_runs:
+            ranks = run.case.placements["t0"]
+            sent = {path: run.traffic(path) for path in ("torchrec", "reference")}
+            rows.append(
+                {
+                    "shards": len(ranks),
+                    "owner ranks": len(set(ranks)),
+                    "ids looked up": sum(len(b[FEATURE][1]) for b in make_batches(run.case)),
+                    **{
+                        f"{name} {kind}": sum(r[f"{kind}_elements"] for r in sent[path])
+                        for name, path in (("torchrec", "torchrec"), ("embnb", "reference"))
+                        for kind in ("int", "float")
+                    },
+                    **{
+                        f"{name} bytes": sum(r["bytes"] for r in sent[path])
+                        for name, path in (("torchrec", "torchrec"), ("embnb", "reference"))
+                    },
+                }
+            )
+        return pd.DataFrame(rows).set_index("shards")
 
     def results(self, notebook_seconds: float) -> dict[str, Any]:
         """The notebook's results JSON."""
@@ -128,16 +174,27 @@ class PlacementExperiment:
         shard_ranks = case.placements["t0"]
         permute = cw_permute_indices(shard_ranks)
         torchrec_matches = run.torchrec_matches() if self.torchrec_ran else None
+        unpermuted = run.torchrec_unpermuted_matches() if self.torchrec_ran else None
         permutes = self.torchrec_permutes()
         uneven_widths = uneven.case.widths["t0"]
+        outcomes = [o.describe() for o in self.torchrec_uneven] if self.torchrec_uneven else None
+        traffic = self.traffic_table().reset_index().to_dict(orient="records") if self.traffic_runs else []
         return {
             "summary": (
                 f"shard_ranks {shard_ranks} on {case.world_size} {backend} ranks: permute {permute}; "
                 f"naive concat {_verdict(run.naive_matches())}, "
                 f"embnb {_verdict(run.reference_matches())}, "
                 f"torchrec {_verdict(torchrec_matches)}, "
-                f"uneven widths {uneven_widths} {_verdict(uneven.reference_matches())}"
+                f"torchrec without its permute {_verdict(unpermuted)}, "
+                f"uneven widths {uneven_widths} in embnb {_verdict(uneven.reference_matches())}"
+                + (
+                    f"; torchrec size_per_rank {self.size_per_rank}: right on "
+                    f"{sum(bool(o.matches) for o in self.torchrec_uneven)} of {len(outcomes)} ranks"
+                    if outcomes
+                    else ""
+                )
             ),
+            "torchrec_version": torchrec_version(),
             "world_size": case.world_size,
             "embedding_dim": case.embedding_dim,
             "shard_ranks": shard_ranks,
@@ -155,7 +212,15 @@ class PlacementExperiment:
             "naive_max_abs_error": run.max_abs_error("naive"),
             "reference_matches_unsharded": run.reference_matches(),
             "torchrec_matches_unsharded": torchrec_matches,
+            "torchrec_unpermuted_matches_unsharded": unpermuted,
+            "torchrec_unpermuted_max_abs_error": run.max_abs_error("torchrec_unpermuted")
+            if self.torchrec_ran
+            else None,
             "torchrec_skipped": self.torchrec_skipped,
+            "embnb_uneven_check": self.embnb_uneven_check,
+            "torchrec_size_per_rank": self.size_per_rank,
+            "torchrec_size_per_rank_outcomes": outcomes,
+            "traffic": traffic,
             "uneven_widths": uneven_widths,
             "uneven_reference_matches_unsharded": uneven.reference_matches(),
             "uneven_naive_matches_unsharded": uneven.naive_matches(),
@@ -176,11 +241,18 @@ def run_placement_experiment(
     seed: int = 0,
     device: str = "auto",
     timeout_s: float = 300.0,
+    traffic_shards: Sequence[int] = (),
+    traffic_embedding_dim: int = 48,
+    size_per_rank: Sequence[int] | None = None,
 ) -> PlacementExperiment:
     """Run one table ("t0", feature "f0") column-wise on `shard_ranks` with
     equal widths (embnb's path and torchrec's, unless torchrec cannot take
     the placement: then `torchrec_skipped` says why) and with `uneven_widths`
-    (embnb's path), in one launch on `world_size` ranks."""
+    (embnb's path), and for each count in `traffic_shards` that many equal
+    shards of a `traffic_embedding_dim`-wide table dealt round-robin over the
+    ranks (both paths, traffic recorded), in one launch on `world_size`
+    ranks; then, with `size_per_rank`, torchrec's uneven column_wise plan in a
+    launch of its own (shard i on rank i)."""
     plan = device_plan(device, world_size)
     ranks = check_shard_ranks(shard_ranks, world_size)
     equal_widths(embedding_dim, len(ranks))  # the seed case's widths: refuse before building cases
@@ -192,20 +264,53 @@ def run_placement_experiment(
         seed_case = CWCase(world_size, embedding_dim, tables, {"t0": ranks}, paths=("reference",), **common)
     uneven = dict(widths={"t0": list(uneven_widths)}, **common)
     uneven_case = CWCase(world_size, embedding_dim, tables, {"t0": ranks}, paths=("reference",), **uneven)
+    traffic_tables = (TableSpec("t0", num_embeddings, (FEATURE,)),)
+    traffic_cases = [
+        CWCase(
+            world_size,
+            traffic_embedding_dim,
+            traffic_tables,
+            {"t0": [s % world_size for s in range(n)]},
+            **common,
+        )
+        for n in traffic_shards
+    ]
+    for traffic_case in traffic_cases:
+        traffic_case.check_torchrec()  # before any rank starts
     start = time.perf_counter()
     note = fbgemm_cuda_problem() if plan.device == "cuda" and torchrec_skipped is None else None
     if note is None:
-        seed_run, uneven_run = run_cw_cases([seed_case, uneven_case], device=device, timeout_s=timeout_s)
+        seed_run, uneven_run, *traffic_runs = run_cw_cases(
+            [seed_case, uneven_case, *traffic_cases], device=device, timeout_s=timeout_s
+        )
     else:  # torchrec's sharded module cannot run on this GPU: compare on the CPU, and say so
-        (seed_run,) = run_cw_cases([seed_case], device="cpu", timeout_s=timeout_s)
+        seed_run, *traffic_runs = run_cw_cases([seed_case, *traffic_cases], device="cpu", timeout_s=timeout_s)
         (uneven_run,) = run_cw_cases([uneven_case], device=device, timeout_s=timeout_s)
+    torchrec_uneven = None
+    if size_per_rank is not None:
+        uneven_case_for_torchrec = CWCase(
+            world_size, embedding_dim, tables, {"t0": list(range(len(size_per_rank)))}, **common
+        )
+        torchrec_uneven = run_torchrec_size_per_rank(
+            uneven_case_for_torchrec, size_per_rank, device="cpu" if note else device, timeout_s=timeout_s
+        )
     return PlacementExperiment(
         plan,
         seed_run,
         uneven_run,
+        traffic_runs,
         torchrec_skipped,
         CWCase(world_size, embedding_dim, tables, {"t0": ranks}, **uneven).torchrec_problem(),
+        None if size_per_rank is None else list(size_per_rank),
+        torchrec_uneven,
         time.perf_counter() - start,
         torchrec_device="cpu" if note else plan.device,
         torchrec_device_note=f"torchrec's path ran on the CPU: {note}" if note else None,
     )
+
+
+def torchrec_version() -> str:
+    """The installed torchrec's version: what the notebook's torchrec claims are about."""
+    from importlib.metadata import version
+
+    return version("torchrec")

@@ -2,7 +2,7 @@
 
 Every rank of the group calls `cw_sequence_lookup` together with its ids and
 the column shards it holds (`local_shards` cuts them from a full weight): ids
-go to every rank, each rank looks them up in its shards, the slices come back
+go once to each rank holding a shard, each rank looks them up in its shards, the slices come back
 in rank order and are stitched with the permute indices
 (`embnb.columnwise.placement`). Unlike torchrec's EmbeddingCollection, the
 shards may differ in width.
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from embnb.columnwise.placement import check_shard_ranks, check_widths, column_offsets, stitch_cw
-from embnb.dist import all_gather_flat, exchange
+from embnb.dist import exchange
 
 __all__ = ["local_shards", "cw_sequence_lookup"]
 
@@ -62,9 +62,14 @@ def cw_sequence_lookup(
         raise ValueError(f"local shards have widths {wrong}; widths {widths} say otherwise")
     device = ids.device
 
-    # 1. Every rank needs every rank's ids: CW shards cover all rows.
-    counts = all_gather_flat(torch.tensor([ids.numel()], device=device), group).tolist()
-    all_ids = exchange(ids.repeat(world_size), [ids.numel()] * world_size, counts, group)
+    # 1. Each rank's ids go once to each rank holding a shard (CW shards
+    # cover all rows); ranks without a shard get nothing. First the counts.
+    owners = sorted(set(ranks))
+    send_counts = [ids.numel() if r in owners else 0 for r in range(world_size)]
+    counts = exchange(
+        torch.tensor(send_counts, device=device), [1] * world_size, [1] * world_size, group
+    ).tolist()
+    all_ids = exchange(ids.repeat(len(owners)), send_counts, counts, group)
 
     # 2. Look them up in the shards held here, in shard (column) order.
     my_width = sum(widths[s] for s in mine)

@@ -25,6 +25,7 @@ __all__ = [
     "check_shard_ranks",
     "rank_order",
     "cw_permute_indices",
+    "check_permute_answer",
     "equal_widths",
     "check_widths",
     "column_offsets",
@@ -84,6 +85,27 @@ def cw_permute_indices(shard_ranks: Sequence[int], world_size: int | None = None
     for position, rank in enumerate(sorted(ranks)):
         positions[rank].append(position)
     return [positions[rank].popleft() for rank in ranks]
+
+
+def check_permute_answer(shard_ranks: Sequence[int], answer: Sequence[int] | None) -> str:
+    """A reader's permute for `shard_ranks`, checked: what is right, or the
+    first shard whose position is wrong and why. Never raises on the answer."""
+    ranks = check_shard_ranks(shard_ranks)
+    if answer is None:
+        return f"write your permute for shard_ranks {ranks} (one position per shard) and run the cell again"
+    expected = cw_permute_indices(ranks)
+    answer = list(answer)
+    if answer == expected:
+        return f"correct: permute {expected}"
+    if len(answer) != len(ranks):
+        return f"not yet: {len(ranks)} shards need {len(ranks)} positions, got {len(answer)}"
+    s = next(i for i, (a, e) in enumerate(zip(answer, expected)) if a != e)
+    lower = sum(r < ranks[s] for r in ranks)
+    earlier = ranks[:s].count(ranks[s])
+    return (
+        f"not yet: shard s{s} (rank {ranks[s]}) comes after the {lower} shard(s) on lower ranks and the "
+        f"{earlier} earlier shard(s) on its own rank, not at position {answer[s]}"
+    )
 
 
 def equal_widths(embedding_dim: int, num_shards: int) -> list[int]:

@@ -1,7 +1,8 @@
 """Figures of notebook 02 (column-wise sharding): each takes data, returns a Figure.
 
     fig = column_order_figure([0, 1, 0], [4, 4, 4])    # naive vs permuted stitching
-    fig = lookup_error_figure({"naive": err, "embnb": err2}, [0, 4, 8])
+    fig = lookup_error_figure({"naive": err, "embnb": err2}, [0, 4, 8], rows_per_rank=[5, 3])
+    fig = traffic_figure(experiment.traffic_table())  # what each path sends, by shard count
 
 Figures come from `embnb.plotting.new_figure` (the shared style); a notebook
 shows one with `display(fig)`. Columns, not ranks, run along these axes.
@@ -25,7 +26,7 @@ from embnb.columnwise.placement import (
 )
 from embnb.plotting import color, new_figure
 
-__all__ = ["column_order_figure", "lookup_error_figure"]
+__all__ = ["column_order_figure", "lookup_error_figure", "traffic_figure"]
 
 COLUMN_CMAP = "viridis"  # column order reads as a smooth ramp, left to right
 ERROR_CMAP = "Reds"  # white = exact
@@ -118,10 +119,12 @@ def lookup_error_figure(
     errors: Mapping[str, torch.Tensor],
     shard_offsets: Sequence[int] = (),
     title: str | None = None,
+    rows_per_rank: Sequence[int] = (),
 ) -> Figure:
     """|output - unsharded| per looked-up row (y) and column (x), one panel
     per path, on one colour scale; white is exact. `shard_offsets` draws the
-    first column of each shard."""
+    first column of each shard; `rows_per_rank` (ids looked up by each rank,
+    in rank order) labels the y axis by rank and draws where ranks change."""
     if not errors:
         raise ValueError("errors is empty: nothing to plot")
     shapes = {tuple(e.shape) for e in errors.values()}
@@ -147,9 +150,53 @@ def lookup_error_figure(
             color=RIGHT if worst == 0 else WRONG,
         )
         ax.set_ylabel("looked-up id")
-        ax.set_yticks([])
+        starts = [sum(rows_per_rank[:r]) for r in range(len(rows_per_rank))]
+        ax.set_yticks(
+            [s + (n - 1) / 2 for s, n in zip(starts, rows_per_rank)],
+            [f"rank {r}" for r in range(len(starts))],
+        )
+        for start in starts[1:]:
+            ax.axhline(start - 0.5, color="#444444", linewidth=1)
+        ax.set_xticks(range(dim))
     axes[-1].set_xlabel("embedding column (dashed: shard starts)")
     fig.colorbar(image, ax=list(axes), label="|output − unsharded|", shrink=0.9)
     if title:
         fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def traffic_figure(table, title: str | None = None) -> Figure:
+    """Integers (ids, lengths, split counts) and floats (rows) all ranks sent
+    through all_to_all_single in one forward, against the number of column
+    shards, for torchrec's path and embnb's (`PlacementExperiment.traffic_table`)."""
+    if table.empty:
+        raise ValueError("table is empty: nothing to plot")
+    fig = new_figure(8.0, 3.4)
+    axes = fig.subplots(1, 2, sharex=True)
+    shards = table.index.tolist()
+    # a large hollow marker under a small filled one: equal values stay visible as both
+    styles = {
+        "torchrec": dict(marker="o", markersize=10, fillstyle="none"),
+        "embnb": dict(marker="s", markersize=5),
+    }
+    for ax, (kind, label) in zip(
+        axes, (("int", "integers sent: ids, lengths, counts"), ("float", "row values sent"))
+    ):
+        for i, (path, style) in enumerate(styles.items()):
+            ax.plot(
+                shards,
+                table[f"{path} {kind}"],
+                linestyle="-" if i == 0 else "--",
+                color=color(path, i),
+                label=path,
+                **style,
+            )
+        ax.set_xticks(shards)
+        ax.set_xlabel("column shards (on the same ranks)")
+        ax.set_title(label)
+        ax.set_ylim(bottom=0)
+    axes[0].set_ylabel("elements, all ranks, one forward")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=8)
+    if title:
+        fig.suptitle(title)
     return fig

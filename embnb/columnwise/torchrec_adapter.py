@@ -95,8 +95,10 @@ def check_torchrec_placements(
     explicit shard widths by table, which must be equal within a table)."""
     if widths and any(len(set(w)) > 1 for w in widths.values()):
         raise ValueError(
-            f"uneven widths {dict(widths)}: torchrec's ShardedEmbeddingCollection cuts "
-            "equal widths only; run them with paths=('reference',) (embnb's path)"
+            f"uneven widths {dict(widths)}: embnb's check refuses them for torchrec, whose "
+            "ShardedEmbeddingCollection fails in its output all-to-all with uneven "
+            "column_wise(size_per_rank=...) shards (run_torchrec_size_per_rank shows it); "
+            "run them with paths=('reference',) (embnb's path)"
         )
     widths = {}
     for table, ranks in placements.items():
@@ -132,20 +134,35 @@ def cw_sharding_plan(
     placements: Mapping[str, Sequence[int]],
     world_size: int,
     device_type: str,
+    size_per_rank: Sequence[int] | None = None,
 ) -> EmbeddingModuleShardingPlan:
     """torchrec's EmbeddingModuleShardingPlan: each table of `ec` column-wise on
-    `placements[table]` (a rank per shard), with a kernel that runs on `device_type`."""
+    `placements[table]` (a rank per shard), with a kernel that runs on `device_type`.
+
+    With `size_per_rank` the plan is torchrec's `column_wise(size_per_rank=...)`
+    as torchrec makes it, unchecked by embnb: shard i, `size_per_rank[i]`
+    columns wide, on rank i (`placements` must then be `0, 1, ...`).
+    """
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
 
     tables = [config.name for config in ec.embedding_configs()]
     if sorted(placements) != sorted(tables):
         raise ValueError(f"placements name tables {sorted(placements)}; the collection has {tables}")
-    check_torchrec_placements(ec.embedding_dim(), placements, world_size)
     kernel = compute_kernel_for(device_type)
+    if size_per_rank is None:
+        check_torchrec_placements(ec.embedding_dim(), placements, world_size)
+        generators = {t: column_wise(ranks=list(placements[t]), compute_kernel=kernel) for t in tables}
+    else:
+        sizes = list(size_per_rank)
+        if len(sizes) > world_size:
+            raise ValueError(
+                f"size_per_rank {sizes} puts shard i on rank i: needs {len(sizes)} ranks, has {world_size}"
+            )
+        generators = {t: column_wise(size_per_rank=sizes, compute_kernel=kernel) for t in tables}
     plan = construct_module_sharding_plan(
         ec,
-        {t: column_wise(ranks=list(placements[t]), compute_kernel=kernel) for t in tables},
+        generators,
         sharder=EmbeddingCollectionSharder(),
         local_size=world_size,
         world_size=world_size,
@@ -164,15 +181,17 @@ def shard_cw(
     ec: EmbeddingCollection,
     placements: Mapping[str, Sequence[int]],
     group: dist.ProcessGroup | None = None,
+    size_per_rank: Sequence[int] | None = None,
 ) -> ShardedEmbeddingCollection:
     """A real ShardedEmbeddingCollection of `ec` over `group` (default: the
-    world), holding `ec`'s weights. Collective: every rank of `group` calls it."""
+    world), holding `ec`'s weights (`size_per_rank`: see `cw_sharding_plan`).
+    Collective: every rank of `group` calls it."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.types import ShardingEnv
 
     group = group or dist.group.WORLD
     device = rank_device(group)
-    plan = cw_sharding_plan(ec, placements, dist.get_world_size(group), device.type)
+    plan = cw_sharding_plan(ec, placements, dist.get_world_size(group), device.type, size_per_rank)
     if group == dist.group.WORLD:
         env = ShardingEnv.from_process_group(group)
     else:

@@ -4,7 +4,7 @@ import importlib
 
 import embnb.columnwise as cw
 
-LAYERS = ["placement", "lookup", "torchrec_adapter", "cases", "experiment", "plots", "widgets"]
+LAYERS = ["placement", "lookup", "torchrec_adapter", "traffic", "cases", "experiment", "plots", "widgets"]
 
 
 def test_every_public_name_is_importable_from_the_package():

@@ -70,7 +70,7 @@ T2 = (TableSpec("t0", 8, ("f0",)), TableSpec("t1", 8, ("f1",)))
     [
         (
             CWCase(2, 12, T0, {"t0": [0, 1]}, widths={"t0": [4, 8]}),
-            r"uneven widths \{'t0': \[4, 8\]\}: torchrec's ShardedEmbeddingCollection cuts equal widths only",
+            r"uneven widths \{'t0': \[4, 8\]\}: embnb's check refuses them for torchrec",
         ),
         # torchrec's EC views every CW lookup with the first table's shard width:
         # other widths assert on some ranks and leave the others hanging.
@@ -207,3 +207,105 @@ def test_abs_errors_have_a_row_per_looked_up_id(runs):
     assert not run.abs_errors("reference", "f0").any() and not run.abs_errors("torchrec", "f0").any()
     with pytest.raises(ValueError, match="path 'fast' is not one of"):
         run.abs_errors("fast", "f0")
+
+
+def test_torchrec_without_its_permute_returns_the_rank_order_concatenation(runs):
+    checked = 0
+    for run in runs:
+        if run.case.paths != ("reference", "torchrec"):
+            continue
+        for name, table in run.case.output_tables().items():
+            ranks = run.case.placements[table]
+            for got, want in zip(run.ranks, run.expected):
+                unpermuted = got.torchrec_unpermuted[name][1]
+                # embnb's stand-in for the bug and torchrec's own output without its fix agree exactly
+                assert torch.equal(unpermuted, concat_in_rank_order(got.rank_ordered[name])), run.case
+                if want[name][1].numel():
+                    assert torch.equal(unpermuted, want[name][1]) == (ranks == sorted(ranks)), run.case
+                    checked += 1
+    assert checked > 20
+    assert not runs[0].torchrec_unpermuted_matches() and runs[0].torchrec_matches()  # the permute is restored
+
+
+def test_traffic_is_counted_from_the_batches(runs):
+    """One table: embnb sends each destination a count, then a rank's ids once
+    per owner rank; torchrec sends ids and lengths once per shard, plus split
+    counts per destination that grow with neither shards nor ids; both get
+    every looked-up id's full row back."""
+    checked, torchrec_splits = 0, set()
+    for run in runs:
+        case = run.case
+        if (
+            case.paths != ("reference", "torchrec")
+            or len(case.tables) != 1
+            or len(case.tables[0].feature_names) != 1
+        ):
+            continue
+        (feature,) = case.tables[0].feature_names
+        (ranks,) = case.placements.values()
+        ids = [len(batch[feature][1]) for batch in cases.make_batches(case)]
+        embnb, torchrec = run.traffic("reference"), run.traffic("torchrec")
+        world = case.world_size
+        assert [r["int_elements"] for r in embnb] == [world + len(set(ranks)) * n for n in ids], case
+        if world > 1:  # at one rank torchrec calls no collective
+            for sent, n in zip(torchrec, ids):
+                ids_and_lengths = len(ranks) * (n + case.batch_size)
+                torchrec_splits.add((sent["int_elements"] - ids_and_lengths) / world)
+        for sent in (embnb, torchrec) if world > 1 else (embnb,):
+            assert sum(r["float_elements"] for r in sent) == sum(ids) * case.embedding_dim, case
+        checked += 1
+    assert checked >= 5
+    assert len(torchrec_splits) == 1 and torchrec_splits.pop() in {2, 3, 4}  # per destination, every case
+    with pytest.raises(ValueError, match="path 'naive' is not one of 'reference', 'torchrec'"):
+        runs[0].traffic("naive")
+
+
+def test_the_recorder_puts_all_to_all_back_whatever_happens():
+    import torch.distributed as dist
+
+    from embnb.columnwise.traffic import recorded_all_to_all
+
+    original = dist.all_to_all_single
+    with pytest.raises(RuntimeError, match="boom"):
+        with recorded_all_to_all():
+            assert dist.all_to_all_single is not original
+            raise RuntimeError("boom")
+    assert dist.all_to_all_single is original
+
+
+@pytest.fixture(scope="module")
+def size_per_rank_outcomes():
+    case = CWCase(2, 48, T0, {"t0": [0, 1]})
+    return {
+        sizes: cases.run_torchrec_size_per_rank(case, list(sizes), device="cpu", timeout_s=120)
+        for sizes in [(24, 24), (16, 32)]
+    }
+
+
+def test_torchrec_size_per_rank_equal_widths_are_exact(size_per_rank_outcomes):
+    outcomes = size_per_rank_outcomes[(24, 24)]
+    assert [(o.error, o.matches, o.max_abs_error) for o in outcomes] == [(None, True, 0.0)] * 2
+    assert outcomes[0].describe() == "equals the unsharded EC"
+
+
+def test_torchrec_size_per_rank_uneven_widths_are_reported_as_torchrec_raises(size_per_rank_outcomes):
+    outcomes = size_per_rank_outcomes[(16, 32)]
+    assert len(outcomes) == 2 and not any(o.matches for o in outcomes)
+    errors = [o.error for o in outcomes if o.error is not None]
+    assert errors and all(e.split(":")[0].endswith("Error") and len(e) <= 230 for e in errors)
+    # where torchrec raised, named by its own source file (the output all-to-all on this version)
+    assert all(o.raised_in.startswith("torchrec/distributed/") for o in outcomes if o.error)
+    assert outcomes[0].describe().startswith(outcomes[0].error) and "[in torchrec/" in outcomes[0].describe()
+
+
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        ([16, 16], r"size_per_rank \[16, 16\] must cover embedding_dim 48 of one table"),
+        ([16, 16, 16], r"size_per_rank \[16, 16, 16\] puts shard i on rank i: needs 3 ranks, has 2"),
+        ([48, 0], "size_per_rank entry must be an int >= 1, got 0"),
+    ],
+)
+def test_bad_size_per_rank_is_refused_before_any_rank_starts(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        cases.run_torchrec_size_per_rank(CWCase(2, 48, T0, {"t0": [0, 1]}), sizes, timeout_s=1)

@@ -151,3 +151,21 @@ def test_bad_type_is_named(call, message):
 def test_column_offsets():
     assert placement.column_offsets([2, 7, 3]) == [0, 2, 9]
     assert placement.column_offsets([5]) == [0]
+
+
+@given(placements(), st.data())
+@settings(max_examples=60, deadline=None)
+def test_a_readers_permute_answer_is_checked(drawn, data):
+    _, ranks = drawn
+    right = expected_permute(ranks)
+    assert placement.check_permute_answer(ranks, right) == f"correct: permute {right}"
+    assert placement.check_permute_answer(ranks, None).startswith("write your permute")
+    assert "need" in placement.check_permute_answer(ranks, right + [0])
+    if len(ranks) > 1:
+        wrong = data.draw(st.permutations(right).filter(lambda p: list(p) != right))
+        message = placement.check_permute_answer(ranks, wrong)
+        first = next(s for s in range(len(ranks)) if wrong[s] != right[s])
+        # the hint names the first wrong shard and the counts that place it
+        lower = sum(r < ranks[first] for r in ranks)
+        assert message.startswith(f"not yet: shard s{first} (rank {ranks[first]}) comes after the {lower} ")
+        assert message.endswith(f"not at position {wrong[first]}")

@@ -38,3 +38,32 @@ def test_shard_labels_take_their_ranks_colour():
     labels = fig.axes[0].get_xticklabels()  # s0..s3 in column order, on ranks 1, 0, 0, 1
     colors = [label.get_color() for label in labels]
     assert colors[0] == colors[3] != colors[1] == colors[2]
+
+
+def test_lookup_error_figure_labels_ranks_on_the_y_axis():
+    fig = cw_plots.lookup_error_figure({"naive": torch.rand(8, 4)}, rows_per_rank=[5, 3])
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert list(ax.get_yticks()) == [2.0, 6.0]  # the middle of rows 0-4 and 5-7
+    assert [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == "-"] == [4.5]
+
+
+def test_traffic_figure_draws_each_path_against_the_shard_count():
+    import pandas as pd
+
+    table = pd.DataFrame(
+        {
+            "shards": [2, 4],
+            "torchrec int": [10, 20],
+            "torchrec float": [5, 5],
+            "embnb int": [8, 8],
+            "embnb float": [5, 5],
+        }
+    ).set_index("shards")
+    fig = cw_plots.traffic_figure(table)
+    ints, floats = fig.axes[:2]
+    assert [list(line.get_ydata()) for line in ints.lines] == [[10, 20], [8, 8]]
+    assert [list(line.get_ydata()) for line in floats.lines] == [[5, 5], [5, 5]]
+    assert [list(line.get_xdata()) for line in ints.lines] == [[2, 4], [2, 4]]
+    with pytest.raises(ValueError, match="table is empty"):
+        cw_plots.traffic_figure(table.iloc[:0])
