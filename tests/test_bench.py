@@ -207,6 +207,24 @@ def test_balancer_bench_ratios_are_against_the_peer_and_the_unbalanced_run_in_th
     assert exchanges["bytes_per_rank"]["8"]["alltoall"] < exchanges["bytes_per_rank"]["8"]["allgather"] / 2
 
 
+def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
+    from embnb.planner import LADDER
+
+    stdout, _ = bench(
+        "ablation", "--tables", "8", "--world-sizes", "2", "--repeats", "2", "--out", str(tmp_path)
+    )
+    payload = results(tmp_path, "ablation")
+    (row,) = payload["rows"]
+    assert (row["num_tables"], row["world_size"]) == (8, 2) and row["enumerate_s"] > 0
+    assert list(row["rungs"]) == list(LADDER) and payload["ladder"] == {k: dict(v) for k, v in LADDER.items()}
+    for rung, r in row["rungs"].items():
+        assert r["plan_s_min"] <= r["plan_s"] <= r["plan_s_max"], rung
+        assert rung in stdout
+    # the replica places what torchrec's partitioner would: same rating, two proposals
+    pruned, replayed = row["rungs"]["+ lower-bound pruning"], row["rungs"]["+ the replica"]
+    assert replayed["perf_rating"] == pruned["perf_rating"] and replayed["proposals"] <= 2
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -214,6 +232,8 @@ def test_balancer_bench_ratios_are_against_the_peer_and_the_unbalanced_run_in_th
         (["planner", "--quality-instances", "-1"], "--quality-instances must be >= 0, got -1"),
         (["balancer", "--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["planner", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["ablation", "--world-sizes", "0"], "--world-sizes must all be >= 1, got [0]"),
+        (["ablation", "--timeout-s", "0"], "--hbm-fraction and --timeout-s must be > 0, got 0.5, 0.0"),
         (["nosuch"], "got 'nosuch'"),
     ],
 )

@@ -8,6 +8,8 @@
   distinct shard's perf estimated once (opt-in: `enumerator="embnb"`).
 - `study`: running proposers in torchrec's planner and comparing them
   (side by side, as the budget shrinks, against brute force).
+- `pitfall`: tiny instances where the least summed perf is not the best plan.
+- `ablation`: the proposer's pieces added one at a time (`LADDER`).
 - `inspect`: the options, the DP table, the frontier, the brute-force optimum.
 - `results`: notebook 03's results dict.
 - `plots`: the notebook's figures; `widgets`: its explorer (`PlannerExplorer`).
@@ -16,9 +18,11 @@
 """
 
 # Each module lists its public names once (its __all__); this gathers them.
-from embnb.planner import enumerator, inspect, proposer, results, study, topology
+from embnb.planner import ablation, enumerator, inspect, pitfall, proposer, results, study, topology
+from embnb.planner.ablation import *  # noqa: F403
 from embnb.planner.enumerator import *  # noqa: F403
 from embnb.planner.inspect import *  # noqa: F403
+from embnb.planner.pitfall import *  # noqa: F403
 from embnb.planner.proposer import *  # noqa: F403
 from embnb.planner.results import *  # noqa: F403
 from embnb.planner.space import GB
@@ -30,6 +34,8 @@ __all__ = [
     *enumerator.__all__,
     *topology.__all__,
     *study.__all__,
+    *ablation.__all__,
+    *pitfall.__all__,
     *inspect.__all__,
     *results.__all__,
     "GB",

@@ -191,8 +191,16 @@ class FrontierSearch:
     memory, then the neighbors of the best rated one.
     """
 
-    def __init__(self, plans: np.ndarray, memory: np.ndarray, space: SearchSpace):
+    def __init__(
+        self,
+        plans: np.ndarray,
+        memory: np.ndarray,
+        space: SearchSpace,
+        bisect: bool = True,
+        slack: bool = True,
+    ):
         self.plans, self.memory, self.space = plans, memory, space
+        self.bisect, self.slack = bisect, slack  # off: every plan in order (torchrec's DP); no slack plans
         # Each plan's memory left and lower bound, up to rounding (SearchSpace.screen).
         self.left, self.bound, self.left_error, self.bound_error = space.screen(plans)
         self.placed: dict[int, bool | None] = {}  # None: skipped, could not win
@@ -220,6 +228,9 @@ class FrontierSearch:
         return min(self.ratings, key=self.ratings.get) if self.ratings else 0
 
     def indices(self) -> Iterator[int]:
+        if not self.bisect:  # the plain knapsack: every plan, largest memory first
+            yield from range(len(self.plans))
+            return
         count, failed, first = len(self.plans), 0, None
         for i in range(count):  # from the top, until one is placed
             yield i
@@ -240,7 +251,7 @@ class FrontierSearch:
         below = [first + k for k in range(1, _PATIENCE)]
         below += [
             int(np.argmax(self.memory <= self.memory[first] * (1 - slack)))
-            for slack in _SLACKS
+            for slack in (_SLACKS if self.slack else ())
             if self.memory[-1] <= self.memory[first] * (1 - slack)
         ]
         for i in sorted(set(below)):

@@ -79,6 +79,14 @@ class DynamicProgrammingProposer(Proposer):
             its perf and on its memory (0: the plain knapsack only).
         max_refinements: proposals spent on changing one or two tables of the
             best plans so far.
+        bisect: in each knapsack run, bisect past plans the partitioner
+            cannot place and propose only the first placed one and a few
+            below it (False: every plan of the run, largest memory first,
+            as torchrec's DP proposer does).
+        slack: also propose plans with 1%, 2%, 4% ... less memory than the
+            first placed one (room for the partitioner to balance ranks).
+        prune: skip plans whose lower bound on the slowest rank cannot beat
+            the best rating so far.
         replay: place and rate plans with a replica of torchrec's
             GreedyPerfPartitioner and NoopPerfModel
             (`embnb.planner.replica`) and propose only those that beat the
@@ -100,12 +108,19 @@ class DynamicProgrammingProposer(Proposer):
         max_caps: int = 8,
         max_refinements: int = 100,
         replay: bool = True,
+        *,
+        bisect: bool = True,
+        slack: bool = True,
+        prune: bool = True,
     ) -> None:
         self._bins_per_device = check_int("bins_per_device", bins_per_device, low=1)
         self._ddr_bins_per_device = check_int("ddr_bins_per_device", ddr_bins_per_device, low=1)
         self._max_caps = check_int("max_caps", max_caps, low=0)
         self._max_refinements = check_int("max_refinements", max_refinements, low=0)
         self._replay = check_bool("replay", replay)
+        self._bisect = check_bool("bisect", bisect)
+        self._slack = check_bool("slack", slack)
+        self._prune = check_bool("prune", prune)
         self.load([])
 
     def load(
@@ -304,7 +319,7 @@ class DynamicProgrammingProposer(Proposer):
                 known = self._placed.get(choice.tobytes())
                 if known is not None or not self._search.fits(i):
                     self._search.record(i, bool(known), None)
-                elif self._search.cannot_win(i, self._best_rating):
+                elif self._prune and self._search.cannot_win(i, self._best_rating):
                     self._search.record(i, None, None)
                 else:
                     self._index = i
@@ -330,7 +345,9 @@ class DynamicProgrammingProposer(Proposer):
             new = np.array([key not in seen for key in keys], dtype=bool)
             seen.update(itertools.compress(keys, new))
             plans = frontier[new]
-            return FrontierSearch(plans, space.mem[rows, plans, main].sum(-1), space)
+            return FrontierSearch(
+                plans, space.mem[rows, plans, main].sum(-1), space, self._bisect, self._slack
+            )
 
         valid = np.isfinite(space.perf)
         main = axes[0] if axes else 0
@@ -448,7 +465,7 @@ class DynamicProgrammingProposer(Proposer):
                 continue
             bounds = np.concatenate(bounds)
             for i in np.argsort(bounds, kind="stable"):
-                if bounds[i] >= self._best_rating:
+                if self._prune and bounds[i] >= self._best_rating:
                     break
                 neighbor = choice.copy()
                 neighbor[kept[i][:, 0]] = kept[i][:, 1]

@@ -40,6 +40,8 @@ def notebook_results(
     enumerated: Enumerated,
     comparison: pd.DataFrame,
     sweep: pd.DataFrame,
+    ablation: pd.DataFrame,
+    pitfall: pd.DataFrame,
     study: pd.DataFrame,
     dp_matches_by_hand: bool,
     tiny: PlanExtremes,
@@ -48,15 +50,21 @@ def notebook_results(
     notebook_s: float,
 ) -> dict[str, Any]:
     """The results dict of notebook 03: the settings, each proposer's row of
-    `comparison`, the budget `sweep`, the quality `study` against brute force,
+    `comparison`, the budget `sweep`, the `ablation` ladder, the `pitfall`
+    study (least summed perf against the best rating), the quality `study`
+    against brute force,
     the worked example (`tiny`), the chosen plan's perf per rank, the CPU
     topology's ratings and notes, and a one-line summary."""
     proposers = {
         name: {
             "perf_rating": _rating(comparison, name),
             "plan_s": float(row.plan_s),
+            "plan_s_min": float(row.plan_s_min),
+            "plan_s_max": float(row.plan_s_max),
+            "end_to_end_s": float(row.end_to_end_s),
             "proposer_s": float(row.proposer_s),
             "partitioner_s": float(row.partitioner_s),
+            "plans_considered": int(row.plans_considered),
             "proposals": int(row.proposals),
             "feasible": bool(row.feasible),
             "timed_out": bool(row.timed_out),
@@ -75,12 +83,16 @@ def notebook_results(
         for name, row in worst.iterrows()
     }
     ours, theirs = _rating(comparison, "embnb DP"), _rating(comparison, "torchrec DP")
+    mine, peer = proposers["embnb DP"], proposers["torchrec DP"]
+    gap = pitfall.least_placed_sum_over_best
     summary = (
         f"{num_tables} tables on {world_size}x{hbm_cap_gb} GiB: embnb DP rates {ours:.3g} ms "
-        f"in {proposers['embnb DP']['plan_s']:.2g} s, torchrec DP "
+        f"in {mine['plan_s']:.2g} s ({mine['end_to_end_s']:.2g} s with enumeration), torchrec DP "
         + (f"{theirs:.3g} ms" if theirs else "no plan")
-        + f"; vs brute force on {study.instance.nunique()} instances, worst "
-        f"{worst.loc['embnb DP', 'max']:.3f}x (torchrec DP {worst.loc['torchrec DP', 'max']:.3f}x)"
+        + f" in {peer['plan_s']:.2g} s ({peer['end_to_end_s']:.2g} s); vs brute force on "
+        f"{study.instance.nunique()} instances, worst {worst.loc['embnb DP', 'max']:.3f}x "
+        f"(torchrec DP {worst.loc['torchrec DP', 'max']:.3f}x); least summed placeable plan not the best "
+        f"on {(gap > 1 + 1e-9).mean():.0%} of {len(pitfall)} tiny instances"
     )
     return {
         "summary": summary,
@@ -94,6 +106,21 @@ def notebook_results(
         "budget_sweep": json.loads(
             sweep[["proposer", "hbm_cap_gb", "perf_rating", "plan_s"]].to_json(orient="records")
         ),
+        "ablation": {
+            rung: {
+                "perf_rating": _finite(row.perf_rating),
+                "plans_considered": int(row.plans_considered),
+                "proposals": int(row.proposals),
+                "plan_s": float(row.plan_s),
+                "plan_s_min": float(row.plan_s_min),
+                "plan_s_max": float(row.plan_s_max),
+            }
+            for rung, row in ablation.iterrows()
+        },
+        "pitfall_instances": len(pitfall),
+        "pitfall_worse_share": float((gap > 1 + 1e-9).mean()),
+        "pitfall_median_ratio": float(gap.median()),
+        "pitfall_max_ratio": float(gap.max()),
         "quality": quality,
         "quality_instances": int(study.instance.nunique()),
         "tiny_dp_matches_by_hand": dp_matches_by_hand,

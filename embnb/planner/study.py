@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -268,10 +269,14 @@ def compare_proposers(
     storage_reservation_percentage: float = 0.15,
     enumerated: Enumerated | None = None,
     progress: bool = False,
+    repeats: int = 1,
 ) -> pd.DataFrame:
     """One row per proposer: the best plan's perf rating (slowest rank), its
-    largest HBM and DDR per device, feasible or not, proposals evaluated,
-    planning seconds, whether `timeout_s` cut it short, and a note.
+    largest HBM and DDR per device, feasible or not, the plans the proposer
+    considered (for embnb's DP, also those it placed itself with its
+    replica) and the proposals torchrec's partitioner placed, planning
+    seconds (median, min and max over `repeats` runs), end to end with the
+    enumeration, whether `timeout_s` cut it short, and a note.
 
     Options are enumerated once (`enumerated`, from `enumerate_options` for
     this topology's world size and device; else now, from `tables`) and every
@@ -288,17 +293,27 @@ def compare_proposers(
         from tqdm.auto import tqdm
 
         names = tqdm(names, desc="proposers")
+    check_int("repeats", repeats, low=1)
     rows = []
     for name in names:
-        run = run_planner(
-            proposers[name](),
-            enumerated,
-            topology,
-            batch_size,
-            name=name,
-            storage_reservation_percentage=storage_reservation_percentage,
-            constraints=constraints,
-            timeout_s=timeout_s,
+        runs = []
+        for _ in range(repeats):
+            made = proposers[name]()
+            run = run_planner(
+                made,
+                enumerated,
+                topology,
+                batch_size,
+                name=name,
+                storage_reservation_percentage=storage_reservation_percentage,
+                constraints=constraints,
+                timeout_s=timeout_s,
+            )
+            runs.append(run)
+        run, seconds = runs[0], [r.seconds for r in runs]
+        made = made if isinstance(made, list) else [made]
+        considered = sum(
+            p.num_knapsack_proposals + p.num_refinements for p in made if hasattr(p, "num_refinements")
         )
         loads = rank_loads(run.plan, topology.world_size) if run.plan else None
         note = run.note
@@ -311,11 +326,15 @@ def compare_proposers(
                 "max_hbm_gb": loads["hbm_gb"].max() if loads is not None else math.nan,
                 "max_ddr_gb": loads["ddr_gb"].max() if loads is not None else math.nan,
                 "feasible": run.plan is not None,
+                "plans_considered": considered or run.proposals,
                 "proposals": run.proposals,
-                "plan_s": run.seconds,
+                "plan_s": statistics.median(seconds),
+                "plan_s_min": min(seconds),
+                "plan_s_max": max(seconds),
+                "end_to_end_s": enumerated.seconds + statistics.median(seconds),
                 "proposer_s": run.proposer_s,
                 "partitioner_s": run.partitioner_s,
-                "timed_out": run.timed_out,
+                "timed_out": any(r.timed_out for r in runs),
                 "note": note,
             }
         )
@@ -330,8 +349,9 @@ def timing_breakdown(comparison: pd.DataFrame) -> pd.DataFrame:
     """Where each proposer's planning time went, one row per proposer of a
     `compare_proposers` table: torchrec's enumeration of the options (once,
     shared by all), the proposer's own work, torchrec's partitioner, the rest
-    of torchrec's planner (rating, copying the best plan), and the proposals
-    the partitioner placed."""
+    of torchrec's planner (rating, copying the best plan), end to end with
+    the enumeration, the plans the proposer considered and the proposals the
+    partitioner placed."""
     breakdown = pd.DataFrame(
         {
             "enumerate_s": comparison.attrs.get("enumerate_s", math.nan),
@@ -339,6 +359,8 @@ def timing_breakdown(comparison: pd.DataFrame) -> pd.DataFrame:
             "partitioner_s": comparison.partitioner_s,
             "planner_rest_s": comparison.plan_s - comparison.proposer_s - comparison.partitioner_s,
             "plan_s": comparison.plan_s,
+            "end_to_end_s": comparison.attrs.get("enumerate_s", math.nan) + comparison.plan_s,
+            "plans_considered": comparison.get("plans_considered", comparison.proposals),
             "proposals": comparison.proposals,
         }
     )

@@ -1,0 +1,111 @@
+"""What each piece of embnb's DP proposer buys, on the planner bench's
+models: `python -m embnb.bench ablation`.
+
+For each model (`embnb.planner.make_model`, random tables) on a GPU topology
+whose HBM holds `--hbm-fraction` of the tables' fp32 rows spread evenly,
+the rungs of `embnb.planner.LADDER` plan torchrec's enumerated options in
+torchrec's planner, each `--repeats` times: the rating, the plans
+considered, the proposals torchrec's partitioner placed, and planning
+seconds (median and range; the enumeration, shared, is reported apart).
+
+    python -m embnb.bench ablation [--tables 50 200] [--world-sizes 8]
+        [--hbm-fraction 0.5] [--repeats 3] [--timeout-s 120] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import pathlib
+import time
+
+from embnb import planner
+from embnb.bench.timing import write_results
+from embnb.timing import machine_name
+
+
+def ablate(num_tables: int, world_size: int, hbm_fraction: float, repeats: int, timeout_s: float) -> dict:
+    model = planner.make_model(num_tables, seed=0)
+    hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * hbm_fraction
+    topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
+    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
+    table = planner.ablation_table(
+        enumerated, topology, 512, constraints=model.constraints, repeats=repeats, timeout_s=timeout_s
+    )
+    rungs = {
+        rung: {
+            "perf_rating": None if math.isnan(row.perf_rating) else float(row.perf_rating),
+            "plans_considered": int(row.plans_considered),
+            "proposals": int(row.proposals),
+            "plan_s": float(row.plan_s),
+            "plan_s_min": float(row.plan_s_min),
+            "plan_s_max": float(row.plan_s_max),
+            "timed_out": bool(row.timed_out),
+        }
+        for rung, row in table.iterrows()
+    }
+    return {
+        "num_tables": num_tables,
+        "world_size": world_size,
+        "hbm_cap_gb": hbm_cap_gb,
+        "enumerate_s": enumerated.seconds,
+        "rungs": rungs,
+    }
+
+
+def _lines(row: dict) -> list[str]:
+    head = f"{row['num_tables']} tables x {row['world_size']} devices ({row['hbm_cap_gb']:.3g} GiB HBM each):"
+    lines = [head]
+    for rung, r in row["rungs"].items():
+        rating = "no plan" if r["perf_rating"] is None else f"{r['perf_rating']:9.3f} ms"
+        lines.append(
+            f"  {rung:<22} {rating}  {r['plans_considered']:5d} plans considered, "
+            f"{r['proposals']:5d} proposals, "
+            f"{r['plan_s']:7.3f} s ({r['plan_s_min']:.3f}-{r['plan_s_max']:.3f})"
+            + (" TIMED OUT" if r["timed_out"] else "")
+        )
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m embnb.bench ablation", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--tables", type=int, nargs="+", default=[50, 200])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[8])
+    parser.add_argument(
+        "--hbm-fraction", type=float, default=0.5, help="HBM per device / fp32 rows per device"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="planning runs per rung (median and range)")
+    parser.add_argument("--timeout-s", type=float, default=120, help="planning time limit per run")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
+    )
+    opts = parser.parse_args(argv)
+    for name, values in (("--tables", opts.tables), ("--world-sizes", opts.world_sizes)):
+        if any(v < 1 for v in values):
+            parser.error(f"{name} must all be >= 1, got {values}")
+    if opts.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {opts.repeats}")
+    if not opts.hbm_fraction > 0 or not opts.timeout_s > 0:
+        parser.error(f"--hbm-fraction and --timeout-s must be > 0, got {opts.hbm_fraction}, {opts.timeout_s}")
+    logging.getLogger("torchrec").setLevel(logging.ERROR)  # the planner logs every proposal
+    logging.getLogger().setLevel(logging.ERROR)
+    start, rows = time.perf_counter(), []
+    for world_size in opts.world_sizes:
+        for num_tables in opts.tables:
+            rows.append(ablate(num_tables, world_size, opts.hbm_fraction, opts.repeats, opts.timeout_s))
+            print("\n".join(_lines(rows[-1])), flush=True)
+    payload = {
+        "benchmark": "ablation",
+        "machine": machine_name(),
+        "hbm_fraction": opts.hbm_fraction,
+        "repeats": opts.repeats,
+        "timeout_s": opts.timeout_s,
+        "ladder": {rung: dict(arguments) for rung, arguments in planner.LADDER.items()},
+        "rows": rows,
+        "bench_s": time.perf_counter() - start,
+    }
+    print(f"wrote {write_results('ablation', payload, opts.out)}")
+    return 0

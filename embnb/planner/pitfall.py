@@ -1,0 +1,87 @@
+"""Why the least summed perf is not the plan to take: small instances, each
+rated by brute force in torchrec's partitioner and perf model.
+
+    enumerated, topology = tiny_instance(TINY_SPEC, hbm_gb=0.5)
+    study = summed_vs_rated(100, seed=0)   # how often the two disagree, and by how much
+
+A tiny instance is three tables on two GPUs with four options each
+(table-wise or row-wise, `fused` or `fused_uvm_caching`): 64 plans.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from embnb._checks import check_int
+from embnb.planner.inspect import plan_extremes
+from embnb.planner.study import rate_every_plan
+from embnb.planner.topology import Enumerated, enumerate_options, make_topology
+
+__all__ = ["TINY_LIMITS", "tiny_instance", "summed_vs_rated"]
+
+TINY_LIMITS = {
+    "sharding_types": ["table_wise", "row_wise"],
+    "compute_kernels": ["fused", "fused_uvm_caching"],
+}
+_ROWS, _DIMS, _POOLING = (250_000, 500_000, 1_000_000, 2_000_000), (32, 64, 128), (1.0, 2.0, 5.0, 10.0, 20.0)
+_HBM_GB = (0.25, 0.5, 0.75, 1.0)
+
+
+def tiny_instance(
+    spec: Sequence[tuple[str, int, int, float]],
+    hbm_gb: float,
+    world_size: int = 2,
+    batch_size: int = 512,
+    ddr_gb: float = 128.0,
+) -> tuple[Enumerated, Topology]:
+    """Tables `spec` (name, rows, dim, pooling factor) on `world_size` GPUs
+    with `hbm_gb` GiB of HBM each, their options enumerated by torchrec
+    under `TINY_LIMITS`."""
+    tables = [
+        EmbeddingBagConfig(name=name, feature_names=[name], num_embeddings=rows, embedding_dim=dim)
+        for name, rows, dim, _ in spec
+    ]
+    constraints = {
+        name: ParameterConstraints(pooling_factors=[pooling], **TINY_LIMITS) for name, _, _, pooling in spec
+    }
+    topology = make_topology(world_size, "cuda", hbm_cap_gb=hbm_gb, ddr_cap_gb=ddr_gb)
+    return enumerate_options(tables, topology, batch_size, constraints), topology
+
+
+def summed_vs_rated(num_instances: int, seed: int = 0, batch_size: int = 512) -> pd.DataFrame:
+    """Random tiny instances (rows, dims, pooling factors and HBM drawn from
+    a few round values), one row each: the rating of the least summed perf
+    plan the partitioner can place over the best rating (1: it is the best),
+    and whether the least summed perf of all cannot be placed. Instances
+    where no plan can be placed are left out."""
+    check_int("num_instances", num_instances, low=1)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for instance in range(num_instances):
+        spec = [
+            (name, int(rng.choice(_ROWS)), int(rng.choice(_DIMS)), float(rng.choice(_POOLING)))
+            for name in ("user_id", "item_id", "ad_id")
+        ]
+        hbm_gb = float(rng.choice(_HBM_GB))
+        enumerated, topology = tiny_instance(spec, hbm_gb, batch_size=batch_size)
+        every_plan = rate_every_plan(enumerated, topology, batch_size)
+        if every_plan.perf_rating.isna().all():
+            continue
+        extremes = plan_extremes(every_plan)
+        rows.append(
+            {
+                "instance": instance,
+                "hbm_gb": hbm_gb,
+                "spec": spec,
+                "least_placed_sum_over_best": extremes.least_placed_sum.perf_rating
+                / extremes.best_rated.perf_rating,
+                "least_sum_unplaceable": bool(math.isnan(extremes.least_sum.perf_rating)),
+            }
+        )
+    return pd.DataFrame(rows)
