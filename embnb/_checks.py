@@ -75,6 +75,16 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def check_native(name: str, value: Any) -> bool | None:
+    """`value` if it is a native switch: True, False or None (not 0/1 or a string)."""
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(
+            f"{name} must be True (native, or an error), False (the reference) or None "
+            f"(native where it loads), got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
 def check_choice(name: str, value: Any, choices: Collection[Any]) -> Any:
     """`value` if it is one of `choices`; the error lists them."""
     try:

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 from embnb._checks import check_int, check_number
@@ -215,6 +214,8 @@ SUPPORTED_SUFFIXES = (*_CSV_SEPARATORS, *_PARQUET_SUFFIXES)
 
 def load_id_column(path: str | Path, column: str) -> torch.Tensor:
     """Read one integer id column of a .csv, .tsv, .parquet or .pq file."""
+    import pandas as pd  # only for reading files: the library imports stay light
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")

@@ -208,7 +208,7 @@ def test_balancer_bench_ratios_are_against_the_peer_and_the_unbalanced_run_in_th
 
 
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
-    from embnb.planner import LADDER
+    from embnb.planner.ablation import LADDER
 
     stdout, _ = bench(
         "ablation", "--tables", "8", "--world-sizes", "2", "--repeats", "2", "--out", str(tmp_path)

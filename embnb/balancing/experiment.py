@@ -149,11 +149,11 @@ class KKTiming:
 
 
 def time_kk(workloads: Sequence[float], num_parts: int) -> KKTiming:
-    python_s = median_seconds(lambda: balance(workloads, num_parts, backend="python"), repeats=5)
+    python_s = median_seconds(lambda: balance(workloads, num_parts, native=False), repeats=5)
     if not loader.available():
         return KKTiming(python_s, None, None)
-    native_s = median_seconds(lambda: balance(workloads, num_parts, backend="native"), repeats=20)
-    same = balance(workloads, num_parts, backend="native") == balance(workloads, num_parts, backend="python")
+    native_s = median_seconds(lambda: balance(workloads, num_parts, native=True), repeats=20)
+    same = balance(workloads, num_parts, native=True) == balance(workloads, num_parts, native=False)
     return KKTiming(python_s, native_s, same)
 
 

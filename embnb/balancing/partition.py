@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embnb._checks import check_choice, check_int
+from embnb._checks import check_choice, check_int, check_native
 from embnb.native import loader
 
 __all__ = [
@@ -52,11 +52,9 @@ __all__ = [
     "refine_by_swaps",
     "kk_swap",
     "balance",
-    "native_available",
 ]
 
 Parts = list[list[int]]
-BACKENDS = ("auto", "python", "native")
 
 
 # --- input checks -----------------------------------------------------------
@@ -332,11 +330,6 @@ equal_size=True); `kk_swap` is the default of `balance`."""
 NATIVE_METHODS = ("karmarkar_karp", "kk_swap")
 
 
-def native_available() -> bool:
-    """Whether the native KK op builds and loads here (`loader.failure()` says why not)."""
-    return loader.available()
-
-
 def _native_kk(workloads: Any, num_parts: int, equal_size: bool, refine: bool) -> Parts:
     """torch.ops.embnb.karmarkar_karp: the same parts as the Python version.
     The op itself rejects negative and non-finite workloads."""
@@ -348,23 +341,27 @@ def _native_kk(workloads: Any, num_parts: int, equal_size: bool, refine: bool) -
 
 
 def balance(
-    workloads: Any, num_parts: int, method: str = "kk_swap", backend: str = "auto", equal_size: bool = True
+    workloads: Any,
+    num_parts: int,
+    method: str = "kk_swap",
+    *,
+    native: bool | None = None,
+    equal_size: bool = True,
 ) -> Parts:
     """Parts of a batch by `method` (default: KK then swaps).
 
-    backend "native" runs KK (and swaps) as torch.ops.embnb.karmarkar_karp
-    in embnb's C++ extension, which runs without the GIL, so a background
-    thread does not stall the training loop's Python; "python" runs the
-    pure-Python reference; "auto" picks native for the KK methods when the
-    extension loads (warning once when it does not). Both backends give
-    exactly the same parts.
+    native: True runs KK (and swaps) as torch.ops.embnb.karmarkar_karp in
+    embnb's C++ extension, which runs without the GIL, so a background
+    thread does not stall the training loop's Python (an error if it cannot
+    load, or for a method without a native version); False runs the
+    pure-Python reference; None runs the KK methods natively where the
+    extension loads (one warning where it does not). Both give exactly the
+    same parts.
     """
     check_choice("method", method, tuple(METHODS))
-    check_choice("backend", backend, BACKENDS)
-    if backend == "native" and method not in NATIVE_METHODS:
+    check_native("native", native)
+    if native and method not in NATIVE_METHODS:
         raise ValueError(f"method {method!r} has no native version; native: {', '.join(NATIVE_METHODS)}")
-    if method in NATIVE_METHODS and backend != "python":
-        # "native" raises when the op cannot load; "auto" falls back (one warning).
-        if (loader.load() if backend == "native" else loader.try_load()) is not None:
-            return _native_kk(workloads, num_parts, equal_size, method == "kk_swap")
+    if method in NATIVE_METHODS and loader.use(native):
+        return _native_kk(workloads, num_parts, equal_size, method == "kk_swap")
     return METHODS[method](workloads, num_parts, equal_size=equal_size)

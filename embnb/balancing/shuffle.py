@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embnb._checks import check_choice
+from embnb._checks import check_choice, check_native
 from embnb.balancing.kjt_alltoall import alltoall_kjt
 from embnb.balancing.kjt_gather import allgather_kjt, select_samples
 from embnb.balancing.partition import METHODS, balance
@@ -68,14 +68,15 @@ class BalancedShuffle:
         timeline: Timeline,
         overlap: bool = True,
         method: str = "kk_swap",
-        kk_backend: str = "auto",
+        native_kk: bool | None = None,
         exchange: str = "allgather",
         group: dist.ProcessGroup | None = None,
     ) -> None:
         check_choice("method", method, tuple(METHODS))
         check_choice("exchange", exchange, EXCHANGES)
         self.timeline, self.overlap, self.method = timeline, overlap, method
-        self.kk_backend, self.exchange, self.group = kk_backend, exchange, group
+        self.native_kk = check_native("native_kk", native_kk)
+        self.exchange, self.group = exchange, group
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="embnb-shuffle") if overlap else None
         self._worker_stream: torch.cuda.Stream | None = None  # created in the worker, on a GPU
@@ -143,7 +144,7 @@ class BalancedShuffle:
                 gathered = all_gather_flat(rows, self.group).view(-1, rows.shape[1])
                 all_workloads = gathered[:, 0].cpu()  # KK runs on the CPU
             with span("kk", step):
-                parts = balance(all_workloads, self.world_size, self.method, self.kk_backend)
+                parts = balance(all_workloads, self.world_size, self.method, native=self.native_kk)
             with span("exchange", step, device):
                 if self.exchange == "alltoall":
                     (local,), local_dense = alltoall_kjt([kjt], dense, parts, self.group)

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embnb._checks import check_choice, check_int, check_number
-from embnb.balancing.partition import BACKENDS, METHODS
+from embnb._checks import check_choice, check_int, check_native, check_number
+from embnb.balancing.partition import METHODS
 from embnb.balancing.shuffle import EXCHANGES, BalancedShuffle
 from embnb.balancing.timeline import SHUFFLE_PHASES, Timeline, hidden_fraction
 from embnb.balancing.workloads import attention_block_flops
@@ -66,7 +66,7 @@ class TrainConfig:
     """One training run; every rank gets the same config."""
 
     mode: str = "overlap"  # none | sync | overlap
-    kk_backend: str = "auto"  # native | python | auto (embnb.balancing.partition.balance)
+    native_kk: bool | None = None  # KK natively: None where it loads, True or an error, False Python
     method: str = "kk_swap"  # a name of embnb.balancing.partition.METHODS
     workload: str = "flops"  # flops (attention_block_flops) | length
     exchange: str = "allgather"  # allgather | alltoall (embnb.balancing.shuffle.EXCHANGES)
@@ -84,7 +84,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
-        check_choice("kk_backend", self.kk_backend, BACKENDS)
+        check_native("native_kk", self.native_kk)
         check_choice("method", self.method, tuple(METHODS))
         check_choice("workload", self.workload, WORKLOADS)
         check_choice("exchange", self.exchange, EXCHANGES)
@@ -236,7 +236,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
         timeline,
         overlap=mode == "overlap",
         method=config.method,
-        kk_backend=config.kk_backend,
+        native_kk=config.native_kk,
         exchange=config.exchange,
     ) as shuffle:
         dist.barrier()
@@ -286,7 +286,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
     return {
         "rank": rank,
         "mode": mode,
-        "kk_backend": config.kk_backend,
+        "native_kk": config.native_kk,
         "exchange": config.exchange,
         "spans": timeline.spans,
         "step_seconds": step_seconds,
@@ -297,7 +297,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
         "kk_seconds": [
             s["end"] - s["start"] for s in timeline.spans if s["phase"] == "kk" and not s["warmup"]
         ],
-        "native_kk": loader.available() if config.kk_backend != "python" else False,
+        "ran_native_kk": loader.use(config.native_kk, "native_kk"),
     }
 
 
@@ -317,7 +317,7 @@ class RunSummary:
     """One mode's numbers across its ranks, over its `timed_steps`."""
 
     mode: str
-    kk_backend: str
+    native_kk: bool | None  # as asked (TrainConfig.native_kk)
     exchange: str
     step_seconds: float  # median over timed steps of the slowest rank's step time
     flops_max_over_mean: float  # mean over timed steps of the ranks' FLOPs max/mean
@@ -343,7 +343,7 @@ def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary
     ]
     return RunSummary(
         mode=per_rank[0]["mode"],
-        kk_backend=per_rank[0]["kk_backend"],
+        native_kk=per_rank[0]["native_kk"],
         exchange=per_rank[0]["exchange"],
         step_seconds=statistics.median(slowest),
         flops_max_over_mean=statistics.mean(flops_ratio),

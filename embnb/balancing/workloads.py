@@ -136,7 +136,7 @@ def compare_methods(
     alpha: float = 1.5,
     max_length: int = 8192,
     methods: Sequence[str] | None = None,
-    backend: str = "auto",
+    native: bool | None = None,
     flops_dims: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Imbalance of each method on Zipf(alpha) length batches: one row per
@@ -154,9 +154,7 @@ def compare_methods(
             for num_parts in part_counts:
                 for workload, weights in estimates.items():
                     for method in methods:
-                        parts = balance(
-                            weights, num_parts, method, backend if method in NATIVE_METHODS else "python"
-                        )
+                        parts = balance(weights, num_parts, method, native=_native_for(method, native))
                         rows.append(
                             {
                                 "num_samples": num_samples,
@@ -170,13 +168,18 @@ def compare_methods(
     return rows
 
 
+def _native_for(method: str, native: bool | None) -> bool | None:
+    """`native` for the methods that have a native version, the reference for the rest."""
+    return native if method in NATIVE_METHODS else False
+
+
 def loads_by_method(
-    workloads: Any, num_parts: int, methods: Sequence[str] | None = None, backend: str = "auto"
+    workloads: Any, num_parts: int, methods: Sequence[str] | None = None, native: bool | None = None
 ) -> dict[str, list[float]]:
     """Each method's part loads (heaviest part first for the KK family)."""
     weights = as_workloads(workloads)
     result = {}
     for method in methods or METHODS:
-        parts = balance(weights, num_parts, method, backend if method in NATIVE_METHODS else "python")
+        parts = balance(weights, num_parts, method, native=_native_for(method, native))
         result[method] = [sum(weights[i] for i in part) for part in parts]
     return result

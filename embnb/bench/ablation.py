@@ -22,15 +22,17 @@ import time
 
 from embnb import planner
 from embnb.bench.timing import write_results
+from embnb.planner.ablation import LADDER, ablation_table
+from embnb.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.timing import machine_name
 
 
 def ablate(num_tables: int, world_size: int, hbm_fraction: float, repeats: int, timeout_s: float) -> dict:
-    model = planner.make_model(num_tables, seed=0)
-    hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * hbm_fraction
+    model = make_model(num_tables, seed=0)
+    hbm_cap_gb = fused_table_gb(model.tables) / world_size * hbm_fraction
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
-    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
-    table = planner.ablation_table(
+    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+    table = ablation_table(
         enumerated, topology, 512, constraints=model.constraints, repeats=repeats, timeout_s=timeout_s
     )
     rungs = {
@@ -103,7 +105,7 @@ def main(argv: list[str]) -> int:
         "hbm_fraction": opts.hbm_fraction,
         "repeats": opts.repeats,
         "timeout_s": opts.timeout_s,
-        "ladder": {rung: dict(arguments) for rung, arguments in planner.LADDER.items()},
+        "ladder": {rung: dict(arguments) for rung, arguments in LADDER.items()},
         "rows": rows,
         "bench_s": time.perf_counter() - start,
     }

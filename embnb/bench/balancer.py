@@ -53,11 +53,11 @@ PEER = "numberpartitioning_kk"
 def partitioners(lengths: list[float], num_parts: int, native: bool) -> dict[str, Callable[[], Any]]:
     ints = [int(x) for x in lengths]
     runs: dict[str, Callable[[], Any]] = {
-        "python_kk": lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", "python"),
-        "python_kk_swap": lambda: balancer.balance(lengths, num_parts, "kk_swap", "python"),
-        "greedy_lpt": lambda: balancer.balance(lengths, num_parts, "greedy_lpt", "python"),
+        "python_kk": lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", native=False),
+        "python_kk_swap": lambda: balancer.balance(lengths, num_parts, "kk_swap", native=False),
+        "greedy_lpt": lambda: balancer.balance(lengths, num_parts, "greedy_lpt", native=False),
         "python_kk_free_size": lambda: balancer.balance(
-            lengths, num_parts, "karmarkar_karp", "python", False
+            lengths, num_parts, "karmarkar_karp", native=False, equal_size=False
         ),
         PEER: lambda: numberpartitioning.karmarkar_karp(ints, num_parts, return_indices=True).partition,
         "numberpartitioning_greedy": lambda: (
@@ -65,10 +65,10 @@ def partitioners(lengths: list[float], num_parts: int, native: bool) -> dict[str
         ),
     }
     if native:
-        runs["native_kk"] = lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", "native")
-        runs["default"] = lambda: balancer.balance(lengths, num_parts, "kk_swap", "native")
+        runs["native_kk"] = lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", native=True)
+        runs["default"] = lambda: balancer.balance(lengths, num_parts, "kk_swap", native=True)
         runs["native_kk_free_size"] = lambda: balancer.balance(
-            lengths, num_parts, "karmarkar_karp", "native", False
+            lengths, num_parts, "karmarkar_karp", native=True, equal_size=False
         )
     return runs
 
@@ -153,9 +153,9 @@ def bench_training(
     base = TrainConfig(steps=steps, batch_size=batch_size, max_length=max_length)
     runs = {
         "no balancing": base.replace(mode="none"),
-        "sync": base.replace(mode="sync", kk_backend="native"),
-        "overlap": base.replace(mode="overlap", kk_backend="native"),
-        "overlap, all-to-all": base.replace(mode="overlap", kk_backend="native", exchange="alltoall"),
+        "sync": base.replace(mode="sync", native_kk=True),
+        "overlap": base.replace(mode="overlap", native_kk=True),
+        "overlap, all-to-all": base.replace(mode="overlap", native_kk=True, exchange="alltoall"),
     }
     trained = run_training(runs, world_size, device=device, repeats=repeats)
     speedups = trained.speedups("no balancing")

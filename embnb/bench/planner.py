@@ -42,6 +42,8 @@ import numpy as np
 
 from embnb import planner
 from embnb.bench.timing import write_results
+from embnb.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.planner.study import compare_proposers, default_proposers, quality_study, run_planner
 from embnb.timing import machine_name
 
 PEERS = ("torchrec DP", "torchrec default")
@@ -57,15 +59,15 @@ def bench_one(
     batch_size: int,
     repeats: int = 1,
 ) -> dict:
-    model = planner.make_model(num_tables, seed)
-    hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * hbm_fraction
+    model = make_model(num_tables, seed)
+    hbm_cap_gb = fused_table_gb(model.tables) / world_size * hbm_fraction
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
-    enumerated = planner.enumerate_options(model.tables, topology, batch_size, model.constraints)
-    ours_enumerated = planner.enumerate_options(
+    enumerated = enumerate_options(model.tables, topology, batch_size, model.constraints)
+    ours_enumerated = enumerate_options(
         model.tables, topology, batch_size, model.constraints, enumerator="embnb"
     )
-    proposers = {k: v for k, v in planner.default_proposers().items() if k in (OURS, *PEERS)}
-    table = planner.compare_proposers(
+    proposers = {k: v for k, v in default_proposers().items() if k in (OURS, *PEERS)}
+    table = compare_proposers(
         model.tables,
         topology,
         batch_size,
@@ -113,7 +115,7 @@ def _repeat_ours(entry: dict, repeats: int, make_proposer, enumerated, topology,
     peers take minutes): the entry's times become the median run's, with
     every run's planning time beside them. Returns the median time."""
     runs = [
-        planner.run_planner(make_proposer(), enumerated, topology, batch_size, constraints=model.constraints)
+        run_planner(make_proposer(), enumerated, topology, batch_size, constraints=model.constraints)
         for _ in range(repeats - 1)
     ]
     times = [entry["plan_s"], *(run.seconds for run in runs)]
@@ -168,7 +170,7 @@ def _perf_values(perf) -> tuple[float, ...]:
 def quality(num_instances: int, table_counts: list[int], seed: int, batch_size: int) -> list[dict]:
     rows = []
     for num_tables in table_counts:
-        study = planner.quality_study(num_instances, seed=seed, num_tables=num_tables, batch_size=batch_size)
+        study = quality_study(num_instances, seed=seed, num_tables=num_tables, batch_size=batch_size)
         for name, ratios in study.groupby("proposer", sort=False).ratio:
             skipped = int(ratios.isna().sum())  # GridSearch past torchrec's MAX_PROPOSALS
             ratios = ratios.dropna()

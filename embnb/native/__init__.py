@@ -8,7 +8,7 @@ and loads them; `embnb.rowwise.routing.bucketize` calls it for you. Ops:
   weights)`: `dist_types` holds one code per feature (0 continuous,
   1 roundrobin, 2 hash_roundrobin), `block_sizes` one size per feature
   (read for continuous features only). Bit-identical to
-  `embnb.rowwise.routing.bucketize(..., impl="reference")`.
+  `embnb.rowwise.routing.bucketize(..., native=False)`.
 - `torch.ops.embnb.karmarkar_karp(workloads, num_parts, equal_size, refine)
   -> (order, sizes)`: the partition of `embnb.balancing.partition`, computed without
   holding the GIL (CPU only), identical to the Python version.

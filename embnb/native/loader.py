@@ -30,6 +30,8 @@ import warnings
 
 import torch
 
+from embnb._checks import check_native
+
 HERE = pathlib.Path(__file__).resolve().parent
 NAME = "embnb_native"
 CPU_SOURCES = ["bucketize_cpu.cpp", "greedy_place.cpp", "karmarkar_karp.cpp", "knapsack.cpp"]
@@ -194,10 +196,12 @@ def try_load() -> Native | None:
         return None
 
 
-def use(native: bool | None) -> bool:
+def use(native: bool | None, name: str = "native") -> bool:
     """The one reading of a `native=` switch: True needs the native ops
     (NativeUnavailable when they cannot load), None uses them where they
-    load (else `try_load`'s fallback), False never does."""
+    load (else `try_load`'s fallback, one warning), False never does. Any
+    other value is a TypeError naming `name`."""
+    check_native(name, native)
     if native:
         load()
         return True

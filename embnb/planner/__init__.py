@@ -1,42 +1,39 @@
 """Technique 3: a dynamic-programming sharding proposer inside torchrec's planner.
 
+The library (what this package exports; none of it imports pandas or matplotlib):
+
 - `proposer`: `DynamicProgrammingProposer`, a torchrec `Proposer`, on its
   building blocks: `space` (the options as arrays), `knapsack` (the DP over
-  memory bins) and `replica` (torchrec's partitioner and perf model on arrays).
-- `topology`: topologies, random models, enumerated options, `create_planner`.
+  memory bins), `search` (the runs of knapsacks and the hill climb) and
+  `replica` (torchrec's partitioner and perf model on arrays).
+- `factory`: `create_planner`, torchrec's planner with the DP proposer first.
+- `topology`: `make_topology`, `topology_for_device`.
 - `enumerator`: `DistinctShardEnumerator`, torchrec's enumerator with each
   distinct shard's perf estimated once (opt-in: `enumerator="embnb"`).
-- `study`: running proposers in torchrec's planner and comparing them
-  (side by side, as the budget shrinks, against brute force).
+
+Notebook 03 and the bench (import them from their modules):
+
+- `models`: random models like production ones, their enumerated options.
+- `brute_force`: every combination placed and rated as torchrec would.
+- `study`: proposers run in torchrec's planner and compared.
 - `pitfall`: tiny instances where the least summed perf is not the best plan.
 - `ablation`: the proposer's pieces added one at a time (`LADDER`).
-- `inspect`: the options, the DP table, the frontier, the brute-force optimum.
-- `results`: notebook 03's results dict.
-- `plots`: the notebook's figures; `widgets`: its explorer (`PlannerExplorer`).
+- `explain`: the options, the DP table, the frontier.
+- `results`, `plots`, `widgets`: the notebook's results dict, figures, explorer.
 
     from embnb.planner import DynamicProgrammingProposer, create_planner
 """
 
-# Each module lists its public names once (its __all__); this gathers them.
-from embnb.planner import ablation, enumerator, inspect, pitfall, proposer, results, study, topology
-from embnb.planner.ablation import *  # noqa: F403
-from embnb.planner.enumerator import *  # noqa: F403
-from embnb.planner.inspect import *  # noqa: F403
-from embnb.planner.pitfall import *  # noqa: F403
-from embnb.planner.proposer import *  # noqa: F403
-from embnb.planner.results import *  # noqa: F403
-from embnb.planner.space import GB
-from embnb.planner.study import *  # noqa: F403
-from embnb.planner.topology import *  # noqa: F403
+from embnb.planner.enumerator import ENUMERATORS, DistinctShardEnumerator
+from embnb.planner.factory import create_planner
+from embnb.planner.proposer import DynamicProgrammingProposer
+from embnb.planner.topology import make_topology, topology_for_device
 
 __all__ = [
-    *proposer.__all__,
-    *enumerator.__all__,
-    *topology.__all__,
-    *study.__all__,
-    *ablation.__all__,
-    *pitfall.__all__,
-    *inspect.__all__,
-    *results.__all__,
-    "GB",
+    "DynamicProgrammingProposer",
+    "create_planner",
+    "make_topology",
+    "topology_for_device",
+    "DistinctShardEnumerator",
+    "ENUMERATORS",
 ]

@@ -19,9 +19,10 @@ from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_int
-from embnb.planner.inspect import plan_extremes
-from embnb.planner.study import rate_every_plan
-from embnb.planner.topology import Enumerated, enumerate_options, make_topology
+from embnb.planner.brute_force import rate_every_plan
+from embnb.planner.explain import plan_extremes
+from embnb.planner.models import Enumerated, enumerate_options
+from embnb.planner.topology import make_topology
 
 __all__ = ["TINY_LIMITS", "tiny_instance", "summed_vs_rated"]
 

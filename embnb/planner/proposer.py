@@ -5,7 +5,8 @@ torchrec's `EmbeddingShardingPlanner` asks its proposers for plans (one
 rates it with `NoopPerfModel` (the slowest rank's summed perf) and keeps the
 best. `DynamicProgrammingProposer` proposes, in this order:
 
-1. a knapsack over discretized memory bins (`embnb.planner.knapsack`): for
+1. a knapsack over discretized memory bins (`embnb.planner.knapsack`, run by
+   `embnb.planner.search.KnapsackRuns`): for
    each memory total, the options with the least summed perf, from the largest
    total down. Unlike torchrec's own DP proposer it plans on DDR where HBM is
    zero (CPU), drops options whose largest shard fits on no device, and bins
@@ -14,7 +15,7 @@ best. `DynamicProgrammingProposer` proposes, in this order:
    slowest rank carries at least its largest shard: balance) or on memory
    (packing), each cap just below the last run's largest;
 3. changes of one or two tables around the best plans so far, guided by the
-   ratings the planner feeds back.
+   ratings the planner feeds back (`embnb.planner.search.HillClimb`).
 
 Within a run, plans the partitioner cannot place are bisected past, and below
 the first placed one plans with 1%, 2%, 4% ... less memory are tried: slack
@@ -36,14 +37,12 @@ proposing every plan as before.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import gc
-import itertools
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from torchrec.distributed.planner.types import (
@@ -55,16 +54,14 @@ from torchrec.distributed.planner.types import (
 )
 
 from embnb._checks import check_bool, check_int
-from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
+from embnb.planner.knapsack import FrontierSearch
 from embnb.planner.replica import GreedyPerfReplica, Placement
-from embnb.planner.space import UNIFORM, SearchSpace, ShardValues, by_table, gib_text
+from embnb.planner.search import HillClimb, KnapsackRuns, Start, slowest_rank_tables, unplaced_tables
+from embnb.planner.space import SearchSpace, ShardValues, by_table
 
 __all__ = ["DynamicProgrammingProposer"]
 
 logger = logging.getLogger(__name__)
-
-_PAIR_TABLES = 8  # tables on the slowest rank whose options are changed in pairs
-_REFINE_STARTS = 4  # best rated plans that each start a hill climb
 
 
 class DynamicProgrammingProposer(Proposer):
@@ -141,18 +138,12 @@ class DynamicProgrammingProposer(Proposer):
         self._space: SearchSpace | None = None
         self._best_rating = math.inf
         self._placed: dict[bytes, bool] = {}  # what the partitioner said per plan
-        self._runs: Iterator[FrontierSearch] | None = None  # knapsack runs
+        self._runs: KnapsackRuns | None = None  # the knapsack runs, made once the space is known
+        self._run_iter: Iterator[FrontierSearch] = iter(())
         self._search: FrontierSearch | None = None  # the run being proposed from
         self._pending: Iterator[int] = iter(())  # its plans still to consider
         self._index: int | None = None  # the current proposal's place in it
-        # Where refinements may start: (rating, or bound if it was not placed;
-        # plan; the tables to change first, when asked; placed). The center is
-        # the current one.
-        self._starts: list[tuple[float, np.ndarray, Callable[[], list[int]], bool]] = []
-        self._started: set[float] = set()  # keys of the starts used
-        self._center: tuple[float, np.ndarray, Callable[[], list[int]], bool] | None = None
-        self._neighbors: Iterator[np.ndarray] | None = None
-        self._refinements_left = self._max_refinements
+        self._climb: HillClimb | None = None  # the refinements, made once the space is known
         self.num_knapsack_proposals = self.num_refinements = 0  # how the plans considered split
         self.num_replayed = 0  # plans the replica placed and rated instead of the planner
         self._replica: GreedyPerfReplica | None = None
@@ -210,7 +201,17 @@ class DynamicProgrammingProposer(Proposer):
             if self._replay:
                 self._replica = GreedyPerfReplica(self._options, storage_constraint, self._values)
             self._current = _indices(first, self._options)  # onto the options kept
-            self._runs = self._knapsack_runs()
+            self._runs = KnapsackRuns(
+                self._space,
+                self._bins_per_device,
+                self._ddr_bins_per_device,
+                self._max_caps,
+                self._bisect,
+                self._slack,
+            )
+            self._run_iter = iter(self._runs)
+            best_rating = lambda: self._best_rating  # noqa: E731 (read as the climb goes)
+            self._climb = HillClimb(self._space, self._max_refinements, best_rating, self._prune)
         choice, predicted, self._predicted = self._current, self._predicted, None
         placed = partitionable and perf_rating is not None
         if predicted is not None:  # the replica's best, proposed last: check it
@@ -268,15 +269,11 @@ class DynamicProgrammingProposer(Proposer):
         # Which tables to change first is worked out only for the starts refined.
         if placed:
             self._best_rating = min(self._best_rating, perf_rating)
-            tables = functools.partial(self._slowest_rank_tables, choice, ranks, placement)
-            start = (perf_rating, choice, tables, True)
+            tables = functools.partial(slowest_rank_tables, self._space, choice, ranks, placement)
+            self._climb.add(Start(perf_rating, choice, tables, True))
         else:  # refine by its bound, changing first the table that did not fit
-            tables = functools.partial(self._unplaced_tables, choice, ranks, placement)
-            start = (self._space.lower_bound(choice), choice, tables, False)
-        self._starts.append(start)
-        center = self._center
-        if center is not None and placed and (not center[3] or perf_rating < center[0]):
-            self._center, self._neighbors = start, None  # climb on from the better plan
+            tables = functools.partial(unplaced_tables, self._space, choice, ranks, placement)
+            self._climb.add(Start(self._space.lower_bound(choice), choice, tables, False))
 
     def _propose_nothing(self, reason: str) -> None:
         """No plan can fit: stop proposing and say why. Raising here would
@@ -284,7 +281,7 @@ class DynamicProgrammingProposer(Proposer):
         report (its Stats, its PlannerError); the reason stays in
         `no_plan_reason` and in a warning."""
         self.no_plan_reason = reason
-        self._current, self._refinements_left = None, 0
+        self._current, self._climb = None, None
         logger.warning("DynamicProgrammingProposer proposes nothing: %s", reason)
 
     def _next(self) -> np.ndarray | None:
@@ -292,26 +289,19 @@ class DynamicProgrammingProposer(Proposer):
         if choice is not None:
             self.num_knapsack_proposals += 1
             return choice
-        # Hill-climb from the best plans in turn, taking the first improvement.
-        while self._refinements_left > 0:
-            if self._neighbors is None:
-                if self._center is None and not self._next_center():
-                    return None
-                self._neighbors = self._neighbors_of(self._center[1], self._center[2]())
-            for choice in self._neighbors:
-                if choice.tobytes() not in self._placed:
-                    self._refinements_left -= 1
-                    self.num_refinements += 1
-                    return choice
-            self._center = self._neighbors = None  # a local optimum
-        return None
+        choice = None if self._climb is None else self._climb.next(lambda c: c.tobytes() in self._placed)
+        if choice is not None:
+            self.num_refinements += 1
+        return choice
 
     def _next_knapsack(self) -> np.ndarray | None:
         self._index = None
         while True:
             if self._search is None:
-                self._search = next(self._runs, None)
+                self._search = next(self._run_iter, None)
                 if self._search is None:
+                    if self._runs is not None and self._runs.no_fit_reason and self.no_plan_reason is None:
+                        self._propose_nothing(self._runs.no_fit_reason)
                     return None
                 self._pending = self._search.indices()
             for i in self._pending:
@@ -325,151 +315,6 @@ class DynamicProgrammingProposer(Proposer):
                     self._index = i
                     return choice
             self._search = None
-
-    def _knapsack_runs(self) -> Iterator[FrontierSearch]:
-        """Least-perf plans per memory bin, largest memory first: uncapped,
-        then with the largest partitioned shard capped, on perf (just below
-        the largest in the run before's best rated plan: balance), then on
-        memory (just below the largest in the run before's first plan:
-        packing). Runs are made when the one before is done."""
-        space = self._space
-        axes, capacity, bins, weights = knapsack_axes(space, self._bins_per_device, self._ddr_bins_per_device)
-        rows = np.arange(len(space.options))
-        seen: set[bytes] = set()
-
-        def run(allowed: np.ndarray) -> FrontierSearch:
-            knapsack = Knapsack(capacity, bins)
-            knapsack.add_tables(weights, without_dominated(np.where(allowed, space.perf, np.inf), weights))
-            frontier = knapsack.frontier(len(rows))
-            keys = [plan.tobytes() for plan in frontier]
-            new = np.array([key not in seen for key in keys], dtype=bool)
-            seen.update(itertools.compress(keys, new))
-            plans = frontier[new]
-            return FrontierSearch(
-                plans, space.mem[rows, plans, main].sum(-1), space, self._bisect, self._slack
-            )
-
-        valid = np.isfinite(space.perf)
-        main = axes[0] if axes else 0
-        uncapped = run(valid)
-        if not len(uncapped.plans):
-            smallest = np.where(valid[..., None], space.mem, np.inf).min(1).sum(0)
-            self._propose_nothing(
-                f"the tables do not fit together: no choice of options fits the {space.world_size} "
-                f"devices' {gib_text(space.capacity[0])} HBM and {gib_text(space.capacity[1])} DDR in total "
-                f"after the storage reservation (each table's least HBM adds up to {gib_text(smallest[0])}, "
-                f"least DDR to {gib_text(smallest[1])}); add devices or memory, or shrink the tables"
-            )
-            return
-        yield uncapped
-        for sizes, balance in ((space.shard_perf, True), (space.shard_mem[..., main], False)):
-            search = uncapped
-            for _ in range(self._max_caps):
-                reference = search.plans[search.best_index() if balance else 0]
-                largest = sizes[rows, reference].max()
-                smaller = sizes[valid & (sizes < largest)]
-                if not len(smaller):
-                    break
-                search = run(valid & (sizes <= smaller.max()))
-                if not len(search.plans):
-                    break
-                yield search
-
-    def _unplaced_tables(
-        self, choice: np.ndarray, ranks: list[list[int | None]] | None, placement: Placement | None
-    ) -> list[int]:
-        """The table the partitioner could not place (uniform options go
-        first, then the largest storage first), then the biggest shards."""
-        ranks = placement.ranks if ranks is None else ranks
-        unplaced = [t for t, shard_ranks in enumerate(ranks) if None in shard_ranks]
-        failed = []
-        if unplaced and len(unplaced) < len(ranks):  # else no trace (e.g. a cached answer)
-            option = [self._options[t][choice[t]] for t in unplaced]
-            uniform = [t for t, o in zip(unplaced, option) if o.partition_by == UNIFORM]
-            storage = [self._space.storage[t][choice[t]] for t in unplaced]
-            failed = [uniform[0] if uniform else unplaced[storage.index(max(storage))]]
-        biggest = self._space.shard_mem[np.arange(len(choice)), choice].max(1)
-        return failed + [
-            int(t) for t in np.argsort(-biggest, kind="stable") if biggest[t] > 0 and t not in failed
-        ]
-
-    def _slowest_rank_tables(
-        self, choice: np.ndarray, ranks: list[list[int | None]] | None, placement: Placement | None
-    ) -> list[int]:
-        """Tables with a shard on the slowest rank, heaviest there first
-        (ties: the rank, then the table, seen first in plan order)."""
-        ranks = placement.ranks if ranks is None else ranks
-        options = [opts[o] for opts, o in zip(self._options, choice)]
-        if placement is None:  # the planner's answer, as its shards say
-            by_rank: dict[int | None, float] = collections.defaultdict(float)
-            for option, shard_ranks in zip(options, ranks):
-                for shard, r in zip(option.shards, shard_ranks):
-                    by_rank[r] += shard.perf.total
-            if not by_rank:
-                return []
-            slowest = max(by_rank, key=by_rank.get)
-        else:  # the replica's loads; the first rank seen wins a tie, as above
-            loads = placement.loads.tolist()
-            seen: dict[int, None] = {}
-            for shard_ranks in ranks:
-                seen.update(dict.fromkeys(shard_ranks))
-                if len(seen) == len(loads):
-                    break
-            slowest = max(seen, key=loads.__getitem__)
-        on_slowest = {}
-        for t, (option, shard_ranks) in enumerate(zip(options, ranks)):
-            if slowest in shard_ranks:
-                on_slowest[t] = sum(s.perf.total for s, r in zip(option.shards, shard_ranks) if r == slowest)
-        return sorted(on_slowest, key=on_slowest.get, reverse=True)
-
-    def _next_center(self) -> bool:
-        """The best start not refined yet, among the few best keys (plans
-        rated alike are usually the same placement)."""
-        keys = sorted({start[0] for start in self._starts})[:_REFINE_STARTS]
-        for start in sorted(self._starts, key=lambda start: start[0]):  # stable: first seen first
-            if start[0] in keys and start[0] not in self._started:
-                self._started.add(start[0])
-                self._center = start
-                return True
-        return False
-
-    def _neighbors_of(self, choice: np.ndarray, first: list[int]) -> Iterator[np.ndarray]:
-        """Plans that change one of the first tables of `first`, then two of
-        them or any one table; each group by lower bound, while it can beat
-        the best rating."""
-        space = self._space
-        valid = np.isfinite(space.perf)
-
-        def singles(tables) -> list:
-            return [[(t, o)] for t in tables for o in np.flatnonzero(valid[t]) if o != choice[t]]
-
-        heavy = first[:_PAIR_TABLES]
-        pairs = [
-            [(t1, o1), (t2, o2)]
-            for t1, t2 in itertools.combinations(heavy, 2)
-            for o1 in np.flatnonzero(valid[t1])
-            if o1 != choice[t1]
-            for o2 in np.flatnonzero(valid[t2])
-            if o2 != choice[t2]
-        ]
-        groups = [singles(heavy), pairs + singles(range(len(choice)))]
-        for moves in groups:
-            bounds, kept = [], []
-            for size in (1, 2):
-                batch = np.array([m for m in moves if len(m) == size]).reshape(-1, size, 2)
-                if len(batch):
-                    bound, fits = space.neighbor_bounds(choice, batch)
-                    bounds.append(bound[fits])
-                    kept.extend(batch[fits])
-            if not kept:
-                continue
-            bounds = np.concatenate(bounds)
-            for i in np.argsort(bounds, kind="stable"):
-                if self._prune and bounds[i] >= self._best_rating:
-                    break
-                neighbor = choice.copy()
-                neighbor[kept[i][:, 0]] = kept[i][:, 1]
-                yield neighbor
 
 
 def _indices(proposal: list[ShardingOption], options: list[list[ShardingOption]]) -> np.ndarray | None:

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from embnb.planner.inspect import PlanExtremes
+from embnb.planner.explain import PlanExtremes
+from embnb.planner.models import Enumerated
 from embnb.planner.study import quality_summary
-from embnb.planner.topology import Enumerated
 
 __all__ = ["notebook_results"]
 

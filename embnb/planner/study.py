@@ -14,7 +14,6 @@ Every proposer plans over the same enumerated options (`Enumerated`, from
 from __future__ import annotations
 
 import collections
-import itertools
 import math
 import statistics
 import time
@@ -44,25 +43,17 @@ from torchrec.distributed.planner.types import (
     Proposer,
     ShardingOption,
     Stats,
-    Storage,
     Topology,
 )
 from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_int
-from embnb.planner.inspect import brute_force_rating, option_label
+from embnb.planner.brute_force import brute_force_rating
+from embnb.planner.models import Enumerated, Model, enumerate_options, fused_table_gb, make_model
 from embnb.planner.proposer import DynamicProgrammingProposer
-from embnb.planner.space import GB, by_table
-from embnb.planner.topology import (
-    Enumerated,
-    Model,
-    enumerate_options,
-    fused_table_gb,
-    make_model,
-    make_topology,
-    reserved_topology,
-)
+from embnb.planner.space import GB
+from embnb.planner.topology import make_topology
 
 __all__ = [
     "PlanRun",
@@ -73,7 +64,6 @@ __all__ = [
     "compare_proposers",
     "timing_breakdown",
     "budget_sweep",
-    "rate_every_plan",
     "random_instance",
     "quality_study",
     "quality_summary",
@@ -365,46 +355,6 @@ def timing_breakdown(comparison: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return breakdown
-
-
-# Planning functions take torchrec's inputs in one order: the enumerated options,
-# the topology, the batch size, then bins and the storage reservation.
-def rate_every_plan(
-    enumerated: Enumerated,
-    topology: Topology,
-    batch_size: int,
-    storage_reservation_percentage: float = 0.15,
-    max_plans: int = 100_000,
-) -> pd.DataFrame:
-    """Brute force: every combination of options, placed by torchrec's
-    GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest rank;
-    NaN where it cannot be placed). Only for tiny models."""
-    groups = by_table(enumerated.options)
-    count = math.prod(len(g) for g in groups)
-    if count > max_plans:
-        raise ValueError(
-            f"{count} combinations is more than max_plans={max_plans}; use fewer tables or options"
-        )
-    constraint = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
-    partitioner, perf_model = GreedyPerfPartitioner(), NoopPerfModel(topology)
-    rows = []
-    for combination in itertools.product(*groups):
-        proposal = list(combination)
-        try:
-            rating = perf_model.rate(partitioner.partition(proposal, constraint))
-        except PlannerError:
-            rating = math.nan
-        reset_shard_rank(proposal)
-        row = {o.name: option_label(o) for o in proposal}
-        storage = sum((o.total_storage for o in proposal), Storage(0, 0))
-        row.update(
-            hbm_gb=storage.hbm / GB,
-            ddr_gb=storage.ddr / GB,
-            summed_perf=sum(o.total_perf for o in proposal),
-            perf_rating=rating,
-        )
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def random_instance(

@@ -19,9 +19,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from embnb._checks import check_choice, check_int, check_number
+from embnb.planner.models import enumerate_options, make_model
 from embnb.planner.plots import planned_title, proposer_comparison
 from embnb.planner.study import compare_proposers, default_proposers
-from embnb.planner.topology import enumerate_options, make_model, make_topology
+from embnb.planner.topology import make_topology
 from embnb.widgets import Explorer
 
 __all__ = ["PlannerExplorer", "hbm_slider"]

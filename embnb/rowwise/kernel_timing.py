@@ -128,7 +128,7 @@ def measure_case(
         "embnb": lambda: torch.ops.embnb.bucketize(
             lengths, indices, world_size, [code] * num_features, blocks
         ),
-        "reference": lambda: bucketize(lengths, indices, world_size, mode, blocks, impl="reference"),
+        "reference": lambda: bucketize(lengths, indices, world_size, mode, blocks, native=False),
     }
     if fbgemm is not None and mode is DistType.CONTINUOUS:
         block_sizes = torch.full((num_features,), block, dtype=indices.dtype, device=device)

@@ -22,7 +22,7 @@ torchrec's KJTs carry) to compare with dynamicemb. `continuous` rejects
 negative keys.
 
 `bucketize` builds the all-to-all input with the native kernels in
-embnb/native (CPU and CUDA); `bucketize(..., impl="reference")` is the
+embnb/native (CPU and CUDA); `bucketize(..., native=False)` is the
 pure-torch reference they match bit for bit. For `continuous` both are
 bit-identical to FBGEMM's `block_bucketize_sparse_features(...,
 sequence=True)`.
@@ -263,7 +263,7 @@ def bucketize(
     *,
     num_features: int | None = None,
     weights: torch.Tensor | None = None,
-    impl: str = "auto",
+    native: bool | None = None,
 ) -> Bucketized:
     """Group a KJT's keys by owner rank, as the row-wise all-to-all sends them.
 
@@ -275,33 +275,28 @@ def bucketize(
     num_features: defaults to len(block_sizes) or len(dist_type) when given
         per feature, else 1 (then batch = len(lengths)).
     weights: optional per-key weights, moved with their keys.
-    impl: "auto" runs the native kernels (`torch.ops.embnb.bucketize`,
+    native: None runs the native kernels (`torch.ops.embnb.bucketize`,
         built on first use by embnb.native.loader) and falls back to the
-        pure-torch reference, with one warning, when they cannot be built;
-        "native" raises instead; "reference" runs the pure-torch code.
-        All give bit-identical results.
+        pure-torch reference, with one warning, when they cannot be built
+        (or, on a GPU, were built without CUDA); True raises instead; False
+        runs the pure-torch reference. All give bit-identical results.
 
     Output lengths keep the dtype of `lengths`; indices and
     unbucketize_permute keep the dtype of `indices` (as FBGEMM does).
     """
     args = _check_args(lengths, indices, world_size, dist_type, block_sizes, num_features, weights)
-    if impl == "reference":
-        return _bucketize_reference(args)
-    if impl not in ("auto", "native"):
-        raise ValueError(f"impl must be 'auto', 'native' or 'reference', got {impl!r}")
     from embnb.native import loader  # builds the extension on first use
 
-    native = loader.load() if impl == "native" else loader.try_load()
-    device = args.indices.device
-    if native is None:
+    if not loader.use(native):
         return _bucketize_reference(args)
-    if device.type != "cpu" and not native.cuda:
+    device = args.indices.device
+    if device.type != "cpu" and not loader.load().cuda:
         message = (
             f"embnb: the native extension was built without CUDA "
             f"kernels, so bucketize on {device} tensors runs the "
             f"pure-torch reference (same results)"
         )
-        if impl == "native":
+        if native:
             raise loader.NativeUnavailable(message)
         global _warned_no_cuda
         if not _warned_no_cuda:

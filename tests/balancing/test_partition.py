@@ -218,8 +218,8 @@ def test_zipf_lengths_are_deterministic_heavy_tailed_and_in_range():
     method=st.sampled_from(["karmarkar_karp", "kk_swap"]),
 )
 def test_native_gives_exactly_the_python_partition(native, workloads, num_parts, equal_size, method):
-    python = balancer.balance(workloads, num_parts, method, "python", equal_size)
-    assert balancer.balance(workloads, num_parts, method, "native", equal_size) == python
+    python = balancer.balance(workloads, num_parts, method, native=False, equal_size=equal_size)
+    assert balancer.balance(workloads, num_parts, method, native=True, equal_size=equal_size) == python
     assert_partition(python, len(workloads), num_parts, equal_size)
 
 
@@ -229,8 +229,8 @@ def test_native_matches_python_on_zipf_and_flops(native, num_samples, num_parts)
     flops = workload_measures.attention_block_flops(lengths, 64, 256)
     for workloads in (lengths, flops, torch.rand(num_samples, dtype=torch.float64)):
         for method in ("karmarkar_karp", "kk_swap"):
-            assert balancer.balance(workloads, num_parts, method, "native") == balancer.balance(
-                workloads, num_parts, method, "python"
+            assert balancer.balance(workloads, num_parts, method, native=True) == balancer.balance(
+                workloads, num_parts, method, native=False
             ), method
 
 
@@ -269,7 +269,7 @@ def test_native_op_runs_without_the_gil(native):
     assert not main_thread_ran_during(lambda: balancer._kk_sets(python_input, 64, True, len(python_input)))
 
 
-@pytest.mark.parametrize("backend", ["python", "native"])
+@pytest.mark.parametrize("use_native", [False, True])
 @pytest.mark.parametrize(
     "workloads, num_parts, match",
     [
@@ -283,25 +283,26 @@ def test_native_op_runs_without_the_gil(native):
         (["a", "b"], 2, "workloads must be a 1-D sequence of numbers"),
     ],
 )
-def test_bad_input_is_named(native, backend, workloads, num_parts, match):
+def test_bad_input_is_named(native, use_native, workloads, num_parts, match):
     with pytest.raises(ValueError, match=match):
-        balancer.balance(workloads, num_parts, "kk_swap", backend)
+        balancer.balance(workloads, num_parts, "kk_swap", native=use_native)
 
 
-@pytest.mark.parametrize("backend", ["python", "native"])
+@pytest.mark.parametrize("use_native", [False, True])
 @pytest.mark.parametrize("num_parts", [2.5, True, "2"])
-def test_a_num_parts_that_is_no_int_is_a_type_error(native, backend, num_parts):
+def test_a_num_parts_that_is_no_int_is_a_type_error(native, use_native, num_parts):
     with pytest.raises(TypeError, match=f"num_parts must be an int >= 1, got {type(num_parts).__name__}"):
-        balancer.balance([1, 2], num_parts, "kk_swap", backend)
+        balancer.balance([1, 2], num_parts, "kk_swap", native=use_native)
 
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="method 'best' is not one of"):
         balancer.balance([1], 1, "best")
-    with pytest.raises(ValueError, match="backend 'gpu' is not one of"):
-        balancer.balance([1], 1, "kk_swap", "gpu")
+    for switch in ("native", "gpu", 1):
+        with pytest.raises(TypeError, match=f"native must be True .* got {type(switch).__name__} {switch!r}"):
+            balancer.balance([1], 1, "kk_swap", native=switch)
     with pytest.raises(ValueError, match="'greedy_lpt' has no native version"):
-        balancer.balance([1], 1, "greedy_lpt", "native")
+        balancer.balance([1], 1, "greedy_lpt", native=True)
     with pytest.raises(ValueError, match=r"missing \[2\], repeated \[1\]"):
         workload_measures.imbalance([1, 2, 3], [[0, 1], [1]])
     with pytest.raises(ValueError, match=r"out of range \[7\]"):
@@ -312,12 +313,12 @@ def test_bad_arguments_are_named():
         zipf_lengths(4, max_length=0)
 
 
-@pytest.mark.parametrize("backend", ["python", "native"])
+@pytest.mark.parametrize("use_native", [False, True])
 @pytest.mark.parametrize("method", ["karmarkar_karp", "kk_swap"])
-def test_zero_workloads_leave_no_part_empty(native, backend, method):
+def test_zero_workloads_leave_no_part_empty(native, use_native, method):
     # verl's KK guarantees a non-empty part per rank when items >= parts;
     # before the fix this gave [[1, 2], [], [0]].
-    parts = balancer.balance([0, 0, 0], 3, method, backend=backend, equal_size=False)
+    parts = balancer.balance([0, 0, 0], 3, method, native=use_native, equal_size=False)
     assert sorted(map(sorted, parts)) == [[0], [1], [2]]
 
 
@@ -331,13 +332,11 @@ def test_kk_never_leaves_a_part_empty_when_items_suffice(native, workloads, num_
     """Many zeros and ties (where sums alone cannot order the sets): with at
     least as many items as parts no part is empty, both backends agree."""
     for method in ("karmarkar_karp", "kk_swap"):
-        python = balancer.balance(workloads, num_parts, method, backend="python", equal_size=equal_size)
+        python = balancer.balance(workloads, num_parts, method, native=False, equal_size=equal_size)
         assert_partition(python, len(workloads), num_parts, equal_size)
         if len(workloads) >= num_parts:
             assert all(python), (workloads, num_parts, python)
-        assert (
-            balancer.balance(workloads, num_parts, method, backend="native", equal_size=equal_size) == python
-        )
+        assert balancer.balance(workloads, num_parts, method, native=True, equal_size=equal_size) == python
 
 
 def _best_max_load(workloads, num_parts, equal_counts):
@@ -363,13 +362,14 @@ def test_kk_swaps_is_optimal_on_most_tiny_batches_and_lpt_keeps_grahams_bound(nu
     for workloads in instances:
         best_equal = _best_max_load(workloads, num_parts, equal_counts=True)
         kk = max(
-            sum(workloads[i] for i in p) for p in balancer.balance(workloads, num_parts, "kk_swap", "python")
+            sum(workloads[i] for i in p)
+            for p in balancer.balance(workloads, num_parts, "kk_swap", native=False)
         )
         assert kk >= best_equal * (1 - 1e-12)  # never better than the optimum (that would be a bug)
         optimal += kk <= best_equal * (1 + 1e-12)
         # Graham: LPT without the count constraint is within 4/3 - 1/(3k) of that optimum
         best_free = _best_max_load(workloads, num_parts, equal_counts=False)
-        lpt = balancer.balance(workloads, num_parts, "greedy_lpt", "python", False)
+        lpt = balancer.balance(workloads, num_parts, "greedy_lpt", native=False, equal_size=False)
         assert max(sum(workloads[i] for i in p) for p in lpt) <= (4 / 3 - 1 / (3 * num_parts)) * best_free * (
             1 + 1e-12
         )

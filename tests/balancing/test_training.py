@@ -32,10 +32,10 @@ TINY = TrainConfig(
 )
 RUNS = [
     TINY.replace(mode="none"),
-    TINY.replace(mode="sync", kk_backend="python"),
-    TINY.replace(mode="overlap", kk_backend="native"),
-    TINY.replace(mode="overlap", kk_backend="python", exchange="alltoall"),
-    TINY.replace(mode="sync", kk_backend="native", exchange="alltoall"),
+    TINY.replace(mode="sync", native_kk=False),
+    TINY.replace(mode="overlap", native_kk=True),
+    TINY.replace(mode="overlap", native_kk=False, exchange="alltoall"),
+    TINY.replace(mode="sync", native_kk=True, exchange="alltoall"),
 ]
 
 
@@ -74,7 +74,7 @@ def test_every_mode_trains_like_one_process_on_the_whole_batch(runs):
         for result in run:
             assert result["losses"] == pytest.approx(want_losses, rel=1e-4), (
                 result["mode"],
-                result["kk_backend"],
+                result["native_kk"],
             )
             torch.testing.assert_close(result["weights"], want_weights, rtol=1e-4, atol=1e-5)
 
@@ -87,7 +87,7 @@ def test_each_rank_trains_on_exactly_its_kk_part(runs):
             for r in range(WORLD_SIZE)
         ]
         workloads = torch.cat(per_rank)
-        parts = balancer.balance(workloads, WORLD_SIZE, "kk_swap", "python")
+        parts = balancer.balance(workloads, WORLD_SIZE, "kk_swap", native=False)
         want_balanced = [workloads[p].sum().item() for p in parts]
         want_own = [w.sum().item() for w in per_rank]
         for run in runs:
@@ -213,7 +213,7 @@ def test_a_failure_in_one_ranks_kk_thread_ends_the_launch():
     # all-gather that rank 1 never joins: the launch must still end, naming rank 1.
     timeout_s = 120
     start = time.monotonic()
-    config = TINY.replace(mode="overlap", kk_backend="python")
+    config = TINY.replace(mode="overlap", native_kk=False)
     with pytest.raises(RankError) as info:
         launch(ranks.train_failing_in_kk, 2, config, 1, device="cpu", timeout_s=timeout_s)
     assert info.value.rank == 1
@@ -253,7 +253,7 @@ def test_summarize_takes_each_timed_step_at_its_slowest_rank():
     ranks = [
         {
             "mode": "sync",
-            "kk_backend": "python",
+            "native_kk": False,
             "exchange": "allgather",
             "step_seconds": [9.0, 1.0, 3.0, 7.0],
             "step_flops": [1, 2, 2, 1],
@@ -263,7 +263,7 @@ def test_summarize_takes_each_timed_step_at_its_slowest_rank():
         },
         {
             "mode": "sync",
-            "kk_backend": "python",
+            "native_kk": False,
             "exchange": "allgather",
             "step_seconds": [9.0, 2.0, 1.0, 7.0],
             "step_flops": [1, 2, 6, 1],

@@ -94,7 +94,7 @@ def native():
 
 
 def reference(*args, **kwargs):
-    return bucketize(*args, impl="reference", **kwargs)
+    return bucketize(*args, native=False, **kwargs)
 
 
 def assert_same(got, want):
@@ -153,7 +153,7 @@ def run_both(case, device="cpu", weights=None):
         case["blocks"],
     )
     kwargs = dict(weights=weights)
-    return (bucketize(*args, impl="native", **kwargs), reference(*args, **kwargs))
+    return (bucketize(*args, native=True, **kwargs), reference(*args, **kwargs))
 
 
 # ---- CPU parity -------------------------------------------------------------
@@ -190,7 +190,7 @@ def test_native_continuous_matches_fbgemm(native, case, with_weights):
     # FBGEMM computes block_size * W in the dtype of the indices and routes
     # wrongly when that overflows; the reference (and embnb) do not.
     blocks = [min(b, LIMITS[indices.dtype] // case["world"]) for b in case["blocks"]]
-    got = bucketize(lengths, indices, case["world"], "continuous", blocks, weights=weights, impl="native")
+    got = bucketize(lengths, indices, case["world"], "continuous", blocks, weights=weights, native=True)
     block_sizes = torch.tensor(blocks, dtype=indices.dtype)
     want = torch.ops.fbgemm.block_bucketize_sparse_features(
         lengths,
@@ -257,7 +257,7 @@ def test_native_matches_reference_across_thread_chunks(native, threads, world, m
 def test_native_big_continuous_matches_fbgemm(native):
     case = big_case(1, 8, ["continuous"] * 3)
     lengths, indices = case["lengths"], case["indices"]
-    got = bucketize(lengths, indices, 8, "continuous", case["blocks"], impl="native")
+    got = bucketize(lengths, indices, 8, "continuous", case["blocks"], native=True)
     want = torch.ops.fbgemm.block_bucketize_sparse_features(
         lengths, indices, False, True, torch.tensor(case["blocks"]), 8
     )
@@ -309,9 +309,10 @@ def test_op_rejects_weights_of_the_wrong_length(native):
         torch.ops.embnb.bucketize(L, KEYS, 2, [1, 1], [0, 0], torch.ones(3))
 
 
-def test_bucketize_rejects_unknown_impl():
-    with pytest.raises(ValueError, match="'fast'"):
-        bucketize(L, KEYS, 2, "roundrobin", impl="fast")
+@pytest.mark.parametrize("switch", ["native", 1, "auto"])
+def test_bucketize_takes_only_a_bool_or_none_for_native(switch):
+    with pytest.raises(TypeError, match=f"native must be True .* got {type(switch).__name__} {switch!r}"):
+        bucketize(L, KEYS, 2, "roundrobin", native=switch)
 
 
 # ---- loader: cache key, reuse, fallback -------------------------------------
@@ -385,7 +386,7 @@ FALLBACK_SCRIPT = """
         first = bucketize(lengths, indices, 3, "hash_roundrobin", num_features=2)
         second = bucketize(lengths, indices, 3, "roundrobin", num_features=2)
     try:
-        bucketize(lengths, indices, 3, "roundrobin", impl="native")
+        bucketize(lengths, indices, 3, "roundrobin", native=True)
         native_error = None
     except loader.NativeUnavailable as error:
         native_error = str(error)
@@ -479,7 +480,7 @@ def test_cuda_matches_the_cpu_kernel_and_the_reference_at_scale(native, num_keys
         codes = [DIST_CODES[mode]] * num_features
         cpu = torch.ops.embnb.bucketize(lengths, indices, world, codes, blocks)
         cuda = torch.ops.embnb.bucketize(lengths.cuda(), indices.cuda(), world, codes, blocks)
-        reference = bucketize(lengths, indices, world, mode, blocks, impl="reference")
+        reference = bucketize(lengths, indices, world, mode, blocks, native=False)
         for name, on_gpu, on_cpu, want in zip(("lengths", "indices", "permute"), cuda, cpu, reference):
             assert torch.equal(on_gpu.cpu(), on_cpu), (mode, name, "CUDA vs CPU kernel")
             assert torch.equal(on_cpu, want), (mode, name, "CPU kernel vs reference")

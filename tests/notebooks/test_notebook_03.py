@@ -91,7 +91,7 @@ def test_figures_and_explorer_are_drawn(run):
 
 
 def test_ablation_ladder(run):
-    from embnb.planner import LADDER
+    from embnb.planner.ablation import LADDER
 
     results = run.results
     ablation = results["ablation"]

@@ -14,6 +14,9 @@ import pytest
 
 from embnb import planner
 from embnb.planner.ablation import LADDER, ablation_table
+from embnb.planner.brute_force import brute_force_rating
+from embnb.planner.models import enumerate_options, make_model
+from embnb.planner.study import random_instance
 
 BATCH_SIZE = 512
 SUPERSETS = ["plain knapsack", "+ bisection", "+ memory slack", "+ capped runs", "+ local search"]
@@ -30,9 +33,9 @@ def test_each_rung_turns_one_piece_back_on_and_the_last_is_the_default_proposer(
 @pytest.fixture(scope="module")
 def forty_tables():
     logging.getLogger("torchrec").setLevel(logging.ERROR)
-    model = planner.make_model(40, 0)
+    model = make_model(40, 0)
     topology = planner.make_topology(8, "cuda", hbm_cap_gb=1.2, ddr_cap_gb=128.0)
-    enumerated = planner.enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
+    enumerated = enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
     return ablation_table(enumerated, topology, BATCH_SIZE, constraints=model.constraints, repeats=2)
 
 
@@ -61,9 +64,9 @@ def test_times_are_a_median_inside_their_range(forty_tables):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_no_rung_beats_brute_force(seed):
-    model, topology = planner.random_instance(seed)
-    enumerated = planner.enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
-    best = planner.brute_force_rating(enumerated, topology, BATCH_SIZE)
+    model, topology = random_instance(seed)
+    enumerated = enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
+    best = brute_force_rating(enumerated, topology, BATCH_SIZE)
     table = ablation_table(enumerated, topology, BATCH_SIZE, constraints=model.constraints, repeats=1)
     if not math.isfinite(best):
         assert table.perf_rating.isna().all()

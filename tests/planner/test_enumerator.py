@@ -31,6 +31,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
 from embnb.planner.enumerator import DistinctShardEnumerator, _context_keys
+from embnb.planner.models import enumerate_options, fused_table_gb, make_model
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 
@@ -136,8 +137,8 @@ def enumerate_both(tables, topology, constraints, estimators=lambda: None):
     [(8, None, "cuda"), (64, None, "cuda"), (64, 8, "cuda"), (8, None, "cpu"), (64, 16, "cpu")],
 )
 def test_same_options_as_torchrec_on_bench_models(seed, world_size, local_world_size, device):
-    model = planner.make_model(12, seed)
-    hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * 0.5
+    model = make_model(12, seed)
+    hbm_cap_gb = fused_table_gb(model.tables) / world_size * 0.5
     topology = planner.make_topology(
         world_size, device, hbm_cap_gb=hbm_cap_gb, local_world_size=local_world_size
     )
@@ -253,12 +254,10 @@ def test_populate_estimates_alone_matches_torchrec():
 
 
 def test_enumerate_options_and_create_planner_take_either_enumerator():
-    model = planner.make_model(8, seed=3)
-    topology = planner.make_topology(8, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables) / 8)
+    model = make_model(8, seed=3)
+    topology = planner.make_topology(8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8)
     by_name = {
-        name: planner.enumerate_options(
-            model.tables, topology, BATCH_SIZE, model.constraints, enumerator=name
-        )
+        name: enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints, enumerator=name)
         for name in ("torchrec", "embnb")
     }
     assert_same_options(by_name["torchrec"].options, by_name["embnb"].options, same_module=False)
@@ -273,11 +272,11 @@ def test_enumerate_options_and_create_planner_take_either_enumerator():
 
 @pytest.mark.parametrize("bad", ["fast", "EMBNB", None, 1])
 def test_bad_enumerator_is_refused(bad):
-    model = planner.make_model(2)
+    model = make_model(2)
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=1)
     message = re.escape(f"enumerator {bad!r} is not one of 'torchrec', 'embnb'")
     with pytest.raises(ValueError, match=message):
-        planner.enumerate_options(model.tables, topology, BATCH_SIZE, enumerator=bad)
+        enumerate_options(model.tables, topology, BATCH_SIZE, enumerator=bad)
     with pytest.raises(ValueError, match=message):
         planner.create_planner(topology, BATCH_SIZE, enumerator=bad)
 

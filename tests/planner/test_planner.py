@@ -38,6 +38,17 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
+from embnb.planner.brute_force import brute_force_rating, rate_every_plan
+from embnb.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
+from embnb.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.planner.study import (
+    compare_proposers,
+    default_proposers,
+    quality_summary,
+    random_instance,
+    run_planner,
+)
+from embnb.planner.topology import reserved_topology
 
 BATCH_SIZE = 512
 RESERVATION = 0.15  # the package's default storage reservation
@@ -218,7 +229,7 @@ def budget_topology(tables, constraints, world_size, device, memory, ddr):
     probe = planner.make_topology(
         world_size, device, hbm_cap_gb=1e6 if device == "cuda" else None, ddr_cap_gb=1e6
     )
-    groups = by_table(planner.enumerate_options(tables, probe, BATCH_SIZE, constraints).options)
+    groups = by_table(enumerate_options(tables, probe, BATCH_SIZE, constraints).options)
 
     def size(option):
         return getattr(option.total_storage, axis)
@@ -272,15 +283,15 @@ def test_plans_within_two_percent_of_brute_force(instance):
 def test_notebook_instances_equal_brute_force(seed):
     """The notebook's study: 3 tables, all 16 options each, HBM per device
     15% to 120% of the fp32 rows spread evenly."""
-    model, topology = planner.random_instance(seed)
+    model, topology = random_instance(seed)
     rating, constraint, _ = plan_with(
         planner.DynamicProgrammingProposer(), model.tables, model.constraints, topology
     )
-    enumerated = planner.enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
+    enumerated = enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
     groups = by_table(enumerated.options)
     assert len(groups) == 3 and all(len(g) == 16 for g in groups)
     best = brute_force(enumerated.options, constraint)
-    assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(best, rel=1e-12)
+    assert brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(best, rel=1e-12)
     # the README's 1.000x: never better than brute force (a bug), equal up to float rounding
     assert (math.isinf(rating) and math.isinf(best)) or best * (1 - 1e-9) <= rating <= best * (1 + 1e-9)
 
@@ -310,7 +321,7 @@ def test_beats_torchrec_dp_where_the_least_summed_perf_cannot_be_placed():
     tables, constraints, topology = tiny()
     ours, constraint, _ = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
     theirs, _, _ = plan_with(TorchrecDynamicProgrammingProposer(), tables, constraints, topology)
-    options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
+    options = enumerate_options(tables, topology, BATCH_SIZE, constraints).options
     assert ours == pytest.approx(brute_force(options, constraint), rel=1e-9)
     assert theirs > 2 * ours  # torchrec's DP keeps options that cannot be placed
 
@@ -320,24 +331,22 @@ def test_cpu_topology_plans_on_ddr():
     topology = planner.make_topology(2, "cpu", ddr_cap_gb=0.7)
     assert all(d.storage.hbm == 0 for d in topology.devices)
     rating, constraint, plan = plan_with(planner.DynamicProgrammingProposer(), tables, constraints, topology)
-    options = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints).options
+    options = enumerate_options(tables, topology, BATCH_SIZE, constraints).options
     best = brute_force(options, constraint)
     assert best * (1 - 1e-9) <= rating <= best * (1 + 1e-9)
     assert set(plan.plan[""]) == {t.name for t in tables}
     # torchrec's own DP proposer divides by the (zero) HBM there
-    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    run = planner.run_planner(TorchrecDynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
+    enumerated = enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    run = run_planner(TorchrecDynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
     assert "ZeroDivisionError" in run.note
 
 
 def test_knapsack_frontier_goes_from_the_largest_memory_down():
     tables, constraints, topology = tiny(hbm_gb=0.5, ddr_gb=0.5)  # HBM and DDR both bind
-    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    frontier = planner.knapsack_frontier(
-        enumerated, topology, BATCH_SIZE, bins_per_device=20, ddr_bins_per_device=20
-    )
+    enumerated = enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    frontier = knapsack_frontier(enumerated, topology, BATCH_SIZE, bins_per_device=20, ddr_bins_per_device=20)
     assert frontier.attrs["axes"] == ["hbm", "ddr"]
-    constraint = planner.reserved_topology(topology, enumerated, BATCH_SIZE)
+    constraint = reserved_topology(topology, enumerated, BATCH_SIZE)
     capacity_hbm = sum(d.storage.hbm for d in constraint.devices) / GB
     capacity_ddr = sum(d.storage.ddr for d in constraint.devices) / GB
     assert len(frontier) >= 2
@@ -352,7 +361,7 @@ def test_knapsack_frontier_goes_from_the_largest_memory_down():
     # the capacity less some bins of rounding, is matched or beaten by a
     # frontier plan with at most that much memory plus one bin per table
     # (each bin keeps one state, within a bin of the plans it stands for).
-    every = planner.rate_every_plan(enumerated, topology, BATCH_SIZE)
+    every = rate_every_plan(enumerated, topology, BATCH_SIZE)
     slack_hbm = len(tables) * capacity_hbm / (20 * topology.world_size)
     slack_ddr = len(tables) * capacity_ddr / (20 * topology.world_size)
     fitting = every[
@@ -370,9 +379,9 @@ def test_knapsack_frontier_goes_from_the_largest_memory_down():
 
 def test_dp_table_rows_match_every_pair_of_options():
     tables, constraints, topology = tiny()
-    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    table = planner.knapsack_table(enumerated, topology, BATCH_SIZE, bins_per_device=8)
-    options = planner.options_table(enumerated, topology, BATCH_SIZE)
+    enumerated = enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    table = knapsack_table(enumerated, topology, BATCH_SIZE, bins_per_device=8)
+    options = options_table(enumerated, topology, BATCH_SIZE)
     first, second = (options[options.table == t.name] for t in tables[:2])
     pairs = first.merge(second, how="cross")
     cells = (pairs.hbm_gb_x + pairs.hbm_gb_y) // table.attrs["bin_gb"]
@@ -383,14 +392,14 @@ def test_dp_table_rows_match_every_pair_of_options():
 
 def test_package_brute_force_agrees_with_the_test_one():
     tables, constraints, topology = tiny()
-    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    constraint = planner.reserved_topology(topology, enumerated, BATCH_SIZE)
+    enumerated = enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    constraint = reserved_topology(topology, enumerated, BATCH_SIZE)
     expected = brute_force(enumerated.options, constraint)
-    every = planner.rate_every_plan(enumerated, topology, BATCH_SIZE)
+    every = rate_every_plan(enumerated, topology, BATCH_SIZE)
     assert len(every) == 4**3
     assert every.perf_rating.min() == pytest.approx(expected)
-    assert planner.brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(expected)
-    extremes = planner.plan_extremes(every)
+    assert brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(expected)
+    extremes = plan_extremes(every)
     assert extremes.best_rated.perf_rating == pytest.approx(expected)
     assert (extremes.plans, extremes.placeable) == (64, every.perf_rating.notna().sum())
     # summed perf adds up per table: the least is each table's least option
@@ -408,7 +417,7 @@ def test_quality_summary_per_proposer():
             "instance": [0, 1, 2, 0, 1],
         }
     )
-    summary = planner.quality_summary(study)
+    summary = quality_summary(study)
     assert list(summary.index) == ["a", "b"] and list(summary.columns) == ["max", "median", "within 2%"]
     assert summary.loc["a"].tolist() == pytest.approx([1.5, 1.01, 2 / 3])
     assert summary.loc["b", "max"] == math.inf and summary.loc["b", "within 2%"] == 0.5
@@ -443,7 +452,7 @@ def test_bandwidth_overrides_reach_the_topology():
 
 def test_compare_proposers_rows_and_columns():
     tables, constraints, topology = tiny()
-    table = planner.compare_proposers(tables, topology, BATCH_SIZE, constraints=constraints, timeout_s=60)
+    table = compare_proposers(tables, topology, BATCH_SIZE, constraints=constraints, timeout_s=60)
     assert list(table.index) == [
         "embnb DP",
         "torchrec DP",
@@ -472,14 +481,14 @@ def test_compare_proposers_rows_and_columns():
 
 
 def test_grid_search_is_reported_as_skipped_past_ten_thousand_plans():
-    model = planner.make_model(6, seed=1)
-    topology = planner.make_topology(2, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables))
-    table = planner.compare_proposers(
+    model = make_model(6, seed=1)
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=fused_table_gb(model.tables))
+    table = compare_proposers(
         model.tables,
         topology,
         BATCH_SIZE,
         constraints=model.constraints,
-        proposers={k: v for k, v in planner.default_proposers().items() if k in ("embnb DP", "GridSearch")},
+        proposers={k: v for k, v in default_proposers().items() if k in ("embnb DP", "GridSearch")},
     )
     assert table.loc["GridSearch", "note"].startswith("skipped:")
     assert not table.loc["GridSearch", "feasible"] and table.loc["embnb DP", "feasible"]
@@ -563,8 +572,8 @@ def test_without_a_fit_alone_torchrec_reports_and_the_reason_is_logged(memory, r
     assert len(logged) == 1 and logged[0].startswith("DynamicProgrammingProposer proposes nothing: ")
     assert re.search(reason, logged[0])
     # run_planner's note carries the proposer's reason, not only torchrec's summary
-    enumerated = planner.enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    run = planner.run_planner(planner.DynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
+    enumerated = enumerate_options(tables, topology, BATCH_SIZE, constraints)
+    run = run_planner(planner.DynamicProgrammingProposer(), enumerated, topology, BATCH_SIZE)
     assert run.plan is None and re.search(reason, run.note)
 
 
@@ -586,9 +595,9 @@ def test_bad_proposer_settings_are_named(kwargs, error, message):
 def test_zero_tables_are_refused():
     topology = planner.make_topology(2)
     with pytest.raises(ValueError, match="no tables to plan"):
-        planner.compare_proposers([], topology, BATCH_SIZE)
+        compare_proposers([], topology, BATCH_SIZE)
     with pytest.raises(ValueError, match="num_tables must be an int >= 1, got 0"):
-        planner.make_model(0)
+        make_model(0)
 
 
 @pytest.mark.parametrize(
@@ -622,7 +631,7 @@ def test_bad_topology_and_planner_arguments_are_named(call, message):
     "call, message",
     [
         (lambda: planner.make_topology(True), "world_size must be an int >= 1, got bool True"),
-        (lambda: planner.make_model(2.0), "num_tables must be an int >= 1, got float 2.0"),
+        (lambda: make_model(2.0), "num_tables must be an int >= 1, got float 2.0"),
         (
             lambda: planner.make_topology(2, hbm_cap_gb="1"),
             "hbm_cap_gb must be a finite number > 0, got str '1'",

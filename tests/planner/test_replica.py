@@ -14,8 +14,11 @@ from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.planner.utils import reset_shard_rank
 
 from embnb import planner
+from embnb.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.replica import GreedyPerfReplica
 from embnb.planner.space import SearchSpace, by_table
+from embnb.planner.study import compare_proposers, default_proposers, timing_breakdown
+from embnb.planner.topology import reserved_topology
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 
@@ -36,11 +39,11 @@ def torchrec_answer(proposal, storage_constraint, topology):
     ("num_tables", "world_size", "hbm_fraction"), [(12, 2, 0.6), (30, 8, 0.5), (20, 8, 3), (16, 64, 0.5)]
 )
 def test_replica_places_and_rates_like_torchrec(num_tables, world_size, hbm_fraction, native):
-    model = planner.make_model(num_tables, seed=world_size)
-    hbm_cap_gb = planner.fused_table_gb(model.tables) / world_size * hbm_fraction
+    model = make_model(num_tables, seed=world_size)
+    hbm_cap_gb = fused_table_gb(model.tables) / world_size * hbm_fraction
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
-    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
-    storage_constraint = planner.reserved_topology(topology, enumerated, 512)
+    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+    storage_constraint = reserved_topology(topology, enumerated, 512)
     options = SearchSpace(by_table(enumerated.options), storage_constraint).options
     replica = GreedyPerfReplica(options, storage_constraint, native=native)
     assert (replica._native is not None) == native
@@ -66,10 +69,10 @@ def test_replica_places_and_rates_like_torchrec(num_tables, world_size, hbm_frac
 
 
 def test_native_placement_names_bad_input():
-    model = planner.make_model(4, seed=2)
+    model = make_model(4, seed=2)
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=4)
-    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
-    storage_constraint = planner.reserved_topology(topology, enumerated, 512)
+    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+    storage_constraint = reserved_topology(topology, enumerated, 512)
     options = SearchSpace(by_table(enumerated.options), storage_constraint).options
     args = GreedyPerfReplica(options, storage_constraint, native=True)._native.args
     num_options = sum(len(table) for table in options)
@@ -84,10 +87,10 @@ def test_native_placement_names_bad_input():
 
 
 def test_replica_leaves_several_hosts_to_torchrec():
-    model = planner.make_model(6, seed=1)
+    model = make_model(6, seed=1)
     topology = planner.make_topology(4, "cuda", hbm_cap_gb=4, local_world_size=2)
-    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
-    storage_constraint = planner.reserved_topology(topology, enumerated, 512)
+    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+    storage_constraint = reserved_topology(topology, enumerated, 512)
     options = SearchSpace(by_table(enumerated.options), storage_constraint).options
     replica = GreedyPerfReplica(options, storage_constraint)
     assert replica.place(np.zeros(len(options), dtype=np.int64)) is None
@@ -113,9 +116,9 @@ def plan_with(proposer, enumerated, topology, perf_model=None):
 
 
 def test_replaying_finds_the_same_plan_with_fewer_proposals():
-    model = planner.make_model(25, seed=3)
-    topology = planner.make_topology(8, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables) / 16)
-    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
+    model = make_model(25, seed=3)
+    topology = planner.make_topology(8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 16)
+    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
     replayed, proposed = (
         planner.DynamicProgrammingProposer(),
         planner.DynamicProgrammingProposer(replay=False),
@@ -132,9 +135,9 @@ def test_a_perf_model_unlike_the_replica_turns_replay_off():
         def rate(self, plan):
             return 2 * super().rate(plan)
 
-    model = planner.make_model(10, seed=4)
-    topology = planner.make_topology(4, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables) / 8)
-    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
+    model = make_model(10, seed=4)
+    topology = planner.make_topology(4, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8)
+    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
     proposer = planner.DynamicProgrammingProposer()
     rating, _ = plan_with(proposer, enumerated, topology, perf_model=Doubled(topology))
     assert proposer._replay is False  # switched off once the check failed; searched again
@@ -145,16 +148,16 @@ def test_a_perf_model_unlike_the_replica_turns_replay_off():
 
 
 def test_timing_breakdown_parts_add_up_to_the_planning_time():
-    model = planner.make_model(8, seed=5)
-    topology = planner.make_topology(4, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables) / 8)
-    comparison = planner.compare_proposers(
+    model = make_model(8, seed=5)
+    topology = planner.make_topology(4, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8)
+    comparison = compare_proposers(
         model.tables,
         topology,
         512,
         constraints=model.constraints,
-        proposers={k: v for k, v in planner.default_proposers().items() if k in ("embnb DP", "torchrec DP")},
+        proposers={k: v for k, v in default_proposers().items() if k in ("embnb DP", "torchrec DP")},
     )
-    breakdown = planner.timing_breakdown(comparison)
+    breakdown = timing_breakdown(comparison)
     assert list(breakdown.index) == ["embnb DP", "torchrec DP"]
     parts = breakdown.proposer_s + breakdown.partitioner_s + breakdown.planner_rest_s
     assert np.allclose(parts, comparison.plan_s)

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from embnb import planner
 from embnb.native import loader
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
+from embnb.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.space import SearchSpace, by_table
+from embnb.planner.topology import reserved_topology
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 
@@ -123,10 +125,10 @@ def test_native_knapsack_step_names_bad_input():
 
 @pytest.fixture(scope="module")
 def space():
-    model = planner.make_model(24, seed=3)
-    topology = planner.make_topology(8, "cuda", hbm_cap_gb=planner.fused_table_gb(model.tables) / 8 * 0.5)
-    enumerated = planner.enumerate_options(model.tables, topology, 512, model.constraints)
-    return SearchSpace(by_table(enumerated.options), planner.reserved_topology(topology, enumerated, 512))
+    model = make_model(24, seed=3)
+    topology = planner.make_topology(8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8 * 0.5)
+    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+    return SearchSpace(by_table(enumerated.options), reserved_topology(topology, enumerated, 512))
 
 
 def walk(space, rng, num_plans, largest):

@@ -7,6 +7,8 @@ import math
 import pytest
 
 from embnb import planner
+from embnb.planner.models import make_model
+from embnb.planner.study import compare_proposers, default_proposers
 from embnb.planner.widgets import PlannerExplorer, hbm_slider
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -103,12 +105,10 @@ def test_bad_explorer_settings_are_named():
 
 def test_the_explorer_plans_what_compare_proposers_plans():
     explorer = small_explorer(draw_now=True)
-    model = planner.make_model(3, 0)
+    model = make_model(3, 0)
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.8, ddr_cap_gb=0.05)
-    proposers = {k: v for k, v in planner.default_proposers().items() if k in ("embnb DP", "Uniform")}
-    table = planner.compare_proposers(
-        model.tables, topology, 512, constraints=model.constraints, proposers=proposers
-    )
+    proposers = {k: v for k, v in default_proposers().items() if k in ("embnb DP", "Uniform")}
+    table = compare_proposers(model.tables, topology, 512, constraints=model.constraints, proposers=proposers)
     best = table.perf_rating.min()
     drawn = [t.get_text() for t in explorer.figure.axes[0].texts]  # " 1x (0.123 ms)" per bar
     for name, rating in table.perf_rating.items():

@@ -1,43 +1,35 @@
 """Looking inside the proposer: its options, its DP table, its frontier, and
-the brute-force optimum it is measured against.
+what a brute-force table says about the least summed perf.
 
     options_table(enumerated, topology, 512)     # what the knapsack chooses from
     knapsack_table(enumerated, topology, 512)    # the DP table, one row per table added
     knapsack_frontier(enumerated, topology, 512) # the plans proposed first, largest memory first
-    brute_force_rating(enumerated, topology, 512)
+    plan_extremes(rate_every_plan(enumerated, topology, 512))
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
-from torchrec.distributed.planner.perf_models import NoopPerfModel
-from torchrec.distributed.planner.types import PlannerError, ShardingOption, Topology
-from torchrec.distributed.planner.utils import reset_shard_rank
+from torchrec.distributed.planner.types import Topology
 
 from embnb._checks import check_int
+from embnb.planner.brute_force import option_label
 from embnb.planner.knapsack import Knapsack, knapsack_axes
+from embnb.planner.models import Enumerated
 from embnb.planner.space import AXES, GB, SearchSpace, by_table
-from embnb.planner.topology import Enumerated, reserved_topology
+from embnb.planner.topology import reserved_topology
 
 __all__ = [
-    "option_label",
     "options_table",
     "knapsack_table",
     "knapsack_frontier",
-    "brute_force_rating",
     "PlanExtremes",
     "plan_extremes",
 ]
-
-
-def option_label(option: ShardingOption) -> str:
-    return f"{option.sharding_type}/{option.compute_kernel}"
 
 
 def _space_of(
@@ -135,39 +127,6 @@ def knapsack_frontier(
         frame[options[0].name] = [option_label(options[o]) for o in plans[:, t]]
     frame.attrs["axes"] = [AXES[a] for a in axes]  # those that can bind
     return frame
-
-
-def brute_force_rating(
-    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
-) -> float:
-    """The best rating over every combination of options (inf if none can be
-    placed). Combinations are tried by a lower bound (the mean rank load, or
-    the largest shard), stopping once no untried one can beat the best."""
-    groups = by_table(enumerated.options)
-    perf = [[o.total_perf for o in g] for g in groups]
-    shard = [[max(s.perf.total for s in o.shards) for o in g] for g in groups]
-    bounds = sorted(
-        (
-            max(
-                sum(perf[t][i] for t, i in enumerate(c)) / topology.world_size,
-                max(shard[t][i] for t, i in enumerate(c)),
-            ),
-            c,
-        )
-        for c in itertools.product(*(range(len(g)) for g in groups))
-    )
-    constraint = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
-    partitioner, perf_model, best = GreedyPerfPartitioner(), NoopPerfModel(topology), math.inf
-    for bound, combination in bounds:
-        if bound >= best:
-            break
-        proposal = [g[i] for g, i in zip(groups, combination)]
-        try:
-            best = min(best, perf_model.rate(partitioner.partition(proposal, constraint)))
-        except PlannerError:
-            pass
-        reset_shard_rank(proposal)
-    return best
 
 
 @dataclass(frozen=True)
