@@ -65,7 +65,7 @@ class BalancedShuffle:
 
     def __init__(
         self,
-        timeline: Timeline,
+        timeline: Timeline | None = None,
         overlap: bool = True,
         method: str = "kk_swap",
         native_kk: bool | None = None,
@@ -74,7 +74,8 @@ class BalancedShuffle:
     ) -> None:
         check_choice("method", method, tuple(METHODS))
         check_choice("exchange", exchange, EXCHANGES)
-        self.timeline, self.overlap, self.method = timeline, overlap, method
+        self.timeline = Timeline() if timeline is None else timeline  # when each phase ran
+        self.overlap, self.method = overlap, method
         self.native_kk = check_native("native_kk", native_kk)
         self.exchange, self.group = exchange, group
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)

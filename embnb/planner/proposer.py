@@ -32,7 +32,7 @@ partitioner or perf model), the search starts again without the replica,
 proposing every plan as before.
 
     planner = create_planner(topology, batch_size=512)    # this proposer first
-    plan = planner.plan(module, sharders)
+    plan = planner.plan(module, sharders)                 # (the class docstring: a full example)
 """
 
 from __future__ import annotations
@@ -96,6 +96,27 @@ class DynamicProgrammingProposer(Proposer):
     the devices together) it proposes nothing more and leaves the verdict to
     the planner (a later proposer, or torchrec's own PlannerError); why is in
     `no_plan_reason` and logged as a warning.
+
+    Example (runs as it is; the README plans 300 tables):
+
+        import torch
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+        from embnb.planner import DynamicProgrammingProposer
+
+        tables = [
+            EmbeddingBagConfig(name=f"t{i}", feature_names=[f"f{i}"], num_embeddings=10 ** (3 + i % 4),
+                               embedding_dim=64)
+            for i in range(40)
+        ]
+        module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+        topology = Topology(world_size=8, compute_device="cuda", hbm_cap=2 * 1024**3)
+        proposer = DynamicProgrammingProposer()
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=512, proposer=[proposer])
+        plan = planner.plan(module, [EmbeddingBagCollectionSharder()])
+        print(f"rating {proposer.best_rating:.2f} ms")  # the slowest rank's perf
     """
 
     def __init__(
@@ -163,6 +184,12 @@ class DynamicProgrammingProposer(Proposer):
             if self._options
             else None
         )
+
+    @property
+    def best_rating(self) -> float:
+        """The best perf rating of the plans placed so far (the slowest rank's
+        perf, as torchrec's NoopPerfModel rates it; inf before any)."""
+        return self._best_rating
 
     def propose(self) -> list[ShardingOption] | None:
         if self._current is None:

@@ -243,11 +243,15 @@ class SearchSpace:
 
 
 def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
-    """Options grouped per table, tables in the order first seen."""
+    """Options grouped per table, tables in the order first seen, each
+    table's options by sharding type and compute kernel. torchrec's
+    enumerator walks those from sets, so its order changes between processes
+    (with the string hash seed); the DP breaks ties by option order, so
+    without this one model could get different plans in different runs."""
     by_fqn: dict[str, list[ShardingOption]] = {}
     for option in options:
         by_fqn.setdefault(option.fqn, []).append(option)
-    return list(by_fqn.values())
+    return [sorted(group, key=lambda o: (o.sharding_type, o.compute_kernel)) for group in by_fqn.values()]
 
 
 def distinct_options(

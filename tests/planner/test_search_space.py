@@ -2,6 +2,7 @@
 dominated options changes no knapsack state, and screening a whole run of plans
 at once gives each plan's own `fits` and `lower_bound` verdicts."""
 
+import dataclasses
 import itertools
 import logging
 
@@ -198,3 +199,22 @@ def test_shard_values_hold_each_shards_storage_and_perf(space):
         assert space.values.memory(option) == tuple(
             sum(getattr(s.storage, a) for s in option.shards) for a in ("hbm", "ddr", "ssd")
         )
+
+
+def test_the_plan_does_not_depend_on_the_order_torchrec_enumerates_options_in():
+    # torchrec's enumerator walks sharding types and kernels from sets: the
+    # order of a table's options changes between processes. Reversing each
+    # table's options stands for another process's order.
+    from embnb.planner.study import run_planner
+
+    model = make_model(24, seed=3)
+    topology = planner.make_topology(4, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 4 * 0.4)
+    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+    reversed_options = [o for group in by_table(enumerated.options) for o in group[::-1]]
+    assert [id(o) for o in reversed_options] != [id(o) for o in enumerated.options]
+    runs = [
+        run_planner(planner.DynamicProgrammingProposer(), e, topology, 512, constraints=model.constraints)
+        for e in (enumerated, dataclasses.replace(enumerated, options=reversed_options))
+    ]
+    chosen = [sorted((o.name, o.sharding_type, o.compute_kernel) for o in run.plan) for run in runs]
+    assert runs[0].perf_rating == runs[1].perf_rating and chosen[0] == chosen[1]

@@ -1,0 +1,50 @@
+"""The README's code blocks run as a reader would paste them (the planner
+example runs in tests/test_wheel.py, from the installed wheel)."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from readme_blocks import PLANNER_EXAMPLE, python_blocks
+
+BLOCKS = [b for b in python_blocks() if PLANNER_EXAMPLE not in b]
+BIN = pathlib.Path(sys.executable).parent
+
+
+def test_the_readme_has_its_examples():
+    text = "\n".join(python_blocks())
+    for name in ("DynamicProgrammingProposer", "bucketize", "owner_rank", "balance(", "BalancedShuffle"):
+        assert name in text, name
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.splitlines()[0][:40] for b in BLOCKS])
+def test_a_readme_block_runs(block, tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(block)
+    first = block.splitlines()[0]
+    if first.startswith("# torchrun "):  # run as its first line says, on real ranks
+        args = first[2:].split()
+        command = [str(BIN / "torchrun"), "--standalone", *args[1:-1], str(script)]
+    else:
+        command = [sys.executable, str(script)]
+    env = os.environ | {"PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip(), "the example printed nothing"
+
+
+def test_the_proposers_docstring_example_runs(tmp_path):
+    from embnb.planner import DynamicProgrammingProposer
+
+    doc = DynamicProgrammingProposer.__doc__
+    example = textwrap.dedent(doc[doc.index("Example") :].split("\n", 1)[1])
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    command = [sys.executable, str(script)]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"rating [\d.]+ ms\n", done.stdout), done.stdout
