@@ -95,8 +95,6 @@ def knapsack_table(
     return table
 
 
-# Planning functions take torchrec's inputs in one order: the enumerated options,
-# the topology, the batch size, then bins and the storage reservation.
 def knapsack_frontier(
     enumerated: Enumerated,
     topology: Topology,
