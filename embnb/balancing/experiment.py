@@ -373,6 +373,24 @@ class RunLabels:
     overlapped: str  # balanced, shuffle in the worker
 
 
+def _imbalance_by_method(comparison: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:
+    """Per workload and method, the `compare_methods` rows summed up: gaps to the bounds, max/mean."""
+    return {
+        workload: {
+            method: {
+                "mean_gap_to_lower_bound": float(rows["gap_to_lower_bound"].mean()),
+                "max_gap_to_lower_bound": float(rows["gap_to_lower_bound"].max()),
+                "max_gap_to_equal_size_bound": float(rows["gap_to_equal_size_bound"].max()),
+                "mean_max_over_mean": float(rows["max_over_mean"].mean()),
+                "mean_bound_over_mean": float((rows["lower_bound"] / rows["mean_load"]).mean()),
+                "share_longest_sets_bound": float(rows["largest_item_sets_bound"].mean()),
+            }
+            for method, rows in by_workload.groupby("method")
+        }
+        for workload, by_workload in comparison.groupby("workload")
+    }
+
+
 def results(
     *,
     world_size: int,
@@ -394,20 +412,7 @@ def results(
     seconds: float,
 ) -> dict[str, Any]:
     """Notebook 04's results JSON: its key numbers, for `make run` and the tests."""
-    imbalance = {
-        workload: {
-            method: {
-                "mean_gap_to_lower_bound": float(rows["gap_to_lower_bound"].mean()),
-                "max_gap_to_lower_bound": float(rows["gap_to_lower_bound"].max()),
-                "max_gap_to_equal_size_bound": float(rows["gap_to_equal_size_bound"].max()),
-                "mean_max_over_mean": float(rows["max_over_mean"].mean()),
-                "mean_bound_over_mean": float((rows["lower_bound"] / rows["mean_load"]).mean()),
-                "share_longest_sets_bound": float(rows["largest_item_sets_bound"].mean()),
-            }
-            for method, rows in by_workload.groupby("method")
-        }
-        for workload, by_workload in comparison.groupby("workload")
-    }
+    imbalance = _imbalance_by_method(comparison)
     summaries = runs.summaries()
     speedups = runs.speedups(labels.unbalanced)
     flops_ideal = runs.flops_speedups(labels.unbalanced)

@@ -101,15 +101,7 @@ def alltoall_kjt(
     `select_samples(allgather_kjt(kjts)[i], parts[rank])`. `stats`, when
     given, receives "received_bytes" (both receive buffers).
     """
-    _check_kjts(kjts)
-    stride = kjts[0].stride()
-    for i, kjt in enumerate(kjts):
-        if kjt.stride() != stride:
-            raise ValueError(
-                f"kjts[{i}] has stride {kjt.stride()}, kjts[0] has {stride}: need one batch size"
-            )
-    if dense.dim() != 2 or dense.shape[0] != stride:
-        raise ValueError(f"dense must have one row per sample ({stride}), got shape {tuple(dense.shape)}")
+    stride = _check_batch(kjts, dense)
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     if len(parts) != world_size:
         raise ValueError(f"need one part per rank: {world_size} ranks, {len(parts)} parts")
@@ -125,61 +117,27 @@ def alltoall_kjt(
     recv_lengths = exchange(lengths[send_order].to(dense.device), send_counts, recv_counts, group).cpu()
 
     # 2. bytes, one chunk per destination: per KJT values then weights, then dense rows
-    item_bytes = _item_bytes(kjts)
-    dense_bytes = dense.shape[1] * dense.element_size()
-    chunks, chunk_sizes = [], []
-    for samples in send_order.split(send_counts):
-        picked = [select_samples(kjt, samples) for kjt in kjts]
-        pieces = [
-            _as_bytes(t) for kjt in picked for t in (kjt.values(), kjt.weights_or_none()) if t is not None
-        ]
-        chunks += pieces + [_as_bytes(dense[samples.to(dense.device)]).reshape(-1)]
-        chunk_sizes.append(sum(p.numel() for p in pieces) + samples.numel() * dense_bytes)
+    send, chunk_sizes = _pack(kjts, dense, send_order.split(send_counts))
     key_counts = [len(kjt.keys()) for kjt in kjts]
     per_source = [rows.split(key_counts, dim=1) for rows in recv_lengths.split(recv_counts)]
+    dense_bytes = dense.shape[1] * dense.element_size()
     recv_sizes = [
-        sum(int(block.sum()) * b for block, b in zip(blocks, item_bytes)) + n * dense_bytes
+        sum(int(block.sum()) * b for block, b in zip(blocks, _item_bytes(kjts))) + n * dense_bytes
         for blocks, n in zip(per_source, recv_counts)
     ]
-    send = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8, device=dense.device)
     received = exchange(send.to(dense.device), chunk_sizes, recv_sizes, group)
     if stats is not None:
         stats["received_bytes"] = recv_lengths.numel() * LENGTH_BYTES + received.numel()
 
     # Rebuild: received samples are in ascending global order (by source, then index)
     sources = received.split(recv_sizes)
-    offsets = [0] * world_size
-    local = []
-    for i, kjt in enumerate(kjts):
-        values, weights, key_lengths = [], [], []
-        for s in range(world_size):
-            block = per_source[s][i]  # (samples from s, keys of KJT i)
-            count = int(block.sum())
-            start = offsets[s]
-            end = start + count * kjt.values().element_size()
-            values.append(_from_bytes(sources[s][start:end], kjt.values().dtype).split(block.sum(0).tolist()))
-            if kjt.weights_or_none() is not None:
-                w_end = end + count * kjt.weights().element_size()
-                weights.append(
-                    _from_bytes(sources[s][end:w_end], kjt.weights().dtype).split(block.sum(0).tolist())
-                )
-                end = w_end
-            offsets[s] = end
-            key_lengths.append(block.t())
-        num_keys = len(kjt.keys())
-        local.append(
-            KeyedJaggedTensor.from_lengths_sync(
-                keys=kjt.keys(),
-                values=torch.cat([values[s][f] for f in range(num_keys) for s in range(world_size)]),
-                lengths=torch.cat([key_lengths[s][f] for f in range(num_keys) for s in range(world_size)])
-                .to(kjt.lengths().dtype)
-                .to(dense.device),
-                weights=torch.cat([weights[s][f] for f in range(num_keys) for s in range(world_size)])
-                if weights
-                else None,
-                stride=len(mine_global),
-            )
+    offsets = [0] * world_size  # how far each source's bytes are read
+    local = [
+        _unpack_kjt(
+            kjt, [blocks[i] for blocks in per_source], sources, offsets, len(mine_global), dense.device
         )
+        for i, kjt in enumerate(kjts)
+    ]
     local_dense = torch.cat(
         [
             _from_bytes(sources[s][offsets[s] :], dense.dtype).view(-1, dense.shape[1])
@@ -193,6 +151,75 @@ def alltoall_kjt(
         local = [select_samples(kjt, position) for kjt in local]
         local_dense = local_dense[position.to(local_dense.device)]
     return local, local_dense
+
+
+def _check_batch(kjts: Sequence[KeyedJaggedTensor], dense: torch.Tensor) -> int:
+    """The batch's stride, once the KJTs and dense rows are checked to agree on it."""
+    _check_kjts(kjts)
+    stride = kjts[0].stride()
+    for i, kjt in enumerate(kjts):
+        if kjt.stride() != stride:
+            raise ValueError(
+                f"kjts[{i}] has stride {kjt.stride()}, kjts[0] has {stride}: need one batch size"
+            )
+    if dense.dim() != 2 or dense.shape[0] != stride:
+        raise ValueError(f"dense must have one row per sample ({stride}), got shape {tuple(dense.shape)}")
+    return stride
+
+
+def _pack(
+    kjts: Sequence[KeyedJaggedTensor], dense: torch.Tensor, per_destination: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, list[int]]:
+    """The bytes sent, one chunk per destination (each KJT's values then
+    weights, then the dense rows of the samples it gets), and each chunk's size."""
+    dense_bytes = dense.shape[1] * dense.element_size()
+    chunks, chunk_sizes = [], []
+    for samples in per_destination:
+        picked = [select_samples(kjt, samples) for kjt in kjts]
+        pieces = [
+            _as_bytes(t) for kjt in picked for t in (kjt.values(), kjt.weights_or_none()) if t is not None
+        ]
+        chunks += pieces + [_as_bytes(dense[samples.to(dense.device)]).reshape(-1)]
+        chunk_sizes.append(sum(p.numel() for p in pieces) + samples.numel() * dense_bytes)
+    send = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8, device=dense.device)
+    return send, chunk_sizes
+
+
+def _unpack_kjt(
+    kjt: KeyedJaggedTensor,
+    blocks: Sequence[torch.Tensor],
+    sources: Sequence[torch.Tensor],
+    offsets: list[int],
+    stride: int,
+    device: torch.device,
+) -> KeyedJaggedTensor:
+    """One KJT of the received samples: `blocks[s]` holds the lengths (samples
+    from source s, keys) and `sources[s]` the bytes, read from `offsets[s]` on
+    (advanced past this KJT's values and weights)."""
+    values, weights, key_lengths = [], [], []
+    for s, block in enumerate(blocks):
+        count, per_key = int(block.sum()), block.sum(0).tolist()
+        start = offsets[s]
+        end = start + count * kjt.values().element_size()
+        values.append(_from_bytes(sources[s][start:end], kjt.values().dtype).split(per_key))
+        if kjt.weights_or_none() is not None:
+            w_end = end + count * kjt.weights().element_size()
+            weights.append(_from_bytes(sources[s][end:w_end], kjt.weights().dtype).split(per_key))
+            end = w_end
+        offsets[s] = end
+        key_lengths.append(block.t())
+    keys = range(len(kjt.keys()))
+
+    def by_key(per_source: list) -> torch.Tensor:  # key-major, then source
+        return torch.cat([per_source[s][f] for f in keys for s in range(len(blocks))])
+
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=kjt.keys(),
+        values=by_key(values),
+        lengths=by_key(key_lengths).to(kjt.lengths().dtype).to(device),
+        weights=by_key(weights) if weights else None,
+        stride=stride,
+    )
 
 
 def exchange_bytes(

@@ -214,11 +214,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
     device = rank_device()
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     model = SequenceModel(
-        config.num_items,
-        config.num_categories,
-        config.embedding_dim,
-        config.ffn_dim,
-        config.num_heads,
+        config.num_items, config.num_categories, config.embedding_dim, config.ffn_dim, config.num_heads
     ).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     global_batch = world_size * config.batch_size
@@ -266,16 +262,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
                 grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
             if shuffling_next:  # the worker owns the group until finish() returns
                 current = shuffle.finish()
-            with timeline.span("all_reduce", step, device):
-                all_reduce_(grads)
-                total_loss = loss.detach().clone()
-                all_reduce_(total_loss)
-            with timeline.span("optimizer", step, device):
-                offset = 0
-                for p in model.parameters():
-                    p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
-                    offset += p.numel()
-                optimizer.step()
+            total_loss = _all_reduce_and_step(model, optimizer, grads, loss, timeline, step, device)
             step_end = time.perf_counter()
             timeline.add("step", step, step_start, step_end)
             step_seconds.append(step_end - step_start)
@@ -283,9 +270,46 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
             losses.append(float(total_loss))
     for span in timeline.spans:
         span["rank"] = rank
+    return _rank_result(rank, config, model, timeline, step_seconds, step_flops, losses)
+
+
+def _all_reduce_and_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    grads: torch.Tensor,
+    loss: torch.Tensor,
+    timeline: Timeline,
+    step: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """The flat gradients and the loss all-reduced, then the optimizer's
+    step on the summed gradients; returns the global loss."""
+    with timeline.span("all_reduce", step, device):
+        all_reduce_(grads)
+        total_loss = loss.detach().clone()
+        all_reduce_(total_loss)
+    with timeline.span("optimizer", step, device):
+        offset = 0
+        for p in model.parameters():
+            p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        optimizer.step()
+    return total_loss
+
+
+def _rank_result(
+    rank: int,
+    config: TrainConfig,
+    model: nn.Module,
+    timeline: Timeline,
+    step_seconds: list[float],
+    step_flops: list[float],
+    losses: list[float],
+) -> dict[str, Any]:
+    """What `train` returns for this rank."""
     return {
         "rank": rank,
-        "mode": mode,
+        "mode": config.mode,
         "native_kk": config.native_kk,
         "exchange": config.exchange,
         "spans": timeline.spans,

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import pathlib
 import time
 
 from embnb import planner
 from embnb.bench.timing import write_results
-from embnb.planner.ablation import LADDER, ablation_table
+from embnb.planner.ablation import LADDER, ablation_records, ablation_table
 from embnb.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.timing import machine_name
 
@@ -35,24 +34,12 @@ def ablate(num_tables: int, world_size: int, hbm_fraction: float, repeats: int, 
     table = ablation_table(
         enumerated, topology, 512, constraints=model.constraints, repeats=repeats, timeout_s=timeout_s
     )
-    rungs = {
-        rung: {
-            "perf_rating": None if math.isnan(row.perf_rating) else float(row.perf_rating),
-            "plans_considered": int(row.plans_considered),
-            "proposals": int(row.proposals),
-            "plan_s": float(row.plan_s),
-            "plan_s_min": float(row.plan_s_min),
-            "plan_s_max": float(row.plan_s_max),
-            "timed_out": bool(row.timed_out),
-        }
-        for rung, row in table.iterrows()
-    }
     return {
         "num_tables": num_tables,
         "world_size": world_size,
         "hbm_cap_gb": hbm_cap_gb,
         "enumerate_s": enumerated.seconds,
-        "rungs": rungs,
+        "rungs": ablation_records(table),
     }
 
 

@@ -208,7 +208,8 @@ def bench_exchanges(
     }
 
 
-def main(argv: list[str]) -> int:
+def _options(argv: list[str]) -> argparse.Namespace:
+    """The command line, checked."""
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench balancer", description=__doc__.splitlines()[0]
     )
@@ -259,6 +260,27 @@ def main(argv: list[str]) -> int:
     ):
         if any(v < 1 for v in values):
             parser.error(f"{name} must be >= 1, got {values if len(values) > 1 else values[0]}")
+    return opts
+
+
+def _run_exchanges(opts: argparse.Namespace) -> dict[str, Any]:
+    """Both exchanges on real ranks, printed as they finish."""
+    print(f"exchanges on {opts.exchange_world_size} ranks ({opts.device}) ...", flush=True)
+    exchanges = bench_exchanges(
+        opts.exchange_world_size, opts.bytes_world_size, opts.batch_size, opts.repeats, opts.device
+    )
+    for row in exchanges["measured"]:
+        print(
+            f"  W={row['world_size']} {row['exchange']:<9} {row['ms_median']:.2f} ms "
+            f"({row['ms_low']:.2f}-{row['ms_high']:.2f})",
+            flush=True,
+        )
+    print("  bytes received per rank (max):", exchanges["bytes_per_rank"], flush=True)
+    return exchanges
+
+
+def main(argv: list[str]) -> int:
+    opts = _options(argv)
     native = loader.available()
     if not native:
         print(f"native KK unavailable: {loader.failure()}", file=sys.stderr)
@@ -278,19 +300,7 @@ def main(argv: list[str]) -> int:
                 world_size, opts.steps, opts.batch_size, opts.max_length, opts.repeats, opts.device
             )
         )
-    exchanges = None
-    if opts.exchange_world_size:
-        print(f"exchanges on {opts.exchange_world_size} ranks ({opts.device}) ...", flush=True)
-        exchanges = bench_exchanges(
-            opts.exchange_world_size, opts.bytes_world_size, opts.batch_size, opts.repeats, opts.device
-        )
-        for row in exchanges["measured"]:
-            print(
-                f"  W={row['world_size']} {row['exchange']:<9} {row['ms_median']:.2f} ms "
-                f"({row['ms_low']:.2f}-{row['ms_high']:.2f})",
-                flush=True,
-            )
-        print("  bytes received per rank (max):", exchanges["bytes_per_rank"], flush=True)
+    exchanges = _run_exchanges(opts) if opts.exchange_world_size else None
     payload = {
         "machine": machine_name(),
         "native_kk": native,

@@ -233,7 +233,8 @@ def _rating(value: float | None) -> str:
     return "no plan" if value is None else f"{value:9.3f} ms"
 
 
-def main(argv: list[str]) -> int:
+def _options(argv: list[str]) -> argparse.Namespace:
+    """The command line, checked."""
     parser = argparse.ArgumentParser(prog="python -m embnb.bench planner", description=__doc__.split("\n")[0])
     parser.add_argument("--tables", type=int, nargs="*", default=[50, 200, 800])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
@@ -279,6 +280,11 @@ def main(argv: list[str]) -> int:
         parser.error(f"--quality-instances must be >= 0, got {opts.quality_instances}")
     if not 0 < opts.hbm_fraction:
         parser.error(f"--hbm-fraction must be > 0, got {opts.hbm_fraction}")
+    return opts
+
+
+def main(argv: list[str]) -> int:
+    opts = _options(argv)
     logging.getLogger("torchrec").setLevel(logging.ERROR)  # the planner logs every proposal
     logging.getLogger().setLevel(logging.ERROR)  # and warns for each data-parallel table
     start, rows = time.perf_counter(), []

@@ -13,6 +13,7 @@ proposer). Ratings do not depend on the repeat; times are median and range.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -24,7 +25,7 @@ from embnb.planner.models import Enumerated
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.study import run_planner
 
-__all__ = ["LADDER", "ablation_table"]
+__all__ = ["LADDER", "ablation_table", "ablation_records"]
 
 _NOTHING = dict(bisect=False, slack=False, prune=False, max_caps=0, max_refinements=0, replay=False)
 _ADDED = [  # rung name, the proposer argument it turns back to its default
@@ -90,3 +91,19 @@ def ablation_table(
             }
         )
     return pd.DataFrame(rows).set_index("rung")
+
+
+def ablation_records(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """`ablation_table`'s rows as plain numbers, by rung (a rating of None: no plan)."""
+    return {
+        rung: {
+            "perf_rating": None if math.isnan(row.perf_rating) else float(row.perf_rating),
+            "plans_considered": int(row.plans_considered),
+            "proposals": int(row.proposals),
+            "plan_s": float(row.plan_s),
+            "plan_s_min": float(row.plan_s_min),
+            "plan_s_max": float(row.plan_s_max),
+            "timed_out": bool(row.timed_out),
+        }
+        for rung, row in table.iterrows()
+    }

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from embnb.planner.ablation import ablation_records
 from embnb.planner.explain import PlanExtremes
 from embnb.planner.models import Enumerated
 from embnb.planner.study import quality_summary
@@ -55,33 +56,8 @@ def notebook_results(
     against brute force,
     the worked example (`tiny`), the chosen plan's perf per rank, the CPU
     topology's ratings and notes, and a one-line summary."""
-    proposers = {
-        name: {
-            "perf_rating": _rating(comparison, name),
-            "plan_s": float(row.plan_s),
-            "plan_s_min": float(row.plan_s_min),
-            "plan_s_max": float(row.plan_s_max),
-            "end_to_end_s": float(row.end_to_end_s),
-            "proposer_s": float(row.proposer_s),
-            "partitioner_s": float(row.partitioner_s),
-            "plans_considered": int(row.plans_considered),
-            "proposals": int(row.proposals),
-            "feasible": bool(row.feasible),
-            "timed_out": bool(row.timed_out),
-            "note": row.note,
-        }
-        for name, row in comparison.iterrows()
-    }
+    proposers = _proposer_records(comparison)
     worst = quality_summary(study)
-    quality = {
-        name: {
-            "worst_ratio": _finite(row["max"]),
-            "median_ratio": _finite(row["median"]),
-            "within_2_percent": float(row["within 2%"]),
-            "no_plan": int((~np.isfinite(study.ratio[study.proposer == name])).sum()),
-        }
-        for name, row in worst.iterrows()
-    }
     ours, theirs = _rating(comparison, "embnb DP"), _rating(comparison, "torchrec DP")
     mine, peer = proposers["embnb DP"], proposers["torchrec DP"]
     gap = pitfall.least_placed_sum_over_best
@@ -106,22 +82,12 @@ def notebook_results(
         "budget_sweep": json.loads(
             sweep[["proposer", "hbm_cap_gb", "perf_rating", "plan_s"]].to_json(orient="records")
         ),
-        "ablation": {
-            rung: {
-                "perf_rating": _finite(row.perf_rating),
-                "plans_considered": int(row.plans_considered),
-                "proposals": int(row.proposals),
-                "plan_s": float(row.plan_s),
-                "plan_s_min": float(row.plan_s_min),
-                "plan_s_max": float(row.plan_s_max),
-            }
-            for rung, row in ablation.iterrows()
-        },
+        "ablation": ablation_records(ablation),
         "pitfall_instances": len(pitfall),
         "pitfall_worse_share": float((gap > 1 + 1e-9).mean()),
         "pitfall_median_ratio": float(gap.median()),
         "pitfall_max_ratio": float(gap.max()),
-        "quality": quality,
+        "quality": _quality_records(study, worst),
         "quality_instances": int(study.instance.nunique()),
         "tiny_dp_matches_by_hand": dp_matches_by_hand,
         "tiny_least_sum_placeable": bool(pd.notna(tiny.least_sum.perf_rating)),
@@ -131,4 +97,38 @@ def notebook_results(
         "cpu_topology": {name: _rating(cpu, name) for name in cpu.index},
         "cpu_notes": {name: note for name, note in cpu.note.items()},
         "notebook_s": notebook_s,
+    }
+
+
+def _proposer_records(comparison: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Each proposer's row of `compare_proposers`, as plain numbers."""
+    return {
+        name: {
+            "perf_rating": _rating(comparison, name),
+            "plan_s": float(row.plan_s),
+            "plan_s_min": float(row.plan_s_min),
+            "plan_s_max": float(row.plan_s_max),
+            "end_to_end_s": float(row.end_to_end_s),
+            "proposer_s": float(row.proposer_s),
+            "partitioner_s": float(row.partitioner_s),
+            "plans_considered": int(row.plans_considered),
+            "proposals": int(row.proposals),
+            "feasible": bool(row.feasible),
+            "timed_out": bool(row.timed_out),
+            "note": row.note,
+        }
+        for name, row in comparison.iterrows()
+    }
+
+
+def _quality_records(study: pd.DataFrame, worst: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Each proposer's ratio to brute force over the quality study's instances."""
+    return {
+        name: {
+            "worst_ratio": _finite(row["max"]),
+            "median_ratio": _finite(row["median"]),
+            "within_2_percent": float(row["within 2%"]),
+            "no_plan": int((~np.isfinite(study.ratio[study.proposer == name])).sum()),
+        }
+        for name, row in worst.iterrows()
     }

@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -300,39 +301,50 @@ def compare_proposers(
                 timeout_s=timeout_s,
             )
             runs.append(run)
-        run, seconds = runs[0], [r.seconds for r in runs]
-        made = made if isinstance(made, list) else [made]
-        considered = sum(
-            p.num_knapsack_proposals + p.num_refinements for p in made if hasattr(p, "num_refinements")
-        )
-        loads = rank_loads(run.plan, topology.world_size) if run.plan else None
-        note = run.note
-        if name == "GridSearch" and combinations > MAX_PROPOSALS:  # torchrec skips it then
-            note = f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}"
-        rows.append(
-            {
-                "proposer": name,
-                "perf_rating": run.perf_rating,
-                "max_hbm_gb": loads["hbm_gb"].max() if loads is not None else math.nan,
-                "max_ddr_gb": loads["ddr_gb"].max() if loads is not None else math.nan,
-                "feasible": run.plan is not None,
-                "plans_considered": considered or run.proposals,
-                "proposals": run.proposals,
-                "plan_s": statistics.median(seconds),
-                "plan_s_min": min(seconds),
-                "plan_s_max": max(seconds),
-                "end_to_end_s": enumerated.seconds + statistics.median(seconds),
-                "proposer_s": run.proposer_s,
-                "partitioner_s": run.partitioner_s,
-                "timed_out": any(r.timed_out for r in runs),
-                "note": note,
-            }
-        )
+        rows.append(_comparison_row(name, runs, made, enumerated, topology.world_size, combinations))
     table = pd.DataFrame(rows).set_index("proposer")
     table.attrs.update(
         enumerate_s=enumerated.seconds, num_options=len(enumerated.options), combinations=combinations
     )
     return table
+
+
+def _comparison_row(
+    name: str,
+    runs: list[PlanRun],
+    made: Proposer | list[Proposer],
+    enumerated: Enumerated,
+    world_size: int,
+    combinations: int,
+) -> dict[str, Any]:
+    """One proposer's row of `compare_proposers` from its repeated runs (the
+    plan of the first; `made`: the proposers of the last, for their counts)."""
+    run, seconds = runs[0], [r.seconds for r in runs]
+    made = made if isinstance(made, list) else [made]
+    considered = sum(
+        p.num_knapsack_proposals + p.num_refinements for p in made if hasattr(p, "num_refinements")
+    )
+    loads = rank_loads(run.plan, world_size) if run.plan else None
+    note = run.note
+    if name == "GridSearch" and combinations > MAX_PROPOSALS:  # torchrec skips it then
+        note = f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}"
+    return {
+        "proposer": name,
+        "perf_rating": run.perf_rating,
+        "max_hbm_gb": loads["hbm_gb"].max() if loads is not None else math.nan,
+        "max_ddr_gb": loads["ddr_gb"].max() if loads is not None else math.nan,
+        "feasible": run.plan is not None,
+        "plans_considered": considered or run.proposals,
+        "proposals": run.proposals,
+        "plan_s": statistics.median(seconds),
+        "plan_s_min": min(seconds),
+        "plan_s_max": max(seconds),
+        "end_to_end_s": enumerated.seconds + statistics.median(seconds),
+        "proposer_s": run.proposer_s,
+        "partitioner_s": run.partitioner_s,
+        "timed_out": any(r.timed_out for r in runs),
+        "note": note,
+    }
 
 
 def timing_breakdown(comparison: pd.DataFrame) -> pd.DataFrame:

@@ -141,6 +141,28 @@ def measure_case(
         theirs = calls["fbgemm"]()
         identical &= _same(ours[:3], (theirs[0], theirs[1], theirs[4]))
 
+    times, used_threads = _timed_rounds(calls, device, threads, repeats, warmup, reference_repeats)
+    num = indices.numel()
+    moved = bytes_moved(lengths, indices, world_size)
+    row: dict[str, Any] = dict(
+        num_keys=num,
+        world_size=world_size,
+        dist_type=mode.value,
+        threads=used_threads,
+        num_segments=lengths.numel(),
+        bytes_moved=moved,
+        identical=bool(identical),
+    )
+    row.update(_speeds(times, num, moved))
+    return row
+
+
+def _timed_rounds(
+    calls: dict[str, Callable], device: str, threads: int, repeats: int, warmup: int, reference_repeats: int
+) -> tuple[dict[str, list[float]], int]:
+    """Each call's seconds over interleaved rounds (the reference in the first
+    `reference_repeats` only), warmed up, at `threads` (0: all cores), and
+    the thread count used."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads or os.cpu_count() or 1)
     try:
@@ -156,18 +178,12 @@ def measure_case(
                 times[name].append(median_seconds(fn, 1, 0, device))
     finally:
         torch.set_num_threads(before)
+    return times, used_threads
 
-    num = indices.numel()
-    moved = bytes_moved(lengths, indices, world_size)
-    row: dict[str, Any] = dict(
-        num_keys=num,
-        world_size=world_size,
-        dist_type=mode.value,
-        threads=used_threads,
-        num_segments=lengths.numel(),
-        bytes_moved=moved,
-        identical=bool(identical),
-    )
+
+def _speeds(times: dict[str, list[float]], num_keys: int, moved: int) -> dict[str, Any]:
+    """Seconds (median and best), keys/s and GB/s per implementation, and embnb's ratios to the peers."""
+    row: dict[str, Any] = {}
     for name in ("embnb", "fbgemm", "reference"):
         if name not in times:
             row.update(
@@ -179,7 +195,7 @@ def measure_case(
             {
                 f"{name}_s": seconds,
                 f"{name}_min_s": min(times[name]),
-                f"{name}_mkeys_s": num / seconds / 1e6,
+                f"{name}_mkeys_s": num_keys / seconds / 1e6,
                 f"{name}_gbps": moved / seconds / 1e9,
             }
         )

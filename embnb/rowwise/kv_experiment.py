@@ -266,37 +266,10 @@ def results(
     seconds: dict[str, float],
 ) -> dict[str, Any]:
     """Notebook 01's results JSON: its key numbers, for `make run` and the tests."""
-    strided = gcd_rule.get("strided", {})
-    medians = zipf_seeds.groupby(["traffic", "dist_type"])["max_over_mean"].median()
-    noise = hash_noise.groupby("keys_per_rank")["max_over_mean"].median()
     kv_ratios = kv_run.max_over_mean()
-    same_w = next((r for r in loaders if r["world_size"] == kv_run.world_size), None)
-    parts = []
-    if strided:
-        measured = ", ".join(f"W={w} {v['measured']:.2f}" for w, v in strided.items())
-        parts.append(f"strided (stride {stride}) under roundrobin: {measured}, = gcd({stride}, W)")
-    if not noise.empty:
-        n = noise.index[len(noise) // 2]
-        band = hash_bands[n]
-        low, high = min(band), max(band)
-        parts.append(
-            f"hash at {n:,} keys/rank: {noise[n]:.3f} (random owner {band[low]:.3f}-{band[high]:.3f})"
-        )
-    if not medians.empty:
-        raw = medians["all lookups"]
-        parts.append(
-            "zipf medians over seeds: "
-            + ", ".join(f"{d} {v:.2f}" for d, v in raw.items())
-            + f" (floor {zipf_floor:.2f}), hash below roundrobin on {zipf_sign['first_below']} of "
-            f"{zipf_sign['seeds']} seeds (p = {zipf_sign['p_value']:.2f}): hashing does not fix hot keys"
-        )
-    parts.append(f"KV {kv_run.world_size} ranks: " + ", ".join(f"{d} {v:.2f}" for d, v in kv_ratios.items()))
-    if same_w is not None:
-        parts.append(
-            f"checkpoint reloaded at W={same_w['world_size']}: a key % W filter leaves "
-            f"{same_w['modulo_filter_rows_off_owner'] / max(same_w['rows_saved'], 1):.0%} of rows off their "
-            f"owner, embnb {same_w['embnb_rows_off_owner']}"
-        )
+    summary = _summary(
+        stride, gcd_rule, hash_noise, hash_bands, zipf_seeds, zipf_floor, zipf_sign, kv_run, loaders
+    )
     return {
         "world_size": world_size,
         "num_keys": num_keys,
@@ -328,5 +301,51 @@ def results(
         "mismatch": {"asked_dist_type": wrong_dist_type, "raised": mismatch is not None, "message": mismatch},
         "kernel": kernel,
         "seconds": seconds,
-        "summary": "; ".join(parts),
+        "summary": summary,
     }
+
+
+def _summary(
+    stride: int,
+    gcd_rule: dict[str, dict[int, dict[str, float]]],
+    hash_noise: pd.DataFrame,
+    hash_bands: dict[int, dict[float, float]],
+    zipf_seeds: pd.DataFrame,
+    zipf_floor: float,
+    zipf_sign: dict[str, Any],
+    kv_run: KVLookupRun,
+    loaders: list[dict[str, Any]],
+) -> str:
+    """Notebook 01's one-line summary (what `make run` prints)."""
+    strided = gcd_rule.get("strided", {})
+    medians = zipf_seeds.groupby(["traffic", "dist_type"])["max_over_mean"].median()
+    noise = hash_noise.groupby("keys_per_rank")["max_over_mean"].median()
+    kv_ratios = kv_run.max_over_mean()
+    same_w = next((r for r in loaders if r["world_size"] == kv_run.world_size), None)
+    parts = []
+    if strided:
+        measured = ", ".join(f"W={w} {v['measured']:.2f}" for w, v in strided.items())
+        parts.append(f"strided (stride {stride}) under roundrobin: {measured}, = gcd({stride}, W)")
+    if not noise.empty:
+        n = noise.index[len(noise) // 2]
+        band = hash_bands[n]
+        low, high = min(band), max(band)
+        parts.append(
+            f"hash at {n:,} keys/rank: {noise[n]:.3f} (random owner {band[low]:.3f}-{band[high]:.3f})"
+        )
+    if not medians.empty:
+        raw = medians["all lookups"]
+        parts.append(
+            "zipf medians over seeds: "
+            + ", ".join(f"{d} {v:.2f}" for d, v in raw.items())
+            + f" (floor {zipf_floor:.2f}), hash below roundrobin on {zipf_sign['first_below']} of "
+            f"{zipf_sign['seeds']} seeds (p = {zipf_sign['p_value']:.2f}): hashing does not fix hot keys"
+        )
+    parts.append(f"KV {kv_run.world_size} ranks: " + ", ".join(f"{d} {v:.2f}" for d, v in kv_ratios.items()))
+    if same_w is not None:
+        parts.append(
+            f"checkpoint reloaded at W={same_w['world_size']}: a key % W filter leaves "
+            f"{same_w['modulo_filter_rows_off_owner'] / max(same_w['rows_saved'], 1):.0%} of rows off their "
+            f"owner, embnb {same_w['embnb_rows_off_owner']}"
+        )
+    return "; ".join(parts)
