@@ -9,7 +9,7 @@ The library (what this package exports; none of it imports pandas or matplotlib)
 - `factory`: `create_planner`, torchrec's planner with the DP proposer first.
 - `topology`: `make_topology`, `topology_for_device`.
 - `enumerator`: `DistinctShardEnumerator`, torchrec's enumerator with each
-  distinct shard's perf estimated once (opt-in: `enumerator="embnb"`).
+  distinct shard's perf estimated once (create_planner's default).
 
 Notebook 03 and the bench (import them from their modules):
 

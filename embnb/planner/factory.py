@@ -32,7 +32,7 @@ def create_planner(
     bins_per_device: int = 100,
     constraints: dict[str, ParameterConstraints] | None = None,
     timeout_seconds: int | None = None,
-    enumerator: str = "torchrec",
+    enumerator: str = "embnb",
 ) -> EmbeddingShardingPlanner:
     """torchrec's EmbeddingShardingPlanner with this DP proposer first and
     torchrec's UniformProposer as a fallback.
@@ -41,8 +41,10 @@ def create_planner(
     topology is read from the machine for `world_size` ranks (default: the
     process group's, else 1). `storage_reservation_percentage` of each
     device is kept for everything but the embedding tables. `enumerator`:
-    "torchrec" (its EmbeddingEnumerator) or "embnb" (`DistinctShardEnumerator`:
-    the same options, each distinct shard's perf estimated once).
+    "embnb" (`DistinctShardEnumerator`: torchrec's options, equal to its
+    EmbeddingEnumerator's field by field on both supported torchrec versions,
+    each distinct shard's perf estimated once) or "torchrec" (its
+    EmbeddingEnumerator).
     """
     check_int("batch_size", batch_size, low=1)
     check_number(

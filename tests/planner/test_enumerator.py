@@ -268,6 +268,8 @@ def test_enumerate_options_and_create_planner_take_either_enumerator():
         assert isinstance(chosen._enumerator, DistinctShardEnumerator) == (name == "embnb")
         plans[name] = chosen.plan(module, [EmbeddingBagCollectionSharder()])
     assert plans["embnb"] == plans["torchrec"]
+    default = planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints)
+    assert isinstance(default._enumerator, DistinctShardEnumerator)  # tested equal on both stacks
 
 
 @pytest.mark.parametrize("bad", ["fast", "EMBNB", None, 1])
