@@ -74,16 +74,17 @@ def rank_devices(rank, world_size):
 
 
 def collective_helpers(rank, world_size):
-    """embnb.dist's staged collectives (all_reduce_, all_gather_flat,
+    """embnb.collectives' staged collectives (all_reduce_, all_gather_flat,
     exchange) on tensors on this rank's device, and where their results are."""
+    from embnb import collectives
     from embnb import dist as edist
 
     device = edist.rank_device()
-    total = edist.all_reduce_(torch.tensor([float(rank + 1)], device=device))
-    gathered = edist.all_gather_flat(torch.tensor([[rank, 10 * rank]], device=device))
+    total = collectives.all_reduce_(torch.tensor([float(rank + 1)], device=device))
+    gathered = collectives.all_gather_flat(torch.tensor([[rank, 10 * rank]], device=device))
     # rank r sends d + 1 rows of [r, d] to rank d
     send = torch.cat([torch.tensor([[rank, d]] * (d + 1), device=device) for d in range(world_size)])
-    received = edist.exchange(send, [d + 1 for d in range(world_size)], [rank + 1] * world_size)
+    received = collectives.exchange(send, [d + 1 for d in range(world_size)], [rank + 1] * world_size)
     return {
         "total": total.tolist(),
         "gathered": gathered.tolist(),

@@ -35,8 +35,9 @@ from embnb.balancing.kjt_gather import (
     select_samples,
 )
 from embnb.balancing.partition import balance
+from embnb.collectives import all_gather_flat, collective_seconds, exchange
 from embnb.data import zipf_lengths
-from embnb.dist import all_gather_flat, collective_seconds, exchange, rank_device
+from embnb.dist import rank_device
 
 __all__ = [
     "alltoall_kjt",

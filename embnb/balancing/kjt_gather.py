@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embnb.dist import all_gather_flat, collective_seconds, rank_device
+from embnb.collectives import all_gather_flat, collective_seconds
+from embnb.dist import rank_device
 
 __all__ = [
     "allgather_kjt",

@@ -45,7 +45,7 @@ from embnb.balancing.kjt_alltoall import alltoall_kjt
 from embnb.balancing.kjt_gather import allgather_kjt, select_samples
 from embnb.balancing.partition import METHODS, balance
 from embnb.balancing.timeline import Timeline
-from embnb.dist import all_gather_flat
+from embnb.collectives import all_gather_flat
 
 __all__ = ["EXCHANGES", "BalancedShuffle"]
 

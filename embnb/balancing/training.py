@@ -37,8 +37,9 @@ from embnb.balancing.partition import METHODS
 from embnb.balancing.shuffle import EXCHANGES, BalancedShuffle
 from embnb.balancing.timeline import SHUFFLE_PHASES, Timeline, hidden_fraction
 from embnb.balancing.workloads import attention_block_flops
+from embnb.collectives import all_reduce_
 from embnb.data import zipf_lengths
-from embnb.dist import all_reduce_, rank_device
+from embnb.dist import rank_device
 from embnb.metrics import max_over_mean
 from embnb.native import loader
 

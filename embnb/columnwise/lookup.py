@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
+from embnb.collectives import exchange
 from embnb.columnwise.placement import check_shard_ranks, check_widths, column_offsets, stitch_cw
-from embnb.dist import exchange
 
 __all__ = ["local_shards", "cw_sequence_lookup"]
 

@@ -5,7 +5,7 @@ forward, measured from the collective's input tensors.
         sharded(features).wait()
     sent.int_elements, sent.float_elements, sent.calls
 
-torchrec (its KJT and embedding all-to-alls) and embnb (`embnb.dist.exchange`)
+torchrec (its KJT and embedding all-to-alls) and embnb (`embnb.collectives.exchange`)
 both call `torch.distributed.all_to_all_single`, so one recorder sees both
 paths. Integer inputs are ids, lengths and split counts; floating inputs are
 embedding rows.

@@ -47,7 +47,8 @@ import torch
 import torch.distributed as dist
 
 from embnb._checks import check_int, check_int_tensor, check_number
-from embnb.dist import exchange, launch, rank_device
+from embnb.collectives import exchange
+from embnb.dist import launch, rank_device
 from embnb.rowwise import checkpoint
 from embnb.rowwise.routing import DistType, bucketize, hash_key
 

@@ -12,7 +12,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb.balancing import kjt_alltoall, kjt_gather
 from embnb.balancing.partition import balance
-from embnb.dist import all_gather_flat, launch
+from embnb.collectives import all_gather_flat
+from embnb.dist import launch
 
 STRIDE = 5
 
