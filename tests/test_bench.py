@@ -132,9 +132,13 @@ def test_planner_bench_ratios_and_quality(tmp_path, bench):
         assert 0 <= entry["proposer_s"] and 0 <= entry["partitioner_s"]
         assert entry["proposer_s"] + entry["partitioner_s"] <= entry["plan_s"]
         assert entry["proposals"] >= 1
+    # end to end: each side's own enumeration (embnb's for embnb DP, as create_planner runs it)
+    assert ours["end_to_end_s"] == pytest.approx(row["enumerate_embnb_s"] + ours["plan_s"])
     for name in ("torchrec DP", "torchrec default"):
         peer = row["proposers"][name]
         assert peer["time_vs_embnb"] == pytest.approx(peer["plan_s"] / ours["plan_s"])
+        assert peer["end_to_end_s"] == pytest.approx(row["enumerate_s"] + peer["plan_s"])
+        assert peer["end_to_end_vs_embnb"] == pytest.approx(peer["end_to_end_s"] / ours["end_to_end_s"])
         if peer["perf_rating"] is not None:
             assert peer["rating_vs_embnb"] == pytest.approx(peer["perf_rating"] / ours["perf_rating"])
     quality = {q["proposer"]: q for q in payload["quality_vs_brute_force"]}
@@ -147,7 +151,7 @@ def test_planner_bench_ratios_and_quality(tmp_path, bench):
     # the README's 1.000x: equal to brute force up to float rounding
     assert quality["embnb DP"]["worst_ratio"] == pytest.approx(1.0, rel=1e-9)
     assert quality["embnb DP"]["no_plan"] == 0
-    assert "embnb DP" in stdout and "of brute force" in stdout
+    assert "embnb DP" in stdout and "of brute force" in stdout and "end to end" in stdout
 
 
 def test_balancer_bench_ratios_are_against_the_peer_and_the_unbalanced_run_in_the_same_run(tmp_path, bench):
