@@ -116,13 +116,19 @@ def test_planner_bench_ratios_and_quality(tmp_path, bench):
         "3",
         "--repeats",
         "3",
+        "--enumerate-repeats",
+        "2",
         "--out",
         str(tmp_path),
     )
     payload = results(tmp_path, "planner")
     (row,) = payload["rows"]
     assert (row["num_tables"], row["world_size"]) == (6, 2)
-    assert row["enumerate_s"] > 0 and row["enumerate_embnb_s"] > 0 and row["enumerate_same_options"] is True
+    assert row["enumerate_same_options"] is True
+    for key in ("enumerate_s", "enumerate_embnb_s"):  # medians of the runs beside them
+        runs = row[f"{key}_runs"]
+        assert len(runs) == 2 and min(runs) > 0 and row[key] == pytest.approx(sum(runs) / 2)
+    assert row["enumerate_speedup"] == pytest.approx(row["enumerate_s"] / row["enumerate_embnb_s"])
     ours = row["proposers"]["embnb DP"]
     assert ours["perf_rating"] > 0 and not ours["timed_out"]
     # three runs, the same plan each time; the entry's times are the median run's
@@ -132,8 +138,11 @@ def test_planner_bench_ratios_and_quality(tmp_path, bench):
         assert 0 <= entry["proposer_s"] and 0 <= entry["partitioner_s"]
         assert entry["proposer_s"] + entry["partitioner_s"] <= entry["plan_s"]
         assert entry["proposals"] >= 1
-    # end to end: each side's own enumeration (embnb's for embnb DP, as create_planner runs it)
-    assert ours["end_to_end_s"] == pytest.approx(row["enumerate_embnb_s"] + ours["plan_s"])
+    # end to end: create_planner(...).plan as a user calls it, three times, rated as the DP planned
+    assert (
+        len(ours["end_to_end_s_runs"]) == 3 and ours["end_to_end_s"] == sorted(ours["end_to_end_s_runs"])[1]
+    )
+    assert ours["end_to_end_rating"] == ours["perf_rating"] and ours["end_to_end_same_rating_every_run"]
     for name in ("torchrec DP", "torchrec default"):
         peer = row["proposers"][name]
         assert peer["time_vs_embnb"] == pytest.approx(peer["plan_s"] / ours["plan_s"])
@@ -236,6 +245,7 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
         (["planner", "--quality-instances", "-1"], "--quality-instances must be >= 0, got -1"),
         (["balancer", "--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["planner", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["planner", "--enumerate-repeats", "0"], "--enumerate-repeats must be >= 1, got 0"),
         (["ablation", "--world-sizes", "0"], "--world-sizes must all be >= 1, got [0]"),
         (["ablation", "--timeout-s", "0"], "--hbm-fraction and --timeout-s must be > 0, got 0.5, 0.0"),
         (["nosuch"], "got 'nosuch'"),

@@ -5,10 +5,11 @@ on GPU topologies of 8 and 64 devices whose HBM holds a fraction of the
 tables' fp32 rows, with torchrec's EmbeddingShardingPlanner and, in turn,
 this DP proposer, torchrec's DynamicProgrammingProposer and torchrec's
 default proposers (GridSearch, Greedy x2, Uniform). Options are enumerated
-once per model and topology by torchrec's EmbeddingEnumerator and once by
-embnb's DistinctShardEnumerator (each timed apart; their options checked
-equal, option by option), and each proposer plans over torchrec's. Every proposer runs under the same
-time limit, checked by torchrec's planner between proposals.
+`--enumerate-repeats` times per model and topology by torchrec's
+EmbeddingEnumerator and by embnb's DistinctShardEnumerator (medians and
+ranges; their first options checked equal, option by option), and each
+proposer plans over torchrec's. Every proposer runs under the same time
+limit, checked by torchrec's planner between proposals.
 
 Reported per peer, as ratios against this DP in the same run: its perf
 rating (slowest rank; > 1: this DP's plan is faster) and its planning time
@@ -16,13 +17,20 @@ rating (slowest rank; > 1: this DP's plan is faster) and its planning time
 takes seconds where the peers take minutes): its times are the median run's,
 with every run's time (`plan_s_runs`) for the spread.
 
+End to end, from the model to the plan: for embnb, `create_planner(topology,
+batch_size, constraints).plan(module, sharders)` as a user calls it (embnb's
+enumerator and DP), timed `--repeats` times from a fresh module
+(`end_to_end_s`, `end_to_end_s_runs`, and the plan's rating); for torchrec's
+proposers, torchrec's enumeration (median) plus their planning time, as
+measured apart.
+
 Plan quality: on random small instances (`embnb.planner.quality_study`:
 3-4 tables, 2-4 devices, HBM that binds) each proposer's rating over the
 brute-force optimum; reported per proposer as the worst ratio, the share
 within 2% and the instances where it found no plan.
 
     python -m embnb.bench planner [--tables 50 200 800] [--world-sizes 8 64]
-        [--hbm-fraction 0.5] [--timeout-s 120] [--repeats 5]
+        [--hbm-fraction 0.5] [--timeout-s 120] [--repeats 5] [--enumerate-repeats 3]
         [--quality-instances 50] [--quality-tables 3 4] [--out DIR]
 
 `--tables` with no value skips the scale part; `--quality-instances 0`
@@ -33,16 +41,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import logging
 import math
 import pathlib
+import statistics
 import time
 
 import numpy as np
+import torch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
 from embnb.bench.timing import write_results
-from embnb.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.planner.factory import create_planner
+from embnb.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
 from embnb.planner.study import compare_proposers, default_proposers, quality_study, run_planner
 from embnb.timing import machine_name
 
@@ -58,14 +72,15 @@ def bench_one(
     seed: int,
     batch_size: int,
     repeats: int = 1,
+    enumerate_repeats: int = 1,
 ) -> dict:
     model = make_model(num_tables, seed)
     hbm_cap_gb = fused_table_gb(model.tables) / world_size * hbm_fraction
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
-    enumerated = enumerate_options(model.tables, topology, batch_size, model.constraints)
-    ours_enumerated = enumerate_options(
-        model.tables, topology, batch_size, model.constraints, enumerator="embnb"
-    )
+    enumerated, enumerate_runs = _enumerate(model, topology, batch_size, "torchrec", enumerate_repeats)
+    ours_enumerated, ours_enumerate_runs = _enumerate(model, topology, batch_size, "embnb", enumerate_repeats)
+    same_options = _same_options(enumerated.options, ours_enumerated.options)
+    del ours_enumerated  # the proposers plan over torchrec's options
     proposers = {k: v for k, v in default_proposers().items() if k in (OURS, *PEERS)}
     table = compare_proposers(
         model.tables,
@@ -82,11 +97,14 @@ def bench_one(
         "world_size": world_size,
         "hbm_cap_gb": hbm_cap_gb,
         "num_options": len(enumerated.options),
-        "enumerate_s": enumerated.seconds,  # torchrec's EmbeddingEnumerator
-        "enumerate_embnb_s": ours_enumerated.seconds,  # embnb's DistinctShardEnumerator
-        "enumerate_same_options": _same_options(enumerated.options, ours_enumerated.options),
+        "enumerate_s": statistics.median(enumerate_runs),  # torchrec's EmbeddingEnumerator
+        "enumerate_s_runs": enumerate_runs,
+        "enumerate_embnb_s": statistics.median(ours_enumerate_runs),  # embnb's DistinctShardEnumerator
+        "enumerate_embnb_s_runs": ours_enumerate_runs,
+        "enumerate_same_options": same_options,
         "proposers": {},
     }
+    row["enumerate_speedup"] = row["enumerate_s"] / row["enumerate_embnb_s"]
     for name, result in table.iterrows():
         entry = {
             "perf_rating": None if math.isnan(result.perf_rating) else float(result.perf_rating),
@@ -101,18 +119,57 @@ def bench_one(
     plan_s = _repeat_ours(
         row["proposers"][OURS], repeats, proposers[OURS], enumerated, topology, batch_size, model
     )
-    # What a user waits for from model to plan: embnb's DP with embnb's enumerator (create_planner's
-    # default), torchrec's proposers with torchrec's (the enumerations run once each).
-    row["proposers"][OURS]["end_to_end_s"] = ours_enumerated.seconds + plan_s
+    del enumerated
+    # What a user waits for from model to plan, measured as a user calls it: create_planner(...).plan.
+    row["proposers"][OURS].update(_end_to_end(model, topology, batch_size, repeats))
     for name in PEERS:
         result, entry = table.loc[name], row["proposers"][name]
         entry["rating_vs_embnb"] = (
             float(result.perf_rating / ours.perf_rating) if result.feasible and ours.feasible else None
         )
         entry["time_vs_embnb"] = float(result.plan_s / plan_s)
-        entry["end_to_end_s"] = enumerated.seconds + float(result.plan_s)
+        # torchrec's planner with torchrec's enumerator: its enumeration's median plus its planning.
+        entry["end_to_end_s"] = row["enumerate_s"] + float(result.plan_s)
         entry["end_to_end_vs_embnb"] = entry["end_to_end_s"] / row["proposers"][OURS]["end_to_end_s"]
     return row
+
+
+def _enumerate(
+    model, topology, batch_size: int, enumerator: str, repeats: int
+) -> tuple[Enumerated, list[float]]:
+    """The first of `repeats` enumerations, and each one's seconds."""
+    first = enumerate_options(model.tables, topology, batch_size, model.constraints, enumerator=enumerator)
+    seconds = [first.seconds]
+    for _ in range(repeats - 1):
+        gc.collect()  # each run starts from a heap without the last run's garbage
+        seconds.append(
+            enumerate_options(
+                model.tables, topology, batch_size, model.constraints, enumerator=enumerator
+            ).seconds
+        )
+    return first, seconds
+
+
+def _end_to_end(model, topology, batch_size: int, repeats: int) -> dict:
+    """`create_planner(topology, batch_size, constraints).plan(module, sharders)`
+    from a fresh module, `repeats` times: the median and every run's seconds,
+    and the plan's rating (the DP's best; the same every run)."""
+    seconds, ratings = [], []
+    for _ in range(repeats):
+        module = EmbeddingBagCollection(tables=model.tables, device=torch.device("meta"))
+        chosen = create_planner(topology, batch_size, constraints=model.constraints)
+        gc.collect()
+        start = time.perf_counter()
+        chosen.plan(module, [EmbeddingBagCollectionSharder()])
+        seconds.append(time.perf_counter() - start)
+        ratings.append(chosen._proposers[0].best_rating)
+        del module, chosen
+    return {
+        "end_to_end_s": statistics.median(seconds),
+        "end_to_end_s_runs": seconds,
+        "end_to_end_rating": ratings[0],
+        "end_to_end_same_rating_every_run": len(set(ratings)) == 1,
+    }
 
 
 def _repeat_ours(entry: dict, repeats: int, make_proposer, enumerated, topology, batch_size, model) -> float:
@@ -207,15 +264,15 @@ def _quality_line(row: dict) -> str:
 
 def _line(row: dict) -> str:
     ours = row["proposers"][OURS]
-    runs = ours["plan_s_runs"]
     parts = [
         f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
-        f"{row['enumerate_s']:6.1f} s (embnb's {row['enumerate_embnb_s']:5.1f} s, "
+        f"{_spread(row['enumerate_s_runs'], 1)} (embnb's {_spread(row['enumerate_embnb_s_runs'], 2)}, "
+        f"{row['enumerate_speedup']:.1f}x, "
         f"{'same options' if row['enumerate_same_options'] else 'OPTIONS DIFFER'}) "
-        f"| {OURS} {_rating(ours['perf_rating'])} in {ours['plan_s']:6.2f} s"
-        f" ({min(runs):.2f}-{max(runs):.2f} s over {len(runs)} runs"
-        f"{'' if ours['same_rating_every_run'] else ', RATINGS DIFFER'})"
-        f" ({_breakdown(ours)}), {ours['end_to_end_s']:.1f} s end to end"
+        f"| {OURS} {_rating(ours['perf_rating'])} in {_spread(ours['plan_s_runs'], 2)}"
+        f"{'' if ours['same_rating_every_run'] else ', RATINGS DIFFER'}"
+        f" ({_breakdown(ours)}), end to end {_spread(ours['end_to_end_s_runs'], 2)}"
+        f"{'' if ours['end_to_end_rating'] == ours['perf_rating'] else ' RATED OTHERWISE'}"
     ]
     for name in PEERS:
         peer = row["proposers"][name]
@@ -226,6 +283,12 @@ def _line(row: dict) -> str:
             f"{' TIMED OUT' if peer['timed_out'] else ''}"
         )
     return " | ".join(parts)
+
+
+def _spread(runs: list[float], digits: int) -> str:
+    """The median of `runs` and their range, in seconds."""
+    median = statistics.median(runs)
+    return f"{median:.{digits}f} s ({min(runs):.{digits}f}-{max(runs):.{digits}f}, {len(runs)} runs)"
 
 
 def _breakdown(entry: dict) -> str:
@@ -253,6 +316,12 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=120, help="planning time limit per proposer")
     parser.add_argument(
         "--repeats", type=int, default=5, help="plans with embnb DP per row (median and range reported)"
+    )
+    parser.add_argument(
+        "--enumerate-repeats",
+        type=int,
+        default=3,
+        help="enumerations per enumerator and row (median and range reported)",
     )
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
@@ -282,6 +351,8 @@ def _options(argv: list[str]) -> argparse.Namespace:
             parser.error(f"{name} must all be >= 1, got {values}")
     if opts.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {opts.repeats}")
+    if opts.enumerate_repeats < 1:
+        parser.error(f"--enumerate-repeats must be >= 1, got {opts.enumerate_repeats}")
     if opts.quality_instances < 0:
         parser.error(f"--quality-instances must be >= 0, got {opts.quality_instances}")
     if not 0 < opts.hbm_fraction:
@@ -305,6 +376,7 @@ def main(argv: list[str]) -> int:
                     opts.seed,
                     opts.batch_size,
                     opts.repeats,
+                    opts.enumerate_repeats,
                 )
             )
             print(_line(rows[-1]), flush=True)

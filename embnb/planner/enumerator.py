@@ -1,58 +1,76 @@
-"""torchrec's EmbeddingEnumerator with each distinct shard's perf estimated once.
+"""torchrec's EmbeddingEnumerator, enumerating the same options many times faster.
 
     enumerator = DistinctShardEnumerator(topology, batch_size=512, constraints=model.constraints)
     options = enumerator.enumerate(module, sharders)   # the same options as EmbeddingEnumerator's
 
-Where torchrec's enumerator spends its time (cProfile, 200 tables x 64 devices, 3,200
-options with 91,592 shards, 60 s under the profiler): 83% in its default perf estimator,
-which runs `compute_perf` once per shard, and most of that is looking the estimator
-config's annotated methods up by reflection (`dir()` 1.3 million times) on every call;
-15% is the deep copy of the options it keeps for its cache. Yet the shards of an option
-mostly look alike: a row-wise option over 64 devices has at most two distinct shard
-sizes, a data-parallel one a single one.
+Where torchrec's enumerator spends its time (cProfile, 800 tables x 64 devices,
+12,800 options with about 370,000 shards): half in the deep copy of every option
+it keeps as its cache (`last_stored_search_space`), and most of the rest in its
+default estimators, which run once per shard, mostly in the perf estimator's
+reflection (it scans `dir(config)` for annotated formulas several times per shard).
 
-This enumerator is torchrec's (same options, same order: torchrec's own code builds
-them); only the perf estimate differs in how often it runs. torchrec's estimator builds
-a context per shard (`ShardPerfContext`, a plain dataclass of everything the
-estimate reads) and computes the shard's perf from that context and the estimator's
-config alone. Here the contexts are built the same way, and shards whose contexts are
-equal, field by field, share one computation (each shard still gets its own Perf).
-Every other estimator (storage) runs as torchrec runs it.
+This enumerator walks the module as torchrec's does (same options in the same
+order, built by torchrec's own helpers and constructors) and differs in three ways:
+- torchrec's default estimators run once per distinct shard size of an option
+  (`embnb.planner.estimates`), with the reflection narrowed to the names that
+  can match;
+- its cache is a compact record of the options (`_Record`), made without
+  copying them; a repeated `enumerate` or `last_stored_search_space` rebuilds
+  fresh options from it, as torchrec hands out a deep copy;
+- nothing else: constraints, filters and shard sizes are torchrec's code.
+
+The enumeration loop is torchrec's, which changes between versions, so this is
+the default in `create_planner` only for the torchrec versions its equality
+tests run on (`TESTED_TORCHREC`).
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
+import enum
+import gc
+from contextlib import contextmanager
 from typing import Any
 
+import torchrec
+from torch import nn
+from torchrec.distributed.planner import enumerators as torchrec_enumerators
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-from torchrec.distributed.planner.estimator.estimator import (
-    EmbeddingPerfEstimator,
-    get_embedding_perf_sharding_evaluator,
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    Shard,
+    ShardEstimator,
+    ShardingOption,
+    Topology,
 )
-from torchrec.distributed.planner.estimator.types import ShardPerfContext
-from torchrec.distributed.planner.types import ParameterConstraints, ShardEstimator, ShardingOption, Topology
 from torchrec.distributed.planner.utils import sharder_name
+from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
+from torchrec.distributed.types import ModuleSharder
+from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
 
 from embnb._checks import check_choice
+from embnb.planner.estimates import Distinct, clone, covers, estimate_distinct
 
-__all__ = ["ENUMERATORS", "DistinctShardEnumerator", "make_enumerator"]
+__all__ = [
+    "ENUMERATORS",
+    "TESTED_TORCHREC",
+    "DistinctShardEnumerator",
+    "default_enumerator",
+    "make_enumerator",
+]
 
-# torchrec 1.7+ hands estimators a snapshot of each sharder (SharderData, keyed by
-# the option's module type); 1.6 hands them the sharders themselves.
-_SHARDER_DATA = "sharder_data" in inspect.signature(ShardPerfContext.build_shard_perf_contexts).parameters
+# torchrec 1.7+ hands estimators a snapshot of each sharder (SharderData); 1.6 the sharders.
+_SHARDER_DATA = hasattr(torchrec_enumerators, "build_sharder_data_map")
+
+# The torchrec versions whose enumerator this one is tested equal to (the pinned and the min stack).
+TESTED_TORCHREC = ("1.6.1", "1.8.0")
 
 
 class DistinctShardEnumerator(EmbeddingEnumerator):
-    """An EmbeddingEnumerator whose perf estimate computes each distinct shard of an option once.
-
-    `estimator`: as torchrec's (default: its perf and storage estimators). A torchrec
-    EmbeddingPerfEstimator among them is the one sped up, on the premise that a shard's
-    perf follows from its context and the estimator's config alone (true of torchrec's
-    own configs; a config with custom annotated methods must keep to it too). Any
-    other estimator runs as in torchrec.
-    """
+    """torchrec's EmbeddingEnumerator (same arguments, same options, same cache
+    behaviour), with torchrec's default estimators run once per distinct shard
+    of an option and a cache made without deep copies. Other estimators run as
+    torchrec runs them."""
 
     def __init__(
         self,
@@ -64,67 +82,231 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         super().__init__(
             topology=topology, batch_size=batch_size, constraints=constraints, estimator=estimator
         )
+        self._record: _Record | None = None
+
+    def enumerate(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> list[ShardingOption]:
+        # torchrec's cache: the same module and sharders get the stored options again, as new objects.
+        if (
+            self._record is not None
+            and self._last_stored_module == module
+            and self._last_stored_sharders == sharders
+        ):
+            return self._record.options()
+        self._sharder_map = {sharder_name(sharder.module_type): sharder for sharder in sharders}
+        if _SHARDER_DATA:
+            self._sharder_data_map = torchrec_enumerators.build_sharder_data_map(self._sharder_map)
+        with _collector_paused():
+            options = self._options_of(module)
+            distinct = self._estimate(options)
+            self._record = _Record(options, distinct)
+        self._last_stored_module = module
+        self._last_stored_sharders = sharders
+        return options
+
+    @property
+    def last_stored_search_space(self) -> list[ShardingOption] | None:
+        return None if self._record is None else self._record.options()
 
     def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
-        # The same estimators in the same order as torchrec's populate_estimates.
+        self._estimate(sharding_options)
+
+    def _estimate(self, options: list[ShardingOption]) -> list[Distinct] | None:
+        """torchrec's populate_estimates (the same estimators in the same order);
+        returns each option's distinct shards where they were estimated alone."""
         sharders = self._sharder_data_map if _SHARDER_DATA else self._sharder_map
+        if all(map(covers, self._estimators)):
+            return estimate_distinct(self._estimators, options, sharders)
         for estimator in self._estimators:
-            if type(estimator) is EmbeddingPerfEstimator:
-                self._estimate_perf(estimator, sharding_options)
-            else:
-                estimator.estimate(sharding_options, sharders)
+            estimator.estimate(options, sharders)
+        return None
 
-    def _estimate_perf(
-        self, estimator: EmbeddingPerfEstimator, sharding_options: list[ShardingOption]
-    ) -> None:
-        """torchrec's EmbeddingPerfEstimator.estimate, computing each distinct context once."""
-        config = estimator.config
-        for option in sharding_options:
-            config.validate_sharding_type(option.sharding_type)
-            shard_sizes = [shard.size for shard in option.shards]
-            contexts = ShardPerfContext.build_shard_perf_contexts(
-                config=config,
-                shard_sizes=shard_sizes,
-                sharding_option=option,
-                topology=estimator._topology,
-                constraints=estimator._constraints,
-                is_inference=estimator.is_inference,
-                use_batch_inputs_for_expected_cache_fetches=estimator._use_batch_inputs_for_expected_cache_fetches,
-                use_linear_regression_prefetch_estimate=estimator._use_linear_regression_prefetch_estimate,
-                **self._sharder_argument(option),
-            )
-            if contexts:
-                option.is_weighted = contexts[0].is_weighted
-            computed: dict[tuple, Any] = {}  # context key -> Perf, within this option
-            for shard, context, key in zip(option.shards, contexts, _context_keys(contexts)):
-                perf = computed.get(key)
-                if perf is None:
-                    evaluator = get_embedding_perf_sharding_evaluator(
-                        sharding_type=context.sharding_type, is_inference=context.is_inference
+    def _options_of(self, module: nn.Module) -> list[ShardingOption]:
+        """torchrec's EmbeddingEnumerator.enumerate up to its estimates: the
+        shardable parameters of the modules its sharders take, in its order."""
+        options: list[ShardingOption] = []
+        queue = [("", module)]
+        while queue:
+            path, child = queue.pop(0) if self._use_exact_enumerate_order else queue.pop()
+            sharder_key = sharder_name(type(child))
+            sharder = self._sharder_map.get(sharder_key)
+            if not sharder:
+                queue.extend(
+                    (f"{path}.{name}" if path else name, grandchild)
+                    for name, grandchild in child.named_children()
+                )
+                continue
+            is_pooled = ShardingOption.module_pooled(child, path)
+            for name, param in sharder.shardable_parameters(child).items():
+                options.extend(
+                    self._options_of_table(name, param, path, child, sharder, sharder_key, is_pooled)
+                )
+        return options
+
+    def _options_of_table(
+        self, name, param, path, child, sharder, sharder_key, is_pooled
+    ) -> list[ShardingOption]:
+        (
+            input_lengths,
+            col_wise_shard_dim,
+            cache_params,
+            enforce_hbm,
+            stochastic_rounding,
+            bounds_check_mode,
+            feature_names,
+            output_dtype,
+            device_group,
+            key_value_params,
+        ) = torchrec_enumerators._extract_constraints_for_param(self._constraints, name)
+        if device_group and device_group != self._compute_device:
+            return []
+        num_buckets = self._get_num_buckets(name, child)
+        dependency = None
+        if isinstance(child, EmbeddingTower):
+            dependency = path
+        elif isinstance(child, EmbeddingTowerCollection):
+            dependency = f"{path}.tower_{torchrec_enumerators._get_tower_index(name, child)}"
+        options = []
+        sharding_types = sharder.sharding_types(self._compute_device)
+        for sharding_type in self._filter_sharding_types(name, sharding_types, sharder_key):
+            kernels = sharder.compute_kernels(sharding_type, self._compute_device)
+            for compute_kernel in self._filter_compute_kernels(name, kernels, sharding_type):
+                sizes, offsets = self._shard_sizes(
+                    param,
+                    sharding_type,
+                    col_wise_shard_dim,
+                    num_buckets,
+                    (name, path, child, sharder, compute_kernel),
+                )
+                options.append(
+                    ShardingOption(
+                        name=name,
+                        tensor=param,
+                        module=(path, child),
+                        input_lengths=input_lengths,
+                        batch_size=self._batch_size,
+                        compute_kernel=compute_kernel,
+                        sharding_type=sharding_type,
+                        partition_by=torchrec_enumerators.get_partition_by_type(sharding_type),
+                        shards=[Shard(size=size, offset=offset) for size, offset in zip(sizes, offsets)],
+                        cache_params=cache_params,
+                        enforce_hbm=enforce_hbm,
+                        stochastic_rounding=stochastic_rounding,
+                        bounds_check_mode=bounds_check_mode,
+                        dependency=dependency,
+                        is_pooled=is_pooled,
+                        feature_names=feature_names,
+                        output_dtype=output_dtype,
+                        key_value_params=key_value_params,
                     )
-                    shard.perf = computed[key] = evaluator.compute_perf(ctx=context, config=config)
-                else:
-                    shard.perf = copy.copy(perf)  # one Perf per shard, as torchrec gives
-            perfs = [shard.perf for shard in option.shards if shard.perf is not None]
-            perfs = config.post_process_perfs(
-                shard_perfs=perfs,
-                shard_sizes=shard_sizes,
-                sharding_type=option.sharding_type,
-                uneven_sharding_perf_multiplier=estimator._topology.uneven_sharding_perf_multiplier,
+                )
+        if not options:
+            raise RuntimeError(
+                "No available sharding type and compute kernel combination after applying user provided "
+                f"constraints for {name}. Module: {sharder_key}, sharder: {type(sharder).__name__}, "
+                f"compute device: {self._compute_device}. To debug, search above for warning logs about "
+                f"no available sharding types/compute kernels for table: {name}"
             )
-            for shard, perf in zip(option.shards, perfs):
-                shard.perf = perf
+        return options
 
-    def _sharder_argument(self, option: ShardingOption) -> dict[str, Any]:
-        if _SHARDER_DATA:
-            return {"sharder_data": self._sharder_data_map[option.module_type_key]}
-        return {"sharder": self._sharder_map[sharder_name(type(option.module[1]))]}
+    def _shard_sizes(self, param, sharding_type, col_wise_shard_dim, num_buckets, where) -> tuple[list, list]:
+        try:
+            return calculate_shard_sizes_and_offsets(
+                tensor=param,
+                world_size=self._world_size,
+                local_world_size=self._local_world_size,
+                sharding_type=sharding_type,
+                col_wise_shard_dim=col_wise_shard_dim,
+                device_memory_sizes=self._device_memory_sizes,
+                num_buckets=num_buckets,
+            )
+        except ZeroDivisionError as e:  # torchrec adds the same context
+            name, path, child, sharder, compute_kernel = where
+            raise ValueError(
+                f"Failed to calculate sharding plan: {e} Context: table_name='{name}', module_path='{path}', "
+                f"module_type='{type(child).__name__}', sharder='{type(sharder).__name__}', "
+                f"tensor.shape={param.shape}, sharding_type='{sharding_type}', "
+                f"compute_kernel='{compute_kernel}', "
+                f"world_size={self._world_size}, local_world_size={self._local_world_size}, "
+                f"col_wise_shard_dim={col_wise_shard_dim}, compute_device='{self._compute_device}'"
+            ) from e
 
 
-_SAME = object()  # marks a field holding the very object the option's first context holds
+class _Record:
+    """The options as enumerated, kept compactly: each option's attributes
+    (mutable ones deep-copied, the module and tensor shared, as torchrec's deep
+    copy does), its shards' sizes and offsets, and a copy of each distinct
+    shard's estimates. `options()` builds fresh ShardingOptions equal to them
+    (every shard's rank was None when enumerated)."""
+
+    def __init__(self, options: list[ShardingOption], distinct: list[Distinct] | None) -> None:
+        memo: dict[int, Any] = {}
+        if distinct is None:  # each shard its own
+            distinct = [Distinct(list(range(len(option.shards))), option.shards) for option in options]
+        self._options = [
+            (
+                _snapshot(option, memo),
+                tuple(map(tuple, (shard.size for shard in option.shards))),
+                tuple(map(tuple, (shard.offset for shard in option.shards))),
+                its.slot_of,
+                [(clone(shard.perf), clone(shard.storage)) for shard in its.shards],
+            )
+            for option, its in zip(options, distinct)
+        ]
+
+    def options(self) -> list[ShardingOption]:
+        memo: dict[int, Any] = {}
+        rebuilt = []
+        for fields, sizes, offsets, slot_of, estimates in self._options:
+            option = object.__new__(ShardingOption)
+            option.__dict__.update(_snapshot(fields, memo))
+            copies = [(clone(perf), clone(storage)) for perf, storage in estimates]  # shared as enumerated
+            option.shards = [
+                Shard(size=list(size), offset=list(offset), perf=perf, storage=storage)
+                for size, offset, (perf, storage) in zip(sizes, offsets, map(copies.__getitem__, slot_of))
+            ]
+            rebuilt.append(option)
+        return rebuilt
+
+
+_ATOMIC = (str, int, float, bool, type(None), enum.Enum)
+
+
+def _snapshot(option: ShardingOption | dict, memo: dict[int, Any]) -> dict[str, Any]:
+    """An option's attributes but its shards: module and tensor shared, immutable
+    values as they are, the rest deep-copied (through `memo`, so what options
+    share stays shared)."""
+    fields = option if isinstance(option, dict) else vars(option)
+    return {
+        name: value
+        if name in ("_tensor", "_module") or isinstance(value, _ATOMIC)
+        else copy.deepcopy(value, memo)
+        for name, value in fields.items()
+        if name != "shards"
+    }
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off, then back as it was: enumerating
+    allocates hundreds of thousands of objects that live on (the options, their
+    shards and estimates), and each allocation-triggered collection scans them
+    all again: at 800 tables x 64 devices that was 60% of the time. Nothing
+    enumerated forms a reference cycle that needs collecting."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 ENUMERATORS = ("torchrec", "embnb")  # torchrec's EmbeddingEnumerator, DistinctShardEnumerator
+
+
+def default_enumerator() -> str:
+    """ "embnb" where DistinctShardEnumerator is tested equal to this torchrec's, else "torchrec"."""
+    return "embnb" if torchrec.__version__ in TESTED_TORCHREC else "torchrec"
 
 
 def make_enumerator(
@@ -137,37 +319,3 @@ def make_enumerator(
     check_choice("enumerator", enumerator, ENUMERATORS)
     kind = EmbeddingEnumerator if enumerator == "torchrec" else DistinctShardEnumerator
     return kind(topology=topology, batch_size=batch_size, constraints=constraints)
-
-
-def _context_keys(contexts: list[ShardPerfContext]) -> list[tuple]:
-    """A key per context: equal keys mean contexts with the same input in every field.
-
-    A field holding the same object as the first context's (most of them: the
-    option's lists, the topology's bandwidths) is the same input, whatever it is.
-    Other fields compare by value in a form where equal means the same input:
-    scalars with their type (1, 1.0 and True stay apart), floats by their bits
-    (0.0 and -0.0 stay apart), lists by their items, and any other object by
-    its identity."""
-    if not contexts:
-        return []
-    first = vars(contexts[0])
-    return [
-        (
-            tuple(fields),
-            tuple(
-                _SAME if value is first.get(name, _SAME) else _frozen(value) for name, value in fields.items()
-            ),
-        )
-        for fields in map(vars, contexts)
-    ]
-
-
-def _frozen(value: Any) -> Any:
-    kind = type(value)
-    if kind is float:
-        return (float, value.hex())
-    if kind in (int, str, bool) or value is None:
-        return (kind, value)
-    if kind in (list, tuple):
-        return (kind, *map(_frozen, value))
-    return (object, id(value))

@@ -6,18 +6,62 @@ plan = planner.plan(module, sharders)
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.proposers import UniformProposer
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    Proposer,
+    ShardingOption,
+    Topology,
+)
 
 from embnb._checks import check_int, check_number
-from embnb.planner.enumerator import make_enumerator
+from embnb.planner.enumerator import default_enumerator, make_enumerator
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import topology_for_device
 
-__all__ = ["create_planner"]
+__all__ = ["create_planner", "Fallback"]
+
+
+class Fallback(Proposer):
+    """`fallback`'s proposals only where `primary` placed no plan.
+
+    torchrec's planner loads every proposer first, then asks each for its
+    proposals in turn, so by the time this one is asked, `primary` is done.
+    Loading and partitioning the fallback's proposals after the DP placed a
+    plan would cost a second or so at 800 tables x 64 devices for plans that
+    only matter where the DP has none."""
+
+    def __init__(self, primary: DynamicProgrammingProposer, fallback: Proposer) -> None:
+        self.primary, self.fallback = primary, fallback
+        self._loaded: tuple | None = None  # load's arguments, until the fallback is needed
+        self._asked = self._active = False
+
+    def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
+        self._loaded, self._asked, self._active = (search_space, enumerator), False, False
+
+    def propose(self) -> list[ShardingOption] | None:
+        if not self._asked:
+            self._asked = True
+            self._active = self._loaded is not None and math.isinf(self.primary.best_rating)
+            if self._active:
+                self.fallback.load(*self._loaded)
+        return self.fallback.propose() if self._active else None
+
+    def feedback(
+        self,
+        partitionable: bool,
+        plan: list[ShardingOption] | None = None,
+        perf_rating: float | None = None,
+        storage_constraint: Topology | None = None,
+    ) -> None:
+        if self._active:
+            self.fallback.feedback(partitionable, plan, perf_rating, storage_constraint)
 
 
 def create_planner(
@@ -32,19 +76,19 @@ def create_planner(
     bins_per_device: int = 100,
     constraints: dict[str, ParameterConstraints] | None = None,
     timeout_seconds: int | None = None,
-    enumerator: str = "embnb",
+    enumerator: str | None = None,
 ) -> EmbeddingShardingPlanner:
-    """torchrec's EmbeddingShardingPlanner with this DP proposer first and
-    torchrec's UniformProposer as a fallback.
+    """torchrec's EmbeddingShardingPlanner with this DP proposer, and torchrec's
+    UniformProposer as a fallback where the DP places no plan (`Fallback`).
 
     `topology` is a Topology, or a device ("auto", "cpu", "cuda") whose
     topology is read from the machine for `world_size` ranks (default: the
     process group's, else 1). `storage_reservation_percentage` of each
     device is kept for everything but the embedding tables. `enumerator`:
-    "embnb" (`DistinctShardEnumerator`: torchrec's options, equal to its
-    EmbeddingEnumerator's field by field on both supported torchrec versions,
-    each distinct shard's perf estimated once) or "torchrec" (its
-    EmbeddingEnumerator).
+    "embnb" (`DistinctShardEnumerator`: torchrec's options, field by field,
+    many times faster) or "torchrec" (its EmbeddingEnumerator); None: "embnb"
+    on the torchrec versions the two are tested equal on, else "torchrec"
+    (`default_enumerator`).
     """
     check_int("batch_size", batch_size, low=1)
     check_number(
@@ -55,13 +99,16 @@ def create_planner(
             dist = torch.distributed
             world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         topology = topology_for_device(topology, world_size, local_world_size, intra_host_bw, inter_host_bw)
+    proposer = DynamicProgrammingProposer(bins_per_device=bins_per_device)
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
-        enumerator=make_enumerator(enumerator, topology, batch_size, constraints),
+        enumerator=make_enumerator(
+            default_enumerator() if enumerator is None else enumerator, topology, batch_size, constraints
+        ),
         constraints=constraints,
         storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
-        proposer=[DynamicProgrammingProposer(bins_per_device=bins_per_device), UniformProposer()],
+        proposer=[proposer, Fallback(proposer, UniformProposer())],
         timeout_seconds=timeout_seconds,
         debug=False,
     )

@@ -51,10 +51,14 @@ class KnapsackRuns:
             space, bins_per_device, ddr_bins_per_device
         )
         self.main = self.axes[0] if self.axes else 0
+        self.main_mem = np.ascontiguousarray(space.mem[..., self.main])  # [tables, options]: a small gather
         self.valid = np.isfinite(space.perf)
         self.rows = np.arange(len(space.options))
         self.no_fit_reason: str | None = None
         self._seen: set[bytes] = set()  # plans of earlier runs
+        self.key_type = np.min_scalar_type(
+            max(space.perf.shape[1] - 1, 0)
+        )  # holds any option index: short keys
 
     def run(self, allowed: np.ndarray) -> FrontierSearch:
         """One knapsack over the `allowed` options; its frontier without the
@@ -64,11 +68,11 @@ class KnapsackRuns:
         perf = without_dominated(np.where(allowed, space.perf, np.inf), self.weights)
         knapsack.add_tables(self.weights, perf)
         frontier = knapsack.frontier(len(self.rows))
-        keys = [plan.tobytes() for plan in frontier]
+        keys = _row_bytes(frontier.astype(self.key_type))
         new = np.array([key not in self._seen for key in keys], dtype=bool)
         self._seen.update(itertools.compress(keys, new))
         plans = frontier[new]
-        memory = space.mem[self.rows, plans, self.main].sum(-1)
+        memory = self.main_mem[self.rows, plans].sum(-1)
         return FrontierSearch(plans, memory, space, self.bisect, self.slack)
 
     def __iter__(self) -> Iterator[FrontierSearch]:
@@ -96,6 +100,14 @@ class KnapsackRuns:
                 if not len(search.plans):
                     break
                 yield search
+
+
+def _row_bytes(rows: np.ndarray) -> list[bytes]:
+    """Each row's bytes (as `row.tobytes()`), made in one pass."""
+    width = rows.shape[1] * rows.itemsize
+    if not width:
+        return [b""] * len(rows)
+    return np.ascontiguousarray(rows).view(np.dtype((np.void, width))).ravel().tolist()
 
 
 @dataclass

@@ -13,9 +13,13 @@ import re
 
 import pytest
 import torch
+import torchrec
+from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.estimator.annotations import forward_compute
 from torchrec.distributed.planner.estimator.config import EmbeddingPerfEstimatorConfig
 from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
 from torchrec.distributed.planner.estimator.types import (
@@ -26,11 +30,11 @@ from torchrec.distributed.planner.estimator.types import (
 from torchrec.distributed.planner.shard_estimators import EmbeddingOffloadStats, EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import BoundsCheckMode, CacheParams, ShardingType
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from embnb import planner
-from embnb.planner.enumerator import DistinctShardEnumerator, _context_keys
+from embnb.planner.enumerator import ENUMERATORS, TESTED_TORCHREC, DistinctShardEnumerator, default_enumerator
 from embnb.planner.models import enumerate_options, fused_table_gb, make_model
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -113,9 +117,17 @@ def assert_same_options(expected, actual, same_module=True):
         assert len(got.shards) == len(want.shards), where
         for s, (want_shard, got_shard) in enumerate(zip(want.shards, got.shards)):
             assert shard_record(got_shard) == shard_record(want_shard), f"{where}, shard {s}"
-            assert got_shard.perf is not want_shard.perf
-        # torchrec gives each shard a Perf of its own; so must embnb (the planner mutates shards)
-        assert len({id(shard.perf) for shard in got.shards}) == len(got.shards), where
+            assert got_shard.perf is not want_shard.perf and got_shard.storage is not want_shard.storage
+        assert_shared_by_size_only(got, where)
+
+
+def assert_shared_by_size_only(option, where=""):
+    """Shards share a Perf or Storage object only with shards of their own size in their option."""
+    for kind in ("perf", "storage"):
+        sizes_by_object: dict[int, set] = {}
+        for shard in option.shards:
+            sizes_by_object.setdefault(id(getattr(shard, kind)), set()).add(tuple(shard.size))
+        assert all(len(sizes) == 1 for sizes in sizes_by_object.values()), f"{where}: {kind}"
 
 
 def enumerate_both(tables, topology, constraints, estimators=lambda: None):
@@ -272,7 +284,7 @@ def test_enumerate_options_and_create_planner_take_either_enumerator():
     assert isinstance(default._enumerator, DistinctShardEnumerator)  # tested equal on both stacks
 
 
-@pytest.mark.parametrize("bad", ["fast", "EMBNB", None, 1])
+@pytest.mark.parametrize("bad", ["fast", "EMBNB", "", 1])
 def test_bad_enumerator_is_refused(bad):
     model = make_model(2)
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=1)
@@ -283,24 +295,192 @@ def test_bad_enumerator_is_refused(bad):
         planner.create_planner(topology, BATCH_SIZE, enumerator=bad)
 
 
-def test_context_keys_tell_apart_what_compares_equal():
-    """Equal keys must mean the same input: 1, 1.0 and True compare equal, and so do 0.0 and -0.0."""
+class PooledAndSequence(nn.Module):
+    """A weighted EmbeddingBagCollection whose tables several features read
+    (each with its own pooling factor) beside an EmbeddingCollection (unpooled)."""
 
-    class Context:
-        def __init__(self, **fields):
-            self.__dict__.update(fields)
+    def __init__(self):
+        super().__init__()
+        self.pooled = EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(
+                    name=f"shared_{i}",
+                    feature_names=[f"shared_{i}_f{j}" for j in range(1 + i % 4)],
+                    num_embeddings=5_000 + 104_729 * i**2,
+                    embedding_dim=[32, 64, 128][i % 3],
+                )
+                for i in range(6)
+            ],
+            is_weighted=True,
+            device=torch.device("meta"),
+        )
+        self.sequence = EmbeddingCollection(
+            tables=[
+                EmbeddingConfig(
+                    name=f"seq_{i}",
+                    feature_names=[f"seq_{i}_f"],
+                    num_embeddings=20_000 * (i + 1),
+                    embedding_dim=64,
+                )
+                for i in range(3)
+            ],
+            device=torch.device("meta"),
+        )
 
-    shared = [1.0, 2.0]
-    contexts = [
-        Context(a=1, b=shared, c=0.0),
-        Context(a=1, b=shared, c=0.0),
-        Context(a=1.0, b=shared, c=0.0),
-        Context(a=True, b=shared, c=0.0),
-        Context(a=1, b=shared, c=-0.0),
-        Context(a=1, b=[1.0, 2.0], c=0.0),
-        Context(a=1, b=[1, 2.0], c=0.0),
-        Context(a=1, b=shared, c=0.0, d=None),
+
+def pooled_and_sequence_constraints(device: str) -> dict[str, ParameterConstraints]:
+    constraints = {
+        f"shared_{i}": ParameterConstraints(pooling_factors=[1.0 + 3.5 * j for j in range(1 + i % 4)])
+        for i in range(6)
+    }
+    if device == "cuda":  # CPUs have no UVM
+        constraints["seq_1"] = ParameterConstraints(
+            pooling_factors=[12.0],
+            cache_params=CacheParams(load_factor=0.3),
+            compute_kernels=["fused_uvm_caching"],
+        )
+    return constraints
+
+
+@pytest.mark.parametrize(("world_size", "local_world_size", "device"), [(8, None, "cuda"), (16, 4, "cpu")])
+def test_same_options_on_shared_multi_feature_tables_and_sequence_tables(
+    world_size, local_world_size, device
+):
+    module, constraints = PooledAndSequence(), pooled_and_sequence_constraints(device)
+    sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    topology = planner.make_topology(
+        world_size, device, hbm_cap_gb=2, ddr_cap_gb=32, local_world_size=local_world_size
+    )
+    expected = EmbeddingEnumerator(topology, BATCH_SIZE, constraints).enumerate(module, sharders)
+    actual = DistinctShardEnumerator(topology, BATCH_SIZE, constraints).enumerate(module, sharders)
+    assert {o.is_pooled for o in expected} == {True, False}  # both kinds of module were walked
+    assert {len(o.input_lengths) for o in expected} >= {1, 2, 3, 4}  # tables read by several features
+    assert_same_options(expected, actual)
+
+
+def test_repeated_enumerate_and_the_stored_search_space_match_torchrecs_cache():
+    """torchrec hands out a deep copy of its first enumeration for the same module
+    and sharders: what the caller then changed in the options it got does not show."""
+    tables, _ = varied_constraints()
+    topology = planner.make_topology(8, "cuda", hbm_cap_gb=4)
+    module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    sharders = [EmbeddingBagCollectionSharder()]
+    runs = {}
+    for kind in (EmbeddingEnumerator, DistinctShardEnumerator):
+        enumerator = kind(topology, BATCH_SIZE, varied_constraints()[1])
+        first = enumerator.enumerate(module, sharders)
+        for option in first:  # what a planner and a careless caller do to the options
+            option.enforce_hbm = "changed"
+            if option.cache_params is not None:  # a deep copy of the constraint's, per table
+                option.cache_params.load_factor = 0.99
+            for rank, shard in enumerate(option.shards):
+                shard.rank = rank
+                shard.perf.fwd_compute = -1.0
+                shard.storage.hbm = -1
+                shard.size[0] += 1
+        again = enumerator.enumerate(module, sharders)
+        assert not {id(o) for o in again} & {id(o) for o in first}
+        runs[kind] = (again, enumerator.last_stored_search_space)
+        other = EmbeddingBagCollection(tables=tables[:3], device=torch.device("meta"))
+        assert {o.module[1] for o in enumerator.enumerate(other, sharders)} == {other}  # not the cache
+    (theirs, theirs_stored), (ours, ours_stored) = runs.values()
+    assert all(shard.rank is None for option in ours for shard in option.shards)
+    assert_same_options(theirs, ours)
+    assert_same_options(theirs_stored, ours_stored)
+
+
+def test_planners_hash_their_context_alike_with_either_enumerator():
+    model = make_model(10, seed=4)
+    topology = planner.make_topology(8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8)
+    hashes = []
+    for name in ENUMERATORS:
+        chosen = planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints, enumerator=name)
+        chosen.plan(
+            EmbeddingBagCollection(tables=model.tables, device=torch.device("meta")),
+            [EmbeddingBagCollectionSharder()],
+        )
+        hashes.append(chosen.hash_planner_context_inputs())
+    assert hashes[0] == hashes[1]
+
+
+class UnevenPenaltyConfig(EmbeddingPerfEstimatorConfig):
+    """Post-processes perfs across an option's shards (the largest shard pays
+    for the unevenness): estimates per distinct shard would not see that."""
+
+    def post_process_perfs(
+        self, shard_perfs, shard_sizes, sharding_type, uneven_sharding_perf_multiplier=1.0
+    ):
+        largest = max(range(len(shard_sizes)), key=lambda i: shard_sizes[i][0], default=None)
+        if largest is not None and len({tuple(size) for size in shard_sizes}) > 1:
+            shard_perfs[largest] = dataclasses.replace(
+                shard_perfs[largest], fwd_compute=shard_perfs[largest].fwd_compute * 1.5
+            )
+        return shard_perfs
+
+
+class RowWiseFormulaConfig(EmbeddingPerfEstimatorConfig):
+    """A custom forward formula for row-wise shards, found by torchrec through its annotation."""
+
+    @forward_compute(sharding_type="row_wise")
+    def row_wise_forward(self, ctx):
+        return 1e-6 * ctx.hash_size + 1e-3 * ctx.emb_dim
+
+
+class OwnStorageEstimator(EmbeddingStorageEstimator):
+    """torchrec's storage estimator under another type: not one embnb estimates per distinct shard."""
+
+
+@pytest.mark.parametrize(
+    "make_estimators",
+    [
+        lambda t, c: [
+            EmbeddingPerfEstimator(t, c, config=UnevenPenaltyConfig()),
+            EmbeddingStorageEstimator(t, c),
+        ],
+        lambda t, c: [EmbeddingPerfEstimator(t, c), OwnStorageEstimator(t, c)],
+        lambda t, c: [
+            EmbeddingPerfEstimator(t, c, config=RowWiseFormulaConfig()),
+            EmbeddingStorageEstimator(t, c),
+        ],
+    ],
+    ids=["cross-shard post-processing", "another estimator type", "annotated formula"],
+)
+def test_estimators_beyond_torchrecs_defaults_give_torchrecs_results(make_estimators):
+    tables, constraints = varied_constraints()
+    topology = planner.make_topology(16, "cuda", hbm_cap_gb=4, local_world_size=4)
+    expected, actual = enumerate_both(
+        tables, topology, constraints, lambda: make_estimators(topology, constraints)
+    )
+    assert_same_options(expected, actual)
+    default, _ = enumerate_both(tables, topology, constraints)
+    changed = [
+        a for a, b in zip(expected, default) if shard_record(a.shards[0])[3] != shard_record(b.shards[0])[3]
     ]
-    keys = _context_keys(contexts)
-    assert keys[0] == keys[1]
-    assert len(set(keys[1:])) == len(keys) - 1
+    assert (
+        changed or make_estimators(topology, constraints)[1].__class__ is OwnStorageEstimator
+    )  # the config bit
+
+
+def test_the_default_enumerator_is_embnbs_only_on_tested_torchrec_versions(monkeypatch):
+    assert torchrec.__version__ in TESTED_TORCHREC  # a torchrec this enumerator was not tested against
+    assert default_enumerator() == "embnb"
+    model = make_model(2)
+    topology = planner.make_topology(2, "cuda", hbm_cap_gb=1)
+    assert isinstance(planner.create_planner(topology, BATCH_SIZE)._enumerator, DistinctShardEnumerator)
+    monkeypatch.setattr(torchrec, "__version__", "9.9.0")
+    assert default_enumerator() == "torchrec"
+    chosen = planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints)
+    assert type(chosen._enumerator) is EmbeddingEnumerator
+
+
+def test_a_table_left_without_options_fails_as_in_torchrec():
+    tables, _ = varied_constraints()
+    constraints = {"t3": ParameterConstraints(compute_kernels=["fused_uvm_caching"])}  # no UVM on CPUs
+    topology = planner.make_topology(4, "cpu", ddr_cap_gb=64)
+    module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    messages = []
+    for kind in (EmbeddingEnumerator, DistinctShardEnumerator):
+        with pytest.raises(RuntimeError, match="No available sharding type and compute kernel") as raised:
+            kind(topology, BATCH_SIZE, constraints).enumerate(module, [EmbeddingBagCollectionSharder()])
+        messages.append(str(raised.value))
+    assert messages[0] == messages[1]

@@ -40,6 +40,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from embnb import planner
 from embnb.planner.brute_force import brute_force_rating, rate_every_plan
 from embnb.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
+from embnb.planner.factory import Fallback
 from embnb.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.study import (
     compare_proposers,
@@ -546,6 +547,37 @@ NOT_TOGETHER = (
     r"the tables do not fit together: no choice of options fits the 2 devices' "
     r"0.34 GiB HBM and 0.9 GiB DDR",
 )
+
+
+def test_create_planners_fallback_asks_uniform_only_where_the_dp_placed_no_plan():
+    tables, constraints, topology = tiny()
+    module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    ours, uniform = planner.DynamicProgrammingProposer(), CountingUniform()
+    the_planner = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=BATCH_SIZE,
+        proposer=[ours, Fallback(ours, uniform)],
+        storage_reservation=FixedPercentageStorageReservation(RESERVATION),
+        constraints=constraints,
+        debug=False,
+    )
+    plan = the_planner.plan(module, [EmbeddingBagCollectionSharder()])
+    assert set(plan.plan[""]) == {t.name for t in tables} and math.isfinite(ours.best_rating)
+    assert uniform.asked == 0
+    # Nothing fits: the DP places nothing, and Uniform is asked (and finds nothing either).
+    nothing_fits = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.05)
+    ours, uniform = planner.DynamicProgrammingProposer(), CountingUniform()
+    plan_without_a_fit([ours, Fallback(ours, uniform)], tables, constraints, nothing_fits)
+    assert uniform.asked >= 2 and math.isinf(ours.best_rating)
+    # A DP that never ran placed nothing: Uniform's plan, as torchrec's planner gives it alone.
+    alone, roomy = planner.DynamicProgrammingProposer(), planner.make_topology(2, "cuda", hbm_cap_gb=4)
+    plans = [
+        EmbeddingShardingPlanner(
+            topology=roomy, batch_size=BATCH_SIZE, proposer=proposers, constraints=constraints, debug=False
+        ).plan(module, [EmbeddingBagCollectionSharder()])
+        for proposers in ([Fallback(alone, UniformProposer())], [UniformProposer()])
+    ]
+    assert plans[0] == plans[1] and plans[0].plan
 
 
 @pytest.mark.parametrize("memory, reason", [NO_DEVICE_FITS, NOT_TOGETHER], ids=["no device", "not together"])

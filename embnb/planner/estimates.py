@@ -1,0 +1,153 @@
+"""torchrec's default estimators run once per distinct shard of an option.
+
+The shards of an option mostly look alike: a row-wise option over 64 devices
+has at most two distinct shard sizes, a data-parallel one a single one. In
+torchrec's default estimators a shard's estimate follows from its option and
+its own size alone: the perf estimator builds one context per shard
+(`ShardPerfContext`: the option's fields and the shard's [rows, columns]) and
+computes its Perf from that context and the estimator's config; the storage
+estimator maps each shard size to a Storage (data-parallel: the same for
+every shard). So `estimate_distinct` hands those estimators each option with
+one shard per distinct size, and every shard of that size gets the result.
+
+Shards of one size in one option share their Perf and Storage objects (equal
+field by field to what torchrec gives each of them). torchrec treats both as
+values: no code in torchrec 1.6.1 or 1.8.0 changes a shard's Perf or Storage
+in place (the planner adds them into new ones), and a copy per shard was a
+tenth of the time from model to plan at 800 tables x 64 devices (the copies,
+and the garbage collector walking them). Code that changes one shard's
+estimate in place would change its siblings'; torchrec's enumerator
+(`enumerator="torchrec"`) gives each shard its own.
+
+That premise is torchrec's code, not a contract: the tests compare the result
+with torchrec's own estimate field by field, floats to the bit, on both
+supported torchrec versions. Estimators it does not cover (another type, or
+a perf config that post-processes perfs across shards) run as torchrec runs
+them, on every shard.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
+from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
+from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+from torchrec.distributed.planner.types import Shard, ShardEstimator, ShardingOption
+
+__all__ = ["Distinct", "covers", "estimate_distinct", "clone"]
+
+
+@dataclass(frozen=True)
+class Distinct:
+    """An option's distinct shards: `shards[slot_of[i]]` has the size (and the estimates) of its shard i."""
+
+    slot_of: list[int]
+    shards: list[Shard]
+
+
+def covers(estimator: ShardEstimator) -> bool:
+    """Whether `estimate_distinct` gives `estimator`'s results: torchrec's own
+    perf estimator (with a config that leaves post_process_perfs as is) and
+    storage estimator."""
+    if type(estimator) is EmbeddingStorageEstimator:
+        return True
+    return (
+        type(estimator) is EmbeddingPerfEstimator
+        and type(estimator.config).post_process_perfs is HardwarePerfConfig.post_process_perfs
+    )
+
+
+def estimate_distinct(
+    estimators: list[ShardEstimator], options: list[ShardingOption], sharders: Any
+) -> list[Distinct]:
+    """Run `estimators` (each one `covers`) as torchrec's populate_estimates
+    does, on one shard per distinct size of each option; every shard gets
+    its size's perf and storage (the same objects). `sharders`: what torchrec's
+    estimators take (its SharderDataMap on 1.7+, the sharders by name on 1.6).
+    Returns each option's distinct shards."""
+    proxies, slots = [], []  # per option: its proxy; each shard's index among the proxy's shards
+    for option in options:
+        first_of_size: dict[tuple, tuple[int, Shard]] = {}
+        slot_of = []
+        for shard in option.shards:
+            size = tuple(shard.size)
+            if size not in first_of_size:
+                first_of_size[size] = (len(first_of_size), shard)
+            slot_of.append(first_of_size[size][0])
+        proxy = object.__new__(ShardingOption)
+        proxy.__dict__.update(option.__dict__)
+        proxy.shards = [_bare(shard) for _, shard in first_of_size.values()]
+        proxies.append(proxy)
+        slots.append(slot_of)
+    for estimator in estimators:
+        if type(estimator) is EmbeddingPerfEstimator:
+            with _quick_lookups(estimator):
+                estimator.estimate(proxies, sharders)
+        else:
+            estimator.estimate(proxies, sharders)
+    for option, proxy, slot_of in zip(options, proxies, slots):
+        shards = option.shards
+        option.__dict__.update(proxy.__dict__)  # what the estimators set (is_weighted)
+        option.shards = shards
+        for shard, slot in zip(shards, slot_of):
+            estimated = proxy.shards[slot]
+            shard.perf, shard.storage = estimated.perf, estimated.storage
+    return [Distinct(slot_of, proxy.shards) for proxy, slot_of in zip(proxies, slots)]
+
+
+def clone(value: Any) -> Any:
+    """A shallow copy of a Perf or Storage (plain dataclasses), without copy.copy's overhead."""
+    if value is None:
+        return None
+    copied = object.__new__(type(value))
+    copied.__dict__.update(value.__dict__)
+    return copied
+
+
+def _bare(shard: Shard) -> Shard:
+    return Shard(
+        size=shard.size, offset=shard.offset, storage=shard.storage, perf=shard.perf, rank=shard.rank
+    )
+
+
+class _quick_lookups:
+    """While torchrec's perf estimator runs, its config lists only the public
+    names that can hold an annotated method.
+
+    torchrec finds a config's custom formulas by scanning `dir(config)` for
+    methods carrying an annotation attribute, several times per shard; that
+    scan is most of its perf estimate. A name whose value is falsy, not
+    callable, or a plain function or method with no attributes of its own can
+    never match, so leaving those out changes no lookup's result. The config
+    is swapped for an instance of a subclass (same class hierarchy, same
+    attributes) whose `__dir__` returns the rest, and swapped back after."""
+
+    def __init__(self, estimator: EmbeddingPerfEstimator) -> None:
+        self._estimator = estimator
+        self._config = estimator._config
+
+    def __enter__(self) -> None:
+        config = self._config
+        if not hasattr(config, "__dict__") or hasattr(type(config), "__slots__"):
+            return  # not a plain instance: left as it is
+        names = sorted(
+            name for name in dir(config) if not name.startswith("_") and _may_be_annotated(config, name)
+        )
+        kind = type(config)
+        quick = object.__new__(type(kind.__name__, (kind,), {"__dir__": lambda _: names}))
+        quick.__dict__.update(config.__dict__)
+        self._estimator._config = quick
+
+    def __exit__(self, *exc: object) -> None:
+        self._estimator._config = self._config
+
+
+def _may_be_annotated(config: Any, name: str) -> bool:
+    value = getattr(config, name, None)
+    if not value or not callable(value):
+        return False
+    function = getattr(value, "__func__", value)
+    return not (isinstance(function, types.FunctionType) and not function.__dict__)
