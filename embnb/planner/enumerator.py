@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import copy
 import enum
-import gc
-from contextlib import contextmanager
 from typing import Any
 
 import torchrec
@@ -49,6 +47,7 @@ from torchrec.distributed.types import ModuleSharder
 from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
 
 from embnb._checks import check_choice
+from embnb._gc import collector_paused
 from embnb.planner.estimates import Distinct, clone, covers, estimate_distinct
 
 __all__ = [
@@ -95,7 +94,7 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         self._sharder_map = {sharder_name(sharder.module_type): sharder for sharder in sharders}
         if _SHARDER_DATA:
             self._sharder_data_map = torchrec_enumerators.build_sharder_data_map(self._sharder_map)
-        with _collector_paused():
+        with collector_paused():
             options = self._options_of(module)
             distinct = self._estimate(options)
             self._record = _Record(options, distinct)
@@ -283,22 +282,6 @@ def _snapshot(option: ShardingOption | dict, memo: dict[int, Any]) -> dict[str, 
         for name, value in fields.items()
         if name != "shards"
     }
-
-
-@contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off, then back as it was: enumerating
-    allocates hundreds of thousands of objects that live on (the options, their
-    shards and estimates), and each allocation-triggered collection scans them
-    all again: at 800 tables x 64 devices that was 60% of the time. Nothing
-    enumerated forms a reference cycle that needs collecting."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 ENUMERATORS = ("torchrec", "embnb")  # torchrec's EmbeddingEnumerator, DistinctShardEnumerator

@@ -37,9 +37,7 @@ proposing every plan as before.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import logging
 import math
 from collections.abc import Iterator
@@ -54,6 +52,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from embnb._checks import check_bool, check_int
+from embnb._gc import collector_paused
 from embnb.planner.knapsack import FrontierSearch
 from embnb.planner.replica import GreedyPerfReplica, Placement
 from embnb.planner.search import HillClimb, KnapsackRuns, Start, slowest_rank_tables, unplaced_tables
@@ -150,7 +149,7 @@ class DynamicProgrammingProposer(Proposer):
     ) -> None:
         if replay is not None:
             self._replay = check_bool("replay", replay)
-        with _gc_paused():
+        with collector_paused():
             self._load(search_space)
 
     def _load(self, search_space: list[ShardingOption]) -> None:
@@ -203,7 +202,7 @@ class DynamicProgrammingProposer(Proposer):
         perf_rating: float | None = None,
         storage_constraint: Topology | None = None,
     ) -> None:
-        with _gc_paused():
+        with collector_paused():
             self._feedback(partitionable, plan, perf_rating, storage_constraint)
 
     def _feedback(
@@ -350,18 +349,3 @@ def _indices(proposal: list[ShardingOption], options: list[list[ShardingOption]]
         return np.array([[id(o) for o in opts].index(id(p)) for p, opts in zip(proposal, options)])
     except ValueError:
         return None
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for a while. The search makes
-    many small lists and tuples (freed by reference counting), and each
-    collection they trigger walks every live object, e.g. the hundreds of
-    thousands of enumerated shards: at 800 tables that was most of the time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
