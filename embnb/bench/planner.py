@@ -49,15 +49,17 @@ import statistics
 import time
 
 import numpy as np
-import torch
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
 from embnb.bench.timing import write_results
-from embnb.planner.factory import create_planner
 from embnb.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
-from embnb.planner.study import compare_proposers, default_proposers, quality_study, run_planner
+from embnb.planner.study import (
+    compare_proposers,
+    default_proposers,
+    quality_study,
+    run_planner,
+    time_end_to_end,
+)
 from embnb.timing import machine_name
 
 PEERS = ("torchrec DP", "torchrec default")
@@ -121,7 +123,13 @@ def bench_one(
     )
     del enumerated
     # What a user waits for from model to plan, measured as a user calls it: create_planner(...).plan.
-    row["proposers"][OURS].update(_end_to_end(model, topology, batch_size, repeats))
+    end_to_end = time_end_to_end(model.tables, topology, batch_size, model.constraints, repeats=repeats)
+    row["proposers"][OURS].update(
+        end_to_end_s=end_to_end.median_s,
+        end_to_end_s_runs=end_to_end.seconds,
+        end_to_end_rating=end_to_end.rating,
+        end_to_end_same_rating_every_run=end_to_end.same_rating_every_run,
+    )
     for name in PEERS:
         result, entry = table.loc[name], row["proposers"][name]
         entry["rating_vs_embnb"] = (
@@ -148,28 +156,6 @@ def _enumerate(
             ).seconds
         )
     return first, seconds
-
-
-def _end_to_end(model, topology, batch_size: int, repeats: int) -> dict:
-    """`create_planner(topology, batch_size, constraints).plan(module, sharders)`
-    from a fresh module, `repeats` times: the median and every run's seconds,
-    and the plan's rating (the DP's best; the same every run)."""
-    seconds, ratings = [], []
-    for _ in range(repeats):
-        module = EmbeddingBagCollection(tables=model.tables, device=torch.device("meta"))
-        chosen = create_planner(topology, batch_size, constraints=model.constraints)
-        gc.collect()
-        start = time.perf_counter()
-        chosen.plan(module, [EmbeddingBagCollectionSharder()])
-        seconds.append(time.perf_counter() - start)
-        ratings.append(chosen._proposers[0].best_rating)
-        del module, chosen
-    return {
-        "end_to_end_s": statistics.median(seconds),
-        "end_to_end_s_runs": seconds,
-        "end_to_end_rating": ratings[0],
-        "end_to_end_same_rating_every_run": len(set(ratings)) == 1,
-    }
 
 
 def _repeat_ours(entry: dict, repeats: int, make_proposer, enumerated, topology, batch_size, model) -> float:

@@ -16,7 +16,7 @@ import pandas as pd
 from embnb.planner.ablation import ablation_records
 from embnb.planner.explain import PlanExtremes
 from embnb.planner.models import Enumerated
-from embnb.planner.study import quality_summary
+from embnb.planner.study import EndToEnd, quality_summary
 
 __all__ = ["notebook_results"]
 
@@ -48,6 +48,7 @@ def notebook_results(
     tiny: PlanExtremes,
     chosen_loads: pd.DataFrame,
     cpu: pd.DataFrame,
+    end_to_end: dict[str, EndToEnd],
     notebook_s: float,
 ) -> dict[str, Any]:
     """The results dict of notebook 03: the settings, each proposer's row of
@@ -55,7 +56,8 @@ def notebook_results(
     study (least summed perf against the best rating), the quality `study`
     against brute force,
     the worked example (`tiny`), the chosen plan's perf per rank, the CPU
-    topology's ratings and notes, and a one-line summary."""
+    topology's ratings and notes, create_planner's `end_to_end` runs by
+    enumerator, and a one-line summary."""
     proposers = _proposer_records(comparison)
     worst = quality_summary(study)
     ours, theirs = _rating(comparison, "embnb DP"), _rating(comparison, "torchrec DP")
@@ -68,7 +70,9 @@ def notebook_results(
         + f" in {peer['plan_s']:.2g} s ({peer['end_to_end_s']:.2g} s); vs brute force on "
         f"{study.instance.nunique()} instances, worst {worst.loc['embnb DP', 'max']:.3f}x "
         f"(torchrec DP {worst.loc['torchrec DP', 'max']:.3f}x); least summed placeable plan not the best "
-        f"on {(gap > 1 + 1e-9).mean():.0%} of {len(pitfall)} tiny instances"
+        f"on {(gap > 1 + 1e-9).mean():.0%} of {len(pitfall)} tiny instances; create_planner from model "
+        f"to plan {end_to_end['embnb'].median_s:.2g} s (with torchrec's enumerator "
+        f"{end_to_end['torchrec'].median_s:.2g} s)"
     )
     return {
         "summary": summary,
@@ -96,6 +100,15 @@ def notebook_results(
         "chosen_plan_rank_perf": chosen_loads.perf.round(6).tolist(),
         "cpu_topology": {name: _rating(cpu, name) for name in cpu.index},
         "cpu_notes": {name: note for name, note in cpu.note.items()},
+        "create_planner_end_to_end": {
+            name: {
+                "median_s": run.median_s,
+                "seconds": run.seconds,
+                "rating": _finite(run.rating),
+                "same_rating_every_run": run.same_rating_every_run,
+            }
+            for name, run in end_to_end.items()
+        },
         "notebook_s": notebook_s,
     }
 

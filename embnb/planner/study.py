@@ -14,6 +14,7 @@ Every proposer plans over the same enumerated options (`Enumerated`, from
 from __future__ import annotations
 
 import collections
+import gc
 import math
 import statistics
 import time
@@ -23,7 +24,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 from torch import nn
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
@@ -48,9 +51,12 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._checks import check_int
 from embnb.planner.brute_force import brute_force_rating
+from embnb.planner.enumerator import default_enumerator
+from embnb.planner.factory import create_planner
 from embnb.planner.models import Enumerated, Model, enumerate_options, fused_table_gb, make_model
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.space import GB
@@ -59,6 +65,8 @@ from embnb.planner.topology import make_topology
 __all__ = [
     "PlanRun",
     "run_planner",
+    "EndToEnd",
+    "time_end_to_end",
     "rank_loads",
     "ProposerFactory",
     "default_proposers",
@@ -217,6 +225,48 @@ def run_planner(
         sum(p.seconds for p in timed),
         partitioner.seconds,
     )
+
+
+@dataclass(frozen=True)
+class EndToEnd:
+    """`create_planner(...).plan(module, sharders)` timed as a user calls it."""
+
+    enumerator: str  # create_planner's enumerator ("embnb" or "torchrec")
+    seconds: list[float]  # every run's, each from a fresh module and planner
+    rating: float  # the DP's rating of its plan (inf: no plan)
+    same_rating_every_run: bool
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def time_end_to_end(
+    tables: Sequence[EmbeddingBagConfig],
+    topology: Topology,
+    batch_size: int,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    *,
+    repeats: int = 1,
+    enumerator: str | None = None,
+) -> EndToEnd:
+    """From the model to the plan: an EmbeddingBagCollection of `tables` (on
+    meta) planned by `create_planner(topology, batch_size, constraints=...,
+    enumerator=...)`, `repeats` times (the garbage of the run before
+    collected first, outside the timing)."""
+    check_int("repeats", repeats, low=1)
+    seconds, ratings = [], []
+    for _ in range(repeats):
+        module = EmbeddingBagCollection(tables=list(tables), device=torch.device("meta"))
+        chosen = create_planner(topology, batch_size, constraints=constraints, enumerator=enumerator)
+        gc.collect()
+        start = time.perf_counter()
+        chosen.plan(module, [EmbeddingBagCollectionSharder()])
+        seconds.append(time.perf_counter() - start)
+        ratings.append(chosen._proposers[0].best_rating)  # create_planner's DP
+        del module, chosen
+    name = default_enumerator() if enumerator is None else enumerator
+    return EndToEnd(name, seconds, ratings[0], len(set(ratings)) == 1)
 
 
 def rank_loads(plan: list[ShardingOption], world_size: int) -> pd.DataFrame:

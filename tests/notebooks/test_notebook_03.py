@@ -47,6 +47,20 @@ def test_results_name_every_proposer_with_rating_and_time(run):
     assert results["num_tables"] == 10 and results["world_size"] == 4
 
 
+def test_create_planner_end_to_end_with_either_enumerator_gives_the_dps_plan(run):
+    """Section 9: from the model to the plan, as training code calls create_planner."""
+    results = run.results
+    end_to_end = results["create_planner_end_to_end"]
+    assert set(end_to_end) == {"embnb", "torchrec"}
+    ours = results["proposers"]["embnb DP"]["perf_rating"]
+    for name, timed in end_to_end.items():
+        assert len(timed["seconds"]) == SMALL["repeats"] and min(timed["seconds"]) > 0, name
+        assert timed["median_s"] == pytest.approx(sum(timed["seconds"]) / len(timed["seconds"])), name
+        # the same options, the same DP: the plan compare_proposers rated, every run
+        assert timed["rating"] == ours and timed["same_rating_every_run"], name
+    assert f"create_planner from model to plan {end_to_end['embnb']['median_s']:.2g} s" in results["summary"]
+
+
 def test_worked_example_and_quality(run):
     results = run.results
     assert results["tiny_dp_matches_by_hand"] is True
