@@ -10,14 +10,15 @@ default estimators, which run once per shard, mostly in the perf estimator's
 reflection (it scans `dir(config)` for annotated formulas several times per shard).
 
 This enumerator walks the module as torchrec's does (same options in the same
-order, built by torchrec's own helpers and constructors) and differs in three ways:
+order, built by torchrec's own helpers and constructors; constraints, filters
+and shard sizes are torchrec's code) and differs in three ways:
 - torchrec's default estimators run once per distinct shard size of an option
   (`embnb.planner.estimates`), with the reflection narrowed to the names that
-  can match;
+  can match; shards of one size share the result;
 - its cache is a compact record of the options (`_Record`), made without
-  copying them; a repeated `enumerate` or `last_stored_search_space` rebuilds
-  fresh options from it, as torchrec hands out a deep copy;
-- nothing else: constraints, filters and shard sizes are torchrec's code.
+  deep-copying them; a repeated `enumerate` or `last_stored_search_space`
+  rebuilds fresh options from it, as torchrec hands out a deep copy;
+- the cyclic garbage collector is paused while it allocates (`collector_paused`).
 
 The enumeration loop is torchrec's, which changes between versions, so this is
 the default in `create_planner` only for the torchrec versions its equality
