@@ -11,10 +11,15 @@ reflection (it scans `dir(config)` for annotated formulas several times per shar
 
 This enumerator walks the module as torchrec's does (same options in the same
 order, built by torchrec's own helpers and constructors; constraints, filters
-and shard sizes are torchrec's code) and differs in three ways:
+and shard sizes are torchrec's code) and differs in four ways:
 - torchrec's default estimators run once per distinct shard size of an option
   (`embnb.planner.estimates`), with the reflection narrowed to the names that
   can match; shards of one size share the result;
+- what torchrec computes again for every table from the same arguments is
+  computed once per enumeration: the sharder's sharding types and kernels,
+  each sharding type's partition type, the kernel filter of tables without
+  kernel constraints, and a table's shard sizes per sharding type (torchrec
+  computes them per kernel);
 - its cache is a compact record of the options (`_Record`), made without
   deep-copying them; a repeated `enumerate` or `last_stored_search_space`
   rebuilds fresh options from it, as torchrec hands out a deep copy;
@@ -95,10 +100,11 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         self._sharder_map = {sharder_name(sharder.module_type): sharder for sharder in sharders}
         if _SHARDER_DATA:
             self._sharder_data_map = torchrec_enumerators.build_sharder_data_map(self._sharder_map)
+        self._lookups: dict[tuple, Any] = {}
         with collector_paused():
-            options = self._options_of(module)
+            options, layouts = self._options_of(module)
             distinct = self._estimate(options)
-            self._record = _Record(options, distinct)
+            self._record = _Record(options, layouts, distinct)
         self._last_stored_module = module
         self._last_stored_sharders = sharders
         return options
@@ -120,10 +126,12 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
             estimator.estimate(options, sharders)
         return None
 
-    def _options_of(self, module: nn.Module) -> list[ShardingOption]:
+    def _options_of(self, module: nn.Module) -> tuple[list[ShardingOption], list[Layout]]:
         """torchrec's EmbeddingEnumerator.enumerate up to its estimates: the
-        shardable parameters of the modules its sharders take, in its order."""
+        shardable parameters of the modules its sharders take, in its order;
+        and each option's shard layout."""
         options: list[ShardingOption] = []
+        layouts: list[Layout] = []
         queue = [("", module)]
         while queue:
             path, child = queue.pop(0) if self._use_exact_enumerate_order else queue.pop()
@@ -137,14 +145,16 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                 continue
             is_pooled = ShardingOption.module_pooled(child, path)
             for name, param in sharder.shardable_parameters(child).items():
-                options.extend(
-                    self._options_of_table(name, param, path, child, sharder, sharder_key, is_pooled)
-                )
-        return options
+                for option, layout in self._options_of_table(
+                    name, param, path, child, sharder, sharder_key, is_pooled
+                ):
+                    options.append(option)
+                    layouts.append(layout)
+        return options, layouts
 
     def _options_of_table(
         self, name, param, path, child, sharder, sharder_key, is_pooled
-    ) -> list[ShardingOption]:
+    ) -> list[tuple[ShardingOption, Layout]]:
         (
             input_lengths,
             col_wise_shard_dim,
@@ -166,39 +176,40 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         elif isinstance(child, EmbeddingTowerCollection):
             dependency = f"{path}.tower_{torchrec_enumerators._get_tower_index(name, child)}"
         options = []
-        sharding_types = sharder.sharding_types(self._compute_device)
+        sharding_types = self._memo(sharder.sharding_types, self._compute_device)
         for sharding_type in self._filter_sharding_types(name, sharding_types, sharder_key):
-            kernels = sharder.compute_kernels(sharding_type, self._compute_device)
-            for compute_kernel in self._filter_compute_kernels(name, kernels, sharding_type):
-                sizes, offsets = self._shard_sizes(
-                    param,
-                    sharding_type,
-                    col_wise_shard_dim,
-                    num_buckets,
-                    (name, path, child, sharder, compute_kernel),
-                )
-                options.append(
-                    ShardingOption(
-                        name=name,
-                        tensor=param,
-                        module=(path, child),
-                        input_lengths=input_lengths,
-                        batch_size=self._batch_size,
-                        compute_kernel=compute_kernel,
-                        sharding_type=sharding_type,
-                        partition_by=torchrec_enumerators.get_partition_by_type(sharding_type),
-                        shards=[Shard(size=size, offset=offset) for size, offset in zip(sizes, offsets)],
-                        cache_params=cache_params,
-                        enforce_hbm=enforce_hbm,
-                        stochastic_rounding=stochastic_rounding,
-                        bounds_check_mode=bounds_check_mode,
-                        dependency=dependency,
-                        is_pooled=is_pooled,
-                        feature_names=feature_names,
-                        output_dtype=output_dtype,
-                        key_value_params=key_value_params,
+            kernels = self._memo(sharder.compute_kernels, sharding_type, self._compute_device)
+            layout = None  # torchrec's shard sizes depend on the sharding type, not the kernel
+            for compute_kernel in self._kernels_of(name, kernels, sharding_type):
+                if layout is None:
+                    layout = self._layout(
+                        param,
+                        sharding_type,
+                        col_wise_shard_dim,
+                        num_buckets,
+                        (name, path, child, sharder, compute_kernel),
                     )
+                option = ShardingOption(
+                    name=name,
+                    tensor=param,
+                    module=(path, child),
+                    input_lengths=input_lengths,
+                    batch_size=self._batch_size,
+                    compute_kernel=compute_kernel,
+                    sharding_type=sharding_type,
+                    partition_by=self._memo(torchrec_enumerators.get_partition_by_type, sharding_type),
+                    shards=_shards(layout),
+                    cache_params=cache_params,
+                    enforce_hbm=enforce_hbm,
+                    stochastic_rounding=stochastic_rounding,
+                    bounds_check_mode=bounds_check_mode,
+                    dependency=dependency,
+                    is_pooled=is_pooled,
+                    feature_names=feature_names,
+                    output_dtype=output_dtype,
+                    key_value_params=key_value_params,
                 )
+                options.append((option, layout))
         if not options:
             raise RuntimeError(
                 "No available sharding type and compute kernel combination after applying user provided "
@@ -208,9 +219,33 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
             )
         return options
 
-    def _shard_sizes(self, param, sharding_type, col_wise_shard_dim, num_buckets, where) -> tuple[list, list]:
+    def _memo(self, function, *args):
+        """`function(*args)`, computed once per enumeration: torchrec's sharders'
+        sharding types and kernels and its partition types depend on their
+        arguments alone, and torchrec asks again for every table."""
+        key = (function, *args)
+        if key not in self._lookups:
+            self._lookups[key] = function(*args)
+        return self._lookups[key]
+
+    def _kernels_of(self, name: str, kernels: list[str], sharding_type: str) -> list[str]:
+        """torchrec's _filter_compute_kernels. For a table without compute-kernel
+        constraints it reads only the sharder's kernels (the sharding type and
+        the name go into its warning when none is left), so it runs once per
+        sharder's kernel list."""
+        constraint = self._constraints.get(name) if self._constraints else None
+        if constraint and constraint.compute_kernels:
+            return self._filter_compute_kernels(name, kernels, sharding_type)
+        key = ("unconstrained kernels", tuple(kernels))
+        if key not in self._lookups:
+            self._lookups[key] = self._filter_compute_kernels(name, kernels, sharding_type)
+            return self._lookups[key]
+        return self._lookups[key] or self._filter_compute_kernels(name, kernels, sharding_type)  # warns
+
+    def _layout(self, param, sharding_type, col_wise_shard_dim, num_buckets, where) -> Layout:
+        """torchrec's calculate_shard_sizes_and_offsets, as a Layout."""
         try:
-            return calculate_shard_sizes_and_offsets(
+            sizes, offsets = calculate_shard_sizes_and_offsets(
                 tensor=param,
                 world_size=self._world_size,
                 local_world_size=self._local_world_size,
@@ -229,60 +264,70 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                 f"world_size={self._world_size}, local_world_size={self._local_world_size}, "
                 f"col_wise_shard_dim={col_wise_shard_dim}, compute_device='{self._compute_device}'"
             ) from e
+        return tuple((tuple(size), tuple(offset)) for size, offset in zip(sizes, offsets))
+
+
+# An option's shards: each one's size and offset, as tuples.
+Layout = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+
+
+def _shards(layout: Layout) -> list[Shard]:
+    """New shards (no estimates, no rank) of `layout`."""
+    return [Shard(size=list(size), offset=list(offset)) for size, offset in layout]
 
 
 class _Record:
     """The options as enumerated, kept compactly: each option's attributes
     (mutable ones deep-copied, the module and tensor shared, as torchrec's deep
-    copy does), its shards' sizes and offsets, and a copy of each distinct
-    shard's estimates. `options()` builds fresh ShardingOptions equal to them
-    (every shard's rank was None when enumerated)."""
+    copy does), its shard layout, and a copy of each distinct shard's
+    estimates. `options()` builds fresh ShardingOptions equal to them (every
+    shard's rank was None when enumerated)."""
 
-    def __init__(self, options: list[ShardingOption], distinct: list[Distinct] | None) -> None:
+    def __init__(
+        self, options: list[ShardingOption], layouts: list[Layout], distinct: list[Distinct] | None
+    ) -> None:
         memo: dict[int, Any] = {}
         if distinct is None:  # each shard its own
             distinct = [Distinct(list(range(len(option.shards))), option.shards) for option in options]
         self._options = [
             (
                 _snapshot(option, memo),
-                tuple(map(tuple, (shard.size for shard in option.shards))),
-                tuple(map(tuple, (shard.offset for shard in option.shards))),
+                layout,
                 its.slot_of,
                 [(clone(shard.perf), clone(shard.storage)) for shard in its.shards],
             )
-            for option, its in zip(options, distinct)
+            for option, layout, its in zip(options, layouts, distinct)
         ]
 
     def options(self) -> list[ShardingOption]:
         memo: dict[int, Any] = {}
         rebuilt = []
-        for fields, sizes, offsets, slot_of, estimates in self._options:
+        for fields, layout, slot_of, estimates in self._options:
             option = object.__new__(ShardingOption)
             option.__dict__.update(_snapshot(fields, memo))
+            option.shards = _shards(layout)
             copies = [(clone(perf), clone(storage)) for perf, storage in estimates]  # shared as enumerated
-            option.shards = [
-                Shard(size=list(size), offset=list(offset), perf=perf, storage=storage)
-                for size, offset, (perf, storage) in zip(sizes, offsets, map(copies.__getitem__, slot_of))
-            ]
+            for shard, slot in zip(option.shards, slot_of):
+                shard.perf, shard.storage = copies[slot]
             rebuilt.append(option)
         return rebuilt
 
 
-_ATOMIC = (str, int, float, bool, type(None), enum.Enum)
+_ATOMIC = frozenset({str, int, float, bool, type(None)})
+_SHARED = frozenset({"_tensor", "_module", "shards"})  # torchrec's deep copy shares the first two
 
 
 def _snapshot(option: ShardingOption | dict, memo: dict[int, Any]) -> dict[str, Any]:
     """An option's attributes but its shards: module and tensor shared, immutable
     values as they are, the rest deep-copied (through `memo`, so what options
     share stays shared)."""
-    fields = option if isinstance(option, dict) else vars(option)
-    return {
-        name: value
-        if name in ("_tensor", "_module") or isinstance(value, _ATOMIC)
-        else copy.deepcopy(value, memo)
-        for name, value in fields.items()
-        if name != "shards"
-    }
+    copied = dict(option if isinstance(option, dict) else vars(option))
+    copied.pop("shards", None)
+    for name, value in copied.items():
+        if type(value) in _ATOMIC or name in _SHARED or isinstance(value, enum.Enum):
+            continue
+        copied[name] = memo[id(value)] if id(value) in memo else copy.deepcopy(value, memo)
+    return copied
 
 
 ENUMERATORS = ("torchrec", "embnb")  # torchrec's EmbeddingEnumerator, DistinctShardEnumerator

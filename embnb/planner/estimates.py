@@ -8,7 +8,8 @@ its own size alone: the perf estimator builds one context per shard
 computes its Perf from that context and the estimator's config; the storage
 estimator maps each shard size to a Storage (data-parallel: the same for
 every shard). So `estimate_distinct` hands those estimators each option with
-one shard per distinct size, and every shard of that size gets the result.
+its shards narrowed to the first of each size, then restores them, and every
+shard of that size gets the result.
 
 Shards of one size in one option share their Perf and Storage objects (equal
 field by field to what torchrec gives each of them). torchrec treats both as
@@ -68,34 +69,35 @@ def estimate_distinct(
     its size's perf and storage (the same objects). `sharders`: what torchrec's
     estimators take (its SharderDataMap on 1.7+, the sharders by name on 1.6).
     Returns each option's distinct shards."""
-    proxies, slots = [], []  # per option: its proxy; each shard's index among the proxy's shards
-    for option in options:
-        first_of_size: dict[tuple, tuple[int, Shard]] = {}
-        slot_of = []
-        for shard in option.shards:
-            size = tuple(shard.size)
-            if size not in first_of_size:
-                first_of_size[size] = (len(first_of_size), shard)
-            slot_of.append(first_of_size[size][0])
-        proxy = object.__new__(ShardingOption)
-        proxy.__dict__.update(option.__dict__)
-        proxy.shards = [_bare(shard) for _, shard in first_of_size.values()]
-        proxies.append(proxy)
-        slots.append(slot_of)
-    for estimator in estimators:
-        if type(estimator) is EmbeddingPerfEstimator:
-            with _quick_lookups(estimator):
-                estimator.estimate(proxies, sharders)
-        else:
-            estimator.estimate(proxies, sharders)
-    for option, proxy, slot_of in zip(options, proxies, slots):
-        shards = option.shards
-        option.__dict__.update(proxy.__dict__)  # what the estimators set (is_weighted)
-        option.shards = shards
-        for shard, slot in zip(shards, slot_of):
-            estimated = proxy.shards[slot]
-            shard.perf, shard.storage = estimated.perf, estimated.storage
-    return [Distinct(slot_of, proxy.shards) for proxy, slot_of in zip(proxies, slots)]
+    every = [option.shards for option in options]
+    distinct = [_distinct(shards) for shards in every]
+    try:
+        for option, its in zip(options, distinct):
+            option.shards = its.shards  # the estimators see the first shard of each size
+        for estimator in estimators:
+            if type(estimator) is EmbeddingPerfEstimator:
+                with _quick_lookups(estimator):
+                    estimator.estimate(options, sharders)
+            else:
+                estimator.estimate(options, sharders)
+    finally:
+        for option, shards in zip(options, every):
+            option.shards = shards
+    for shards, its in zip(every, distinct):
+        if len(its.shards) < len(shards):
+            for shard, slot in zip(shards, its.slot_of):
+                estimated = its.shards[slot]
+                shard.perf, shard.storage = estimated.perf, estimated.storage
+    return distinct
+
+
+def _distinct(shards: list[Shard]) -> Distinct:
+    """The first shard of each size among `shards`, and each shard's index among them."""
+    slot_by_size: dict[tuple, int] = {}
+    slot_of = [slot_by_size.setdefault(tuple(shard.size), len(slot_by_size)) for shard in shards]
+    if len(slot_by_size) == len(shards):
+        return Distinct(slot_of, shards)
+    return Distinct(slot_of, [shards[slot_of.index(slot)] for slot in range(len(slot_by_size))])
 
 
 def clone(value: Any) -> Any:
@@ -105,12 +107,6 @@ def clone(value: Any) -> Any:
     copied = object.__new__(type(value))
     copied.__dict__.update(value.__dict__)
     return copied
-
-
-def _bare(shard: Shard) -> Shard:
-    return Shard(
-        size=shard.size, offset=shard.offset, storage=shard.storage, perf=shard.perf, rank=shard.rank
-    )
 
 
 class _quick_lookups:

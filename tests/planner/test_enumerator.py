@@ -484,3 +484,40 @@ def test_a_table_left_without_options_fails_as_in_torchrec():
             kind(topology, BATCH_SIZE, constraints).enumerate(module, [EmbeddingBagCollectionSharder()])
         messages.append(str(raised.value))
     assert messages[0] == messages[1]
+
+
+class UnknownRowWiseKernelSharder(EmbeddingBagCollectionSharder):
+    """Offers a kernel torchrec's filter does not know for row-wise shards (so
+    unconstrained tables get no row-wise option, with a warning each) and
+    only two kernels for column-wise ones."""
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        if sharding_type == ShardingType.ROW_WISE.value:
+            return ["not_a_kernel"]
+        if sharding_type == ShardingType.COLUMN_WISE.value:
+            return [EmbeddingComputeKernel.FUSED_UVM.value, EmbeddingComputeKernel.FUSED.value]
+        return super().compute_kernels(sharding_type, compute_device_type)
+
+
+def test_a_sharders_own_kernels_give_torchrecs_options_and_warnings(caplog):
+    """Where the kernel filter leaves nothing, torchrec warns once per table
+    and sharding type; embnb looks the filter up once per kernel list but
+    warns as often."""
+    tables, constraints = varied_constraints()
+    topology = planner.make_topology(8, "cuda", hbm_cap_gb=4)
+    module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    enumerated, warned = {}, {}
+    for kind in (EmbeddingEnumerator, DistinctShardEnumerator):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="torchrec.distributed.planner.enumerators"):
+            enumerated[kind] = kind(topology, BATCH_SIZE, constraints).enumerate(
+                module, [UnknownRowWiseKernelSharder()]
+            )
+        warned[kind] = [
+            r.getMessage() for r in caplog.records if "No available compute kernels" in r.getMessage()
+        ]
+    assert_same_options(enumerated[EmbeddingEnumerator], enumerated[DistinctShardEnumerator])
+    assert not any(o.sharding_type == "row_wise" for o in enumerated[EmbeddingEnumerator])
+    asking_row_wise = [t.name for t in tables if t.name != "t4"]  # t4's constraints name other types
+    assert len(warned[EmbeddingEnumerator]) >= len(asking_row_wise)
+    assert warned[DistinctShardEnumerator] == warned[EmbeddingEnumerator]
