@@ -220,6 +220,35 @@ def test_balancer_bench_ratios_are_against_the_peer_and_the_unbalanced_run_in_th
     assert exchanges["bytes_per_rank"]["8"]["alltoall"] < exchanges["bytes_per_rank"]["8"]["allgather"] / 2
 
 
+def test_enumerators_bench_covers_every_case_with_the_same_options(tmp_path, bench):
+    from embnb.bench.enumerators import CASES
+
+    stdout, _ = bench("enumerators", "--tables", "6", "--repeats", "2", "--out", str(tmp_path))
+    payload = results(tmp_path, "enumerators")
+    rows = payload["rows"]
+    assert [(r["model"], r["device"], r["world_size"]) for r in rows] == [
+        (c.model, c.device, c.world_size) for c in CASES
+    ]
+    for row in rows:
+        assert row["same_options"] is True
+        assert row["world_size"] % row["local_world_size"] == 0
+        assert 0 < row["num_options"] <= row["distinct_shards"] <= row["num_shards"]
+        for key in ("torchrec_s", "embnb_s", "embnb_estimators_s"):  # medians of the runs beside them
+            runs = row[f"{key}_runs"]
+            assert len(runs) == 2 and min(runs) > 0 and row[key] == pytest.approx(sum(runs) / 2)
+        # torchrec's estimators run inside embnb's enumeration: a part of each run
+        assert all(e < t for e, t in zip(row["embnb_estimators_s_runs"], row["embnb_s_runs"]))
+        assert row["speedup"] == pytest.approx(row["torchrec_s"] / row["embnb_s"])
+        assert row["speedup_ceiling"] == pytest.approx(row["torchrec_s"] / row["embnb_estimators_s"])
+        mixed = row["model"] == "mixed"
+        assert (row["multi_feature_options"] > 0) == mixed  # make_model's tables have one feature
+        assert (row["uvm_caching_options"] > 0) == (row["device"] == "cuda")  # CPUs have no UVM
+        assert (row["cache_statistics_options"] > 0) == (mixed and row["device"] == "cuda")
+    # 6 pooled tables and one sequence table in the mixed model
+    assert {r["num_tables"] for r in rows} == {6, 7}
+    assert stdout.count("same options") == len(CASES)
+
+
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
     from embnb.planner.ablation import LADDER
 
@@ -247,6 +276,7 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
         (["planner", "--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["planner", "--enumerate-repeats", "0"], "--enumerate-repeats must be >= 1, got 0"),
         (["ablation", "--world-sizes", "0"], "--world-sizes must all be >= 1, got [0]"),
+        (["enumerators", "--repeats", "0"], "--tables and --repeats must be >= 1, got 200, 0"),
         (["ablation", "--timeout-s", "0"], "--hbm-fraction and --timeout-s must be > 0, got 0.5, 0.0"),
         (["nosuch"], "got 'nosuch'"),
     ],

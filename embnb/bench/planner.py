@@ -40,7 +40,6 @@ skips the quality part.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import logging
 import math
@@ -51,7 +50,8 @@ import time
 import numpy as np
 
 from embnb import planner
-from embnb.bench.timing import write_results
+from embnb.bench.timing import spread, write_results
+from embnb.planner.enumerator import same_options
 from embnb.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
 from embnb.planner.study import (
     compare_proposers,
@@ -81,7 +81,7 @@ def bench_one(
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
     enumerated, enumerate_runs = _enumerate(model, topology, batch_size, "torchrec", enumerate_repeats)
     ours_enumerated, ours_enumerate_runs = _enumerate(model, topology, batch_size, "embnb", enumerate_repeats)
-    same_options = _same_options(enumerated.options, ours_enumerated.options)
+    alike = same_options(enumerated.options, ours_enumerated.options)
     del ours_enumerated  # the proposers plan over torchrec's options
     proposers = {k: v for k, v in default_proposers().items() if k in (OURS, *PEERS)}
     table = compare_proposers(
@@ -103,7 +103,7 @@ def bench_one(
         "enumerate_s_runs": enumerate_runs,
         "enumerate_embnb_s": statistics.median(ours_enumerate_runs),  # embnb's DistinctShardEnumerator
         "enumerate_embnb_s_runs": ours_enumerate_runs,
-        "enumerate_same_options": same_options,
+        "enumerate_same_options": alike,
         "proposers": {},
     }
     row["enumerate_speedup"] = row["enumerate_s"] / row["enumerate_embnb_s"]
@@ -180,41 +180,6 @@ def _repeat_ours(entry: dict, repeats: int, make_proposer, enumerated, topology,
     return entry["plan_s"]
 
 
-def _same_options(expected: list, actual: list) -> bool:
-    """Both enumerations hold the same options in the same order: each option's
-    fields, and each shard's size, offset, storage and perf (floats to the bit)."""
-
-    def record(option) -> tuple:
-        shards = [
-            (shard.size, shard.offset, shard.storage, shard.rank, *map(_bits, _perf_values(shard.perf)))
-            for shard in option.shards
-        ]
-        fields = {
-            k: v for k, v in vars(option).items() if k not in ("shards", "_tensor", "_module", "cache_params")
-        }
-        cache = option.cache_params  # its statistics are copied per option: compared by presence
-        cache = None if cache is None else (dataclasses.replace(cache, stats=None), cache.stats is None)
-        return (fields, option.tensor.shape, option.module[0], cache, shards)
-
-    return len(expected) == len(actual) and all(record(a) == record(b) for a, b in zip(expected, actual))
-
-
-def _bits(value: float) -> object:
-    return value.hex() if isinstance(value, float) else value  # -0.0 apart from 0.0, NaN equal to NaN
-
-
-def _perf_values(perf) -> tuple[float, ...]:
-    return (
-        perf.fwd_compute,
-        perf.fwd_comms,
-        perf.bwd_compute,
-        perf.bwd_comms,
-        perf.input_dist_comms,
-        perf.prefetch_compute,
-        perf.total,
-    )
-
-
 def quality(num_instances: int, table_counts: list[int], seed: int, batch_size: int) -> list[dict]:
     rows = []
     for num_tables in table_counts:
@@ -252,12 +217,12 @@ def _line(row: dict) -> str:
     ours = row["proposers"][OURS]
     parts = [
         f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
-        f"{_spread(row['enumerate_s_runs'], 1)} (embnb's {_spread(row['enumerate_embnb_s_runs'], 2)}, "
+        f"{spread(row['enumerate_s_runs'], 1)} (embnb's {spread(row['enumerate_embnb_s_runs'], 2)}, "
         f"{row['enumerate_speedup']:.1f}x, "
         f"{'same options' if row['enumerate_same_options'] else 'OPTIONS DIFFER'}) "
-        f"| {OURS} {_rating(ours['perf_rating'])} in {_spread(ours['plan_s_runs'], 2)}"
+        f"| {OURS} {_rating(ours['perf_rating'])} in {spread(ours['plan_s_runs'], 2)}"
         f"{'' if ours['same_rating_every_run'] else ', RATINGS DIFFER'}"
-        f" ({_breakdown(ours)}), end to end {_spread(ours['end_to_end_s_runs'], 2)}"
+        f" ({_breakdown(ours)}), end to end {spread(ours['end_to_end_s_runs'], 2)}"
         f"{'' if ours['end_to_end_rating'] == ours['perf_rating'] else ' RATED OTHERWISE'}"
     ]
     for name in PEERS:
@@ -269,12 +234,6 @@ def _line(row: dict) -> str:
             f"{' TIMED OUT' if peer['timed_out'] else ''}"
         )
     return " | ".join(parts)
-
-
-def _spread(runs: list[float], digits: int) -> str:
-    """The median of `runs` and their range, in seconds."""
-    median = statistics.median(runs)
-    return f"{median:.{digits}f} s ({min(runs):.{digits}f}-{max(runs):.{digits}f}, {len(runs)} runs)"
 
 
 def _breakdown(entry: dict) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
+import statistics
 from typing import Any
 
 from embnb.timing import machine_name
@@ -23,3 +24,9 @@ def write_results(name: str, payload: dict[str, Any], out_dir: pathlib.Path | No
     path = out_dir / f"{name}-{stamp}-{slug}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def spread(runs: list[float], digits: int) -> str:
+    """The median of `runs` and their range, in seconds."""
+    median = statistics.median(runs)
+    return f"{median:.{digits}f} s ({min(runs):.{digits}f}-{max(runs):.{digits}f}, {len(runs)} runs)"

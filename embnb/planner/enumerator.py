@@ -33,6 +33,7 @@ tests run on (`TESTED_TORCHREC`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 from typing import Any
 
@@ -62,6 +63,7 @@ __all__ = [
     "DistinctShardEnumerator",
     "default_enumerator",
     "make_enumerator",
+    "same_options",
 ]
 
 # torchrec 1.7+ hands estimators a snapshot of each sharder (SharderData); 1.6 the sharders.
@@ -328,6 +330,43 @@ def _snapshot(option: ShardingOption | dict, memo: dict[int, Any]) -> dict[str, 
             continue
         copied[name] = memo[id(value)] if id(value) in memo else copy.deepcopy(value, memo)
     return copied
+
+
+def same_options(expected: list, actual: list) -> bool:
+    """Whether two enumerations (of one module, or of two alike ones) hold the
+    same options in the same order: each option's fields, and each shard's
+    size, offset, rank, storage and perf (floats to the bit). A cache's
+    statistics object is compared by presence (torchrec copies it per option)."""
+
+    def record(option) -> tuple:
+        shards = [
+            (shard.size, shard.offset, shard.storage, shard.rank, *map(_bits, _perf_values(shard.perf)))
+            for shard in option.shards
+        ]
+        fields = {
+            k: v for k, v in vars(option).items() if k not in ("shards", "_tensor", "_module", "cache_params")
+        }
+        cache = option.cache_params  # its statistics are copied per option: compared by presence
+        cache = None if cache is None else (dataclasses.replace(cache, stats=None), cache.stats is None)
+        return (fields, option.tensor.shape, option.module[0], cache, shards)
+
+    return len(expected) == len(actual) and all(record(a) == record(b) for a, b in zip(expected, actual))
+
+
+def _bits(value: float) -> object:
+    return value.hex() if isinstance(value, float) else value  # -0.0 apart from 0.0, NaN equal to NaN
+
+
+def _perf_values(perf) -> tuple[float, ...]:
+    return (
+        perf.fwd_compute,
+        perf.fwd_comms,
+        perf.bwd_compute,
+        perf.bwd_comms,
+        perf.input_dist_comms,
+        perf.prefetch_compute,
+        perf.total,
+    )
 
 
 ENUMERATORS = ("torchrec", "embnb")  # torchrec's EmbeddingEnumerator, DistinctShardEnumerator

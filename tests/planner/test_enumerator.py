@@ -14,8 +14,6 @@ import re
 import pytest
 import torch
 import torchrec
-from torch import nn
-from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -30,12 +28,18 @@ from torchrec.distributed.planner.estimator.types import (
 from torchrec.distributed.planner.shard_estimators import EmbeddingOffloadStats, EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import BoundsCheckMode, CacheParams, ShardingType
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
-from embnb.planner.enumerator import ENUMERATORS, TESTED_TORCHREC, DistinctShardEnumerator, default_enumerator
-from embnb.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.planner.enumerator import (
+    ENUMERATORS,
+    TESTED_TORCHREC,
+    DistinctShardEnumerator,
+    default_enumerator,
+    same_options,
+)
+from embnb.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 
@@ -295,66 +299,24 @@ def test_bad_enumerator_is_refused(bad):
         planner.create_planner(topology, BATCH_SIZE, enumerator=bad)
 
 
-class PooledAndSequence(nn.Module):
-    """A weighted EmbeddingBagCollection whose tables several features read
-    (each with its own pooling factor) beside an EmbeddingCollection (unpooled)."""
-
-    def __init__(self):
-        super().__init__()
-        self.pooled = EmbeddingBagCollection(
-            tables=[
-                EmbeddingBagConfig(
-                    name=f"shared_{i}",
-                    feature_names=[f"shared_{i}_f{j}" for j in range(1 + i % 4)],
-                    num_embeddings=5_000 + 104_729 * i**2,
-                    embedding_dim=[32, 64, 128][i % 3],
-                )
-                for i in range(6)
-            ],
-            is_weighted=True,
-            device=torch.device("meta"),
-        )
-        self.sequence = EmbeddingCollection(
-            tables=[
-                EmbeddingConfig(
-                    name=f"seq_{i}",
-                    feature_names=[f"seq_{i}_f"],
-                    num_embeddings=20_000 * (i + 1),
-                    embedding_dim=64,
-                )
-                for i in range(3)
-            ],
-            device=torch.device("meta"),
-        )
-
-
-def pooled_and_sequence_constraints(device: str) -> dict[str, ParameterConstraints]:
-    constraints = {
-        f"shared_{i}": ParameterConstraints(pooling_factors=[1.0 + 3.5 * j for j in range(1 + i % 4)])
-        for i in range(6)
-    }
-    if device == "cuda":  # CPUs have no UVM
-        constraints["seq_1"] = ParameterConstraints(
-            pooling_factors=[12.0],
-            cache_params=CacheParams(load_factor=0.3),
-            compute_kernels=["fused_uvm_caching"],
-        )
-    return constraints
-
-
 @pytest.mark.parametrize(("world_size", "local_world_size", "device"), [(8, None, "cuda"), (16, 4, "cpu")])
 def test_same_options_on_shared_multi_feature_tables_and_sequence_tables(
     world_size, local_world_size, device
 ):
-    module, constraints = PooledAndSequence(), pooled_and_sequence_constraints(device)
-    sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    model = make_mixed_model(8, seed=0, uvm_caching=device == "cuda")  # CPUs have no UVM
     topology = planner.make_topology(
         world_size, device, hbm_cap_gb=2, ddr_cap_gb=32, local_world_size=local_world_size
     )
-    expected = EmbeddingEnumerator(topology, BATCH_SIZE, constraints).enumerate(module, sharders)
-    actual = DistinctShardEnumerator(topology, BATCH_SIZE, constraints).enumerate(module, sharders)
+    expected = EmbeddingEnumerator(topology, BATCH_SIZE, model.constraints).enumerate(
+        model.module, model.sharders
+    )
+    actual = DistinctShardEnumerator(topology, BATCH_SIZE, model.constraints).enumerate(
+        model.module, model.sharders
+    )
     assert {o.is_pooled for o in expected} == {True, False}  # both kinds of module were walked
     assert {len(o.input_lengths) for o in expected} >= {1, 2, 3, 4}  # tables read by several features
+    assert {len(set(o.input_lengths)) for o in expected} >= {2}  # each feature its own pooling factor
+    assert any(o.cache_params and o.cache_params.stats for o in expected) == (device == "cuda")
     assert_same_options(expected, actual)
 
 
@@ -521,3 +483,24 @@ def test_a_sharders_own_kernels_give_torchrecs_options_and_warnings(caplog):
     asking_row_wise = [t.name for t in tables if t.name != "t4"]  # t4's constraints name other types
     assert len(warned[EmbeddingEnumerator]) >= len(asking_row_wise)
     assert warned[DistinctShardEnumerator] == warned[EmbeddingEnumerator]
+
+
+def test_same_options_tells_options_apart_by_one_ulp_of_a_perf():
+    """The check behind the benches' 'same options'."""
+    tables, constraints = varied_constraints()
+    expected, actual = enumerate_both(tables, planner.make_topology(8, "cuda", hbm_cap_gb=4), constraints)
+    assert same_options(expected, actual)
+    assert not same_options(expected, actual[:-1])
+    changes = [
+        lambda o: setattr(
+            o.shards[-1].perf, "bwd_comms", math.nextafter(o.shards[-1].perf.bwd_comms, math.inf)
+        ),
+        lambda o: setattr(o.shards[0], "size", [o.shards[0].size[0] + 1, o.shards[0].size[1]]),
+        lambda o: setattr(o.shards[0], "rank", 3),
+        lambda o: setattr(o, "compute_kernel", "not_a_kernel"),
+        lambda o: setattr(o, "input_lengths", [*o.input_lengths, 1.0]),
+    ]
+    for change in changes:
+        changed = copy.deepcopy(actual)
+        change(changed[len(changed) // 2])
+        assert not same_options(expected, changed)

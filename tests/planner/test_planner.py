@@ -41,7 +41,7 @@ from embnb import planner
 from embnb.planner.brute_force import brute_force_rating, rate_every_plan
 from embnb.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
 from embnb.planner.factory import Fallback
-from embnb.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
 from embnb.planner.study import (
     compare_proposers,
     default_proposers,
@@ -630,6 +630,8 @@ def test_zero_tables_are_refused():
         compare_proposers([], topology, BATCH_SIZE)
     with pytest.raises(ValueError, match="num_tables must be an int >= 1, got 0"):
         make_model(0)
+    with pytest.raises(ValueError, match="num_tables must be an int >= 1, got 0"):
+        make_mixed_model(0)
 
 
 @pytest.mark.parametrize(
