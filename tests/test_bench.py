@@ -249,6 +249,21 @@ def test_enumerators_bench_covers_every_case_with_the_same_options(tmp_path, ben
     assert stdout.count("same options") == len(CASES)
 
 
+def test_end_to_end_bench_plans_in_fresh_processes_as_in_this_one(tmp_path, bench):
+    stdout, _ = bench("end_to_end", "--cases", "6x2", "5x4", "--processes", "2", "--out", str(tmp_path))
+    payload = results(tmp_path, "end_to_end")
+    assert [(r["num_tables"], r["world_size"]) for r in payload["rows"]] == [(6, 2), (5, 4)]
+    for row in payload["rows"]:
+        for key in ("fresh_process_s", "in_process_s"):  # medians of the runs beside them
+            runs = row[f"{key}_runs"]
+            assert len(runs) == 2 and min(runs) > 0 and row[key] == pytest.approx(sum(runs) / 2)
+        assert len(row["import_s_runs"]) == 2 and min(row["import_s_runs"]) > 0
+        # each process planned the same model: the DP's rating, as in this process
+        assert row["fresh_ratings"] == [row["in_process_rating"]] * 2 and row["same_rating_everywhere"]
+        assert 0 < row["in_process_rating"] < float("inf")
+    assert stdout.count("fresh process") == 2
+
+
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
     from embnb.planner.ablation import LADDER
 
@@ -277,6 +292,8 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
         (["planner", "--enumerate-repeats", "0"], "--enumerate-repeats must be >= 1, got 0"),
         (["ablation", "--world-sizes", "0"], "--world-sizes must all be >= 1, got [0]"),
         (["enumerators", "--repeats", "0"], "--tables and --repeats must be >= 1, got 200, 0"),
+        (["end_to_end", "--processes", "0"], "--processes must be >= 1, got 0"),
+        (["end_to_end", "--cases", "800by64"], "a case is TABLESxDEVICES, e.g. 800x64; got '800by64'"),
         (["ablation", "--timeout-s", "0"], "--hbm-fraction and --timeout-s must be > 0, got 0.5, 0.0"),
         (["nosuch"], "got 'nosuch'"),
     ],
