@@ -15,12 +15,10 @@ seconds (median and range; the enumeration, shared, is reported apart).
 from __future__ import annotations
 
 import argparse
-import logging
-import pathlib
 import time
 
 from embnb import planner
-from embnb.bench.timing import write_results
+from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.planner.ablation import LADDER, ablation_records, ablation_table
 from embnb.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.timing import machine_name
@@ -68,9 +66,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--repeats", type=int, default=3, help="planning runs per rung (median and range)")
     parser.add_argument("--timeout-s", type=float, default=120, help="planning time limit per run")
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
-    )
+    add_out_argument(parser)
     opts = parser.parse_args(argv)
     for name, values in (("--tables", opts.tables), ("--world-sizes", opts.world_sizes)):
         if any(v < 1 for v in values):
@@ -79,8 +75,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"--repeats must be >= 1, got {opts.repeats}")
     if not opts.hbm_fraction > 0 or not opts.timeout_s > 0:
         parser.error(f"--hbm-fraction and --timeout-s must be > 0, got {opts.hbm_fraction}, {opts.timeout_s}")
-    logging.getLogger("torchrec").setLevel(logging.ERROR)  # the planner logs every proposal
-    logging.getLogger().setLevel(logging.ERROR)
+    quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
     for world_size in opts.world_sizes:
         for num_tables in opts.tables:

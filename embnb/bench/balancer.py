@@ -26,7 +26,6 @@ Writes benchmarks/results/balancer-DATE-MACHINE.json.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import statistics
 import sys
 import threading
@@ -41,7 +40,7 @@ from embnb.balancing import partition as balancer
 from embnb.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
-from embnb.bench.timing import write_results
+from embnb.bench.timing import add_out_argument, write_results
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan
 from embnb.native import loader
@@ -245,9 +244,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
         default=[2, 4, 8, 16, 32, 64],
         help="ranks bytes are computed for",
     )
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
-    )
+    add_out_argument(parser)
     opts = parser.parse_args(argv)
     for name, values in (
         ("--world-size", opts.world_size),

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import sys
 
-from embnb.bench.timing import write_results
+from embnb.bench.timing import add_out_argument, write_results
 from embnb.dist import resolve_device
 from embnb.rowwise.kernel_timing import QUICK_SIZES, SIZES, WORLD_SIZES, run
 from embnb.rowwise.routing import DistType
@@ -46,9 +45,7 @@ def main(argv: list[str]) -> int:
         "--quick", action="store_true", help=f"sizes {QUICK_SIZES}, 5 repeats, no JSON written"
     )
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
-    )
+    add_out_argument(parser)
     args = parser.parse_args(argv)
 
     try:

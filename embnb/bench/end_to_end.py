@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import pathlib
 import statistics
 import subprocess
 import sys
 import time
 
 from embnb import planner
-from embnb.bench.timing import spread, write_results
+from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
 from embnb.planner.models import fused_table_gb, make_model
 from embnb.planner.study import time_end_to_end
 from embnb.timing import machine_name
@@ -130,14 +128,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--processes", type=int, default=5, help="fresh processes per case (and runs in this one)"
     )
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
-    )
+    add_out_argument(parser)
     opts = parser.parse_args(argv)
     if opts.processes < 1:
         parser.error(f"--processes must be >= 1, got {opts.processes}")
-    logging.getLogger("torchrec").setLevel(logging.ERROR)
-    logging.getLogger().setLevel(logging.ERROR)
+    quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
     for num_tables, world_size in opts.cases:
         rows.append(bench_case(num_tables, world_size, opts.processes))

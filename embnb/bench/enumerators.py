@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
-import pathlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,7 +31,7 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
-from embnb.bench.timing import spread, write_results
+from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
 from embnb.planner.enumerator import DistinctShardEnumerator, same_options
 from embnb.planner.models import MixedModel, fused_table_gb, make_mixed_model, make_model
 from embnb.timing import machine_name
@@ -159,14 +157,11 @@ def main(argv: list[str]) -> int:
         "--tables", type=int, default=200, help="tables per model (mixed: and a quarter more)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="enumerations per enumerator and case")
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
-    )
+    add_out_argument(parser)
     opts = parser.parse_args(argv)
     if opts.tables < 1 or opts.repeats < 1:
         parser.error(f"--tables and --repeats must be >= 1, got {opts.tables}, {opts.repeats}")
-    logging.getLogger("torchrec").setLevel(logging.ERROR)  # a warning per data-parallel table
-    logging.getLogger().setLevel(logging.ERROR)
+    quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
     for case in CASES:
         rows.append(bench_case(case, opts.tables, opts.repeats))

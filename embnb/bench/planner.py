@@ -41,16 +41,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import math
-import pathlib
 import statistics
 import time
 
 import numpy as np
 
 from embnb import planner
-from embnb.bench.timing import spread, write_results
+from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
 from embnb.planner.enumerator import same_options
 from embnb.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
 from embnb.planner.study import (
@@ -283,9 +281,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
         default=[3, 4],
         help="table counts of the quality instances (brute force grows as 16^tables)",
     )
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
-    )
+    add_out_argument(parser)
     opts = parser.parse_args(argv)
     for name, values in (
         ("--tables", opts.tables),
@@ -307,8 +303,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     opts = _options(argv)
-    logging.getLogger("torchrec").setLevel(logging.ERROR)  # the planner logs every proposal
-    logging.getLogger().setLevel(logging.ERROR)  # and warns for each data-parallel table
+    quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
     for world_size in opts.world_sizes:
         for num_tables in opts.tables:

@@ -1,9 +1,12 @@
-"""Result files of the benchmarks; timing itself lives in embnb.timing."""
+"""What the benchmarks share: their result files, the --out option, quiet
+torchrec logs and how a spread prints; timing itself lives in embnb.timing."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
+import logging
 import pathlib
 import statistics
 from typing import Any
@@ -30,3 +33,16 @@ def spread(runs: list[float], digits: int) -> str:
     """The median of `runs` and their range, in seconds."""
     median = statistics.median(runs)
     return f"{median:.{digits}f} s ({min(runs):.{digits}f}-{max(runs):.{digits}f}, {len(runs)} runs)"
+
+
+def add_out_argument(parser: argparse.ArgumentParser) -> None:
+    """--out: where write_results puts the JSON."""
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
+    )
+
+
+def quiet_torchrec_logs() -> None:
+    """Errors only: torchrec's planner logs every proposal and warns for each data-parallel table."""
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
