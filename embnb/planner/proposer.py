@@ -27,9 +27,13 @@ Every plan considered is placed and rated here by a replica of torchrec's
 GreedyPerfPartitioner and NoopPerfModel (`embnb.planner.replica`, equal to the
 bit), so the planner's partitioner sees two proposals: the first (each table's
 smallest option: it brings the devices' memory) and the best plan found, which
-checks the replica. If the planner rates that plan otherwise (another
-partitioner or perf model), the search starts again without the replica,
-proposing every plan as before.
+checks the replica. The replica models torchrec's placement on one host and
+on several (host-level types host by host, grid sharding over hosts); plans it
+does not model (key-value column-wise) go to the planner. If the planner rates
+the replica's plan otherwise (another partitioner or perf model), the search
+starts again without the replica, proposing every plan as before.
+`feedback_reasons` says why each plan went to the planner, `disagreements`
+where the planner and the replica disagreed.
 
     planner = create_planner(topology, batch_size=512)    # this proposer first
     plan = planner.plan(module, sharders)                 # (the class docstring: a full example)
@@ -62,6 +66,10 @@ __all__ = ["DynamicProgrammingProposer"]
 
 logger = logging.getLogger(__name__)
 
+FIRST_REASON = (
+    "the first proposal: each table's smallest option (the planner's feedback brings the devices' memory)"
+)
+
 
 class DynamicProgrammingProposer(Proposer):
     """Knapsack proposals, then refinements guided by the planner's feedback.
@@ -90,6 +98,12 @@ class DynamicProgrammingProposer(Proposer):
             the planner partitions far fewer. Off by itself when the
             planner's answer differs from the replica's (another
             partitioner or perf model).
+
+    Why each proposal went to the planner is in `feedback_reasons` (one per
+    feedback: the first proposal, a plan the replica does not model, the
+    replica's best to check, or every plan with `replay` off); where the
+    planner's answer differed from the replica's, and why, in `disagreements`
+    (`num_disagreements`).
 
     When no plan can fit (a table fits on no device, or the tables do not fit
     the devices together) it proposes nothing more and leaves the verdict to
@@ -149,6 +163,10 @@ class DynamicProgrammingProposer(Proposer):
     ) -> None:
         if replay is not None:
             self._replay = check_bool("replay", replay)
+        # Why each plan went to the planner (one per feedback), and where the
+        # planner's answer differed from the replica's.
+        self.feedback_reasons: list[str] = []
+        self.disagreements: list[str] = []
         with collector_paused():
             self._load(search_space)
 
@@ -170,6 +188,7 @@ class DynamicProgrammingProposer(Proposer):
         self._predicted: Placement | None = None  # the replica's answer for the current proposal
         self._best_replayed: tuple[np.ndarray, Placement] | None = None  # the best plan not proposed yet
         self.no_plan_reason: str | None = None  # why it stopped proposing, when no plan can fit
+        self._reason = FIRST_REASON  # why the current proposal goes to the planner
         # Before the first feedback the device memory is unknown: propose each
         # table's smallest option, like torchrec's DP proposer.
         self._values = ShardValues(search_space)
@@ -183,6 +202,12 @@ class DynamicProgrammingProposer(Proposer):
             if self._options
             else None
         )
+
+    @property
+    def num_disagreements(self) -> int:
+        """Plans the planner placed or rated otherwise than the replica
+        predicted (each one's why is in `disagreements`)."""
+        return len(self.disagreements)
 
     @property
     def best_rating(self) -> float:
@@ -214,6 +239,7 @@ class DynamicProgrammingProposer(Proposer):
     ) -> None:
         if self._current is None:
             return
+        self.feedback_reasons.append(self._reason)
         if self._space is None:
             if storage_constraint is None:
                 raise ValueError("feedback needs the storage_constraint (torchrec's planner passes it)")
@@ -244,13 +270,19 @@ class DynamicProgrammingProposer(Proposer):
             if (predicted.placed, predicted.rating) == (placed, perf_rating):
                 self._current = None
             else:  # the planner's partitioner or perf model is not torchrec's default
-                logger.warning(
-                    "DynamicProgrammingProposer: the planner rated the plan %s, its replica %s; "
-                    "searching again without the replica",
-                    perf_rating,
-                    predicted.rating,
+                said = f"rated it {perf_rating!r}" if placed else "could not place it"
+                thought = f"rated {predicted.rating!r}" if predicted.placed else "not placed"
+                self.disagreements.append(
+                    f"the planner {said}; the replica of GreedyPerfPartitioner and NoopPerfModel predicted "
+                    f"{thought} (the planner's partitioner or perf model is not torchrec's default)"
                 )
-                self.load(self._search_space, replay=False)
+                logger.warning(
+                    "DynamicProgrammingProposer: %s; searching again without the replica",
+                    self.disagreements[-1],
+                )
+                self._replay = False
+                with collector_paused():
+                    self._load(self._search_space)
             return
         if choice is not None:
             ranks = [[s.rank for s in o.shards] for o in plan or []]
@@ -268,9 +300,15 @@ class DynamicProgrammingProposer(Proposer):
                 if best is None or best[1].rating > self._best_rating:
                     return None
                 choice, self._predicted = best
+                self._reason = f"the replica's best plan (rated {best[1].rating!r}), for the planner to check"
                 return choice
             placement = self._replica.place(choice) if self._replica is not None else None
             if placement is None:
+                self._reason = (
+                    "replay off: every plan goes to the planner"
+                    if self._replica is None
+                    else f"the replica does not model it: {self._replica.unmodelled(choice)}"
+                )
                 return choice
             self.num_replayed += 1
             if placement.placed and placement.rating < self._best_rating:

@@ -10,11 +10,13 @@ torchrec's to the last bit; the proposer uses it to propose only plans that
 beat the best so far (and checks every prediction against the planner's
 answer, falling back to proposing everything on a mismatch).
 
-Supported: one host, uniform, device and host (table-row-wise,
-table-column-wise) placement. Anything else (several hosts, grid sharding,
-key-value column-wise) is left to torchrec: `place` returns None. Plans of
-uniform and device placement only, one table per dependency (the common
-case), are placed natively (torch.ops.embnb.greedy_place,
+Supported: uniform, device, host (table-row-wise, table-column-wise: torchrec's
+`_cohost_partition`, the group on the first host by summed load that holds it)
+and multi-host (grid sharding: `_multi_hosts_partition`) placement, on one
+host or several. Key-value column-wise (torchrec's
+`_column_wise_device_partition`) is left to torchrec: `place` returns None.
+Plans whose dependency groups hold one table each (the common case) are
+placed natively (torch.ops.embnb.greedy_place,
 embnb/native/greedy_place.cpp: the same answers, without a heap of Python
 tuples per shard); the rest, or all without the native extension, here.
 """
@@ -37,6 +39,7 @@ from embnb.planner.space import ShardValues
 UNIFORM = PartitionByType.UNIFORM.value
 DEVICE = PartitionByType.DEVICE.value
 HOST = PartitionByType.HOST.value
+MULTI_HOST = PartitionByType.MULTI_HOST.value
 
 
 def perf_parts(perf) -> tuple[float, ...]:
@@ -72,15 +75,30 @@ class Placement:
 
 
 class _Option:
-    __slots__ = ("kind", "sharding_type", "key", "parts", "totals", "storages", "total_storage")
+    __slots__ = (
+        "kind",
+        "name",
+        "sharding_type",
+        "compute_kernel",
+        "key",
+        "parts",
+        "totals",
+        "storages",
+        "total_storage",
+    )
 
-    def __init__(self, option: ShardingOption, supported: bool, values: ShardValues) -> None:
+    def __init__(self, option: ShardingOption, values: ShardValues) -> None:
         kind = option.partition_by
         key_value_cw = (
             option.compute_kernel == "key_value" and option.sharding_type == ShardingType.COLUMN_WISE.value
         )
-        self.kind = kind if supported and kind in (UNIFORM, DEVICE, HOST) and not key_value_cw else None
-        self.sharding_type = option.sharding_type
+        modelled = kind in (UNIFORM, DEVICE, HOST, MULTI_HOST) and not key_value_cw
+        self.kind = kind if modelled else None
+        self.name, self.sharding_type, self.compute_kernel = (
+            option.name,
+            option.sharding_type,
+            option.compute_kernel,
+        )
         self.key = option.dependency or option.fqn
         rows = values.rows(option)
         self.parts = [tuple(p) for p in values.parts[rows].tolist()]
@@ -106,9 +124,14 @@ class GreedyPerfReplica:
         devices = storage_constraint.devices
         self.world_size = num = len(devices)
         self.local_world_size = storage_constraint.local_world_size
-        one_host = storage_constraint.world_size // storage_constraint.intra_group_size <= 1
+        # torchrec's hosts: consecutive blocks of intra_group_size devices (local_world_size before 1.7)
+        self.host_size = getattr(storage_constraint, "intra_group_size", self.local_world_size)
+        self.hosts = [
+            list(range(h * self.host_size, (h + 1) * self.host_size))
+            for h in range(storage_constraint.world_size // self.host_size)
+        ]
         values = values or ShardValues([o for table in options for o in table])
-        self.options = [[_Option(o, one_host, values) for o in table] for table in options]
+        self.options = [[_Option(o, values) for o in table] for table in options]
         self.start_storage = np.array([storage_of(d.storage) for d in devices], dtype=np.int64)
         self.start_parts = np.array([perf_parts(d.perf) for d in devices], dtype=float)
         width = max(len(t) for t in options)
@@ -189,22 +212,45 @@ class GreedyPerfReplica:
                 key=lambda group: tuple(sum(chosen[t].total_storage[i] for t in group) for i in range(3)),
                 reverse=True,
             )
+        return self._place_groups(chosen, choice, order, ranks, parts, storage, answer)
+
+    def unmodelled(self, choice: np.ndarray) -> str | None:
+        """Why `place` leaves `choice` to torchrec (None: it does not)."""
+        chosen = [self.options[t][o] for t, o in enumerate(choice.tolist())]
+        for option in chosen:
+            if option.kind is None:
+                return f"table {option.name!r}: {option.sharding_type} with {option.compute_kernel}"
+        keys = [option.key for option in chosen if option.kind == DEVICE]
+        if len(set(keys)) < len(keys):
+            return "a dependency group of several tables placed device by device"
+        return None
+
+    def _place_groups(self, chosen, choice, order, ranks, parts, storage, answer) -> Placement | None:
+        """Step 2 of `place`: the groups in order; a device heap over every
+        device is kept until a host or multi-host group moves the loads."""
         heap: list | None = None
         for group in order:
             kind = chosen[group[0]].kind
             if kind == DEVICE:
+                if len(group) != 1:  # torchrec asserts one table per device group
+                    return None
                 if heap is None:
-                    heap = self._heap(parts, range(num), self.local_world_size)
-                if not self._device_place(chosen[group[0]], ranks[group[0]], heap, parts, storage):
-                    return failed()
+                    heap = self._heap(parts, range(self.world_size), self.local_world_size)
+                placed = self._device_place(chosen[group[0]], ranks[group[0]], heap, parts, storage)
             elif kind == HOST:
-                if not self._host_place(
+                placed = self._cohost_place(
                     [chosen[t] for t in group], [ranks[t] for t in group], parts, storage
-                ):
-                    return failed()
+                )
+                heap = None
+            elif kind == MULTI_HOST:
+                placed = len(group) == 1 and self._grid_place(
+                    chosen[group[0]], ranks[group[0]], parts, storage
+                )
                 heap = None
             else:
                 return None
+            if not placed:
+                return answer(None)
         return answer(self._rate(chosen, choice, ranks))
 
     @staticmethod
@@ -243,40 +289,91 @@ class GreedyPerfReplica:
                 heapq.heappush(heap, entry)
         return True
 
-    def _host_place(self, group: list[_Option], group_ranks: list[list], parts: list, storage: list) -> bool:
-        """torchrec's _cohost_partition on the one host: the group's storage
-        must fit the host's; table-row-wise is uniform over the host's
-        devices, table-column-wise device by device."""
-        need = tuple(sum(o.total_storage[i] for o in group) for i in range(3))
-        have = tuple(sum(s[i] for s in storage) for i in range(3))
-        if not all(n <= h for n, h in zip(need, have)):
+    @staticmethod
+    def _uniform_place(option: _Option, ranks: list, devices: list[int], parts: dict, storage: dict) -> bool:
+        """Shard i on `devices[i]` (torchrec's _uniform_partition); `parts`
+        and `storage` are the devices' copies, by rank."""
+        if len(option.storages) != len(devices):
             return False
-        host_parts = [list(p) for p in parts]
-        host_storage = [list(s) for s in storage]
-        heap = None
-        for option, ranks in zip(group, group_ranks):
-            if option.sharding_type == ShardingType.TABLE_ROW_WISE.value:
-                if len(option.storages) != self.world_size:
-                    return False
-                for r, (want, add) in enumerate(zip(option.storages, option.parts)):
-                    got = host_storage[r]
-                    if not (want[0] <= got[0] and want[1] <= got[1] and want[2] <= got[2]):
-                        return False
-                    ranks[r] = r
-                    host_storage[r] = [got[0] - want[0], got[1] - want[1], got[2] - want[2]]
-                    now = host_parts[r]
-                    host_parts[r] = [a + b for a, b in zip(now, add)]
-                heap = None
-            elif option.sharding_type == ShardingType.TABLE_COLUMN_WISE.value:
-                if heap is None:
-                    heap = self._heap(host_parts, range(self.world_size), self.world_size)
-                if not self._device_place(option, ranks, heap, host_parts, host_storage):
-                    return False
-            else:
+        for j, (r, want, add) in enumerate(zip(devices, option.storages, option.parts)):
+            got = storage[r]
+            if not (want[0] <= got[0] and want[1] <= got[1] and want[2] <= got[2]):
                 return False
-        parts[:] = host_parts
-        storage[:] = host_storage
+            ranks[j] = r
+            storage[r] = [got[0] - want[0], got[1] - want[1], got[2] - want[2]]
+            now = parts[r]
+            parts[r] = [now[0] + add[0], now[1] + add[1], now[2] + add[2], now[3] + add[3], now[4] + add[4]]
         return True
+
+    def _sorted_hosts(self, parts: list) -> list[list[int]]:
+        """The hosts by summed load, stable (torchrec's _sort_devices_by_perf)."""
+
+        def load(host: list[int]) -> float:
+            total = 0
+            for r in host:
+                total += total_of(parts[r])
+            return total
+
+        return sorted(self.hosts, key=load)
+
+    def _cohost_place(
+        self, group: list[_Option], group_ranks: list[list], parts: list, storage: list
+    ) -> bool:
+        """torchrec's _cohost_partition: the group on the first host (by summed
+        load) whose summed storage holds the group's and where its options
+        place: table-row-wise shard i on the host's device i, table-column-wise
+        device by device on the host's least loaded. A failed host's rank
+        assignments stay until overwritten, as torchrec leaves them."""
+        need = tuple(sum(o.total_storage[i] for o in group) for i in range(3))
+        for host in self._sorted_hosts(parts):
+            have = [0, 0, 0]
+            for r in host:
+                have = [have[0] + storage[r][0], have[1] + storage[r][1], have[2] + storage[r][2]]
+            if not (need[0] <= have[0] and need[1] <= have[1] and need[2] <= have[2]):
+                continue
+            host_parts = {r: parts[r] for r in host}
+            host_storage = {r: storage[r] for r in host}
+            heap, placed = None, True
+            for option, ranks in zip(group, group_ranks):
+                if option.sharding_type == ShardingType.TABLE_ROW_WISE.value:
+                    placed = self._uniform_place(option, ranks, host, host_parts, host_storage)
+                    heap = None
+                elif option.sharding_type == ShardingType.TABLE_COLUMN_WISE.value:
+                    if heap is None:
+                        heap = self._heap(host_parts, host, len(host))
+                    placed = self._device_place(option, ranks, heap, host_parts, host_storage)
+                else:
+                    placed = False
+                if not placed:
+                    break
+            if placed:
+                for r in host:
+                    parts[r], storage[r] = host_parts[r], host_storage[r]
+                return True
+        return False
+
+    def _grid_place(self, option: _Option, ranks: list, parts: list, storage: list) -> bool:
+        """torchrec's _multi_hosts_partition (grid sharding): the shards
+        uniformly over the devices of `num_shards / host size` hosts, the
+        first window of consecutive hosts by summed load that holds them
+        (hosts taken round and round when it needs all of them)."""
+        needed, remainder = divmod(len(option.storages), self.host_size)
+        if remainder:
+            return False
+        hosts = self._sorted_hosts(parts)
+        if needed >= len(hosts):
+            windows = [[hosts[i % len(hosts)] for i in range(needed)]]
+        else:
+            windows = [hosts[start : start + needed] for start in range(len(hosts) - needed + 1)]
+        for window in windows:
+            devices = [r for host in window for r in host]
+            copy_parts = {r: parts[r] for r in devices}
+            copy_storage = {r: storage[r] for r in devices}
+            if self._uniform_place(option, ranks, devices, copy_parts, copy_storage):
+                for r in devices:
+                    parts[r], storage[r] = copy_parts[r], copy_storage[r]
+                return True
+        return False
 
     def _rate(self, chosen: list[_Option], choice: np.ndarray, ranks: list[list]) -> np.ndarray:
         """NoopPerfModel: per rank, the shards' totals added in plan order."""
@@ -312,11 +409,9 @@ class GreedyPerfReplica:
 
 class _NativeOptions:
     """The replica's options laid out flat for torch.ops.embnb.greedy_place:
-    per option its placement kind (uniform 0, device 1, else 2: left to
-    Python), dependency key, first shard and shard count (rows of the
-    `ShardValues` arrays) and total storage."""
-
-    _KINDS = {UNIFORM: 0, DEVICE: 1}
+    per option its placement kind (`_native_kind`), dependency key, first
+    shard and shard count (rows of the `ShardValues` arrays) and total
+    storage."""
 
     def __init__(self, replica: GreedyPerfReplica, options: list[list[ShardingOption]], values: ShardValues):
         rows = [values.rows(o) for table in options for o in table]
@@ -324,7 +419,7 @@ class _NativeOptions:
         keys: dict[str, int] = {}
         self.table_start = np.cumsum([0] + [len(table) for table in options[:-1]]).astype(np.int64)
         self.args = (
-            torch.tensor([self._KINDS.get(o.kind, 2) for o in kept], dtype=torch.long),
+            torch.tensor([_native_kind(o) for o in kept], dtype=torch.long),
             torch.tensor([keys.setdefault(o.key, len(keys)) for o in kept], dtype=torch.long),
             torch.tensor([r.start for r in rows], dtype=torch.long),
             torch.tensor([r.stop - r.start for r in rows], dtype=torch.long),
@@ -335,6 +430,7 @@ class _NativeOptions:
             torch.from_numpy(replica.start_storage),
             torch.from_numpy(np.ascontiguousarray(replica.start_parts)),
             replica.local_world_size,
+            replica.host_size,
         )
         self.num_shards = self.args[3].numpy()
 
@@ -348,3 +444,18 @@ class _NativeOptions:
             return Placement(False, None, None, ranks.numpy(), num_shards)
         loads = loads.numpy()
         return Placement(True, float(loads.max()), loads, ranks.numpy(), num_shards)
+
+
+_NATIVE_KINDS = {
+    (UNIFORM, None): 0,
+    (DEVICE, None): 1,
+    (HOST, ShardingType.TABLE_ROW_WISE.value): 2,
+    (HOST, ShardingType.TABLE_COLUMN_WISE.value): 3,
+    (MULTI_HOST, ShardingType.GRID_SHARD.value): 4,
+}
+
+
+def _native_kind(option: _Option) -> int:
+    """greedy_place's code for how `option` is placed; -1: left to Python."""
+    by_type = option.kind in (HOST, MULTI_HOST)
+    return _NATIVE_KINDS.get((option.kind, option.sharding_type if by_type else None), -1)

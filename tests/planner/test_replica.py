@@ -10,11 +10,12 @@ import pytest
 import torch
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.perf_models import NoopPerfModel
-from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
 from torchrec.distributed.planner.utils import reset_shard_rank
 
 from embnb import planner
 from embnb.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.planner.proposer import FIRST_REASON
 from embnb.planner.replica import GreedyPerfReplica
 from embnb.planner.space import SearchSpace, by_table
 from embnb.planner.study import compare_proposers, default_proposers, timing_breakdown
@@ -34,22 +35,54 @@ def torchrec_answer(proposal, storage_constraint, topology):
     return verdict, ranks
 
 
+GRID_TYPES = ["grid_shard", "table_row_wise", "table_column_wise", "table_wise"]
+
+
+def with_grid_sharding(constraints):
+    """Every third table may also be grid-sharded (torchrec offers it only when asked)."""
+    return {
+        name: ParameterConstraints(pooling_factors=c.pooling_factors, sharding_types=GRID_TYPES)
+        if i % 3 == 0
+        else c
+        for i, (name, c) in enumerate(constraints.items())
+    }
+
+
 @pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
 @pytest.mark.parametrize(
-    ("num_tables", "world_size", "hbm_fraction"), [(12, 2, 0.6), (30, 8, 0.5), (20, 8, 3), (16, 64, 0.5)]
+    ("num_tables", "world_size", "local_world_size", "hbm_fraction", "grid"),
+    [
+        (12, 2, None, 0.6, False),
+        (30, 8, None, 0.5, False),
+        (20, 8, None, 3, False),
+        (16, 64, None, 0.5, False),
+        # several hosts: host-level types placed host by host (_cohost_partition), grid over hosts
+        (12, 4, 2, 0.6, False),
+        (30, 16, 8, 0.5, False),
+        (16, 32, 8, 0.5, True),
+        (20, 24, 8, 1.0, True),
+    ],
 )
-def test_replica_places_and_rates_like_torchrec(num_tables, world_size, hbm_fraction, native):
+def test_replica_places_and_rates_like_torchrec(
+    num_tables, world_size, local_world_size, hbm_fraction, grid, native
+):
     model = make_model(num_tables, seed=world_size)
+    constraints = with_grid_sharding(model.constraints) if grid else model.constraints
     hbm_cap_gb = fused_table_gb(model.tables) / world_size * hbm_fraction
-    topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
-    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+    topology = planner.make_topology(
+        world_size, "cuda", hbm_cap_gb=hbm_cap_gb, local_world_size=local_world_size
+    )
+    enumerated = enumerate_options(model.tables, topology, 512, constraints)
     storage_constraint = reserved_topology(topology, enumerated, 512)
     options = SearchSpace(by_table(enumerated.options), storage_constraint).options
+    kinds = {option.sharding_type for table in options for option in table}
+    assert local_world_size is None or {"table_row_wise", "table_column_wise"} <= kinds
+    assert ("grid_shard" in kinds) == grid
     replica = GreedyPerfReplica(options, storage_constraint, native=native)
     assert (replica._native is not None) == native
     rng = np.random.default_rng(num_tables)
     outcomes = set()
-    for k in range(150):
+    for k in range(150 if local_world_size is None else 100):
         # uniform random plans, and plans leaning to each table's smallest option (more of them fit)
         choice = np.array([rng.integers(len(table)) for table in options])
         if k % 2:
@@ -57,7 +90,7 @@ def test_replica_places_and_rates_like_torchrec(num_tables, world_size, hbm_frac
             choice = np.where(rng.random(len(options)) < 0.8, smallest, choice)
         proposal = [table[o] for table, o in zip(options, choice)]
         (placed, rating), ranks = torchrec_answer(proposal, storage_constraint, topology)
-        # the native op must answer every plan here itself (uniform and device options only)
+        # the native op must answer every plan here itself (it models every kind these options have)
         placement = replica._native.place(choice) if native else replica.place(choice)
         assert placement is not None
         assert (placement.placed, placement.rating) == (placed, rating)
@@ -83,20 +116,32 @@ def test_native_placement_names_bad_input():
     with pytest.raises(RuntimeError, match="choice must be a contiguous 1-D Long CPU tensor"):
         torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.int32), *args)
     with pytest.raises(RuntimeError, match="local_world_size 0 must be >= 1"):
-        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:-1], 0)
+        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:-2], 0, 2)
+    with pytest.raises(RuntimeError, match="host_size 3 must be >= 1 and divide the 2 devices"):
+        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:-1], 3)
 
 
-def test_replica_leaves_several_hosts_to_torchrec():
+def test_replica_leaves_key_value_column_wise_to_torchrec():
     model = make_model(6, seed=1)
+    constraints = {
+        name: ParameterConstraints(
+            pooling_factors=c.pooling_factors, sharding_types=["column_wise"], compute_kernels=["key_value"]
+        )
+        for name, c in model.constraints.items()
+    }
     topology = planner.make_topology(4, "cuda", hbm_cap_gb=4, local_world_size=2)
-    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+    enumerated = enumerate_options(model.tables, topology, 512, constraints)
     storage_constraint = reserved_topology(topology, enumerated, 512)
     options = SearchSpace(by_table(enumerated.options), storage_constraint).options
-    replica = GreedyPerfReplica(options, storage_constraint)
-    assert replica.place(np.zeros(len(options), dtype=np.int64)) is None
+    assert {(o.sharding_type, o.compute_kernel) for table in options for o in table} == {
+        ("column_wise", "key_value")
+    }
+    for native in (False, True):
+        replica = GreedyPerfReplica(options, storage_constraint, native=native)
+        assert replica.place(np.zeros(len(options), dtype=np.int64)) is None
 
 
-def plan_with(proposer, enumerated, topology, perf_model=None):
+def plan_with(proposer, enumerated, topology, perf_model=None, constraints=None):
     from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
@@ -106,6 +151,7 @@ def plan_with(proposer, enumerated, topology, perf_model=None):
         storage_reservation=FixedPercentageStorageReservation(0.15),
         proposer=[proposer],
         performance_model=perf_model,
+        constraints=constraints,
         debug=False,
     )
     planner_.plan(enumerated.module, enumerated.sharders)
@@ -115,9 +161,17 @@ def plan_with(proposer, enumerated, topology, perf_model=None):
     return rating, planner_._num_proposals
 
 
-def test_replaying_finds_the_same_plan_with_fewer_proposals():
+@pytest.mark.parametrize(("world_size", "local_world_size"), [(8, None), (16, 8), (16, 4)])
+def test_replaying_finds_the_same_plan_with_fewer_proposals(world_size, local_world_size):
+    """On one host and on several: the planner partitions the first proposal
+    and the replica's best, and the plan equals proposing every plan."""
     model = make_model(25, seed=3)
-    topology = planner.make_topology(8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 16)
+    topology = planner.make_topology(
+        world_size,
+        "cuda",
+        hbm_cap_gb=fused_table_gb(model.tables) / (2 * world_size),
+        local_world_size=local_world_size,
+    )
     enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
     replayed, proposed = (
         planner.DynamicProgrammingProposer(),
@@ -126,8 +180,39 @@ def test_replaying_finds_the_same_plan_with_fewer_proposals():
     rating, proposals = plan_with(replayed, enumerated, topology)
     rating_all, proposals_all = plan_with(proposed, enumerated, topology)
     assert rating == rating_all
-    assert proposals <= 3 < proposals_all
+    assert proposals == 2 < proposals_all
     assert replayed.num_replayed > 0 and proposed.num_replayed == 0
+    # why each plan went to the planner: the first brings the devices' memory, the second checks the replica
+    assert replayed.feedback_reasons == [
+        FIRST_REASON,
+        f"the replica's best plan (rated {rating!r}), for the planner to check",
+    ]
+    assert replayed.num_disagreements == 0 and proposed.num_disagreements == 0
+    assert proposed.feedback_reasons == [FIRST_REASON] + ["replay off: every plan goes to the planner"] * (
+        proposals_all - 1
+    )
+
+
+def test_a_plan_the_replica_does_not_model_goes_to_the_planner_and_says_why():
+    model = make_model(8, seed=1)
+    kv_cw = {"sharding_types": ["column_wise"], "compute_kernels": ["key_value"]}
+    constraints = {
+        name: ParameterConstraints(pooling_factors=c.pooling_factors, **(kv_cw if name == "table_2" else {}))
+        for name, c in model.constraints.items()
+    }
+    topology = planner.make_topology(
+        8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 16, local_world_size=4
+    )
+    enumerated = enumerate_options(model.tables, topology, 512, constraints)
+    # without pruning: table_2's key-value option is so slow that no plan could beat the first otherwise
+    proposer = planner.DynamicProgrammingProposer(prune=False)
+    _, proposals = plan_with(proposer, enumerated, topology, constraints=constraints)
+    unmodelled = "the replica does not model it: table 'table_2': column_wise with key_value"
+    assert proposals == len(proposer.feedback_reasons) > 2
+    assert proposer.feedback_reasons[0] == FIRST_REASON
+    # every plan has table_2's key-value column-wise option: the planner places all but the first
+    assert set(proposer.feedback_reasons[1:]) == {unmodelled}
+    assert proposer.num_disagreements == 0 and proposer.num_replayed == 0
 
 
 def test_a_perf_model_unlike_the_replica_turns_replay_off():
@@ -145,6 +230,15 @@ def test_a_perf_model_unlike_the_replica_turns_replay_off():
         planner.DynamicProgrammingProposer(replay=False), enumerated, topology, perf_model=Doubled(topology)
     )
     assert rating == rating_all
+    # one disagreement, saying both ratings: the planner's is twice the replica's
+    assert proposer.num_disagreements == 1
+    checked = proposer.feedback_reasons[1]
+    predicted = float(checked.split("rated ")[1].split(")")[0])
+    assert proposer.disagreements == [
+        f"the planner rated it {2 * predicted!r}; the replica of GreedyPerfPartitioner and NoopPerfModel "
+        f"predicted rated {predicted!r} (the planner's partitioner or perf model is not torchrec's default)"
+    ]
+    assert proposer.feedback_reasons[2] == FIRST_REASON  # searched again from the start
 
 
 def test_timing_breakdown_parts_add_up_to_the_planning_time():
