@@ -10,7 +10,6 @@ mode on real ranks; then the notebook's results JSON.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from embnb._checks import check_int
+from embnb.balancing import comparison as comparison_results
 from embnb.balancing.kjt_alltoall import batch_exchange_bytes, compare_exchanges, zipf_batch
 from embnb.balancing.kjt_gather import compare_gathers
 from embnb.balancing.partition import balance
@@ -33,25 +33,24 @@ from embnb.balancing.training import (
     RunSummary,
     TrainConfig,
     slowest_rank_seconds,
-    summarize,
+    summarize_repeats,
     timed_steps,
     train,
 )
-from embnb.balancing.workloads import attention_block_flops, compare_methods
+from embnb.balancing.workloads import attention_block_flops
 from embnb.dist import device_plan, launch, launch_each
 from embnb.metrics import max_over_mean
 from embnb.native import loader
-from embnb.timing import Difference, Ratio, median_seconds, paired_difference, paired_ratio
+from embnb.timing import Difference, median_seconds, paired_difference
 
 __all__ = [
     "tail_share",
-    "comparison_table",
     "kk_trace_table",
-    "bound_table",
     "KKTiming",
     "time_kk",
     "flop_model_check",
     "flops_balance",
+    "Speedup",
     "TrainingRuns",
     "run_training",
     "ExchangeRuns",
@@ -68,32 +67,6 @@ def tail_share(lengths: torch.Tensor, fraction: float = 0.01) -> float:
     return (
         longest_first[: max(1, int(len(longest_first) * fraction))].sum().item() / longest_first.sum().item()
     )
-
-
-# workloads.compare_methods' parameters: it runs that over the grid, with a progress bar.
-def comparison_table(
-    sample_counts: Sequence[int],
-    part_counts: Sequence[int],
-    seeds: Sequence[int] = (0,),
-    alpha: float = 1.5,
-    max_length: int = 8192,
-    progress: bool = False,
-    flops_dims: tuple[int, int] | None = None,
-) -> pd.DataFrame:
-    """`workloads.compare_methods` over every (samples, parts), one row per
-    (num_samples, num_parts, seed, workload, method); `progress` shows a
-    tqdm bar; `flops_dims` (embedding_dim, ffn_dim) adds FLOP workloads."""
-    grid = list(itertools.product(sample_counts, part_counts))
-    if progress:
-        from tqdm.auto import tqdm
-
-        grid = tqdm(grid, desc="balancing")
-    rows = [
-        row
-        for n, k in grid
-        for row in compare_methods([n], [k], seeds, alpha, max_length, flops_dims=flops_dims)
-    ]
-    return pd.DataFrame(rows)
 
 
 def kk_trace_table(workloads: Sequence[float], num_parts: int) -> pd.DataFrame:
@@ -117,21 +90,6 @@ def kk_trace_table(workloads: Sequence[float], num_parts: int) -> pd.DataFrame:
             for first, second, merged in trace
         ],
         index=pd.RangeIndex(1, len(trace) + 1, name="merge"),
-    )
-
-
-def bound_table(comparison: pd.DataFrame) -> pd.DataFrame:
-    """Per (workload, num_samples, num_parts), over seeds: the lower bound's
-    max/mean (the floor no split goes below), the share of batches whose
-    longest sample alone exceeds a fair share, and KK + swaps' max/mean."""
-    rows = comparison[comparison["method"] == "kk_swap"].assign(
-        bound_over_mean=lambda t: t["lower_bound"] / t["mean_load"]
-    )
-    keys = [k for k in ("workload", "num_samples", "num_parts") if k in rows]
-    return rows.groupby(keys).agg(
-        bound_over_mean=("bound_over_mean", "mean"),
-        longest_sets_bound=("largest_item_sets_bound", "mean"),
-        kk_swap_max_over_mean=("max_over_mean", "mean"),
     )
 
 
@@ -181,6 +139,24 @@ def flops_balance(lengths: torch.Tensor, flops: torch.Tensor, num_parts: int) ->
 
 
 @dataclass(frozen=True)
+class Speedup:
+    """One run's speed-up over a reference: the reference's mean step time
+    over this run's (both means over the same repeats, so `ratio` follows
+    from the printed ms per step), and the range of the per-repeat ratios."""
+
+    ratio: float
+    low: float
+    high: float
+    repeats: int
+
+    def __str__(self) -> str:
+        return f"{self.ratio:.2f}x (repeats {self.low:.2f}-{self.high:.2f}, {self.repeats})"
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class TrainingRuns:
     """One launch: the KJT gathers, then every training run, `repeats`
     times over, interleaved (run a, b, c, a, b, c, ...) so that a slow
@@ -205,8 +181,10 @@ class TrainingRuns:
         return {k: 1e3 * max(g["seconds"][k] for g in self.gathers) for k in self.collective_calls()}
 
     def summaries(self) -> dict[str, RunSummary]:
-        """Each run's first repeat, summarized."""
-        return {label: summarize(self.ranks(label)) for label in self.per_repeat}
+        """Each run summarized over all its repeats (`summarize_repeats`):
+        its step time is `mean_step_ms`, its shuffle time the sum of the
+        shuffle's phases in `phase_breakdown`."""
+        return {label: summarize_repeats(repeats) for label, repeats in self.per_repeat.items()}
 
     def step_ms(self, label: str) -> list[float]:
         """Per repeat: run `label`'s mean step time (ms) over its timed steps,
@@ -214,6 +192,10 @@ class TrainingRuns:
         repeats = self.per_repeat[label]
         timed = len(timed_steps(len(repeats[0][0]["step_seconds"])))
         return [1e3 * slowest_rank_seconds(ranks) / timed for ranks in repeats]
+
+    def mean_step_ms(self, label: str) -> float:
+        """Run `label`'s step time: the mean of `step_ms` over repeats."""
+        return statistics.fmean(self.step_ms(label))
 
     def difference(self, a: str, b: str) -> Difference:
         """Run a's step time minus run b's (ms per step), paired per repeat."""
@@ -232,32 +214,36 @@ class TrainingRuns:
         return {label: max_flops(reference) / max_flops(label) for label in self.per_repeat}
 
     def phase_breakdown(self) -> pd.DataFrame:
-        """One row per (run, thread, phase): ms per timed step, the median
-        over repeats of the mean over timed steps and ranks."""
+        """One row per (run, thread, phase): ms per timed step, the mean over
+        repeats of the mean over timed steps and ranks (means, so that the
+        shuffle's phases add up to `summaries()`' shuffle time)."""
         rows = []
         for label, repeats in self.per_repeat.items():
             steps = timed_steps(len(repeats[0][0]["step_seconds"]))
             per_repeat = [
-                phase_seconds((s for rank in ranks for s in rank["spans"]), steps) for ranks in repeats
+                phase_seconds((s for rank in ranks for s in rank["spans"]), steps, len(ranks))
+                for ranks in repeats
             ]
             for key in dict.fromkeys(k for phases in per_repeat for k in phases):
                 if key[1] == "step":
                     continue
-                ms = statistics.median(1e3 * phases.get(key, 0.0) for phases in per_repeat)
+                ms = statistics.fmean(1e3 * phases.get(key, 0.0) for phases in per_repeat)
                 rows.append({"run": label, "thread": key[0], "phase": key[1], "ms": ms})
         return pd.DataFrame(rows, columns=["run", "thread", "phase", "ms"])
 
-    def speedups(self, reference: str) -> dict[str, Ratio]:
-        """Per run: the reference run's time over this run's, each repeat's
-        steps at their slowest rank (the same global batches in every run);
-        > 1 means faster than `reference`."""
+    def speedups(self, reference: str) -> dict[str, Speedup]:
+        """Per run: the reference run's `mean_step_ms` over this run's, and
+        the range of the per-repeat ratios (the same global batches in every
+        run and repeat); > 1 means faster than `reference`."""
         if reference not in self.per_repeat:
             raise ValueError(f"reference {reference!r} is not a run; runs: {list(self.per_repeat)}")
-        seconds = {
-            label: [slowest_rank_seconds(ranks) for ranks in repeats]
-            for label, repeats in self.per_repeat.items()
-        }
-        return {label: paired_ratio(seconds[reference], seconds[label]) for label in seconds}
+        ref_ms = self.step_ms(reference)
+        result = {}
+        for label in self.per_repeat:
+            ratios = [r / m for r, m in zip(ref_ms, self.step_ms(label))]
+            mean_ratio = statistics.fmean(ref_ms) / self.mean_step_ms(label)
+            result[label] = Speedup(mean_ratio, min(ratios), max(ratios), len(ratios))
+        return result
 
     def same_weights(self, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
         """Whether every run trained rank 0 to the first run's weights."""
@@ -373,22 +359,38 @@ class RunLabels:
     overlapped: str  # balanced, shuffle in the worker
 
 
-def _imbalance_by_method(comparison: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:
-    """Per workload and method, the `compare_methods` rows summed up: gaps to the bounds, max/mean."""
-    return {
-        workload: {
-            method: {
-                "mean_gap_to_lower_bound": float(rows["gap_to_lower_bound"].mean()),
-                "max_gap_to_lower_bound": float(rows["gap_to_lower_bound"].max()),
-                "max_gap_to_equal_size_bound": float(rows["gap_to_equal_size_bound"].max()),
-                "mean_max_over_mean": float(rows["max_over_mean"].mean()),
-                "mean_bound_over_mean": float((rows["lower_bound"] / rows["mean_load"]).mean()),
-                "share_longest_sets_bound": float(rows["largest_item_sets_bound"].mean()),
-            }
-            for method, rows in by_workload.groupby("method")
-        }
-        for workload, by_workload in comparison.groupby("workload")
-    }
+def _summary_line(
+    imbalance: dict[str, Any],
+    runs: TrainingRuns,
+    labels: RunLabels,
+    exchange_bytes: dict[int, dict[str, float]],
+) -> str:
+    """One line of what was measured, for `make run`."""
+    speedups = runs.speedups(labels.unbalanced)
+    flops_ideal = runs.flops_speedups(labels.unbalanced)
+    difference = runs.difference(labels.overlapped, labels.sync)
+    largest = max(exchange_bytes)
+    pct = comparison_results.percent
+
+    def worst(name: str, method: str) -> str:
+        return pct(imbalance[name]["tokens"][method]["max_gap_to_lower_bound"])
+
+    gaps = "; ".join(
+        f"{name} tokens, worst gap to bound: KK {worst(name, 'karmarkar_karp')}, "
+        f"LPT {worst(name, 'greedy_lpt')}, KK+swaps {worst(name, 'kk_swap')}"
+        for name in imbalance
+    )
+    return (
+        f"{gaps}; ms/step (mean of {difference.repeats}): "
+        + ", ".join(f"{label} {runs.mean_step_ms(label):.1f}" for label in runs.per_repeat)
+        + f"; {labels.sync} {speedups[labels.sync].ratio:.2f}x and {labels.overlapped} "
+        f"{speedups[labels.overlapped].ratio:.2f}x over {labels.unbalanced} (FLOPs predict "
+        f"{flops_ideal[labels.sync]:.2f}x); {labels.overlapped} - {labels.sync}: "
+        f"{difference.mean:+.2f} ms/step "
+        f"(95% CI {difference.ci_low:+.2f} to {difference.ci_high:+.2f}); all-to-all receives "
+        f"{exchange_bytes[largest]['alltoall'] / exchange_bytes[largest]['allgather']:.1%} of all-gather's "
+        f"bytes at W={largest}"
+    )
 
 
 def results(
@@ -397,13 +399,15 @@ def results(
     batch_size: int,
     zipf_alpha: float,
     steps: int,
+    distributions: Mapping[str, Any],
     comparison: pd.DataFrame,
     kk_example_sums: dict[str, list[float]],
     kk_example_bounds: dict[str, float],
     example_max_over_mean: dict[str, float],
     flop_model: tuple[int, float],
     crossover_length: int,
-    flops_max_over_mean: dict[str, float],
+    longer_than_crossover: dict[str, float],
+    flops_max_over_mean: dict[str, dict[str, float]],
     kk_timing: KKTiming,
     runs: TrainingRuns,
     exchanges: ExchangeRuns,
@@ -411,31 +415,14 @@ def results(
     labels: RunLabels,
     seconds: float,
 ) -> dict[str, Any]:
-    """Notebook 04's results JSON: its key numbers, for `make run` and the tests."""
-    imbalance = _imbalance_by_method(comparison)
+    """Notebook 04's results JSON: its key numbers, for `make run` and the
+    tests. Per length distribution (`distributions`: name -> spec) where a
+    number depends on it; the real run trains on Zipf(zipf_alpha) lengths."""
+    compared = comparison_results.results(comparison)
     summaries = runs.summaries()
-    speedups = runs.speedups(labels.unbalanced)
-    flops_ideal = runs.flops_speedups(labels.unbalanced)
     difference = runs.difference(labels.overlapped, labels.sync)
-    step_ms = {label: runs.step_ms(label) for label in runs.per_repeat}
-    median_ms = {label: statistics.median(ms) for label, ms in step_ms.items()}
-    tokens = imbalance["tokens"]
-    largest = max(exchange_bytes)
-    summary = (
-        f"tokens, max gap to bound: KK {tokens['karmarkar_karp']['max_gap_to_lower_bound']:.1%}, "
-        f"KK+swaps {tokens['kk_swap']['max_gap_to_lower_bound']:.2%}; "
-        f"ms/step (median of {difference.repeats}): "
-        + ", ".join(f"{label} {ms:.1f}" for label, ms in median_ms.items())
-        + f"; {labels.sync} {speedups[labels.sync].median:.2f}x and {labels.overlapped} "
-        f"{speedups[labels.overlapped].median:.2f}x over {labels.unbalanced} (FLOPs predict "
-        f"{flops_ideal[labels.sync]:.2f}x); {labels.overlapped} - {labels.sync}: "
-        f"{difference.mean:+.2f} ms/step "
-        f"(95% CI {difference.ci_low:+.2f} to {difference.ci_high:+.2f}); all-to-all receives "
-        f"{exchange_bytes[largest]['alltoall'] / exchange_bytes[largest]['allgather']:.1%} of all-gather's "
-        f"bytes at W={largest}"
-    )
     return {
-        "summary": summary,
+        "summary": _summary_line(compared["imbalance"], runs, labels, exchange_bytes),
         "world_size": world_size,
         "batch_size": batch_size,
         "zipf_alpha": zipf_alpha,
@@ -444,13 +431,14 @@ def results(
         "repeats": difference.repeats,
         "backend": runs.backend,
         "native_kk": kk_timing.native_s is not None,
+        "distributions": {name: dataclasses.asdict(spec) for name, spec in distributions.items()},
         "kk_example_sums": kk_example_sums,
         "kk_example_bounds": kk_example_bounds,
-        "imbalance": imbalance,
-        "imbalance_rows": comparison.to_dict(orient="records"),
+        **compared,
         "example_max_over_mean": example_max_over_mean,
         "flop_model_matches_counter": bool(flop_model[0] == flop_model[1]),
         "crossover_length": crossover_length,
+        "longer_than_crossover": longer_than_crossover,
         "flops_max_over_mean": flops_max_over_mean,
         "kk_seconds": kk_timing.as_dict(),
         "collective_calls": runs.collective_calls(),
@@ -461,10 +449,11 @@ def results(
         "exchange_bytes": {str(w): b for w, b in exchange_bytes.items()},
         "runs": [{"label": label, **s.as_dict()} for label, s in summaries.items()],
         "labels": dataclasses.asdict(labels),
-        "step_ms": step_ms,
+        "step_ms": {label: runs.step_ms(label) for label in runs.per_repeat},
+        "mean_step_ms": {label: runs.mean_step_ms(label) for label in runs.per_repeat},
         "step_speedup_vs": labels.unbalanced,
-        "step_speedups": {label: ratio.as_dict() for label, ratio in speedups.items()},
-        "flops_ideal_speedups": flops_ideal,
+        "step_speedups": {label: s.as_dict() for label, s in runs.speedups(labels.unbalanced).items()},
+        "flops_ideal_speedups": runs.flops_speedups(labels.unbalanced),
         "overlap_minus_sync_ms": difference.as_dict(),
         "phase_ms": runs.phase_breakdown().to_dict(orient="records"),
         "same_weights": runs.same_weights(),

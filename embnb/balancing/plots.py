@@ -13,6 +13,7 @@ The shared style is `embnb.plotting`; per-rank loads are its `rank_bars`.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,8 +23,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
 
+from embnb.balancing.timeline import phase_seconds
 from embnb.plotting import MEAN_STYLE, color, new_figure, values_of
-from embnb.timing import paired_difference, paired_ratio
+from embnb.timing import paired_difference
 
 __all__ = [
     "PHASE_COLORS",
@@ -84,12 +86,15 @@ def gap_by_method(
     to that bound (log axis, markers; a split at the bound is marked at the
     axis floor as "= bound"). Means over seeds per (num_samples, num_parts).
     Needs columns num_samples, num_parts, method, max_over_mean,
-    gap_to_lower_bound, lower_bound, mean_load (and workload, if several)."""
+    gap_to_lower_bound, lower_bound, mean_load (and workload and
+    distribution, if several: a row of panels per pair)."""
     if table.empty:
         raise ValueError("table is empty: nothing to plot")
     table = table.assign(bound_over_mean=table["lower_bound"] / table["mean_load"])
     if "workload" not in table:
         table = table.assign(workload="tokens")
+    if "distribution" in table:  # one row of panels per (distribution, workload)
+        table = table.assign(workload=table["distribution"] + ", " + table["workload"])
     methods = list(methods or dict.fromkeys(table["method"]))
     missing = [m for m in methods if m not in set(table["method"])]
     if missing:
@@ -182,15 +187,15 @@ def flops_vs_length(
 def gantt(
     spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]],
     steps: Sequence[int] | None = None,
-    phase_ms: Mapping[str, Mapping[tuple[str, str], float]] | None = None,
     title: str | None = None,
 ) -> Figure:
     """One panel per run: per rank a row for its training loop ("main") and
     a row below for its shuffle worker, bars per phase, time in ms from the
     run's first span; the step labels sit above each iteration. Spans need
     phase, rank, start, end (seconds) and thread; `steps` keeps the spans of
-    those loop iterations (the "iteration" field). With `phase_ms` (run ->
-    (thread, phase) -> ms per step), the legend of each panel gives them."""
+    those loop iterations (the "iteration" field). The legend gives each
+    phase's ms per drawn step (mean over the drawn steps and ranks), so it
+    says what the bars show."""
     if not spans_by_run:
         raise ValueError("spans_by_run is empty: nothing to plot")
     names = list(spans_by_run)
@@ -223,14 +228,16 @@ def gantt(
         ax.set_title(name, loc="left", fontsize=10)
         ax.set_xlabel("ms")
         present = dict.fromkeys(s["phase"] for s in spans if s["phase"] != "step")
-        ms = (phase_ms or {}).get(name, {})
+        drawn = sorted({s.get("iteration", s["step"]) for s in spans})
+        seconds = phase_seconds([dict(s, warmup=False) for s in spans], drawn, len(ranks))
+        ms = {key: 1e3 * v for key, v in seconds.items()}
 
         ax.legend(
             handles=[Patch(color=PHASE_COLORS.get(p, "0.5"), label=_phase_label(p, ms)) for p in present],
             fontsize=7,
             loc="upper left",
             bbox_to_anchor=(1.01, 1.0),
-            title="ms per step" if ms else None,
+            title="ms per drawn step",
             title_fontsize=7,
         )
     if title:
@@ -319,7 +326,8 @@ def step_times(
     """Three panels over repeats of every run (label -> ms per step, one
     value per repeat, each repeat timed back to back in every run):
     the step times (a line joins one repeat across runs); the speed-up over
-    `reference` per repeat (median, whisker: range) next to what the
+    `reference` (mean step times' ratio, whisker: the range of the repeats'
+    ratios, dots: each repeat) next to what the
     slowest rank's FLOPs predict; and `compared` = (a, b): a minus b per
     repeat with the mean and its 95% interval."""
     if reference not in step_ms or any(c not in step_ms for c in compared):
@@ -332,9 +340,9 @@ def step_times(
     for x, label in enumerate(labels):
         times_ax.plot([x] * len(step_ms[label]), step_ms[label], "o", color=color(label, x), zorder=2)
         speeds = [ref / mine for ref, mine in zip(step_ms[reference], step_ms[label])]
-        ratio = paired_ratio(step_ms[reference], step_ms[label])
+        ratio = statistics.fmean(step_ms[reference]) / statistics.fmean(step_ms[label])
         speed_ax.errorbar(
-            x, ratio.median, yerr=[[ratio.median - ratio.low], [ratio.high - ratio.median]], fmt="o",
+            x, ratio, yerr=[[max(0.0, ratio - min(speeds))], [max(0.0, max(speeds) - ratio)]], fmt="o",
             color=color(label, x), capsize=4, label="measured" if x == 0 else None,
         )  # fmt: skip
         speed_ax.plot([x + 0.15] * len(speeds), speeds, ".", color=color(label, x), alpha=0.5)
@@ -349,7 +357,7 @@ def step_times(
     times_ax.set_title("step time per repeat")
     speed_ax.axhline(1.0, **MEAN_STYLE)
     speed_ax.set_ylabel(f"speed-up over {reference}")
-    speed_ax.set_title("measured (median, range) vs FLOPs")
+    speed_ax.set_title("measured (mean, range) vs FLOPs")
     speed_ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncols=2)  # off the data
     a, b = compared
     diffs = [x - y for x, y in zip(step_ms[a], step_ms[b])]

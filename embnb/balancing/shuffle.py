@@ -13,20 +13,39 @@ For one batch, `BalancedShuffle` runs three phases:
    samples it receives, in two all-to-alls (`kjt_alltoall.alltoall_kjt`).
 
 With `overlap` all three run in one background worker thread, for batch
-s+1 while step s computes (as NVIDIA recsys-examples PR #308 does); the
-training loop only waits for the finished batch. Without it they run on
-the caller's thread, on the critical path.
+s+1 while step s computes; the training loop only waits for the finished
+batch. Without it they run on the caller's thread, on the critical path.
+This is embnb's design, not NVIDIA recsys-examples'. There (PR #308, merged
+as commit 7cf45752, unchanged in this respect at 43465aea),
+`BaseTaskBalancedBatchShuffler.start_shuffle_async` all-gathers the
+workloads on the main thread and submits only `_run_kk` (KK, pure CPU) to
+its one-thread executor; `finish_shuffle` waits for KK and all-gathers (or
+all-to-alls) the batch on the main thread, called by
+`JaggedMegatronTrainPipelineSparseDist.progress` after the forward pass:
+every collective stays on the main thread, and KK alone is hidden.
 
-One process group, one rule. Between `start()` and `finish()` the worker
-owns the group; the caller runs no collective on it until `finish()`
-returns, so the training loop calls `finish()` after its backward pass and
-before the gradient all-reduce. Gloo pairs the collectives of a group in
-the order each rank issues them, so two threads issuing on one group
-interleave differently on different ranks and mismatch; NCCL collectives
-issued from two threads (or on two communicators) can be enqueued in
-different orders on different ranks and deadlock. A group of its own for
-the worker would let the shuffle also overlap the all-reduce on gloo, but
-not safely on nccl, so embnb keeps the one rule for both.
+One process group, one rule. Collectives on a group must be issued in the
+same order on every rank: gloo and NCCL pair them by the order each rank
+issues them, so two threads issuing on one group at once interleave
+differently on different ranks, mismatch or deadlock. NCCL's documentation
+(2.29, "Thread Safety") allows a communicator to be used from several
+threads "as long as ... only one thread operates the communicator at a
+time". So between `start()` and `finish()` the worker owns the group and
+the caller issues no collective on it; the training loop calls `finish()`
+after its backward pass, before the gradient all-reduce. The risk: any
+collective the loop issues in between (DDP's bucketed all-reduce during
+backward, torchrec's input all-to-all during forward, a SyncBatchNorm)
+breaks the rule and can hang the job; a worker error leaves the other ranks
+waiting in a collective until its timeout.
+
+The other way is a group of the worker's own (`dist.new_group`, passed as
+`group`): the loop may then issue collectives meanwhile, and the shuffle
+may also run under the all-reduce. On gloo that is safe (each group has its
+own connections). On NCCL it is a second communicator, with its own memory,
+and the same documentation says operations issued in parallel to
+independent communicators of one device from several threads are not safe
+(their kernels can wait on each other); `training.train` offers it on gloo
+only (`TrainConfig.shuffle_group="own"`).
 """
 
 from __future__ import annotations

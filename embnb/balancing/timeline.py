@@ -84,16 +84,19 @@ def hidden_fraction(spans: Sequence[dict[str, Any]]) -> float:
     return 1.0 - exposed / total if total > 0 else float("nan")
 
 
-def phase_seconds(spans: Iterable[dict[str, Any]], iterations: Sequence[int]) -> dict[tuple[str, str], float]:
+def phase_seconds(
+    spans: Iterable[dict[str, Any]], iterations: Sequence[int], num_ranks: int | None = None
+) -> dict[tuple[str, str], float]:
     """(thread, phase) -> seconds per iteration, over the spans that ran in
-    `iterations` (the loop iteration, whichever batch they worked on),
-    averaged over those iterations and the ranks present."""
+    `iterations` (the loop iteration, whichever batch they worked on; a span
+    without one counts by its `step`), averaged over those iterations and
+    `num_ranks` ranks (default: the ranks present)."""
     wanted = set(iterations)
     totals: dict[tuple[str, str], float] = defaultdict(float)
     ranks = set()
     for s in spans:
-        if s["iteration"] in wanted and not s.get("warmup"):
-            totals[(s["thread"], s["phase"])] += s["end"] - s["start"]
+        if (s["iteration"] if "iteration" in s else s["step"]) in wanted and not s.get("warmup"):
+            totals[(s.get("thread", "main"), s["phase"])] += s["end"] - s["start"]
             ranks.add(s.get("rank", 0))
-    count = max(1, len(wanted)) * max(1, len(ranks))
+    count = max(1, len(wanted)) * (num_ranks or max(1, len(ranks)))
     return {key: total / count for key, total in totals.items()}

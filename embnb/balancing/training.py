@@ -35,7 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from embnb._checks import check_choice, check_int, check_native, check_number
 from embnb.balancing.partition import METHODS
 from embnb.balancing.shuffle import EXCHANGES, BalancedShuffle
-from embnb.balancing.timeline import SHUFFLE_PHASES, Timeline, hidden_fraction
+from embnb.balancing.timeline import SHUFFLE_PHASES, Timeline, hidden_fraction, phase_seconds
 from embnb.balancing.workloads import attention_block_flops
 from embnb.collectives import all_reduce_
 from embnb.data import zipf_lengths
@@ -53,11 +53,13 @@ __all__ = [
     "train",
     "RunSummary",
     "summarize",
+    "summarize_repeats",
     "timed_steps",
     "slowest_rank_seconds",
 ]
 
 MODES = ("none", "sync", "overlap")
+SHUFFLE_GROUPS = ("shared", "own")
 WORKLOADS = ("flops", "length")
 SEQUENCE_KEYS = ["item_id", "category_id"]
 
@@ -71,6 +73,10 @@ class TrainConfig:
     method: str = "kk_swap"  # a name of embnb.balancing.partition.METHODS
     workload: str = "flops"  # flops (attention_block_flops) | length
     exchange: str = "allgather"  # allgather | alltoall (embnb.balancing.shuffle.EXCHANGES)
+    # overlap only: "shared" (the worker uses the loop's process group; the loop waits for
+    # it before the gradient all-reduce) | "own" (a group of its own, dist.new_group, gloo
+    # only; the loop waits for it after the optimizer step: the worker may overlap the all-reduce)
+    shuffle_group: str = "shared"
     steps: int = 6  # training steps
     batch_size: int = 32  # samples per rank per step
     zipf_alpha: float = 1.5  # sequence-length skew
@@ -89,6 +95,7 @@ class TrainConfig:
         check_choice("method", self.method, tuple(METHODS))
         check_choice("workload", self.workload, WORKLOADS)
         check_choice("exchange", self.exchange, EXCHANGES)
+        check_choice("shuffle_group", self.shuffle_group, SHUFFLE_GROUPS)
         for name in (
             "steps",
             "batch_size",
@@ -229,12 +236,14 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
             kjt, labels = kjt.to(device), labels.to(device)
             return kjt, labels, sample_workloads(kjt, config)
 
+    own_group = mode == "overlap" and config.shuffle_group == "own"
     with BalancedShuffle(
         timeline,
         overlap=mode == "overlap",
         method=config.method,
         native_kk=config.native_kk,
         exchange=config.exchange,
+        group=_worker_group() if own_group else None,
     ) as shuffle:
         dist.barrier()
         if mode == "overlap":  # the first batch has no step to hide behind
@@ -261,9 +270,11 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
                 optimizer.zero_grad()
                 loss.backward()
                 grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-            if shuffling_next:  # the worker owns the group until finish() returns
+            if shuffling_next and not own_group:  # the worker owns the group until finish()
                 current = shuffle.finish()
             total_loss = _all_reduce_and_step(model, optimizer, grads, loss, timeline, step, device)
+            if shuffling_next and own_group:  # its own group: it may run under the all-reduce too
+                current = shuffle.finish()
             step_end = time.perf_counter()
             timeline.add("step", step, step_start, step_end)
             step_seconds.append(step_end - step_start)
@@ -272,6 +283,20 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
     for span in timeline.spans:
         span["rank"] = rank
     return _rank_result(rank, config, model, timeline, step_seconds, step_flops, losses)
+
+
+def _worker_group() -> dist.ProcessGroup:
+    """A process group of all ranks for the shuffle worker alone (every rank
+    calls this at the same point). Gloo only: NCCL's documentation (2.29,
+    "Thread Safety") says issuing operations in parallel to independent
+    communicators on the same device from several threads is not safe."""
+    if dist.get_backend() != "gloo":
+        raise ValueError(
+            f"shuffle_group='own' needs the gloo backend, this run uses {dist.get_backend()!r}: "
+            "NCCL does not allow two threads to drive two communicators of one GPU at once; "
+            "use shuffle_group='shared'"
+        )
+    return dist.new_group(backend="gloo")
 
 
 def _all_reduce_and_step(
@@ -313,6 +338,7 @@ def _rank_result(
         "mode": config.mode,
         "native_kk": config.native_kk,
         "exchange": config.exchange,
+        "shuffle_group": config.shuffle_group,
         "spans": timeline.spans,
         "step_seconds": step_seconds,
         "step_flops": step_flops,
@@ -339,16 +365,18 @@ def timed_steps(steps: int, skip_first: int = 1) -> range:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One mode's numbers across its ranks, over its `timed_steps`."""
+    """One mode's numbers across its ranks, over its `timed_steps`: each a
+    mean, so that they add up (the shuffle's phases to `shuffle_seconds`)."""
 
     mode: str
     native_kk: bool | None  # as asked (TrainConfig.native_kk)
     exchange: str
-    step_seconds: float  # median over timed steps of the slowest rank's step time
+    shuffle_group: str
+    step_seconds: float  # mean over timed steps of the slowest rank's step time
     flops_max_over_mean: float  # mean over timed steps of the ranks' FLOPs max/mean
     hidden_fraction: float | None  # shuffle time the main thread never waited for; None without one
-    kk_seconds: float  # median KK time
-    shuffle_seconds: float  # median time of one batch's gather + KK + exchange, on one rank
+    kk_seconds: float  # KK time per timed step, mean over ranks
+    shuffle_seconds: float  # gather + KK + exchange time per timed step (either thread), mean over ranks
     num_spans: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -356,26 +384,45 @@ class RunSummary:
 
 
 def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary:
-    """One mode's per-rank `train` results over its `timed_steps`."""
+    """One mode's per-rank `train` results over its `timed_steps`. Phase
+    times are per loop iteration (whichever batch they worked on), as in
+    `timeline.phase_seconds`."""
     kept = timed_steps(len(per_rank[0]["step_seconds"]), skip_first)
     slowest = [max(r["step_seconds"][s] for r in per_rank) for s in kept]
     flops_ratio = [max_over_mean([r["step_flops"][s] for r in per_rank]) for s in kept]
-    kk = [d for r in per_rank for d in r["kk_seconds"]]
-    shuffles = [
-        sum(s["end"] - s["start"] for s in r["spans"] if s["phase"] in SHUFFLE_PHASES and s["step"] == step)
-        for r in per_rank
-        for step in {s["step"] for s in r["spans"] if s["phase"] == "kk" and not s["warmup"]}
-    ]
+    phases = phase_seconds(
+        (dict(s, rank=r["rank"]) for r in per_rank for s in r["spans"]), kept, len(per_rank)
+    )
     return RunSummary(
         mode=per_rank[0]["mode"],
         native_kk=per_rank[0]["native_kk"],
         exchange=per_rank[0]["exchange"],
-        step_seconds=statistics.median(slowest),
-        flops_max_over_mean=statistics.mean(flops_ratio),
+        shuffle_group=per_rank[0].get("shuffle_group", "shared"),
+        step_seconds=statistics.fmean(slowest),
+        flops_max_over_mean=statistics.fmean(flops_ratio),
         hidden_fraction=_hidden_over_ranks(per_rank),
-        kk_seconds=statistics.median(kk) if kk else 0.0,
-        shuffle_seconds=statistics.median(shuffles) if shuffles else 0.0,
+        kk_seconds=sum(v for (_, phase), v in phases.items() if phase == "kk"),
+        shuffle_seconds=sum(v for (_, phase), v in phases.items() if phase in SHUFFLE_PHASES),
         num_spans=sum(len(r["spans"]) for r in per_rank),
+    )
+
+
+def summarize_repeats(repeats: list[list[dict[str, Any]]], skip_first: int = 1) -> RunSummary:
+    """`summarize` of each repeat, averaged (the hidden fraction weighted by
+    each repeat's shuffle time)."""
+    if not repeats:
+        raise ValueError("repeats is empty: nothing to summarize")
+    each = [summarize(per_rank, skip_first) for per_rank in repeats]
+    shuffled = [(s.hidden_fraction, s.shuffle_seconds) for s in each if s.hidden_fraction is not None]
+    weight = sum(w for _, w in shuffled)
+    return dataclasses.replace(
+        each[0],
+        step_seconds=statistics.fmean(s.step_seconds for s in each),
+        flops_max_over_mean=statistics.fmean(s.flops_max_over_mean for s in each),
+        hidden_fraction=sum(h * w for h, w in shuffled) / weight if weight > 0 else None,
+        kk_seconds=statistics.fmean(s.kk_seconds for s in each),
+        shuffle_seconds=statistics.fmean(s.shuffle_seconds for s in each),
+        num_spans=sum(s.num_spans for s in each),
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from embnb._checks import check_int
+from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.partition import (
     METHODS,
     NATIVE_METHODS,
@@ -26,7 +27,6 @@ from embnb.balancing.partition import (
     check_partition,
     padded_weights,
 )
-from embnb.data import zipf_lengths
 
 __all__ = [
     "attention_block_flops",
@@ -138,16 +138,19 @@ def compare_methods(
     methods: Sequence[str] | None = None,
     native: bool | None = None,
     flops_dims: tuple[int, int] | None = None,
+    distribution: LengthDistribution | None = None,
 ) -> list[dict[str, Any]]:
-    """Imbalance of each method on Zipf(alpha) length batches: one row per
-    (num_samples, num_parts, seed, workload, method) with the `imbalance`
-    numbers. Workloads are the tokens (lengths) and, with `flops_dims`
-    (embedding_dim, ffn_dim), also `attention_block_flops`."""
+    """Imbalance of each method on batches of `distribution` (default Zipf(alpha))
+    sequence lengths: one row per (num_samples, num_parts, seed, workload,
+    method) with the `imbalance` numbers. Workloads are the tokens (lengths)
+    and, with `flops_dims` (embedding_dim, ffn_dim), also
+    `attention_block_flops`."""
     methods = list(methods or METHODS)
+    spec = LengthDistribution("zipf", alpha=alpha) if distribution is None else distribution
     rows = []
     for num_samples in sample_counts:
         for seed in seeds:
-            lengths = zipf_lengths(num_samples, alpha, max_length, seed)
+            lengths = spec.draw(num_samples, max_length, seed)
             estimates = {"tokens": lengths.tolist()}
             if flops_dims is not None:
                 estimates["flops"] = attention_block_flops(lengths, *flops_dims).tolist()

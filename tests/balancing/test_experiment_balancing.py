@@ -5,7 +5,6 @@ import pytest
 
 from embnb.balancing import experiment
 from embnb.balancing.training import TrainConfig
-from embnb.timing import Ratio
 
 TINY = TrainConfig(
     steps=2, batch_size=4, max_length=32, num_items=20, num_categories=4, embedding_dim=8, ffn_dim=8
@@ -27,8 +26,8 @@ def test_repeats_run_interleaved_and_each_label_gets_its_own_runs():
         assert repeats[0][0]["losses"] == pytest.approx(repeats[1][0]["losses"])
     assert runs.same_weights()
     speedups = runs.speedups("plain")
-    assert speedups["plain"] == Ratio(1.0, 1.0, 1.0, 2)
-    assert speedups["balanced"].repeats == 2 and speedups["balanced"].median > 0
+    assert speedups["plain"] == experiment.Speedup(1.0, 1.0, 1.0, 2)
+    assert speedups["balanced"].repeats == 2 and speedups["balanced"].ratio > 0
 
 
 def _ranks(*step_seconds):
@@ -48,8 +47,10 @@ def test_speedups_compare_each_repeat_at_its_slowest_ranks_over_the_timed_steps(
         },
     )
     speedups = runs.speedups("none")
-    assert speedups["kk"] == Ratio(median=(10 / 5 + 12 / 8) / 2, low=1.5, high=2.0, repeats=2)
+    # the ratio of the mean step times (5.5 s and 3.25 s), with the per-repeat ratios' range
+    assert speedups["kk"] == experiment.Speedup(ratio=5.5 / 3.25, low=1.5, high=2.0, repeats=2)
     assert runs.step_ms("none") == [5000.0, 6000.0] and runs.step_ms("kk") == [2500.0, 4000.0]
+    assert runs.mean_step_ms("none") == 5500.0 and runs.mean_step_ms("kk") == 3250.0
     difference = runs.difference("kk", "none")
     assert (difference.mean, difference.low, difference.high) == (-2250.0, -2500.0, -2000.0)
     with pytest.raises(ValueError, match="reference 'sync' is not a run; runs: \\['none', 'kk'\\]"):

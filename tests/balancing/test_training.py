@@ -36,6 +36,7 @@ RUNS = [
     TINY.replace(mode="overlap", native_kk=True),
     TINY.replace(mode="overlap", native_kk=False, exchange="alltoall"),
     TINY.replace(mode="sync", native_kk=True, exchange="alltoall"),
+    TINY.replace(mode="overlap", native_kk=True, shuffle_group="own"),
 ]
 
 
@@ -139,7 +140,8 @@ def test_every_mode_loads_and_shuffles_one_batch_per_timed_step(runs):
 
 
 def test_overlapped_shuffle_of_the_next_batch_runs_inside_the_step_before_it(runs):
-    for run in (r for r in runs if r[0]["mode"] == "overlap"):
+    # on the shared group (the own-group run: the test after the next one)
+    for run in (r for r in runs if r[0]["mode"] == "overlap" and r[0]["shuffle_group"] == "shared"):
         for result in run:
             spans = result["spans"]
             for i in range(TINY.steps - 1):
@@ -173,6 +175,30 @@ def test_synchronous_shuffle_runs_before_the_compute_of_its_step(runs):
                 forward = _one(spans, phase="forward", iteration=i)
                 for s in (s for s in spans if s["phase"] in SHUFFLE_PHASES and s["step"] == i):
                     assert s["end"] <= forward["start"] and s["iteration"] == i
+
+
+def test_own_group_worker_is_waited_for_after_the_optimizer_the_shared_one_before_the_all_reduce(runs):
+    by_group = {run[0]["shuffle_group"]: run for run in runs if run[0]["mode"] == "overlap"}
+    assert sorted(by_group) == ["own", "shared"]
+    for group, run in by_group.items():
+        for result in run:
+            spans = result["spans"]
+            for step in range(1, TINY.steps - 1):
+                wait = _one(spans, phase="wait", step=step + 1)
+                all_reduce = _one(spans, phase="all_reduce", step=step)
+                optimizer = _one(spans, phase="optimizer", step=step)
+                shuffle = [s for s in spans if s["phase"] in SHUFFLE_PHASES and s["step"] == step + 1]
+                assert {s["thread"] for s in shuffle} == {"worker"}
+                if group == "own":  # the worker may run under the all-reduce: waited for after the step
+                    assert wait["start"] >= optimizer["end"]
+                    assert all(s["end"] <= wait["end"] for s in shuffle)
+                else:
+                    assert wait["end"] <= all_reduce["start"]
+
+
+def test_a_bad_shuffle_group_is_named():
+    with pytest.raises(ValueError, match="shuffle_group 'mine' is not one of 'shared', 'own'"):
+        TrainConfig(shuffle_group="mine")
 
 
 def test_hidden_fraction_by_hand():
@@ -272,11 +298,21 @@ def test_summarize_takes_each_timed_step_at_its_slowest_rank():
             "hidden_fraction": 0.0,
         },
     ]
+    for r, rank in enumerate(ranks):
+        rank["rank"] = r
     summary = training.summarize(ranks)
-    assert summary.step_seconds == 2.5  # median of the slowest ranks: 2.0 and 3.0
+    assert summary.step_seconds == 2.5  # mean of the slowest ranks: 2.0 and 3.0
     assert summary.flops_max_over_mean == pytest.approx((1.0 + 6 / 4) / 2)
-    assert summary.kk_seconds == 0.375 and summary.num_spans == 5 and summary.hidden_fraction == 0.0
-    assert summary.shuffle_seconds == pytest.approx((1.0 + 3.25) / 2)  # per rank: 0.5 + 0.5, 0.25 + 3
+    assert summary.num_spans == 5 and summary.hidden_fraction == 0.0
+    # per timed step (2) and rank (2): kk 0.5 + 0.25; shuffle 0.5 + 0.5 and 0.25 + 3
+    assert summary.kk_seconds == pytest.approx(0.75 / 4)
+    assert summary.shuffle_seconds == pytest.approx((1.0 + 3.25) / 4)
+    # two repeats: means, the hidden fraction weighted by shuffle time
+    other = [dict(rank, step_seconds=[9.0, 4.0, 4.0, 7.0], hidden_fraction=1.0) for rank in ranks]
+    both = training.summarize_repeats([ranks, other])
+    assert both.step_seconds == pytest.approx((2.5 + 4.0) / 2)
+    assert both.shuffle_seconds == pytest.approx(summary.shuffle_seconds)
+    assert both.hidden_fraction == pytest.approx(0.5) and both.num_spans == 10
 
 
 def test_slowest_rank_seconds_sums_each_timed_steps_slowest_rank():

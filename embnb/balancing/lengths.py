@@ -1,0 +1,71 @@
+"""Sequence-length distributions the balancers are compared on.
+
+Two shapes, because a balancer's conclusions depend on them:
+
+- `zipf`: P(L) ~ L**-alpha on [1, max_length] (`embnb.data.zipf_lengths`).
+  With alpha 1.5 the median is 2 and a few samples are thousands long, so
+  with many parts the longest sample alone often exceeds a fair share.
+- `lognormal`: log L ~ Normal(log median, sigma), rounded, clipped to
+  [1, max_length]: a median of tens to hundreds of items (user histories
+  after a minimum-activity filter) and a milder tail.
+
+    spec = LengthDistribution("lognormal", median=128, sigma=1.0)
+    lengths = spec.draw(1024, max_length=8192, seed=0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from embnb._checks import check_choice, check_int, check_number
+from embnb.data import zipf_lengths
+
+__all__ = ["KINDS", "LengthDistribution", "lognormal_lengths"]
+
+KINDS = ("zipf", "lognormal")
+
+
+def lognormal_lengths(
+    num_samples: int, median: float = 128.0, sigma: float = 1.0, max_length: int = 8192, seed: int = 0
+) -> torch.Tensor:
+    """int64 lengths with log L ~ Normal(log median, sigma), rounded and
+    clipped to [1, max_length]; the same for the same arguments."""
+    check_int("num_samples", num_samples, low=0)
+    check_int("max_length", max_length, low=1)
+    check_number("median", median, low=1)
+    check_number("sigma", sigma, low=0)
+    gen = torch.Generator().manual_seed(seed)
+    normal = torch.randn(num_samples, generator=gen, dtype=torch.float64)
+    lengths = torch.exp(math.log(median) + sigma * normal).round()
+    return lengths.clamp(1, max_length).to(torch.int64)
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """One length distribution: `kind` "zipf" (uses `alpha`) or "lognormal"
+    (uses `median` and `sigma`)."""
+
+    kind: str = "zipf"
+    alpha: float = 1.5  # zipf: P(L) ~ L**-alpha
+    median: float = 128.0  # lognormal: the median length
+    sigma: float = 1.0  # lognormal: the standard deviation of log L
+
+    def __post_init__(self) -> None:
+        check_choice("kind", self.kind, KINDS)
+        check_number("alpha", self.alpha, low=0, low_open=True)
+        check_number("median", self.median, low=1)
+        check_number("sigma", self.sigma, low=0)
+
+    def draw(self, num_samples: int, max_length: int = 8192, seed: int = 0) -> torch.Tensor:
+        """`num_samples` int64 lengths in [1, max_length]."""
+        if self.kind == "zipf":
+            return zipf_lengths(num_samples, self.alpha, max_length, seed)
+        return lognormal_lengths(num_samples, self.median, self.sigma, max_length, seed)
+
+    def describe(self) -> str:
+        if self.kind == "zipf":
+            return f"Zipf({self.alpha:g})"
+        return f"log-normal(median {self.median:g}, sigma {self.sigma:g})"
