@@ -9,10 +9,11 @@ The numbers behind notebook 01 (modulo aliasing):
 
 `continuous` needs a block size: `ceil(table_rows / world_size)`, as torchrec
 cuts a table of `num_embeddings` rows. By default the table is sized to hold
-the stream's largest key; `table_rows={pattern: rows}` gives a stream a table
-of its own size instead (snowflake ids are timestamps near 2**60: no real
-table has that many rows). Keys at or past `block_size * world_size` take
-FBGEMM's wrap rule, `key % world_size`: the same aliasing as `roundrobin`.
+the stream's largest key. torchrec looks up row `id` and needs
+`id < num_embeddings`, so `table_rows={pattern: rows}` gives a stream a table
+of its own size and maps its ids into it first with `into_table` (`id %
+rows`), as a production pipeline must (snowflake ids are timestamps near
+2**60: no real table has that many rows).
 
 The strided stream shows the rule behind aliasing: keys `k * stride +
 offset` reach only `world_size / gcd(stride, world_size)` residues mod W, so
@@ -43,11 +44,13 @@ from typing import Any
 import pandas as pd
 import torch
 
+from embnb._checks import check_choice, check_int
 from embnb.data import make_keys
 from embnb.metrics import max_over_mean, spread_over_mean
 from embnb.rowwise.routing import DistType, hash_key, owner_rank
 
 __all__ = [
+    "into_table",
     "block_size_for",
     "owners",
     "rank_counts",
@@ -91,16 +94,34 @@ def block_size_for(keys: torch.Tensor, world_size: int, table_rows: int | None =
     return max(1, -(-table_rows // world_size))  # ceil division
 
 
+def into_table(keys: torch.Tensor, table_rows: int, how: str = "modulo") -> torch.Tensor:
+    """Raw ids as rows of a table of `table_rows` rows, what a pipeline does
+    before torchrec (which needs `0 <= id < num_embeddings`): `"modulo"` is
+    `id % table_rows`, `"hash"` is `fmix64(id) % table_rows` (both unsigned)."""
+    check_choice("how", how, ("modulo", "hash"))
+    table_rows = check_int("table_rows", table_rows, low=1)
+    mode = DistType.ROUNDROBIN if how == "modulo" else DistType.HASH_ROUNDROBIN
+    return owner_rank(keys, table_rows, mode)  # key % n and fmix64(key) % n, unsigned
+
+
 def owners(
     keys: torch.Tensor,
     world_size: int,
     dist_type: DistType | str,
     block_size: int | None = None,
+    table_rows: int | None = None,
 ) -> torch.Tensor:
-    """Owner rank of each key; continuous defaults to `block_size_for`."""
+    """Owner rank of each key. Continuous defaults to `block_size_for`; with
+    `table_rows` the keys go `into_table` first and the blocks cut that table."""
     mode = DistType.parse(dist_type)
-    if mode is DistType.CONTINUOUS and block_size is None:
-        block_size = block_size_for(keys, world_size)
+    if mode is DistType.CONTINUOUS:
+        if table_rows is not None:
+            if block_size is not None:
+                raise ValueError("give block_size or table_rows, not both")
+            keys = into_table(keys, table_rows)
+            block_size = block_size_for(keys, world_size, table_rows)
+        elif block_size is None:
+            block_size = block_size_for(keys, world_size)
     return owner_rank(keys, world_size, mode, block_size)
 
 
@@ -109,9 +130,10 @@ def rank_counts(
     world_size: int,
     dist_type: DistType | str,
     block_size: int | None = None,
+    table_rows: int | None = None,
 ) -> torch.Tensor:
     """Keys (repeats included) each rank receives: int64 `[world_size]`."""
-    ranks = owners(keys, world_size, dist_type, block_size)
+    ranks = owners(keys, world_size, dist_type, block_size, table_rows)
     return torch.bincount(ranks, minlength=world_size)
 
 
@@ -135,6 +157,7 @@ def worked_example(
     world_size: int,
     dist_types: Iterable[DistType | str] = tuple(DistType),
     block_size: int | None = None,
+    table_rows: int | None = None,
 ) -> pd.DataFrame:
     """One row per key: the key's and its fmix64 hash's low bits side by
     side, `key % W`, `fmix64(key) % W` and the owner per mode.
@@ -152,7 +175,7 @@ def worked_example(
     table[f"key % {world_size}"] = torch.remainder(keys, world_size).tolist()
     table[f"fmix64 % {world_size}"] = [h % world_size for h in hashes]
     for mode in map(DistType.parse, dist_types):
-        owner = owners(keys, world_size, mode, block_size)
+        owner = owners(keys, world_size, mode, block_size, table_rows)
         table[f"owner: {mode.value}"] = owner.tolist()
     return pd.DataFrame(table)
 
@@ -172,9 +195,9 @@ def load_table(
     Keys are generated once per pattern with `make_keys`, independent of the
     world size (`pattern_options[pattern]` goes to the generator, e.g.
     zipf's alpha), and routed under every dist_type and world size;
-    `continuous` uses a table of `table_rows[pattern]` rows (default: sized
-    to the largest key). Columns: `LOAD_COLUMNS`. `progress` shows a
-    tqdm.auto bar over the patterns.
+    `continuous` uses a table of `table_rows[pattern]` rows, the ids mapped
+    `into_table` first (default: a table sized to the largest key).
+    Columns: `LOAD_COLUMNS`. `progress` shows a tqdm.auto bar over the patterns.
     """
     patterns = list(patterns)
     modes = [DistType.parse(d) for d in dist_types]
@@ -195,10 +218,8 @@ def load_table(
         keys = make_keys(pattern, num_keys, seed, **pattern_options.get(pattern, {}))
         for world_size, mode in ((w, m) for w in world_sizes for m in modes):
             floor = hot_key_floor(keys, world_size)
-            block_size = None
-            if mode is DistType.CONTINUOUS:
-                block_size = block_size_for(keys, world_size, table_rows.get(pattern))
-            counts = rank_counts(keys, world_size, mode, block_size)
+            rows_of_table = table_rows.get(pattern) if mode is DistType.CONTINUOUS else None
+            counts = rank_counts(keys, world_size, mode, table_rows=rows_of_table)
             busiest = int(counts.argmax())
             rows.append(
                 {
@@ -335,6 +356,7 @@ def hottest_key_counts(
     world_size: int,
     dist_type: DistType | str,
     block_size: int | None = None,
+    table_rows: int | None = None,
 ) -> torch.Tensor:
     """Lookups of the most frequent key only, per rank (int64 `[W]`): all
     on the one rank that owns it, whatever the dist_type."""
@@ -342,9 +364,10 @@ def hottest_key_counts(
         return torch.zeros(world_size, dtype=torch.int64)
     values, counts = torch.unique(keys, return_counts=True)
     hottest = values[counts.argmax()]
-    if block_size is None and DistType.parse(dist_type) is DistType.CONTINUOUS:
+    continuous = DistType.parse(dist_type) is DistType.CONTINUOUS
+    if continuous and block_size is None and table_rows is None:
         block_size = block_size_for(keys, world_size)  # the table's layout
-    owner = int(owners(hottest.reshape(1), world_size, dist_type, block_size)[0])
+    owner = int(owners(hottest.reshape(1), world_size, dist_type, block_size, table_rows)[0])
     per_rank = torch.zeros(world_size, dtype=torch.int64)
     per_rank[owner] = int(counts.max())
     return per_rank

@@ -26,7 +26,7 @@ keys, write the new lengths, the keys and the permute. It is compared with
 the device's copy bandwidth (`dst.copy_(src)`, bytes read + written).
 
 The input is a KeyedJaggedTensor of `num_features` features whose lengths
-are uniform on [0, 2 * avg_length], keys uniform over `rows` table rows and,
+are uniform on [0, 2 * avg_length] scaled to `num_keys` keys exactly, keys uniform over `rows` table rows and,
 for continuous, FBGEMM's block size ceil(rows / W).
 """
 
@@ -62,11 +62,16 @@ def make_inputs(
     lengths_dtype: torch.dtype = torch.int32,
     indices_dtype: torch.dtype = torch.int64,
 ):
-    """(lengths, indices) with about `num_keys` keys (the exact count varies)."""
+    """(lengths, indices) with exactly `num_keys` keys: lengths drawn uniform
+    on [0, 2 * avg_length], then scaled to sum to `num_keys` (the remainder
+    one key each to the first segments), so a table row's key count is the
+    one asked for."""
     gen = torch.Generator().manual_seed(seed)
     batch = max(1, round(num_keys / (num_features * avg_length)))
-    lengths = torch.randint(0, 2 * avg_length + 1, (num_features * batch,), generator=gen)
-    indices = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
+    drawn = torch.randint(0, 2 * avg_length + 1, (num_features * batch,), generator=gen)
+    lengths = drawn * num_keys // max(int(drawn.sum()), 1)
+    lengths[: num_keys - int(lengths.sum())] += 1
+    indices = torch.randint(0, rows, (num_keys,), generator=gen)
     return (lengths.to(device, lengths_dtype), indices.to(device, indices_dtype))
 
 

@@ -33,6 +33,8 @@ __all__ = [
     "ReshardReport",
     "reshard",
     "DYNAMICEMB_LOADER",
+    "DYNAMICEMB_COMMIT",
+    "dynamicemb_keys_loaded",
     "compare_loaders",
     "mismatch_message",
     "results",
@@ -178,11 +180,46 @@ def reshard(
     )
 
 
-# The loader this compares with: NVIDIA/recsys-examples at 5174c99 (2025),
-# corelib/dynamicemb/dynamicemb/key_value_table.py, KeyValueTable.load, keeps
-# `masks = keys % world_size == rank` of every key file it reads, whatever
-# dist_type the table routes with.
-DYNAMICEMB_LOADER = "NVIDIA/recsys-examples@5174c99, dynamicemb/key_value_table.py, KeyValueTable.load"
+# dynamicemb's loader, read at NVIDIA/recsys-examples e4fc876 (PR #367, 2026-04-27,
+# the commit that adds hash_roundrobin and the dist_type check); the same lines
+# are at 43465ae (2026-07-23). At 5174c99 (2025-10-23) the same two steps sit in
+# get_loading_files and KeyValueTable.load, before hash_roundrobin existed.
+DYNAMICEMB_COMMIT = "e4fc876f5bf98b9478eae70b317c7d02ce954d3a"
+DYNAMICEMB_LOADER = {
+    "commit": DYNAMICEMB_COMMIT,
+    "files": (
+        "corelib/dynamicemb/dynamicemb/batched_dynamicemb_tables.py:169, get_loading_files: "
+        "`if world_size == num_key_files:` return only this rank's own files, else every file"
+    ),
+    "filter": (
+        "corelib/dynamicemb/dynamicemb/key_value_table.py:1190-1191, _iter_batches_from_files "
+        "(called by DynamicEmbStorage.load): `if world_size > 1: masks = keys % world_size == rank`"
+    ),
+    "dist_type_check": (
+        "corelib/dynamicemb/dynamicemb/key_value_table.py:1247-1255, _validate_load_meta: "
+        "a missing dist_type reads as 'roundrobin', a mismatch raises ValueError"
+    ),
+}
+
+
+def dynamicemb_keys_loaded(saved_by_rank: Sequence[torch.Tensor], rank: int, world_size: int) -> torch.Tensor:
+    """The keys `rank` of `world_size` loads under dynamicemb's two steps
+    (`DYNAMICEMB_LOADER`): which files it reads, then the `key % W` mask."""
+    same_world_size = world_size == len(saved_by_rank)  # the file count is the saved world size
+    files = [rank] if same_world_size else range(len(saved_by_rank))
+    keys = torch.cat([saved_by_rank[f] for f in files])
+    if world_size > 1:
+        keys = keys[torch.remainder(keys, world_size) == rank]
+    return keys
+
+
+def _placement(loaded: Sequence[torch.Tensor], saved: torch.Tensor, owner: torch.Tensor) -> dict[str, int]:
+    """Rows loaded, loaded on a rank that is not the key's owner, and dropped
+    (saved but loaded nowhere); `owner[i]` is the owner of `saved[i]`."""
+    owner_of = dict(zip(saved.tolist(), owner.tolist()))
+    keys = [k for part in loaded for k in part.tolist()]
+    off_owner = sum(owner_of[k] != rank for rank, part in enumerate(loaded) for k in part.tolist())
+    return {"loaded": len(keys), "off_owner": off_owner, "dropped": saved.numel() - len(set(keys))}
 
 
 def compare_loaders(
@@ -191,43 +228,35 @@ def compare_loaders(
     world_sizes: Sequence[int],
     block_sizes: Mapping[int, int | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """For each world size: where the checkpoint's rows land under embnb's
-    loader (`checkpoint.load`: each row on the rank that routing asks) and
-    under the `key % W == rank` filter of `DYNAMICEMB_LOADER` applied to
-    every saved row, counted against the owner that lookups go to. A row
-    off its owner is unreachable: lookups of its key start from a fresh
-    row on the owner."""
+    """For each world size, where the checkpoint's rows land under embnb's
+    loader (`checkpoint.load`: each row on the rank routing asks) and under
+    dynamicemb's (`dynamicemb_keys_loaded`), counted against the owner that
+    lookups go to. A dropped row is loaded nowhere; a row off its owner is
+    loaded where no lookup asks. Either way the lookup of its key starts
+    from a fresh row on the owner."""
     mode = DistType.parse(dist_type)
     block_sizes = dict(block_sizes or {})
     saved_world_size = checkpoint.read_metadata(directory, kv.TABLE_NAME)["world_size"]
-    saved = torch.cat(
-        [
-            checkpoint.load(directory, kv.TABLE_NAME, r, saved_world_size, mode)[0]
-            for r in range(saved_world_size)
-        ]
-    )
+    saved_by_rank = [  # the stored layout: each rank's own file
+        checkpoint.load(directory, kv.TABLE_NAME, r, saved_world_size, mode)[0]
+        for r in range(saved_world_size)
+    ]
+    saved = torch.cat(saved_by_rank)
     rows = []
     for world_size in world_sizes:
         block_size = block_sizes.get(world_size)
-        loaded = [
+        embnb = [
             checkpoint.load(directory, kv.TABLE_NAME, rank, world_size, mode, block_size=block_size)[0]
             for rank in range(world_size)
         ]
-        embnb_off_owner = sum(
-            int((owner_rank(keys, world_size, mode, block_size) != rank).sum())
-            for rank, keys in enumerate(loaded)
-        )
-        modulo_rank = torch.remainder(saved, world_size)  # the rank whose filter keeps the row
+        dynamicemb = [dynamicemb_keys_loaded(saved_by_rank, rank, world_size) for rank in range(world_size)]
         owner = owner_rank(saved, world_size, mode, block_size)
-        rows.append(
-            {
-                "world_size": world_size,
-                "rows_saved": saved.numel(),
-                "embnb_rows_loaded": sum(k.numel() for k in loaded),
-                "embnb_rows_off_owner": embnb_off_owner,
-                "modulo_filter_rows_off_owner": int((modulo_rank != owner).sum()),
-            }
-        )
+        row: dict[str, Any] = {"world_size": world_size, "rows_saved": saved.numel()}
+        for name, loaded in (("embnb", embnb), ("dynamicemb", dynamicemb)):
+            counts = _placement(loaded, saved, owner)
+            row.update({f"{name}_rows_{what}": n for what, n in counts.items()})
+        row["dynamicemb_files_read_per_rank"] = 1 if world_size == saved_world_size else saved_world_size
+        rows.append(row)
     return rows
 
 
@@ -255,6 +284,10 @@ def results(
     hash_bands: dict[int, dict[float, float]],
     zipf_seeds: pd.DataFrame,
     zipf_sign: dict[str, Any],
+    zipf_alpha_sweep: pd.DataFrame,
+    zipf_floor_findings: dict[str, Any],
+    id_pipeline: pd.DataFrame,
+    out_of_range: list[dict[str, str]],
     kv_run: KVLookupRun,
     kv_pattern: str,
     kv_rows_match: bool,
@@ -269,6 +302,12 @@ def results(
     kv_ratios = kv_run.max_over_mean()
     summary = _summary(
         stride, gcd_rule, hash_noise, hash_bands, zipf_seeds, zipf_floor, zipf_sign, kv_run, loaders
+    )
+    binds = zipf_floor_findings["binds_from_alpha"]
+    summary += (
+        f"; zipf alpha sweep: the hot-key floor binds (W p1 > 1) from alpha {binds}, "
+        "the blind modes' excess over it is largest at alpha "
+        + ", ".join(f"{a} ({d})" for d, a in zipf_floor_findings["largest_excess_alpha"].items())
     )
     return {
         "world_size": world_size,
@@ -285,6 +324,8 @@ def results(
         },
         "zipf_seeds": zipf_seeds.to_dict(orient="records"),
         "zipf_sign_test": zipf_sign,
+        "zipf_alpha_sweep": {"runs": zipf_alpha_sweep.to_dict(orient="records"), **zipf_floor_findings},
+        "id_pipeline": {"rows": id_pipeline.to_dict(orient="records"), "out_of_range_lookup": out_of_range},
         "kv": {
             "world_size": kv_run.world_size,
             "pattern": kv_pattern,
@@ -342,10 +383,13 @@ def _summary(
             f"{zipf_sign['seeds']} seeds (p = {zipf_sign['p_value']:.2f}): hashing does not fix hot keys"
         )
     parts.append(f"KV {kv_run.world_size} ranks: " + ", ".join(f"{d} {v:.2f}" for d, v in kv_ratios.items()))
-    if same_w is not None:
+    for row in loaders:
+        saved = max(row["rows_saved"], 1)
+        when = "same" if same_w is row else "new"
         parts.append(
-            f"checkpoint reloaded at W={same_w['world_size']}: a key % W filter leaves "
-            f"{same_w['modulo_filter_rows_off_owner'] / max(same_w['rows_saved'], 1):.0%} of rows off their "
-            f"owner, embnb {same_w['embnb_rows_off_owner']}"
+            f"checkpoint reloaded at W={row['world_size']} ({when} W): dynamicemb's loader drops "
+            f"{row['dynamicemb_rows_dropped'] / saved:.0%} of rows and loads "
+            f"{row['dynamicemb_rows_off_owner'] / saved:.0%} off their owner, embnb "
+            f"{row['embnb_rows_dropped']} and {row['embnb_rows_off_owner']}"
         )
     return "; ".join(parts)

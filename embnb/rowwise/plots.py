@@ -7,22 +7,33 @@ Figures share the style of `embnb.plotting` (palette, rank bars).
     fig = max_over_mean_vs_world_size(table, ["strided", "zipf"])
     fig = hash_noise_figure(noise, bands, world_size=8)
     fig = zipf_seeds_figure(zipf)
+    fig = hot_key_floor_figure(sweep)                # max/mean against Zipf alpha
+    fig = dist_type_bars(counts, highlight=hottest, floor=floor)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 import seaborn as sns
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, StrMethodFormatter
 
-from embnb.plotting import color, new_figure
+from embnb.plotting import color, new_figure, rank_bars
 
-__all__ = ["load_heatmap", "max_over_mean_vs_world_size", "hash_noise_figure", "zipf_seeds_figure"]
+__all__ = [
+    "load_heatmap",
+    "max_over_mean_vs_world_size",
+    "hash_noise_figure",
+    "zipf_seeds_figure",
+    "hot_key_floor_figure",
+    "dist_type_bars",
+]
 
 HEATMAP_CMAP = "rocket_r"  # light = balanced, dark = one rank does it all
 # Lines that coincide (e.g. roundrobin and continuous past the last block)
@@ -260,4 +271,83 @@ def zipf_seeds_figure(zipf: pd.DataFrame, title: str | None = None) -> Figure:
         fontsize=8,
     )
     fig.suptitle(title or "zipf over seeds: max/mean per dist_type")
+    return fig
+
+
+def hot_key_floor_figure(sweep: pd.DataFrame, title: str | None = None) -> Figure:
+    """max/mean of all lookups against Zipf alpha (a `hot_keys.alpha_sweep`
+    table): a dot per seed and a line through the medians per dist_type,
+    side by side at each alpha; the floor `max(1, W * p1)` as a black line
+    and `W * p1` dotted where it is below 1 (there the floor is 1)."""
+    if sweep.empty:
+        raise ValueError("sweep is empty: nothing to plot")
+    alphas = sorted(sweep["alpha"].unique())
+    dist_types = list(dict.fromkeys(sweep["dist_type"]))
+    fig = new_figure(6.4, 4.0)
+    ax = fig.subplots()
+    positions = range(len(alphas))
+    floors = sweep.groupby("alpha")[["w_times_p1", "hot_key_floor"]].median().loc[alphas]
+    ax.plot(
+        positions, floors["hot_key_floor"], color="#c44e52", linewidth=2, label="hot-key floor max(1, W·p1)"
+    )
+    ax.plot(positions, floors["w_times_p1"], color="#c44e52", linestyle=":", marker="x", label="W·p1")
+    ax.axhline(1.0, color="0.6", linestyle="--", linewidth=1, label="1 (balanced)")
+    width = 0.5 / max(len(dist_types), 1)
+    for i, dist_type in enumerate(dist_types):
+        offset = (i - (len(dist_types) - 1) / 2) * width  # side by side: no dot hides another mode's
+        rows = sweep[sweep["dist_type"] == dist_type]
+        medians = rows.groupby("alpha")["max_over_mean"].median().loc[alphas]
+        x_of = {a: p + offset for a, p in zip(alphas, positions)}
+        ax.plot(
+            rows["alpha"].map(x_of),
+            rows["max_over_mean"],
+            "o",
+            color=color(dist_type, i + 3),
+            alpha=0.35,
+            ms=4,
+        )
+        ax.plot(
+            [x_of[a] for a in alphas],
+            medians.values,
+            marker="D",
+            color=color(dist_type, i + 3),
+            linestyle=LINE_STYLES[i % len(LINE_STYLES)]["linestyle"],
+            label=f"{dist_type} (median; dots: seeds)",
+        )
+    ax.set_xticks(list(positions), [f"{a:g}" for a in alphas])
+    ax.set_xlabel("Zipf alpha")
+    ax.set_ylabel("max/mean lookups per rank")
+    ax.set_ylim(bottom=0)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8)
+    ax.set_title(title or "where the hot-key floor binds")
+    return fig
+
+
+def dist_type_bars(
+    loads_by_dist_type: Mapping[str, Sequence[float]],
+    *,
+    highlight: Mapping[str, Sequence[float]] | None = None,
+    floor: float | None = None,
+    ylabel: str = "keys per rank",
+    title: str | None = None,
+) -> Figure:
+    """`embnb.plotting.rank_bars`, a panel per dist_type, with the legend's
+    bar entry showing every panel's own colour (not one grey patch)."""
+    fig = rank_bars(loads_by_dist_type, highlight=highlight, floor=floor, ylabel=ylabel, title=title)
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    handles = list(legend.legend_handles)
+    colours = tuple(Patch(facecolor=color(name, i)) for i, name in enumerate(loads_by_dist_type))
+    handles[labels.index("all")] = colours
+    labels[labels.index("all")] = "all keys (each panel's colour)"
+    legend.remove()
+    fig.legend(
+        handles,
+        labels,
+        handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
+        loc="outside lower center",
+        ncols=len(labels),
+        fontsize=8,
+        frameon=False,
+    )
     return fig

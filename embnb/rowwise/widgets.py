@@ -16,8 +16,8 @@ import torch
 from matplotlib.figure import Figure
 
 from embnb.data import make_keys
-from embnb.plotting import rank_bars
 from embnb.rowwise import aliasing
+from embnb.rowwise.plots import dist_type_bars
 from embnb.rowwise.routing import DistType
 from embnb.widgets import Explorer, world_size_slider
 
@@ -35,8 +35,9 @@ class LoadExplorer(Explorer):
         max_world_size, max_num_keys: the sliders' ends.
         seed: the key generators' seed.
         pattern_options: extra generator arguments per pattern (zipf's alpha).
-        table_rows: rows of the table per pattern for `continuous` (default:
-            sized to the stream's largest key), as in `aliasing.load_table`.
+        table_rows: rows of the table per pattern for `continuous`, the ids
+            mapped into it first (default: sized to the stream's largest
+            key), as in `aliasing.load_table`.
     """
 
     def __init__(
@@ -85,12 +86,13 @@ class LoadExplorer(Explorer):
 
     def draw(self, pattern: str, dist_type: str, world_size: int, num_keys: int) -> Figure:
         keys = self._keys(pattern, num_keys)
-        block_size = aliasing.block_size_for(keys, world_size, self.table_rows.get(pattern))
-        if DistType.parse(dist_type) is not DistType.CONTINUOUS:
-            block_size = None
-        counts = aliasing.rank_counts(keys, world_size, dist_type, block_size)
-        hottest = aliasing.hottest_key_counts(keys, world_size, dist_type, block_size)
-        return rank_bars(
+        # continuous: the ids go into the pattern's table first (aliasing.into_table)
+        table_rows = (
+            self.table_rows.get(pattern) if DistType.parse(dist_type) is DistType.CONTINUOUS else None
+        )
+        counts = aliasing.rank_counts(keys, world_size, dist_type, table_rows=table_rows)
+        hottest = aliasing.hottest_key_counts(keys, world_size, dist_type, table_rows=table_rows)
+        return dist_type_bars(
             {dist_type: counts},
             highlight={dist_type: hottest},
             floor=aliasing.hot_key_floor(keys, world_size),

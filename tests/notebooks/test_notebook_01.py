@@ -8,6 +8,7 @@ here, not from re-running the notebook's own code.
 
 import itertools
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -23,6 +24,9 @@ KV_KEYS_PER_RANK = 512
 RESHARD_WORLD_SIZE = 3
 ZIPF_ALPHA = 1.5
 ZIPF_SEEDS = 8
+ZIPF_ALPHAS = [0.8, 1.05, 1.2, 1.5]
+PIPELINE_TABLE_ROWS = [100_000_000, 2**27]
+SNOWFLAKE_TABLE_ROWS = 100_000_000  # the notebook's default
 HASH_KEYS_PER_RANK = [100, 1_000, 10_000]
 PARAMETERS = {
     "world_size": WORLD_SIZE,
@@ -31,6 +35,9 @@ PARAMETERS = {
     "stride": STRIDE,
     "zipf_alpha": ZIPF_ALPHA,
     "zipf_seeds": ZIPF_SEEDS,
+    "zipf_alphas": ZIPF_ALPHAS,
+    "zipf_sweep_seeds": 4,
+    "pipeline_table_rows": PIPELINE_TABLE_ROWS,
     "keys_per_step": 2048,
     "hash_keys_per_rank": HASH_KEYS_PER_RANK,
     "hash_seeds": 2,
@@ -79,12 +86,41 @@ def test_roundrobin_follows_the_gcd_rule_on_streams_that_do_not_know_w(run):
     assert rule["strided"]["12"]["measured"] == 12.0
 
 
-def test_snowflake_under_continuous_wraps_to_modulo_with_a_real_table_size(run):
-    sweep = run.results["sweep"]
-    loads = {(r["pattern"], r["dist_type"], r["world_size"]): r["max_over_mean"] for r in sweep}
-    for w in {*WORLD_SIZES, WORLD_SIZE}:
-        assert loads[("snowflake", "continuous", w)] == loads[("snowflake", "roundrobin", w)]
-    assert len(sweep) == 6 * 3 * 4  # patterns x dist_types x world sizes
+def test_torchrec_and_tbe_refuse_an_id_past_the_table_or_read_row_zero(run):
+    outcomes = [r["outcome"] for r in run.results["id_pipeline"]["out_of_range_lookup"]]
+    assert outcomes[0].startswith("raised") and outcomes[1].startswith("raised")
+    assert outcomes[2] == "returned; the bad id's bag equals row 0: True"
+
+
+def test_snowflake_ids_into_the_table_then_blocks(run):
+    rows = run.results["id_pipeline"]["rows"]
+    sweep = {
+        (r["pattern"], r["dist_type"], r["world_size"]): r["max_over_mean"] for r in run.results["sweep"]
+    }
+    keys = make_keys("snowflake", PARAMETERS["num_keys"], seed=0).tolist()
+    distinct = sorted(set(keys))
+    world_sizes = {*WORLD_SIZES, WORLD_SIZE}
+    assert len(rows) == len(PIPELINE_TABLE_ROWS) * 2 * len(world_sizes) * 2
+    for r in rows:
+        to_row = (lambda k, n=r["table_rows"]: fmix64(k) % n) if r["into_table"] == "hash" else None
+        ids_per_row = Counter(to_row(k) if to_row else k % r["table_rows"] for k in distinct)
+        assert r["rows_used"] == len(ids_per_row)  # counted here with Python ints
+        if r["into_table"] == "hash":  # random rows: both routings near balanced
+            assert r["max_over_mean"] < 1.12, r
+        elif r["dist_type"] == "roundrobin" and r["table_rows"] % r["world_size"] == 0:
+            # (id % rows) % W == id % W: the raw ids' aliasing, unchanged
+            assert r["max_over_mean"] == sweep[("snowflake", "roundrobin", r["world_size"])], r
+        if r["dist_type"] == "continuous":  # ids in the table: blocks no longer alias like key % W
+            assert r["max_over_mean"] < 1.5, r
+    # id % rows keeps the ids' shared factor: far more ids share a row than under the hash
+    sharing = {(r["table_rows"], r["into_table"]): r["ids_sharing_a_row"] for r in rows}
+    for n in PIPELINE_TABLE_ROWS:
+        assert sharing[(n, "modulo")] > 10 * sharing[(n, "hash")]
+    # the sweep's continuous snowflake column routes id % snowflake_table_rows in blocks
+    block = -(-SNOWFLAKE_TABLE_ROWS // WORLD_SIZE)
+    per_rank = Counter(k % SNOWFLAKE_TABLE_ROWS // block for k in keys)
+    expected = max(per_rank.values()) * WORLD_SIZE / len(keys)
+    assert sweep[("snowflake", "continuous", WORLD_SIZE)] == pytest.approx(expected)
 
 
 def test_hash_roundrobin_balances_every_stream_without_hot_keys(run):
@@ -138,6 +174,34 @@ def test_hashing_does_not_fix_hot_keys_and_is_no_worse_on_them(run):
     assert sign["p_value"] > 0.05  # what the prose says: the seeds do not tell the modes apart
 
 
+def test_zipf_alpha_sweep_finds_where_the_floor_binds(run):
+    sweep = run.results["zipf_alpha_sweep"]
+    per_alpha = {r["alpha"]: r for r in sweep["per_alpha"]}
+    assert sorted(per_alpha) == ZIPF_ALPHAS
+    for alpha, r in per_alpha.items():
+        expected = WORLD_SIZE * float(zipf_probs(100_000, alpha)[0])  # W * p1 from the distribution
+        assert r["w_times_p1"] == pytest.approx(expected, rel=0.1)
+        assert r["hot_key_floor"] == max(1.0, r["w_times_p1"])
+    for run_ in sweep["runs"]:
+        assert run_["max_over_mean"] >= run_["hot_key_floor"] - 1e-9  # no placement splits a key
+    # binds where W * p1 > 1, computed from zipf_probs here (0.86 at 1.05, 1.57 at 1.2 for W=8)
+    binding = [a for a in ZIPF_ALPHAS if WORLD_SIZE * float(zipf_probs(100_000, a)[0]) > 1]
+    assert sweep["binds_from_alpha"] == min(binding)
+    blind = ("roundrobin", "hash_roundrobin")
+    for alpha, r in per_alpha.items():
+        # the prose: the counted placement reaches the floor; the blind modes stay above it
+        assert r["counted placement (LPT)"]["median"] == pytest.approx(r["hot_key_floor"], rel=0.01)
+        for d in blind:
+            assert r[d]["median"] > r["counted placement (LPT)"]["median"]
+        # and roundrobin and hash_roundrobin overlap over seeds at every alpha
+        assert max(r[d]["low"] for d in blind) <= min(r[d]["high"] for d in blind), alpha
+    assert sweep["blind_ranges_overlap_at_every_alpha"] is True
+    for d in blind:
+        excess = {a: r[d]["excess"] for a, r in per_alpha.items()}
+        assert sweep["largest_excess_alpha"][d] == max(excess, key=excess.get)
+    assert f"binds (W p1 > 1) from alpha {sweep['binds_from_alpha']}" in run.results["summary"]
+
+
 def test_kv_run_served_every_key_once(run):
     kv = run.results["kv"]
     total = KV_WORLD_SIZE * KV_KEYS_PER_RANK
@@ -155,18 +219,29 @@ def test_kv_run_served_every_key_once(run):
         assert sum(rows) == len(kv_keys()), dist_type
 
 
-def test_a_modulo_filter_strands_hash_routed_rows_and_embnb_loads_them_on_their_owners(run):
+def test_dynamicemb_drops_rows_at_the_same_w_and_strands_them_at_a_new_w(run):
     loaders = run.results["loaders"]
-    assert "5174c99" in loaders["dynamicemb"] and "key_value_table.py" in loaders["dynamicemb"]
+    assert loaders["dynamicemb"]["commit"].startswith("e4fc876")
+    assert "get_loading_files" in loaders["dynamicemb"]["files"]
+    assert "keys % world_size == rank" in loaders["dynamicemb"]["filter"]
     keys = kv_keys()
     by_w = {row["world_size"]: row for row in loaders["rows"]}
     assert set(by_w) == {KV_WORLD_SIZE, RESHARD_WORLD_SIZE}  # the same W and a new one
-    for w, row in by_w.items():
+    for row in by_w.values():
         assert row["rows_saved"] == row["embnb_rows_loaded"] == len(keys)
-        assert row["embnb_rows_off_owner"] == 0
-        # key % W == rank keeps the row where the hash owner is somewhere else
-        assert row["modulo_filter_rows_off_owner"] == sum(k % w != fmix64(k) % w for k in keys)
-        assert row["modulo_filter_rows_off_owner"] > 0.4 * len(keys)
+        assert row["embnb_rows_off_owner"] == row["embnb_rows_dropped"] == 0
+    # the same W: rank r reads its own file (hash owner r) and keeps key % W == r
+    same = by_w[KV_WORLD_SIZE]
+    dropped = sum(k % KV_WORLD_SIZE != fmix64(k) % KV_WORLD_SIZE for k in keys)
+    assert (same["dynamicemb_rows_dropped"], same["dynamicemb_rows_off_owner"]) == (dropped, 0)
+    assert same["dynamicemb_rows_loaded"] == len(keys) - dropped
+    assert dropped > 0.4 * len(keys)
+    # a new W: every rank reads every file; nothing dropped, most rows off their owner
+    new = by_w[RESHARD_WORLD_SIZE]
+    off = sum(k % RESHARD_WORLD_SIZE != fmix64(k) % RESHARD_WORLD_SIZE for k in keys)
+    assert (new["dynamicemb_rows_dropped"], new["dynamicemb_rows_off_owner"]) == (0, off)
+    assert new["dynamicemb_rows_loaded"] == len(keys)
+    assert off > 0.4 * len(keys)
 
 
 def test_checkpoint_reshard_conserves_rows_and_counts_the_moves(run):
@@ -199,9 +274,10 @@ def test_summary_figures_and_explorer(run):
     assert summary.startswith(f"strided (stride {STRIDE}) under roundrobin: W=5 1.0")
     assert "W=6 6.00" in summary and "W=12 12.00" in summary
     assert "hashing does not fix hot keys" in summary
+    assert f"reloaded at W={KV_WORLD_SIZE} (same W): dynamicemb's loader drops" in summary
     figures = run.figures()
-    # heatmap, trend, hash noise, zipf bars, zipf seeds, KV bars
-    assert len(figures) == 6
+    # heatmap, trend, hash noise, zipf bars, zipf seeds, zipf alpha sweep, KV bars
+    assert len(figures) == 7
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
     assert run.widgets_shown_by("LoadExplorer(") == 1
 
@@ -212,6 +288,7 @@ def test_kernel_table_checks_outputs_before_timing_at_each_thread_count(run):
     rows = kernel["rows"]
     assert {r["dist_type"] for r in rows} == {"continuous", "hash_roundrobin"}
     assert all(r["identical"] and r["world_size"] == WORLD_SIZE for r in rows)
+    assert {r["num_keys"] for r in rows} == set(PARAMETERS["kernel_sizes"])  # exactly the keys asked for
     # every case at one thread and at all cores, the thread count in each row
     assert sorted((r["dist_type"], r["threads"]) for r in rows) == sorted(
         itertools.product(("continuous", "hash_roundrobin"), sorted({1, os.cpu_count()}))

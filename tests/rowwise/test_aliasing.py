@@ -7,6 +7,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb.data import make_keys, zipf_probs
 from embnb.rowwise import aliasing
+from embnb.rowwise.reference import fmix64
 from embnb.rowwise.routing import hash_key, owner_rank
 
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]
@@ -154,13 +155,29 @@ def test_load_table_progress_bar_runs():
     assert table["max_over_mean"].tolist() == [1.0, 1.0]
 
 
-def test_load_table_sends_keys_past_a_small_table_to_key_mod_w():
-    # sequential ids 0..999 in a table of 100 rows over 4 ranks: blocks of
-    # 25 rows hold ids 0..99 (25 each); the 900 others wrap to key % 4 (225 each)
+def test_load_table_maps_ids_into_the_table_before_its_blocks():
+    # sequential ids 0..999 in a table of 100 rows over 4 ranks: id % 100 puts
+    # 10 ids on each row, blocks of 25 rows take 250 ids each
     table = aliasing.load_table(["sequential"], ["continuous"], [4], 1000, table_rows={"sequential": 100})
     assert table["max_over_mean"].tolist() == [1.0]
     sized = aliasing.load_table(["sequential"], ["continuous"], [4], 1000, table_rows={"sequential": 4000})
     assert sized["max_over_mean"].tolist() == [4.0]  # all in the first block of 1000 rows
+    # 0..399 in 160 rows: rows 0..79 hold 3 ids, rows 80..159 hold 2; blocks of 40 rows: 120, 120, 80, 80
+    odd = aliasing.rank_counts(torch.arange(400), 4, "continuous", table_rows=160)
+    assert odd.tolist() == [120, 120, 80, 80]
+
+
+def test_into_table_is_the_unsigned_modulo_or_the_hash_modulo():
+    keys = torch.tensor([0, 7, 2**62 + 3, -1])
+    assert aliasing.into_table(keys, 10).tolist() == [0, 7, (2**62 + 3) % 10, (2**64 - 1) % 10]
+    hashed = aliasing.into_table(keys, 10, "hash").tolist()
+    assert hashed == [fmix64(k) % 10 for k in keys.tolist()]
+    with pytest.raises(ValueError, match="how 'crc' is not one of 'modulo', 'hash'"):
+        aliasing.into_table(keys, 10, "crc")
+    with pytest.raises(ValueError, match="table_rows"):
+        aliasing.into_table(keys, 0)
+    with pytest.raises(ValueError, match="not both"):
+        aliasing.owners(keys[:2], 2, "continuous", block_size=4, table_rows=8)
 
 
 def test_max_over_mean_grid_needs_a_swept_world_size():

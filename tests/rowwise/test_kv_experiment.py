@@ -81,11 +81,27 @@ def test_loaders_compared_at_the_saved_and_a_new_world_size(saved):
     rows = kv_experiment.compare_loaders(directory, "hash_roundrobin", [WORLD, 3])
     assert [r["world_size"] for r in rows] == [WORLD, 3]
     for row in rows:
-        w = row["world_size"]
         assert row["rows_saved"] == row["embnb_rows_loaded"] == len(distinct)
-        assert row["embnb_rows_off_owner"] == 0
-        # counted with the plain-int rule: kept by `key % W == rank`, owned by fmix64(key) % W
-        assert row["modulo_filter_rows_off_owner"] == sum(k % w != fmix64(k) % w for k in distinct)
+        assert row["embnb_rows_off_owner"] == row["embnb_rows_dropped"] == 0
+    # dynamicemb, replayed with plain ints: the saved file of a key is its hash
+    # owner at WORLD; at WORLD each rank reads its own file and keeps key % W ==
+    # rank (the rest is dropped), at 3 every rank reads every file
+    same, new = rows
+    kept = [k for k in distinct if k % WORLD == fmix64(k) % WORLD]
+    assert (same["dynamicemb_rows_loaded"], same["dynamicemb_rows_off_owner"]) == (len(kept), 0)
+    assert same["dynamicemb_rows_dropped"] == len(distinct) - len(kept)
+    assert same["dynamicemb_files_read_per_rank"] == 1 and new["dynamicemb_files_read_per_rank"] == WORLD
+    assert (new["dynamicemb_rows_loaded"], new["dynamicemb_rows_dropped"]) == (len(distinct), 0)
+    assert new["dynamicemb_rows_off_owner"] == sum(k % 3 != fmix64(k) % 3 for k in distinct)
+
+
+def test_dynamicemb_replay_reads_own_file_at_the_saved_world_size_only():
+    files = [torch.tensor([0, 2, 5]), torch.tensor([1, 3, 4])]  # saved by 2 ranks
+    assert kv_experiment.dynamicemb_keys_loaded(files, 0, 2).tolist() == [0, 2]  # own file, key % 2 == 0
+    assert kv_experiment.dynamicemb_keys_loaded(files, 1, 2).tolist() == [1, 3]
+    assert kv_experiment.dynamicemb_keys_loaded(files, 2, 3).tolist() == [2, 5]  # every file, key % 3 == 2
+    assert kv_experiment.dynamicemb_keys_loaded(files[:1], 0, 1).tolist() == [0, 2, 5]  # W = 1: no mask
+    assert "e4fc876" in kv_experiment.DYNAMICEMB_COMMIT
 
 
 def test_loading_with_another_dist_type_is_refused(saved):
