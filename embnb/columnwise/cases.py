@@ -399,12 +399,15 @@ def run_cw_cases(cases: Sequence[CWCase], device: str = "auto", timeout_s: float
 @dataclass(frozen=True)
 class TorchrecOutcome:
     """What one rank got from torchrec: its error, or whether its output
-    equals the unsharded EmbeddingCollection's."""
+    equals the unsharded EmbeddingCollection's; and the widths its sharded
+    module worked with."""
 
     error: str | None  # "RuntimeError: ..." as torchrec raised it, or None
     matches: bool | None  # output equal to the unsharded EC (None after an error)
     max_abs_error: float | None
-    raised_in: str | None = None  # the innermost torchrec frame of the error: "path:line (function)"
+    raised_in: str | None = None  # the innermost torchrec frame of the error: "path:line"
+    own_width: int | None = None  # columns of the table this rank holds, by torchrec's plan
+    local_embedding_dim: int | None = None  # the width torchrec views this rank's lookups as
 
     def describe(self) -> str:
         if self.error is not None:
@@ -412,23 +415,27 @@ class TorchrecOutcome:
         return "equals the unsharded EC" if self.matches else f"WRONG: max |error| {self.max_abs_error:.3g}"
 
 
+def _innermost_torchrec_frame(error: BaseException) -> str | None:
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torchrec/" in f.filename]
+    if not frames:
+        return None
+    return f"torchrec/{frames[-1].filename.rsplit('/torchrec/', 1)[1]}:{frames[-1].lineno}"
+
+
 def _torchrec_size_per_rank_on_rank(rank: int, world_size: int, case: CWCase, size_per_rank: list[int]):
     device = rank_device()
     ec = make_embedding_collection(case, device)
     features = to_kjt(make_batches(case)[rank], device)
+    widths = None  # (columns held here, torchrec's local width), once the module is built
     try:
         with torch.no_grad():
             sharded = shard_cw(ec, case.placements, size_per_rank=size_per_rank)
-            return None, None, _plain(sharded(features).wait())
+            # a private field: the one width torchrec's EC gives every rank's CW lookups
+            widths = (size_per_rank[rank] if rank < len(size_per_rank) else 0, sharded._local_embedding_dim)
+            return None, None, widths, _plain(sharded(features).wait())
     except Exception as error:  # torchrec's own failure is the result; the peer fails at the same step
         first_line = (str(error).splitlines() or [""])[0]
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torchrec/" in f.filename]
-        where = (
-            f"torchrec/{frames[-1].filename.rsplit('/torchrec/', 1)[1]}:{frames[-1].lineno}"
-            if frames
-            else None
-        )
-        return f"{type(error).__name__}: {first_line[:200]}", where, None
+        return f"{type(error).__name__}: {first_line[:200]}", _innermost_torchrec_frame(error), widths, None
 
 
 def run_torchrec_size_per_rank(
@@ -455,10 +462,11 @@ def run_torchrec_size_per_rank(
         timeout_s=timeout_s,
     )[0]
     outcomes = []
-    for want, (error, where, got) in zip(expected, per_rank):
+    for want, (error, where, widths, got) in zip(expected, per_rank):
+        own, local = widths or (None, None)
         if error is not None:
-            outcomes.append(TorchrecOutcome(error, None, None, where))
+            outcomes.append(TorchrecOutcome(error, None, None, where, own, local))
             continue
         worst = max(float((got[n][1] - v).abs().max()) if v.numel() else 0.0 for n, (_, v) in want.items())
-        outcomes.append(TorchrecOutcome(None, worst == 0.0, worst))
+        outcomes.append(TorchrecOutcome(None, worst == 0.0, worst, None, own, local))
     return outcomes

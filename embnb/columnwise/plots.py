@@ -2,7 +2,7 @@
 
     fig = column_order_figure([0, 1, 0], [4, 4, 4])    # naive vs permuted stitching
     fig = lookup_error_figure({"naive": err, "embnb": err2}, [0, 4, 8], rows_per_rank=[5, 3])
-    fig = traffic_figure(experiment.traffic_table())  # what each path sends, by shard count
+    fig = traffic_figure(experiment.traffic_table())  # bytes each path sends per id, by layout
 
 Figures come from `embnb.plotting.new_figure` (the shared style); a notebook
 shows one with `display(fig)`. Columns, not ranks, run along these axes.
@@ -166,37 +166,49 @@ def lookup_error_figure(
 
 
 def traffic_figure(table, title: str | None = None) -> Figure:
-    """Integers (ids, lengths, split counts) and floats (rows) all ranks sent
-    through all_to_all_single in one forward, against the number of column
-    shards, for torchrec's path and embnb's (`PlacementExperiment.traffic_table`)."""
+    """Bytes per looked-up id that each path sent in one forward
+    (`PlacementExperiment.traffic_table`), one panel per source of layouts:
+    a bar per path and layout, row values at the bottom (the same for both
+    paths) and integers (ids, lengths, split counts) stacked on top, labelled
+    with their share of the row bytes."""
     if table.empty:
         raise ValueError("table is empty: nothing to plot")
-    fig = new_figure(8.0, 3.4)
-    axes = fig.subplots(1, 2, sharex=True)
-    shards = table.index.tolist()
-    # a large hollow marker under a small filled one: equal values stay visible as both
-    styles = {
-        "torchrec": dict(marker="o", markersize=10, fillstyle="none"),
-        "embnb": dict(marker="s", markersize=5),
-    }
-    for ax, (kind, label) in zip(
-        axes, (("int", "integers sent: ids, lengths, counts"), ("float", "row values sent"))
-    ):
-        for i, (path, style) in enumerate(styles.items()):
-            ax.plot(
-                shards,
-                table[f"{path} {kind}"],
-                linestyle="-" if i == 0 else "--",
-                color=color(path, i),
-                label=path,
-                **style,
+    sources = list(dict.fromkeys(table["source"]))
+    fig = new_figure(max(8.0, 4.4 * len(sources)), 3.9)
+    axes = fig.subplots(1, len(sources), squeeze=False)[0]
+    bar_width = 0.38
+    for ax, source in zip(axes, sources):
+        part = table[table["source"] == source]
+        for i, path in enumerate(("torchrec", "embnb")):
+            where = [x + (i - 0.5) * bar_width for x in range(len(part))]
+            rows, ints = part["rows B/id"].tolist(), part[f"{path} int B/id"].tolist()
+            path_color = color(path, i)
+            ax.bar(where, rows, bar_width, color=path_color, alpha=0.3, label=f"{path}: row values")
+            ax.bar(
+                where, ints, bar_width, bottom=rows, color=path_color, label=f"{path}: ids, lengths, counts"
             )
-        ax.set_xticks(shards)
-        ax.set_xlabel("column shards (on the same ranks)")
-        ax.set_title(label)
-        ax.set_ylim(bottom=0)
-    axes[0].set_ylabel("elements, all ranks, one forward")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=8)
-    if title:
-        fig.suptitle(title)
+            for x, r, n in zip(where, rows, ints):
+                ax.annotate(
+                    f"+{n / r:.1%}",
+                    (x, r + n),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color=path_color,
+                )
+        ax.set_xticks(range(len(part)), list(part.index), fontsize=8)
+        ax.set_xlabel("layout: D = shards x columns per shard")
+        dims = sorted(set(part["embedding_dim"]))
+        ax.set_title(f"{source} (D = {', '.join(map(str, dims))})", fontsize=9)
+        ax.set_ylim(0, 1.15 * max(part["rows B/id"] + part["torchrec int B/id"]))
+    axes[0].set_ylabel("bytes sent per looked-up id")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=8)
+    fig.suptitle(
+        (title + ": " if title else "") + "bytes per looked-up id, all ranks, one forward "
+        "(labels: integers as a share of the row bytes)",
+        fontsize=10,
+    )
     return fig

@@ -48,22 +48,30 @@ def test_lookup_error_figure_labels_ranks_on_the_y_axis():
     assert [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == "-"] == [4.5]
 
 
-def test_traffic_figure_draws_each_path_against_the_shard_count():
+def test_traffic_figure_stacks_integers_on_rows_per_layout_source():
     import pandas as pd
 
     table = pd.DataFrame(
         {
-            "shards": [2, 4],
-            "torchrec int": [10, 20],
-            "torchrec float": [5, 5],
-            "embnb int": [8, 8],
-            "embnb float": [5, 5],
+            "layout": ["48 = 2 x 24", "48 = 12 x 4", "256 = 2 x 128"],
+            "source": ["teaching", "teaching", "torchrec planner"],
+            "embedding_dim": [48, 48, 256],
+            "shards": [2, 12, 2],
+            "shard width": [24, 4, 128],
+            "torchrec int B/id": [16.5, 98.0, 16.5],
+            "embnb int B/id": [16.0, 16.0, 16.0],
+            "rows B/id": [192.0, 192.0, 1024.0],
         }
-    ).set_index("shards")
+    ).set_index("layout")
     fig = cw_plots.traffic_figure(table)
-    ints, floats = fig.axes[:2]
-    assert [list(line.get_ydata()) for line in ints.lines] == [[10, 20], [8, 8]]
-    assert [list(line.get_ydata()) for line in floats.lines] == [[5, 5], [5, 5]]
-    assert [list(line.get_xdata()) for line in ints.lines] == [[2, 4], [2, 4]]
+    teaching, planner = fig.axes[:2]
+    assert "teaching" in teaching.get_title() and "torchrec planner" in planner.get_title()
+    # per path: a row-value bar and an integer bar on top of it, one per layout of the panel
+    bars = [(round(p.get_y(), 3), round(p.get_height(), 3)) for p in teaching.patches]
+    assert bars == [(0, 192), (0, 192), (192, 16.5), (192, 98), (0, 192), (0, 192), (192, 16), (192, 16)]
+    assert [round(p.get_height(), 3) for p in planner.patches] == [1024, 16.5, 1024, 16]
+    labels = [t.get_text() for t in teaching.texts]
+    assert labels == ["+8.6%", "+51.0%", "+8.3%", "+8.3%"]  # integers as a share of the row bytes
+    assert [t.get_text() for t in teaching.get_xticklabels()] == ["48 = 2 x 24", "48 = 12 x 4"]
     with pytest.raises(ValueError, match="table is empty"):
         cw_plots.traffic_figure(table.iloc[:0])
