@@ -75,16 +75,19 @@ class Placement:
 
 
 class _Option:
+    """One option as the replica reads it; its shards' values are read from
+    `ShardValues` when first asked (the native op reads the arrays itself)."""
+
     __slots__ = (
         "kind",
         "name",
         "sharding_type",
         "compute_kernel",
         "key",
-        "parts",
-        "totals",
-        "storages",
         "total_storage",
+        "_values",
+        "_rows",
+        "_shards",
     )
 
     def __init__(self, option: ShardingOption, values: ShardValues) -> None:
@@ -100,11 +103,34 @@ class _Option:
             option.compute_kernel,
         )
         self.key = option.dependency or option.fqn
-        rows = values.rows(option)
-        self.parts = [tuple(p) for p in values.parts[rows].tolist()]
-        self.totals = values.totals[rows].tolist()
-        self.storages = [tuple(s) for s in values.storage[rows].tolist()]
-        self.total_storage = tuple(sum(s[i] for s in self.storages) for i in range(3))
+        self._values, self._rows = values, values.rows(option)
+        self.total_storage = tuple(values.storage[self._rows].sum(0).tolist())  # whole bytes: exact
+        self._shards: tuple | None = None
+
+    def _read(self) -> tuple:
+        if self._shards is None:
+            values, rows = self._values, self._rows
+            self._shards = (
+                [tuple(p) for p in values.parts[rows].tolist()],
+                values.totals[rows].tolist(),
+                [tuple(s) for s in values.storage[rows].tolist()],
+            )
+        return self._shards
+
+    @property
+    def parts(self) -> list[tuple[float, ...]]:
+        """Per shard, its perf parts in the order `Perf.total` adds them."""
+        return self._read()[0]
+
+    @property
+    def totals(self) -> list[float]:
+        """Per shard, `Perf.total` as torchrec computed it."""
+        return self._read()[1]
+
+    @property
+    def storages(self) -> list[tuple[int, int, int]]:
+        """Per shard, its (HBM, DDR, SSD)."""
+        return self._read()[2]
 
 
 class GreedyPerfReplica:
@@ -143,11 +169,12 @@ class GreedyPerfReplica:
         self.uniform_totals = np.zeros(shape)
         for t, table in enumerate(self.options):
             for o, option in enumerate(table):
-                if option.kind == UNIFORM and len(option.parts) == num:
+                rows = option._rows
+                if option.kind == UNIFORM and rows.stop - rows.start == num:
                     self.uniform[t, o] = True
-                    self.uniform_parts[t, o] = option.parts
-                    self.uniform_storage[t, o] = option.storages
-                    self.uniform_totals[t, o] = option.totals
+                    self.uniform_parts[t, o] = values.parts[rows]
+                    self.uniform_storage[t, o] = values.storage[rows]
+                    self.uniform_totals[t, o] = values.totals[rows]
         self._native = _NativeOptions(self, options, values) if loader.use(native) else None
 
     def place(self, choice: np.ndarray) -> Placement | None:
