@@ -59,6 +59,7 @@ def ablation_table(
     bins_per_device: int = 100,
     repeats: int = 3,
     timeout_s: float | None = None,
+    storage_reservation_percentage: float = 0.15,
 ) -> pd.DataFrame:
     """One row per rung of `LADDER`: the plan's perf rating, the plans the
     proposer considered (knapsack plans and refinements), the proposals
@@ -71,7 +72,13 @@ def ablation_table(
         for _ in range(repeats):
             proposer = DynamicProgrammingProposer(bins_per_device=bins_per_device, **arguments)
             run = run_planner(
-                proposer, enumerated, topology, batch_size, constraints=constraints, timeout_s=timeout_s
+                proposer,
+                enumerated,
+                topology,
+                batch_size,
+                constraints=constraints,
+                timeout_s=timeout_s,
+                storage_reservation_percentage=storage_reservation_percentage,
             )
             runs.append((run, proposer))
         run, proposer = runs[0]

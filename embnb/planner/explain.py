@@ -2,6 +2,8 @@
 what a brute-force table says about the least summed perf.
 
     options_table(enumerated, topology, 512)     # what the knapsack chooses from
+    small_knapsack(enumerated, topology, 512, 20) # a few tables in whole bins, to work by hand
+    memory_ratio(enumerated, topology, 512)      # < 1: memory binds in total
     knapsack_table(enumerated, topology, 512)    # the DP table, one row per table added
     knapsack_frontier(enumerated, topology, 512) # the plans proposed first, largest memory first
     plan_extremes(rate_every_plan(enumerated, topology, 512))
@@ -20,11 +22,15 @@ from embnb._checks import check_int
 from embnb.planner.brute_force import option_label
 from embnb.planner.knapsack import Knapsack, knapsack_axes
 from embnb.planner.models import Enumerated
+from embnb.planner.reference import backtrack, knapsack_choices
 from embnb.planner.space import AXES, GB, SearchSpace, by_table
 from embnb.planner.topology import reserved_topology
 
 __all__ = [
     "options_table",
+    "SmallKnapsack",
+    "small_knapsack",
+    "memory_ratio",
     "knapsack_table",
     "knapsack_frontier",
     "PlanExtremes",
@@ -64,6 +70,99 @@ def options_table(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def memory_ratio(
+    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
+) -> float:
+    """How tight memory is: the devices' HBM after the storage reservation
+    over the HBM of the least summed perf plan (each table's option with the
+    least estimated perf). Below 1 memory binds in total: the fastest
+    options do not fit all devices together; at or above 1 they may still
+    not fit device by device."""
+    need = sum(min(g, key=lambda o: o.total_perf).total_storage.hbm for g in by_table(enumerated.options))
+    reserved = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
+    return sum(d.storage.hbm for d in reserved.devices) / need if need else math.inf
+
+
+@dataclass(frozen=True)
+class SmallKnapsack:
+    """A knapsack small enough to work by hand: each table's options with
+    torchrec's estimated perf and their HBM in whole bins (rounded up, so a
+    plan within `capacity` bins fits the devices' HBM together), the DP
+    table of `embnb.planner.reference.knapsack_choices` and its best plan."""
+
+    tables: list[str]
+    options: list[list[str]]  # option labels per table ("table_wise/fused", ...)
+    perfs: list[list[float]]  # estimated summed perf, ms
+    hbm_gb: list[list[float]]  # exact HBM, GiB
+    memories: list[list[int]]  # HBM in bins, rounded up
+    bin_gb: float
+    capacity: int  # bins: the devices' HBM after the storage reservation
+    rows: list[list[float]]  # rows[t][m]: least summed perf of tables 0..t in exactly m bins
+    choices: list[list[int]]  # choices[t][m]: the option of table t that cell took (-1: none)
+    end: int  # the bin where the best plan ends (the last row's least perf)
+    plan: list[int]  # the best plan's option per table, backtracked from `end`
+
+    def describe(self) -> pd.DataFrame:
+        """One row per table and option: perf, HBM (GiB and bins), and
+        whether the best plan takes it."""
+        return pd.DataFrame(
+            [
+                {
+                    "table": table,
+                    "option": label,
+                    "perf": perf,
+                    "hbm_gb": hbm,
+                    "bins": bins,
+                    "in best plan": o == self.plan[t],
+                }
+                for t, table in enumerate(self.tables)
+                for o, (label, perf, hbm, bins) in enumerate(
+                    zip(self.options[t], self.perfs[t], self.hbm_gb[t], self.memories[t])
+                )
+            ]
+        )
+
+
+def small_knapsack(
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    num_bins: int,
+    storage_reservation_percentage: float = 0.15,
+) -> SmallKnapsack:
+    """The options of `options_table` (one per label and table, sorted by
+    label), the devices' HBM cut into `num_bins` bins, and the DP table of
+    `knapsack_choices` over them with its best plan."""
+    check_int("num_bins", num_bins, low=1, high=60)
+    space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
+    capacity_gb = float(space.capacity[0]) / GB
+    options = options_table(enumerated, topology, batch_size, storage_reservation_percentage)
+    tables = list(dict.fromkeys(options.table))  # in the model's order
+    options = options.drop_duplicates(["table", "option"]).sort_values("option", kind="stable")
+    by_name = [options[options.table == name] for name in tables]
+    bin_gb = capacity_gb / num_bins
+    memories = [[math.ceil(gb / bin_gb - 1e-9) for gb in rows.hbm_gb] for rows in by_name]
+    perfs = [rows.perf.tolist() for rows in by_name]
+    rows, choices = knapsack_choices(perfs, memories, num_bins)
+    last = rows[-1]
+    end = min(range(num_bins + 1), key=lambda m: last[m])
+    if not math.isfinite(last[end]):
+        raise ValueError(f"no plan fits {num_bins} bins of {bin_gb:.4g} GiB: give more memory or bins")
+    return SmallKnapsack(
+        tables=tables,
+        options=[r.option.tolist() for r in by_name],
+        perfs=perfs,
+        hbm_gb=[r.hbm_gb.tolist() for r in by_name],
+        memories=memories,
+        bin_gb=bin_gb,
+        capacity=num_bins,
+        rows=rows,
+        choices=choices,
+        end=end,
+        plan=backtrack(choices, memories, end),
+    )
 
 
 # Planning functions take torchrec's inputs in one order: the enumerated options,

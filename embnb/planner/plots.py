@@ -3,9 +3,9 @@
 Figures use the shared style of `embnb.plotting` (one colour per proposer,
 rank ticks); a notebook shows one with `display(fig)`.
 
-    fig = knapsack_heatmap(knapsack_table(...))        # the DP table
+    fig = knapsack_choices_figure(small_knapsack(...)) # a DP table to follow by hand
     fig = proposer_comparison(compare_proposers(...))  # rating and time
-    fig = rating_vs_budget(sweep)                      # as HBM shrinks
+    fig = rating_vs_budget(budget_sweep(...))          # as HBM shrinks, against the DP
     fig = quality_ratios(quality_study(...))           # against brute force
     fig = rank_loads_figure(rank_loads(plan, W), hbm_cap_gb)
 """
@@ -15,17 +15,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import StrMethodFormatter
 
+from embnb.planner.explain import SmallKnapsack
 from embnb.plotting import MEAN_STYLE, color, new_figure, rank_ticks
 
 __all__ = [
-    "knapsack_heatmap",
+    "option_code",
+    "knapsack_choices_figure",
     "proposer_comparison",
     "rating_vs_budget",
     "quality_ratios",
@@ -48,44 +49,66 @@ def _plain_log_ticks(ax) -> None:
     ax.tick_params(axis="y", which="minor", labelsize=7)
 
 
-def knapsack_heatmap(table: pd.DataFrame, title: str | None = None) -> Figure:
-    """The DP table: per row (the tables chosen so far, y) and memory bin (x),
-    the least summed perf over the row's least (colour, log): how much perf
-    each row gives up to save memory. Grey cells are unreachable; dots mark
-    the last row's frontier (bins with less perf than every bin left of them)."""
-    if table.empty:
-        raise ValueError("table is empty: nothing to plot")
-    values = table.to_numpy(dtype=float)
-    values = np.where(values > 0, values, np.nan)
-    with np.errstate(invalid="ignore"):
-        relative = values / np.nanmin(np.where(np.isfinite(values), values, np.nan), axis=1, keepdims=True)
-    finite = relative[np.isfinite(relative)]
-    fig = new_figure(9, 1.0 + 0.2 * len(table))
-    ax = fig.subplots()
-    cmap = matplotlib.colormaps["viridis_r"].copy()
-    cmap.set_bad("0.88")
-    norm = LogNorm(vmin=1.0, vmax=max(1.01, float(finite.max()))) if len(finite) else None
-    image = ax.imshow(
-        np.ma.masked_invalid(relative), aspect="auto", cmap=cmap, norm=norm, interpolation="nearest"
+_KERNEL_CODES = {"fused": "F", "fused_uvm_caching": "C", "fused_uvm": "U"}  # compute kernel -> cell mark
+_KERNEL_COLORS = {"F": "#4c72b0", "C": "#dd8452", "U": "#8172b3"}
+
+
+def option_code(label: str) -> str:
+    """A one-letter mark of an option label ("table_wise/fused" -> "F"):
+    its compute kernel's, else the label's first letter, upper case."""
+    kernel = label.split("/")[-1]
+    return _KERNEL_CODES.get(kernel, kernel[:1].upper())
+
+
+def knapsack_choices_figure(small: SmallKnapsack, title: str | None = None) -> Figure:
+    """The DP table of a `SmallKnapsack`, one row per table added (under a
+    start row: 0 ms in bin 0) and one column per memory bin. Each reachable
+    cell shows its least summed perf (ms) and is coloured by the option its
+    row's table took there; outlined cells and arrows: the best plan,
+    backtracked from its bin in the last row up to the start."""
+    codes = [[option_code(label) for label in options] for options in small.options]
+    legend = list(
+        dict.fromkeys(zip((c for row in codes for c in row), (x for row in small.options for x in row)))
     )
-    last = values[-1]
-    best_so_far = np.minimum.accumulate(np.where(np.isfinite(last), last, np.inf))
-    frontier = [
-        b for b in range(len(last)) if np.isfinite(last[b]) and (b == 0 or last[b] < best_so_far[b - 1])
+    shade = {code: _KERNEL_COLORS.get(code, color(label, i)) for i, (code, label) in enumerate(legend)}
+    rows = [[0.0] + [math.inf] * small.capacity, *small.rows]
+    fig = new_figure(1.6 + 0.5 * (small.capacity + 1), 1.4 + 0.48 * len(rows))
+    ax = fig.subplots()
+    for r, row in enumerate(rows):
+        for m, perf in enumerate(row):
+            if not math.isfinite(perf):
+                ax.add_patch(Rectangle((m - 0.5, r - 0.5), 1, 1, color="0.93"))  # unreachable
+                continue
+            code = codes[r - 1][small.choices[r - 1][m]] if r else ""
+            ax.add_patch(Rectangle((m - 0.5, r - 0.5), 1, 1, color=shade.get(code, "white"), alpha=0.55))
+            ax.text(
+                m, r, f"{code}\n{perf:.3f}" if code else f"{perf:.0f}", ha="center", va="center", fontsize=6.5
+            )
+    path = [small.end]
+    for t in reversed(range(len(small.plan))):  # the bin each row's plan ends in, bottom up
+        path.append(path[-1] - small.memories[t][small.plan[t]])
+    path = path[::-1]  # path[r]: bin of row r (row 0: the start)
+    for r, m in enumerate(path):
+        ax.add_patch(Rectangle((m - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
+        if r:
+            ax.annotate("", (m, r - 0.32), (path[r - 1], r - 0.68), arrowprops=dict(arrowstyle="->", lw=1))
+    labels = ["start"] + [
+        f"{name}: " + ", ".join(f"{c} {w}" for c, w in zip(codes[t], small.memories[t]))
+        for t, name in enumerate(small.tables)
     ]
-    ax.scatter(frontier, [len(table) - 1] * len(frontier), s=10, color="black", label="frontier (last row)")
-    edges = np.asarray(table.columns, dtype=float)
-    ticks = np.unique(np.linspace(0, len(edges) - 1, min(8, len(edges))).astype(int))
-    ax.set_xticks(ticks, [f"{edges[i]:.3g}" for i in ticks])
-    step = max(1, math.ceil(len(table) / 25))  # every row, or every step-th row from the last one up
-    rows = list(range(len(table) - 1, -1, -step))[::-1]
-    ax.set_yticks(rows, [f"{i + 1}: {table.index[i]}" for i in rows], fontsize=7)
-    axis = table.attrs.get("axis", "memory").upper()
-    ax.set_xlabel(f"total {axis} used, GiB (upper edge of each bin)")
-    ax.set_ylabel("tables chosen so far")
-    fig.colorbar(image, ax=ax, label="least summed perf / the row's least (log)")
-    fig.legend(loc="outside lower right", fontsize=8)
-    ax.set_title(title or "Knapsack DP table: the perf each row gives up for memory")
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.set_xticks(range(small.capacity + 1))
+    ax.set_xlim(-0.5, small.capacity + 0.5)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlabel(
+        f"HBM bins used, exactly (1 bin = {small.bin_gb:.4g} GiB; {small.capacity} bins: all devices)"
+    )
+    ax.set_ylabel("table added (its options: bins)")
+    handles = [Patch(color=shade[c], alpha=0.55, label=f"{c}: {label}") for c, label in legend]
+    handles.append(Patch(facecolor="0.93", label="unreachable"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
+    best = f"best plan: {small.rows[-1][small.end]:.3f} ms in {small.end} bins"
+    ax.set_title(title or f"Knapsack DP: each cell's least estimated summed perf, ms ({best})", fontsize=10)
     return fig
 
 
@@ -145,7 +168,7 @@ def proposer_comparison(table: pd.DataFrame, title: str | None = None) -> Figure
     left.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
     left.xaxis.set_minor_formatter(StrMethodFormatter("{x:g}"))
     left.tick_params(axis="x", which="minor", labelsize=7)
-    left.set_xlabel("perf rating / best (slowest rank, log)")
+    left.set_xlabel("estimated perf rating / best (slowest rank, log)")
     left.axvline(1.0, color="0.3", linewidth=1)
     left.set_xlim(0.95, max(2.0, (rows["perf_rating"] / best).replace(np.inf, np.nan).max() * 3))
     left.set_ylim(-0.7, len(rows) - 0.3)
@@ -165,35 +188,63 @@ def _why_no_plan(note: str) -> str:
     return "no plan"
 
 
-def rating_vs_budget(sweep: pd.DataFrame, title: str | None = None) -> Figure:
-    """Perf rating against the HBM budget per device, one line per proposer;
-    the x axis runs from the largest budget down. Needs columns proposer,
+_MARKERS = "osD^vP"  # one per proposer, so lines that meet stay told apart
+
+
+def rating_vs_budget(sweep: pd.DataFrame, reference: str = "embnb DP", title: str | None = None) -> Figure:
+    """Left: each proposer's estimated perf rating against the HBM budget per
+    device (log); right: its rating over `reference`'s at the same budget.
+    The x axes run from the largest budget down; dashed where `memory_ratio`
+    (a column, optional) is 1: left of it the least summed perf plan fits all
+    devices together, right of it memory binds. Needs columns proposer,
     hbm_cap_gb, perf_rating (NaN: no plan). A proposer with no plan at any
     budget gets no line and no legend entry: the title names it."""
     _need(sweep, ["proposer", "hbm_cap_gb", "perf_rating"], "sweep")
-    fig = new_figure(6.5, 4.2)
-    ax = fig.subplots()
+    fig = new_figure(11, 4.2)
+    left, right = fig.subplots(1, 2, sharex=True)
+    base = sweep[sweep.proposer == reference].set_index("hbm_cap_gb").perf_rating
     without = []
     for i, (name, rows) in enumerate(sweep.groupby("proposer", sort=False)):
         rows = rows.sort_values("hbm_cap_gb")
         if not np.isfinite(rows["perf_rating"].to_numpy(dtype=float)).any():
             without.append(name)
             continue
-        ax.plot(rows["hbm_cap_gb"], rows["perf_rating"], marker="o", color=color(name, i), label=name)
-    ax.invert_xaxis()
-    ax.set_yscale("log")
-    _plain_log_ticks(ax)
-    ax.set_xlabel("HBM per device, GiB (shrinking to the right)")
-    ax.set_ylabel("perf rating, ms (slowest rank, log)")
-    fig.legend(loc="outside lower center", fontsize=8, ncols=4)
+        style = dict(marker=_MARKERS[i % len(_MARKERS)], fillstyle="none", color=color(name, i), label=name)
+        left.plot(rows["hbm_cap_gb"], rows["perf_rating"], **style)
+        if len(base):
+            right.plot(
+                rows["hbm_cap_gb"], rows["perf_rating"].to_numpy() / base.reindex(rows.hbm_cap_gb), **style
+            )
+    left.invert_xaxis()
+    for ax in (left, right):
+        ax.set_yscale("log")
+        _plain_log_ticks(ax)
+        ax.set_xlabel("HBM per device, GiB (shrinking to the right)")
+        if "memory_ratio" in sweep:  # the ratio grows with the budget, linearly
+            row = sweep.iloc[0]
+            binds_below = row.hbm_cap_gb / row.memory_ratio
+            ax.axvline(binds_below, **MEAN_STYLE)
+            ax.text(
+                binds_below,
+                1,
+                " memory binds in total ->",
+                transform=ax.get_xaxis_transform(),
+                fontsize=7,
+                va="top",
+            )
+    left.set_ylabel("estimated perf rating, ms (slowest rank, log)")
+    right.set_ylabel(f"estimated rating / {reference}'s (log)")
+    right.axhline(1.0, color="0.3", linewidth=1)
+    fig.legend(*left.get_legend_handles_labels(), loc="outside lower center", fontsize=8, ncols=4)
     note = f"; no plan at any budget: {', '.join(without)}" if without else ""
-    ax.set_title(title or f"Plan quality as the memory budget shrinks (gaps: no plan{note})", fontsize=9)
+    fig.suptitle(title or f"Plan quality as the memory budget shrinks (gaps: no plan{note})", fontsize=10)
     return fig
 
 
 def quality_ratios(study: pd.DataFrame, tolerance: float = 1.02, title: str | None = None) -> Figure:
-    """Each proposer's rating over the brute-force best, one dot per
-    instance (log); no plan where brute force found one is drawn at the top."""
+    """Each proposer's estimated rating over the brute-force best, one dot
+    per instance (log); no plan where brute force found one is drawn at the
+    top. Dashed: `tolerance`, the bound `quality_summary` counts as "within"."""
     _need(study, ["proposer", "ratio"], "study")
     names = list(dict.fromkeys(study["proposer"]))
     finite = study["ratio"].replace(np.inf, np.nan)
@@ -215,7 +266,15 @@ def quality_ratios(study: pd.DataFrame, tolerance: float = 1.02, title: str | No
             fontsize=8,
         )
     ax.axhline(tolerance, color="0.3", linestyle="--", linewidth=1)
-    ax.text(len(names) - 0.5, tolerance, f"{tolerance:g}x ", ha="right", va="bottom", fontsize=8)
+    within = f"within {round((tolerance - 1) * 100):g}%"  # quality_summary's column of the same name
+    ax.text(  # right of the axes, off the dots that sit on the line
+        1.01,
+        tolerance,
+        f"{tolerance:g}x:\n{within}",
+        transform=ax.get_yaxis_transform(),
+        va="center",
+        fontsize=8,
+    )
     ax.axhline(top, color="0.8", linewidth=6, zorder=0)
     ax.text(-0.5, top, " no plan", va="center", fontsize=7, color="0.4")
     ax.set_yscale("log")
@@ -223,7 +282,7 @@ def quality_ratios(study: pd.DataFrame, tolerance: float = 1.02, title: str | No
     _plain_log_ticks(ax)
     ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_xticks(range(len(names)), names, rotation=20)
-    ax.set_ylabel("perf rating / brute-force best (log)")
+    ax.set_ylabel("estimated perf rating / brute-force best (log)")
     instances = study["instance"].nunique() if "instance" in study else len(study) // max(1, len(names))
     ax.set_title(title or f"Against brute force on {instances} small instances")
     return fig
@@ -245,8 +304,8 @@ def rank_loads_figure(
     axes[0].axhline(mean, **MEAN_STYLE)
     axes[0].text(len(ranks) - 0.5, mean * 1.01, "mean", ha="right", va="bottom", fontsize=7)
     axes[0].set_ylim(0, loads["perf"].max() * 1.12)
-    axes[0].set_ylabel("summed perf, ms")
-    axes[0].set_title(f"perf per rank (slowest: rank {slowest})")
+    axes[0].set_ylabel("estimated summed perf, ms")
+    axes[0].set_title(f"estimated perf per rank (slowest: rank {slowest})")
     for ax, column, name in ((axes[1], "hbm_gb", "HBM"), (axes[2], "ddr_gb", "DDR")):
         ax.bar(ranks, loads[column], color="#4c72b0")
         cap = (capacity_gb or {}).get(column.split("_")[0])

@@ -1,30 +1,83 @@
 """The knapsack recurrence in plain Python, the core notebook 03 shows.
 
-`embnb.planner.knapsack.Knapsack` runs the same recurrence vectorized over
-a 2-D grid of HBM x DDR bins, keeps each state's exact memory and drops
-states another beats on every axis. On whole-bin memories its least perf
-at or below each bin equals this function's; the tests check that.
+`knapsack_choices` fills the DP table row by row and remembers which
+option each cell took; `backtrack` walks those choices up from a bin of the
+last row to the plan that ends there. `embnb.planner.knapsack.Knapsack`
+runs the same recurrence vectorized over a 2-D grid of HBM x DDR bins,
+keeps each state's exact memory and drops states another beats on every
+axis. On whole-bin memories its least perf at or below each bin equals
+this module's; the tests check that, and these functions against brute force.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
-__all__ = ["least_perf_per_memory"]
+__all__ = ["knapsack_choices", "backtrack", "least_perf_per_memory", "least_perf_by_enumeration"]
 
 
-def least_perf_per_memory(perfs: list[list[float]], memories: list[list[int]], capacity: int) -> list[float]:
-    """best[m]: the least summed perf of one option per table using exactly
-    m memory bins (inf where no choice does); table t's option o costs
-    perfs[t][o] and takes memories[t][o] bins."""
+def knapsack_choices(
+    perfs: list[list[float]], memories: list[list[int]], capacity: int
+) -> tuple[list[list[float]], list[list[int]]]:
+    """rows[t][m]: the least summed perf of one option for each of tables
+    0..t using exactly m memory bins (inf where no choice does);
+    choices[t][m]: the option of table t that cell took (-1: none). Table
+    t's option o costs perfs[t][o] and takes memories[t][o] bins; on a tie
+    the cell keeps the first (lowest bin above, then lowest option)."""
     best = [0.0] + [math.inf] * capacity  # no table yet: 0 perf in 0 bins
+    rows, choices = [], []
     for table_perfs, table_memories in zip(perfs, memories):
-        after = [math.inf] * (capacity + 1)
+        after, chosen = [math.inf] * (capacity + 1), [-1] * (capacity + 1)
         for used, perf in enumerate(best):
             if perf == math.inf:
                 continue
-            for option_perf, option_memory in zip(table_perfs, table_memories):
-                if used + option_memory <= capacity:  # best[t][m + w] = min(best[t-1][m] + p)
-                    after[used + option_memory] = min(after[used + option_memory], perf + option_perf)
+            for option, (option_perf, option_memory) in enumerate(zip(table_perfs, table_memories)):
+                cell = used + option_memory
+                if (
+                    cell <= capacity and perf + option_perf < after[cell]
+                ):  # dp[t][m + w] = min(dp[t-1][m] + p)
+                    after[cell], chosen[cell] = perf + option_perf, option
+        rows.append(after)
+        choices.append(chosen)
         best = after
-    return best
+    return rows, choices
+
+
+def backtrack(choices: list[list[int]], memories: list[list[int]], end: int) -> list[int]:
+    """The option of each table in the plan that ends in bin `end` of the
+    last row: a cell's choice names its table's option, and that option's
+    memory says in which bin of the row above the plan was before it."""
+    plan = []
+    for table in reversed(range(len(choices))):
+        option = choices[table][end]
+        if option < 0:
+            raise ValueError(f"no plan ends in bin {end} of row {table}: that cell is unreachable")
+        plan.append(option)
+        end -= memories[table][option]
+    return plan[::-1]
+
+
+def least_perf_per_memory(perfs: list[list[float]], memories: list[list[int]], capacity: int) -> list[float]:
+    """The last row of `knapsack_choices`: best[m], the least summed perf of
+    one option per table using exactly m memory bins (inf where no choice
+    does); with no table, 0 perf in 0 bins."""
+    rows, _ = knapsack_choices(perfs, memories, capacity)
+    return rows[-1] if rows else [0.0] + [math.inf] * capacity
+
+
+def least_perf_by_enumeration(
+    perfs: list[list[float]], memories: list[list[int]], capacity: int
+) -> list[list[float]]:
+    """What `knapsack_choices`' rows must hold, by trying every combination:
+    for each table t, the least summed perf of tables 0..t per exact memory
+    in bins (inf where none lands). For a few tables only."""
+    rows = []
+    for t in range(len(perfs)):
+        row = [math.inf] * (capacity + 1)
+        for combination in itertools.product(*(range(len(p)) for p in perfs[: t + 1])):
+            used = sum(memories[i][o] for i, o in enumerate(combination))
+            if used <= capacity:
+                row[used] = min(row[used], sum(perfs[i][o] for i, o in enumerate(combination)))
+        rows.append(row)
+    return rows

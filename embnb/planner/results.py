@@ -12,13 +12,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torchrec
 
 from embnb.planner.ablation import ablation_records
-from embnb.planner.explain import PlanExtremes
+from embnb.planner.enumerator import TESTED_TORCHREC
+from embnb.planner.explain import PlanExtremes, SmallKnapsack
 from embnb.planner.models import Enumerated
+from embnb.planner.pitfall import share_by_tightness
 from embnb.planner.study import EndToEnd, quality_summary
 
-__all__ = ["notebook_results"]
+__all__ = ["notebook_results", "budget_advantage"]
 
 
 def _rating(table: pd.DataFrame, name: str) -> float | None:
@@ -38,68 +41,68 @@ def notebook_results(
     hbm_cap_gb: float,
     compute_device: str,
     bins_per_device: int,
+    storage_reservation_percentage: float,
     enumerated: Enumerated,
     comparison: pd.DataFrame,
     sweep: pd.DataFrame,
     ablation: pd.DataFrame,
     pitfall: pd.DataFrame,
     study: pd.DataFrame,
-    dp_matches_by_hand: bool,
+    small: SmallKnapsack,
+    small_matches_brute_force: bool,
     tiny: PlanExtremes,
     chosen_loads: pd.DataFrame,
     cpu: pd.DataFrame,
     end_to_end: dict[str, EndToEnd],
+    enumerator_here: str,
     notebook_s: float,
 ) -> dict[str, Any]:
     """The results dict of notebook 03: the settings, each proposer's row of
     `comparison`, the budget `sweep`, the `ablation` ladder, the `pitfall`
-    study (least summed perf against the best rating), the quality `study`
-    against brute force,
-    the worked example (`tiny`), the chosen plan's perf per rank, the CPU
-    topology's ratings and notes, create_planner's `end_to_end` runs by
-    enumerator, and a one-line summary."""
-    proposers = _proposer_records(comparison)
-    worst = quality_summary(study)
-    ours, theirs = _rating(comparison, "embnb DP"), _rating(comparison, "torchrec DP")
-    mine, peer = proposers["embnb DP"], proposers["torchrec DP"]
+    study (least summed perf against the best rating, also by memory
+    tightness), the quality `study` against brute force, the knapsack worked
+    by hand (`small`) and the placement example (`tiny`), the chosen plan's
+    perf per rank, the CPU topology's ratings and notes, create_planner's
+    `end_to_end` runs by enumerator, and a one-line summary. Ratings are
+    torchrec's estimates (NoopPerfModel over its estimated perfs), in ms."""
     gap = pitfall.least_placed_sum_over_best
-    summary = (
-        f"{num_tables} tables on {world_size}x{hbm_cap_gb} GiB: embnb DP rates {ours:.3g} ms "
-        f"in {mine['plan_s']:.2g} s ({mine['end_to_end_s']:.2g} s with enumeration), torchrec DP "
-        + (f"{theirs:.3g} ms" if theirs else "no plan")
-        + f" in {peer['plan_s']:.2g} s ({peer['end_to_end_s']:.2g} s); vs brute force on "
-        f"{study.instance.nunique()} instances, worst {worst.loc['embnb DP', 'max']:.3f}x "
-        f"(torchrec DP {worst.loc['torchrec DP', 'max']:.3f}x); least summed placeable plan not the best "
-        f"on {(gap > 1 + 1e-9).mean():.0%} of {len(pitfall)} tiny instances; create_planner from model "
-        f"to plan {end_to_end['embnb'].median_s:.2g} s (with torchrec's enumerator "
-        f"{end_to_end['torchrec'].median_s:.2g} s)"
-    )
+    tightness = share_by_tightness(pitfall)
     return {
-        "summary": summary,
+        "summary": _summary(
+            num_tables, world_size, hbm_cap_gb, storage_reservation_percentage, comparison, sweep
+        )
+        + _summary_tail(study, pitfall, end_to_end),
         "num_tables": num_tables,
         "world_size": world_size,
         "hbm_cap_gb": hbm_cap_gb,
         "compute_device": compute_device,
         "bins_per_device": bins_per_device,
+        "storage_reservation_percentage": storage_reservation_percentage,
         "enumerate_s": enumerated.seconds,
-        "proposers": proposers,
+        "proposers": _proposer_records(comparison),
         "budget_sweep": json.loads(
-            sweep[["proposer", "hbm_cap_gb", "perf_rating", "plan_s"]].to_json(orient="records")
+            sweep[["proposer", "hbm_cap_gb", "memory_ratio", "perf_rating", "plan_s"]].to_json(
+                orient="records"
+            )
         ),
         "ablation": ablation_records(ablation),
         "pitfall_instances": len(pitfall),
         "pitfall_worse_share": float((gap > 1 + 1e-9).mean()),
         "pitfall_median_ratio": float(gap.median()),
         "pitfall_max_ratio": float(gap.max()),
-        "quality": _quality_records(study, worst),
+        "pitfall_by_memory_ratio": json.loads(tightness.reset_index().to_json(orient="records")),
+        "quality": _quality_records(study, quality_summary(study)),
         "quality_instances": int(study.instance.nunique()),
-        "tiny_dp_matches_by_hand": dp_matches_by_hand,
+        "small_knapsack": _small_record(small, small_matches_brute_force),
         "tiny_least_sum_placeable": bool(pd.notna(tiny.least_sum.perf_rating)),
         "tiny_least_placed_sum_rating": float(tiny.least_placed_sum.perf_rating),
         "tiny_best_rating": float(tiny.best_rated.perf_rating),
         "chosen_plan_rank_perf": chosen_loads.perf.round(6).tolist(),
         "cpu_topology": {name: _rating(cpu, name) for name in cpu.index},
         "cpu_notes": {name: note for name, note in cpu.note.items()},
+        "torchrec_version": torchrec.__version__,
+        "enumerator_tested_on": list(TESTED_TORCHREC),
+        "enumerator_here": enumerator_here,
         "create_planner_end_to_end": {
             name: {
                 "median_s": run.median_s,
@@ -110,6 +113,90 @@ def notebook_results(
             for name, run in end_to_end.items()
         },
         "notebook_s": notebook_s,
+    }
+
+
+def budget_advantage(sweep: pd.DataFrame, other: str = "Greedy", reference: str = "embnb DP") -> pd.Series:
+    """`other`'s estimated rating over `reference`'s at each budget of a
+    `budget_sweep` (by hbm_cap_gb, largest first; NaN: either has no plan)."""
+    ratings = sweep.pivot(index="hbm_cap_gb", columns="proposer", values="perf_rating")
+    return (ratings[other] / ratings[reference]).sort_index(ascending=False)
+
+
+def _summary(
+    num_tables: int,
+    world_size: int,
+    hbm_cap_gb: float,
+    reservation: float,
+    comparison: pd.DataFrame,
+    sweep: pd.DataFrame,
+) -> str:
+    """The summary's first half: the estimated ratings and planning times at
+    the notebook's budget, and Greedy's ratio to the DP across the sweep."""
+    proposers = _proposer_records(comparison)
+    ours, theirs, greedy = (_rating(comparison, n) for n in ("embnb DP", "torchrec DP", "Greedy"))
+    mine, peer = proposers["embnb DP"], proposers["torchrec DP"]
+    advantage = budget_advantage(sweep).dropna()
+    swept = "; Greedy's estimated rating over embnb DP's by HBM per device (memory ratio): " * bool(
+        len(advantage)
+    ) + ", ".join(
+        f"{cap:.3g} GiB ({_memory_ratio_at(sweep, cap):.2f}) {ratio:.3g}x" for cap, ratio in advantage.items()
+    )
+    return (
+        f"{num_tables} tables on {world_size}x{hbm_cap_gb} GiB ({reservation:.0%} reserved), torchrec's "
+        f"estimated rating of each plan: embnb DP {ours:.3g} ms in {mine['plan_s']:.2g} s "
+        f"({mine['end_to_end_s']:.2g} s with enumeration), torchrec DP "
+        + (f"{theirs:.3g} ms" if theirs else "no plan")
+        + f" in {peer['plan_s']:.2g} s ({peer['end_to_end_s']:.2g} s), Greedy "
+        + (f"{greedy:.3g} ms" if greedy else "no plan")
+        + swept
+    )
+
+
+def _memory_ratio_at(sweep: pd.DataFrame, cap: float) -> float:
+    return float(sweep.loc[sweep.hbm_cap_gb == cap, "memory_ratio"].iloc[0])
+
+
+def _summary_tail(study: pd.DataFrame, pitfall: pd.DataFrame, end_to_end: dict[str, EndToEnd]) -> str:
+    """The summary's second half: brute force, the pitfall by memory
+    tightness, create_planner end to end."""
+    worst = quality_summary(study)
+    tightness = share_by_tightness(pitfall, edges=(1.0,))
+    by_ratio = ", ".join(
+        f"{row.share:.0%} of {int(row.instances)} at memory ratio {label}"
+        for label, row in tightness.iterrows()
+        if row.instances
+    )
+    gap = pitfall.least_placed_sum_over_best
+    return (
+        f"; vs brute force on {study.instance.nunique()} instances, worst "
+        f"{worst.loc['embnb DP', 'max']:.3f}x (torchrec DP {worst.loc['torchrec DP', 'max']:.3f}x); "
+        "least summed placeable plan not the best rated "
+        f"on {(gap > 1 + 1e-9).mean():.0%} of {len(pitfall)} tiny instances ({by_ratio}); create_planner "
+        f"from model to plan {end_to_end['embnb'].median_s:.2g} s (with torchrec's enumerator "
+        f"{end_to_end['torchrec'].median_s:.2g} s)"
+    )
+
+
+def _small_record(small: SmallKnapsack, matches_brute_force: bool) -> dict[str, Any]:
+    """The knapsack worked by hand: its inputs, its DP table and choices (what
+    the figure marks), the best plan and whether every cell matched brute force."""
+    return {
+        "tables": small.tables,
+        "capacity_bins": small.capacity,
+        "bin_gb": small.bin_gb,
+        "fastest_bins": sum(
+            m[min(range(len(p)), key=p.__getitem__)] for p, m in zip(small.perfs, small.memories)
+        ),
+        "best_bins": small.end,
+        "best_perf": small.rows[-1][small.end],
+        "best_plan": [small.options[t][o] for t, o in enumerate(small.plan)],
+        "plan": small.plan,
+        "perfs": small.perfs,
+        "memories": small.memories,
+        "rows": [[_finite(v) for v in row] for row in small.rows],  # None: unreachable
+        "choices": small.choices,
+        "matches_brute_force": matches_brute_force,
     }
 
 

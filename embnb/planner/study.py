@@ -56,6 +56,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from embnb._checks import check_int
 from embnb.planner.brute_force import brute_force_rating
 from embnb.planner.enumerator import default_enumerator
+from embnb.planner.explain import memory_ratio
 from embnb.planner.factory import create_planner
 from embnb.planner.models import Enumerated, Model, enumerate_options, fused_table_gb, make_model
 from embnb.planner.proposer import DynamicProgrammingProposer
@@ -440,11 +441,13 @@ def quality_study(
     batch_size: int = 512,
     proposers: dict[str, ProposerFactory] | None = None,
     progress: bool = False,
+    storage_reservation_percentage: float = 0.15,
 ) -> pd.DataFrame:
     """Each proposer's rating over the brute-force best, on random small
     instances: one row per instance and proposer (ratio inf: no plan where
     brute force found one; NaN: GridSearch skipped, as torchrec skips it past
-    MAX_PROPOSALS combinations; instances without any plan are left out)."""
+    MAX_PROPOSALS combinations; instances without any plan are left out).
+    Brute force and every proposer keep the same storage reservation."""
     check_int("num_instances", num_instances, low=1)
     proposers = proposers or {k: v for k, v in default_proposers().items() if k != "torchrec default"}
     seeds = range(seed, seed + num_instances)
@@ -456,7 +459,7 @@ def quality_study(
     for instance in seeds:
         model, topology = random_instance(instance, num_tables)
         enumerated = enumerate_options(model.tables, topology, batch_size, model.constraints)
-        best = brute_force_rating(enumerated, topology, batch_size)
+        best = brute_force_rating(enumerated, topology, batch_size, storage_reservation_percentage)
         if not math.isfinite(best):
             continue
         combinations = math.prod(collections.Counter(o.fqn for o in enumerated.options).values())
@@ -465,7 +468,13 @@ def quality_study(
                 rating = math.nan
             else:
                 run = run_planner(
-                    make(), enumerated, topology, batch_size, name=name, constraints=model.constraints
+                    make(),
+                    enumerated,
+                    topology,
+                    batch_size,
+                    name=name,
+                    constraints=model.constraints,
+                    storage_reservation_percentage=storage_reservation_percentage,
                 )
                 rating = run.perf_rating if run.plan else math.inf
             rows.append(
@@ -501,10 +510,13 @@ def budget_sweep(
     proposers: dict[str, ProposerFactory] | None = None,
     timeout_s: float | None = None,
     ddr_cap_gb: float | None = None,
+    storage_reservation_percentage: float = 0.15,
     progress: bool = False,
 ) -> pd.DataFrame:
     """compare_proposers at each HBM budget per device (GPU topologies; the
-    options do not depend on the budget, so one enumeration serves all)."""
+    options do not depend on the budget, so one enumeration serves all),
+    every proposer with the same storage reservation; column `memory_ratio`:
+    `embnb.planner.explain.memory_ratio` at that budget (below 1 memory binds)."""
     if not hbm_caps_gb:
         raise ValueError("hbm_caps_gb is empty: give at least one HBM budget per device")
     caps = list(hbm_caps_gb)
@@ -522,7 +534,9 @@ def budget_sweep(
             constraints=constraints,
             proposers=proposers,
             timeout_s=timeout_s,
+            storage_reservation_percentage=storage_reservation_percentage,
             enumerated=enumerated,
         )
-        frames.append(table.reset_index().assign(hbm_cap_gb=cap))
+        ratio = memory_ratio(enumerated, topology, batch_size, storage_reservation_percentage)
+        frames.append(table.reset_index().assign(hbm_cap_gb=cap, memory_ratio=ratio))
     return pd.concat(frames, ignore_index=True)

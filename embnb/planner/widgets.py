@@ -59,6 +59,8 @@ class PlannerExplorer(Explorer):
         compute_device: "cuda" or "cpu", the topology's device.
         ddr_cap_gb: DDR per rank, GiB.
         batch_size, bins_per_device: as in `compare_proposers` and `default_proposers`.
+        storage_reservation_percentage: of each device, kept for all but the
+            tables; the same for every proposer.
         proposers: names from `default_proposers` to compare.
         timeout_s: time limit of each proposer.
         draw_now: plan once at construction (seconds).
@@ -77,6 +79,7 @@ class PlannerExplorer(Explorer):
         bins_per_device: int = 100,
         proposers: Sequence[str] = ("embnb DP", "torchrec DP", "Greedy", "Uniform"),
         timeout_s: float = 20,
+        storage_reservation_percentage: float = 0.15,
         draw_now: bool = False,
     ):
         factories = default_proposers(bins_per_device)
@@ -90,6 +93,9 @@ class PlannerExplorer(Explorer):
         )
         self.compute_device = check_choice("compute_device", compute_device, ("cuda", "cpu"))
         self.ddr_cap_gb = ddr_cap_gb
+        self.reservation = check_number(
+            "storage_reservation_percentage", storage_reservation_percentage, low=0, high=1, high_open=True
+        )
         controls = {
             "hbm_cap_gb": hbm_slider(hbm_cap_gb),
             "world_size": widgets.IntSlider(
@@ -126,6 +132,7 @@ class PlannerExplorer(Explorer):
                     constraints=model.constraints,
                     proposers={name: factory},
                     timeout_s=self.timeout_s,
+                    storage_reservation_percentage=self.reservation,
                     enumerated=enumerated,
                 )
             )

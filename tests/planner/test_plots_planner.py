@@ -9,23 +9,70 @@ import pytest
 from matplotlib.patches import Rectangle
 
 from embnb.planner import plots
+from embnb.planner.explain import SmallKnapsack
 
 INF = math.inf
 
 
-def test_heatmap_colours_each_row_by_its_least_and_dots_the_last_rows_frontier():
-    table = pd.DataFrame(
-        [[INF, 4.0, 2.0, INF], [9.0, 6.0, 7.0, 3.0]], index=["t0", "t1"], columns=[0.1, 0.2, 0.3, 0.4]
+def _small(rows, choices, plan, end, memories, options=(("t/fused", "t/fused_uvm_caching"),) * 2):
+    return SmallKnapsack(
+        tables=["a", "b"],
+        options=[list(o) for o in options],
+        perfs=[[1.0, 3.0], [2.0, 5.0]],
+        hbm_gb=[[0.2, 0.1], [0.2, 0.1]],
+        memories=memories,
+        bin_gb=0.1,
+        capacity=3,
+        rows=rows,
+        choices=choices,
+        end=end,
+        plan=plan,
     )
-    fig = plots.knapsack_heatmap(table)
+
+
+def test_small_knapsack_figure_marks_each_cells_choice_and_outlines_the_backtracked_path():
+    # worked by hand: a takes F (1 ms, 2 bins) or C (3 ms, 1 bin); b likewise (2 ms, 2 bins) or (5 ms, 1 bin)
+    # row a: bin 1 = C 3, bin 2 = F 1; row b: bin 2 = C+C 8, bin 3 = min(C+F 5, F+C 6) -> F (from bin 1)
+    small = _small(
+        rows=[[INF, 3.0, 1.0, INF], [INF, INF, 8.0, 5.0]],
+        choices=[[-1, 1, 0, -1], [-1, -1, 1, 0]],
+        plan=[1, 0],
+        end=3,
+        memories=[[2, 1], [2, 1]],
+    )
+    fig = plots.knapsack_choices_figure(small)
     ax = fig.axes[0]
-    shown = ax.images[0].get_array()
-    assert shown.mask.tolist() == [[True, False, False, True], [False, False, False, False]]
-    assert shown[0, 1:3].tolist() == [2.0, 1.0] and shown[1].tolist() == [3.0, 2.0, 7 / 3, 1.0]
-    # by hand: bin 0 (9), bin 1 (6 < 9), bin 3 (3 < 6); bin 2 (7) is beaten by bin 1 with less memory
-    (dots,) = ax.collections
-    assert dots.get_offsets().tolist() == [[0, 1], [1, 1], [3, 1]]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["1: t0", "2: t1"]
+    cells = [t for t in ax.texts if not hasattr(t, "xyann")]  # not the arrows
+    texts = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in cells}
+    assert texts == {
+        (0, 0): "0",
+        (1, 1): "C\n3.000",
+        (2, 1): "F\n1.000",
+        (2, 2): "C\n8.000",
+        (3, 2): "F\n5.000",
+    }
+    outlined = [
+        (p.get_x() + 0.5, p.get_y() + 0.5)
+        for p in ax.patches
+        if isinstance(p, Rectangle) and not p.get_fill()
+    ]
+    assert outlined == [(0, 0), (1, 1), (3, 2)]  # start, a's C in bin 1, b's F in bin 3
+    arrows = [(a.xyann, a.xy) for a in ax.texts if hasattr(a, "xyann")]
+    assert [(round(s[0]), round(e[0])) for s, e in arrows] == [(0, 1), (1, 3)]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["start", "a: F 2, C 1", "b: F 2, C 1"]
+    assert "0.1 GiB" in ax.get_xlabel() and "5.000 ms in 3 bins" in ax.get_title()
+
+
+def test_option_codes_name_the_compute_kernel():
+    assert [
+        plots.option_code(x) for x in ("table_wise/fused", "row_wise/fused_uvm_caching", "x/fused_uvm")
+    ] == [
+        "F",
+        "C",
+        "U",
+    ]
+    assert plots.option_code("table_wise/dense") == "D"
 
 
 def _comparison(**extra):
@@ -56,19 +103,27 @@ def test_comparison_draws_dots_from_1x_not_bars_and_times_end_to_end():
     assert any("no plan" in t.get_text() for t in left.texts)
 
 
-def test_budget_figure_names_a_proposer_without_any_plan_instead_of_a_legend_entry():
+def test_budget_figure_names_a_proposer_without_any_plan_and_divides_by_the_dp():
     sweep = pd.DataFrame(
         {
-            "proposer": ["a", "a", "u", "u"],
-            "hbm_cap_gb": [1.0, 0.5, 1.0, 0.5],
-            "perf_rating": [2.0, 3.0, math.nan, math.nan],
+            "proposer": ["embnb DP", "embnb DP", "a", "a", "u", "u"],
+            "hbm_cap_gb": [1.0, 0.5, 1.0, 0.5, 1.0, 0.5],
+            "perf_rating": [2.0, 4.0, 3.0, 10.0, math.nan, math.nan],
+            "memory_ratio": [1.6, 0.8, 1.6, 0.8, 1.6, 0.8],
         }
     )
     fig = plots.rating_vs_budget(sweep)
-    ax = fig.axes[0]
-    assert [line.get_label() for line in ax.lines] == ["a"]
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a"]
-    assert ax.get_title().endswith("no plan at any budget: u)")
+    left, right = fig.axes[:2]
+    assert [line.get_label() for line in left.lines if line.get_marker() != "None"] == ["embnb DP", "a"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["embnb DP", "a"]
+    assert fig._suptitle.get_text().endswith("no plan at any budget: u)")
+    ratios = {line.get_label(): list(line.get_ydata()) for line in right.lines if line.get_marker() != "None"}
+    assert ratios == {"embnb DP": [1.0, 1.0], "a": [2.5, 1.5]}  # by budget ascending: 10/4, 3/2
+    # memory ratio 1 at 1.0 / 1.6 = 0.625 GiB per device, dashed in both panels
+    dashed = [
+        line.get_xdata()[0] for ax in (left, right) for line in ax.lines if line.get_linestyle() == "--"
+    ]
+    assert dashed == [pytest.approx(0.625)] * 2
 
 
 def test_rank_loads_draws_a_capacity_on_the_bars_scale_and_names_one_far_above():
@@ -81,7 +136,5 @@ def test_rank_loads_draws_a_capacity_on_the_bars_scale_and_names_one_far_above()
 
 
 def test_empty_or_planless_input_is_refused():
-    with pytest.raises(ValueError, match="table is empty"):
-        plots.knapsack_heatmap(pd.DataFrame())
     with pytest.raises(ValueError, match=r"no proposer found a plan, nothing to compare \(a: no plan"):
         plots.proposer_comparison(_comparison().assign(perf_rating=np.nan))

@@ -1,15 +1,27 @@
 """embnb.planner.reference (the recurrence shown in notebook 03) against the
-vectorized Knapsack the proposer runs: on whole-bin memories the least perf
-at or below each memory is the same."""
+vectorized Knapsack the proposer runs (on whole-bin memories the least perf
+at or below each memory is the same), and its table, each cell's choice and
+the backtracked plan against brute force over every combination."""
 
+import itertools
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from embnb.planner.explain import small_knapsack
 from embnb.planner.knapsack import Knapsack
-from embnb.planner.reference import least_perf_per_memory
+from embnb.planner.pitfall import SMALL_LIMITS, tiny_instance
+from embnb.planner.reference import (
+    backtrack,
+    knapsack_choices,
+    least_perf_by_enumeration,
+    least_perf_per_memory,
+)
+
+INF = math.inf
 
 TABLES = st.lists(  # per table: options (perf, memory in bins)
     st.lists(st.tuples(st.floats(0.5, 100), st.integers(0, 6)), min_size=1, max_size=4),
@@ -41,3 +53,78 @@ def test_by_hand():
     inf = math.inf
     # 2+1 bins: 5+2; 2+3: 5+1; 4+1: 1+2; 4+3: 1+1
     assert best == [inf, inf, inf, 7, inf, min(6, 3), inf, 2]
+
+
+def _every_plan(perfs, memories):
+    """(summed perf, bins, options) of every combination: the oracle."""
+    for combination in itertools.product(*(range(len(p)) for p in perfs)):
+        yield (
+            sum(perfs[t][o] for t, o in enumerate(combination)),
+            sum(memories[t][o] for t, o in enumerate(combination)),
+            combination,
+        )
+
+
+def _check_choices_against_brute_force(perfs, memories, capacity):
+    rows, choices = knapsack_choices(perfs, memories, capacity)
+    for t in range(len(perfs)):
+        for m in range(capacity + 1):
+            brute = min(
+                (p for p, b, _ in _every_plan(perfs[: t + 1], memories[: t + 1]) if b == m), default=INF
+            )
+            assert rows[t][m] == pytest.approx(brute) if brute < INF else rows[t][m] == INF, (t, m)
+            option = choices[t][m]
+            if brute == INF:
+                assert option == -1, (t, m)
+                continue
+            # the marked option is one that reaches the cell's least perf from the row above
+            above = rows[t - 1] if t else [0.0] + [INF] * capacity
+            assert above[m - memories[t][option]] + perfs[t][option] == pytest.approx(rows[t][m]), (t, m)
+    finite = [b for b in range(capacity + 1) if rows[-1][b] < INF]
+    if not finite:
+        return
+    end = min(finite, key=lambda b: rows[-1][b])
+    plan = backtrack(choices, memories, end)
+    best = min(p for p, b, _ in _every_plan(perfs, memories) if b <= capacity)
+    assert sum(perfs[t][o] for t, o in enumerate(plan)) == pytest.approx(best)
+    assert sum(memories[t][o] for t, o in enumerate(plan)) == end <= capacity
+
+
+@settings(max_examples=100, deadline=None)
+@given(tables=TABLES, capacity=st.integers(0, 15))
+def test_each_cells_choice_and_the_backtracked_plan_agree_with_brute_force(tables, capacity):
+    perfs = [[p for p, _ in table] for table in tables]
+    memories = [[m for _, m in table] for table in tables]
+    _check_choices_against_brute_force(perfs, memories, capacity)
+    enumerated = np.array(least_perf_by_enumeration(perfs, memories, capacity))
+    dp = np.array(knapsack_choices(perfs, memories, capacity)[0])
+    assert np.allclose(enumerated, dp) and np.array_equal(np.isinf(enumerated), np.isinf(dp))
+
+
+def test_backtrack_refuses_an_unreachable_bin():
+    _, choices = knapsack_choices([[1.0]], [[2]], 3)
+    with pytest.raises(ValueError, match="no plan ends in bin 1 of row 0"):
+        backtrack(choices, [[2]], 1)
+
+
+def test_the_small_knapsack_of_torchrecs_options_is_the_brute_force_one():
+    """Notebook 03's worked example: torchrec's estimated options of six
+    tables in whole bins (rounded up), memory binding."""
+    spec = [
+        ("a", 1_000_000, 64, 20.0),
+        ("b", 500_000, 64, 10.0),
+        ("c", 500_000, 64, 2.0),
+        ("d", 250_000, 64, 5.0),
+    ]
+    enumerated, topology = tiny_instance(spec, 0.3, 2, 512, limits=SMALL_LIMITS)
+    small = small_knapsack(enumerated, topology, 512, 16)
+    assert small.tables == ["a", "b", "c", "d"]
+    assert all(options == ["table_wise/fused", "table_wise/fused_uvm_caching"] for options in small.options)
+    # whole bins, rounded up: what a plan takes in bins is at least what it takes in GiB
+    for hbm, bins in zip(small.hbm_gb, small.memories):
+        assert all(b - 1 < gb / small.bin_gb <= b + 1e-9 for gb, b in zip(hbm, bins))
+    assert sum(max(m) for m in small.memories) > small.capacity  # memory binds: not every table fused
+    _check_choices_against_brute_force(small.perfs, small.memories, small.capacity)
+    best = min(p for p, b, _ in _every_plan(small.perfs, small.memories) if b <= small.capacity)
+    assert small.rows[-1][small.end] == pytest.approx(best)
+    assert sum(small.hbm_gb[t][o] for t, o in enumerate(small.plan)) <= small.capacity * small.bin_gb
