@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import statistics
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -31,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from embnb._stderr import native_stderr
 from embnb.collectives import all_gather_flat, collective_seconds
 from embnb.dist import rank_device
 
@@ -262,22 +261,13 @@ def count_collectives() -> Iterator[Counter]:
 
 @contextlib.contextmanager
 def _without_stderr_lines(prefix: str) -> Iterator[None]:
-    """Native code writes to file descriptor 2 directly, past sys.stderr:
-    catch the descriptor in a temporary file, then pass on every line that
-    does not start with `prefix`."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            caught.seek(0)
-            kept = [line for line in caught.read().splitlines(True) if not line.startswith(prefix.encode())]
-            if kept:
-                os.write(2, b"".join(kept))
+    """Pass on every line native code writes to stderr in the block, but
+    those that start with `prefix`."""
+    with native_stderr() as lines:
+        yield
+    kept = [line for line in lines if not line.startswith(prefix)]
+    if kept:
+        sys.stderr.write("".join(kept))
 
 
 def random_kjts(

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 import torch
 
+from embnb._stderr import native_stderr
 from embnb.metrics import max_over_mean
 from embnb.rowwise.aliasing import into_table, rank_counts
 
@@ -42,6 +43,11 @@ def _outcome(call) -> tuple[str, torch.Tensor | None]:
         return "returned", call()
     except Exception as error:  # the peer's own refusal is the result
         return f"raised {type(error).__name__}: {str(error).splitlines()[0][:120]}", None
+
+
+def _log_message(line: str) -> str:
+    """A C++ log line without its "[E1125 13:06:36.89 file.cpp:111] " prefix."""
+    return line.split("] ", 1)[-1].strip()
 
 
 def out_of_range_lookup(num_rows: int, bad_id: int, embedding_dim: int = 4) -> list[dict[str, str]]:
@@ -75,10 +81,13 @@ def out_of_range_lookup(num_rows: int, bad_id: int, embedding_dim: int = 4) -> l
     for mode in (BoundsCheckMode.FATAL, BoundsCheckMode.WARNING):
         spec = [(num_rows, embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)]
         tbe = SplitTableBatchedEmbeddingBagsCodegen(spec, bounds_check_mode=mode)
-        outcome, pooled = _outcome(lambda tbe=tbe: tbe(ids, offsets))
+        # WARNING mode logs from C++ straight to stderr: the log is part of the outcome.
+        with native_stderr() as logged:
+            outcome, pooled = _outcome(lambda tbe=tbe: tbe(ids, offsets))
         if pooled is not None:
             row_zero = tbe.split_embedding_weights()[0][0]
             outcome += f"; the bad id's bag equals row 0: {bool(torch.equal(pooled[1], row_zero))}"
+        outcome += "".join(f"; logged: {_log_message(line)}" for line in logged)
         peer = f"FBGEMM {fbgemm_gpu.__version__} TBE (CPU), bounds_check_mode={mode.name}"
         runs.append({"peer": peer, "outcome": outcome})
     return runs

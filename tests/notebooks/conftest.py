@@ -40,6 +40,16 @@ def execute(tmp_path_factory):
         params = {"device": "cpu", **parameters, "interactive": True}
         notebook = harness.NOTEBOOKS_DIR / f"{name}.ipynb"
         results = harness.run_notebook(notebook, out, params, cell_timeout_s=300)
-        return Executed(name, results, out, nbformat.read(str(out / f"{name}.ipynb"), as_version=4))
+        executed = nbformat.read(str(out / f"{name}.ipynb"), as_version=4)
+        # A reader sees stderr as a red box (JupyterLab): warnings and native
+        # logs are caught or fixed, never shown (the browser test checks it too).
+        stderr = [
+            (index, "".join(output.get("text", "")))
+            for index, cell in enumerate(executed.cells)
+            for output in cell.get("outputs", [])
+            if output.get("name") == "stderr"
+        ]
+        assert not stderr, f"{name}: cells wrote to stderr: {stderr}"[:3000]
+        return Executed(name, results, out, executed)
 
     return run
