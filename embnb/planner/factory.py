@@ -11,12 +11,16 @@ import math
 import torch
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.proposers import UniformProposer
-from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.storage_reservations import (
+    FixedPercentageStorageReservation,
+    HeuristicalStorageReservation,
+)
 from torchrec.distributed.planner.types import (
     Enumerator,
     ParameterConstraints,
     Proposer,
     ShardingOption,
+    StorageReservation,
     Topology,
 )
 
@@ -25,7 +29,31 @@ from embnb.planner.enumerator import default_enumerator, make_enumerator
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import topology_for_device
 
-__all__ = ["create_planner", "Fallback"]
+__all__ = ["create_planner", "Fallback", "RESERVATIONS", "make_reservation"]
+
+# What create_planner's `storage_reservation` names: torchrec's default (dense
+# parameters, KJTs and the percentage of each device) or a fixed percentage.
+RESERVATIONS = ("heuristical", "fixed")
+
+
+def make_reservation(
+    storage_reservation: StorageReservation | str, percentage: float = 0.15
+) -> StorageReservation:
+    """`storage_reservation` as a torchrec StorageReservation: "heuristical"
+    is what torchrec's EmbeddingShardingPlanner uses by default
+    (HeuristicalStorageReservation(percentage)), "fixed"
+    FixedPercentageStorageReservation(percentage); an instance is used as it is."""
+    check_number("storage_reservation_percentage", percentage, low=0, high=1, high_open=True)
+    if isinstance(storage_reservation, StorageReservation):
+        return storage_reservation
+    if storage_reservation == "heuristical":
+        return HeuristicalStorageReservation(percentage=percentage)
+    if storage_reservation == "fixed":
+        return FixedPercentageStorageReservation(percentage=percentage)
+    raise ValueError(
+        f"storage_reservation must be one of {RESERVATIONS} or a torchrec StorageReservation, "
+        f"got {storage_reservation!r}"
+    )
 
 
 class Fallback(Proposer):
@@ -77,23 +105,26 @@ def create_planner(
     constraints: dict[str, ParameterConstraints] | None = None,
     timeout_seconds: int | None = None,
     enumerator: str | None = None,
+    storage_reservation: StorageReservation | str = "heuristical",
 ) -> EmbeddingShardingPlanner:
     """torchrec's EmbeddingShardingPlanner with this DP proposer, and torchrec's
     UniformProposer as a fallback where the DP places no plan (`Fallback`).
 
     `topology` is a Topology, or a device ("auto", "cpu", "cuda") whose
     topology is read from the machine for `world_size` ranks (default: the
-    process group's, else 1). `storage_reservation_percentage` of each
-    device is kept for everything but the embedding tables. `enumerator`:
+    process group's, else 1). `storage_reservation`: what each device keeps
+    for everything but the embedding tables, as torchrec's
+    EmbeddingShardingPlanner keeps it by default ("heuristical": dense
+    parameters, KJTs and `storage_reservation_percentage` of the device),
+    or only that percentage ("fixed"), or a torchrec StorageReservation.
+    `enumerator`:
     "embnb" (`DistinctShardEnumerator`: torchrec's options, field by field,
     many times faster) or "torchrec" (its EmbeddingEnumerator); None: "embnb"
     on the torchrec versions the two are tested equal on, else "torchrec"
     (`default_enumerator`).
     """
     check_int("batch_size", batch_size, low=1)
-    check_number(
-        "storage_reservation_percentage", storage_reservation_percentage, low=0, high=1, high_open=True
-    )
+    reservation = make_reservation(storage_reservation, storage_reservation_percentage)
     if not isinstance(topology, Topology):
         if world_size is None:
             dist = torch.distributed
@@ -107,7 +138,7 @@ def create_planner(
             default_enumerator() if enumerator is None else enumerator, topology, batch_size, constraints
         ),
         constraints=constraints,
-        storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
+        storage_reservation=reservation,
         proposer=[proposer, Fallback(proposer, UniformProposer())],
         timeout_seconds=timeout_seconds,
         debug=False,

@@ -436,6 +436,64 @@ def test_create_planner_from_a_cpu_device_plans_a_model():
     assert set(plan.plan[""]) == {t.name for t in tables}
 
 
+class _WithDense(torch.nn.Module):
+    """Embedding tables beside dense layers (what torchrec's default reservation also keeps memory for)."""
+
+    def __init__(self, tables):
+        super().__init__()
+        self.sparse = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+        self.dense = torch.nn.Linear(2048, 2048, device="meta")
+
+
+def _reserved_hbm(the_planner) -> list[int]:
+    return [d.storage.hbm for d in the_planner._storage_reservation.last_reserved_topology.devices]
+
+
+def test_create_planner_reserves_as_torchrecs_planner_does_by_default():
+    model = make_model(12, seed=7)
+    topology = planner.make_topology(
+        8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8, local_world_size=4
+    )
+    sharders = [EmbeddingBagCollectionSharder()]
+    planned = {}
+    for name, the_planner in (
+        (
+            "torchrec",
+            EmbeddingShardingPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=model.constraints),
+        ),
+        ("default", planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints)),
+        (
+            "fixed",
+            planner.create_planner(
+                topology, BATCH_SIZE, constraints=model.constraints, storage_reservation="fixed"
+            ),
+        ),
+    ):
+        plan = the_planner.plan(_WithDense(model.tables), sharders)
+        planned[name] = (_reserved_hbm(the_planner), plan, the_planner._best_plan)
+    # torchrec's default keeps 15% of each device plus the dense layers' and the KJTs' estimate
+    assert planned["default"][0] == planned["torchrec"][0]
+    fixed = [int(d.storage.hbm * 0.85) for d in topology.devices]
+    assert planned["fixed"][0] == fixed
+    assert all(h < f for h, f in zip(planned["default"][0], fixed))
+    # each rank's shards (HBM as torchrec's estimators count it) fit in what the default reservation leaves
+    used = [0] * topology.world_size
+    for option in planned["default"][2]:
+        for shard in option.shards:
+            used[shard.rank] += shard.storage.hbm
+    assert 0 < max(used) and all(u <= h for u, h in zip(used, planned["default"][0]))
+
+
+def test_create_planner_takes_a_reservation_by_name_or_torchrecs_own():
+    reservation = FixedPercentageStorageReservation(percentage=0.3)
+    the_planner = planner.create_planner("cpu", BATCH_SIZE, world_size=2, storage_reservation=reservation)
+    assert the_planner._storage_reservation is reservation
+    with pytest.raises(
+        ValueError, match=r"storage_reservation must be one of \('heuristical', 'fixed'\) or a torchrec"
+    ):
+        planner.create_planner("cpu", BATCH_SIZE, world_size=2, storage_reservation="fifteen percent")
+
+
 def test_topology_for_a_cpu_device_splits_system_memory_over_local_ranks():
     psutil = pytest.importorskip("psutil")
     topology = planner.topology_for_device("cpu", world_size=4, local_world_size=2)
