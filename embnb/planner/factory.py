@@ -6,7 +6,9 @@ plan = planner.plan(module, sharders)
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 
 import torch
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
@@ -24,7 +26,7 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
-from embnb._checks import check_int, check_number
+from embnb._checks import check_bool, check_int, check_number
 from embnb.planner.enumerator import default_enumerator, make_enumerator
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import topology_for_device
@@ -106,6 +108,7 @@ def create_planner(
     timeout_seconds: int | None = None,
     enumerator: str | None = None,
     storage_reservation: StorageReservation | str = "heuristical",
+    progress: bool | None = None,
 ) -> EmbeddingShardingPlanner:
     """torchrec's EmbeddingShardingPlanner with this DP proposer, and torchrec's
     UniformProposer as a fallback where the DP places no plan (`Fallback`).
@@ -117,7 +120,9 @@ def create_planner(
     EmbeddingShardingPlanner keeps it by default ("heuristical": dense
     parameters, KJTs and `storage_reservation_percentage` of the device),
     or only that percentage ("fixed"), or a torchrec StorageReservation.
-    `enumerator`:
+    `progress`: a tqdm bar (the enumeration, then the plans the DP
+    considers) for plans that take more than `PROGRESS_DELAY_S`; None: only
+    when a terminal or a notebook is attached. `enumerator`:
     "embnb" (`DistinctShardEnumerator`: torchrec's options, field by field,
     many times faster) or "torchrec" (its EmbeddingEnumerator); None: "embnb"
     on the torchrec versions the two are tested equal on, else "torchrec"
@@ -131,7 +136,7 @@ def create_planner(
             world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         topology = topology_for_device(topology, world_size, local_world_size, intra_host_bw, inter_host_bw)
     proposer = DynamicProgrammingProposer(bins_per_device=bins_per_device)
-    return EmbeddingShardingPlanner(
+    the_planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
         enumerator=make_enumerator(
@@ -143,3 +148,53 @@ def create_planner(
         timeout_seconds=timeout_seconds,
         debug=False,
     )
+    if attached() if progress is None else check_bool("progress", progress):
+        _show_progress(the_planner, proposer)
+    return the_planner
+
+
+PROGRESS_DELAY_S = 2.0  # plans quicker than this show no bar
+
+
+def attached() -> bool:
+    """Whether a terminal (stderr) or a notebook kernel is attached."""
+    if sys.stderr is not None and hasattr(sys.stderr, "isatty") and sys.stderr.isatty():
+        return True
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+def _show_progress(the_planner: EmbeddingShardingPlanner, proposer: DynamicProgrammingProposer) -> None:
+    """Each `plan` shows one tqdm bar: the enumeration, then a count of the
+    plans the DP considers (its best rating beside it)."""
+    from tqdm.auto import tqdm
+
+    plan, enumerate_ = the_planner.plan, the_planner._enumerator.enumerate
+
+    @functools.wraps(plan)
+    def plan_with_progress(module, sharders):
+        with tqdm(
+            desc="planning: enumerating options",
+            unit=" plans",
+            bar_format="{desc}{n_fmt}{unit} [{elapsed}{postfix}]",
+            delay=PROGRESS_DELAY_S,
+        ) as bar:
+
+            @functools.wraps(enumerate_)
+            def enumerate_with_progress(*args, **kwargs):
+                options = enumerate_(*args, **kwargs)
+                bar.set_description(f"planning: {len(options):,} options enumerated, plans considered")
+                return options
+
+            def considered() -> None:
+                bar.update()
+                if bar.n % 50 == 1 and math.isfinite(proposer.best_rating):
+                    bar.set_postfix_str(f"best {proposer.best_rating:.4g} ms", refresh=False)
+
+            the_planner._enumerator.enumerate, proposer.progress = enumerate_with_progress, considered
+            try:
+                return plan(module, sharders)
+            finally:
+                the_planner._enumerator.enumerate, proposer.progress = enumerate_, None
+
+    the_planner.plan = plan_with_progress

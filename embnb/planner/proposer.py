@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from torchrec.distributed.planner.types import (
@@ -167,6 +167,8 @@ class DynamicProgrammingProposer(Proposer):
         # planner's answer differed from the replica's.
         self.feedback_reasons: list[str] = []
         self.disagreements: list[str] = []
+        if not hasattr(self, "progress"):
+            self.progress: Callable[[], None] | None = None  # called per plan considered (a progress bar)
         with collector_paused():
             self._load(search_space)
 
@@ -328,6 +330,8 @@ class DynamicProgrammingProposer(Proposer):
         planner set it, or None where `placement` (the replica's answer)
         works them out, only for the starts refined."""
         self._placed[choice.tobytes()] = placed
+        if self.progress is not None:
+            self.progress()
         if self._index is not None:  # a knapsack plan
             self._search.record(self._index, placed, perf_rating)
         # Which tables to change first is worked out only for the starts refined.

@@ -494,6 +494,33 @@ def test_create_planner_takes_a_reservation_by_name_or_torchrecs_own():
         planner.create_planner("cpu", BATCH_SIZE, world_size=2, storage_reservation="fifteen percent")
 
 
+@pytest.mark.parametrize("progress", [True, None, False])
+def test_create_planner_shows_progress_only_when_asked_or_attached(progress, capsys, monkeypatch):
+    from embnb.planner import factory
+
+    monkeypatch.setattr(factory, "PROGRESS_DELAY_S", 0.0)  # show even this quick plan's bar
+    model = make_model(10, seed=2)
+    topology = planner.make_topology(
+        8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8, local_world_size=4
+    )
+    the_planner = planner.create_planner(
+        topology, BATCH_SIZE, constraints=model.constraints, progress=progress
+    )
+    module = EmbeddingBagCollection(tables=model.tables, device=torch.device("meta"))
+    capsys.readouterr()
+    the_planner.plan(module, [EmbeddingBagCollectionSharder()])
+    err = capsys.readouterr().err
+    proposer = the_planner._proposers[0]
+    considered = proposer.num_knapsack_proposals + proposer.num_refinements + 1  # and the first proposal
+    shown = re.findall(r"planning: ([\d,]+) options enumerated, plans considered: (\d+) plans", err)
+    if progress:
+        assert shown and shown[-1][1] == str(considered)
+        assert int(shown[-1][0].replace(",", "")) == len(the_planner._enumerator.last_stored_search_space)
+    else:  # pytest's stderr is no terminal: nothing unless asked
+        assert "planning:" not in err
+    assert proposer.progress is None  # the bar is gone after the plan
+
+
 def test_topology_for_a_cpu_device_splits_system_memory_over_local_ranks():
     psutil = pytest.importorskip("psutil")
     topology = planner.topology_for_device("cpu", world_size=4, local_world_size=2)
