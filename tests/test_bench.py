@@ -250,9 +250,24 @@ def test_enumerators_bench_covers_every_case_with_the_same_options(tmp_path, ben
 
 
 def test_end_to_end_bench_plans_in_fresh_processes_as_in_this_one(tmp_path, bench):
-    stdout, _ = bench("end_to_end", "--cases", "6x2", "5x4", "--processes", "2", "--out", str(tmp_path))
+    stdout, _ = bench(
+        "end_to_end",
+        *(
+            "--cases",
+            "6x2",
+            "8x8/4",
+            "--processes",
+            "2",
+            "--torchrec-dp-timeout-s",
+            "60",
+            "--out",
+            str(tmp_path),
+        ),
+    )
     payload = results(tmp_path, "end_to_end")
-    assert [(r["num_tables"], r["world_size"]) for r in payload["rows"]] == [(6, 2), (5, 4)]
+    assert [(r["num_tables"], r["world_size"]) for r in payload["rows"]] == [(6, 2), (8, 8)]
+    assert [r["hosts"] for r in payload["rows"]] == ["1 host of 2", "2 hosts of 4"]
+    assert "HeuristicalStorageReservation(0.15)" in payload["storage_reservation"]
     for row in payload["rows"]:
         for key in ("fresh_process_s", "in_process_s"):  # medians of the runs beside them
             runs = row[f"{key}_runs"]
@@ -261,7 +276,15 @@ def test_end_to_end_bench_plans_in_fresh_processes_as_in_this_one(tmp_path, benc
         # each process planned the same model: the DP's rating, as in this process
         assert row["fresh_ratings"] == [row["in_process_rating"]] * 2 and row["same_rating_everywhere"]
         assert 0 < row["in_process_rating"] < float("inf")
-    assert stdout.count("fresh process") == 2
+        assert len(row["fresh_peak_rss_gib_runs"]) == 2 and min(row["fresh_peak_rss_gib_runs"]) > 0.1
+        # the planner partitioned two proposals (the first, the replica's best), on one host and on two
+        assert row["fresh_proposals"] == [2, 2]
+        # torchrec's DP under the same reservation, in its own process: never rated better than embnb's
+        peer = row["torchrec_dp"]
+        assert peer["proposals"] > 2 and not peer["timed_out"] and peer["peak_rss_gib"] > 0.1
+        assert peer["rating_vs_embnb"] == pytest.approx(peer["rating"] / row["in_process_rating"])
+        assert peer["rating_vs_embnb"] >= 1
+    assert stdout.count("fresh process") == 2 and stdout.count("torchrec DP") == 2
 
 
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
@@ -293,7 +316,12 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
         (["ablation", "--world-sizes", "0"], "--world-sizes must all be >= 1, got [0]"),
         (["enumerators", "--repeats", "0"], "--tables and --repeats must be >= 1, got 200, 0"),
         (["end_to_end", "--processes", "0"], "--processes must be >= 1, got 0"),
-        (["end_to_end", "--cases", "800by64"], "a case is TABLESxDEVICES, e.g. 800x64; got '800by64'"),
+        (
+            ["end_to_end", "--cases", "800by64"],
+            "a case is TABLESxDEVICES or TABLESxDEVICES/PER_HOST, e.g. 800x64 or 800x64/8; got '800by64'",
+        ),
+        (["end_to_end", "--cases", "800x64/3"], "PER_HOST must divide the devices, got '800x64/3'"),
+        (["end_to_end", "--torchrec-dp-timeout-s", "-1"], "--torchrec-dp-timeout-s must be >= 0, got -1.0"),
         (["ablation", "--timeout-s", "0"], "--hbm-fraction and --timeout-s must be > 0, got 0.5, 0.0"),
         (["nosuch"], "got 'nosuch'"),
     ],

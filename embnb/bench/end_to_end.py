@@ -5,17 +5,29 @@ libraries and built its model. This bench times exactly that:
 `--processes` new Python processes per case, each building the planner
 bench's model (`make_model(tables, seed=0)`, HBM for half its fp32 rows)
 and timing one `create_planner(topology, 512, constraints=...).plan(module,
-sharders)` (imports timed apart). Beside it, the same call repeated in this
-process after those runs (`embnb.planner.study.time_end_to_end`, the garbage
-of the run before collected first), as the planner bench measures it.
+sharders)` (imports timed apart; the process's peak RSS beside it). Beside
+it, the same call repeated in this process after those runs
+(`embnb.planner.study.time_end_to_end`, the garbage of the run before
+collected first), as the planner bench measures it; and, in one more fresh
+process, torchrec's own EmbeddingShardingPlanner with its
+DynamicProgrammingProposer and its enumerator, cut at
+`--torchrec-dp-timeout-s` (its planner checks the limit between proposals;
+the best plan found by then is rated). Both plan under torchrec's default
+storage reservation (HeuristicalStorageReservation(0.15), create_planner's
+default).
 
-    python -m embnb.bench end_to_end [--cases 200x8 800x64] [--processes 5] [--out DIR]
+A case is TABLESxDEVICES, or TABLESxDEVICES/PER_HOST for hosts of PER_HOST
+devices (torchrec's local_world_size; host-level sharding types appear):
+
+    python -m embnb.bench end_to_end [--cases 200x8 800x64 800x64/8 5000x128/8 1000x512/8]
+        [--processes 5] [--torchrec-dp-timeout-s 300] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -30,92 +42,155 @@ from embnb.timing import machine_name
 BATCH_SIZE = 512
 HBM_FRACTION = 0.5  # as the planner bench's default
 
-# One plan in a new process; prints {"import_s", "plan_s", "rating"} as JSON.
+RESERVATION = "heuristical"  # torchrec's default (HeuristicalStorageReservation(0.15)), create_planner's
+
+# One plan in a new process, by embnb's create_planner or (a timeout given) torchrec's planner with its
+# DP proposer; prints {"import_s", "plan_s", "rating", "proposals", "timed_out", "peak_rss_gib"} as JSON.
 _ONE_PLAN = """
-import json, logging, sys, time
+import json, logging, math, resource, sys, time, warnings
 start = time.perf_counter()
 import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.perf_models import NoopPerfModel
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
+from torchrec.distributed.planner.types import PlannerError
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from embnb import planner
+from embnb.planner.factory import make_reservation
 from embnb.planner.models import fused_table_gb, make_model
 import_s = time.perf_counter() - start
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 logging.getLogger().setLevel(logging.ERROR)
-num_tables, world_size, batch_size = (int(arg) for arg in sys.argv[1:4])
-hbm_fraction = float(sys.argv[4])
+warnings.simplefilter("ignore", FutureWarning)  # HeuristicalStorageReservation's, on every planner
+num_tables, world_size, per_host, batch_size = (int(arg) for arg in sys.argv[1:5])
+hbm_fraction, timeout_s, reservation = float(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
 model = make_model(num_tables, seed=0)
 topology = planner.make_topology(
-    world_size, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / world_size * hbm_fraction
+    world_size, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / world_size * hbm_fraction,
+    local_world_size=per_host or None,
 )
 module = EmbeddingBagCollection(tables=model.tables, device=torch.device("meta"))
-chosen = planner.create_planner(topology, batch_size, constraints=model.constraints)
+if timeout_s:  # torchrec's planner, its DP proposer and enumerator
+    chosen = EmbeddingShardingPlanner(
+        topology=topology, batch_size=batch_size, constraints=model.constraints, debug=False,
+        proposer=[DynamicProgrammingProposer(hbm_bins_per_device=100)],
+        storage_reservation=make_reservation(reservation), timeout_seconds=max(1, math.ceil(timeout_s)),
+    )
+else:
+    chosen = planner.create_planner(
+        topology, batch_size, constraints=model.constraints, storage_reservation=reservation
+    )
 start = time.perf_counter()
-chosen.plan(module, [EmbeddingBagCollectionSharder()])
+try:
+    chosen.plan(module, [EmbeddingBagCollectionSharder()])
+except PlannerError:
+    pass
 plan_s = time.perf_counter() - start
-print(json.dumps({"import_s": import_s, "plan_s": plan_s, "rating": chosen._proposers[0].best_rating}))
+best = chosen._best_plan
+rating = NoopPerfModel(topology).rate(best) if best else math.inf
+print(json.dumps({
+    "import_s": import_s, "plan_s": plan_s, "rating": rating, "proposals": chosen._num_proposals,
+    "timed_out": bool(timeout_s) and plan_s >= math.ceil(timeout_s),
+    "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+}))
 """
 
 
-def _case(text: str) -> tuple[int, int]:
-    """'800x64' -> (800, 64)."""
+def _case(text: str) -> tuple[int, int, int | None]:
+    """'800x64' -> (800, 64, None): one host; '800x64/8' -> (800, 64, 8): hosts of 8 devices."""
     try:
-        tables, devices = (int(part) for part in text.lower().split("x"))
+        size, _, per_host = text.lower().partition("/")
+        tables, devices = (int(part) for part in size.split("x"))
+        local = int(per_host) if per_host else None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a case is TABLESxDEVICES, e.g. 800x64; got {text!r}") from None
-    if tables < 1 or devices < 1:
-        raise argparse.ArgumentTypeError(f"tables and devices must be >= 1, got {text!r}")
-    return tables, devices
-
-
-def bench_case(num_tables: int, world_size: int, processes: int) -> dict:
-    fresh = []
-    for _ in range(processes):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                _ONE_PLAN,
-                str(num_tables),
-                str(world_size),
-                str(BATCH_SIZE),
-                str(HBM_FRACTION),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
+        raise argparse.ArgumentTypeError(
+            f"a case is TABLESxDEVICES or TABLESxDEVICES/PER_HOST, e.g. 800x64 or 800x64/8; got {text!r}"
+        ) from None
+    if tables < 1 or devices < 1 or (local is not None and (local < 1 or devices % local)):
+        raise argparse.ArgumentTypeError(
+            f"tables and devices must be >= 1 and PER_HOST must divide the devices, got {text!r}"
         )
-        if done.returncode:
-            raise RuntimeError(f"the planning process failed ({done.returncode}): {done.stderr[-2000:]}")
-        fresh.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return tables, devices, local
+
+
+def _plan_in_a_new_process(num_tables: int, world_size: int, local: int | None, timeout_s: float) -> dict:
+    """One plan in a fresh process (torchrec's DP when `timeout_s`, else create_planner)."""
+    args = [num_tables, world_size, local or 0, BATCH_SIZE, HBM_FRACTION, timeout_s, RESERVATION]
+    done = subprocess.run(
+        [sys.executable, "-c", _ONE_PLAN, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=max(600, 3 * timeout_s + 600),  # torchrec's enumeration comes before its limit
+    )
+    if done.returncode:
+        raise RuntimeError(f"the planning process failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _hosts(world_size: int, local: int | None) -> str:
+    hosts = 1 if local is None else world_size // local
+    return f"{hosts} host{'s' if hosts > 1 else ''} of {local or world_size}"
+
+
+def bench_case(
+    num_tables: int, world_size: int, processes: int, local: int | None = None, timeout_s: float = 0
+) -> dict:
+    fresh = [_plan_in_a_new_process(num_tables, world_size, local, 0) for _ in range(processes)]
     model = make_model(num_tables, seed=0)
     topology = planner.make_topology(
-        world_size, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / world_size * HBM_FRACTION
+        world_size,
+        "cuda",
+        hbm_cap_gb=fused_table_gb(model.tables) / world_size * HBM_FRACTION,
+        local_world_size=local,
     )
     warm = time_end_to_end(model.tables, topology, BATCH_SIZE, model.constraints, repeats=processes)
     plan_runs = [run["plan_s"] for run in fresh]
-    return {
+    peer = _plan_in_a_new_process(num_tables, world_size, local, timeout_s) if timeout_s else None
+    row = {
         "num_tables": num_tables,
         "world_size": world_size,
+        "local_world_size": local or world_size,
+        "hosts": _hosts(world_size, local),
         "fresh_process_s": statistics.median(plan_runs),
         "fresh_process_s_runs": plan_runs,
         "import_s_runs": [run["import_s"] for run in fresh],
         "fresh_ratings": [run["rating"] for run in fresh],
+        "fresh_proposals": [run["proposals"] for run in fresh],
+        "fresh_peak_rss_gib_runs": [run["peak_rss_gib"] for run in fresh],
         "in_process_s": warm.median_s,
         "in_process_s_runs": warm.seconds,
         "in_process_rating": warm.rating,
         "same_rating_everywhere": len({*(run["rating"] for run in fresh), warm.rating}) == 1,
+        "torchrec_dp": peer,  # torchrec's planner with its DP proposer and enumerator, in a fresh process
     }
+    if peer is not None:
+        finite = math.isfinite(peer["rating"]) and math.isfinite(warm.rating)
+        peer["rating_vs_embnb"] = peer["rating"] / warm.rating if finite else None
+        peer["time_vs_embnb"] = peer["plan_s"] / row["fresh_process_s"]
+    return row
 
 
 def _line(row: dict) -> str:
-    return (
-        f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: one plan in a fresh process "
-        f"{spread(row['fresh_process_s_runs'], 2)} (imports {spread(row['import_s_runs'], 2)}), "
+    line = (
+        f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices ({row['hosts']}): "
+        f"one plan in a fresh process {spread(row['fresh_process_s_runs'], 2)} "
+        f"(imports {spread(row['import_s_runs'], 2)}, "
+        f"peak RSS {max(row['fresh_peak_rss_gib_runs']):.2f} GiB, {max(row['fresh_proposals'])} proposals), "
         f"repeated in this process {spread(row['in_process_s_runs'], 2)}, "
         f"rating {row['in_process_rating']:.3f} ms"
         f"{'' if row['same_rating_everywhere'] else ', RATINGS DIFFER'}"
     )
+    peer = row["torchrec_dp"]
+    if peer is not None:
+        ratio = (
+            "no plan" if peer["rating_vs_embnb"] is None else f"{peer['rating_vs_embnb']:.3f}x embnb's rating"
+        )
+        line += (
+            f" | torchrec DP {peer['plan_s']:.1f} s{' (CUT)' if peer['timed_out'] else ''}, {ratio}, "
+            f"{peer['proposals']} proposals, peak RSS {peer['peak_rss_gib']:.2f} GiB"
+        )
+    return line
 
 
 def main(argv: list[str]) -> int:
@@ -123,7 +198,17 @@ def main(argv: list[str]) -> int:
         prog="python -m embnb.bench end_to_end", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
-        "--cases", type=_case, nargs="+", default=[(200, 8), (800, 64)], help="TABLESxDEVICES"
+        "--cases",
+        type=_case,
+        nargs="+",
+        default=[(200, 8, None), (800, 64, None), (800, 64, 8), (5000, 128, 8), (1000, 512, 8)],
+        help="TABLESxDEVICES or TABLESxDEVICES/PER_HOST",
+    )
+    parser.add_argument(
+        "--torchrec-dp-timeout-s",
+        type=float,
+        default=300,
+        help="torchrec's planner with its DP proposer beside each case, cut at this (0: skip)",
     )
     parser.add_argument(
         "--processes", type=int, default=5, help="fresh processes per case (and runs in this one)"
@@ -132,10 +217,12 @@ def main(argv: list[str]) -> int:
     opts = parser.parse_args(argv)
     if opts.processes < 1:
         parser.error(f"--processes must be >= 1, got {opts.processes}")
+    if opts.torchrec_dp_timeout_s < 0:
+        parser.error(f"--torchrec-dp-timeout-s must be >= 0, got {opts.torchrec_dp_timeout_s}")
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
-    for num_tables, world_size in opts.cases:
-        rows.append(bench_case(num_tables, world_size, opts.processes))
+    for num_tables, world_size, local in opts.cases:
+        rows.append(bench_case(num_tables, world_size, opts.processes, local, opts.torchrec_dp_timeout_s))
         print(_line(rows[-1]), flush=True)
     payload = {
         "benchmark": "end_to_end",
@@ -143,6 +230,8 @@ def main(argv: list[str]) -> int:
         "batch_size": BATCH_SIZE,
         "hbm_fraction": HBM_FRACTION,
         "processes": opts.processes,
+        "storage_reservation": "torchrec's default, HeuristicalStorageReservation(0.15), for both",
+        "torchrec_dp_timeout_s": opts.torchrec_dp_timeout_s,
         "rows": rows,
         "bench_s": time.perf_counter() - start,
     }
