@@ -107,6 +107,8 @@ def test_planner_bench_ratios_and_quality(tmp_path, bench):
         "--tables",
         "6",
         "--world-sizes",
+        "4",
+        "--devices-per-host",
         "2",
         "--timeout-s",
         "60",
@@ -123,7 +125,8 @@ def test_planner_bench_ratios_and_quality(tmp_path, bench):
     )
     payload = results(tmp_path, "planner")
     (row,) = payload["rows"]
-    assert (row["num_tables"], row["world_size"]) == (6, 2)
+    assert (row["num_tables"], row["world_size"], row["hosts"]) == (6, 4, 2)
+    assert "hosts of 2" not in stdout and "(2 hosts)" in stdout
     assert row["enumerate_same_options"] is True
     for key in ("enumerate_s", "enumerate_embnb_s"):  # medians of the runs beside them
         runs = row[f"{key}_runs"]

@@ -18,8 +18,9 @@ takes seconds where the peers take minutes): its times are the median run's,
 with every run's time (`plan_s_runs`) for the spread.
 
 End to end, from the model to the plan: for embnb, `create_planner(topology,
-batch_size, constraints).plan(module, sharders)` as a user calls it (embnb's
-enumerator and DP), timed `--repeats` times from a fresh module
+batch_size, constraints, storage_reservation="fixed").plan(module, sharders)`
+as a user calls it (embnb's enumerator and DP; every proposer here plans
+under FixedPercentageStorageReservation(0.15)), timed `--repeats` times from a fresh module
 (`end_to_end_s`, `end_to_end_s_runs`, and the plan's rating); for torchrec's
 proposers, torchrec's enumeration (median) plus their planning time, as
 measured apart.
@@ -29,7 +30,7 @@ Plan quality: on random small instances (`embnb.planner.quality_study`:
 brute-force optimum; reported per proposer as the worst ratio, the share
 within 2% and the instances where it found no plan.
 
-    python -m embnb.bench planner [--tables 50 200 800] [--world-sizes 8 64]
+    python -m embnb.bench planner [--tables 50 200 800] [--world-sizes 8 64] [--devices-per-host 8]
         [--hbm-fraction 0.5] [--timeout-s 120] [--repeats 5] [--enumerate-repeats 3]
         [--quality-instances 50] [--quality-tables 3 4] [--out DIR]
 
@@ -46,17 +47,20 @@ import statistics
 import time
 
 import numpy as np
+import torch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
-from embnb.planner.enumerator import same_options
+from embnb.planner.enumerator import default_enumerator, same_options
 from embnb.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
 from embnb.planner.study import (
+    EndToEnd,
     compare_proposers,
     default_proposers,
     quality_study,
     run_planner,
-    time_end_to_end,
 )
 from embnb.timing import machine_name
 
@@ -73,10 +77,12 @@ def bench_one(
     batch_size: int,
     repeats: int = 1,
     enumerate_repeats: int = 1,
+    devices_per_host: int | None = None,
 ) -> dict:
     model = make_model(num_tables, seed)
     hbm_cap_gb = fused_table_gb(model.tables) / world_size * hbm_fraction
-    topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
+    local = devices_per_host if devices_per_host and devices_per_host < world_size else None
+    topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb, local_world_size=local)
     enumerated, enumerate_runs = _enumerate(model, topology, batch_size, "torchrec", enumerate_repeats)
     ours_enumerated, ours_enumerate_runs = _enumerate(model, topology, batch_size, "embnb", enumerate_repeats)
     alike = same_options(enumerated.options, ours_enumerated.options)
@@ -95,6 +101,8 @@ def bench_one(
     row = {
         "num_tables": num_tables,
         "world_size": world_size,
+        "local_world_size": local or world_size,
+        "hosts": world_size // (local or world_size),
         "hbm_cap_gb": hbm_cap_gb,
         "num_options": len(enumerated.options),
         "enumerate_s": statistics.median(enumerate_runs),  # torchrec's EmbeddingEnumerator
@@ -121,7 +129,7 @@ def bench_one(
     )
     del enumerated
     # What a user waits for from model to plan, measured as a user calls it: create_planner(...).plan.
-    end_to_end = time_end_to_end(model.tables, topology, batch_size, model.constraints, repeats=repeats)
+    end_to_end = _time_end_to_end(model, topology, batch_size, repeats)
     row["proposers"][OURS].update(
         end_to_end_s=end_to_end.median_s,
         end_to_end_s_runs=end_to_end.seconds,
@@ -138,6 +146,25 @@ def bench_one(
         entry["end_to_end_s"] = row["enumerate_s"] + float(result.plan_s)
         entry["end_to_end_vs_embnb"] = entry["end_to_end_s"] / row["proposers"][OURS]["end_to_end_s"]
     return row
+
+
+def _time_end_to_end(model, topology, batch_size: int, repeats: int) -> EndToEnd:
+    """`create_planner(...).plan` timed as `embnb.planner.study.time_end_to_end`
+    times it, under the reservation every proposer here plans under
+    (FixedPercentageStorageReservation(0.15), compare_proposers')."""
+    seconds, ratings = [], []
+    for _ in range(repeats):
+        module = EmbeddingBagCollection(tables=list(model.tables), device=torch.device("meta"))
+        chosen = planner.create_planner(
+            topology, batch_size, constraints=model.constraints, storage_reservation="fixed"
+        )
+        gc.collect()
+        start = time.perf_counter()
+        chosen.plan(module, [EmbeddingBagCollectionSharder()])
+        seconds.append(time.perf_counter() - start)
+        ratings.append(chosen._proposers[0].best_rating)  # create_planner's DP
+        del module, chosen
+    return EndToEnd(default_enumerator(), seconds, ratings[0], len(set(ratings)) == 1)
 
 
 def _enumerate(
@@ -214,7 +241,7 @@ def _quality_line(row: dict) -> str:
 def _line(row: dict) -> str:
     ours = row["proposers"][OURS]
     parts = [
-        f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices: enumerate "
+        f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices ({row['hosts']} hosts): enumerate "
         f"{spread(row['enumerate_s_runs'], 1)} (embnb's {spread(row['enumerate_embnb_s_runs'], 2)}, "
         f"{row['enumerate_speedup']:.1f}x, "
         f"{'same options' if row['enumerate_same_options'] else 'OPTIONS DIFFER'}) "
@@ -266,6 +293,12 @@ def _options(argv: list[str]) -> argparse.Namespace:
         default=3,
         help="enumerations per enumerator and row (median and range reported)",
     )
+    parser.add_argument(
+        "--devices-per-host",
+        type=int,
+        default=None,
+        help="devices per host (torchrec's local_world_size); default: every topology on one host",
+    )
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -292,6 +325,13 @@ def _options(argv: list[str]) -> argparse.Namespace:
             parser.error(f"{name} must all be >= 1, got {values}")
     if opts.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {opts.repeats}")
+    if opts.devices_per_host is not None and (
+        opts.devices_per_host < 1
+        or any(w % opts.devices_per_host for w in opts.world_sizes if w > opts.devices_per_host)
+    ):
+        parser.error(
+            f"--devices-per-host must be >= 1 and divide the larger world sizes, got {opts.devices_per_host}"
+        )
     if opts.enumerate_repeats < 1:
         parser.error(f"--enumerate-repeats must be >= 1, got {opts.enumerate_repeats}")
     if opts.quality_instances < 0:
@@ -317,6 +357,7 @@ def main(argv: list[str]) -> int:
                     opts.batch_size,
                     opts.repeats,
                     opts.enumerate_repeats,
+                    opts.devices_per_host,
                 )
             )
             print(_line(rows[-1]), flush=True)
@@ -332,6 +373,11 @@ def main(argv: list[str]) -> int:
         "hbm_fraction": opts.hbm_fraction,
         "timeout_s": opts.timeout_s,
         "batch_size": opts.batch_size,
+        "devices_per_host": opts.devices_per_host,
+        "storage_reservation": (
+            "FixedPercentageStorageReservation(0.15) for every proposer, end to end too "
+            "(create_planner(storage_reservation='fixed'))"
+        ),
         "seed": opts.seed,
         "rating_vs_embnb": "peer's perf rating / embnb DP's (> 1: embnb's plan is faster)",
         "time_vs_embnb": "peer's planning seconds / embnb DP's (> 1: embnb plans faster)",
