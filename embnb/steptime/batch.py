@@ -1,0 +1,104 @@
+"""The global batch a W-rank step sees: every rank's local KeyedJaggedTensor.
+
+Each rank holds `local_batch_size` samples. A feature's bag length per
+sample is drawn uniform on [0, 2 * pooling_factor] (rounded), so its mean is
+the pooling factor torchrec's planner was told (`ParameterConstraints`);
+ids are uniform over the table's rows. The same seed gives the same batch
+in the rank-by-rank measurement and in a real job.
+
+    batch = make_batch(model.tables, model.constraints, world_size=8, local_batch_size=256)
+    kjt = batch.kjt(rank)           # what rank `rank` feeds its sharded module
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embnb._checks import check_int
+
+__all__ = ["GlobalBatch", "make_batch", "feature_pooling_factors"]
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """W local batches. `lengths[r][f]` (int64, `local_batch_size`) and
+    `ids[r][f]` (int64, `lengths[r][f].sum()`) are rank r's bags of feature
+    `feature_names[f]`, whose ids index table `feature_tables[f]`."""
+
+    feature_names: list[str]
+    feature_tables: list[str]
+    local_batch_size: int
+    lengths: list[list[torch.Tensor]]
+    ids: list[list[torch.Tensor]]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.lengths)
+
+    def kjt(self, rank: int, device: torch.device | str = "cpu") -> KeyedJaggedTensor:
+        """Rank `rank`'s local batch as torchrec takes it (feature-major)."""
+        check_int("rank", rank, low=0, high=self.world_size - 1)
+        return KeyedJaggedTensor(
+            keys=list(self.feature_names),
+            values=torch.cat(self.ids[rank]).to(device),
+            lengths=torch.cat(self.lengths[rank]).to(device),
+        )
+
+    def global_bags(self, feature: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lengths, ids) of `feature` over the global batch: rank 0's samples,
+        then rank 1's, ...: the order torchrec's input all-to-all delivers."""
+        lengths = torch.cat([self.lengths[r][feature] for r in range(self.world_size)])
+        ids = torch.cat([self.ids[r][feature] for r in range(self.world_size)])
+        return lengths, ids
+
+
+def feature_pooling_factors(
+    tables: Sequence[EmbeddingBagConfig], constraints: Mapping[str, ParameterConstraints] | None
+) -> dict[str, float]:
+    """Each feature's pooling factor: the table's ParameterConstraints, else
+    torchrec's default of 1.0 (torchrec.distributed.planner.constants.POOLING_FACTOR)."""
+    factors = {}
+    for table in tables:
+        given = constraints.get(table.name) if constraints else None
+        pooling = list(given.pooling_factors) if given is not None else []
+        for i, feature in enumerate(table.feature_names):
+            factors[feature] = float(pooling[i]) if i < len(pooling) else 1.0
+    return factors
+
+
+def make_batch(
+    tables: Sequence[EmbeddingBagConfig],
+    constraints: Mapping[str, ParameterConstraints] | None,
+    world_size: int,
+    local_batch_size: int,
+    seed: int = 0,
+) -> GlobalBatch:
+    """A global batch of `world_size` local batches of `local_batch_size`
+    samples for the features of `tables` (module docstring)."""
+    check_int("world_size", world_size, low=1)
+    check_int("local_batch_size", local_batch_size, low=1)
+    if not tables:
+        raise ValueError("no tables: pass at least one EmbeddingBagConfig")
+    factors = feature_pooling_factors(tables, constraints)
+    names = [f for t in tables for f in t.feature_names]
+    owners = [t.name for t in tables for _ in t.feature_names]
+    rows = {t.name: t.num_embeddings for t in tables}
+    gen = torch.Generator().manual_seed(seed)
+    lengths: list[list[torch.Tensor]] = []
+    ids: list[list[torch.Tensor]] = []
+    for _ in range(world_size):
+        rank_lengths, rank_ids = [], []
+        for name, table in zip(names, owners):
+            high = int(round(2 * factors[name]))
+            bag = torch.randint(0, high + 1, (local_batch_size,), generator=gen)
+            rank_lengths.append(bag)
+            rank_ids.append(torch.randint(0, rows[table], (int(bag.sum()),), generator=gen))
+        lengths.append(rank_lengths)
+        ids.append(rank_ids)
+    return GlobalBatch(names, owners, local_batch_size, lengths, ids)

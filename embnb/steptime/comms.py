@@ -1,0 +1,212 @@
+"""The bytes every collective of a step moves, per rank, counted exactly as
+torchrec 1.8.0's pooled EmbeddingBagCollection shardings move them
+(torchrec/distributed/dist_data.py, comm_ops.py), and a communication time
+computed from them with torchrec's own link model (labelled computed: it is
+not measured).
+
+Per sharding type with shards on any rank (one input and one output
+distribution each, every rank taking part):
+
+- input dist (KJTAllToAll): a splits all-to-all of W x (lengths, values,
+  stride, + a tag where torchrec validates collectives) int64 counts, then one
+  all-to-all for the lengths and one for the ids. Table-wise and column-wise:
+  each (shard, feature) on rank d gets the sender's whole local bag of that
+  feature. Row-wise: every feature to every rank, the ids bucketed by block.
+- output dist: table-wise and column-wise, an all-to-all of the pooled
+  embeddings (the shard's columns for the global batch, B rows to each
+  rank); row-wise, a reduce-scatter of the partial sums. Backward: the
+  reverse all-to-all; row-wise, an all-gather of the gradients.
+- data-parallel tables and the dense MLP: their gradients all-reduced (by
+  DistributedDataParallel, outside the sharded module).
+
+`sent_bytes` and `received_bytes` are the tensors a rank hands to the
+collective and gets back, its own share included (`kept_bytes`, which
+crosses no link). The validation test compares them, collective by
+collective, with what torchrec's collectives are handed in a real job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torchrec.distributed.planner.types import CollectiveType, Topology
+
+from embnb.steptime.batch import GlobalBatch
+from embnb.steptime.work import Shard
+
+__all__ = ["Collective", "RankComms", "plan_comms", "LINK_MODEL"]
+
+LINK_MODEL = (
+    "computed, not measured: bytes over links / torchrec 1.8.0's bandwidth "
+    "(Topology.comms_bandwidths.get_bw, torchrec/distributed/planner/types.py BasicCommsBandwidths; "
+    "defaults INTRA_NODE_BANDWIDTH 600 GiB/s and CROSS_NODE_BANDWIDTH 12.5 GiB/s in planner/constants.py)"
+)
+_INT64, _FP32 = 8, 4
+_KINDS = {
+    "all_to_all_single": CollectiveType.ALL_TO_ALL,
+    "reduce_scatter_tensor": CollectiveType.REDUCE_SCATTER,
+    "all_gather_into_tensor": CollectiveType.ALL_GATHER,
+    "all_reduce": CollectiveType.ALL_REDUCE,
+}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective call of one rank: the torch.distributed function, the
+    bytes handed in and got back, and of those the rank's own share."""
+
+    name: str  # what it moves, e.g. "table_wise input ids"
+    kind: str  # all_to_all_single, reduce_scatter_tensor, all_gather_into_tensor, all_reduce
+    phase: str  # "forward" or "backward"
+    sent_bytes: int
+    received_bytes: int
+    kept_bytes: int
+    in_sharded_module: bool = True  # False: DistributedDataParallel's, outside the sharded module
+
+    @property
+    def link_bytes(self) -> float:
+        """Bytes that cross this rank's link: the larger direction, its own
+        share left out; a ring all-reduce sends 2 (W-1)/W of the tensor
+        (`kept_bytes` holds the tensor / W)."""
+        if self.kind == "all_reduce":
+            return 2 * (self.sent_bytes - self.kept_bytes)
+        return max(self.sent_bytes, self.received_bytes) - self.kept_bytes
+
+
+@dataclass(frozen=True)
+class RankComms:
+    rank: int
+    collectives: list[Collective]
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(c.sent_bytes for c in self.collectives)
+
+    @property
+    def received_bytes(self) -> int:
+        return sum(c.received_bytes for c in self.collectives)
+
+    def computed_seconds(self, topology: Topology) -> float:
+        """Every collective one after another at torchrec's bandwidth (`LINK_MODEL`)."""
+        bandwidths, local, world = topology.comms_bandwidths, topology.local_world_size, topology.world_size
+        per_ms = [c.link_bytes / bandwidths.get_bw(local, world, _KINDS[c.kind]) for c in self.collectives]
+        return sum(per_ms) / 1e3
+
+
+def _splits_count() -> int:
+    from torchrec.distributed.collective_utils import validate_collectives_enabled
+
+    # lengths, values, the stride (batch size: torchrec's KJTAllToAllSplitsAwaitable
+    # sends it for a KJT of one stride) and, where torchrec validates collectives, a tag
+    return 3 + int(validate_collectives_enabled())
+
+
+def _entries(shards: Sequence[Shard], kind: str) -> list[tuple[Shard, str]]:
+    return [(s, f) for s in shards if s.sharding_type == kind for f in s.features]
+
+
+def _input_dist(kind: str, shards: Sequence[Shard], batch: GlobalBatch, rank: int) -> list[Collective]:
+    """The KJTAllToAll of one sharding type: splits, lengths, ids."""
+    world, size = batch.world_size, batch.local_batch_size
+    index = {f: i for i, f in enumerate(batch.feature_names)}
+    entries = _entries(shards, kind)
+    splits = world * _splits_count() * _INT64
+    length_bytes = batch.lengths[0][0].element_size()
+    id_bytes = batch.ids[0][0].element_size()
+    if kind == "row_wise":
+        features = list(dict.fromkeys(f for s, f in entries))
+        sent_lengths = world * len(features) * size
+        sent_ids = sum(batch.ids[rank][index[f]].numel() for f in features)
+        mine = [(s, f) for s, f in entries if s.rank == rank]
+        got_ids = sum(_in_block(batch, index[f], s.row_offset, s.rows) for s, f in mine)
+
+        def to_self(f: str) -> int:
+            (shard,) = [s for s, g in mine if g == f]
+            ids = batch.ids[rank][index[f]]
+            return int(((ids >= shard.row_offset) & (ids < shard.row_offset + shard.rows)).sum())
+
+        kept_lengths, kept_ids = len(features) * size, sum(to_self(f) for f in features)
+        got_lengths = len(mine) * world * size
+    else:
+        sent_lengths = len(entries) * size
+        sent_ids = sum(batch.ids[rank][index[f]].numel() for _, f in entries)
+        mine = [f for s, f in entries if s.rank == rank]
+        got_lengths = len(mine) * world * size
+        got_ids = sum(batch.ids[r][index[f]].numel() for f in mine for r in range(world))
+        kept_lengths, kept_ids = len(mine) * size, sum(batch.ids[rank][index[f]].numel() for f in mine)
+    a2a = "all_to_all_single"
+    return [
+        Collective(f"{kind} input splits", a2a, "forward", splits, splits, splits // world),
+        Collective(
+            f"{kind} input lengths",
+            a2a,
+            "forward",
+            sent_lengths * length_bytes,
+            got_lengths * length_bytes,
+            kept_lengths * length_bytes,
+        ),
+        Collective(
+            f"{kind} input ids", a2a, "forward", sent_ids * id_bytes, got_ids * id_bytes, kept_ids * id_bytes
+        ),
+    ]
+
+
+def _in_block(batch: GlobalBatch, feature: int, first: int, count: int) -> int:
+    _, ids = batch.global_bags(feature)
+    return int(((ids >= first) & (ids < first + count)).sum())
+
+
+def _output_dist(kind: str, shards: Sequence[Shard], batch: GlobalBatch, rank: int) -> list[Collective]:
+    world, size = batch.world_size, batch.local_batch_size
+    entries = _entries(shards, kind)
+    if kind == "row_wise":
+        width = sum(s.cols for s, f in entries if s.rank == rank)
+        full, part = world * size * width * _FP32, size * width * _FP32
+        return [
+            Collective(f"{kind} pooled reduce-scatter", "reduce_scatter_tensor", "forward", full, part, part),
+            Collective(f"{kind} gradient all-gather", "all_gather_into_tensor", "backward", part, full, part),
+        ]
+    mine = sum(s.cols for s, f in entries if s.rank == rank)
+    everyone = sum(s.cols for s, f in entries)
+    sent, received, kept = world * size * mine * _FP32, size * everyone * _FP32, size * mine * _FP32
+    return [
+        Collective(f"{kind} pooled all-to-all", "all_to_all_single", "forward", sent, received, kept),
+        Collective(f"{kind} gradient all-to-all", "all_to_all_single", "backward", received, sent, kept),
+    ]
+
+
+def plan_comms(
+    shards: Sequence[Shard], batch: GlobalBatch, rank: int, dense_parameters: int = 0
+) -> RankComms:
+    """Every collective rank `rank` runs in one step of a plan's `shards` on
+    `batch`, in torchrec's order of sharding types (first table's first);
+    `dense_parameters`: the dense part's fp32 parameters, all-reduced."""
+    world = batch.world_size
+    kinds = list(dict.fromkeys(s.sharding_type for s in shards))
+    collectives = []
+    forward, backward = [], []
+    for kind in kinds:
+        if kind == "data_parallel":
+            continue
+        forward += _input_dist(kind, shards, batch, rank)
+        output, gradient = _output_dist(kind, shards, batch, rank)
+        forward.append(output)
+        backward.insert(0, gradient)  # autograd runs the output dists backwards, last first
+    collectives = forward + backward
+    replicated = {s.table: s.rows * s.cols for s in shards if s.sharding_type == "data_parallel"}
+    for name, size in (("data_parallel tables", sum(replicated.values())), ("dense", dense_parameters)):
+        if size:
+            total = size * _FP32
+            collectives.append(
+                Collective(
+                    f"{name} gradient all-reduce",
+                    "all_reduce",
+                    "backward",
+                    total,
+                    total,
+                    total // world,
+                    False,
+                )
+            )
+    return RankComms(rank, collectives)

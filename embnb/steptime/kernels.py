@@ -1,0 +1,155 @@
+"""The kernels a rank runs, built as torchrec builds them: FBGEMM's table
+batched embedding (TBE) per lookup group, and the dense part.
+
+`lookup_module` mirrors torchrec 1.8.0's kernels
+(torchrec/distributed/batched_embedding_kernel.py): the "fused" kernel is
+`BatchedFusedEmbeddingBag`, a `SplitTableBatchedEmbeddingBagsCodegen` with
+one (rows, cols, location, compute device) spec per shard, the
+`feature_table_map` of its features, sum pooling, fp32 weights and the
+optimizer run inside its backward; the "dense" kernel (data-parallel
+tables) is `BatchedDenseEmbeddingBag`, a `DenseTableBatchedEmbeddingBagsCodegen`
+whose weight gradient an optimizer applies after backward (here plain SGD).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from embnb.steptime.work import LookupGroup
+
+__all__ = [
+    "fbgemm_cuda_available",
+    "lookup_module",
+    "DenseLookup",
+    "make_mlp",
+    "SequenceDense",
+    "DEFAULT_OPTIMIZER",
+]
+
+DEFAULT_OPTIMIZER = "exact_row_wise_adagrad"  # FBGEMM's EmbOptimType value; torchrec's default is exact_sgd
+
+
+def fbgemm_cuda_available() -> bool:
+    """FBGEMM's CUDA TBE can run here: a GPU and an fbgemm_gpu CUDA build
+    (the fbgemm-gpu-cpu wheel has no CUDA kernels)."""
+    if not torch.cuda.is_available():
+        return False
+    import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+
+    try:
+        torch.ops.fbgemm.asynchronous_complete_cumsum(torch.ones(2, dtype=torch.int64, device="cuda"))
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def _check_device(device: torch.device) -> None:
+    if device.type == "cuda" and not fbgemm_cuda_available():
+        raise ValueError(
+            f"device {device} asked for, but this fbgemm_gpu has no CUDA kernels (the CPU build, "
+            "fbgemm-gpu-cpu, or no GPU): install the fbgemm-gpu CUDA wheel, or measure on device='cpu'"
+        )
+
+
+class DenseLookup(nn.Module):
+    """torchrec's dense kernel: FBGEMM's DenseTableBatchedEmbeddingBagsCodegen,
+    whose weight gradient SGD applies after backward (`step`)."""
+
+    def __init__(self, group: LookupGroup, device: torch.device, learning_rate: float) -> None:
+        super().__init__()
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            DenseTableBatchedEmbeddingBagsCodegen,
+        )
+
+        self.tbe = DenseTableBatchedEmbeddingBagsCodegen(
+            embedding_specs=[(s.rows, s.cols) for s in group.shards],
+            feature_table_map=list(group.feature_shard),
+            use_cpu=device.type == "cpu",
+        ).to(device)
+        self.learning_rate = learning_rate
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.tbe(indices, offsets)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        weights = self.tbe.weights
+        weights.add_(weights.grad, alpha=-self.learning_rate)
+        weights.grad = None
+
+
+def lookup_module(
+    group: LookupGroup,
+    device: torch.device | str = "cpu",
+    optimizer: str = DEFAULT_OPTIMIZER,
+    learning_rate: float = 0.01,
+) -> nn.Module:
+    """One TBE for `group`'s shards, as torchrec builds its kernel (module docstring)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    device = torch.device(device)
+    _check_device(device)
+    if group.compute_kernel == "dense":
+        return DenseLookup(group, device, learning_rate)
+    if group.compute_kernel != "fused":
+        raise ValueError(f"compute kernel {group.compute_kernel!r} is not one of 'fused', 'dense'")
+    on_gpu = device.type == "cuda"
+    location = EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST
+    compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=[(s.rows, s.cols, location, compute) for s in group.shards],
+        feature_table_map=list(group.feature_shard),
+        pooling_mode=PoolingMode.SUM,
+        weights_precision=SparseType.FP32,
+        cache_precision=SparseType.FP32,
+        optimizer=EmbOptimType(optimizer),
+        learning_rate=learning_rate,
+        device=device,
+        table_names=[s.table for s in group.shards],
+    )
+
+
+def make_mlp(width: int, hidden: Sequence[int]) -> nn.Sequential:
+    """The dense part over a sample's pooled embeddings: Linear + ReLU per
+    hidden width, then one output."""
+    layers: list[nn.Module] = []
+    for out in hidden:
+        layers += [nn.Linear(width, out), nn.ReLU()]
+        width = out
+    return nn.Sequential(*layers, nn.Linear(width, 1))
+
+
+class SequenceDense(nn.Module):
+    """The dense part over sequence samples: self-attention within each
+    sample (cost ~ length^2), then an MLP per token (cost ~ length). Samples
+    of one length run together, so nothing is padded."""
+
+    def __init__(self, width: int, hidden: Sequence[int], heads: int = 4) -> None:
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} must be a multiple of heads {heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.mlp = make_mlp(width, hidden)
+
+    def forward(self, tokens: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        loss = tokens.new_zeros(())
+        start = 0
+        by_length: dict[int, list[int]] = {}
+        for n in lengths:
+            by_length.setdefault(n, []).append(start)
+            start += n
+        for n, starts in by_length.items():
+            rows = torch.stack([tokens[s : s + n] for s in starts])  # samples x n x width
+            q, k, v = self.qkv(rows).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+            attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            loss = loss + self.mlp(attended.transpose(1, 2).flatten(2)).sum()
+        return loss

@@ -1,0 +1,235 @@
+"""Rank by rank: each rank's own work run with real kernels on this device,
+one rank after another, warmed up and repeated.
+
+Per rank and repeat, four phases are timed: the lookups' forward (every
+TBE of the rank), their backward (FBGEMM's fused optimizer runs inside it;
+the dense kernel's SGD step after it), the dense part's forward and its
+backward. Each phase records wall time (CUDA: synchronized) and the calling
+thread's CPU time (`time.thread_time_ns`); at `threads=1` on a CPU the
+thread's CPU time is all of the kernels' compute, and other processes
+sharing the cores stretch the wall time, not it.
+
+    times = measure_plan(plan, model.tables, batch, threads=1)
+    times.critical_rank()          # the slowest rank (median compute)
+    times.ranks[3].phases["lookup_forward"].median_s
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from embnb._checks import check_choice, check_int
+from embnb.steptime.comms import RankComms, plan_comms
+from embnb.steptime.kernels import DEFAULT_OPTIMIZER, DenseLookup, SequenceDense, lookup_module, make_mlp
+from embnb.steptime.work import RankWork
+
+__all__ = ["PHASES", "Timing", "RankTime", "StepTimes", "measure_rank", "measure_ranks", "DEFAULT_HIDDEN"]
+
+PHASES = ("lookup_forward", "lookup_backward", "dense_forward", "dense_backward")
+DEFAULT_HIDDEN = (512, 256)  # the dense MLP's hidden widths
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per repeat: wall and the calling thread's CPU time."""
+
+    wall_s: list[float]
+    cpu_s: list[float]
+
+    def values(self, clock: str = "wall") -> list[float]:
+        return self.wall_s if check_choice("clock", clock, ("wall", "cpu")) == "wall" else self.cpu_s
+
+    def median_s(self, clock: str = "wall") -> float:
+        return statistics.median(self.values(clock))
+
+    def range_s(self, clock: str = "wall") -> tuple[float, float]:
+        values = self.values(clock)
+        return min(values), max(values)
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One rank's phases; `compute` is their sum per repeat."""
+
+    rank: int
+    phases: dict[str, Timing]
+    num_ids: int  # ids its lookups read
+    dense_samples: int
+
+    @property
+    def compute(self) -> Timing:
+        timings = list(self.phases.values())
+        wall = [sum(t.wall_s[i] for t in timings) for i in range(len(timings[0].wall_s))]
+        cpu = [sum(t.cpu_s[i] for t in timings) for i in range(len(timings[0].cpu_s))]
+        return Timing(wall, cpu)
+
+    @property
+    def lookup(self) -> Timing:
+        forward, backward = self.phases["lookup_forward"], self.phases["lookup_backward"]
+        return Timing(
+            [a + b for a, b in zip(forward.wall_s, backward.wall_s)],
+            [a + b for a, b in zip(forward.cpu_s, backward.cpu_s)],
+        )
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Every rank's measured phases, how they were measured, and each rank's
+    collectives (bytes counted; times only computed: `comms.LINK_MODEL`)."""
+
+    ranks: list[RankTime]
+    comms: list[RankComms]
+    device: str
+    threads: int
+    warmup: int
+    repeats: int
+    machine: str
+    notes: list[str] = field(default_factory=list)
+
+    def critical_rank(self, clock: str = "wall") -> int:
+        """The slowest rank: the largest median compute time."""
+        medians = [r.compute.median_s(clock) for r in self.ranks]
+        return max(range(len(medians)), key=medians.__getitem__)
+
+    def critical_path_s(self, clock: str = "wall") -> float:
+        return self.ranks[self.critical_rank(clock)].compute.median_s(clock)
+
+
+class _Clock:
+    """Wall and thread CPU time of phases, with the device synchronized at each edge."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.record: dict[str, Timing] = {p: Timing([], []) for p in PHASES}
+
+    def run(self, phase: str, fn: Callable[[], object], keep: bool):
+        self.sync()
+        wall, cpu = time.perf_counter(), time.thread_time_ns()
+        out = fn()
+        self.sync()
+        if keep:
+            self.record[phase].wall_s.append(time.perf_counter() - wall)
+            self.record[phase].cpu_s.append((time.thread_time_ns() - cpu) / 1e9)
+        return out
+
+
+def _lookup_inputs(work: RankWork, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    inputs = []
+    for group in work.groups:
+        offsets = torch.zeros(group.lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(group.lengths, 0, out=offsets[1:])
+        inputs.append((group.ids.to(device), offsets.to(device)))
+    return inputs
+
+
+def measure_rank(
+    work: RankWork,
+    *,
+    device: torch.device | str = "cpu",
+    warmup: int = 2,
+    repeats: int = 5,
+    optimizer: str = DEFAULT_OPTIMIZER,
+    learning_rate: float = 0.01,
+    hidden: Sequence[int] = DEFAULT_HIDDEN,
+    seed: int = 0,
+) -> RankTime:
+    """Time one rank's work (module docstring); its modules are built here
+    and freed on return, so ranks measured one after another share memory."""
+    check_int("warmup", warmup, low=0)
+    check_int("repeats", repeats, low=1)
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    modules = [lookup_module(g, device, optimizer, learning_rate) for g in work.groups]
+    inputs = _lookup_inputs(work, device)
+    if work.sequence_lengths:
+        dense = SequenceDense(work.dense_width, hidden).to(device)
+        dense_input = torch.randn(sum(work.sequence_lengths), work.dense_width, device=device)
+    else:
+        dense = make_mlp(work.dense_width, hidden).to(device)
+        dense_input = torch.randn(work.dense_samples, work.dense_width, device=device)
+    dense_input.requires_grad_(True)
+    grads = [
+        torch.randn(len(g.lengths) // len(g.feature_shard), g.pooled_dim, device=device) for g in work.groups
+    ]
+    clock = _Clock(device)
+    for step in range(warmup + repeats):
+        keep = step >= warmup
+        outputs = clock.run("lookup_forward", lambda: [m(*x) for m, x in zip(modules, inputs)], keep)
+        clock.run("lookup_backward", lambda out=outputs: _backward(modules, out, grads), keep)
+        if work.sequence_lengths:
+            loss = clock.run("dense_forward", lambda: dense(dense_input, work.sequence_lengths), keep)
+        else:
+            loss = clock.run("dense_forward", lambda: dense(dense_input).sum(), keep)
+        clock.run("dense_backward", loss.backward, keep)
+        dense.zero_grad(set_to_none=True)
+        dense_input.grad = None
+    return RankTime(work.rank, clock.record, work.num_ids, work.dense_samples)
+
+
+def _backward(modules, outputs, grads) -> None:
+    for module, output, grad in zip(modules, outputs, grads):
+        output.backward(grad)
+        if isinstance(module, DenseLookup):
+            module.step()
+
+
+def dense_parameters(width: int, hidden: Sequence[int]) -> int:
+    return sum(p.numel() for p in make_mlp(width, hidden).parameters())
+
+
+def measure_ranks(
+    works: Callable[[int], RankWork],
+    world_size: int,
+    *,
+    shards_for_comms=None,
+    batch=None,
+    device: torch.device | str = "cpu",
+    threads: int = 1,
+    warmup: int = 2,
+    repeats: int = 5,
+    optimizer: str = DEFAULT_OPTIMIZER,
+    learning_rate: float = 0.01,
+    hidden: Sequence[int] = DEFAULT_HIDDEN,
+    progress: bool = False,
+) -> StepTimes:
+    """`measure_rank(works(rank))` for every rank in turn at `threads`
+    intra-op threads (put back afterwards); with a plan's `shards_for_comms`
+    and `batch`, every rank's collectives too."""
+    from embnb.timing import machine_name
+
+    check_int("world_size", world_size, low=1)
+    check_int("threads", threads, low=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    ranks, comms = [], []
+    order = range(world_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        order = tqdm(order, desc="ranks", leave=False)
+    try:
+        for rank in order:
+            work = works(rank)
+            ranks.append(
+                measure_rank(
+                    work,
+                    device=device,
+                    warmup=warmup,
+                    repeats=repeats,
+                    optimizer=optimizer,
+                    learning_rate=learning_rate,
+                    hidden=hidden,
+                )
+            )
+            if shards_for_comms is not None:
+                comms.append(
+                    plan_comms(shards_for_comms, batch, rank, dense_parameters(work.dense_width, hidden))
+                )
+    finally:
+        torch.set_num_threads(before)
+    return StepTimes(ranks, comms, str(torch.device(device)), threads, warmup, repeats, machine_name(device))

@@ -1,0 +1,111 @@
+"""The calls a notebook or bench makes: one configuration in, every rank's
+measured step out (`StepTimes`), and how two per-rank measurements agree.
+
+    times = measure_plan(plan, model.tables, batch)                  # a torchrec ShardingPlan
+    times = measure_routing(batch, "hash_roundrobin", rows, dims)    # a routing mode, a key stream
+    times = measure_partition([[512, 64], [128, 128, 200]], width=64) # a batch partition
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from embnb._checks import check_number
+from embnb.rowwise.routing import DistType
+from embnb.steptime.batch import GlobalBatch
+from embnb.steptime.measure import StepTimes, measure_ranks
+from embnb.steptime.work import partition_work, plan_shards, plan_work, routing_work
+
+__all__ = ["measure_plan", "measure_routing", "measure_partition", "Agreement", "compare_per_rank"]
+
+
+def measure_plan(
+    plan: ShardingPlan | EmbeddingModuleShardingPlan,
+    tables: Sequence[EmbeddingBagConfig],
+    batch: GlobalBatch,
+    **options: Any,
+) -> StepTimes:
+    """Every rank's step under a torchrec sharding plan of an
+    EmbeddingBagCollection of `tables`, on `batch` (`make_batch`); its
+    collectives counted. `options` go to `measure_ranks` (device, threads,
+    warmup, repeats, optimizer, learning_rate, hidden, progress)."""
+    shards = plan_shards(plan, tables, batch.world_size)
+    return measure_ranks(
+        lambda rank: plan_work(shards, batch, rank),
+        batch.world_size,
+        shards_for_comms=shards,
+        batch=batch,
+        **options,
+    )
+
+
+def measure_routing(
+    batch: GlobalBatch,
+    dist_type: DistType | str,
+    rows: dict[str, int],
+    dims: dict[str, int],
+    block_size: dict[str, int] | None = None,
+    **options: Any,
+) -> StepTimes:
+    """Every rank's step when each table is row-wise sharded by `dist_type`
+    (`work.routing_work`): its lookups of the keys it owns, and the dense
+    part of its local samples."""
+    DistType.parse(dist_type)
+    return measure_ranks(
+        lambda rank: routing_work(batch, dist_type, rows, dims, rank, block_size),
+        batch.world_size,
+        **options,
+    )
+
+
+def measure_partition(
+    sequence_lengths: Sequence[Sequence[int]], width: int = 64, **options: Any
+) -> StepTimes:
+    """Every rank's dense step over its samples of a batch partition
+    (`sequence_lengths[r]`: rank r's samples' lengths): attention within each
+    sample and an MLP per token (`kernels.SequenceDense`)."""
+    if not sequence_lengths:
+        raise ValueError("sequence_lengths is empty: pass one list of lengths per rank")
+    return measure_ranks(
+        lambda rank: partition_work(sequence_lengths, rank, width), len(sequence_lengths), **options
+    )
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Two per-rank measurements of the same phases: each rank's ratio of
+    medians (`measured / reference`) and whether every rank is within `rtol`."""
+
+    ratios: list[float]
+    rtol: float
+
+    @property
+    def agrees(self) -> bool:
+        return all(abs(r - 1) <= self.rtol for r in self.ratios)
+
+    @property
+    def worst(self) -> float:
+        return max(abs(r - 1) for r in self.ratios)
+
+
+def compare_per_rank(
+    measured: Sequence[Sequence[float]], reference: Sequence[Sequence[float]], rtol: float
+) -> Agreement:
+    """Rank by rank, the median of `measured[r]` over the median of `reference[r]`."""
+    check_number("rtol", rtol, low=0, low_open=True)
+    if len(measured) != len(reference) or not measured:
+        raise ValueError(
+            f"need the same number (>= 1) of ranks on both sides, got {len(measured)} and {len(reference)}"
+        )
+    ratios = []
+    for rank, (a, b) in enumerate(zip(measured, reference)):
+        if not a or not b or statistics.median(b) <= 0:
+            raise ValueError(f"rank {rank}: need timings > 0 on both sides, got {list(a)} and {list(b)}")
+        ratios.append(statistics.median(a) / statistics.median(b))
+    return Agreement(ratios, rtol)

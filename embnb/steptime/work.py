@@ -1,0 +1,280 @@
+"""Each rank's own work in a W-rank step, built from a configuration: which
+shards it looks up and exactly which ids each receives.
+
+Three configurations:
+
+- a torchrec sharding plan (`plan_work`): the rank's shards of every table,
+  fed the ids torchrec's input distribution delivers to it from the global
+  batch: table-wise and column-wise shards get every id of their features
+  from all W local batches; a row-wise shard gets the ids whose rows fall in
+  its block, minus the block's first row (what `block_bucketize_sparse_features`
+  sends); a data-parallel table gets the rank's local batch only.
+- a routing mode with a key stream (`routing_work`): every feature's table
+  row-wise over all ranks with `embnb.rowwise`'s owner rule.
+- a batch partition (`partition_work`): each rank's samples (their
+  sequence lengths) for the dense part; no lookups.
+
+    shards = plan_shards(plan, model.tables)
+    work = plan_work(shards, batch, rank=3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan, ShardingType
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from embnb._checks import check_int
+from embnb.rowwise.routing import DistType, hash_key, owner_rank
+from embnb.steptime.batch import GlobalBatch
+
+__all__ = [
+    "Shard",
+    "LookupGroup",
+    "RankWork",
+    "module_plan",
+    "plan_shards",
+    "plan_work",
+    "routing_work",
+    "partition_work",
+    "SUPPORTED_SHARDING_TYPES",
+]
+
+# Sharding types whose input and output distribution this package replays
+# (torchrec 1.8.0's pooled EmbeddingBagCollection shardings on one host).
+SUPPORTED_SHARDING_TYPES = (
+    ShardingType.DATA_PARALLEL.value,
+    ShardingType.TABLE_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+    ShardingType.TABLE_COLUMN_WISE.value,
+    ShardingType.ROW_WISE.value,
+)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One table shard on one rank: rows [row_offset, row_offset + rows),
+    columns [col_offset, col_offset + cols)."""
+
+    table: str
+    sharding_type: str
+    compute_kernel: str
+    rank: int
+    row_offset: int
+    rows: int
+    col_offset: int
+    cols: int
+    features: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LookupGroup:
+    """The shards one lookup kernel (one FBGEMM TBE) serves on a rank, as
+    torchrec groups them (one per sharding type and compute kernel), and its
+    input: `lengths` and `ids` feature by feature (features in shard order),
+    `batch_size` bags per feature."""
+
+    sharding_type: str
+    compute_kernel: str
+    shards: list[Shard]
+    feature_shard: list[int]  # each input feature's shard (TBE's feature_table_map)
+    batch_size: int
+    lengths: torch.Tensor  # int64, len(feature_shard) * batch_size
+    ids: torch.Tensor  # int64, local rows of each feature's shard
+
+    @property
+    def pooled_dim(self) -> int:
+        return sum(self.shards[s].cols for s in self.feature_shard)
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """Rank `rank`'s lookups and its dense part's input: `dense_samples`
+    samples of width `dense_width` (its pooled embeddings), or sequence
+    samples of `sequence_lengths` tokens (a batch partition)."""
+
+    rank: int
+    world_size: int
+    groups: list[LookupGroup]
+    dense_samples: int
+    dense_width: int
+    sequence_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def num_ids(self) -> int:
+        return sum(int(g.ids.numel()) for g in self.groups)
+
+
+def module_plan(plan: ShardingPlan | EmbeddingModuleShardingPlan) -> EmbeddingModuleShardingPlan:
+    """The one module's plan in `plan` (an EmbeddingBagCollection's)."""
+    if isinstance(plan, ShardingPlan):
+        if len(plan.plan) != 1:
+            raise ValueError(f"the plan shards {len(plan.plan)} modules {list(plan.plan)}; pass one module's")
+        return next(iter(plan.plan.values()))
+    if not isinstance(plan, dict):
+        raise TypeError(
+            f"plan must be a ShardingPlan or EmbeddingModuleShardingPlan, got {type(plan).__name__}"
+        )
+    return plan
+
+
+def plan_shards(
+    plan: ShardingPlan | EmbeddingModuleShardingPlan, tables: Sequence[EmbeddingBagConfig], world_size: int
+) -> list[Shard]:
+    """Every shard of every table in `plan`, with its rank and row/column block."""
+    check_int("world_size", world_size, low=1)
+    by_name = {t.name: t for t in tables}
+    shards = []
+    for name, sharding in module_plan(plan).items():
+        if name not in by_name:
+            raise ValueError(f"the plan shards table {name!r}, not among the tables {sorted(by_name)[:5]}...")
+        table, kind = by_name[name], sharding.sharding_type
+        if kind not in SUPPORTED_SHARDING_TYPES:
+            raise ValueError(
+                f"table {name!r}: sharding type {kind!r} is not one of {SUPPORTED_SHARDING_TYPES}"
+            )
+        features = tuple(table.feature_names)
+        if kind == ShardingType.DATA_PARALLEL.value:
+            shards += [
+                Shard(
+                    name,
+                    kind,
+                    sharding.compute_kernel,
+                    r,
+                    0,
+                    table.num_embeddings,
+                    0,
+                    table.embedding_dim,
+                    features,
+                )
+                for r in range(world_size)
+            ]
+            continue
+        for meta in sharding.sharding_spec.shards:
+            rank = meta.placement.rank()
+            if not 0 <= rank < world_size:
+                raise ValueError(
+                    f"table {name!r} has a shard on rank {rank}, outside world_size {world_size}"
+                )
+            (row, col), (rows, cols) = meta.shard_offsets, meta.shard_sizes
+            shards.append(Shard(name, kind, sharding.compute_kernel, rank, row, rows, col, cols, features))
+    missing = set(by_name) - {s.table for s in shards}
+    if missing:
+        raise ValueError(f"the plan places no shard of tables {sorted(missing)}")
+    return shards
+
+
+def _deliver(
+    lengths: torch.Tensor,
+    ids: torch.Tensor,
+    select: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bags kept to the ids `select` keeps (a mask and their local rows)."""
+    mask, local = select(ids)
+    sample = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    kept = torch.bincount(sample[mask], minlength=lengths.numel())
+    return kept, local[mask]
+
+
+def _rows_in(first: int, count: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    return lambda ids: ((ids >= first) & (ids < first + count), ids - first)
+
+
+def _group(
+    kind: str,
+    kernel: str,
+    shards: list[Shard],
+    inputs: list[tuple[int, torch.Tensor, torch.Tensor]],
+    batch_size: int,
+) -> LookupGroup:
+    return LookupGroup(
+        kind,
+        kernel,
+        shards,
+        [s for s, _, _ in inputs],
+        batch_size,
+        torch.cat([lengths for _, lengths, _ in inputs]),
+        torch.cat([ids for _, _, ids in inputs]),
+    )
+
+
+def plan_work(shards: Sequence[Shard], batch: GlobalBatch, rank: int) -> RankWork:
+    """Rank `rank`'s lookups under a plan's shards, fed from `batch` (module docstring)."""
+    world_size = batch.world_size
+    check_int("rank", rank, low=0, high=world_size - 1)
+    feature_index = {f: i for i, f in enumerate(batch.feature_names)}
+    groups: dict[tuple[str, str], list[Shard]] = {}
+    for shard in shards:
+        if shard.rank == rank:
+            groups.setdefault((shard.sharding_type, shard.compute_kernel), []).append(shard)
+    built = []
+    for (kind, kernel), mine in groups.items():
+        local = kind == ShardingType.DATA_PARALLEL.value
+        inputs = []
+        for s, shard in enumerate(mine):
+            for feature in shard.features:
+                f = feature_index[feature]
+                if local:  # data-parallel: the rank's own samples, every id
+                    inputs.append((s, batch.lengths[rank][f], batch.ids[rank][f]))
+                else:
+                    lengths, ids = _deliver(*batch.global_bags(f), _rows_in(shard.row_offset, shard.rows))
+                    inputs.append((s, lengths, ids))
+        size = batch.local_batch_size * (1 if local else world_size)
+        built.append(_group(kind, kernel, mine, inputs, size))
+    table_dim: dict[str, int] = {}
+    for shard in shards:  # a table's width: where its last column block ends
+        table_dim[shard.table] = max(table_dim.get(shard.table, 0), shard.col_offset + shard.cols)
+    features_width = sum(table_dim[t] for t in batch.feature_tables)
+    return RankWork(rank, world_size, built, batch.local_batch_size, features_width)
+
+
+def routing_work(
+    batch: GlobalBatch,
+    dist_type: DistType | str,
+    rows: dict[str, int],
+    dims: dict[str, int],
+    rank: int,
+    block_size: dict[str, int] | None = None,
+) -> RankWork:
+    """Rank `rank`'s lookups when every table (`rows`, `dims` by table name)
+    is row-wise sharded over all ranks by `dist_type`: it receives the ids of
+    the global batch it owns (`embnb.rowwise.owner_rank`). Its local row:
+    `continuous`, id - rank * block (FBGEMM's rule past the last block:
+    id // W); the round-robin modes, (id // W) % local rows, with
+    hash_roundrobin on the hashed id (a rank's table of ceil(rows / W) rows)."""
+    mode = DistType.parse(dist_type)
+    world_size = batch.world_size
+    check_int("rank", rank, low=0, high=world_size - 1)
+    shards, inputs = [], []
+    for f, (feature, table) in enumerate(zip(batch.feature_names, batch.feature_tables)):
+        local_rows = -(-rows[table] // world_size)
+        block = (block_size or {}).get(table, local_rows)
+
+        def select(ids: torch.Tensor, block: int = block, local_rows: int = local_rows):
+            owned = owner_rank(ids, world_size, mode, block if mode is DistType.CONTINUOUS else None) == rank
+            if mode is DistType.CONTINUOUS:
+                local = torch.where(ids < block * world_size, ids - rank * block, ids // world_size)
+            else:
+                keys = hash_key(ids) if mode is DistType.HASH_ROUNDROBIN else ids
+                local = torch.remainder(torch.div(keys, world_size, rounding_mode="floor"), local_rows)
+            return owned, local
+
+        shards.append(Shard(table, "row_wise", "fused", rank, 0, local_rows, 0, dims[table], (feature,)))
+        inputs.append((len(shards) - 1, *_deliver(*batch.global_bags(f), select)))
+    group = _group("row_wise", "fused", shards, inputs, batch.local_batch_size * world_size)
+    width = sum(dims[t] for t in batch.feature_tables)
+    return RankWork(rank, world_size, [group], batch.local_batch_size, width)
+
+
+def partition_work(sequence_lengths: Sequence[Sequence[int]], rank: int, width: int) -> RankWork:
+    """Rank `rank`'s samples of a batch partition (`sequence_lengths[r]`: the
+    sequence length of each sample rank r holds), for the dense part only:
+    tokens of `width` features."""
+    world_size = len(sequence_lengths)
+    check_int("rank", rank, low=0, high=world_size - 1)
+    check_int("width", width, low=1)
+    lengths = [check_int("sequence length", int(n), low=1) for n in sequence_lengths[rank]]
+    return RankWork(rank, world_size, [], len(lengths), width, lengths)
