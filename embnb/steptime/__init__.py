@@ -1,1 +1,47 @@
-"""Measured, not estimated: each rank's step with real kernels, rank by rank."""
+"""Measured, not estimated: each rank's step with real kernels, rank by rank.
+
+A W-rank step cannot run concurrently at W = 8 to 64 on one machine, so
+each rank's own work runs one rank after another on this device (a CPU core
+or the one GPU): its shards as FBGEMM TBEs built as torchrec's kernels
+build them, fed exactly the ids torchrec's input distribution would deliver
+to it, and the dense part on its samples; forward and backward with the
+fused optimizer, warmed up and repeated (median and range; wall and thread
+CPU time; thread count fixed and recorded). Beside the times, the bytes of
+every collective per rank, counted exactly, and a communication time
+computed from them with torchrec's own bandwidths (labelled computed).
+
+Modules: `batch` (the global batch), `work` (what each rank runs and
+receives, from a plan, a routing mode or a batch partition), `kernels`
+(the TBEs and dense part), `measure` (timing), `comms` (collective bytes),
+`step` (the calls below), `plans` (the plans the bench and notebook 03
+compare, with torchrec's estimates; imports the planner's studies) and
+`concurrent` (the same step in a real gloo job, for the validation test).
+
+    batch = make_batch(model.tables, model.constraints, world_size=8, local_batch_size=256)
+    times = measure_plan(plan, model.tables, batch, threads=1)
+    times.critical_rank(), times.critical_path_s(), times.comms[0].computed_seconds(topology)
+    times = measure_routing(batch, "hash_roundrobin", rows, dims)
+    times = measure_partition(lengths_per_rank, width=64)
+"""
+
+from embnb.steptime.batch import GlobalBatch, make_batch
+from embnb.steptime.comms import LINK_MODEL, Collective, RankComms
+from embnb.steptime.measure import PHASES, RankTime, StepTimes, Timing
+from embnb.steptime.step import Agreement, compare_per_rank, measure_partition, measure_plan, measure_routing
+
+__all__ = [
+    "GlobalBatch",
+    "make_batch",
+    "measure_plan",
+    "measure_routing",
+    "measure_partition",
+    "StepTimes",
+    "RankTime",
+    "Timing",
+    "PHASES",
+    "Collective",
+    "RankComms",
+    "LINK_MODEL",
+    "Agreement",
+    "compare_per_rank",
+]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -172,10 +173,14 @@ def measure_rank(
 
 
 def _backward(modules, outputs, grads) -> None:
-    for module, output, grad in zip(modules, outputs, grads):
-        output.backward(grad)
-        if isinstance(module, DenseLookup):
-            module.step()
+    with warnings.catch_warnings():
+        # fbgemm 1.8.0's CPU dense TBE backprops through torch's fallback and
+        # warns once; the gradient it gives is the op's (torchrec's dense kernel runs the same)
+        warnings.filterwarnings("ignore", "fbgemm::dense_embedding_codegen_lookup_function")
+        for module, output, grad in zip(modules, outputs, grads):
+            output.backward(grad)
+            if isinstance(module, DenseLookup):
+                module.step()
 
 
 def dense_parameters(width: int, hidden: Sequence[int]) -> int:

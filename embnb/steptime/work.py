@@ -45,6 +45,7 @@ __all__ = [
 
 # Sharding types whose input and output distribution this package replays
 # (torchrec 1.8.0's pooled EmbeddingBagCollection shardings on one host).
+_LOW_63 = (1 << 63) - 1
 SUPPORTED_SHARDING_TYPES = (
     ShardingType.DATA_PARALLEL.value,
     ShardingType.TABLE_WISE.value,
@@ -244,7 +245,8 @@ def routing_work(
     the global batch it owns (`embnb.rowwise.owner_rank`). Its local row:
     `continuous`, id - rank * block (FBGEMM's rule past the last block:
     id // W); the round-robin modes, (id // W) % local rows, with
-    hash_roundrobin on the hashed id (a rank's table of ceil(rows / W) rows)."""
+    hash_roundrobin on the hashed id's low 63 bits (a rank's table of
+    ceil(rows / W) rows: a layout for timing, not dynamicemb's hash table)."""
     mode = DistType.parse(dist_type)
     world_size = batch.world_size
     check_int("rank", rank, low=0, high=world_size - 1)
@@ -258,7 +260,8 @@ def routing_work(
             if mode is DistType.CONTINUOUS:
                 local = torch.where(ids < block * world_size, ids - rank * block, ids // world_size)
             else:
-                keys = hash_key(ids) if mode is DistType.HASH_ROUNDROBIN else ids
+                # the hash's low 63 bits: a non-negative int64 to address rows with
+                keys = hash_key(ids) & _LOW_63 if mode is DistType.HASH_ROUNDROBIN else ids
                 local = torch.remainder(torch.div(keys, world_size, rounding_mode="floor"), local_rows)
             return owned, local
 

@@ -1,0 +1,217 @@
+"""`python -m embnb.bench steptime`: plans measured rank by rank against torchrec's estimates.
+
+For each world size, a model of `--tables` tables (`make_model`) is planned
+on a topology of that many devices of `--compute-device` (default: the
+measuring device's kind, so torchrec's estimator models this hardware) by
+embnb's DP, torchrec's DP, Greedy and torchrec's default proposers, beside
+poor plans (every table table-wise on 1 and 2 ranks, every table
+data-parallel). Each plan is run rank by rank (`embnb.steptime`): the
+rank's own TBEs fed the ids torchrec's input dist would deliver, and the
+dense MLP on its local samples, forward and backward, `--warmup` then
+`--repeats` times at `--threads` threads. Per plan the JSON keeps each
+rank's measured phases (median, range; wall and thread CPU time),
+torchrec's estimate per rank, the bytes of every collective and a
+communication time computed from them with torchrec's bandwidths (not
+measured), the critical path (slowest rank) and the rating; across plans,
+Spearman's rank correlation of measured critical path and rating.
+
+On a GPU (`--device cuda`), the ranks run one after another on the one
+card; FBGEMM's CUDA TBE is needed (the fbgemm-gpu-cpu wheel has none): the
+bench says so and exits 2 without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import torch
+
+from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.dist import resolve_device
+from embnb.planner.models import make_model
+from embnb.planner.topology import make_topology
+from embnb.steptime.batch import make_batch
+from embnb.steptime.comms import LINK_MODEL
+from embnb.steptime.kernels import DEFAULT_OPTIMIZER, fbgemm_cuda_available
+from embnb.steptime.measure import DEFAULT_HIDDEN, StepTimes
+from embnb.steptime.plans import CandidatePlan, candidate_plans, estimated_per_rank, plan_shape, spearman
+from embnb.steptime.step import measure_plan
+from embnb.timing import machine_name
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m embnb.bench steptime", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--tables", type=int, default=100, help="tables in the model (make_model)")
+    parser.add_argument("--max-rows", type=int, default=100_000, help="make_model's largest table (rows)")
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 32])
+    parser.add_argument(
+        "--batch-size", type=int, default=256, help="samples per rank (torchrec's batch_size)"
+    )
+    parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where ranks run")
+    parser.add_argument("--compute-device", default=None, choices=("cpu", "cuda"), help="the topology's")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="each planner's time limit")
+    add_out_argument(parser)
+    return parser
+
+
+def _check(opts: argparse.Namespace) -> str | None:
+    for name in ("tables", "batch_size", "threads", "repeats"):
+        if getattr(opts, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}"
+    if min(opts.world_sizes) < 2:
+        return f"--world-sizes must all be >= 2, got {opts.world_sizes}"
+    if opts.warmup < 0 or opts.max_rows < 1000 or opts.timeout_s <= 0:
+        got = f"{opts.warmup}, {opts.max_rows}, {opts.timeout_s}"
+        return f"--warmup >= 0, --max-rows >= 1000, --timeout-s > 0; got {got}"
+    return None
+
+
+def _phases(times: StepTimes) -> list[dict[str, Any]]:
+    ranks = []
+    for rank, comms in zip(times.ranks, times.comms):
+        entry: dict[str, Any] = {"rank": rank.rank, "num_ids": rank.num_ids}
+        for name, timing in [*rank.phases.items(), ("lookup", rank.lookup), ("compute", rank.compute)]:
+            entry[name] = {
+                "wall_s": timing.median_s("wall"),
+                "wall_s_range": list(timing.range_s("wall")),
+                "cpu_s": timing.median_s("cpu"),
+                "cpu_s_range": list(timing.range_s("cpu")),
+            }
+        entry["sent_bytes"], entry["received_bytes"] = comms.sent_bytes, comms.received_bytes
+        entry["collectives"] = [
+            {
+                "name": c.name,
+                "kind": c.kind,
+                "phase": c.phase,
+                "sent": c.sent_bytes,
+                "received": c.received_bytes,
+            }
+            for c in comms.collectives
+        ]
+        ranks.append(entry)
+    return ranks
+
+
+def _measure(candidate: CandidatePlan, topology, model, batch, opts, device: str) -> dict[str, Any]:
+    row: dict[str, Any] = {"plan": candidate.name, "rating_s": candidate.rating / 1e3, "note": candidate.note}
+    row["planning_s"] = candidate.planning_s
+    if candidate.options is None:
+        return {**row, "measured": False}
+    start = time.perf_counter()
+    times = measure_plan(
+        candidate.sharding_plan(topology),
+        model.tables,
+        batch,
+        device=device,
+        threads=opts.threads,
+        warmup=opts.warmup,
+        repeats=opts.repeats,
+    )
+    estimate = estimated_per_rank(candidate.options, topology.world_size)
+    ranks = _phases(times)
+    for entry, comms in zip(ranks, times.comms):
+        entry["estimated_s"] = {key: values[entry["rank"]] for key, values in estimate.items()}
+        entry["computed_comms_s"] = comms.computed_seconds(topology)
+    critical = times.critical_rank("wall")
+    lookup = [r.lookup.median_s("wall") for r in times.ranks]
+    return {
+        **row,
+        "measured": True,
+        "measure_s": time.perf_counter() - start,
+        "shape": plan_shape(candidate.options),
+        "critical_rank": critical,
+        "critical_path_s": times.critical_path_s("wall"),
+        "critical_path_cpu_s": times.critical_path_s("cpu"),
+        "lookup_critical_path_s": max(lookup),
+        "with_computed_comms_s": max(r["compute"]["wall_s"] + r["computed_comms_s"] for r in ranks),
+        "ranks": ranks,
+    }
+
+
+def _correlations(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    measured = [r for r in rows if r["measured"]]
+    if len(measured) < 2:
+        return {}
+    rating = [r["rating_s"] for r in measured]
+    return {
+        key: spearman([r[key] for r in measured], rating)
+        for key in (
+            "critical_path_s",
+            "critical_path_cpu_s",
+            "lookup_critical_path_s",
+            "with_computed_comms_s",
+        )
+    }
+
+
+def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, Any]:
+    model = make_model(opts.tables, seed=opts.seed, max_rows=opts.max_rows)
+    topology = make_topology(world_size, opts.compute_device or device)
+    candidates = candidate_plans(model, topology, opts.batch_size, timeout_s=opts.timeout_s)
+    batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
+    rows = []
+    for candidate in candidates.values():
+        row = _measure(candidate, topology, model, batch, opts, device)
+        rows.append(row)
+        if row["measured"]:
+            path, cpu = row["critical_path_s"] * 1e3, row["critical_path_cpu_s"] * 1e3
+            print(
+                f"W={world_size:>3} {row['plan']:<26} measured critical path {path:8.1f} ms "
+                f"(rank {row['critical_rank']}, thread CPU {cpu:8.1f} ms)  "
+                f"torchrec rating {row['rating_s'] * 1e3:8.2f} ms  {row['shape']}",
+                flush=True,
+            )
+        else:
+            print(f"W={world_size:>3} {row['plan']:<26} no plan: {row['note']}", flush=True)
+    correlations = _correlations(rows)
+    print(f"W={world_size:>3} Spearman(measured critical path, torchrec rating): {correlations}", flush=True)
+    return {"world_size": world_size, "compute_device": topology.compute_device, "plans": rows,
+            "spearman_vs_rating": correlations}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    opts = parser.parse_args(argv)
+    problem = _check(opts)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    try:
+        device = resolve_device(opts.device)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if device == "cuda" and not fbgemm_cuda_available():
+        print("device 'cuda': this fbgemm_gpu has no CUDA kernels (the fbgemm-gpu-cpu build); "
+              "the TBEs need the fbgemm-gpu CUDA wheel", file=sys.stderr)  # fmt: skip
+        return 2
+    quiet_torchrec_logs()
+    start = time.perf_counter()
+    worlds = [_world(w, opts, device) for w in opts.world_sizes]
+    payload = {
+        "device": device,
+        "machine": machine_name(device),
+        "threads": opts.threads,
+        "torch_threads_before": torch.get_num_threads(),
+        "model": {"tables": opts.tables, "max_rows": opts.max_rows, "seed": opts.seed},
+        "batch_size": opts.batch_size,
+        "warmup": opts.warmup,
+        "repeats": opts.repeats,
+        "optimizer": DEFAULT_OPTIMIZER,
+        "dense_hidden": list(DEFAULT_HIDDEN),
+        "link_model": LINK_MODEL,
+        "worlds": worlds,
+        "seconds": time.perf_counter() - start,
+    }
+    path = write_results("steptime", payload, opts.out)
+    print(f"wrote {path} in {payload['seconds']:.0f} s")
+    return 0

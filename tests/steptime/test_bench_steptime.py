@@ -1,0 +1,70 @@
+"""`python -m embnb.bench steptime` on tiny sizes: its JSON's derived figures
+(critical path, correlations, estimates per rank) agree with its own per-rank
+rows. No speed is asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from embnb.steptime.plans import PLANNERS, spearman
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    from embnb.bench.__main__ import main
+
+    try:
+        code = main(["steptime", *args])
+    except SystemExit as stop:  # argparse
+        code = stop.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_steptime_bench_rows_agree_with_their_ranks(tmp_path, capsys):
+    code, out, err = run(
+        capsys,
+        *("--tables", "6", "--world-sizes", "2", "3", "--batch-size", "16", "--max-rows", "2000"),
+        *("--warmup", "0", "--repeats", "2", "--out", str(tmp_path)),
+    )
+    assert code == 0, out + err
+    (path,) = tmp_path.glob("steptime-*.json")
+    payload = json.loads(path.read_text())
+    assert payload["threads"] == 1 and "computed, not measured" in payload["link_model"]
+    assert [w["world_size"] for w in payload["worlds"]] == [2, 3]
+    for world in payload["worlds"]:
+        plans = {p["plan"]: p for p in world["plans"]}
+        assert list(plans)[: len(PLANNERS)] == list(PLANNERS)
+        assert {"all table-wise on 1 rank", "all table-wise on 2 ranks", "all data-parallel"} <= set(plans)
+        measured = [p for p in plans.values() if p["measured"]]
+        assert len(measured) >= 5
+        for plan in measured:
+            ranks = plan["ranks"]
+            assert len(ranks) == world["world_size"]
+            walls = [r["compute"]["wall_s"] for r in ranks]
+            assert plan["critical_path_s"] == max(walls) and plan["critical_rank"] == walls.index(max(walls))
+            for r in ranks:
+                low, high = r["compute"]["wall_s_range"]
+                assert low <= r["compute"]["wall_s"] <= high
+            # torchrec's rating is its slowest rank's estimated total
+            assert plan["rating_s"] == pytest.approx(max(r["estimated_s"]["total"] for r in ranks))
+            assert sum(r["sent_bytes"] for r in ranks) > 0 or plan["shape"].get("data_parallel")
+        got = world["spearman_vs_rating"]["critical_path_s"]
+        want = spearman([p["critical_path_s"] for p in measured], [p["rating_s"] for p in measured])
+        assert got == pytest.approx(want, nan_ok=True)
+    assert "Spearman" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tables", "0"], "--tables must be >= 1, got 0"),
+        (["--world-sizes", "1"], "--world-sizes must all be >= 2, got [1]"),
+        (["--max-rows", "10"], "--max-rows >= 1000"),
+    ],
+)
+def test_bad_steptime_arguments_are_named(tmp_path, capsys, args, message):
+    code, _, err = run(capsys, *args, "--out", str(tmp_path))
+    assert code == 2 and message in err
+    assert not list(tmp_path.glob("*.json"))

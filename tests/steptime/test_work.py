@@ -1,0 +1,189 @@
+"""What each rank is fed, against oracles written id by id in plain Python;
+the link model against torchrec's bandwidths; Spearman against its formula."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.sharding_plan import (
+    column_wise,
+    construct_module_sharding_plan,
+    data_parallel,
+    table_wise,
+)
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from embnb.planner.topology import make_topology
+from embnb.steptime.batch import feature_pooling_factors, make_batch
+from embnb.steptime.comms import Collective, RankComms
+from embnb.steptime.plans import spearman
+from embnb.steptime.step import compare_per_rank, measure_partition, measure_routing
+from embnb.steptime.work import plan_shards, plan_work, routing_work
+
+TABLES = [
+    EmbeddingBagConfig(name="a", feature_names=["fa"], num_embeddings=97, embedding_dim=24),
+    EmbeddingBagConfig(name="b", feature_names=["fb", "fb2"], num_embeddings=50, embedding_dim=32),
+]
+CONSTRAINTS = {
+    "a": ParameterConstraints(pooling_factors=[3.0]),
+    "b": ParameterConstraints(pooling_factors=[2.0, 4.0]),
+}
+
+
+def bags(batch, rank, feature):
+    """Rank `rank`'s bags of `feature` as Python lists."""
+    f = batch.feature_names.index(feature)
+    ids, out = batch.ids[rank][f].tolist(), []
+    for n in batch.lengths[rank][f].tolist():
+        out.append(ids[:n])
+        ids = ids[n:]
+    return out
+
+
+def flatten(groups_bags):
+    return [len(b) for b in groups_bags], [i for b in groups_bags for i in b]
+
+
+def test_the_batch_has_the_pooling_factors_as_mean_bag_lengths():
+    batch = make_batch(TABLES, CONSTRAINTS, 2, 4000, seed=1)
+    assert feature_pooling_factors(TABLES, None) == {"fa": 1.0, "fb": 1.0, "fb2": 1.0}  # torchrec's default
+    for f, factor in zip(batch.feature_names, [3.0, 2.0, 4.0]):
+        mean = torch.cat([batch.lengths[r][batch.feature_names.index(f)] for r in range(2)]).double().mean()
+        assert abs(float(mean) - factor) < 0.1
+    kjt = batch.kjt(1)
+    assert kjt.keys() == ["fa", "fb", "fb2"] and kjt["fb2"].values().tolist() == batch.ids[1][2].tolist()
+
+
+def test_plan_work_feeds_each_shard_what_torchrecs_input_dist_delivers():
+    world = 3
+    ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))
+    plan = construct_module_sharding_plan(
+        ebc,
+        {"a": column_wise(ranks=[2, 0, 2], compute_kernel="fused"), "b": data_parallel()},
+        local_size=world,
+        world_size=world,
+        device_type="cpu",
+    )
+    batch = make_batch(TABLES, CONSTRAINTS, world, 5, seed=2)
+    shards = plan_shards(plan, TABLES, world)
+    for rank in range(world):
+        work = plan_work(shards, batch, rank)
+        groups = {g.sharding_type: g for g in work.groups}
+        # data-parallel: both features of b, the rank's own samples only
+        dp = groups["data_parallel"]
+        assert dp.batch_size == 5 and dp.feature_shard == [0, 0]
+        assert (dp.lengths.tolist(), dp.ids.tolist()) == flatten(
+            bags(batch, rank, "fb") + bags(batch, rank, "fb2")
+        )
+        # column-wise: each shard on this rank gets every sample of the global batch, every id
+        everyone = [b for r in range(world) for b in bags(batch, r, "fa")]
+        cw = groups.get("column_wise")
+        mine = [c for c, r in enumerate([2, 0, 2]) if r == rank]
+        if not mine:
+            assert cw is None
+            continue
+        assert [(s.col_offset, s.cols) for s in cw.shards] == [(8 * c, 8) for c in mine]
+        assert (cw.lengths.tolist(), cw.ids.tolist()) == flatten(everyone * len(mine))
+        assert work.dense_width == 24 + 32 + 32  # every feature's pooled width, on every rank
+
+
+@pytest.mark.parametrize("dist_type", ["continuous", "roundrobin", "hash_roundrobin"])
+def test_routing_work_feeds_each_rank_the_keys_it_owns(dist_type):
+    world, rows = 4, 97
+    table = [TABLES[0]]
+    batch = make_batch(table, {"a": CONSTRAINTS["a"]}, world, 6, seed=3)
+    block = math.ceil(rows / world)
+    mask = (1 << 64) - 1
+
+    def fmix64(key):  # dynamicemb's hash, on Python's unbounded ints
+        key &= mask
+        key ^= key >> 33
+        key = (key * 0xFF51AFD7ED558CCD) & mask
+        key ^= key >> 33
+        key = (key * 0xC4CEB9FE1A85EC53) & mask
+        return key ^ (key >> 33)
+
+    def owner_and_row(key):
+        if dist_type == "continuous":
+            return key // block, key % block
+        if dist_type == "roundrobin":
+            return key % world, (key // world) % block
+        hashed = fmix64(key)  # owner from all 64 bits; the row from the low 63
+        return hashed % world, ((hashed % 2**63) // world) % block
+
+    everyone = [b for r in range(world) for b in bags(batch, r, "fa")]
+    for rank in range(world):
+        (group,) = routing_work(batch, dist_type, {"a": rows}, {"a": 24}, rank).groups
+        expected = [[owner_and_row(k)[1] for k in b if owner_and_row(k)[0] == rank] for b in everyone]
+        assert (group.lengths.tolist(), group.ids.tolist()) == flatten(expected)
+        assert group.shards[0].rows == block and all(i < block for i in group.ids.tolist())
+
+
+def test_measure_routing_and_partition_time_every_rank_and_phase():
+    batch = make_batch([TABLES[0]], None, 2, 8, seed=0)
+    times = measure_routing(batch, "roundrobin", {"a": 97}, {"a": 24}, warmup=0, repeats=2, hidden=(8,))
+    assert [r.rank for r in times.ranks] == [0, 1] and times.threads == 1 and times.comms == []
+    assert sum(r.num_ids for r in times.ranks) == int(torch.cat(batch.lengths[0] + batch.lengths[1]).sum())
+    partition = measure_partition([[5, 3, 5], [12]], width=8, warmup=1, repeats=3, hidden=(8,))
+    for rank in partition.ranks:
+        assert rank.num_ids == 0 and set(rank.phases) == {
+            "lookup_forward",
+            "lookup_backward",
+            "dense_forward",
+            "dense_backward",
+        }
+        assert all(len(t.wall_s) == len(t.cpu_s) == 3 for t in rank.phases.values())
+        assert rank.compute.median_s("cpu") > 0
+    assert partition.ranks[0].dense_samples == 3 and partition.critical_rank() in (0, 1)
+
+
+def test_bad_configurations_are_named():
+    ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))
+    plan = construct_module_sharding_plan(
+        ebc, {"a": table_wise(rank=0), "b": table_wise(rank=1)}, local_size=2, world_size=2, device_type="cpu"
+    )
+    with pytest.raises(ValueError, match="shard on rank 1, outside world_size 1"):
+        plan_shards(plan, TABLES, 1)
+    with pytest.raises(ValueError, match="places no shard of tables \\['b'\\]"):
+        plan_shards({"a": plan["a"]}, TABLES, 2)
+    with pytest.raises(ValueError, match="dist_type 'modulo' is not one of"):
+        measure_routing(make_batch(TABLES, None, 2, 2), "modulo", {}, {})
+    with pytest.raises(ValueError, match="need the same number"):
+        compare_per_rank([[1.0]], [[1.0], [2.0]], 0.1)
+    if not torch.cuda.is_available():
+        batch = make_batch(TABLES, None, 2, 2)
+        with pytest.raises(ValueError, match="no CUDA kernels"):
+            measure_routing(batch, "roundrobin", {"a": 97, "b": 50}, {"a": 24, "b": 32}, device="cuda")
+
+
+def test_computed_comms_use_torchrecs_bandwidths():
+    topology = make_topology(4, "cpu")
+    world = topology.world_size
+    comms = RankComms(
+        0,
+        [
+            Collective("x", "all_to_all_single", "forward", 4000, 8000, 1000),
+            Collective("y", "all_reduce", "backward", 4000, 4000, 4000 // world, False),
+        ],
+    )
+    intra = topology.comms_bandwidths.intra_host_bw  # one host: every device on it
+    all_reduce = topology.comms_bandwidths.inter_host_bw * topology.local_world_size
+    expected_ms = (8000 - 1000) / intra + 2 * (world - 1) / world * 4000 / all_reduce
+    assert comms.computed_seconds(topology) == pytest.approx(expected_ms / 1e3)
+    assert (comms.sent_bytes, comms.received_bytes) == (8000, 12000)
+
+
+def test_spearman_against_its_formula():
+    rng = random.Random(0)
+    x = rng.sample(range(1000), 9)
+    y = rng.sample(range(1000), 9)
+    rank = {v: i + 1 for i, v in enumerate(sorted(x))}, {v: i + 1 for i, v in enumerate(sorted(y))}
+    d2 = sum((rank[0][a] - rank[1][b]) ** 2 for a, b in zip(x, y))
+    assert spearman(x, y) == pytest.approx(1 - 6 * d2 / (9 * (81 - 1)))
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))  # ties: mean ranks
+    assert math.isnan(spearman([1, 1], [1, 2]))
