@@ -20,11 +20,11 @@ compare, with torchrec's estimates; imports the planner's studies) and
     batch = make_batch(model.tables, model.constraints, world_size=8, local_batch_size=256)
     times = measure_plan(plan, model.tables, batch, threads=1)
     times.critical_rank(), times.critical_path_s(), times.comms[0].computed_seconds(topology)
-    times = measure_routing(batch, "hash_roundrobin", rows, dims)
+    times = measure_routing(batch_from_keys(keys_per_rank, bag_size=20), "hash_roundrobin", rows, dims)
     times = measure_partition(lengths_per_rank, width=64)
 """
 
-from embnb.steptime.batch import GlobalBatch, make_batch
+from embnb.steptime.batch import GlobalBatch, batch_from_keys, make_batch
 from embnb.steptime.comms import LINK_MODEL, Collective, RankComms
 from embnb.steptime.measure import PHASES, RankTime, StepTimes, Timing
 from embnb.steptime.step import Agreement, compare_per_rank, measure_partition, measure_plan, measure_routing
@@ -32,6 +32,7 @@ from embnb.steptime.step import Agreement, compare_per_rank, measure_partition, 
 __all__ = [
     "GlobalBatch",
     "make_batch",
+    "batch_from_keys",
     "measure_plan",
     "measure_routing",
     "measure_partition",

@@ -22,7 +22,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb._checks import check_int
 
-__all__ = ["GlobalBatch", "make_batch", "feature_pooling_factors"]
+__all__ = ["GlobalBatch", "make_batch", "batch_from_keys", "feature_pooling_factors"]
 
 
 @dataclass(frozen=True)
@@ -102,3 +102,26 @@ def make_batch(
         lengths.append(rank_lengths)
         ids.append(rank_ids)
     return GlobalBatch(names, owners, local_batch_size, lengths, ids)
+
+
+def batch_from_keys(
+    keys: Sequence[torch.Tensor], bag_size: int, table: str = "table", feature: str = "feature"
+) -> GlobalBatch:
+    """A global batch of one feature from each rank's key stream
+    (`keys[r]`: rank r's keys, e.g. ids already hashed into the table), cut
+    into bags of `bag_size` keys (the last bag of a rank may be shorter;
+    ranks are padded with empty bags to the largest local batch)."""
+    check_int("bag_size", bag_size, low=1)
+    if not keys:
+        raise ValueError("keys is empty: pass one tensor of keys per rank")
+    streams = [torch.as_tensor(k, dtype=torch.int64).flatten() for k in keys]
+    size = max(1, max(-(-s.numel() // bag_size) for s in streams))
+    lengths = []
+    for stream in streams:
+        bags = torch.full((size,), bag_size, dtype=torch.int64)
+        full, rest = divmod(stream.numel(), bag_size)
+        bags[full:] = 0
+        if rest:
+            bags[full] = rest
+        lengths.append([bags])
+    return GlobalBatch([feature], [table], size, lengths, [[s] for s in streams])

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 
 from torchrec.distributed.planner.types import CollectiveType, Topology
 
+from embnb.rowwise.routing import DistType, owner_rank
 from embnb.steptime.batch import GlobalBatch
 from embnb.steptime.work import Shard
 
-__all__ = ["Collective", "RankComms", "plan_comms", "LINK_MODEL"]
+__all__ = ["Collective", "RankComms", "plan_comms", "routing_comms", "LINK_MODEL"]
 
 LINK_MODEL = (
     "computed, not measured: bytes over links / torchrec 1.8.0's bandwidth "
@@ -209,4 +210,64 @@ def plan_comms(
                     False,
                 )
             )
+    return RankComms(rank, collectives)
+
+
+def routing_comms(
+    batch: GlobalBatch,
+    dist_type: DistType | str,
+    rows: dict[str, int],
+    dims: dict[str, int],
+    rank: int,
+    block_size: dict[str, int] | None = None,
+    dense_parameters: int = 0,
+) -> RankComms:
+    """The collectives of rank `rank` when every table is row-wise sharded
+    by `dist_type` (as `work.routing_work`): torchrec's row-wise input dist
+    (splits, lengths of every feature for every rank, each id to its owner)
+    and its reduce-scatter / all-gather of the pooled embeddings."""
+    mode = DistType.parse(dist_type)
+    world, size, features = batch.world_size, batch.local_batch_size, len(batch.feature_names)
+
+    def owned_by(source: int, dest: int) -> int:
+        count = 0
+        for f, table in enumerate(batch.feature_tables):
+            block = (block_size or {}).get(table, -(-rows[table] // world))  # as routing_work
+            ids = batch.ids[source][f]
+            count += int(
+                (owner_rank(ids, world, mode, block if mode is DistType.CONTINUOUS else None) == dest).sum()
+            )
+        return count
+
+    length_bytes, id_bytes = batch.lengths[0][0].element_size(), batch.ids[0][0].element_size()
+    splits = world * _splits_count() * _INT64
+    sent_ids = sum(int(batch.ids[rank][f].numel()) for f in range(features))
+    got_ids = sum(owned_by(source, rank) for source in range(world))
+    kept_ids = owned_by(rank, rank)
+    width = sum(dims[t] for t in batch.feature_tables)
+    full, part = world * size * width * _FP32, size * width * _FP32
+    a2a = "all_to_all_single"
+    collectives = [
+        Collective("row_wise input splits", a2a, "forward", splits, splits, splits // world),
+        Collective(
+            "row_wise input lengths",
+            a2a,
+            "forward",
+            world * features * size * length_bytes,
+            world * features * size * length_bytes,
+            features * size * length_bytes,
+        ),
+        Collective(
+            "row_wise input ids", a2a, "forward", sent_ids * id_bytes, got_ids * id_bytes, kept_ids * id_bytes
+        ),
+        Collective("row_wise pooled reduce-scatter", "reduce_scatter_tensor", "forward", full, part, part),
+        Collective("row_wise gradient all-gather", "all_gather_into_tensor", "backward", part, full, part),
+    ]
+    if dense_parameters:
+        total = dense_parameters * _FP32
+        collectives.append(
+            Collective(
+                "dense gradient all-reduce", "all_reduce", "backward", total, total, total // world, False
+            )
+        )
     return RankComms(rank, collectives)

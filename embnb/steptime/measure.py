@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from embnb._checks import check_choice, check_int
-from embnb.steptime.comms import RankComms, plan_comms
+from embnb.steptime.comms import RankComms
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER, DenseLookup, SequenceDense, lookup_module, make_mlp
 from embnb.steptime.work import RankWork
 
@@ -191,8 +191,7 @@ def measure_ranks(
     works: Callable[[int], RankWork],
     world_size: int,
     *,
-    shards_for_comms=None,
-    batch=None,
+    comms_of: Callable[[int, int], RankComms] | None = None,
     device: torch.device | str = "cpu",
     threads: int = 1,
     warmup: int = 2,
@@ -203,8 +202,8 @@ def measure_ranks(
     progress: bool = False,
 ) -> StepTimes:
     """`measure_rank(works(rank))` for every rank in turn at `threads`
-    intra-op threads (put back afterwards); with a plan's `shards_for_comms`
-    and `batch`, every rank's collectives too."""
+    intra-op threads (put back afterwards); with `comms_of(rank,
+    dense_parameters)`, every rank's collectives too."""
     from embnb.timing import machine_name
 
     check_int("world_size", world_size, low=1)
@@ -231,10 +230,8 @@ def measure_ranks(
                     hidden=hidden,
                 )
             )
-            if shards_for_comms is not None:
-                comms.append(
-                    plan_comms(shards_for_comms, batch, rank, dense_parameters(work.dense_width, hidden))
-                )
+            if comms_of is not None:
+                comms.append(comms_of(rank, dense_parameters(work.dense_width, hidden)))
     finally:
         torch.set_num_threads(before)
     return StepTimes(ranks, comms, str(torch.device(device)), threads, warmup, repeats, machine_name(device))

@@ -19,6 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from embnb._checks import check_number
 from embnb.rowwise.routing import DistType
 from embnb.steptime.batch import GlobalBatch
+from embnb.steptime.comms import plan_comms, routing_comms
 from embnb.steptime.measure import StepTimes, measure_ranks
 from embnb.steptime.work import partition_work, plan_shards, plan_work, routing_work
 
@@ -39,8 +40,7 @@ def measure_plan(
     return measure_ranks(
         lambda rank: plan_work(shards, batch, rank),
         batch.world_size,
-        shards_for_comms=shards,
-        batch=batch,
+        comms_of=lambda rank, dense: plan_comms(shards, batch, rank, dense),
         **options,
     )
 
@@ -55,11 +55,12 @@ def measure_routing(
 ) -> StepTimes:
     """Every rank's step when each table is row-wise sharded by `dist_type`
     (`work.routing_work`): its lookups of the keys it owns, and the dense
-    part of its local samples."""
+    part of its local samples; its collectives (`comms.routing_comms`)."""
     DistType.parse(dist_type)
     return measure_ranks(
         lambda rank: routing_work(batch, dist_type, rows, dims, rank, block_size),
         batch.world_size,
+        comms_of=lambda rank, dense: routing_comms(batch, dist_type, rows, dims, rank, block_size, dense),
         **options,
     )
 

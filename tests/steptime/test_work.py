@@ -19,8 +19,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb.planner.topology import make_topology
-from embnb.steptime.batch import feature_pooling_factors, make_batch
-from embnb.steptime.comms import Collective, RankComms
+from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_batch
+from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
 from embnb.steptime.plans import spearman
 from embnb.steptime.step import compare_per_rank, measure_partition, measure_routing
 from embnb.steptime.work import plan_shards, plan_work, routing_work
@@ -127,7 +127,7 @@ def test_routing_work_feeds_each_rank_the_keys_it_owns(dist_type):
 def test_measure_routing_and_partition_time_every_rank_and_phase():
     batch = make_batch([TABLES[0]], None, 2, 8, seed=0)
     times = measure_routing(batch, "roundrobin", {"a": 97}, {"a": 24}, warmup=0, repeats=2, hidden=(8,))
-    assert [r.rank for r in times.ranks] == [0, 1] and times.threads == 1 and times.comms == []
+    assert [r.rank for r in times.ranks] == [0, 1] and times.threads == 1 and len(times.comms) == 2
     assert sum(r.num_ids for r in times.ranks) == int(torch.cat(batch.lengths[0] + batch.lengths[1]).sum())
     partition = measure_partition([[5, 3, 5], [12]], width=8, warmup=1, repeats=3, hidden=(8,))
     for rank in partition.ranks:
@@ -187,3 +187,40 @@ def test_spearman_against_its_formula():
     assert spearman(x, y) == pytest.approx(1 - 6 * d2 / (9 * (81 - 1)))
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))  # ties: mean ranks
     assert math.isnan(spearman([1, 1], [1, 2]))
+
+
+def test_routing_comms_continuous_is_torchrecs_row_wise_and_every_id_arrives_once():
+    from torchrec.distributed.sharding_plan import row_wise
+
+    world = 3
+    batch = make_batch(TABLES, CONSTRAINTS, world, 7, seed=4)
+    rows = {t.name: t.num_embeddings for t in TABLES}
+    dims = {t.name: t.embedding_dim for t in TABLES}
+    ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))
+    plan = construct_module_sharding_plan(
+        ebc, {t.name: row_wise(compute_kernel="fused") for t in TABLES}, local_size=world, world_size=world,
+        device_type="cpu",
+    )  # fmt: skip
+    shards = plan_shards(plan, TABLES, world)
+    for rank in range(world):  # continuous blocks of ceil(rows / W): torchrec's row-wise, byte for byte
+        ours = routing_comms(batch, "continuous", rows, dims, rank)
+        torchrecs = plan_comms(shards, batch, rank)
+        assert [(c.kind, c.sent_bytes, c.received_bytes, c.kept_bytes) for c in ours.collectives] == [
+            (c.kind, c.sent_bytes, c.received_bytes, c.kept_bytes) for c in torchrecs.collectives
+        ]
+    for dist_type in ("roundrobin", "hash_roundrobin"):
+        comms = [routing_comms(batch, dist_type, rows, dims, r) for r in range(world)]
+        ids = [next(c for c in rc.collectives if c.name.endswith("input ids")) for rc in comms]
+        assert sum(c.sent_bytes for c in ids) == sum(c.received_bytes for c in ids)  # each id to one owner
+        for rank, c in enumerate(ids):
+            (group,) = routing_work(batch, dist_type, rows, dims, rank).groups
+            assert c.received_bytes == 8 * group.ids.numel()
+
+
+def test_batch_from_keys_cuts_each_stream_into_bags():
+    batch = batch_from_keys([torch.arange(7), torch.arange(100, 103)], bag_size=3)
+    assert batch.local_batch_size == 3 and batch.world_size == 2
+    assert batch.lengths[0][0].tolist() == [3, 3, 1] and batch.lengths[1][0].tolist() == [3, 0, 0]
+    assert batch.global_bags(0)[1].tolist() == [*range(7), 100, 101, 102]
+    with pytest.raises(ValueError, match="bag_size must be an int >= 1, got 0"):
+        batch_from_keys([torch.arange(3)], bag_size=0)
