@@ -303,26 +303,6 @@ def test_launch_each_refuses_an_unimportable_call_before_spawning():
         edist.launch_each([(ranks.identity, (1,)), (lambda rank, world_size: rank, ())], 2)
 
 
-def test_importing_embnb_quiets_torch_fx_deprecation_noise_in_this_process_too():
-    # a notebook kernel builds KJTs itself: torchrec calls is_fx_tracing there as well
-    code = "import embnb; from torch.fx._symbolic_trace import is_fx_tracing; print(is_fx_tracing())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
-    assert "is_fx_tracing will return" not in out.stderr
-    without = subprocess.run(
-        [sys.executable, "-c", code.replace("import embnb; ", "")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "is_fx_tracing will return" in without.stderr  # the noise is real without embnb
-
-
-def test_ranks_do_not_print_torch_fx_deprecation_noise(capfd):
-    assert edist.launch(ranks.call_is_fx_tracing, 2, device="cpu") == [False, False]
-    assert "is_fx_tracing will return" not in capfd.readouterr().err
-
-
 def test_the_flat_all_gather_uses_the_name_this_torch_prefers():
     import torch.distributed as dist
 

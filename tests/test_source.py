@@ -4,8 +4,8 @@ import inspect
 
 import pytest
 
-from embnb.balancing.reference import kk_equal_count
-from embnb.rowwise import reference
+from embnb.lab.balancing.reference import kk_equal_count
+from embnb.lab.rowwise import reference
 from embnb.source import show_source
 
 

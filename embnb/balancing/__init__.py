@@ -10,7 +10,8 @@
 - `timeline`: when each phase ran, in which thread; how much of the
   shuffle was hidden.
 - `training`: `TrainConfig`, the model and `train` on real ranks.
-- `experiment`: notebook 04's runs and results; `plots`, `widgets`.
+
+Notebook 04's experiments, figures and widgets live in `embnb.lab.balancing`.
 """
 
 from embnb.balancing.kjt_alltoall import alltoall_kjt

@@ -37,12 +37,12 @@ import numberpartitioning
 import torch
 
 from embnb.balancing import partition as balancer
-from embnb.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
 from embnb.bench.timing import add_out_argument, write_results
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan
+from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
 from embnb.native import loader
 from embnb.timing import machine_name, median_seconds, paired_ratio
 

@@ -1,6 +1,6 @@
 """`python -m embnb.bench bucketize`: embnb's kernels against FBGEMM.
 
-The measuring is `embnb.rowwise.kernel_timing` (read its docstring for what
+The measuring is `embnb.lab.rowwise.kernel_timing` (read its docstring for what
 is timed and how); this CLI picks the cases, prints the table and writes the
 JSON to benchmarks/results/.
 """
@@ -13,7 +13,7 @@ import sys
 
 from embnb.bench.timing import add_out_argument, write_results
 from embnb.dist import resolve_device
-from embnb.rowwise.kernel_timing import QUICK_SIZES, SIZES, WORLD_SIZES, run
+from embnb.lab.rowwise.kernel_timing import QUICK_SIZES, SIZES, WORLD_SIZES, run
 from embnb.rowwise.routing import DistType
 
 

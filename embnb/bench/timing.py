@@ -13,7 +13,8 @@ from typing import Any
 
 from embnb.timing import machine_name
 
-RESULTS_DIR = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+# Relative: under the current directory, so an installed wheel writes where it runs.
+RESULTS_DIR = pathlib.Path("benchmarks") / "results"
 
 
 def write_results(name: str, payload: dict[str, Any], out_dir: pathlib.Path | None = None) -> pathlib.Path:
@@ -38,7 +39,10 @@ def spread(runs: list[float], digits: int) -> str:
 def add_out_argument(parser: argparse.ArgumentParser) -> None:
     """--out: where write_results puts the JSON."""
     parser.add_argument(
-        "--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)"
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        help="results folder (default: ./benchmarks/results under the current directory)",
     )
 
 

@@ -8,18 +8,7 @@ The library (what this package exports; none of it imports pandas or matplotlib)
 - `torchrec_adapter`: torchrec's ShardedEmbeddingCollection: compute kernel,
   what torchrec's column_wise() can take, plans, the sharded module.
 
-Notebook 02 (import them from their modules):
-
-- `traffic`: what each path sends, recorded from `all_to_all_single`'s inputs,
-  and `wire_bytes`, the byte count of what each path puts on the wire;
-- `traffic_tables`: the byte count per layout as tables and sentences;
-- `torchrec_layouts`: the CW layouts torchrec's planner makes, and where in
-  torchrec's source an EmbeddingCollection meets uneven widths;
-- `cases`: `CWCase`/`TableSpec` and `run_cw_cases`, which runs cases on real
-  ranks through both paths next to the unsharded EmbeddingCollection (and
-  torchrec with its permute off); `run_torchrec_size_per_rank`;
-- `experiment`: the run of one placement and its results dict;
-- `plots` and `widgets`: the figures and the placement explorer.
+Notebook 02's experiments, figures and widgets live in `embnb.lab.columnwise`.
 
     from embnb.columnwise import cw_permute_indices, cw_sharding_plan, shard_cw
 """

@@ -7,8 +7,7 @@ The library (what this package exports; none of it imports pandas or matplotlib)
 - `kv`: `ShardedKVTable`, a row-wise sharded key-value embedding table;
 - `checkpoint`: its checkpoint, with the routing mode saved and checked.
 
-Notebook 01 (import them from their modules): `reference` (the rule in
-plain Python), `aliasing`, `kv_experiment`, `kernel_timing`, `plots`, `widgets`.
+Notebook 01's experiments, figures and widgets live in `embnb.lab.rowwise`.
 
     from embnb.rowwise import bucketize, owner_rank
 """

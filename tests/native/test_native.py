@@ -470,7 +470,7 @@ def test_cuda_matches_the_cpu_kernel_and_the_reference_at_scale(native, num_keys
     """Every dist_type at up to 1e8 keys and W up to 4096 (the GPU kit runs
     this): the CUDA kernel, the CPU kernel and the pure-torch reference agree
     bit for bit."""
-    from embnb.rowwise.kernel_timing import make_inputs
+    from embnb.lab.rowwise.kernel_timing import make_inputs
     from embnb.rowwise.routing import DIST_CODES, DistType
 
     lengths, indices = make_inputs(num_keys, "cpu")

@@ -2,7 +2,7 @@
 
 The expectations are independent of the notebook: they follow from how the
 key streams are built (embnb.data), from counting residues, from the plain
-Python routing rule (embnb.rowwise.reference) and from random draws made
+Python routing rule (embnb.lab.rowwise.reference) and from random draws made
 here, not from re-running the notebook's own code.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from embnb.data import make_keys, zipf_probs
-from embnb.rowwise.reference import fmix64
+from embnb.lab.rowwise.reference import fmix64
 
 WORLD_SIZE = 8
 WORLD_SIZES = [5, 6, 12]  # with WORLD_SIZE: co-prime to the stride, and sharing 2, 4, 12 with it

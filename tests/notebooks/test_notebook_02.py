@@ -4,7 +4,7 @@ from the placement by hand, from the batches the notebook's parameters make,
 from how torchrec's and embnb's all-to-alls are described (ids and lengths
 once per shard against ids once per owner rank, int64; rows fp32), written
 here as a byte formula of its own, and from torchrec's installed source.
-Its figures and widget are tested in tests/columnwise/."""
+Its figures and widget are tested in tests/lab/columnwise/."""
 
 import json
 import pathlib
@@ -12,7 +12,7 @@ import pathlib
 import pytest
 import torchrec
 
-from embnb.columnwise.cases import CWCase, TableSpec, make_batches
+from embnb.lab.columnwise.cases import CWCase, TableSpec, make_batches
 
 WORLD_SIZE, BATCH_SIZE, MAX_LENGTH = 2, 4, 3
 TRAFFIC_SHARDS = [2, 4, 6]

@@ -1,0 +1,77 @@
+"""embnb.balancing.lengths and comparison: the two length distributions and
+the per-distribution summaries of notebook 04's balancer comparison."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from embnb.balancing.lengths import LengthDistribution, lognormal_lengths
+from embnb.lab.balancing import comparison
+
+
+def test_lognormal_lengths_have_the_median_and_spread_asked_for():
+    lengths = lognormal_lengths(20_000, median=128, sigma=1.0, max_length=100_000, seed=1)
+    assert lengths.dtype == torch.int64 and lengths.min() >= 1
+    assert abs(lengths.median().item() - 128) <= 4
+    # log L has standard deviation sigma: the 84th percentile sits e times above the median
+    upper = torch.quantile(lengths.double(), 0.8413).item()
+    assert upper / 128 == pytest.approx(math.e, rel=0.05)
+    assert torch.equal(lengths, lognormal_lengths(20_000, 128, 1.0, 100_000, seed=1))
+    assert lognormal_lengths(1000, median=500, sigma=3.0, max_length=600).max() == 600
+
+
+def test_length_distribution_draws_either_kind_and_names_bad_values():
+    zipf = LengthDistribution("zipf", alpha=1.5).draw(4096, max_length=8192)
+    lognormal = LengthDistribution("lognormal", median=64).draw(4096, max_length=8192)
+    assert zipf.median().item() <= 3 and 50 <= lognormal.median().item() <= 80
+    assert LengthDistribution("lognormal", median=64).describe() == "log-normal(median 64, sigma 1)"
+    with pytest.raises(ValueError, match="kind 'pareto' is not one of 'zipf', 'lognormal'"):
+        LengthDistribution("pareto")
+    with pytest.raises(ValueError, match="median"):
+        LengthDistribution("lognormal", median=0.5)
+
+
+def test_percent_keeps_two_significant_digits():
+    assert [comparison.percent(x) for x in (0.25676, 0.0088452, 6.4e-5, 0.0, 1.49127)] == [
+        "26%",
+        "0.88%",
+        "0.0064%",
+        "0%",
+        "149%",
+    ]
+
+
+def test_kk_swap_vs_lpt_counts_each_batch_by_its_largest_part():
+    def row(dist, seed, method, max_load):
+        return {"distribution": dist, "workload": "tokens", "num_samples": 8, "num_parts": 2,
+                "seed": seed, "method": method, "max_load": max_load}  # fmt: skip
+
+    table = pd.DataFrame(
+        [
+            row("zipf", 0, "kk_swap", 10.0), row("zipf", 0, "greedy_lpt", 10.0),
+            row("zipf", 1, "kk_swap", 9.0), row("zipf", 1, "greedy_lpt", 11.0),
+            row("lognormal", 0, "kk_swap", 12.0), row("lognormal", 0, "greedy_lpt", 11.0),
+        ]
+    )  # fmt: skip
+    counts = comparison.kk_swap_vs_lpt(table)
+    assert list(counts) == ["zipf", "lognormal"]  # the table's order
+    assert counts["zipf"]["tokens"] == {"kk_swap": 1, "equal": 1, "greedy_lpt": 0}
+    assert counts["lognormal"]["tokens"] == {"kk_swap": 0, "equal": 0, "greedy_lpt": 1}
+
+
+def test_comparison_table_has_a_row_per_distribution_batch_workload_and_method():
+    specs = {"zipf": LengthDistribution("zipf"), "lognormal": LengthDistribution("lognormal", median=32)}
+    table = comparison.comparison_table(specs, [256], [8], seeds=[0, 1], max_length=1024, flops_dims=(8, 16))
+    assert len(table) == 2 * 2 * 2 * 4  # distributions x seeds x workloads x methods
+    summed = comparison.imbalance_by_method(table)
+    assert list(summed) == ["zipf", "lognormal"]
+    kk_swap = summed["lognormal"]["tokens"]["kk_swap"]
+    rows = table[
+        (table.distribution == "lognormal") & (table.workload == "tokens") & (table.method == "kk_swap")
+    ]
+    assert kk_swap["max_gap_to_lower_bound"] == rows["gap_to_lower_bound"].max()
+    assert kk_swap["share_longest_sets_bound_by_parts"] == {"8": rows["largest_item_sets_bound"].mean()}
+    with pytest.raises(ValueError, match="distributions is empty"):
+        comparison.comparison_table({}, [256], [8])

@@ -1,0 +1,76 @@
+"""embnb.lab.balancing.experiment: repeated training runs in one launch, and
+the step-time speed-ups computed from them."""
+
+import pytest
+
+from embnb.balancing.training import TrainConfig
+from embnb.lab.balancing import experiment
+
+TINY = TrainConfig(
+    steps=2, batch_size=4, max_length=32, num_items=20, num_categories=4, embedding_dim=8, ffn_dim=8
+)
+
+
+def test_repeats_run_interleaved_and_each_label_gets_its_own_runs():
+    configs = {"plain": TINY.replace(mode="none"), "balanced": TINY.replace(mode="sync")}
+    runs = experiment.run_training(configs, 2, device="cpu", repeats=2, timeout_s=300)
+    assert runs.gathers == [] and runs.backend == "gloo"
+    assert list(runs.per_repeat) == ["plain", "balanced"]
+    for label, config in configs.items():
+        repeats = runs.per_repeat[label]
+        assert len(repeats) == 2
+        for ranks in repeats:
+            assert [r["rank"] for r in ranks] == [0, 1]
+            assert {r["mode"] for r in ranks} == {config.mode}
+        # the same global batches every repeat: the same losses
+        assert repeats[0][0]["losses"] == pytest.approx(repeats[1][0]["losses"])
+    assert runs.same_weights()
+    speedups = runs.speedups("plain")
+    assert speedups["plain"] == experiment.Speedup(1.0, 1.0, 1.0, 2)
+    assert speedups["balanced"].repeats == 2 and speedups["balanced"].ratio > 0
+
+
+def _ranks(*step_seconds):
+    return [{"step_seconds": list(s)} for s in step_seconds]
+
+
+def test_speedups_compare_each_repeat_at_its_slowest_ranks_over_the_timed_steps():
+    runs = experiment.TrainingRuns(
+        backend="gloo",
+        seconds=0.0,
+        gathers=[],
+        per_repeat={
+            # timed steps 1 and 2 (not the warm-up, not the last): repeat 0 takes 4 + 6 = 10 s, repeat 1 12 s
+            "none": [_ranks([9, 4, 6, 50], [1, 1, 5, 1]), _ranks([9, 6, 6, 1], [9, 2, 2, 1])],
+            # repeat 0 takes 2 + 3 = 5 s, repeat 1 takes 4 + 4 = 8 s
+            "kk": [_ranks([0, 2, 3, 1], [0, 1, 2, 1]), _ranks([0, 4, 1, 1], [0, 3, 4, 1])],
+        },
+    )
+    speedups = runs.speedups("none")
+    # the ratio of the mean step times (5.5 s and 3.25 s), with the per-repeat ratios' range
+    assert speedups["kk"] == experiment.Speedup(ratio=5.5 / 3.25, low=1.5, high=2.0, repeats=2)
+    assert runs.step_ms("none") == [5000.0, 6000.0] and runs.step_ms("kk") == [2500.0, 4000.0]
+    assert runs.mean_step_ms("none") == 5500.0 and runs.mean_step_ms("kk") == 3250.0
+    difference = runs.difference("kk", "none")
+    assert (difference.mean, difference.low, difference.high) == (-2250.0, -2500.0, -2000.0)
+    with pytest.raises(ValueError, match="reference 'sync' is not a run; runs: \\['none', 'kk'\\]"):
+        runs.speedups("sync")
+
+
+def test_flops_speedups_divide_the_slowest_ranks_flops():
+    def ranks(*flops):
+        return [{"step_flops": list(f), "step_seconds": [1.0] * len(f)} for f in flops]
+
+    runs = experiment.TrainingRuns(
+        backend="gloo",
+        seconds=0.0,
+        gathers=[],
+        per_repeat={"none": [ranks([0, 8, 6, 99], [0, 2, 2, 0])], "kk": [ranks([0, 5, 4, 0], [0, 5, 4, 99])]},
+    )
+    # timed steps 1 and 2: (8 + 6) / (5 + 4)
+    assert runs.flops_speedups("none") == {"none": 1.0, "kk": pytest.approx(14 / 9)}
+
+
+def test_bad_repeats_is_named():
+    with pytest.raises(ValueError, match="repeats"):
+        experiment.run_training({"plain": TINY}, 2, device="cpu", repeats=0)

@@ -1,0 +1,143 @@
+"""embnb.lab.rowwise.plots figures and the embnb.lab.rowwise.widgets controls that redraw them."""
+
+import io
+
+import pytest
+from matplotlib.figure import Figure
+
+from embnb.lab.rowwise import aliasing, plots, widgets
+
+MODES = ["continuous", "roundrobin", "hash_roundrobin"]
+
+
+@pytest.fixture(scope="module")
+def table():
+    return aliasing.load_table(
+        ["uniform", "strided", "zipf"],
+        MODES,
+        [2, 4, 8],
+        num_keys=4000,
+        pattern_options={"zipf": {"alpha": 1.5}, "strided": {"stride": 8}},  # W | 8: all on one rank
+    )
+
+
+def _png_bytes(fig):
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _texts(ax):
+    return [t.get_text() for t in ax.texts]
+
+
+def test_load_heatmap_has_a_panel_per_world_size_and_one_colour_bar(table):
+    fig = plots.load_heatmap(table)
+    assert isinstance(fig, Figure)
+    assert len(fig.axes) == 3 + 1  # three panels, one colour bar
+    panels, colorbar = fig.axes[:3], fig.axes[3]
+    assert [ax.get_title() for ax in panels] == [f"world_size = {w}" for w in (2, 4, 8)]
+    assert colorbar.get_ylabel() == "max/mean"
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["uniform", "strided", "zipf"]
+    assert [t.get_text() for t in panels[2].get_xticklabels()] == MODES
+    # one annotation per cell; strided under roundrobin reads W
+    assert len(_texts(panels[2])) == 3 * 3
+    assert _texts(panels[2])[1 * 3 + 1] == "8.00"
+    assert "1 = balanced" in fig._suptitle.get_text()
+    assert _png_bytes(fig)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_load_heatmap_selects_and_orders(table):
+    fig = plots.load_heatmap(
+        table,
+        world_sizes=[8],
+        patterns=["zipf", "strided"],
+        dist_types=["hash_roundrobin", "roundrobin"],
+        value="spread_over_mean",
+        title="custom",
+    )
+    assert len(fig.axes) == 2
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["zipf", "strided"]
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["hash_roundrobin", "roundrobin"]
+    assert fig._suptitle.get_text() == "custom"
+    assert fig.axes[1].get_ylabel() == "(max - min)/mean"
+
+
+def test_load_heatmap_rejects_missing_data(table):
+    with pytest.raises(ValueError, match="not in the data"):
+        plots.load_heatmap(table, patterns=["snowflake"])
+    with pytest.raises(ValueError, match="empty"):
+        plots.load_heatmap(table.iloc[0:0])
+
+
+def test_max_over_mean_vs_world_size_panel_per_pattern(table):
+    fig = plots.max_over_mean_vs_world_size(table, ["strided", "zipf"], title="t")
+    assert len(fig.axes) == 2
+    assert [ax.get_title() for ax in fig.axes] == ["strided", "zipf"]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]  # one legend, below the panels
+    assert labels == ["W (all on one rank)", "1 (balanced)", *MODES, "hot-key floor"]
+    assert not [ax for ax in fig.axes if ax.get_legend()]
+    # coinciding lines stay visible: each mode has its own marker and dash
+    styles = {
+        (line.get_marker(), line.get_linestyle()) for line in fig.axes[0].lines if line.get_label() in MODES
+    }
+    assert len(styles) == len(MODES)
+    roundrobin = next(line for line in fig.axes[0].lines if line.get_label() == "roundrobin")
+    assert list(roundrobin.get_xdata()) == [2, 4, 8]
+    assert list(roundrobin.get_ydata()) == [2.0, 4.0, 8.0]  # strided: all on one rank
+    _png_bytes(fig)
+
+
+def test_max_over_mean_vs_world_size_without_floor_column(table):
+    fig = plots.max_over_mean_vs_world_size(table.drop(columns="hot_key_floor"), ["zipf"])
+    labels = [line.get_label() for line in fig.axes[0].lines]
+    assert "hot-key floor" not in labels
+
+
+def test_load_explorer_redraws_on_every_control():
+    explorer = widgets.LoadExplorer(
+        ["strided", "zipf"], MODES, world_size=8, num_keys=4000, pattern_options={"zipf": {"alpha": 1.5}}
+    )
+    controls = explorer.controls
+    assert controls["dist_type"].options == tuple(MODES)
+    assert controls["pattern"].options == ("strided", "zipf")
+    first = explorer.figure
+    assert isinstance(first, Figure)
+    assert first.axes[0].get_title().startswith("hash_roundrobin\nmax/mean")
+
+    controls["dist_type"].value = "roundrobin"
+    assert explorer.figure is not first
+    # strided keys k * 12 at W=8: ranks 0 and 4 only, so max/mean is gcd(12, 8) = 4
+    assert explorer.figure.axes[0].get_title().startswith("roundrobin\nmax/mean 4.0")
+    assert explorer.figure._suptitle.get_text().endswith("world_size=8, roundrobin")
+
+    controls["world_size"].value = 4
+    assert len(explorer.figure.axes[0].patches) == 4 * 2  # bars + hottest-key bars
+    assert explorer.figure.axes[0].get_title() == "roundrobin\nmax/mean 4.000"  # 4 divides 12
+
+    controls["pattern"].value = "zipf"
+    controls["num_keys"].value = 2000
+    assert explorer.figure._suptitle.get_text() == "zipf, 2,000 keys, world_size=4, roundrobin"
+    heights = [p.get_height() for p in explorer.figure.axes[0].patches]
+    assert sum(heights[:4]) == 2000
+    assert explorer.error is None
+
+
+def test_load_explorer_shows_a_bad_value_instead_of_raising():
+    explorer = widgets.LoadExplorer(["strided"], MODES, world_size=8, num_keys=4000)
+    before = explorer.figure
+    # strided keys need offset < stride; an option the generator refuses
+    explorer.pattern_options["strided"] = {"stride": 5, "offset": 9}
+    explorer.controls["num_keys"].value = 2000
+    assert explorer.error.startswith("ValueError: offset must be in [0, 5), got 9")
+    assert "offset must be in" in explorer.status.value
+    assert explorer.figure is before  # the last good figure stays
+
+
+def test_load_explorer_widget_is_displayable_without_a_kernel():
+    explorer = widgets.LoadExplorer(["uniform"], ["hash_roundrobin"], num_keys=1000)
+    bundle = explorer._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert explorer.widget.children[-1] is explorer.output
+    with pytest.raises(ValueError, match="must not be empty"):
+        widgets.LoadExplorer([], ["roundrobin"])
