@@ -96,8 +96,10 @@ class RankComms:
 
 
 def _splits_count() -> int:
-    from torchrec.distributed.collective_utils import validate_collectives_enabled
-
+    try:
+        from torchrec.distributed.collective_utils import validate_collectives_enabled
+    except ImportError:  # torchrecs without collective validation append no tag
+        return 3
     # lengths, values, the stride (batch size: torchrec's KJTAllToAllSplitsAwaitable
     # sends it for a KJT of one stride) and, where torchrec validates collectives, a tag
     return 3 + int(validate_collectives_enabled())
