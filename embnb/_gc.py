@@ -13,12 +13,12 @@ __all__ = ["collector_paused"]
 def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off, then back as it was.
 
-    Enumerating and planning allocate many objects (at 800 tables x 64
-    devices: hundreds of thousands of shards and their estimates, then the
-    search's small lists and tuples), and each collection those allocations
-    trigger walks every live object again: that was most of the time. What
-    is allocated there is freed by reference counting or lives on; none of
-    it forms cycles that need the collector."""
+    Enumerating and planning allocate many objects (shards and their
+    estimates, then the search's small lists and tuples), and each
+    collection those allocations trigger walks every live object again, so
+    the collector's cost grows with the model. What is allocated there is
+    freed by reference counting or lives on; none of it forms cycles that
+    need the collector."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

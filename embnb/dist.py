@@ -196,7 +196,7 @@ def launch(
     ctx = _rank_context(plan)
     results_queue = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // world_size)
-    environ = dict(os.environ)  # as now, also where the ranks fork from an older server
+    environ = dict(os.environ)  # this launch's, also where the ranks fork from an older server
     procs = [
         ctx.Process(
             target=_rank_main,

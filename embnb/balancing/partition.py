@@ -65,7 +65,7 @@ def _check_num_parts(num_parts: Any) -> int:
 
 
 def _workload_tensor(workloads: Any) -> torch.Tensor:
-    """A 1-D CPU float64 tensor (numpy converts a list 3x faster than torch)."""
+    """A 1-D CPU float64 tensor (through numpy, which converts a list faster than torch)."""
     try:
         if isinstance(workloads, torch.Tensor):
             tensor = workloads.detach().to("cpu", torch.float64)
