@@ -47,13 +47,13 @@ CONSTRAINTS = {t.name: ParameterConstraints(pooling_factors=[30.0]) for t in TAB
 
 def plan_for(world_size: int, heavy_rank: int):
     """t0-t2 table-wise on `heavy_rank`, t3 on the next rank, t4 row-wise,
-    t5 column-wise over the last two ranks: loads far apart."""
+    t5 column-wise in four shards, two on each of the last two ranks: loads far apart."""
     ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))
     light, last = (heavy_rank + 1) % world_size, world_size - 1
     shardings = {f"t{i}": table_wise(rank=heavy_rank, compute_kernel="fused") for i in range(3)}
     shardings["t3"] = table_wise(rank=light, compute_kernel="fused")
     shardings["t4"] = row_wise(compute_kernel="fused")
-    shardings["t5"] = column_wise(ranks=[last - 1, last], compute_kernel="fused")
+    shardings["t5"] = column_wise(ranks=[last - 1, last, last - 1, last], compute_kernel="fused")
     return construct_module_sharding_plan(
         ebc, shardings, local_size=world_size, world_size=world_size, device_type="cpu"
     )
