@@ -373,7 +373,9 @@ class DynamicProgrammingProposer(Proposer):
                     return None
                 self._pending = self._search.indices()
             for i in self._pending:
-                choice = self._search.plans[i]
+                # A copy as option indices: the run keeps its plans in bytes, and a view
+                # kept by a refinement's start would keep the whole run's plans alive.
+                choice = self._search.plans[i].astype(np.int64)
                 known = self._placed.get(choice.tobytes())
                 if known is not None or not self._search.fits(i):
                     self._search.record(i, bool(known), None)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -55,10 +56,12 @@ class KnapsackRuns:
         self.valid = np.isfinite(space.perf)
         self.rows = np.arange(len(space.options))
         self.no_fit_reason: str | None = None
-        self._seen: set[bytes] = set()  # plans of earlier runs
+        # Plans of earlier runs, as 16-byte digests of their rows: the rows
+        # themselves (a byte per table) took gigabytes at thousands of tables.
+        self._seen: set[bytes] = set()
         self.key_type = np.min_scalar_type(
             max(space.perf.shape[1] - 1, 0)
-        )  # holds any option index: short keys
+        )  # holds any option index: short rows
 
     def run(self, allowed: np.ndarray) -> FrontierSearch:
         """One knapsack over the `allowed` options; its frontier without the
@@ -67,8 +70,10 @@ class KnapsackRuns:
         knapsack = Knapsack(self.capacity, self.bins)
         perf = without_dominated(np.where(allowed, space.perf, np.inf), self.weights)
         knapsack.add_tables(self.weights, perf)
-        frontier = knapsack.frontier(len(self.rows))
-        keys = _row_bytes(frontier.astype(self.key_type))
+        # The plans in the least type that holds an option index (a byte per
+        # table, not eight: the frontier is states x tables).
+        frontier = knapsack.frontier(len(self.rows)).astype(self.key_type)
+        keys = [hashlib.blake2b(row, digest_size=16).digest() for row in _row_bytes(frontier)]
         new = np.array([key not in self._seen for key in keys], dtype=bool)
         self._seen.update(itertools.compress(keys, new))
         plans = frontier[new]
