@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 
-__all__ = ["kk_equal_count"]
+__all__ = ["kk_equal_count", "greedy_capped"]
 
 
 def kk_equal_count(workloads: list[float], num_parts: int, trace: list | None = None) -> list[list[int]]:
@@ -36,3 +36,22 @@ def kk_equal_count(workloads: list[float], num_parts: int, trace: list | None = 
         heapq.heappush(heap, (merged[-1][0] - merged[0][0], next_id, merged))
         next_id += 1
     return [sorted(items) for _, items in heap[0][2]]
+
+
+def greedy_capped(workloads: list[float], tokens: list[float], num_parts: int, cap: float) -> list[list[int]]:
+    """Equal-count greedy under a memory cap: the biggest workload first, to
+    the lightest part that still has room for one more sample and for its
+    tokens under `cap`; `len(workloads)` must be a multiple of `num_parts`.
+    Raises ValueError where no part has room (the library then repairs)."""
+    per_part = len(workloads) // num_parts
+    parts = [[] for _ in range(num_parts)]
+    loads, held = [0.0] * num_parts, [0.0] * num_parts
+    for i in sorted(range(len(workloads)), key=lambda i: (-workloads[i], i)):
+        room = [p for p in range(num_parts) if len(parts[p]) < per_part and held[p] + tokens[i] <= cap]
+        if not room:
+            raise ValueError(f"no part has room for sample {i} ({tokens[i]} tokens) under cap {cap}")
+        p = min(room, key=lambda p: (loads[p], p))  # the lightest part with room
+        parts[p].append(i)
+        loads[p] += workloads[i]
+        held[p] += tokens[i]
+    return [sorted(part) for part in parts]
