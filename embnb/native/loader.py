@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import pathlib
 import platform
@@ -71,11 +72,23 @@ def with_cuda() -> bool:
     the CPU kernels too: they are one library."""
     if torch.version.cuda is None:
         return False
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    if CUDA_HOME is None:
+    if not (torch.cuda.is_available() or os.environ.get("TORCH_CUDA_ARCH_LIST")):
         return False
-    return torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST"))
+    return _cpp_extension().CUDA_HOME is not None
+
+
+def _cpp_extension():
+    """torch.utils.cpp_extension, its import-time log held back: a CUDA build
+    of torch without a GPU logs "No CUDA runtime is found" when imported,
+    which concerns only CUDA builds, and `with_cuda` rules those out here."""
+    logger = logging.getLogger("torch.utils.cpp_extension")  # the module's own logger
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        logger.setLevel(level)
+    return cpp_extension
 
 
 def cuda_targets(cuda: bool) -> str | list[tuple[int, int]] | None:
@@ -115,7 +128,7 @@ def build_dir(cuda: bool | None = None) -> pathlib.Path:
 
 
 def _build(directory: pathlib.Path, cuda: bool) -> pathlib.Path:
-    from torch.utils import cpp_extension
+    cpp_extension = _cpp_extension()
 
     print(
         f"embnb: compiling the native extension into {directory} (once per source change, about a minute)",
