@@ -291,7 +291,7 @@ def test_end_to_end_bench_plans_in_fresh_processes_as_in_this_one(tmp_path, benc
 
 
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
-    from embnb.planner.ablation import LADDER
+    from embnb.lab.planner.ablation import LADDER
 
     stdout, _ = bench(
         "ablation", "--tables", "8", "--world-sizes", "2", "--repeats", "2", "--out", str(tmp_path)

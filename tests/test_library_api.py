@@ -18,21 +18,23 @@ import embnb.lab
 
 PACKAGE = pathlib.Path(embnb.__file__).parent
 LIBRARY = ("rowwise", "columnwise", "planner", "balancing")
-# The planner's notebook layer still lives beside its library (it moves to
-# embnb/lab/planner/ later); the other three have theirs in embnb/lab/.
-PLANNER_NOTEBOOK_LAYER = {
-    "models",
-    "brute_force",
+# What a notebook layer holds; none of it may sit in a library subpackage.
+NOTEBOOK_ROLES = {
+    "experiment",
+    "experiments",
     "study",
-    "pitfall",
-    "ablation",
-    "explain",
-    "results",
     "plots",
     "widgets",
+    "cases",
+    "comparison",
+    "reference",
+    "results",
+    "brute_force",
+    "ablation",
+    "pitfall",
+    "explain",
+    "models",
 }
-# What a notebook layer holds; none of it may sit in a library subpackage.
-NOTEBOOK_ROLES = {"experiment", "experiments", "study", "plots", "widgets", "cases", "comparison"}
 # Besides the lab itself, only the tools may import the lab: the bench CLI and
 # the harness that runs the notebooks.
 MAY_IMPORT_LAB = ("lab", "bench", "harness.py")
@@ -47,10 +49,7 @@ LIBRARY_IMPORTS = [
 
 
 def _notebook_layer(module: str) -> bool:
-    parts = module.split(".")
-    if module.startswith("embnb.lab"):
-        return True
-    return len(parts) == 3 and parts[1] == "planner" and parts[2] in PLANNER_NOTEBOOK_LAYER
+    return module == "embnb.lab" or module.startswith("embnb.lab.")
 
 
 @pytest.mark.parametrize("subpackage", LIBRARY)
@@ -63,7 +62,7 @@ def test_each_init_lists_library_names_only(subpackage):
             assert not _notebook_layer(home), f"{subpackage}.{name} comes from {home}"
 
 
-@pytest.mark.parametrize("subpackage", ["rowwise", "columnwise", "balancing"])
+@pytest.mark.parametrize("subpackage", LIBRARY)
 def test_the_notebook_layer_lives_in_the_lab(subpackage):
     library = {info.name for info in pkgutil.iter_modules([str(PACKAGE / subpackage)])}
     lab = {info.name for info in pkgutil.iter_modules([str(PACKAGE / "lab" / subpackage)])}

@@ -19,8 +19,8 @@ import time
 
 from embnb import planner
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, write_results
-from embnb.planner.ablation import LADDER, ablation_records, ablation_table
-from embnb.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.lab.planner.ablation import LADDER, ablation_records, ablation_table
+from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.timing import machine_name
 
 

@@ -32,8 +32,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
+from embnb.lab.planner.models import MixedModel, fused_table_gb, make_mixed_model, make_model
 from embnb.planner.enumerator import DistinctShardEnumerator, same_options
-from embnb.planner.models import MixedModel, fused_table_gb, make_mixed_model, make_model
 from embnb.timing import machine_name
 
 BATCH_SIZE = 512

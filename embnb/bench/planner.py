@@ -53,15 +53,15 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
-from embnb.planner.enumerator import default_enumerator, same_options
-from embnb.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
-from embnb.planner.study import (
+from embnb.lab.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
+from embnb.lab.planner.study import (
     EndToEnd,
     compare_proposers,
     default_proposers,
     quality_study,
     run_planner,
 )
+from embnb.planner.enumerator import default_enumerator, same_options
 from embnb.timing import machine_name
 
 PEERS = ("torchrec DP", "torchrec default")
@@ -149,7 +149,7 @@ def bench_one(
 
 
 def _time_end_to_end(model, topology, batch_size: int, repeats: int) -> EndToEnd:
-    """`create_planner(...).plan` timed as `embnb.planner.study.time_end_to_end`
+    """`create_planner(...).plan` timed as `embnb.lab.planner.study.time_end_to_end`
     times it, under the reservation every proposer here plans under
     (FixedPercentageStorageReservation(0.15), compare_proposers')."""
     seconds, ratings = [], []

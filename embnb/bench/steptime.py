@@ -31,13 +31,19 @@ import torch
 
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.dist import resolve_device
-from embnb.planner.models import make_model
+from embnb.lab.planner.candidates import (
+    CandidatePlan,
+    candidate_plans,
+    estimated_per_rank,
+    plan_shape,
+    spearman,
+)
+from embnb.lab.planner.models import make_model
 from embnb.planner.topology import make_topology
 from embnb.steptime.batch import make_batch
 from embnb.steptime.comms import LINK_MODEL
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER, fbgemm_cuda_available
 from embnb.steptime.measure import DEFAULT_HIDDEN, StepTimes
-from embnb.steptime.plans import CandidatePlan, candidate_plans, estimated_per_rank, plan_shape, spearman
 from embnb.steptime.step import measure_plan
 from embnb.timing import machine_name
 

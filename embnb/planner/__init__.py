@@ -11,15 +11,8 @@ The library (what this package exports; none of it imports pandas or matplotlib)
 - `enumerator`: `DistinctShardEnumerator`, torchrec's enumerator with each
   distinct shard's perf estimated once (create_planner's default).
 
-Notebook 03 and the bench (import them from their modules):
-
-- `models`: random models like production ones, their enumerated options.
-- `brute_force`: every combination placed and rated as torchrec would.
-- `study`: proposers run in torchrec's planner and compared.
-- `pitfall`: tiny instances where the least summed perf is not the best plan.
-- `ablation`: the proposer's pieces added one at a time (`LADDER`).
-- `explain`: the options, the DP table, the frontier.
-- `results`, `plots`, `widgets`: the notebook's results dict, figures, explorer.
+Notebook 03's models, brute force, studies, figures and widgets live in
+`embnb.lab.planner`.
 
     from embnb.planner import DynamicProgrammingProposer, create_planner
 """

@@ -6,7 +6,7 @@ added so far (on one axis natively, embnb/native/knapsack.cpp);
 picks the memory axes that can bind and their bins; `FrontierSearch` picks
 which plans of one run to consider. They work on the arrays of
 `embnb.planner.space.SearchSpace`. `embnb.planner.proposer` proposes from
-them; `embnb.planner.explain` shows them.
+them; `embnb.lab.planner.explain` shows them.
 """
 
 from __future__ import annotations

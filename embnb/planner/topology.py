@@ -6,9 +6,10 @@ topology = make_topology(8, "cuda", hbm_cap_gb=16)   # or topology_for_device("a
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
+from torch import nn
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import (
     HardwareConfig,
@@ -17,12 +18,19 @@ from torchrec.distributed.planner.types import (
     TopologyFactory,
     TrainerConfig,
 )
+from torchrec.distributed.types import ModuleSharder
 
 from embnb._checks import check_choice, check_int, check_number
 from embnb.planner.space import GB
 
-if TYPE_CHECKING:
-    from embnb.planner.models import Enumerated
+
+class Planned(Protocol):
+    """What the reservation reads of a planned model (an
+    `embnb.lab.planner.models.Enumerated` is one)."""
+
+    module: nn.Module
+    sharders: list[ModuleSharder]
+
 
 __all__ = ["make_topology", "topology_for_device", "reserved_topology"]
 
@@ -116,7 +124,7 @@ def _system_memory() -> int:
 
 
 def reserved_topology(
-    topology: Topology, enumerated: Enumerated, batch_size: int, storage_reservation_percentage: float = 0.15
+    topology: Topology, enumerated: Planned, batch_size: int, storage_reservation_percentage: float = 0.15
 ) -> Topology:
     """The storage constraint the planner hands its proposers and partitioner."""
     return FixedPercentageStorageReservation(storage_reservation_percentage).reserve(

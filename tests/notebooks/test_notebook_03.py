@@ -181,7 +181,7 @@ def test_figures_and_explorer_are_drawn(run):
 
 
 def test_ablation_ladder(run):
-    from embnb.planner.ablation import LADDER
+    from embnb.lab.planner.ablation import LADDER
 
     results = run.results
     ablation = results["ablation"]

@@ -32,6 +32,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
+from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
 from embnb.planner.enumerator import (
     ENUMERATORS,
     TESTED_TORCHREC,
@@ -39,7 +40,6 @@ from embnb.planner.enumerator import (
     default_enumerator,
     same_options,
 )
-from embnb.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 

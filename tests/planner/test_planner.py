@@ -38,17 +38,17 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
-from embnb.planner.brute_force import brute_force_rating, rate_every_plan
-from embnb.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
-from embnb.planner.factory import Fallback
-from embnb.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
-from embnb.planner.study import (
+from embnb.lab.planner.brute_force import brute_force_rating, rate_every_plan
+from embnb.lab.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
+from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
+from embnb.lab.planner.study import (
     compare_proposers,
     default_proposers,
     quality_summary,
     random_instance,
     run_planner,
 )
+from embnb.planner.factory import Fallback
 from embnb.planner.topology import reserved_topology
 
 BATCH_SIZE = 512

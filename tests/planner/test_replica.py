@@ -14,11 +14,11 @@ from torchrec.distributed.planner.types import ParameterConstraints, PlannerErro
 from torchrec.distributed.planner.utils import reset_shard_rank
 
 from embnb import planner
-from embnb.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.lab.planner.study import compare_proposers, default_proposers, timing_breakdown
 from embnb.planner.proposer import FIRST_REASON
 from embnb.planner.replica import GreedyPerfReplica
 from embnb.planner.space import SearchSpace, by_table
-from embnb.planner.study import compare_proposers, default_proposers, timing_breakdown
 from embnb.planner.topology import reserved_topology
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)

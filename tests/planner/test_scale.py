@@ -13,7 +13,7 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
-from embnb.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.search import KnapsackRuns
 from embnb.planner.space import SearchSpace, by_table
 from embnb.planner.topology import reserved_topology

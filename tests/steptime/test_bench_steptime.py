@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from embnb.steptime.plans import PLANNERS, spearman
+from embnb.lab.planner.candidates import PLANNERS, spearman
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:

@@ -18,10 +18,10 @@ from torchrec.distributed.sharding_plan import (
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from embnb.lab.planner.candidates import spearman
 from embnb.planner.topology import make_topology
 from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_batch
 from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
-from embnb.steptime.plans import spearman
 from embnb.steptime.step import compare_per_rank, measure_partition, measure_routing
 from embnb.steptime.work import plan_shards, plan_work, routing_work
 

@@ -19,9 +19,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from embnb._checks import check_choice, check_int, check_number
-from embnb.planner.models import enumerate_options, make_model
-from embnb.planner.plots import planned_title, proposer_comparison
-from embnb.planner.study import compare_proposers, default_proposers
+from embnb.lab.planner.models import enumerate_options, make_model
+from embnb.lab.planner.plots import planned_title, proposer_comparison
+from embnb.lab.planner.study import compare_proposers, default_proposers
 from embnb.planner.topology import make_topology
 from embnb.widgets import Explorer
 

@@ -54,11 +54,11 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._checks import check_int
-from embnb.planner.brute_force import brute_force_rating
+from embnb.lab.planner.brute_force import brute_force_rating
+from embnb.lab.planner.explain import memory_ratio
+from embnb.lab.planner.models import Enumerated, Model, enumerate_options, fused_table_gb, make_model
 from embnb.planner.enumerator import default_enumerator
-from embnb.planner.explain import memory_ratio
 from embnb.planner.factory import create_planner
-from embnb.planner.models import Enumerated, Model, enumerate_options, fused_table_gb, make_model
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.space import GB
 from embnb.planner.topology import make_topology
@@ -516,7 +516,7 @@ def budget_sweep(
     """compare_proposers at each HBM budget per device (GPU topologies; the
     options do not depend on the budget, so one enumeration serves all),
     every proposer with the same storage reservation; column `memory_ratio`:
-    `embnb.planner.explain.memory_ratio` at that budget (below 1 memory binds)."""
+    `embnb.lab.planner.explain.memory_ratio` at that budget (below 1 memory binds)."""
     if not hbm_caps_gb:
         raise ValueError("hbm_caps_gb is empty: give at least one HBM budget per device")
     caps = list(hbm_caps_gb)

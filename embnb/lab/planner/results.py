@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import torchrec
 
-from embnb.planner.ablation import ablation_records
+from embnb.lab.planner.ablation import ablation_records
+from embnb.lab.planner.explain import PlanExtremes, SmallKnapsack
+from embnb.lab.planner.models import Enumerated
+from embnb.lab.planner.pitfall import share_by_tightness
+from embnb.lab.planner.study import EndToEnd, quality_summary
 from embnb.planner.enumerator import TESTED_TORCHREC
-from embnb.planner.explain import PlanExtremes, SmallKnapsack
-from embnb.planner.models import Enumerated
-from embnb.planner.pitfall import share_by_tightness
-from embnb.planner.study import EndToEnd, quality_summary
 
 __all__ = ["notebook_results", "budget_advantage"]
 

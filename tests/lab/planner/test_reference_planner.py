@@ -1,4 +1,4 @@
-"""embnb.planner.reference (the recurrence shown in notebook 03) against the
+"""embnb.lab.planner.reference (the recurrence shown in notebook 03) against the
 vectorized Knapsack the proposer runs (on whole-bin memories the least perf
 at or below each memory is the same), and its table, each cell's choice and
 the backtracked plan against brute force over every combination."""
@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embnb.planner.explain import small_knapsack
-from embnb.planner.knapsack import Knapsack
-from embnb.planner.pitfall import SMALL_LIMITS, tiny_instance
-from embnb.planner.reference import (
+from embnb.lab.planner.explain import small_knapsack
+from embnb.lab.planner.pitfall import SMALL_LIMITS, tiny_instance
+from embnb.lab.planner.reference import (
     backtrack,
     knapsack_choices,
     least_perf_by_enumeration,
     least_perf_per_memory,
 )
+from embnb.planner.knapsack import Knapsack
 
 INF = math.inf
 

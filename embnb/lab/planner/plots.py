@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import StrMethodFormatter
 
-from embnb.planner.explain import SmallKnapsack
+from embnb.lab.planner.explain import SmallKnapsack
 from embnb.plotting import MEAN_STYLE, color, new_figure, rank_ticks
 
 __all__ = [

@@ -18,7 +18,7 @@ from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.types import PlannerError, ShardingOption, Storage, Topology
 from torchrec.distributed.planner.utils import reset_shard_rank
 
-from embnb.planner.models import Enumerated
+from embnb.lab.planner.models import Enumerated
 from embnb.planner.space import GB, by_table
 from embnb.planner.topology import reserved_topology
 

@@ -19,10 +19,10 @@ import pandas as pd
 from torchrec.distributed.planner.types import Topology
 
 from embnb._checks import check_int
-from embnb.planner.brute_force import option_label
+from embnb.lab.planner.brute_force import option_label
+from embnb.lab.planner.models import Enumerated
+from embnb.lab.planner.reference import backtrack, knapsack_choices
 from embnb.planner.knapsack import Knapsack, knapsack_axes
-from embnb.planner.models import Enumerated
-from embnb.planner.reference import backtrack, knapsack_choices
 from embnb.planner.space import AXES, GB, SearchSpace, by_table
 from embnb.planner.topology import reserved_topology
 
@@ -90,7 +90,7 @@ class SmallKnapsack:
     """A knapsack small enough to work by hand: each table's options with
     torchrec's estimated perf and their HBM in whole bins (rounded up, so a
     plan within `capacity` bins fits the devices' HBM together), the DP
-    table of `embnb.planner.reference.knapsack_choices` and its best plan."""
+    table of `embnb.lab.planner.reference.knapsack_choices` and its best plan."""
 
     tables: list[str]
     options: list[list[str]]  # option labels per table ("table_wise/fused", ...)

@@ -1,4 +1,4 @@
-"""embnb.planner.widgets.PlannerExplorer, driven headlessly on a small model:
+"""embnb.lab.planner.widgets.PlannerExplorer, driven headlessly on a small model:
 every control re-plans with real torchrec when the button is clicked."""
 
 import logging
@@ -7,9 +7,9 @@ import math
 import pytest
 
 from embnb import planner
-from embnb.planner.models import make_model
-from embnb.planner.study import compare_proposers, default_proposers
-from embnb.planner.widgets import PlannerExplorer, hbm_slider
+from embnb.lab.planner.models import make_model
+from embnb.lab.planner.study import compare_proposers, default_proposers
+from embnb.lab.planner.widgets import PlannerExplorer, hbm_slider
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 

@@ -1,4 +1,4 @@
-"""embnb.planner.plots: what the figures draw, checked against small tables
+"""embnb.lab.planner.plots: what the figures draw, checked against small tables
 whose answer is worked out here."""
 
 import math
@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from matplotlib.patches import Rectangle
 
-from embnb.planner import plots
-from embnb.planner.explain import SmallKnapsack
+from embnb.lab.planner import plots
+from embnb.lab.planner.explain import SmallKnapsack
 
 INF = math.inf
 

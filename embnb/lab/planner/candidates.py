@@ -24,8 +24,8 @@ from torchrec.distributed.planner.types import ShardingOption, Topology
 from torchrec.distributed.types import ShardingPlan
 
 from embnb._checks import check_int
-from embnb.planner.models import Enumerated, Model, enumerate_options
-from embnb.planner.study import default_proposers, run_planner
+from embnb.lab.planner.models import Enumerated, Model, enumerate_options
+from embnb.lab.planner.study import default_proposers, run_planner
 
 __all__ = [
     "CandidatePlan",
@@ -93,7 +93,7 @@ def candidate_plans(
     timeout_s: float = 120.0,
     enumerated: Enumerated | None = None,
 ) -> dict[str, CandidatePlan]:
-    """The planners' plans (`PLANNERS`, from embnb.planner.study's
+    """The planners' plans (`PLANNERS`, from embnb.lab.planner.study's
     proposers over one enumeration) and poor ones: every table table-wise on
     the first k ranks for each k in `few_ranks`, and every table
     data-parallel."""

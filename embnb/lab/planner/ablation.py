@@ -21,9 +21,9 @@ import pandas as pd
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
 from embnb._checks import check_int
-from embnb.planner.models import Enumerated
+from embnb.lab.planner.models import Enumerated
+from embnb.lab.planner.study import run_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
-from embnb.planner.study import run_planner
 
 __all__ = ["LADDER", "ablation_table", "ablation_records"]
 

@@ -1,4 +1,4 @@
-"""embnb.planner.ablation: the ladder of proposers, each adding one piece.
+"""embnb.lab.planner.ablation: the ladder of proposers, each adding one piece.
 
 The oracles are set relations, not recorded numbers: up to local search each
 rung considers every plan the rung before considers and more (the same
@@ -13,10 +13,10 @@ import math
 import pytest
 
 from embnb import planner
-from embnb.planner.ablation import LADDER, ablation_table
-from embnb.planner.brute_force import brute_force_rating
-from embnb.planner.models import enumerate_options, make_model
-from embnb.planner.study import random_instance
+from embnb.lab.planner.ablation import LADDER, ablation_table
+from embnb.lab.planner.brute_force import brute_force_rating
+from embnb.lab.planner.models import enumerate_options, make_model
+from embnb.lab.planner.study import random_instance
 
 BATCH_SIZE = 512
 SUPERSETS = ["plain knapsack", "+ bisection", "+ memory slack", "+ capped runs", "+ local search"]

@@ -1,0 +1,13 @@
+"""Notebook 03's layer over `embnb.planner` (import each from its module):
+
+- `models`: random models like production ones, their enumerated options.
+- `reference`: the knapsack recurrence in plain Python (what the notebook shows).
+- `brute_force`: every combination placed and rated as torchrec would.
+- `study`: proposers run in torchrec's planner and compared.
+- `pitfall`: tiny instances where the least summed perf is not the best plan.
+- `ablation`: the proposer's pieces added one at a time (`LADDER`).
+- `explain`: the options, the DP table, the frontier.
+- `candidates`: the plans measured rank by rank (`embnb.steptime`), with
+  torchrec's estimates beside them, and Spearman's rank correlation.
+- `results`, `plots`, `widgets`: the notebook's results dict, figures, explorer.
+"""
