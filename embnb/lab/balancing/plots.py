@@ -1,6 +1,6 @@
 """Figures of notebook 04 (batch balancing): each takes data, returns a Figure.
 
-The shared style is `embnb.plotting`; per-rank loads are its `rank_bars`.
+The shared style is `embnb.lab.plotting`; per-rank loads are its `rank_bars`.
 
     fig = length_histogram(lengths)                      # the heavy tail
     fig = gap_by_method(table)                            # KK vs LPT vs ..., and the bound
@@ -24,7 +24,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
 
 from embnb.balancing.timeline import phase_seconds
-from embnb.plotting import MEAN_STYLE, color, new_figure, values_of
+from embnb.lab.plotting import MEAN_STYLE, color, new_figure, values_of
 from embnb.timing import paired_difference
 
 __all__ = [

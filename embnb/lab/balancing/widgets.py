@@ -13,8 +13,8 @@ from matplotlib.figure import Figure
 
 from embnb.balancing.workloads import loads_by_method
 from embnb.data import zipf_lengths
-from embnb.plotting import rank_bars
-from embnb.widgets import Explorer
+from embnb.lab.plotting import rank_bars
+from embnb.lab.widgets import Explorer
 
 __all__ = ["BalanceExplorer"]
 

@@ -4,7 +4,7 @@
     fig = lookup_error_figure({"naive": err, "embnb": err2}, [0, 4, 8], rows_per_rank=[5, 3])
     fig = traffic_figure(experiment.traffic_table())  # bytes each path sends per id, by layout
 
-Figures come from `embnb.plotting.new_figure` (the shared style); a notebook
+Figures come from `embnb.lab.plotting.new_figure` (the shared style); a notebook
 shows one with `display(fig)`. Columns, not ranks, run along these axes.
 """
 
@@ -24,7 +24,7 @@ from embnb.columnwise.placement import (
     rank_ordered_shard_outputs,
     stitch_cw,
 )
-from embnb.plotting import color, new_figure
+from embnb.lab.plotting import color, new_figure
 
 __all__ = ["column_order_figure", "lookup_error_figure", "traffic_figure"]
 

@@ -1,4 +1,4 @@
-"""Notebook 02's placement explorer, an `embnb.widgets.Explorer`.
+"""Notebook 02's placement explorer, an `embnb.lab.widgets.Explorer`.
 
 Type shard ranks ("1, 0, 0, 1") and optionally widths ("1, 3, 2, 2"); the
 explorer draws `plots.column_order_figure` for them, its title naming the
@@ -25,7 +25,7 @@ from embnb.columnwise.placement import (
     rank_order,
 )
 from embnb.lab.columnwise.plots import column_order_figure
-from embnb.widgets import Explorer, world_size_slider
+from embnb.lab.widgets import Explorer, world_size_slider
 
 __all__ = ["PlacementExplorer", "parse_ints"]
 

@@ -1,6 +1,6 @@
 """Figures of notebook 03 (DP sharding planner): each takes data, returns a Figure.
 
-Figures use the shared style of `embnb.plotting` (one colour per proposer,
+Figures use the shared style of `embnb.lab.plotting` (one colour per proposer,
 rank ticks); a notebook shows one with `display(fig)`.
 
     fig = knapsack_choices_figure(small_knapsack(...)) # a DP table to follow by hand
@@ -22,7 +22,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import StrMethodFormatter
 
 from embnb.lab.planner.explain import SmallKnapsack
-from embnb.plotting import MEAN_STYLE, color, new_figure, rank_ticks
+from embnb.lab.plotting import MEAN_STYLE, color, new_figure, rank_ticks
 
 __all__ = [
     "option_code",

@@ -1,5 +1,5 @@
 """Notebook 03's explorer: re-plan a random model at another HBM budget, world
-size or table count, and compare the proposers (`embnb.widgets.Explorer`).
+size or table count, and compare the proposers (`embnb.lab.widgets.Explorer`).
 
 Re-planning takes seconds (torchrec enumerates every option, then each
 proposer plans), so it runs when the "plan" button is clicked:
@@ -22,8 +22,8 @@ from embnb._checks import check_choice, check_int, check_number
 from embnb.lab.planner.models import enumerate_options, make_model
 from embnb.lab.planner.plots import planned_title, proposer_comparison
 from embnb.lab.planner.study import compare_proposers, default_proposers
+from embnb.lab.widgets import Explorer
 from embnb.planner.topology import make_topology
-from embnb.widgets import Explorer
 
 __all__ = ["PlannerExplorer", "hbm_slider"]
 

@@ -1,9 +1,9 @@
 """Figures of notebook 01 (row-wise routing): each takes data, returns a Figure.
 
-Figures share the style of `embnb.plotting` (palette, rank bars).
+Figures share the style of `embnb.lab.plotting` (palette, rank bars).
 
     fig = load_heatmap(table)                        # notebook 01
-    fig = embnb.plotting.rank_bars({"roundrobin": [8, 0, 0, 0], ...})  # per-rank load
+    fig = embnb.lab.plotting.rank_bars({"roundrobin": [8, 0, 0, 0], ...})  # per-rank load
     fig = max_over_mean_vs_world_size(table, ["strided", "zipf"])
     fig = hash_noise_figure(noise, bands, world_size=8)
     fig = zipf_seeds_figure(zipf)
@@ -24,7 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, StrMethodFormatter
 
-from embnb.plotting import color, new_figure, rank_bars
+from embnb.lab.plotting import color, new_figure, rank_bars
 
 __all__ = [
     "load_heatmap",
@@ -331,7 +331,7 @@ def dist_type_bars(
     ylabel: str = "keys per rank",
     title: str | None = None,
 ) -> Figure:
-    """`embnb.plotting.rank_bars`, a panel per dist_type, with the legend's
+    """`embnb.lab.plotting.rank_bars`, a panel per dist_type, with the legend's
     bar entry showing every panel's own colour (not one grey patch)."""
     fig = rank_bars(loads_by_dist_type, highlight=highlight, floor=floor, ylabel=ylabel, title=title)
     (legend,) = fig.legends

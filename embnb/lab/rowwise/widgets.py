@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from embnb.data import make_keys
 from embnb.lab.rowwise import aliasing
 from embnb.lab.rowwise.plots import dist_type_bars
+from embnb.lab.widgets import Explorer, world_size_slider
 from embnb.rowwise.routing import DistType
-from embnb.widgets import Explorer, world_size_slider
 
 __all__ = ["LoadExplorer"]
 

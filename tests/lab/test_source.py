@@ -1,4 +1,4 @@
-"""embnb.source.show_source: what the notebooks show is the package's code."""
+"""embnb.lab.source.show_source: what the notebooks show is the package's code."""
 
 import inspect
 
@@ -6,7 +6,7 @@ import pytest
 
 from embnb.lab.balancing.reference import kk_equal_count
 from embnb.lab.rowwise import reference
-from embnb.source import show_source
+from embnb.lab.source import show_source
 
 
 def test_shows_each_function_whole_in_order():

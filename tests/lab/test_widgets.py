@@ -1,10 +1,10 @@
-"""embnb.widgets.Explorer: the one widget pattern, driven headlessly."""
+"""embnb.lab.widgets.Explorer: the one widget pattern, driven headlessly."""
 
 import ipywidgets as widgets
 import pytest
 
-from embnb import plotting
-from embnb.widgets import BUSY_LABEL, Explorer
+from embnb.lab import plotting
+from embnb.lab.widgets import BUSY_LABEL, Explorer
 
 
 class Bars(Explorer):

@@ -1,10 +1,10 @@
-"""embnb.plotting: the shared palette, rank ticks and rank bars."""
+"""embnb.lab.plotting: the shared palette, rank ticks and rank bars."""
 
 import matplotlib
 import pytest
 import torch
 
-from embnb import plotting
+from embnb.lab import plotting
 
 
 def test_color_is_stable_per_name_and_cycles_for_unknown_names():
