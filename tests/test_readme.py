@@ -1,5 +1,6 @@
-"""The README's code blocks run as a reader would paste them (the planner
-example runs in tests/test_wheel.py, from the installed wheel)."""
+"""The code blocks of the README and docs/ run as a reader would paste them
+(the README's planner example runs in tests/test_wheel.py, from the
+installed wheel)."""
 
 import os
 import pathlib
@@ -9,15 +10,22 @@ import sys
 import textwrap
 
 import pytest
-from readme_blocks import PLANNER_EXAMPLE, python_blocks
+from readme_blocks import PLANNER_EXAMPLE, README, python_blocks
 
 BLOCKS = [b for b in python_blocks() if PLANNER_EXAMPLE not in b]
 BIN = pathlib.Path(sys.executable).parent
 
 
 def test_the_readme_has_its_examples():
-    text = "\n".join(python_blocks())
-    for name in ("DynamicProgrammingProposer", "bucketize", "owner_rank", "balance(", "BalancedShuffle"):
+    text = "\n".join(python_blocks([README]))
+    for name in (
+        "create_planner",
+        "DynamicProgrammingProposer",
+        "bucketize",
+        "owner_rank",
+        "balance(",
+        "BalancedShuffle",
+    ):
         assert name in text, name
 
 
