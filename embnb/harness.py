@@ -3,7 +3,7 @@
 `run_notebook` is what `make run` and the tests use: it executes one notebook
 with parameters, saves the executed copy, its figures as PNG and its results
 JSON under an output folder, and returns the results. `notebook_problems`
-lists what breaks the notebook conventions (README, "Notebook conventions").
+lists what breaks the notebook conventions (docs/architecture.md, "Notebook conventions").
 
     python -m embnb.harness run [NOTEBOOK ...] [--out build/notebooks]
     python -m embnb.harness check [NOTEBOOK ...]

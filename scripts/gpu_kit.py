@@ -1,6 +1,6 @@
 """The GPU kit: verify every CUDA path of embnb in one short run on an
 air-gapped GPU machine whose Python stack is fixed (Python 3.12, torch
-2.11.0+cu130, no torchrec, fbgemm, papermill or jupyter; README "GPU kit").
+2.11.0+cu130, no torchrec, fbgemm, papermill or jupyter; docs/testing.md, "The GPU kit").
 
 On a machine with a package registry:
 
