@@ -170,8 +170,10 @@ using Run = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
 // Every table in order from the empty plan: weights and perfs are
 // [tables, options], inf perf where an option is not allowed. Returns the
-// frontier (each final state's option per table [states, tables], from the
-// largest memory down, as Knapsack.frontier orders it), and the final
+// frontier (each final state's option per table, [tables, states]: the
+// caller reads it transposed, as Knapsack.frontier orders it, from the
+// largest memory down; at thousands of tables a transposed copy here cost
+// as much again as the trace), and the final
 // states' bins, perfs and memories (in bin order) and the last table's
 // least perf per bin. Each step's winners stay here, only to trace the
 // frontier back.
@@ -213,7 +215,7 @@ Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double 
   }
   // Trace every final state back at once, table by table from the last (each
   // step's winners are read where they lie together), from the largest
-  // memory (the last bin) down; written [tables, states], returned transposed.
+  // memory (the last bin) down; written and returned [tables, states].
   const auto num_states = static_cast<int64_t>(now.perf.size());
   at::Tensor by_table = at::empty({num_tables, num_states}, at::TensorOptions().dtype(at::kLong));
   int64_t* choice = by_table.data_ptr<int64_t>();
@@ -228,7 +230,7 @@ Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double 
       state[row] = previous[state[row]];
     }
   }
-  return {by_table.t().contiguous(), longs(cells), doubles(now.perf), doubles(now.memory),
+  return {by_table, longs(cells), doubles(now.perf), doubles(now.memory),
           doubles(bins.perf, num_tables ? num_bins : 0)};
 }
 
@@ -243,7 +245,7 @@ TORCH_LIBRARY_FRAGMENT(embnb, m) {
       "Tensor memory, Tensor least)");
   m.def(
       "knapsack_run(Tensor weights, Tensor perfs, float capacity, float bin_size, int num_bins) -> "
-      "(Tensor frontier, Tensor cells, Tensor perf, Tensor memory, Tensor least)");
+      "(Tensor frontier_by_table, Tensor cells, Tensor perf, Tensor memory, Tensor least)");
 }
 
 TORCH_LIBRARY_IMPL(embnb, CPU, m) {

@@ -69,7 +69,8 @@ class Knapsack:
             float(self.bin_size[0]),
             self.shape[0],
         )
-        self._frontier, self.cells, self.perf, mem, self.least = (t.numpy() for t in run)
+        by_table, self.cells, self.perf, mem, self.least = (t.numpy() for t in run)
+        self._frontier = by_table.T  # [states, tables], a view (not C-contiguous)
         self.mem = mem[:, None]
 
     def add_table(self, table: int, weights: np.ndarray, perfs: np.ndarray) -> None:
@@ -151,7 +152,8 @@ class Knapsack:
 
     def frontier(self, num_tables: int) -> np.ndarray:
         """The option of each table for every kept state [states, tables],
-        from the largest memory down (first axis first)."""
+        from the largest memory down (first axis first); after a native run,
+        a transposed view."""
         if self._frontier is not None:
             return self._frontier
         states = np.lexsort(self.mem.T[::-1])[::-1]

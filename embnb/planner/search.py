@@ -22,7 +22,7 @@ from torchrec.distributed.planner.types import ShardingOption
 
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
 from embnb.planner.replica import Placement
-from embnb.planner.space import UNIFORM, SearchSpace, gib_text
+from embnb.planner.space import UNIFORM, SearchSpace, gathered, gib_text
 
 __all__ = ["KnapsackRuns", "Start", "HillClimb", "unplaced_tables", "slowest_rank_tables"]
 
@@ -72,12 +72,12 @@ class KnapsackRuns:
         knapsack.add_tables(self.weights, perf)
         # The plans in the least type that holds an option index (a byte per
         # table, not eight: the frontier is states x tables).
-        frontier = knapsack.frontier(len(self.rows)).astype(self.key_type)
+        frontier = np.asarray(knapsack.frontier(len(self.rows)), dtype=self.key_type, order="C")
         keys = [hashlib.blake2b(row, digest_size=16).digest() for row in _row_bytes(frontier)]
         new = np.array([key not in self._seen for key in keys], dtype=bool)
         self._seen.update(itertools.compress(keys, new))
         plans = frontier[new]
-        memory = self.main_mem[self.rows, plans].sum(-1)
+        memory = gathered(self.main_mem, plans, np.sum)
         return FrontierSearch(plans, memory, space, self.bisect, self.slack)
 
     def __iter__(self) -> Iterator[FrontierSearch]:

@@ -202,7 +202,7 @@ class SearchSpace:
             [
                 running(self.perf) / self.world_size,
                 rank_perf.max(-1),
-                rank_perf.min(-1) + self.shard_perf[rows, plans].max(-1),
+                rank_perf.min(-1) + gathered(self.shard_perf, plans, np.max),
             ]
         )
         # Each running sum rounds a few times per change, relative to its largest value.
@@ -240,6 +240,19 @@ class SearchSpace:
             (1, 2)
         )
         return bound, fits
+
+
+def gathered(values: np.ndarray, plans: np.ndarray, reduce, rows_at_once: int = 256) -> np.ndarray:
+    """`reduce(values[tables, plans], axis=-1)`, a few plans at a time: the
+    same numbers (each plan is reduced alone) without a float per table and
+    plan at once (half a gigabyte a run at 5,000 tables)."""
+    tables = np.arange(plans.shape[1])
+    out = np.empty(len(plans), dtype=values.dtype)
+    for start in range(0, len(plans), rows_at_once):
+        out[start : start + rows_at_once] = reduce(
+            values[tables, plans[start : start + rows_at_once]], axis=-1
+        )
+    return out
 
 
 def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:

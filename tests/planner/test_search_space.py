@@ -16,7 +16,7 @@ from embnb import planner
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.native import loader
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
-from embnb.planner.space import SearchSpace, by_table
+from embnb.planner.space import SearchSpace, by_table, gathered
 from embnb.planner.topology import reserved_topology
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -221,3 +221,14 @@ def test_the_plan_does_not_depend_on_the_order_torchrec_enumerates_options_in():
     ]
     chosen = [sorted((o.name, o.sharding_type, o.compute_kernel) for o in run.plan) for run in runs]
     assert runs[0].perf_rating == runs[1].perf_rating and chosen[0] == chosen[1]
+
+
+@given(st.integers(0, 700), st.integers(1, 40), st.integers(1, 300))
+@settings(max_examples=30, deadline=None)
+def test_gathered_reduces_each_plan_as_the_whole_gather_does(num_plans, num_tables, rows_at_once):
+    rng = np.random.default_rng(num_plans * 41 + num_tables)
+    values = rng.random((num_tables, 9)) * 10.0 ** rng.integers(-3, 12, (num_tables, 1))
+    plans = rng.integers(0, 9, (num_plans, num_tables)).astype(np.uint8)
+    whole = values[np.arange(num_tables), plans]  # [plans, tables], at once
+    for reduce, expected in ((np.sum, whole.sum(-1)), (np.max, whole.max(-1, initial=-np.inf))):
+        assert np.array_equal(gathered(values, plans, reduce, rows_at_once), expected)  # to the bit
