@@ -243,6 +243,10 @@ def end_to_end_section(run: Run) -> str:
         "plan, repeated in one process | fresh / repeated | estimated rating | "
         "same rating everywhere | peak RSS"
     )
+    if any("torchrec_dp" in row for row in data["rows"]):  # torchrec's DP, in one more fresh process
+        header += cells("torchrec DP: plans in | its rating / embnb's")
+        for line, row in zip(rows, data["rows"]):
+            line += _torchrec_dp_cells(row.get("torchrec_dp"), row)
     return "\n\n".join(
         [
             "## Planning once, in a fresh process",
@@ -258,6 +262,17 @@ def end_to_end_section(run: Run) -> str:
             table(header, rows),
         ]
     )
+
+
+def _torchrec_dp_cells(peer: dict[str, Any] | None, row: dict[str, Any]) -> list[str]:
+    """torchrec's DP in a fresh process: its planning time, and its rating over embnb's."""
+    if not peer:
+        return ["-", "-"]
+    cut = " (cut)" if peer.get("timed_out") else ""
+    rating = peer.get("rating")
+    if rating is None or not math.isfinite(rating):
+        return [f"{sig(peer['plan_s'])} s{cut}", "no plan"]
+    return [f"{sig(peer['plan_s'])} s{cut}", ratio_range([rating], [row["in_process_rating"]])]
 
 
 def enumerators_section(run: Run) -> str:
