@@ -19,6 +19,14 @@
    with its 95% interval, and the per-phase breakdown.
 4. Exchanges: all-gather vs all-to-all on real ranks (time, identical
    batches) and the bytes a rank receives, computed up to 64 ranks.
+5. Rank by rank (notebook 04 sections 8-10, `embnb.lab.balancing.measured`):
+   at each of --measured-world-size, for Zipf and log-normal lengths, every
+   rank's forward and backward on its own samples, one rank after another
+   (thread CPU time, one thread): the speed-up of KK + swaps, LPT and plain
+   KK over the loader's cut beside the FLOP model and the bound; the
+   memory-capped balance at --cap-world-size with each rank's peak memory;
+   the shuffle's phases and the share a step of the measured length would
+   hide (computed).
 
 Writes benchmarks/results/balancer-DATE-MACHINE.json.
 """
@@ -37,11 +45,13 @@ import numberpartitioning
 import torch
 
 from embnb.balancing import partition as balancer
+from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
 from embnb.bench.timing import add_out_argument, write_results
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan
+from embnb.lab.balancing import measured
 from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
 from embnb.native import loader
 from embnb.timing import machine_name, median_seconds, paired_ratio
@@ -209,6 +219,44 @@ def bench_exchanges(
     }
 
 
+def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
+    """Sections 8-10 of notebook 04 at the bench's sizes, printed as they finish."""
+    distributions = {
+        "zipf": LengthDistribution("zipf", alpha=1.5),
+        "lognormal": LengthDistribution("lognormal", median=128, sigma=1.0),
+    }
+    print(
+        f"rank by rank at W={opts.measured_world_size}, {opts.measured_batch_size} samples per rank ...",
+        flush=True,
+    )
+    steps = measured.measure_balanced_steps(
+        distributions,
+        opts.measured_world_size,
+        local_batch_size=opts.measured_batch_size,
+        max_length=opts.measured_max_length,
+        repeats=opts.measured_repeats,
+    )
+    table = steps.speedups()
+    for sentence in measured.speedup_sentences(table):
+        print("  " + sentence, flush=True)
+    cap_world_size = opts.cap_world_size if opts.cap_world_size in opts.measured_world_size else None
+    capped = [
+        measured.measure_capped(steps, name, cap_world_size, opts.cap_over_mean)
+        for name in distributions
+        if cap_world_size is not None
+    ]
+    for run in capped:
+        costs = ", ".join(f"{label} {run.cost(label):.2f}x" for label in run.steps)
+        print(f"  cap {run.cap:.0f} tokens, {run.distribution}: binds {run.binds()}; measured cost {costs}")
+    shares = {name: measured.worker_shares(steps, name) for name in distributions}
+    for name, frame in shares.items():
+        print(
+            f"  {name}: share of the shuffle hidden (computed):",
+            frame["hidden_share_computed"].round(3).tolist(),
+        )
+    return measured.results(steps, capped, shares)
+
+
 def _options(argv: list[str]) -> argparse.Namespace:
     """The command line, checked."""
     parser = argparse.ArgumentParser(
@@ -246,8 +294,22 @@ def _options(argv: list[str]) -> argparse.Namespace:
         default=[2, 4, 8, 16, 32, 64],
         help="ranks bytes are computed for",
     )
+    parser.add_argument(
+        "--measured-world-size", type=int, nargs="*", default=[8, 16, 64], help="rank by rank (none: skip)"
+    )
+    parser.add_argument("--measured-batch-size", type=int, default=32, help="samples per rank, rank by rank")
+    parser.add_argument(
+        "--measured-max-length", type=int, default=2048, help="longest sequence, rank by rank"
+    )
+    parser.add_argument("--measured-repeats", type=int, default=3, help="timed repeats per rank")
+    parser.add_argument("--cap-world-size", type=int, default=16, help="ranks of the memory-capped balance")
+    parser.add_argument("--cap-over-mean", type=float, default=1.02, help="token cap / mean tokens per rank")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
+    if opts.measured_batch_size is None:
+        opts.measured_batch_size = opts.batch_size
+    if opts.measured_max_length is None:
+        opts.measured_max_length = opts.max_length
     for name, values in (
         ("--world-size", opts.world_size),
         ("--exchange-world-size", opts.exchange_world_size or [1]),
@@ -256,6 +318,10 @@ def _options(argv: list[str]) -> argparse.Namespace:
         ("--repeats", [opts.repeats]),
         ("--batch-size", [opts.batch_size]),
         ("--max-length", [opts.max_length]),
+        ("--measured-world-size", opts.measured_world_size or [1]),
+        ("--measured-batch-size", [opts.measured_batch_size]),
+        ("--measured-max-length", [opts.measured_max_length]),
+        ("--measured-repeats", [opts.measured_repeats]),
     ):
         if any(v < 1 for v in values):
             parser.error(f"{name} must be >= 1, got {values if len(values) > 1 else values[0]}")
@@ -300,6 +366,7 @@ def main(argv: list[str]) -> int:
             )
         )
     exchanges = _run_exchanges(opts) if opts.exchange_world_size else None
+    rank_by_rank = bench_rank_by_rank(opts) if opts.measured_world_size else None
     payload = {
         "machine": machine_name(),
         "native_kk": native,
@@ -308,6 +375,7 @@ def main(argv: list[str]) -> int:
         "gil_main_thread_speed": gil,
         "training": training,
         "exchanges": exchanges,
+        "rank_by_rank": rank_by_rank,
         "training_config": {
             "steps": opts.steps,
             "batch_size": opts.batch_size,

@@ -24,7 +24,16 @@ PARAMETERS = {
     # the comparison at the notebook's own sizes (seconds): the tests check what its prose says
     "exchange_world_sizes": [2],
     "bytes_world_sizes": [2, 8, 64],
+    # the rank-by-rank sections at small sizes (the notebook's defaults: W = 8, 16, 64)
+    "measured_world_sizes": [4, 8],
+    "measured_batch_size": 4,
+    "measured_max_length": 96,
+    "measured_width": 16,
+    "measured_repeats": 1,
+    "cap_world_size": 4,
+    "cap_over_mean": 1.02,
 }
+MEASURED_HIDDEN = (64,)  # measure_balanced_steps' default MLP
 METHODS = ["contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap"]
 SHUFFLE_PHASES = {"gather_workloads", "kk", "exchange"}
 
@@ -193,7 +202,95 @@ def test_summary_figures_and_explorer(run):
     assert isinstance(summary, str) and "\n" not in summary
     assert "overlap - sync" in summary and "95% CI" in summary and "FLOPs predict" in summary
     figures = run.figures()
-    # 2 length histograms, part loads, gap by method, 2 FLOPs, gather times, exchanges, step times, timeline
-    assert len(figures) == 10
+    # 2 length histograms, part loads, gap by method, 2 FLOPs, gather times, exchanges, step times, timeline,
+    # measured speed-ups, 2 capped balances
+    assert len(figures) == 13
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
     assert run.widgets_shown_by("BalanceExplorer(") == 1
+
+
+def _model_flops(length, width=PARAMETERS["measured_width"], hidden=MEASURED_HIDDEN):
+    # the measured model's forward FLOPs, written out: QKV, attention (full), MLP
+    widths = [width, *hidden, 1]
+    return (
+        6 * length * width**2
+        + 4 * length**2 * width
+        + 2 * length * sum(a * b for a, b in zip(widths, widths[1:]))
+    )
+
+
+def _runs(results):
+    return {(r["distribution"], r["world_size"], r["method"]): r for r in results["measured_runs"]}
+
+
+def test_measured_speedups_follow_from_the_per_rank_numbers(run):
+    results = run.results
+    runs = _runs(results)
+    batches = {(b["distribution"], b["world_size"]): b["lengths"] for b in results["measured_batches"]}
+    assert sorted(batches) == sorted(
+        (d, w) for d in ("zipf", "lognormal") for w in PARAMETERS["measured_world_sizes"]
+    )
+    for (name, w), lengths in batches.items():
+        assert len(lengths) == w * PARAMETERS["measured_batch_size"]
+        assert max(lengths) <= PARAMETERS["measured_max_length"]
+        flops = sorted(_model_flops(n) for n in lengths)
+        # the equal-count bound, recomputed: the largest sample and the w-1... smallest others of its part
+        bound = max(sum(flops) / w, flops[-1] + sum(flops[: len(lengths) // w - 1]))
+        for method in ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap"):
+            r = runs[(name, w, method)]
+            assert len(r["cpu_ms"]) == w and sorted(r["tokens"]) != []
+            assert sum(r["tokens"]) == sum(lengths)  # every sample on exactly one rank
+            assert sum(r["flops"]) == pytest.approx(sum(flops))
+            assert max(r["flops"]) >= bound * (1 - 1e-9)  # no partition beats the bound
+            assert r["lower_bound"] == pytest.approx(bound)
+            assert r["longest_sets_bound"] == (flops[-1] > sum(flops) / w)
+    for row in results["measured_speedups"]:
+        cut = runs[(row["distribution"], row["world_size"], "contiguous")]
+        mine = runs[(row["distribution"], row["world_size"], row["method"])]
+        # the step is the slowest rank's median thread CPU time; speed-ups are ratios of steps
+        assert row["step_ms"] == max(mine["cpu_ms"])
+        assert row["measured"] == pytest.approx(max(cut["cpu_ms"]) / max(mine["cpu_ms"]))
+        assert row["flop_model"] == pytest.approx(max(cut["flops"]) / max(mine["flops"]))
+        assert row["bound"] == pytest.approx(max(cut["flops"]) / mine["lower_bound"])
+        assert row["flop_model"] <= row["bound"] * (1 + 1e-9)
+        for low, median, high in zip(mine["cpu_low_ms"], mine["cpu_ms"], mine["cpu_high_ms"]):
+            assert 0 < low <= median <= high
+    assert len(results["measured_sentences"]) == 2 and "KK + swaps" in results["summary"]
+    assert results["recsys_e2e"]["speedup"] == 1.53 and "a84ae588" in results["recsys_e2e"]["source"]
+
+
+def test_the_memory_cap_holds_and_its_cost_follows_from_the_per_rank_numbers(run):
+    capped = run.results["capped"]
+    assert [c["distribution"] for c in capped] == ["zipf", "lognormal"]
+    for c in capped:
+        w = c["world_size"]
+        assert w == PARAMETERS["cap_world_size"]
+        uncapped = c["runs"]["uncapped"]
+        assert c["binds"] == (max(uncapped["tokens"]) > c["cap"])
+        assert c["cap"] >= PARAMETERS["cap_over_mean"] * c["mean_tokens"] - 1e-9
+        for label, step in c["runs"].items():
+            assert sum(step["tokens"]) == sum(uncapped["tokens"])
+            if label != "uncapped":
+                assert max(step["tokens"]) <= c["cap"]  # the cap holds, a plain sum per rank
+            assert c["cost"][label] == pytest.approx(max(step["cpu_ms"]) / max(uncapped["cpu_ms"]))
+            assert c["flop_cost"][label] == pytest.approx(max(step["flops"]) / max(uncapped["flops"]))
+            peaks = c["peak_bytes"][label]
+            assert len(peaks) == w and all(p > 0 for p in peaks)  # every rank's step allocates
+        if not c["binds"]:  # a cap that does not bind leaves KK + swaps' partition as it was
+            assert c["runs"]["kk_swap"] == uncapped and c["flop_cost"]["kk_swap"] == 1.0
+
+
+def test_worker_shares_are_computed_from_the_counted_phases_and_the_measured_step(run):
+    results = run.results
+    runs = _runs(results)
+    batch = PARAMETERS["measured_batch_size"]
+    for name, rows in results["worker_shares"].items():
+        assert [r["world_size"] for r in rows] == PARAMETERS["measured_world_sizes"]
+        for r in rows:
+            w = r["world_size"]
+            assert r["gather_bytes"] == w * batch * 8  # float64 workloads of every sample
+            shuffle = r["gather_ms_computed"] + r["kk_ms_measured"] + r["exchange_ms_computed"]
+            assert r["shuffle_ms"] == pytest.approx(shuffle)
+            assert r["compute_ms_measured"] == max(runs[(name, w, "kk_swap")]["cpu_ms"])
+            assert r["hidden_share_computed"] == pytest.approx(min(1.0, r["compute_ms_measured"] / shuffle))
+            assert r["exchange_bytes"] > 0
