@@ -294,3 +294,10 @@ def test_worker_shares_are_computed_from_the_counted_phases_and_the_measured_ste
             assert r["compute_ms_measured"] == max(runs[(name, w, "kk_swap")]["cpu_ms"])
             assert r["hidden_share_computed"] == pytest.approx(min(1.0, r["compute_ms_measured"] / shuffle))
             assert r["exchange_bytes"] > 0
+
+
+def test_the_memory_sentence_says_what_the_peaks_show(run):
+    for c in run.results["capped"]:
+        uncapped = max(c["peak_bytes"]["uncapped"])
+        lower = [m for m in ("greedy_lpt", "karmarkar_karp", "kk_swap") if max(c["peak_bytes"][m]) < uncapped]
+        assert c["memory_sentence"].endswith(f"lower for {', '.join(lower) or 'no method'}.")

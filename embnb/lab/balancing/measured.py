@@ -219,8 +219,22 @@ class CappedRun:
         """The uncapped partition holds more tokens on some rank than the cap."""
         return max(self.steps["uncapped"].tokens) > self.cap
 
+    def memory_sentence(self) -> str:
+        """Whether capping tokens lowered the largest measured peak memory, from the numbers."""
+        uncapped = max(self.peak_bytes["uncapped"])
+        lower = [label for label in CAPPED_METHODS if max(self.peak_bytes[label]) < uncapped]
+        heaviest = max(range(self.world_size), key=self.peak_bytes["uncapped"].__getitem__)
+        tokens = self.steps["uncapped"].tokens
+        most = "the most" if tokens[heaviest] == max(tokens) else "not the most"
+        return (
+            f"{self.distribution}: the largest measured peak is {uncapped / 2**20:.2f} MiB uncapped, "
+            f"on a rank holding {tokens[heaviest]} tokens ({most} of any rank); "
+            f"under the cap it is lower for {', '.join(lower) or 'no method'}."
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
+            "memory_sentence": self.memory_sentence(),
             "distribution": self.distribution,
             "world_size": self.world_size,
             "cap": self.cap,

@@ -79,11 +79,11 @@ def capped_memory(run: CappedRun, title: str | None = None) -> Figure:
     tokens_ax.axhline(run.cap, color="black", linestyle="-", linewidth=1.5, label=f"cap {run.cap:.0f} tokens")
     tokens_ax.axhline(run.mean_tokens, **MEAN_STYLE, label="mean tokens per rank")
     tokens_ax.set_ylabel("tokens per rank")
-    memory_ax.set_ylabel("peak activation memory (MiB, measured)")
+    memory_ax.set_ylabel("peak activation MiB (measured)")
     for ax in (tokens_ax, memory_ax):
         rank_ticks(ax, run.world_size)
         ax.set_ylim(bottom=0)
-    tokens_ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(1.1, -0.15), ncols=6)  # below the panels
+    fig.legend(loc="outside lower center", ncols=6, fontsize=8)  # below the panels, off the data
     fig.suptitle(
         title or f"{run.distribution}, W={run.world_size}: balanced by FLOPs, with and without a token cap"
     )
