@@ -290,6 +290,33 @@ def test_end_to_end_bench_plans_in_fresh_processes_as_in_this_one(tmp_path, benc
     assert stdout.count("fresh process") == 2 and stdout.count("torchrec DP") == 2
 
 
+def test_end_to_end_bench_plans_under_the_reservation_asked_for(tmp_path, bench):
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from embnb import planner
+    from embnb.lab.planner.models import fused_table_gb, make_model
+
+    bench(
+        "end_to_end",
+        *("--cases", "8x8/4", "--processes", "1", "--torchrec-dp-timeout-s", "0"),
+        *("--storage-reservation", "fixed", "--out", str(tmp_path)),
+    )
+    payload = results(tmp_path, "end_to_end")
+    assert payload["storage_reservation"].startswith("FixedPercentageStorageReservation(0.15)")
+    (row,) = payload["rows"]
+    assert row["torchrec_dp"] is None
+    # the oracle: create_planner asked for the fixed reservation here, on the bench's model and topology
+    model = make_model(8, seed=0)
+    topology = planner.make_topology(
+        8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8 * 0.5, local_world_size=4
+    )
+    fixed = planner.create_planner(topology, 512, constraints=model.constraints, storage_reservation="fixed")
+    module = EmbeddingBagCollection(tables=list(model.tables), device=torch.device("meta"))
+    fixed.plan(module, [EmbeddingBagCollectionSharder()])
+    assert row["fresh_ratings"] == [row["in_process_rating"]] == [fixed._proposers[0].best_rating]
+
+
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
     from embnb.lab.planner.ablation import LADDER
 
@@ -325,6 +352,7 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
         ),
         (["end_to_end", "--cases", "800x64/3"], "PER_HOST must divide the devices, got '800x64/3'"),
         (["end_to_end", "--torchrec-dp-timeout-s", "-1"], "--torchrec-dp-timeout-s must be >= 0, got -1.0"),
+        (["end_to_end", "--storage-reservation", "half"], "invalid choice: 'half'"),
         (["ablation", "--timeout-s", "0"], "--hbm-fraction and --timeout-s must be > 0, got 0.5, 0.0"),
         (["nosuch"], "got 'nosuch'"),
     ],

@@ -42,7 +42,13 @@ from embnb.timing import machine_name
 BATCH_SIZE = 512
 HBM_FRACTION = 0.5  # as the planner bench's default
 
-RESERVATION = "heuristical"  # torchrec's default (HeuristicalStorageReservation(0.15)), create_planner's
+# torchrec's default (HeuristicalStorageReservation(0.15): the percentage, dense parameters and KJTs),
+# create_planner's; "fixed" reserves the 15% alone (FixedPercentageStorageReservation), where torchrec's
+# KJT reservation leaves a model no plan (--storage-reservation).
+RESERVATIONS = {
+    "heuristical": "torchrec's default, HeuristicalStorageReservation(0.15), for both",
+    "fixed": "FixedPercentageStorageReservation(0.15), for both",
+}
 
 # One plan in a new process, by embnb's create_planner or (a timeout given) torchrec's planner with its
 # DP proposer; prints {"import_s", "plan_s", "rating", "proposals", "timed_out", "peak_rss_gib"} as JSON.
@@ -114,9 +120,11 @@ def _case(text: str) -> tuple[int, int, int | None]:
     return tables, devices, local
 
 
-def _plan_in_a_new_process(num_tables: int, world_size: int, local: int | None, timeout_s: float) -> dict:
+def _plan_in_a_new_process(
+    num_tables: int, world_size: int, local: int | None, timeout_s: float, reservation: str
+) -> dict:
     """One plan in a fresh process (torchrec's DP when `timeout_s`, else create_planner)."""
-    args = [num_tables, world_size, local or 0, BATCH_SIZE, HBM_FRACTION, timeout_s, RESERVATION]
+    args = [num_tables, world_size, local or 0, BATCH_SIZE, HBM_FRACTION, timeout_s, reservation]
     done = subprocess.run(
         [sys.executable, "-c", _ONE_PLAN, *map(str, args)],
         capture_output=True,
@@ -134,9 +142,14 @@ def _hosts(world_size: int, local: int | None) -> str:
 
 
 def bench_case(
-    num_tables: int, world_size: int, processes: int, local: int | None = None, timeout_s: float = 0
+    num_tables: int,
+    world_size: int,
+    processes: int,
+    local: int | None = None,
+    timeout_s: float = 0,
+    reservation: str = "heuristical",
 ) -> dict:
-    fresh = [_plan_in_a_new_process(num_tables, world_size, local, 0) for _ in range(processes)]
+    fresh = [_plan_in_a_new_process(num_tables, world_size, local, 0, reservation) for _ in range(processes)]
     model = make_model(num_tables, seed=0)
     topology = planner.make_topology(
         world_size,
@@ -144,9 +157,18 @@ def bench_case(
         hbm_cap_gb=fused_table_gb(model.tables) / world_size * HBM_FRACTION,
         local_world_size=local,
     )
-    warm = time_end_to_end(model.tables, topology, BATCH_SIZE, model.constraints, repeats=processes)
+    warm = time_end_to_end(
+        model.tables,
+        topology,
+        BATCH_SIZE,
+        model.constraints,
+        repeats=processes,
+        storage_reservation=reservation,
+    )
     plan_runs = [run["plan_s"] for run in fresh]
-    peer = _plan_in_a_new_process(num_tables, world_size, local, timeout_s) if timeout_s else None
+    peer = (
+        _plan_in_a_new_process(num_tables, world_size, local, timeout_s, reservation) if timeout_s else None
+    )
     row = {
         "num_tables": num_tables,
         "world_size": world_size,
@@ -211,6 +233,12 @@ def main(argv: list[str]) -> int:
         help="torchrec's planner with its DP proposer beside each case, cut at this (0: skip)",
     )
     parser.add_argument(
+        "--storage-reservation",
+        choices=list(RESERVATIONS),
+        default="heuristical",
+        help="what both planners reserve: torchrec's default (heuristical) or a fixed 15%%",
+    )
+    parser.add_argument(
         "--processes", type=int, default=5, help="fresh processes per case (and runs in this one)"
     )
     add_out_argument(parser)
@@ -222,7 +250,16 @@ def main(argv: list[str]) -> int:
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
     for num_tables, world_size, local in opts.cases:
-        rows.append(bench_case(num_tables, world_size, opts.processes, local, opts.torchrec_dp_timeout_s))
+        rows.append(
+            bench_case(
+                num_tables,
+                world_size,
+                opts.processes,
+                local,
+                opts.torchrec_dp_timeout_s,
+                opts.storage_reservation,
+            )
+        )
         print(_line(rows[-1]), flush=True)
     payload = {
         "benchmark": "end_to_end",
@@ -230,7 +267,7 @@ def main(argv: list[str]) -> int:
         "batch_size": BATCH_SIZE,
         "hbm_fraction": HBM_FRACTION,
         "processes": opts.processes,
-        "storage_reservation": "torchrec's default, HeuristicalStorageReservation(0.15), for both",
+        "storage_reservation": RESERVATIONS[opts.storage_reservation],
         "torchrec_dp_timeout_s": opts.torchrec_dp_timeout_s,
         "rows": rows,
         "bench_s": time.perf_counter() - start,

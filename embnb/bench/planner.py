@@ -47,21 +47,18 @@ import statistics
 import time
 
 import numpy as np
-import torch
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
 from embnb.lab.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.study import (
-    EndToEnd,
     compare_proposers,
     default_proposers,
     quality_study,
     run_planner,
+    time_end_to_end,
 )
-from embnb.planner.enumerator import default_enumerator, same_options
+from embnb.planner.enumerator import same_options
 from embnb.timing import machine_name
 
 PEERS = ("torchrec DP", "torchrec default")
@@ -128,8 +125,11 @@ def bench_one(
         row["proposers"][OURS], repeats, proposers[OURS], enumerated, topology, batch_size, model
     )
     del enumerated
-    # What a user waits for from model to plan, measured as a user calls it: create_planner(...).plan.
-    end_to_end = _time_end_to_end(model, topology, batch_size, repeats)
+    # What a user waits for from model to plan, measured as a user calls it: create_planner(...).plan,
+    # under the reservation every proposer here plans under (compare_proposers')
+    end_to_end = time_end_to_end(
+        model.tables, topology, batch_size, model.constraints, repeats=repeats, storage_reservation="fixed"
+    )
     row["proposers"][OURS].update(
         end_to_end_s=end_to_end.median_s,
         end_to_end_s_runs=end_to_end.seconds,
@@ -146,25 +146,6 @@ def bench_one(
         entry["end_to_end_s"] = row["enumerate_s"] + float(result.plan_s)
         entry["end_to_end_vs_embnb"] = entry["end_to_end_s"] / row["proposers"][OURS]["end_to_end_s"]
     return row
-
-
-def _time_end_to_end(model, topology, batch_size: int, repeats: int) -> EndToEnd:
-    """`create_planner(...).plan` timed as `embnb.lab.planner.study.time_end_to_end`
-    times it, under the reservation every proposer here plans under
-    (FixedPercentageStorageReservation(0.15), compare_proposers')."""
-    seconds, ratings = [], []
-    for _ in range(repeats):
-        module = EmbeddingBagCollection(tables=list(model.tables), device=torch.device("meta"))
-        chosen = planner.create_planner(
-            topology, batch_size, constraints=model.constraints, storage_reservation="fixed"
-        )
-        gc.collect()
-        start = time.perf_counter()
-        chosen.plan(module, [EmbeddingBagCollectionSharder()])
-        seconds.append(time.perf_counter() - start)
-        ratings.append(chosen._proposers[0].best_rating)  # create_planner's DP
-        del module, chosen
-    return EndToEnd(default_enumerator(), seconds, ratings[0], len(set(ratings)) == 1)
 
 
 def _enumerate(

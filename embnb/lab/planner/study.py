@@ -250,16 +250,21 @@ def time_end_to_end(
     *,
     repeats: int = 1,
     enumerator: str | None = None,
+    storage_reservation: str | None = None,
 ) -> EndToEnd:
     """From the model to the plan: an EmbeddingBagCollection of `tables` (on
     meta) planned by `create_planner(topology, batch_size, constraints=...,
-    enumerator=...)`, `repeats` times (the garbage of the run before
-    collected first, outside the timing)."""
+    enumerator=..., storage_reservation=...)` (None: create_planner's
+    default), `repeats` times (the garbage of the run before collected
+    first, outside the timing)."""
     check_int("repeats", repeats, low=1)
     seconds, ratings = [], []
     for _ in range(repeats):
         module = EmbeddingBagCollection(tables=list(tables), device=torch.device("meta"))
-        chosen = create_planner(topology, batch_size, constraints=constraints, enumerator=enumerator)
+        reserve = {} if storage_reservation is None else {"storage_reservation": storage_reservation}
+        chosen = create_planner(
+            topology, batch_size, constraints=constraints, enumerator=enumerator, **reserve
+        )
         gc.collect()
         start = time.perf_counter()
         chosen.plan(module, [EmbeddingBagCollectionSharder()])
