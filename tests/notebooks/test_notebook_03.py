@@ -2,6 +2,7 @@
 
 import itertools
 
+import pandas as pd
 import pytest
 
 SMALL = {
@@ -14,6 +15,11 @@ SMALL = {
     "pitfall_instances": 12,
     "repeats": 2,
     "timeout_s": 20,
+    "measured_num_tables": 12,
+    "measured_world_sizes": [2, 4],
+    "measured_batch_size": 8,
+    "measured_max_rows": 20000,  # data-parallel rows enough to stand out of the timer noise
+    "measured_repeats": 2,
 }
 
 
@@ -175,7 +181,7 @@ def test_cpu_topology_plans_where_torchrec_dp_fails(run):
 
 def test_figures_and_explorer_are_drawn(run):
     pngs = run.figures()
-    assert len(pngs) == 5  # small knapsack, comparison, budget sweep, brute force, ranks
+    assert len(pngs) == 6  # small knapsack, comparison, budget sweep, brute force, ranks, measured
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert run.widgets_shown_by("PlannerExplorer(") == 1
 
@@ -195,3 +201,40 @@ def test_ablation_ladder(run):
     assert replayed["perf_rating"] == results["proposers"]["embnb DP"]["perf_rating"]  # the default proposer
     for rung, row in ablation.items():
         assert row["plan_s_min"] <= row["plan_s"] <= row["plan_s_max"], rung
+
+
+def test_measured_section_plans_run_rank_by_rank(run):
+    """Section 10: every plan measured rank by rank, beside torchrec's estimates."""
+    measured = run.results["measured"]
+    assert measured["clock"] == "cpu" and measured["num_tables"] == SMALL["measured_num_tables"]
+    assert set(measured["worlds"]) == {str(w) for w in SMALL["measured_world_sizes"]}
+    for world_size, world in measured["worlds"].items():
+        plans = world["plans"]
+        assert {"embnb DP", "torchrec DP", "Greedy", "torchrec default", "all data-parallel"} <= set(plans)
+        assert len(plans) >= 6
+        # torchrec's DP divides by zero on a CPU topology: a finding, shown with its error
+        assert not plans["torchrec DP"]["step_ms"] and "ZeroDivisionError" in plans["torchrec DP"]["note"]
+        ran = {name: plan for name, plan in plans.items() if plan["step_ms"] is not None}
+        assert len(ran) >= 6, world_size
+        for name, plan in ran.items():
+            assert len(plan["lookup_per_rank_ms"]) == int(world_size) == len(plan["estimated_per_rank_ms"])
+            assert plan["lookup_ms"] == max(plan["lookup_per_rank_ms"]) > 0, name
+            assert plan["step_ms"] >= plan["lookup_ms"], name  # the step holds the slowest rank's lookups
+            # torchrec's rating is its slowest rank's estimated total
+            assert plan["rating_ms"] == pytest.approx(max(plan["estimated_per_rank_ms"])), name
+            tables = sum(v for k, v in plan["shape"].items() if k != "shards")
+            assert tables == SMALL["measured_num_tables"] <= plan["shape"]["shards"], name
+        # every table whole on every rank (a dense update of every row): slower lookups than the DP's slowest
+        assert ran["all data-parallel"]["lookup_ms"] > ran["embnb DP"]["lookup_ms"]
+        assert world["winner"] == min(ran, key=lambda name: ran[name]["step_ms"])
+
+
+def test_measured_spearman_is_the_rank_correlation_of_the_printed_plans(run):
+    """The printed Spearman, recomputed here with pandas' ranks (ties at their mean)."""
+    for world in run.results["measured"]["worlds"].values():
+        ran = [plan for plan in world["plans"].values() if plan["step_ms"] is not None]
+        rating = pd.Series([plan["rating_ms"] for plan in ran])
+        for key in ("step", "lookup"):
+            measured = pd.Series([plan[f"{key}_ms"] for plan in ran])
+            want = measured.rank().corr(rating.rank())  # Pearson of the ranks
+            assert world[f"spearman_{key}"] == pytest.approx(want), key

@@ -8,6 +8,7 @@
 - `ablation`: the proposer's pieces added one at a time (`LADDER`).
 - `explain`: the options, the DP table, the frontier.
 - `candidates`: the plans measured rank by rank (`embnb.steptime`), with
-  torchrec's estimates beside them, and Spearman's rank correlation.
+  torchrec's estimates beside them, and Spearman's rank correlation;
+  `measured` runs them rank by rank for section 10 and draws the figure.
 - `results`, `plots`, `widgets`: the notebook's results dict, figures, explorer.
 """

@@ -1,0 +1,216 @@
+"""Notebook 03's measured section: the candidate plans (`candidates`) of one
+model on a CPU topology, each run rank by rank with real kernels
+(`embnb.steptime.measure_plan`), beside torchrec's estimates.
+
+The primary clock is each rank's thread CPU time at one intra-op thread:
+on a shared machine other processes stretch wall time, not the CPU time
+the rank's kernels used. Communication is not measured: its time per rank
+is computed from the counted bytes (`steptime.comms.LINK_MODEL`).
+
+    world = measure_world(model, 8, local_batch_size=16, repeats=2)
+    world.spearman("lookup_ms"), world.winner().shape
+    fig = measured_vs_estimated([world8, world32])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from embnb._checks import check_int
+from embnb.lab.planner.candidates import candidate_plans, estimated_per_rank, plan_shape, spearman
+from embnb.lab.planner.models import Model
+from embnb.lab.plotting import new_figure
+from embnb.planner.topology import make_topology
+from embnb.steptime import make_batch, measure_plan
+
+__all__ = [
+    "MeasuredPlan",
+    "MeasuredWorld",
+    "measure_world",
+    "measured_vs_estimated",
+    "estimate_over_measured",
+    "CLOCK",
+]
+
+CLOCK = "cpu"  # thread CPU time (module docstring)
+
+
+@dataclass(frozen=True)
+class MeasuredPlan:
+    """One plan: torchrec's rating (ms, its estimate of the slowest rank) and,
+    if it has a plan, each rank's measured lookups (forward + backward with
+    the fused optimizer) and whole step (lookups + dense), thread CPU ms."""
+
+    name: str
+    rating_ms: float
+    note: str
+    shape: dict[str, int] | None = None
+    step_ms: float | None = None  # the critical path: the slowest rank's step
+    lookup_ms: float | None = None  # the slowest rank's lookups
+    critical_rank: int | None = None
+    step_wall_ms: float | None = None
+    lookup_per_rank_ms: list[float] | None = None
+    estimated_per_rank_ms: list[float] | None = None  # torchrec's total per rank
+    computed_comms_per_rank_ms: list[float] | None = None  # from counted bytes, not measured
+
+    @property
+    def measured(self) -> bool:
+        return self.step_ms is not None
+
+
+@dataclass(frozen=True)
+class MeasuredWorld:
+    world_size: int
+    plans: list[MeasuredPlan]
+    local_batch_size: int
+    threads: int
+    warmup: int
+    repeats: int
+
+    def measured(self) -> list[MeasuredPlan]:
+        return [p for p in self.plans if p.measured]
+
+    def spearman(self, key: str = "step_ms") -> float:
+        """Spearman's rank correlation across measured plans of `key` and torchrec's rating."""
+        plans = self.measured()
+        return spearman([getattr(p, key) for p in plans], [p.rating_ms for p in plans])
+
+    def winner(self, key: str = "step_ms") -> MeasuredPlan:
+        return min(self.measured(), key=lambda p: getattr(p, key))
+
+    def to_json(self) -> dict:
+        return {
+            **{k: v for k, v in asdict(self).items() if k != "plans"},
+            "plans": {p.name: _finite(asdict(p)) for p in self.plans},
+            "spearman_step": self.spearman("step_ms"),
+            "spearman_lookup": self.spearman("lookup_ms"),
+            "winner": self.winner().name,
+        }
+
+
+def _finite(row: dict) -> dict:
+    """NaN (a plan torchrec could not rate) as None: strict JSON."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+
+
+def _measure_one(candidate, topology, model: Model, batch, **options) -> MeasuredPlan:
+    if candidate.options is None:
+        return MeasuredPlan(candidate.name, candidate.rating, candidate.note)
+    times = measure_plan(candidate.sharding_plan(topology), model.tables, batch, device="cpu", **options)
+    estimate = estimated_per_rank(candidate.options, topology.world_size)
+    lookups = [r.lookup.median_s(CLOCK) * 1e3 for r in times.ranks]
+    critical = times.critical_rank(CLOCK)
+    return MeasuredPlan(
+        candidate.name,
+        candidate.rating,
+        candidate.note,
+        plan_shape(candidate.options),
+        times.critical_path_s(CLOCK) * 1e3,
+        max(lookups),
+        critical,
+        times.critical_path_s("wall") * 1e3,
+        lookups,
+        [s * 1e3 for s in estimate["total"]],
+        [c.computed_seconds(topology) * 1e3 for c in times.comms],
+    )
+
+
+def measure_world(
+    model: Model,
+    world_size: int,
+    local_batch_size: int,
+    *,
+    repeats: int = 2,
+    warmup: int = 1,
+    threads: int = 1,
+    hidden: Sequence[int] = (128,),
+    timeout_s: float = 60.0,
+    seed: int = 0,
+) -> MeasuredWorld:
+    """Plan `model` on `world_size` CPU devices (`candidate_plans`) and
+    measure every plan rank by rank on one global batch."""
+    check_int("world_size", world_size, low=2)
+    topology = make_topology(world_size, "cpu")
+    candidates = candidate_plans(model, topology, local_batch_size, timeout_s=timeout_s)
+    batch = make_batch(model.tables, model.constraints, world_size, local_batch_size, seed)
+    options = {"threads": threads, "warmup": warmup, "repeats": repeats, "hidden": tuple(hidden)}
+    plans = [_measure_one(c, topology, model, batch, **options) for c in candidates.values()]
+    return MeasuredWorld(world_size, plans, local_batch_size, threads, warmup, repeats)
+
+
+MARKERS = "os^DvP<>"  # one per plan: plans rated alike overlap, their shapes still show
+PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 0.5, 2, 30: not 5x10^-1
+
+
+def _plan_styles(names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    return {name: (f"C{i}", MARKERS[i % len(MARKERS)]) for i, name in enumerate(names)}
+
+
+def measured_vs_estimated(worlds: Sequence[MeasuredWorld]) -> Figure:
+    """Top: per plan, the measured critical path (filled: the step; hollow:
+    the lookups) against torchrec's rating. Bottom: per rank, the measured
+    lookups against torchrec's estimated total (ranks it gives no shard
+    left out: a log axis has no 0). Log axes; one colour per plan."""
+    if not worlds:
+        raise ValueError("worlds is empty: nothing to plot")
+    names = list(dict.fromkeys(p.name for w in worlds for p in w.measured()))
+    styles = _plan_styles(names)
+    fig = new_figure(4.2 * len(worlds) + 2.2, 7.4)
+    axes = fig.subplots(2, len(worlds), squeeze=False)
+    for column, world in enumerate(worlds):
+        top, bottom = axes[0][column], axes[1][column]
+        skipped = 0
+        for plan in world.measured():
+            color, marker = styles[plan.name]
+            top.scatter(
+                plan.rating_ms, plan.step_ms, color=color, marker=marker, s=40, label=plan.name, zorder=3
+            )
+            top.scatter(
+                plan.rating_ms,
+                plan.lookup_ms,
+                facecolors="none",
+                edgecolors=color,
+                marker=marker,
+                s=40,
+                zorder=3,
+            )
+            pairs = [
+                (e, m) for e, m in zip(plan.estimated_per_rank_ms, plan.lookup_per_rank_ms) if e > 0 and m > 0
+            ]
+            skipped += len(plan.lookup_per_rank_ms) - len(pairs)
+            if pairs:
+                bottom.scatter(*zip(*pairs), color=color, marker=marker, s=14, alpha=0.7)
+        top.set(xscale="log", yscale="log", xlabel="torchrec's estimated rating, ms")
+        top.set_ylabel(f"measured critical path, ms ({CLOCK} time)")
+        top.set_title(f"W = {world.world_size}: plan by plan\n(filled: step; hollow: lookups)", fontsize=9)
+        bottom.set(xscale="log", yscale="log", xlabel="torchrec's estimated total of the rank, ms")
+        bottom.set_ylabel(f"measured lookups of the rank, ms ({CLOCK})")
+        bottom.set_title(
+            f"W = {world.world_size}: rank by rank ({skipped} ranks with no shard left out)", fontsize=9
+        )
+        for ax in (top, bottom):
+            ax.grid(True, which="major", alpha=0.3)
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+                axis.set_major_formatter(PLAIN)
+                axis.set_minor_formatter(NullFormatter())
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    fig.legend(handles, labels, loc="outside right center", fontsize=8, title="plan")
+    return fig
+
+
+def estimate_over_measured(world: MeasuredWorld) -> list[float]:
+    """Per measured plan, torchrec's rating over the measured lookups' critical path."""
+    return [
+        p.rating_ms / p.lookup_ms for p in world.measured() if p.lookup_ms and not math.isnan(p.rating_ms)
+    ]
