@@ -1,6 +1,7 @@
 """embnb.lab.logs: the notebooks quiet torch.fx's deprecation log themselves,
 in their kernel and in the ranks they launch afterwards."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -24,7 +25,10 @@ print(is_fx_tracing(), launch(ranks.call_is_fx_tracing, 2, device="cpu"))
 
 def _run(quiet: bool) -> subprocess.CompletedProcess:
     code = PROGRAM.format(tests=str(TESTS), quiet=quiet)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    # as a fresh kernel starts: without the TORCH_LOGS an earlier quiet_torch_fx
+    # in this pytest process (the harness calls it) left in os.environ
+    env = {name: value for name, value in os.environ.items() if name != "TORCH_LOGS"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_quiet_torch_fx_quiets_this_process_and_the_ranks_it_launches():
@@ -37,8 +41,6 @@ def test_quiet_torch_fx_quiets_this_process_and_the_ranks_it_launches():
 
 
 def test_quiet_torch_fx_keeps_the_users_torch_logs(monkeypatch):
-    import os
-
     from embnb.lab.logs import FX_LOGGER, quiet_torch_fx
 
     monkeypatch.setenv("TORCH_LOGS", "+dynamo")
