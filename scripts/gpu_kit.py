@@ -69,13 +69,13 @@ NOTEBOOK_PARAMETERS = {
 }
 # The tests that exercise CUDA (parity of the native kernels, native KK,
 # the launcher on GPU backends); CPU-only suites are `make test`'s job.
-KIT_TESTS = ["tests/native/test_native.py", "tests/balancing/test_partition.py", "tests/test_dist.py"]
+KIT_TESTS = ["tests/cuda/test_native.py", "tests/balancing/test_partition.py", "tests/test_dist.py"]
 REQUIRE_GPU = "EMBNB_REQUIRE_GPU"  # tests/conftest.py: a CUDA test that cannot run fails
 # The build step: load (build) the library, say whether it has CUDA kernels,
 # and fail where a GPU is visible but it has none.
 BUILD_CHECK = """
 import json, sys, torch
-from embnb.native import loader
+from embnb.cuda import loader
 native = loader.load()
 json.dump({"library": str(native.library), "cuda": bool(native.cuda)}, open(sys.argv[1], "w"))
 print(native.library, "cuda" if native.cuda else "cpu only")

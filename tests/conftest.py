@@ -17,7 +17,7 @@ def pytest_sessionstart(session):
     # Build the native extension once, here, rather than in several spawned
     # ranks at the same moment; without a compiler this warns and tests that
     # need it say so.
-    from embnb.native import loader
+    from embnb.cuda import loader
 
     loader.try_load()
 

@@ -94,7 +94,7 @@ def test_the_build_step_fails_where_a_gpu_is_seen_but_the_library_has_no_cuda(tm
     # build CUDA, as where nvcc is missing): the kit's build step must exit
     # non-zero and say why.
     fake_gpu = (
-        "import torch\nfrom embnb.native import loader\n"
+        "import torch\nfrom embnb.cuda import loader\n"
         "loader.with_cuda = lambda: False\ntorch.cuda.is_available = lambda: True\n"
     )
     done = subprocess.run(

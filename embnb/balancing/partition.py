@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from embnb._checks import check_choice, check_int, check_native
-from embnb.native import loader
+from embnb.cuda import loader
 
 __all__ = [
     "METHODS",
@@ -157,7 +157,7 @@ def greedy_lpt(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts
 # --- Karmarkar-Karp ---------------------------------------------------------
 # A state is k sets, each [sum, items], sorted by decreasing sum (a stable
 # sort, so equal sums keep their order). The native version in
-# embnb/native/karmarkar_karp.cpp follows these steps exactly.
+# embnb/cuda/karmarkar_karp.cpp follows these steps exactly.
 
 
 def _set_order(weighted_set: list) -> tuple[float, int]:

@@ -41,7 +41,7 @@ from embnb.collectives import all_reduce_
 from embnb.data import zipf_lengths
 from embnb.dist import rank_device
 from embnb.metrics import max_over_mean
-from embnb.native import loader
+from embnb.cuda import loader
 
 __all__ = [
     "MODES",

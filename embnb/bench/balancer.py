@@ -53,7 +53,7 @@ from embnb.data import zipf_lengths
 from embnb.dist import device_plan
 from embnb.lab.balancing import measured
 from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
-from embnb.native import loader
+from embnb.cuda import loader
 from embnb.timing import machine_name, median_seconds, paired_ratio
 
 PEER = "numberpartitioning_kk"

@@ -1,7 +1,7 @@
 """The DP proposer's search: the knapsack over memory bins, and which of its plans to try.
 
 `Knapsack` is the DP: the least summed perf per memory bin over the tables
-added so far (on one axis natively, embnb/native/knapsack.cpp);
+added so far (on one axis natively, embnb/cuda/knapsack.cpp);
 `without_dominated` drops the options that cannot change it; `knapsack_axes`
 picks the memory axes that can bind and their bins; `FrontierSearch` picks
 which plans of one run to consider. They work on the arrays of
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from embnb.native import loader
+from embnb.cuda import loader
 from embnb.planner.space import SearchSpace
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Knapsack:
     def _add_table_on_one_axis(
         self, table: int, weights: np.ndarray, perfs: np.ndarray, options: np.ndarray
     ) -> None:
-        """`add_table` on one memory axis: natively (embnb/native/knapsack.cpp,
+        """`add_table` on one memory axis: natively (embnb/cuda/knapsack.cpp,
         one pass), else in numpy without sorting (each bin's first winner in
         (option, state) order comes from a second scatter); either way a bin
         is kept if it beats every bin below it."""

@@ -17,7 +17,7 @@ host or several. Key-value column-wise (torchrec's
 `_column_wise_device_partition`) is left to torchrec: `place` returns None.
 Plans whose dependency groups hold one table each (the common case) are
 placed natively (torch.ops.embnb.greedy_place,
-embnb/native/greedy_place.cpp: the same answers, without a heap of Python
+embnb/cuda/greedy_place.cpp: the same answers, without a heap of Python
 tuples per shard); the rest, or all without the native extension, here.
 """
 
@@ -33,7 +33,7 @@ import torch
 from torchrec.distributed.planner.types import PartitionByType, ShardingOption, Topology
 from torchrec.distributed.types import ShardingType
 
-from embnb.native import loader
+from embnb.cuda import loader
 from embnb.planner.space import ShardValues
 
 UNIFORM = PartitionByType.UNIFORM.value

@@ -22,7 +22,7 @@ torchrec's KJTs carry) to compare with dynamicemb. `continuous` rejects
 negative keys.
 
 `bucketize` builds the all-to-all input with the native kernels in
-embnb/native (CPU and CUDA); `bucketize(..., native=False)` is the
+embnb/cuda (CPU and CUDA); `bucketize(..., native=False)` is the
 pure-torch reference they match bit for bit. For `continuous` both are
 bit-identical to FBGEMM's `block_bucketize_sparse_features(...,
 sequence=True)`.
@@ -276,7 +276,7 @@ def bucketize(
         per feature, else 1 (then batch = len(lengths)).
     weights: optional per-key weights, moved with their keys.
     native: None runs the native kernels (`torch.ops.embnb.bucketize`,
-        built on first use by embnb.native.loader) and falls back to the
+        built on first use by embnb.cuda.loader) and falls back to the
         pure-torch reference, with one warning, when they cannot be built
         (or, on a GPU, were built without CUDA); True raises instead; False
         runs the pure-torch reference. All give bit-identical results.
@@ -285,7 +285,7 @@ def bucketize(
     unbucketize_permute keep the dtype of `indices` (as FBGEMM does).
     """
     args = _check_args(lengths, indices, world_size, dist_type, block_sizes, num_features, weights)
-    from embnb.native import loader  # builds the extension on first use
+    from embnb.cuda import loader  # builds the extension on first use
 
     if not loader.use(native):
         return _bucketize_reference(args)

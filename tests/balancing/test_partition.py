@@ -19,7 +19,7 @@ from embnb.balancing import partition as balancer
 from embnb.balancing import workloads as workload_measures
 from embnb.balancing.training import AttentionBlock
 from embnb.data import zipf_lengths
-from embnb.native import loader
+from embnb.cuda import loader
 
 BALANCERS = ["contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap"]
 

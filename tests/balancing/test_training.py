@@ -15,7 +15,7 @@ from embnb.balancing import training
 from embnb.balancing.timeline import SHUFFLE_PHASES, hidden_fraction, phase_seconds
 from embnb.balancing.training import TrainConfig
 from embnb.dist import RankError, launch, launch_each
-from embnb.native import loader
+from embnb.cuda import loader
 
 WORLD_SIZE = 4
 TINY = TrainConfig(

@@ -40,7 +40,7 @@ from embnb.dist import device_plan, launch, launch_each
 from embnb.lab.balancing import comparison as comparison_results
 from embnb.lab.balancing.reference import kk_equal_count
 from embnb.metrics import max_over_mean
-from embnb.native import loader
+from embnb.cuda import loader
 from embnb.timing import Difference, median_seconds, paired_difference
 
 __all__ = [

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from embnb.native import loader
+from embnb.cuda import loader
 from embnb.rowwise.routing import DIST_CODES, DistType, bucketize
 from embnb.timing import machine_name, median_seconds
 

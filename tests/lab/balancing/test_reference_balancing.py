@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from embnb.balancing import partition
 from embnb.balancing.workloads import equal_size_lower_bound
 from embnb.lab.balancing.reference import kk_equal_count
-from embnb.native import loader
+from embnb.cuda import loader
 
 
 def as_parts(parts):

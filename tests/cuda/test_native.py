@@ -1,4 +1,4 @@
-"""embnb/native: the native bucketize kernels against the pure-torch reference
+"""embnb/cuda: the native bucketize kernels against the pure-torch reference
 and FBGEMM, the loader (cache, fallback without a compiler), and the CUDA
 sources compiling with nvcc for sm_90 and linking into the extension (CI
 has nvcc but no GPU; the CUDA parity tests run only where a GPU is).
@@ -22,11 +22,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embnb.native import loader
+from embnb.cuda import loader
 from embnb.rowwise.routing import bucketize
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-CUDA_DIR = REPO / "embnb" / "native"
+CUDA_DIR = REPO / "embnb" / "cuda"
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]
 DTYPES = [torch.int32, torch.int64]
 LIMITS = {torch.int32: 2**31 - 1, torch.int64: 2**63 - 1}
@@ -364,9 +364,9 @@ def _run_python(code: str, **env) -> subprocess.CompletedProcess:
 
 def test_second_process_loads_the_cached_build_without_compiling(native):
     if loader.build_dir(native.cuda) != native.library.parent:
-        pytest.skip("a source in embnb/native changed since this run loaded it")
+        pytest.skip("a source in embnb/cuda changed since this run loaded it")
     done = _run_python("""
-        from embnb.native import loader
+        from embnb.cuda import loader
         print(loader.load().library)
     """)
     assert done.returncode == 0, done.stderr
@@ -377,7 +377,7 @@ def test_second_process_loads_the_cached_build_without_compiling(native):
 FALLBACK_SCRIPT = """
     import json, warnings
     import torch
-    from embnb.native import loader
+    from embnb.cuda import loader
     from embnb.rowwise.routing import bucketize
     lengths = torch.tensor([2, 0, 3, 1])
     indices = torch.tensor([5, -1, 2**40, 7, 0, 11])
@@ -581,7 +581,7 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
 
 BUILD_THROUGH_THE_LOADER = """
     import json, torch
-    from embnb.native import loader
+    from embnb.cuda import loader
     native = loader.load()
     print(json.dumps({"cuda": native.cuda, "library": str(native.library),
                       "dispatch": torch._C._dispatch_dump("embnb::bucketize")}))

@@ -1,6 +1,9 @@
 """Native kernels: C++ (CPU) and CUDA sources registered as `torch.ops.embnb.*`.
 
-`embnb.native.loader.load()` builds them on first use (cached by source hash)
+The folder is named for the extension's GPU kernels; like FBGEMM's
+`fbgemm_gpu`, it holds their CPU twins and the CPU-only ops too.
+
+`embnb.cuda.loader.load()` builds them on first use (cached by source hash)
 and loads them; `embnb.rowwise.routing.bucketize` calls it for you. Ops:
 
 - `torch.ops.embnb.bucketize(lengths, indices, world_size, dist_types,
