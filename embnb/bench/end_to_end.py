@@ -63,6 +63,7 @@ from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from embnb import planner
+from embnb._torchrec_private import best_plan, num_proposals
 from embnb.planner.factory import make_reservation
 from embnb.lab.planner.models import fused_table_gb, make_model
 import_s = time.perf_counter() - start
@@ -93,10 +94,10 @@ try:
 except PlannerError:
     pass
 plan_s = time.perf_counter() - start
-best = chosen._best_plan
+best = best_plan(chosen)
 rating = NoopPerfModel(topology).rate(best) if best else math.inf
 print(json.dumps({
-    "import_s": import_s, "plan_s": plan_s, "rating": rating, "proposals": chosen._num_proposals,
+    "import_s": import_s, "plan_s": plan_s, "rating": rating, "proposals": num_proposals(chosen),
     "timed_out": bool(timeout_s) and plan_s >= math.ceil(timeout_s),
     "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
 }))

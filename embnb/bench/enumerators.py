@@ -31,6 +31,7 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
+from embnb._torchrec_private import estimators_of
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
 from embnb.lab.planner.models import MixedModel, fused_table_gb, make_mixed_model, make_model
 from embnb.planner.enumerator import DistinctShardEnumerator, same_options
@@ -71,7 +72,7 @@ class _EstimatorClock:
 
     def __init__(self, enumerator: EmbeddingEnumerator) -> None:
         self.seconds = 0.0
-        for estimator in enumerator._estimators:
+        for estimator in estimators_of(enumerator):
             estimator.estimate = self._timed(estimator.estimate)  # on the instance: its type is unchanged
 
     def _timed(self, estimate):

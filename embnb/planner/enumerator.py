@@ -1,13 +1,13 @@
-"""torchrec's EmbeddingEnumerator, enumerating the same options many times faster.
+"""torchrec's EmbeddingEnumerator, enumerating the same options faster.
 
     enumerator = DistinctShardEnumerator(topology, batch_size=512, constraints=model.constraints)
     options = enumerator.enumerate(module, sharders)   # the same options as EmbeddingEnumerator's
 
-Where torchrec's enumerator spends its time (cProfile, 800 tables x 64 devices,
-12,800 options with about 370,000 shards): half in the deep copy of every option
-it keeps as its cache (`last_stored_search_space`), and most of the rest in its
-default estimators, which run once per shard, mostly in the perf estimator's
-reflection (it scans `dir(config)` for annotated formulas several times per shard).
+torchrec's enumerator deep-copies every option it keeps as its cache
+(`last_stored_search_space`) and runs its default estimators once per shard,
+where the perf estimator scans `dir(config)` for annotated formulas several
+times per shard. docs/planner.md says where its time goes, and
+docs/performance.md what this enumerator saves.
 
 This enumerator walks the module as torchrec's does (same options in the same
 order, built by torchrec's own helpers and constructors; constraints, filters
@@ -25,9 +25,10 @@ and shard sizes are torchrec's code) and differs in four ways:
   rebuilds fresh options from it, as torchrec hands out a deep copy;
 - the cyclic garbage collector is paused while it allocates (`collector_paused`).
 
-The enumeration loop is torchrec's, which changes between versions, so this is
-the default in `create_planner` only for the torchrec versions its equality
-tests run on (`TESTED_TORCHREC`).
+The enumeration loop is torchrec's and reads torchrec's private helpers and
+state (through `embnb._torchrec_private`), which change between versions, so
+this is the default in `create_planner` only for the torchrec versions its
+equality tests run on (`TESTED_TORCHREC`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import dataclasses
 import enum
 from typing import Any
 
-import torchrec
 from torch import nn
 from torchrec.distributed.planner import enumerators as torchrec_enumerators
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -53,8 +53,10 @@ from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
 from torchrec.distributed.types import ModuleSharder
 from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
 
+from embnb import _torchrec_private as private
 from embnb._checks import check_choice
 from embnb._gc import collector_paused
+from embnb._torchrec_private import TESTED_TORCHREC
 from embnb.planner.estimates import Distinct, clone, covers, estimate_distinct
 
 __all__ = [
@@ -65,12 +67,6 @@ __all__ = [
     "make_enumerator",
     "same_options",
 ]
-
-# torchrec 1.7+ hands estimators a snapshot of each sharder (SharderData); 1.6 the sharders.
-_SHARDER_DATA = hasattr(torchrec_enumerators, "build_sharder_data_map")
-
-# The torchrec versions whose enumerator this one is tested equal to (the pinned and the min stack).
-TESTED_TORCHREC = ("1.6.1", "1.8.0")
 
 
 class DistinctShardEnumerator(EmbeddingEnumerator):
@@ -90,25 +86,22 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
             topology=topology, batch_size=batch_size, constraints=constraints, estimator=estimator
         )
         self._record: _Record | None = None
+        self._settings = private.enumerator_settings(self)  # what torchrec's __init__ kept
+        self._sharders: dict[str, ModuleSharder[nn.Module]] = {}  # by module type name
+        self._memos: dict[tuple, Any] = {}
 
     def enumerate(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> list[ShardingOption]:
         # torchrec's cache: the same module and sharders get the stored options again, as new objects.
-        if (
-            self._record is not None
-            and self._last_stored_module == module
-            and self._last_stored_sharders == sharders
-        ):
+        if self._record is not None and private.is_last_stored(self, module, sharders):
             return self._record.options()
-        self._sharder_map = {sharder_name(sharder.module_type): sharder for sharder in sharders}
-        if _SHARDER_DATA:
-            self._sharder_data_map = torchrec_enumerators.build_sharder_data_map(self._sharder_map)
-        self._lookups: dict[tuple, Any] = {}
+        self._settings = private.enumerator_settings(self)
+        self._sharders = private.set_sharders(self, sharders)
+        self._memos = {}
         with collector_paused():
             options, layouts = self._options_of(module)
             distinct = self._estimate(options)
             self._record = _Record(options, layouts, distinct)
-        self._last_stored_module = module
-        self._last_stored_sharders = sharders
+        private.store_last(self, module, sharders)
         return options
 
     @property
@@ -121,10 +114,10 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
     def _estimate(self, options: list[ShardingOption]) -> list[Distinct] | None:
         """torchrec's populate_estimates (the same estimators in the same order);
         returns each option's distinct shards where they were estimated alone."""
-        sharders = self._sharder_data_map if _SHARDER_DATA else self._sharder_map
-        if all(map(covers, self._estimators)):
-            return estimate_distinct(self._estimators, options, sharders)
-        for estimator in self._estimators:
+        sharders, estimators = private.estimator_sharders(self), private.estimators_of(self)
+        if all(map(covers, estimators)):
+            return estimate_distinct(estimators, options, sharders)
+        for estimator in estimators:
             estimator.estimate(options, sharders)
         return None
 
@@ -136,9 +129,9 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         layouts: list[Layout] = []
         queue = [("", module)]
         while queue:
-            path, child = queue.pop(0) if self._use_exact_enumerate_order else queue.pop()
+            path, child = queue.pop(0) if self._settings.exact_order else queue.pop()
             sharder_key = sharder_name(type(child))
-            sharder = self._sharder_map.get(sharder_key)
+            sharder = self._sharders.get(sharder_key)
             if not sharder:
                 queue.extend(
                     (f"{path}.{name}" if path else name, grandchild)
@@ -157,37 +150,27 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
     def _options_of_table(
         self, name, param, path, child, sharder, sharder_key, is_pooled
     ) -> list[tuple[ShardingOption, Layout]]:
-        (
-            input_lengths,
-            col_wise_shard_dim,
-            cache_params,
-            enforce_hbm,
-            stochastic_rounding,
-            bounds_check_mode,
-            feature_names,
-            output_dtype,
-            device_group,
-            key_value_params,
-        ) = torchrec_enumerators._extract_constraints_for_param(self._constraints, name)
-        if device_group and device_group != self._compute_device:
+        settings = self._settings
+        constraints = private.param_constraints(settings.constraints, name)
+        if constraints.device_group and constraints.device_group != settings.compute_device:
             return []
-        num_buckets = self._get_num_buckets(name, child)
+        num_buckets = private.num_buckets(self, name, child)
         dependency = None
         if isinstance(child, EmbeddingTower):
             dependency = path
         elif isinstance(child, EmbeddingTowerCollection):
-            dependency = f"{path}.tower_{torchrec_enumerators._get_tower_index(name, child)}"
+            dependency = f"{path}.tower_{private.tower_index(name, child)}"
         options = []
-        sharding_types = self._memo(sharder.sharding_types, self._compute_device)
-        for sharding_type in self._filter_sharding_types(name, sharding_types, sharder_key):
-            kernels = self._memo(sharder.compute_kernels, sharding_type, self._compute_device)
+        sharding_types = self._memo(sharder.sharding_types, settings.compute_device)
+        for sharding_type in private.filter_sharding_types(self, name, sharding_types, sharder_key):
+            kernels = self._memo(sharder.compute_kernels, sharding_type, settings.compute_device)
             layout = None  # torchrec's shard sizes depend on the sharding type, not the kernel
             for compute_kernel in self._kernels_of(name, kernels, sharding_type):
                 if layout is None:
                     layout = self._layout(
                         param,
                         sharding_type,
-                        col_wise_shard_dim,
+                        constraints.col_wise_shard_dim,
                         num_buckets,
                         (name, path, child, sharder, compute_kernel),
                     )
@@ -195,28 +178,28 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                     name=name,
                     tensor=param,
                     module=(path, child),
-                    input_lengths=input_lengths,
-                    batch_size=self._batch_size,
+                    input_lengths=constraints.input_lengths,
+                    batch_size=settings.batch_size,
                     compute_kernel=compute_kernel,
                     sharding_type=sharding_type,
                     partition_by=self._memo(torchrec_enumerators.get_partition_by_type, sharding_type),
                     shards=_shards(layout),
-                    cache_params=cache_params,
-                    enforce_hbm=enforce_hbm,
-                    stochastic_rounding=stochastic_rounding,
-                    bounds_check_mode=bounds_check_mode,
+                    cache_params=constraints.cache_params,
+                    enforce_hbm=constraints.enforce_hbm,
+                    stochastic_rounding=constraints.stochastic_rounding,
+                    bounds_check_mode=constraints.bounds_check_mode,
                     dependency=dependency,
                     is_pooled=is_pooled,
-                    feature_names=feature_names,
-                    output_dtype=output_dtype,
-                    key_value_params=key_value_params,
+                    feature_names=constraints.feature_names,
+                    output_dtype=constraints.output_dtype,
+                    key_value_params=constraints.key_value_params,
                 )
                 options.append((option, layout))
         if not options:
             raise RuntimeError(
                 "No available sharding type and compute kernel combination after applying user provided "
                 f"constraints for {name}. Module: {sharder_key}, sharder: {type(sharder).__name__}, "
-                f"compute device: {self._compute_device}. To debug, search above for warning logs about "
+                f"compute device: {settings.compute_device}. To debug, search above for warning logs about "
                 f"no available sharding types/compute kernels for table: {name}"
             )
         return options
@@ -226,34 +209,36 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         sharding types and kernels and its partition types depend on their
         arguments alone, and torchrec asks again for every table."""
         key = (function, *args)
-        if key not in self._lookups:
-            self._lookups[key] = function(*args)
-        return self._lookups[key]
+        if key not in self._memos:
+            self._memos[key] = function(*args)
+        return self._memos[key]
 
     def _kernels_of(self, name: str, kernels: list[str], sharding_type: str) -> list[str]:
         """torchrec's _filter_compute_kernels. For a table without compute-kernel
         constraints it reads only the sharder's kernels (the sharding type and
         the name go into its warning when none is left), so it runs once per
         sharder's kernel list."""
-        constraint = self._constraints.get(name) if self._constraints else None
+        constraints = self._settings.constraints
+        constraint = constraints.get(name) if constraints else None
         if constraint and constraint.compute_kernels:
-            return self._filter_compute_kernels(name, kernels, sharding_type)
+            return private.filter_compute_kernels(self, name, kernels, sharding_type)
         key = ("unconstrained kernels", tuple(kernels))
-        if key not in self._lookups:
-            self._lookups[key] = self._filter_compute_kernels(name, kernels, sharding_type)
-            return self._lookups[key]
-        return self._lookups[key] or self._filter_compute_kernels(name, kernels, sharding_type)  # warns
+        if key not in self._memos:
+            self._memos[key] = private.filter_compute_kernels(self, name, kernels, sharding_type)
+            return self._memos[key]
+        return self._memos[key] or private.filter_compute_kernels(self, name, kernels, sharding_type)  # warns
 
     def _layout(self, param, sharding_type, col_wise_shard_dim, num_buckets, where) -> Layout:
         """torchrec's calculate_shard_sizes_and_offsets, as a Layout."""
+        settings = self._settings
         try:
             sizes, offsets = calculate_shard_sizes_and_offsets(
                 tensor=param,
-                world_size=self._world_size,
-                local_world_size=self._local_world_size,
+                world_size=settings.world_size,
+                local_world_size=settings.local_world_size,
                 sharding_type=sharding_type,
                 col_wise_shard_dim=col_wise_shard_dim,
-                device_memory_sizes=self._device_memory_sizes,
+                device_memory_sizes=settings.device_memory_sizes,
                 num_buckets=num_buckets,
             )
         except ZeroDivisionError as e:  # torchrec adds the same context
@@ -263,8 +248,8 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                 f"module_type='{type(child).__name__}', sharder='{type(sharder).__name__}', "
                 f"tensor.shape={param.shape}, sharding_type='{sharding_type}', "
                 f"compute_kernel='{compute_kernel}', "
-                f"world_size={self._world_size}, local_world_size={self._local_world_size}, "
-                f"col_wise_shard_dim={col_wise_shard_dim}, compute_device='{self._compute_device}'"
+                f"world_size={settings.world_size}, local_world_size={settings.local_world_size}, "
+                f"col_wise_shard_dim={col_wise_shard_dim}, compute_device='{settings.compute_device}'"
             ) from e
         return tuple((tuple(size), tuple(offset)) for size, offset in zip(sizes, offsets))
 
@@ -316,7 +301,7 @@ class _Record:
 
 
 _ATOMIC = frozenset({str, int, float, bool, type(None)})
-_SHARED = frozenset({"_tensor", "_module", "shards"})  # torchrec's deep copy shares the first two
+_SHARED = frozenset({*private.OPTION_SHARED_ATTRIBUTES, "shards"})  # torchrec's deep copy shares the first
 
 
 def _snapshot(option: ShardingOption | dict, memo: dict[int, Any]) -> dict[str, Any]:
@@ -332,6 +317,9 @@ def _snapshot(option: ShardingOption | dict, memo: dict[int, Any]) -> dict[str, 
     return copied
 
 
+_NOT_COMPARED = frozenset({*_SHARED, "cache_params"})
+
+
 def same_options(expected: list, actual: list) -> bool:
     """Whether two enumerations (of one module, or of two alike ones) hold the
     same options in the same order: each option's fields, and each shard's
@@ -343,9 +331,7 @@ def same_options(expected: list, actual: list) -> bool:
             (shard.size, shard.offset, shard.storage, shard.rank, *map(_bits, _perf_values(shard.perf)))
             for shard in option.shards
         ]
-        fields = {
-            k: v for k, v in vars(option).items() if k not in ("shards", "_tensor", "_module", "cache_params")
-        }
+        fields = {k: v for k, v in vars(option).items() if k not in _NOT_COMPARED}
         cache = option.cache_params  # its statistics are copied per option: compared by presence
         cache = None if cache is None else (dataclasses.replace(cache, stats=None), cache.stats is None)
         return (fields, option.tensor.shape, option.module[0], cache, shards)
@@ -374,7 +360,7 @@ ENUMERATORS = ("torchrec", "embnb")  # torchrec's EmbeddingEnumerator, DistinctS
 
 def default_enumerator() -> str:
     """ "embnb" where DistinctShardEnumerator is tested equal to this torchrec's, else "torchrec"."""
-    return "embnb" if torchrec.__version__ in TESTED_TORCHREC else "torchrec"
+    return "embnb" if private.tested() else "torchrec"
 
 
 def make_enumerator(

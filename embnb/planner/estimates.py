@@ -14,9 +14,9 @@ shard of that size gets the result.
 Shards of one size in one option share their Perf and Storage objects (equal
 field by field to what torchrec gives each of them). torchrec treats both as
 values: no code in torchrec 1.6.1 or 1.8.0 changes a shard's Perf or Storage
-in place (the planner adds them into new ones), and a copy per shard was a
-tenth of the time from model to plan at 800 tables x 64 devices (the copies,
-and the garbage collector walking them). Code that changes one shard's
+in place (the planner adds them into new ones), and a copy per shard costs
+time from model to plan (the copies, and the garbage collector walking
+them). Code that changes one shard's
 estimate in place would change its siblings'; torchrec's enumerator
 (`enumerator="torchrec"`) gives each shard its own.
 
@@ -37,6 +37,8 @@ from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstima
 from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
 from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import Shard, ShardEstimator, ShardingOption
+
+from embnb._torchrec_private import set_perf_config
 
 __all__ = ["Distinct", "covers", "estimate_distinct", "clone"]
 
@@ -123,10 +125,10 @@ class _quick_lookups:
 
     def __init__(self, estimator: EmbeddingPerfEstimator) -> None:
         self._estimator = estimator
-        self._config = estimator._config
+        self._saved = estimator.config
 
     def __enter__(self) -> None:
-        config = self._config
+        config = self._saved
         if not hasattr(config, "__dict__") or hasattr(type(config), "__slots__"):
             return  # not a plain instance: left as it is
         names = sorted(
@@ -135,10 +137,10 @@ class _quick_lookups:
         kind = type(config)
         quick = object.__new__(type(kind.__name__, (kind,), {"__dir__": lambda _: names}))
         quick.__dict__.update(config.__dict__)
-        self._estimator._config = quick
+        set_perf_config(self._estimator, quick)
 
     def __exit__(self, *exc: object) -> None:
-        self._estimator._config = self._config
+        set_perf_config(self._estimator, self._saved)
 
 
 def _may_be_annotated(config: Any, name: str) -> bool:

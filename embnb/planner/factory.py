@@ -27,6 +27,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from embnb._checks import check_bool, check_int, check_number
+from embnb._torchrec_private import planner_enumerator
 from embnb.planner.enumerator import default_enumerator, make_enumerator
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import topology_for_device
@@ -64,8 +65,8 @@ class Fallback(Proposer):
     torchrec's planner loads every proposer first, then asks each for its
     proposals in turn, so by the time this one is asked, `primary` is done.
     Loading and partitioning the fallback's proposals after the DP placed a
-    plan cost about 0.4 s at 800 tables x 64 devices (six more partitions) for plans that
-    only matter where the DP has none."""
+    plan costs six more partitions for plans that only matter where the DP
+    has none."""
 
     def __init__(self, primary: DynamicProgrammingProposer, fallback: Proposer) -> None:
         self.primary, self.fallback = primary, fallback
@@ -169,7 +170,8 @@ def _show_progress(the_planner: EmbeddingShardingPlanner, proposer: DynamicProgr
     plans the DP considers (its best rating beside it)."""
     from tqdm.auto import tqdm
 
-    plan, enumerate_ = the_planner.plan, the_planner._enumerator.enumerate
+    enumerator = planner_enumerator(the_planner)
+    plan, enumerate_ = the_planner.plan, enumerator.enumerate
 
     @functools.wraps(plan)
     def plan_with_progress(module, sharders):
@@ -191,10 +193,10 @@ def _show_progress(the_planner: EmbeddingShardingPlanner, proposer: DynamicProgr
                 if bar.n % 50 == 1 and math.isfinite(proposer.best_rating):
                     bar.set_postfix_str(f"best {proposer.best_rating:.4g} ms", refresh=False)
 
-            the_planner._enumerator.enumerate, proposer.progress = enumerate_with_progress, considered
+            enumerator.enumerate, proposer.progress = enumerate_with_progress, considered
             try:
                 return plan(module, sharders)
             finally:
-                the_planner._enumerator.enumerate, proposer.progress = enumerate_, None
+                enumerator.enumerate, proposer.progress = enumerate_, None
 
     the_planner.plan = plan_with_progress

@@ -57,7 +57,7 @@ class KnapsackRuns:
         self.rows = np.arange(len(space.options))
         self.no_fit_reason: str | None = None
         # Plans of earlier runs, as 16-byte digests of their rows: the rows
-        # themselves (a byte per table) took gigabytes at thousands of tables.
+        # themselves (a byte per table, per plan) grow with tables x plans.
         self._seen: set[bytes] = set()
         self.key_type = np.min_scalar_type(
             max(space.perf.shape[1] - 1, 0)

@@ -32,9 +32,9 @@ def gib_text(num_bytes: float) -> str:
 class ShardValues:
     """Every shard's storage and perf, read once from torchrec's objects.
 
-    At 800 tables the options hold hundreds of thousands of shards, and
-    walking their attributes again for each check (distinct options, fits,
-    storage totals, the replica) was seconds of the planning time. Rows are
+    With hundreds of tables the options hold hundreds of thousands of
+    shards; walking their attributes again for each check (distinct options,
+    fits, storage totals, the replica) would repeat that walk per check. Rows are
     the shards of `options` in order; `rows(option)` is one option's.
     """
 

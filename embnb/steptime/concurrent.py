@@ -25,6 +25,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from embnb._torchrec_private import lookups
 from embnb.steptime.batch import make_batch
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER
 
@@ -179,7 +180,7 @@ def sharded_rank(
         ebc, module_plan(plan), env=ShardingEnv.from_process_group(dist.group.WORLD), device=device
     )
     kjt = make_batch(tables, constraints, world_size, local_batch_size, seed).kjt(rank, device)
-    timer = _TBETimer(sharded._lookups)  # a plain list in torchrec 1.8.0, not submodules
+    timer = _TBETimer(lookups(sharded))  # a plain list in torchrec 1.8.0, not submodules
     forward, backward, log = [], [], []
     for step in range(warmup + repeats):
         last = step == warmup + repeats - 1

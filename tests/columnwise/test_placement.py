@@ -4,16 +4,14 @@ Checked with hypothesis against definitions written out here and against
 torchrec's own permute code.
 """
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchrec import EmbeddingConfig
-from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.types import ParameterSharding
 
+from embnb._torchrec_private import generate_permute_indices
 from embnb.columnwise import placement
 
 
@@ -34,11 +32,9 @@ def expected_permute(ranks):
 
 def torchrec_permute(ranks):
     """torchrec's own permute code, on a plan with one CW table."""
-    holder = SimpleNamespace(_features_to_permute_indices={})
     config = EmbeddingConfig(name="t0", embedding_dim=len(ranks), num_embeddings=4, feature_names=["f0"])
     plan = {"t0": ParameterSharding(sharding_type="column_wise", compute_kernel="fused", ranks=list(ranks))}
-    ShardedEmbeddingCollection._generate_permute_indices_per_feature(holder, [config], plan)
-    return holder._features_to_permute_indices["f0"]
+    return generate_permute_indices([config], plan)["f0"]
 
 
 def test_seed_example():

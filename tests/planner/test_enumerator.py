@@ -32,6 +32,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
+from embnb._torchrec_private import planner_enumerator
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
 from embnb.planner.enumerator import (
     ENUMERATORS,
@@ -281,11 +282,11 @@ def test_enumerate_options_and_create_planner_take_either_enumerator():
     for name in ("torchrec", "embnb"):
         module = EmbeddingBagCollection(tables=model.tables, device=torch.device("meta"))
         chosen = planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints, enumerator=name)
-        assert isinstance(chosen._enumerator, DistinctShardEnumerator) == (name == "embnb")
+        assert isinstance(planner_enumerator(chosen), DistinctShardEnumerator) == (name == "embnb")
         plans[name] = chosen.plan(module, [EmbeddingBagCollectionSharder()])
     assert plans["embnb"] == plans["torchrec"]
     default = planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints)
-    assert isinstance(default._enumerator, DistinctShardEnumerator)  # tested equal on both stacks
+    assert isinstance(planner_enumerator(default), DistinctShardEnumerator)  # tested equal on both stacks
 
 
 @pytest.mark.parametrize("bad", ["fast", "EMBNB", "", 1])
@@ -428,11 +429,13 @@ def test_the_default_enumerator_is_embnbs_only_on_tested_torchrec_versions(monke
     assert default_enumerator() == "embnb"
     model = make_model(2)
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=1)
-    assert isinstance(planner.create_planner(topology, BATCH_SIZE)._enumerator, DistinctShardEnumerator)
+    assert isinstance(
+        planner_enumerator(planner.create_planner(topology, BATCH_SIZE)), DistinctShardEnumerator
+    )
     monkeypatch.setattr(torchrec, "__version__", "9.9.0")
     assert default_enumerator() == "torchrec"
     chosen = planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints)
-    assert type(chosen._enumerator) is EmbeddingEnumerator
+    assert type(planner_enumerator(chosen)) is EmbeddingEnumerator
 
 
 def test_a_table_left_without_options_fails_as_in_torchrec():

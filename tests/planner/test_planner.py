@@ -38,6 +38,13 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
+from embnb._torchrec_private import (
+    best_plan,
+    num_proposals,
+    planner_enumerator,
+    planner_proposers,
+    planner_storage_reservation,
+)
 from embnb.lab.planner.brute_force import brute_force_rating, rate_every_plan
 from embnb.lab.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
@@ -293,7 +300,7 @@ def test_notebook_instances_equal_brute_force(seed):
     assert len(groups) == 3 and all(len(g) == 16 for g in groups)
     best = brute_force(enumerated.options, constraint)
     assert brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(best, rel=1e-12)
-    # the README's 1.000x: never better than brute force (a bug), equal up to float rounding
+    # quality 1.000 (docs/performance.md): never better than brute force (a bug), equal up to float rounding
     assert (math.isinf(rating) and math.isinf(best)) or best * (1 - 1e-9) <= rating <= best * (1 + 1e-9)
 
 
@@ -446,7 +453,7 @@ class _WithDense(torch.nn.Module):
 
 
 def _reserved_hbm(the_planner) -> list[int]:
-    return [d.storage.hbm for d in the_planner._storage_reservation.last_reserved_topology.devices]
+    return [d.storage.hbm for d in planner_storage_reservation(the_planner).last_reserved_topology.devices]
 
 
 def test_create_planner_reserves_as_torchrecs_planner_does_by_default():
@@ -470,7 +477,7 @@ def test_create_planner_reserves_as_torchrecs_planner_does_by_default():
         ),
     ):
         plan = the_planner.plan(_WithDense(model.tables), sharders)
-        planned[name] = (_reserved_hbm(the_planner), plan, the_planner._best_plan)
+        planned[name] = (_reserved_hbm(the_planner), plan, best_plan(the_planner))
     # torchrec's default keeps 15% of each device plus the dense layers' and the KJTs' estimate
     assert planned["default"][0] == planned["torchrec"][0]
     fixed = [int(d.storage.hbm * 0.85) for d in topology.devices]
@@ -487,7 +494,7 @@ def test_create_planner_reserves_as_torchrecs_planner_does_by_default():
 def test_create_planner_takes_a_reservation_by_name_or_torchrecs_own():
     reservation = FixedPercentageStorageReservation(percentage=0.3)
     the_planner = planner.create_planner("cpu", BATCH_SIZE, world_size=2, storage_reservation=reservation)
-    assert the_planner._storage_reservation is reservation
+    assert planner_storage_reservation(the_planner) is reservation
     with pytest.raises(
         ValueError, match=r"storage_reservation must be one of \('heuristical', 'fixed'\) or a torchrec"
     ):
@@ -510,12 +517,14 @@ def test_create_planner_shows_progress_only_when_asked_or_attached(progress, cap
     capsys.readouterr()
     the_planner.plan(module, [EmbeddingBagCollectionSharder()])
     err = capsys.readouterr().err
-    proposer = the_planner._proposers[0]
+    proposer = planner_proposers(the_planner)[0]
     considered = proposer.num_knapsack_proposals + proposer.num_refinements + 1  # and the first proposal
     shown = re.findall(r"planning: ([\d,]+) options enumerated, plans considered: (\d+) plans", err)
     if progress:
         assert shown and shown[-1][1] == str(considered)
-        assert int(shown[-1][0].replace(",", "")) == len(the_planner._enumerator.last_stored_search_space)
+        assert int(shown[-1][0].replace(",", "")) == len(
+            planner_enumerator(the_planner).last_stored_search_space
+        )
     else:  # pytest's stderr is no terminal: nothing unless asked
         assert "planning:" not in err
     assert proposer.progress is None  # the bar is gone after the plan
@@ -673,7 +682,7 @@ def test_without_a_fit_the_proposer_stops_and_a_later_proposer_gets_its_turn(mem
     error, the_planner = plan_without_a_fit([ours, uniform], tables, constraints, topology)
     assert uniform.asked >= 2  # its proposal, then its None
     assert ours.propose() is None and re.search(reason, ours.no_plan_reason)
-    assert the_planner._num_proposals > 1  # ours and Uniform's were both evaluated
+    assert num_proposals(the_planner) > 1  # ours and Uniform's were both evaluated
 
 
 @pytest.mark.parametrize("memory, reason", [NO_DEVICE_FITS, NOT_TOGETHER], ids=["no device", "not together"])

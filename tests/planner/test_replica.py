@@ -14,6 +14,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, PlannerErro
 from torchrec.distributed.planner.utils import reset_shard_rank
 
 from embnb import planner
+from embnb._torchrec_private import best_plan, num_proposals
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.study import compare_proposers, default_proposers, timing_breakdown
 from embnb.planner.proposer import FIRST_REASON
@@ -155,10 +156,10 @@ def plan_with(proposer, enumerated, topology, perf_model=None, constraints=None)
         debug=False,
     )
     planner_.plan(enumerated.module, enumerated.sharders)
-    best = planner_._best_plan
+    best = best_plan(planner_)
     rating = NoopPerfModel(topology).rate(best)
     reset_shard_rank(enumerated.options)
-    return rating, planner_._num_proposals
+    return rating, num_proposals(planner_)
 
 
 @pytest.mark.parametrize(("world_size", "local_world_size"), [(8, None), (16, 8), (16, 4)])

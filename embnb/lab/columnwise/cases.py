@@ -28,6 +28,11 @@ import torch
 import torch.distributed as dist
 
 from embnb._checks import check_choice, check_int
+from embnb._torchrec_private import (
+    features_to_permute_indices,
+    local_embedding_dim,
+    set_features_to_permute_indices,
+)
 from embnb.columnwise.lookup import cw_sequence_lookup, local_shards
 from embnb.columnwise.placement import check_shard_ranks, check_widths, concat_in_rank_order, equal_widths
 from embnb.columnwise.torchrec_adapter import (
@@ -271,12 +276,12 @@ def _without_permute(sharded: ShardedEmbeddingCollection, features: KeyedJaggedT
     """One forward of torchrec's module with its CW permute switched off (a
     private field, emptied for this call and restored): the outputs in rank
     order, as before torchrec stitched them."""
-    saved = sharded._features_to_permute_indices
-    sharded._features_to_permute_indices = {}
+    saved = features_to_permute_indices(sharded)
+    set_features_to_permute_indices(sharded, {})
     try:
         return _plain(sharded(features).wait())
     finally:
-        sharded._features_to_permute_indices = saved
+        set_features_to_permute_indices(sharded, saved)
 
 
 def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | None:
@@ -431,7 +436,7 @@ def _torchrec_size_per_rank_on_rank(rank: int, world_size: int, case: CWCase, si
         with torch.no_grad():
             sharded = shard_cw(ec, case.placements, size_per_rank=size_per_rank)
             # a private field: the one width torchrec's EC gives every rank's CW lookups
-            widths = (size_per_rank[rank] if rank < len(size_per_rank) else 0, sharded._local_embedding_dim)
+            widths = (size_per_rank[rank] if rank < len(size_per_rank) else 0, local_embedding_dim(sharded))
             return None, None, widths, _plain(sharded(features).wait())
     except Exception as error:  # torchrec's own failure is the result; the peer fails at the same step
         first_line = (str(error).splitlines() or [""])[0]

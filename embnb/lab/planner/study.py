@@ -54,6 +54,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._checks import check_int
+from embnb._torchrec_private import num_proposals, planner_proposers
 from embnb.lab.planner.brute_force import brute_force_rating
 from embnb.lab.planner.explain import memory_ratio
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options, fused_table_gb, make_model
@@ -219,7 +220,7 @@ def run_planner(
         name or "+".join(type(p).__name__ for p in proposers),
         plan,
         rating,
-        planner._num_proposals,
+        num_proposals(planner),
         seconds,
         timed_out,
         note,
@@ -269,7 +270,7 @@ def time_end_to_end(
         start = time.perf_counter()
         chosen.plan(module, [EmbeddingBagCollectionSharder()])
         seconds.append(time.perf_counter() - start)
-        ratings.append(chosen._proposers[0].best_rating)  # create_planner's DP
+        ratings.append(planner_proposers(chosen)[0].best_rating)  # create_planner's DP
         del module, chosen
     name = default_enumerator() if enumerator is None else enumerator
     return EndToEnd(name, seconds, ratings[0], len(set(ratings)) == 1)

@@ -1,0 +1,295 @@
+"""torchrec's private names that embnb uses, each behind one small function.
+
+embnb reads and sets a few of torchrec's private attributes and calls a few
+of its private functions: its enumerator's state and filters (the enumerator
+in `embnb.planner.enumerator` is torchrec's loop with its own helpers), the
+perf estimator's config, the planner's parts, and fields of the sharded
+modules. None of them is part of torchrec's API, so they live here alone: the
+rest of embnb calls the functions below, and tests/test_torchrec_private.py
+checks, on each torchrec in `TESTED_TORCHREC`, that every name in
+`PRIVATE_FUNCTIONS` and `PRIVATE_ATTRIBUTES` still exists with the
+parameters used here. A torchrec outside `TESTED_TORCHREC` gets torchrec's
+own enumerator by default (`embnb.planner.enumerator.default_enumerator`).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+import torchrec
+from torch import nn
+from torchrec.distributed.embedding import ShardedEmbeddingCollection
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.distributed.planner import enumerators as torchrec_enumerators
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import ParameterConstraints, ShardEstimator, ShardingOption
+from torchrec.distributed.planner.utils import sharder_name
+
+__all__ = [
+    "TESTED_TORCHREC",
+    "SHARDER_DATA",
+    "PRIVATE_FUNCTIONS",
+    "PRIVATE_ATTRIBUTES",
+    "OPTION_SHARED_ATTRIBUTES",
+    "ParamConstraints",
+    "EnumeratorSettings",
+    "tested",
+    "param_constraints",
+    "tower_index",
+    "enumerator_settings",
+    "estimators_of",
+    "set_sharders",
+    "estimator_sharders",
+    "is_last_stored",
+    "store_last",
+    "num_buckets",
+    "filter_sharding_types",
+    "filter_compute_kernels",
+    "set_perf_config",
+    "planner_enumerator",
+    "planner_proposers",
+    "planner_storage_reservation",
+    "num_proposals",
+    "best_plan",
+    "features_to_permute_indices",
+    "set_features_to_permute_indices",
+    "generate_permute_indices",
+    "local_embedding_dim",
+    "lookups",
+]
+
+# The torchrec versions the tests run on (the pinned and the min stack): the
+# private names below are checked there, and DistinctShardEnumerator is tested
+# equal to torchrec's enumerator there.
+TESTED_TORCHREC = ("1.6.1", "1.8.0")
+
+# torchrec 1.7+ hands estimators a snapshot of each sharder (SharderData); 1.6 the sharders by name.
+SHARDER_DATA = hasattr(torchrec_enumerators, "build_sharder_data_map")
+
+# Each private function or method used here, with the parameters it is called with.
+PRIVATE_FUNCTIONS: dict[tuple[Any, str], tuple[str, ...]] = {
+    (torchrec_enumerators, "_extract_constraints_for_param"): ("constraints", "name"),
+    (torchrec_enumerators, "_get_tower_index"): ("name", "child_module"),
+    (EmbeddingEnumerator, "_get_num_buckets"): ("self", "parameter", "module"),
+    (ShardedEmbeddingCollection, "_generate_permute_indices_per_feature"): (
+        "self",
+        "embedding_configs",
+        "table_name_to_parameter_sharding",
+    ),
+    (EmbeddingEnumerator, "_filter_sharding_types"): (
+        "self",
+        "name",
+        "allowed_sharding_types",
+        "sharder_key",
+    ),
+    (EmbeddingEnumerator, "_filter_compute_kernels"): (
+        "self",
+        "name",
+        "allowed_compute_kernels",
+        "sharding_type",
+    ),
+}
+
+# Each private attribute used here, by the class whose instances hold it
+# (set when it is built).
+PRIVATE_ATTRIBUTES: dict[type, tuple[str, ...]] = {
+    EmbeddingEnumerator: (
+        "_compute_device",
+        "_world_size",
+        "_local_world_size",
+        "_batch_size",
+        "_device_memory_sizes",
+        "_constraints",
+        "_use_exact_enumerate_order",
+        "_estimators",
+        "_sharder_map",
+        "_last_stored_module",
+        "_last_stored_sharders",
+        *(("_sharder_data_map",) if SHARDER_DATA else ()),
+    ),
+    EmbeddingPerfEstimator: ("_config",),
+    EmbeddingShardingPlanner: (
+        "_enumerator",
+        "_proposers",
+        "_storage_reservation",
+        "_num_proposals",
+        "_best_plan",
+    ),
+    ShardedEmbeddingCollection: ("_features_to_permute_indices", "_local_embedding_dim", "_lookups"),
+    ShardedEmbeddingBagCollection: ("_lookups",),
+}
+
+# A ShardingOption's attributes that torchrec's deep copy of an option shares
+# (the module and the tensor) instead of copying.
+OPTION_SHARED_ATTRIBUTES = ("_tensor", "_module")
+
+
+def tested() -> bool:
+    """Whether the installed torchrec is one of TESTED_TORCHREC."""
+    return torchrec.__version__ in TESTED_TORCHREC
+
+
+# --- EmbeddingEnumerator's helpers and state -------------------------------
+
+
+class ParamConstraints(NamedTuple):
+    """A table's constraints as torchrec's enumerator reads them (the tuple of
+    its `_extract_constraints_for_param`, in its order)."""
+
+    input_lengths: list[float]
+    col_wise_shard_dim: int | None
+    cache_params: Any
+    enforce_hbm: bool | None
+    stochastic_rounding: bool | None
+    bounds_check_mode: Any
+    feature_names: list[str] | None
+    output_dtype: Any
+    device_group: str | None
+    key_value_params: Any
+
+
+def param_constraints(constraints: dict[str, ParameterConstraints] | None, name: str) -> ParamConstraints:
+    """torchrec's `_extract_constraints_for_param(constraints, name)`, by field name."""
+    return ParamConstraints(*torchrec_enumerators._extract_constraints_for_param(constraints, name))
+
+
+def tower_index(name: str, child: nn.Module) -> int:
+    """torchrec's `_get_tower_index`: the tower of an EmbeddingTowerCollection holding table `name`."""
+    return torchrec_enumerators._get_tower_index(name, child)
+
+
+class EnumeratorSettings(NamedTuple):
+    """What an EmbeddingEnumerator was built with (its private fields)."""
+
+    compute_device: str
+    world_size: int
+    local_world_size: int
+    batch_size: int
+    device_memory_sizes: list[int] | None
+    constraints: dict[str, ParameterConstraints] | None
+    exact_order: bool  # use_exact_enumerate_order
+
+
+def enumerator_settings(enumerator: EmbeddingEnumerator) -> EnumeratorSettings:
+    return EnumeratorSettings(
+        enumerator._compute_device,
+        enumerator._world_size,
+        enumerator._local_world_size,
+        enumerator._batch_size,
+        enumerator._device_memory_sizes,
+        enumerator._constraints,
+        enumerator._use_exact_enumerate_order,
+    )
+
+
+def estimators_of(enumerator: EmbeddingEnumerator) -> list[ShardEstimator]:
+    """The enumerator's estimators, in the order populate_estimates runs them."""
+    return enumerator._estimators
+
+
+def set_sharders(enumerator: EmbeddingEnumerator, sharders: list) -> dict[str, Any]:
+    """What torchrec's enumerate sets first: the sharders by module type name
+    (and on 1.7+ their SharderData); returns the sharders by name."""
+    sharder_map = {sharder_name(sharder.module_type): sharder for sharder in sharders}
+    enumerator._sharder_map = sharder_map
+    if SHARDER_DATA:
+        enumerator._sharder_data_map = torchrec_enumerators.build_sharder_data_map(sharder_map)
+    return sharder_map
+
+
+def estimator_sharders(enumerator: EmbeddingEnumerator) -> Any:
+    """What torchrec's populate_estimates hands its estimators for the last sharders set."""
+    return enumerator._sharder_data_map if SHARDER_DATA else enumerator._sharder_map
+
+
+def is_last_stored(enumerator: EmbeddingEnumerator, module: nn.Module, sharders: list) -> bool:
+    """torchrec's cache test: the same module and sharders as the last enumerate."""
+    return enumerator._last_stored_module == module and enumerator._last_stored_sharders == sharders
+
+
+def store_last(enumerator: EmbeddingEnumerator, module: nn.Module, sharders: list) -> None:
+    enumerator._last_stored_module = module
+    enumerator._last_stored_sharders = sharders
+
+
+def num_buckets(enumerator: EmbeddingEnumerator, name: str, child: nn.Module) -> int | None:
+    return enumerator._get_num_buckets(name, child)
+
+
+def filter_sharding_types(
+    enumerator: EmbeddingEnumerator, name: str, sharding_types: list[str], sharder_key: str
+) -> list[str]:
+    return enumerator._filter_sharding_types(name, sharding_types, sharder_key)
+
+
+def filter_compute_kernels(
+    enumerator: EmbeddingEnumerator, name: str, kernels: list[str], sharding_type: str
+) -> list[str]:
+    return enumerator._filter_compute_kernels(name, kernels, sharding_type)
+
+
+# --- the perf estimator ------------------------------------------------------
+
+
+def set_perf_config(estimator: EmbeddingPerfEstimator, config: Any) -> None:
+    """Make `config` the one the estimator reads (it has a read-only `config` property)."""
+    estimator._config = config
+
+
+# --- EmbeddingShardingPlanner's parts ---------------------------------------
+
+
+def planner_enumerator(planner: EmbeddingShardingPlanner) -> Any:
+    return planner._enumerator
+
+
+def planner_proposers(planner: EmbeddingShardingPlanner) -> list:
+    return planner._proposers
+
+
+def planner_storage_reservation(planner: EmbeddingShardingPlanner) -> Any:
+    return planner._storage_reservation
+
+
+def num_proposals(planner: EmbeddingShardingPlanner) -> int:
+    """How many proposals the last `plan` partitioned and rated."""
+    return planner._num_proposals
+
+
+def best_plan(planner: EmbeddingShardingPlanner) -> list[ShardingOption] | None:
+    """The best plan of the last `plan` (None: none fit)."""
+    return planner._best_plan
+
+
+# --- sharded modules ---------------------------------------------------------
+
+
+def features_to_permute_indices(sharded: ShardedEmbeddingCollection) -> dict[str, list[int]]:
+    """The column-wise permute indices the sharded EC computed, per output name."""
+    return sharded._features_to_permute_indices
+
+
+def set_features_to_permute_indices(sharded: ShardedEmbeddingCollection, indices: dict) -> None:
+    sharded._features_to_permute_indices = indices
+
+
+def generate_permute_indices(configs: list, plan: dict) -> dict[str, list[int]]:
+    """torchrec's own column-wise permute code (ShardedEmbeddingCollection's
+    `_generate_permute_indices_per_feature`) on table configs and their
+    ParameterShardings by table name, without building a sharded module."""
+    holder = SimpleNamespace(_features_to_permute_indices={})
+    ShardedEmbeddingCollection._generate_permute_indices_per_feature(holder, configs, plan)
+    return holder._features_to_permute_indices
+
+
+def local_embedding_dim(sharded: ShardedEmbeddingCollection) -> int:
+    """The one width the sharded EC gives every rank's column-wise lookups."""
+    return sharded._local_embedding_dim
+
+
+def lookups(sharded: nn.Module) -> list[nn.Module]:
+    """A sharded EC's or EBC's lookups (a plain list in torchrec 1.8.0, not submodules)."""
+    return sharded._lookups
