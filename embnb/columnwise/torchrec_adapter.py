@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from embnb._checks import check_choice
-from embnb._torchrec_private import features_to_permute_indices
 from embnb.columnwise.placement import check_shard_ranks, equal_widths
 from embnb.dist import rank_device
 
@@ -210,4 +209,6 @@ def shard_cw(
 def torchrec_permute_indices(sharded: ShardedEmbeddingCollection) -> dict[str, list[int]]:
     """The permute indices torchrec computed, per output name (feature, or
     feature@table for a feature shared by tables). A private torchrec field."""
+    from embnb._torchrec_private import features_to_permute_indices
+
     return {name: list(p) for name, p in features_to_permute_indices(sharded).items()}
