@@ -38,10 +38,10 @@ from embnb.balancing.shuffle import EXCHANGES, BalancedShuffle
 from embnb.balancing.timeline import SHUFFLE_PHASES, Timeline, hidden_fraction, phase_seconds
 from embnb.balancing.workloads import attention_block_flops
 from embnb.collectives import all_reduce_
+from embnb.cuda import loader
 from embnb.data import zipf_lengths
 from embnb.dist import rank_device
 from embnb.metrics import max_over_mean
-from embnb.cuda import loader
 
 __all__ = [
     "MODES",

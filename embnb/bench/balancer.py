@@ -49,11 +49,11 @@ from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
 from embnb.bench.timing import add_out_argument, write_results
+from embnb.cuda import loader
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan
 from embnb.lab.balancing import measured
 from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
-from embnb.cuda import loader
 from embnb.timing import machine_name, median_seconds, paired_ratio
 
 PEER = "numberpartitioning_kk"

@@ -18,8 +18,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from embnb.balancing import partition as balancer
 from embnb.balancing import workloads as workload_measures
 from embnb.balancing.training import AttentionBlock
-from embnb.data import zipf_lengths
 from embnb.cuda import loader
+from embnb.data import zipf_lengths
 
 BALANCERS = ["contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap"]
 

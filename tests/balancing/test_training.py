@@ -14,8 +14,8 @@ from embnb.balancing import partition as balancer
 from embnb.balancing import training
 from embnb.balancing.timeline import SHUFFLE_PHASES, hidden_fraction, phase_seconds
 from embnb.balancing.training import TrainConfig
-from embnb.dist import RankError, launch, launch_each
 from embnb.cuda import loader
+from embnb.dist import RankError, launch, launch_each
 
 WORLD_SIZE = 4
 TINY = TrainConfig(

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embnb import planner
-from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.cuda import loader
+from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
 from embnb.planner.space import SearchSpace, by_table, gathered
 from embnb.planner.topology import reserved_topology

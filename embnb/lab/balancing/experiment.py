@@ -36,11 +36,11 @@ from embnb.balancing.training import (
     train,
 )
 from embnb.balancing.workloads import attention_block_flops
+from embnb.cuda import loader
 from embnb.dist import device_plan, launch, launch_each
 from embnb.lab.balancing import comparison as comparison_results
 from embnb.lab.balancing.reference import kk_equal_count
 from embnb.metrics import max_over_mean
-from embnb.cuda import loader
 from embnb.timing import Difference, median_seconds, paired_difference
 
 __all__ = [

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from embnb.balancing import partition
 from embnb.balancing.workloads import equal_size_lower_bound
-from embnb.lab.balancing.reference import kk_equal_count
 from embnb.cuda import loader
+from embnb.lab.balancing.reference import kk_equal_count
 
 
 def as_parts(parts):
