@@ -53,18 +53,16 @@ def run_notebook(
     `out_dir/NAME_figNN.png` (each PNG the notebook displayed). Parameters
     default to `interactive=False` and `results_path` in `out_dir`; the
     working directory defaults to the notebook's own folder. The kernel runs
-    with PYTHONHASHSEED=0 unless it is set: numbers repeat run to run; and
-    with torch.fx's deprecation log quieted (`embnb.lab.logs`).
+    with PYTHONHASHSEED=0 unless it is set: numbers repeat run to run. Each
+    notebook quiets torch.fx's deprecation log itself (`embnb.lab.logs`), so
+    this process's logging and TORCH_LOGS stay as they are.
     """
     import papermill
-
-    from embnb.lab.logs import quiet_torch_fx
 
     _prefer_this_environment_kernel()
     # The kernel inherits this: a fixed string-hash seed makes set and dict
     # orders (and so torchrec's tie-breaks in planning) the same every run.
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    quiet_torch_fx()  # through TORCH_LOGS: the kernel and the ranks it launches
     path = pathlib.Path(path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"notebook {str(path)!r} does not exist")

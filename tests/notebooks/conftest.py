@@ -4,6 +4,7 @@ assert both its results JSON and the explorer its last section displays."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import re
 
@@ -47,7 +48,10 @@ def execute(tmp_path_factory):
         out = tmp_path_factory.mktemp(name)
         params = {"device": "cpu", **parameters, "interactive": True}
         notebook = harness.NOTEBOOKS_DIR / f"{name}.ipynb"
+        torch_logs = os.environ.get("TORCH_LOGS")
         results = harness.run_notebook(notebook, out, params, cell_timeout_s=300)
+        # the notebook quiets its own logs; the runner changes nothing here
+        assert os.environ.get("TORCH_LOGS") == torch_logs
         executed = nbformat.read(str(out / f"{name}.ipynb"), as_version=4)
         # A reader sees stderr as a red box (JupyterLab): warnings and native
         # logs are caught or fixed, never shown (the browser test checks it too).
