@@ -28,6 +28,7 @@ from performance_tables import (  # beside this script
     planner_section,
     sig,
     source,
+    steptime_section,
     table,
 )
 
@@ -227,6 +228,7 @@ SECTIONS = {
     "enumerators": enumerators_section,
     "ablation": ablation_section,
     "balancer": balancer_section,
+    "steptime": steptime_section,
 }
 
 

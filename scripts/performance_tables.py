@@ -337,3 +337,47 @@ def ablation_section(run: Run) -> str:
         header = ["rung", "estimated rating", "plans considered", "proposals", "plans in", "switches off"]
         parts += [f"**{shape(row)}**:", table(header, rungs)]
     return "\n\n".join(parts)
+
+
+def steptime_section(run: Run) -> str:
+    data = run.data
+    parts = [
+        "## Plans measured rank by rank",
+        source(run),
+        f"`make_model({data['model']['tables']}, seed={data['model']['seed']})` (largest table "
+        f"{data['model']['max_rows']:,} rows) on a CPU topology, {data['batch_size']} samples per rank: "
+        "each plan's ranks run one after another with real FBGEMM kernels (forward, backward and "
+        f"{data['optimizer']}, {data['threads']} thread), median of {data['repeats']} repeats. The critical "
+        "path is the slowest rank's step (lookups and the dense part); the rank thread's CPU time is the "
+        "clock other jobs on the machine do not stretch, wall time is beside it. torchrec's rating is its "
+        "estimate of the same plan. Spearman: rank correlation across the measured plans.",
+    ]
+    for world in data["worlds"]:
+        rows = []
+        for plan in world["plans"]:
+            if not plan.get("measured"):
+                rows.append([plan["plan"], "-", "-", "-", "-", plan.get("note") or "no plan"])
+                continue
+            shards = ", ".join(f"{n} {kind}" for kind, n in plan["shape"].items() if kind != "shards")
+            rows.append(
+                [
+                    plan["plan"],
+                    f"{sig(plan['critical_path_cpu_s'] * 1e3)} ms",
+                    f"{sig(plan['critical_path_s'] * 1e3)} ms",
+                    f"{sig(plan['lookup_critical_path_s'] * 1e3)} ms",
+                    f"{sig(plan['rating_s'] * 1e3)} ms",
+                    f"{plan['shape'].get('shards', '?')} shards: {shards}",
+                ]
+            )
+        header = cells(
+            "plan | critical path, CPU time | critical path, wall | slowest lookups, wall | "
+            "torchrec's estimated rating | shape"
+        )
+        spearman = world["spearman_vs_rating"]
+        parts += [
+            f"W = {world['world_size']} ({world['compute_device']} topology): Spearman against the rating "
+            f"{sig(spearman['critical_path_cpu_s'], 2)} by CPU time, {sig(spearman['critical_path_s'], 2)} "
+            "by wall time.",
+            table(header, rows),
+        ]
+    return "\n\n".join(parts)
