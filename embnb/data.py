@@ -35,7 +35,7 @@ from embnb._checks import check_int, check_number
 
 ID_SPACE = 2**40  # large enough that random ids rarely collide
 TWITTER_EPOCH_MS = 1_288_834_974_657
-SNOWFLAKE_START_MS = 1_700_000_000_000 - TWITTER_EPOCH_MS  # Nov 2023
+SNOWFLAKE_START_MS = 1_700_000_000_000 - TWITTER_EPOCH_MS  # ids minted 1.7e12 ms after the Unix epoch
 
 
 def _check_sizes(num_keys: int) -> None:
