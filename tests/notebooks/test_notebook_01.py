@@ -11,10 +11,11 @@ import os
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from embnb.data import make_keys, zipf_probs
-from embnb.lab.rowwise.reference import fmix64
+from embnb.lab.rowwise.reference import fmix64, owner_of
 
 WORLD_SIZE = 8
 WORLD_SIZES = [5, 6, 12]  # with WORLD_SIZE: co-prime to the stride, and sharing 2, 4, 12 with it
@@ -50,6 +51,12 @@ PARAMETERS = {
     "kernel_sizes": [20_000],
     "kernel_threads": [1, 0],
     "kernel_repeats": 2,
+    "measured_world_sizes": [4, 8],
+    "measured_alphas": [0.8, 1.5],
+    "measured_keys_per_rank": 8192,
+    "measured_bag_size": 16,
+    "measured_table_rows": 200_000,
+    "measured_repeats": 3,
 }
 SPREAD = ["uniform", "sequential", "strided", "tagged", "snowflake"]  # not hot
 
@@ -276,8 +283,8 @@ def test_summary_figures_and_explorer(run):
     assert "hashing does not fix hot keys" in summary
     assert f"reloaded at W={KV_WORLD_SIZE} (same W): dynamicemb's loader drops" in summary
     figures = run.figures()
-    # heatmap, trend, hash noise, zipf bars, zipf seeds, zipf alpha sweep, KV bars
-    assert len(figures) == 7
+    # heatmap, trend, hash noise, zipf bars, zipf seeds, zipf alpha sweep, KV bars, measured
+    assert len(figures) == 8
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
     assert run.widgets_shown_by("LoadExplorer(") == 1
 
@@ -295,3 +302,75 @@ def test_kernel_table_checks_outputs_before_timing_at_each_thread_count(run):
     )
     # FBGEMM has a continuous mode only: it is the peer there and nowhere else.
     assert all((r["embnb_over_fbgemm"] is not None) == (r["dist_type"] == "continuous") for r in rows)
+
+
+def test_measured_ranks_own_the_ids_plain_python_routes_to_them(run):
+    """Section 8: each rank's ids, recomputed from the Zipf stream hashed into
+    the table and routed with the plain-Python rule."""
+    measured = run.results["measured"]
+    rows_in_table = PARAMETERS["measured_table_rows"]
+    cases = {(c["dist_type"], c["world_size"], c["alpha"]): c for c in measured["cases"]}
+    assert len(cases) == 3 * len(PARAMETERS["measured_world_sizes"]) * len(PARAMETERS["measured_alphas"])
+    for world_size, alpha in itertools.product(
+        PARAMETERS["measured_world_sizes"], PARAMETERS["measured_alphas"]
+    ):
+        raw = make_keys(
+            "zipf", world_size * PARAMETERS["measured_keys_per_rank"], seed=0, alpha=alpha
+        ).tolist()
+        rows = [fmix64(i) % rows_in_table for i in raw]
+        block = -(-rows_in_table // world_size)
+        for dist_type in ("continuous", "roundrobin", "hash_roundrobin"):
+            owners = [owner_of(r, world_size, dist_type, block_size=block) for r in rows]
+            counts = Counter(owners)
+            case = cases[(dist_type, world_size, alpha)]
+            assert case["keys_per_rank"] == [counts[r] for r in range(world_size)], (
+                dist_type,
+                world_size,
+                alpha,
+            )
+            assert len(case["lookup_ms"]) == world_size == len(case["lookup_wall_ms"])
+            assert min(case["lookup_ms"]) > 0
+    assert measured["clock"] == "cpu" and measured["threads"] == 1
+
+
+def test_measured_relations_recomputed_from_the_per_rank_numbers(run):
+    """Every printed max/mean, busiest and slowest rank, ratio and Spearman, from the raw per-rank lists."""
+    measured = run.results["measured"]
+    for case in measured["cases"]:
+        keys, cpu, wall = case["keys_per_rank"], case["lookup_ms"], case["lookup_wall_ms"]
+        assert case["counted_max_over_mean"] == pytest.approx(max(keys) / np.mean(keys))
+        assert case["measured_max_over_mean"] == pytest.approx(max(cpu) / np.mean(cpu))
+        assert case["measured_wall_max_over_mean"] == pytest.approx(max(wall) / np.mean(wall))
+        busiest, slowest = int(np.argmax(keys)), int(np.argmax(cpu))
+        assert (case["busiest_rank"], case["slowest_rank"]) == (busiest, slowest)
+        assert case["busiest_is_slowest"] == (busiest == slowest)
+        assert case["step_over_busiest"] == pytest.approx(max(cpu) / cpu[busiest])
+        assert case["spearman"] == pytest.approx(pd.Series(keys).rank().corr(pd.Series(cpu).rank()))
+    cases = measured["cases"]
+    same = sum(c["busiest_rank"] == c["slowest_rank"] for c in cases)
+    assert measured["busiest_is_slowest"] == same
+    assert measured["findings"][0].startswith(
+        f"The busiest owner by ids is the slowest rank by measured cpu time in {same} of {len(cases)} cases"
+    )
+    below = sum(c["measured_max_over_mean"] < c["counted_max_over_mean"] for c in cases)
+    assert measured["measured_below_counted"] == below
+    assert any(
+        f.startswith(f"Measured max/mean is below counted max/mean in {below} of")
+        for f in measured["findings"]
+    )
+
+
+def test_at_the_hottest_alpha_the_busiest_owner_is_slow_but_not_in_proportion(run):
+    """What section 8 shows at the largest alpha, in relations that timer noise
+    does not flip at these sizes (checked over repeated runs): the rank owning
+    the most ids measures slower than the median rank in most cases, the ids
+    and the times rise together over ranks, and the time's max/mean stays
+    below the ids' (medians over the cases)."""
+    cases = run.results["measured"]["cases"]
+    hottest = max(PARAMETERS["measured_alphas"])
+    top = [c for c in cases if c["alpha"] == hottest]
+    above = sum(c["lookup_ms"][c["busiest_rank"]] > np.median(c["lookup_ms"]) for c in top)
+    assert above > len(top) / 2, above
+    assert np.median([c["spearman"] for c in top]) > 0
+    measured = np.median([c["measured_max_over_mean"] for c in top])
+    assert measured < np.median([c["counted_max_over_mean"] for c in top])

@@ -7,5 +7,6 @@
 - `table_ids`: ids mapped into a table's rows before continuous blocks;
 - `kv_experiment`: the sharded KV table's runs (checkpoint reloads, loaders);
 - `kernel_timing`: the bucketize kernels against FBGEMM's;
+- `measured`: each owner's lookups run rank by rank (`embnb.steptime`), time beside ids;
 - `plots` and `widgets`: the figures and the load explorer.
 """
