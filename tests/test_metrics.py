@@ -3,12 +3,15 @@ plain-Python arithmetic."""
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embnb.metrics import max_over_mean, spread_over_mean
+from embnb.metrics import max_over_mean, spearman, spread_over_mean
 
 
 def test_ratios_hand_checked():
@@ -37,3 +40,14 @@ def test_ratios_reject_empty_and_zero_mean(ratio):
         ratio(torch.zeros(4, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"counts must be 1-D, got shape \(1, 2\)"):
         ratio([[1, 2]])
+
+
+def test_spearman_against_its_formula():
+    rng = random.Random(0)
+    x = rng.sample(range(1000), 9)
+    y = rng.sample(range(1000), 9)
+    rank = {v: i + 1 for i, v in enumerate(sorted(x))}, {v: i + 1 for i, v in enumerate(sorted(y))}
+    d2 = sum((rank[0][a] - rank[1][b]) ** 2 for a, b in zip(x, y))
+    assert spearman(x, y) == pytest.approx(1 - 6 * d2 / (9 * (81 - 1)))
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))  # ties: mean ranks
+    assert math.isnan(spearman([1, 1], [1, 2]))

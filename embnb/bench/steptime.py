@@ -36,9 +36,9 @@ from embnb.lab.planner.candidates import (
     candidate_plans,
     estimated_per_rank,
     plan_shape,
-    spearman,
 )
 from embnb.lab.planner.models import make_model
+from embnb.metrics import spearman
 from embnb.planner.topology import make_topology
 from embnb.steptime.batch import make_batch
 from embnb.steptime.comms import LINK_MODEL

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from embnb.lab.planner.candidates import PLANNERS, spearman
+from embnb.lab.planner.candidates import PLANNERS
+from embnb.metrics import spearman
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:

@@ -4,7 +4,6 @@ the link model against torchrec's bandwidths; Spearman against its formula."""
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
@@ -18,7 +17,6 @@ from torchrec.distributed.sharding_plan import (
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from embnb.lab.planner.candidates import spearman
 from embnb.planner.topology import make_topology
 from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_batch
 from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
@@ -176,17 +174,6 @@ def test_computed_comms_use_torchrecs_bandwidths():
     expected_ms = (8000 - 1000) / intra + 2 * (world - 1) / world * 4000 / all_reduce
     assert comms.computed_seconds(topology) == pytest.approx(expected_ms / 1e3)
     assert (comms.sent_bytes, comms.received_bytes) == (8000, 12000)
-
-
-def test_spearman_against_its_formula():
-    rng = random.Random(0)
-    x = rng.sample(range(1000), 9)
-    y = rng.sample(range(1000), 9)
-    rank = {v: i + 1 for i, v in enumerate(sorted(x))}, {v: i + 1 for i, v in enumerate(sorted(y))}
-    d2 = sum((rank[0][a] - rank[1][b]) ** 2 for a, b in zip(x, y))
-    assert spearman(x, y) == pytest.approx(1 - 6 * d2 / (9 * (81 - 1)))
-    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))  # ties: mean ranks
-    assert math.isnan(spearman([1, 1], [1, 2]))
 
 
 def test_routing_comms_continuous_is_torchrecs_row_wise_and_every_id_arrives_once():

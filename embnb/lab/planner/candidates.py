@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.types import ShardingOption, Topology
@@ -33,7 +32,6 @@ __all__ = [
     "one_kind_on",
     "estimated_per_rank",
     "plan_shape",
-    "spearman",
     "PLANNERS",
 ]
 
@@ -139,26 +137,3 @@ def plan_shape(options: Sequence[ShardingOption]) -> dict[str, int]:
     shape = dict(Counter(o.sharding_type for o in options))
     shape["shards"] = sum(len(o.shards) for o in options)
     return shape
-
-
-def _ranks(values: Sequence[float]) -> np.ndarray:
-    """Ranks 1..n, ties sharing their mean rank."""
-    values = np.asarray(values, dtype=float)
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(1, len(values) + 1)
-    for value in np.unique(values):
-        tied = values == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation: Pearson's correlation of the ranks
-    (ties at their mean rank); NaN when either side is constant."""
-    if len(x) != len(y) or len(x) < 2:
-        raise ValueError(f"need two sequences of the same length >= 2, got {len(x)} and {len(y)}")
-    a, b = _ranks(x), _ranks(y)
-    a, b = a - a.mean(), b - b.mean()
-    denominator = math.sqrt(float((a * a).sum() * (b * b).sum()))
-    return float((a * b).sum() / denominator) if denominator else math.nan

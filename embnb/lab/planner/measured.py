@@ -22,9 +22,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from embnb._checks import check_int
-from embnb.lab.planner.candidates import candidate_plans, estimated_per_rank, plan_shape, spearman
+from embnb.lab.planner.candidates import candidate_plans, estimated_per_rank, plan_shape
 from embnb.lab.planner.models import Model
 from embnb.lab.plotting import new_figure
+from embnb.metrics import spearman
 from embnb.planner.topology import make_topology
 from embnb.steptime import make_batch, measure_plan
 

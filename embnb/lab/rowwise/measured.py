@@ -32,10 +32,9 @@ from matplotlib.lines import Line2D
 
 from embnb._checks import check_int
 from embnb.data import make_keys
-from embnb.lab.planner.candidates import spearman
 from embnb.lab.plotting import color, new_figure
 from embnb.lab.rowwise.aliasing import into_table, owners
-from embnb.metrics import max_over_mean
+from embnb.metrics import max_over_mean, spearman
 from embnb.rowwise.routing import DistType
 from embnb.steptime import batch_from_keys, measure_routing
 
