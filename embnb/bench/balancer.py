@@ -48,7 +48,7 @@ from embnb.balancing import partition as balancer
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
-from embnb.bench.timing import add_out_argument, write_results
+from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.cuda import loader
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan
@@ -346,6 +346,7 @@ def _run_exchanges(opts: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     opts = _options(argv)
+    quiet_torchrec_logs()  # and torch.fx's log on every rank that builds a KeyedJaggedTensor
     native = loader.available()
     if not native:
         print(f"native KK unavailable: {loader.failure()}", file=sys.stderr)

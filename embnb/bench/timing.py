@@ -47,6 +47,11 @@ def add_out_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def quiet_torchrec_logs() -> None:
-    """Errors only: torchrec's planner logs every proposal and warns for each data-parallel table."""
+    """Errors only: torchrec's planner logs every proposal and warns for each
+    data-parallel table; torch.fx's deprecation log, here and on the ranks a
+    bench launches (every KeyedJaggedTensor triggers it)."""
+    from embnb.lab.logs import quiet_torch_fx
+
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.ERROR)
+    quiet_torch_fx()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -30,19 +31,28 @@ __all__ = ["peak_memory_partition", "peak_step_bytes"]
 
 
 # What Kineto writes to fd 2 around every CPU profile: its start and stop
-# markers and a note on blocks allocated before it started (the inputs)
+# markers, a note on blocks allocated before it started (the inputs), and,
+# under a CUDA build of torch without a GPU, its failed probe for GPUs
+KINETO_NOISE = (
+    "USDT:",
+    "Memory block of unknown size was allocated before the profiling",
+    "gpuGetDeviceCount failed",
+)
+
+
 def _profiler_noise(line: str) -> bool:
-    return (
-        line.startswith("USDT:") or "Memory block of unknown size was allocated before the profiling" in line
-    )
+    return any(noise in line for noise in KINETO_NOISE)
 
 
 def _cpu_peak(step) -> int:
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    with native_stderr() as lines, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
+    with warnings.catch_warnings(), native_stderr() as lines:
+        # torch 2.11 warns that a profile keeps one cycle's events: one cycle is all this reads
+        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
     kept = [line for line in lines if not _profiler_noise(line)]
     if kept:
         sys.stderr.write("".join(kept))
