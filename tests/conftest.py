@@ -13,6 +13,19 @@ if str(TESTS_DIR) not in sys.path:
 collect_ignore = [] if os.environ.get("EMBNB_BROWSER_TEST") else ["browser"]
 
 
+@pytest.fixture(autouse=True)
+def _torch_logs_as_pytest_started():
+    """A bench run in this process sets TORCH_LOGS for the ranks it launches
+    (bench.timing.quiet_torchrec_logs); the next test starts without it, as
+    the fresh processes some tests launch must."""
+    before = os.environ.get("TORCH_LOGS")
+    yield
+    if before is None:
+        os.environ.pop("TORCH_LOGS", None)
+    else:
+        os.environ["TORCH_LOGS"] = before
+
+
 def pytest_sessionstart(session):
     # Build the native extension once, here, rather than in several spawned
     # ranks at the same moment; without a compiler this warns and tests that

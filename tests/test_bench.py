@@ -16,13 +16,10 @@ import torch
 
 
 @pytest.fixture
-def bench(capsys, monkeypatch):
+def bench(capsys):
     """bench(*args, expect=0): `python -m embnb.bench *args` in this process;
-    returns its (stdout, stderr) once its exit code is `expect`. The TORCH_LOGS
-    a bench sets for its ranks (quiet_torchrec_logs) is undone afterwards."""
+    returns its (stdout, stderr) once its exit code is `expect`."""
     from embnb.bench.__main__ import main
-
-    monkeypatch.setenv("TORCH_LOGS", os.environ.get("TORCH_LOGS", ""))
 
     def run(*args: str, expect: int = 0) -> tuple[str, str]:
         try:  # argparse exits 2 on a bad argument; the benches return their code
