@@ -109,6 +109,8 @@ def balancer_section(run: Run) -> str:
         parts += _training_tables(training, data.get("training_config", {}))
     if data.get("exchanges"):
         parts += _exchange_tables(data["exchanges"])
+    if data.get("rank_by_rank"):
+        parts += _rank_by_rank_tables(data["rank_by_rank"])
     return "\n\n".join(parts)
 
 
@@ -218,6 +220,49 @@ def _exchange_tables(exchanges: dict[str, Any]) -> list[str]:
         table(["ranks", "all-gather", "all-to-all"], bytes_rows),
         "Measured, ms (median and range):",
         table(["ranks", "exchange", "ms"], measured),
+    ]
+
+
+def _rank_by_rank_tables(measured: dict[str, Any]) -> list[str]:
+    """The balanced step rank by rank: speed-ups over the loader's cut by
+    method, then the memory-capped balance."""
+    config = measured["measured_config"]
+    methods = list(dict.fromkeys(s["method"] for s in measured["measured_speedups"]))
+    methods.remove("contiguous")  # the reference: 1.00x by definition
+    by_case: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for speedup in measured["measured_speedups"]:
+        by_case.setdefault((speedup["distribution"], speedup["world_size"]), {})[speedup["method"]] = speedup
+    rows = []
+    for (distribution, world), cases in by_case.items():
+        bound = cases["contiguous"]
+        limit = " (longest sample)" if bound["longest_sets_bound"] else ""
+        rows.append(
+            [distribution, str(world)]
+            + [f"{sig(cases[m]['measured'])}x ({sig(cases[m]['flop_model'])}x)" for m in methods]
+            + [f"{sig(bound['bound'])}x{limit}"]
+        )
+    capped = [
+        [
+            c["distribution"],
+            str(c["world_size"]),
+            f"{c['cap']:.0f} ({sig(c['cap'] / c['mean_tokens'])}x mean)",
+            "yes" if c["binds"] else "no",
+        ]
+        + [f"{sig(c['cost'][m])}x, {sig(max(c['peak_bytes'][m]) / 2**20)} MiB" for m in c["cost"]]
+        for c in measured["capped"]
+    ]
+    cap_methods = list(measured["capped"][0]["cost"]) if measured["capped"] else []
+    return [
+        f"**Rank by rank** ({config['local_batch_size']} samples per rank, lengths up to "
+        f"{config['max_length']}, {config['threads']} thread, median of {config['repeats']} repeats of each "
+        "rank's forward and backward, one rank after another; the step is the slowest rank, by thread CPU "
+        "time on a CPU): "
+        "speed-up over the loader's contiguous cut, measured (the FLOP model's prediction in brackets), "
+        "and the FLOP model's bound (max(mean, longest sample) per rank):",
+        table(["lengths", "ranks", *methods, "bound"], rows),
+        "**Under a token cap** per rank (KK + swaps, greedy and KK partition by FLOPs with the cap): the "
+        "measured step over the uncapped step, and the largest measured peak activation memory of any rank:",
+        table(["lengths", "ranks", "cap, tokens", "binds", *cap_methods], capped),
     ]
 
 
