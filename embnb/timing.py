@@ -8,12 +8,13 @@ import dataclasses
 import os
 import platform
 import statistics
-import time
+import timeit
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils import benchmark
 
 __all__ = [
     "median_seconds",
@@ -33,33 +34,23 @@ def median_seconds(
     device: torch.device | str = "cpu",
     budget_s: float | None = None,
 ) -> float:
-    """Median wall time of `fn()` after warm-up; CUDA work timed with events.
+    """Median wall time of one `fn()` after `warmup` calls, at this thread's
+    torch thread count.
 
-    With `budget_s`, `repeats` is chosen (3 to 200) so that the timed calls
-    take about that long, from one timed warm-up call.
+    `repeats` timed calls, each timed alone with the standard library's
+    `timeit` (the garbage collector off while timed) on a clock that waits
+    for the accelerator when `device` is one (`torch.utils.benchmark.timer`).
+    With `budget_s`, `torch.utils.benchmark.Timer.blocked_autorange` takes
+    about that long instead: it warms up while it picks how many calls to
+    time together, and reports their median per call.
     """
-    device = torch.device(device)
     for _ in range(warmup):
         fn()
     if budget_s is not None:
-        start = time.perf_counter()
-        fn()
-        once = time.perf_counter() - start
-        repeats = max(3, min(200, int(budget_s / max(once, 1e-6))))
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        timer = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+        return timer.blocked_autorange(min_run_time=budget_s).median
+    clock = benchmark.timer if torch.device(device).type != "cpu" else timeit.default_timer
+    return statistics.median(timeit.Timer(fn, timer=clock).repeat(repeat=repeats, number=1))
 
 
 def machine_name(device: torch.device | str = "cpu") -> str:
@@ -100,22 +91,13 @@ def paired_ratio(numerator_seconds: Sequence[float], denominator_seconds: Sequen
     return Ratio(statistics.median(ratios), min(ratios), max(ratios), len(ratios))
 
 
-# Student's t, 0.975 quantile, for 1..30 degrees of freedom (any table of the
-# t distribution); past 30 the Cornish-Fisher expansion around the normal's
-# 1.95996 is within 1e-4 of it.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
 def t_quantile_975(degrees_of_freedom: int) -> float:
-    """The 0.975 quantile of Student's t: half-width of a 95% interval in standard errors."""
-    if degrees_of_freedom <= len(_T975):
-        return _T975[degrees_of_freedom - 1]
-    z, n = 1.959964, degrees_of_freedom
-    return z + (z**3 + z) / (4 * n) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * n**2)
+    """The 0.975 quantile of Student's t: half-width of a 95% interval in
+    standard errors: scipy's (the `notebooks` extra), imported here so that
+    `import embnb` stays light."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, degrees_of_freedom))
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ import math
 import time
 
 import pytest
+import torch
 
 from embnb.timing import Ratio, median_seconds, paired_difference, paired_ratio, t_quantile_975
 
@@ -39,9 +40,29 @@ def test_median_seconds_times_the_call_it_is_given():
     assert median_seconds(lambda: time.sleep(0.02), repeats=3, warmup=0) >= 0.02
 
 
+def test_median_seconds_with_a_budget_times_one_call_not_a_block():
+    calls = []
+    seconds = median_seconds(lambda: (calls.append(1), time.sleep(0.005)), warmup=1, budget_s=0.1)
+    assert seconds >= 0.005  # per call, though several calls may be timed together
+    assert len(calls) >= 1 + 0.1 / 0.02  # the warm-up, then calls summing to about the budget (loose)
+
+
+def test_median_seconds_keeps_the_callers_thread_count():
+    """torch.utils.benchmark.Timer runs at one thread unless told; both modes keep the caller's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = set()
+        median_seconds(lambda: seen.add(torch.get_num_threads()), repeats=2, warmup=0)
+        median_seconds(lambda: seen.add(torch.get_num_threads()), warmup=0, budget_s=0.01)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == {2}
+
+
 def _t_cdf(t, df, steps=20000):
     """Student's t CDF at t > 0 by Simpson's rule on its density (an oracle
-    independent of the quantile table)."""
+    independent of scipy's quantile function)."""
     c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
     h = t / steps
     total = sum(
