@@ -7,7 +7,7 @@ bench's model (`make_model(tables, seed=0)`, HBM for half its fp32 rows)
 and timing one `create_planner(topology, 512, constraints=...).plan(module,
 sharders)` (imports timed apart; the process's peak RSS beside it). Beside
 it, the same call repeated in this process after those runs
-(`embnb.lab.planner.study.time_end_to_end`, the garbage of the run before
+(`embnb.lab.planner.planning.time_end_to_end`, the garbage of the run before
 collected first), as the planner bench measures it; and, in one more fresh
 process, torchrec's own EmbeddingShardingPlanner with its
 DynamicProgrammingProposer and its enumerator, cut at
@@ -36,7 +36,7 @@ import time
 from embnb import planner
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
 from embnb.lab.planner.models import fused_table_gb, make_model
-from embnb.lab.planner.study import time_end_to_end
+from embnb.lab.planner.planning import time_end_to_end
 from embnb.timing import machine_name
 
 BATCH_SIZE = 512

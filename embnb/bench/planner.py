@@ -50,14 +50,10 @@ import numpy as np
 
 from embnb import planner
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
+from embnb.lab.planner.comparison import compare_proposers, default_proposers
 from embnb.lab.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
-from embnb.lab.planner.study import (
-    compare_proposers,
-    default_proposers,
-    quality_study,
-    run_planner,
-    time_end_to_end,
-)
+from embnb.lab.planner.planning import run_planner, time_end_to_end
+from embnb.lab.planner.quality import quality_study
 from embnb.planner.enumerator import same_options
 from embnb.timing import machine_name
 

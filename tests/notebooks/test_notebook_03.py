@@ -238,3 +238,35 @@ def test_measured_spearman_is_the_rank_correlation_of_the_printed_plans(run):
             measured = pd.Series([plan[f"{key}_ms"] for plan in ran])
             want = measured.rank().corr(rating.rank())  # Pearson of the ranks
             assert world[f"spearman_{key}"] == pytest.approx(want), key
+
+
+def test_every_topology_prints_its_devices_and_hosts(run):
+    """No topology of the notebook is made with local_world_size, so torchrec puts all its devices
+    on one host; each is recorded and printed where it is planned."""
+    hosts = run.results["hosts"]
+    world_size = SMALL["world_size"]
+    two = [2]  # the worked examples, the pitfall instances and this machine as 2 ranks
+    assert {name: layout["devices"] for name, layout in hosts.items() if name != "brute-force instances"} == {
+        "knapsack by hand": two,
+        "placement example": two,
+        "pitfall instances": two,
+        "the model": [world_size],
+        "budget sweep": [world_size],
+        "this machine": two,
+        "CPU topology": [world_size],
+        **{f"measured W={w}": [w] for w in SMALL["measured_world_sizes"]},
+    }
+    assert set(hosts["brute-force instances"]["devices"]) <= {2, 3, 4}  # random_instance's world sizes
+    assert all(layout["hosts"] == [1] for layout in hosts.values()), hosts
+    printed = "".join(
+        "".join(output.get("text", ""))
+        for cell in run.notebook.cells
+        for output in cell.get("outputs", [])
+        if output.get("name") == "stdout"
+    )
+    for name, layout in hosts.items():
+        low, high = layout["devices"][0], layout["devices"][-1]
+        if low == high:
+            assert f"{name}: {low} devices on 1 host\n" in printed, name
+        else:
+            assert f"{name}: {low} to {high} devices on 1 host each" in printed, name

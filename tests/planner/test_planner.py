@@ -46,15 +46,11 @@ from embnb._torchrec_private import (
     planner_storage_reservation,
 )
 from embnb.lab.planner.brute_force import brute_force_rating, rate_every_plan
+from embnb.lab.planner.comparison import compare_proposers, default_proposers
 from embnb.lab.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
-from embnb.lab.planner.study import (
-    compare_proposers,
-    default_proposers,
-    quality_summary,
-    random_instance,
-    run_planner,
-)
+from embnb.lab.planner.planning import run_planner
+from embnb.lab.planner.quality import quality_summary, random_instance
 from embnb.planner.factory import Fallback
 from embnb.planner.topology import reserved_topology
 

@@ -15,8 +15,8 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 
 from embnb import planner
 from embnb._torchrec_private import best_plan, num_proposals
+from embnb.lab.planner.comparison import compare_proposers, default_proposers, timing_breakdown
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
-from embnb.lab.planner.study import compare_proposers, default_proposers, timing_breakdown
 from embnb.planner.proposer import FIRST_REASON
 from embnb.planner.replica import GreedyPerfReplica
 from embnb.planner.space import SearchSpace, by_table

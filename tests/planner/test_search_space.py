@@ -208,7 +208,7 @@ def test_the_plan_does_not_depend_on_the_order_torchrec_enumerates_options_in():
     # torchrec's enumerator walks sharding types and kernels from sets: the
     # order of a table's options changes between processes. Reversing each
     # table's options stands for another process's order.
-    from embnb.lab.planner.study import run_planner
+    from embnb.lab.planner.planning import run_planner
 
     model = make_model(24, seed=3)
     topology = planner.make_topology(4, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 4 * 0.4)

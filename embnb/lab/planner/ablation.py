@@ -22,7 +22,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
 from embnb._checks import check_int
 from embnb.lab.planner.models import Enumerated
-from embnb.lab.planner.study import run_planner
+from embnb.lab.planner.planning import run_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
 
 __all__ = ["LADDER", "ablation_table", "ablation_records"]

@@ -17,14 +17,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.types import ShardingOption, Topology
 from torchrec.distributed.types import ShardingPlan
 
 from embnb._checks import check_int
+from embnb.lab.planner.comparison import default_proposers
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options
-from embnb.lab.planner.study import default_proposers, run_planner
+from embnb.lab.planner.planning import run_planner
 
 __all__ = [
     "CandidatePlan",
@@ -91,7 +93,7 @@ def candidate_plans(
     timeout_s: float = 120.0,
     enumerated: Enumerated | None = None,
 ) -> dict[str, CandidatePlan]:
-    """The planners' plans (`PLANNERS`, from embnb.lab.planner.study's
+    """The planners' plans (`PLANNERS`, from embnb.lab.planner.comparison's
     proposers over one enumeration) and poor ones: every table table-wise on
     the first k ranks for each k in `few_ranks`, and every table
     data-parallel."""
@@ -122,14 +124,17 @@ def estimated_per_rank(options: Sequence[ShardingOption], world_size: int) -> di
     """torchrec's estimates summed per rank, in seconds: `total` (what its
     rating takes the maximum of), `compute` (forward + backward compute) and
     `comms` (forward + backward communication)."""
-    sums = {key: [0.0] * world_size for key in ("total", "compute", "comms")}
-    for option in options:
-        for shard in option.shards:
-            perf = shard.perf
-            sums["total"][shard.rank] += perf.total / 1e3
-            sums["compute"][shard.rank] += (perf.fwd_compute + perf.bwd_compute) / 1e3
-            sums["comms"][shard.rank] += (perf.fwd_comms + perf.bwd_comms) / 1e3
-    return sums
+    shards = [shard for option in options for shard in option.shards]
+    ms = {
+        "total": [s.perf.total for s in shards],
+        "compute": [s.perf.fwd_compute + s.perf.bwd_compute for s in shards],
+        "comms": [s.perf.fwd_comms + s.perf.bwd_comms for s in shards],
+    }
+    ranks = np.array([shard.rank for shard in shards], dtype=np.int64)
+    return {
+        key: np.bincount(ranks, np.divide(values, 1e3), minlength=world_size).tolist()
+        for key, values in ms.items()
+    }
 
 
 def plan_shape(options: Sequence[ShardingOption]) -> dict[str, int]:

@@ -9,20 +9,24 @@ is computed from the counted bytes (`steptime.comms.LINK_MODEL`).
 
     world = measure_world(model, 8, local_batch_size=16, repeats=2)
     world.spearman("lookup_ms"), world.winner().shape
-    fig = measured_vs_estimated([world8, world32])
+    section = measure_worlds(model, [8, 32], local_batch_size=16)   # the notebook's section
+    fig = measured_vs_estimated(section.worlds)
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from embnb._checks import check_int
 from embnb.lab.planner.candidates import candidate_plans, estimated_per_rank, plan_shape
+from embnb.lab.planner.hosts import hosts_of
 from embnb.lab.planner.models import Model
 from embnb.lab.plotting import new_figure
 from embnb.metrics import spearman
@@ -33,6 +37,8 @@ __all__ = [
     "MeasuredPlan",
     "MeasuredWorld",
     "measure_world",
+    "MeasuredWorlds",
+    "measure_worlds",
     "measured_vs_estimated",
     "estimate_over_measured",
     "CLOCK",
@@ -72,6 +78,7 @@ class MeasuredWorld:
     threads: int
     warmup: int
     repeats: int
+    hosts: int = 1  # of its CPU topology (`hosts_of`)
 
     def measured(self) -> list[MeasuredPlan]:
         return [p for p in self.plans if p.measured]
@@ -141,7 +148,37 @@ def measure_world(
     batch = make_batch(model.tables, model.constraints, world_size, local_batch_size, seed)
     options = {"threads": threads, "warmup": warmup, "repeats": repeats, "hidden": tuple(hidden)}
     plans = [_measure_one(c, topology, model, batch, **options) for c in candidates.values()]
-    return MeasuredWorld(world_size, plans, local_batch_size, threads, warmup, repeats)
+    return MeasuredWorld(world_size, plans, local_batch_size, threads, warmup, repeats, hosts_of(topology))
+
+
+@dataclass(frozen=True)
+class MeasuredWorlds:
+    """Notebook 03's measured section: one `MeasuredWorld` per world size of
+    one model, and how long planning and measuring them took."""
+
+    num_tables: int
+    worlds: list[MeasuredWorld]
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {
+            "clock": CLOCK,
+            "torchrec_version": version("torchrec"),
+            "num_tables": self.num_tables,
+            "seconds": self.seconds,
+            "worlds": {str(world.world_size): world.to_json() for world in self.worlds},
+        }
+
+
+def measure_worlds(
+    model: Model, world_sizes: Sequence[int], local_batch_size: int, **options
+) -> MeasuredWorlds:
+    """`measure_world` at each of `world_sizes` (`options`: its keywords)."""
+    if not world_sizes:
+        raise ValueError("world_sizes is empty: give at least one world size to measure")
+    start = time.perf_counter()
+    worlds = [measure_world(model, w, local_batch_size, **options) for w in world_sizes]
+    return MeasuredWorlds(len(model.tables), worlds, time.perf_counter() - start)
 
 
 MARKERS = "os^DvP<>"  # one per plan: plans rated alike overlap, their shapes still show

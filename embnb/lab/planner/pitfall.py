@@ -22,6 +22,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from embnb._checks import check_int
 from embnb.lab.planner.brute_force import rate_every_plan
 from embnb.lab.planner.explain import memory_ratio, plan_extremes
+from embnb.lab.planner.hosts import hosts_of
 from embnb.lab.planner.models import Enumerated, enumerate_options
 from embnb.planner.topology import make_topology
 
@@ -64,7 +65,8 @@ def summed_vs_rated(
     num_instances: int, seed: int = 0, batch_size: int = 512, storage_reservation_percentage: float = 0.15
 ) -> pd.DataFrame:
     """Random tiny instances (rows, dims, pooling factors and HBM drawn from
-    a few round values), one row each: the rating of the least summed perf
+    a few round values), one row each: its devices (`world_size`) and
+    `hosts`, the rating of the least summed perf
     plan the partitioner can place over the best rating (1: it is the best),
     whether the least summed perf of all cannot be placed, and how tight
     memory is: `memory_ratio`, the devices' HBM after the reservation over
@@ -87,6 +89,8 @@ def summed_vs_rated(
         rows.append(
             {
                 "instance": instance,
+                "world_size": topology.world_size,
+                "hosts": hosts_of(topology),
                 "hbm_gb": hbm_gb,
                 "spec": spec,
                 "least_placed_sum_over_best": extremes.least_placed_sum.perf_rating

@@ -1,13 +1,18 @@
 """The key numbers of notebook 03, as the dict its results JSON holds.
 
-The notebook computes each part with the package's functions (and shows it);
-`notebook_results` gathers them, so the notebook's last cell is one call.
+The notebook computes each part with the package's functions (and shows it)
+and gathers them section by section into small dataclasses (`Settings`,
+`WorkedExamples`, `Planned`, `InUse`, the measured section's
+`MeasuredWorlds`, a `HostLayout` per topology); its last cell hands one
+`PlannerNotebook` to `notebook_results`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,12 +21,23 @@ import torchrec
 
 from embnb.lab.planner.ablation import ablation_records
 from embnb.lab.planner.explain import PlanExtremes, SmallKnapsack
+from embnb.lab.planner.hosts import HostLayout
+from embnb.lab.planner.measured import MeasuredWorlds
 from embnb.lab.planner.models import Enumerated
 from embnb.lab.planner.pitfall import share_by_tightness
-from embnb.lab.planner.study import EndToEnd, quality_summary
+from embnb.lab.planner.planning import EndToEnd
+from embnb.lab.planner.quality import quality_summary
 from embnb.planner.enumerator import TESTED_TORCHREC
 
-__all__ = ["notebook_results", "budget_advantage"]
+__all__ = [
+    "Settings",
+    "WorkedExamples",
+    "Planned",
+    "InUse",
+    "PlannerNotebook",
+    "notebook_results",
+    "budget_advantage",
+]
 
 
 def _rating(table: pd.DataFrame, name: str) -> float | None:
@@ -34,75 +50,126 @@ def _finite(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None  # None: no plan
 
 
-def notebook_results(
-    *,
-    num_tables: int,
-    world_size: int,
-    hbm_cap_gb: float,
-    compute_device: str,
-    bins_per_device: int,
-    storage_reservation_percentage: float,
-    enumerated: Enumerated,
-    comparison: pd.DataFrame,
-    sweep: pd.DataFrame,
-    ablation: pd.DataFrame,
-    pitfall: pd.DataFrame,
-    study: pd.DataFrame,
-    small: SmallKnapsack,
-    small_matches_brute_force: bool,
-    tiny: PlanExtremes,
-    chosen_loads: pd.DataFrame,
-    cpu: pd.DataFrame,
-    end_to_end: dict[str, EndToEnd],
-    enumerator_here: str,
-    notebook_s: float,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Settings:
+    """What notebook 03 planned (its parameters, as the results name them)."""
+
+    num_tables: int
+    world_size: int
+    hbm_cap_gb: float  # per device
+    compute_device: str
+    bins_per_device: int
+    storage_reservation_percentage: float  # FixedPercentageStorageReservation's, for every proposer
+
+
+@dataclass(frozen=True)
+class WorkedExamples:
+    """Sections 1 and 2: the knapsack by hand, the placement example and how
+    often its pitfall happens."""
+
+    small: SmallKnapsack
+    small_matches_brute_force: bool  # every cell of the DP table
+    tiny: PlanExtremes
+    pitfall: pd.DataFrame  # `summed_vs_rated`
+
+
+@dataclass(frozen=True)
+class Planned:
+    """Sections 3 to 8: the model's options, the proposers compared (also as
+    the budget shrinks), the ablation, the quality study, the chosen plan."""
+
+    enumerated: Enumerated
+    ablation: pd.DataFrame  # `ablation_table`
+    comparison: pd.DataFrame  # `compare_proposers`
+    sweep: pd.DataFrame  # `budget_sweep`
+    study: pd.DataFrame  # `quality_study`
+    chosen_loads: pd.DataFrame  # `rank_loads` of embnb DP's plan
+
+
+@dataclass(frozen=True)
+class InUse:
+    """Section 9: create_planner from the model to the plan, by enumerator,
+    and the proposers on a CPU topology."""
+
+    end_to_end: dict[str, EndToEnd]
+    enumerator_here: str  # the one create_planner picks on this torchrec
+    cpu: pd.DataFrame  # `compare_proposers` on the CPU topology
+
+
+@dataclass(frozen=True)
+class PlannerNotebook:
+    """Everything notebook 03's results JSON reports, gathered section by section."""
+
+    settings: Settings
+    examples: WorkedExamples
+    planned: Planned
+    in_use: InUse
+    measured: MeasuredWorlds  # section 10
+    hosts: tuple[HostLayout, ...]  # every topology planned on
+
+
+def notebook_results(notebook: PlannerNotebook, notebook_s: float) -> dict[str, Any]:
     """The results dict of notebook 03: the settings, each proposer's row of
-    `comparison`, the budget `sweep`, the `ablation` ladder, the `pitfall`
-    study (least summed perf against the best rating, also by memory
-    tightness), the quality `study` against brute force, the knapsack worked
-    by hand (`small`) and the placement example (`tiny`), the chosen plan's
-    perf per rank, the CPU topology's ratings and notes, create_planner's
-    `end_to_end` runs by enumerator, and a one-line summary. Ratings are
-    torchrec's estimates (NoopPerfModel over its estimated perfs), in ms."""
-    gap = pitfall.least_placed_sum_over_best
-    tightness = share_by_tightness(pitfall)
+    the comparison, the budget sweep, the ablation ladder, the pitfall study
+    (least summed perf against the best rating, also by memory tightness),
+    the quality study against brute force, the knapsack worked by hand and
+    the placement example, the chosen plan's perf per rank, the CPU
+    topology's ratings and notes, create_planner's end-to-end runs by
+    enumerator, the measured section, the hosts of every topology, and a
+    one-line summary. Ratings are torchrec's estimates (NoopPerfModel over
+    its estimated perfs), in ms."""
+    settings, planned, in_use = notebook.settings, notebook.planned, notebook.in_use
     return {
-        "summary": _summary(
-            num_tables, world_size, hbm_cap_gb, storage_reservation_percentage, comparison, sweep
-        )
-        + _summary_tail(study, pitfall, end_to_end),
-        "num_tables": num_tables,
-        "world_size": world_size,
-        "hbm_cap_gb": hbm_cap_gb,
-        "compute_device": compute_device,
-        "bins_per_device": bins_per_device,
-        "storage_reservation_percentage": storage_reservation_percentage,
-        "enumerate_s": enumerated.seconds,
-        "proposers": _proposer_records(comparison),
+        "summary": _summary(settings, planned.comparison, planned.sweep)
+        + _summary_tail(planned.study, notebook.examples.pitfall, in_use.end_to_end),
+        **dataclasses.asdict(settings),
+        "enumerate_s": planned.enumerated.seconds,
+        "proposers": _proposer_records(planned.comparison),
         "budget_sweep": json.loads(
-            sweep[["proposer", "hbm_cap_gb", "memory_ratio", "perf_rating", "plan_s"]].to_json(
+            planned.sweep[["proposer", "hbm_cap_gb", "memory_ratio", "perf_rating", "plan_s"]].to_json(
                 orient="records"
             )
         ),
-        "ablation": ablation_records(ablation),
+        "ablation": ablation_records(planned.ablation),
+        **_example_records(notebook.examples),
+        "quality": _quality_records(planned.study, quality_summary(planned.study)),
+        "quality_instances": int(planned.study.instance.nunique()),
+        "chosen_plan_rank_perf": planned.chosen_loads.perf.round(6).tolist(),
+        **_in_use_records(in_use),
+        "measured": notebook.measured.to_json(),
+        "hosts": {layout.name: layout.as_dict() for layout in notebook.hosts},
+        "notebook_s": notebook_s,
+    }
+
+
+def _example_records(examples: WorkedExamples) -> dict[str, Any]:
+    """Sections 1 and 2: the knapsack by hand, the placement example, the pitfall study."""
+    pitfall, tiny = examples.pitfall, examples.tiny
+    gap = pitfall.least_placed_sum_over_best
+    return {
         "pitfall_instances": len(pitfall),
         "pitfall_worse_share": float((gap > 1 + 1e-9).mean()),
         "pitfall_median_ratio": float(gap.median()),
         "pitfall_max_ratio": float(gap.max()),
-        "pitfall_by_memory_ratio": json.loads(tightness.reset_index().to_json(orient="records")),
-        "quality": _quality_records(study, quality_summary(study)),
-        "quality_instances": int(study.instance.nunique()),
-        "small_knapsack": _small_record(small, small_matches_brute_force),
+        "pitfall_by_memory_ratio": json.loads(
+            share_by_tightness(pitfall).reset_index().to_json(orient="records")
+        ),
+        "small_knapsack": _small_record(examples.small, examples.small_matches_brute_force),
         "tiny_least_sum_placeable": bool(pd.notna(tiny.least_sum.perf_rating)),
         "tiny_least_placed_sum_rating": float(tiny.least_placed_sum.perf_rating),
         "tiny_best_rating": float(tiny.best_rated.perf_rating),
-        "chosen_plan_rank_perf": chosen_loads.perf.round(6).tolist(),
+    }
+
+
+def _in_use_records(in_use: InUse) -> dict[str, Any]:
+    """Section 9: the CPU topology and create_planner end to end."""
+    cpu = in_use.cpu
+    return {
         "cpu_topology": {name: _rating(cpu, name) for name in cpu.index},
         "cpu_notes": {name: note for name, note in cpu.note.items()},
         "torchrec_version": torchrec.__version__,
         "enumerator_tested_on": list(TESTED_TORCHREC),
-        "enumerator_here": enumerator_here,
+        "enumerator_here": in_use.enumerator_here,
         "create_planner_end_to_end": {
             name: {
                 "median_s": run.median_s,
@@ -110,9 +177,8 @@ def notebook_results(
                 "rating": _finite(run.rating),
                 "same_rating_every_run": run.same_rating_every_run,
             }
-            for name, run in end_to_end.items()
+            for name, run in in_use.end_to_end.items()
         },
-        "notebook_s": notebook_s,
     }
 
 
@@ -123,14 +189,7 @@ def budget_advantage(sweep: pd.DataFrame, other: str = "Greedy", reference: str 
     return (ratings[other] / ratings[reference]).sort_index(ascending=False)
 
 
-def _summary(
-    num_tables: int,
-    world_size: int,
-    hbm_cap_gb: float,
-    reservation: float,
-    comparison: pd.DataFrame,
-    sweep: pd.DataFrame,
-) -> str:
+def _summary(settings: Settings, comparison: pd.DataFrame, sweep: pd.DataFrame) -> str:
     """The summary's first half: the estimated ratings and planning times at
     the notebook's budget, and Greedy's ratio to the DP across the sweep."""
     proposers = _proposer_records(comparison)
@@ -143,7 +202,8 @@ def _summary(
         f"{cap:.3g} GiB ({_memory_ratio_at(sweep, cap):.2f}) {ratio:.3g}x" for cap, ratio in advantage.items()
     )
     return (
-        f"{num_tables} tables on {world_size}x{hbm_cap_gb} GiB ({reservation:.0%} reserved), torchrec's "
+        f"{settings.num_tables} tables on {settings.world_size}x{settings.hbm_cap_gb} GiB "
+        f"({settings.storage_reservation_percentage:.0%} reserved), torchrec's "
         f"estimated rating of each plan: embnb DP {ours:.3g} ms in {mine['plan_s']:.2g} s "
         f"({mine['end_to_end_s']:.2g} s with enumeration), torchrec DP "
         + (f"{theirs:.3g} ms" if theirs else "no plan")

@@ -19,9 +19,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from embnb._checks import check_choice, check_int, check_number
+from embnb.lab.planner.comparison import compare_proposers, default_proposers
 from embnb.lab.planner.models import enumerate_options, make_model
 from embnb.lab.planner.plots import planned_title, proposer_comparison
-from embnb.lab.planner.study import compare_proposers, default_proposers
 from embnb.lab.widgets import Explorer
 from embnb.planner.topology import make_topology
 

@@ -16,7 +16,7 @@ from embnb import planner
 from embnb.lab.planner.ablation import LADDER, ablation_table
 from embnb.lab.planner.brute_force import brute_force_rating
 from embnb.lab.planner.models import enumerate_options, make_model
-from embnb.lab.planner.study import random_instance
+from embnb.lab.planner.quality import random_instance
 
 BATCH_SIZE = 512
 SUPERSETS = ["plain knapsack", "+ bisection", "+ memory slack", "+ capped runs", "+ local search"]

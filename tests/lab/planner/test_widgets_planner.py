@@ -7,8 +7,8 @@ import math
 import pytest
 
 from embnb import planner
+from embnb.lab.planner.comparison import compare_proposers, default_proposers
 from embnb.lab.planner.models import make_model
-from embnb.lab.planner.study import compare_proposers, default_proposers
 from embnb.lab.planner.widgets import PlannerExplorer, hbm_slider
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)

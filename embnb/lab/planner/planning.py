@@ -1,0 +1,259 @@
+"""One planning run in torchrec's planner, timed: a proposer over enumerated
+options (`run_planner`), and `create_planner` from the model to the plan as
+training code calls it (`time_end_to_end`).
+
+    run = run_planner(DynamicProgrammingProposer(), enumerated, topology, 512)
+    loads = rank_loads(run.plan, topology.world_size)   # perf and memory per rank
+    timed = time_end_to_end(tables, topology, 512, repeats=3)
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.perf_models import NoopPerfModel
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    PlannerError,
+    Proposer,
+    ShardingOption,
+    Stats,
+    Topology,
+)
+from torchrec.distributed.planner.utils import reset_shard_rank
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from embnb._checks import check_int
+from embnb._torchrec_private import num_proposals, planner_proposers
+from embnb.lab.planner.models import Enumerated
+from embnb.planner.enumerator import default_enumerator
+from embnb.planner.factory import create_planner
+from embnb.planner.space import GB
+
+__all__ = ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads"]
+
+
+class _Replay(Enumerator):
+    """An Enumerator that hands out one enumeration again."""
+
+    def __init__(self, options: list[ShardingOption]) -> None:
+        self._options = options
+
+    def enumerate(self, module: nn.Module, sharders: list) -> list[ShardingOption]:
+        reset_shard_rank(self._options)
+        return list(self._options)
+
+    def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
+        pass  # estimates were populated when enumerated
+
+
+class _TimedPartitioner(GreedyPerfPartitioner):
+    """torchrec's default partitioner, its seconds summed over every call
+    (spans inside the planner's loop, not repeats of one call)."""
+
+    seconds = 0.0
+
+    def partition(self, proposal, storage_constraint, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return super().partition(proposal, storage_constraint, *args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+class _TimedProposer(Proposer):
+    """A proposer, its load/propose/feedback timed."""
+
+    def __init__(self, proposer: Proposer) -> None:
+        self.proposer, self.seconds = proposer, 0.0
+
+    def _timed(self, method: str, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return getattr(self.proposer, method)(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def load(self, search_space, enumerator=None) -> None:
+        self._timed("load", search_space=search_space, enumerator=enumerator)
+
+    def propose(self):
+        return self._timed("propose")
+
+    def feedback(self, partitionable, plan=None, perf_rating=None, storage_constraint=None) -> None:
+        self._timed("feedback", partitionable, plan, perf_rating, storage_constraint)
+
+
+class _KeepBestPlan(Stats):
+    """torchrec calls Stats.log with the best plan; keep it."""
+
+    best_plan: list[ShardingOption] | None = None
+
+    def log(
+        self,
+        sharding_plan,
+        topology,
+        batch_size,
+        storage_reservation,
+        num_proposals,
+        num_plans,
+        run_time,
+        best_plan,
+        *args,
+        **kwargs,
+    ) -> None:
+        if sharding_plan.plan:  # on failure torchrec logs its last proposal, ranks -1
+            self.best_plan = best_plan
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    """One EmbeddingShardingPlanner.plan: its best plan (None if none) and how it went."""
+
+    proposer: str  # its name
+    plan: list[ShardingOption] | None  # placed (shard ranks set); None: no plan
+    perf_rating: float  # NoopPerfModel's rating of the plan (the slowest rank); NaN: no plan
+    proposals: int  # proposals the planner evaluated
+    seconds: float  # planning took
+    timed_out: bool  # the time limit cut a proposer short
+    note: str  # why there is no plan, else ""
+    proposer_s: float = math.nan  # of `seconds`, in the proposers' load, propose and feedback
+    partitioner_s: float = math.nan  # of `seconds`, in torchrec's GreedyPerfPartitioner
+
+
+def run_planner(
+    proposer: Proposer | list[Proposer],
+    enumerated: Enumerated,
+    topology: Topology,
+    batch_size: int,
+    *,
+    name: str = "",
+    storage_reservation_percentage: float = 0.15,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    timeout_s: float | None = None,
+) -> PlanRun:
+    """Plan with torchrec's EmbeddingShardingPlanner and these proposers,
+    under FixedPercentageStorageReservation(storage_reservation_percentage)."""
+    proposers = proposer if isinstance(proposer, list) else [proposer]
+    timed = [_TimedProposer(p) for p in proposers]
+    partitioner = _TimedPartitioner()
+    keep = _KeepBestPlan()
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=batch_size,
+        enumerator=_Replay(enumerated.options),
+        storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
+        proposer=timed,
+        partitioner=partitioner,
+        stats=[keep],
+        constraints=constraints,
+        debug=False,
+        timeout_seconds=None if timeout_s is None else max(1, math.ceil(timeout_s)),
+    )
+    note = ""
+    start = time.perf_counter()
+    try:
+        planner.plan(enumerated.module, enumerated.sharders)
+    except PlannerError as error:  # a proposer's own reason says more than torchrec's summary
+        reasons = [getattr(p, "no_plan_reason", None) for p in proposers]
+        reason = next(filter(None, reasons), None) or str(error).strip().splitlines()[0]
+        note = "no plan: " + reason[:200]
+    except Exception as error:  # e.g. torchrec's DP divides by zero on CPU topologies
+        note = f"failed: {type(error).__name__}: {str(error).strip()[:160]}"
+    seconds = time.perf_counter() - start
+    reset_shard_rank(enumerated.options)
+    plan = keep.best_plan
+    rating = NoopPerfModel(topology).rate(plan) if plan else math.nan
+    # The planner stops asking at its time limit; a proposer that still has a proposal was cut.
+    timed_out = (
+        timeout_s is not None
+        and seconds >= math.ceil(timeout_s)
+        and any(p.propose() is not None for p in proposers)
+    )
+    return PlanRun(
+        name or "+".join(type(p).__name__ for p in proposers),
+        plan,
+        rating,
+        num_proposals(planner),
+        seconds,
+        timed_out,
+        note,
+        sum(p.seconds for p in timed),
+        partitioner.seconds,
+    )
+
+
+@dataclass(frozen=True)
+class EndToEnd:
+    """`create_planner(...).plan(module, sharders)` timed as a user calls it."""
+
+    enumerator: str  # create_planner's enumerator ("embnb" or "torchrec")
+    seconds: list[float]  # every run's, each from a fresh module and planner
+    rating: float  # the DP's rating of its plan (inf: no plan)
+    same_rating_every_run: bool
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def time_end_to_end(
+    tables: Sequence[EmbeddingBagConfig],
+    topology: Topology,
+    batch_size: int,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    *,
+    repeats: int = 1,
+    enumerator: str | None = None,
+    storage_reservation: str | None = None,
+) -> EndToEnd:
+    """From the model to the plan: an EmbeddingBagCollection of `tables` (on
+    meta) planned by `create_planner(topology, batch_size, constraints=...,
+    enumerator=..., storage_reservation=...)` (None: create_planner's
+    default), `repeats` times (the garbage of the run before collected
+    first, outside the timing). Each run needs a fresh module and planner,
+    so this is a loop of one-shot runs, not a repeated call for a timer."""
+    check_int("repeats", repeats, low=1)
+    seconds, ratings = [], []
+    for _ in range(repeats):
+        module = EmbeddingBagCollection(tables=list(tables), device=torch.device("meta"))
+        reserve = {} if storage_reservation is None else {"storage_reservation": storage_reservation}
+        chosen = create_planner(
+            topology, batch_size, constraints=constraints, enumerator=enumerator, **reserve
+        )
+        gc.collect()
+        start = time.perf_counter()
+        chosen.plan(module, [EmbeddingBagCollectionSharder()])
+        seconds.append(time.perf_counter() - start)
+        ratings.append(planner_proposers(chosen)[0].best_rating)  # create_planner's DP
+        del module, chosen
+    name = default_enumerator() if enumerator is None else enumerator
+    return EndToEnd(name, seconds, ratings[0], len(set(ratings)) == 1)
+
+
+def rank_loads(plan: list[ShardingOption], world_size: int) -> pd.DataFrame:
+    """Perf and memory (GiB) of a placed plan, one row per rank."""
+    shards = [shard for option in plan for shard in option.shards]
+    ranks = np.array([shard.rank for shard in shards], dtype=np.int64)
+    columns = {
+        "perf": [s.perf.total for s in shards],
+        "hbm_gb": [s.storage.hbm / GB for s in shards],
+        "ddr_gb": [s.storage.ddr / GB for s in shards],
+    }
+    loads = {name: np.bincount(ranks, values, minlength=world_size) for name, values in columns.items()}
+    return pd.DataFrame(loads).rename_axis("rank")

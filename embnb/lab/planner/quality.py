@@ -1,0 +1,108 @@
+"""Plan quality against brute force: each proposer's estimated rating over
+the best that brute force finds, on random small instances.
+
+    study = quality_study(20)        # one row per instance and proposer
+    quality_summary(study)           # per proposer: worst and median ratio
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import pandas as pd
+from torchrec.distributed.planner.proposers import MAX_PROPOSALS
+from torchrec.distributed.planner.types import Topology
+
+from embnb._checks import check_int
+from embnb.lab.planner.brute_force import brute_force_rating
+from embnb.lab.planner.comparison import ProposerFactory, default_proposers
+from embnb.lab.planner.hosts import hosts_of
+from embnb.lab.planner.models import Model, enumerate_options, fused_table_gb, make_model
+from embnb.lab.planner.planning import run_planner
+from embnb.planner.topology import make_topology
+
+__all__ = ["random_instance", "quality_study", "quality_summary"]
+
+
+def random_instance(
+    seed: int, num_tables: int = 3, world_size: int | None = None, compute_device: str = "cuda"
+) -> tuple[Model, Topology]:
+    """A small model and a topology whose HBM (DDR on CPU) binds: per device,
+    15% to 120% of the fp32 rows of all tables spread evenly."""
+    rng = np.random.default_rng(seed)
+    world_size = int(rng.integers(2, 5)) if world_size is None else world_size
+    model = make_model(num_tables, seed)
+    budget = fused_table_gb(model.tables) / world_size * rng.uniform(0.15, 1.2)
+    if compute_device == "cpu":
+        return model, make_topology(world_size, "cpu", ddr_cap_gb=budget)
+    return model, make_topology(world_size, "cuda", hbm_cap_gb=budget)
+
+
+def quality_study(
+    num_instances: int,
+    seed: int = 0,
+    num_tables: int = 3,
+    batch_size: int = 512,
+    proposers: dict[str, ProposerFactory] | None = None,
+    progress: bool = False,
+    storage_reservation_percentage: float = 0.15,
+) -> pd.DataFrame:
+    """Each proposer's rating over the brute-force best, on random small
+    instances: one row per instance and proposer, with the instance's devices
+    (`world_size`) and `hosts` (ratio inf: no plan where
+    brute force found one; NaN: GridSearch skipped, as torchrec skips it past
+    MAX_PROPOSALS combinations; instances without any plan are left out).
+    Brute force and every proposer keep the same storage reservation."""
+    check_int("num_instances", num_instances, low=1)
+    proposers = proposers or {k: v for k, v in default_proposers().items() if k != "torchrec default"}
+    seeds = range(seed, seed + num_instances)
+    if progress:
+        from tqdm.auto import tqdm
+
+        seeds = tqdm(seeds, desc="instances")
+    rows = []
+    for instance in seeds:
+        model, topology = random_instance(instance, num_tables)
+        enumerated = enumerate_options(model.tables, topology, batch_size, model.constraints)
+        best = brute_force_rating(enumerated, topology, batch_size, storage_reservation_percentage)
+        if not math.isfinite(best):
+            continue
+        combinations = math.prod(collections.Counter(o.fqn for o in enumerated.options).values())
+        for name, make in proposers.items():
+            if name == "GridSearch" and combinations > MAX_PROPOSALS:
+                rating = math.nan
+            else:
+                run = run_planner(
+                    make(),
+                    enumerated,
+                    topology,
+                    batch_size,
+                    name=name,
+                    constraints=model.constraints,
+                    storage_reservation_percentage=storage_reservation_percentage,
+                )
+                rating = run.perf_rating if run.plan else math.inf
+            rows.append(
+                {
+                    "instance": instance,
+                    "world_size": topology.world_size,
+                    "hosts": hosts_of(topology),
+                    "proposer": name,
+                    "perf_rating": rating,
+                    "brute_force": best,
+                    "ratio": rating / best,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def quality_summary(study: pd.DataFrame, tolerance: float = 1.02) -> pd.DataFrame:
+    """Per proposer of a `quality_study`: the worst (`max`) and `median` ratio
+    to brute force, and the share of instances within `tolerance`."""
+    ratios = study.groupby("proposer", sort=False).ratio
+    summary = ratios.agg(["max", "median"])
+    within = f"within {round((tolerance - 1) * 100):g}%"
+    summary[within] = study.assign(ok=study.ratio <= tolerance).groupby("proposer", sort=False).ok.mean()
+    return summary
