@@ -73,14 +73,14 @@ def hidden_fraction(spans: Sequence[dict[str, Any]]) -> float:
     with no step to hide behind) are left out. NaN when there is no shuffle.
     """
     waits = {s["step"]: s for s in spans if s["phase"] == "wait"}
-    total = exposed = 0.0
-    for s in spans:
-        if s["phase"] not in SHUFFLE_PHASES or s.get("warmup"):
-            continue
-        duration = s["end"] - s["start"]
-        total += duration
-        wait = waits.get(s["step"])
-        exposed += duration if s.get("thread") == "main" or wait is None else _overlap(s, wait)
+    shuffles = [s for s in spans if s["phase"] in SHUFFLE_PHASES and not s.get("warmup")]
+    total = sum(s["end"] - s["start"] for s in shuffles)
+    exposed = sum(
+        s["end"] - s["start"]
+        if s.get("thread") == "main" or waits.get(s["step"]) is None
+        else _overlap(s, waits[s["step"]])
+        for s in shuffles
+    )
     return 1.0 - exposed / total if total > 0 else float("nan")
 
 

@@ -315,10 +315,9 @@ def _all_reduce_and_step(
         total_loss = loss.detach().clone()
         all_reduce_(total_loss)
     with timeline.span("optimizer", step, device):
-        offset = 0
-        for p in model.parameters():
-            p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        params = list(model.parameters())
+        for p, grad in zip(params, grads.split([p.numel() for p in params])):
+            p.grad.copy_(grad.view_as(p))
         optimizer.step()
     return total_loss
 
@@ -436,12 +435,10 @@ def slowest_rank_seconds(per_rank: list[dict[str, Any]], skip_first: int = 1) ->
 
 def _hidden_over_ranks(per_rank: list[dict[str, Any]]) -> float | None:
     """Shuffle-time-weighted hidden fraction over ranks; None without a shuffle."""
-    total = hidden = 0.0
-    for r in per_rank:
-        shuffle = sum(
-            s["end"] - s["start"] for s in r["spans"] if s["phase"] in SHUFFLE_PHASES and not s["warmup"]
-        )
-        if shuffle > 0:
-            total += shuffle
-            hidden += r["hidden_fraction"] * shuffle
+    shuffles = [
+        sum(s["end"] - s["start"] for s in r["spans"] if s["phase"] in SHUFFLE_PHASES and not s["warmup"])
+        for r in per_rank
+    ]
+    total = sum(shuffle for shuffle in shuffles if shuffle > 0)
+    hidden = sum(r["hidden_fraction"] * shuffle for r, shuffle in zip(per_rank, shuffles) if shuffle > 0)
     return hidden / total if total > 0 else None

@@ -14,6 +14,7 @@ A table's columns are cut into shards, shard `s` placed on rank
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict, deque
 from collections.abc import Sequence
 
@@ -133,10 +134,7 @@ def check_widths(widths: Sequence[int], embedding_dim: int, num_shards: int | No
 
 def column_offsets(widths: Sequence[int]) -> list[int]:
     """The first column of each shard: [2, 7, 3] -> [0, 2, 9]."""
-    offsets = [0]
-    for w in widths[:-1]:
-        offsets.append(offsets[-1] + w)
-    return offsets
+    return list(itertools.accumulate(widths[:-1], initial=0))
 
 
 def stitch_cw(rank_ordered_outputs: Sequence[torch.Tensor], shard_ranks: Sequence[int]) -> torch.Tensor:

@@ -335,13 +335,7 @@ class GreedyPerfReplica:
     def _sorted_hosts(self, parts: list) -> list[list[int]]:
         """The hosts by summed load, stable (torchrec's _sort_devices_by_perf)."""
 
-        def load(host: list[int]) -> float:
-            total = 0
-            for r in host:
-                total += total_of(parts[r])
-            return total
-
-        return sorted(self.hosts, key=load)
+        return sorted(self.hosts, key=lambda host: sum(total_of(parts[r]) for r in host))
 
     def _cohost_place(
         self, group: list[_Option], group_ranks: list[list], parts: list, storage: list

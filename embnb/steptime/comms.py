@@ -232,14 +232,11 @@ def routing_comms(
     world, size, features = batch.world_size, batch.local_batch_size, len(batch.feature_names)
 
     def owned_by(source: int, dest: int) -> int:
-        count = 0
-        for f, table in enumerate(batch.feature_tables):
-            block = (block_size or {}).get(table, -(-rows[table] // world))  # as routing_work
-            ids = batch.ids[source][f]
-            count += int(
-                (owner_rank(ids, world, mode, block if mode is DistType.CONTINUOUS else None) == dest).sum()
-            )
-        return count
+        blocks = [(block_size or {}).get(table, -(-rows[table] // world)) for table in batch.feature_tables]
+        return sum(  # as routing_work
+            int((owner_rank(ids, world, mode, block if mode is DistType.CONTINUOUS else None) == dest).sum())
+            for ids, block in zip(batch.ids[source], blocks)
+        )
 
     length_bytes, id_bytes = batch.lengths[0][0].element_size(), batch.ids[0][0].element_size()
     splits = world * _splits_count() * _INT64

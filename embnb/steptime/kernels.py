@@ -13,6 +13,7 @@ whose weight gradient an optimizer applies after backward (here plain SGD).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -142,11 +143,9 @@ class SequenceDense(nn.Module):
 
     def forward(self, tokens: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
         loss = tokens.new_zeros(())
-        start = 0
         by_length: dict[int, list[int]] = {}
-        for n in lengths:
+        for n, start in zip(lengths, itertools.accumulate(lengths, initial=0)):
             by_length.setdefault(n, []).append(start)
-            start += n
         for n, starts in by_length.items():
             rows = torch.stack([tokens[s : s + n] for s in starts])  # samples x n x width
             q, k, v = self.qkv(rows).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
