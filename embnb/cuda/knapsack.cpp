@@ -15,6 +15,7 @@
 // state that won it, its perf and exact memory; `least` is every bin's least
 // perf (inf: unreached), dominated or not. knapsack_run returns the frontier
 // traced back from the last table's states (see there).
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -38,60 +39,98 @@ struct States {
   std::vector<double> memory, perf;
 };
 
-// Each bin's winner, reused across tables (sized to the bins once), and
-// each state's bin and total under the option being added (scratch).
+// Each bin's winner, reused across tables (sized to the bins once); bins
+// from `used` up are unreached (inf perf).
 struct Bins {
-  std::vector<double> perf, memory, total_of;
-  std::vector<int64_t> option, state, cell_of;
-  explicit Bins(int64_t n) : perf(n), memory(n), option(n), state(n) {}
+  std::vector<double> perf, memory;
+  std::vector<int64_t> option, state;
+  int64_t used = 0;
+  explicit Bins(int64_t n) : perf(n, kInf), memory(n), option(n), state(n) {}
 };
 
-// One table: every (option, state) moved into its bin; each bin keeps the
-// least perf (the first in (option, state) order on a tie); a bin is kept
-// if its perf beats every bin below it. Kept bins go to `cells`, their
-// winning option (its index in the table's row, via `option_ids`) and
-// previous state to `options` and `states`, the new states to `next`.
-void step(const States& now, const double* weight, const double* option_perf, const int64_t* option_ids,
-          int64_t num_options, double capacity, double bin_size, int64_t num_bins, Bins& bins,
-          std::vector<int64_t>& cells, std::vector<int32_t>& options, std::vector<int32_t>& states,
-          States& next) {
-  std::fill(bins.perf.begin(), bins.perf.end(), kInf);
+// Below this many (option, state) pairs a table is moved on one thread (a
+// parallel region costs microseconds).
+constexpr int64_t kParallelWork = 1 << 15;
+
+// Moves every (option, state) whose bin is in [lo, hi) into it: each bin
+// keeps the least perf, the first in (option, state) order on a tie. The
+// states come in bin order, so their memory rises: for each option, the
+// states landing in [lo, hi) are one run, found by bisection, and the first
+// state past the capacity, the last bin or `hi` ends it. Ranges of bins are
+// independent, so they run on torch's intra-op threads.
+void move_into(int64_t lo, int64_t hi, const States& now, const double* weight, const double* option_perf,
+               const int64_t* option_ids, int64_t num_options, double capacity, double bin_size,
+               int64_t num_bins, Bins& bins) {
+  std::fill(bins.perf.begin() + lo, bins.perf.begin() + hi, kInf);
   const auto num_states = static_cast<int64_t>(now.memory.size());
   const double* memory = now.memory.data();
   const double* perf = now.perf.data();
-  bins.cell_of.resize(num_states);
-  bins.total_of.resize(num_states);
+  // Scratch per thread: each state's bin and total under one option.
+  thread_local std::vector<int64_t> cell_of;
+  thread_local std::vector<double> total_of;
+  cell_of.resize(num_states);
+  total_of.resize(num_states);
   for (int64_t o = 0; o < num_options; ++o) {
+    const double w = weight[o];
+    // The first state whose bin is >= lo (floor(q) >= lo iff q >= lo: lo is an integer).
+    const int64_t first =
+        std::partition_point(memory, memory + num_states,
+                             [&](double m) { return (m + w) / bin_size < static_cast<double>(lo); }) -
+        memory;
     // First each state's bin and total, without touching the bins (a loop
     // the compiler can keep in registers), then the updates: about 15% faster
-    // than both in one loop. The states come in bin order, so their memory
-    // rises: the first state past the capacity or the last bin ends the pass.
-    int64_t reached = 0;
+    // than both in one loop.
+    int64_t reached = first;
     for (; reached < num_states; ++reached) {
-      const double moved = memory[reached] + weight[o];
+      const double moved = memory[reached] + w;
       // floor(q) < num_bins iff q < num_bins; q >= 0, so truncation is floor
       // (and needs no libm call).
       const double q = moved / bin_size;
-      if (!(moved <= capacity) || !(q < static_cast<double>(num_bins))) break;
-      bins.cell_of[reached] = static_cast<int64_t>(q);
-      bins.total_of[reached] = perf[reached] + option_perf[o];
+      if (!(moved <= capacity) || !(q < static_cast<double>(num_bins)) || !(q < static_cast<double>(hi))) break;
+      cell_of[reached] = static_cast<int64_t>(q);
+      total_of[reached] = perf[reached] + option_perf[o];
     }
-    for (int64_t s = 0; s < reached; ++s) {
-      const int64_t cell = bins.cell_of[s];
-      const double total = bins.total_of[s];
+    for (int64_t s = first; s < reached; ++s) {
+      const int64_t cell = cell_of[s];
+      const double total = total_of[s];
       // Strictly less: the first of equal perfs stays. Written without a
       // branch (which bin wins is not predictable).
       const bool better = total < bins.perf[cell];
       bins.perf[cell] = better ? total : bins.perf[cell];
       bins.option[cell] = better ? option_ids[o] : bins.option[cell];
       bins.state[cell] = better ? s : bins.state[cell];
-      bins.memory[cell] = better ? memory[s] + weight[o] : bins.memory[cell];
+      bins.memory[cell] = better ? memory[s] + w : bins.memory[cell];
     }
   }
+}
+
+// One table: every (option, state) moved into its bin (`move_into`); a bin
+// is kept if its perf beats every bin below it. Kept bins go to `cells`,
+// their winning option (its index in the table's row, via `option_ids`) and
+// previous state to `options` and `states`, the new states to `next`.
+void step(const States& now, const double* weight, const double* option_perf, const int64_t* option_ids,
+          int64_t num_options, double capacity, double bin_size, int64_t num_bins, Bins& bins,
+          std::vector<int64_t>& cells, std::vector<int32_t>& options, std::vector<int32_t>& states,
+          States& next) {
+  const auto num_states = static_cast<int64_t>(now.memory.size());
+  // No state moves past the heaviest state plus the heaviest option: the
+  // threads split the bins below that (the states fill the bins from 0 up).
+  const double heaviest = num_options ? *std::max_element(weight, weight + num_options) : 0.0;
+  const int64_t reach =
+      num_states && num_options
+          ? std::min(num_bins, static_cast<int64_t>(std::min((now.memory.back() + heaviest) / bin_size,
+                                                             static_cast<double>(num_bins))) + 1)
+          : 0;
+  const int64_t grain = num_states * num_options < kParallelWork ? std::max<int64_t>(reach, 1) : 1;
+  at::parallel_for(0, reach, grain, [&](int64_t lo, int64_t hi) {
+    move_into(lo, hi, now, weight, option_perf, option_ids, num_options, capacity, bin_size, num_bins, bins);
+  });
+  if (bins.used > reach) std::fill(bins.perf.begin() + reach, bins.perf.begin() + bins.used, kInf);
+  bins.used = reach;
   next.memory.clear();
   next.perf.clear();
   double below = kInf;  // the least perf of the bins below
-  for (int64_t c = 0; c < num_bins; ++c) {
+  for (int64_t c = 0; c < reach; ++c) {
     if (bins.perf[c] < below) {
       below = bins.perf[c];
       cells.push_back(c);
@@ -168,15 +207,40 @@ Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const a
 
 using Run = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// Writes each final state's option per table into `frontier` [states,
+// tables], from the largest memory (the last bin) down. Rows are traced in
+// blocks, table by table from the last: a block's rows stay in cache while
+// each table's column is written, and each step's winners are read where
+// they lie together (a row at a time would read them scattered; a table at a
+// time would write each row a byte apart).
+template <typename Out>
+void trace_back(const std::vector<int32_t>& options, const std::vector<int32_t>& states,
+                const std::vector<int64_t>& offsets, int64_t num_tables, int64_t num_states, Out* frontier) {
+  constexpr int64_t kBlock = 64;
+  std::vector<int64_t> state(kBlock);
+  for (int64_t first = 0; first < num_states; first += kBlock) {
+    const int64_t rows = std::min(kBlock, num_states - first);
+    for (int64_t row = 0; row < rows; ++row) state[row] = num_states - 1 - (first + row);
+    for (int64_t t = num_tables - 1; t >= 0; --t) {
+      const int32_t* option = options.data() + offsets[t];
+      const int32_t* previous = states.data() + offsets[t];
+      Out* out = frontier + first * num_tables + t;
+      for (int64_t row = 0; row < rows; ++row) {
+        out[row * num_tables] = static_cast<Out>(option[state[row]]);
+        state[row] = previous[state[row]];
+      }
+    }
+  }
+}
+
 // Every table in order from the empty plan: weights and perfs are
 // [tables, options], inf perf where an option is not allowed. Returns the
-// frontier (each final state's option per table, [tables, states]: the
-// caller reads it transposed, as Knapsack.frontier orders it, from the
-// largest memory down; at thousands of tables a transposed copy here cost
-// as much again as the trace), and the final
-// states' bins, perfs and memories (in bin order) and the last table's
-// least perf per bin. Each step's winners stay here, only to trace the
-// frontier back.
+// frontier (each final state's option per table, [states, tables], from the
+// largest memory down, as Knapsack.frontier orders it; uint8 where options
+// fit a byte, else int32: the frontier is states x tables), and the final
+// states' bins, perfs and memories (in bin order) and the last table's least
+// perf per bin. Each step's winners stay here, only to trace the frontier
+// back.
 Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double capacity, double bin_size,
                      int64_t num_bins) {
   check_vector(weights, 2, "weights");
@@ -213,24 +277,16 @@ Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double 
     std::swap(now, next);
     offsets.push_back(static_cast<int64_t>(options.size()));
   }
-  // Trace every final state back at once, table by table from the last (each
-  // step's winners are read where they lie together), from the largest
-  // memory (the last bin) down; written and returned [tables, states].
   const auto num_states = static_cast<int64_t>(now.perf.size());
-  at::Tensor by_table = at::empty({num_tables, num_states}, at::TensorOptions().dtype(at::kLong));
-  int64_t* choice = by_table.data_ptr<int64_t>();
-  std::vector<int64_t> state(num_states);
-  for (int64_t row = 0; row < num_states; ++row) state[row] = num_states - 1 - row;
-  for (int64_t t = num_tables - 1; t >= 0; --t) {
-    const int32_t* option = options.data() + offsets[t];
-    const int32_t* previous = states.data() + offsets[t];
-    int64_t* out = choice + t * num_states;
-    for (int64_t row = 0; row < num_states; ++row) {
-      out[row] = option[state[row]];
-      state[row] = previous[state[row]];
-    }
+  const bool bytes = width <= 256;
+  at::Tensor frontier =
+      at::empty({num_states, num_tables}, at::TensorOptions().dtype(bytes ? at::kByte : at::kInt));
+  if (bytes) {
+    trace_back(options, states, offsets, num_tables, num_states, frontier.data_ptr<uint8_t>());
+  } else {
+    trace_back(options, states, offsets, num_tables, num_states, frontier.data_ptr<int32_t>());
   }
-  return {by_table, longs(cells), doubles(now.perf), doubles(now.memory),
+  return {frontier, longs(cells), doubles(now.perf), doubles(now.memory),
           doubles(bins.perf, num_tables ? num_bins : 0)};
 }
 
@@ -245,7 +301,7 @@ TORCH_LIBRARY_FRAGMENT(embnb, m) {
       "Tensor memory, Tensor least)");
   m.def(
       "knapsack_run(Tensor weights, Tensor perfs, float capacity, float bin_size, int num_bins) -> "
-      "(Tensor frontier_by_table, Tensor cells, Tensor perf, Tensor memory, Tensor least)");
+      "(Tensor frontier, Tensor cells, Tensor perf, Tensor memory, Tensor least)");
 }
 
 TORCH_LIBRARY_IMPL(embnb, CPU, m) {

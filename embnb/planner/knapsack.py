@@ -69,8 +69,7 @@ class Knapsack:
             float(self.bin_size[0]),
             self.shape[0],
         )
-        by_table, self.cells, self.perf, mem, self.least = (t.numpy() for t in run)
-        self._frontier = by_table.T  # [states, tables], a view (not C-contiguous)
+        self._frontier, self.cells, self.perf, mem, self.least = (t.numpy() for t in run)
         self.mem = mem[:, None]
 
     def add_table(self, table: int, weights: np.ndarray, perfs: np.ndarray) -> None:
@@ -153,7 +152,7 @@ class Knapsack:
     def frontier(self, num_tables: int) -> np.ndarray:
         """The option of each table for every kept state [states, tables],
         from the largest memory down (first axis first); after a native run,
-        a transposed view."""
+        in the least of uint8 and int32 that holds an option index."""
         if self._frontier is not None:
             return self._frontier
         states = np.lexsort(self.mem.T[::-1])[::-1]
