@@ -15,7 +15,6 @@
 // state that won it, its perf and exact memory; `least` is every bin's least
 // perf (inf: unreached), dominated or not. knapsack_run returns the frontier
 // traced back from the last table's states (see there).
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -39,98 +38,60 @@ struct States {
   std::vector<double> memory, perf;
 };
 
-// Each bin's winner, reused across tables (sized to the bins once); bins
-// from `used` up are unreached (inf perf).
+// Each bin's winner, reused across tables (sized to the bins once), and
+// each state's bin and total under the option being added (scratch).
 struct Bins {
-  std::vector<double> perf, memory;
-  std::vector<int64_t> option, state;
-  int64_t used = 0;
-  explicit Bins(int64_t n) : perf(n, kInf), memory(n), option(n), state(n) {}
+  std::vector<double> perf, memory, total_of;
+  std::vector<int64_t> option, state, cell_of;
+  explicit Bins(int64_t n) : perf(n), memory(n), option(n), state(n) {}
 };
 
-// Below this many (option, state) pairs a table is moved on one thread (a
-// parallel region costs microseconds).
-constexpr int64_t kParallelWork = 1 << 15;
-
-// Moves every (option, state) whose bin is in [lo, hi) into it: each bin
-// keeps the least perf, the first in (option, state) order on a tie. The
-// states come in bin order, so their memory rises: for each option, the
-// states landing in [lo, hi) are one run, found by bisection, and the first
-// state past the capacity, the last bin or `hi` ends it. Ranges of bins are
-// independent, so they run on torch's intra-op threads.
-void move_into(int64_t lo, int64_t hi, const States& now, const double* weight, const double* option_perf,
-               const int64_t* option_ids, int64_t num_options, double capacity, double bin_size,
-               int64_t num_bins, Bins& bins) {
-  std::fill(bins.perf.begin() + lo, bins.perf.begin() + hi, kInf);
+// One table: every (option, state) moved into its bin; each bin keeps the
+// least perf (the first in (option, state) order on a tie); a bin is kept
+// if its perf beats every bin below it. Kept bins go to `cells`, their
+// winning option (its index in the table's row, via `option_ids`) and
+// previous state to `options` and `states`, the new states to `next`.
+void step(const States& now, const double* weight, const double* option_perf, const int64_t* option_ids,
+          int64_t num_options, double capacity, double bin_size, int64_t num_bins, Bins& bins,
+          std::vector<int64_t>& cells, std::vector<int32_t>& options, std::vector<int32_t>& states,
+          States& next) {
+  std::fill(bins.perf.begin(), bins.perf.end(), kInf);
   const auto num_states = static_cast<int64_t>(now.memory.size());
   const double* memory = now.memory.data();
   const double* perf = now.perf.data();
-  // Scratch per thread: each state's bin and total under one option.
-  thread_local std::vector<int64_t> cell_of;
-  thread_local std::vector<double> total_of;
-  cell_of.resize(num_states);
-  total_of.resize(num_states);
+  bins.cell_of.resize(num_states);
+  bins.total_of.resize(num_states);
   for (int64_t o = 0; o < num_options; ++o) {
-    const double w = weight[o];
-    // The first state whose bin is >= lo (floor(q) >= lo iff q >= lo: lo is an integer).
-    const int64_t first =
-        std::partition_point(memory, memory + num_states,
-                             [&](double m) { return (m + w) / bin_size < static_cast<double>(lo); }) -
-        memory;
     // First each state's bin and total, without touching the bins (a loop
     // the compiler can keep in registers), then the updates: about 15% faster
-    // than both in one loop.
-    int64_t reached = first;
+    // than both in one loop. The states come in bin order, so their memory
+    // rises: the first state past the capacity or the last bin ends the pass.
+    int64_t reached = 0;
     for (; reached < num_states; ++reached) {
-      const double moved = memory[reached] + w;
+      const double moved = memory[reached] + weight[o];
       // floor(q) < num_bins iff q < num_bins; q >= 0, so truncation is floor
       // (and needs no libm call).
       const double q = moved / bin_size;
-      if (!(moved <= capacity) || !(q < static_cast<double>(num_bins)) || !(q < static_cast<double>(hi))) break;
-      cell_of[reached] = static_cast<int64_t>(q);
-      total_of[reached] = perf[reached] + option_perf[o];
+      if (!(moved <= capacity) || !(q < static_cast<double>(num_bins))) break;
+      bins.cell_of[reached] = static_cast<int64_t>(q);
+      bins.total_of[reached] = perf[reached] + option_perf[o];
     }
-    for (int64_t s = first; s < reached; ++s) {
-      const int64_t cell = cell_of[s];
-      const double total = total_of[s];
+    for (int64_t s = 0; s < reached; ++s) {
+      const int64_t cell = bins.cell_of[s];
+      const double total = bins.total_of[s];
       // Strictly less: the first of equal perfs stays. Written without a
       // branch (which bin wins is not predictable).
       const bool better = total < bins.perf[cell];
       bins.perf[cell] = better ? total : bins.perf[cell];
       bins.option[cell] = better ? option_ids[o] : bins.option[cell];
       bins.state[cell] = better ? s : bins.state[cell];
-      bins.memory[cell] = better ? memory[s] + w : bins.memory[cell];
+      bins.memory[cell] = better ? memory[s] + weight[o] : bins.memory[cell];
     }
   }
-}
-
-// One table: every (option, state) moved into its bin (`move_into`); a bin
-// is kept if its perf beats every bin below it. Kept bins go to `cells`,
-// their winning option (its index in the table's row, via `option_ids`) and
-// previous state to `options` and `states`, the new states to `next`.
-void step(const States& now, const double* weight, const double* option_perf, const int64_t* option_ids,
-          int64_t num_options, double capacity, double bin_size, int64_t num_bins, Bins& bins,
-          std::vector<int64_t>& cells, std::vector<int32_t>& options, std::vector<int32_t>& states,
-          States& next) {
-  const auto num_states = static_cast<int64_t>(now.memory.size());
-  // No state moves past the heaviest state plus the heaviest option: the
-  // threads split the bins below that (the states fill the bins from 0 up).
-  const double heaviest = num_options ? *std::max_element(weight, weight + num_options) : 0.0;
-  const int64_t reach =
-      num_states && num_options
-          ? std::min(num_bins, static_cast<int64_t>(std::min((now.memory.back() + heaviest) / bin_size,
-                                                             static_cast<double>(num_bins))) + 1)
-          : 0;
-  const int64_t grain = num_states * num_options < kParallelWork ? std::max<int64_t>(reach, 1) : 1;
-  at::parallel_for(0, reach, grain, [&](int64_t lo, int64_t hi) {
-    move_into(lo, hi, now, weight, option_perf, option_ids, num_options, capacity, bin_size, num_bins, bins);
-  });
-  if (bins.used > reach) std::fill(bins.perf.begin() + reach, bins.perf.begin() + bins.used, kInf);
-  bins.used = reach;
   next.memory.clear();
   next.perf.clear();
   double below = kInf;  // the least perf of the bins below
-  for (int64_t c = 0; c < reach; ++c) {
+  for (int64_t c = 0; c < num_bins; ++c) {
     if (bins.perf[c] < below) {
       below = bins.perf[c];
       cells.push_back(c);

@@ -558,7 +558,6 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
             "-lc10",
             "-ltorch_cpu",
             "-ltorch",
-            "-lgomp",  # torch's own OpenMP (at::parallel_for); loaded with torch at run time
             "-Xlinker",
             "--no-undefined",
         ],
