@@ -190,10 +190,12 @@ def test_balancer_bench_ratios_are_against_the_peer_and_the_unbalanced_run_in_th
         "8",
         "--repeats",
         "1",
+        "--measured-world-size",  # none: the rank-by-rank part has its own test (tests/balancing)
         "--out",
         str(tmp_path),
     )
     payload = results(tmp_path, "balancer")
+    assert payload["rank_by_rank"] is None
     rows = payload["partitioning"]
     (peer,) = [r for r in rows if r["method"] == "numberpartitioning_kk"]
     assert peer["speedup_vs_numberpartitioning_kk"] == pytest.approx(1.0)

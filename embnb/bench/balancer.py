@@ -22,13 +22,18 @@
 5. Rank by rank (notebook 04 sections 8-10, `embnb.lab.balancing.measured`):
    at each of --measured-world-size, for Zipf and log-normal lengths, every
    rank's forward and backward on its own samples, one rank after another
-   (thread CPU time, one thread): the speed-up of KK + swaps, LPT and plain
-   KK over the loader's cut beside the FLOP model and the bound; the
-   memory-capped balance at --cap-world-size with each rank's peak memory;
-   the shuffle's phases and the share a step of the measured length would
-   hide (computed).
+   on --device (CPU: thread CPU time, one thread; GPU: every rank in turn
+   on the one GPU, synchronized wall time): the speed-up of KK + swaps, LPT
+   and plain KK over the loader's cut beside the FLOP model and the bound;
+   the memory-capped balance at --cap-world-size with each rank's peak
+   memory (GPU: torch.cuda.max_memory_allocated, reset per rank); the
+   shuffle's phases and the share a step of the measured length would hide
+   (computed).
 
-Writes benchmarks/results/balancer-DATE-MACHINE.json.
+Parts 1 and 2 run on the CPU whatever --device says. Writes
+benchmarks/results/balancer-DATE-MACHINE.json, MACHINE being --device's
+(`embnb.timing.machine_name`: the GPU's name on a GPU), with the host CPU
+beside it.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from embnb.balancing.workloads import imbalance
 from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.cuda import loader
 from embnb.data import zipf_lengths
-from embnb.dist import device_plan
+from embnb.dist import device_plan, resolve_device
 from embnb.lab.balancing import measured
 from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
 from embnb.timing import machine_name, median_seconds, paired_ratio
@@ -225,8 +230,10 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
         "zipf": LengthDistribution("zipf", alpha=1.5),
         "lognormal": LengthDistribution("lognormal", median=128, sigma=1.0),
     }
+    clock = {"cpu": "thread CPU time", "wall": "synchronized wall time"}[measured.primary_clock(opts.device)]
     print(
-        f"rank by rank at W={opts.measured_world_size}, {opts.measured_batch_size} samples per rank ...",
+        f"rank by rank at W={opts.measured_world_size}, {opts.measured_batch_size} samples per rank, "
+        f"on {machine_name(opts.device)} ({clock}) ...",
         flush=True,
     )
     steps = measured.measure_balanced_steps(
@@ -234,20 +241,23 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
         opts.measured_world_size,
         local_batch_size=opts.measured_batch_size,
         max_length=opts.measured_max_length,
+        width=opts.measured_width,
         repeats=opts.measured_repeats,
+        device=opts.device,
     )
     table = steps.speedups()
     for sentence in measured.speedup_sentences(table):
         print("  " + sentence, flush=True)
-    cap_world_size = opts.cap_world_size if opts.cap_world_size in opts.measured_world_size else None
     capped = [
-        measured.measure_capped(steps, name, cap_world_size, opts.cap_over_mean)
+        measured.measure_capped(steps, name, opts.cap_world_size, opts.cap_over_mean)
         for name in distributions
-        if cap_world_size is not None
+        if opts.cap_world_size is not None
     ]
     for run in capped:
         costs = ", ".join(f"{label} {run.cost(label):.2f}x" for label in run.steps)
         print(f"  cap {run.cap:.0f} tokens, {run.distribution}: binds {run.binds()}; measured cost {costs}")
+        peaks = ", ".join(f"{label} {max(run.peak_bytes[label]) / 2**20:.2f}" for label in run.steps)
+        print(f"    largest peak memory of a rank, MiB: {peaks}", flush=True)
     shares = {name: measured.worker_shares(steps, name) for name in distributions}
     for name, frame in shares.items():
         print(
@@ -301,8 +311,16 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--measured-max-length", type=int, default=2048, help="longest sequence, rank by rank"
     )
+    parser.add_argument(
+        "--measured-width", type=int, default=32, help="width of the measured model, rank by rank"
+    )
     parser.add_argument("--measured-repeats", type=int, default=3, help="timed repeats per rank")
-    parser.add_argument("--cap-world-size", type=int, default=16, help="ranks of the memory-capped balance")
+    parser.add_argument(
+        "--cap-world-size",
+        type=int,
+        default=16,
+        help="ranks of the memory-capped balance: one of --measured-world-size (0: skip it)",
+    )
     parser.add_argument("--cap-over-mean", type=float, default=1.02, help="token cap / mean tokens per rank")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
@@ -321,10 +339,29 @@ def _options(argv: list[str]) -> argparse.Namespace:
         ("--measured-world-size", opts.measured_world_size or [1]),
         ("--measured-batch-size", [opts.measured_batch_size]),
         ("--measured-max-length", [opts.measured_max_length]),
+        ("--measured-width", [opts.measured_width]),
         ("--measured-repeats", [opts.measured_repeats]),
     ):
         if any(v < 1 for v in values):
             parser.error(f"{name} must be >= 1, got {values if len(values) > 1 else values[0]}")
+    if opts.measured_width % 4:  # SequenceDense's 4 attention heads
+        parser.error(f"--measured-width must be a multiple of 4, got {opts.measured_width}")
+    return _cap_and_device(parser, opts)
+
+
+def _cap_and_device(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> argparse.Namespace:
+    """--cap-world-size among the measured ones (None: skip), --device resolved ("auto": a GPU if any)."""
+    if opts.cap_world_size == 0 or not opts.measured_world_size:
+        opts.cap_world_size = None
+    elif opts.cap_world_size not in opts.measured_world_size:
+        parser.error(
+            f"--cap-world-size must be one of --measured-world-size {opts.measured_world_size} "
+            f"(or 0: skip the capped balance), got {opts.cap_world_size}"
+        )
+    try:
+        opts.device = resolve_device(opts.device)
+    except ValueError as error:  # --device cuda without a GPU
+        parser.error(f"--device: {error}")
     return opts
 
 
@@ -369,7 +406,10 @@ def main(argv: list[str]) -> int:
     exchanges = _run_exchanges(opts) if opts.exchange_world_size else None
     rank_by_rank = bench_rank_by_rank(opts) if opts.measured_world_size else None
     payload = {
-        "machine": machine_name(),
+        "machine": machine_name(opts.device),
+        "device": opts.device,
+        "host": machine_name("cpu"),
+        "torch": torch.__version__,
         "native_kk": native,
         "peer": "numberpartitioning.karmarkar_karp " + numberpartitioning.__version__,
         "partitioning": partitioning,

@@ -4,8 +4,11 @@ fields notebook 04 records, derived numbers agreeing with the raw ones."""
 import json
 
 import pytest
+import torch
 
 from embnb.bench.__main__ import main
+from embnb.lab.balancing.measured import RankStep
+from embnb.timing import machine_name
 
 
 def test_balancer_bench_measures_rank_by_rank_with_the_notebooks_fields(tmp_path, capsys):
@@ -22,9 +25,19 @@ def test_balancer_bench_measures_rank_by_rank_with_the_notebooks_fields(tmp_path
     (path,) = tmp_path.glob("balancer-*.json")
     payload = json.loads(path.read_text())
     assert payload["training"] == [] and payload["exchanges"] is None  # skipped as asked
+    # the file says where the ranks ran: on a CPU, the CPU's name and its thread clock
+    assert payload["device"] == "cpu" and payload["machine"] == payload["host"] == machine_name("cpu")
+    assert path.name.endswith(
+        "-" + "".join(c if c.isalnum() else "-" for c in machine_name().lower()) + ".json"
+    )
     measured = payload["rank_by_rank"]
     assert {r["world_size"] for r in measured["measured_speedups"]} == {2, 4}
+    assert measured["measured_config"]["device"] == "cpu" and measured["measured_config"]["clock"] == "cpu"
     runs = {(r["distribution"], r["world_size"], r["method"]): r for r in measured["measured_runs"]}
+    for r in runs.values():
+        assert r["clock"] == "cpu"
+        for low, median, high in zip(r["wall_low_ms"], r["wall_ms"], r["wall_high_ms"]):
+            assert 0 < low <= median <= high
     for row in measured["measured_speedups"]:
         cut = runs[(row["distribution"], row["world_size"], "contiguous")]
         mine = runs[(row["distribution"], row["world_size"], row["method"])]
@@ -34,3 +47,32 @@ def test_balancer_bench_measures_rank_by_rank_with_the_notebooks_fields(tmp_path
         for label, step in c["runs"].items():
             assert label == "uncapped" or max(step["tokens"]) <= c["cap"]
     assert sorted(measured["worker_shares"]) == ["lognormal", "zipf"]
+
+
+def test_a_step_is_read_on_its_clock():
+    common = {"cpu_low_ms": [1.0, 1.0], "cpu_high_ms": [9.0, 9.0], "tokens": [3, 4], "flops": [1.0, 2.0]}
+    on_cpu = RankStep(cpu_ms=[2.0, 5.0], wall_ms=[7.0, 3.0], **common)
+    on_gpu = RankStep(cpu_ms=[2.0, 5.0], wall_ms=[7.0, 3.0], clock="wall", **common)
+    assert on_cpu.step_ms == 5.0  # the slowest rank by thread CPU time (CPU runs)
+    assert on_gpu.step_ms == 7.0  # the slowest rank by synchronized wall time (GPU runs)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cap-world-size", "8"], "--cap-world-size must be one of --measured-world-size [2, 4]"),
+        (["--measured-width", "30"], "--measured-width must be a multiple of 4, got 30"),
+    ]
+    + (
+        []
+        if torch.cuda.is_available()
+        else [(["--device", "cuda"], "--device: device 'cuda' needs a GPU, but none is visible")]
+    ),
+)
+def test_bad_rank_by_rank_arguments_are_named(tmp_path, capsys, args, message):
+    base = ["balancer", "--no-train", "--exchange-world-size", "--measured-world-size", "2", "4"]
+    base += ["--cap-world-size", "4"]  # valid unless `args` says otherwise (the last value counts)
+    with pytest.raises(SystemExit) as stop:
+        main([*base, *args, "--out", str(tmp_path)])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))

@@ -1,10 +1,14 @@
 """Notebook 04's measured step at the world sizes that matter, rank by rank
 (`embnb.steptime.measure_partition`): each rank runs forward and backward
 of the dense sequence model (`steptime.kernels.SequenceDense`) on its own
-samples, one rank after another on this device; the step is the slowest
-rank. Per-thread CPU time at one intra-op thread is the primary clock: it
-counts only the rank's own compute, so other processes on the shared cores
-stretch the wall clock but not it.
+samples, one rank after another on one device; the step is the slowest
+rank. On a CPU the primary clock is per-thread CPU time at one intra-op
+thread: it counts only the rank's own compute, so other processes on the
+shared cores stretch the wall clock but not it. On a GPU (device="cuda":
+every rank in turn on the one GPU) it is wall time with the GPU synchronized
+at each phase's edges (`steptime.measure`): the thread's CPU time there
+counts launches and waiting, not the GPU's work. Peak memory on a GPU is
+`torch.cuda.max_memory_allocated`, its peak reset before each rank.
 
 - `measure_balanced_steps`: each balancer's step against the loader's cut,
   beside the FLOP model's prediction and the lower bound;
@@ -34,12 +38,14 @@ from embnb.balancing.kjt_alltoall import exchange_bytes
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.partition import balance
 from embnb.balancing.workloads import equal_size_lower_bound
+from embnb.dist import resolve_device
 from embnb.steptime import measure_partition
 from embnb.steptime.memory import peak_memory_partition
 from embnb.timing import median_seconds
 
 __all__ = [
     "MEASURED_METHODS",
+    "primary_clock",
     "EXCHANGE_ITEM_BYTES",
     "sequence_dense_flops",
     "RankStep",
@@ -68,11 +74,17 @@ def sequence_dense_flops(lengths: Any, width: int, hidden: Sequence[int]) -> tor
     return 6 * length * width * width + 4 * length * length * width + 2 * length * mlp
 
 
+def primary_clock(device: str) -> str:
+    """The clock a step is read on (module docstring): "cpu" (thread CPU
+    time) on a CPU, "wall" (synchronized) on a GPU."""
+    return "wall" if torch.device(device).type == "cuda" else "cpu"
+
+
 @dataclass(frozen=True)
 class RankStep:
     """One partition measured rank by rank: per rank, its median compute
-    (ms, thread CPU and wall), the range of its repeats (CPU), its tokens
-    and its model FLOPs."""
+    (ms, thread CPU and wall), the range of its repeats (each clock), its
+    tokens and its model FLOPs; `clock` names the one the step is read on."""
 
     cpu_ms: list[float]
     wall_ms: list[float]
@@ -80,11 +92,14 @@ class RankStep:
     cpu_high_ms: list[float]
     tokens: list[int]
     flops: list[float]
+    wall_low_ms: list[float] = dataclasses.field(default_factory=list)
+    wall_high_ms: list[float] = dataclasses.field(default_factory=list)
+    clock: str = "cpu"
 
     @property
     def step_ms(self) -> float:
-        """The step: the slowest rank (thread CPU)."""
-        return max(self.cpu_ms)
+        """The step: the slowest rank (on `clock`)."""
+        return max(self.cpu_ms if self.clock == "cpu" else self.wall_ms)
 
 
 def _measure(parts_lengths: list[list[int]], flops_of, **options: Any) -> RankStep:
@@ -97,6 +112,9 @@ def _measure(parts_lengths: list[list[int]], flops_of, **options: Any) -> RankSt
         [1e3 * c.range_s("cpu")[1] for c in computes],
         [sum(p) for p in parts_lengths],
         [float(flops_of(p).sum()) for p in parts_lengths],
+        [1e3 * c.range_s("wall")[0] for c in computes],
+        [1e3 * c.range_s("wall")[1] for c in computes],
+        primary_clock(options.get("device", "cpu")),
     )
 
 
@@ -166,13 +184,16 @@ def measure_balanced_steps(
     repeats: int = 3,
     seed: int = 0,
     progress: bool = False,
+    device: str = "cpu",
 ) -> BalancedSteps:
     """Per distribution and W: one global batch of W * local_batch_size
     lengths, cut as the loader cuts it and balanced by each method on the
     model's FLOPs (`sequence_dense_flops`), every partition measured rank by
-    rank at one thread (module docstring)."""
+    rank at one thread on `device` ("cpu", "cuda" or "auto"; module docstring)."""
     check_int("local_batch_size", local_batch_size, low=1)
+    device = resolve_device(device)
     options = {"width": width, "hidden": tuple(hidden), "warmup": warmup, "repeats": repeats, "threads": 1}
+    options["device"] = device
     cases = [(name, spec, w) for name, spec in distributions.items() for w in world_sizes]
     if progress:
         from tqdm.auto import tqdm
@@ -192,6 +213,7 @@ def measure_balanced_steps(
             )
     config = {"local_batch_size": local_batch_size, "max_length": max_length, "seed": seed, **options}
     config["hidden"] = list(hidden)
+    config["clock"] = primary_clock(device)
     return BalancedSteps(runs, bounds, batches, config)
 
 
@@ -267,9 +289,10 @@ def measure_capped(
     `CAPPED_METHODS` under a cap of `cap_over_mean` times the mean tokens
     per rank (raised to `capped.minimum_cap` where no partition fits under
     it, and 1% at a time where a method finds none), each measured rank
-    by rank as `steps` measured, with each rank's
-    peak activation memory (`steptime.memory`). A capped partition equal to
-    the uncapped one reuses its measurement."""
+    by rank as `steps` measured (on its device), with each rank's peak
+    activation memory (`steptime.memory`: on a GPU, max_memory_allocated
+    with the peak reset per rank). A capped partition equal to the uncapped
+    one reuses its measurement."""
     check_number("cap_over_mean", cap_over_mean, low=1)
     if (distribution, world_size) not in steps.lengths:
         raise ValueError(
@@ -277,7 +300,9 @@ def measure_capped(
         )
     config = steps.config
     width, hidden = config["width"], tuple(config["hidden"])
+    device = config.get("device", "cpu")
     options = {k: config[k] for k in ("width", "hidden", "warmup", "repeats", "threads")}
+    options["device"] = device
     lengths = steps.lengths[(distribution, world_size)]
     flops = sequence_dense_flops(lengths, width, hidden).tolist()
     mean = sum(lengths) / world_size
@@ -291,12 +316,14 @@ def measure_capped(
         same = sorted(map(sorted, parts)) == sorted(map(sorted, uncapped))
         if label == "uncapped" or same:
             measured[label] = steps.runs[(distribution, world_size, "kk_swap")]
-            peaks[label] = peaks.get("uncapped") or peak_memory_partition(parts_lengths, width, hidden)
+            peaks[label] = peaks.get("uncapped") or peak_memory_partition(
+                parts_lengths, width, hidden, device
+            )
         else:
             measured[label] = _measure(
                 parts_lengths, lambda p: sequence_dense_flops(p, width, hidden), **options
             )
-            peaks[label] = peak_memory_partition(parts_lengths, width, hidden)
+            peaks[label] = peak_memory_partition(parts_lengths, width, hidden, device)
     return CappedRun(distribution, world_size, cap, mean, measured, peaks)
 
 
@@ -316,7 +343,7 @@ def worker_shares(steps: BalancedSteps, distribution: str, local_world_size: int
     (the workload all-gather's and the all-to-all exchange's bytes per rank,
     counted; KK + swaps timed here, natively where the extension loads;
     both collectives' ms computed from the bytes at torchrec's bandwidths),
-    the measured compute of the balanced step (KK + swaps, thread CPU), and
+    the measured compute of the balanced step (KK + swaps, its clock), and
     the share of the shuffle a step that long would hide (computed:
     min(1, compute / shuffle))."""
     rows = []
