@@ -12,15 +12,20 @@ On the GPU machine, from the repository root, with that folder:
 
 `run` installs the wheels into a temporary target (never into the machine's
 Python), builds the native extension for the local GPU, runs the CUDA parity
-and launcher tests, every notebook with device="cuda" (small parameters) and
-`python -m embnb.bench bucketize --device cuda`, and writes JSON results,
-pytest reports and executed notebooks under OUT. Each step is recorded in
-OUT/kit.json with its outcome and time; a failed step does not stop the
-others. Where a GPU is visible the run cannot pass unless CUDA really ran:
-the build fails without CUDA kernels, EMBNB_REQUIRE_GPU=1 turns a skipped
-CUDA test into a failure, and kit.json records the CUDA kernels built and
-the CUDA tests run, skipped and failed. Without a GPU (the CPU test of the
-kit) it runs the same steps with device="cpu".
+and launcher tests, every notebook with device="cuda" (small parameters),
+`python -m embnb.bench bucketize --device cuda` and `python -m embnb.bench
+balancer --device cuda` at BALANCER_BENCH's sizes (rank by rank at W = 8,
+16 and 64 on the one GPU, synchronized wall time; the memory-capped balance
+with each rank's torch.cuda.max_memory_allocated), and writes JSON results,
+pytest reports and executed notebooks under OUT; the benches' JSON files
+(named after the GPU) are the ones to commit to benchmarks/results. Each
+step is recorded in OUT/kit.json with its outcome and time; a failed step
+does not stop the others. Where a GPU is visible the run cannot pass unless
+CUDA really ran: the build fails without CUDA kernels, EMBNB_REQUIRE_GPU=1
+turns a skipped CUDA test into a failure, and kit.json records the CUDA
+kernels built and the CUDA tests run, skipped and failed. Without a GPU
+(the CPU test of the kit) it runs the same steps with device="cpu";
+`--short-bench` runs both benches at tiny sizes (BALANCER_BENCH_SHORT).
 """
 
 from __future__ import annotations
@@ -67,9 +72,53 @@ NOTEBOOK_PARAMETERS = {
         "exchange_world_sizes": [2],
     },
 }
+# `python -m embnb.bench balancer` on the GPU: every part of the bench, at
+# sizes that take minutes. Rank by rank at the bench's own W, lengths and
+# model (as its CPU runs in benchmarks/results measure them); partitioning
+# (CPU work) at two sizes; training and exchanges shortened.
+BALANCER_BENCH = {
+    "--samples": [1024, 16384],
+    "--parts": [8, 64],
+    "--budget": 0.2,
+    "--world-size": [2],
+    "--steps": 8,
+    "--repeats": 5,
+    "--exchange-world-size": [2, 4],
+    "--measured-world-size": [8, 16, 64],
+    "--measured-batch-size": 32,
+    "--measured-max-length": 2048,
+    "--measured-repeats": 3,
+    "--cap-world-size": 16,
+}
+# The same flags at tiny sizes (`--short-bench`, the kit's CPU test).
+BALANCER_BENCH_SHORT = {
+    "--samples": [64],
+    "--parts": [4],
+    "--budget": 0.02,
+    "--world-size": [2],
+    "--steps": 3,
+    "--repeats": 1,
+    "--exchange-world-size": [2],
+    "--measured-world-size": [2, 4],
+    "--measured-batch-size": 4,
+    "--measured-max-length": 32,
+    "--measured-repeats": 1,
+    "--cap-world-size": 4,
+}
+
+
+def bench_flags(options: dict[str, object]) -> list[str]:
+    """A bench's command-line flags from {flag: value or list of values}."""
+    flags = []
+    for flag, value in options.items():
+        flags += [flag, *(str(v) for v in (value if isinstance(value, list) else [value]))]
+    return flags
+
+
 # The tests that exercise CUDA (parity of the native kernels, native KK,
 # the launcher on GPU backends); CPU-only suites are `make test`'s job.
 KIT_TESTS = ["tests/cuda/test_native.py", "tests/balancing/test_partition.py", "tests/test_dist.py"]
+BENCHES = ("bucketize", "balancer")  # the benches the kit runs; their JSON files go to benchmarks/results
 REQUIRE_GPU = "EMBNB_REQUIRE_GPU"  # tests/conftest.py: a CUDA test that cannot run fails
 # The build step: load (build) the library, say whether it has CUDA kernels,
 # and fail where a GPU is visible but it has none.
@@ -268,6 +317,65 @@ def gpu_arch_list() -> str | None:
     return ";".join(f"{major}.{minor}" for major, minor in caps)
 
 
+def run_notebooks_and_benches(steps: Steps, device: str, out: pathlib.Path, short_bench: bool) -> None:
+    """Every notebook with NOTEBOOK_PARAMETERS, then both benches, on `device`."""
+    python = sys.executable
+    for name, parameters in NOTEBOOK_PARAMETERS.items():
+        pairs = [x for k, v in {**parameters, "device": device}.items() for x in ("-p", k, json.dumps(v))]
+        notebook = f"notebooks/{name}.ipynb"
+        steps.run(
+            f"notebook-{name}",
+            [python, "-m", "embnb.harness", "run", notebook, "--out", str(out / "notebooks"), *pairs],
+        )
+    bench = [python, "-m", "embnb.bench", "bucketize", "--device", device, "--out", str(out)]
+    steps.run(
+        "bench-bucketize",
+        bench
+        + (
+            ["--sizes", "1e5", "--world-sizes", "8", "--repeats", "3"]
+            if short_bench
+            else ["--dist-types", "continuous,roundrobin,hash_roundrobin"]
+        ),
+    )
+    balancer = [python, "-m", "embnb.bench", "balancer", "--device", device, "--out", str(out)]
+    sizes = BALANCER_BENCH_SHORT if short_bench else BALANCER_BENCH
+    steps.run("bench-balancer", balancer + bench_flags(sizes), timeout_s=1200)
+
+
+def summarize(steps: Steps, device: str, out: pathlib.Path, short_bench: bool) -> int:
+    """Write OUT/kit.json, print the outcome; 0 if every step passed and,
+    where a GPU is visible, CUDA was proven (`cuda_problems`)."""
+    import torch
+
+    gpu_visible = device == "cuda"
+    build = json.loads((out / "build.json").read_text()) if (out / "build.json").exists() else {}
+    cuda_tests = junit_counts(out / "cuda-tests.xml")
+    problems = cuda_problems(gpu_visible, build, cuda_tests)
+    summary = {
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if gpu_visible else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "short_bench": short_bench,
+        "cuda_kernels": build.get("cuda"),
+        "cuda_tests": cuda_tests,
+        "other_tests": junit_counts(out / "tests.xml"),
+        "notebook_device": device,
+        "bench_results": sorted(p.name for p in out.glob("*.json") if p.name.split("-")[0] in BENCHES),
+        "cuda_problems": problems,
+        "steps": steps.records,
+    }
+    (out / "kit.json").write_text(json.dumps(summary, indent=2) + "\n")
+    failed = [r["step"] for r in steps.records if r["returncode"] != 0]
+    print(
+        f"gpu kit: {len(steps.records) - len(failed)} of {len(steps.records)} steps passed; "
+        f"results in {out}" + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
+    for problem in problems:
+        print(f"gpu kit: CUDA not proven: {problem}", file=sys.stderr)
+    return 1 if failed or problems else 0
+
+
 def run(kit: pathlib.Path, out: pathlib.Path, short_bench: bool) -> int:
     import torch
 
@@ -283,64 +391,14 @@ def run(kit: pathlib.Path, out: pathlib.Path, short_bench: bool) -> int:
         env["EMBNB_EXT_DIR"] = str(work / "ext")  # a fresh build for this machine
         steps = Steps(out, env)
         python = sys.executable
-        gpu_visible = device == "cuda"
-        if gpu_visible:
+        if device == "cuda":
             env[REQUIRE_GPU] = "1"
         steps.run("build", [python, "-c", BUILD_CHECK, str(out / "build.json")])
         pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
         steps.run("cuda-tests", [*pytest, "-m", "cuda", f"--junitxml={out / 'cuda-tests.xml'}", *KIT_TESTS])
         steps.run("tests", [*pytest, "-m", "not cuda", f"--junitxml={out / 'tests.xml'}", *KIT_TESTS])
-        notebooks = out / "notebooks"
-        for name, parameters in NOTEBOOK_PARAMETERS.items():
-            pairs = [x for k, v in {**parameters, "device": device}.items() for x in ("-p", k, json.dumps(v))]
-            steps.run(
-                f"notebook-{name}",
-                [
-                    python,
-                    "-m",
-                    "embnb.harness",
-                    "run",
-                    f"notebooks/{name}.ipynb",
-                    "--out",
-                    str(notebooks),
-                    *pairs,
-                ],
-            )
-        bench = [python, "-m", "embnb.bench", "bucketize", "--device", device, "--out", str(out)]
-        steps.run(
-            "bench-bucketize",
-            bench
-            + (
-                ["--sizes", "1e5", "--world-sizes", "8", "--repeats", "3"]
-                if short_bench
-                else ["--dist-types", "continuous,roundrobin,hash_roundrobin"]
-            ),
-        )
-        build = json.loads((out / "build.json").read_text()) if (out / "build.json").exists() else {}
-        cuda_tests = junit_counts(out / "cuda-tests.xml")
-        problems = cuda_problems(gpu_visible, build, cuda_tests)
-        summary = {
-            "device": device,
-            "gpu": torch.cuda.get_device_name(0) if gpu_visible else None,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "short_bench": short_bench,
-            "cuda_kernels": build.get("cuda"),
-            "cuda_tests": cuda_tests,
-            "other_tests": junit_counts(out / "tests.xml"),
-            "notebook_device": device,
-            "cuda_problems": problems,
-            "steps": steps.records,
-        }
-        (out / "kit.json").write_text(json.dumps(summary, indent=2) + "\n")
-        failed = [r["step"] for r in steps.records if r["returncode"] != 0]
-        print(
-            f"gpu kit: {len(steps.records) - len(failed)} of {len(steps.records)} steps passed; "
-            f"results in {out}" + (f"; failed: {', '.join(failed)}" if failed else "")
-        )
-        for problem in problems:
-            print(f"gpu kit: CUDA not proven: {problem}", file=sys.stderr)
-        return 1 if failed or problems else 0
+        run_notebooks_and_benches(steps, device, out, short_bench)
+        return summarize(steps, device, out, short_bench)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -356,7 +414,7 @@ def main(argv: list[str]) -> int:
     run_cmd.add_argument(
         "--short-bench",
         action="store_true",
-        help="the bucketize bench at one small size (the kit's CPU test)",
+        help="both benches at tiny sizes (the kit's CPU test): bucketize at one size, BALANCER_BENCH_SHORT",
     )
     args = parser.parse_args(argv)
     if args.command == "gather":

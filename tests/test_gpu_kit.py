@@ -72,6 +72,25 @@ def test_every_kit_notebook_parameter_exists_in_its_notebook():
         assert set(parameters) <= defined, (name, set(parameters) - defined)
 
 
+def test_the_balancer_bench_step_asks_for_the_measured_part_at_w_8_16_64_and_its_short_form_for_less():
+    from embnb.bench import balancer
+
+    gpu, short = gpu_kit.BALANCER_BENCH, gpu_kit.BALANCER_BENCH_SHORT
+    assert list(gpu) == list(short)  # the same flags, only the sizes differ
+    assert gpu["--measured-world-size"] == [8, 16, 64]  # issue 36: W = 8, 16 and 64
+    for sizes in (gpu, short):
+        # the bench's own parser takes them (argparse exits on a bad flag) and keeps the capped part
+        opts = balancer._options([*gpu_kit.bench_flags(sizes), "--device", "cpu"])
+        assert opts.measured_world_size == sizes["--measured-world-size"]
+        assert opts.cap_world_size == sizes["--cap-world-size"] and opts.device == "cpu"
+
+    def values(sizes, flag):
+        return sizes[flag] if isinstance(sizes[flag], list) else [sizes[flag]]
+
+    for flag in short:  # every size of the short form at most the GPU form's smallest
+        assert max(values(short, flag)) <= min(values(gpu, flag)), flag
+
+
 def test_a_gpu_run_without_cuda_kernels_or_cuda_tests_cannot_pass():
     ran = {"run": 12, "passed": 12, "skipped": 0, "failed": 0}
     assert gpu_kit.cuda_problems(True, {"cuda": True}, ran) == []
@@ -218,6 +237,7 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
         "tests",
         *notebooks,
         "bench-bucketize",
+        "bench-balancer",
     ]
     assert all(s["returncode"] == 0 for s in summary["steps"])
     # no GPU here: the CUDA tests were collected and skipped, nothing claims CUDA ran
@@ -232,3 +252,43 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     (bench,) = out.glob("bucketize-*.json")
     assert all(row["identical"] for row in json.loads(bench.read_text())["rows"])
     assert "passed" in (out / "tests.log").read_text()
+    (balancer,) = out.glob("balancer-*.json")
+    assert summary["bench_results"] == sorted([bench.name, balancer.name])
+    _check_balancer_results(json.loads(balancer.read_text()), gpu_kit.BALANCER_BENCH_SHORT)
+
+
+def _check_balancer_results(payload: dict, sizes: dict) -> None:
+    """The kit's balancer JSON on CPU: named after this machine, the
+    rank-by-rank part at the kit's W with every method, steps on the CPU
+    clock, the capped balance with a peak per rank, recomputed from the raw
+    per-rank numbers."""
+    from embnb.timing import machine_name
+
+    assert payload["device"] == "cpu" and payload["machine"] == machine_name("cpu")
+    assert payload["torch"].startswith("2.11.0") and payload["training"] and payload["exchanges"]["identical"]
+    measured = payload["rank_by_rank"]
+    assert measured["measured_config"]["device"] == "cpu" and measured["measured_config"]["clock"] == "cpu"
+    world_sizes = sizes["--measured-world-size"]
+    methods = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
+    runs = {(r["distribution"], r["world_size"], r["method"]): r for r in measured["measured_runs"]}
+    assert sorted(runs) == sorted(
+        (d, w, m) for d in ("zipf", "lognormal") for w in world_sizes for m in methods
+    )
+    for (_, w, _), r in runs.items():
+        assert r["clock"] == "cpu" and len(r["cpu_ms"]) == len(r["wall_low_ms"]) == w
+    for row in measured["measured_speedups"]:
+        cut = runs[(row["distribution"], row["world_size"], "contiguous")]
+        mine = runs[(row["distribution"], row["world_size"], row["method"])]
+        assert row["step_ms"] == max(mine["cpu_ms"])
+        assert row["measured"] == pytest.approx(max(cut["cpu_ms"]) / max(mine["cpu_ms"]))
+    cap_world_size = sizes["--cap-world-size"]
+    capped = measured["capped"]
+    assert [(c["distribution"], c["world_size"]) for c in capped] == [
+        ("zipf", cap_world_size),
+        ("lognormal", cap_world_size),
+    ]
+    for c in capped:
+        assert set(c["peak_bytes"]) == set(c["runs"]) and "uncapped" in c["runs"]
+        for label, peaks in c["peak_bytes"].items():
+            assert len(peaks) == cap_world_size and all(p > 0 for p in peaks), label
+            assert label == "uncapped" or max(c["runs"][label]["tokens"]) <= c["cap"]
