@@ -300,24 +300,36 @@ def test_end_to_end_bench_plans_under_the_reservation_asked_for(tmp_path, bench)
     from embnb._torchrec_private import planner_proposers
     from embnb.lab.planner.models import fused_table_gb, make_model
 
+    # the flag for cases that name none, and a case that names its own
     bench(
         "end_to_end",
-        *("--cases", "8x8/4", "--processes", "1", "--torchrec-dp-timeout-s", "0"),
+        *("--cases", "8x8/4", "9x8/4:heuristical", "--processes", "1", "--torchrec-dp-timeout-s", "0"),
         *("--storage-reservation", "fixed", "--out", str(tmp_path)),
     )
     payload = results(tmp_path, "end_to_end")
     assert payload["storage_reservation"].startswith("FixedPercentageStorageReservation(0.15)")
-    (row,) = payload["rows"]
-    assert row["torchrec_dp"] is None
-    # the oracle: create_planner asked for the fixed reservation here, on the bench's model and topology
-    model = make_model(8, seed=0)
-    topology = planner.make_topology(
-        8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8 * 0.5, local_world_size=4
-    )
-    fixed = planner.create_planner(topology, 512, constraints=model.constraints, storage_reservation="fixed")
-    module = EmbeddingBagCollection(tables=list(model.tables), device=torch.device("meta"))
-    fixed.plan(module, [EmbeddingBagCollectionSharder()])
-    assert row["fresh_ratings"] == [row["in_process_rating"]] == [planner_proposers(fixed)[0].best_rating]
+    for row, (tables, reservation, torchrec_name) in zip(
+        payload["rows"],
+        [
+            (8, "fixed", "FixedPercentageStorageReservation"),
+            (9, "heuristical", "HeuristicalStorageReservation"),
+        ],
+        strict=True,
+    ):
+        assert row["torchrec_dp"] is None and f"{torchrec_name}(0.15)" in row["storage_reservation"]
+        # the oracle: create_planner asked for that reservation here, on the bench's model and topology
+        model = make_model(tables, seed=0)
+        topology = planner.make_topology(
+            8, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8 * 0.5, local_world_size=4
+        )
+        chosen = planner.create_planner(
+            topology, 512, constraints=model.constraints, storage_reservation=reservation
+        )
+        module = EmbeddingBagCollection(tables=list(model.tables), device=torch.device("meta"))
+        chosen.plan(module, [EmbeddingBagCollectionSharder()])
+        assert (
+            row["fresh_ratings"] == [row["in_process_rating"]] == [planner_proposers(chosen)[0].best_rating]
+        )
 
 
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
@@ -354,6 +366,10 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
             "a case is TABLESxDEVICES or TABLESxDEVICES/PER_HOST, e.g. 800x64 or 800x64/8; got '800by64'",
         ),
         (["end_to_end", "--cases", "800x64/3"], "PER_HOST must divide the devices, got '800x64/3'"),
+        (
+            ["end_to_end", "--cases", "800x64/8:half"],
+            "a case's reservation must be one of heuristical, fixed, got 'half' in '800x64/8:half'",
+        ),
         (["end_to_end", "--torchrec-dp-timeout-s", "-1"], "--torchrec-dp-timeout-s must be >= 0, got -1.0"),
         (["end_to_end", "--storage-reservation", "half"], "invalid choice: 'half'"),
         (["ablation", "--timeout-s", "0"], "--hbm-fraction and --timeout-s must be > 0, got 0.5, 0.0"),
