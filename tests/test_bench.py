@@ -332,6 +332,23 @@ def test_end_to_end_bench_plans_under_the_reservation_asked_for(tmp_path, bench)
         )
 
 
+def test_end_to_end_bench_stops_torchrec_still_running_past_its_grace(tmp_path, bench, monkeypatch):
+    """torchrec's planner is stopped once it runs ENUMERATION_GRACE_S past its
+    limit (here 0 s past 1 s: still importing) and the row says so; the bench
+    goes on to its results."""
+    from embnb.bench import end_to_end
+
+    monkeypatch.setattr(end_to_end, "ENUMERATION_GRACE_S", 0)
+    stdout, _ = bench(
+        "end_to_end",
+        *("--cases", "6x2", "--processes", "1", "--torchrec-dp-timeout-s", "1", "--out", str(tmp_path)),
+    )
+    (row,) = results(tmp_path, "end_to_end")["rows"]
+    peer = row["torchrec_dp"]
+    assert peer["stopped_after_s"] == 1 and peer["timed_out"] and peer["rating_vs_embnb"] is None
+    assert "torchrec DP stopped after 1 s, no plan by then" in stdout
+
+
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
     from embnb.lab.planner.ablation import LADDER
 

@@ -12,7 +12,9 @@ collected first), as the planner bench measures it; and, in one more fresh
 process, torchrec's own EmbeddingShardingPlanner with its
 DynamicProgrammingProposer and its enumerator, cut at
 `--torchrec-dp-timeout-s` (its planner checks the limit between proposals;
-the best plan found by then is rated). Both plan under torchrec's default
+the best plan found by then is rated). Its enumeration comes before that
+limit and is not cut by it: a process still running `ENUMERATION_GRACE_S`
+past the limit is stopped and its row says so (`stopped_after_s`, no plan). Both plan under torchrec's default
 storage reservation (HeuristicalStorageReservation(0.15), create_planner's
 default).
 
@@ -42,6 +44,7 @@ from embnb.lab.planner.planning import time_end_to_end
 from embnb.timing import machine_name
 
 BATCH_SIZE = 512
+ENUMERATION_GRACE_S = 300  # torchrec's planner past its limit (its enumeration) before it is stopped
 HBM_FRACTION = 0.5  # as the planner bench's default
 
 # torchrec's default (HeuristicalStorageReservation(0.15): the percentage, dense parameters and KJTs),
@@ -134,12 +137,19 @@ def _plan_in_a_new_process(
 ) -> dict:
     """One plan in a fresh process (torchrec's DP when `timeout_s`, else create_planner)."""
     args = [num_tables, world_size, local or 0, BATCH_SIZE, HBM_FRACTION, timeout_s, reservation]
-    done = subprocess.run(
-        [sys.executable, "-c", _ONE_PLAN, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=max(600, 3 * timeout_s + 600),  # torchrec's enumeration comes before its limit
-    )
+    limit_s = timeout_s + ENUMERATION_GRACE_S if timeout_s else 3600
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _ONE_PLAN, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=limit_s,
+        )
+    except subprocess.TimeoutExpired:
+        if not timeout_s:
+            raise
+        stopped = {"plan_s": limit_s, "rating": math.inf, "proposals": None, "timed_out": True}
+        return {**stopped, "import_s": None, "peak_rss_gib": None, "stopped_after_s": limit_s}
     if done.returncode:
         raise RuntimeError(f"the planning process failed ({done.returncode}): {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -219,10 +229,13 @@ def _line(row: dict) -> str:
         ratio = (
             "no plan" if peer["rating_vs_embnb"] is None else f"{peer['rating_vs_embnb']:.3f}x embnb's rating"
         )
-        line += (
-            f" | torchrec DP {peer['plan_s']:.1f} s{' (CUT)' if peer['timed_out'] else ''}, {ratio}, "
-            f"{peer['proposals']} proposals, peak RSS {peer['peak_rss_gib']:.2f} GiB"
-        )
+        if peer.get("stopped_after_s"):
+            line += f" | torchrec DP stopped after {peer['stopped_after_s']:.0f} s, no plan by then"
+        else:
+            line += (
+                f" | torchrec DP {peer['plan_s']:.1f} s{' (CUT)' if peer['timed_out'] else ''}, {ratio}, "
+                f"{peer['proposals']} proposals, peak RSS {peer['peak_rss_gib']:.2f} GiB"
+            )
     return line
 
 
