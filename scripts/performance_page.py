@@ -255,8 +255,9 @@ def _rank_by_rank_tables(measured: dict[str, Any]) -> list[str]:
     return [
         f"**Rank by rank** ({config['local_batch_size']} samples per rank, lengths up to "
         f"{config['max_length']}, {config['threads']} thread, median of {config['repeats']} repeats of each "
-        "rank's forward and backward, one rank after another; the step is the slowest rank, by thread CPU "
-        "time on a CPU): "
+        "rank's forward and backward, one rank after another; the step is the slowest rank, by "
+        + ("synchronized wall time" if config.get("clock") == "wall" else "thread CPU time")
+        + f" on {config.get('device', 'cpu')}): "
         "speed-up over the loader's contiguous cut, measured (the FLOP model's prediction in brackets), "
         "and the FLOP model's bound (max(mean, longest sample) per rank):",
         table(["lengths", "ranks", *methods, "bound"], rows),
@@ -277,6 +278,15 @@ SECTIONS = {
 }
 
 
+def newest_per_machine(group: list[Run]) -> list[Run]:
+    """The newest run of each machine (a GPU's results do not hide a CPU's),
+    machines in the order their first file was written."""
+    newest: dict[str, Run] = {}
+    for run in group:  # oldest first: later runs replace earlier ones
+        newest[run.machine] = run
+    return list(newest.values())
+
+
 def render(results_dir: pathlib.Path = RESULTS_DIR) -> str:
     """The whole page, from the results files in `results_dir`."""
     runs = load_runs(results_dir)
@@ -289,10 +299,12 @@ def render(results_dir: pathlib.Path = RESULTS_DIR) -> str:
         "shared, and other jobs move ratios between runs: compare ratios within one table. What the "
         "numbers mean, and why they are what they are: [performance-notes.md](performance-notes.md).",
     ]
+    tabled = {name: newest_per_machine(group) for name, group in runs.items() if name in SECTIONS}
     for name, section in SECTIONS.items():
-        if runs.get(name):
-            parts.append(section(runs[name][-1]))
-    earlier = [run for group in runs.values() for run in group[:-1]]
+        parts += [section(run) for run in tabled.get(name, [])]
+    earlier = [
+        run for name, group in runs.items() for run in group if run not in tabled.get(name, group[-1:])
+    ]
     untabled = [run for name, group in runs.items() if name not in SECTIONS for run in group[-1:]]
     if earlier or untabled:
         lines = [f"- `{r.name}`: {r.benchmark}, machine `{r.machine}`, {r.date}" for r in earlier + untabled]

@@ -66,6 +66,23 @@ def test_a_table_names_its_newest_file_machine_and_date_with_the_ratio_and_its_s
     assert "9.00x" not in page
 
 
+def test_each_machine_keeps_its_newest_table(tmp_path):
+    """A GPU's run beside a CPU's: each machine's newest run is tabled, in
+    the order their machines first appear; only the older CPU run is listed."""
+    _write(tmp_path, "enumerators-a.json", _enumerators("2026-01-01", [9.0, 9.0, 9.0], [1.0, 1.0, 1.0]))
+    gpu = _enumerators("2026-01-15", [3.0, 3.0, 3.0], [1.0, 1.0, 1.0])
+    _write(tmp_path, "enumerators-b.json", {**gpu, "machine": "NVIDIA H100"})
+    _write(tmp_path, "enumerators-c.json", _enumerators("2026-02-01", [5.0, 5.0, 5.0], [1.0, 1.0, 1.0]))
+    page = performance_page.render(tmp_path)
+    tabled = page.split("## Other results files")[0]
+    assert tabled.count("## Enumerators") == 2
+    # the CPU box wrote the first file, so its newest (c) comes before the H100's (b)
+    assert tabled.index("enumerators-c.json") < tabled.index("enumerators-b.json")
+    assert "| 5.00x" in tabled and "| 3.00x" in tabled and "| 9.00x" not in tabled
+    others = page.split("## Other results files")[1]
+    assert "`enumerators-a.json`" in others and "enumerators-b.json" not in others
+
+
 def test_a_results_file_without_its_metadata_is_named(tmp_path):
     _write(tmp_path, "planner-x.json", {"benchmark": "planner", "rows": []})
     with pytest.raises(ValueError, match=r"planner-x.json: a results file needs 'date' and 'machine'"):
