@@ -269,6 +269,16 @@ def end_to_end_section(run: Run) -> str:
             ),
             table(header, rows),
         ]
+        + (
+            [
+                "torchrec DP: torchrec's EmbeddingShardingPlanner with its DynamicProgrammingProposer and "
+                "its enumerator, in one more fresh process, cut at "
+                f"{sig(data['torchrec_dp_timeout_s'])} s (checked between proposals, so its enumeration "
+                "runs past it; *stopped*: still running well past the cut, with no plan by then)."
+            ]
+            if data.get("torchrec_dp_timeout_s")
+            else []
+        )
     )
 
 
