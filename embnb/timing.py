@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils import benchmark
+
+from embnb.cuda.loader import quiet_cpp_extension
 
 __all__ = [
     "median_seconds",
@@ -44,6 +45,7 @@ def median_seconds(
     about that long instead: it warms up while it picks how many calls to
     time together, and reports their median per call.
     """
+    benchmark = _benchmark()
     for _ in range(warmup):
         fn()
     if budget_s is not None:
@@ -51,6 +53,15 @@ def median_seconds(
         return timer.blocked_autorange(min_run_time=budget_s).median
     clock = benchmark.timer if torch.device(device).type != "cpu" else timeit.default_timer
     return statistics.median(timeit.Timer(fn, timer=clock).repeat(repeat=repeats, number=1))
+
+
+def _benchmark():
+    """torch.utils.benchmark, which imports torch.utils.cpp_extension: that
+    module is imported first with its import-time log held back."""
+    quiet_cpp_extension()
+    from torch.utils import benchmark
+
+    return benchmark
 
 
 def machine_name(device: torch.device | str = "cpu") -> str:

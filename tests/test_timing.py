@@ -1,6 +1,8 @@
 """embnb.timing: paired ratios over repeats, and median timing."""
 
 import math
+import subprocess
+import sys
 import time
 
 import pytest
@@ -89,3 +91,15 @@ def test_paired_difference_mean_interval_and_range():
     assert one.mean == 2.0 and math.isnan(one.ci_low) and not one.excludes_zero
     with pytest.raises(ValueError, match="same number"):
         paired_difference([1.0], [])
+
+
+def test_timing_writes_nothing_on_stderr():
+    """torch.utils.benchmark imports torch.utils.cpp_extension, which logs "No
+    CUDA runtime is found" on a CUDA build of torch without a GPU (the min
+    stack); embnb.timing holds that log back, in a fresh process."""
+    code = (
+        "import embnb.timing as t; t.median_seconds(lambda: None, repeats=3); "
+        "t.median_seconds(lambda: None, budget_s=0.01)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stderr == "", done.stderr

@@ -74,13 +74,14 @@ def with_cuda() -> bool:
         return False
     if not (torch.cuda.is_available() or os.environ.get("TORCH_CUDA_ARCH_LIST")):
         return False
-    return _cpp_extension().CUDA_HOME is not None
+    return quiet_cpp_extension().CUDA_HOME is not None
 
 
-def _cpp_extension():
+def quiet_cpp_extension():
     """torch.utils.cpp_extension, its import-time log held back: a CUDA build
     of torch without a GPU logs "No CUDA runtime is found" when imported,
-    which concerns only CUDA builds, and `with_cuda` rules those out here."""
+    which concerns only CUDA builds, and `with_cuda` rules those out here.
+    Import it this way before anything that imports it (torch.utils.benchmark)."""
     logger = logging.getLogger("torch.utils.cpp_extension")  # the module's own logger
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -128,7 +129,7 @@ def build_dir(cuda: bool | None = None) -> pathlib.Path:
 
 
 def _build(directory: pathlib.Path, cuda: bool) -> pathlib.Path:
-    cpp_extension = _cpp_extension()
+    cpp_extension = quiet_cpp_extension()
 
     print(
         f"embnb: compiling the native extension into {directory} (once per source change, about a minute)",
