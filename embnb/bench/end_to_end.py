@@ -14,9 +14,9 @@ DynamicProgrammingProposer and its enumerator, cut at
 `--torchrec-dp-timeout-s` (its planner checks the limit between proposals;
 the best plan found by then is rated). Its enumeration comes before that
 limit and is not cut by it: a process still running `ENUMERATION_GRACE_S`
-past the limit is stopped and its row says so (`stopped_after_s`, no plan). Both plan under torchrec's default
-storage reservation (HeuristicalStorageReservation(0.15), create_planner's
-default).
+past the limit is stopped and its row says so (`stopped_after_s`, no plan).
+Both plan each case under one storage reservation, by default torchrec's
+(HeuristicalStorageReservation(0.15), create_planner's default).
 
 A case is TABLESxDEVICES, or TABLESxDEVICES/PER_HOST for hosts of PER_HOST
 devices (torchrec's local_world_size; host-level sharding types appear),
