@@ -218,7 +218,8 @@ def _quality_line(row: dict) -> str:
 def _line(row: dict) -> str:
     ours = row["proposers"][OURS]
     parts = [
-        f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices ({row['hosts']} hosts): enumerate "
+        f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices "
+        f"({row['hosts']} host{'s' * (row['hosts'] > 1)}): enumerate "
         f"{spread(row['enumerate_s_runs'], 1)} (embnb's {spread(row['enumerate_embnb_s_runs'], 2)}, "
         f"{row['enumerate_speedup']:.1f}x, "
         f"{'same options' if row['enumerate_same_options'] else 'OPTIONS DIFFER'}) "
