@@ -292,3 +292,17 @@ def _check_balancer_results(payload: dict, sizes: dict) -> None:
         for label, peaks in c["peak_bytes"].items():
             assert len(peaks) == cap_world_size and all(p > 0 for p in peaks), label
             assert label == "uncapped" or max(c["runs"][label]["tokens"]) <= c["cap"]
+
+
+def test_steps_past_the_deadline_are_cut_and_recorded(tmp_path):
+    steps = gpu_kit.Steps(tmp_path, dict(os.environ), deadline_s=3)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    assert not steps.run("sleeps-past-the-deadline", sleeper)
+    assert not steps.run("starts-after-the-deadline", [sys.executable, "-c", "open('ran', 'w')"])
+    cut, never_started = steps.records
+    assert cut["returncode"] == never_started["returncode"] == "timeout"
+    assert 2 < cut["seconds"] < 30  # cut at the deadline, not after the child's 60 s
+    assert not (gpu_kit.ROOT / "ran").exists()
+    unbounded = gpu_kit.Steps(tmp_path, dict(os.environ))
+    assert unbounded.run("quick", [sys.executable, "-c", "pass"])
+    assert unbounded.records[0]["returncode"] == 0
