@@ -134,22 +134,27 @@ def _rebuild(
         if has_weights:
             w_end = end + count * kjt.weights().element_size()
             weights.append(_from_bytes(all_bytes[rank, end:w_end], kjt.weights().dtype))
-    # Rank-major keys ("rank r, key f") reordered key-major by torchrec's own
-    # KJT.permute: key f then holds rank 0's samples, rank 1's, ...
-    by_rank = KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"{rank}/{key}" for rank in range(world_size) for key in keys],
-        values=torch.cat(values),
-        lengths=lengths.reshape(-1).to(kjt.lengths().dtype),
-        weights=torch.cat(weights) if has_weights else None,
-        stride=stride,
-    )
+    # Every rank's lengths are key-major ([rank][key][sample]); the global
+    # KJT wants [key][rank][sample]. The reorder is plain torch, so it runs
+    # on any device: torchrec's KJT.permute needs fbgemm's kernels there.
     num_keys = len(keys)
-    by_key = by_rank.permute([rank * num_keys + f for f in range(num_keys) for rank in range(world_size)])
+    rank_key_lengths = lengths.reshape(world_size, num_keys, stride).to(torch.int64)
+    key_rank_lengths = rank_key_lengths.transpose(0, 1)
+    block_lengths = rank_key_lengths.sum(dim=2)  # [rank][key], values per block
+    source_starts = (torch.cumsum(block_lengths.reshape(-1), 0) - block_lengths.reshape(-1)).view_as(
+        block_lengths
+    )
+    to_starts = source_starts.t().reshape(-1)  # blocks in key-major order
+    to_lengths = block_lengths.t().reshape(-1)
+    dest_starts = torch.cumsum(to_lengths, 0) - to_lengths
+    source = torch.repeat_interleave(to_starts - dest_starts, to_lengths) + torch.arange(
+        int(to_lengths.sum()), device=lengths.device
+    )
     return KeyedJaggedTensor.from_lengths_sync(
         keys=keys,
-        values=by_key.values(),
-        lengths=by_key.lengths(),
-        weights=by_key.weights_or_none(),
+        values=torch.cat(values)[source],
+        lengths=key_rank_lengths.reshape(-1).to(kjt.lengths().dtype),
+        weights=torch.cat(weights)[source] if has_weights else None,
         stride=stride * world_size,
     )
 
@@ -210,7 +215,9 @@ def select_samples(kjt: KeyedJaggedTensor, indices: torch.Tensor | Sequence[int]
         bad = indices[(indices < 0) | (indices >= stride)][0].item()
         raise ValueError(f"sample index {bad} is outside the batch of {stride} samples")
     lengths = kjt.lengths().view(num_keys, stride)
-    starts = kjt.offsets()[:-1].view(num_keys, stride)
+    # Offsets from the lengths in torch: KJT.offsets() needs fbgemm's kernels on the device.
+    flat = kjt.lengths().to(torch.int64)
+    starts = (torch.cumsum(flat, 0) - flat).view(num_keys, stride)
     picked_lengths = lengths[:, indices].reshape(-1)
     picked_starts = starts[:, indices].reshape(-1)
     # Output value v belongs to segment s: its source is start[s] + (v - out_start[s]).

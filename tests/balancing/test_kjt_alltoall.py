@@ -14,6 +14,7 @@ from embnb.balancing import kjt_alltoall, kjt_gather
 from embnb.balancing.partition import balance
 from embnb.collectives import all_gather_flat
 from embnb.dist import launch
+from tests.balancing.test_kjt_gather import OpNamespaces
 
 STRIDE = 5
 
@@ -67,7 +68,7 @@ def alltoall_on_rank(rank, world_size, cases):
         kjts, dense = make_batch(rank, case)
         parts = make_parts(world_size, case)
         stats = {}
-        with kjt_gather.count_collectives() as calls:
+        with kjt_gather.count_collectives() as calls, OpNamespaces() as ops:
             got, got_dense = kjt_alltoall.alltoall_kjt(kjts, dense, parts, stats=stats)
         want = [kjt_gather.select_samples(kjt, parts[rank]) for kjt in kjt_gather.allgather_kjt(kjts)]
         want_dense = all_gather_flat(dense).view(-1, dense.shape[1])[parts[rank]]
@@ -77,6 +78,7 @@ def alltoall_on_rank(rank, world_size, cases):
             "got_dense": got_dense,
             "want_dense": want_dense,
             "calls": dict(calls),
+            "op_namespaces": sorted(ops.seen),
             "received_bytes": stats["received_bytes"],
             "lengths": [k.lengths().to(torch.int64).view(len(k.keys()), -1).t() for k in kjts],
         }
@@ -104,6 +106,15 @@ def test_each_rank_receives_exactly_its_part_as_the_all_gather_path_gives_it(exc
                         assert got[field].dtype == want[field].dtype, (rank, case, field)
                         assert torch.equal(got[field], want[field]), (rank, case, field)
             assert torch.equal(r["got_dense"], r["want_dense"]), (rank, case)
+
+
+def test_the_exchange_calls_no_fbgemm_op(exchanged):
+    """It runs on any device with plain torch (fbgemm's CPU wheel has no CUDA kernels)."""
+    _, per_rank = exchanged
+    for result in per_rank:
+        for case in CASES:
+            assert "aten" in result[case]["op_namespaces"]
+            assert "fbgemm" not in result[case]["op_namespaces"]
 
 
 def test_two_all_to_alls_and_nothing_else(exchanged):

@@ -4,6 +4,7 @@ with 2 collectives instead of 2-3 per key."""
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb.balancing import kjt_gather
@@ -46,8 +47,22 @@ def as_plain(kjt: KeyedJaggedTensor) -> dict:
     }
 
 
+class OpNamespaces(TorchDispatchMode):
+    """The namespaces of the ops dispatched inside the block (aten, fbgemm, ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.add(func.namespace)
+        return func(*args, **(kwargs or {}))
+
+
 def gather_on_rank(rank, world_size):
     kjts = make_kjts(rank)
+    with OpNamespaces() as ops:
+        kjt_gather.select_samples(kjt_gather.allgather_kjt(kjts)[0], [2, 0])
     with kjt_gather.count_collectives() as fused_calls:
         fused = kjt_gather.allgather_kjt(kjts)
     with kjt_gather.count_collectives() as per_key_calls:
@@ -57,6 +72,7 @@ def gather_on_rank(rank, world_size):
         "per_key": [as_plain(k) for k in per_key],
         "fused_calls": dict(fused_calls),
         "per_key_calls": dict(per_key_calls),
+        "op_namespaces": sorted(ops.seen),
     }
 
 
@@ -108,6 +124,14 @@ def test_fused_gather_makes_two_collectives_instead_of_two_or_three_per_key(gath
         assert result["fused_calls"] == {"all_gather": 2}
         # history: 2 keys x (lengths, values); user_tag: lengths, values, weights
         assert result["per_key_calls"] == {"all_gather": 2 * 2 + 3}
+
+
+def test_gather_and_select_call_no_fbgemm_op(gathered):
+    """fbgemm's CPU-only wheel (what the GPU kit carries) has no CUDA kernels:
+    the fused gather and select_samples must run on any device with plain torch."""
+    for result in gathered:
+        assert "aten" in result["op_namespaces"]  # the recorder saw the ops
+        assert "fbgemm" not in result["op_namespaces"]
 
 
 def test_select_samples_matches_a_per_sample_loop():
