@@ -14,6 +14,8 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include "checks.h"
+
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -42,9 +44,9 @@ const char* dist_name(int64_t code) {
 }
 
 void check_index_tensor(const char* name, const at::Tensor& t) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
+  EMBNB_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
                    name, " must be int32 or int64, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 1, name, " must be 1-D, got shape ", t.sizes());
+  EMBNB_CHECK_VALUE(t.dim() == 1, name, " must be 1-D, got shape ", t.sizes());
 }
 
 }  // namespace
@@ -55,26 +57,26 @@ BucketizePlan check_bucketize_args(const at::Tensor& lengths, const at::Tensor& 
                                    const std::optional<at::Tensor>& weights) {
   check_index_tensor("lengths", lengths);
   check_index_tensor("indices", indices);
-  TORCH_CHECK_VALUE(lengths.device() == indices.device(), "lengths is on ", lengths.device(),
+  EMBNB_CHECK_VALUE(lengths.device() == indices.device(), "lengths is on ", lengths.device(),
                     " but indices is on ", indices.device());
-  TORCH_CHECK_VALUE(world_size >= 1, "world_size must be >= 1, got ", world_size);
+  EMBNB_CHECK_VALUE(world_size >= 1, "world_size must be >= 1, got ", world_size);
   const int64_t num_features = static_cast<int64_t>(dist_types.size());
-  TORCH_CHECK_VALUE(num_features >= 1, "dist_types must hold one code per feature, got none");
-  TORCH_CHECK_VALUE(static_cast<int64_t>(block_sizes.size()) == num_features,
+  EMBNB_CHECK_VALUE(num_features >= 1, "dist_types must hold one code per feature, got none");
+  EMBNB_CHECK_VALUE(static_cast<int64_t>(block_sizes.size()) == num_features,
                     "len(block_sizes) is ", block_sizes.size(), " but len(dist_types) is ",
                     num_features, ": one entry per feature is required");
   const int64_t num_segments = lengths.numel();
-  TORCH_CHECK_VALUE(num_segments % num_features == 0, "len(lengths) is ", num_segments,
+  EMBNB_CHECK_VALUE(num_segments % num_features == 0, "len(lengths) is ", num_segments,
                     ", not a multiple of num_features=", num_features);
   const int64_t num_keys = indices.numel();
   // unbucketize_permute has the dtype of indices: positions must fit.
-  TORCH_CHECK_VALUE(indices.scalar_type() == at::kLong || num_keys <= INT32_MAX,
+  EMBNB_CHECK_VALUE(indices.scalar_type() == at::kLong || num_keys <= INT32_MAX,
                     "int32 indices allow at most 2**31 - 1 keys, got ", num_keys);
   if (weights.has_value()) {
     const at::Tensor& w = *weights;
-    TORCH_CHECK_VALUE(w.dim() >= 1 && w.size(0) == num_keys, "weights must be a tensor with ",
+    EMBNB_CHECK_VALUE(w.dim() >= 1 && w.size(0) == num_keys, "weights must be a tensor with ",
                       num_keys, " rows (one per key), got ", w.sizes());
-    TORCH_CHECK_VALUE(w.device() == indices.device(), "weights is on ", w.device(),
+    EMBNB_CHECK_VALUE(w.device() == indices.device(), "weights is on ", w.device(),
                       " but indices is on ", indices.device());
   }
   BucketizePlan plan{num_keys, num_segments, world_size, num_features, {},
@@ -82,10 +84,10 @@ BucketizePlan check_bucketize_args(const at::Tensor& lengths, const at::Tensor& 
   plan.routes.reserve(num_features);
   for (int64_t f = 0; f < num_features; ++f) {
     const int64_t code = dist_types[f];
-    TORCH_CHECK_VALUE(code >= kContinuous && code <= kHashRoundRobin, "dist_types[", f, "] is ",
+    EMBNB_CHECK_VALUE(code >= kContinuous && code <= kHashRoundRobin, "dist_types[", f, "] is ",
                       code, "; codes are 0 continuous, 1 roundrobin, 2 hash_roundrobin");
     const int64_t block = block_sizes[f];
-    TORCH_CHECK_VALUE(code != kContinuous || block >= 1, "block_sizes[", f, "] is ", block,
+    EMBNB_CHECK_VALUE(code != kContinuous || block >= 1, "block_sizes[", f, "] is ", block,
                       "; continuous features need block sizes >= 1");
     plan.routes.push_back(make_route(static_cast<int32_t>(code), static_cast<uint64_t>(block),
                                      static_cast<uint64_t>(world_size)));
@@ -94,15 +96,15 @@ BucketizePlan check_bucketize_args(const at::Tensor& lengths, const at::Tensor& 
 }
 
 void raise_negative_length(int64_t length, int64_t position) {
-  TORCH_CHECK_VALUE(false, "lengths must be >= 0, got ", length, " at position ", position);
+  EMBNB_CHECK_VALUE(false, "lengths must be >= 0, got ", length, " at position ", position);
 }
 
 void raise_length_sum(int64_t sum, int64_t num_keys) {
-  TORCH_CHECK_VALUE(false, "lengths sum to ", sum, " but indices has ", num_keys, " keys");
+  EMBNB_CHECK_VALUE(false, "lengths sum to ", sum, " but indices has ", num_keys, " keys");
 }
 
 void raise_negative_key(int64_t key, int64_t position, int64_t feature) {
-  TORCH_CHECK_VALUE(false, "continuous routing needs keys >= 0, got key ", key, " at position ",
+  EMBNB_CHECK_VALUE(false, "continuous routing needs keys >= 0, got key ", key, " at position ",
                     position, " (feature ", feature, " is continuous)");
 }
 

@@ -7,6 +7,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include "checks.h"
+
 #include "bucketize.h"
 #include "bucketize_cuda.h"
 
@@ -66,7 +68,7 @@ BucketizeResult bucketize_cuda(const at::Tensor& lengths, const at::Tensor& indi
                                         plan.num_segments / plan.num_features));
       break;
     default:
-      TORCH_CHECK(false, "embnb bucketize CUDA kernels failed: ", status.message);
+      EMBNB_CHECK(false, "embnb bucketize CUDA kernels failed: ", status.message);
   }
   return {new_lengths, new_indices, permute, move_weights(weights, permute)};
 }

@@ -34,6 +34,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "checks.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -70,7 +72,7 @@ void add(Parts& now, const double* more) {
 
 template <typename T>
 const T* data(const at::Tensor& t, at::ScalarType type, int64_t dim, const char* what) {
-  TORCH_CHECK(t.dim() == dim && t.scalar_type() == type && t.device().is_cpu() && t.is_contiguous(),
+  EMBNB_CHECK(t.dim() == dim && t.scalar_type() == type && t.device().is_cpu() && t.is_contiguous(),
               "greedy_place: ", what, " must be a contiguous ", dim, "-D ", type, " CPU tensor, got ", t.sizes(),
               " ", t.scalar_type());
   return t.data_ptr<T>();
@@ -219,9 +221,9 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
   const int64_t* start_storage = data<int64_t>(device_storage, at::kLong, 2, "device_storage");
   const double* start_parts = data<double>(device_parts, at::kDouble, 2, "device_parts");
   const int64_t num_options = kind.numel(), num_tables = choice.numel(), world = device_storage.size(0);
-  TORCH_CHECK(local_world_size >= 1 && device_parts.size(0) == world, "greedy_place: local_world_size ",
+  EMBNB_CHECK(local_world_size >= 1 && device_parts.size(0) == world, "greedy_place: local_world_size ",
               local_world_size, " must be >= 1, and device_parts must have ", world, " rows");
-  TORCH_CHECK(host_size >= 1 && world % host_size == 0, "greedy_place: host_size ", host_size,
+  EMBNB_CHECK(host_size >= 1 && world % host_size == 0, "greedy_place: host_size ", host_size,
               " must be >= 1 and divide the ", world, " devices");
   Placer placer{data<int64_t>(first_shard, at::kLong, 1, "first_shard"),
                 data<int64_t>(num_shards, at::kLong, 1, "num_shards"),
@@ -239,7 +241,7 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
   std::vector<int64_t> out_at(num_tables + 1, 0), keys;
   for (int64_t t = 0; t < num_tables; ++t) {
     const int64_t o = chosen[t];
-    TORCH_CHECK(o >= 0 && o < num_options, "greedy_place: choice[", t, "] = ", o, " is not an option in [0, ",
+    EMBNB_CHECK(o >= 0 && o < num_options, "greedy_place: choice[", t, "] = ", o, " is not an option in [0, ",
                 num_options, ")");
     if (option_kind[o] < kUniform || option_kind[o] > kGrid) return unmodelled();
     if (option_kind[o] != kUniform) keys.push_back(option_key[o]);

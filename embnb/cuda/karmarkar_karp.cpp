@@ -14,6 +14,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "checks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -286,17 +288,17 @@ void heaviest_first(const std::vector<double>& w, std::vector<std::vector<int64_
 
 std::tuple<at::Tensor, at::Tensor> karmarkar_karp_cpu(const at::Tensor& workloads, int64_t num_parts,
                                                       bool equal_size, bool refine_swaps) {
-  TORCH_CHECK_VALUE(workloads.dim() == 1, "workloads must be 1-D, got shape ", workloads.sizes());
-  TORCH_CHECK_TYPE(workloads.scalar_type() == at::kDouble, "workloads must be float64, got ",
+  EMBNB_CHECK_VALUE(workloads.dim() == 1, "workloads must be 1-D, got shape ", workloads.sizes());
+  EMBNB_CHECK_TYPE(workloads.scalar_type() == at::kDouble, "workloads must be float64, got ",
                    workloads.scalar_type());
-  TORCH_CHECK_VALUE(num_parts >= 1, "num_parts must be >= 1, got ", num_parts);
+  EMBNB_CHECK_VALUE(num_parts >= 1, "num_parts must be >= 1, got ", num_parts);
   const int64_t n = workloads.numel();
-  TORCH_CHECK_VALUE(n >= 1, "workloads is empty: there is no batch to partition");
+  EMBNB_CHECK_VALUE(n >= 1, "workloads is empty: there is no batch to partition");
   const at::Tensor contiguous = workloads.contiguous();
   const double* data = contiguous.data_ptr<double>();
   std::vector<double> w(data, data + n);
   for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(std::isfinite(w[i]) && w[i] >= 0, "workloads must be finite and >= 0; workloads[",
+    EMBNB_CHECK_VALUE(std::isfinite(w[i]) && w[i] >= 0, "workloads must be finite and >= 0; workloads[",
                       i, "] = ", w[i]);
   }
   if (equal_size) w.resize(n + (num_parts - n % num_parts) % num_parts, 0.0);  // zero-workload padding

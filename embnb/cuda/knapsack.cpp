@@ -20,6 +20,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "checks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -104,12 +106,12 @@ void step(const States& now, const double* weight, const double* option_perf, co
 }
 
 void check_vector(const at::Tensor& t, int64_t dim, const char* what) {
-  TORCH_CHECK(t.dim() == dim && t.scalar_type() == at::kDouble && t.device().is_cpu(), "knapsack: ", what,
+  EMBNB_CHECK(t.dim() == dim && t.scalar_type() == at::kDouble && t.device().is_cpu(), "knapsack: ", what,
               " must be a ", dim, "-D float64 CPU tensor, got ", t.sizes(), " ", t.scalar_type());
 }
 
 void check_bins(double bin_size, int64_t num_bins) {
-  TORCH_CHECK(num_bins >= 1 && num_bins <= std::numeric_limits<int32_t>::max() && bin_size > 0,
+  EMBNB_CHECK(num_bins >= 1 && num_bins <= std::numeric_limits<int32_t>::max() && bin_size > 0,
               "knapsack: num_bins must be in [1, 2**31) and bin_size > 0, got ", num_bins, " and ", bin_size);
 }
 
@@ -140,15 +142,15 @@ Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const a
   check_vector(perf, 1, "perf");
   check_vector(weights, 1, "weights");
   check_vector(perfs, 1, "perfs");
-  TORCH_CHECK(memory.numel() == perf.numel(), "knapsack: ", memory.numel(), " state memories but ",
+  EMBNB_CHECK(memory.numel() == perf.numel(), "knapsack: ", memory.numel(), " state memories but ",
               perf.numel(), " state perfs");
-  TORCH_CHECK(weights.numel() == perfs.numel(), "knapsack: ", weights.numel(), " option weights but ",
+  EMBNB_CHECK(weights.numel() == perfs.numel(), "knapsack: ", weights.numel(), " option weights but ",
               perfs.numel(), " option perfs");
   check_bins(bin_size, num_bins);
   const at::Tensor mem_c = memory.contiguous(), perf_c = perf.contiguous();
   const double* state_memory = mem_c.data_ptr<double>();
   for (int64_t s = 1; s < memory.numel(); ++s) {  // step's passes stop at the first state past the bins
-    TORCH_CHECK(state_memory[s - 1] <= state_memory[s], "knapsack: the states' memory must rise (a step's kept ",
+    EMBNB_CHECK(state_memory[s - 1] <= state_memory[s], "knapsack: the states' memory must rise (a step's kept ",
                 "bins are in bin order); state ", s, " has ", state_memory[s], " after ", state_memory[s - 1]);
   }
   const at::Tensor weights_c = weights.contiguous(), perfs_c = perfs.contiguous();
@@ -206,7 +208,7 @@ Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double 
                      int64_t num_bins) {
   check_vector(weights, 2, "weights");
   check_vector(perfs, 2, "perfs");
-  TORCH_CHECK(weights.sizes() == perfs.sizes(), "knapsack: weights ", weights.sizes(), " and perfs ",
+  EMBNB_CHECK(weights.sizes() == perfs.sizes(), "knapsack: weights ", weights.sizes(), " and perfs ",
               perfs.sizes(), " differ in shape");
   check_bins(bin_size, num_bins);
   const at::Tensor weights_c = weights.contiguous(), perfs_c = perfs.contiguous();

@@ -488,6 +488,40 @@ def test_cuda_matches_the_cpu_kernel_and_the_reference_at_scale(native, num_keys
         torch.cuda.empty_cache()
 
 
+def test_the_ops_errors_capture_no_cpp_backtrace(native):
+    """embnb's checks make their errors without a C++ backtrace (embnb/cuda/checks.h:
+    capturing one segfaulted on the lent GPU machines). With C++ stack traces shown,
+    torch's own error carries one and embnb's carry none."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from embnb.cuda import loader
+        loader.load()
+        calls = {
+            "torch": lambda: torch.ones(2).view(3),
+            "bucketize": lambda: torch.ops.embnb.bucketize(
+                torch.tensor([1, -2]), torch.tensor([3]), 2, [1], [0]),
+            "karmarkar_karp": lambda: torch.ops.embnb.karmarkar_karp(torch.ones(3), 2),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except Exception as error:
+                print(name, type(error).__name__, "Exception raised from" in str(error))
+        """
+    )
+    env = {**os.environ, "TORCH_SHOW_CPP_STACKTRACES": "1", "TORCH_DISABLE_ADDR2LINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        "torch RuntimeError True",
+        "bucketize ValueError False",
+        "karmarkar_karp TypeError False",
+    ], done.stdout
+
+
 @needs_gpu
 def test_cuda_rejects_bad_data(native):
     cuda = dict(device="cuda")
