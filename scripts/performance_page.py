@@ -57,6 +57,10 @@ def load_runs(results_dir: pathlib.Path) -> dict[str, list[Run]]:
 def bucketize_section(run: Run) -> str:
     data = run.data
     setup = data.get("input", {})
+
+    def ratio(median: float | None, minimum: float | None, digits: int = 3) -> str:
+        return "-" if median is None else f"{sig(median, digits)}x ({sig(minimum, digits)}x)"
+
     rows = []
     for row in data["rows"]:
         threads = row.get("threads", data.get("threads"))
@@ -64,29 +68,35 @@ def bucketize_section(run: Run) -> str:
             [
                 f"{row['num_keys']:,}",
                 str(row["world_size"]),
+                row.get("dist_type", "continuous"),
                 "all cores" if threads == 0 else str(threads),
                 "yes" if row["identical"] else "**no**",
                 sig(row["embnb_mkeys_s"]),
-                sig(row["fbgemm_mkeys_s"]),
-                f"{sig(row['embnb_over_fbgemm'])}x ({sig(row['embnb_over_fbgemm_min'])}x)",
-                f"{sig(row['embnb_over_reference'], 2)}x ({sig(row['embnb_over_reference_min'], 2)}x)",
+                "-" if row["fbgemm_mkeys_s"] is None else sig(row["fbgemm_mkeys_s"]),
+                ratio(row["embnb_over_fbgemm"], row["embnb_over_fbgemm_min"]),
+                ratio(row["embnb_over_reference"], row["embnb_over_reference_min"], 2),
                 f"{sig(100 * row['embnb_fraction_of_copy'], 2)}%",
             ]
         )
     header = cells(
-        "keys | W | threads | outputs identical | embnb M keys/s | "
+        "keys | W | mode | threads | outputs identical | embnb M keys/s | "
         "FBGEMM M keys/s | embnb / FBGEMM: medians (minima) | "
         "embnb / pure-torch reference: medians (minima) | "
         "embnb's share of copy bandwidth"
+    )
+    fbgemm = data.get("fbgemm")
+    peer = (
+        "FBGEMM's `block_bucketize_sparse_features` is the peer in continuous mode"
+        if fbgemm is None or any(row["fbgemm_mkeys_s"] is not None for row in data["rows"])
+        else f"no FBGEMM peer here (FBGEMM: {fbgemm})"
     )
     return "\n\n".join(
         [
             "## Bucketize: routing keys to ranks",
             source(run),
             f"{setup.get('num_features', '?')} features of average length {setup.get('avg_length', '?')}, "
-            f"{setup.get('indices_dtype', '?')} keys, continuous mode "
-            "(FBGEMM's `block_bucketize_sparse_features` is the peer); outputs compared before timing; "
-            f"medians and minima of {setup.get('repeats', '?')} "
+            f"{setup.get('indices_dtype', '?')} keys on {data.get('device', 'cpu')}; {peer}; outputs "
+            f"compared before timing; medians and minima of {setup.get('repeats', '?')} "
             f"interleaved rounds after {setup.get('warmup', '?')} warm-up, every implementation at the same "
             "torch thread count.",
             table(header, rows),
@@ -156,7 +166,9 @@ def _training_tables(training: dict[str, Any], config: dict[str, Any]) -> list[s
         )
     repeats = config.get("repeats", "?")
     parts = [
-        f"**Step time** on {training['world_size']} {training.get('backend', '')} ranks: "
+        f"**Step time** on {training['world_size']} {training.get('backend', '')} ranks"
+        + (" sharing one GPU" if config.get("device") == "cuda" else "")
+        + ": "
         f"{config.get('batch_size', '?')} samples per rank, lengths up to {config.get('max_length', '?')}, "
         f"{len(training.get('timed_steps', [])) or '?'} timed steps of {config.get('steps', '?')}, "
         f"{repeats} repeats interleaved; ms per step at the slowest rank, median (range over the repeats):",
