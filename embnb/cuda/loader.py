@@ -38,7 +38,7 @@ NAME = "embnb_native"
 CPU_SOURCES = ["bucketize_cpu.cpp", "greedy_place.cpp", "karmarkar_karp.cpp", "knapsack.cpp"]
 CUDA_SOURCES = ["bucketize_cuda.cpp", "bucketize_cuda.cu"]
 HEADER_SUFFIXES = (".h", ".cuh")
-CFLAGS = ["-O3"]
+CFLAGS = ["-O3", "-fopenmp"]
 CUDA_CFLAGS = ["-O3"]
 
 

@@ -166,6 +166,16 @@ def test_extension_builds_and_registers_the_op(native):
     assert hasattr(torch.ops.embnb, "bucketize")
 
 
+def test_the_cpu_kernel_is_built_to_run_on_torchs_threads(native):
+    """bucketize_cpu splits its work with at::parallel_for, which is a plain
+    loop unless the library is compiled with OpenMP: then it calls OpenMP's
+    runtime (torch's own, found through libtorch_cpu), at torch's thread count."""
+    symbols = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(native.library)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "GOMP_parallel" in symbols
+
+
 @some
 @given(case=cases())
 def test_native_matches_reference(native, case):
@@ -568,7 +578,7 @@ LOAD_AND_DUMP = """
 
 def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
     """The CPU objects of the built extension plus the two CUDA objects link
-    into one library with no undefined symbol (static cudart, CPU torch),
+    into one library with no undefined symbol (static cudart, CPU torch, torch's OpenMP runtime),
     and loading it registers embnb::bucketize for CPU and CUDA."""
     if "nvcc" not in compile_jobs:
         pytest.fail(NO_NVCC)
@@ -592,6 +602,7 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
             "-lc10",
             "-ltorch_cpu",
             "-ltorch",
+            "-l:libgomp.so.1",  # the OpenMP runtime libtorch_cpu needs (the CPU kernel is built with -fopenmp)
             "-Xlinker",
             "--no-undefined",
         ],
