@@ -602,7 +602,7 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
             "-lc10",
             "-ltorch_cpu",
             "-ltorch",
-            "-l:libgomp.so.1",  # the OpenMP runtime libtorch_cpu needs (the CPU kernel is built with -fopenmp)
+            "-l:libgomp.so.1",  # libtorch_cpu's OpenMP runtime (the CPU kernel is built with -fopenmp)
             "-Xlinker",
             "--no-undefined",
         ],
