@@ -6,15 +6,18 @@
 // winner per bin (the least perf; on a tie the first in (option, state)
 // order) and the same dominance rule (a bin is kept if its perf beats every
 // bin below it). numpy needs a dozen passes and temporaries per table, and
-// a call per table; this is one pass over (option, state), stopping where an
-// option's moved states leave the bins, and one over the bins, and one call
-// per run.
+// a call per table; this is one pass over (option, state), from the states
+// an option moves into the bins, and one over the bins, and one call per
+// run. The pass is split over torch's intra-op threads by ranges of bins
+// (each makes its bins' updates in the same order: the same winners), and
+// a run's trace goes to a workspace the caller passes from run to run.
 //
 // knapsack_step's result: (cells, option, state, perf, memory, least): per
 // kept bin, its index, the option (an index into `weights`) and previous
 // state that won it, its perf and exact memory; `least` is every bin's least
 // perf (inf: unreached), dominated or not. knapsack_run returns the frontier
 // traced back from the last table's states (see there).
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -27,6 +30,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -34,75 +38,156 @@ namespace embnb {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int64_t kMaxTraced = int64_t{1} << 32;  // a step's winners, as state * width + option, in 32 bits
 
 // The knapsack's states: per kept bin, its exact memory and perf.
 struct States {
   std::vector<double> memory, perf;
 };
 
-// Each bin's winner, reused across tables (sized to the bins once), and
+// Each bin's least perf and its winner (the option, in the high 32 bits, and
+// the state), reused across tables (sized to the bins once); per worker,
 // each state's bin and total under the option being added (scratch).
 struct Bins {
-  std::vector<double> perf, memory, total_of;
-  std::vector<int64_t> option, state, cell_of;
-  explicit Bins(int64_t n) : perf(n), memory(n), option(n), state(n) {}
+  std::vector<double> perf;
+  std::vector<int64_t> winner;
+  struct Scratch {
+    std::vector<int32_t> cell_of;
+    std::vector<double> total_of;
+  };
+  std::vector<Scratch> workers;
+  // A worker per torch intra-op thread.
+  explicit Bins(int64_t n) : perf(n), winner(n), workers(std::max(1, at::get_num_threads())) {}
 };
+
+// The first of the states (their memory rising) that, moved by `weight`,
+// lands in bin `cell` or above or leaves the capacity; states from there on
+// all do (the moved memory and its bin rise with the state).
+int64_t first_at_or_above(const double* memory, int64_t num_states, double weight, double capacity,
+                          double bin_size, double cell) {
+  int64_t lo = 0, hi = num_states;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    const double moved = memory[mid] + weight;
+    if (moved <= capacity && moved / bin_size < cell) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// The (option, state) updates of bins [first_bin, last_bin), in (option,
+// state) order: each bin keeps the least perf, the first on a tie. `span`
+// holds each option's states that land there.
+void scatter(const double* memory, const double* perf, const double* weight, const double* option_perf,
+             const std::vector<std::pair<int64_t, int64_t>>& span, int64_t first_bin, int64_t last_bin,
+             double bin_size, Bins& bins, Bins::Scratch& scratch) {
+  std::fill(bins.perf.begin() + first_bin, bins.perf.begin() + last_bin, kInf);
+  double* bin_perf = bins.perf.data();
+  int64_t* winner = bins.winner.data();
+  for (size_t o = 0; o < span.size(); ++o) {
+    const auto [begin, end] = span[o];
+    const double w = weight[o], p = option_perf[o];
+    scratch.cell_of.resize(end - begin);
+    scratch.total_of.resize(end - begin);
+    int32_t* cell_of = scratch.cell_of.data() - begin;
+    double* total_of = scratch.total_of.data() - begin;
+    // Each state's bin and total first (a loop with no branch, which the
+    // compiler vectorizes), then the updates. q >= 0, so truncation is
+    // floor (and needs no libm call); bins < 2**31 fit 32 bits.
+    for (int64_t s = begin; s < end; ++s) {
+      cell_of[s] = static_cast<int32_t>((memory[s] + w) / bin_size);
+      total_of[s] = perf[s] + p;
+    }
+    const int64_t option_bits = static_cast<int64_t>(o) << 32;
+    for (int64_t s = begin; s < end; ++s) {
+      const int32_t cell = cell_of[s];
+      const double total = total_of[s], least = bin_perf[cell];
+      // Strictly less: the first of equal perfs stays. A min and a mask,
+      // not a branch: which bin wins is not predictable.
+      const int64_t wins = -static_cast<int64_t>(total < least);  // all ones where it wins
+      bin_perf[cell] = std::min(least, total);
+      winner[cell] ^= (winner[cell] ^ (option_bits | s)) & wins;
+    }
+  }
+}
 
 // One table: every (option, state) moved into its bin; each bin keeps the
 // least perf (the first in (option, state) order on a tie); a bin is kept
-// if its perf beats every bin below it. Kept bins go to `cells`, their
-// winning option (its index in the table's row, via `option_ids`) and
-// previous state to `options` and `states`, the new states to `next`.
-void step(const States& now, const double* weight, const double* option_perf, const int64_t* option_ids,
-          int64_t num_options, double capacity, double bin_size, int64_t num_bins, Bins& bins,
-          std::vector<int64_t>& cells, std::vector<int32_t>& options, std::vector<int32_t>& states,
-          States& next) {
-  std::fill(bins.perf.begin(), bins.perf.end(), kInf);
+// if its perf beats every bin below it. Returns how many are kept: their
+// bins go to `cells`, their new states to `next`, and, per kept bin, its
+// previous state * `width` + the winning option's index in the table's row
+// (`option_ids`) to `trace` (room for num_bins).
+//
+// Workers own ranges of bins, split where the updates are about even, and
+// each makes its bins' updates in (option, state) order: the same winners
+// as one pass.
+int64_t step(const States& now, const double* weight, const double* option_perf, const int64_t* option_ids,
+             int64_t num_options, int64_t width, double capacity, double bin_size, int64_t num_bins, Bins& bins,
+             std::vector<int64_t>& cells, uint32_t* trace, States& next) {
   const auto num_states = static_cast<int64_t>(now.memory.size());
   const double* memory = now.memory.data();
   const double* perf = now.perf.data();
-  bins.cell_of.resize(num_states);
-  bins.total_of.resize(num_states);
-  for (int64_t o = 0; o < num_options; ++o) {
-    // First each state's bin and total, without touching the bins (a loop
-    // the compiler can keep in registers), then the updates: about 15% faster
-    // than both in one loop. The states come in bin order, so their memory
-    // rises: the first state past the capacity or the last bin ends the pass.
-    int64_t reached = 0;
-    for (; reached < num_states; ++reached) {
-      const double moved = memory[reached] + weight[o];
-      // floor(q) < num_bins iff q < num_bins; q >= 0, so truncation is floor
-      // (and needs no libm call).
-      const double q = moved / bin_size;
-      if (!(moved <= capacity) || !(q < static_cast<double>(num_bins))) break;
-      bins.cell_of[reached] = static_cast<int64_t>(q);
-      bins.total_of[reached] = perf[reached] + option_perf[o];
+  // The states of each option that land below bin `cell`.
+  auto below = [&](double cell) {
+    int64_t count = 0;
+    for (int64_t o = 0; o < num_options; ++o) {
+      count += first_at_or_above(memory, num_states, weight[o], capacity, bin_size, cell);
     }
-    for (int64_t s = 0; s < reached; ++s) {
-      const int64_t cell = bins.cell_of[s];
-      const double total = bins.total_of[s];
-      // Strictly less: the first of equal perfs stays. Written without a
-      // branch (which bin wins is not predictable).
-      const bool better = total < bins.perf[cell];
-      bins.perf[cell] = better ? total : bins.perf[cell];
-      bins.option[cell] = better ? option_ids[o] : bins.option[cell];
-      bins.state[cell] = better ? s : bins.state[cell];
-      bins.memory[cell] = better ? memory[s] + weight[o] : bins.memory[cell];
+    return count;
+  };
+  const int64_t work = below(static_cast<double>(num_bins));
+  // A worker per 4096 updates at most; worker k's bins start at the first
+  // bin below which k / num_workers of the updates land.
+  const int64_t num_workers = std::max<int64_t>(1, std::min<int64_t>(bins.workers.size(), work / 4096));
+  std::vector<int64_t> bounds{0};
+  for (int64_t k = 1; k < num_workers; ++k) {
+    int64_t lo = bounds.back(), hi = num_bins;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (below(static_cast<double>(mid)) * num_workers < work * k) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
     }
+    bounds.push_back(lo);
   }
-  next.memory.clear();
-  next.perf.clear();
-  double below = kInf;  // the least perf of the bins below
+  bounds.push_back(num_bins);
+  at::parallel_for(0, num_workers, 1, [&](int64_t begin, int64_t end) {
+    std::vector<std::pair<int64_t, int64_t>> span(num_options);
+    for (int64_t k = begin; k < end; ++k) {
+      for (int64_t o = 0; o < num_options; ++o) {
+        auto first = [&](int64_t cell) {
+          return first_at_or_above(memory, num_states, weight[o], capacity, bin_size, static_cast<double>(cell));
+        };
+        span[o] = {first(bounds[k]), first(bounds[k + 1])};
+      }
+      scatter(memory, perf, weight, option_perf, span, bounds[k], bounds[k + 1], bin_size, bins, bins.workers[k]);
+    }
+  });
+  // The kept bins, compacted without a branch (about half the bins are
+  // kept, unpredictably): each is written, then counted if kept.
+  cells.resize(num_bins);
+  int64_t num_kept = 0;
+  double least_below = kInf;  // the least perf of the bins below
   for (int64_t c = 0; c < num_bins; ++c) {
-    if (bins.perf[c] < below) {
-      below = bins.perf[c];
-      cells.push_back(c);
-      options.push_back(static_cast<int32_t>(bins.option[c]));
-      states.push_back(static_cast<int32_t>(bins.state[c]));
-      next.memory.push_back(bins.memory[c]);
-      next.perf.push_back(bins.perf[c]);
-    }
+    cells[num_kept] = c;
+    num_kept += bins.perf[c] < least_below;
+    least_below = std::min(least_below, bins.perf[c]);
   }
+  cells.resize(num_kept);
+  next.memory.resize(num_kept);
+  next.perf.resize(num_kept);
+  for (int64_t k = 0; k < num_kept; ++k) {
+    const int64_t c = cells[k], o = bins.winner[c] >> 32, s = bins.winner[c] & 0xffffffff;
+    trace[k] = static_cast<uint32_t>(s * width + option_ids[o]);
+    next.memory[k] = memory[s] + weight[o];
+    next.perf[k] = bins.perf[c];
+  }
+  return num_kept;
 }
 
 void check_vector(const at::Tensor& t, int64_t dim, const char* what) {
@@ -156,14 +241,23 @@ Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const a
   const at::Tensor weights_c = weights.contiguous(), perfs_c = perfs.contiguous();
   States now{std::vector<double>(mem_c.data_ptr<double>(), mem_c.data_ptr<double>() + mem_c.numel()),
              std::vector<double>(perf_c.data_ptr<double>(), perf_c.data_ptr<double>() + perf_c.numel())};
-  std::vector<int64_t> ids(weights.numel());
+  const int64_t width = weights.numel(), stride = std::max<int64_t>(width, 1);
+  EMBNB_CHECK(memory.numel() * stride <= kMaxTraced, "knapsack: ", memory.numel(), " states x ", width,
+              " options must be at most 2**32 (a step's winners are traced in 32 bits)");
+  std::vector<int64_t> ids(width);
   std::iota(ids.begin(), ids.end(), 0);
   Bins bins(num_bins);
   std::vector<int64_t> cells;
-  std::vector<int32_t> options, states;
+  std::vector<uint32_t> trace(num_bins);
   States next;
-  step(now, weights_c.data_ptr<double>(), perfs_c.data_ptr<double>(), ids.data(), weights.numel(), capacity,
-       bin_size, num_bins, bins, cells, options, states, next);
+  const int64_t num_kept = step(now, weights_c.data_ptr<double>(), perfs_c.data_ptr<double>(), ids.data(), width, stride,
+                                capacity, bin_size, num_bins, bins, cells,
+                                trace.data(), next);
+  std::vector<int64_t> options(num_kept), states(num_kept);
+  for (int64_t k = 0; k < num_kept; ++k) {
+    states[k] = trace[k] / stride;
+    options[k] = trace[k] % stride;
+  }
   return {longs(cells), longs(options), longs(states), doubles(next.perf), doubles(next.memory),
           doubles(bins.perf, num_bins)};
 }
@@ -171,29 +265,34 @@ Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const a
 using Run = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // Writes each final state's option per table into `frontier` [states,
-// tables], from the largest memory (the last bin) down. Rows are traced in
-// blocks, table by table from the last: a block's rows stay in cache while
-// each table's column is written, and each step's winners are read where
-// they lie together (a row at a time would read them scattered; a table at a
-// time would write each row a byte apart).
+// tables], from the largest memory (the last bin) down; `trace` holds each
+// step's previous state * width + option per kept bin, table t's from
+// offsets[t]. Rows are traced in blocks, table by table from the last: a
+// block's rows stay in cache while each table's column is written, and each
+// step's winners are read where they lie together (a row at a time would
+// read them scattered; a table at a time would write each row a byte
+// apart). Blocks are independent: torch's threads take them in turns.
 template <typename Out>
-void trace_back(const std::vector<int32_t>& options, const std::vector<int32_t>& states,
-                const std::vector<int64_t>& offsets, int64_t num_tables, int64_t num_states, Out* frontier) {
+void trace_back(const uint32_t* trace, const std::vector<int64_t>& offsets, int64_t width, int64_t num_tables,
+                int64_t num_states, Out* frontier) {
   constexpr int64_t kBlock = 64;
-  std::vector<int64_t> state(kBlock);
-  for (int64_t first = 0; first < num_states; first += kBlock) {
-    const int64_t rows = std::min(kBlock, num_states - first);
-    for (int64_t row = 0; row < rows; ++row) state[row] = num_states - 1 - (first + row);
-    for (int64_t t = num_tables - 1; t >= 0; --t) {
-      const int32_t* option = options.data() + offsets[t];
-      const int32_t* previous = states.data() + offsets[t];
-      Out* out = frontier + first * num_tables + t;
-      for (int64_t row = 0; row < rows; ++row) {
-        out[row * num_tables] = static_cast<Out>(option[state[row]]);
-        state[row] = previous[state[row]];
+  const int64_t num_blocks = (num_states + kBlock - 1) / kBlock;
+  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    int64_t state[kBlock];
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t first = block * kBlock, rows = std::min(kBlock, num_states - first);
+      for (int64_t row = 0; row < rows; ++row) state[row] = num_states - 1 - (first + row);
+      for (int64_t t = num_tables - 1; t >= 0; --t) {
+        const uint32_t* step = trace + offsets[t];
+        Out* out = frontier + first * num_tables + t;
+        for (int64_t row = 0; row < rows; ++row) {
+          const uint32_t entry = step[state[row]];
+          out[row * num_tables] = static_cast<Out>(entry % width);
+          state[row] = entry / width;
+        }
       }
     }
-  }
+  });
 }
 
 // Every table in order from the empty plan: weights and perfs are
@@ -202,55 +301,68 @@ void trace_back(const std::vector<int32_t>& options, const std::vector<int32_t>&
 // largest memory down, as Knapsack.frontier orders it; uint8 where options
 // fit a byte, else int32: the frontier is states x tables), and the final
 // states' bins, perfs and memories (in bin order) and the last table's least
-// perf per bin. Each step's winners stay here, only to trace the frontier
-// back.
+// perf per bin. Each step's winners are kept in `workspace` (int32, grown
+// as needed), only to trace the frontier back: a caller that runs the
+// knapsack again passes the same one, and its memory is not allocated (and
+// faulted in) again, most of a run's time otherwise.
 Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double capacity, double bin_size,
-                     int64_t num_bins) {
+                     int64_t num_bins, const std::optional<at::Tensor>& workspace) {
   check_vector(weights, 2, "weights");
   check_vector(perfs, 2, "perfs");
   EMBNB_CHECK(weights.sizes() == perfs.sizes(), "knapsack: weights ", weights.sizes(), " and perfs ",
               perfs.sizes(), " differ in shape");
   check_bins(bin_size, num_bins);
   const at::Tensor weights_c = weights.contiguous(), perfs_c = perfs.contiguous();
-  const int64_t num_tables = weights.size(0), width = weights.size(1);
+  const int64_t num_tables = weights.size(0), width = std::max<int64_t>(weights.size(1), 1);
+  EMBNB_CHECK(num_bins * width <= kMaxTraced, "knapsack: num_bins x options per table must be at most 2**32 ",
+              "(a step's winners are traced in 32 bits), got ", num_bins, " x ", width);
+  at::Tensor trace = workspace.has_value() ? *workspace : at::empty({0}, at::TensorOptions().dtype(at::kInt));
+  EMBNB_CHECK(trace.dim() == 1 && trace.scalar_type() == at::kInt && trace.device().is_cpu() &&
+                  trace.is_contiguous(),
+              "knapsack: workspace must be a contiguous 1-D int32 CPU tensor, got ", trace.sizes(), " ",
+              trace.scalar_type());
   const double* weight = weights_c.data_ptr<double>();
   const double* perf = perfs_c.data_ptr<double>();
   States now{{0.0}, {0.0}}, next;
   Bins bins(num_bins);
   std::vector<int64_t> cells, offsets{0};
-  std::vector<int32_t> options, states;  // per step: 32 bits hold any option or bin
   std::vector<double> allowed_weight, allowed_perf;
   std::vector<int64_t> allowed_ids;
   for (int64_t t = 0; t < num_tables; ++t) {
     allowed_weight.clear();
     allowed_perf.clear();
     allowed_ids.clear();
-    for (int64_t o = 0; o < width; ++o) {
-      const double p = perf[t * width + o];
+    for (int64_t o = 0; o < weights.size(1); ++o) {
+      const double p = perf[t * weights.size(1) + o];
       if (std::isfinite(p)) {
-        allowed_weight.push_back(weight[t * width + o]);
+        allowed_weight.push_back(weight[t * weights.size(1) + o]);
         allowed_perf.push_back(p);
         allowed_ids.push_back(o);
       }
     }
-    cells.clear();  // only the last table's bins are returned
-    step(now, allowed_weight.data(), allowed_perf.data(), allowed_ids.data(),
-         static_cast<int64_t>(allowed_ids.size()), capacity, bin_size, num_bins, bins, cells, options, states,
-         next);
+    const int64_t used = offsets.back();
+    if (trace.numel() < used + num_bins) {  // room for every bin; resize_ keeps what is traced
+      trace.resize_({std::max(used + num_bins, trace.numel() + trace.numel() / 2)});
+    }
+    const int64_t num_kept = step(now, allowed_weight.data(), allowed_perf.data(), allowed_ids.data(),
+                                  static_cast<int64_t>(allowed_ids.size()), width, capacity, bin_size, num_bins,
+                                  bins, cells, reinterpret_cast<uint32_t*>(trace.data_ptr<int32_t>()) + used,
+                                  next);
     std::swap(now, next);
-    offsets.push_back(static_cast<int64_t>(options.size()));
+    offsets.push_back(used + num_kept);
   }
   const auto num_states = static_cast<int64_t>(now.perf.size());
-  const bool bytes = width <= 256;
+  const bool bytes = weights.size(1) <= 256;
   at::Tensor frontier =
       at::empty({num_states, num_tables}, at::TensorOptions().dtype(bytes ? at::kByte : at::kInt));
+  const auto* traced = reinterpret_cast<const uint32_t*>(trace.data_ptr<int32_t>());
   if (bytes) {
-    trace_back(options, states, offsets, num_tables, num_states, frontier.data_ptr<uint8_t>());
+    trace_back(traced, offsets, width, num_tables, num_states, frontier.data_ptr<uint8_t>());
   } else {
-    trace_back(options, states, offsets, num_tables, num_states, frontier.data_ptr<int32_t>());
+    trace_back(traced, offsets, width, num_tables, num_states, frontier.data_ptr<int32_t>());
   }
   return {frontier, longs(cells), doubles(now.perf), doubles(now.memory),
-          doubles(bins.perf, num_tables ? num_bins : 0)};
+          num_tables ? doubles(bins.perf, num_bins) : doubles({})};
 }
 
 }  // namespace
@@ -263,7 +375,8 @@ TORCH_LIBRARY_FRAGMENT(embnb, m) {
       "float bin_size, int num_bins) -> (Tensor cells, Tensor option, Tensor state, Tensor perf, "
       "Tensor memory, Tensor least)");
   m.def(
-      "knapsack_run(Tensor weights, Tensor perfs, float capacity, float bin_size, int num_bins) -> "
+      "knapsack_run(Tensor weights, Tensor perfs, float capacity, float bin_size, int num_bins, "
+      "Tensor(a!)? workspace=None) -> "
       "(Tensor frontier, Tensor cells, Tensor perf, Tensor memory, Tensor least)");
 }
 

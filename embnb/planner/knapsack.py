@@ -38,11 +38,19 @@ class Knapsack:
     on every axis and on perf are dropped: no table added later can save them.
     """
 
-    def __init__(self, capacity: np.ndarray, bins: tuple[int, ...], native: bool | None = None):
+    def __init__(
+        self,
+        capacity: np.ndarray,
+        bins: tuple[int, ...],
+        native: bool | None = None,
+        workspace: torch.Tensor | None = None,
+    ):
         """`native`: add tables on one axis with torch.ops.embnb.knapsack_step
         (the same states, several times faster); None: when embnb's native
-        extension loads (else numpy, after one warning); False: numpy."""
-        self.capacity, self.shape = capacity, bins
+        extension loads (else numpy, after one warning); False: numpy.
+        `workspace`: an int32 tensor the native run keeps its trace in (and
+        grows), passed from run to run so its memory is allocated once."""
+        self.capacity, self.shape, self.workspace = capacity, bins, workspace
         self._native = len(bins) == 1 and loader.use(native)
         self.bin_size = capacity / np.array(bins)
         self.cells = np.zeros(1, dtype=np.int64)  # flat bin of each state
@@ -68,6 +76,7 @@ class Knapsack:
             float(self.capacity[0]),
             float(self.bin_size[0]),
             self.shape[0],
+            self.workspace,
         )
         self._frontier, self.cells, self.perf, mem, self.least = (t.numpy() for t in run)
         self.mem = mem[:, None]

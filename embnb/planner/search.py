@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torchrec.distributed.planner.types import ShardingOption
 
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
@@ -59,6 +60,7 @@ class KnapsackRuns:
         # Plans of earlier runs, as 16-byte digests of their rows: the rows
         # themselves (a byte per table, per plan) grow with tables x plans.
         self._seen: set[bytes] = set()
+        self._workspace = torch.empty(0, dtype=torch.int32)  # the native runs' trace, reused run to run
         self.key_type = np.min_scalar_type(
             max(space.perf.shape[1] - 1, 0)
         )  # holds any option index: short rows
@@ -67,7 +69,7 @@ class KnapsackRuns:
         """One knapsack over the `allowed` options; its frontier without the
         plans earlier runs had."""
         space = self.space
-        knapsack = Knapsack(self.capacity, self.bins)
+        knapsack = Knapsack(self.capacity, self.bins, workspace=self._workspace)
         perf = without_dominated(np.where(allowed, space.perf, np.inf), self.weights)
         knapsack.add_tables(self.weights, perf)
         # The plans in the least type that holds an option index (a byte per

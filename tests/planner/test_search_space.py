@@ -125,6 +125,12 @@ def test_native_knapsack_step_names_bad_input():
     falling = torch.tensor([2.0, 1.0], dtype=torch.float64)
     with pytest.raises(RuntimeError, match="the states' memory must rise.*state 1 has 1 after 2"):
         torch.ops.embnb.knapsack_step(falling, -falling, one, one, 4.0, 1.0, 4)
+    longs = torch.zeros(3, dtype=torch.long)
+    with pytest.raises(RuntimeError, match=r"workspace must be a contiguous 1-D int32 CPU .*\[3\] Long"):
+        torch.ops.embnb.knapsack_run(one[None], one[None], 1.0, 1.0, 1, longs)
+    wide = torch.zeros(1, 3, dtype=torch.float64)  # 3 options x 2**31 bins: past 32 bits of trace
+    with pytest.raises(RuntimeError, match=r"num_bins x options per table .* 2\*\*32.*2147483647 x 3"):
+        torch.ops.embnb.knapsack_run(wide, wide, 1.0, 1.0, 2**31 - 1)
 
 
 @pytest.fixture(scope="module")
@@ -234,11 +240,13 @@ def test_gathered_reduces_each_plan_as_the_whole_gather_does(num_plans, num_tabl
         assert np.array_equal(gathered(values, plans, reduce, rows_at_once), expected)  # to the bit
 
 
+@pytest.mark.parametrize("threads", [1, 3])  # one worker; bins split over three
 @pytest.mark.parametrize("num_options", [40, 300])  # a byte per option index, and int32 past 256
-def test_native_knapsack_run_on_a_long_frontier_keeps_the_numpy_states(num_options):
+def test_native_knapsack_run_on_a_long_frontier_keeps_the_numpy_states(num_options, threads):
     """Thousands of final states, traced back in blocks of rows: the same
     frontier and states as numpy's, in the narrowest index type that holds
-    the options."""
+    the options, whichever workers (torch's threads) share the bins; a
+    workspace reused by later runs changes none of them."""
     assert loader.available(), loader.failure()
     rng = np.random.default_rng(7)
     num_tables, num_bins = 40, 20_000
@@ -250,10 +258,21 @@ def test_native_knapsack_run_on_a_long_frontier_keeps_the_numpy_states(num_optio
     numpy_run = Knapsack(capacity, bins, native=False)
     for t in range(num_tables):
         numpy_run.add_table(t, weights[t], perfs[t])
-    native_run = Knapsack(capacity, bins, native=True)
-    native_run.add_tables(weights, perfs)
+    expected = numpy_run.frontier(num_tables)
+    workspace = torch.empty(0, dtype=torch.int32)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        # A run on half the tables first: the second run finds the workspace traced and too small.
+        Knapsack(capacity, bins, native=True, workspace=workspace).add_tables(weights[:20], perfs[:20])
+        used = workspace.numel()
+        native_run = Knapsack(capacity, bins, native=True, workspace=workspace)
+        native_run.add_tables(weights, perfs)
+    finally:
+        torch.set_num_threads(saved)
+    assert 0 < used < workspace.numel()  # grown by the longer run, kept by the caller
     frontier = native_run.frontier(num_tables)
     assert len(frontier) > 1000 and frontier.dtype == (np.uint8 if num_options <= 256 else np.int32)
-    assert np.array_equal(numpy_run.frontier(num_tables), frontier)
+    assert np.array_equal(expected, frontier)
     for name in ("cells", "perf", "mem", "least"):
         assert np.array_equal(getattr(numpy_run, name), getattr(native_run, name)), name
