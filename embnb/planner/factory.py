@@ -7,6 +7,7 @@ plan = planner.plan(module, sharders)
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import sys
 
@@ -27,6 +28,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from embnb._checks import check_bool, check_int, check_number
+from embnb._gc import collector_paused
 from embnb._torchrec_private import planner_enumerator
 from embnb.planner.enumerator import default_enumerator, make_enumerator
 from embnb.planner.proposer import DynamicProgrammingProposer
@@ -137,6 +139,8 @@ def create_planner(
             world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         topology = topology_for_device(topology, world_size, local_world_size, intra_host_bw, inter_host_bw)
     proposer = DynamicProgrammingProposer(bins_per_device=bins_per_device)
+    if not isinstance(storage_reservation, StorageReservation):  # made here: not the caller's to change
+        _hand_over_reserved(reservation, proposer)
     the_planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
@@ -149,9 +153,47 @@ def create_planner(
         timeout_seconds=timeout_seconds,
         debug=False,
     )
+    _pause_collector_while_planning(the_planner)
     if attached() if progress is None else check_bool("progress", progress):
         _show_progress(the_planner, proposer)
     return the_planner
+
+
+def _pause_collector_while_planning(the_planner: EmbeddingShardingPlanner) -> None:
+    """Each `plan` with the cyclic garbage collector paused (`collector_paused`),
+    torchrec's own steps too: its partitions and its deep copy of each better
+    plan allocate shards by the hundred thousand on thousands of tables, and
+    the collections they trigger walk every option enumerated (seconds
+    each). The one collection that planning leaves due runs before `plan`
+    returns (else the caller's next allocation would pay it), so a plan's
+    time includes it."""
+    plan = the_planner.plan
+
+    @functools.wraps(plan)
+    def plan_with_collector_paused(module, sharders):
+        with collector_paused():
+            planned = plan(module, sharders)
+        if gc.isenabled():
+            gc.collect(0)
+        return planned
+
+    the_planner.plan = plan_with_collector_paused
+
+
+def _hand_over_reserved(reservation: StorageReservation, proposer: DynamicProgrammingProposer) -> None:
+    """`reservation.reserve` also hands the devices' memory it leaves to
+    `proposer`: torchrec's planner reserves before it loads the proposers,
+    so the DP's first plan needs no partition (and no deep copy) by the
+    planner."""
+    reserve = reservation.reserve
+
+    @functools.wraps(reserve)
+    def reserve_and_hand_over(*args, **kwargs) -> Topology:
+        reserved = reserve(*args, **kwargs)
+        proposer.expect_storage_constraint(reserved)
+        return reserved
+
+    reservation.reserve = reserve_and_hand_over
 
 
 PROGRESS_DELAY_S = 2.0  # plans quicker than this show no bar

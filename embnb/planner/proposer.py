@@ -27,7 +27,8 @@ Every plan considered is placed and rated here by a replica of torchrec's
 GreedyPerfPartitioner and NoopPerfModel (`embnb.planner.replica`, equal to the
 bit), so the planner's partitioner sees two proposals: the first (each table's
 smallest option: it brings the devices' memory) and the best plan found, which
-checks the replica. The replica models torchrec's placement on one host and
+checks the replica; one (the best) when the memory is handed over before
+(`expect_storage_constraint`, as `create_planner` does). The replica models torchrec's placement on one host and
 on several (host-level types host by host, grid sharding over hosts); plans it
 does not model (key-value column-wise) go to the planner. If the planner rates
 the replica's plan otherwise (another partitioner or perf model), the search
@@ -169,8 +170,20 @@ class DynamicProgrammingProposer(Proposer):
         self.disagreements: list[str] = []
         if not hasattr(self, "progress"):
             self.progress: Callable[[], None] | None = None  # called per plan considered (a progress bar)
+        expected, self._expected_storage = getattr(self, "_expected_storage", None), None
         with collector_paused():
             self._load(search_space)
+            if expected is not None and self._current is not None and self._begin_search(expected):
+                self._current = self._next_proposal(self._current)  # the first placed here too
+
+    def expect_storage_constraint(self, storage_constraint: Topology) -> None:
+        """The devices' memory after the storage reservation (the topology
+        torchrec's planner passes to feedback) for the next `load`, known
+        before it: the search then starts at load, and the first plan (each
+        table's smallest option, proposed only to learn the memory) is
+        placed by the replica like any other, not by the planner.
+        `create_planner` hands it over from its storage reservation."""
+        self._expected_storage = storage_constraint
 
     def _load(self, search_space: list[ShardingOption]) -> None:
         self._search_space = search_space
@@ -245,27 +258,8 @@ class DynamicProgrammingProposer(Proposer):
         if self._space is None:
             if storage_constraint is None:
                 raise ValueError("feedback needs the storage_constraint (torchrec's planner passes it)")
-            first = [opts[o] for opts, o in zip(self._options, self._current)]
-            try:
-                self._space = SearchSpace(self._options, storage_constraint, self._values)
-            except PlannerError as error:  # a table fits on no device
-                self._propose_nothing(str(error))
+            if not self._begin_search(storage_constraint):
                 return
-            self._options = self._space.options
-            if self._replay:
-                self._replica = GreedyPerfReplica(self._options, storage_constraint, self._values)
-            self._current = _indices(first, self._options)  # onto the options kept
-            self._runs = KnapsackRuns(
-                self._space,
-                self._bins_per_device,
-                self._ddr_bins_per_device,
-                self._max_caps,
-                self._bisect,
-                self._slack,
-            )
-            self._run_iter = iter(self._runs)
-            best_rating = lambda: self._best_rating  # noqa: E731 (read as the climb goes)
-            self._climb = HillClimb(self._space, self._max_refinements, best_rating, self._prune)
         choice, predicted, self._predicted = self._current, self._predicted, None
         placed = partitionable and perf_rating is not None
         if predicted is not None:  # the replica's best, proposed last: check it
@@ -291,12 +285,40 @@ class DynamicProgrammingProposer(Proposer):
             self._record(choice, placed, perf_rating, ranks, None)
         self._current = self._next_proposal()
 
-    def _next_proposal(self) -> np.ndarray | None:
-        """The next plan for the planner. With the replica, every plan it can
-        place is placed and rated here; the planner gets the plans it cannot
-        model, then the best one (to check the replica against)."""
+    def _begin_search(self, storage_constraint: Topology) -> bool:
+        """The search space, the replica and the searches, once the devices'
+        memory is known; the current proposal mapped onto the options kept.
+        False when no plan can fit (and nothing more is proposed)."""
+        first = [opts[o] for opts, o in zip(self._options, self._current)]
+        try:
+            self._space = SearchSpace(self._options, storage_constraint, self._values)
+        except PlannerError as error:  # a table fits on no device
+            self._propose_nothing(str(error))
+            return False
+        self._options = self._space.options
+        if self._replay:
+            self._replica = GreedyPerfReplica(self._options, storage_constraint, self._values)
+        self._current = _indices(first, self._options)  # onto the options kept
+        self._runs = KnapsackRuns(
+            self._space,
+            self._bins_per_device,
+            self._ddr_bins_per_device,
+            self._max_caps,
+            self._bisect,
+            self._slack,
+        )
+        self._run_iter = iter(self._runs)
+        best_rating = lambda: self._best_rating  # noqa: E731 (read as the climb goes)
+        self._climb = HillClimb(self._space, self._max_refinements, best_rating, self._prune)
+        return True
+
+    def _next_proposal(self, choice: np.ndarray | None = None) -> np.ndarray | None:
+        """The next plan for the planner, from `choice` if given. With the
+        replica, every plan it can place is placed and rated here; the
+        planner gets the plans it cannot model, then the best one (to check
+        the replica against)."""
         while True:
-            choice = self._next()
+            choice = self._next() if choice is None else choice
             if choice is None:
                 best, self._best_replayed = self._best_replayed, None
                 if best is None or best[1].rating > self._best_rating:
@@ -316,6 +338,7 @@ class DynamicProgrammingProposer(Proposer):
             if placement.placed and placement.rating < self._best_rating:
                 self._best_replayed = (choice, placement)
             self._record(choice, placement.placed, placement.rating, None, placement)
+            choice = None
 
     def _record(
         self,

@@ -12,6 +12,7 @@ perf spread over the ranks, its largest shard) cannot beat the best found.
 """
 
 import copy
+import gc
 import itertools
 import logging
 import math
@@ -52,6 +53,7 @@ from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_mix
 from embnb.lab.planner.planning import run_planner
 from embnb.lab.planner.quality import quality_summary, random_instance
 from embnb.planner.factory import Fallback
+from embnb.planner.proposer import FIRST_REASON
 from embnb.planner.topology import reserved_topology
 
 BATCH_SIZE = 512
@@ -495,6 +497,50 @@ def test_create_planner_takes_a_reservation_by_name_or_torchrecs_own():
         ValueError, match=r"storage_reservation must be one of \('heuristical', 'fixed'\) or a torchrec"
     ):
         planner.create_planner("cpu", BATCH_SIZE, world_size=2, storage_reservation="fifteen percent")
+
+
+def test_create_planner_places_the_first_plan_without_the_planner():
+    """create_planner's reservation hands the devices' memory to the DP
+    before torchrec's planner loads it: the planner partitions one plan (the
+    replica's best), rated as the same proposer rates it after two, with the
+    collector paused throughout. A reservation the caller made is left as it
+    is: two proposals."""
+    model = make_model(20, seed=2)
+    topology = planner.make_topology(
+        16, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 32, local_world_size=8
+    )
+    sharders = [EmbeddingBagCollectionSharder()]
+    handed = planner.create_planner(
+        topology, BATCH_SIZE, constraints=model.constraints, storage_reservation="fixed"
+    )
+    mine = FixedPercentageStorageReservation(0.15)
+    not_handed = planner.create_planner(
+        topology, BATCH_SIZE, constraints=model.constraints, storage_reservation=mine
+    )
+    ratings, collector_on = [], []
+
+    def watched(partition):
+        def partition_watched(*args, **kwargs):
+            collector_on.append(gc.isenabled())
+            return partition(*args, **kwargs)
+
+        return partition_watched
+
+    for the_planner in (handed, not_handed):
+        the_planner._partitioner.partition = watched(the_planner._partitioner.partition)
+    for the_planner in (handed, not_handed, handed):  # twice: each plan call hands it over again
+        the_planner.plan(EmbeddingBagCollection(tables=model.tables, device=torch.device("meta")), sharders)
+        ratings.append((NoopPerfModel(topology).rate(best_plan(the_planner)), num_proposals(the_planner)))
+        dp = planner_proposers(the_planner)[0]
+        if the_planner is handed:
+            assert dp.feedback_reasons == [
+                f"the replica's best plan (rated {dp.best_rating!r}), for the planner to check"
+            ]
+        else:
+            assert dp.feedback_reasons[0] == FIRST_REASON and "reserve" not in vars(mine)
+    assert ratings[0] == ratings[2] and ratings[0][1] == 1
+    assert ratings[1] == (ratings[0][0], 2)
+    assert collector_on == [False] * 4 and gc.isenabled()
 
 
 @pytest.mark.parametrize("progress", [True, None, False])
