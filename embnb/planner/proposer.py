@@ -28,9 +28,10 @@ GreedyPerfPartitioner and NoopPerfModel (`embnb.planner.replica`, equal to the
 bit), so the planner's partitioner sees two proposals: the first (each table's
 smallest option: it brings the devices' memory) and the best plan found, which
 checks the replica; one (the best) when the memory is handed over before
-(`expect_storage_constraint`, as `create_planner` does). The replica models torchrec's placement on one host and
-on several (host-level types host by host, grid sharding over hosts); plans it
-does not model (key-value column-wise) go to the planner. If the planner rates
+(`expect_storage_constraint`, as `create_planner` does). The replica models
+torchrec's placement on one host and on several (host-level types host by
+host, grid sharding over hosts); plans it does not model (key-value
+column-wise) go to the planner. If the planner rates
 the replica's plan otherwise (another partitioner or perf model), the search
 starts again without the replica, proposing every plan as before.
 `feedback_reasons` says why each plan went to the planner, `disagreements`
