@@ -39,23 +39,20 @@ class ShardValues:
     """
 
     def __init__(self, options: list[ShardingOption]):
+        # Shards of one size in an option mostly share their Storage and Perf
+        # objects (`embnb.planner.estimates`): each pair is read once. The
+        # ids name objects the shards hold, alive while they are used.
+        shards = [shard for option in options for shard in option.shards]
+        pairs = [(id(shard.storage), id(shard.perf)) for shard in shards]
+        first = dict(zip(pairs, shards))  # a shard per pair (any: they hold the same objects)
+        slot_of = {pair: slot for slot, pair in enumerate(first)}
+        slots = np.fromiter(map(slot_of.__getitem__, pairs), dtype=np.int64, count=len(pairs))
         read = [
-            (
-                st.hbm,
-                st.ddr,
-                st.ssd,
-                p.fwd_compute,
-                p.bwd_compute,
-                p.fwd_comms,
-                p.bwd_comms,
-                p.prefetch_compute,
-                p.total,
-            )
-            for option in options
-            for shard in option.shards
-            for st, p in ((shard.storage, shard.perf),)
+            (st.hbm, st.ddr, st.ssd, p.fwd_compute, p.bwd_compute, p.fwd_comms, p.bwd_comms)
+            + (p.prefetch_compute, p.total)
+            for st, p in ((shard.storage, shard.perf) for shard in first.values())
         ]
-        values = np.array(read, dtype=float).reshape(-1, 9)  # storage is in whole bytes: exact below 2**53
+        values = np.array(read, dtype=float).reshape(-1, 9)[slots]  # storage: whole bytes, exact below 2**53
         self.storage = values[:, :3].astype(np.int64)  # HBM, DDR, SSD
         self.parts = np.ascontiguousarray(values[:, 3:8])  # in the order Perf.total adds them
         self.totals = np.ascontiguousarray(values[:, 8])  # Perf.total as torchrec computed it

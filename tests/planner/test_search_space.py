@@ -16,7 +16,7 @@ from embnb import planner
 from embnb.cuda import loader
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
-from embnb.planner.space import SearchSpace, by_table, gathered
+from embnb.planner.space import SearchSpace, ShardValues, by_table, gathered
 from embnb.planner.topology import reserved_topology
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -276,3 +276,32 @@ def test_native_knapsack_run_on_a_long_frontier_keeps_the_numpy_states(num_optio
     assert np.array_equal(expected, frontier)
     for name in ("cells", "perf", "mem", "least"):
         assert np.array_equal(getattr(numpy_run, name), getattr(native_run, name)), name
+
+
+@pytest.mark.parametrize("enumerator", ["embnb", "torchrec"])  # shards of a size share estimates, or not
+def test_shard_values_read_every_shard_as_it_is(enumerator):
+    """Each shard's storage and perf as the shard holds them, whether its
+    Storage and Perf objects are shared with its siblings or its own, and
+    where a shard shares one of the two but not the other."""
+    model = make_model(12, seed=5)
+    topology = planner.make_topology(
+        16, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 16, local_world_size=8
+    )
+    options = enumerate_options(model.tables, topology, 512, model.constraints, enumerator=enumerator).options
+    shared = next(o for o in options if len(o.shards) > 1 and o.shards[0].size == o.shards[1].size)
+    assert (shared.shards[0].perf is shared.shards[1].perf) == (enumerator == "embnb")
+    if enumerator == "embnb":  # one shard of a shared pair gets a perf of its own, slower by one
+        own = dataclasses.replace(shared.shards[1].perf, fwd_compute=shared.shards[1].perf.fwd_compute + 1)
+        shared.shards[1].perf = own
+    values = ShardValues(options)
+    shards = [shard for option in options for shard in option.shards]
+    assert len(shards) > 1000
+    assert values.storage.tolist() == [[s.storage.hbm, s.storage.ddr, s.storage.ssd] for s in shards]
+    assert values.totals.tolist() == [s.perf.total for s in shards]
+    parts = [
+        [s.perf.fwd_compute, s.perf.bwd_compute, s.perf.fwd_comms, s.perf.bwd_comms, s.perf.prefetch_compute]
+        for s in shards
+    ]
+    assert values.parts.tolist() == parts
+    rows = values.rows(shared)
+    assert values.parts[rows.start + 1, 0] == values.parts[rows.start, 0] + (enumerator == "embnb")
