@@ -56,15 +56,20 @@ class ShardValues:
         self.storage = values[:, :3].astype(np.int64)  # HBM, DDR, SSD
         self.parts = np.ascontiguousarray(values[:, 3:8])  # in the order Perf.total adds them
         self.totals = np.ascontiguousarray(values[:, 8])  # Perf.total as torchrec computed it
-        ends = np.cumsum([len(option.shards) for option in options]).tolist()
-        self._rows = {id(o): slice(end - len(o.shards), end) for o, end in zip(options, ends)}
+        counts = np.array([len(option.shards) for option in options], dtype=np.int64)
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        self._index = {id(o): i for i, o in enumerate(options)}
+        self._rows = [slice(start, end) for start, end in zip(starts.tolist(), ends.tolist())]
+        summed = np.concatenate([np.zeros((1, 3), dtype=np.int64), np.cumsum(self.storage, axis=0)])
+        self._memory = (summed[ends] - summed[starts]).tolist()  # per option (whole bytes: exact)
 
     def rows(self, option: ShardingOption) -> slice:
-        return self._rows[id(option)]
+        return self._rows[self._index[id(option)]]
 
     def memory(self, option: ShardingOption) -> tuple[int, int, int]:
         """The option's total storage (HBM, DDR, SSD), as `total_storage` orders it."""
-        return tuple(self.storage[self.rows(option)].sum(0).tolist())
+        return tuple(self._memory[self._index[id(option)]])
 
 
 class SearchSpace:
