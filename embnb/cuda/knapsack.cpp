@@ -8,8 +8,9 @@
 // bin below it). numpy needs a dozen passes and temporaries per table, and
 // a call per table; this is one pass over (option, state), from the states
 // an option moves into the bins, and one over the bins, and one call per
-// run. The pass is split over torch's intra-op threads by ranges of bins
-// (each makes its bins' updates in the same order: the same winners), and
+// run. The pass is cut into chunks of bins that torch's intra-op threads
+// claim (chunks.h: no thread waits for one the OS has descheduled; each
+// chunk makes its bins' updates in the same order: the same winners), and
 // a run's trace goes to a workspace the caller passes from run to run.
 //
 // knapsack_step's result: (cells, option, state, perf, memory, least): per
@@ -24,6 +25,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "chunks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -47,17 +49,18 @@ struct States {
 
 // Each bin's least perf and its winner (the option, in the high 32 bits, and
 // the state), reused across tables (sized to the bins once); per worker,
-// each state's bin and total under the option being added (scratch).
+// each state's bin and total under the option being added, and the states
+// of each option that land in the chunk at hand (scratch).
 struct Bins {
   std::vector<double> perf;
   std::vector<int64_t> winner;
   struct Scratch {
     std::vector<int32_t> cell_of;
     std::vector<double> total_of;
+    std::vector<std::pair<int64_t, int64_t>> span;  // each option's states that land in a chunk
   };
   std::vector<Scratch> workers;
-  // A worker per torch intra-op thread.
-  explicit Bins(int64_t n) : perf(n), winner(n), workers(std::max(1, at::get_num_threads())) {}
+  Bins(int64_t n, int num_workers) : perf(n), winner(n), workers(num_workers) {}
 };
 
 // The first of the states (their memory rising) that, moved by `weight`,
@@ -121,52 +124,35 @@ void scatter(const double* memory, const double* perf, const double* weight, con
 // previous state * `width` + the winning option's index in the table's row
 // (`option_ids`) to `trace` (room for num_bins).
 //
-// Workers own ranges of bins, split where the updates are about even, and
-// each makes its bins' updates in (option, state) order: the same winners
-// as one pass.
+// The bins are cut into chunks (`chunks` shares them among threads; each
+// chunk makes its bins' updates in (option, state) order: the same winners
+// as one pass), cut where the states stand, so each holds about as many.
 int64_t step(const States& now, const double* weight, const double* option_perf, const int64_t* option_ids,
              int64_t num_options, int64_t width, double capacity, double bin_size, int64_t num_bins, Bins& bins,
-             std::vector<int64_t>& cells, uint32_t* trace, States& next) {
+             Chunks& chunks, std::vector<int64_t>& cells, uint32_t* trace, States& next) {
   const auto num_states = static_cast<int64_t>(now.memory.size());
   const double* memory = now.memory.data();
   const double* perf = now.perf.data();
-  // The states of each option that land below bin `cell`.
-  auto below = [&](double cell) {
-    int64_t count = 0;
-    for (int64_t o = 0; o < num_options; ++o) {
-      count += first_at_or_above(memory, num_states, weight[o], capacity, bin_size, cell);
-    }
-    return count;
-  };
-  const int64_t work = below(static_cast<double>(num_bins));
-  // A worker per 4096 updates at most; worker k's bins start at the first
-  // bin below which k / num_workers of the updates land.
-  const int64_t num_workers = std::max<int64_t>(1, std::min<int64_t>(bins.workers.size(), work / 4096));
+  // A chunk per 4096 updates at most, up to 4 per worker.
+  const int64_t updates = num_options * num_states;
+  const int64_t num_chunks = std::max<int64_t>(1, std::min<int64_t>(4 * chunks.workers(), updates / 4096));
   std::vector<int64_t> bounds{0};
-  for (int64_t k = 1; k < num_workers; ++k) {
-    int64_t lo = bounds.back(), hi = num_bins;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (below(static_cast<double>(mid)) * num_workers < work * k) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    bounds.push_back(lo);
+  for (int64_t k = 1; k < num_chunks; ++k) {
+    const auto cell = static_cast<int64_t>(memory[k * num_states / num_chunks] / bin_size);
+    bounds.push_back(std::clamp(cell, bounds.back(), num_bins));
   }
   bounds.push_back(num_bins);
-  at::parallel_for(0, num_workers, 1, [&](int64_t begin, int64_t end) {
-    std::vector<std::pair<int64_t, int64_t>> span(num_options);
-    for (int64_t k = begin; k < end; ++k) {
-      for (int64_t o = 0; o < num_options; ++o) {
-        auto first = [&](int64_t cell) {
-          return first_at_or_above(memory, num_states, weight[o], capacity, bin_size, static_cast<double>(cell));
-        };
-        span[o] = {first(bounds[k]), first(bounds[k + 1])};
-      }
-      scatter(memory, perf, weight, option_perf, span, bounds[k], bounds[k + 1], bin_size, bins, bins.workers[k]);
+  chunks.run(num_chunks, [&](int64_t chunk, int worker) {
+    auto& span = bins.workers[worker].span;
+    span.resize(num_options);
+    for (int64_t o = 0; o < num_options; ++o) {
+      auto first = [&](int64_t cell) {
+        return first_at_or_above(memory, num_states, weight[o], capacity, bin_size, static_cast<double>(cell));
+      };
+      span[o] = {first(bounds[chunk]), first(bounds[chunk + 1])};
     }
+    scatter(memory, perf, weight, option_perf, span, bounds[chunk], bounds[chunk + 1], bin_size, bins,
+            bins.workers[worker]);
   });
   // The kept bins, compacted without a branch (about half the bins are
   // kept, unpredictably): each is written, then counted if kept.
@@ -246,12 +232,13 @@ Step knapsack_step_cpu(const at::Tensor& memory, const at::Tensor& perf, const a
               " options must be at most 2**32 (a step's winners are traced in 32 bits)");
   std::vector<int64_t> ids(width);
   std::iota(ids.begin(), ids.end(), 0);
-  Bins bins(num_bins);
+  Bins bins(num_bins, 1);
+  Chunks alone(0);  // one table: not worth a thread
   std::vector<int64_t> cells;
   std::vector<uint32_t> trace(num_bins);
   States next;
   const int64_t num_kept = step(now, weights_c.data_ptr<double>(), perfs_c.data_ptr<double>(), ids.data(), width, stride,
-                                capacity, bin_size, num_bins, bins, cells,
+                                capacity, bin_size, num_bins, bins, alone, cells,
                                 trace.data(), next);
   std::vector<int64_t> options(num_kept), states(num_kept);
   for (int64_t k = 0; k < num_kept; ++k) {
@@ -271,25 +258,22 @@ using Run = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 // block's rows stay in cache while each table's column is written, and each
 // step's winners are read where they lie together (a row at a time would
 // read them scattered; a table at a time would write each row a byte
-// apart). Blocks are independent: torch's threads take them in turns.
+// apart). Blocks are independent: `chunks` shares them among threads.
 template <typename Out>
 void trace_back(const uint32_t* trace, const std::vector<int64_t>& offsets, int64_t width, int64_t num_tables,
-                int64_t num_states, Out* frontier) {
+                int64_t num_states, Chunks& chunks, Out* frontier) {
   constexpr int64_t kBlock = 64;
-  const int64_t num_blocks = (num_states + kBlock - 1) / kBlock;
-  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+  chunks.run((num_states + kBlock - 1) / kBlock, [&](int64_t block, int) {
     int64_t state[kBlock];
-    for (int64_t block = begin; block < end; ++block) {
-      const int64_t first = block * kBlock, rows = std::min(kBlock, num_states - first);
-      for (int64_t row = 0; row < rows; ++row) state[row] = num_states - 1 - (first + row);
-      for (int64_t t = num_tables - 1; t >= 0; --t) {
-        const uint32_t* step = trace + offsets[t];
-        Out* out = frontier + first * num_tables + t;
-        for (int64_t row = 0; row < rows; ++row) {
-          const uint32_t entry = step[state[row]];
-          out[row * num_tables] = static_cast<Out>(entry % width);
-          state[row] = entry / width;
-        }
+    const int64_t first = block * kBlock, rows = std::min(kBlock, num_states - first);
+    for (int64_t row = 0; row < rows; ++row) state[row] = num_states - 1 - (first + row);
+    for (int64_t t = num_tables - 1; t >= 0; --t) {
+      const uint32_t* step = trace + offsets[t];
+      Out* out = frontier + first * num_tables + t;
+      for (int64_t row = 0; row < rows; ++row) {
+        const uint32_t entry = step[state[row]];
+        out[row * num_tables] = static_cast<Out>(entry % width);
+        state[row] = entry / width;
       }
     }
   });
@@ -324,7 +308,9 @@ Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double 
   const double* weight = weights_c.data_ptr<double>();
   const double* perf = perfs_c.data_ptr<double>();
   States now{{0.0}, {0.0}}, next;
-  Bins bins(num_bins);
+  // Helpers for torch's other intra-op threads.
+  Chunks chunks(std::max(0, at::get_num_threads() - 1));
+  Bins bins(num_bins, chunks.workers());
   std::vector<int64_t> cells, offsets{0};
   std::vector<double> allowed_weight, allowed_perf;
   std::vector<int64_t> allowed_ids;
@@ -346,7 +332,7 @@ Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double 
     }
     const int64_t num_kept = step(now, allowed_weight.data(), allowed_perf.data(), allowed_ids.data(),
                                   static_cast<int64_t>(allowed_ids.size()), width, capacity, bin_size, num_bins,
-                                  bins, cells, reinterpret_cast<uint32_t*>(trace.data_ptr<int32_t>()) + used,
+                                  bins, chunks, cells, reinterpret_cast<uint32_t*>(trace.data_ptr<int32_t>()) + used,
                                   next);
     std::swap(now, next);
     offsets.push_back(used + num_kept);
@@ -357,9 +343,9 @@ Run knapsack_run_cpu(const at::Tensor& weights, const at::Tensor& perfs, double 
       at::empty({num_states, num_tables}, at::TensorOptions().dtype(bytes ? at::kByte : at::kInt));
   const auto* traced = reinterpret_cast<const uint32_t*>(trace.data_ptr<int32_t>());
   if (bytes) {
-    trace_back(traced, offsets, width, num_tables, num_states, frontier.data_ptr<uint8_t>());
+    trace_back(traced, offsets, width, num_tables, num_states, chunks, frontier.data_ptr<uint8_t>());
   } else {
-    trace_back(traced, offsets, width, num_tables, num_states, frontier.data_ptr<int32_t>());
+    trace_back(traced, offsets, width, num_tables, num_states, chunks, frontier.data_ptr<int32_t>());
   }
   return {frontier, longs(cells), doubles(now.perf), doubles(now.memory),
           num_tables ? doubles(bins.perf, num_bins) : doubles({})};
