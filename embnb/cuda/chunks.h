@@ -24,6 +24,16 @@
 
 namespace embnb {
 
+// A spin-wait hint to the core (it yields to the sibling hyperthread and
+// eases the cache line the other threads write).
+inline void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class Chunks {
  public:
   // `helpers` threads besides the caller (0: the caller does every chunk).
@@ -86,7 +96,7 @@ class Chunks {
       // little before sleeping.
       uint64_t round = ticket_.load(std::memory_order_acquire) >> 32;
       for (int spin = 0; round == seen && spin < 20000; ++spin) {
-        __builtin_ia32_pause();
+        relax();
         round = ticket_.load(std::memory_order_acquire) >> 32;
       }
       if (round == seen) {
