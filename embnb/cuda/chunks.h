@@ -79,8 +79,9 @@ class Chunks {
  private:
   // Claims and runs this round's chunks until none is left.
   void claim(uint64_t round, int worker) {
+    const int64_t num_chunks = num_chunks_.load(std::memory_order_relaxed);
     uint64_t ticket = ticket_.load(std::memory_order_acquire);
-    while ((ticket >> 32) == round && static_cast<int64_t>(ticket & 0xffffffff) < num_chunks_.load(std::memory_order_relaxed)) {
+    while ((ticket >> 32) == round && static_cast<int64_t>(ticket & 0xffffffff) < num_chunks) {
       if (ticket_.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) {
         (*task_)(static_cast<int64_t>(ticket & 0xffffffff), worker);
         done_.fetch_add(1, std::memory_order_release);

@@ -31,9 +31,9 @@ checks the replica; one (the best) when the memory is handed over before
 (`expect_storage_constraint`, as `create_planner` does). The replica models
 torchrec's placement on one host and on several (host-level types host by
 host, grid sharding over hosts); plans it does not model (key-value
-column-wise) go to the planner. If the planner rates
-the replica's plan otherwise (another partitioner or perf model), the search
-starts again without the replica, proposing every plan as before.
+column-wise) go to the planner. If the planner rates the replica's plan
+otherwise (another partitioner or perf model), the search starts again
+without the replica, proposing every plan as before.
 `feedback_reasons` says why each plan went to the planner, `disagreements`
 where the planner and the replica disagreed.
 
