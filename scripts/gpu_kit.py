@@ -11,9 +11,12 @@ On the GPU machine, from the repository root, with that folder:
     python3 scripts/gpu_kit.py run --kit build/gpu-kit --out OUT
 
 `run` installs the wheels into a temporary target (never into the machine's
-Python), builds the native extension for the local GPU, runs the CUDA parity
-and launcher tests, every notebook with device="cuda" (small parameters),
-`python -m embnb.bench bucketize --device cuda` and `python -m embnb.bench
+Python; with `--fbgemm-cuda PARTS`, FBGEMM's slimmed CUDA build from
+scripts/fbgemm_cuda.py instead of fbgemm-gpu-cpu), builds the native
+extension for the local GPU, runs the CUDA parity and launcher tests (a
+process per file), every notebook with device="cuda" (small parameters),
+`python -m embnb.bench bucketize --device cuda`, `python -m embnb.bench
+steptime --device cuda` (STEPTIME_BENCH) and `python -m embnb.bench
 balancer --device cuda` at BALANCER_BENCH's sizes (rank by rank at W = 8,
 16 and 64 on the one GPU, synchronized wall time; the memory-capped balance
 with each rank's torch.cuda.max_memory_allocated), and writes JSON results,
@@ -44,6 +47,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KIT_REQUIREMENTS = ROOT / "scripts" / "gpu_kit.txt"
 DEFAULT_KIT = ROOT / "build" / "gpu-kit"
+DEFAULT_FBGEMM_STORE = pathlib.Path("/tmp/embnb-fbgemm-cuda")  # outside the checkout: kept between commands
 MAX_KIT_BYTES = 48 << 20  # 64 MiB travel per call; the repository needs the rest
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64", "any"]
 
@@ -87,8 +91,19 @@ BALANCER_BENCH = {
     "--measured-world-size": [8, 16, 64],
     "--measured-batch-size": 32,
     "--measured-max-length": 2048,
+    "--measured-width": 256,  # width 32 was launch-bound on the H100 (2026-11-26)
     "--measured-repeats": 3,
     "--cap-world-size": 16,
+}
+# `python -m embnb.bench steptime`: notebook 03's plans rank by rank, on the
+# device's own topology (torchrec's GPU estimates beside what was measured).
+STEPTIME_BENCH = {"--world-sizes": [8], "--timeout-s": 60, "--repeats": 3}
+STEPTIME_BENCH_SHORT = {
+    "--world-sizes": [2],
+    "--tables": 6,
+    "--max-rows": 2000,
+    "--batch-size": 16,
+    "--repeats": 1,
 }
 # The same flags at tiny sizes (`--short-bench`, the kit's CPU test).
 BALANCER_BENCH_SHORT = {
@@ -102,6 +117,7 @@ BALANCER_BENCH_SHORT = {
     "--measured-world-size": [2, 4],
     "--measured-batch-size": 4,
     "--measured-max-length": 32,
+    "--measured-width": 8,
     "--measured-repeats": 1,
     "--cap-world-size": 4,
 }
@@ -117,8 +133,14 @@ def bench_flags(options: dict[str, object]) -> list[str]:
 
 # The tests that exercise CUDA (parity of the native kernels, native KK,
 # the launcher on GPU backends); CPU-only suites are `make test`'s job.
-KIT_TESTS = ["tests/cuda/test_native.py", "tests/balancing/test_partition.py", "tests/test_dist.py"]
-BENCHES = ("bucketize", "balancer")  # the benches the kit runs; their JSON files go to benchmarks/results
+KIT_TESTS = [
+    "tests/cuda/test_native.py",
+    "tests/balancing/test_partition.py",
+    "tests/test_dist.py",
+    "tests/steptime/test_tbe_cuda.py",
+]
+# the benches the kit runs; their JSON files go to benchmarks/results
+BENCHES = ("bucketize", "steptime", "balancer")
 REQUIRE_GPU = "EMBNB_REQUIRE_GPU"  # tests/conftest.py: a CUDA test that cannot run fails
 # The build step: load (build) the library, say whether it has CUDA kernels,
 # and fail where a GPU is visible but it has none.
@@ -133,17 +155,17 @@ if torch.cuda.is_available() and not native.cuda:
 """
 
 
-def junit_counts(junit_xml: pathlib.Path) -> dict[str, int]:
-    """run / passed / skipped / failed of a pytest JUnit report (all zero if it is missing)."""
+def junit_counts(*junit_xmls: pathlib.Path) -> dict[str, int]:
+    """run / passed / skipped / failed of pytest JUnit reports together (a missing one counts nothing)."""
     import xml.etree.ElementTree as ElementTree
 
-    if not junit_xml.exists():
-        return {"run": 0, "passed": 0, "skipped": 0, "failed": 0}
-    suites = ElementTree.parse(junit_xml).getroot().iter("testsuite")
     total = {"tests": 0, "skipped": 0, "failures": 0, "errors": 0}
-    for suite in suites:
-        for key in total:
-            total[key] += int(suite.get(key, 0))
+    for junit_xml in junit_xmls:
+        if not junit_xml.exists():
+            continue
+        for suite in ElementTree.parse(junit_xml).getroot().iter("testsuite"):
+            for key in total:
+                total[key] += int(suite.get(key, 0))
     failed = total["failures"] + total["errors"]
     run = total["tests"] - total["skipped"]
     return {"run": run, "passed": run - failed, "skipped": total["skipped"], "failed": failed}
@@ -276,8 +298,9 @@ class Steps:
         return code == 0
 
 
-def install(kit: pathlib.Path, target: pathlib.Path) -> None:
-    wheels = sorted(str(p) for p in kit.glob("*.whl"))
+def install(kit: pathlib.Path, target: pathlib.Path, skip: tuple[str, ...] = ()) -> None:
+    """The kit's wheels into `target`, but those whose names start with one of `skip`."""
+    wheels = sorted(str(p) for p in kit.glob("*.whl") if not p.name.startswith(skip))
     if not wheels:
         raise SystemExit(
             f"gpu kit: no wheels in {kit}; run `python scripts/gpu_kit.py gather` where pip works"
@@ -300,13 +323,15 @@ def install(kit: pathlib.Path, target: pathlib.Path) -> None:
     )
 
 
-def environment(target: pathlib.Path, jupyter: pathlib.Path) -> dict[str, str]:
-    """The kit's environment: the wheels and the repository on the path, a
-    `python3` kernel for papermill that is this Python."""
+def environment(
+    target: pathlib.Path, jupyter: pathlib.Path, fbgemm_site: str | None = None
+) -> dict[str, str]:
+    """The kit's environment: the wheels (and FBGEMM's CUDA package where it
+    came) and the repository on the path, a `python3` kernel for papermill
+    that is this Python."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(target), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep
-    )
+    paths = [str(ROOT), *([fbgemm_site] if fbgemm_site else []), str(target), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(paths).rstrip(os.pathsep)
     env["PATH"] = os.pathsep.join([str(target / "bin"), env.get("PATH", "")])
     kernel = jupyter / "kernels" / "python3"
     kernel.mkdir(parents=True, exist_ok=True)
@@ -352,9 +377,28 @@ def run_notebooks_and_benches(steps: Steps, device: str, out: pathlib.Path, shor
             else ["--dist-types", "continuous,roundrobin,hash_roundrobin"]
         ),
     )
+    # Each rank's step with FBGEMM's TBEs, notebook 03's plans, on the device's topology of one host.
+    steptime = [python, "-m", "embnb.bench", "steptime", "--device", device, "--out", str(out)]
+    steps.run(
+        "bench-steptime", steptime + bench_flags(STEPTIME_BENCH_SHORT if short_bench else STEPTIME_BENCH)
+    )
     balancer = [python, "-m", "embnb.bench", "balancer", "--device", device, "--out", str(out)]
     sizes = BALANCER_BENCH_SHORT if short_bench else BALANCER_BENCH
     steps.run("bench-balancer", balancer + bench_flags(sizes), timeout_s=1200)
+
+
+FBGEMM_PROBE = """
+import json, fbgemm_gpu, torch
+from embnb.steptime.kernels import fbgemm_cuda_available
+print(json.dumps({"path": fbgemm_gpu.__file__, "cuda_kernels": fbgemm_cuda_available()}))
+"""
+
+
+def fbgemm_build(env: dict[str, str]) -> dict | None:
+    """Which fbgemm_gpu the kit ran with, and whether its CUDA kernels ran here."""
+    probe = subprocess.run([sys.executable, "-c", FBGEMM_PROBE], env=env, capture_output=True, text=True)
+    lines = probe.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if probe.returncode == 0 and lines else {"error": probe.stderr[-500:]}
 
 
 def summarize(steps: Steps, device: str, out: pathlib.Path, short_bench: bool) -> int:
@@ -364,7 +408,7 @@ def summarize(steps: Steps, device: str, out: pathlib.Path, short_bench: bool) -
 
     gpu_visible = device == "cuda"
     build = json.loads((out / "build.json").read_text()) if (out / "build.json").exists() else {}
-    cuda_tests = junit_counts(out / "cuda-tests.xml")
+    cuda_tests = junit_counts(*sorted(out.glob("cuda-tests-*.xml")))
     problems = cuda_problems(gpu_visible, build, cuda_tests)
     summary = {
         "device": device,
@@ -373,6 +417,7 @@ def summarize(steps: Steps, device: str, out: pathlib.Path, short_bench: bool) -
         "python": platform.python_version(),
         "short_bench": short_bench,
         "cuda_kernels": build.get("cuda"),
+        "fbgemm": fbgemm_build(steps.env),
         "cuda_tests": cuda_tests,
         "other_tests": junit_counts(out / "tests.xml"),
         "notebook_device": device,
@@ -397,6 +442,8 @@ def run(
     short_bench: bool,
     deadline_s: float | None = None,
     only: list[str] | None = None,
+    fbgemm_parts: pathlib.Path | None = None,
+    fbgemm_store: pathlib.Path = DEFAULT_FBGEMM_STORE,
 ) -> int:
     import torch
 
@@ -404,19 +451,35 @@ def run(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     work = pathlib.Path(tempfile.mkdtemp(prefix="embnb-gpu-kit-"))
     try:
-        install(kit, work / "site")
-        env = environment(work / "site", work / "jupyter")
+        steps = Steps(out, dict(os.environ), deadline_s, only)
+        python = sys.executable
+        fbgemm_site = None
+        if fbgemm_parts is not None:  # FBGEMM's CUDA build in place of the kit's fbgemm-gpu-cpu
+            receive = [
+                python,
+                str(ROOT / "scripts" / "fbgemm_cuda.py"),
+                "receive",
+                "--parts",
+                str(fbgemm_parts),
+            ]
+            steps.run("fbgemm-cuda", [*receive, "--store", str(fbgemm_store)])
+            complete = fbgemm_store / "site" / ".complete"
+            fbgemm_site = str(complete.parent) if complete.exists() else None
+        install(kit, work / "site", skip=("fbgemm_gpu_cpu-",) if fbgemm_site else ())
+        env = environment(work / "site", work / "jupyter", fbgemm_site)
         arch = gpu_arch_list()
         if arch:
             env["TORCH_CUDA_ARCH_LIST"] = arch
         env["EMBNB_EXT_DIR"] = str(work / "ext")  # a fresh build for this machine
-        steps = Steps(out, env, deadline_s, only)
-        python = sys.executable
+        steps.env = env
         if device == "cuda":
             env[REQUIRE_GPU] = "1"
         steps.run("build", [python, "-c", BUILD_CHECK, str(out / "build.json")])
         pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        steps.run("cuda-tests", [*pytest, "-m", "cuda", f"--junitxml={out / 'cuda-tests.xml'}", *KIT_TESTS])
+        for test_file in KIT_TESTS:  # a process each: a crash in one file loses no other file's results
+            stem = pathlib.Path(test_file).stem
+            junit = f"--junitxml={out / f'cuda-tests-{stem}.xml'}"
+            steps.run(f"cuda-tests-{stem}", [*pytest, "-m", "cuda", junit, test_file])
         run_notebooks_and_benches(steps, device, out, short_bench)
         # CPU-only (CI runs them too): last, so a deadline cuts them first.
         steps.run("tests", [*pytest, "-m", "not cuda", f"--junitxml={out / 'tests.xml'}", *KIT_TESTS])
@@ -446,10 +509,19 @@ def main(argv: list[str]) -> int:
     run_cmd.add_argument(
         "--only", nargs="+", metavar="STEP", help="run only these steps (names as in kit.json)"
     )
+    run_cmd.add_argument(
+        "--fbgemm-cuda",
+        type=pathlib.Path,
+        metavar="PARTS",
+        help="the parts of FBGEMM's CUDA build (scripts/fbgemm_cuda.py pack), used instead of fbgemm-gpu-cpu",
+    )
+    run_cmd.add_argument("--fbgemm-store", type=pathlib.Path, default=DEFAULT_FBGEMM_STORE)
     args = parser.parse_args(argv)
     if args.command == "gather":
         return gather(args.kit)
-    return run(args.kit, args.out, args.short_bench, args.deadline_s, args.only)
+    return run(
+        args.kit, args.out, args.short_bench, args.deadline_s, args.only, args.fbgemm_cuda, args.fbgemm_store
+    )
 
 
 if __name__ == "__main__":

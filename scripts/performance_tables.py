@@ -361,16 +361,24 @@ def ablation_section(run: Run) -> str:
 
 def steptime_section(run: Run) -> str:
     data = run.data
+    topologies = " and ".join(sorted({w["compute_device"].upper() for w in data["worlds"]}))
+    clocks = (
+        "wall time, the GPU synchronized at each phase's edges, is the measure; the rank thread's CPU "
+        "time beside it is the host's share (launches)"
+        if data["device"] == "cuda"
+        else "the rank thread's CPU time is the clock other jobs on the machine do not stretch, wall "
+        "time is beside it"
+    )
     parts = [
         "## Plans measured rank by rank",
         source(run),
         f"`make_model({data['model']['tables']}, seed={data['model']['seed']})` (largest table "
-        f"{data['model']['max_rows']:,} rows) on a CPU topology, {data['batch_size']} samples per rank: "
-        "each plan's ranks run one after another with real FBGEMM kernels (forward, backward and "
-        f"{data['optimizer']}, {data['threads']} thread), median of {data['repeats']} repeats. The critical "
-        "path is the slowest rank's step (lookups and the dense part); the rank thread's CPU time is the "
-        "clock other jobs on the machine do not stretch, wall time is beside it. torchrec's rating is its "
-        "estimate of the same plan. Spearman: rank correlation across the measured plans.",
+        f"{data['model']['max_rows']:,} rows) on a {topologies} topology of one host, {data['batch_size']} "
+        f"samples per rank: each plan's ranks run one after another on {run.machine} with real FBGEMM "
+        f"kernels (forward, backward and {data['optimizer']}, {data['threads']} thread), median of "
+        f"{data['repeats']} repeats. The critical path is the slowest rank's step (lookups and the dense "
+        f"part); {clocks}. torchrec's rating is its estimate of the same plan. Spearman: rank correlation "
+        "across the measured plans.",
     ]
     for world in data["worlds"]:
         rows = []

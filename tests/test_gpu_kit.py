@@ -91,6 +91,15 @@ def test_the_balancer_bench_step_asks_for_the_measured_part_at_w_8_16_64_and_its
         assert max(values(short, flag)) <= min(values(gpu, flag)), flag
 
 
+def test_the_steptime_bench_step_and_its_short_form_parse_with_the_benchs_own_options():
+    from embnb.bench import steptime
+
+    for sizes in (gpu_kit.STEPTIME_BENCH, gpu_kit.STEPTIME_BENCH_SHORT):
+        opts = steptime._parser().parse_args(gpu_kit.bench_flags(sizes))
+        assert steptime._check(opts) is None
+        assert opts.world_sizes == sizes["--world-sizes"]
+
+
 def test_a_gpu_run_without_cuda_kernels_or_cuda_tests_cannot_pass():
     ran = {"run": 12, "passed": 12, "skipped": 0, "failed": 0}
     assert gpu_kit.cuda_problems(True, {"cuda": True}, ran) == []
@@ -153,6 +162,13 @@ def test_junit_counts_read_what_pytest_wrote(tmp_path):
         capture_output=True,
     )
     assert gpu_kit.junit_counts(xml) == {"run": 2, "passed": 1, "skipped": 1, "failed": 1}
+    # reports of several files add up; a file whose process crashed wrote none
+    assert gpu_kit.junit_counts(xml, tmp_path / "crashed.xml", xml) == {
+        "run": 4,
+        "passed": 2,
+        "skipped": 2,
+        "failed": 2,
+    }
     assert gpu_kit.junit_counts(tmp_path / "missing.xml") == {
         "run": 0,
         "passed": 0,
@@ -233,9 +249,10 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     notebooks = [f"notebook-{name}" for name in gpu_kit.NOTEBOOK_PARAMETERS]
     assert [s["step"] for s in summary["steps"]] == [
         "build",
-        "cuda-tests",
+        *[f"cuda-tests-{pathlib.Path(f).stem}" for f in gpu_kit.KIT_TESTS],  # a process each
         *notebooks,
         "bench-bucketize",
+        "bench-steptime",
         "bench-balancer",
         "tests",  # CPU-only, last: a deadline cuts them first
     ]
@@ -253,7 +270,12 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     assert all(row["identical"] for row in json.loads(bench.read_text())["rows"])
     assert "passed" in (out / "tests.log").read_text()
     (balancer,) = out.glob("balancer-*.json")
-    assert summary["bench_results"] == sorted([bench.name, balancer.name])
+    (steptime,) = out.glob("steptime-*.json")
+    assert summary["bench_results"] == sorted([bench.name, balancer.name, steptime.name])
+    worlds = json.loads(steptime.read_text())["worlds"]
+    assert [w["world_size"] for w in worlds] == gpu_kit.STEPTIME_BENCH_SHORT["--world-sizes"]
+    assert any(plan["measured"] for plan in worlds[0]["plans"])
+    assert summary["fbgemm"]["cuda_kernels"] is False  # the kit's fbgemm-gpu-cpu, no GPU
     _check_balancer_results(json.loads(balancer.read_text()), gpu_kit.BALANCER_BENCH_SHORT)
 
 

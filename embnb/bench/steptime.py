@@ -60,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where ranks run")
     parser.add_argument("--compute-device", default=None, choices=("cpu", "cuda"), help="the topology's")
+    parser.add_argument(
+        "--devices-per-host",
+        type=int,
+        default=None,
+        help="devices per host (torchrec's local_world_size; host-level sharding types appear); "
+        "default: one host",
+    )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
@@ -75,6 +82,10 @@ def _check(opts: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}"
     if min(opts.world_sizes) < 2:
         return f"--world-sizes must all be >= 2, got {opts.world_sizes}"
+    per_host = opts.devices_per_host
+    if per_host is not None and (per_host < 1 or any(w % per_host for w in opts.world_sizes if w > per_host)):
+        sizes = opts.world_sizes
+        return f"--devices-per-host must be >= 1 and divide each larger world size {sizes}, got {per_host}"
     if opts.warmup < 0 or opts.max_rows < 1000 or opts.timeout_s <= 0:
         got = f"{opts.warmup}, {opts.max_rows}, {opts.timeout_s}"
         return f"--warmup >= 0, --max-rows >= 1000, --timeout-s > 0; got {got}"
@@ -161,12 +172,22 @@ def _correlations(rows: list[dict[str, Any]]) -> dict[str, float | None]:
 
 def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, Any]:
     model = make_model(opts.tables, seed=opts.seed, max_rows=opts.max_rows)
-    topology = make_topology(world_size, opts.compute_device or device)
+    per_host = opts.devices_per_host if opts.devices_per_host and opts.devices_per_host < world_size else None
+    topology = make_topology(world_size, opts.compute_device or device, local_world_size=per_host)
     candidates = candidate_plans(model, topology, opts.batch_size, timeout_s=opts.timeout_s)
     batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
     rows = []
     for candidate in candidates.values():
-        row = _measure(candidate, topology, model, batch, opts, device)
+        try:
+            row = _measure(candidate, topology, model, batch, opts, device)
+        except (RuntimeError, ValueError) as error:  # one plan that cannot run must not lose the others
+            note = f"not measured: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+            row = {
+                "plan": candidate.name,
+                "rating_s": candidate.rating / 1e3,
+                "note": note,
+                "measured": False,
+            }
         rows.append(row)
         if row["measured"]:
             path, cpu = row["critical_path_s"] * 1e3, row["critical_path_cpu_s"] * 1e3
@@ -180,7 +201,8 @@ def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, 
             print(f"W={world_size:>3} {row['plan']:<26} no plan: {row['note']}", flush=True)
     correlations = _correlations(rows)
     print(f"W={world_size:>3} Spearman(measured critical path, torchrec rating): {correlations}", flush=True)
-    return {"world_size": world_size, "compute_device": topology.compute_device, "plans": rows,
+    return {"world_size": world_size, "compute_device": topology.compute_device,
+            "local_world_size": topology.local_world_size, "plans": rows,
             "spearman_vs_rating": correlations}  # fmt: skip
 
 

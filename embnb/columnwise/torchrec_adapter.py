@@ -4,7 +4,8 @@
 - `check_torchrec_placements`: what torchrec's column_wise() and EC can take
   (equal widths, multiples of 4, one shard width for all tables), checked in
   the parent before any rank starts, with a message that says why;
-- `cw_sharding_plan`, `shard_cw`: torchrec's plan and the sharded module;
+- `cw_sharding_plan`, `shard_cw`: torchrec's plan and the sharded module
+  (`place_on_devices`: each shard on its rank's real device, for ranks that share a GPU);
 - `torchrec_permute_indices`: the permute indices torchrec computed.
 
 torchrec is imported where used, so importing this module stays light.
@@ -12,6 +13,7 @@ torchrec is imported where used, so importing this module stays light.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -35,6 +37,7 @@ __all__ = [
     "torchrec_num_shards",
     "check_torchrec_placements",
     "cw_sharding_plan",
+    "place_on_devices",
     "shard_cw",
     "torchrec_permute_indices",
 ]
@@ -177,6 +180,19 @@ def cw_sharding_plan(
     return plan
 
 
+def place_on_devices(plan: EmbeddingModuleShardingPlan, devices: Sequence[str]) -> None:
+    """Put each shard of `plan` on the device its rank uses, `devices[rank]`.
+    torchrec places rank r on "cuda:r" (one GPU per rank, local_size ranks a
+    host); ranks that share a GPU all use cuda:0, and torchrec refuses a local
+    shard whose tensor is not on its placement's device."""
+    for sharding in plan.values():
+        spec = sharding.sharding_spec
+        spec.shards = [  # ShardMetadata parses a "rank:r/device" string
+            dataclasses.replace(s, placement=f"rank:{s.placement.rank()}/{devices[s.placement.rank()]}")
+            for s in spec.shards
+        ]
+
+
 def shard_cw(
     ec: EmbeddingCollection,
     placements: Mapping[str, Sequence[int]],
@@ -192,6 +208,10 @@ def shard_cw(
     group = group or dist.group.WORLD
     device = rank_device(group)
     plan = cw_sharding_plan(ec, placements, dist.get_world_size(group), device.type, size_per_rank)
+    if device.type == "cuda":  # ranks may share a GPU: each shard placed on its rank's real device
+        devices: list[str | None] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(devices, str(device), group=group)
+        place_on_devices(plan, devices)
     if group == dist.group.WORLD:
         env = ShardingEnv.from_process_group(group)
     else:

@@ -30,6 +30,10 @@ __all__ = [
     "DEFAULT_OPTIMIZER",
 ]
 
+# torchrec's fused kernels and where each keeps its table on a GPU (FBGEMM's
+# EmbeddingLocation): device memory, unified memory, unified memory with a
+# device cache (FBGEMM's default cache: LRU, load factor 0.2).
+FUSED_LOCATIONS = {"fused": "DEVICE", "fused_uvm": "MANAGED", "fused_uvm_caching": "MANAGED_CACHING"}
 DEFAULT_OPTIMIZER = "exact_row_wise_adagrad"  # FBGEMM's EmbOptimType value; torchrec's default is exact_sgd
 
 
@@ -100,10 +104,12 @@ def lookup_module(
     _check_device(device)
     if group.compute_kernel == "dense":
         return DenseLookup(group, device, learning_rate)
-    if group.compute_kernel != "fused":
-        raise ValueError(f"compute kernel {group.compute_kernel!r} is not one of 'fused', 'dense'")
+    if group.compute_kernel not in FUSED_LOCATIONS:
+        allowed = ", ".join(repr(k) for k in ("dense", *FUSED_LOCATIONS))
+        raise ValueError(f"compute kernel {group.compute_kernel!r} is not one of {allowed}")
     on_gpu = device.type == "cuda"
-    location = EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST
+    # On a CPU every fused table is in host memory, as torchrec places it there.
+    location = EmbeddingLocation[FUSED_LOCATIONS[group.compute_kernel]] if on_gpu else EmbeddingLocation.HOST
     compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
     return SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=[(s.rows, s.cols, location, compute) for s in group.shards],

@@ -67,3 +67,29 @@ def test_torchrec_on_cuda_needs_fbgemm_cuda_kernels():
         )
     else:
         assert fbgemm_cuda_problem(gpu_visible=True) is None
+
+
+def test_shards_move_to_the_device_their_rank_uses():
+    from torchrec import EmbeddingCollection
+
+    ec = EmbeddingCollection(
+        tables=[
+            EmbeddingConfig(name=t, embedding_dim=16, num_embeddings=4, feature_names=[f"f{t}"]) for t in "ab"
+        ]
+    )
+    placements = {"a": [0, 1, 0, 1], "b": [1, 0, 0, 1]}
+    plan = torchrec_adapter.cw_sharding_plan(ec, placements, 2, "cuda")
+    # torchrec's own placement: rank r on cuda:r, one GPU a rank
+    assert [str(s.placement) for s in plan["a"].sharding_spec.shards] == [
+        "rank:0/cuda:0",
+        "rank:1/cuda:1",
+        "rank:0/cuda:0",
+        "rank:1/cuda:1",
+    ]
+    torchrec_adapter.place_on_devices(plan, ["cuda:0", "cuda:0"])  # two ranks share one GPU
+    for table, ranks in placements.items():
+        shards = plan[table].sharding_spec.shards
+        assert [(s.placement.rank(), str(s.placement.device())) for s in shards] == [
+            (r, "cuda:0") for r in ranks
+        ]
+        assert plan[table].ranks == ranks

@@ -63,6 +63,10 @@ def test_steptime_bench_rows_agree_with_their_ranks(tmp_path, capsys):
         (["--tables", "0"], "--tables must be >= 1, got 0"),
         (["--world-sizes", "1"], "--world-sizes must all be >= 2, got [1]"),
         (["--max-rows", "10"], "--max-rows >= 1000"),
+        (
+            ["--world-sizes", "8", "12", "--devices-per-host", "8"],
+            "--devices-per-host must be >= 1 and divide each larger world size [8, 12], got 8",
+        ),
     ],
 )
 def test_bad_steptime_arguments_are_named(tmp_path, capsys, args, message):
