@@ -359,6 +359,13 @@ def ablation_section(run: Run) -> str:
     return "\n\n".join(parts)
 
 
+def _hosts(world: dict[str, Any]) -> str:
+    """ "1 host of 8" or "2 hosts of 8" (files before local_world_size was recorded: one host)."""
+    per_host = world.get("local_world_size") or world["world_size"]
+    hosts = world["world_size"] // per_host
+    return f"{hosts} host{'s' * (hosts != 1)} of {per_host}"
+
+
 def steptime_section(run: Run) -> str:
     data = run.data
     topologies = " and ".join(sorted({w["compute_device"].upper() for w in data["worlds"]}))
@@ -373,7 +380,7 @@ def steptime_section(run: Run) -> str:
         "## Plans measured rank by rank",
         source(run),
         f"`make_model({data['model']['tables']}, seed={data['model']['seed']})` (largest table "
-        f"{data['model']['max_rows']:,} rows) on a {topologies} topology of one host, {data['batch_size']} "
+        f"{data['model']['max_rows']:,} rows) on a {topologies} topology, {data['batch_size']} "
         f"samples per rank: each plan's ranks run one after another on {run.machine} with real FBGEMM "
         f"kernels (forward, backward and {data['optimizer']}, {data['threads']} thread), median of "
         f"{data['repeats']} repeats. The critical path is the slowest rank's step (lookups and the dense "
@@ -403,7 +410,8 @@ def steptime_section(run: Run) -> str:
         )
         spearman = world["spearman_vs_rating"]
         parts += [
-            f"W = {world['world_size']} ({world['compute_device']} topology): Spearman against the rating "
+            f"W = {world['world_size']} ({world['compute_device']} topology, {_hosts(world)}): "
+            "Spearman against the rating "
             f"{sig(spearman['critical_path_cpu_s'], 2)} by CPU time, {sig(spearman['critical_path_s'], 2)} "
             "by wall time.",
             table(header, rows),

@@ -15,6 +15,10 @@ communication time computed from them with torchrec's bandwidths (not
 measured), the critical path (slowest rank) and the rating; across plans,
 Spearman's rank correlation of measured critical path and rating.
 
+`--devices-per-host` makes hosts of that many devices: torchrec then offers
+table_row_wise and grid_shard, which this replay does not run yet (such a
+plan is recorded as not measured, with the reason).
+
 On a GPU (`--device cuda`), the ranks run one after another on the one
 card; FBGEMM's CUDA TBE is needed (the fbgemm-gpu-cpu wheel has none): the
 bench says so and exits 2 without it.
