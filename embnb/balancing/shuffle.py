@@ -38,19 +38,39 @@ backward, torchrec's input all-to-all during forward, a SyncBatchNorm)
 breaks the rule and can hang the job; a worker error leaves the other ranks
 waiting in a collective until its timeout.
 
-The other way is a group of the worker's own (`dist.new_group`, passed as
-`group`): the loop may then issue collectives meanwhile, and the shuffle
-may also run under the all-reduce. On gloo that is safe (each group has its
-own connections). On NCCL it is a second communicator, with its own memory,
-and the same documentation says operations issued in parallel to
-independent communicators of one device from several threads are not safe
-(their kernels can wait on each other); `training.train` offers it on gloo
+A torchrec step breaks that rule by itself: DistributedModelParallel issues
+its input and output all-to-alls in forward and backward and DDP's gradient
+all-reduce during backward, on the default (world) group. Tried on 2 gloo
+ranks, the worker's collectives interleaved with them and gloo aborted (or hung) at
+step 0 (`gloo::EnforceNotMet ... op.preamble.length <= op.nbytes`). So with
+`overlap=True` the shuffle refuses the default group (`group=None` or
+`dist.group.WORLD`) with a ValueError, unless the caller states
+`step_collectives=False`: its step issues no collective between `start()`
+and `finish()` (as `training.train`'s "shared" mode, which waits for the
+worker before its own all-reduce). The synchronous shuffle may use any group.
+
+The way for a torchrec job is a group of the worker's own, made once on
+every rank and passed as `group=dist.new_group(backend="gloo")`: the loop
+may then issue collectives meanwhile, and the shuffle may also run under
+the all-reduce. On gloo that is safe (each group has its own connections).
+On NCCL a second NCCL communicator is not: NCCL's documentation says
+operations issued in parallel to independent communicators of one device
+from several threads are not safe (their kernels can wait on each other).
+A gloo group beside an NCCL job is (its collectives go through host
+memory, `embnb.collectives`); `training.train` offers its own group on gloo
 only (`TrainConfig.shuffle_group="own"`).
+
+Every rank must pass the same batch: the same number of samples, the same
+KJT keys and dtypes, the same dense width. Each shuffle starts with one
+small all-gather of that signature, so a rank that differs (a partial last
+batch) makes every rank raise the same ValueError instead of aborting the
+process in a mismatched collective.
 """
 
 from __future__ import annotations
 
 import contextlib
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -59,7 +79,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embnb._checks import check_choice, check_native
+from embnb._checks import check_bool, check_choice, check_native
 from embnb.balancing.kjt_alltoall import alltoall_kjt
 from embnb.balancing.kjt_gather import allgather_kjt, select_samples
 from embnb.balancing.partition import METHODS, balance
@@ -76,10 +96,26 @@ class BalancedShuffle:
     """Gather workloads, KK, exchange samples: in a background worker with
     `overlap`. Use as a context manager so the worker is shut down.
 
-        with BalancedShuffle(timeline, overlap=True) as shuffle:
+        group = dist.new_group(backend="gloo")   # the shuffle's own, made once on every rank
+        with BalancedShuffle(timeline, overlap=True, group=group) as shuffle:
             shuffle.start(kjt, dense, workloads, step)   # returns at once
-            ...                                          # forward, backward
-            kjt, dense = shuffle.finish()                # then the all-reduce
+            ...                                          # forward, backward, optimizer
+            kjt, dense = shuffle.finish()
+
+    Args:
+        timeline: where each phase's span is recorded (a new one if None).
+        overlap: run the shuffle in a background worker between `start()` and
+            `finish()`; False runs it inside `start()`.
+        method: a name of `embnb.balancing.partition.METHODS`.
+        native_kk: KK natively: None where it loads, True or an error, False Python.
+        exchange: "allgather" or "alltoall".
+        group: the process group of the shuffle's collectives (None: the default
+            group). With `overlap` it must not be the default group unless
+            `step_collectives=False`.
+        step_collectives: whether the training step may issue collectives on
+            `group` while the shuffle runs (between `start()` and `finish()`).
+            Pass False only for a loop that issues none there: no
+            DistributedModelParallel, DDP or SyncBatchNorm forward or backward.
     """
 
     def __init__(
@@ -90,9 +126,20 @@ class BalancedShuffle:
         native_kk: bool | None = None,
         exchange: str = "allgather",
         group: dist.ProcessGroup | None = None,
+        step_collectives: bool = True,
     ) -> None:
         check_choice("method", method, tuple(METHODS))
         check_choice("exchange", exchange, EXCHANGES)
+        check_bool("overlap", overlap)
+        check_bool("step_collectives", step_collectives)
+        if overlap and step_collectives and _is_default_group(group):
+            raise ValueError(
+                "BalancedShuffle(overlap=True) on the default process group: its worker's collectives "
+                "would interleave with the training step's on the same group (DistributedModelParallel's "
+                "all-to-alls, DDP's all-reduce), which aborts gloo and can hang NCCL. Pass a group of its "
+                'own, made once on every rank: group=dist.new_group(backend="gloo"); or, if the step '
+                "issues no collective between start() and finish(), say so with step_collectives=False"
+            )
         self.timeline = Timeline() if timeline is None else timeline  # when each phase ran
         self.overlap, self.method = overlap, method
         self.native_kk = check_native("native_kk", native_kk)
@@ -158,6 +205,7 @@ class BalancedShuffle:
         device, span = dense.device, self.timeline.span
         with self._stream(device, ready):
             with span("gather_workloads", step, device):
+                self._check_same_batch(kjt, dense)
                 rows = workloads.to(torch.float64).unsqueeze(1)
                 if self.exchange == "allgather":  # the dense rows ride along
                     rows = torch.cat([rows, dense.to(torch.float64)], dim=1)
@@ -173,6 +221,29 @@ class BalancedShuffle:
                 (global_kjt,) = allgather_kjt([kjt], self.group)
                 return select_samples(global_kjt, mine), gathered[mine, 1:].to(dense.dtype)
 
+    def _check_same_batch(self, kjt: KeyedJaggedTensor, dense: torch.Tensor) -> None:
+        """One small all-gather of (batch size, a checksum of keys, dtypes and
+        dense width): every rank raises the same ValueError where they differ,
+        before any collective whose sizes would not match."""
+        signature = _batch_signature(kjt, dense)
+        mine = torch.tensor([kjt.stride(), zlib.crc32(signature.encode())], dtype=torch.int64)
+        gathered = all_gather_flat(mine.to(dense.device), self.group).view(-1, 2).cpu()
+        sizes, checksums = gathered[:, 0].tolist(), gathered[:, 1].tolist()
+        if len(set(sizes)) > 1:
+            raise ValueError(
+                f"batch sizes differ across ranks: {sizes} samples on ranks 0..{len(sizes) - 1}; "
+                "BalancedShuffle needs the same number of samples on every rank (drop or pad the "
+                "partial last batch, e.g. DataLoader(drop_last=True))"
+            )
+        if len(set(checksums)) > 1:
+            signatures: list[Any] = [None] * self.world_size
+            dist.all_gather_object(signatures, signature, group=self.group)  # every rank is here
+            described = "; ".join(f"rank {r}: {s}" for r, s in enumerate(signatures))
+            raise ValueError(
+                f"batches differ across ranks ({described}); BalancedShuffle needs the same KJT keys, "
+                "dtypes and dense width on every rank"
+            )
+
     @contextlib.contextmanager
     def _stream(self, device: torch.device, ready: torch.cuda.Event | None) -> Iterator[None]:
         """On a GPU the worker computes on a stream of its own, after the batch is ready."""
@@ -185,3 +256,15 @@ class BalancedShuffle:
         self._worker_stream.wait_event(ready)
         with torch.cuda.stream(self._worker_stream):
             yield
+
+
+def _is_default_group(group: dist.ProcessGroup | None) -> bool:
+    return group is None or group is dist.group.WORLD or group == dist.group.WORLD
+
+
+def _batch_signature(kjt: KeyedJaggedTensor, dense: torch.Tensor) -> str:
+    weights = kjt.weights_or_none()
+    return (
+        f"keys {kjt.keys()}, values {kjt.values().dtype}, lengths {kjt.lengths().dtype}, "
+        f"weights {None if weights is None else weights.dtype}, dense width {dense.shape[1]} {dense.dtype}"
+    )
