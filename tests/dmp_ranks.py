@@ -9,9 +9,11 @@ import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.datasets.utils import Batch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -42,6 +44,19 @@ class TinyModel(nn.Module):
         return self.mlp(torch.cat([pooled, dense], dim=1)).squeeze(1)
 
 
+class PipelineModel(nn.Module):
+    """TinyModel as TrainPipelineSparseDist wants it: a torchrec Batch in,
+    (loss, predictions) out."""
+
+    def __init__(self, inner: TinyModel) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, batch: Batch):
+        predictions = self.inner(batch.sparse_features, batch.dense_features)
+        return ((predictions - batch.labels) ** 2).mean(), predictions.detach()
+
+
 def local_batch(rank: int, step: int, batch_size: int = BATCH_SIZE, keys: int = TABLES):
     """This rank's batch of `step`: a KJT (f0 heavy-tailed), dense features
     with the label as their last column, and the per-sample workloads."""
@@ -56,7 +71,7 @@ def local_batch(rank: int, step: int, batch_size: int = BATCH_SIZE, keys: int = 
     return kjt, dense, lengths[0].to(torch.float64) + 1
 
 
-def _dmp(world_size: int):
+def _dmp(world_size: int, wrap=None):
     """The model, sharded table-wise; the same initial weights on every rank and in every run."""
     torch.manual_seed(0)
     reference = TinyModel(torch.device("cpu"))
@@ -70,14 +85,15 @@ def _dmp(world_size: int):
         sharder=sharder,
     )
     torch.manual_seed(0)
+    module = TinyModel(torch.device("meta"))
     model = DistributedModelParallel(
-        TinyModel(torch.device("meta")),
+        module if wrap is None else wrap(module),
         env=ShardingEnv.from_process_group(dist.group.WORLD),
         device=torch.device("cpu"),
-        plan=ShardingPlan({"ebc": plan}),
+        plan=ShardingPlan({"ebc" if wrap is None else "inner.ebc": plan}),
         sharders=[sharder],
     )
-    model.load_state_dict(reference.state_dict())
+    model.load_state_dict((reference if wrap is None else wrap(reference)).state_dict())
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
         lambda params: torch.optim.SGD(params, lr=LR),
@@ -133,6 +149,38 @@ def train_dmp(rank: int, world_size: int, mode: str, steps: int = 4) -> dict:
     if group is not None:
         dist.destroy_process_group(group)
     return {"weights": _local_weights(model), "losses": losses, "ids": ids}
+
+
+def train_pipeline(rank: int, world_size: int, steps: int = 4) -> dict:
+    """TrainPipelineSparseDist over `BalancedShuffle.batches`: each torchrec
+    Batch balanced in the background (its own gloo group) while the pipeline
+    trains on the one before."""
+
+    def loader():
+        for step in range(steps):
+            kjt, dense, _ = local_batch(rank, step)
+            yield Batch(dense_features=dense[:, :-1], sparse_features=kjt, labels=dense[:, -1])
+
+    model, optimizer = _dmp(world_size, wrap=PipelineModel)
+    pipeline = TrainPipelineSparseDist(model, optimizer, torch.device("cpu"), execute_all_batches=True)
+    group = dist.new_group(backend="gloo")
+    losses, ids = [], []
+    with BalancedShuffle(overlap=True, group=group) as shuffle:
+        batches = _recorded(shuffle.batches(loader(), lambda b: b.sparse_features["f0"].lengths() + 1.0), ids)
+        while True:
+            try:
+                losses.append(float(pipeline.progress(batches)[0]))
+            except StopIteration:
+                break
+    dist.destroy_process_group(group)
+    weights = {name.removeprefix("inner."): w for name, w in _local_weights(model).items()}
+    return {"weights": weights, "losses": losses, "ids": ids}
+
+
+def _recorded(batches, ids):
+    for batch in batches:
+        ids.append(batch.sparse_features.values().numel())
+        yield batch
 
 
 def shuffle_errors(rank: int, world_size: int) -> dict[str, str]:

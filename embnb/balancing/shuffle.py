@@ -71,12 +71,13 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torchrec.datasets.utils import Batch as TorchrecBatch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb._checks import check_bool, check_choice, check_native
@@ -221,6 +222,47 @@ class BalancedShuffle:
                 (global_kjt,) = allgather_kjt([kjt], self.group)
                 return select_samples(global_kjt, mine), gathered[mine, 1:].to(dense.dtype)
 
+    def batches(
+        self, batches: Iterable[TorchrecBatch], workloads: Callable[[TorchrecBatch], torch.Tensor]
+    ) -> Iterator[TorchrecBatch]:
+        """Each torchrec `Batch` of `batches` balanced across ranks, as an
+        iterator a `TrainPipelineSparseDist` (or a plain loop) consumes: taking
+        batch i starts the shuffle of batch i+1, so with `overlap` it runs while
+        the consumer trains on batch i. `workloads(batch)` gives each sample's
+        cost (one value per sample). Dense features and labels travel together
+        as float64 rows and come back in their own dtypes and shapes. Every
+        rank must yield as many batches, each with as many samples.
+
+            pipeline = TrainPipelineSparseDist(model, optimizer, device)
+            balanced = shuffle.batches(dataloader, lambda b: b.sparse_features["item"].lengths())
+            while True:
+                pipeline.progress(balanced)   # StopIteration after the last batch
+        """
+        source = iter(batches)
+        batch = next(source, None)
+        if batch is None:
+            return
+        step = 0
+        layout = self._start_batch(batch, workloads, step)
+        while True:
+            following = next(source, None)
+            kjt, rows = self.finish()
+            if following is not None:
+                next_layout = self._start_batch(following, workloads, step + 1)
+            yield _unpack_batch(kjt, rows, layout)
+            if following is None:
+                return
+            layout, step = next_layout, step + 1
+
+    def _start_batch(
+        self, batch: TorchrecBatch, workloads: Callable[[TorchrecBatch], torch.Tensor], step: int
+    ) -> tuple[int, torch.dtype, tuple[int, ...], torch.dtype]:
+        dense, labels = batch.dense_features, batch.labels
+        size = batch.sparse_features.stride()
+        rows = torch.cat([t.reshape(size, -1).to(torch.float64) for t in (dense, labels)], dim=1)
+        self.start(batch.sparse_features, rows, workloads(batch).reshape(-1), step)
+        return dense.reshape(size, -1).shape[1], dense.dtype, tuple(labels.shape[1:]), labels.dtype
+
     def _check_same_batch(self, kjt: KeyedJaggedTensor, dense: torch.Tensor) -> None:
         """One small all-gather of (batch size, a checksum of keys, dtypes and
         dense width): every rank raises the same ValueError where they differ,
@@ -267,4 +309,15 @@ def _batch_signature(kjt: KeyedJaggedTensor, dense: torch.Tensor) -> str:
     return (
         f"keys {kjt.keys()}, values {kjt.values().dtype}, lengths {kjt.lengths().dtype}, "
         f"weights {None if weights is None else weights.dtype}, dense width {dense.shape[1]} {dense.dtype}"
+    )
+
+
+def _unpack_batch(
+    kjt: KeyedJaggedTensor, rows: torch.Tensor, layout: tuple[int, torch.dtype, tuple[int, ...], torch.dtype]
+) -> TorchrecBatch:
+    """A torchrec Batch from the shuffled KJT and rows (dense features, then labels)."""
+    width, dense_dtype, label_shape, label_dtype = layout
+    labels = rows[:, width:].reshape(rows.shape[0], *label_shape)
+    return TorchrecBatch(
+        dense_features=rows[:, :width].to(dense_dtype), sparse_features=kjt, labels=labels.to(label_dtype)
     )
