@@ -129,3 +129,20 @@ def train_failing_at_step(rank, world_size, config, bad_rank, bad_step):
 
         training.make_local_batch = failing_load
     return training.train(rank, world_size, config)
+
+
+def planner_world_sizes(rank, world_size):
+    """create_planner inside a process group: the world size it takes by
+    default, and its errors for a world size the group does not have."""
+    from embnb.planner import create_planner, make_topology
+
+    result = {"default": create_planner("cpu", 8, progress=False).world_size, "errors": []}
+    for call in (
+        lambda: create_planner("cpu", 8, world_size=world_size + 2, progress=False),
+        lambda: create_planner(make_topology(world_size + 2, "cpu"), 8, progress=False),
+    ):
+        try:
+            call()
+        except ValueError as e:
+            result["errors"].append(str(e))
+    return result

@@ -38,28 +38,49 @@ backward, torchrec's input all-to-all during forward, a SyncBatchNorm)
 breaks the rule and can hang the job; a worker error leaves the other ranks
 waiting in a collective until its timeout.
 
-The other way is a group of the worker's own (`dist.new_group`, passed as
-`group`): the loop may then issue collectives meanwhile, and the shuffle
-may also run under the all-reduce. On gloo that is safe (each group has its
-own connections). On NCCL it is a second communicator, with its own memory,
-and the same documentation says operations issued in parallel to
-independent communicators of one device from several threads are not safe
-(their kernels can wait on each other); `training.train` offers it on gloo
+A torchrec step breaks that rule by itself: DistributedModelParallel issues
+its input and output all-to-alls in forward and backward and DDP's gradient
+all-reduce during backward, on the default (world) group. Tried on 2 gloo
+ranks, the worker's collectives interleaved with them and gloo aborted (or hung) at
+step 0 (`gloo::EnforceNotMet ... op.preamble.length <= op.nbytes`). So with
+`overlap=True` the shuffle refuses the default group (`group=None` or
+`dist.group.WORLD`) with a ValueError, unless the caller states
+`step_collectives=False`: its step issues no collective between `start()`
+and `finish()` (as `training.train`'s "shared" mode, which waits for the
+worker before its own all-reduce). The synchronous shuffle may use any group.
+
+The way for a torchrec job is a group of the worker's own, made once on
+every rank and passed as `group=dist.new_group(backend="gloo")`: the loop
+may then issue collectives meanwhile, and the shuffle may also run under
+the all-reduce. On gloo that is safe (each group has its own connections).
+On NCCL a second NCCL communicator is not: NCCL's documentation says
+operations issued in parallel to independent communicators of one device
+from several threads are not safe (their kernels can wait on each other).
+A gloo group beside an NCCL job is (its collectives go through host
+memory, `embnb.collectives`); `training.train` offers its own group on gloo
 only (`TrainConfig.shuffle_group="own"`).
+
+Every rank must pass the same batch: the same number of samples, the same
+KJT keys and dtypes, the same dense width. Each shuffle starts with one
+small all-gather of that signature, so a rank that differs (a partial last
+batch) makes every rank raise the same ValueError instead of aborting the
+process in a mismatched collective.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torchrec.datasets.utils import Batch as TorchrecBatch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embnb._checks import check_choice, check_native
+from embnb._checks import check_bool, check_choice, check_native
 from embnb.balancing.kjt_alltoall import alltoall_kjt
 from embnb.balancing.kjt_gather import allgather_kjt, select_samples
 from embnb.balancing.partition import METHODS, balance
@@ -76,10 +97,26 @@ class BalancedShuffle:
     """Gather workloads, KK, exchange samples: in a background worker with
     `overlap`. Use as a context manager so the worker is shut down.
 
-        with BalancedShuffle(timeline, overlap=True) as shuffle:
+        group = dist.new_group(backend="gloo")   # the shuffle's own, made once on every rank
+        with BalancedShuffle(timeline, overlap=True, group=group) as shuffle:
             shuffle.start(kjt, dense, workloads, step)   # returns at once
-            ...                                          # forward, backward
-            kjt, dense = shuffle.finish()                # then the all-reduce
+            ...                                          # forward, backward, optimizer
+            kjt, dense = shuffle.finish()
+
+    Args:
+        timeline: where each phase's span is recorded (a new one if None).
+        overlap: run the shuffle in a background worker between `start()` and
+            `finish()`; False runs it inside `start()`.
+        method: a name of `embnb.balancing.partition.METHODS`.
+        native_kk: KK natively: None where it loads, True or an error, False Python.
+        exchange: "allgather" or "alltoall".
+        group: the process group of the shuffle's collectives (None: the default
+            group). With `overlap` it must not be the default group unless
+            `step_collectives=False`.
+        step_collectives: whether the training step may issue collectives on
+            `group` while the shuffle runs (between `start()` and `finish()`).
+            Pass False only for a loop that issues none there: no
+            DistributedModelParallel, DDP or SyncBatchNorm forward or backward.
     """
 
     def __init__(
@@ -90,9 +127,20 @@ class BalancedShuffle:
         native_kk: bool | None = None,
         exchange: str = "allgather",
         group: dist.ProcessGroup | None = None,
+        step_collectives: bool = True,
     ) -> None:
         check_choice("method", method, tuple(METHODS))
         check_choice("exchange", exchange, EXCHANGES)
+        check_bool("overlap", overlap)
+        check_bool("step_collectives", step_collectives)
+        if overlap and step_collectives and _is_default_group(group):
+            raise ValueError(
+                "BalancedShuffle(overlap=True) on the default process group: its worker's collectives "
+                "would interleave with the training step's on the same group (DistributedModelParallel's "
+                "all-to-alls, DDP's all-reduce), which aborts gloo and can hang NCCL. Pass a group of its "
+                'own, made once on every rank: group=dist.new_group(backend="gloo"); or, if the step '
+                "issues no collective between start() and finish(), say so with step_collectives=False"
+            )
         self.timeline = Timeline() if timeline is None else timeline  # when each phase ran
         self.overlap, self.method = overlap, method
         self.native_kk = check_native("native_kk", native_kk)
@@ -158,6 +206,7 @@ class BalancedShuffle:
         device, span = dense.device, self.timeline.span
         with self._stream(device, ready):
             with span("gather_workloads", step, device):
+                self._check_same_batch(kjt, dense)
                 rows = workloads.to(torch.float64).unsqueeze(1)
                 if self.exchange == "allgather":  # the dense rows ride along
                     rows = torch.cat([rows, dense.to(torch.float64)], dim=1)
@@ -173,6 +222,70 @@ class BalancedShuffle:
                 (global_kjt,) = allgather_kjt([kjt], self.group)
                 return select_samples(global_kjt, mine), gathered[mine, 1:].to(dense.dtype)
 
+    def batches(
+        self, batches: Iterable[TorchrecBatch], workloads: Callable[[TorchrecBatch], torch.Tensor]
+    ) -> Iterator[TorchrecBatch]:
+        """Each torchrec `Batch` of `batches` balanced across ranks, as an
+        iterator a `TrainPipelineSparseDist` (or a plain loop) consumes: taking
+        batch i starts the shuffle of batch i+1, so with `overlap` it runs while
+        the consumer trains on batch i. `workloads(batch)` gives each sample's
+        cost (one value per sample). Dense features and labels travel together
+        as float64 rows and come back in their own dtypes and shapes. Every
+        rank must yield as many batches, each with as many samples.
+
+            pipeline = TrainPipelineSparseDist(model, optimizer, device)
+            balanced = shuffle.batches(dataloader, lambda b: b.sparse_features["item"].lengths())
+            while True:
+                pipeline.progress(balanced)   # StopIteration after the last batch
+        """
+        source = iter(batches)
+        batch = next(source, None)
+        if batch is None:
+            return
+        step = 0
+        layout = self._start_batch(batch, workloads, step)
+        while True:
+            following = next(source, None)
+            kjt, rows = self.finish()
+            if following is not None:
+                next_layout = self._start_batch(following, workloads, step + 1)
+            yield _unpack_batch(kjt, rows, layout)
+            if following is None:
+                return
+            layout, step = next_layout, step + 1
+
+    def _start_batch(
+        self, batch: TorchrecBatch, workloads: Callable[[TorchrecBatch], torch.Tensor], step: int
+    ) -> tuple[int, torch.dtype, tuple[int, ...], torch.dtype]:
+        dense, labels = batch.dense_features, batch.labels
+        size = batch.sparse_features.stride()
+        rows = torch.cat([t.reshape(size, -1).to(torch.float64) for t in (dense, labels)], dim=1)
+        self.start(batch.sparse_features, rows, workloads(batch).reshape(-1), step)
+        return dense.reshape(size, -1).shape[1], dense.dtype, tuple(labels.shape[1:]), labels.dtype
+
+    def _check_same_batch(self, kjt: KeyedJaggedTensor, dense: torch.Tensor) -> None:
+        """One small all-gather of (batch size, a checksum of keys, dtypes and
+        dense width): every rank raises the same ValueError where they differ,
+        before any collective whose sizes would not match."""
+        signature = _batch_signature(kjt, dense)
+        mine = torch.tensor([kjt.stride(), zlib.crc32(signature.encode())], dtype=torch.int64)
+        gathered = all_gather_flat(mine.to(dense.device), self.group).view(-1, 2).cpu()
+        sizes, checksums = gathered[:, 0].tolist(), gathered[:, 1].tolist()
+        if len(set(sizes)) > 1:
+            raise ValueError(
+                f"batch sizes differ across ranks: {sizes} samples on ranks 0..{len(sizes) - 1}; "
+                "BalancedShuffle needs the same number of samples on every rank (drop or pad the "
+                "partial last batch, e.g. DataLoader(drop_last=True))"
+            )
+        if len(set(checksums)) > 1:
+            signatures: list[Any] = [None] * self.world_size
+            dist.all_gather_object(signatures, signature, group=self.group)  # every rank is here
+            described = "; ".join(f"rank {r}: {s}" for r, s in enumerate(signatures))
+            raise ValueError(
+                f"batches differ across ranks ({described}); BalancedShuffle needs the same KJT keys, "
+                "dtypes and dense width on every rank"
+            )
+
     @contextlib.contextmanager
     def _stream(self, device: torch.device, ready: torch.cuda.Event | None) -> Iterator[None]:
         """On a GPU the worker computes on a stream of its own, after the batch is ready."""
@@ -185,3 +298,26 @@ class BalancedShuffle:
         self._worker_stream.wait_event(ready)
         with torch.cuda.stream(self._worker_stream):
             yield
+
+
+def _is_default_group(group: dist.ProcessGroup | None) -> bool:
+    return group is None or group is dist.group.WORLD or group == dist.group.WORLD
+
+
+def _batch_signature(kjt: KeyedJaggedTensor, dense: torch.Tensor) -> str:
+    weights = kjt.weights_or_none()
+    return (
+        f"keys {kjt.keys()}, values {kjt.values().dtype}, lengths {kjt.lengths().dtype}, "
+        f"weights {None if weights is None else weights.dtype}, dense width {dense.shape[1]} {dense.dtype}"
+    )
+
+
+def _unpack_batch(
+    kjt: KeyedJaggedTensor, rows: torch.Tensor, layout: tuple[int, torch.dtype, tuple[int, ...], torch.dtype]
+) -> TorchrecBatch:
+    """A torchrec Batch from the shuffled KJT and rows (dense features, then labels)."""
+    width, dense_dtype, label_shape, label_dtype = layout
+    labels = rows[:, width:].reshape(rows.shape[0], *label_shape)
+    return TorchrecBatch(
+        dense_features=rows[:, :width].to(dense_dtype), sparse_features=kjt, labels=labels.to(label_dtype)
+    )

@@ -244,6 +244,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
         native_kk=config.native_kk,
         exchange=config.exchange,
         group=_worker_group() if own_group else None,
+        step_collectives=own_group,  # shared: this loop issues none until finish()
     ) as shuffle:
         dist.barrier()
         if mode == "overlap":  # the first batch has no step to hide behind

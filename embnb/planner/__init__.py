@@ -18,13 +18,14 @@ Notebook 03's models, brute force, studies, figures and widgets live in
 """
 
 from embnb.planner.enumerator import ENUMERATORS, DistinctShardEnumerator
-from embnb.planner.factory import create_planner
+from embnb.planner.factory import EmbnbShardingPlanner, create_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology, topology_for_device
 
 __all__ = [
     "DynamicProgrammingProposer",
     "create_planner",
+    "EmbnbShardingPlanner",
     "make_topology",
     "topology_for_device",
     "DistinctShardEnumerator",

@@ -2,6 +2,7 @@
 
 planner = create_planner(topology, batch_size=512)   # or create_planner("auto", 512)
 plan = planner.plan(module, sharders)
+planner.rating, planner.rank_perf, planner.rank_hbm   # the chosen plan's estimates
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from torchrec.distributed.planner.types import (
 
 from embnb._checks import check_bool, check_int, check_number
 from embnb._gc import collector_paused
-from embnb._torchrec_private import planner_enumerator
+from embnb._torchrec_private import best_plan, planner_enumerator
 from embnb.planner.enumerator import default_enumerator, make_enumerator
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import topology_for_device
 
-__all__ = ["create_planner", "Fallback", "RESERVATIONS", "make_reservation"]
+__all__ = ["create_planner", "EmbnbShardingPlanner", "Fallback", "RESERVATIONS", "make_reservation"]
 
 # What create_planner's `storage_reservation` names: torchrec's default (dense
 # parameters, KJTs and the percentage of each device) or a fixed percentage.
@@ -97,6 +98,65 @@ class Fallback(Proposer):
             self.fallback.feedback(partitionable, plan, perf_rating, storage_constraint)
 
 
+class EmbnbShardingPlanner(EmbeddingShardingPlanner):
+    """torchrec's EmbeddingShardingPlanner as `create_planner` builds it, with
+    the chosen plan's estimates readable after `plan()`:
+
+        plan = planner.plan(module, sharders)
+        planner.rating      # ms: the slowest rank's estimated perf, as torchrec rates plans
+        planner.rank_perf   # ms per rank (torchrec's stats table: "Total Perf")
+        planner.rank_hbm    # bytes of HBM per rank, as the plan's shards estimate them (rank_ddr: DDR)
+
+    Args:
+        dp_proposer: the DynamicProgrammingProposer among the planner's proposers.
+        world_size: the ranks planned for (`topology.world_size`).
+        *args, **kwargs: EmbeddingShardingPlanner's.
+    """
+
+    def __init__(self, *args, dp_proposer: DynamicProgrammingProposer, world_size: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.dp_proposer, self.world_size = dp_proposer, world_size
+
+    def _chosen(self) -> list[ShardingOption]:
+        chosen = best_plan(self)
+        if chosen is None:
+            raise RuntimeError("no plan yet: call plan(module, sharders) first")
+        return chosen
+
+    @property
+    def rank_perf(self) -> list[float]:
+        """Each rank's estimated perf (ms) under the chosen plan: the sum of its shards' perf."""
+        perf = [0.0] * self.world_size
+        for option in self._chosen():
+            for shard in option.shards:
+                perf[shard.rank] += shard.perf.total
+        return perf
+
+    @property
+    def rank_hbm(self) -> list[int]:
+        """Each rank's HBM bytes under the chosen plan: the sum of its shards' storage."""
+        hbm = [0] * self.world_size
+        for option in self._chosen():
+            for shard in option.shards:
+                hbm[shard.rank] += shard.storage.hbm
+        return hbm
+
+    @property
+    def rank_ddr(self) -> list[int]:
+        """Each rank's DDR bytes under the chosen plan (where a CPU topology keeps its tables)."""
+        ddr = [0] * self.world_size
+        for option in self._chosen():
+            for shard in option.shards:
+                ddr[shard.rank] += shard.storage.ddr
+        return ddr
+
+    @property
+    def rating(self) -> float:
+        """The chosen plan's rating (ms): its slowest rank's perf, as torchrec's
+        planner rates a plan (NoopPerfModel) to pick the best."""
+        return max(self.rank_perf)
+
+
 def create_planner(
     topology: Topology | str | torch.device,
     batch_size: int,
@@ -112,13 +172,18 @@ def create_planner(
     enumerator: str | None = None,
     storage_reservation: StorageReservation | str = "heuristical",
     progress: bool | None = None,
-) -> EmbeddingShardingPlanner:
+) -> EmbnbShardingPlanner:
     """torchrec's EmbeddingShardingPlanner with this DP proposer, and torchrec's
     UniformProposer as a fallback where the DP places no plan (`Fallback`).
 
     `topology` is a Topology, or a device ("auto", "cpu", "cuda") whose
     topology is read from the machine for `world_size` ranks (default: the
-    process group's, else 1). `storage_reservation`: what each device keeps
+    process group's, else 1). Where a default process group is initialized,
+    the world size planned for (`world_size` or the Topology's) must be its
+    size: a plan for another size fails deep inside DistributedModelParallel.
+    The planner returned is an `EmbnbShardingPlanner`: its `world_size` says
+    which size it used, `rating`, `rank_perf` and `rank_hbm` the plan's estimates.
+    `storage_reservation`: what each device keeps
     for everything but the embedding tables, as torchrec's
     EmbeddingShardingPlanner keeps it by default ("heuristical": dense
     parameters, KJTs and `storage_reservation_percentage` of the device),
@@ -133,15 +198,25 @@ def create_planner(
     """
     check_int("batch_size", batch_size, low=1)
     reservation = make_reservation(storage_reservation, storage_reservation_percentage)
+    dist = torch.distributed
+    group_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+    asked = topology.world_size if isinstance(topology, Topology) else world_size
+    if group_size is not None and asked is not None and asked != group_size:
+        given = "the Topology's world_size" if isinstance(topology, Topology) else "world_size"
+        raise ValueError(
+            f"{given}={asked} but the default process group has {group_size} ranks: a plan must be for "
+            f"the ranks that run it (pass world_size={group_size}, or leave it out to use the group's)"
+        )
     if not isinstance(topology, Topology):
         if world_size is None:
-            dist = torch.distributed
-            world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+            world_size = 1 if group_size is None else group_size
         topology = topology_for_device(topology, world_size, local_world_size, intra_host_bw, inter_host_bw)
     proposer = DynamicProgrammingProposer(bins_per_device=bins_per_device)
     if not isinstance(storage_reservation, StorageReservation):  # made here: not the caller's to change
         _hand_over_reserved(reservation, proposer)
-    the_planner = EmbeddingShardingPlanner(
+    the_planner = EmbnbShardingPlanner(
+        dp_proposer=proposer,
+        world_size=topology.world_size,
         topology=topology,
         batch_size=batch_size,
         enumerator=make_enumerator(

@@ -21,6 +21,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+import ranks
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -46,6 +47,7 @@ from embnb._torchrec_private import (
     planner_proposers,
     planner_storage_reservation,
 )
+from embnb.dist import launch_each
 from embnb.lab.planner.brute_force import brute_force_rating, rate_every_plan
 from embnb.lab.planner.comparison import compare_proposers, default_proposers
 from embnb.lab.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
@@ -435,10 +437,31 @@ def test_quality_summary_per_proposer():
 def test_create_planner_from_a_cpu_device_plans_a_model():
     tables, constraints, _ = tiny(device="cpu")
     the_planner = planner.create_planner("cpu", BATCH_SIZE, world_size=2, constraints=constraints)
-    assert isinstance(the_planner, EmbeddingShardingPlanner)
+    assert isinstance(the_planner, EmbeddingShardingPlanner) and the_planner.world_size == 2
+    with pytest.raises(RuntimeError, match=r"no plan yet: call plan\(module, sharders\) first"):
+        _ = the_planner.rating
     module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     plan = the_planner.plan(module, [EmbeddingBagCollectionSharder()])
     assert set(plan.plan[""]) == {t.name for t in tables}
+    # the plan's estimates, read without reaching into the planner: the DP's own rating of its best plan
+    assert the_planner.rating == pytest.approx(the_planner.dp_proposer.best_rating, rel=1e-9)
+    assert the_planner.rating == max(the_planner.rank_perf) and len(the_planner.rank_perf) == 2
+    used = {rank for sharding in plan.plan[""].values() for rank in sharding.ranks}
+    for rank in range(2):  # a CPU topology keeps the tables in DDR
+        assert (the_planner.rank_perf[rank] > 0) == (the_planner.rank_ddr[rank] > 0) == (rank in used)
+    assert the_planner.rank_hbm == [0, 0]
+
+
+def test_create_planner_in_a_process_group_checks_the_world_size_against_it():
+    (per_rank,) = launch_each([(ranks.planner_world_sizes, ())], 2, device="cpu", timeout_s=120)
+    for result in per_rank:
+        assert result["default"] == 2  # the group's, not 1
+        assert result["errors"] == [
+            "world_size=4 but the default process group has 2 ranks: a plan must be for the ranks that "
+            "run it (pass world_size=2, or leave it out to use the group's)",
+            "the Topology's world_size=4 but the default process group has 2 ranks: a plan must be for "
+            "the ranks that run it (pass world_size=2, or leave it out to use the group's)",
+        ]
 
 
 class _WithDense(torch.nn.Module):

@@ -1,0 +1,69 @@
+"""BalancedShuffle in a torchrec job on 2 real gloo ranks: a
+DistributedModelParallel model trains with the shuffle in the background on
+a group of its own (no abort), in a plain loop and inside torchrec's
+TrainPipelineSparseDist (`BalancedShuffle.batches`), to the same parameters as with the
+synchronous shuffle and as without balancing (equal-count parts: the mean
+loss of every rank gives the same gradients); the overlapped shuffle refuses
+the default group; ranks whose batches differ all raise the same ValueError."""
+
+import dmp_ranks
+import pytest
+import torch
+
+from embnb.dist import launch_each
+
+WORLD_SIZE = 2
+MODES = ("none", "sync", "overlap", "pipeline")
+
+
+@pytest.fixture(scope="module")
+def runs():
+    calls = [(dmp_ranks.train_dmp, (mode,)) for mode in MODES[:3]]
+    calls += [(dmp_ranks.train_pipeline, ()), (dmp_ranks.shuffle_errors, ())]
+    results = launch_each(calls, WORLD_SIZE, device="cpu", timeout_s=240)
+    return dict(zip(MODES + ("errors",), results))
+
+
+def test_the_overlapped_shuffle_trains_dmp_like_the_synchronous_one_and_like_no_shuffle(runs):
+    for rank in range(WORLD_SIZE):
+        want = runs["none"][rank]["weights"]
+        sync, overlap = runs["sync"][rank]["weights"], runs["overlap"][rank]["weights"]
+        pipeline = runs["pipeline"][rank]["weights"]
+        assert sorted(want) == sorted(sync) == sorted(overlap) == sorted(pipeline)
+        assert any(name.startswith("ebc.") for name in want) and any(name.startswith("mlp.") for name in want)
+        for name, tensor in want.items():
+            torch.testing.assert_close(overlap[name], sync[name])
+            torch.testing.assert_close(pipeline[name], sync[name])
+            torch.testing.assert_close(sync[name], tensor, rtol=1e-4, atol=1e-6)
+    torch.manual_seed(0)
+    initial = dmp_ranks.TinyModel(torch.device("cpu")).state_dict()
+    trained = runs["overlap"][0]["weights"]
+    assert not torch.allclose(trained["mlp.0.weight"], initial["mlp.0.weight"])  # training moved them
+    table = "ebc.embedding_bags.t0.weight"  # on rank 0
+    assert not torch.allclose(trained[table], initial[table].reshape(-1))
+
+
+def test_the_shuffle_balanced_the_ids_each_step(runs):
+    for mode in ("sync", "overlap", "pipeline"):
+        per_step = list(zip(*(r["ids"] for r in runs[mode])))
+        loader = list(zip(*(r["ids"] for r in runs["none"])))
+        assert [sum(s) for s in per_step] == [sum(s) for s in loader]  # every id arrives once
+    assert runs["sync"][0]["ids"] == runs["overlap"][0]["ids"] == runs["pipeline"][0]["ids"]
+
+
+def test_the_overlapped_shuffle_refuses_the_default_group(runs):
+    for messages in runs["errors"]:
+        message = messages["default_group"]
+        assert "default process group" in message and "interleave" in message
+        assert 'group=dist.new_group(backend="gloo")' in message and "step_collectives=False" in message
+
+
+def test_ranks_with_different_batches_all_raise_the_same_error(runs):
+    partial = {messages["partial_batch"] for messages in runs["errors"]}
+    assert len(partial) == 1
+    sizes = [dmp_ranks.BATCH_SIZE, dmp_ranks.BATCH_SIZE - 2]
+    assert f"batch sizes differ across ranks: {sizes}" in partial.pop()
+    keys = {messages["other_keys"] for messages in runs["errors"]}
+    assert len(keys) == 1
+    message = keys.pop()
+    assert "rank 0: keys ['f0', 'f1', 'f2']" in message and "rank 1: keys ['f0', 'f1']" in message
