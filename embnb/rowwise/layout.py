@@ -1,0 +1,196 @@
+"""Where each row of a row-wise sharded torchrec table lives, per routing.
+
+torchrec's row-wise sharding stores a table of `R` rows in contiguous
+blocks: with `block = ceil(R / W)`, rank r holds storage rows
+`[r * block, min((r + 1) * block, R))`, and its input distribution sends
+id `i` to rank `i // block` as local row `i % block`. That is the
+`continuous` routing. embnb's sharders keep that machinery (the FBGEMM
+table-batched kernels, the one all-to-all) and choose the routing by
+renumbering ids first: id `i` becomes the storage slot
+`owner(i) * block + local(i)`, so torchrec's blocks put it on `owner(i)`.
+`local(i)` is i's position among its owner's ids, so storage stays dense.
+
+Routings (`Routing`):
+
+- `continuous`: slot = id (torchrec's own layout, unchanged).
+- `roundrobin`: owner `id % W`, local `id // W`. Rank counts differ by at
+  most one, while torchrec's blocks of `ceil(N / W)` leave the last ranks
+  short (or empty) when W does not divide N, so the table is stored with
+  `W * ceil(N / W)` rows: at most `W - 1` padding rows that no id reaches.
+- `feistel_roundrobin`: a keyed bijection `p` of `[0, N)` (a 4-round
+  Feistel permutation on the smallest even number of bits covering N,
+  cycle-walked back into range), then round-robin on `p(id)`: owner
+  `p(id) % W`, local `p(id) // W`. Dense (a bijection: no hash table, the
+  padding of roundrobin) and balanced (rank row counts differ by at most
+  one; ids spread pseudo-randomly, so strided or frequency-ordered ids do
+  not pile onto one rank). It differs from dynamicemb's `hash_roundrobin`
+  (`fmix64(key) % W` on unbounded keys, a hash table per rank): the owner of
+  an id is not `fmix64(id) % W`, ids must lie in `[0, N)`, and the row
+  counts are balanced exactly, not in expectation only. Like any hash it
+  does not spread one hot id.
+
+A layout's storage order depends on W for both round-robin routings, not
+for continuous (torchrec reshards continuous rows itself).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+
+from embnb._checks import check_int, check_int_tensor
+from embnb.rowwise.routing import hash_key
+
+__all__ = ["Routing", "TableLayout", "feistel_permutation", "convert_rows"]
+
+
+class Routing(str, enum.Enum):
+    """Row-wise routing of a torchrec table; the value is what a checkpoint records."""
+
+    CONTINUOUS = "continuous"
+    ROUNDROBIN = "roundrobin"
+    FEISTEL_ROUNDROBIN = "feistel_roundrobin"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: Routing | str) -> Routing:
+        """The Routing for `value`; raise naming the valid values."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, str):
+            raise TypeError(f"routing must be a Routing or str, got {type(value).__name__} {value!r}")
+        try:
+            return cls(value)
+        except ValueError:
+            valid = ", ".join(m.value for m in cls)
+            raise ValueError(f"routing {value!r} is not one of {valid}") from None
+
+
+_ROUNDS = 4
+
+
+def _round_keys(seed: int) -> torch.Tensor:
+    """One 64-bit key per Feistel round, from the seed."""
+    return hash_key(torch.arange(_ROUNDS, dtype=torch.int64) + seed * _ROUNDS + 1)
+
+
+def _feistel(x: torch.Tensor, half_bits: int, keys: torch.Tensor) -> torch.Tensor:
+    """A balanced Feistel permutation of [0, 4 ** half_bits)."""
+    mask = (1 << half_bits) - 1
+    left, right = x >> half_bits, x & mask
+    for k in keys.tolist():
+        left, right = right, left ^ (hash_key(right + k) & mask)
+    return (left << half_bits) | right
+
+
+def feistel_permutation(ids: torch.Tensor, num_embeddings: int, seed: int = 0) -> torch.Tensor:
+    """A keyed bijection of [0, num_embeddings), applied to `ids` (int64 out).
+
+    A Feistel network permutes [0, 4**h) with 4**h >= N; cycle walking
+    (apply again while the result is >= N) restricts it to a bijection of
+    [0, N). 4**h < 4 * N, so a walk takes under four steps on average.
+    """
+    n = check_int("num_embeddings", num_embeddings, low=1)
+    half_bits = max(1, math.ceil(math.log2(n) / 2)) if n > 1 else 1
+    while 4**half_bits < n:  # guard float rounding in log2
+        half_bits += 1
+    keys = _round_keys(check_int("seed", seed, low=0))
+    out = _feistel(ids.to(torch.int64), half_bits, keys)
+    outside = out >= n
+    while bool(outside.any()):
+        out[outside] = _feistel(out[outside], half_bits, keys)
+        outside = out >= n
+    return out
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """One table's row-wise layout: N ids, W ranks, a routing (and a hash seed).
+
+    `storage_rows` is what torchrec's sharded table holds (N for
+    continuous, `W * block_size` for the round-robin routings); `slots(ids)` maps ids to storage rows;
+    rank r holds slots `[r * block_size, (r + 1) * block_size)`.
+    """
+
+    num_embeddings: int
+    world_size: int
+    routing: Routing = Routing.CONTINUOUS
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("num_embeddings", self.num_embeddings, low=1)
+        check_int("world_size", self.world_size, low=1)
+        check_int("seed", self.seed, low=0)
+        object.__setattr__(self, "routing", Routing.parse(self.routing))
+
+    @property
+    def block_size(self) -> int:
+        """Rows per rank in torchrec's blocks: ceil(N / W)."""
+        return -(-self.num_embeddings // self.world_size)
+
+    @property
+    def storage_rows(self) -> int:
+        if self.routing is Routing.CONTINUOUS:
+            return self.num_embeddings
+        return self.world_size * self.block_size
+
+    def rows_per_rank(self) -> list[int]:
+        """Storage rows on each rank, as torchrec's row-wise shards hold them."""
+        b, rows = self.block_size, self.storage_rows
+        return [min(b, max(0, rows - r * b)) for r in range(self.world_size)]
+
+    def slots(self, ids: torch.Tensor) -> torch.Tensor:
+        """Storage row of each id (int64); raise on an id outside [0, N)."""
+        ids = check_int_tensor("ids", ids).to(torch.int64)
+        if ids.numel():
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.num_embeddings:
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"id {bad} is outside [0, {self.num_embeddings}) (the table's num_embeddings)"
+                )
+        if self.routing is Routing.CONTINUOUS:
+            return ids
+        if self.routing is Routing.FEISTEL_ROUNDROBIN:
+            ids = feistel_permutation(ids, self.num_embeddings, self.seed)
+        return (ids % self.world_size) * self.block_size + ids // self.world_size
+
+    def owner(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rank that holds each id's row."""
+        return self.slots(ids) // self.block_size
+
+    def describe(self) -> dict:
+        """What a checkpoint records about this layout."""
+        return {
+            "routing": self.routing.value,
+            "world_size": self.world_size,
+            "num_embeddings": self.num_embeddings,
+            "seed": self.seed,
+        }
+
+
+def convert_rows(rows: torch.Tensor, source: TableLayout, target: TableLayout) -> torch.Tensor:
+    """A table's storage rows saved under `source`, laid out for `target`.
+
+    `rows` holds `source.storage_rows` rows in storage order (what
+    torchrec's row-wise shards hold, concatenated by rank). Every id's row
+    moves to `target.slots(id)`; padding rows of the result are zero.
+    Pure: neither input is modified.
+    """
+    if source.num_embeddings != target.num_embeddings:
+        raise ValueError(
+            f"source has num_embeddings={source.num_embeddings}, target {target.num_embeddings}: "
+            f"a layout conversion keeps the table's ids"
+        )
+    if not isinstance(rows, torch.Tensor) or rows.dim() < 1 or rows.shape[0] != source.storage_rows:
+        shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
+        raise ValueError(f"rows must have source.storage_rows={source.storage_rows} rows, got {shape}")
+    ids = torch.arange(source.num_embeddings)
+    out = rows.new_zeros((target.storage_rows, *rows.shape[1:]))
+    out[target.slots(ids)] = rows[source.slots(ids)]
+    return out

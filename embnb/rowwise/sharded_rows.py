@@ -1,0 +1,71 @@
+"""A row-wise sharded table's storage rows, whole: gathered from the ranks or loaded onto them.
+
+torchrec holds a row-wise table as a ShardedTensor whose rank r shard is the
+contiguous block of storage rows `[r * block, r * block + rows_r)`. These
+two collectives move the whole `[storage_rows, dim]` tensor (what
+`embnb.rowwise.convert_rows` converts) between that and one tensor:
+
+- `gather_rows(module, table)`: every rank gets the table's storage rows;
+- `load_rows(module, table, rows)`: each rank loads its block of `rows`
+  through the module's `load_state_dict` (so a routing check still runs).
+
+For tests, examples and checkpoint conversion of tables that fit in one
+rank's memory; DCP is the path for big tables.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["weight_key", "gather_rows", "load_rows"]
+
+
+def weight_key(module: nn.Module, table: str) -> str:
+    """The state dict key of `table`'s weight in an EBC or EC (sharded or not)."""
+    keys = [k for k in module.state_dict() if k.endswith(f".{table}.weight")]
+    if len(keys) != 1:
+        raise ValueError(f"table {table!r}: expected one weight in the state dict, found {keys}")
+    return keys[0]
+
+
+def _local_block(module: nn.Module, table: str) -> tuple[torch.Tensor, int, int]:
+    """(this rank's rows, their first storage row, the table's storage rows)."""
+    weight = module.state_dict()[weight_key(module, table)]
+    shards = weight.local_shards()
+    if len(shards) != 1:
+        raise ValueError(f"table {table!r} has {len(shards)} shards on this rank; row-wise sharding has one")
+    shard = shards[0]
+    return shard.tensor, int(shard.metadata.shard_offsets[0]), int(weight.size(0))
+
+
+def gather_rows(module: nn.Module, table: str, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """`table`'s `[storage_rows, dim]` rows in storage order, on every rank. Collective."""
+    local, offset, total = _local_block(module, table)
+    world = dist.get_world_size(group)
+    sizes = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([offset, local.shape[0]]), group=group)
+    block = max(int(s[1]) for s in sizes)
+    padded = local.new_zeros((block, local.shape[1]))
+    padded[: local.shape[0]] = local.detach()
+    blocks = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(blocks, padded, group=group)
+    out = local.new_zeros((total, local.shape[1]))
+    for (start, count), rows in zip((s.tolist() for s in sizes), blocks):
+        out[start : start + count] = rows[:count]
+    return out
+
+
+def load_rows(module: nn.Module, table: str, rows: torch.Tensor) -> None:
+    """Load `rows` (`[storage_rows, dim]`, storage order) into `table`; each rank takes its block."""
+    state = module.state_dict()
+    key = weight_key(module, table)
+    weight = state[key]
+    if tuple(rows.shape) != tuple(weight.size()):
+        held = tuple(weight.size())
+        raise ValueError(f"table {table!r} holds {held} storage rows, got {tuple(rows.shape)}")
+    for shard in weight.local_shards():
+        start, count = int(shard.metadata.shard_offsets[0]), int(shard.metadata.shard_sizes[0])
+        shard.tensor.detach().copy_(rows[start : start + count])
+    module.load_state_dict(state)
