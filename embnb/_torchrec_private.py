@@ -43,6 +43,7 @@ __all__ = [
     "estimators_of",
     "set_sharders",
     "estimator_sharders",
+    "sharders_for_estimators",
     "is_last_stored",
     "store_last",
     "num_buckets",
@@ -203,6 +204,13 @@ def set_sharders(enumerator: EmbeddingEnumerator, sharders: list) -> dict[str, A
 def estimator_sharders(enumerator: EmbeddingEnumerator) -> Any:
     """What torchrec's populate_estimates hands its estimators for the last sharders set."""
     return enumerator._sharder_data_map if SHARDER_DATA else enumerator._sharder_map
+
+
+def sharders_for_estimators(sharders: list) -> Any:
+    """What torchrec's estimators take for `sharders`: their SharderData by name on 1.7+, the sharders
+    by name on 1.6."""
+    sharder_map = {sharder_name(sharder.module_type): sharder for sharder in sharders}
+    return torchrec_enumerators.build_sharder_data_map(sharder_map) if SHARDER_DATA else sharder_map
 
 
 def is_last_stored(enumerator: EmbeddingEnumerator, module: nn.Module, sharders: list) -> bool:
