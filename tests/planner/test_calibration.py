@@ -22,8 +22,10 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from embnb._torchrec_private import sharders_for_estimators
+from embnb._torchrec_private import estimators_of, planner_enumerator, sharders_for_estimators
+from embnb.planner import create_planner
 from embnb.planner.calibration import TERMS, Calibration, MeasuredRank, estimators, fit, shard_terms
+from embnb.planner.estimates import covers
 from embnb.planner.topology import make_topology
 
 BATCH = 64
@@ -109,7 +111,8 @@ def scaled_calibration(options, factor):
     return Calibration("cuda", "test", dict.fromkeys(groups, (factor, factor, factor, 0.0)))
 
 
-def test_calibrated_config_plugs_into_the_planner(planner_kind="torchrec"):
+@pytest.mark.parametrize("planner_kind", ["torchrec", "embnb"])
+def test_calibrated_config_plugs_into_the_planner(planner_kind):
     """A plan of a small model on the calibrated estimator: every enumerated shard's compute is the
     calibration's factor times torchrec's default estimate (coefficients (k, k, k, 0), bwd 2 x fwd)."""
     topology, constraints, sharders, options = enumerated(world_size=2)
@@ -121,6 +124,10 @@ def test_calibrated_config_plugs_into_the_planner(planner_kind="torchrec"):
         the_planner = EmbeddingShardingPlanner(
             topology=topology, batch_size=BATCH, enumerator=enumerator, constraints=constraints
         )
+    else:
+        the_planner = create_planner(topology, BATCH, constraints=constraints, calibration=calibration)
+        enumerator = planner_enumerator(the_planner)
+        assert all(map(covers, estimators_of(enumerator)))  # embnb's fast path stays on
     plan = the_planner.plan(ebc, sharders)
     assert plan.plan  # a real plan
     calibrated = enumerator.last_stored_search_space
@@ -168,6 +175,8 @@ def test_bad_input_raises_naming_the_value():
         Calibration("cpu", "", {})
     with pytest.raises(ValueError, match="format"):
         Calibration.from_json({"format": 99, "terms": list(TERMS)})
+    with pytest.raises(TypeError, match="calibration must be a Calibration"):
+        create_planner(make_topology(2, "cuda", hbm_cap_gb=16), BATCH, calibration={"a": 1})
 
 
 def shard_terms_example():
