@@ -46,7 +46,7 @@ from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstima
 from torchrec.distributed.planner.types import ParameterConstraints, ShardEstimator, ShardingOption, Topology
 
 from embnb._checks import check_number
-from embnb._torchrec_private import sharders_for_estimators
+from embnb._torchrec_private import set_bwd_compute_multiplier, sharders_for_estimators
 
 __all__ = [
     "TERMS",
@@ -106,7 +106,7 @@ class CalibratedPerfConfig(EmbeddingPerfEstimatorConfig):
                 for group, forward in by_kernel.items()
             },
         )
-        self._bwd_compute_multiplier = bwd_multiplier
+        set_bwd_compute_multiplier(self, bwd_multiplier)
         self.name = name
 
 
