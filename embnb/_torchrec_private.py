@@ -24,6 +24,7 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.planner import enumerators as torchrec_enumerators
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
+from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, ShardEstimator, ShardingOption
 from torchrec.distributed.planner.utils import sharder_name
@@ -43,12 +44,14 @@ __all__ = [
     "estimators_of",
     "set_sharders",
     "estimator_sharders",
+    "sharders_for_estimators",
     "is_last_stored",
     "store_last",
     "num_buckets",
     "filter_sharding_types",
     "filter_compute_kernels",
     "set_perf_config",
+    "set_bwd_compute_multiplier",
     "planner_enumerator",
     "planner_proposers",
     "planner_storage_reservation",
@@ -111,6 +114,7 @@ PRIVATE_ATTRIBUTES: dict[type, tuple[str, ...]] = {
         *(("_sharder_data_map",) if SHARDER_DATA else ()),
     ),
     EmbeddingPerfEstimator: ("_config",),
+    HardwarePerfConfig: ("_bwd_compute_multiplier",),
     EmbeddingShardingPlanner: (
         "_enumerator",
         "_proposers",
@@ -205,6 +209,13 @@ def estimator_sharders(enumerator: EmbeddingEnumerator) -> Any:
     return enumerator._sharder_data_map if SHARDER_DATA else enumerator._sharder_map
 
 
+def sharders_for_estimators(sharders: list) -> Any:
+    """What torchrec's estimators take for `sharders`: their SharderData by name on 1.7+, the sharders
+    by name on 1.6."""
+    sharder_map = {sharder_name(sharder.module_type): sharder for sharder in sharders}
+    return torchrec_enumerators.build_sharder_data_map(sharder_map) if SHARDER_DATA else sharder_map
+
+
 def is_last_stored(enumerator: EmbeddingEnumerator, module: nn.Module, sharders: list) -> bool:
     """torchrec's cache test: the same module and sharders as the last enumerate."""
     return enumerator._last_stored_module == module and enumerator._last_stored_sharders == sharders
@@ -237,6 +248,12 @@ def filter_compute_kernels(
 def set_perf_config(estimator: EmbeddingPerfEstimator, config: Any) -> None:
     """Make `config` the one the estimator reads (it has a read-only `config` property)."""
     estimator._config = config
+
+
+def set_bwd_compute_multiplier(config: HardwarePerfConfig, multiplier: float) -> None:
+    """Make `config`'s backward compute `multiplier` x its forward (where it gives no backward
+    coefficients) whatever the topology's bwd_compute_multiplier."""
+    config._bwd_compute_multiplier = multiplier
 
 
 # --- EmbeddingShardingPlanner's parts ---------------------------------------

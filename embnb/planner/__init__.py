@@ -10,6 +10,8 @@ The library (what this package exports; none of it imports pandas or matplotlib)
 - `topology`: `make_topology`, `topology_for_device`.
 - `enumerator`: `DistinctShardEnumerator`, torchrec's enumerator with each
   distinct shard's perf estimated once (create_planner's default).
+- `calibration`: `Calibration`, torchrec's perf config fitted to measured
+  ranks (`fit`, `shard_terms`); `create_planner(..., calibration=...)`.
 
 Notebook 03's models, brute force, studies, figures and widgets live in
 `embnb.lab.planner`.
@@ -17,6 +19,7 @@ Notebook 03's models, brute force, studies, figures and widgets live in
     from embnb.planner import DynamicProgrammingProposer, create_planner
 """
 
+from embnb.planner.calibration import Calibration
 from embnb.planner.enumerator import ENUMERATORS, DistinctShardEnumerator
 from embnb.planner.factory import EmbnbShardingPlanner, create_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
@@ -30,4 +33,5 @@ __all__ = [
     "topology_for_device",
     "DistinctShardEnumerator",
     "ENUMERATORS",
+    "Calibration",
 ]

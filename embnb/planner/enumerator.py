@@ -368,8 +368,10 @@ def make_enumerator(
     topology: Topology,
     batch_size: int,
     constraints: dict[str, ParameterConstraints] | None = None,
+    estimator: list[ShardEstimator] | None = None,
 ) -> EmbeddingEnumerator:
-    """The enumerator named `enumerator` (one of ENUMERATORS) with torchrec's default estimators."""
+    """The enumerator named `enumerator` (one of ENUMERATORS) with `estimator` (None: torchrec's
+    default estimators)."""
     check_choice("enumerator", enumerator, ENUMERATORS)
     kind = EmbeddingEnumerator if enumerator == "torchrec" else DistinctShardEnumerator
-    return kind(topology=topology, batch_size=batch_size, constraints=constraints)
+    return kind(topology=topology, batch_size=batch_size, constraints=constraints, estimator=estimator)

@@ -31,6 +31,7 @@ from torchrec.distributed.planner.types import (
 from embnb._checks import check_bool, check_int, check_number
 from embnb._gc import collector_paused
 from embnb._torchrec_private import best_plan, planner_enumerator
+from embnb.planner.calibration import Calibration, estimators
 from embnb.planner.enumerator import default_enumerator, make_enumerator
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import topology_for_device
@@ -172,6 +173,7 @@ def create_planner(
     enumerator: str | None = None,
     storage_reservation: StorageReservation | str = "heuristical",
     progress: bool | None = None,
+    calibration: Calibration | None = None,
 ) -> EmbnbShardingPlanner:
     """torchrec's EmbeddingShardingPlanner with this DP proposer, and torchrec's
     UniformProposer as a fallback where the DP places no plan (`Fallback`).
@@ -194,7 +196,9 @@ def create_planner(
     "embnb" (`DistinctShardEnumerator`: torchrec's options, field by field,
     many times faster) or "torchrec" (its EmbeddingEnumerator); None: "embnb"
     on the torchrec versions the two are tested equal on, else "torchrec"
-    (`default_enumerator`).
+    (`default_enumerator`). `calibration`: torchrec's perf estimator runs its
+    fitted config (`embnb.planner.calibration`) instead of torchrec's default;
+    the enumerator's fast path stays on.
     """
     check_int("batch_size", batch_size, low=1)
     reservation = make_reservation(storage_reservation, storage_reservation_percentage)
@@ -220,7 +224,11 @@ def create_planner(
         topology=topology,
         batch_size=batch_size,
         enumerator=make_enumerator(
-            default_enumerator() if enumerator is None else enumerator, topology, batch_size, constraints
+            default_enumerator() if enumerator is None else enumerator,
+            topology,
+            batch_size,
+            constraints,
+            estimators(calibration, topology, constraints),
         ),
         constraints=constraints,
         storage_reservation=reservation,

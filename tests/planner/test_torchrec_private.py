@@ -16,6 +16,7 @@ import torchrec
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
+from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption
 from torchrec.distributed.types import BoundsCheckMode, CacheParams, KeyValueParams
@@ -45,6 +46,7 @@ def _built() -> dict[type, object]:
     return {
         EmbeddingEnumerator: EmbeddingEnumerator(topology=topology, batch_size=8),
         EmbeddingPerfEstimator: EmbeddingPerfEstimator(topology=topology),
+        HardwarePerfConfig: HardwarePerfConfig(),
         EmbeddingShardingPlanner: EmbeddingShardingPlanner(topology=topology),
     }
 

@@ -1,0 +1,292 @@
+"""torchrec's own perf model with coefficients fitted to measured kernels.
+
+The fitted quantity, stated once: for each measured rank, **the rank's measured lookups (its TBEs'
+forward and backward, in ms) against torchrec's estimated compute for that rank (the sum over the
+shards it holds of `fwd_compute + bwd_compute`)**. Communication is not fitted (torchrec's formulas
+for it are kept as they are).
+
+torchrec's `EmbeddingPerfEstimator` (torchrec/distributed/planner/estimator/, 1.6.1 and 1.8) computes
+a shard's forward compute as `(a * input_read_size + b * lookup_size + c * output_write_size + d *
+hash_size) * block_penalty / device_bw`, with (a, b, c, d) a `PerfCoefficient` looked up per
+(sharding type, compute kernel) in its config's `PerfCoefficientConfig.by_kernel`, and backward, where
+the config gives no backward coefficients, as `bwd_compute_multiplier * fwd`. A calibration keeps that
+ratio (torchrec's default 2: one measured total cannot tell forward from backward) and fits the
+forward coefficients of each
+(sharding type, compute kernel) it has measurements of; the estimate is linear in them, so the fit is
+a non-negative least squares over ranks. Each shard's terms (its estimated compute per unit of each
+coefficient) are computed by torchrec's estimator itself (`shard_terms`), so the features are exactly
+the ones it uses. The result is a torchrec `HardwarePerfConfig` (`Calibration.perf_config`), which
+torchrec's `EmbeddingPerfEstimator` runs as it runs its default, and embnb's enumerator keeps its fast
+path on (`embnb.planner.estimates.covers`).
+
+    terms = shard_terms(options, topology, sharders)          # per option, per shard
+    ranks = [MeasuredRank(ms, tuple(shards_on_rank)) ...]     # from embnb.steptime
+    calibration = fit(ranks, device_kind="cpu", device_name="...")
+    planner = create_planner(topology, batch_size, calibration=calibration)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+from torchrec.distributed.planner.constants import BWD_COMPUTE_MULTIPLIER
+from torchrec.distributed.planner.estimator.config import EmbeddingPerfEstimatorConfig
+from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
+from torchrec.distributed.planner.estimator.types import (
+    EstimatorPerfCoefficients,
+    PerfCoefficient,
+)
+from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+from torchrec.distributed.planner.types import ParameterConstraints, ShardEstimator, ShardingOption, Topology
+
+from embnb._checks import check_number
+from embnb._torchrec_private import set_bwd_compute_multiplier, sharders_for_estimators
+
+__all__ = [
+    "TERMS",
+    "ShardTerms",
+    "MeasuredRank",
+    "Calibration",
+    "CalibratedPerfConfig",
+    "shard_terms",
+    "fit",
+    "estimators",
+]
+
+# torchrec's PerfCoefficient fields, in the order a shard's terms list them.
+TERMS = (
+    "input_read_size_multiplier",
+    "lookup_size_multiplier",
+    "embedding_output_multiplier",
+    "hash_size_multiplier",
+)
+FORMAT = 1  # the JSON layout's version
+FITTED = "a rank's measured lookups (its TBEs' fwd + bwd) against torchrec's estimated compute (fwd + bwd)"
+
+
+@dataclass(frozen=True)
+class ShardTerms:
+    """One shard's estimated compute (fwd + bwd, ms) per unit of each coefficient in `TERMS`."""
+
+    sharding_type: str
+    compute_kernel: str
+    terms: tuple[float, ...]
+
+    @property
+    def group(self) -> tuple[str, str]:
+        return (self.sharding_type, self.compute_kernel)
+
+
+@dataclass(frozen=True)
+class MeasuredRank:
+    """A rank's measured lookups (its TBEs' forward + backward, ms) and the shards it holds."""
+
+    lookups_ms: float
+    shards: tuple[ShardTerms, ...]
+
+
+class CalibratedPerfConfig(EmbeddingPerfEstimatorConfig):
+    """torchrec's default perf config with a calibration's forward coefficients in `by_kernel` (the
+    other (sharding type, kernel) pairs keep torchrec's defaults) and backward `bwd_multiplier` times
+    forward (torchrec's own formula when a config gives no backward coefficients)."""
+
+    def __init__(
+        self, by_kernel: dict[tuple[str, str], tuple[float, ...]], bwd_multiplier: float, name: str
+    ) -> None:
+        self.coefficients = replace(
+            EmbeddingPerfEstimatorConfig.coefficients,
+            by_kernel={
+                group: EstimatorPerfCoefficients(fwd=PerfCoefficient(*forward), bwd=None)
+                for group, forward in by_kernel.items()
+            },
+        )
+        set_bwd_compute_multiplier(self, bwd_multiplier)
+        self.name = name
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Forward coefficients (`TERMS`' order) per (sharding type, compute kernel), fitted on
+    `device_kind` ("cpu", "cuda") named `device_name`; backward is `bwd_multiplier` times forward.
+    `fit_errors`: each training rank's relative error of the fitted estimate against its measured
+    lookups."""
+
+    device_kind: str
+    device_name: str
+    coefficients: dict[tuple[str, str], tuple[float, ...]]
+    bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER
+    fit_errors: tuple[float, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for name in ("device_kind", "device_name"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty str, got {getattr(self, name)!r}")
+        check_number("bwd_multiplier", self.bwd_multiplier, low=0)
+        for group, values in self.coefficients.items():
+            if len(values) != len(TERMS) or not all(math.isfinite(v) and v >= 0 for v in values):
+                raise ValueError(
+                    f"coefficients[{group!r}] must be {len(TERMS)} finite numbers >= 0 ({TERMS}), "
+                    f"got {values!r}"
+                )
+
+    def perf_config(self) -> CalibratedPerfConfig:
+        """The calibration as torchrec's perf config (for its EmbeddingPerfEstimator)."""
+        name = f"embnb calibration: {self.device_kind} {self.device_name}"
+        return CalibratedPerfConfig(self.coefficients, self.bwd_multiplier, name)
+
+    def estimate(self, shards: tuple[ShardTerms, ...] | list[ShardTerms]) -> float:
+        """The calibrated compute (fwd + bwd, ms) of `shards`, e.g. one rank's."""
+        return sum(float(np.dot(self.coefficients[shard.group], shard.terms)) for shard in shards)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "fitted": FITTED,
+            "device_kind": self.device_kind,
+            "device_name": self.device_name,
+            "terms": list(TERMS),
+            "bwd_multiplier": self.bwd_multiplier,
+            "coefficients": [
+                {"sharding_type": st, "compute_kernel": kernel, "fwd": list(values)}
+                for (st, kernel), values in sorted(self.coefficients.items())
+            ],
+            "fit_errors": list(self.fit_errors),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Calibration:
+        if data.get("format") != FORMAT or data.get("terms") != list(TERMS):
+            raise ValueError(
+                f"not a calibration of format {FORMAT} with terms {list(TERMS)}: "
+                f"format={data.get('format')!r}, terms={data.get('terms')!r}"
+            )
+        return cls(
+            device_kind=data["device_kind"],
+            device_name=data["device_name"],
+            coefficients={
+                (row["sharding_type"], row["compute_kernel"]): tuple(float(v) for v in row["fwd"])
+                for row in data["coefficients"]
+            },
+            bwd_multiplier=float(data["bwd_multiplier"]),
+            fit_errors=tuple(float(v) for v in data.get("fit_errors", ())),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def estimators(
+    calibration: Calibration | None,
+    topology: Topology,
+    constraints: dict[str, ParameterConstraints] | None = None,
+) -> list[ShardEstimator] | None:
+    """torchrec's default estimators (perf, then storage) with `calibration`'s perf config; None
+    (torchrec's defaults) without a calibration."""
+    if calibration is None:
+        return None
+    if not isinstance(calibration, Calibration):
+        raise TypeError(f"calibration must be a Calibration or None, got {type(calibration).__name__}")
+    return [
+        EmbeddingPerfEstimator(topology=topology, constraints=constraints, config=calibration.perf_config()),
+        EmbeddingStorageEstimator(topology=topology, constraints=constraints),
+    ]
+
+
+def shard_terms(
+    options: list[ShardingOption],
+    topology: Topology,
+    sharders: list,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER,
+) -> list[list[ShardTerms]]:
+    """Each option's shards' terms, by torchrec's EmbeddingPerfEstimator: for each coefficient in
+    `TERMS`, the shard's fwd + bwd compute with that coefficient 1 and the others 0. The options'
+    shards keep their perf."""
+    sharder_arg = sharders_for_estimators(sharders)
+    groups = {(option.sharding_type, option.compute_kernel) for option in options}
+    saved = [[shard.perf for shard in option.shards] for option in options]
+    columns: list[list[list[float]]] = []
+    try:
+        for unit in np.eye(len(TERMS)):
+            config = CalibratedPerfConfig(dict.fromkeys(groups, tuple(unit)), bwd_multiplier, name="unit")
+            EmbeddingPerfEstimator(topology=topology, constraints=constraints, config=config).estimate(
+                options, sharder_arg
+            )
+            columns.append([[_compute(shard) for shard in option.shards] for option in options])
+    finally:
+        for option, perfs in zip(options, saved):
+            for shard, perf in zip(option.shards, perfs):
+                shard.perf = perf
+    return [
+        [
+            ShardTerms(option.sharding_type, option.compute_kernel, tuple(column[i][s] for column in columns))
+            for s in range(len(option.shards))
+        ]
+        for i, option in enumerate(options)
+    ]
+
+
+def _compute(shard: Any) -> float:
+    return shard.perf.fwd_compute + shard.perf.bwd_compute
+
+
+def fit(
+    ranks: list[MeasuredRank],
+    device_kind: str,
+    device_name: str,
+    bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER,
+) -> Calibration:
+    """The non-negative least-squares coefficients of each (sharding type, compute kernel) in
+    `ranks`: minimize, over the ranks, (measured lookups - calibrated estimate) / measured lookups,
+    squared (each rank weighs by its relative error, so small ranks count). Raises ValueError where
+    a measurement is not a positive finite time or the ranks do not determine every coefficient."""
+    if not ranks:
+        raise ValueError("ranks must hold at least one MeasuredRank, got none")
+    for index, rank in enumerate(ranks):
+        if not isinstance(rank, MeasuredRank):
+            raise TypeError(f"ranks[{index}] must be a MeasuredRank, got {type(rank).__name__}")
+        check_number(f"ranks[{index}].lookups_ms", rank.lookups_ms, low=0, low_open=True)
+        for shard in rank.shards:
+            if len(shard.terms) != len(TERMS) or not all(math.isfinite(t) and t >= 0 for t in shard.terms):
+                raise ValueError(
+                    f"ranks[{index}]: a shard's terms must be {len(TERMS)} finite numbers >= 0, "
+                    f"got {shard.terms!r}"
+                )
+    groups = sorted({shard.group for rank in ranks for shard in rank.shards})
+    slot = {group: g * len(TERMS) for g, group in enumerate(groups)}
+    design = np.zeros((len(ranks), len(groups) * len(TERMS)))
+    for r, rank in enumerate(ranks):
+        for shard in rank.shards:
+            design[r, slot[shard.group] : slot[shard.group] + len(TERMS)] += shard.terms
+    measured = np.array([rank.lookups_ms for rank in ranks])
+    weighted = design / measured[:, None]
+    scale = np.linalg.norm(weighted, axis=0)
+    undetermined = [
+        f"{groups[c // len(TERMS)]} {TERMS[c % len(TERMS)]}" for c in range(design.shape[1]) if scale[c] == 0
+    ]
+    scale[scale == 0] = 1.0
+    normalized = weighted / scale
+    if undetermined or np.linalg.matrix_rank(normalized) < design.shape[1]:
+        raise ValueError(
+            f"the {len(ranks)} measured ranks determine {np.linalg.matrix_rank(normalized)} of the "
+            f"{design.shape[1]} coefficients of {groups}"
+            + (f" (no shard has a term for: {', '.join(undetermined)})" if undetermined else "")
+            + ": measure more distinct shards (rows, widths, pooling factors, batch sizes)"
+        )
+    solution, _ = nnls(normalized, np.ones(len(ranks)))
+    solution = solution / scale
+    coefficients = {
+        group: tuple(float(v) for v in solution[slot[group] : slot[group] + len(TERMS)]) for group in groups
+    }
+    errors = tuple(float(e) for e in design @ solution / measured - 1.0)
+    return Calibration(device_kind, device_name, coefficients, bwd_multiplier, errors)

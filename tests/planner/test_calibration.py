@@ -1,0 +1,185 @@
+"""embnb.planner.calibration: torchrec's perf config fitted to measured ranks.
+
+The oracle is torchrec's own EmbeddingPerfEstimator run here with a config built from torchrec's types
+(`EmbeddingPerfEstimatorConfig` with known `by_kernel` coefficients): its fwd + bwd compute summed per
+rank is the "measurement" the fit must explain, and the coefficients it must recover are the test's.
+"""
+
+import dataclasses
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.estimator.config import EmbeddingPerfEstimatorConfig
+from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
+from torchrec.distributed.planner.estimator.types import EstimatorPerfCoefficients, PerfCoefficient
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from embnb._torchrec_private import estimators_of, planner_enumerator, sharders_for_estimators
+from embnb.planner import create_planner
+from embnb.planner.calibration import TERMS, Calibration, MeasuredRank, estimators, fit, shard_terms
+from embnb.planner.estimates import covers
+from embnb.planner.topology import make_topology
+
+BATCH = 64
+SHAPES = [(rows, dim, pf) for rows, dim, pf in itertools.product((300, 4000), (16, 64, 128), (1.0, 7.0))]
+
+
+def model(shapes=SHAPES):
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", feature_names=[f"f{i}"], num_embeddings=rows, embedding_dim=dim)
+        for i, (rows, dim, _) in enumerate(shapes)
+    ]
+    constraints = {f"t{i}": ParameterConstraints(pooling_factors=[pf]) for i, (_, _, pf) in enumerate(shapes)}
+    return EmbeddingBagCollection(tables=tables, device="meta"), constraints
+
+
+def enumerated(world_size=4, device="cuda"):
+    topology = make_topology(world_size, device, hbm_cap_gb=16)
+    ebc, constraints = model()
+    sharders = [EmbeddingBagCollectionSharder()]
+    options = EmbeddingEnumerator(topology, BATCH, constraints).enumerate(ebc, sharders)
+    return topology, constraints, sharders, options
+
+
+def oracle_compute(options, topology, constraints, sharders, by_kernel):
+    """torchrec's estimate of each option's shards (fwd + bwd compute) under a config with `by_kernel`
+    (bwd: torchrec's fwd x the topology's bwd_compute_multiplier, 2)."""
+    config = EmbeddingPerfEstimatorConfig()
+    config.coefficients = dataclasses.replace(
+        EmbeddingPerfEstimatorConfig.coefficients,
+        by_kernel={
+            group: EstimatorPerfCoefficients(fwd=PerfCoefficient(*values), bwd=None)
+            for group, values in by_kernel.items()
+        },
+    )
+    EmbeddingPerfEstimator(topology, constraints, config=config).estimate(
+        options, sharders_for_estimators(sharders)
+    )
+    return [[s.perf.fwd_compute + s.perf.bwd_compute for s in option.shards] for option in options]
+
+
+KNOWN = {
+    ("table_wise", "fused"): (0.6, 1.7, 0.4, 2e-3),
+    ("column_wise", "fused"): (1.3, 0.5, 2.2, 5e-3),
+    ("row_wise", "fused"): (0.9, 2.5, 0.7, 1e-3),
+}
+
+
+def test_fit_recovers_known_coefficients_from_torchrecs_estimates():
+    topology, constraints, sharders, options = enumerated()
+    options = [o for o in options if (o.sharding_type, o.compute_kernel) in KNOWN]
+    assert {(o.sharding_type, o.compute_kernel) for o in options} == set(KNOWN)
+    measured = oracle_compute(options, topology, constraints, sharders, KNOWN)
+    terms = shard_terms(options, topology, sharders, constraints)
+    pool = [(terms[i][s], measured[i][s]) for i, o in enumerate(options) for s in range(len(o.shards))]
+    rng = np.random.default_rng(0)
+    ranks = []
+    for _ in range(60):
+        picked = [pool[j] for j in rng.choice(len(pool), size=3, replace=False)]
+        ranks.append(MeasuredRank(sum(ms for _, ms in picked), tuple(t for t, _ in picked)))
+    calibration = fit(ranks, device_kind="cuda", device_name="synthetic")
+    assert set(calibration.coefficients) == set(KNOWN)
+    for group, values in KNOWN.items():
+        np.testing.assert_allclose(calibration.coefficients[group], values, rtol=1e-6, err_msg=str(group))
+    assert max(abs(e) for e in calibration.fit_errors) < 1e-9
+    for rank in ranks[:5]:
+        assert math.isclose(calibration.estimate(rank.shards), rank.lookups_ms, rel_tol=1e-9)
+
+
+def test_shard_terms_are_torchrecs_default_estimate_at_default_coefficients():
+    """At torchrec's default coefficients (1, 1, 1, 0) the terms sum to its default estimate, block
+    penalty included (bwd = 2 x fwd)."""
+    topology, constraints, sharders, options = enumerated(world_size=2)
+    default = [[s.perf.fwd_compute + s.perf.bwd_compute for s in o.shards] for o in options]
+    terms = shard_terms(options, topology, sharders, constraints)
+    assert [[s.perf.fwd_compute + s.perf.bwd_compute for s in o.shards] for o in options] == default  # kept
+    for option_terms, option_default in zip(terms, default):
+        for shard, expected in zip(option_terms, option_default):
+            assert math.isclose(sum(shard.terms[:3]), expected, rel_tol=1e-12)
+
+
+def scaled_calibration(options, factor):
+    groups = {(o.sharding_type, o.compute_kernel) for o in options}
+    return Calibration("cuda", "test", dict.fromkeys(groups, (factor, factor, factor, 0.0)))
+
+
+@pytest.mark.parametrize("planner_kind", ["torchrec", "embnb"])
+def test_calibrated_config_plugs_into_the_planner(planner_kind):
+    """A plan of a small model on the calibrated estimator: every enumerated shard's compute is the
+    calibration's factor times torchrec's default estimate (coefficients (k, k, k, 0), bwd 2 x fwd)."""
+    topology, constraints, sharders, options = enumerated(world_size=2)
+    calibration = scaled_calibration(options, 3.0)
+    ebc, _ = model()
+    if planner_kind == "torchrec":
+        calibrated_estimators = estimators(calibration, topology, constraints)
+        enumerator = EmbeddingEnumerator(topology, BATCH, constraints, estimator=calibrated_estimators)
+        the_planner = EmbeddingShardingPlanner(
+            topology=topology, batch_size=BATCH, enumerator=enumerator, constraints=constraints
+        )
+    else:
+        the_planner = create_planner(topology, BATCH, constraints=constraints, calibration=calibration)
+        enumerator = planner_enumerator(the_planner)
+        assert all(map(covers, estimators_of(enumerator)))  # embnb's fast path stays on
+    plan = the_planner.plan(ebc, sharders)
+    assert plan.plan  # a real plan
+    calibrated = enumerator.last_stored_search_space
+    assert calibrated
+
+    def key(o):
+        return (o.name, o.sharding_type, o.compute_kernel, tuple(tuple(s.size) for s in o.shards))
+
+    by_key = {key(o): o for o in options}
+    assert len(by_key) == len(options)
+    for option in calibrated:
+        default = by_key[key(option)]
+        for shard, default_shard in zip(option.shards, default.shards):
+            assert math.isclose(shard.perf.fwd_compute, 3.0 * default_shard.perf.fwd_compute, rel_tol=1e-9)
+            assert math.isclose(shard.perf.bwd_compute, 3.0 * default_shard.perf.bwd_compute, rel_tol=1e-9)
+            assert shard.perf.fwd_comms == default_shard.perf.fwd_comms  # communication is not calibrated
+
+
+def test_save_load_round_trip(tmp_path):
+    calibration = Calibration(
+        "cpu",
+        "AMD EPYC test",
+        {("table_wise", "fused"): (0.5, 1.25, 0.0, 1e-4), ("row_wise", "dense"): (1.0, 2.0, 3.0, 0.0)},
+        bwd_multiplier=1.5,
+        fit_errors=(0.01, -0.02),
+    )
+    path = tmp_path / "calibration.json"
+    calibration.save(path)
+    data = json.loads(path.read_text())
+    assert data["device_kind"] == "cpu" and data["device_name"] == "AMD EPYC test"
+    assert Calibration.load(path) == calibration
+
+
+def test_bad_input_raises_naming_the_value():
+    shard = shard_terms_example()
+    with pytest.raises(ValueError, match=r"ranks\[1\]\.lookups_ms .*-2\.0"):
+        fit([MeasuredRank(1.0, (shard,)), MeasuredRank(-2.0, (shard,))], "cpu", "x")
+    with pytest.raises(ValueError, match="at least one"):
+        fit([], "cpu", "x")
+    with pytest.raises(ValueError, match=r"determine 1 of the 4 coefficients"):
+        fit([MeasuredRank(1.0, (shard,)), MeasuredRank(2.0, (shard, shard))], "cpu", "x")
+    with pytest.raises(ValueError, match=r"coefficients\[\('table_wise', 'fused'\)\].*-1"):
+        Calibration("cpu", "x", {("table_wise", "fused"): (1.0, -1.0, 0.0, 0.0)})
+    with pytest.raises(ValueError, match="device_name .*''"):
+        Calibration("cpu", "", {})
+    with pytest.raises(ValueError, match="format"):
+        Calibration.from_json({"format": 99, "terms": list(TERMS)})
+    with pytest.raises(TypeError, match="calibration must be a Calibration"):
+        create_planner(make_topology(2, "cuda", hbm_cap_gb=16), BATCH, calibration={"a": 1})
+
+
+def shard_terms_example():
+    from embnb.planner.calibration import ShardTerms
+
+    return ShardTerms("table_wise", "fused", (1.0, 2.0, 3.0, 4.0))
