@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
 from torchrec.distributed.planner.constants import BWD_COMPUTE_MULTIPLIER
 from torchrec.distributed.planner.estimator.config import EmbeddingPerfEstimatorConfig
 from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
@@ -283,6 +282,12 @@ def fit(
             + (f" (no shard has a term for: {', '.join(undetermined)})" if undetermined else "")
             + ": measure more distinct shards (rows, widths, pooling factors, batch sizes)"
         )
+    try:  # only fitting needs scipy (the notebooks extra has it); loading and planning do not
+        from scipy.optimize import nnls
+    except ImportError as missing:
+        raise ImportError(
+            "fitting a calibration needs scipy (pip install scipy, or embnb[notebooks])"
+        ) from missing
     solution, _ = nnls(normalized, np.ones(len(ranks)))
     solution = solution / scale
     coefficients = {
