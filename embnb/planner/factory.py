@@ -7,10 +7,12 @@ planner.rating, planner.rank_perf, planner.rank_hbm   # the chosen plan's estima
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import gc
+import logging
 import math
 import sys
+import warnings
 
 import torch
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
@@ -30,17 +32,73 @@ from torchrec.distributed.planner.types import (
 
 from embnb._checks import check_bool, check_int, check_number
 from embnb._gc import collector_paused
-from embnb._torchrec_private import best_plan, planner_enumerator
+from embnb._torchrec_private import best_plan
 from embnb.planner.calibration import Calibration, estimators
 from embnb.planner.enumerator import default_enumerator, make_enumerator
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import topology_for_device
 
-__all__ = ["create_planner", "EmbnbShardingPlanner", "Fallback", "RESERVATIONS", "make_reservation"]
+__all__ = [
+    "create_planner",
+    "EmbnbShardingPlanner",
+    "Fallback",
+    "FixedReservation",
+    "HeuristicalReservation",
+    "RESERVATIONS",
+    "make_reservation",
+]
 
 # What create_planner's `storage_reservation` names: torchrec's default (dense
 # parameters, KJTs and the percentage of each device) or a fixed percentage.
 RESERVATIONS = ("heuristical", "fixed")
+
+
+class _HandsOverReserved:
+    """A storage reservation that also hands the devices' memory it leaves to
+    `proposer` (set by create_planner): torchrec's planner reserves before it
+    loads the proposers, so the DP's first plan needs no partition (and no
+    deep copy) by the planner."""
+
+    proposer: DynamicProgrammingProposer | None = None
+
+    def reserve(self, *args, **kwargs) -> Topology:
+        reserved = super().reserve(*args, **kwargs)
+        if self.proposer is not None:
+            self.proposer.expect_storage_constraint(reserved)
+        return reserved
+
+
+class _DryRunNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "dense tensor size calculation in dry run" not in record.getMessage()
+
+
+class HeuristicalReservation(_HandsOverReserved, HeuristicalStorageReservation):
+    """torchrec's default reservation (dense parameters, KJTs and a percentage), handing over.
+
+    torchrec 1.6-1.8 warn on every construction (a FutureWarning, even with a
+    dense estimate) and log a dry-run notice on every reserve without one.
+    It is torchrec's planner's own default, kept on purpose (docs/planner.md
+    says what it reserves), and the dense size it computes from parameter
+    shapes is exact on a meta module too: neither message is one a user of
+    create_planner can act on, so both are silenced here, and only here."""
+
+    def __init__(self, percentage: float) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "HeuristicalStorageReservation is known", FutureWarning)
+            super().__init__(percentage=percentage)
+
+    def reserve(self, *args, **kwargs) -> Topology:
+        logger, notice = logging.getLogger(HeuristicalStorageReservation.__module__), _DryRunNotice()
+        logger.addFilter(notice)
+        try:
+            return super().reserve(*args, **kwargs)
+        finally:
+            logger.removeFilter(notice)
+
+
+class FixedReservation(_HandsOverReserved, FixedPercentageStorageReservation):
+    """A fixed percentage of each device, handing over."""
 
 
 def make_reservation(
@@ -49,14 +107,15 @@ def make_reservation(
     """`storage_reservation` as a torchrec StorageReservation: "heuristical"
     is what torchrec's EmbeddingShardingPlanner uses by default
     (HeuristicalStorageReservation(percentage)), "fixed"
-    FixedPercentageStorageReservation(percentage); an instance is used as it is."""
+    FixedPercentageStorageReservation(percentage) (subclasses that can hand
+    the reserved memory to the DP); an instance is used as it is."""
     check_number("storage_reservation_percentage", percentage, low=0, high=1, high_open=True)
     if isinstance(storage_reservation, StorageReservation):
         return storage_reservation
     if storage_reservation == "heuristical":
-        return HeuristicalStorageReservation(percentage=percentage)
+        return HeuristicalReservation(percentage)
     if storage_reservation == "fixed":
-        return FixedPercentageStorageReservation(percentage=percentage)
+        return FixedReservation(percentage=percentage)
     raise ValueError(
         f"storage_reservation must be one of {RESERVATIONS} or a torchrec StorageReservation, "
         f"got {storage_reservation!r}"
@@ -114,9 +173,62 @@ class EmbnbShardingPlanner(EmbeddingShardingPlanner):
         *args, **kwargs: EmbeddingShardingPlanner's.
     """
 
-    def __init__(self, *args, dp_proposer: DynamicProgrammingProposer, world_size: int, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        dp_proposer: DynamicProgrammingProposer,
+        world_size: int,
+        progress: bool = False,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.dp_proposer, self.world_size = dp_proposer, world_size
+        self.dp_proposer, self.world_size, self.progress = dp_proposer, world_size, progress
+
+    def plan(self, module, sharders):
+        """torchrec's plan, with the cyclic garbage collector paused
+        (`collector_paused`), torchrec's own steps too: its partitions and its
+        deep copy of each better plan allocate shards by the hundred thousand
+        on thousands of tables, and the collections they trigger walk every
+        option enumerated (seconds each). The one collection that planning
+        leaves due runs before `plan` returns (else the caller's next
+        allocation would pay it), so a plan's time includes it. With
+        `progress`, one tqdm bar: the enumeration, then the plans the DP
+        considers (its best rating beside it)."""
+        with self._progress_bar(), collector_paused():
+            planned = super().plan(module, sharders)
+        if gc.isenabled():
+            gc.collect(0)
+        return planned
+
+    @contextlib.contextmanager
+    def _progress_bar(self):
+        if not self.progress:
+            yield
+            return
+        from tqdm.auto import tqdm
+
+        proposer = self.dp_proposer
+        with tqdm(
+            desc="planning: enumerating options",
+            unit=" plans",
+            bar_format="{desc}{n_fmt}{unit} [{elapsed}{postfix}]",
+            delay=PROGRESS_DELAY_S,
+        ) as bar:
+
+            def considered() -> None:
+                if bar.n == 0:  # the DP's first plan: the enumeration is over
+                    bar.set_description(
+                        f"planning: {proposer.num_options:,} options enumerated, plans considered"
+                    )
+                bar.update()
+                if bar.n % 50 == 1 and math.isfinite(proposer.best_rating):
+                    bar.set_postfix_str(f"best {proposer.best_rating:.4g} ms", refresh=False)
+
+            proposer.progress = considered
+            try:
+                yield
+            finally:
+                proposer.progress = None
 
     def _chosen(self) -> list[ShardingOption]:
         chosen = best_plan(self)
@@ -124,32 +236,28 @@ class EmbnbShardingPlanner(EmbeddingShardingPlanner):
             raise RuntimeError("no plan yet: call plan(module, sharders) first")
         return chosen
 
+    def _per_rank(self, value) -> list:
+        """`value(shard)` summed over each rank's shards under the chosen plan."""
+        totals = [0] * self.world_size
+        for option in self._chosen():
+            for shard in option.shards:
+                totals[shard.rank] += value(shard)
+        return totals
+
     @property
     def rank_perf(self) -> list[float]:
         """Each rank's estimated perf (ms) under the chosen plan: the sum of its shards' perf."""
-        perf = [0.0] * self.world_size
-        for option in self._chosen():
-            for shard in option.shards:
-                perf[shard.rank] += shard.perf.total
-        return perf
+        return self._per_rank(lambda shard: shard.perf.total)
 
     @property
     def rank_hbm(self) -> list[int]:
         """Each rank's HBM bytes under the chosen plan: the sum of its shards' storage."""
-        hbm = [0] * self.world_size
-        for option in self._chosen():
-            for shard in option.shards:
-                hbm[shard.rank] += shard.storage.hbm
-        return hbm
+        return self._per_rank(lambda shard: shard.storage.hbm)
 
     @property
     def rank_ddr(self) -> list[int]:
         """Each rank's DDR bytes under the chosen plan (where a CPU topology keeps its tables)."""
-        ddr = [0] * self.world_size
-        for option in self._chosen():
-            for shard in option.shards:
-                ddr[shard.rank] += shard.storage.ddr
-        return ddr
+        return self._per_rank(lambda shard: shard.storage.ddr)
 
     @property
     def rating(self) -> float:
@@ -216,11 +324,12 @@ def create_planner(
             world_size = 1 if group_size is None else group_size
         topology = topology_for_device(topology, world_size, local_world_size, intra_host_bw, inter_host_bw)
     proposer = DynamicProgrammingProposer(bins_per_device=bins_per_device)
-    if not isinstance(storage_reservation, StorageReservation):  # made here: not the caller's to change
-        _hand_over_reserved(reservation, proposer)
+    if not isinstance(storage_reservation, StorageReservation):  # made here: not the caller's
+        reservation.proposer = proposer
     the_planner = EmbnbShardingPlanner(
         dp_proposer=proposer,
         world_size=topology.world_size,
+        progress=attached() if progress is None else check_bool("progress", progress),
         topology=topology,
         batch_size=batch_size,
         enumerator=make_enumerator(
@@ -236,47 +345,7 @@ def create_planner(
         timeout_seconds=timeout_seconds,
         debug=False,
     )
-    _pause_collector_while_planning(the_planner)
-    if attached() if progress is None else check_bool("progress", progress):
-        _show_progress(the_planner, proposer)
     return the_planner
-
-
-def _pause_collector_while_planning(the_planner: EmbeddingShardingPlanner) -> None:
-    """Each `plan` with the cyclic garbage collector paused (`collector_paused`),
-    torchrec's own steps too: its partitions and its deep copy of each better
-    plan allocate shards by the hundred thousand on thousands of tables, and
-    the collections they trigger walk every option enumerated (seconds
-    each). The one collection that planning leaves due runs before `plan`
-    returns (else the caller's next allocation would pay it), so a plan's
-    time includes it."""
-    plan = the_planner.plan
-
-    @functools.wraps(plan)
-    def plan_with_collector_paused(module, sharders):
-        with collector_paused():
-            planned = plan(module, sharders)
-        if gc.isenabled():
-            gc.collect(0)
-        return planned
-
-    the_planner.plan = plan_with_collector_paused
-
-
-def _hand_over_reserved(reservation: StorageReservation, proposer: DynamicProgrammingProposer) -> None:
-    """`reservation.reserve` also hands the devices' memory it leaves to
-    `proposer`: torchrec's planner reserves before it loads the proposers,
-    so the DP's first plan needs no partition (and no deep copy) by the
-    planner."""
-    reserve = reservation.reserve
-
-    @functools.wraps(reserve)
-    def reserve_and_hand_over(*args, **kwargs) -> Topology:
-        reserved = reserve(*args, **kwargs)
-        proposer.expect_storage_constraint(reserved)
-        return reserved
-
-    reservation.reserve = reserve_and_hand_over
 
 
 PROGRESS_DELAY_S = 2.0  # plans quicker than this show no bar
@@ -288,40 +357,3 @@ def attached() -> bool:
         return True
     shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
-
-
-def _show_progress(the_planner: EmbeddingShardingPlanner, proposer: DynamicProgrammingProposer) -> None:
-    """Each `plan` shows one tqdm bar: the enumeration, then a count of the
-    plans the DP considers (its best rating beside it)."""
-    from tqdm.auto import tqdm
-
-    enumerator = planner_enumerator(the_planner)
-    plan, enumerate_ = the_planner.plan, enumerator.enumerate
-
-    @functools.wraps(plan)
-    def plan_with_progress(module, sharders):
-        with tqdm(
-            desc="planning: enumerating options",
-            unit=" plans",
-            bar_format="{desc}{n_fmt}{unit} [{elapsed}{postfix}]",
-            delay=PROGRESS_DELAY_S,
-        ) as bar:
-
-            @functools.wraps(enumerate_)
-            def enumerate_with_progress(*args, **kwargs):
-                options = enumerate_(*args, **kwargs)
-                bar.set_description(f"planning: {len(options):,} options enumerated, plans considered")
-                return options
-
-            def considered() -> None:
-                bar.update()
-                if bar.n % 50 == 1 and math.isfinite(proposer.best_rating):
-                    bar.set_postfix_str(f"best {proposer.best_rating:.4g} ms", refresh=False)
-
-            enumerator.enumerate, proposer.progress = enumerate_with_progress, considered
-            try:
-                return plan(module, sharders)
-            finally:
-                enumerator.enumerate, proposer.progress = enumerate_, None
-
-    the_planner.plan = plan_with_progress

@@ -169,6 +169,7 @@ class DynamicProgrammingProposer(Proposer):
         # planner's answer differed from the replica's.
         self.feedback_reasons: list[str] = []
         self.disagreements: list[str] = []
+        self.num_options = len(search_space)  # the sharding options enumerated (a progress bar shows it)
         if not hasattr(self, "progress"):
             self.progress: Callable[[], None] | None = None  # called per plan considered (a progress bar)
         expected, self._expected_storage = getattr(self, "_expected_storage", None), None

@@ -834,3 +834,36 @@ def test_bad_topology_and_planner_arguments_are_named(call, message):
 def test_arguments_of_the_wrong_type_raise_type_error(call, message):
     with pytest.raises(TypeError, match=message):
         call()
+
+
+def test_create_planner_extends_torchrec_by_its_classes_and_warns_of_nothing(recwarn):
+    """No attribute of a torchrec object is replaced at run time (the planner,
+    its reservation and its enumerator keep their classes' methods), and
+    torchrec's default reservation neither warns (FutureWarning) nor logs its
+    dry-run notice: nothing a create_planner user could act on."""
+    from torchrec.distributed.planner import storage_reservations
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger(storage_reservations.__name__)
+    logger.addHandler(handler)
+    try:
+        model = make_model(10, seed=1)
+        the_planner = planner.create_planner(
+            planner.make_topology(4, "cuda"), BATCH_SIZE, constraints=model.constraints, progress=True
+        )
+        module = EmbeddingBagCollection(tables=model.tables, device=torch.device("meta"))
+        the_planner.plan(module, [EmbeddingBagCollectionSharder()])
+    finally:
+        logger.removeHandler(handler)
+    assert records == [] and not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+    reservation = planner_storage_reservation(the_planner)
+    assert isinstance(reservation, storage_reservations.HeuristicalStorageReservation)
+    for owner, method in (
+        (the_planner, "plan"),
+        (reservation, "reserve"),
+        (planner_enumerator(the_planner), "enumerate"),
+    ):
+        assert method not in vars(owner), (type(owner).__name__, method)
+    assert the_planner.dp_proposer.feedback_reasons[0].startswith("the replica's best plan")  # handed over
