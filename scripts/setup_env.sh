@@ -68,7 +68,15 @@ esac
 
 stamp="$VENV/.embnb-stamp"
 want=$( { echo "$variant $STACK"; "$PYTHON" --version 2>&1; cat "$0" requirements.txt pyproject.toml; } | sha256sum | cut -d' ' -f1)
+# The native extension, once per host and source change: plan() never builds
+# it. Without it (no compiler, say) embnb runs its Python versions, so a failed
+# build is a message here, not a failed setup.
+build_native() {
+  "$VENV/bin/python" -m embnb.cuda build ||
+    echo "setup: embnb runs its Python versions until \`$VENV/bin/python -m embnb.cuda build\` succeeds" >&2
+}
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+  build_native
   exit 0
 fi
 
@@ -105,3 +113,4 @@ MSG
   exit 1
 fi
 echo "$want" > "$stamp"
+build_native

@@ -83,6 +83,16 @@ def test_setup_is_a_fast_no_op_when_nothing_changed():
     )
     assert out.returncode == 0, out.stderr
     assert "building" not in out.stdout
+    # it still makes sure the native extension is built (a cache hit: loaded, not compiled)
+    assert "embnb: native extension ready" in out.stdout, out.stderr
+    assert "compiling" not in out.stderr
+
+
+def test_setup_and_the_readme_name_the_one_build_command():
+    script = (ROOT / "scripts" / "setup_env.sh").read_text()
+    assert '"$VENV/bin/python" -m embnb.cuda build' in script
+    readme = (ROOT / "README.md").read_text()
+    assert "`make setup` builds them" in readme and "`python -m embnb.cuda build`" in readme
 
 
 def test_setup_rejects_an_unknown_fbgemm_variant():

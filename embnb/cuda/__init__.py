@@ -3,8 +3,10 @@
 The folder is named for the extension's GPU kernels; like FBGEMM's
 `fbgemm_gpu`, it holds their CPU twins and the CPU-only ops too.
 
-`embnb.cuda.loader.load()` builds them on first use (cached by source hash)
-and loads them; `embnb.rowwise.routing.bucketize` calls it for you. Ops:
+`python -m embnb.cuda build` (which `make setup` runs) builds them once per
+host (cached by source hash); `embnb.cuda.loader.load()` loads them, building
+them on first use where they are missing, except in the planner: `plan()`
+never compiles. `embnb.rowwise.routing.bucketize` calls it for you. Ops:
 
 - `torch.ops.embnb.bucketize(lengths, indices, world_size, dist_types,
   block_sizes, weights=None) -> (lengths, indices, unbucketize_permute,

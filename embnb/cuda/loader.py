@@ -1,4 +1,11 @@
-"""Build the native extension on first use and load its torch ops.
+"""Build the native extension and load its torch ops.
+
+`python -m embnb.cuda build` (which `make setup` runs) builds it once per
+host; `load()` builds it on first use where it is missing, except in the
+planner, which loads with `build=False`: `plan()` never compiles (a job's
+ranks would each compile on their trainer host). Where the library is
+missing the planner warns once, naming the build command, and plans with
+its Python versions (the same plans).
 
 The extension is one shared library made of the sources listed below; each
 source registers its own ops with `TORCH_LIBRARY_FRAGMENT(embnb, m)` (and
@@ -13,12 +20,18 @@ The build goes to `$EMBNB_EXT_DIR` (default `~/.cache/embnb`), in a folder
 named by a hash of every source and header here, the torch, CUDA and Python
 versions, the flags and the GPU architectures built for: it is rebuilt only
 when one of those changes, and a built library is loaded without any
-compiler. `CXX` picks the C++ compiler.
+compiler. `CXX` picks the C++ compiler; without it (or without ninja) the
+build fails at once with a message that says what to install. Processes
+building at once (the ranks of a job on one host) share one build: a file
+lock next to the build folder lets one compile while the others wait, then
+load what it built.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import logging
 import os
@@ -38,6 +51,7 @@ NAME = "embnb_native"
 CPU_SOURCES = ["bucketize_cpu.cpp", "greedy_place.cpp", "karmarkar_karp.cpp", "knapsack.cpp"]
 CUDA_SOURCES = ["bucketize_cuda.cpp", "bucketize_cuda.cu"]
 HEADER_SUFFIXES = (".h", ".cuh")
+BUILD_COMMAND = "python -m embnb.cuda build"
 CFLAGS = ["-O3", "-fopenmp"]
 CUDA_CFLAGS = ["-O3"]
 
@@ -128,7 +142,61 @@ def build_dir(cuda: bool | None = None) -> pathlib.Path:
     return cache_root() / f"{NAME}-{digest.hexdigest()[:16]}"
 
 
+def missing_tools() -> str | None:
+    """What the build needs and this host lacks (the C++ compiler torch runs,
+    `$CXX` or c++, and ninja), said with what to do; None when both are found."""
+    if shutil.which("ninja") is None:  # pip's ninja sits next to python
+        bindir = str(pathlib.Path(sys.executable).parent)
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    cxx = os.environ.get("CXX") or "c++"
+    if shutil.which(cxx) is None:
+        named = f"CXX={cxx}" if os.environ.get("CXX") else "c++ (torch's default; CXX is unset)"
+        return (
+            f"no C++ compiler: {named} is not found on PATH. Install one (for example "
+            f"`apt-get install g++`) or set CXX to a compiler's path, then run `{BUILD_COMMAND}`"
+        )
+    if shutil.which("ninja") is None:
+        return (
+            f"ninja, which torch's extension build runs, is not found on PATH or next to {sys.executable}. "
+            f"Install it (`pip install ninja`; requirements.txt pins it), then run `{BUILD_COMMAND}`"
+        )
+    return None
+
+
+@contextlib.contextmanager
+def build_lock(directory: pathlib.Path, exclusive: bool):
+    """A file lock beside `directory` (`<name>.lock`): exclusive while one
+    process checks for the library and builds it, shared while one loads it,
+    so no process loads a library another is still linking. The kernel drops
+    it when its holder dies, so a killed build leaves no lock behind. Where
+    the lock file cannot be made (a read-only cache) loading goes on without."""
+    path = directory.parent / f"{directory.name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")
+    except OSError:
+        if exclusive:
+            raise
+        yield
+        return
+    with handle:
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"embnb: waiting for another process building {directory}", file=sys.stderr, flush=True)
+            fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _build(directory: pathlib.Path, cuda: bool) -> pathlib.Path:
+    """Compile into `directory`; the caller holds its exclusive build lock."""
+    missing = missing_tools()
+    if missing is not None:
+        raise NativeUnavailable(f"building {directory} failed: {missing}")
     cpp_extension = quiet_cpp_extension()
 
     print(
@@ -137,9 +205,9 @@ def _build(directory: pathlib.Path, cuda: bool) -> pathlib.Path:
         flush=True,
     )
     directory.mkdir(parents=True, exist_ok=True)
-    if shutil.which("ninja") is None:  # pip's ninja sits next to python
-        bindir = str(pathlib.Path(sys.executable).parent)
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    # torch's own build lock in the folder: under our lock nobody else builds
+    # here, so one that exists was left by a killed build and would make torch wait forever
+    (directory / "lock").unlink(missing_ok=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -163,9 +231,12 @@ def _build(directory: pathlib.Path, cuda: bool) -> pathlib.Path:
     return directory / f"{NAME}.so"
 
 
-def load() -> Native:
+def load(build: bool = True) -> Native:
     """Build if needed and load, once per process; a failure is remembered
-    and raised again as NativeUnavailable without rebuilding."""
+    and raised again as NativeUnavailable without rebuilding. With `build`
+    False nothing compiles: a library not built yet is a NativeUnavailable
+    that says to run `python -m embnb.cuda build` (not remembered: a later
+    load may build it or find it built)."""
     global _loaded, _failure
     with _lock:
         if _loaded is not None:
@@ -175,28 +246,35 @@ def load() -> Native:
         cuda = with_cuda()
         directory = build_dir(cuda)
         library = directory / f"{NAME}.so"
+        if not build and not library.exists():
+            raise NativeUnavailable(
+                f"the native extension is not built for these sources and this torch ({directory} "
+                f"has no {library.name}); build it once per host with `{BUILD_COMMAND}` "
+                f"(`make setup` runs it)"
+            )
         try:
-            if library.exists():
-                torch.ops.load_library(str(library))
-            else:
-                library = _build(directory, cuda)
+            with build_lock(directory, exclusive=build):
+                if library.exists():
+                    torch.ops.load_library(str(library))
+                else:
+                    library = _build(directory, cuda)
         except NativeUnavailable as error:
             _failure = str(error)
             raise
-        except OSError as error:  # a damaged cached library
+        except OSError as error:  # a damaged cached library, or a cache we cannot write
             _failure = f"loading {library} failed: {error}"
             raise NativeUnavailable(_failure) from error
         _loaded = Native(library, cuda)
         return _loaded
 
 
-def try_load() -> Native | None:
-    """THE fallback rule of every native op: load(), or None after one
+def try_load(build: bool = True) -> Native | None:
+    """THE fallback rule of every native op: load(build), or None after one
     RuntimeWarning per process saying why. Callers then run their pure-torch
     or Python version, which gives the same results, only slower."""
     global _warned
     try:
-        return load()
+        return load(build)
     except NativeUnavailable as error:
         if not _warned:
             _warned = True
@@ -210,16 +288,17 @@ def try_load() -> Native | None:
         return None
 
 
-def use(native: bool | None, name: str = "native") -> bool:
+def use(native: bool | None, name: str = "native", build: bool = True) -> bool:
     """The one reading of a `native=` switch: True needs the native ops
     (NativeUnavailable when they cannot load), None uses them where they
     load (else `try_load`'s fallback, one warning), False never does. Any
-    other value is a TypeError naming `name`."""
+    other value is a TypeError naming `name`. With `build` False (the
+    planner) nothing compiles: a library not built yet cannot load."""
     check_native(name, native)
     if native:
-        load()
+        load(build)
         return True
-    return native is None and try_load() is not None
+    return native is None and try_load(build) is not None
 
 
 def available() -> bool:

@@ -47,11 +47,12 @@ class Knapsack:
     ):
         """`native`: add tables on one axis with torch.ops.embnb.knapsack_step
         (the same states, several times faster); None: when embnb's native
-        extension loads (else numpy, after one warning); False: numpy.
+        extension is built (`python -m embnb.cuda build`; the planner never
+        compiles it) and loads, else numpy, after one warning; False: numpy.
         `workspace`: an int32 tensor the native run keeps its trace in (and
         grows), passed from run to run so its memory is allocated once."""
         self.capacity, self.shape, self.workspace = capacity, bins, workspace
-        self._native = len(bins) == 1 and loader.use(native)
+        self._native = len(bins) == 1 and loader.use(native, build=False)
         self.bin_size = capacity / np.array(bins)
         self.cells = np.zeros(1, dtype=np.int64)  # flat bin of each state
         self.perf = np.zeros(1)

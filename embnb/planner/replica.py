@@ -145,8 +145,9 @@ class GreedyPerfReplica:
         native: bool | None = None,
     ) -> None:
         """`native`: place what it models with torch.ops.embnb.greedy_place;
-        None: when embnb's native extension loads (else here, after one
-        warning); False: here."""
+        None: when embnb's native extension is built (`python -m embnb.cuda
+        build`; the planner never compiles it) and loads, else here, after
+        one warning; False: here."""
         devices = storage_constraint.devices
         self.world_size = num = len(devices)
         self.local_world_size = storage_constraint.local_world_size
@@ -175,7 +176,7 @@ class GreedyPerfReplica:
                     self.uniform_parts[t, o] = values.parts[rows]
                     self.uniform_storage[t, o] = values.storage[rows]
                     self.uniform_totals[t, o] = values.totals[rows]
-        self._native = _NativeOptions(self, options, values) if loader.use(native) else None
+        self._native = _NativeOptions(self, options, values) if loader.use(native, build=False) else None
 
     def place(self, choice: np.ndarray) -> Placement | None:
         """Place the plan choosing option `choice[t]` of each table t as
