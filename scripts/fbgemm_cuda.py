@@ -236,20 +236,10 @@ def receive(parts_dir: pathlib.Path, store: pathlib.Path) -> dict:
 
 def download(pin: str, dest: pathlib.Path) -> pathlib.Path:
     """The cp312 manylinux x86-64 wheel of `pin` (needs a package registry)."""
+    from gpu_kit import cp312_download  # beside this script
+
     dest.mkdir(parents=True, exist_ok=True)
-    platforms = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps"]
-    command += [
-        "--only-binary=:all:",
-        "--python-version",
-        "3.12",
-        "--implementation",
-        "cp",
-        "--dest",
-        str(dest),
-    ]
-    command += [x for tag in platforms for x in ("--platform", tag)]
-    subprocess.run([*command, pin], check=True)
+    subprocess.run([*cp312_download(dest), pin], check=True)
     name = pin.split("==")[0].replace("-", "_")
     return next(dest.glob(f"{name}-{pin.split('==')[1]}-cp312-*.whl"))
 

@@ -198,6 +198,23 @@ def kit_size(kit: pathlib.Path) -> int:
     return sum(p.stat().st_size for p in kit.glob("*.whl"))
 
 
+def cp312_download(dest: pathlib.Path) -> list[str]:
+    """`pip download`'s command (a pin to append) for the GPU machine's
+    wheels: cp312 manylinux x86-64 or pure Python, no dependencies, into `dest`."""
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps"]
+    command += [
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--dest",
+        str(dest),
+    ]
+    command += [x for abi in ("cp312", "abi3", "none") for x in ("--abi", abi)]
+    return command + [x for tag in PLATFORMS for x in ("--platform", tag)]
+
+
 def gather(kit: pathlib.Path) -> int:
     """Download cp312 manylinux x86-64 wheels of every kit pin (never torch)."""
     pins = kit_pins()
@@ -206,26 +223,7 @@ def gather(kit: pathlib.Path) -> int:
     kit.mkdir(parents=True, exist_ok=True)
     for old in kit.glob("*.whl"):
         old.unlink()
-    download = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--no-deps",
-    ]
-    download += [
-        "--only-binary=:all:",
-        "--python-version",
-        "3.12",
-        "--implementation",
-        "cp",
-        "--dest",
-        str(kit),
-    ]
-    download += [x for abi in ("cp312", "abi3", "none") for x in ("--abi", abi)]
-    download += [x for tag in PLATFORMS for x in ("--platform", tag)]
+    download = cp312_download(kit)
     for pin in pins:
         if subprocess.run([*download, pin], capture_output=True).returncode == 0:
             continue
