@@ -126,7 +126,9 @@ def train_dmp(rank: int, world_size: int, mode: str, steps: int = 4) -> dict:
     """Train `steps` steps: mode "none" (each rank its loader's batch),
     "sync" (BalancedShuffle(overlap=False) on the default group) or
     "overlap" (the shuffle of batch s+1 in the background, on a gloo group
-    of its own, while step s runs DMP's forward, backward and optimizer).
+    of its own, while step s runs DMP's forward, backward and optimizer) or
+    "caller" (on the default group, the collectives on this thread and KK
+    alone in the background).
     Returns the local weights, the losses and the samples per step."""
     model, optimizer = _dmp(world_size)
     losses, ids = [], []
@@ -136,9 +138,10 @@ def train_dmp(rank: int, world_size: int, mode: str, steps: int = 4) -> dict:
             losses.append(_step(model, optimizer, kjt, dense))
             ids.append(kjt.values().numel())
         return {"weights": _local_weights(model), "losses": losses, "ids": ids}
-    overlap = mode == "overlap"
-    group = dist.new_group(backend="gloo") if overlap else None
-    with BalancedShuffle(overlap=overlap, group=group) as shuffle:
+    overlap = mode in ("overlap", "caller")
+    group = dist.new_group(backend="gloo") if mode == "overlap" else None
+    thread = "caller" if mode == "caller" else "worker"
+    with BalancedShuffle(overlap=overlap, group=group, collective_thread=thread) as shuffle:
         shuffle.start(*local_batch(rank, 0), step=0)
         for step in range(steps):
             kjt, dense = shuffle.finish()
@@ -151,28 +154,30 @@ def train_dmp(rank: int, world_size: int, mode: str, steps: int = 4) -> dict:
     return {"weights": _local_weights(model), "losses": losses, "ids": ids}
 
 
-def train_pipeline(rank: int, world_size: int, steps: int = 4) -> dict:
+def train_pipeline(rank: int, world_size: int, collective_thread: str = "worker", steps: int = 4) -> dict:
     """TrainPipelineSparseDist over `BalancedShuffle.batches`: each torchrec
-    Batch balanced in the background (its own gloo group) while the pipeline
-    trains on the one before."""
-
-    def loader():
-        for step in range(steps):
-            kjt, dense, _ = local_batch(rank, step)
-            yield Batch(dense_features=dense[:, :-1], sparse_features=kjt, labels=dense[:, -1])
+    Batch balanced in the background while the pipeline trains on the one
+    before ("worker": on a gloo group of its own; "caller": on the default
+    group, KK alone in the background)."""
 
     model, optimizer = _dmp(world_size, wrap=PipelineModel)
     pipeline = TrainPipelineSparseDist(model, optimizer, torch.device("cpu"), execute_all_batches=True)
-    group = dist.new_group(backend="gloo")
+    group = dist.new_group(backend="gloo") if collective_thread == "worker" else None
     losses, ids = [], []
-    with BalancedShuffle(overlap=True, group=group) as shuffle:
-        batches = _recorded(shuffle.batches(loader(), lambda b: b.sparse_features["f0"].lengths() + 1.0), ids)
+    with BalancedShuffle(overlap=True, group=group, collective_thread=collective_thread) as shuffle:
+        batches = _recorded(
+            shuffle.batches(
+                (_batch(rank, s) for s in range(steps)), lambda b: b.sparse_features["f0"].lengths() + 1.0
+            ),
+            ids,
+        )
         while True:
             try:
                 losses.append(float(pipeline.progress(batches)[0]))
             except StopIteration:
                 break
-    dist.destroy_process_group(group)
+    if group is not None:
+        dist.destroy_process_group(group)
     weights = {name.removeprefix("inner."): w for name, w in _local_weights(model).items()}
     return {"weights": weights, "losses": losses, "ids": ids}
 
@@ -188,10 +193,11 @@ def shuffle_errors(rank: int, world_size: int) -> dict[str, str]:
     rank with a partial batch; a rank with other keys (every rank must raise,
     and the group must still work afterwards)."""
     messages = {}
-    try:
-        BalancedShuffle(overlap=True)
-    except ValueError as e:
-        messages["default_group"] = str(e)
+    for name, kwargs in {"default_group": {}, "bad_thread": {"collective_thread": "sideways"}}.items():
+        try:
+            BalancedShuffle(overlap=True, **kwargs)
+        except ValueError as e:
+            messages[name] = str(e)
     cases = {
         "partial_batch": local_batch(rank, 0, batch_size=BATCH_SIZE - 2 if rank == 1 else BATCH_SIZE),
         "other_keys": local_batch(rank, 0, keys=TABLES - 1 if rank == 1 else TABLES),
@@ -204,6 +210,18 @@ def shuffle_errors(rank: int, world_size: int) -> dict[str, str]:
                 shuffle.finish()
             except ValueError as e:
                 messages[name] = str(e)
+        # rank 1's loader ends one batch early: every rank raises, none waits forever
+        loader = [_batch(rank, step) for step in range(3 if rank == 1 else 4)]
+        try:
+            for _ in shuffle.batches(loader, lambda b: b.sparse_features["f0"].lengths() + 1.0):
+                pass
+        except ValueError as e:
+            messages["ended_early"] = str(e)
     dist.barrier()  # the default group still works
     dist.destroy_process_group(group)
     return messages
+
+
+def _batch(rank: int, step: int) -> Batch:
+    kjt, dense, _ = local_batch(rank, step)
+    return Batch(dense_features=dense[:, :-1], sparse_features=kjt, labels=dense[:, -1])

@@ -49,27 +49,41 @@ step 0 (`gloo::EnforceNotMet ... op.preamble.length <= op.nbytes`). So with
 and `finish()` (as `training.train`'s "shared" mode, which waits for the
 worker before its own all-reduce). The synchronous shuffle may use any group.
 
-The way for a torchrec job is a group of the worker's own, made once on
-every rank and passed as `group=dist.new_group(backend="gloo")`: the loop
-may then issue collectives meanwhile, and the shuffle may also run under
-the all-reduce. On gloo that is safe (each group has its own connections).
-On NCCL a second NCCL communicator is not: NCCL's documentation says
-operations issued in parallel to independent communicators of one device
-from several threads are not safe (their kernels can wait on each other).
-A gloo group beside an NCCL job is (its collectives go through host
-memory, `embnb.collectives`); `training.train` offers its own group on gloo
-only (`TrainConfig.shuffle_group="own"`).
+Two ways for a torchrec job, chosen by `collective_thread`:
+
+- "worker" (the default on gloo): all three phases in the worker, on a
+  group of its own, made once on every rank and passed as
+  `group=dist.new_group(backend="gloo")`. The loop may issue collectives
+  meanwhile, and the whole shuffle, exchange included, runs under the step.
+  On gloo that is safe (each group has its own connections). On NCCL a
+  second communicator driven from another thread is not: NCCL's
+  documentation says operations issued in parallel to independent
+  communicators of one device from several threads are not safe (their
+  kernels can wait on each other), so "worker" refuses an NCCL group while
+  the step issues collectives. A gloo group beside an NCCL job is safe (its
+  collectives go through host memory, `embnb.collectives`).
+- "caller" (the default on NCCL): recsys-examples' design. `start()`
+  gathers the workloads on the caller's thread, the worker runs KK alone,
+  and `finish()` exchanges the samples on the caller's thread. Every
+  collective is issued in program order on the caller's thread, so any
+  group is safe, the default one included. On a GPU they go on a side
+  stream, so the device runs them under the compute queued before; on gloo
+  they block the caller and only KK is hidden.
 
 Every rank must pass the same batch: the same number of samples, the same
 KJT keys and dtypes, the same dense width. Each shuffle starts with one
 small all-gather of that signature, so a rank that differs (a partial last
 batch) makes every rank raise the same ValueError instead of aborting the
-process in a mismatched collective.
+process in a mismatched collective. `batches()` adds one such gather after
+each rank's last batch, so a rank whose loader ends early makes every rank
+raise too, instead of leaving the others waiting in a collective.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -87,9 +101,11 @@ from embnb.balancing.partition import METHODS, balance
 from embnb.balancing.timeline import Timeline
 from embnb.collectives import all_gather_flat
 
-__all__ = ["EXCHANGES", "BalancedShuffle"]
+__all__ = ["EXCHANGES", "COLLECTIVE_THREADS", "BalancedShuffle"]
 
 EXCHANGES = ("allgather", "alltoall")
+COLLECTIVE_THREADS = ("auto", "worker", "caller")
+_NO_BATCH = -1  # the batch size a rank whose batches ended sends
 Batch = tuple[KeyedJaggedTensor, torch.Tensor]
 
 
@@ -111,12 +127,17 @@ class BalancedShuffle:
         native_kk: KK natively: None where it loads, True or an error, False Python.
         exchange: "allgather" or "alltoall".
         group: the process group of the shuffle's collectives (None: the default
-            group). With `overlap` it must not be the default group unless
-            `step_collectives=False`.
+            group). With `overlap` and "worker" it must not be the default group
+            unless `step_collectives=False`.
         step_collectives: whether the training step may issue collectives on
             `group` while the shuffle runs (between `start()` and `finish()`).
             Pass False only for a loop that issues none there: no
             DistributedModelParallel, DDP or SyncBatchNorm forward or backward.
+        collective_thread: with `overlap`, where the collectives are issued:
+            "worker" (all phases in the worker), "caller" (gathers in `start()`
+            and the exchange in `finish()` on the caller's thread, KK alone in
+            the worker; safe on any group) or "auto" ("caller" on an NCCL
+            group, else "worker").
     """
 
     def __init__(
@@ -128,27 +149,42 @@ class BalancedShuffle:
         exchange: str = "allgather",
         group: dist.ProcessGroup | None = None,
         step_collectives: bool = True,
+        collective_thread: str = "auto",
     ) -> None:
         check_choice("method", method, tuple(METHODS))
         check_choice("exchange", exchange, EXCHANGES)
         check_bool("overlap", overlap)
         check_bool("step_collectives", step_collectives)
-        if overlap and step_collectives and _is_default_group(group):
+        check_choice("collective_thread", collective_thread, COLLECTIVE_THREADS)
+        nccl = "nccl" in str(dist.get_backend(group))
+        if collective_thread == "auto":
+            collective_thread = "caller" if nccl else "worker"
+        in_worker = overlap and collective_thread == "worker" and step_collectives
+        if in_worker and _is_default_group(group):
             raise ValueError(
                 "BalancedShuffle(overlap=True) on the default process group: its worker's collectives "
                 "would interleave with the training step's on the same group (DistributedModelParallel's "
                 "all-to-alls, DDP's all-reduce), which aborts gloo and can hang NCCL. Pass a group of its "
-                'own, made once on every rank: group=dist.new_group(backend="gloo"); or, if the step '
+                'own, made once on every rank: group=dist.new_group(backend="gloo"); or issue the '
+                'collectives on the caller\'s thread: collective_thread="caller"; or, if the step '
                 "issues no collective between start() and finish(), say so with step_collectives=False"
+            )
+        if in_worker and nccl:
+            raise ValueError(
+                f"BalancedShuffle(collective_thread='worker') on an NCCL group ({dist.get_backend(group)}): "
+                "NCCL is not safe with a second communicator driven from another thread while the step "
+                'issues its own collectives; pass collective_thread="caller", or a gloo group of its own: '
+                'group=dist.new_group(backend="gloo")'
             )
         self.timeline = Timeline() if timeline is None else timeline  # when each phase ran
         self.overlap, self.method = overlap, method
         self.native_kk = check_native("native_kk", native_kk)
         self.exchange, self.group = exchange, group
+        self.collective_thread = collective_thread  # "worker" or "caller"
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="embnb-shuffle") if overlap else None
-        self._worker_stream: torch.cuda.Stream | None = None  # created in the worker, on a GPU
-        self._pending: tuple[Future | Batch, int] | None = None
+        self._side_streams: dict[threading.Thread, torch.cuda.Stream] = {}  # on a GPU, per thread
+        self._pending: _Pending | None = None
 
     def __enter__(self) -> BalancedShuffle:
         return self
@@ -169,27 +205,40 @@ class BalancedShuffle:
                 f"need one workload and one dense row per sample: stride {kjt.stride()}, "
                 f"workloads {tuple(workloads.shape)}, dense {tuple(dense.shape)}"
             )
+        ready = _recorded_event(dense.device)  # the batch is ready on the caller's stream
         if self._worker is None:
-            self._pending = (self._shuffle(kjt, dense, workloads, step, None), step)
-            return
-        ready = None
-        if dense.device.type == "cuda":  # the worker's stream waits for the batch
-            ready = torch.cuda.Event()
-            ready.record()
-        self._pending = (self._worker.submit(self._shuffle, kjt, dense, workloads, step, ready), step)
+            self._pending = _Pending(step, done=self._shuffle(kjt, dense, workloads, step, ready))
+        elif self.collective_thread == "worker":
+            self._pending = _Pending(
+                step, future=self._worker.submit(self._shuffle, kjt, dense, workloads, step, ready)
+            )
+        else:  # caller: the gather now, KK in the worker, the exchange in finish()
+            with self._side_stream(dense.device, ready):
+                gathered = self._gather(kjt, dense, workloads, step)
+                gathered_event = _recorded_event(dense.device)
+            future = self._worker.submit(self._kk, gathered, step, gathered_event)
+            self._pending = _Pending(step, future=future, inputs=(kjt, dense, gathered))
 
     def finish(self) -> Batch:
         """This rank's KJT and dense rows (waits for the worker, re-raising its error)."""
         if self._pending is None:
             raise RuntimeError("finish() called before start()")
-        pending, step = self._pending
-        self._pending = None
-        if not isinstance(pending, Future):
-            return pending
-        with self.timeline.span("wait", step):
-            kjt, dense = pending.result()
-        if dense.device.type == "cuda":  # made on the worker's stream, used on this one
+        pending, self._pending = self._pending, None
+        if pending.done is not None:
+            kjt, dense, made = pending.done
+        else:
+            with self.timeline.span("wait", pending.step):
+                result = pending.future.result()
+            if pending.inputs is None:
+                kjt, dense, made = result
+            else:  # result: the parts from KK; the exchange here, on the caller's thread
+                kjt, dense, gathered = pending.inputs
+                with self._side_stream(dense.device, _recorded_event(dense.device)):
+                    kjt, dense = self._exchange(kjt, dense, gathered, result, pending.step)
+                    made = _recorded_event(dense.device)
+        if made is not None:  # made on a side stream, used on this one
             stream = torch.cuda.current_stream(dense.device)
+            stream.wait_event(made)
             for tensor in (dense, kjt.values(), kjt.lengths(), kjt.weights_or_none()):
                 if tensor is not None:
                     tensor.record_stream(stream)
@@ -202,25 +251,46 @@ class BalancedShuffle:
         workloads: torch.Tensor,
         step: int,
         ready: torch.cuda.Event | None,
+    ) -> tuple[KeyedJaggedTensor, torch.Tensor, torch.cuda.Event | None]:
+        """All three phases, and the event that marks the result made (on a GPU)."""
+        with self._side_stream(dense.device, ready):
+            gathered = self._gather(kjt, dense, workloads, step)
+            parts = self._kk(gathered, step, None)
+            kjt, dense = self._exchange(kjt, dense, gathered, parts, step)
+            return kjt, dense, _recorded_event(dense.device)
+
+    def _gather(
+        self, kjt: KeyedJaggedTensor, dense: torch.Tensor, workloads: torch.Tensor, step: int
+    ) -> torch.Tensor:
+        """Every rank's workloads (the first column) and, with "allgather", dense rows."""
+        with self.timeline.span("gather_workloads", step, dense.device):
+            self._check_same_batch(kjt, dense, step)
+            rows = workloads.to(torch.float64).unsqueeze(1)
+            if self.exchange == "allgather":  # the dense rows ride along
+                rows = torch.cat([rows, dense.to(torch.float64)], dim=1)
+            return all_gather_flat(rows, self.group).view(-1, rows.shape[1])
+
+    def _kk(self, gathered: torch.Tensor, step: int, ready: torch.cuda.Event | None) -> list[list[int]]:
+        if ready is not None:
+            ready.synchronize()  # the gather, issued on the caller's side stream, has landed
+        with self.timeline.span("kk", step):
+            return balance(gathered[:, 0].cpu(), self.world_size, self.method, native=self.native_kk)
+
+    def _exchange(
+        self,
+        kjt: KeyedJaggedTensor,
+        dense: torch.Tensor,
+        gathered: torch.Tensor,
+        parts: list[list[int]],
+        step: int,
     ) -> Batch:
-        device, span = dense.device, self.timeline.span
-        with self._stream(device, ready):
-            with span("gather_workloads", step, device):
-                self._check_same_batch(kjt, dense)
-                rows = workloads.to(torch.float64).unsqueeze(1)
-                if self.exchange == "allgather":  # the dense rows ride along
-                    rows = torch.cat([rows, dense.to(torch.float64)], dim=1)
-                gathered = all_gather_flat(rows, self.group).view(-1, rows.shape[1])
-                all_workloads = gathered[:, 0].cpu()  # KK runs on the CPU
-            with span("kk", step):
-                parts = balance(all_workloads, self.world_size, self.method, native=self.native_kk)
-            with span("exchange", step, device):
-                if self.exchange == "alltoall":
-                    (local,), local_dense = alltoall_kjt([kjt], dense, parts, self.group)
-                    return local, local_dense
-                mine = torch.tensor(parts[self.rank], dtype=torch.int64, device=device)
-                (global_kjt,) = allgather_kjt([kjt], self.group)
-                return select_samples(global_kjt, mine), gathered[mine, 1:].to(dense.dtype)
+        with self.timeline.span("exchange", step, dense.device):
+            if self.exchange == "alltoall":
+                (local,), local_dense = alltoall_kjt([kjt], dense, parts, self.group)
+                return local, local_dense
+            mine = torch.tensor(parts[self.rank], dtype=torch.int64, device=dense.device)
+            (global_kjt,) = allgather_kjt([kjt], self.group)
+            return select_samples(global_kjt, mine), gathered[mine, 1:].to(dense.dtype)
 
     def batches(
         self, batches: Iterable[TorchrecBatch], workloads: Callable[[TorchrecBatch], torch.Tensor]
@@ -231,7 +301,8 @@ class BalancedShuffle:
         the consumer trains on batch i. `workloads(batch)` gives each sample's
         cost (one value per sample). Dense features and labels travel together
         as float64 rows and come back in their own dtypes and shapes. Every
-        rank must yield as many batches, each with as many samples.
+        rank must yield as many batches, each with as many samples; where one
+        rank's `batches` ends first, every rank raises the same ValueError.
 
             pipeline = TrainPipelineSparseDist(model, optimizer, device)
             balanced = shuffle.batches(dataloader, lambda b: b.sparse_features["item"].lengths())
@@ -239,15 +310,17 @@ class BalancedShuffle:
                 pipeline.progress(balanced)   # StopIteration after the last batch
         """
         source = iter(batches)
-        batch = next(source, None)
+        batch, step = next(source, None), 0
         if batch is None:
+            self._check_sizes(self._gather_sizes(_NO_BATCH), step)
             return
-        step = 0
         layout = self._start_batch(batch, workloads, step)
         while True:
             following = next(source, None)
             kjt, rows = self.finish()
-            if following is not None:
+            if following is None:  # the others must have ended too: one gather says so
+                self._check_sizes(self._gather_sizes(_NO_BATCH), step + 1)
+            else:
                 next_layout = self._start_batch(following, workloads, step + 1)
             yield _unpack_batch(kjt, rows, layout)
             if following is None:
@@ -263,21 +336,38 @@ class BalancedShuffle:
         self.start(batch.sparse_features, rows, workloads(batch).reshape(-1), step)
         return dense.reshape(size, -1).shape[1], dense.dtype, tuple(labels.shape[1:]), labels.dtype
 
-    def _check_same_batch(self, kjt: KeyedJaggedTensor, dense: torch.Tensor) -> None:
-        """One small all-gather of (batch size, a checksum of keys, dtypes and
-        dense width): every rank raises the same ValueError where they differ,
-        before any collective whose sizes would not match."""
-        signature = _batch_signature(kjt, dense)
-        mine = torch.tensor([kjt.stride(), zlib.crc32(signature.encode())], dtype=torch.int64)
-        gathered = all_gather_flat(mine.to(dense.device), self.group).view(-1, 2).cpu()
-        sizes, checksums = gathered[:, 0].tolist(), gathered[:, 1].tolist()
+    def _gather_sizes(self, size: int, checksum: int = 0, device: torch.device | None = None) -> torch.Tensor:
+        """Every rank's (batch size, signature checksum): one small all-gather."""
+        mine = torch.tensor([size, checksum], dtype=torch.int64, device=device)
+        return all_gather_flat(mine, self.group).view(-1, 2).cpu()
+
+    def _check_sizes(self, gathered: torch.Tensor, step: int) -> None:
+        """The same ValueError on every rank where the batch sizes differ or some
+        rank has no batch (`_NO_BATCH`): every rank sees the same sizes."""
+        sizes = gathered[:, 0].tolist()
+        ended = [rank for rank, size in enumerate(sizes) if size == _NO_BATCH]
+        if ended and len(ended) < len(sizes):
+            going = [rank for rank in range(len(sizes)) if rank not in ended]
+            raise ValueError(
+                f"ranks {ended} have no batch {step} (their batches ended) while ranks {going} have one; "
+                "BalancedShuffle needs as many batches on every rank (e.g. a DistributedSampler with "
+                "drop_last=True and DataLoader(drop_last=True))"
+            )
         if len(set(sizes)) > 1:
             raise ValueError(
                 f"batch sizes differ across ranks: {sizes} samples on ranks 0..{len(sizes) - 1}; "
                 "BalancedShuffle needs the same number of samples on every rank (drop or pad the "
                 "partial last batch, e.g. DataLoader(drop_last=True))"
             )
-        if len(set(checksums)) > 1:
+
+    def _check_same_batch(self, kjt: KeyedJaggedTensor, dense: torch.Tensor, step: int) -> None:
+        """One small all-gather of (batch size, a checksum of keys, dtypes and
+        dense width): every rank raises the same ValueError where they differ,
+        before any collective whose sizes would not match."""
+        signature = _batch_signature(kjt, dense)
+        gathered = self._gather_sizes(kjt.stride(), zlib.crc32(signature.encode()), dense.device)
+        self._check_sizes(gathered, step)
+        if len(set(gathered[:, 1].tolist())) > 1:
             signatures: list[Any] = [None] * self.world_size
             dist.all_gather_object(signatures, signature, group=self.group)  # every rank is here
             described = "; ".join(f"rank {r}: {s}" for r, s in enumerate(signatures))
@@ -287,17 +377,40 @@ class BalancedShuffle:
             )
 
     @contextlib.contextmanager
-    def _stream(self, device: torch.device, ready: torch.cuda.Event | None) -> Iterator[None]:
-        """On a GPU the worker computes on a stream of its own, after the batch is ready."""
+    def _side_stream(self, device: torch.device, ready: torch.cuda.Event | None) -> Iterator[None]:
+        """On a GPU the shuffle's work goes on a stream of its own (one per
+        thread), after the batch is ready."""
         if ready is None:
             yield
             return
         torch.cuda.set_device(device)
-        if self._worker_stream is None:
-            self._worker_stream = torch.cuda.Stream(device)
-        self._worker_stream.wait_event(ready)
-        with torch.cuda.stream(self._worker_stream):
+        thread = threading.current_thread()
+        if thread not in self._side_streams:
+            self._side_streams[thread] = torch.cuda.Stream(device)
+        stream = self._side_streams[thread]
+        stream.wait_event(ready)
+        with torch.cuda.stream(stream):
             yield
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A started shuffle: its result (synchronous), or the worker's future and,
+    where the caller exchanges, the batch and the gathered rows."""
+
+    step: int
+    done: tuple[KeyedJaggedTensor, torch.Tensor, torch.cuda.Event | None] | None = None
+    future: Future | None = None
+    inputs: tuple[KeyedJaggedTensor, torch.Tensor, torch.Tensor] | None = None
+
+
+def _recorded_event(device: torch.device) -> torch.cuda.Event | None:
+    """An event recorded on the current stream, on a GPU (None on the CPU)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 def _is_default_group(group: dist.ProcessGroup | None) -> bool:

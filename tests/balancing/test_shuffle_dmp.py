@@ -1,10 +1,12 @@
 """BalancedShuffle in a torchrec job on 2 real gloo ranks: a
 DistributedModelParallel model trains with the shuffle in the background on
 a group of its own (no abort), in a plain loop and inside torchrec's
-TrainPipelineSparseDist (`BalancedShuffle.batches`), to the same parameters as with the
-synchronous shuffle and as without balancing (equal-count parts: the mean
+TrainPipelineSparseDist (`BalancedShuffle.batches`), and on the default group
+with its collectives on the caller's thread (KK alone in the background), to
+the same parameters as with the synchronous shuffle and as without balancing (equal-count parts: the mean
 loss of every rank gives the same gradients); the overlapped shuffle refuses
-the default group; ranks whose batches differ all raise the same ValueError."""
+the default group; ranks whose batches differ, or end at different steps,
+all raise the same ValueError."""
 
 import dmp_ranks
 import pytest
@@ -13,27 +15,33 @@ import torch
 from embnb.dist import launch_each
 
 WORLD_SIZE = 2
-MODES = ("none", "sync", "overlap", "pipeline")
+LOOPS = ("none", "sync", "overlap", "caller")  # train_dmp's modes
+PIPELINES = ("worker", "caller")  # train_pipeline's collective threads
 
 
 @pytest.fixture(scope="module")
 def runs():
-    calls = [(dmp_ranks.train_dmp, (mode,)) for mode in MODES[:3]]
-    calls += [(dmp_ranks.train_pipeline, ()), (dmp_ranks.shuffle_errors, ())]
+    calls = [(dmp_ranks.train_dmp, (mode,)) for mode in LOOPS]
+    calls += [(dmp_ranks.train_pipeline, (thread,)) for thread in PIPELINES]
+    calls += [(dmp_ranks.shuffle_errors, ())]
     results = launch_each(calls, WORLD_SIZE, device="cpu", timeout_s=240)
-    return dict(zip(MODES + ("errors",), results))
+    names = [*LOOPS, *(f"pipeline_{thread}" for thread in PIPELINES), "errors"]
+    return dict(zip(names, results))
+
+
+BALANCED = ("sync", "overlap", "caller", "pipeline_worker", "pipeline_caller")
 
 
 def test_the_overlapped_shuffle_trains_dmp_like_the_synchronous_one_and_like_no_shuffle(runs):
     for rank in range(WORLD_SIZE):
-        want = runs["none"][rank]["weights"]
-        sync, overlap = runs["sync"][rank]["weights"], runs["overlap"][rank]["weights"]
-        pipeline = runs["pipeline"][rank]["weights"]
-        assert sorted(want) == sorted(sync) == sorted(overlap) == sorted(pipeline)
+        want, sync = runs["none"][rank]["weights"], runs["sync"][rank]["weights"]
         assert any(name.startswith("ebc.") for name in want) and any(name.startswith("mlp.") for name in want)
+        for mode in BALANCED:
+            weights = runs[mode][rank]["weights"]
+            assert sorted(weights) == sorted(want), mode
+            for name, tensor in weights.items():
+                torch.testing.assert_close(tensor, sync[name], msg=lambda m, mode=mode: f"{mode}: {m}")
         for name, tensor in want.items():
-            torch.testing.assert_close(overlap[name], sync[name])
-            torch.testing.assert_close(pipeline[name], sync[name])
             torch.testing.assert_close(sync[name], tensor, rtol=1e-4, atol=1e-6)
     torch.manual_seed(0)
     initial = dmp_ranks.TinyModel(torch.device("cpu")).state_dict()
@@ -44,11 +52,11 @@ def test_the_overlapped_shuffle_trains_dmp_like_the_synchronous_one_and_like_no_
 
 
 def test_the_shuffle_balanced_the_ids_each_step(runs):
-    for mode in ("sync", "overlap", "pipeline"):
+    loader = list(zip(*(r["ids"] for r in runs["none"])))
+    for mode in BALANCED:
         per_step = list(zip(*(r["ids"] for r in runs[mode])))
-        loader = list(zip(*(r["ids"] for r in runs["none"])))
         assert [sum(s) for s in per_step] == [sum(s) for s in loader]  # every id arrives once
-    assert runs["sync"][0]["ids"] == runs["overlap"][0]["ids"] == runs["pipeline"][0]["ids"]
+        assert runs[mode][0]["ids"] == runs["sync"][0]["ids"], mode
 
 
 def test_the_overlapped_shuffle_refuses_the_default_group(runs):
@@ -56,6 +64,13 @@ def test_the_overlapped_shuffle_refuses_the_default_group(runs):
         message = messages["default_group"]
         assert "default process group" in message and "interleave" in message
         assert 'group=dist.new_group(backend="gloo")' in message and "step_collectives=False" in message
+        assert 'collective_thread="caller"' in message
+        assert "'sideways'" in messages["bad_thread"] and "'caller'" in messages["bad_thread"]
+
+
+def test_a_rank_whose_batches_end_first_makes_every_rank_raise(runs):
+    (message,) = {messages["ended_early"] for messages in runs["errors"]}
+    assert "ranks [1] have no batch 3" in message and "ranks [0] have one" in message
 
 
 def test_ranks_with_different_batches_all_raise_the_same_error(runs):
