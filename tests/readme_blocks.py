@@ -5,7 +5,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PLANNER_EXAMPLE = "DynamicProgrammingProposer()"  # the block tests/test_wheel.py runs
+PLANNER_EXAMPLE = "DynamicProgrammingProposer()"  # the block tests/test_wheel.py runs (docs/planner.md)
 
 
 def python_blocks(pages: list[pathlib.Path] | None = None) -> list[str]:
@@ -17,5 +17,5 @@ def python_blocks(pages: list[pathlib.Path] | None = None) -> list[str]:
 
 
 def planner_example() -> str:
-    (block,) = [b for b in python_blocks([README]) if PLANNER_EXAMPLE in b]
+    (block,) = [b for b in python_blocks() if PLANNER_EXAMPLE in b]
     return block

@@ -13,7 +13,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import performance_page  # noqa: E402  (scripts/ is not a package)
+import api_reference  # noqa: E402  (scripts/ is not a package)
+import performance_page  # noqa: E402
 
 DOCS = ROOT / "docs"
 HAND_WRITTEN = [ROOT / "README.md", *(p for p in DOCS.glob("*.md") if p.name != "performance.md")]
@@ -24,6 +25,24 @@ def test_the_performance_page_is_what_the_results_make():
     assert performance_page.PAGE.read_text() == page, (
         "docs/performance.md differs from benchmarks/results: run `python scripts/performance_page.py`"
     )
+
+
+def test_the_api_reference_is_what_the_docstrings_make():
+    assert api_reference.PAGE.read_text() == api_reference.render(), (
+        "docs/api.md differs from the docstrings: run `python scripts/api_reference.py`"
+    )
+
+
+@pytest.mark.parametrize("module_name", api_reference.MODULES)
+def test_everything_a_subpackage_exports_is_documented_there(module_name):
+    module = __import__(module_name, fromlist=["__all__"])
+    page = api_reference.PAGE.read_text()
+    section = page.split(f"\n## {module_name}\n", 1)[1].split("\n## ", 1)[0]
+    for name in module.__all__:
+        obj = getattr(module, name)
+        assert re.search(rf"^### (class |dataclass )?`{name}\b", section, flags=re.M), name
+        if callable(obj):
+            assert (obj.__doc__ or "").strip(), f"{module_name}.{name} has no docstring"
 
 
 def _write(folder, name, payload):

@@ -1,6 +1,6 @@
 """The code blocks of the README and docs/ run as a reader would paste them
-(the README's planner example runs in tests/test_wheel.py, from the
-installed wheel)."""
+(docs/planner.md's DynamicProgrammingProposer example runs in
+tests/test_wheel.py, from the installed wheel)."""
 
 import os
 import pathlib
@@ -20,7 +20,8 @@ def test_the_readme_has_its_examples():
     text = "\n".join(python_blocks([README]))
     for name in (
         "create_planner",
-        "DynamicProgrammingProposer",
+        "DistributedModelParallel",
+        "collective_plan",
         "bucketize",
         "owner_rank",
         "balance(",
@@ -43,6 +44,23 @@ def test_a_readme_block_runs(block, tmp_path):
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip(), "the example printed nothing"
+    if "shuffle.batches(" in block:  # the README's torchrun job
+        check_the_job_balanced_every_step(done.stdout)
+
+
+def check_the_job_balanced_every_step(stdout: str) -> None:
+    """The README's torchrun job: every rank trained every step, and the
+    shuffle left the ranks' item ids within one history of each other (KK on
+    equal counts ends within the largest sample; the loader's histories are
+    at most 501 ids)."""
+    steps = re.findall(r"^rank (\d) step (\d): loss [\d.]+, (\d+) item ids$", stdout, flags=re.M)
+    by_step: dict[str, dict[str, int]] = {}
+    for rank, step, ids in steps:
+        by_step.setdefault(step, {})[rank] = int(ids)
+    assert sorted(by_step) == ["0", "1", "2", "3"] and all(len(r) == 2 for r in by_step.values()), stdout
+    for ids in by_step.values():
+        assert abs(ids["0"] - ids["1"]) <= 501, by_step
+    assert re.search(r"^plan rated [\d.]+ ms", stdout, flags=re.M), stdout
 
 
 def test_the_proposers_docstring_example_runs(tmp_path):

@@ -1,8 +1,8 @@
 """embnb as a user installs it: the wheel, in a fresh virtual environment
-holding only what its core and `planner` extra declare, runs the README's
-planner example. Every declared requirement is installed at the version this
-environment has (the wheels are in pip's cache or the local index), and that
-version must satisfy the declared range."""
+holding only what its core and `planner` extra declare, runs docs/planner.md's
+DynamicProgrammingProposer example. Every declared requirement is installed
+at the version this environment has (the wheels are in pip's cache or the
+local index), and that version must satisfy the declared range."""
 
 import email
 import importlib.metadata as metadata
@@ -58,7 +58,7 @@ def installed_fbgemm() -> str:
     "+cpu" not in metadata.version("torch"),
     reason="needs a CPU torch here (the pinned stack): a CUDA torch's nvidia wheels are gigabytes",
 )
-def test_the_wheel_alone_runs_the_readme_planner_example(tmp_path):
+def test_the_wheel_alone_runs_the_docs_planner_example(tmp_path):
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path, REPO)
     (wheel,) = tmp_path.glob("embnb-*.whl")
     requirements = declared(wheel, "planner")
