@@ -138,6 +138,7 @@ KIT_TESTS = [
     "tests/balancing/test_partition.py",
     "tests/test_dist.py",
     "tests/steptime/test_tbe_cuda.py",
+    "tests/balancing/test_shuffle_cuda.py",
 ]
 # the benches the kit runs; their JSON files go to benchmarks/results
 BENCHES = ("bucketize", "steptime", "balancer")
