@@ -10,7 +10,6 @@ their tensors: on the rank's GPU with nccl, through host memory with gloo
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from embnb.dist import collective_device, rank_device
+from embnb.timing import Stopwatch
 
 __all__ = ["all_reduce_", "all_gather_flat", "exchange", "collective_seconds"]
 
@@ -70,13 +70,10 @@ def collective_seconds(fn: Callable[[], Any], repeats: int) -> list[float]:
     """Wall time of `fn()` on this rank, `repeats` times, each call started
     together on every rank (a barrier first) and timed until the rank's GPU,
     if any, has run it."""
-    device = rank_device()
     times = []
     for _ in range(repeats):
         dist.barrier()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
+        with Stopwatch(rank_device()) as watch:  # the GPU waited for at the end (nothing queued before)
+            fn()
+        times.append(watch.wall_s)
     return times

@@ -1,6 +1,9 @@
-"""Timing that notebooks and benchmarks share: medians after warm-up, and
-the machine's name to print next to them. Speeds are only reported as
-ratios against a peer timed in the same run (see `python -m embnb.bench`)."""
+"""Timing, the one module the library, the notebooks and the benchmarks use:
+a block's wall and thread CPU time with the GPU synchronized (`Stopwatch`),
+medians after warm-up, interleaved rounds of several calls, paired ratios and
+differences with their spread, and the machine's name to print next to
+them. Speeds are only reported as ratios against a peer timed in the same
+run (see `python -m embnb.bench`)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import dataclasses
 import os
 import platform
 import statistics
+import time
 import timeit
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +22,10 @@ import torch
 from embnb.cuda.loader import quiet_cpp_extension
 
 __all__ = [
+    "Stopwatch",
+    "synchronize",
     "median_seconds",
+    "interleaved_seconds",
     "machine_name",
     "Ratio",
     "paired_ratio",
@@ -26,6 +33,48 @@ __all__ = [
     "paired_difference",
     "t_quantile_975",
 ]
+
+
+def synchronize(device: torch.device | str | None, stream_only: bool = False) -> None:
+    """Wait until `device` has run the work queued so far (all its streams, or
+    with `stream_only` this thread's current stream); nothing on the CPU."""
+    if device is None or torch.device(device).type != "cuda":
+        return
+    if stream_only:
+        torch.cuda.current_stream(device).synchronize()
+    else:
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """A block's wall seconds (`start`, `end`, `wall_s`, perf_counter) and this
+    thread's CPU seconds (`cpu_s`), with `device` synchronized at both edges
+    so a GPU's queued work counts until it ran (`stream_only`: this thread's
+    stream alone, for a thread whose work is on its own stream). Used again,
+    it times the new block; `total_s` sums the wall seconds of all of them.
+
+        with Stopwatch(device) as watch:
+            step()
+        watch.wall_s, watch.cpu_s
+    """
+
+    def __init__(self, device: torch.device | str | None = None, stream_only: bool = False) -> None:
+        self.device, self.stream_only = device, stream_only
+        self.start = self.end = self.wall_s = self.cpu_s = float("nan")
+        self.total_s = 0.0
+
+    def __enter__(self) -> Stopwatch:
+        synchronize(self.device, self.stream_only)
+        self._cpu_ns = time.thread_time_ns()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        synchronize(self.device, self.stream_only)
+        self.end = time.perf_counter()
+        self.wall_s = self.end - self.start
+        self.total_s += self.wall_s
+        self.cpu_s = (time.thread_time_ns() - self._cpu_ns) / 1e9
 
 
 def median_seconds(
@@ -53,6 +102,37 @@ def median_seconds(
         return timer.blocked_autorange(min_run_time=budget_s).median
     clock = benchmark.timer if torch.device(device).type != "cpu" else timeit.default_timer
     return statistics.median(timeit.Timer(fn, timer=clock).repeat(repeat=repeats, number=1))
+
+
+def interleaved_seconds(
+    calls: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 2,
+    device: torch.device | str = "cpu",
+    threads: int = 0,
+    first_rounds_only: dict[str, int] | None = None,
+) -> tuple[dict[str, list[float]], int]:
+    """Each call's seconds over `repeats` rounds in which every call runs once
+    in turn (so load from other processes hits them alike), after `warmup`
+    calls each, at `threads` torch threads (0: all cores), which is restored
+    after. `first_rounds_only[name] = n` times that call in the first n
+    rounds only (a slow reference). Returns the times and the thread count."""
+    limits = first_rounds_only or {}
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    try:
+        used_threads = torch.get_num_threads()
+        for fn in calls.values():
+            for _ in range(warmup):
+                fn()
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for round_ in range(repeats):
+            for name, fn in calls.items():
+                if round_ < limits.get(name, repeats):
+                    times[name].append(median_seconds(fn, 1, 0, device))
+    finally:
+        torch.set_num_threads(before)
+    return times, used_threads
 
 
 def _benchmark():

@@ -402,7 +402,7 @@ def test_bad_bench_arguments_are_named(tmp_path, bench, args, message):
 
 def test_results_go_under_the_current_directory_by_default(tmp_path, monkeypatch):
     """An installed wheel has no source tree: the default folder is ./benchmarks/results."""
-    from embnb.bench.timing import write_results
+    from embnb.bench.results import write_results
 
     monkeypatch.chdir(tmp_path)
     written = write_results("probe", {"machine": "m"})

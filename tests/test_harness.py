@@ -99,7 +99,7 @@ def test_convention_breaks_are_named(tmp_path, change, problem):
     "cell, problem",
     [
         ("from embnb.bench import bucketize", "imports the benchmark CLI"),
-        ("import embnb.bench.timing as t", "imports the benchmark CLI"),
+        ("import embnb.bench.results as t", "imports the benchmark CLI"),
         ("from embnb import bench", "imports the benchmark CLI"),
         ("from embnb.dist import _visible_gpus", "imports the private name '_visible_gpus' from embnb.dist"),
         (

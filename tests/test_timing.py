@@ -1,4 +1,5 @@
-"""embnb.timing: paired ratios over repeats, and median timing."""
+"""embnb.timing: the stopwatch, paired ratios over repeats, median and
+interleaved timing."""
 
 import math
 import subprocess
@@ -8,7 +9,15 @@ import time
 import pytest
 import torch
 
-from embnb.timing import Ratio, median_seconds, paired_difference, paired_ratio, t_quantile_975
+from embnb.timing import (
+    Ratio,
+    Stopwatch,
+    interleaved_seconds,
+    median_seconds,
+    paired_difference,
+    paired_ratio,
+    t_quantile_975,
+)
 
 
 def test_paired_ratio_divides_pair_by_pair_then_takes_median_and_range():
@@ -103,3 +112,24 @@ def test_timing_writes_nothing_on_stderr():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_the_stopwatch_times_wall_and_this_threads_cpu_and_sums_its_blocks():
+    watch = Stopwatch()
+    with watch:
+        time.sleep(0.05)  # wall time passes, this thread's CPU time barely does
+    assert watch.wall_s >= 0.05 and watch.end - watch.start == watch.wall_s
+    assert 0 <= watch.cpu_s < watch.wall_s
+    first = watch.wall_s
+    with watch:
+        sum(i * i for i in range(200_000))  # CPU work on this thread
+    assert watch.cpu_s > 0 and watch.total_s == pytest.approx(first + watch.wall_s)
+
+
+def test_interleaved_seconds_runs_the_calls_in_turn_and_restores_the_threads():
+    order, before = [], torch.get_num_threads()
+    calls = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "ref")}
+    times, threads = interleaved_seconds(calls, repeats=3, warmup=1, threads=1, first_rounds_only={"ref": 1})
+    assert threads == 1 and torch.get_num_threads() == before
+    assert order == ["a", "b", "ref"] + ["a", "b", "ref"] + ["a", "b"] * 2  # warm-up, then rounds
+    assert [len(times[n]) for n in ("a", "b", "ref")] == [3, 3, 1]

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+from embnb.timing import Stopwatch
 
 __all__ = ["SHUFFLE_PHASES", "Timeline", "hidden_fraction", "phase_seconds"]
 
@@ -50,13 +51,12 @@ class Timeline:
     @contextlib.contextmanager
     def span(self, phase: str, step: int, device: torch.device | None = None) -> Iterator[None]:
         """Time the block; on a GPU, until this thread's stream has run it."""
-        start = time.perf_counter()
+        watch = Stopwatch(device, stream_only=True)
         try:
-            yield
+            with watch:
+                yield
         finally:
-            if device is not None and device.type == "cuda":
-                torch.cuda.current_stream(device).synchronize()
-            self.add(phase, step, start, time.perf_counter())
+            self.add(phase, step, watch.start, watch.end)
 
 
 def _overlap(a: dict[str, Any], b: dict[str, Any]) -> float:

@@ -18,7 +18,7 @@ import argparse
 import time
 
 from embnb import planner
-from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.lab.planner.ablation import LADDER, ablation_records, ablation_table
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.timing import machine_name

@@ -53,7 +53,7 @@ from embnb.balancing import partition as balancer
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
-from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.cuda import loader
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan, resolve_device

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from embnb.bench.timing import add_out_argument, write_results
+from embnb.bench.results import add_out_argument, write_results
 from embnb.dist import resolve_device
 from embnb.lab.rowwise.kernel_timing import QUICK_SIZES, SIZES, WORLD_SIZES, run
 from embnb.rowwise.routing import DistType

@@ -38,7 +38,7 @@ import sys
 import time
 
 from embnb import planner
-from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, spread, write_results
 from embnb.lab.planner.models import fused_table_gb, make_model
 from embnb.lab.planner.planning import time_end_to_end
 from embnb.timing import machine_name

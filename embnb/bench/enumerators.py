@@ -32,10 +32,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
 from embnb._torchrec_private import estimators_of
-from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, spread, write_results
 from embnb.lab.planner.models import MixedModel, fused_table_gb, make_mixed_model, make_model
 from embnb.planner.enumerator import DistinctShardEnumerator, same_options
-from embnb.timing import machine_name
+from embnb.timing import Stopwatch, machine_name
 
 BATCH_SIZE = 512
 
@@ -71,17 +71,18 @@ class _EstimatorClock:
     """Seconds spent in the `estimate` of each of an enumerator's estimators."""
 
     def __init__(self, enumerator: EmbeddingEnumerator) -> None:
-        self.seconds = 0.0
+        self.watch = Stopwatch()
         for estimator in estimators_of(enumerator):
             estimator.estimate = self._timed(estimator.estimate)  # on the instance: its type is unchanged
 
+    @property
+    def seconds(self) -> float:
+        return self.watch.total_s
+
     def _timed(self, estimate):
         def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
+            with self.watch:
                 return estimate(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
 
         return timed
 
@@ -104,9 +105,9 @@ def bench_case(case: Case, num_tables: int, repeats: int) -> dict:
             gc.collect()  # each run starts from a heap without the last run's garbage
             enumerator = kind(topology, BATCH_SIZE, model.constraints)
             clock = _EstimatorClock(enumerator) if name == "embnb" else None
-            start = time.perf_counter()
-            options = enumerator.enumerate(model.module, model.sharders)
-            runs[name].append(time.perf_counter() - start)
+            with Stopwatch() as watch:
+                options = enumerator.enumerate(model.module, model.sharders)
+            runs[name].append(watch.wall_s)
             if clock:
                 estimators_s.append(clock.seconds)
             first.setdefault(name, options)

@@ -49,7 +49,7 @@ import time
 import numpy as np
 
 from embnb import planner
-from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, spread, write_results
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, spread, write_results
 from embnb.lab.planner.comparison import compare_proposers, default_proposers
 from embnb.lab.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.planning import run_planner, time_end_to_end

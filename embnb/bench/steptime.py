@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from embnb.bench.timing import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.dist import resolve_device
 from embnb.lab.planner.candidates import (
     CandidatePlan,

@@ -17,7 +17,6 @@ sharing the cores stretch the wall time, not it.
 from __future__ import annotations
 
 import statistics
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from embnb._checks import check_choice, check_int
 from embnb.steptime.comms import RankComms
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER, DenseLookup, SequenceDense, lookup_module, make_mlp
 from embnb.steptime.work import RankWork
+from embnb.timing import Stopwatch, machine_name
 
 __all__ = ["PHASES", "Timing", "RankTime", "StepTimes", "measure_rank", "measure_ranks", "DEFAULT_HIDDEN"]
 
@@ -105,17 +105,15 @@ class _Clock:
     """Wall and thread CPU time of phases, with the device synchronized at each edge."""
 
     def __init__(self, device: torch.device) -> None:
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.device = device
         self.record: dict[str, Timing] = {p: Timing([], []) for p in PHASES}
 
     def run(self, phase: str, fn: Callable[[], object], keep: bool):
-        self.sync()
-        wall, cpu = time.perf_counter(), time.thread_time_ns()
-        out = fn()
-        self.sync()
+        with Stopwatch(self.device) as watch:
+            out = fn()
         if keep:
-            self.record[phase].wall_s.append(time.perf_counter() - wall)
-            self.record[phase].cpu_s.append((time.thread_time_ns() - cpu) / 1e9)
+            self.record[phase].wall_s.append(watch.wall_s)
+            self.record[phase].cpu_s.append(watch.cpu_s)
         return out
 
 
@@ -204,8 +202,6 @@ def measure_ranks(
     """`measure_rank(works(rank))` for every rank in turn at `threads`
     intra-op threads (put back afterwards); with `comms_of(rank,
     dense_parameters)`, every rank's collectives too."""
-    from embnb.timing import machine_name
-
     check_int("world_size", world_size, low=1)
     check_int("threads", threads, low=1)
     before = torch.get_num_threads()

@@ -16,7 +16,6 @@ is computed from the counted bytes (`steptime.comms.LINK_MODEL`).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
@@ -32,6 +31,7 @@ from embnb.lab.plotting import new_figure
 from embnb.metrics import spearman
 from embnb.planner.topology import make_topology
 from embnb.steptime import make_batch, measure_plan
+from embnb.timing import Stopwatch
 
 __all__ = [
     "MeasuredPlan",
@@ -176,9 +176,9 @@ def measure_worlds(
     """`measure_world` at each of `world_sizes` (`options`: its keywords)."""
     if not world_sizes:
         raise ValueError("world_sizes is empty: give at least one world size to measure")
-    start = time.perf_counter()
-    worlds = [measure_world(model, w, local_batch_size, **options) for w in world_sizes]
-    return MeasuredWorlds(len(model.tables), worlds, time.perf_counter() - start)
+    with Stopwatch() as watch:
+        worlds = [measure_world(model, w, local_batch_size, **options) for w in world_sizes]
+    return MeasuredWorlds(len(model.tables), worlds, watch.wall_s)
 
 
 MARKERS = "os^DvP<>"  # one per plan: plans rated alike overlap, their shapes still show

@@ -10,7 +10,6 @@ proposer plans over the same options.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from embnb._checks import check_int
 from embnb.planner.enumerator import make_enumerator
 from embnb.planner.space import GB
+from embnb.timing import Stopwatch
 
 __all__ = [
     "Model",
@@ -174,6 +174,6 @@ def enumerate_options(
     chosen = make_enumerator(enumerator, topology, batch_size, constraints)
     module = EmbeddingBagCollection(tables=list(tables), device=torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
-    start = time.perf_counter()
-    options = chosen.enumerate(module, sharders)
-    return Enumerated(module, sharders, options, time.perf_counter() - start)
+    with Stopwatch() as watch:
+        options = chosen.enumerate(module, sharders)
+    return Enumerated(module, sharders, options, watch.wall_s)

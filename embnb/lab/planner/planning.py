@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,6 +43,7 @@ from embnb.lab.planner.models import Enumerated
 from embnb.planner.enumerator import default_enumerator
 from embnb.planner.factory import create_planner
 from embnb.planner.space import GB
+from embnb.timing import Stopwatch
 
 __all__ = ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads"]
 
@@ -66,28 +66,32 @@ class _TimedPartitioner(GreedyPerfPartitioner):
     """torchrec's default partitioner, its seconds summed over every call
     (spans inside the planner's loop, not repeats of one call)."""
 
-    seconds = 0.0
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.watch = Stopwatch()
+
+    @property
+    def seconds(self) -> float:
+        return self.watch.total_s
 
     def partition(self, proposal, storage_constraint, *args, **kwargs):
-        start = time.perf_counter()
-        try:
+        with self.watch:
             return super().partition(proposal, storage_constraint, *args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - start
 
 
 class _TimedProposer(Proposer):
     """A proposer, its load/propose/feedback timed."""
 
     def __init__(self, proposer: Proposer) -> None:
-        self.proposer, self.seconds = proposer, 0.0
+        self.proposer, self.watch = proposer, Stopwatch()
+
+    @property
+    def seconds(self) -> float:
+        return self.watch.total_s
 
     def _timed(self, method: str, *args, **kwargs):
-        start = time.perf_counter()
-        try:
+        with self.watch:
             return getattr(self.proposer, method)(*args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - start
 
     def load(self, search_space, enumerator=None) -> None:
         self._timed("load", search_space=search_space, enumerator=enumerator)
@@ -166,16 +170,17 @@ def run_planner(
         timeout_seconds=None if timeout_s is None else max(1, math.ceil(timeout_s)),
     )
     note = ""
-    start = time.perf_counter()
+    watch = Stopwatch()
     try:
-        planner.plan(enumerated.module, enumerated.sharders)
+        with watch:
+            planner.plan(enumerated.module, enumerated.sharders)
     except PlannerError as error:  # a proposer's own reason says more than torchrec's summary
         reasons = [getattr(p, "no_plan_reason", None) for p in proposers]
         reason = next(filter(None, reasons), None) or str(error).strip().splitlines()[0]
         note = "no plan: " + reason[:200]
     except Exception as error:  # e.g. torchrec's DP divides by zero on CPU topologies
         note = f"failed: {type(error).__name__}: {str(error).strip()[:160]}"
-    seconds = time.perf_counter() - start
+    seconds = watch.wall_s
     reset_shard_rank(enumerated.options)
     plan = keep.best_plan
     rating = NoopPerfModel(topology).rate(plan) if plan else math.nan
@@ -237,9 +242,9 @@ def time_end_to_end(
             topology, batch_size, constraints=constraints, enumerator=enumerator, **reserve
         )
         gc.collect()
-        start = time.perf_counter()
-        chosen.plan(module, [EmbeddingBagCollectionSharder()])
-        seconds.append(time.perf_counter() - start)
+        with Stopwatch() as watch:
+            chosen.plan(module, [EmbeddingBagCollectionSharder()])
+        seconds.append(watch.wall_s)
         ratings.append(planner_proposers(chosen)[0].best_rating)  # create_planner's DP
         del module, chosen
     name = default_enumerator() if enumerator is None else enumerator

@@ -44,7 +44,7 @@ import torch
 
 from embnb.cuda import loader
 from embnb.rowwise.routing import DIST_CODES, DistType, bucketize
-from embnb.timing import machine_name, median_seconds
+from embnb.timing import interleaved_seconds, machine_name, median_seconds
 
 SIZES = [10**5, 10**6, 10**7]
 QUICK_SIZES = [10**4, 10**5]
@@ -146,7 +146,9 @@ def measure_case(
         theirs = calls["fbgemm"]()
         identical &= _same(ours[:3], (theirs[0], theirs[1], theirs[4]))
 
-    times, used_threads = _timed_rounds(calls, device, threads, repeats, warmup, reference_repeats)
+    times, used_threads = interleaved_seconds(
+        calls, repeats, warmup, device, threads, first_rounds_only={"reference": reference_repeats}
+    )
     num = indices.numel()
     moved = bytes_moved(lengths, indices, world_size)
     row: dict[str, Any] = dict(
@@ -160,30 +162,6 @@ def measure_case(
     )
     row.update(_speeds(times, num, moved))
     return row
-
-
-def _timed_rounds(
-    calls: dict[str, Callable], device: str, threads: int, repeats: int, warmup: int, reference_repeats: int
-) -> tuple[dict[str, list[float]], int]:
-    """Each call's seconds over interleaved rounds (the reference in the first
-    `reference_repeats` only), warmed up, at `threads` (0: all cores), and
-    the thread count used."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or os.cpu_count() or 1)
-    try:
-        used_threads = torch.get_num_threads()
-        for fn in calls.values():
-            for _ in range(warmup):
-                fn()
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for round_ in range(repeats):  # interleaved rounds
-            for name, fn in calls.items():
-                if name == "reference" and round_ >= reference_repeats:
-                    continue
-                times[name].append(median_seconds(fn, 1, 0, device))
-    finally:
-        torch.set_num_threads(before)
-    return times, used_threads
 
 
 def _speeds(times: dict[str, list[float]], num_keys: int, moved: int) -> dict[str, Any]:
