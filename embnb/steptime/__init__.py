@@ -12,9 +12,9 @@ computed from them with torchrec's own bandwidths (labelled computed).
 
 Modules: `batch` (the global batch), `work` (what each rank runs and
 receives, from a plan, a routing mode or a batch partition), `kernels`
-(the TBEs and dense part), `measure` (timing), `comms` (collective bytes),
-`step` (the calls below) and `concurrent` (the same step in a real gloo
-job, for the validation test). The plans notebook 03 and the bench compare,
+(the TBEs and dense part), `measure` (timing), `comms` (collective bytes)
+and `step` (the calls below); tests/concurrent_ranks.py runs the same step
+in a real gloo job for the validation test. The plans notebook 03 and the bench compare,
 with torchrec's estimates, are `embnb.lab.planner.candidates`.
 
     batch = make_batch(model.tables, model.constraints, world_size=8, local_batch_size=256)

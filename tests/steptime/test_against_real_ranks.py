@@ -27,7 +27,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb.dist import launch
 from embnb.steptime.batch import make_batch
-from embnb.steptime.concurrent import sharded_rank
+from concurrent_ranks import sharded_rank
 from embnb.steptime.step import compare_per_rank, measure_plan
 from embnb.steptime.work import plan_shards, plan_work
 
