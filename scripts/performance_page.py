@@ -22,6 +22,7 @@ from typing import Any
 from performance_tables import (  # beside this script
     Run,
     ablation_section,
+    calibrate_section,
     cells,
     end_to_end_section,
     enumerators_section,
@@ -287,6 +288,7 @@ SECTIONS = {
     "ablation": ablation_section,
     "balancer": balancer_section,
     "steptime": steptime_section,
+    "calibrate": calibrate_section,
 }
 
 

@@ -40,6 +40,7 @@ from embnb.lab.planner.candidates import candidate_plans, plan_shape
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options, make_model
 from embnb.lab.planner.planning import run_planner
 from embnb.planner.calibration import (
+    TERMS,
     Calibration,
     estimators,
     fit,
@@ -54,6 +55,7 @@ from embnb.steptime import StepTimes, make_batch, measure_plan
 from embnb.timing import Stopwatch, machine_name
 
 CLOCK = "cpu"  # thread CPU time at one thread: other jobs on a shared machine stretch wall time, not it
+DP_MAX_PARAMS = 1 << 20  # data-parallel in the random plans: tables of up to 1M parameters (4 MiB fp32)
 SKIPPED = (
     "all data-parallel",
 )  # the dense kernel's whole-table update: minutes on a CPU, not a plan anyone runs
@@ -63,9 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench calibrate", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--tables", type=int, default=30, help="tables per model (make_model)")
+    parser.add_argument("--tables", type=int, default=20, help="tables per model (make_model)")
     parser.add_argument("--max-rows", type=int, default=100_000, help="make_model's largest table (rows)")
-    parser.add_argument("--batch-size", type=int, default=256, help="samples per rank")
+    parser.add_argument("--batch-size", type=int, default=128, help="samples per rank")
     parser.add_argument("--train-seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--train-world-sizes", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--train-plans", type=int, default=3, help="random plans per model and world size")
@@ -74,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["0:8", "0:32", "3:8", "4:16"],
         help="held-out models as SEED:WORLD_SIZE (seed 0: notebook 03's model seed)",
+    )
+    parser.add_argument(
+        "--terms", nargs="+", default=list(TERMS), choices=TERMS, help="the coefficients to fit (fit's terms)"
     )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
     parser.add_argument("--warmup", type=int, default=1)
@@ -99,9 +104,7 @@ def _check(opts: argparse.Namespace) -> str | None:
         return f"world sizes must all be >= 2, got {sizes}"
     if set(opts.train_seeds) & {s for s, _ in opts.heldout}:
         both = sorted(set(opts.train_seeds) & {s for s, _ in opts.heldout})
-        return (
-            f"--train-seeds and --heldout-seeds must differ (held out means not fitted on), both have {both}"
-        )
+        return f"--train-seeds and the --heldout seeds must differ (held out: not fitted on), both: {both}"
     if opts.warmup < 0 or opts.max_rows < 1000 or opts.timeout_s <= 0:
         got = f"{opts.warmup}, {opts.max_rows}, {opts.timeout_s}"
         return f"--warmup >= 0, --max-rows >= 1000, --timeout-s > 0; got {got}"
@@ -110,9 +113,12 @@ def _check(opts: argparse.Namespace) -> str | None:
 
 def random_plan(enumerated: Enumerated, world_size: int, rng: np.random.Generator) -> list:
     """Each table: a random sharding type, a random option of it, its shards on random ranks (a
-    data-parallel table has a shard on every rank)."""
+    data-parallel table has a shard on every rank). Data-parallel only for tables of at most
+    `DP_MAX_PARAMS` parameters, as planners choose it: every rank updates the whole table each step."""
     by_table: dict[str, dict[str, list]] = {}
     for option in enumerated.options:
+        if option.sharding_type == "data_parallel" and _params(option) > DP_MAX_PARAMS:
+            continue
         by_table.setdefault(option.name, {}).setdefault(option.sharding_type, []).append(option)
     plan = []
     for kinds in by_table.values():
@@ -122,6 +128,11 @@ def random_plan(enumerated: Enumerated, world_size: int, rng: np.random.Generato
             shard.rank = index if kind == "data_parallel" else int(rng.integers(world_size))
         plan.append(option)
     return plan
+
+
+def _params(option) -> int:
+    rows, cols = option.tensor.shape
+    return rows * cols
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -259,7 +270,7 @@ def main(argv: list[str]) -> int:
     before = torch.get_num_threads()
     with Stopwatch() as watch:
         ranks, train_rows = training_set(opts)
-        calibration = fit(ranks, device_kind="cpu", device_name=machine_name("cpu"))
+        calibration = fit(ranks, "cpu", machine_name("cpu"), terms=opts.terms)
         fit_abs = [abs(e) for e in calibration.fit_errors]
         print(f"fit on {len(ranks)} ranks: |error| median {statistics.median(fit_abs):.3f}, "
               f"worst {max(fit_abs):.3f}", flush=True)  # fmt: skip
