@@ -459,7 +459,13 @@ def calibrate_section(run: Run) -> str:
             shards = ", ".join(f"{n} {kind}" for kind, n in plan["shape"].items() if kind != "shards")
             plans.append(
                 [
-                    plan["plan"] + (" **(fastest)**" if plan["plan"] == world["fastest"] else ""),
+                    plan["plan"]
+                    + (" **(fastest)**" if plan["plan"] == world["fastest"] else "")
+                    + (
+                        f" (the same plan as {plan['same_as']})"
+                        if plan.get("same_as", plan["plan"]) != plan["plan"]
+                        else ""
+                    ),
                     plan["estimator"],
                     f"{sig(step['median'])} ({sig(step['low'])}-{sig(step['high'])})",
                     f"{sig(lookup['median'])} ({sig(lookup['low'])}-{sig(lookup['high'])})",
@@ -468,6 +474,16 @@ def calibrate_section(run: Run) -> str:
                 ]
             )
         errors = world["errors"]
+        fastest = next(p for p in world["plans"] if p["plan"] == world["fastest"])
+        low, high = fastest["step_ms"]["low"], fastest["step_ms"]["high"]
+        overlap = [
+            p["plan"]
+            for p in world["plans"]
+            if p["measured"]
+            and p is not fastest
+            and p["step_ms"]["low"] <= high
+            and p["step_ms"]["high"] >= low
+        ]
         parts += [
             f"Held out: seed {world['seed']}, W = {world['world_size']}. Per-rank error (median / worst): "
             f"torchrec's default {percent_pair(errors['torchrec_default'])}, calibrated "
@@ -479,6 +495,12 @@ def calibrate_section(run: Run) -> str:
                     "(estimate) | shape"
                 ),
                 plans,
+            ),
+            f"Measured fastest (median step): **{world['fastest']}**"
+            + (
+                f"; within its range: {', '.join(overlap)}."
+                if overlap
+                else "; no other plan's range overlaps its range."
             ),
         ]
     return "\n\n".join(parts)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 from typing import Any
@@ -130,6 +131,17 @@ def random_plan(enumerated: Enumerated, world_size: int, rng: np.random.Generato
     return plan
 
 
+def _placement(options) -> tuple:
+    """A plan's placement: every shard's table, sharding type, kernel, offsets and rank."""
+    return tuple(
+        sorted(
+            (o.name, o.sharding_type, o.compute_kernel, tuple(s.offset), s.rank)
+            for o in options
+            for s in o.shards
+        )
+    )
+
+
 def _params(option) -> int:
     rows, cols = option.tensor.shape
     return rows * cols
@@ -216,12 +228,14 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
     for name, run in _calibrated_plans(calibration, model, enumerated, topology, opts).items():
         plans[name] = (run.plan, run.perf_rating, run.note, "calibrated")
     batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
-    rows = []
+    rows, placements = [], {}
     for name, (options, rating, note, estimator) in plans.items():
         row: dict[str, Any] = {"plan": name, "estimator": estimator, "rating_ms": rating, "note": note}
         if options is None:
             rows.append({**row, "measured": False})
             continue
+        # Two planners may return one placement: measured again, it shows the spread between runs.
+        row["same_as"] = placements.setdefault(_placement(options), name)
         times = _measure(options, model, topology, batch, opts)
         per_rank = rank_terms(options, topology, enumerated.sharders, model.constraints)
         ranks = [
@@ -267,7 +281,7 @@ def main(argv: list[str]) -> int:
         print(problem, file=sys.stderr)
         return 2
     quiet_torchrec_logs()
-    before = torch.get_num_threads()
+    before, load = torch.get_num_threads(), os.getloadavg()  # a shared machine: how busy it was
     with Stopwatch() as watch:
         ranks, train_rows = training_set(opts)
         calibration = fit(ranks, "cpu", machine_name("cpu"), terms=opts.terms)
@@ -285,6 +299,7 @@ def main(argv: list[str]) -> int:
         "clock": CLOCK,
         "threads": opts.threads,
         "torch_threads_before": before,
+        "load_average_before": list(load),
         "model": {"tables": opts.tables, "max_rows": opts.max_rows},
         "batch_size": opts.batch_size,
         "warmup": opts.warmup,

@@ -47,6 +47,9 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
         assert plan["step_ms"]["high"] >= max(r["step_ms"] for r in plan["ranks"])
         if plan["estimator"] == "torchrec default":  # its rating: torchrec's slowest rank, compute + comms
             assert plan["rating_ms"] >= max(r["torchrec_estimate_ms"] for r in plan["ranks"]) * (1 - 1e-9)
+    names = [p["plan"] for p in measured]
+    for plan in measured:  # a placement measured again names the first plan that had it
+        assert names.index(plan["same_as"]) <= names.index(plan["plan"])
     assert world["fastest"] == min(measured, key=lambda p: p["step_ms"]["median"])["plan"]
     held = [r for p in measured for r in p["ranks"] if r["shards"]]
     for name, key in (("torchrec_default", "torchrec_estimate_ms"), ("calibrated", "calibrated_estimate_ms")):
