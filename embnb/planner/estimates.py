@@ -29,6 +29,7 @@ them, on every shard.
 
 from __future__ import annotations
 
+import copy
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -78,10 +79,8 @@ def estimate_distinct(
             option.shards = its.shards  # the estimators see the first shard of each size
         for estimator in estimators:
             if type(estimator) is EmbeddingPerfEstimator:
-                with _quick_lookups(estimator):
-                    estimator.estimate(options, sharders)
-            else:
-                estimator.estimate(options, sharders)
+                estimator = _quick_lookups(estimator)
+            estimator.estimate(options, sharders)
     finally:
         for option, shards in zip(options, every):
             option.shards = shards
@@ -111,36 +110,30 @@ def clone(value: Any) -> Any:
     return copied
 
 
-class _quick_lookups:
-    """While torchrec's perf estimator runs, its config lists only the public
-    names that can hold an annotated method.
+def _quick_lookups(estimator: EmbeddingPerfEstimator) -> EmbeddingPerfEstimator:
+    """A copy of torchrec's perf estimator whose config lists only the public
+    names that can hold an annotated method (the estimator passed is left as
+    it is).
 
     torchrec finds a config's custom formulas by scanning `dir(config)` for
     methods carrying an annotation attribute, several times per shard; that
     scan is most of its perf estimate. A name whose value is falsy, not
     callable, or a plain function or method with no attributes of its own can
-    never match, so leaving those out changes no lookup's result. The config
-    is swapped for an instance of a subclass (same class hierarchy, same
-    attributes) whose `__dir__` returns the rest, and swapped back after."""
-
-    def __init__(self, estimator: EmbeddingPerfEstimator) -> None:
-        self._estimator = estimator
-        self._saved = estimator.config
-
-    def __enter__(self) -> None:
-        config = self._saved
-        if not hasattr(config, "__dict__") or hasattr(type(config), "__slots__"):
-            return  # not a plain instance: left as it is
-        names = sorted(
-            name for name in dir(config) if not name.startswith("_") and _may_be_annotated(config, name)
-        )
-        kind = type(config)
-        quick = object.__new__(type(kind.__name__, (kind,), {"__dir__": lambda _: names}))
-        quick.__dict__.update(config.__dict__)
-        set_perf_config(self._estimator, quick)
-
-    def __exit__(self, *exc: object) -> None:
-        set_perf_config(self._estimator, self._saved)
+    never match, so leaving those out changes no lookup's result. The copy's
+    config is an instance of a subclass of the config's class (same class
+    hierarchy, same attributes) whose `__dir__` returns the rest."""
+    config = estimator.config
+    if not hasattr(config, "__dict__") or hasattr(type(config), "__slots__"):
+        return estimator  # not a plain instance: used as it is
+    names = sorted(
+        name for name in dir(config) if not name.startswith("_") and _may_be_annotated(config, name)
+    )
+    kind = type(config)
+    quick_config = object.__new__(type(kind.__name__, (kind,), {"__dir__": lambda _: names}))
+    quick_config.__dict__.update(config.__dict__)
+    quick = copy.copy(estimator)
+    set_perf_config(quick, quick_config)  # on the copy only
+    return quick
 
 
 def _may_be_annotated(config: Any, name: str) -> bool:

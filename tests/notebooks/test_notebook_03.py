@@ -95,6 +95,8 @@ def test_small_knapsack_marks_the_choices_brute_force_confirms(run):
     assert len(small["tables"]) <= 8 and small["capacity_bins"] + 1 <= 30  # small enough to follow by hand
     assert small["fastest_bins"] > small["capacity_bins"]  # memory binds: not every table's fastest option
     assert small["matches_brute_force"] is True
+    # the recurrence written on the page agrees with the library on the same input
+    assert run.results["page_core_agrees"] == {"table": True, "plan": True, "proposer_knapsack": True}
     for t in range(len(perfs)):
         above = rows[t - 1] if t else [0.0] + [None] * small["capacity_bins"]
         for m in range(small["capacity_bins"] + 1):

@@ -15,6 +15,7 @@ import functools
 
 import pytest
 import torch
+from concurrent_ranks import sharded_rank
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.sharding_plan import (
     column_wise,
@@ -27,7 +28,6 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb.dist import launch
 from embnb.steptime.batch import make_batch
-from concurrent_ranks import sharded_rank
 from embnb.steptime.step import compare_per_rank, measure_plan
 from embnb.steptime.work import plan_shards, plan_work
 

@@ -14,7 +14,17 @@ from __future__ import annotations
 import itertools
 import math
 
-__all__ = ["knapsack_choices", "backtrack", "least_perf_per_memory", "least_perf_by_enumeration"]
+import numpy as np
+
+from embnb.planner.knapsack import Knapsack
+
+__all__ = [
+    "knapsack_choices",
+    "backtrack",
+    "least_perf_per_memory",
+    "least_perf_by_enumeration",
+    "page_core_agrees",
+]
 
 
 def knapsack_choices(
@@ -81,3 +91,32 @@ def least_perf_by_enumeration(
                 row[used] = min(row[used], sum(perfs[i][o] for i, o in enumerate(combination)))
         rows.append(row)
     return rows
+
+
+def page_core_agrees(
+    rows: list[list[float]],
+    choices: list[list[int]],
+    plan: list[int],
+    perfs: list[list[float]],
+    memories: list[list[int]],
+) -> dict[str, bool]:
+    """Whether a recurrence written on notebook 03's page (its DP table,
+    choices and backtracked plan over `perfs` and `memories`) agrees with
+    the library on the same input: with this module's `knapsack_choices`
+    cell by cell, and with the proposer's vectorized `Knapsack` on the least
+    perf at or below each bin (it drops dominated states, so "exactly m bins"
+    is not comparable there)."""
+    capacity = len(rows[-1]) - 1
+    want_rows, want_choices = knapsack_choices(perfs, memories, capacity)
+    end = min(range(capacity + 1), key=lambda m: want_rows[-1][m])
+    knapsack = Knapsack(np.array([capacity + 1.0]), (capacity + 1,))  # bin m holds memory m exactly
+    for t, (table_perfs, table_memories) in enumerate(zip(perfs, memories)):
+        knapsack.add_table(
+            t, np.array(table_memories, dtype=float)[:, None], np.array(table_perfs, dtype=float)
+        )
+    got, want = np.minimum.accumulate(np.array(rows[-1])), np.minimum.accumulate(knapsack.least)
+    return {
+        "table": rows == want_rows and choices == want_choices,
+        "plan": plan == backtrack(want_choices, memories, end),
+        "proposer_knapsack": bool(np.allclose(got, want) and np.array_equal(np.isinf(got), np.isinf(want))),
+    }

@@ -71,6 +71,7 @@ class WorkedExamples:
     small_matches_brute_force: bool  # every cell of the DP table
     tiny: PlanExtremes
     pitfall: pd.DataFrame  # `summed_vs_rated`
+    page_core: dict[str, bool]  # the recurrence written on the page against the library (`page_core_agrees`)
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ def _example_records(examples: WorkedExamples) -> dict[str, Any]:
             share_by_tightness(pitfall).reset_index().to_json(orient="records")
         ),
         "small_knapsack": _small_record(examples.small, examples.small_matches_brute_force),
+        "page_core_agrees": examples.page_core,
         "tiny_least_sum_placeable": bool(pd.notna(tiny.least_sum.perf_rating)),
         "tiny_least_placed_sum_rating": float(tiny.least_placed_sum.perf_rating),
         "tiny_best_rating": float(tiny.best_rated.perf_rating),

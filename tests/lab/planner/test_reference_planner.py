@@ -18,6 +18,7 @@ from embnb.lab.planner.reference import (
     knapsack_choices,
     least_perf_by_enumeration,
     least_perf_per_memory,
+    page_core_agrees,
 )
 from embnb.planner.knapsack import Knapsack
 
@@ -128,3 +129,19 @@ def test_the_small_knapsack_of_torchrecs_options_is_the_brute_force_one():
     best = min(p for p, b, _ in _every_plan(small.perfs, small.memories) if b <= small.capacity)
     assert small.rows[-1][small.end] == pytest.approx(best)
     assert sum(small.hbm_gb[t][o] for t, o in enumerate(small.plan)) <= small.capacity * small.bin_gb
+
+
+def test_the_page_core_check_fails_for_a_recurrence_off_by_one_bin():
+    perfs, memories, capacity = [[5, 1], [2, 1], [3, 2]], [[2, 4], [1, 3], [1, 2]], 9
+    rows, choices = knapsack_choices(perfs, memories, capacity)
+    end = min(range(capacity + 1), key=lambda m: rows[-1][m])
+    plan = backtrack(choices, memories, end)
+    assert page_core_agrees(rows, choices, plan, perfs, memories) == dict.fromkeys(
+        ("table", "plan", "proposer_knapsack"), True
+    )
+    # a page that charges each option one bin less than it takes
+    short = [[max(m - 1, 0) for m in table] for table in memories]
+    bad_rows, bad_choices = knapsack_choices(perfs, short, capacity)
+    bad_end = min(range(capacity + 1), key=lambda m: bad_rows[-1][m])
+    bad = page_core_agrees(bad_rows, bad_choices, backtrack(bad_choices, short, bad_end), perfs, memories)
+    assert bad["table"] is False and bad["proposer_knapsack"] is False
