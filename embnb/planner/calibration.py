@@ -20,7 +20,8 @@ torchrec's `EmbeddingPerfEstimator` runs as it runs its default, and embnb's enu
 path on (`embnb.planner.estimates.covers`).
 
     terms = shard_terms(options, topology, sharders)          # per option, per shard
-    ranks = [MeasuredRank(ms, tuple(shards_on_rank)) ...]     # from embnb.steptime
+    times = embnb.steptime.measure_plan(to_sharding_plan(options, topology), tables, batch)
+    ranks = measured_ranks(options, times, topology, sharders)  # one MeasuredRank per rank with shards
     calibration = fit(ranks, device_kind="cpu", device_name="...")
     planner = create_planner(topology, batch_size, calibration=calibration)
 """
