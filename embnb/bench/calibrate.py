@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import statistics
 import sys
@@ -230,6 +231,7 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
     batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
     rows, placements = [], {}
     for name, (options, rating, note, estimator) in plans.items():
+        rating = None if math.isnan(rating) else rating  # no plan: strict JSON has no NaN
         row: dict[str, Any] = {"plan": name, "estimator": estimator, "rating_ms": rating, "note": note}
         if options is None:
             rows.append({**row, "measured": False})

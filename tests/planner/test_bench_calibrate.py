@@ -32,7 +32,7 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
     )
     assert code == 0, out + err
     (path,) = tmp_path.glob("calibrate-*.json")
-    payload = json.loads(path.read_text())
+    payload = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
     calibration = Calibration.from_json(payload["calibration"])
     assert calibration.device_kind == "cpu" and calibration.device_name == payload["machine"]
     assert len(calibration.fit_errors) == payload["train"]["ranks"] > 0
