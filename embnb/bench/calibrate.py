@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 from torchrec.distributed.planner.planners import to_sharding_plan
-from torchrec.distributed.planner.proposers import GreedyProposer, GridSearchProposer, UniformProposer
 
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.lab.planner.candidates import candidate_plans, plan_shape
+from embnb.lab.planner.comparison import default_proposers
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options, make_model
 from embnb.lab.planner.planning import run_planner
 from embnb.planner.calibration import (
@@ -51,7 +51,6 @@ from embnb.planner.calibration import (
     torchrec_default_estimate,
 )
 from embnb.planner.enumerator import make_enumerator
-from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology
 from embnb.steptime import StepTimes, make_batch, measure_plan
 from embnb.timing import Stopwatch, machine_name
@@ -201,12 +200,8 @@ def _calibrated_plans(
     )  # fmt: skip
     options = chosen.enumerate(enumerated.module, enumerated.sharders)
     calibrated = Enumerated(enumerated.module, enumerated.sharders, options, 0.0)
-    proposers = {
-        "embnb DP (calibrated)": DynamicProgrammingProposer,
-        "torchrec default (calibrated)": lambda: [
-            GridSearchProposer(), GreedyProposer(), GreedyProposer(use_depth=False), UniformProposer()
-        ],
-    }  # fmt: skip
+    proposers = default_proposers()  # the same proposers as the plans on torchrec's default estimator
+    proposers = {f"{name} (calibrated)": proposers[name] for name in ("embnb DP", "torchrec default")}
     return {
         name: run_planner(make(), calibrated, topology, opts.batch_size, name=name,
                           constraints=model.constraints, timeout_s=opts.timeout_s)
