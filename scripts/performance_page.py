@@ -19,6 +19,7 @@ import pathlib
 import sys
 from typing import Any
 
+from performance_calibration import calibrate_section  # beside this script
 from performance_tables import (  # beside this script
     Run,
     ablation_section,
@@ -287,6 +288,7 @@ SECTIONS = {
     "ablation": ablation_section,
     "balancer": balancer_section,
     "steptime": steptime_section,
+    "calibrate": calibrate_section,
 }
 
 

@@ -20,7 +20,8 @@ torchrec's `EmbeddingPerfEstimator` runs as it runs its default, and embnb's enu
 path on (`embnb.planner.estimates.covers`).
 
     terms = shard_terms(options, topology, sharders)          # per option, per shard
-    ranks = [MeasuredRank(ms, tuple(shards_on_rank)) ...]     # from embnb.steptime
+    times = embnb.steptime.measure_plan(to_sharding_plan(options, topology), tables, batch)
+    ranks = measured_ranks(options, times, topology, sharders)  # one MeasuredRank per rank with shards
     calibration = fit(ranks, device_kind="cpu", device_name="...")
     planner = create_planner(topology, batch_size, calibration=calibration)
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,9 @@ __all__ = [
     "shard_terms",
     "fit",
     "estimators",
+    "rank_terms",
+    "measured_ranks",
+    "torchrec_default_estimate",
 ]
 
 # torchrec's PerfCoefficient fields, in the order a shard's terms list them.
@@ -235,6 +239,63 @@ def shard_terms(
     ]
 
 
+def rank_terms(
+    options: list[ShardingOption],
+    topology: Topology,
+    sharders: list,
+    constraints: dict[str, ParameterConstraints] | None = None,
+) -> list[list[ShardTerms]]:
+    """The terms (`shard_terms`) of the shards each rank holds under a placed plan (`options`, every
+    shard's rank set): index r lists rank r's."""
+    per_rank: list[list[ShardTerms]] = [[] for _ in range(topology.world_size)]
+    for option, terms in zip(options, shard_terms(options, topology, sharders, constraints)):
+        for shard, shard_term in zip(option.shards, terms):
+            if shard.rank is None or not 0 <= shard.rank < topology.world_size:
+                raise ValueError(
+                    f"option {option.name!r}: a shard's rank must be in 0..{topology.world_size - 1} "
+                    f"(a placed plan), got {shard.rank!r}"
+                )
+            per_rank[shard.rank].append(shard_term)
+    return per_rank
+
+
+def measured_ranks(
+    options: list[ShardingOption],
+    times: Any,
+    topology: Topology,
+    sharders: list,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    clock: str = "cpu",
+) -> list[MeasuredRank]:
+    """A plan measured rank by rank (`times`: `embnb.steptime.StepTimes` of `measure_plan` on this
+    plan) as `MeasuredRank`s: each rank's measured lookups (its TBEs' forward + backward, median over
+    the repeats by `clock`, "cpu" or "wall", in ms) with the terms of the shards it holds. Ranks that
+    hold no shard are left out (nothing to fit)."""
+    if clock not in ("cpu", "wall"):
+        raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
+    if len(times.ranks) != topology.world_size:
+        raise ValueError(
+            f"times has {len(times.ranks)} ranks, the topology {topology.world_size}: measure this plan "
+            "on this topology's world size"
+        )
+    per_rank = rank_terms(options, topology, sharders, constraints)
+    return [
+        MeasuredRank(rank.lookup.median_s(clock) * 1e3, tuple(per_rank[rank.rank]))
+        for rank in times.ranks
+        if per_rank[rank.rank]
+    ]
+
+
+def torchrec_default_estimate(shards: tuple[ShardTerms, ...] | list[ShardTerms]) -> float:
+    """torchrec's default estimate (fwd + bwd compute, ms) of `shards`: its default config's
+    forward coefficients of each shard's sharding type dotted with the shard's terms."""
+    defaults = EmbeddingPerfEstimatorConfig.coefficients
+    return sum(
+        float(np.dot(astuple(getattr(defaults, shard.sharding_type, defaults.default).fwd), shard.terms))
+        for shard in shards
+    )
+
+
 def _compute(shard: Any) -> float:
     return shard.perf.fwd_compute + shard.perf.bwd_compute
 
@@ -244,11 +305,21 @@ def fit(
     device_kind: str,
     device_name: str,
     bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER,
+    terms: tuple[str, ...] | list[str] = TERMS,
 ) -> Calibration:
     """The non-negative least-squares coefficients of each (sharding type, compute kernel) in
     `ranks`: minimize, over the ranks, (measured lookups - calibrated estimate) / measured lookups,
     squared (each rank weighs by its relative error, so small ranks count). Raises ValueError where
-    a measurement is not a positive finite time or the ranks do not determine every coefficient."""
+    a measurement is not a positive finite time or the ranks do not determine every coefficient.
+
+    `terms`: which of `TERMS` to fit; the others are 0. Why: torchrec's terms can be collinear in a
+    training set, and then the ranks do not determine them: input reads and lookups both grow with
+    the ids a shard reads (lookups times its width), so shards of one width cannot tell them apart,
+    and data-parallel ranks all hold the same shards (one distinct row per plan). Fitting fewer
+    terms gives a determined fit there, e.g. `terms=("lookup_size_multiplier",)` for a scale alone."""
+    chosen = tuple(terms)
+    if not chosen or any(term not in TERMS for term in chosen) or len(set(chosen)) != len(chosen):
+        raise ValueError(f"terms must be distinct names from {TERMS}, got {terms!r}")
     if not ranks:
         raise ValueError("ranks must hold at least one MeasuredRank, got none")
     for index, rank in enumerate(ranks):
@@ -261,17 +332,19 @@ def fit(
                     f"ranks[{index}]: a shard's terms must be {len(TERMS)} finite numbers >= 0, "
                     f"got {shard.terms!r}"
                 )
+    columns = [TERMS.index(term) for term in chosen]
+    width = len(columns)
     groups = sorted({shard.group for rank in ranks for shard in rank.shards})
-    slot = {group: g * len(TERMS) for g, group in enumerate(groups)}
-    design = np.zeros((len(ranks), len(groups) * len(TERMS)))
+    slot = {group: g * width for g, group in enumerate(groups)}
+    design = np.zeros((len(ranks), len(groups) * width))
     for r, rank in enumerate(ranks):
         for shard in rank.shards:
-            design[r, slot[shard.group] : slot[shard.group] + len(TERMS)] += shard.terms
+            design[r, slot[shard.group] : slot[shard.group] + width] += [shard.terms[c] for c in columns]
     measured = np.array([rank.lookups_ms for rank in ranks])
     weighted = design / measured[:, None]
     scale = np.linalg.norm(weighted, axis=0)
     undetermined = [
-        f"{groups[c // len(TERMS)]} {TERMS[c % len(TERMS)]}" for c in range(design.shape[1]) if scale[c] == 0
+        f"{groups[c // width]} {chosen[c % width]}" for c in range(design.shape[1]) if scale[c] == 0
     ]
     scale[scale == 0] = 1.0
     normalized = weighted / scale
@@ -280,7 +353,8 @@ def fit(
             f"the {len(ranks)} measured ranks determine {np.linalg.matrix_rank(normalized)} of the "
             f"{design.shape[1]} coefficients of {groups}"
             + (f" (no shard has a term for: {', '.join(undetermined)})" if undetermined else "")
-            + ": measure more distinct shards (rows, widths, pooling factors, batch sizes)"
+            + ": measure more distinct shards (rows, widths, pooling factors, batch sizes) "
+            + "or fit fewer `terms`"
         )
     try:  # only fitting needs scipy (the notebooks extra has it); loading and planning do not
         from scipy.optimize import nnls
@@ -290,8 +364,11 @@ def fit(
         ) from missing
     solution, _ = nnls(normalized, np.ones(len(ranks)))
     solution = solution / scale
-    coefficients = {
-        group: tuple(float(v) for v in solution[slot[group] : slot[group] + len(TERMS)]) for group in groups
-    }
+    coefficients = {}
+    for group in groups:
+        values = [0.0] * len(TERMS)
+        for c, value in zip(columns, solution[slot[group] : slot[group] + width]):
+            values[c] = float(value)
+        coefficients[group] = tuple(values)
     errors = tuple(float(e) for e in design @ solution / measured - 1.0)
     return Calibration(device_kind, device_name, coefficients, bwd_multiplier, errors)

@@ -94,6 +94,25 @@ def test_fit_recovers_known_coefficients_from_torchrecs_estimates():
         assert math.isclose(calibration.estimate(rank.shards), rank.lookups_ms, rel_tol=1e-9)
 
 
+def test_fit_of_some_terms_recovers_them_and_leaves_the_others_zero():
+    """`terms=`: coefficients known to be 0 outside the fitted terms are recovered as the others."""
+    topology, constraints, sharders, options = enumerated()
+    two = {group: (values[0], values[1], 0.0, 0.0) for group, values in KNOWN.items()}
+    options = [o for o in options if (o.sharding_type, o.compute_kernel) in two]
+    measured = oracle_compute(options, topology, constraints, sharders, two)
+    terms = shard_terms(options, topology, sharders, constraints)
+    ranks = [
+        MeasuredRank(measured[i][s], (terms[i][s],))
+        for i, o in enumerate(options)
+        for s in range(len(o.shards))
+    ]
+    calibration = fit(ranks, "cuda", "synthetic", terms=TERMS[:2])
+    for group, values in two.items():
+        np.testing.assert_allclose(calibration.coefficients[group], values, rtol=1e-6, err_msg=str(group))
+    with pytest.raises(ValueError, match=r"terms must be distinct names from .*got \('hash',\)"):
+        fit(ranks, "cuda", "synthetic", terms=("hash",))
+
+
 def test_shard_terms_are_torchrecs_default_estimate_at_default_coefficients():
     """At torchrec's default coefficients (1, 1, 1, 0) the terms sum to its default estimate, block
     penalty included (bwd = 2 x fwd)."""

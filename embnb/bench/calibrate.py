@@ -1,0 +1,318 @@
+"""`python -m embnb.bench calibrate`: torchrec's perf model fitted to kernels measured rank by rank, then
+checked on models and plans it was not fitted on.
+
+1. Training set: for each of `--train-seeds` x `--train-world-sizes`, a model of `--tables` tables
+   (`make_model`) on a CPU topology and `--train-plans` random plans over torchrec's enumerated options
+   (each table a random sharding type, then a random option of it, its shards on random ranks). Every
+   plan is measured rank by rank (`embnb.steptime.measure_plan`: real FBGEMM TBEs, forward + backward
+   with the fused optimizer, thread CPU time at one thread) and each rank becomes a `MeasuredRank`
+   (`calibration.measured_ranks`); `calibration.fit` fits torchrec's forward coefficients per
+   (sharding type, compute kernel).
+2. Held-out check: other seeds' models at `--heldout-world-sizes` (notebook 03's seed is the first),
+   planned by torchrec's planner with embnb's DP, torchrec's DP, Greedy and torchrec's default
+   proposers on torchrec's default estimator, beside embnb's DP and torchrec's default proposers on the
+   calibrated estimator and two poor plans (every table table-wise on 1 and on 2 ranks). Every plan is
+   measured; per rank holding a shard, the relative error of torchrec's default estimate and of the
+   calibrated estimate against the measured lookups (median and worst of |error|). The default
+   held-out set: notebook 03's seed at W = 8 and 32, and two other models.
+3. Which plan measured fastest: per held-out model, each plan's measured critical path (the slowest
+   rank's step, lookups + dense part, per repeat: median and range).
+
+The figures are measured on this machine's CPU (`embnb.timing.machine_name`), except the estimates,
+which are labelled as torchrec's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import statistics
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+from torchrec.distributed.planner.planners import to_sharding_plan
+
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.lab.planner.candidates import candidate_plans, plan_shape
+from embnb.lab.planner.comparison import default_proposers
+from embnb.lab.planner.models import Enumerated, Model, enumerate_options, make_model
+from embnb.lab.planner.planning import run_planner
+from embnb.planner.calibration import (
+    TERMS,
+    Calibration,
+    estimators,
+    fit,
+    measured_ranks,
+    rank_terms,
+    torchrec_default_estimate,
+)
+from embnb.planner.enumerator import make_enumerator
+from embnb.planner.topology import make_topology
+from embnb.steptime import StepTimes, make_batch, measure_plan
+from embnb.timing import Stopwatch, machine_name
+
+CLOCK = "cpu"  # thread CPU time at one thread: other jobs on a shared machine stretch wall time, not it
+DP_MAX_PARAMS = 1 << 20  # data-parallel in the random plans: tables of up to 1M parameters (4 MiB fp32)
+SKIPPED = (
+    "all data-parallel",
+)  # the dense kernel's whole-table update: minutes on a CPU, not a plan anyone runs
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m embnb.bench calibrate", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--tables", type=int, default=20, help="tables per model (make_model)")
+    parser.add_argument("--max-rows", type=int, default=100_000, help="make_model's largest table (rows)")
+    parser.add_argument("--batch-size", type=int, default=128, help="samples per rank")
+    parser.add_argument("--train-seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--train-world-sizes", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--train-plans", type=int, default=3, help="random plans per model and world size")
+    parser.add_argument(
+        "--heldout",
+        nargs="+",
+        default=["0:8", "0:32", "3:8", "4:16"],
+        help="held-out models as SEED:WORLD_SIZE (seed 0: notebook 03's model seed)",
+    )
+    parser.add_argument(
+        "--terms", nargs="+", default=list(TERMS), choices=TERMS, help="the coefficients to fit (fit's terms)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0, help="of the batches and the random plans")
+    parser.add_argument("--timeout-s", type=float, default=30.0, help="each planner's time limit")
+    add_out_argument(parser)
+    return parser
+
+
+def _check(opts: argparse.Namespace) -> str | None:
+    for name in ("tables", "batch_size", "threads", "repeats", "train_plans"):
+        if getattr(opts, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}"
+    try:
+        opts.heldout = [tuple(int(part) for part in pair.split(":")) for pair in opts.heldout]
+    except ValueError:
+        return f"--heldout takes SEED:WORLD_SIZE pairs of integers, e.g. 0:8, got {opts.heldout}"
+    if any(len(pair) != 2 for pair in opts.heldout):
+        return f"--heldout takes SEED:WORLD_SIZE pairs, got {opts.heldout}"
+    sizes = opts.train_world_sizes + [w for _, w in opts.heldout]
+    if min(sizes) < 2:
+        return f"world sizes must all be >= 2, got {sizes}"
+    if set(opts.train_seeds) & {s for s, _ in opts.heldout}:
+        both = sorted(set(opts.train_seeds) & {s for s, _ in opts.heldout})
+        return f"--train-seeds and the --heldout seeds must differ (held out: not fitted on), both: {both}"
+    if opts.warmup < 0 or opts.max_rows < 1000 or opts.timeout_s <= 0:
+        got = f"{opts.warmup}, {opts.max_rows}, {opts.timeout_s}"
+        return f"--warmup >= 0, --max-rows >= 1000, --timeout-s > 0; got {got}"
+    return None
+
+
+def random_plan(enumerated: Enumerated, world_size: int, rng: np.random.Generator) -> list:
+    """Each table: a random sharding type, a random option of it, its shards on random ranks (a
+    data-parallel table has a shard on every rank). Data-parallel only for tables of at most
+    `DP_MAX_PARAMS` parameters, as planners choose it: every rank updates the whole table each step."""
+    by_table: dict[str, dict[str, list]] = {}
+    for option in enumerated.options:
+        if option.sharding_type == "data_parallel" and _params(option) > DP_MAX_PARAMS:
+            continue
+        by_table.setdefault(option.name, {}).setdefault(option.sharding_type, []).append(option)
+    plan = []
+    for kinds in by_table.values():
+        kind = sorted(kinds)[rng.integers(len(kinds))]
+        option = copy.deepcopy(kinds[kind][rng.integers(len(kinds[kind]))])
+        for index, shard in enumerate(option.shards):
+            shard.rank = index if kind == "data_parallel" else int(rng.integers(world_size))
+        plan.append(option)
+    return plan
+
+
+def _placement(options) -> tuple:
+    """A plan's placement: every shard's table, sharding type, kernel, offsets and rank."""
+    return tuple(
+        sorted(
+            (o.name, o.sharding_type, o.compute_kernel, tuple(s.offset), s.rank)
+            for o in options
+            for s in o.shards
+        )
+    )
+
+
+def _params(option) -> int:
+    rows, cols = option.tensor.shape
+    return rows * cols
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "low": min(values), "high": max(values)}
+
+
+def _critical_paths(times: StepTimes) -> dict[str, dict[str, float]]:
+    """Per repeat, the slowest rank's step and lookups (ms, CLOCK): median and range over repeats."""
+    step = [max(r.compute.values(CLOCK)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
+    lookup = [max(r.lookup.values(CLOCK)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
+    return {"step_ms": _spread(step), "lookup_ms": _spread(lookup)}
+
+
+def _measure(options, model: Model, topology, batch, opts) -> StepTimes:
+    return measure_plan(
+        to_sharding_plan(options, topology), model.tables, batch, device="cpu",
+        threads=opts.threads, warmup=opts.warmup, repeats=opts.repeats,
+    )  # fmt: skip
+
+
+def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
+    """The measured ranks of every random plan (item 1), and a row per plan for the JSON."""
+    rng = np.random.default_rng(opts.seed)
+    ranks, rows = [], []
+    for seed in opts.train_seeds:
+        model = make_model(opts.tables, seed=seed, max_rows=opts.max_rows)
+        for world_size in opts.train_world_sizes:
+            topology = make_topology(world_size, "cpu")
+            enumerated = enumerate_options(
+                model.tables, topology, opts.batch_size, model.constraints, "embnb"
+            )
+            batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
+            for index in range(opts.train_plans):
+                options = random_plan(enumerated, world_size, rng)
+                times = _measure(options, model, topology, batch, opts)
+                measured = measured_ranks(
+                    options, times, topology, enumerated.sharders, model.constraints, CLOCK
+                )
+                ranks += measured
+                rows.append({"seed": seed, "world_size": world_size, "plan": index,
+                             "shape": plan_shape(options), "ranks": len(measured)})  # fmt: skip
+                print(f"train seed={seed} W={world_size:>2} plan {index}: {plan_shape(options)}", flush=True)
+    return ranks, rows
+
+
+def _calibrated_plans(
+    calibration: Calibration, model: Model, enumerated: Enumerated, topology, opts
+) -> dict[str, Any]:
+    """embnb's DP and torchrec's default proposers planning over the calibrated estimates."""
+    chosen = make_enumerator(
+        "embnb", topology, opts.batch_size, model.constraints,
+        estimator=estimators(calibration, topology, model.constraints),
+    )  # fmt: skip
+    options = chosen.enumerate(enumerated.module, enumerated.sharders)
+    calibrated = Enumerated(enumerated.module, enumerated.sharders, options, 0.0)
+    proposers = default_proposers()  # the same proposers as the plans on torchrec's default estimator
+    proposers = {f"{name} (calibrated)": proposers[name] for name in ("embnb DP", "torchrec default")}
+    return {
+        name: run_planner(make(), calibrated, topology, opts.batch_size, name=name,
+                          constraints=model.constraints, timeout_s=opts.timeout_s)
+        for name, make in proposers.items()
+    }  # fmt: skip
+
+
+def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) -> dict[str, Any]:
+    """Items 2 and 3 for one held-out model at one world size."""
+    model = make_model(opts.tables, seed=seed, max_rows=opts.max_rows)
+    topology = make_topology(world_size, "cpu")
+    enumerated = enumerate_options(model.tables, topology, opts.batch_size, model.constraints, "embnb")
+    plans = {
+        name: (c.options, c.rating, c.note, "torchrec default")
+        for name, c in candidate_plans(
+            model, topology, opts.batch_size, timeout_s=opts.timeout_s, enumerated=enumerated
+        ).items()
+        if name not in SKIPPED
+    }
+    for name, run in _calibrated_plans(calibration, model, enumerated, topology, opts).items():
+        plans[name] = (run.plan, run.perf_rating, run.note, "calibrated")
+    batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
+    rows, placements = [], {}
+    for name, (options, rating, note, estimator) in plans.items():
+        rating = None if math.isnan(rating) else rating  # no plan: strict JSON has no NaN
+        row: dict[str, Any] = {"plan": name, "estimator": estimator, "rating_ms": rating, "note": note}
+        if options is None:
+            rows.append({**row, "measured": False})
+            continue
+        # Two planners may return one placement: measured again, it shows the spread between runs.
+        row["same_as"] = placements.setdefault(_placement(options), name)
+        times = _measure(options, model, topology, batch, opts)
+        per_rank = rank_terms(options, topology, enumerated.sharders, model.constraints)
+        ranks = [
+            {
+                "rank": r.rank,
+                "lookup_ms": r.lookup.median_s(CLOCK) * 1e3,
+                "lookup_ms_range": [v * 1e3 for v in r.lookup.range_s(CLOCK)],
+                "step_ms": r.compute.median_s(CLOCK) * 1e3,
+                "torchrec_estimate_ms": torchrec_default_estimate(per_rank[r.rank]),
+                "calibrated_estimate_ms": calibration.estimate(per_rank[r.rank]),
+                "shards": len(per_rank[r.rank]),
+            }
+            for r in times.ranks
+        ]
+        paths = _critical_paths(times)
+        rows.append({**row, "measured": True, "shape": plan_shape(options), **paths, "ranks": ranks})
+        step = paths["step_ms"]
+        print(
+            f"heldout seed={seed} W={world_size:>2} {name:<30} critical path {step['median']:7.1f} ms "
+            f"({step['low']:.1f}-{step['high']:.1f}, {CLOCK} time) {plan_shape(options)}",
+            flush=True,
+        )
+    measured = [r for r in rows if r["measured"]]
+    fastest = min(measured, key=lambda r: r["step_ms"]["median"])
+    return {"seed": seed, "world_size": world_size, "plans": rows, "fastest": fastest["plan"],
+            "errors": errors([rank for r in measured for rank in r["ranks"]])}  # fmt: skip
+
+
+def errors(ranks: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """|estimate / measured - 1| over ranks holding a shard: median and worst, per estimator."""
+    held = [r for r in ranks if r["shards"]]
+    out = {}
+    for key, name in (("torchrec_estimate_ms", "torchrec_default"), ("calibrated_estimate_ms", "calibrated")):
+        values = [abs(r[key] / r["lookup_ms"] - 1) for r in held]
+        out[name] = {"median": statistics.median(values), "worst": max(values), "ranks": len(values)}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    opts = _parser().parse_args(argv)
+    problem = _check(opts)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    quiet_torchrec_logs()
+    before, load = torch.get_num_threads(), os.getloadavg()  # a shared machine: how busy it was
+    with Stopwatch() as watch:
+        ranks, train_rows = training_set(opts)
+        calibration = fit(ranks, "cpu", machine_name("cpu"), terms=opts.terms)
+        fit_abs = [abs(e) for e in calibration.fit_errors]
+        print(f"fit on {len(ranks)} ranks: |error| median {statistics.median(fit_abs):.3f}, "
+              f"worst {max(fit_abs):.3f}", flush=True)  # fmt: skip
+        worlds = [heldout_world(calibration, seed, world_size, opts) for seed, world_size in opts.heldout]
+    heldout = errors([rank for w in worlds for p in w["plans"] if p["measured"] for rank in p["ranks"]])
+    for name, e in heldout.items():
+        print(f"held out, {name}: per-rank |error| median {e['median']:.3f}, worst {e['worst']:.3f} "
+              f"over {e['ranks']} ranks", flush=True)  # fmt: skip
+    payload = {
+        "device": "cpu",
+        "machine": machine_name("cpu"),
+        "clock": CLOCK,
+        "threads": opts.threads,
+        "torch_threads_before": before,
+        "load_average_before": list(load),
+        "model": {"tables": opts.tables, "max_rows": opts.max_rows},
+        "batch_size": opts.batch_size,
+        "warmup": opts.warmup,
+        "repeats": opts.repeats,
+        "skipped_plans": list(SKIPPED),
+        "train": {
+            "seeds": opts.train_seeds,
+            "world_sizes": opts.train_world_sizes,
+            "plans": train_rows,
+            "ranks": len(ranks),
+        },  # fmt: skip
+        "calibration": calibration.to_json(),
+        "heldout_errors": heldout,
+        "heldout": worlds,
+        "bench_s": watch.wall_s,
+    }
+    path = write_results("calibrate", payload, opts.out)
+    print(f"wrote {path} in {watch.wall_s:.0f} s")
+    return 0

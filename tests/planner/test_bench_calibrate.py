@@ -1,0 +1,73 @@
+"""`python -m embnb.bench calibrate` on tiny sizes: its JSON's summary figures (held-out errors, the
+fastest plan, critical paths) agree with its own per-rank rows, its calibration loads, and each
+plan's rating is torchrec's estimate of its slowest rank. No speed is asserted."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from embnb.planner.calibration import Calibration
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    from embnb.bench.__main__ import main
+
+    try:
+        code = main(["calibrate", *args])
+    except SystemExit as stop:  # argparse
+        code = stop.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
+    code, out, err = run(
+        capsys,
+        *("--tables", "5", "--max-rows", "2000", "--batch-size", "8", "--train-seeds", "1"),
+        *("--train-world-sizes", "2", "3", "--train-plans", "3", "--heldout", "0:2", "--timeout-s", "5"),
+        *("--terms", "lookup_size_multiplier", "--warmup", "0", "--repeats", "2", "--out", str(tmp_path)),
+    )
+    assert code == 0, out + err
+    (path,) = tmp_path.glob("calibrate-*.json")
+    payload = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    calibration = Calibration.from_json(payload["calibration"])
+    assert calibration.device_kind == "cpu" and calibration.device_name == payload["machine"]
+    assert len(calibration.fit_errors) == payload["train"]["ranks"] > 0
+    (world,) = payload["heldout"]
+    measured = [p for p in world["plans"] if p["measured"]]
+    assert {"embnb DP", "torchrec default", "embnb DP (calibrated)"} <= {p["plan"] for p in measured}
+    for plan in measured:
+        assert len(plan["ranks"]) == world["world_size"]
+        for key in ("step_ms", "lookup_ms"):
+            assert plan[key]["low"] <= plan[key]["median"] <= plan[key]["high"]
+        # the slowest rank per repeat is at least any rank's median
+        assert plan["step_ms"]["high"] >= max(r["step_ms"] for r in plan["ranks"])
+        if plan["estimator"] == "torchrec default":  # its rating: torchrec's slowest rank, compute + comms
+            assert plan["rating_ms"] >= max(r["torchrec_estimate_ms"] for r in plan["ranks"]) * (1 - 1e-9)
+    names = [p["plan"] for p in measured]
+    for plan in measured:  # a placement measured again names the first plan that had it
+        assert names.index(plan["same_as"]) <= names.index(plan["plan"])
+    assert world["fastest"] == min(measured, key=lambda p: p["step_ms"]["median"])["plan"]
+    held = [r for p in measured for r in p["ranks"] if r["shards"]]
+    for name, key in (("torchrec_default", "torchrec_estimate_ms"), ("calibrated", "calibrated_estimate_ms")):
+        errors = [abs(r[key] / r["lookup_ms"] - 1) for r in held]
+        assert payload["heldout_errors"][name]["median"] == pytest.approx(statistics.median(errors))
+        assert payload["heldout_errors"][name]["worst"] == pytest.approx(max(errors))
+    assert "held out, calibrated" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train-seeds", "0", "1"], "--train-seeds and the --heldout seeds must differ"),
+        (["--heldout", "0-8"], "--heldout takes SEED:WORLD_SIZE pairs of integers"),
+        (["--train-world-sizes", "1"], "world sizes must all be >= 2, got [1"),
+    ],
+)
+def test_bad_calibrate_arguments_are_named(tmp_path, capsys, args, message):
+    code, _, err = run(capsys, *args, "--out", str(tmp_path))
+    assert code == 2 and message in err
+    assert not list(tmp_path.glob("*.json"))
