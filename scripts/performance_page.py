@@ -26,6 +26,7 @@ from performance_tables import (  # beside this script
     end_to_end_section,
     enumerators_section,
     planner_section,
+    sharders_section,
     sig,
     source,
     steptime_section,
@@ -287,6 +288,7 @@ SECTIONS = {
     "ablation": ablation_section,
     "balancer": balancer_section,
     "steptime": steptime_section,
+    "sharders": sharders_section,
 }
 
 

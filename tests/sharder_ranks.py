@@ -50,7 +50,7 @@ class Model(nn.Module):
         return self.tables(features)
 
 
-def make_module(kind: str, rows: dict[str, int], seed: int) -> nn.Module:
+def make_module(kind: str, rows: dict[str, int], seed: int, need_indices: bool = False) -> nn.Module:
     """An EBC (table "a" sum-pooled, "b" mean-pooled) or an EC, with seeded weights."""
     if kind == "ebc":
         pooling = {"a": PoolingType.SUM, "b": PoolingType.MEAN}
@@ -66,7 +66,7 @@ def make_module(kind: str, rows: dict[str, int], seed: int) -> nn.Module:
             EmbeddingConfig(name=n, embedding_dim=DIM, num_embeddings=r, feature_names=[f"f_{n}"])
             for n, r in rows.items()
         ]
-        module, weights = EmbeddingCollection(tables=configs), "embeddings"
+        module, weights = EmbeddingCollection(tables=configs, need_indices=need_indices), "embeddings"
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, n in rows.items():
@@ -179,7 +179,10 @@ def _sgd():
 
 
 def _shard(kind: str, rows: dict[str, int], routings: dict, seed: int, world_size: int, off_by_one=False):
-    module = make_module(kind, rows, seed)
+    return _shard_module(make_module(kind, rows, seed), kind, rows, routings, world_size, off_by_one)
+
+
+def _shard_module(module, kind: str, rows: dict[str, int], routings: dict, world_size: int, off_by_one=False):
     sharder_type = RoutedEmbeddingBagCollectionSharder if kind == "ebc" else RoutedEmbeddingCollectionSharder
     if off_by_one:
         sharder_type = OffByOneSharder
@@ -253,6 +256,25 @@ def mismatch_case(rank, world_size, kind, rows, saved, loaded, seed):
     dist.barrier()
     try:
         target.load_state_dict(state)
+    except ValueError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def refusal_case(rank, world_size, what: str, seed: int):
+    """The error a routed module raises for an id outside its table ("bad_id") or for an
+    EmbeddingCollection with need_indices ("need_indices"), or None."""
+    rows, routings = {"a": 8, "b": 7}, {"a": "roundrobin"}
+    try:
+        if what == "bad_id":
+            model = _shard("ebc", rows, routings, seed, world_size)
+            model(
+                KeyedJaggedTensor.from_lengths_sync(
+                    ["f_a", "f_b"], torch.tensor([3, 8, 1]), torch.tensor([2, 1])
+                )
+            )
+        else:
+            _shard_module(make_module("ec", rows, seed, need_indices=True), "ec", rows, routings, world_size)
     except ValueError as error:
         return f"{type(error).__name__}: {error}"
     return None

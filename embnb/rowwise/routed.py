@@ -234,12 +234,10 @@ class RoutedIds:
                 routed.append(ids)
                 continue
             table, layout = self._feature_layouts[key]
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_embeddings):
-                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-                raise ValueError(
-                    f"feature {key!r} (table {table!r}) has id {bad}, outside [0, {layout.num_embeddings})"
-                )
-            routed.append(layout.slots(ids).to(values.dtype))
+            try:  # slots() checks the range once; the message gains the feature and table
+                routed.append(layout.slots(ids).to(values.dtype))
+            except ValueError as error:
+                raise ValueError(f"feature {key!r} (table {table!r}): {error}") from None
         variable = features.variable_stride_per_key()
         return KeyedJaggedTensor(
             keys=keys,

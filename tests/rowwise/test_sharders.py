@@ -30,6 +30,7 @@ from sharder_ranks import (
     output_grad,
     owner_local,
     parity_case,
+    refusal_case,
     table_weight,
 )
 
@@ -72,6 +73,10 @@ MISMATCHES = [  # (kind, saved routings, loaded routings, an error expected)
     ("ec", None, {}, False),
     ("ec", {"a": FR}, {"a": RR}, True),
 ]
+REFUSALS = {  # what a routed module refuses (at W = 2) -> what the error says
+    "bad_id": "feature 'f_a' (table 'a'): id 8 is outside [0, 8)",
+    "need_indices": "need_indices=True with routed tables ['a']",
+}
 
 
 def routing(routings: dict, name: str) -> str:
@@ -110,9 +115,9 @@ def in_id_order(storage: torch.Tensor, routing: str, world_size: int, n: int) ->
 
 @pytest.fixture(scope="module")
 def launched():
-    """W -> (parity results, off-by-one result, load results, mismatch results); one launch per W,
-    each loading checkpoints the previous one saved."""
-    out, previous = {}, None
+    """(W -> (parity results, off-by-one result, load results, mismatch results), refusals at
+    W = 2); one launch per W, each loading checkpoints the previous one saved."""
+    out, previous, refused = {}, None, []
     for world_size in sorted(CASES):
         calls = [(parity_case, (kind, rows, r, SEED)) for kind, rows, r in CASES[world_size]]
         calls.append((parity_case, (*OFF_BY_ONE, SEED, True)))
@@ -121,16 +126,20 @@ def launched():
             kind, rows, _ = CASES[world_size - 1][index]
             calls.append((load_case, (kind, rows, previous[index][0]["checkpoint"], target, SEED)))
         calls += [(mismatch_case, (kind, {"a": 7, "b": 10}, s, t, SEED)) for kind, s, t, _ in MISMATCHES]
+        if world_size == 2:
+            calls += [(refusal_case, (what, SEED)) for what in REFUSALS]
         results = launch_each(calls, world_size, device="cpu", timeout_s=300)
         n = len(CASES[world_size])
         parity, rest = results[:n], results[n:]
-        out[world_size] = (parity, rest[0], rest[1 : 1 + len(loads)], rest[1 + len(loads) :])
+        mismatches = rest[1 + len(loads) : 1 + len(loads) + len(MISMATCHES)]
+        out[world_size] = (parity, rest[0], rest[1 : 1 + len(loads)], mismatches)
+        refused = refused or rest[1 + len(loads) + len(MISMATCHES) :]
         previous = parity
-    return out
+    return out, dict(zip(REFUSALS, refused))
 
 
 def test_outputs_and_tables_after_a_step_equal_the_unsharded_module(launched):
-    for world_size, (parity, _, _, _) in launched.items():
+    for world_size, (parity, _, _, _) in launched[0].items():
         for (kind, rows, routings), per_rank in zip(CASES[world_size], parity):
             outs, after = unsharded_step(kind, rows, world_size)
             for rank, result in enumerate(per_rank):
@@ -142,7 +151,7 @@ def test_outputs_and_tables_after_a_step_equal_the_unsharded_module(launched):
 
 
 def test_every_row_sits_on_the_rank_its_routing_names(launched):
-    for world_size, (parity, _, _, _) in launched.items():
+    for world_size, (parity, _, _, _) in launched[0].items():
         for (kind, rows, routings), per_rank in zip(CASES[world_size], parity):
             unsharded = make_module(kind, rows, SEED)
             for name, n in rows.items():
@@ -156,7 +165,7 @@ def test_every_row_sits_on_the_rank_its_routing_names(launched):
 
 
 def test_the_check_fails_when_the_local_row_is_off_by_one(launched):
-    for world_size, (_, per_rank, _, _) in launched.items():
+    for world_size, (_, per_rank, _, _) in launched[0].items():
         kind, rows, routings = OFF_BY_ONE
         outs, _ = unsharded_step(kind, rows, world_size)
         for rank, result in enumerate(per_rank):
@@ -169,7 +178,7 @@ def test_the_check_fails_when_the_local_row_is_off_by_one(launched):
 
 def test_a_converted_checkpoint_loads_where_the_new_routing_puts_each_row(launched):
     checked = 0
-    for world_size, (_, _, loads, _) in launched.items():
+    for world_size, (_, _, loads, _) in launched[0].items():
         for (index, target), per_rank in zip(LOADS.get(world_size, []), loads):
             kind, rows, _ = CASES[world_size - 1][index]
             _, after = unsharded_step(kind, rows, world_size - 1)  # what the saving launch trained
@@ -181,7 +190,7 @@ def test_a_converted_checkpoint_loads_where_the_new_routing_puts_each_row(launch
 
 
 def test_a_state_dict_saved_under_another_routing_does_not_load(launched):
-    for _, (_, _, _, mismatches) in launched.items():
+    for _, (_, _, _, mismatches) in launched[0].items():
         for (_, saved, loaded, fails), per_rank in zip(MISMATCHES, mismatches):
             for error in per_rank:
                 if not fails:
@@ -189,3 +198,9 @@ def test_a_state_dict_saved_under_another_routing_does_not_load(launched):
                     continue
                 assert error.startswith("RoutingMismatch")
                 assert repr(routing(saved or {}, "a")) in error and repr(loaded["a"]) in error
+
+
+def test_a_bad_id_and_need_indices_are_refused_by_name(launched):
+    for what, per_rank in launched[1].items():
+        for error in per_rank:
+            assert error is not None and error.startswith("ValueError") and REFUSALS[what] in error, error
