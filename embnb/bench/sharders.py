@@ -43,6 +43,7 @@ def _sharded(world_size: int, rows: int, dim: int, routing: str | None):
     """torchrec's own row-wise module (routing None) or the routed one."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+    from torchrec.distributed.types import ShardingEnv
 
     from embnb.rowwise import RoutedEmbeddingBagCollectionSharder
 
@@ -58,8 +59,6 @@ def _sharded(world_size: int, rows: int, dim: int, routing: str | None):
         world_size=world_size,
         device_type="cpu",
     )
-    from torchrec.distributed.types import ShardingEnv
-
     env = ShardingEnv.from_process_group(torch.distributed.group.WORLD)
     sharder = routed if routing else EmbeddingBagCollectionSharder()
     return sharder.shard(module, plan, env, torch.device("cpu"))

@@ -30,7 +30,6 @@ from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEm
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-from embnb.rowwise.layout import Routing
 from embnb.rowwise.routed import RoutedIds, RoutedSharder, RoutingMismatch
 
 __all__ = [
@@ -104,20 +103,8 @@ class RoutedEmbeddingBagCollectionSharder(RoutedSharder, EmbeddingBagCollectionS
         routings: table name -> routing ("continuous", "roundrobin", "feistel_roundrobin").
         others: the routing of row-wise tables not in `routings`.
         seed: the key of feistel_roundrobin's bijection.
-        fused_params, qcomm_codecs_registry: as for EmbeddingBagCollectionSharder.
+        fused_params, qcomm_codecs_registry: as for EmbeddingBagCollectionSharder (by keyword).
     """
-
-    def __init__(
-        self,
-        routings: dict[str, Routing | str] | None = None,
-        others: Routing | str = Routing.CONTINUOUS,
-        seed: int = 0,
-        fused_params: dict[str, Any] | None = None,
-        qcomm_codecs_registry: dict | None = None,
-    ) -> None:
-        super().__init__(
-            routings, others, seed, fused_params=fused_params, qcomm_codecs_registry=qcomm_codecs_registry
-        )
 
     @property
     def sharded_module_type(self) -> type[RoutedShardedEmbeddingBagCollection]:
@@ -131,26 +118,9 @@ class RoutedEmbeddingCollectionSharder(RoutedSharder, EmbeddingCollectionSharder
         routings: table name -> routing ("continuous", "roundrobin", "feistel_roundrobin").
         others: the routing of row-wise tables not in `routings`.
         seed: the key of feistel_roundrobin's bijection.
-        fused_params, qcomm_codecs_registry, use_index_dedup: as for EmbeddingCollectionSharder.
+        fused_params, qcomm_codecs_registry, use_index_dedup: as for EmbeddingCollectionSharder
+            (by keyword).
     """
-
-    def __init__(
-        self,
-        routings: dict[str, Routing | str] | None = None,
-        others: Routing | str = Routing.CONTINUOUS,
-        seed: int = 0,
-        fused_params: dict[str, Any] | None = None,
-        qcomm_codecs_registry: dict | None = None,
-        use_index_dedup: bool = False,
-    ) -> None:
-        super().__init__(
-            routings,
-            others,
-            seed,
-            fused_params=fused_params,
-            qcomm_codecs_registry=qcomm_codecs_registry,
-            use_index_dedup=use_index_dedup,
-        )
 
     def _sharded_kwargs(self) -> dict[str, Any]:
         return {"use_index_dedup": self._use_index_dedup}
