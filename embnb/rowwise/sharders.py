@@ -78,13 +78,10 @@ class RoutedShardedEmbeddingCollection(RoutedIds, ShardedEmbeddingCollection):
 
     @staticmethod
     def _module_like(module: EmbeddingCollection, configs: list[Any]) -> EmbeddingCollection:
-        return EmbeddingCollection(
-            tables=configs,
-            device=_META,
-            need_indices=module.need_indices(),
-            use_gather_select=module.use_gather_select(),
-            use_gather_select_per_sharding=module.use_gather_select_per_sharding(),
-        )
+        options = {"need_indices": module.need_indices(), "use_gather_select": module.use_gather_select()}
+        if hasattr(module, "use_gather_select_per_sharding"):  # torchrec 1.8, not 1.6
+            options["use_gather_select_per_sharding"] = module.use_gather_select_per_sharding()
+        return EmbeddingCollection(tables=configs, device=_META, **options)
 
     def __init__(self, module: EmbeddingCollection, *args: Any, **kwargs: Any) -> None:
         super().__init__(module, *args, **kwargs)
