@@ -27,6 +27,7 @@ from performance_tables import (  # beside this script
     end_to_end_section,
     enumerators_section,
     planner_section,
+    sharders_section,
     sig,
     source,
     steptime_section,
@@ -289,6 +290,7 @@ SECTIONS = {
     "balancer": balancer_section,
     "steptime": steptime_section,
     "calibrate": calibrate_section,
+    "sharders": sharders_section,
 }
 
 

@@ -417,3 +417,25 @@ def steptime_section(run: Run) -> str:
             table(header, rows),
         ]
     return "\n\n".join(parts)
+
+
+def sharders_section(run: Run) -> str:
+    data, config = run.data, run.data["config"]
+    rounds = data["seconds"]["torchrec"]
+    parts = [
+        "## Routed sharders: input distribution against torchrec's own",
+        source(run),
+        f"One launch of W = {data['world_size']} {data['backend']} ranks on the {data['device']} "
+        f"({data['cores']} cores): two tables of {config['rows']:,} rows, "
+        f"{data['ids_per_rank']:,} ids per rank (Zipf({config['alpha']}) ranks as ids), the same batch "
+        "through torchrec's `ShardedEmbeddingBagCollection` and embnb's routed one, interleaved round by "
+        "round; a round's time is its slowest rank's, the whole input distribution (renumbering, "
+        "bucketize, all-to-all, waited for). "
+        "Issue 47 asks for at most 1.1x.",
+    ]
+    rows = [["torchrec (continuous)", median_range(rounds, unit=" s"), "1x"]]
+    for routing, ratio in data["ratio_to_torchrec"].items():
+        spread = f"{sig(ratio['median'])}x ({sig(ratio['low'])}-{sig(ratio['high'])} over {ratio['repeats']})"
+        rows.append([f"embnb `{routing}`", median_range(data["seconds"][routing], unit=" s"), spread])
+    header = ["sharded module", "input dist per batch, median (range)", "routed / torchrec per round"]
+    return "\n\n".join([*parts, table(header, rows)])

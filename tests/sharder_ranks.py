@@ -1,12 +1,10 @@
 """Per-rank functions for tests/rowwise/test_sharders.py (spawned ranks import them from here).
 
-Each rank builds the same two-table EmbeddingBagCollection (table "a" sum
-pooling, table "b" mean pooling), shards it row-wise with
-RoutedEmbeddingBagCollectionSharder under DistributedModelParallel, loads the
-unsharded weights laid out for the routing, runs one forward and one fused
-SGD step on its own batch, and returns what the parent compares with the
-unsharded module: outputs, the tables after the step (read back in id
-order), and each rank's local shard.
+Each rank builds the same two-table module, an EmbeddingBagCollection ("ebc": table "a" sum
+pooling, table "b" mean pooling) or an EmbeddingCollection ("ec"), shards it row-wise with
+the routed sharder under DistributedModelParallel, loads the unsharded weights at the slots
+the oracle here names (`owner_local`, plain ints), runs one forward and one fused SGD step on
+its own batch, and returns what the parent compares with the unsharded module.
 """
 
 from __future__ import annotations
@@ -14,45 +12,71 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    KeyedJaggedTensor,
+    PoolingType,
+)
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
 from torchrec.distributed.types import ShardingPlan
 
 from embnb.lab.rowwise.reference import fmix64
-from embnb.rowwise import RoutedEmbeddingBagCollectionSharder, TableLayout, gather_rows, load_rows
+from embnb.rowwise import (
+    RoutedEmbeddingBagCollectionSharder,
+    RoutedEmbeddingCollectionSharder,
+    RoutedShardedEmbeddingBagCollection,
+    TableLayout,
+    convert_rows,
+    gather_rows,
+    load_rows,
+)
 
 DIM = 4
 LR = 0.1
 BATCH = 3
+MASK64 = (1 << 64) - 1
 
 
 class Model(nn.Module):
-    def __init__(self, ebc: nn.Module):
+    def __init__(self, tables: nn.Module):
         super().__init__()
-        self.ebc = ebc
+        self.tables = tables
 
     def forward(self, features: KeyedJaggedTensor):
-        return self.ebc(features)
+        return self.tables(features)
 
 
-def make_ebc(rows: dict[str, int], seed: int) -> EmbeddingBagCollection:
-    tables = [
-        EmbeddingBagConfig(
-            name=name,
-            embedding_dim=DIM,
-            num_embeddings=n,
-            feature_names=[f"f_{name}"],
-            pooling=PoolingType.SUM if name == "a" else PoolingType.MEAN,
-        )
-        for name, n in rows.items()
-    ]
+def make_module(kind: str, rows: dict[str, int], seed: int, need_indices: bool = False) -> nn.Module:
+    """An EBC (table "a" sum-pooled, "b" mean-pooled) or an EC, with seeded weights."""
+    if kind == "ebc":
+        pooling = {"a": PoolingType.SUM, "b": PoolingType.MEAN}
+        configs = [
+            EmbeddingBagConfig(
+                name=n, embedding_dim=DIM, num_embeddings=r, feature_names=[f"f_{n}"], pooling=pooling[n]
+            )
+            for n, r in rows.items()
+        ]
+        module, weights = EmbeddingBagCollection(tables=configs), "embedding_bags"
+    else:
+        configs = [
+            EmbeddingConfig(name=n, embedding_dim=DIM, num_embeddings=r, feature_names=[f"f_{n}"])
+            for n, r in rows.items()
+        ]
+        module, weights = EmbeddingCollection(tables=configs, need_indices=need_indices), "embeddings"
     torch.manual_seed(seed)
-    ebc = EmbeddingBagCollection(tables=tables)
     with torch.no_grad():
         for name, n in rows.items():
-            ebc.embedding_bags[name].weight.copy_(torch.randn(n, DIM))
-    return ebc
+            getattr(module, weights)[name].weight.copy_(torch.randn(n, DIM))
+    return module
+
+
+def table_weight(module: nn.Module, name: str) -> torch.Tensor:
+    tables = module.embedding_bags if isinstance(module, EmbeddingBagCollection) else module.embeddings
+    return tables[name].weight
 
 
 def make_batch(rows: dict[str, int], rank: int, seed: int) -> KeyedJaggedTensor:
@@ -72,72 +96,16 @@ def make_batch(rows: dict[str, int], rank: int, seed: int) -> KeyedJaggedTensor:
     )
 
 
-def output_grad(rank: int, seed: int, rows: dict[str, int]) -> torch.Tensor:
-    return torch.randn(BATCH, DIM * len(rows), generator=torch.Generator().manual_seed(seed * 1000 + rank))
+def flat_output(kind: str, out) -> torch.Tensor:
+    """An EBC's pooled [batch, dims] or an EC's sequence embeddings, features in key order."""
+    if kind == "ebc":
+        return out.values()
+    jagged = dict(out.items())  # a sharded EC's output awaitable resolves on items()
+    return torch.cat([jagged[key].values() for key in sorted(jagged)])
 
 
-def _shard(rows: dict[str, int], routings: dict[str, str], seed: int, world_size: int):
-    ebc = make_ebc(rows, seed)
-    sharder = RoutedEmbeddingBagCollectionSharder(
-        routings, fused_params={"optimizer": _sgd(), "learning_rate": LR}
-    )
-    plan = construct_module_sharding_plan(
-        ebc,
-        {name: row_wise(compute_kernel="fused") for name in rows},
-        sharder=sharder,
-        local_size=world_size,
-        world_size=world_size,
-        device_type="cpu",
-    )
-    model = DistributedModelParallel(
-        Model(ebc), sharders=[sharder], plan=ShardingPlan({"ebc": plan}), device=torch.device("cpu")
-    )
-    return ebc, model
-
-
-def _sgd():
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    return EmbOptimType.EXACT_SGD
-
-
-def parity_case(rank: int, world_size: int, rows: dict[str, int], routings: dict[str, str], seed: int):
-    """Outputs, the tables after one step (in id order) and the local shards, on this rank."""
-    ebc, model = _shard(rows, routings, seed, world_size)
-    sharded = model.module.ebc
-    layouts = sharded.table_layouts
-    for name in rows:
-        logical = ebc.embedding_bags[name].weight.detach()
-        load_rows(sharded, name, _to_storage(logical, layouts[name]))
-    out = model(make_batch(rows, rank, seed)).values()
-    (out * output_grad(rank, seed, rows)).sum().backward()
-    after = {}
-    for name in rows:
-        storage = gather_rows(sharded, name)
-        after[name] = storage[layouts[name].slots(torch.arange(rows[name]))]
-    local = {name: _local(sharded, name) for name in rows}
-    return {
-        "out": out.detach(),
-        "after": after,
-        "local": local,
-        "routings": sharded.routings,
-        "storage_rows": {n: layouts[n].storage_rows for n in rows},
-    }
-
-
-def _to_storage(logical: torch.Tensor, layout: TableLayout) -> torch.Tensor:
-    storage = logical.new_zeros((layout.storage_rows, logical.shape[1]))
-    storage[layout.slots(torch.arange(layout.num_embeddings))] = logical
-    return storage
-
-
-def _local(sharded, name: str) -> torch.Tensor:
-    weight = sharded.state_dict()[f"embedding_bags.{name}.weight"]
-    (shard,) = weight.local_shards()
-    return shard.tensor.detach().clone()
-
-
-MASK64 = (1 << 64) - 1
+def output_grad(out: torch.Tensor, rank: int, seed: int) -> torch.Tensor:
+    return torch.randn(out.shape, generator=torch.Generator().manual_seed(seed * 1000 + rank))
 
 
 def feistel_owner_local(i: int, n: int, world_size: int, seed: int = 0) -> tuple[int, int]:
@@ -169,17 +137,144 @@ def owner_local(routing: str, i: int, n: int, world_size: int) -> tuple[int, int
     return feistel_owner_local(i, n, world_size)
 
 
-def mismatch_case(rank: int, world_size: int, rows: dict[str, int], saved: dict, loaded: dict, seed: int):
+def oracle_slots(routing: str, n: int, world_size: int) -> torch.Tensor:
+    """Storage row of each id: rank * ceil(n / W) + local row."""
+    block = -(-n // world_size)
+    return torch.tensor(
+        [r * block + local for r, local in (owner_local(routing, i, n, world_size) for i in range(n))]
+    )
+
+
+def oracle_storage(logical: torch.Tensor, routing: str, world_size: int) -> torch.Tensor:
+    n = logical.shape[0]
+    total = n if routing == "continuous" else world_size * -(-n // world_size)
+    storage = logical.new_zeros((total, logical.shape[1]))
+    storage[oracle_slots(routing, n, world_size)] = logical
+    return storage
+
+
+class OffByOneLayout(TableLayout):
+    """A layout with the local row index off by one (wrapping in the rank's block): the bug the
+    parity check must catch."""
+
+    def slots(self, ids: torch.Tensor) -> torch.Tensor:
+        slots, b = super().slots(ids), self.block_size
+        return slots // b * b + (slots % b + 1) % b
+
+
+class OffByOneEBC(RoutedShardedEmbeddingBagCollection):
+    layout_type = OffByOneLayout
+
+
+class OffByOneSharder(RoutedEmbeddingBagCollectionSharder):
+    @property
+    def sharded_module_type(self) -> type[OffByOneEBC]:
+        return OffByOneEBC
+
+
+def _sgd():
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    return EmbOptimType.EXACT_SGD
+
+
+def _shard(kind: str, rows: dict[str, int], routings: dict, seed: int, world_size: int, off_by_one=False):
+    return _shard_module(make_module(kind, rows, seed), kind, rows, routings, world_size, off_by_one)
+
+
+def _shard_module(module, kind: str, rows: dict[str, int], routings: dict, world_size: int, off_by_one=False):
+    sharder_type = RoutedEmbeddingBagCollectionSharder if kind == "ebc" else RoutedEmbeddingCollectionSharder
+    if off_by_one:
+        sharder_type = OffByOneSharder
+    sharder = sharder_type(routings, fused_params={"optimizer": _sgd(), "learning_rate": LR})
+    plan = construct_module_sharding_plan(
+        module,
+        {name: row_wise(compute_kernel="fused") for name in rows},
+        sharder=sharder,
+        local_size=world_size,
+        world_size=world_size,
+        device_type="cpu",
+    )
+    model = DistributedModelParallel(
+        Model(module), sharders=[sharder], plan=ShardingPlan({"tables": plan}), device=torch.device("cpu")
+    )
+    return model
+
+
+def _local(sharded, name: str) -> torch.Tensor:
+    (shard,) = sharded.state_dict()[f"{sharded.weight_prefix}.{name}.weight"].local_shards()
+    return shard.tensor.detach().clone()
+
+
+def parity_case(rank, world_size, kind, rows, routings, seed, off_by_one=False):
+    """On this rank: the local shards as built (from the unsharded module), then, with the rows
+    loaded at the oracle's slots, the outputs, the storage rows after one step, the local shards
+    and a checkpoint of each table (its storage rows and layout)."""
+    model = _shard(kind, rows, routings, seed, world_size, off_by_one)
+    sharded = model.module.tables
+    built = {name: _local(sharded, name) for name in rows}
+    logical = make_module(kind, rows, seed)
+    for name in rows:
+        storage = oracle_storage(
+            table_weight(logical, name).detach(), routings.get(name, "continuous"), world_size
+        )
+        load_rows(sharded, name, storage)
+    out = flat_output(kind, model(make_batch(rows, rank, seed)))
+    (out * output_grad(out, rank, seed)).sum().backward()
+    after = {name: gather_rows(sharded, name) for name in rows}
+    layouts = sharded.get_extra_state()["tables"]
+    return {
+        "built": built,
+        "out": out.detach(),
+        "after": after,
+        "local": {name: _local(sharded, name) for name in rows},
+        "routings": sharded.routings,
+        "checkpoint": {name: (after[name], layouts[name]) for name in rows},
+    }
+
+
+def load_case(rank, world_size, kind, rows, checkpoint: dict, routings: dict, seed: int):
+    """Load a checkpoint saved under another (W, routing), converted with convert_rows, into a
+    module sharded with `routings` over these ranks: the local shards."""
+    sharded = _shard(kind, rows, routings, seed, world_size).module.tables
+    for name, (saved, layout) in checkpoint.items():
+        source = TableLayout(
+            layout["num_embeddings"], layout["world_size"], layout["routing"], layout["seed"]
+        )
+        load_rows(sharded, name, convert_rows(saved, source, sharded.table_layouts[name]))
+    return {name: _local(sharded, name) for name in rows}
+
+
+def mismatch_case(rank, world_size, kind, rows, saved, loaded, seed):
     """Load a state dict saved under routings `saved` (None: the unsharded module's) into a module
     with `loaded`: the error, or None."""
     if saved is None:
-        state = make_ebc(rows, seed).state_dict()
+        state = make_module(kind, rows, seed).state_dict()
     else:
-        state = _shard(rows, saved, seed, world_size)[1].module.ebc.state_dict()
-    _, target = _shard(rows, loaded, seed, world_size)
+        state = _shard(kind, rows, saved, seed, world_size).module.tables.state_dict()
+    target = _shard(kind, rows, loaded, seed, world_size).module.tables
     dist.barrier()
     try:
-        target.module.ebc.load_state_dict(state)
+        target.load_state_dict(state)
+    except ValueError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def refusal_case(rank, world_size, what: str, seed: int):
+    """The error a routed module raises for an id outside its table ("bad_id") or for an
+    EmbeddingCollection with need_indices ("need_indices"), or None."""
+    rows, routings = {"a": 8, "b": 7}, {"a": "roundrobin"}
+    try:
+        if what == "bad_id":
+            model = _shard("ebc", rows, routings, seed, world_size)
+            model(
+                KeyedJaggedTensor.from_lengths_sync(
+                    ["f_a", "f_b"], torch.tensor([3, 8, 1]), torch.tensor([2, 1])
+                )
+            )
+        else:
+            _shard_module(make_module("ec", rows, seed, need_indices=True), "ec", rows, routings, world_size)
     except ValueError as error:
         return f"{type(error).__name__}: {error}"
     return None

@@ -10,8 +10,10 @@ The library (what this package exports; none of it imports pandas or matplotlib)
 - `layout`: `Routing` and `TableLayout` (where each id's row lives in a
   torchrec row-wise table), `convert_rows` (a checkpoint's rows from one
   (W, routing) to another);
-- `sharders`: `RoutedEmbeddingBagCollectionSharder`, torchrec's row-wise
-  sharding with a routing per table; `sharded_rows`: `gather_rows`, `load_rows`.
+- `sharders`: `RoutedEmbeddingBagCollectionSharder` and
+  `RoutedEmbeddingCollectionSharder`, torchrec's row-wise sharding with a
+  routing per table (`routed`: what the two share); `sharded_rows`:
+  `gather_rows`, `load_rows`.
 
 Notebook 01's experiments, figures and widgets live in `embnb.lab.rowwise`.
 
@@ -35,13 +37,21 @@ __all__ = [
     "convert_rows",
     "RoutedEmbeddingBagCollectionSharder",
     "RoutedShardedEmbeddingBagCollection",
+    "RoutedEmbeddingCollectionSharder",
+    "RoutedShardedEmbeddingCollection",
     "RoutingMismatch",
     "gather_rows",
     "load_rows",
 ]
 
 
-_SHARDERS = ("RoutedEmbeddingBagCollectionSharder", "RoutedShardedEmbeddingBagCollection", "RoutingMismatch")
+_SHARDERS = (
+    "RoutedEmbeddingBagCollectionSharder",
+    "RoutedShardedEmbeddingBagCollection",
+    "RoutedEmbeddingCollectionSharder",
+    "RoutedShardedEmbeddingCollection",
+    "RoutingMismatch",
+)
 
 
 def __getattr__(name: str):

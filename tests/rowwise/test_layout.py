@@ -12,13 +12,8 @@ from sharder_ranks import owner_local
 from torchrec import EmbeddingBagConfig
 
 from embnb.rowwise import Routing, TableLayout, convert_rows
-from embnb.rowwise.sharders import (
-    RoutedEmbeddingBagCollectionSharder,
-    RoutingMismatch,
-    check_compatible,
-    check_no_empty_rank,
-    table_layouts,
-)
+from embnb.rowwise.routed import RoutingMismatch, check_compatible, check_no_empty_rank, table_layouts
+from embnb.rowwise.sharders import RoutedEmbeddingBagCollectionSharder
 
 ROUTINGS = [r.value for r in Routing]
 WORLD_SIZES = (2, 3, 4)
