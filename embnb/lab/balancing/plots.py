@@ -21,7 +21,14 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
+from matplotlib.ticker import (
+    FixedLocator,
+    FuncFormatter,
+    LogLocator,
+    MaxNLocator,
+    NullFormatter,
+    PercentFormatter,
+)
 
 from embnb.balancing.timeline import phase_seconds
 from embnb.lab.plotting import MEAN_STYLE, color, new_figure, values_of
@@ -121,7 +128,13 @@ def gap_by_method(
             ratio_ax.plot(shifted, ratios, "o", color=color(method, i), label=method)
             gap_ax.plot(shifted, [max(g, floor) for g in gaps], "o", color=color(method, i), label=method)
         ratio_ax.set_yscale("log")
-        ratio_ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        low, high = ratio_ax.get_ylim()
+        # within a decade (the log-normal tokens: 1 to 1.2) 1-2-5 ticks would leave one label
+        if high / low < 10:  # even steps, and 1 (a perfect split) always labelled
+            ticks = {1.0, *MaxNLocator(nbins=4).tick_values(low, high)}
+            ratio_ax.yaxis.set_major_locator(FixedLocator(sorted(t for t in ticks if low <= t <= high)))
+        else:
+            ratio_ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
         ratio_ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
         ratio_ax.yaxis.set_minor_formatter(NullFormatter())
         ratio_ax.set_ylabel(f"max/mean ({workload})")
