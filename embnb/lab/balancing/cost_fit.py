@@ -34,10 +34,6 @@ def _features(step: Any) -> torch.Tensor:
     )
 
 
-def _rank_ms(step: Any) -> list[float]:
-    return step.cpu_ms if step.clock == "cpu" else step.wall_ms
-
-
 @dataclass(frozen=True)
 class RankCostFit:
     """The fitted ms per unit of each of `FEATURES` and, per run
@@ -51,11 +47,6 @@ class RankCostFit:
         """The cut's slowest fitted rank over `method`'s."""
         cut = self.fitted_ms[(distribution, world_size, "contiguous")]
         return max(cut) / max(self.fitted_ms[(distribution, world_size, method)])
-
-    def step_residual(self, key: tuple[str, int, str]) -> float:
-        """(measured step - fitted step) / measured step, of one run."""
-        measured = max(self.measured_ms[key])
-        return (measured - max(self.fitted_ms[key])) / measured
 
     def max_abs_rank_residual(self) -> float:
         """The largest |measured - fitted| / measured over every rank."""
@@ -82,25 +73,19 @@ def fit_rank_cost(steps: Any) -> RankCostFit:
     (`measured.BalancedSteps`), on each run's own clock."""
     keys = list(steps.runs)
     x = torch.cat([_features(steps.runs[k]) for k in keys])
-    y = torch.tensor([ms for k in keys for ms in _rank_ms(steps.runs[k])], dtype=torch.float64)
+    y = torch.tensor([ms for k in keys for ms in steps.runs[k].rank_ms], dtype=torch.float64)
     # the pseudo-inverse: least squares even where columns are collinear
     # (one sample per rank: distinct lengths == 1 == the constant)
     beta = torch.linalg.pinv(x) @ y
     fitted = {k: (_features(steps.runs[k]) @ beta).tolist() for k in keys}
-    measured = {k: list(_rank_ms(steps.runs[k])) for k in keys}
+    measured = {k: list(steps.runs[k].rank_ms) for k in keys}
     return RankCostFit(dict(zip(FEATURES, beta.tolist())), fitted, measured)
-
-
-def _range_ms(step: Any) -> tuple[list[float], list[float]]:
-    if step.clock == "cpu":
-        return step.cpu_low_ms, step.cpu_high_ms
-    return step.wall_low_ms, step.wall_high_ms
 
 
 def measured_range(cut: Any, step: Any) -> tuple[float, float]:
     """The speed-up of `step` over `cut` at the ends of their repeats'
     ranges: the slowest ranks' fastest over slowest, and back."""
-    (cut_low, cut_high), (low, high) = _range_ms(cut), _range_ms(step)
+    (cut_low, cut_high), (low, high) = cut.rank_range_ms, step.rank_range_ms
     return max(cut_low) / max(high), max(cut_high) / max(low)
 
 
@@ -111,7 +96,7 @@ def explain(fit: RankCostFit, steps: Any, row: Any) -> str | None:
     if row.measured <= row.bound:
         return None
     cut = steps.runs[(row.distribution, row.world_size, "contiguous")]
-    ms = _rank_ms(cut)
+    ms = cut.rank_ms
     slowest = max(range(len(ms)), key=ms.__getitem__)
     heaviest = max(range(len(cut.flops)), key=cut.flops.__getitem__)
     c = fit.coefficients

@@ -100,9 +100,21 @@ class RankStep:
     distinct_lengths: list[int] = dataclasses.field(default_factory=list)  # kernel groups per rank
 
     @property
+    def rank_ms(self) -> list[float]:
+        """Each rank's median on `clock`."""
+        return self.cpu_ms if self.clock == "cpu" else self.wall_ms
+
+    @property
+    def rank_range_ms(self) -> tuple[list[float], list[float]]:
+        """Each rank's fastest and slowest repeat on `clock`."""
+        if self.clock == "cpu":
+            return self.cpu_low_ms, self.cpu_high_ms
+        return self.wall_low_ms, self.wall_high_ms
+
+    @property
     def step_ms(self) -> float:
         """The step: the slowest rank (on `clock`)."""
-        return max(self.cpu_ms if self.clock == "cpu" else self.wall_ms)
+        return max(self.rank_ms)
 
 
 def _measure(parts_lengths: list[list[int]], flops_of, **options: Any) -> RankStep:
@@ -447,7 +459,7 @@ def speedup_sentences(table: pd.DataFrame) -> list[str]:
             f"bound {r.bound:.2f}x"
             + (" (set by the longest sample)" if r.longest_sets_bound else "")
             + (
-                f" (above its FLOP bound: a per-length cost the fit finds predicts {r.fitted_model:.2f}x)"
+                f" (above its FLOP bound; the per-rank cost fit predicts {r.fitted_model:.2f}x)"
                 if getattr(r, "explanation", None)
                 else ""
             )
