@@ -118,15 +118,26 @@ def _prefer_this_environment_kernel() -> None:
         os.environ["JUPYTER_PATH"] = os.pathsep.join([env_path, *filter(None, parts)])
 
 
+KEY_FIGURE_TAG = "key-figure"  # the cell whose first image is the notebook's key figure
+
+
 def _save_figures(executed: pathlib.Path, out_dir: pathlib.Path) -> None:
+    """Every image as NAME_figNN.png, and the key figure also as NAME_key.png:
+    the first image of the cell tagged `KEY_FIGURE_TAG`, else the first one."""
     notebook = nbformat.read(executed, as_version=4)
-    count = 0
+    count, key = 0, None
     for cell in notebook.cells:
+        tagged = KEY_FIGURE_TAG in cell.get("metadata", {}).get("tags", [])
         for output in cell.get("outputs", []):
             png = output.get("data", {}).get("image/png")
             if png:
                 count += 1
-                (out_dir / f"{executed.stem}_fig{count:02d}.png").write_bytes(base64.b64decode(png))
+                data = base64.b64decode(png)
+                (out_dir / f"{executed.stem}_fig{count:02d}.png").write_bytes(data)
+                if key is None or (tagged and not key[0]):
+                    key = (tagged, data)
+    if key:
+        (out_dir / f"{executed.stem}_key.png").write_bytes(key[1])
 
 
 def notebook_problems(path: str | pathlib.Path) -> list[str]:
@@ -260,7 +271,10 @@ def _main(argv: list[str]) -> int:
         except Exception as exc:  # report and go on with the next notebook
             line, ok = f"FAILED: {str(exc).splitlines()[0]}", False
         seconds = time.perf_counter() - start
-        entries.append(ReportEntry(nb.stem, seconds, line, ok))
+        figure = f"{nb.stem}_key.png"
+        entries.append(
+            ReportEntry(nb.stem, seconds, line, ok, figure if (opts.out / figure).is_file() else None)
+        )
         print(f"{nb.stem:<28} {seconds:7.1f} s  {line}", flush=True)
     print(f"outputs in {opts.out}; report: {write_report(opts.out, entries)}")
     return 0 if all(e.ok for e in entries) else 1

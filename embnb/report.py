@@ -1,6 +1,8 @@
 """The browsable report of a `make run`: each executed notebook rendered to
-HTML (nbconvert) and one index page linking them, with each notebook's
-summary line and run time.
+HTML (nbconvert) and one index page linking them: per notebook its key
+figure as a thumbnail (the image of the cell tagged "key-figure", else its
+first figure), a one-line headline (the summary's first clause), the run
+time, and the full summary line folded under it.
 
     write_report(out_dir, [ReportEntry("01_modulo_aliasing", 17.2, "strided W=8: ...")])
 """
@@ -21,6 +23,12 @@ class ReportEntry:
     seconds: float
     summary: str  # the results JSON's summary line, or why the run failed
     ok: bool = True
+    figure: str | None = None  # the key figure's file name in out_dir, if any
+
+    @property
+    def headline(self) -> str:
+        """The summary's first clause: one finding, the rest is folded."""
+        return self.summary.split("; ", 1)[0]
 
 
 def _render(executed: pathlib.Path) -> pathlib.Path | None:
@@ -57,9 +65,15 @@ def write_report(out_dir: str | pathlib.Path, entries: list[ReportEntry]) -> pat
         name = html.escape(entry.name)
         link = f'<a href="{html.escape(page.name)}">{name}</a>' if page else name
         status = "" if entry.ok else '<b class="failed">FAILED</b> '
+        thumb = ""
+        if entry.figure:
+            image = f'<img src="{html.escape(entry.figure)}" alt="{name}: key figure" width="320">'
+            thumb = f'<a href="{html.escape(page.name)}">{image}</a>' if page else image
+        rest = entry.summary[len(entry.headline) :].lstrip("; ")
+        folded = f"<details><summary>full summary</summary>{html.escape(rest)}</details>" if rest else ""
         rows.append(
-            f"<tr><td>{link}</td><td class='num'>{entry.seconds:.1f} s</td>"
-            f"<td>{status}{html.escape(entry.summary)}</td></tr>"
+            f"<tr><td>{link}<br>{thumb}</td><td class='num'>{entry.seconds:.1f} s</td>"
+            f"<td>{status}<p class='headline'>{html.escape(entry.headline)}</p>{folded}</td></tr>"
         )
     index = out_dir / "index.html"
     index.write_text(
@@ -70,10 +84,12 @@ body {{ font-family: sans-serif; margin: 2em; }}
 td, th {{ padding: 0.3em 0.8em; text-align: left; vertical-align: top; border-bottom: 1px solid #ddd; }}
 .num {{ text-align: right; white-space: nowrap; }}
 .failed {{ color: #b00; }}
+.headline {{ margin: 0 0 0.4em 0; font-weight: bold; }}
+details {{ color: #444; font-size: 0.9em; }}
 </style></head><body>
 <h1>embnb notebooks</h1>
 <p>Executed {html.escape(time.strftime("%Y-%m-%d %H:%M"))} by <code>make run</code>.</p>{note}
-<table><tr><th>notebook</th><th>time</th><th>summary</th></tr>
+<table><tr><th>notebook and its key figure</th><th>time</th><th>headline</th></tr>
 {chr(10).join(rows)}
 </table></body></html>
 """,

@@ -57,7 +57,7 @@ from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_res
 from embnb.cuda import loader
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan, resolve_device
-from embnb.lab.balancing import measured
+from embnb.lab.balancing import link, measured
 from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
 from embnb.timing import machine_name, median_seconds, paired_ratio
 
@@ -258,7 +258,9 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
         print(f"  cap {run.cap:.0f} tokens, {run.distribution}: binds {run.binds()}; measured cost {costs}")
         peaks = ", ".join(f"{label} {max(run.peak_bytes[label]) / 2**20:.2f}" for label in run.steps)
         print(f"    largest peak memory of a rank, MiB: {peaks}", flush=True)
-    shares = {name: measured.worker_shares(steps, name) for name in distributions}
+    latency_ms = link.measure_latency_ms(2, device=opts.device)  # the link model's alpha, measured
+    print(f"  link latency (one-float64 all-gather, 2 ranks): {latency_ms:.3f} ms", flush=True)
+    shares = {name: measured.worker_shares(steps, name, latency_ms=latency_ms) for name in distributions}
     for name, frame in shares.items():
         print(
             f"  {name}: share of the shuffle hidden (computed):",

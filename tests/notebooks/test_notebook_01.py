@@ -374,3 +374,38 @@ def test_at_the_hottest_alpha_the_busiest_owner_is_slow_but_not_in_proportion(ru
     assert np.median([c["spearman"] for c in top]) > 0
     measured = np.median([c["measured_max_over_mean"] for c in top])
     assert measured < np.median([c["counted_max_over_mean"] for c in top])
+
+
+def test_the_summary_says_per_alpha_how_far_counts_overstate_time_and_how_often_busiest_is_slowest(run):
+    """Sections 2-4's cost (ids) against section 8's measured time, per alpha,
+    recomputed from the cases: medians, their ratio, the busiest-is-slowest count."""
+    summary = run.results["summary"]
+    cases = run.results["measured"]["cases"]
+    over = []
+    for alpha in sorted({c["alpha"] for c in cases}):
+        at = [c for c in cases if c["alpha"] == alpha]
+        counted = float(np.median([c["counted_max_over_mean"] for c in at]))
+        measured = float(np.median([c["measured_max_over_mean"] for c in at]))
+        assert (
+            f"alpha {alpha:g}: {counted:.2f} counted, {measured:.2f} measured ({counted / measured:.2f}x)"
+            in summary
+        )
+        same = sum(c["busiest_rank"] == c["slowest_rank"] for c in at)
+        assert f"alpha {alpha:g}: {same} of {len(at)}" in summary
+        if counted > measured:
+            over.append(f"{alpha:g}")
+    assert f"counted imbalance overstates time imbalance at alpha {', '.join(over) or 'none'}" in summary
+
+
+def test_the_fbgemm_ratio_is_stated_with_its_range_over_rounds(run):
+    rows = [r for r in run.results["kernel"]["rows"] if r["embnb_over_fbgemm"] is not None]
+    sentence = run.results["kernel"]["fbgemm_ratio_sentence"]
+    assert rows
+    for r in rows:
+        per_round = [f / e for f, e in zip(r["fbgemm_rounds_s"], r["embnb_rounds_s"])]
+        assert len(per_round) == PARAMETERS["kernel_repeats"]
+        assert (r["embnb_over_fbgemm_low"], r["embnb_over_fbgemm_high"]) == pytest.approx(
+            (min(per_round), max(per_round))
+        )
+        if r["threads"] == 1:
+            assert f"{r['embnb_over_fbgemm']:.2f}x ({min(per_round):.2f}-{max(per_round):.2f}," in sentence

@@ -27,6 +27,7 @@ PARAMETERS = {
     "traffic_shards": TRAFFIC_SHARDS,
     **TRAFFIC,
     "planner_embedding_dims": PLANNER_DIMS,
+    "count_world_size": 8,
     "batch_size": BATCH_SIZE,
     "max_length": MAX_LENGTH,
 }
@@ -115,6 +116,41 @@ def test_counted_bytes_equal_the_per_id_formula(run):
     assert all(r["torchrec int / rows"] < 0.02 and r["torchrec / embnb"] < 1.02 for r in planner)
     teaching = [r for r in traffic if r["source"] == "teaching"]
     assert teaching[-1]["torchrec int / rows"] > 0.25  # 6 shards of 8 columns: 2 / 8
+
+
+def test_at_8_ranks_the_planner_puts_each_shard_on_its_own_rank_and_the_bytes_are_nearly_equal(run):
+    """The count at W = 8 with torchrec's own layouts, by the byte formula of
+    this file: distinct owner ranks, so both paths send each id once per shard."""
+    counted = run.results["planner_bytes_at"]
+    w, ids, sequences = counted["world_size"], counted["ids_per_rank"] * 8, counted["sequences_per_rank"] * 8
+    assert w == 8 and [r["embedding_dim"] for r in counted["rows"]] == PLANNER_DIMS
+    for row in counted["rows"]:
+        dim = row["embedding_dim"]
+        shards = dim // 128  # 128-column blocks, by hand
+        assert row["shard widths"] == [128] * shards
+        assert sorted(row["shard ranks"]) == list(range(shards)) and row["owner ranks"] == shards
+        torchrec = 8 * (shards * (ids + sequences) + 3 * w**2) + 4 * dim * ids
+        embnb = 8 * (shards * ids + w**2) + 4 * dim * ids
+        assert (row["torchrec B"], row["embnb B"]) == (torchrec, embnb)
+        assert row["torchrec / embnb"] == pytest.approx(torchrec / embnb)
+        assert 1 < row["torchrec / embnb"] < 1.001  # lengths and counts only
+    ratios = [r["torchrec / embnb"] for r in counted["rows"]]
+    assert f"{min(ratios):.4f}" in counted["finding"] and counted["finding"] in run.results["summary"]
+    assert "every shard on a rank of its own" in counted["finding"]
+
+
+def test_torchrecs_pooled_cw_path_permutes_too_and_matches_the_unsharded_bag_collection(run):
+    pooled = run.results["pooled"]
+    # shard_ranks [1, 0, 0, 1]: rank 0 returns shards 1, 2 first, rank 1 then shards 0, 3 (by hand)
+    assert pooled["shard_ranks"] == PARAMETERS["shard_ranks"] and "permute [2, 0, 1, 3]" in pooled["sentence"]
+    assert len(pooled["max_abs_error"]) == WORLD_SIZE and max(pooled["max_abs_error"]) <= 1e-6
+    assert pooled["matches"] is True and "equals the unsharded module's on every rank" in pooled["sentence"]
+    places = {p["text"]: p for p in pooled["places"]}
+    assert all(p["path"] == "torchrec/distributed/sharding/cw_sharding.py" for p in places.values())
+    assert (
+        places["PermutePooledEmbeddingsSplit("]["function"] == "CwPooledEmbeddingSharding.create_output_dist"
+    )
+    assert pooled["sentence"] in run.results["summary"]
 
 
 def test_uneven_widths_work_in_embnb_and_are_unsupported_in_torchrec(run):

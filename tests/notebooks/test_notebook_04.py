@@ -197,14 +197,34 @@ def test_one_number_per_thing_speedups_shuffle_and_phases_follow_from_each_other
     assert results["flops_ideal_speedups"]["sync"] >= 1.0
 
 
+def test_overlap_is_reported_by_its_paired_difference_first_with_what_it_cost(run):
+    results = run.results
+    cost, difference = results["overlap_cost"], results["overlap_minus_sync_ms"]
+    assert cost["difference"] == difference
+    rows = {(r["run"], r["thread"], r["phase"]): r["ms"] for r in results["phase_ms"]}
+    for label in ("overlap", "sync"):  # recounted from the phase breakdown
+        for phase in ("forward", "backward"):
+            assert cost["main_ms"][label][phase] == pytest.approx(rows[(label, "main", phase)])
+        shuffle = sum(ms for (r, _, phase), ms in rows.items() if r == label and phase in SHUFFLE_PHASES)
+        assert cost["shuffle_ms"][label] == pytest.approx(shuffle)
+    assert cost["hidden_fraction"] == results["hidden_fraction"]
+    # the CPU part of the summary opens with the difference and its interval, before any speed-up
+    cpu_part = results["summary"].split("real run (", 1)[1]
+    assert cpu_part.index(f"overlap - sync: {difference['mean']:+.2f} ms/step") < cpu_part.index("x over")
+    assert f"95% CI {difference['ci_low']:+.2f} to {difference['ci_high']:+.2f}" in cpu_part
+    assert ("excludes zero" if difference["excludes_zero"] else "includes zero") in cpu_part
+    forward = cost["main_ms"]
+    assert f"forward {forward['sync']['forward']:.2f} -> {forward['overlap']['forward']:.2f} ms" in cpu_part
+
+
 def test_summary_figures_and_explorer(run):
     summary = run.results["summary"]
     assert isinstance(summary, str) and "\n" not in summary
     assert "overlap - sync" in summary and "95% CI" in summary and "FLOPs predict" in summary
     figures = run.figures()
-    # 2 length histograms, part loads, gap by method, 2 FLOPs, gather times, exchanges, step times, timeline,
-    # measured speed-ups, 2 capped balances
-    assert len(figures) == 13
+    # length histograms (both distributions), part loads, gap by method, 2 FLOPs, gather times, exchanges,
+    # step times, timeline, measured speed-ups, 2 capped balances
+    assert len(figures) == 12
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
     assert run.widgets_shown_by("BalanceExplorer(") == 1
 
@@ -259,6 +279,35 @@ def test_measured_speedups_follow_from_the_per_rank_numbers(run):
     assert results["recsys_e2e"]["speedup"] == 1.53 and "a84ae588" in results["recsys_e2e"]["source"]
 
 
+def test_every_measured_speedup_above_its_flop_bound_carries_the_fits_explanation(run):
+    results = run.results
+    runs, fit = _runs(results), results["rank_cost_fit"]
+    assert fit["features"] == ["gflops", "distinct_lengths", "tokens", "per_rank"]
+    beta = [fit["coefficients"][k] for k in fit["features"]]
+    fitted = {(r["distribution"], r["world_size"], r["method"]): r["fitted_ms"] for r in fit["runs"]}
+    # least squares, checked by its normal equations: the residual is orthogonal to every feature
+    rows, residuals = [], []
+    for key, r in runs.items():
+        assert len(r["distinct_lengths"]) == len(r["cpu_ms"])
+        for i, ms in enumerate(r["cpu_ms"]):
+            x = [r["flops"][i] / 1e9, r["distinct_lengths"][i], r["tokens"][i], 1.0]
+            assert fitted[key][i] == pytest.approx(sum(a * b for a, b in zip(beta, x)), rel=1e-9, abs=1e-9)
+            rows.append(x)
+            residuals.append(ms - fitted[key][i])
+    for j in range(len(beta)):
+        scale = sum(abs(x[j] * y) for x, y in zip(rows, residuals)) + 1e-12
+        assert abs(sum(x[j] * e for x, e in zip(rows, residuals))) <= 1e-6 * scale + 1e-9
+    for row in results["measured_speedups"]:
+        key = (row["distribution"], row["world_size"])
+        predicted = max(fitted[(*key, "contiguous")]) / max(fitted[(*key, row["method"])])
+        assert row["fitted_model"] == pytest.approx(predicted)
+        if row["measured"] > row["bound"]:  # no speed-up past its bound without the page's explanation
+            assert row["explanation"] and f"predicts {predicted:.2f}x" in row["explanation"]
+            assert f"passes the FLOP bound {row['bound']:.2f}x" in row["explanation"]
+        else:
+            assert row["explanation"] is None
+
+
 def test_the_memory_cap_holds_and_its_cost_follows_from_the_per_rank_numbers(run):
     capped = run.results["capped"]
     assert [c["distribution"] for c in capped] == ["zipf", "lognormal"]
@@ -289,11 +338,33 @@ def test_worker_shares_are_computed_from_the_counted_phases_and_the_measured_ste
         for r in rows:
             w = r["world_size"]
             assert r["gather_bytes"] == w * batch * 8  # float64 workloads of every sample
+            # alpha-beta: each collective pays W - 1 ring steps of the measured latency, plus its bytes
+            assert r["latency_ms"] == rows[0]["latency_ms"] > 0
+            assert r["gather_ms_computed"] > (w - 1) * r["latency_ms"]
+            assert r["exchange_ms_computed"] > (w - 1) * r["latency_ms"]
             shuffle = r["gather_ms_computed"] + r["kk_ms_measured"] + r["exchange_ms_computed"]
             assert r["shuffle_ms"] == pytest.approx(shuffle)
             assert r["compute_ms_measured"] == max(runs[(name, w, "kk_swap")]["cpu_ms"])
             assert r["hidden_share_computed"] == pytest.approx(min(1.0, r["compute_ms_measured"] / shuffle))
             assert r["exchange_bytes"] > 0
+
+
+def test_the_cap_sentence_says_whether_it_was_raised_binds_and_costs(run):
+    summary = run.results["summary"]
+    for c in run.results["capped"]:
+        sentence = c["cap_sentence"]
+        assert sentence in summary
+        assert f"token cap {c['cap'] / c['mean_tokens']:.2f}x the mean" in sentence
+        raised = c["cap"] > PARAMETERS["cap_over_mean"] * c["mean_tokens"] * (1 + 1e-9)
+        assert ("raised to fit" in sentence) == raised
+        if not c["binds"]:
+            assert "never binds" in sentence and c["runs"]["kk_swap"] == c["runs"]["uncapped"]
+        else:
+            capped = [m for m in c["cost"] if m != "uncapped"]
+            low, high = min(c["cost"][m] for m in capped), max(c["cost"][m] for m in capped)
+            assert f"KK + swaps under it cost {c['cost']['kk_swap']:.2f}x measured" in sentence
+            assert f"{low:.2f}x-{high:.2f}x measured" in sentence
+        assert f"{max(c['peak_bytes']['uncapped']) / 2**20:.2f} MiB uncapped" in sentence
 
 
 def test_the_memory_sentence_says_what_the_peaks_show(run):
@@ -332,3 +403,42 @@ def test_the_gpu_runs_it_reports_are_the_committed_files_and_show_no_gain(run):
         assert f"{machine} (width" in results["summary"]
     assert max(r["flop_model"] for r in results["gpu_rank_by_rank"]) > 1.9  # "up to about 2x"
     assert results["summary"].startswith("On GPUs, measured rank by rank")  # the contradiction first
+
+
+def test_the_exchange_sentence_says_which_was_faster_here_and_on_each_gpu(run):
+    """Section 6: both machines' medians, read here from the committed files themselves."""
+    import json
+    import pathlib
+
+    results_dir = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    results, sentence = run.results, run.results["exchange_sentence"]
+    gpu = {}
+    for path in sorted(results_dir.glob("balancer-*.json")):
+        payload = json.loads(path.read_text())
+        if payload.get("device") == "cuda":
+            for r in payload["exchanges"]["measured"]:
+                gpu.setdefault((payload["machine"], r["world_size"]), {})[r["exchange"]] = r["ms_median"]
+    assert len(results["gpu_exchanges"]) == 2 * len(gpu) and gpu
+    here = {}
+    for r in results["exchanges"]:
+        here.setdefault(r["world_size"], {})[r["exchange"]] = r["ms_median"]
+    cases = [(f"W={w}", "this run", ms) for w, ms in here.items()]
+    cases += [(f"W={w}", machine, ms) for (machine, w), ms in gpu.items() if w in here]
+    for _, where, ms in cases:
+        faster = "faster" if ms["alltoall"] < ms["allgather"] else "slower"
+        expected = (
+            f"all-to-all {ms['alltoall']:.1f} ms against all-gather {ms['allgather']:.1f} ms ({faster})"
+        )
+        assert expected in sentence, (where, expected)
+
+
+def test_the_crossover_grows_with_the_width_past_hstus_longest_sequence(run):
+    rows = {r["width"]: r for r in run.results["crossover_by_width"]}
+    assert sorted(rows) == [32, 128, 256, 1024]
+    # 4dL^2 = L(8d^2 + 4df) at f = 4d: L = 2d + 4d = 6d, worked by hand
+    assert {d: r["crossover_length"] for d, r in rows.items()} == {32: 192, 128: 768, 256: 1536, 1024: 6144}
+    # the prose: at HSTU's width the crossover lies above the recsys-examples benchmark's longest sequence
+    assert rows[1024]["crossover_length"] > run.results["recsys_e2e"]["max_length"] == 4096
+    for name in ("zipf", "lognormal"):  # wider: fewer samples past the crossover
+        shares = [rows[d][f"longer, {name}"] for d in sorted(rows)]
+        assert shares == sorted(shares, reverse=True)

@@ -13,11 +13,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+import torch
 
 from embnb.balancing.lengths import LengthDistribution
-from embnb.balancing.workloads import compare_methods
+from embnb.balancing.workloads import compare_methods, crossover_length
 
-__all__ = ["comparison_table", "bound_table", "imbalance_by_method", "kk_swap_vs_lpt", "percent"]
+__all__ = [
+    "comparison_table",
+    "bound_table",
+    "imbalance_by_method",
+    "kk_swap_vs_lpt",
+    "percent",
+    "crossover_by_width",
+]
 
 BATCH_KEYS = ["distribution", "workload", "num_samples", "num_parts", "seed"]
 
@@ -122,3 +130,21 @@ def results(comparison: pd.DataFrame) -> dict[str, Any]:
         "kk_swap_vs_lpt": kk_swap_vs_lpt(comparison),
         "imbalance_rows": comparison.to_dict(orient="records"),
     }
+
+
+def crossover_by_width(
+    widths: Sequence[int], samples: Mapping[str, Any], ffn_over_width: int = 4
+) -> pd.DataFrame:
+    """Per width d (feed-forward width f = ffn_over_width * d, the usual 4):
+    the length past which attention's quadratic FLOPs exceed the linear ones
+    (`workloads.crossover_length`), and the share of each batch in `samples`
+    (name -> lengths) longer than it."""
+    rows = []
+    for d in widths:
+        crossover = crossover_length(d, ffn_over_width * d)
+        shares = {
+            f"longer, {name}": float((torch.as_tensor(s) > crossover).double().mean())
+            for name, s in samples.items()
+        }
+        rows.append({"width": d, "ffn_dim": ffn_over_width * d, "crossover_length": crossover, **shares})
+    return pd.DataFrame(rows)

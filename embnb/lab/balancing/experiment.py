@@ -39,6 +39,7 @@ from embnb.balancing.workloads import attention_block_flops
 from embnb.cuda import loader
 from embnb.dist import device_plan, launch, launch_each
 from embnb.lab.balancing import comparison as comparison_results
+from embnb.lab.balancing.overlap import overlap_cost
 from embnb.lab.balancing.reference import kk_equal_count
 from embnb.metrics import max_over_mean
 from embnb.timing import Difference, median_seconds, paired_difference
@@ -405,10 +406,11 @@ def _summary_line(
     labels: RunLabels,
     exchange_bytes: dict[int, dict[str, float]],
 ) -> str:
-    """One line of what was measured, for `make run`."""
+    """One line of what was measured, for `make run`: the paired overlap -
+    sync difference and what overlap cost first, the speed-ups after."""
     speedups = runs.speedups(labels.unbalanced)
     flops_ideal = runs.flops_speedups(labels.unbalanced)
-    difference = runs.difference(labels.overlapped, labels.sync)
+    cost = overlap_cost(runs, labels.overlapped, labels.sync)
     largest = max(exchange_bytes)
     pct = comparison_results.percent
 
@@ -421,13 +423,11 @@ def _summary_line(
         for name in imbalance
     )
     return (
-        f"{gaps}; ms/step (mean of {difference.repeats}): "
+        f"real run ({runs.backend}): {cost.sentence()}; ms/step (mean of {cost.difference['repeats']}): "
         + ", ".join(f"{label} {runs.mean_step_ms(label):.1f}" for label in runs.per_repeat)
         + f"; {labels.sync} {speedups[labels.sync].ratio:.2f}x and {labels.overlapped} "
         f"{speedups[labels.overlapped].ratio:.2f}x over {labels.unbalanced} (FLOPs predict "
-        f"{flops_ideal[labels.sync]:.2f}x); {labels.overlapped} - {labels.sync}: "
-        f"{difference.mean:+.2f} ms/step "
-        f"(95% CI {difference.ci_low:+.2f} to {difference.ci_high:+.2f}); all-to-all receives "
+        f"{flops_ideal[labels.sync]:.2f}x); {gaps}; all-to-all receives "
         f"{exchange_bytes[largest]['alltoall'] / exchange_bytes[largest]['allgather']:.1%} of all-gather's "
         f"bytes at W={largest}"
     )
@@ -475,6 +475,7 @@ def results(setup: Setup, examples: WorkedExamples, measured: Measurements, seco
         "step_speedups": {label: s.as_dict() for label, s in runs.speedups(labels.unbalanced).items()},
         "flops_ideal_speedups": runs.flops_speedups(labels.unbalanced),
         "overlap_minus_sync_ms": difference.as_dict(),
+        "overlap_cost": overlap_cost(runs, labels.overlapped, labels.sync).as_dict(),
         "phase_ms": runs.phase_breakdown().to_dict(orient="records"),
         "same_weights": runs.same_weights(),
         "hidden_fraction": summaries[labels.overlapped].hidden_fraction,

@@ -48,3 +48,41 @@ def gpu_sentence(table: pd.DataFrame) -> str:
         f"On GPUs, measured rank by rank (the GPU kit's committed runs), KK + swaps over the loader's cut: "
         f"{'; '.join(runs)}, where the FLOP model predicted up to {table['flop_model'].max():.2f}x"
     )
+
+
+EXCHANGE_COLUMNS = ["machine", "file", "world_size", "exchange", "ms_median", "ms_low", "ms_high"]
+
+
+def gpu_exchanges(results_dir: pathlib.Path = RESULTS_DIR) -> pd.DataFrame:
+    """Both exchanges as the GPU kit's committed runs measured them
+    (device "cuda": W ranks sharing one GPU, so collectives on gloo through
+    host memory, `embnb.dist`'s device rule): one row per file, W and exchange."""
+    rows = []
+    for path in sorted(results_dir.glob("balancer-*.json")):
+        payload = json.loads(path.read_text())
+        if payload.get("device") != "cuda" or "exchanges" not in payload:
+            continue
+        for row in payload["exchanges"]["measured"]:
+            rows.append(
+                {"machine": payload["machine"], "file": path.name} | {k: row[k] for k in EXCHANGE_COLUMNS[2:]}
+            )
+    return pd.DataFrame(rows, columns=EXCHANGE_COLUMNS)
+
+
+def exchange_sentence(here: list[dict], where: str, gpu: pd.DataFrame) -> str:
+    """Per W measured both here (`ExchangeRuns.records()`) and on a GPU:
+    all-to-all against all-gather (medians, ms), and which was faster, on
+    each machine."""
+
+    def compare(rows: list[dict]) -> str:
+        ms = {r["exchange"]: r["ms_median"] for r in rows}
+        faster = "faster" if ms["alltoall"] < ms["allgather"] else "slower"
+        return f"all-to-all {ms['alltoall']:.1f} ms against all-gather {ms['allgather']:.1f} ms ({faster})"
+
+    parts = []
+    for w in sorted({r["world_size"] for r in here}):
+        on = [f"{where}: {compare([r for r in here if r['world_size'] == w])}"]
+        for machine, group in gpu[gpu["world_size"] == w].groupby("machine", sort=True):
+            on.append(f"{machine}: {compare(group.to_dict('records'))}")
+        parts.append(f"W={w}, " + "; ".join(on))
+    return "Exchange medians, " + " | ".join(parts)

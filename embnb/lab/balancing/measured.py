@@ -15,8 +15,9 @@ counts launches and waiting, not the GPU's work. Peak memory on a GPU is
 - `measure_capped`: KK + swaps without a cap against every method under a
   per-rank token cap: tokens, FLOPs, measured step and peak memory per rank;
 - `worker_shares`: what the background worker would hide at each W:
-  the shuffle's phases (bytes counted, KK timed, times computed from the
-  bytes with torchrec's bandwidths) against the measured compute.
+  the shuffle's phases (bytes counted, KK timed, times computed by an
+  alpha-beta model: a latency per ring step plus the bytes at torchrec's
+  bandwidths) against the measured compute.
 
     steps = measure_balanced_steps({"zipf": LengthDistribution()}, [8, 16], local_batch_size=8)
     steps.speedups()       # one row per (distribution, W, method)
@@ -39,6 +40,7 @@ from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.partition import balance
 from embnb.balancing.workloads import equal_size_lower_bound
 from embnb.dist import resolve_device
+from embnb.lab.balancing.cost_fit import with_explanations
 from embnb.steptime import measure_partition
 from embnb.steptime.memory import peak_memory_partition
 from embnb.timing import median_seconds
@@ -95,11 +97,24 @@ class RankStep:
     wall_low_ms: list[float] = dataclasses.field(default_factory=list)
     wall_high_ms: list[float] = dataclasses.field(default_factory=list)
     clock: str = "cpu"
+    distinct_lengths: list[int] = dataclasses.field(default_factory=list)  # kernel groups per rank
+
+    @property
+    def rank_ms(self) -> list[float]:
+        """Each rank's median on `clock`."""
+        return self.cpu_ms if self.clock == "cpu" else self.wall_ms
+
+    @property
+    def rank_range_ms(self) -> tuple[list[float], list[float]]:
+        """Each rank's fastest and slowest repeat on `clock`."""
+        if self.clock == "cpu":
+            return self.cpu_low_ms, self.cpu_high_ms
+        return self.wall_low_ms, self.wall_high_ms
 
     @property
     def step_ms(self) -> float:
         """The step: the slowest rank (on `clock`)."""
-        return max(self.cpu_ms if self.clock == "cpu" else self.wall_ms)
+        return max(self.rank_ms)
 
 
 def _measure(parts_lengths: list[list[int]], flops_of, **options: Any) -> RankStep:
@@ -115,6 +130,7 @@ def _measure(parts_lengths: list[list[int]], flops_of, **options: Any) -> RankSt
         [1e3 * c.range_s("wall")[0] for c in computes],
         [1e3 * c.range_s("wall")[1] for c in computes],
         primary_clock(options.get("device", "cpu")),
+        [len(set(p)) for p in parts_lengths],
     )
 
 
@@ -229,6 +245,34 @@ class CappedRun:
     mean_tokens: float
     steps: dict[str, RankStep]
     peak_bytes: dict[str, list[int]]
+    asked_over_mean: float | None = None  # the cap asked for, before it was raised to fit
+
+    def cap_sentence(self) -> str:
+        """What the cap was and what it did, from the numbers: raised or not,
+        binding or not, its measured and FLOP-model cost, the peaks."""
+        capped = list(CAPPED_METHODS)
+        asked = self.asked_over_mean
+        raised = asked is not None and self.cap > asked * self.mean_tokens * (1 + 1e-9)
+        how = f"asked {asked:.2f}x, raised to fit an equal-count partition" if raised else "as asked"
+        if not self.binds():
+            did = (
+                "it never binds: KK + swaps' uncapped partition already meets it, so the cap changed nothing"
+            )
+        else:
+            cost = [self.cost(m) for m in capped]
+            did = (
+                f"it binds: KK + swaps under it cost {self.cost('kk_swap'):.2f}x measured, "
+                f"{self.flop_cost('kk_swap'):.3f}x by the FLOP model (every capped method: "
+                f"{min(cost):.2f}x-{max(cost):.2f}x measured)"
+            )
+        peaks = [max(self.peak_bytes[m]) / 2**20 for m in capped]
+        uncapped = max(self.peak_bytes["uncapped"]) / 2**20
+        return (
+            f"{self.distribution}, W={self.world_size}: "
+            f"token cap {self.cap / self.mean_tokens:.2f}x the mean "
+            f"({how}); {did}; largest peak memory {uncapped:.2f} MiB uncapped, "
+            f"{min(peaks):.2f}-{max(peaks):.2f} MiB capped"
+        )
 
     def cost(self, label: str) -> float:
         """A run's measured step over the uncapped one's (> 1: the cap costs time)."""
@@ -257,6 +301,8 @@ class CappedRun:
     def as_dict(self) -> dict[str, Any]:
         return {
             "memory_sentence": self.memory_sentence(),
+            "cap_sentence": self.cap_sentence(),
+            "asked_over_mean": self.asked_over_mean,
             "distribution": self.distribution,
             "world_size": self.world_size,
             "cap": self.cap,
@@ -324,7 +370,7 @@ def measure_capped(
                 parts_lengths, lambda p: sequence_dense_flops(p, width, hidden), **options
             )
             peaks[label] = peak_memory_partition(parts_lengths, width, hidden, device)
-    return CappedRun(distribution, world_size, cap, mean, measured, peaks)
+    return CappedRun(distribution, world_size, cap, mean, measured, peaks, cap_over_mean)
 
 
 def _link_ms(world_size: int, kind: str, link_bytes: float, local_world_size: int) -> float:
@@ -338,14 +384,18 @@ def _link_ms(world_size: int, kind: str, link_bytes: float, local_world_size: in
     return link_bytes / bandwidth  # bandwidth in bytes per ms
 
 
-def worker_shares(steps: BalancedSteps, distribution: str, local_world_size: int = 8) -> pd.DataFrame:
+def worker_shares(
+    steps: BalancedSteps, distribution: str, latency_ms: float, local_world_size: int = 8
+) -> pd.DataFrame:
     """Per W of `steps`: the shuffle's phases for `distribution`'s batch
     (the workload all-gather's and the all-to-all exchange's bytes per rank,
     counted; KK + swaps timed here, natively where the extension loads;
-    both collectives' ms computed from the bytes at torchrec's bandwidths),
+    both collectives' ms computed by an alpha-beta link model: W - 1 ring
+    steps of `latency_ms` each, plus the bytes at torchrec's bandwidths),
     the measured compute of the balanced step (KK + swaps, its clock), and
     the share of the shuffle a step that long would hide (computed:
     min(1, compute / shuffle))."""
+    check_number("latency_ms", latency_ms, low=0)
     rows = []
     batch = steps.config["local_batch_size"]
     for w in sorted({w for name, w, _ in steps.runs if name == distribution}):
@@ -360,13 +410,15 @@ def worker_shares(steps: BalancedSteps, distribution: str, local_world_size: int
             .expand(w, batch, len(EXCHANGE_ITEM_BYTES))
         )
         moved = exchange_bytes(per_key, EXCHANGE_ITEM_BYTES, EXCHANGE_DENSE_BYTES, parts)["alltoall"]["max"]
-        gather_ms = _link_ms(w, "ALL_GATHER", gather_bytes * (w - 1) / w, local_world_size)
-        exchange_ms = _link_ms(w, "ALL_TO_ALL", moved, local_world_size)
+        latency = (w - 1) * latency_ms  # a ring's W - 1 steps, each paying the link's latency
+        gather_ms = latency + _link_ms(w, "ALL_GATHER", gather_bytes * (w - 1) / w, local_world_size)
+        exchange_ms = latency + _link_ms(w, "ALL_TO_ALL", moved, local_world_size)
         shuffle_ms = gather_ms + kk_ms + exchange_ms
         compute_ms = steps.runs[(distribution, w, "kk_swap")].step_ms
         rows.append(
             {
                 "world_size": w,
+                "latency_ms": latency_ms,
                 "gather_bytes": gather_bytes,
                 "gather_ms_computed": gather_ms,
                 "kk_ms_measured": kk_ms,
@@ -391,18 +443,26 @@ RECSYS_E2E = {
     "hardware": "2 nodes x 8 H100-SXM5-80GB (16 GPUs), bf16",
     "model": "HSTU, 8 layers, hidden 1024, 4 heads of 256, Triton attention, Adam; DynamicEmb tables",
     "lengths": "Zipf(1.2) jagged, max 4096, 32 samples per GPU",
+    "max_length": 4096,
 }
 
 
 def speedup_sentences(table: pd.DataFrame) -> list[str]:
     """One sentence per distribution, from the numbers: at each W, KK +
     swaps' measured speed-up, the FLOP model's and the bound's, and where
-    the longest sample sets the bound."""
+    the longest sample sets the bound (and, where the table has
+    `cost_fit`'s columns, what the fit predicts where measured passes the bound)."""
     sentences = []
     for name, rows in table[table["method"] == "kk_swap"].groupby("distribution", sort=False):
         parts = [
             f"W={r.world_size}: {r.measured:.2f}x measured, {r.flop_model:.2f}x by FLOPs, "
-            f"bound {r.bound:.2f}x" + (" (set by the longest sample)" if r.longest_sets_bound else "")
+            f"bound {r.bound:.2f}x"
+            + (" (set by the longest sample)" if r.longest_sets_bound else "")
+            + (
+                f" (above its FLOP bound; the per-rank cost fit predicts {r.fitted_model:.2f}x)"
+                if getattr(r, "explanation", None)
+                else ""
+            )
             for r in rows.itertuples()
         ]
         sentences.append(f"{name}, KK + swaps over the loader's cut: " + "; ".join(parts) + ".")
@@ -414,7 +474,7 @@ def results(
 ) -> dict[str, Any]:
     """The measured sections' part of notebook 04's results JSON: raw
     per-rank numbers with the derived ones, so a test can recompute them."""
-    table = steps.speedups()
+    table, fit = with_explanations(steps)
     return {
         "measured_config": steps.config,
         "measured_batches": [
@@ -424,6 +484,7 @@ def results(
         "measured_runs": steps.records(),
         "measured_speedups": table.to_dict(orient="records"),
         "measured_sentences": speedup_sentences(table),
+        "rank_cost_fit": fit.records(),
         "capped": [run.as_dict() for run in capped],
         "worker_shares": {name: frame.to_dict(orient="records") for name, frame in shares.items()},
         "recsys_e2e": RECSYS_E2E,

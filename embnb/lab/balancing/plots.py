@@ -2,7 +2,7 @@
 
 The shared style is `embnb.lab.plotting`; per-rank loads are its `rank_bars`.
 
-    fig = length_histogram(lengths)                      # the heavy tail
+    fig = length_histogram({"zipf": lengths})          # the heavy tail
     fig = gap_by_method(table)                            # KK vs LPT vs ..., and the bound
     fig = flops_vs_length(lengths, flops, {...})          # what to balance
     fig = gantt({"sync": spans, "overlap": spans})        # timelines, loop and worker
@@ -21,7 +21,14 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
+from matplotlib.ticker import (
+    FixedLocator,
+    FuncFormatter,
+    LogLocator,
+    MaxNLocator,
+    NullFormatter,
+    PercentFormatter,
+)
 
 from embnb.balancing.timeline import phase_seconds
 from embnb.lab.plotting import MEAN_STYLE, color, new_figure, values_of
@@ -51,28 +58,33 @@ PHASE_COLORS = {  # Gantt chart phases
 }
 
 
-def length_histogram(lengths: Sequence[int] | torch.Tensor, title: str | None = None) -> Figure:
-    """Counts of each sequence length on log-log axes (a power law is a line),
-    and the share of all tokens held by the longest samples."""
-    values = sorted(values_of(lengths, "lengths"))
-    fig = new_figure(9, 3.2)
+def length_histogram(samples: Mapping[str, Sequence[int] | torch.Tensor], title: str | None = None) -> Figure:
+    """Every distribution of `samples` (name -> lengths) in the same two
+    panels, one colour and marker each: counts of each sequence length on
+    log-log axes (a power law is a line), and the share of all tokens held
+    by the longest samples."""
+    if not samples:
+        raise ValueError("samples is empty: nothing to plot")
+    fig = new_figure(9, 3.4)
     ax, share_ax = fig.subplots(1, 2)
-    counts = pd.Series(values).value_counts().sort_index()
-    ax.loglog(counts.index, counts.values, ".", color="#4c72b0")
+    for i, (name, lengths) in enumerate(samples.items()):
+        values = sorted(values_of(lengths, f"lengths of {name!r}"))
+        shade, marker = color(name, i), "o^sD"[i % 4]
+        counts = pd.Series(values).value_counts().sort_index()
+        ax.loglog(counts.index, counts.values, marker, ms=3, color=shade, alpha=0.7, label=name)
+        cumulative = pd.Series(values[::-1]).cumsum() / sum(values)
+        fractions = [(k + 1) / len(values) for k in range(len(values))]
+        share_ax.plot(fractions, cumulative.values, color=shade, label=name)
     ax.set_xlabel("sequence length")
     ax.set_ylabel("samples")
     ax.set_title("length distribution")
-    total = sum(values)
-    longest_first = values[::-1]
-    cumulative = pd.Series(longest_first).cumsum() / total
-    fractions = [(i + 1) / len(values) for i in range(len(values))]
-    share_ax.plot(fractions, cumulative.values, color="#c44e52")
     share_ax.set_xscale("log")
     share_ax.xaxis.set_major_formatter(PercentFormatter(1.0))
     share_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     share_ax.set_xlabel("longest samples (share of the batch)")
     share_ax.set_ylabel("share of all tokens")
     share_ax.set_title("the tail holds the tokens")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=len(samples), fontsize=8)
     if title:
         fig.suptitle(title)
     return fig
@@ -121,7 +133,13 @@ def gap_by_method(
             ratio_ax.plot(shifted, ratios, "o", color=color(method, i), label=method)
             gap_ax.plot(shifted, [max(g, floor) for g in gaps], "o", color=color(method, i), label=method)
         ratio_ax.set_yscale("log")
-        ratio_ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        low, high = ratio_ax.get_ylim()
+        # within a decade (the log-normal tokens: 1 to 1.2) 1-2-5 ticks would leave one label
+        if high / low < 10:  # even steps, and 1 (a perfect split) always labelled
+            ticks = {1.0, *MaxNLocator(nbins=4).tick_values(low, high)}
+            ratio_ax.yaxis.set_major_locator(FixedLocator(sorted(t for t in ticks if low <= t <= high)))
+        else:
+            ratio_ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
         ratio_ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
         ratio_ax.yaxis.set_minor_formatter(NullFormatter())
         ratio_ax.set_ylabel(f"max/mean ({workload})")

@@ -14,9 +14,16 @@ from collections.abc import Sequence
 import pandas as pd
 
 from embnb.lab.columnwise.cases import CWRun, make_batches
+from embnb.lab.columnwise.torchrec_layouts import planner_cw_layout
 from embnb.lab.columnwise.traffic import wire_bytes
 
-__all__ = ["traffic_table", "traffic_check_table", "traffic_findings"]
+__all__ = [
+    "traffic_table",
+    "traffic_check_table",
+    "traffic_findings",
+    "planner_bytes_at",
+    "planner_bytes_sentence",
+]
 
 FEATURE = "f0"  # the traffic runs' one feature, of table "t0"
 PATHS = (("torchrec", "torchrec"), ("embnb", "reference"))  # (name in the table, CWRun path)
@@ -116,3 +123,51 @@ def traffic_findings(table: pd.DataFrame) -> list[str]:
             f"{_span(part['2 / shard width'], '.1%')})."
         )
     return lines
+
+
+def planner_bytes_at(
+    world_size: int,
+    embedding_dims: Sequence[int],
+    num_embeddings: int,
+    ids_per_rank: int,
+    sequences_per_rank: int,
+) -> pd.DataFrame:
+    """Per table width: the column-wise shards torchrec's own planner makes
+    at `world_size` ranks (`planner_cw_layout`, a plan, no ranks launched)
+    and what each path would put on the wire for a batch of
+    `sequences_per_rank` sequences and `ids_per_rank` ids on every rank
+    (`traffic.wire_bytes`: a count, not a measurement)."""
+    rows = []
+    for dim in embedding_dims:
+        layout = planner_cw_layout(dim, num_embeddings, world_size)
+        owners = len(set(layout.ranks))
+        model = wire_bytes(
+            len(layout.ranks),
+            owners,
+            dim,
+            ids_per_rank * world_size,
+            sequences_per_rank * world_size,
+            world_size,
+        )
+        rows.append(
+            {
+                "embedding_dim": dim,
+                "shard widths": layout.widths,
+                "shard ranks": layout.ranks,
+                "owner ranks": owners,
+                "torchrec B": model.torchrec,
+                "embnb B": model.embnb,
+                "torchrec / embnb": model.torchrec / model.embnb,
+            }
+        )
+    return pd.DataFrame(rows).set_index("embedding_dim")
+
+
+def planner_bytes_sentence(table: pd.DataFrame, world_size: int) -> str:
+    """What the count at torchrec's own layouts shows, from its numbers."""
+    distinct = bool((table["owner ranks"] == table["shard widths"].map(len)).all())
+    where = "every shard on a rank of its own" if distinct else "some ranks holding several shards"
+    return (
+        f"At W={world_size} with torchrec's planner layouts ({where}; counted, no ranks run), torchrec's "
+        f"path sends {_span(table['torchrec / embnb'], '.4f')}x embnb's bytes"
+    )

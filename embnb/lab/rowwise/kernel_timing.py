@@ -182,6 +182,14 @@ def _speeds(times: dict[str, list[float]], num_keys: int, moved: int) -> dict[st
                 f"{name}_gbps": moved / seconds / 1e9,
             }
         )
+    # per interleaved round: the spread of the ratio, which moves between runs on a shared machine
+    row["embnb_rounds_s"] = times["embnb"]
+    row["fbgemm_rounds_s"] = times.get("fbgemm")
+    if "fbgemm" in times:
+        per_round = [f / e for f, e in zip(times["fbgemm"], times["embnb"])]
+        row["embnb_over_fbgemm_low"], row["embnb_over_fbgemm_high"] = min(per_round), max(per_round)
+    else:
+        row["embnb_over_fbgemm_low"] = row["embnb_over_fbgemm_high"] = None
     for peer in ("fbgemm", "reference"):
         theirs, best = row[f"{peer}_s"], row[f"{peer}_min_s"]
         row[f"embnb_over_{peer}"] = theirs / row["embnb_s"] if theirs else None
@@ -271,13 +279,38 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def _rounds(row: dict) -> str:
+    low, high = row.get("embnb_over_fbgemm_low"), row.get("embnb_over_fbgemm_high")
+    return "n/a" if low is None else f"{low:.2f}-{high:.2f}"
+
+
+def fbgemm_ratio_sentence(rows: list[dict], threads: int = 1) -> str:
+    """embnb over FBGEMM at `threads` per case: the ratio of medians with the
+    range of the per-round ratios, so a reader sees how far it moves."""
+    cases = [r for r in rows if r["threads"] == threads and r.get("embnb_over_fbgemm_low") is not None]
+    if not cases:
+        return f"no case timed FBGEMM at {threads} thread(s)"
+    return (
+        f"embnb's kernel over FBGEMM's at {threads} thread(s), this run, ratio of medians "
+        "(range over its interleaved rounds): "
+        + "; ".join(
+            f"{r['num_keys']:,} keys, W={r['world_size']}: {r['embnb_over_fbgemm']:.2f}x "
+            f"({r['embnb_over_fbgemm_low']:.2f}-{r['embnb_over_fbgemm_high']:.2f}, "
+            f"{len(r['embnb_rounds_s'])} rounds)"
+            for r in cases
+        )
+        + ". The ratio moves between runs on this shared machine (docs/performance.md has the bench's runs): "
+        "read it with its range, as this run's"
+    )
+
+
 def format_table(rows: list[dict], header: bool = True) -> str:
     lines = []
     if header:
         lines.append(
             f"{'keys':>9} {'W':>3} {'dist_type':<15} {'threads':>7} {'embnb Mk/s':>10} "
             f"{'GB/s':>6} {'fbgemm Mk/s':>11} {'GB/s':>6} {'ref Mk/s':>8} "
-            f"{'x fbgemm':>8} {'(best)':>6} {'x ref':>6} same"
+            f"{'x fbgemm':>8} {'rounds':>11} {'(best)':>6} {'x ref':>6} same"
         )
     for r in rows:
         lines.append(
@@ -286,6 +319,7 @@ def format_table(rows: list[dict], header: bool = True) -> str:
             f"{_fmt(r['fbgemm_mkeys_s']):>11} {_fmt(r['fbgemm_gbps'], 2):>6} "
             f"{_fmt(r['reference_mkeys_s'], 2):>8} "
             f"{_fmt(r['embnb_over_fbgemm'], 2):>8} "
+            f"{_rounds(r):>11} "
             f"{_fmt(r['embnb_over_fbgemm_min'], 2):>6} "
             f"{_fmt(r['embnb_over_reference'], 0):>6} "
             f"{'yes' if r['identical'] else 'NO'}"

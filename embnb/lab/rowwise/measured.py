@@ -38,7 +38,15 @@ from embnb.metrics import max_over_mean, spearman
 from embnb.rowwise.routing import DistType
 from embnb.steptime import batch_from_keys, measure_routing
 
-__all__ = ["CLOCK", "MeasuredCase", "MeasuredRouting", "measure_cases", "counted_vs_measured", "describe"]
+__all__ = [
+    "CLOCK",
+    "MeasuredCase",
+    "MeasuredRouting",
+    "measure_cases",
+    "counted_vs_measured",
+    "describe",
+    "summary_part",
+]
 
 CLOCK = "cpu"  # thread CPU time (module docstring)
 TABLE = "table"  # the one table's name in the measured batch
@@ -251,7 +259,7 @@ def counted_vs_measured(routing: MeasuredRouting, clock: str = CLOCK) -> Figure:
     every case, its ids and its time each over its case's mean (colour: alpha)."""
     if not routing.cases:
         raise ValueError("routing has no cases: nothing to plot")
-    fig = new_figure(10.5, 4.4)
+    fig = new_figure(10.5, 5.2)
     left, right = fig.subplots(1, 2)
     worlds = sorted({c.world_size for c in routing.cases})
     alphas = sorted({c.alpha for c in routing.cases})
@@ -287,18 +295,20 @@ def counted_vs_measured(routing: MeasuredRouting, clock: str = CLOCK) -> Figure:
     left.set_title("case by case (dashed: time in proportion to ids)", fontsize=9)
     right.set(xlabel="ids owned / the case's mean", ylabel=f"lookup time / the case's mean ({clock})")
     right.set_title("rank by rank, every case (dashed: in proportion)", fontsize=9)
-    handles = [
+    # one legend per panel, below it: the panels use different colour codes
+    case_handles = [
         Line2D([], [], color=color(d), marker="o", linestyle="", label=d) for d in _dist_types(routing)
     ]
-    handles += [
+    case_handles += [
         Line2D([], [], color="0.3", marker=MARKERS[i % len(MARKERS)], linestyle="", label=f"W = {w}")
         for i, w in enumerate(worlds)
     ]
-    handles += [
+    alpha_handles = [
         Line2D([], [], color=_alpha_color(i, len(alphas)), marker="o", linestyle="", label=f"alpha {a:g}")
         for i, a in enumerate(alphas)
     ]
-    fig.legend(handles=handles, loc="outside right center", fontsize=8)
+    for ax, handles in ((left, case_handles), (right, alpha_handles)):
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=3, fontsize=8)
     return fig
 
 
@@ -344,3 +354,26 @@ def describe(routing: MeasuredRouting, clock: str = CLOCK) -> list[str]:
     if correlations:
         sentences.append(f"Median Spearman over ranks of ids and time, per alpha: {', '.join(correlations)}.")
     return sentences
+
+
+def summary_part(routing: MeasuredRouting, clock: str = CLOCK) -> str:
+    """The measured finding for the one-line summary, per alpha: how far the
+    counted max/mean (sections 2-4's cost) over- or understates the measured
+    one, and in how many cases the busiest owner by ids was the slowest rank."""
+    per_alpha = routing.by_alpha(clock)
+    ratio = {r["alpha"]: r["counted_max_over_mean"] / r["measured_max_over_mean"] for r in per_alpha}
+    over = [f"{a:g}" for a, x in ratio.items() if x > 1]
+    under = [f"{a:g}" for a, x in ratio.items() if x <= 1]
+    verdict = f"counted imbalance overstates time imbalance at alpha {', '.join(over) or 'none'}" + (
+        f", not at {', '.join(under)}" if under else ""
+    )
+    medians = ", ".join(
+        f"alpha {r['alpha']:g}: {r['counted_max_over_mean']:.2f} counted, "
+        f"{r['measured_max_over_mean']:.2f} measured ({ratio[r['alpha']]:.2f}x)"
+        for r in per_alpha
+    )
+    slowest = ", ".join(f"alpha {r['alpha']:g}: {r['busiest_is_slowest']} of {r['cases']}" for r in per_alpha)
+    return (
+        f"measured rank by rank on {routing.machine} (FBGEMM's CPU TBE, thread {clock} time): {verdict} "
+        f"(medians of max/mean, {medians}); the busiest owner by ids was the slowest rank in {slowest}"
+    )

@@ -1,0 +1,105 @@
+"""The README's notebooks table states only counts and estimates at the
+notebooks' default parameters and seeds; each is recomputed here from the
+notebook's own parameters cell (read from the committed notebook) with the
+package, not copied from a run. The cells stay short: one finding each."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _row(notebook: str) -> list[str]:
+    line = next(line for line in README.splitlines() if line.startswith(f"| `{notebook}` |"))
+    return [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+
+
+def _defaults(notebook: str) -> dict:
+    """The literals of the notebook's `parameters` cell."""
+    import nbformat
+
+    nb = nbformat.read(str(ROOT / "notebooks" / f"{notebook}.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    tree = ast.parse(cell.source)
+    return {
+        node.targets[0].id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+    }
+
+
+@pytest.mark.parametrize(
+    "notebook", ["01_modulo_aliasing", "02_cw_permute_indices", "03_dp_planner", "04_balancer_overlap"]
+)
+def test_each_headline_is_one_short_finding(notebook):
+    assert len(_row(notebook)[2].split()) <= 30
+
+
+def test_01_stride_12_on_8_ranks():
+    from embnb.lab.rowwise import aliasing
+
+    p = _defaults("01_modulo_aliasing")
+    assert (p["stride"], p["world_size"], p["num_keys"]) == (12, 8, 1_000_000)
+    table = aliasing.load_table(
+        ["strided"],
+        ["roundrobin", "hash_roundrobin"],
+        [8],
+        p["num_keys"],
+        p["seed"],
+        {"strided": {"stride": 12}},
+    )
+    ratio = dict(zip(table["dist_type"], table["max_over_mean"]))
+    assert ratio["roundrobin"] == pytest.approx(4.0, rel=0.01)  # gcd(12, 8), by hand
+    finding = _row("01_modulo_aliasing")[2]
+    assert f"{ratio['roundrobin']:.2f} with `key % W`, {ratio['hash_roundrobin']:.2f} hashed" in finding
+
+
+def test_02_permute_and_bytes_at_torchrecs_own_layouts_on_8_ranks():
+    from embnb.columnwise import cw_permute_indices
+    from embnb.lab.columnwise.cases import CWCase, TableSpec, make_batches
+    from embnb.lab.columnwise.traffic_tables import planner_bytes_at
+
+    p = _defaults("02_cw_permute_indices")
+    finding = _row("02_cw_permute_indices")[2]
+    assert f"shards on ranks {p['shard_ranks']}: permute {cw_permute_indices(p['shard_ranks'])}" in finding
+    table = (TableSpec("t0", p["traffic_num_embeddings"], ("f0",)),)
+    case = CWCase(
+        p["world_size"],
+        256,
+        table,
+        {"t0": [0, 1]},
+        batch_size=p["traffic_batch_size"],
+        max_length=p["traffic_max_length"],
+        seed=p["seed"],
+    )
+    ids = [len(batch["f0"][1]) for batch in make_batches(case)]  # the notebook's ids per rank
+    counted = planner_bytes_at(
+        p["count_world_size"],
+        p["planner_embedding_dims"],
+        p["traffic_num_embeddings"],
+        round(sum(ids) / len(ids)),
+        p["traffic_batch_size"],
+    )
+    ratios = sorted({f"{r:.4f}" for r in counted["torchrec / embnb"]})
+    stated = ratios[0] if len(ratios) == 1 else f"{ratios[0]}-{ratios[-1]}"
+    assert f"on {p['count_world_size']} ranks its all-to-alls carry {stated}x embnb's bytes" in finding
+
+
+def test_04_worst_gaps_on_the_seeded_zipf_batches():
+    from embnb.balancing.lengths import LengthDistribution
+    from embnb.lab.balancing import comparison
+
+    p = _defaults("04_balancer_overlap")
+    table = comparison.comparison_table(
+        {"zipf": LengthDistribution("zipf", alpha=p["zipf_alpha"])},
+        p["sample_counts"],
+        p["part_counts"],
+        p["seeds"],
+        p["comparison_max_length"],
+    )
+    worst = comparison.imbalance_by_method(table)["zipf"]["tokens"]
+    finding = _row("04_balancer_overlap")[2]
+    kk_swap = comparison.percent(worst["kk_swap"]["max_gap_to_lower_bound"])
+    kk = comparison.percent(worst["karmarkar_karp"]["max_gap_to_lower_bound"])
+    assert f"KK + swaps lands at worst {kk_swap} above the lower bound on tokens, plain KK {kk}" in finding
