@@ -374,7 +374,7 @@ def run_notebooks_and_benches(steps: Steps, device: str, out: pathlib.Path, shor
         notebook = f"notebooks/{name}.ipynb"
         steps.run(
             f"notebook-{name}",
-            [python, "-m", "embnb.harness", "run", notebook, "--out", str(out / "notebooks"), *pairs],
+            [python, "-m", "embnb.lab.harness", "run", notebook, "--out", str(out / "notebooks"), *pairs],
         )
     bench = [python, "-m", "embnb.bench", "bucketize", "--device", device, "--out", str(out)]
     steps.run(

@@ -5,9 +5,9 @@ with parameters, saves the executed copy, its figures as PNG and its results
 JSON under an output folder, and returns the results. `notebook_problems`
 lists what breaks the notebook conventions (docs/architecture.md, "Notebook conventions").
 
-    python -m embnb.harness run [NOTEBOOK ...] [--out build/notebooks]
-    python -m embnb.harness check [NOTEBOOK ...]
-    python -m embnb.harness strip NOTEBOOK ...
+    python -m embnb.lab.harness run [NOTEBOOK ...] [--out build/notebooks]
+    python -m embnb.lab.harness check [NOTEBOOK ...]
+    python -m embnb.lab.harness strip NOTEBOOK ...
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import nbformat
 
 __all__ = ["run_notebook", "notebook_problems", "strip_outputs", "list_notebooks", "NotebookError"]
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository: embnb/lab/harness.py
 NOTEBOOKS_DIR = ROOT / "notebooks"
 REQUIRED_PARAMETERS = ("device", "interactive", "results_path")
 
@@ -146,7 +146,7 @@ def notebook_problems(path: str | pathlib.Path) -> list[str]:
     problems = []
     code_cells = [c for c in notebook.cells if c.cell_type == "code"]
     if any(c.get("outputs") for c in code_cells):
-        problems.append("has outputs (run `python -m embnb.harness strip`)")
+        problems.append("has outputs (run `python -m embnb.lab.harness strip`)")
     if any(c.get("execution_count") for c in code_cells):
         problems.append("has execution counts")
     if "widgets" in notebook.metadata:
@@ -231,7 +231,7 @@ def _summary(results: dict[str, Any]) -> str:
 def _main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m embnb.harness")
+    parser = argparse.ArgumentParser(prog="python -m embnb.lab.harness")
     parser.add_argument("command", choices=["run", "check", "strip"])
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebooks")
@@ -260,7 +260,7 @@ def _main(argv: list[str]) -> int:
         return 1 if any(bad.values()) else 0
     import yaml
 
-    from embnb.report import ReportEntry, write_report
+    from embnb.lab.report import ReportEntry, write_report
 
     params = {name: yaml.safe_load(value) for name, value in opts.param}
     entries = []
