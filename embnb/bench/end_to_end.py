@@ -147,7 +147,7 @@ def _plan_in_a_new_process(
 ) -> dict:
     """One plan in a fresh process (torchrec's DP when `timeout_s`, else create_planner). torchrec's
     DP is stopped once its resident memory passes `memory_gib` (its enumerator keeps a deep copy of
-    every shard: tens of GiB at thousands of devices, past what this machine's other work leaves)."""
+    every option, one Shard per device each for row-wise and data-parallel ones)."""
     args = [num_tables, world_size, local or 0, BATCH_SIZE, HBM_FRACTION, timeout_s, reservation]
     limit_s = timeout_s + ENUMERATION_GRACE_S if timeout_s else 3600
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # no pipe to fill
@@ -174,7 +174,7 @@ def _plan_in_a_new_process(
             "plan_s": stopped["stopped_after_s"],
             "rating": math.inf,
             "proposals": None,
-            "timed_out": True,
+            "timed_out": "stopped_for_memory_gib" not in stopped,  # a memory stop is no time-out
         }
         return {**no_plan, "import_s": None, "peak_rss_gib": None, **stopped}
     if process.returncode:
