@@ -286,6 +286,8 @@ def _torchrec_dp_cells(peer: dict[str, Any] | None, row: dict[str, Any]) -> list
     """torchrec's DP in a fresh process: its planning time, and its rating over embnb's."""
     if not peer:
         return ["-", "-"]
+    if peer.get("stopped_for_memory_gib"):  # past the bench's memory limit for it
+        return [f"not run: memory (past {sig(peer['stopped_for_memory_gib'])} GiB)", "no plan by then"]
     if peer.get("stopped_after_s"):  # still enumerating long past its limit
         return [f"stopped after {sig(peer['stopped_after_s'])} s", "no plan by then"]
     cut = " (cut)" if peer.get("timed_out") else ""

@@ -7,6 +7,7 @@ subprocess would only add torch's import); one test runs the module."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -350,6 +351,23 @@ def test_end_to_end_bench_stops_torchrec_still_running_past_its_grace(tmp_path, 
     assert "torchrec DP stopped after 1 s, no plan by then" in stdout
 
 
+def test_end_to_end_bench_stops_torchrec_past_its_memory_limit(tmp_path, bench):
+    """torchrec's planner is stopped once its resident memory passes the limit (here 0.05 GiB: an
+    interpreter importing torch passes it at once); its row says not run: memory."""
+    stdout, _ = bench(
+        "end_to_end",
+        *("--cases", "6x2", "--processes", "1", "--torchrec-dp-timeout-s", "60"),
+        *("--torchrec-dp-memory-gib", "0.05", "--out", str(tmp_path)),
+    )
+    payload = results(tmp_path, "end_to_end")
+    (row,) = payload["rows"]
+    peer = row["torchrec_dp"]
+    assert peer["stopped_for_memory_gib"] == 0.05 == payload["torchrec_dp_memory_gib"]
+    assert peer["stopped_after_s"] < 60 and not peer["timed_out"] and peer["rating_vs_embnb"] is None
+    assert math.isfinite(row["in_process_rating"])  # embnb's own plan is not limited
+    assert "torchrec DP not run: memory (stopped past 0.05 GiB after" in stdout
+
+
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
     from embnb.lab.planner.ablation import LADDER
 
@@ -389,6 +407,7 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
             "a case's reservation must be one of heuristical, fixed, got 'half' in '800x64/8:half'",
         ),
         (["end_to_end", "--torchrec-dp-timeout-s", "-1"], "--torchrec-dp-timeout-s must be >= 0, got -1.0"),
+        (["end_to_end", "--torchrec-dp-memory-gib", "0"], "--torchrec-dp-memory-gib must be > 0, got 0.0"),
         (["end_to_end", "--storage-reservation", "half"], "invalid choice: 'half'"),
         (["ablation", "--timeout-s", "0"], "--hbm-fraction and --timeout-s must be > 0, got 0.5, 0.0"),
         (["nosuch"], "got 'nosuch'"),

@@ -14,7 +14,8 @@ DynamicProgrammingProposer and its enumerator, cut at
 `--torchrec-dp-timeout-s` (its planner checks the limit between proposals;
 the best plan found by then is rated). Its enumeration comes before that
 limit and is not cut by it: a process still running `ENUMERATION_GRACE_S`
-past the limit is stopped and its row says so (`stopped_after_s`, no plan).
+past the limit is stopped and its row says so (`stopped_after_s`, no plan), as is one whose
+resident memory passes `--torchrec-dp-memory-gib` (`stopped_for_memory_gib`: not run, memory).
 Both plan each case under one storage reservation, by default torchrec's
 (HeuristicalStorageReservation(0.15), create_planner's default).
 
@@ -23,8 +24,9 @@ devices (torchrec's local_world_size; host-level sharding types appear),
 and may end in :RESERVATION (heuristical or fixed) to plan that case under
 another reservation than `--storage-reservation` (each row names its own):
 
-    python -m embnb.bench end_to_end [--cases 200x8 800x64 800x64/8 5000x128/8:fixed 1000x512/8:fixed]
-        [--processes 5] [--torchrec-dp-timeout-s 300] [--out DIR]
+    python -m embnb.bench end_to_end [--cases 200x8 800x64 800x64/8 5000x128/8:fixed 1000x512/8:fixed
+        5000x512/8:fixed 5000x1024/8:fixed] [--processes 5] [--torchrec-dp-timeout-s 300]
+        [--torchrec-dp-memory-gib 8] [--out DIR]
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from embnb import planner
@@ -46,6 +50,7 @@ from embnb.timing import machine_name
 BATCH_SIZE = 512
 ENUMERATION_GRACE_S = 300  # torchrec's planner past its limit (its enumeration) before it is stopped
 HBM_FRACTION = 0.5  # as the planner bench's default
+MEMORY_POLL_S = 0.5  # how often torchrec's planner's resident memory is read
 
 # torchrec's default (HeuristicalStorageReservation(0.15): the percentage, dense parameters and KJTs),
 # create_planner's; "fixed" reserves the 15% alone (FixedPercentageStorageReservation), where torchrec's
@@ -133,26 +138,57 @@ def _case(text: str) -> tuple[int, int, int | None, str | None]:
 
 
 def _plan_in_a_new_process(
-    num_tables: int, world_size: int, local: int | None, timeout_s: float, reservation: str
+    num_tables: int,
+    world_size: int,
+    local: int | None,
+    timeout_s: float,
+    reservation: str,
+    memory_gib: float = math.inf,
 ) -> dict:
-    """One plan in a fresh process (torchrec's DP when `timeout_s`, else create_planner)."""
+    """One plan in a fresh process (torchrec's DP when `timeout_s`, else create_planner). torchrec's
+    DP is stopped once its resident memory passes `memory_gib` (its enumerator keeps a deep copy of
+    every option, one Shard per device each for row-wise and data-parallel ones)."""
     args = [num_tables, world_size, local or 0, BATCH_SIZE, HBM_FRACTION, timeout_s, reservation]
     limit_s = timeout_s + ENUMERATION_GRACE_S if timeout_s else 3600
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _ONE_PLAN, *map(str, args)],
-            capture_output=True,
-            text=True,
-            timeout=limit_s,
-        )
-    except subprocess.TimeoutExpired:
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # no pipe to fill
+        process = subprocess.Popen([sys.executable, "-c", _ONE_PLAN, *map(str, args)], stdout=out, stderr=err)
+        start, stopped = time.perf_counter(), None
+        while process.poll() is None:
+            elapsed = time.perf_counter() - start
+            if elapsed >= limit_s:
+                stopped = {"stopped_after_s": limit_s}
+            elif timeout_s and _rss_gib(process.pid) > memory_gib:
+                stopped = {"stopped_after_s": elapsed, "stopped_for_memory_gib": memory_gib}
+            if stopped is not None:
+                process.kill()
+                process.wait()
+                break
+            time.sleep(MEMORY_POLL_S)
+        out.seek(0)
+        err.seek(0)
+        output, errors = out.read(), err.read()
+    if stopped is not None:
         if not timeout_s:
-            raise
-        stopped = {"plan_s": limit_s, "rating": math.inf, "proposals": None, "timed_out": True}
-        return {**stopped, "import_s": None, "peak_rss_gib": None, "stopped_after_s": limit_s}
-    if done.returncode:
-        raise RuntimeError(f"the planning process failed ({done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+            raise RuntimeError(f"create_planner ran past {limit_s} s")
+        no_plan = {
+            "plan_s": stopped["stopped_after_s"],
+            "rating": math.inf,
+            "proposals": None,
+            "timed_out": "stopped_for_memory_gib" not in stopped,  # a memory stop is no time-out
+        }
+        return {**no_plan, "import_s": None, "peak_rss_gib": None, **stopped}
+    if process.returncode:
+        raise RuntimeError(f"the planning process failed ({process.returncode}): {errors[-2000:]}")
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def _rss_gib(pid: int) -> float:
+    """A running process's resident memory (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0.0
 
 
 def _hosts(world_size: int, local: int | None) -> str:
@@ -167,6 +203,7 @@ def bench_case(
     local: int | None = None,
     timeout_s: float = 0,
     reservation: str = "heuristical",
+    torchrec_memory_gib: float = math.inf,
 ) -> dict:
     fresh = [_plan_in_a_new_process(num_tables, world_size, local, 0, reservation) for _ in range(processes)]
     model = make_model(num_tables, seed=0)
@@ -186,7 +223,9 @@ def bench_case(
     )
     plan_runs = [run["plan_s"] for run in fresh]
     peer = (
-        _plan_in_a_new_process(num_tables, world_size, local, timeout_s, reservation) if timeout_s else None
+        _plan_in_a_new_process(num_tables, world_size, local, timeout_s, reservation, torchrec_memory_gib)
+        if timeout_s
+        else None
     )
     row = {
         "num_tables": num_tables,
@@ -229,7 +268,12 @@ def _line(row: dict) -> str:
         ratio = (
             "no plan" if peer["rating_vs_embnb"] is None else f"{peer['rating_vs_embnb']:.3f}x embnb's rating"
         )
-        if peer.get("stopped_after_s"):
+        if peer.get("stopped_for_memory_gib"):
+            line += (
+                f" | torchrec DP not run: memory (stopped past {peer['stopped_for_memory_gib']:g} GiB "
+                f"after {peer['stopped_after_s']:.0f} s)"
+            )
+        elif peer.get("stopped_after_s"):
             line += f" | torchrec DP stopped after {peer['stopped_after_s']:.0f} s, no plan by then"
         else:
             line += (
@@ -253,6 +297,8 @@ def main(argv: list[str]) -> int:
             (800, 64, 8, None),
             (5000, 128, 8, "fixed"),  # torchrec's KJT reservation leaves these two no plan
             (1000, 512, 8, "fixed"),
+            (5000, 512, 8, "fixed"),  # 64 hosts
+            (5000, 1024, 8, "fixed"),  # 128 hosts
         ],
         help="TABLESxDEVICES, TABLESxDEVICES/PER_HOST, either ending in :heuristical or :fixed",
     )
@@ -261,6 +307,12 @@ def main(argv: list[str]) -> int:
         type=float,
         default=300,
         help="torchrec's planner with its DP proposer beside each case, cut at this (0: skip)",
+    )
+    parser.add_argument(
+        "--torchrec-dp-memory-gib",
+        type=float,
+        default=8,
+        help="torchrec's planner is stopped once its resident memory passes this (its row: not run: memory)",
     )
     parser.add_argument(
         "--storage-reservation",
@@ -278,6 +330,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"--processes must be >= 1, got {opts.processes}")
     if opts.torchrec_dp_timeout_s < 0:
         parser.error(f"--torchrec-dp-timeout-s must be >= 0, got {opts.torchrec_dp_timeout_s}")
+    if not opts.torchrec_dp_memory_gib > 0:
+        parser.error(f"--torchrec-dp-memory-gib must be > 0, got {opts.torchrec_dp_memory_gib}")
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
     for num_tables, world_size, local, reservation in opts.cases:
@@ -289,6 +343,7 @@ def main(argv: list[str]) -> int:
                 local,
                 opts.torchrec_dp_timeout_s,
                 reservation or opts.storage_reservation,
+                opts.torchrec_dp_memory_gib,
             )
         )
         print(_line(rows[-1]), flush=True)
@@ -300,6 +355,7 @@ def main(argv: list[str]) -> int:
         "processes": opts.processes,
         "storage_reservation": RESERVATIONS[opts.storage_reservation],
         "torchrec_dp_timeout_s": opts.torchrec_dp_timeout_s,
+        "torchrec_dp_memory_gib": opts.torchrec_dp_memory_gib,
         "rows": rows,
         "bench_s": time.perf_counter() - start,
     }

@@ -161,21 +161,17 @@ class GreedyPerfReplica:
         self.options = [[_Option(o, values) for o in table] for table in options]
         self.start_storage = np.array([storage_of(d.storage) for d in devices], dtype=np.int64)
         self.start_parts = np.array([perf_parts(d.perf) for d in devices], dtype=float)
-        width = max(len(t) for t in options)
-        shape = (len(options), width, num)
-        # Uniform options' shards as arrays (zeros elsewhere): parts, storage, totals.
-        self.uniform = np.zeros(shape[:2], dtype=bool)
-        self.uniform_parts = np.zeros(shape + (5,))
-        self.uniform_storage = np.zeros(shape + (3,), dtype=np.int64)
-        self.uniform_totals = np.zeros(shape)
+        # Each uniform option's first row in `values` (-1 elsewhere): its shards are read from
+        # there when placed, not copied into [tables, options, devices] arrays that grow with
+        # the devices times the widest table's options, mostly zeros (gigabytes at 1,024 devices).
+        self.values = values
+        self.uniform_start = np.full((len(options), max(len(t) for t in options)), -1, dtype=np.int64)
         for t, table in enumerate(self.options):
             for o, option in enumerate(table):
                 rows = option._rows
                 if option.kind == UNIFORM and rows.stop - rows.start == num:
-                    self.uniform[t, o] = True
-                    self.uniform_parts[t, o] = values.parts[rows]
-                    self.uniform_storage[t, o] = values.storage[rows]
-                    self.uniform_totals[t, o] = values.totals[rows]
+                    self.uniform_start[t, o] = rows.start
+        self.uniform = self.uniform_start >= 0
         self._native = _NativeOptions(self, options, values) if loader.use(native, build=False) else None
 
     def place(self, choice: np.ndarray) -> Placement | None:
@@ -208,7 +204,8 @@ class GreedyPerfReplica:
             for t in uniform[: uniform.index(bad)]:
                 ranks[t] = list(range(num))
             return failed()
-        used = self.uniform_storage[tables[uniform], choice[uniform]]  # [U, W, 3]
+        shard_rows = self.uniform_start[tables[uniform], choice[uniform], None] + np.arange(num)  # [U, W]
+        used = self.values.storage[shard_rows]  # [U, W, 3]
         left = self.start_storage[None] - np.cumsum(used, axis=0)
         over = (left < 0).any(axis=(1, 2))
         if over.any():
@@ -221,9 +218,7 @@ class GreedyPerfReplica:
             return failed()
         for t in uniform:
             ranks[t] = list(range(num))
-        parts_sum = np.concatenate(
-            [self.start_parts[None], self.uniform_parts[tables[uniform], choice[uniform]]]
-        )
+        parts_sum = np.concatenate([self.start_parts[None], self.values.parts[shard_rows]])
         parts = np.add.accumulate(parts_sum, axis=0)[-1].tolist()  # sequential, as Perf adds
         storage = (left[-1] if uniform else self.start_storage).tolist()
 
@@ -399,7 +394,10 @@ class GreedyPerfReplica:
 
     def _rate(self, chosen: list[_Option], choice: np.ndarray, ranks: list[list]) -> np.ndarray:
         """NoopPerfModel: per rank, the shards' totals added in plan order."""
-        rows = self.uniform_totals[np.arange(len(chosen)), choice]  # [T, W]; zeros off uniform
+        starts = self.uniform_start[np.arange(len(chosen)), choice]
+        uniform = np.flatnonzero(starts >= 0)
+        rows = np.zeros((len(chosen), self.world_size))  # [T, W]; zeros off uniform
+        rows[uniform] = self.values.totals[starts[uniform, None] + np.arange(self.world_size)]
         at_t, at_r, values = [], [], []
         extra: list[tuple[int, np.ndarray]] = []
         for t, option in enumerate(chosen):

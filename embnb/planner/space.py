@@ -109,8 +109,8 @@ class SearchSpace:
         self.perf = np.full(shape, np.inf)
         self.mem = np.zeros(shape + (2,))
         self.uniform = np.zeros(shape, dtype=bool)
-        self.rank_perf = np.zeros(shape + (self.world_size,))  # uniform options only
-        self.rank_mem = np.zeros(shape + (self.world_size, 2))
+        uniform_rows: list[slice] = []  # each uniform option's shards in `values`, in order
+        index = np.zeros(shape, dtype=np.int64)  # per option its row in the arrays below; 0: zeros
         self.shard_perf = np.zeros(shape)  # largest shard placed by the partitioner
         self.shard_mem = np.zeros(shape + (2,))
         for t, table_options in enumerate(self.options):
@@ -120,10 +120,22 @@ class SearchSpace:
                 self.perf[t, o], self.mem[t, o] = perfs.sum(), mems.sum(0)
                 if placement(option, one_host) == UNIFORM:
                     self.uniform[t, o] = True
-                    self.rank_perf[t, o, : len(perfs)] = perfs
-                    self.rank_mem[t, o, : len(perfs)] = mems
+                    uniform_rows.append(rows)
+                    index[t, o] = len(uniform_rows)
                 else:
                     self.shard_perf[t, o], self.shard_mem[t, o] = perfs.max(), mems.max(0)
+        # Per-device perf and memory of uniform options only (shard i on device i), as rows
+        # indexed per option: a [tables, options, devices] array would grow with devices times
+        # the widest table's options, mostly zeros.
+        self.rank_perf = PerOption(index, self._device_rows(uniform_rows, values.totals))
+        self.rank_mem = PerOption(index, self._device_rows(uniform_rows, values.storage[:, :2].astype(float)))
+
+    def _device_rows(self, uniform_rows: list[slice], per_shard: np.ndarray) -> np.ndarray:
+        """Row 0 zeros, then per uniform option its shards' `per_shard` values on devices 0, 1, ..."""
+        out = np.zeros((len(uniform_rows) + 1, self.world_size) + per_shard.shape[1:])
+        for row, rows in enumerate(uniform_rows, 1):
+            out[row, : rows.stop - rows.start] = per_shard[rows]
+        return out
 
     @staticmethod
     def _fitting(
@@ -242,6 +254,18 @@ class SearchSpace:
             (1, 2)
         )
         return bound, fits
+
+
+class PerOption:
+    """Per-option rows read as `values[tables, options]` (what an array of shape [tables,
+    options, ...] would give), each option's row from `rows` by `index`."""
+
+    def __init__(self, index: np.ndarray, rows: np.ndarray):
+        self.index, self.rows = index, rows
+        self.shape = index.shape + rows.shape[1:]
+
+    def __getitem__(self, key) -> np.ndarray:
+        return self.rows[self.index[key]]
 
 
 def gathered(values: np.ndarray, plans: np.ndarray, reduce, rows_at_once: int = 256) -> np.ndarray:

@@ -867,3 +867,29 @@ def test_create_planner_extends_torchrec_by_its_classes_and_warns_of_nothing(rec
     ):
         assert method not in vars(owner), (type(owner).__name__, method)
     assert the_planner.dp_proposer.feedback_reasons[0].startswith("the replica's best plan")  # handed over
+
+
+@pytest.mark.parametrize(("hosts", "hbm_cap_gb"), [(16, 0.1), (128, 0.4)])
+def test_create_planner_plans_on_16_to_128_hosts_as_torchrecs_partitioner_places(hosts, hbm_cap_gb):
+    """A few tables on hosts of 8 up to 1,024 devices, host-level and grid options offered:
+    torchrec's planner partitions the DP's best plan itself and rates it as the replica did."""
+    model = make_model(5, seed=hosts)
+    constraints = {
+        name: ParameterConstraints(
+            pooling_factors=c.pooling_factors,
+            sharding_types=["grid_shard", "table_row_wise", "table_column_wise", "table_wise", "row_wise"],
+        )
+        for name, c in model.constraints.items()
+    }
+    topology = planner.make_topology(8 * hosts, "cuda", hbm_cap_gb=hbm_cap_gb, local_world_size=8)
+    the_planner = planner.create_planner(
+        topology, BATCH_SIZE, constraints=constraints, storage_reservation="fixed", progress=False
+    )
+    plan = the_planner.plan(
+        EmbeddingBagCollection(tables=model.tables, device=torch.device("meta")),
+        [EmbeddingBagCollectionSharder()],
+    )
+    dp = planner_proposers(the_planner)[0]
+    assert set(plan.plan[""]) == {t.name for t in model.tables}
+    assert dp.disagreements == [] and dp.num_replayed > 1
+    assert NoopPerfModel(topology).rate(best_plan(the_planner)) == dp.best_rating

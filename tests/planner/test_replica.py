@@ -36,6 +36,32 @@ def torchrec_answer(proposal, storage_constraint, topology):
     return verdict, ranks
 
 
+def check_random_plans(options, storage_constraint, topology, native, num_plans, seed) -> set[bool]:
+    """Random plans placed by torchrec and by the replica: the same verdict,
+    rating and ranks. Returns the verdicts seen."""
+    replica = GreedyPerfReplica(options, storage_constraint, native=native)
+    assert (replica._native is not None) == native
+    rng = np.random.default_rng(seed)
+    outcomes = set()
+    for k in range(num_plans):
+        # uniform random plans, and plans leaning to each table's smallest option (more of them fit)
+        choice = np.array([rng.integers(len(table)) for table in options])
+        if k % 2:
+            smallest = [min(range(len(t)), key=lambda o: t[o].total_storage.hbm) for t in options]
+            choice = np.where(rng.random(len(options)) < 0.8, smallest, choice)
+        proposal = [table[o] for table, o in zip(options, choice)]
+        (placed, rating), ranks = torchrec_answer(proposal, storage_constraint, topology)
+        # the native op must answer every plan here itself (it models every kind these options have)
+        placement = replica._native.place(choice) if native else replica.place(choice)
+        assert placement is not None
+        assert (placement.placed, placement.rating) == (placed, rating)
+        assert placement.ranks == ranks
+        if placed:
+            assert max(placement.loads) == rating
+        outcomes.add(placed)
+    return outcomes
+
+
 GRID_TYPES = ["grid_shard", "table_row_wise", "table_column_wise", "table_wise"]
 
 
@@ -79,27 +105,31 @@ def test_replica_places_and_rates_like_torchrec(
     kinds = {option.sharding_type for table in options for option in table}
     assert local_world_size is None or {"table_row_wise", "table_column_wise"} <= kinds
     assert ("grid_shard" in kinds) == grid
-    replica = GreedyPerfReplica(options, storage_constraint, native=native)
-    assert (replica._native is not None) == native
-    rng = np.random.default_rng(num_tables)
-    outcomes = set()
-    for k in range(150 if local_world_size is None else 100):
-        # uniform random plans, and plans leaning to each table's smallest option (more of them fit)
-        choice = np.array([rng.integers(len(table)) for table in options])
-        if k % 2:
-            smallest = [min(range(len(t)), key=lambda o: t[o].total_storage.hbm) for t in options]
-            choice = np.where(rng.random(len(options)) < 0.8, smallest, choice)
-        proposal = [table[o] for table, o in zip(options, choice)]
-        (placed, rating), ranks = torchrec_answer(proposal, storage_constraint, topology)
-        # the native op must answer every plan here itself (it models every kind these options have)
-        placement = replica._native.place(choice) if native else replica.place(choice)
-        assert placement is not None
-        assert (placement.placed, placement.rating) == (placed, rating)
-        assert placement.ranks == ranks
-        if placed:
-            assert max(placement.loads) == rating
-        outcomes.add(placed)
+    outcomes = check_random_plans(
+        options, storage_constraint, topology, native, 150 if local_world_size is None else 100, num_tables
+    )
     assert outcomes == {True, False} or hbm_fraction > 1  # both verdicts were checked where HBM binds
+
+
+@pytest.mark.parametrize(
+    ("hosts", "hbm_cap_gb", "native"),
+    [(16, 0.1, False), (16, 0.1, True), (64, 0.2, True), (128, 0.4, True)],
+    ids=["16-hosts-python", "16-hosts-native", "64-hosts-native", "128-hosts-native"],
+)
+def test_replica_on_16_to_128_hosts(hosts, hbm_cap_gb, native):
+    """At the scale the largest users plan (128 hosts of 8: 1,024 devices), with a few tables:
+    host-level options (table-row-wise, table-column-wise, grid) placed host by host as torchrec
+    places them. Options from embnb's enumerator (equal to torchrec's, tests/planner/test_enumerator;
+    torchrec's takes seconds per table at 1,024 devices)."""
+    model = make_model(5, seed=hosts)
+    topology = planner.make_topology(8 * hosts, "cuda", hbm_cap_gb=hbm_cap_gb, local_world_size=8)
+    constraints = with_grid_sharding(model.constraints)
+    enumerated = enumerate_options(model.tables, topology, 512, constraints, enumerator="embnb")
+    storage_constraint = reserved_topology(topology, enumerated, 512)
+    options = SearchSpace(by_table(enumerated.options), storage_constraint).options
+    kinds = {option.sharding_type for table in options for option in table}
+    assert {"table_row_wise", "table_column_wise", "grid_shard"} <= kinds
+    assert check_random_plans(options, storage_constraint, topology, native, 30, hosts) == {True, False}
 
 
 def test_native_placement_names_bad_input():
