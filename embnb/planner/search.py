@@ -91,7 +91,9 @@ class KnapsackRuns:
                 f"the tables do not fit together: no choice of options fits the {space.world_size} "
                 f"devices' {gib_text(space.capacity[0])} HBM and {gib_text(space.capacity[1])} DDR in total "
                 f"after the storage reservation (each table's least HBM adds up to {gib_text(smallest[0])}, "
-                f"least DDR to {gib_text(smallest[1])}); add devices or memory, or shrink the tables"
+                f"least DDR to {gib_text(smallest[1])}); give each device more memory, or shrink the "
+                "tables or the batch (torchrec sizes each shard's input and output buffers by the world "
+                "size, so more devices need not help)"
             )
             return
         yield uncapped

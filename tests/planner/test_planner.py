@@ -708,7 +708,7 @@ NOT_TOGETHER = (
 )
 
 
-def test_create_planners_fallback_asks_uniform_only_where_the_dp_placed_no_plan():
+def test_create_planners_fallback_asks_uniform_only_where_the_dp_placed_no_plan_and_proved_none():
     tables, constraints, topology = tiny()
     module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     ours, uniform = planner.DynamicProgrammingProposer(), CountingUniform()
@@ -723,11 +723,14 @@ def test_create_planners_fallback_asks_uniform_only_where_the_dp_placed_no_plan(
     plan = the_planner.plan(module, [EmbeddingBagCollectionSharder()])
     assert set(plan.plan[""]) == {t.name for t in tables} and math.isfinite(ours.best_rating)
     assert uniform.asked == 0
-    # Nothing fits: the DP places nothing, and Uniform is asked (and finds nothing either).
-    nothing_fits = planner.make_topology(2, "cuda", hbm_cap_gb=0.2, ddr_cap_gb=0.05)
-    ours, uniform = planner.DynamicProgrammingProposer(), CountingUniform()
-    plan_without_a_fit([ours, Fallback(ours, uniform)], tables, constraints, nothing_fits)
-    assert uniform.asked >= 2 and math.isinf(ours.best_rating)
+    # Nothing fits, and the DP proves it: Uniform is not asked (torchrec still reports no plan).
+    for hbm_gb, ddr_gb in (NO_DEVICE_FITS[0], NOT_TOGETHER[0]):
+        nothing_fits = planner.make_topology(2, "cuda", hbm_cap_gb=hbm_gb, ddr_cap_gb=ddr_gb)
+        ours, uniform = planner.DynamicProgrammingProposer(), CountingUniform()
+        plan_without_a_fit([ours, Fallback(ours, uniform)], tables, constraints, nothing_fits)
+        assert uniform.asked == 0 and math.isinf(ours.best_rating) and ours.no_plan_reason
+        # and alone, Uniform finds nothing either: the proof held
+        plan_without_a_fit([CountingUniform()], tables, constraints, nothing_fits)
     # A DP that never ran placed nothing: Uniform's plan, as torchrec's planner gives it alone.
     alone, roomy = planner.DynamicProgrammingProposer(), planner.make_topology(2, "cuda", hbm_cap_gb=4)
     plans = [
