@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 MODES = ("none", "sync", "overlap")
-SHUFFLE_GROUPS = ("shared", "own")
+SHUFFLE_GROUPS = ("shared", "own", "caller")
 WORKLOADS = ("flops", "length")
 SEQUENCE_KEYS = ["item_id", "category_id"]
 
@@ -76,6 +76,8 @@ class TrainConfig:
     # overlap only: "shared" (the worker uses the loop's process group; the loop waits for
     # it before the gradient all-reduce) | "own" (a group of its own, dist.new_group, gloo
     # only; the loop waits for it after the optimizer step: the worker may overlap the all-reduce)
+    # | "caller" (the loop's group, its collectives on the loop's thread, KK alone in the
+    # worker: BalancedShuffle(collective_thread="caller"), recsys-examples' design)
     shuffle_group: str = "shared"
     steps: int = 6  # training steps
     batch_size: int = 32  # samples per rank per step
@@ -245,6 +247,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
         exchange=config.exchange,
         group=_worker_group() if own_group else None,
         step_collectives=own_group,  # shared: this loop issues none until finish()
+        collective_thread="caller" if config.shuffle_group == "caller" else "worker",
     ) as shuffle:
         dist.barrier()
         if mode == "overlap":  # the first batch has no step to hide behind

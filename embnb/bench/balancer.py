@@ -12,11 +12,13 @@
 3. Training: step time of a small sequence model on 2 ranks (one core each
    on a 2-core machine, so the slowest rank sets the step) with no
    balancing, the shuffle on the loop (sync), and the shuffle in a worker
-   under compute (overlap; all-gather and all-to-all exchange), each
-   repeated, interleaved, timed over the same steady-state steps: step
-   time per mode (median, range), the speed-up over no balancing and what
-   the slowest rank's FLOPs predict, the paired overlap - sync difference
-   with its 95% interval, and the per-phase breakdown.
+   under compute (overlap; all-gather and all-to-all exchange; and the
+   caller-thread design, recsys-examples': the collectives on the loop's
+   thread, KK alone in the worker), each repeated, interleaved, timed over
+   the same steady-state steps: step time per mode (median, range), the
+   speed-up over no balancing and what the slowest rank's FLOPs predict,
+   the paired overlap - sync and caller-thread - worker differences with
+   their 95% intervals, and the per-phase breakdown.
 4. Exchanges: all-gather vs all-to-all on real ranks (time, identical
    batches) and the bytes a rank receives, computed up to 64 ranks.
 5. Rank by rank (notebook 04 sections 8-10, `embnb.lab.balancing.measured`):
@@ -170,6 +172,8 @@ def bench_training(
         "sync": base.replace(mode="sync", native_kk=True),
         "overlap": base.replace(mode="overlap", native_kk=True),
         "overlap, all-to-all": base.replace(mode="overlap", native_kk=True, exchange="alltoall"),
+        # recsys-examples' design: the collectives on the loop's thread, KK alone in the worker
+        "overlap, caller thread": base.replace(mode="overlap", native_kk=True, shuffle_group="caller"),
     }
     trained = run_training(runs, world_size, device=device, repeats=repeats)
     # the bench reports medians over repeats: each run's median per-repeat ratio to no balancing
@@ -198,13 +202,16 @@ def bench_training(
             flush=True,
         )
     difference = trained.difference("overlap", "sync")
+    designs = trained.difference("overlap, caller thread", "overlap")
     print(f"  overlap - sync, ms/step: {difference}", flush=True)
+    print(f"  caller thread - worker, ms/step: {designs}", flush=True)
     return {
         "world_size": world_size,
         "backend": device_plan(device, world_size).backend,
         "timed_steps": list(timed_steps(steps)),
         "runs": rows,
         "overlap_minus_sync_ms": difference.as_dict(),
+        "caller_minus_worker_ms": designs.as_dict(),
         "phase_ms": trained.phase_breakdown().to_dict(orient="records"),
     }
 

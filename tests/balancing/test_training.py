@@ -37,7 +37,10 @@ RUNS = [
     TINY.replace(mode="overlap", native_kk=False, exchange="alltoall"),
     TINY.replace(mode="sync", native_kk=True, exchange="alltoall"),
     TINY.replace(mode="overlap", native_kk=True, shuffle_group="own"),
+    TINY.replace(mode="overlap", native_kk=True, shuffle_group="caller"),
 ]
+# where each shuffle phase runs, per mode and group: the loop's thread ("main") or the worker
+CALLER_THREADS = {"gather_workloads": "main", "kk": "worker", "exchange": "main"}
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +121,11 @@ def test_timeline_has_every_phase_in_the_thread_the_mode_says(runs):
                 shuffle = {(s["phase"], s["thread"]) for s in spans if s["step"] == step} & {
                     (p, t) for p in SHUFFLE_PHASES for t in ("main", "worker")
                 }
-                want = {"none": set(), "sync": {(p, "main") for p in SHUFFLE_PHASES}}
-                assert shuffle == want.get(mode, {(p, "worker") for p in SHUFFLE_PHASES}), (mode, step)
+                want = {"none": set(), "sync": {(p, "main") for p in SHUFFLE_PHASES}}.get(mode)
+                if want is None:  # overlap
+                    caller = run[0]["shuffle_group"] == "caller"
+                    want = {(p, CALLER_THREADS[p] if caller else "worker") for p in SHUFFLE_PHASES}
+                assert shuffle == want, (mode, run[0]["shuffle_group"], step)
             assert all(s["end"] >= s["start"] and s["rank"] == result["rank"] for s in spans)
             if mode == "none":
                 assert math.isnan(result["hidden_fraction"])
@@ -179,8 +185,8 @@ def test_synchronous_shuffle_runs_before_the_compute_of_its_step(runs):
 
 def test_own_group_worker_is_waited_for_after_the_optimizer_the_shared_one_before_the_all_reduce(runs):
     by_group = {run[0]["shuffle_group"]: run for run in runs if run[0]["mode"] == "overlap"}
-    assert sorted(by_group) == ["own", "shared"]
-    for group, run in by_group.items():
+    assert sorted(by_group) == ["caller", "own", "shared"]
+    for group, run in ((g, by_group[g]) for g in ("own", "shared")):
         for result in run:
             spans = result["spans"]
             for step in range(1, TINY.steps - 1):
@@ -196,8 +202,23 @@ def test_own_group_worker_is_waited_for_after_the_optimizer_the_shared_one_befor
                     assert wait["end"] <= all_reduce["start"]
 
 
+def test_the_callers_thread_gathers_before_the_step_and_exchanges_before_the_all_reduce(runs):
+    (run,) = [r for r in runs if r[0]["shuffle_group"] == "caller"]
+    for result in run:
+        spans = result["spans"]
+        for step in range(1, TINY.steps - 1):
+            gather = _one(spans, phase="gather_workloads", step=step + 1)
+            kk = _one(spans, phase="kk", step=step + 1)
+            exchange = _one(spans, phase="exchange", step=step + 1)
+            forward = _one(spans, phase="forward", iteration=step)
+            all_reduce = _one(spans, phase="all_reduce", iteration=step)
+            assert gather["end"] <= forward["start"] and gather["iteration"] == step  # start(), before
+            assert gather["end"] <= kk["start"] and kk["end"] <= exchange["start"]
+            assert exchange["end"] <= all_reduce["start"]  # finish(), before the all-reduce
+
+
 def test_a_bad_shuffle_group_is_named():
-    with pytest.raises(ValueError, match="shuffle_group 'mine' is not one of 'shared', 'own'"):
+    with pytest.raises(ValueError, match="shuffle_group 'mine' is not one of 'shared', 'own', 'caller'"):
         TrainConfig(shuffle_group="mine")
 
 
