@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from embnb._checks import check_int, check_int_tensor
+from embnb.cuda import loader
 from embnb.rowwise.routing import hash_key
 
 __all__ = ["Routing", "TableLayout", "feistel_permutation", "convert_rows"]
@@ -88,6 +89,14 @@ def _feistel(x: torch.Tensor, half_bits: int, keys: torch.Tensor) -> torch.Tenso
     return (left << half_bits) | right
 
 
+def _half_bits(n: int) -> int:
+    """The least h >= 1 with 4 ** h >= n: the network's domain."""
+    half_bits = max(1, math.ceil(math.log2(n) / 2)) if n > 1 else 1
+    while 4**half_bits < n:  # guard float rounding in log2
+        half_bits += 1
+    return half_bits
+
+
 def feistel_permutation(ids: torch.Tensor, num_embeddings: int, seed: int = 0) -> torch.Tensor:
     """A keyed bijection of [0, num_embeddings), applied to `ids` (int64 out).
 
@@ -96,9 +105,7 @@ def feistel_permutation(ids: torch.Tensor, num_embeddings: int, seed: int = 0) -
     [0, N). 4**h < 4 * N, so a walk takes under four steps on average.
     """
     n = check_int("num_embeddings", num_embeddings, low=1)
-    half_bits = max(1, math.ceil(math.log2(n) / 2)) if n > 1 else 1
-    while 4**half_bits < n:  # guard float rounding in log2
-        half_bits += 1
+    half_bits = _half_bits(n)
     keys = _round_keys(check_int("seed", seed, low=0))
     out = _feistel(ids.to(torch.int64), half_bits, keys)
     outside = out >= n
@@ -144,8 +151,14 @@ class TableLayout:
         b, rows = self.block_size, self.storage_rows
         return [min(b, max(0, rows - r * b)) for r in range(self.world_size)]
 
-    def slots(self, ids: torch.Tensor) -> torch.Tensor:
-        """Storage row of each id (int64); raise on an id outside [0, N)."""
+    def slots(self, ids: torch.Tensor, native: bool | None = None) -> torch.Tensor:
+        """Storage row of each id (int64); raise on an id outside [0, N).
+
+        `native` (feistel_roundrobin on CPU tensors): None runs
+        torch.ops.embnb.feistel_slots where the native library is built
+        (`make setup`, `python -m embnb.cuda build`; nothing compiles here,
+        inside a training step), else the torch version; True needs it;
+        False runs the torch version. Both give the same slots."""
         ids = check_int_tensor("ids", ids).to(torch.int64)
         if ids.numel():
             low, high = int(ids.min()), int(ids.max())
@@ -157,6 +170,10 @@ class TableLayout:
         if self.routing is Routing.CONTINUOUS:
             return ids
         if self.routing is Routing.FEISTEL_ROUNDROBIN:
+            if ids.device.type == "cpu" and loader.use(native, build=False):
+                keys = _round_keys(self.seed)
+                n, w = self.num_embeddings, self.world_size
+                return torch.ops.embnb.feistel_slots(ids, n, w, _half_bits(n), keys)
             ids = feistel_permutation(ids, self.num_embeddings, self.seed)
         return (ids % self.world_size) * self.block_size + ids // self.world_size
 

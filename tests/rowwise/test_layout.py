@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 import torch
-from sharder_ranks import owner_local
+from sharder_ranks import feistel_owner_local, owner_local
 from torchrec import EmbeddingBagConfig
 
 from embnb.rowwise import Routing, TableLayout, convert_rows
@@ -28,6 +28,27 @@ def test_slots_put_every_id_at_its_routings_owner_and_local_row():
         expected = [block * rank + local for rank, local in owners]
         assert slots == expected, (n, world_size, routing)
         assert layout.storage_rows == (n if routing == "continuous" else block * world_size)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_feistel_slots_follow_the_plain_int_rule_natively_and_in_torch(native):
+    for n, world_size, seed in itertools.product((1, 2, 7, 64, 1001), (1, 3, 8), (0, 5)):
+        layout = TableLayout(n, world_size, "feistel_roundrobin", seed)
+        slots = layout.slots(torch.arange(n), native=native).tolist()
+        block = -(-n // world_size)
+        owners = (feistel_owner_local(i, n, world_size, seed) for i in range(n))
+        expected = [block * r + local for r, local in owners]
+        assert slots == expected, (n, world_size, seed)
+
+
+def test_native_feistel_slots_equal_the_torch_ones_on_large_tables_and_reject_bad_ids():
+    generator = torch.Generator().manual_seed(0)
+    for n, world_size in ((2**20 + 7, 8), (10**9, 64), (3, 2)):
+        layout = TableLayout(n, world_size, "feistel_roundrobin", seed=11)
+        ids = torch.randint(0, n, (20_000,), generator=generator)
+        assert torch.equal(layout.slots(ids, native=True), layout.slots(ids, native=False)), n
+    with pytest.raises(ValueError, match=r"id 5 is outside \[0, 5\)"):
+        torch.ops.embnb.feistel_slots(torch.tensor([0, 5]), 5, 2, 2, torch.zeros(4, dtype=torch.int64))
 
 
 def test_round_robin_routings_balance_rows_and_continuous_keeps_torchrecs_blocks():
