@@ -22,6 +22,7 @@ def test_the_readme_has_its_examples():
         "create_planner",
         "DistributedModelParallel",
         "collective_plan",
+        "RoutedEmbeddingBagCollectionSharder",
         "bucketize",
         "owner_rank",
         "balance(",
@@ -61,6 +62,7 @@ def check_the_job_balanced_every_step(stdout: str) -> None:
     for ids in by_step.values():
         assert abs(ids["0"] - ids["1"]) <= 501, by_step
     assert re.search(r"^plan rated [\d.]+ ms", stdout, flags=re.M), stdout
+    assert "'t_item': 'feistel_roundrobin'" in stdout, stdout  # the routing, read back from the module
 
 
 def test_the_proposers_docstring_example_runs(tmp_path):
