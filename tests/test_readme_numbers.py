@@ -103,3 +103,30 @@ def test_04_worst_gaps_on_the_seeded_zipf_batches():
     kk_swap = comparison.percent(worst["kk_swap"]["max_gap_to_lower_bound"])
     kk = comparison.percent(worst["karmarkar_karp"]["max_gap_to_lower_bound"])
     assert f"KK + swaps lands at worst {kk_swap} above the lower bound on tokens, plain KK {kk}" in finding
+
+
+def test_03_dp_ratings_on_the_default_model():
+    from embnb import planner
+    from embnb.lab.planner.comparison import compare_proposers, default_proposers
+    from embnb.lab.planner.models import make_model
+
+    p = _defaults("03_dp_planner")
+    model = make_model(p["num_tables"], p["seed"])
+    compute_device = "cuda" if p["device"] in ("auto", "cuda") else "cpu"  # as the notebook's second cell
+    topology = planner.make_topology(
+        p["world_size"], compute_device, hbm_cap_gb=p["hbm_cap_gb"], ddr_cap_gb=p["ddr_cap_gb"]
+    )
+    factories = default_proposers(p["bins_per_device"])
+    table = compare_proposers(
+        model.tables,
+        topology,
+        p["batch_size"],
+        constraints=model.constraints,
+        proposers={name: factories[name] for name in ("embnb DP", "torchrec DP")},
+        timeout_s=p["timeout_s"],
+        storage_reservation_percentage=p["storage_reservation_percentage"],
+    )
+    ours, theirs = (float(table.loc[name, "perf_rating"]) for name in ("embnb DP", "torchrec DP"))
+    finding = _row("03_dp_planner")[2]
+    assert f"{p['num_tables']} tables on {p['world_size']} devices" in finding
+    assert f"embnb DP's plan rated {ours:.3g} ms against torchrec DP's {theirs:.3g} ms" in finding
