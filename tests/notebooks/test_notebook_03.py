@@ -272,3 +272,22 @@ def test_every_topology_prints_its_devices_and_hosts(run):
             assert f"{name}: {low} devices on 1 host\n" in printed, name
         else:
             assert f"{name}: {low} to {high} devices on 1 host each" in printed, name
+
+
+def test_the_summary_leads_with_the_plans_measured_fastest(run):
+    results = run.results
+    summary = results["summary"]
+    assert summary.startswith("Measured rank by rank (CPU, thread CPU time")
+    for world_size, world in results["measured"]["worlds"].items():
+        made = {
+            name: plan
+            for name, plan in world["plans"].items()
+            if plan["note"] != "poor on purpose" and plan["step_ms"] is not None
+        }
+        fastest = min(made, key=lambda name: made[name]["step_ms"])  # recomputed from the plans
+        assert world["fastest_planner"] == fastest
+        assert f"W = {world_size}: {fastest} fastest ({made[fastest]['step_ms']:.3g} ms" in summary
+        if fastest != "embnb DP" and "embnb DP" in made:
+            assert f"embnb DP {made['embnb DP']['step_ms']:.3g} ms" in summary
+    # the estimates come after what was measured
+    assert summary.index("Measured") < summary.index("estimated rating")

@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 PLANNERS = ("embnb DP", "torchrec DP", "Greedy", "torchrec default")
+POOR = "poor on purpose"  # the note of the plans built to be slow
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,9 @@ def candidate_plans(
         check_int("few_ranks", k, low=1, high=topology.world_size)
         options = one_kind_on(enumerated, "table_wise", list(range(k)))
         name = f"all table-wise on {k} rank{'s' if k > 1 else ''}"
-        plans[name] = CandidatePlan(name, options, rate(options), "poor on purpose")
+        plans[name] = CandidatePlan(name, options, rate(options), POOR)
     options = one_kind_on(enumerated, "data_parallel", [])
-    plans["all data-parallel"] = CandidatePlan("all data-parallel", options, rate(options), "poor on purpose")
+    plans["all data-parallel"] = CandidatePlan("all data-parallel", options, rate(options), POOR)
     return plans
 
 

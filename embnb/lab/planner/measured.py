@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from embnb._checks import check_int
-from embnb.lab.planner.candidates import candidate_plans, estimated_per_rank, plan_shape
+from embnb.lab.planner.candidates import POOR, candidate_plans, estimated_per_rank, plan_shape
 from embnb.lab.planner.hosts import hosts_of
 from embnb.lab.planner.models import Model
 from embnb.lab.plotting import new_figure
@@ -80,16 +80,20 @@ class MeasuredWorld:
     repeats: int
     hosts: int = 1  # of its CPU topology (`hosts_of`)
 
-    def measured(self) -> list[MeasuredPlan]:
-        return [p for p in self.plans if p.measured]
+    def measured(self, planners_only: bool = False) -> list[MeasuredPlan]:
+        """The plans measured; `planners_only`: those a planner made (not the poor ones)."""
+        return [p for p in self.plans if p.measured and not (planners_only and p.note == POOR)]
 
-    def spearman(self, key: str = "step_ms") -> float:
-        """Spearman's rank correlation across measured plans of `key` and torchrec's rating."""
-        plans = self.measured()
+    def spearman(self, key: str = "step_ms", planners_only: bool = False) -> float:
+        """Spearman's rank correlation across measured plans of `key` and
+        torchrec's rating (NaN with fewer than two plans)."""
+        plans = self.measured(planners_only)
+        if len(plans) < 2:
+            return math.nan
         return spearman([getattr(p, key) for p in plans], [p.rating_ms for p in plans])
 
-    def winner(self, key: str = "step_ms") -> MeasuredPlan:
-        return min(self.measured(), key=lambda p: getattr(p, key))
+    def winner(self, key: str = "step_ms", planners_only: bool = False) -> MeasuredPlan:
+        return min(self.measured(planners_only), key=lambda p: getattr(p, key))
 
     def to_json(self) -> dict:
         return {
@@ -97,8 +101,14 @@ class MeasuredWorld:
             "plans": {p.name: _finite(asdict(p)) for p in self.plans},
             "spearman_step": self.spearman("step_ms"),
             "spearman_lookup": self.spearman("lookup_ms"),
+            "spearman_step_planners": _finite_number(self.spearman("step_ms", planners_only=True)),
             "winner": self.winner().name,
+            "fastest_planner": self.winner(planners_only=True).name,
         }
+
+
+def _finite_number(value: float) -> float | None:
+    return None if math.isnan(value) else value
 
 
 def _finite(row: dict) -> dict:

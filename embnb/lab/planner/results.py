@@ -121,7 +121,8 @@ def notebook_results(notebook: PlannerNotebook, notebook_s: float) -> dict[str, 
     its estimated perfs), in ms."""
     settings, planned, in_use = notebook.settings, notebook.planned, notebook.in_use
     return {
-        "summary": _summary(settings, planned.comparison, planned.sweep)
+        "summary": _measured_lead(notebook.measured)
+        + _summary(settings, planned.comparison, planned.sweep)
         + _summary_tail(planned.study, notebook.examples.pitfall, in_use.end_to_end),
         **dataclasses.asdict(settings),
         "enumerate_s": planned.enumerated.seconds,
@@ -189,6 +190,26 @@ def budget_advantage(sweep: pd.DataFrame, other: str = "Greedy", reference: str 
     `budget_sweep` (by hbm_cap_gb, largest first; NaN: either has no plan)."""
     ratings = sweep.pivot(index="hbm_cap_gb", columns="proposer", values="perf_rating")
     return (ratings[other] / ratings[reference]).sort_index(ascending=False)
+
+
+def _measured_lead(measured: MeasuredWorlds) -> str:
+    """The summary's lead: what section 10 measured, before any estimate: the
+    planners' plan that measured fastest at each world size, with embnb DP's
+    step beside it, and how well torchrec's ratings order the planners' plans
+    (Spearman) against all plans, the poor ones included."""
+    parts = []
+    for world in measured.worlds:
+        fastest = world.winner(planners_only=True)
+        ours = next((p for p in world.measured(True) if p.name == "embnb DP"), None)
+        beside = "" if ours is None or ours is fastest else f", embnb DP {ours.step_ms:.3g} ms"
+        among = world.spearman("step_ms", planners_only=True)
+        among_text = "n/a (one plan)" if math.isnan(among) else f"{among:.2f}"
+        parts.append(
+            f"W = {world.world_size}: {fastest.name} fastest ({fastest.step_ms:.3g} ms{beside}; Spearman of "
+            f"rating and step {among_text} among the planners' plans, "
+            f"{world.spearman('step_ms'):.2f} with the poor ones)"
+        )
+    return f"Measured rank by rank (CPU, thread CPU time, the slowest rank's step): {'; '.join(parts)}. "
 
 
 def _summary(settings: Settings, comparison: pd.DataFrame, sweep: pd.DataFrame) -> str:
