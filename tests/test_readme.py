@@ -54,7 +54,8 @@ def check_the_job_balanced_every_step(stdout: str) -> None:
     shuffle left the ranks' item ids within one history of each other (KK on
     equal counts ends within the largest sample; the loader's histories are
     at most 501 ids)."""
-    steps = re.findall(r"^rank (\d) step (\d): loss [\d.]+, (\d+) item ids$", stdout, flags=re.M)
+    # not anchored to lines: torchrun interleaves the ranks' output, a line's end may come later
+    steps = re.findall(r"rank (\d) step (\d): loss [\d.]+, (\d+) item ids", stdout)
     by_step: dict[str, dict[str, int]] = {}
     for rank, step, ids in steps:
         by_step.setdefault(step, {})[rank] = int(ids)
