@@ -3,7 +3,11 @@
 # -k expression or a broken tests/ folder, never a pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-"${VENV:-.venv}/bin/python" -m pytest "$@"
+# One worker per core (EMBNB_TEST_WORKERS overrides; 0 runs in this process).
+# --dist loadfile keeps a file's tests on one worker: a notebook's tests share
+# its one papermill run (a module fixture), and a file's multi-rank cases
+# share one launch.
+"${VENV:-.venv}/bin/python" -m pytest -n "${EMBNB_TEST_WORKERS:-auto}" --dist loadfile "$@"
 rc=$?
 if [[ $rc == 5 ]]; then
   echo "make test: pytest collected no tests (exit 5); check PYTEST_ARGS='$*' and tests/" >&2

@@ -72,7 +72,8 @@ def test_the_wheel_alone_runs_the_docs_planner_example(tmp_path):
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
-    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # --no-compile: byte-compiling torch's thousands of modules is most of an install
+    pip = [python, "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
     others = [pinned_here(r) for r in [*requirements, *torchrec_needs] if r.name != "torchrec"]
     run(*pip, *others, installed_fbgemm())
     run(*pip, "--no-deps", pinned_here(torchrec), wheel)
