@@ -149,7 +149,8 @@ def measured_plans(bench: CalibrationBench) -> pd.DataFrame:
 def fastest_plans(bench: CalibrationBench) -> pd.DataFrame:
     """Per held-out world: the plan measured fastest (median step), the
     runner-up, the margin (runner-up / fastest - 1) and the fastest's own
-    spread between repeats; `within_spread`: the margin is no larger than it."""
+    spread between repeats; `within_spread`: the margin is no larger than it;
+    `fastest_same_as`: the first plan of the world with the fastest's placement."""
     plans = measured_plans(bench)
     rows = []
     for (seed, world_size), world in plans.groupby(["seed", "world_size"], sort=False):
@@ -161,6 +162,7 @@ def fastest_plans(bench: CalibrationBench) -> pd.DataFrame:
                 "seed": seed,
                 "world_size": world_size,
                 "fastest": first.plan,
+                "fastest_same_as": first.same_as,  # the first planner that returned its placement
                 "step_ms": first.step_ms,
                 "runner_up": second.plan,
                 "margin": margin,

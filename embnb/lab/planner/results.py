@@ -233,13 +233,15 @@ def _calibration_lead(record: dict[str, Any]) -> str:
     errors, goal = record["heldout_errors"], record["goal"]
     worlds = record["worlds"]
     ours = sum(w["fastest"] == "embnb DP (calibrated)" for w in worlds)
+    placed = sum(w["fastest_same_as"] == "embnb DP (calibrated)" for w in worlds)  # its placement, twice
+    again = f" (its placement, returned again by another planner, in {placed - ours})" * (placed > ours)
     return (
         f"Calibrated estimator (committed bench, {record['device'].upper()} {record['device_name']}): "
         f"held-out per-rank error of the lookups median {errors['calibrated']['median']:.0%}, worst "
         f"{errors['calibrated']['worst']:.0%} (torchrec's default "
         f"{errors['torchrec_default']['median']:.0%}, {errors['torchrec_default']['worst']:.0%}), "
         + ("goal met" if record["goal_met"] else f"the {goal:.0%} goal not met")
-        + f"; embnb DP on it measured fastest in {ours} of {len(worlds)} held-out worlds. "
+        + f"; embnb DP on it measured fastest in {ours} of {len(worlds)} held-out worlds{again}. "
     )
 
 

@@ -85,6 +85,7 @@ def test_errors_fastest_plan_and_repeat_gaps(results):
     assert record["goal_met"] is False
     (world,) = fastest_plans(bench).to_dict(orient="records")
     assert world["fastest"] == "embnb DP" and world["runner_up"] == "embnb DP (calibrated)"
+    assert world["fastest_same_as"] == "embnb DP"
     assert world["margin"] == pytest.approx(0.1) and world["fastest_spread"] == pytest.approx(11 / 9 - 1)
     assert world["within_spread"] and world["embnb_dp_calibrated_over_fastest"] == pytest.approx(1.1)
     assert repeat_gaps(bench).gap.tolist() == pytest.approx([0.1])  # the same placement, 11 against 10 ms
