@@ -1,5 +1,5 @@
 """Notebook 03's measured section: the candidate plans (`candidates`) of one
-model on a CPU topology, each run rank by rank with real kernels
+model on a topology of the measuring device, each run rank by rank with real kernels
 (`embnb.steptime.measure_plan`), beside torchrec's estimates.
 
 On a CPU the primary clock is each rank's thread CPU time at one intra-op
