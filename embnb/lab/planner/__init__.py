@@ -13,7 +13,10 @@
 - `explain`: the options, the DP table, the frontier.
 - `candidates`: the plans measured rank by rank (`embnb.steptime`), with
   torchrec's estimates beside them, and Spearman's rank correlation;
-  `measured` runs them rank by rank for section 10 and draws the figure.
+  `measured` runs them rank by rank for section 10 (on the notebook's
+  device where FBGEMM's CUDA kernels are, else the CPU) and draws the figure.
+- `calibrated`: the committed calibrate bench loaded for section 11 (held-out
+  errors, the plans measured fastest, the scatter), not refitted.
 - `results`, `plots`, `widgets`: the notebook's parts and results dict,
   figures, explorer.
 """

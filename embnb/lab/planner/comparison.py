@@ -124,6 +124,9 @@ def compare_proposers(
     return table
 
 
+UVM_KERNELS = ("fused_uvm", "fused_uvm_caching")
+
+
 def _comparison_row(
     name: str,
     runs: list[PlanRun],
@@ -149,6 +152,8 @@ def _comparison_row(
         "max_hbm_gb": loads["hbm_gb"].max() if loads is not None else math.nan,
         "max_ddr_gb": loads["ddr_gb"].max() if loads is not None else math.nan,
         "feasible": run.plan is not None,
+        # tables whose rows live in DDR (UVM): FBGEMM runs those kernels only on a GPU
+        "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in run.plan) if run.plan else 0,
         "plans_considered": considered or run.proposals,
         "proposals": run.proposals,
         "plan_s": statistics.median(seconds),

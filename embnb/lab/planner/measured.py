@@ -1,15 +1,19 @@
 """Notebook 03's measured section: the candidate plans (`candidates`) of one
-model on a CPU topology, each run rank by rank with real kernels
+model on a topology of the measuring device, each run rank by rank with real kernels
 (`embnb.steptime.measure_plan`), beside torchrec's estimates.
 
-The primary clock is each rank's thread CPU time at one intra-op thread:
-on a shared machine other processes stretch wall time, not the CPU time
-the rank's kernels used. Communication is not measured: its time per rank
-is computed from the counted bytes (`steptime.comms.LINK_MODEL`).
+On a CPU the primary clock is each rank's thread CPU time at one intra-op
+thread: on a shared machine other processes stretch wall time, not the CPU
+time the rank's kernels used. On a GPU (FBGEMM's CUDA TBEs) it is wall time
+with the device synchronized at each phase's edges (`steptime.measure`): the
+calling thread's CPU time there counts launches, not kernels.
+Communication is not measured: its time per rank is computed from the
+counted bytes (`steptime.comms.LINK_MODEL`).
 
     world = measure_world(model, 8, local_batch_size=16, repeats=2)
     world.spearman("lookup_ms"), world.winner().shape
     section = measure_worlds(model, [8, 32], local_batch_size=16)   # the notebook's section
+    where = measure_device("auto")   # cuda with FBGEMM's CUDA kernels, else cpu, and why
     fig = measured_vs_estimated(section.worlds)
 """
 
@@ -20,18 +24,21 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 
+import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from embnb._checks import check_int
 from embnb.lab.planner.candidates import POOR, candidate_plans, estimated_per_rank, plan_shape
+from embnb.lab.planner.comparison import UVM_KERNELS
 from embnb.lab.planner.hosts import hosts_of
 from embnb.lab.planner.models import Model
 from embnb.lab.plotting import new_figure
 from embnb.metrics import spearman
 from embnb.planner.topology import make_topology
 from embnb.steptime import make_batch, measure_plan
-from embnb.timing import Stopwatch
+from embnb.steptime.kernels import fbgemm_cuda_available
+from embnb.timing import Stopwatch, machine_name
 
 __all__ = [
     "MeasuredPlan",
@@ -42,9 +49,12 @@ __all__ = [
     "measured_vs_estimated",
     "estimate_over_measured",
     "CLOCK",
+    "MeasureDevice",
+    "measure_device",
 ]
 
-CLOCK = "cpu"  # thread CPU time (module docstring)
+CLOCK = "cpu"  # on a CPU: thread CPU time (module docstring)
+CLOCKS = {"cpu": "cpu", "cuda": "wall"}  # per device type: the clock its kernels' time is read on
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class MeasuredPlan:
     lookup_per_rank_ms: list[float] | None = None
     estimated_per_rank_ms: list[float] | None = None  # torchrec's total per rank
     computed_comms_per_rank_ms: list[float] | None = None  # from counted bytes, not measured
+    uvm_tables: int = 0  # tables with rows in DDR (fused_uvm, fused_uvm_caching): GPU-only kernels
 
     @property
     def measured(self) -> bool:
@@ -78,7 +89,10 @@ class MeasuredWorld:
     threads: int
     warmup: int
     repeats: int
-    hosts: int = 1  # of its CPU topology (`hosts_of`)
+    hosts: int = 1  # of its topology (`hosts_of`)
+    device: str = "cpu"  # where the kernels ran, and the topology's compute_device
+    device_name: str = ""  # the CPU or the GPU's name (`embnb.timing.machine_name`)
+    clock: str = CLOCK  # "cpu" (thread CPU time) or "wall" (synchronized, on a GPU)
 
     def measured(self, planners_only: bool = False) -> list[MeasuredPlan]:
         """The plans measured; `planners_only`: those a planner made (not the poor ones)."""
@@ -116,25 +130,53 @@ def _finite(row: dict) -> dict:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
 
 
-def _measure_one(candidate, topology, model: Model, batch, **options) -> MeasuredPlan:
+@dataclass(frozen=True)
+class MeasureDevice:
+    """Where section 10's kernels run: `device` ("cpu" or "cuda"), the clock
+    read there, and `note`: why it is not the device asked for ("" if it is)."""
+
+    device: str
+    clock: str
+    note: str = ""
+
+
+def measure_device(asked: str) -> MeasureDevice:
+    """The device to measure on for a notebook's `device` parameter: "cpu" runs
+    on the CPU; "cuda" and "auto" run FBGEMM's CUDA TBEs where a GPU and
+    fbgemm_gpu's CUDA build are here, else on the CPU with a note saying why
+    (the CPU wheel has no CUDA kernels; a dry-run topology needs none)."""
+    if asked not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device {asked!r} is not one of ['auto', 'cpu', 'cuda']")
+    if asked == "cpu":
+        return MeasureDevice("cpu", CLOCKS["cpu"])
+    if fbgemm_cuda_available():
+        return MeasureDevice("cuda", CLOCKS["cuda"])
+    why = "no CUDA GPU here" if not torch.cuda.is_available() else "this fbgemm_gpu has no CUDA kernels"
+    note = f"device={asked!r}: {why}, so the CUDA measurement is skipped and the plans run on the CPU"
+    return MeasureDevice("cpu", CLOCKS["cpu"], note)
+
+
+def _measure_one(candidate, topology, model: Model, batch, device: str, **options) -> MeasuredPlan:
     if candidate.options is None:
         return MeasuredPlan(candidate.name, candidate.rating, candidate.note)
-    times = measure_plan(candidate.sharding_plan(topology), model.tables, batch, device="cpu", **options)
+    times = measure_plan(candidate.sharding_plan(topology), model.tables, batch, device=device, **options)
+    clock = CLOCKS[device]
     estimate = estimated_per_rank(candidate.options, topology.world_size)
-    lookups = [r.lookup.median_s(CLOCK) * 1e3 for r in times.ranks]
-    critical = times.critical_rank(CLOCK)
+    lookups = [r.lookup.median_s(clock) * 1e3 for r in times.ranks]
+    critical = times.critical_rank(clock)
     return MeasuredPlan(
         candidate.name,
         candidate.rating,
         candidate.note,
         plan_shape(candidate.options),
-        times.critical_path_s(CLOCK) * 1e3,
+        times.critical_path_s(clock) * 1e3,
         max(lookups),
         critical,
         times.critical_path_s("wall") * 1e3,
         lookups,
         [s * 1e3 for s in estimate["total"]],
         [c.computed_seconds(topology) * 1e3 for c in times.comms],
+        sum(o.compute_kernel in UVM_KERNELS for o in candidate.options),
     )
 
 
@@ -149,16 +191,24 @@ def measure_world(
     hidden: Sequence[int] = (128,),
     timeout_s: float = 60.0,
     seed: int = 0,
+    device: str = "cpu",
 ) -> MeasuredWorld:
-    """Plan `model` on `world_size` CPU devices (`candidate_plans`) and
-    measure every plan rank by rank on one global batch."""
+    """Plan `model` on `world_size` devices of `device` ("cpu" or "cuda": the
+    topology's compute_device and where the kernels run; `measure_device`
+    picks it) with `candidate_plans`, and measure every plan rank by rank
+    on one global batch."""
     check_int("world_size", world_size, low=2)
-    topology = make_topology(world_size, "cpu")
+    if device not in CLOCKS:
+        raise ValueError(f"device {device!r} is not one of {sorted(CLOCKS)} (measure_device resolves 'auto')")
+    topology = make_topology(world_size, device)
     candidates = candidate_plans(model, topology, local_batch_size, timeout_s=timeout_s)
     batch = make_batch(model.tables, model.constraints, world_size, local_batch_size, seed)
     options = {"threads": threads, "warmup": warmup, "repeats": repeats, "hidden": tuple(hidden)}
-    plans = [_measure_one(c, topology, model, batch, **options) for c in candidates.values()]
-    return MeasuredWorld(world_size, plans, local_batch_size, threads, warmup, repeats, hosts_of(topology))
+    plans = [_measure_one(c, topology, model, batch, device, **options) for c in candidates.values()]
+    return MeasuredWorld(
+        world_size, plans, local_batch_size, threads, warmup, repeats, hosts_of(topology),
+        device, machine_name(device), CLOCKS[device],
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -169,10 +219,15 @@ class MeasuredWorlds:
     num_tables: int
     worlds: list[MeasuredWorld]
     seconds: float
+    device_note: str = ""  # why the kernels ran elsewhere than asked (`MeasureDevice.note`)
 
     def to_json(self) -> dict:
+        first = self.worlds[0]
         return {
-            "clock": CLOCK,
+            "clock": first.clock,
+            "device": first.device,
+            "device_name": first.device_name,
+            "device_note": self.device_note,
             "torchrec_version": version("torchrec"),
             "num_tables": self.num_tables,
             "seconds": self.seconds,
@@ -181,14 +236,22 @@ class MeasuredWorlds:
 
 
 def measure_worlds(
-    model: Model, world_sizes: Sequence[int], local_batch_size: int, **options
+    model: Model,
+    world_sizes: Sequence[int],
+    local_batch_size: int,
+    where: MeasureDevice | None = None,
+    **options,
 ) -> MeasuredWorlds:
-    """`measure_world` at each of `world_sizes` (`options`: its keywords)."""
+    """`measure_world` at each of `world_sizes` on `where` (default: the CPU;
+    `options`: its keywords)."""
     if not world_sizes:
         raise ValueError("world_sizes is empty: give at least one world size to measure")
+    where = where or measure_device("cpu")
     with Stopwatch() as watch:
-        worlds = [measure_world(model, w, local_batch_size, **options) for w in world_sizes]
-    return MeasuredWorlds(len(model.tables), worlds, watch.wall_s)
+        worlds = [
+            measure_world(model, w, local_batch_size, device=where.device, **options) for w in world_sizes
+        ]
+    return MeasuredWorlds(len(model.tables), worlds, watch.wall_s, where.note)
 
 
 MARKERS = "os^DvP<>"  # one per plan: plans rated alike overlap, their shapes still show
@@ -234,10 +297,10 @@ def measured_vs_estimated(worlds: Sequence[MeasuredWorld]) -> Figure:
             if pairs:
                 bottom.scatter(*zip(*pairs), color=color, marker=marker, s=14, alpha=0.7)
         top.set(xscale="log", yscale="log", xlabel="torchrec's estimated rating, ms")
-        top.set_ylabel(f"measured critical path, ms ({CLOCK} time)")
+        top.set_ylabel(f"measured critical path, ms ({_clock_name(world.clock)})")
         top.set_title(f"W = {world.world_size}: plan by plan\n(filled: step; hollow: lookups)", fontsize=9)
         bottom.set(xscale="log", yscale="log", xlabel="torchrec's estimated total of the rank, ms")
-        bottom.set_ylabel(f"measured lookups of the rank, ms ({CLOCK})")
+        bottom.set_ylabel(f"measured lookups of the rank, ms ({_clock_name(world.clock)})")
         bottom.set_title(
             f"W = {world.world_size}: rank by rank ({skipped} ranks with no shard left out)", fontsize=9
         )
@@ -254,7 +317,13 @@ def measured_vs_estimated(worlds: Sequence[MeasuredWorld]) -> Figure:
                 handles.append(handle)
                 labels.append(label)
     fig.legend(handles, labels, loc="outside right center", fontsize=8, title="plan")
+    where = worlds[0]
+    fig.suptitle(f"Measured on {where.device.upper()} ({where.device_name}) against torchrec's estimates")
     return fig
+
+
+def _clock_name(clock: str) -> str:
+    return "thread CPU time" if clock == "cpu" else "wall time, synchronized"
 
 
 def estimate_over_measured(world: MeasuredWorld) -> list[float]:

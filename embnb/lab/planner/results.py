@@ -20,6 +20,7 @@ import pandas as pd
 import torchrec
 
 from embnb.lab.planner.ablation import ablation_records
+from embnb.lab.planner.calibrated import CalibrationBench, calibration_record
 from embnb.lab.planner.explain import PlanExtremes, SmallKnapsack
 from embnb.lab.planner.hosts import HostLayout
 from embnb.lab.planner.measured import MeasuredWorlds
@@ -37,6 +38,7 @@ __all__ = [
     "PlannerNotebook",
     "notebook_results",
     "budget_advantage",
+    "uvm_regime",
 ]
 
 
@@ -106,6 +108,7 @@ class PlannerNotebook:
     planned: Planned
     in_use: InUse
     measured: MeasuredWorlds  # section 10
+    calibration: CalibrationBench  # section 11: the committed calibrate bench, loaded
     hosts: tuple[HostLayout, ...]  # every topology planned on
 
 
@@ -120,18 +123,23 @@ def notebook_results(notebook: PlannerNotebook, notebook_s: float) -> dict[str, 
     one-line summary. Ratings are torchrec's estimates (NoopPerfModel over
     its estimated perfs), in ms."""
     settings, planned, in_use = notebook.settings, notebook.planned, notebook.in_use
+    calibration = calibration_record(notebook.calibration)
+    regime = uvm_regime(planned.comparison, planned.sweep, notebook.measured)
     return {
         "summary": _measured_lead(notebook.measured)
-        + _summary(settings, planned.comparison, planned.sweep)
+        + _calibration_lead(calibration)
+        + _summary(settings, planned.comparison, planned.sweep, regime)
         + _summary_tail(planned.study, notebook.examples.pitfall, in_use.end_to_end),
         **dataclasses.asdict(settings),
         "enumerate_s": planned.enumerated.seconds,
         "proposers": _proposer_records(planned.comparison),
         "budget_sweep": json.loads(
-            planned.sweep[["proposer", "hbm_cap_gb", "memory_ratio", "perf_rating", "plan_s"]].to_json(
-                orient="records"
-            )
+            planned.sweep[
+                ["proposer", "hbm_cap_gb", "memory_ratio", "perf_rating", "plan_s", "uvm_tables"]
+            ].to_json(orient="records")
         ),
+        "uvm_regime": regime,
+        "calibration": calibration,
         "ablation": ablation_records(planned.ablation),
         **_example_records(notebook.examples),
         "quality": _quality_records(planned.study, quality_summary(planned.study)),
@@ -192,6 +200,51 @@ def budget_advantage(sweep: pd.DataFrame, other: str = "Greedy", reference: str 
     return (ratings[other] / ratings[reference]).sort_index(ascending=False)
 
 
+def uvm_regime(comparison: pd.DataFrame, sweep: pd.DataFrame, measured: MeasuredWorlds) -> dict[str, Any]:
+    """Which estimated ratings no measurement here backs: plans keeping tables'
+    rows in DDR (UVM kernels, which FBGEMM runs only on a GPU). `estimated_only`:
+    no plan section 10 measured used a UVM kernel. Also embnb DP's UVM tables
+    at the notebook's budget and the budgets of the sweep where its plan has any."""
+    ours = sweep[sweep.proposer == "embnb DP"]
+    with_uvm = ours[ours.uvm_tables > 0]
+    measured_uvm = sum(p.uvm_tables for world in measured.worlds for p in world.measured())
+    return {
+        "estimated_only": measured_uvm == 0,
+        "measured_device": measured.worlds[0].device,
+        "measured_uvm_tables": int(measured_uvm),
+        "embnb_dp_uvm_tables": int(comparison.loc["embnb DP", "uvm_tables"]),
+        "sweep_budgets_with_uvm": [float(cap) for cap in with_uvm.hbm_cap_gb],
+        "sweep_memory_ratios_with_uvm": [float(r) for r in with_uvm.memory_ratio],
+    }
+
+
+def _uvm_note(regime: dict[str, Any], tables: int) -> str:
+    if not (regime["estimated_only"] and tables):
+        return ""
+    return (
+        f" (estimated only: {tables} tables in UVM, kernels FBGEMM runs only on a GPU; "
+        "no plan measured here has any)"
+    )
+
+
+def _calibration_lead(record: dict[str, Any]) -> str:
+    """The calibration's held-out errors against the goal, and how often
+    embnb DP on the calibrated estimator measured fastest (the committed bench)."""
+    errors, goal = record["heldout_errors"], record["goal"]
+    worlds = record["worlds"]
+    ours = sum(w["fastest"] == "embnb DP (calibrated)" for w in worlds)
+    placed = sum(w["fastest_same_as"] == "embnb DP (calibrated)" for w in worlds)  # its placement, twice
+    again = f" (its placement, returned again by another planner, in {placed - ours})" * (placed > ours)
+    return (
+        f"Calibrated estimator (committed bench, {record['device'].upper()} {record['device_name']}): "
+        f"held-out per-rank error of the lookups median {errors['calibrated']['median']:.0%}, worst "
+        f"{errors['calibrated']['worst']:.0%} (torchrec's default "
+        f"{errors['torchrec_default']['median']:.0%}, {errors['torchrec_default']['worst']:.0%}), "
+        + ("goal met" if record["goal_met"] else f"the {goal:.0%} goal not met")
+        + f"; embnb DP on it measured fastest in {ours} of {len(worlds)} held-out worlds{again}. "
+    )
+
+
 def _measured_lead(measured: MeasuredWorlds) -> str:
     """The summary's lead: what section 10 measured, before any estimate: the
     planners' plan that measured fastest at each world size, with embnb DP's
@@ -209,25 +262,35 @@ def _measured_lead(measured: MeasuredWorlds) -> str:
             f"rating and step {among_text} among the planners' plans, "
             f"{world.spearman('step_ms'):.2f} with the poor ones)"
         )
-    return f"Measured rank by rank (CPU, thread CPU time, the slowest rank's step): {'; '.join(parts)}. "
+    first = measured.worlds[0]
+    clock = "thread CPU time" if first.clock == "cpu" else "wall time"
+    where = f"{first.device.upper()} {first.device_name}, {clock}"
+    return f"Measured rank by rank ({where}, the slowest rank's step): {'; '.join(parts)}. "
 
 
-def _summary(settings: Settings, comparison: pd.DataFrame, sweep: pd.DataFrame) -> str:
+def _summary(
+    settings: Settings, comparison: pd.DataFrame, sweep: pd.DataFrame, regime: dict[str, Any]
+) -> str:
     """The summary's first half: the estimated ratings and planning times at
     the notebook's budget, and Greedy's ratio to the DP across the sweep."""
     proposers = _proposer_records(comparison)
     ours, theirs, greedy = (_rating(comparison, n) for n in ("embnb DP", "torchrec DP", "Greedy"))
     mine, peer = proposers["embnb DP"], proposers["torchrec DP"]
     advantage = budget_advantage(sweep).dropna()
+    ours_uvm = sweep[sweep.proposer == "embnb DP"].set_index("hbm_cap_gb").uvm_tables
     swept = "; Greedy's estimated rating over embnb DP's by HBM per device (memory ratio): " * bool(
         len(advantage)
     ) + ", ".join(
-        f"{cap:.3g} GiB ({_memory_ratio_at(sweep, cap):.2f}) {ratio:.3g}x" for cap, ratio in advantage.items()
+        f"{cap:.3g} GiB ({_memory_ratio_at(sweep, cap):.2f}) {ratio:.3g}x"
+        + (" (estimated only: UVM)" if regime["estimated_only"] and ours_uvm.get(cap, 0) else "")
+        for cap, ratio in advantage.items()
     )
     return (
         f"{settings.num_tables} tables on {settings.world_size}x{settings.hbm_cap_gb} GiB "
         f"({settings.storage_reservation_percentage:.0%} reserved), torchrec's "
-        f"estimated rating of each plan: embnb DP {ours:.3g} ms in {mine['plan_s']:.2g} s "
+        f"estimated rating of each plan: embnb DP {ours:.3g} ms"
+        + _uvm_note(regime, regime["embnb_dp_uvm_tables"])
+        + f" in {mine['plan_s']:.2g} s "
         f"({mine['end_to_end_s']:.2g} s with enumeration), torchrec DP "
         + (f"{theirs:.3g} ms" if theirs else "no plan")
         + f" in {peer['plan_s']:.2g} s ({peer['end_to_end_s']:.2g} s), Greedy "

@@ -9,8 +9,11 @@ from embnb.lab.planner.measured import (
     MeasuredPlan,
     MeasuredWorld,
     estimate_over_measured,
+    measure_device,
+    measure_world,
     measured_vs_estimated,
 )
+from embnb.steptime.kernels import fbgemm_cuda_available
 
 
 def _plan(name, rating, lookups, estimates, dense=1.0):
@@ -31,6 +34,7 @@ WORLD = MeasuredWorld(
     threads=1,
     warmup=1,
     repeats=2,
+    device_name="test CPU",
 )
 
 
@@ -50,5 +54,22 @@ def test_figure_draws_each_plan_and_each_rank_with_a_shard():
     ranks = [tuple(map(tuple, c.get_offsets())) for c in bottom.collections]
     assert ranks == [((1.0, 2.0), (0.5, 1.0)), ((4.0, 8.0),)]  # the rank with no shard left out
     assert "1 ranks with no shard left out" in bottom.get_title()
+    assert "CPU (test CPU)" in fig._suptitle.get_text()  # the figure names its device
     with pytest.raises(ValueError, match="worlds is empty"):
         measured_vs_estimated([])
+
+
+def test_measure_device_runs_cuda_only_with_fbgemms_cuda_kernels():
+    assert measure_device("cpu") == measure_device("cpu") and measure_device("cpu").note == ""
+    assert (measure_device("cpu").device, measure_device("cpu").clock) == ("cpu", "cpu")
+    for asked in ("cuda", "auto"):
+        where = measure_device(asked)
+        if fbgemm_cuda_available():
+            assert (where.device, where.clock, where.note) == ("cuda", "wall", "")
+        else:  # skipped, and says so: never a crash
+            assert (where.device, where.clock) == ("cpu", "cpu")
+            assert f"device={asked!r}" in where.note and "CUDA measurement is skipped" in where.note
+    with pytest.raises(ValueError, match="'gpu' is not one of"):
+        measure_device("gpu")
+    with pytest.raises(ValueError, match="'auto' is not one of"):
+        measure_world(None, 2, 4, device="auto")  # measure_device resolves it first

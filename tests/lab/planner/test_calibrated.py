@@ -1,0 +1,94 @@
+"""embnb.lab.planner.calibrated on a bench file written here, with numbers
+chosen so the errors, the fastest plan and the repeat gaps are known by hand
+(the notebook test checks the committed bench)."""
+
+import json
+
+import pytest
+
+from embnb.lab.planner.calibrated import (
+    RESULTS_DIR,
+    calibration_record,
+    calibration_scatter,
+    fastest_plans,
+    heldout_ranks,
+    load_calibration_bench,
+    repeat_gaps,
+)
+
+
+def _plan(name, same_as, steps, ranks):
+    low, median, high = steps
+    return {
+        "plan": name,
+        "estimator": "calibrated" if "calibrated" in name else "torchrec default",
+        "measured": True,
+        "same_as": same_as,
+        "step_ms": {"median": median, "low": low, "high": high},
+        "ranks": [
+            {"rank": i, "lookup_ms": m, "torchrec_estimate_ms": d, "calibrated_estimate_ms": c, "shards": s}
+            for i, (m, d, c, s) in enumerate(ranks)
+        ],
+    }
+
+
+def _bench(date, device="cpu"):
+    committed = json.loads(next(RESULTS_DIR.glob("calibrate-*.json")).read_text())
+    plans = [
+        # measured, torchrec's default, calibrated, shards: errors 0.5/0.1, 0.9/0.2, and a rank with none
+        _plan("embnb DP", "embnb DP", (9.0, 10.0, 11.0), [(10.0, 5.0, 11.0, 1), (4.0, 0.4, 4.8, 2)]),
+        _plan("Greedy", "Greedy", (11.5, 12.0, 12.5), [(10.0, 15.0, 7.0, 1), (1.0, 0.0, 0.0, 0)]),
+        _plan("embnb DP (calibrated)", "embnb DP", (10.5, 11.0, 12.0), [(8.0, 8.0, 8.0, 1)]),
+        {"plan": "torchrec DP", "estimator": "torchrec default", "measured": False},
+    ]
+    return {
+        "device": device,
+        "machine": "test machine",
+        "clock": "cpu",
+        "date": date,
+        "repeats": 3,
+        "model": {"tables": 2, "max_rows": 1000},
+        "batch_size": 4,
+        "train": {"ranks": 7},
+        "calibration": committed["calibration"],
+        "heldout": [{"seed": 0, "world_size": 2, "plans": plans, "fastest": "embnb DP"}],
+    }
+
+
+@pytest.fixture()
+def results(tmp_path):
+    for date in ("2026-01-01", "2026-02-01"):
+        (tmp_path / f"calibrate-{date}-x.json").write_text(json.dumps(_bench(date)))
+    return tmp_path
+
+
+def test_loads_the_newest_bench_of_the_device_kind(results):
+    bench = load_calibration_bench("cpu", results)
+    assert bench.data["date"] == "2026-02-01" and bench.device_name == "test machine"
+    assert bench.calibration.device_kind == "cpu"  # the committed coefficients, loaded as they are
+    with pytest.raises(FileNotFoundError, match="no calibrate bench measured on 'cuda'"):
+        load_calibration_bench("cuda", results)
+    with pytest.raises(ValueError, match="'gpu' is not one of"):
+        load_calibration_bench("gpu", results)
+
+
+def test_errors_fastest_plan_and_repeat_gaps(results):
+    bench = load_calibration_bench("cpu", results)
+    ranks = heldout_ranks(bench)
+    assert len(ranks) == 4  # the rank holding no shard and the unmeasured plan left out
+    record = calibration_record(bench)
+    default, calibrated = record["heldout_errors"]["torchrec_default"], record["heldout_errors"]["calibrated"]
+    # |5/10-1|, |0.4/4-1|, |15/10-1|, |8/8-1| = 0.5, 0.9, 0.5, 0: median 0.5, worst 0.9
+    assert default == {"median": pytest.approx(0.5), "worst": pytest.approx(0.9), "ranks": 4}
+    # 0.1, 0.2, 0.3, 0: median 0.15, worst 0.3; the goal (0.10) not met
+    assert calibrated["median"] == pytest.approx(0.15) and calibrated["worst"] == pytest.approx(0.3)
+    assert record["goal_met"] is False
+    (world,) = fastest_plans(bench).to_dict(orient="records")
+    assert world["fastest"] == "embnb DP" and world["runner_up"] == "embnb DP (calibrated)"
+    assert world["fastest_same_as"] == "embnb DP"
+    assert world["margin"] == pytest.approx(0.1) and world["fastest_spread"] == pytest.approx(11 / 9 - 1)
+    assert world["within_spread"] and world["embnb_dp_calibrated_over_fastest"] == pytest.approx(1.1)
+    assert repeat_gaps(bench).gap.tolist() == pytest.approx([0.1])  # the same placement, 11 against 10 ms
+    fig = calibration_scatter(ranks, bench)
+    assert "CPU (test machine)" in fig._suptitle.get_text()
+    assert "median 50%, worst 90%" in fig.axes[0].get_title()
