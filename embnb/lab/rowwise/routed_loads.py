@@ -365,6 +365,21 @@ def busiest_slower(c: RoutedCase) -> bool:
     return bool(rest) and statistics.median(busiest) > statistics.median(rest)
 
 
+def time_follows_ids(loads: RoutedLoads) -> tuple[int, int]:
+    """Over the (stream, W) pairs whose routings differ (`_spread` >= SAME): in how many the routing
+    with the lowest ids max/mean also has the lowest time max/mean; and how many pairs."""
+    agree = differ = 0
+    for case in loads.config.cases:
+        for w in loads.config.world_sizes:
+            if _spread(loads, case, w) < SAME:
+                continue
+            cases = [loads.case(case, w, r) for r in loads.config.routings]
+            differ += 1
+            by_ids = min(cases, key=lambda c: c.ids_max_over_mean)
+            agree += by_ids is min(cases, key=lambda c: c.time_max_over_mean)
+    return agree, differ
+
+
 IMBALANCED = 2.0  # ids max/mean from which a case counts as imbalanced in `describe`
 SAME = 1.1  # routings whose ids max/mean are within this factor balance a stream alike
 
@@ -389,6 +404,11 @@ def describe(loads: RoutedLoads) -> list[str]:
             else "the routings differ"
         )
         lines.append(f"{case} ids, max/mean of ids per rank (of lookup time): {per_w}; {verdict}.")
+    agree, differ = time_follows_ids(loads)
+    lines.append(
+        f"Where the routings differ (ids max/mean {SAME:g}x apart or more), the routing with the most "
+        f"balanced ids also measured the most balanced lookup time in {agree} of {differ} (stream, W) pairs."
+    )
     heavy = [c for c in loads.cases if c.ids_max_over_mean >= IMBALANCED]
     slower = sum(busiest_slower(c) for c in heavy)
     lines.append(
@@ -428,10 +448,13 @@ def summary_part(loads: RoutedLoads, training: list[dict]) -> str:
     heavy = [c for c in loads.cases if c.ids_max_over_mean >= IMBALANCED]
     slower = sum(busiest_slower(c) for c in heavy)
     below = sum(c.time_max_over_mean < c.ids_max_over_mean for c in heavy)
+    agree, differ = time_follows_ids(loads)
     received = all(row["received_equals_layout"] for row in training)
     return (
         f"torchrec row-wise with embnb's sharders, ids max/mean per rank ({' / '.join(config.routings)}): "
-        f"{streams}; measured (CPU, replayed rank by rank), lookup time max/mean is below ids max/mean in "
+        f"{streams}; measured (CPU, replayed rank by rank), the routing with the most balanced ids had "
+        f"the most balanced lookup time in {agree} of {differ} (stream, W) pairs where the routings differ, "
+        f"lookup time max/mean is below ids max/mean in "
         f"{below} of {len(heavy)} cases with ids max/mean >= {IMBALANCED:g}, and the ranks owning the most "
         f"ids measured slower in {slower} of them; DMP ranks received the layout's ids: {received}"
     )

@@ -72,7 +72,8 @@ def test_describe_says_when_routing_changes_nothing_and_counts_the_slower_busy_r
     )
     lines = describe(skewed)
     assert lines[0].endswith("the routings differ.")
-    assert lines[1].startswith("In 1 of 1 cases with ids max/mean >= 2")
+    assert lines[1].endswith("also measured the most balanced lookup time in 1 of 1 (stream, W) pairs.")
+    assert lines[2].startswith("In 1 of 1 cases with ids max/mean >= 2")
     assert routed_loads.busiest_slower(skewed.cases[1])
     assert not routed_loads.busiest_slower(_case("roundrobin", [20, 0], [0.5, 2.0]))
 
