@@ -12,7 +12,7 @@ the layout; each rank's lookups are then replayed with real kernels, one rank
 after another on this device (`embnb.steptime.measure_routing` on the storage
 slots, torchrec's contiguous blocks: what the routed sharder feeds
 torchrec's row-wise path). `train_rank` trains a small DMP model with the
-sharder over real gloo ranks and counts the ids each rank's lookup received.
+sharder over real gloo ranks and counts the ids torchrec's input all-to-all delivers to each rank.
 
     loads = measure_loads(LoadsConfig(world_sizes=(8, 64)))
     results = launch_each([(train_rank, (routing, TrainConfig())) for routing in ROUTINGS], 2)
@@ -234,7 +234,7 @@ def _local_batch(config: TrainConfig, rank: int, step: int):
 def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) -> dict:
     """On this rank: shard one EBC table row-wise with the routed sharder under DMP, train
     `config.steps` steps (fused SGD on the table, SGD on the head) and count, per step, the ids
-    this rank's lookup received from torchrec's input all-to-all. Returns the losses, the ids
+    torchrec's input all-to-all delivers to this rank. Returns the losses, the ids
     received, this rank's local rows, and its local batches' ids (for the parent's oracle)."""
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -286,13 +286,16 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
     )
     received: list[int] = []
     sharded = dmp.module.ebc
-    (lookup,) = sharded._lookups  # one row-wise group: what the input all-to-all delivered to this rank
-    lookup.register_forward_pre_hook(lambda _m, args: received.append(int(_kjt_ids(args[0]))))
     head = torch.optim.SGD([p for n, p in dmp.named_parameters() if "head" in n], lr=config.learning_rate)
     losses, local_ids = [], []
     for step in range(config.steps):
         ids, kjt, label = _local_batch(config, rank, step)
         local_ids.append(ids)
+        # what torchrec's row-wise input all-to-all delivers to this rank for this batch (the
+        # sharder's public input_dist, run once more beside the step: every rank calls it in turn)
+        with torch.no_grad():
+            delivered = sharded.input_dist(sharded.create_context(), kjt).wait().wait()
+        received.append(_kjt_ids(delivered))
         head.zero_grad()
         loss = ((dmp(kjt) - label) ** 2).mean()
         loss.backward()
@@ -309,8 +312,8 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
 
 
 def _kjt_ids(features) -> int:
-    """Ids in what a lookup is called with (a KeyedJaggedTensor, or a list of them)."""
-    if isinstance(features, (list, tuple)):
+    """Ids in a KeyedJaggedTensor, or in a list of them (torchrec's KJTList)."""
+    if not hasattr(features, "values"):
         return sum(_kjt_ids(f) for f in features)
     return features.values().numel()
 
@@ -365,19 +368,28 @@ def busiest_slower(c: RoutedCase) -> bool:
     return bool(rest) and statistics.median(busiest) > statistics.median(rest)
 
 
-def time_follows_ids(loads: RoutedLoads) -> tuple[int, int]:
-    """Over the (stream, W) pairs whose routings differ (`_spread` >= SAME): in how many the routing
-    with the lowest ids max/mean also has the lowest time max/mean; and how many pairs."""
-    agree = differ = 0
+def worst_routing_steps(loads: RoutedLoads) -> list[dict]:
+    """Per (stream, W) pair whose routings differ (`_spread` >= SAME): the routing with the least
+    balanced ids, whether its slowest rank is the slowest of all routings' (the step waits for
+    it), and its slowest rank's lookup time over the fastest slowest rank of the other routings."""
+    rows = []
     for case in loads.config.cases:
         for w in loads.config.world_sizes:
             if _spread(loads, case, w) < SAME:
                 continue
             cases = [loads.case(case, w, r) for r in loads.config.routings]
-            differ += 1
-            by_ids = min(cases, key=lambda c: c.ids_max_over_mean)
-            agree += by_ids is min(cases, key=lambda c: c.time_max_over_mean)
-    return agree, differ
+            worst = max(cases, key=lambda c: c.ids_max_over_mean)
+            others = [max(c.lookup_ms) for c in cases if c is not worst]
+            rows.append(
+                {
+                    "case": case,
+                    "world_size": w,
+                    "routing": worst.routing,
+                    "slowest_of_all": max(worst.lookup_ms) > max(others),
+                    "step_ratio": max(worst.lookup_ms) / min(others),
+                }
+            )
+    return rows
 
 
 IMBALANCED = 2.0  # ids max/mean from which a case counts as imbalanced in `describe`
@@ -404,10 +416,14 @@ def describe(loads: RoutedLoads) -> list[str]:
             else "the routings differ"
         )
         lines.append(f"{case} ids, max/mean of ids per rank (of lookup time): {per_w}; {verdict}.")
-    agree, differ = time_follows_ids(loads)
+    steps = worst_routing_steps(loads)
     lines.append(
-        f"Where the routings differ (ids max/mean {SAME:g}x apart or more), the routing with the most "
-        f"balanced ids also measured the most balanced lookup time in {agree} of {differ} (stream, W) pairs."
+        f"Where the routings differ (ids max/mean {SAME:g}x apart or more), the routing with the least "
+        f"balanced ids had the slowest rank of all routings in {sum(r['slowest_of_all'] for r in steps)} of "
+        f"{len(steps)} (stream, W) pairs; its slowest rank's lookup over the other routings' fastest "
+        "slowest rank: "
+        + ", ".join(f"{r['case']} W={r['world_size']} {r['routing']} {r['step_ratio']:.2f}x" for r in steps)
+        + "."
     )
     heavy = [c for c in loads.cases if c.ids_max_over_mean >= IMBALANCED]
     slower = sum(busiest_slower(c) for c in heavy)
@@ -448,12 +464,15 @@ def summary_part(loads: RoutedLoads, training: list[dict]) -> str:
     heavy = [c for c in loads.cases if c.ids_max_over_mean >= IMBALANCED]
     slower = sum(busiest_slower(c) for c in heavy)
     below = sum(c.time_max_over_mean < c.ids_max_over_mean for c in heavy)
-    agree, differ = time_follows_ids(loads)
+    steps = worst_routing_steps(loads)
     received = all(row["received_equals_layout"] for row in training)
     return (
         f"torchrec row-wise with embnb's sharders, ids max/mean per rank ({' / '.join(config.routings)}): "
-        f"{streams}; measured (CPU, replayed rank by rank), the routing with the most balanced ids had "
-        f"the most balanced lookup time in {agree} of {differ} (stream, W) pairs where the routings differ, "
+        f"{streams}; measured (CPU, replayed rank by rank), the routing with the least balanced ids had "
+        f"the slowest rank in {sum(r['slowest_of_all'] for r in steps)} of {len(steps)} (stream, W) pairs "
+        "where the routings differ ("
+        + ", ".join(f"{r['case']} W={r['world_size']} {r['routing']} {r['step_ratio']:.2f}x" for r in steps)
+        + " the others' fastest slowest rank), "
         f"lookup time max/mean is below ids max/mean in "
         f"{below} of {len(heavy)} cases with ids max/mean >= {IMBALANCED:g}, and the ranks owning the most "
         f"ids measured slower in {slower} of them; DMP ranks received the layout's ids: {received}"

@@ -72,7 +72,9 @@ def test_describe_says_when_routing_changes_nothing_and_counts_the_slower_busy_r
     )
     lines = describe(skewed)
     assert lines[0].endswith("the routings differ.")
-    assert lines[1].endswith("also measured the most balanced lookup time in 1 of 1 (stream, W) pairs.")
+    # roundrobin: least balanced ids, slowest rank 2.0 ms against continuous's 1.0
+    assert "had the slowest rank of all routings in 1 of 1 (stream, W) pairs" in lines[1]
+    assert lines[1].endswith("hashed W=2 roundrobin 2.00x.")
     assert lines[2].startswith("In 1 of 1 cases with ids max/mean >= 2")
     assert routed_loads.busiest_slower(skewed.cases[1])
     assert not routed_loads.busiest_slower(_case("roundrobin", [20, 0], [0.5, 2.0]))
