@@ -7,15 +7,17 @@ here, not from re-running the notebook's own code.
 """
 
 import itertools
+import math
 import os
 from collections import Counter
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from embnb.data import make_keys, zipf_probs
-from embnb.lab.rowwise.reference import fmix64, owner_of
+from embnb.lab.rowwise.reference import fmix64
+from embnb.lab.rowwise.routed_loads import case_ids
+from tests.sharder_ranks import owner_local
 
 WORLD_SIZE = 8
 WORLD_SIZES = [5, 6, 12]  # with WORLD_SIZE: co-prime to the stride, and sharing 2, 4, 12 with it
@@ -29,6 +31,10 @@ ZIPF_ALPHAS = [0.8, 1.05, 1.2, 1.5]
 PIPELINE_TABLE_ROWS = [100_000_000, 2**27]
 SNOWFLAKE_TABLE_ROWS = 100_000_000  # the notebook's default
 HASH_KEYS_PER_RANK = [100, 1_000, 10_000]
+ROUTED_WORLD_SIZES = [8, 64]  # what issue #47 asks for, at small sizes
+ROUTED_STRIDE = 8
+ROUTED_ALPHA = 1.05
+ROUTINGS = ("continuous", "roundrobin", "feistel_roundrobin")
 PARAMETERS = {
     "world_size": WORLD_SIZE,
     "num_keys": 50_000,
@@ -51,12 +57,17 @@ PARAMETERS = {
     "kernel_sizes": [20_000],
     "kernel_threads": [1, 0],
     "kernel_repeats": 2,
-    "measured_world_sizes": [4, 8],
-    "measured_alphas": [0.8, 1.5],
-    "measured_keys_per_rank": 8192,
-    "measured_bag_size": 16,
-    "measured_table_rows": 200_000,
-    "measured_repeats": 3,
+    "train_world_size": 2,
+    "train_steps": 3,
+    "train_num_embeddings": 1024,
+    "routed_world_sizes": ROUTED_WORLD_SIZES,
+    "routed_ids_per_rank": 1024,
+    "routed_bag_size": 16,
+    "routed_num_embeddings": 65_536,
+    "routed_embedding_dim": 16,
+    "routed_stride": ROUTED_STRIDE,
+    "routed_alpha": ROUTED_ALPHA,
+    "routed_repeats": 2,
 }
 SPREAD = ["uniform", "sequential", "strided", "tagged", "snowflake"]  # not hot
 
@@ -304,99 +315,6 @@ def test_kernel_table_checks_outputs_before_timing_at_each_thread_count(run):
     assert all((r["embnb_over_fbgemm"] is not None) == (r["dist_type"] == "continuous") for r in rows)
 
 
-def test_measured_ranks_own_the_ids_plain_python_routes_to_them(run):
-    """Section 8: each rank's ids, recomputed from the Zipf stream hashed into
-    the table and routed with the plain-Python rule."""
-    measured = run.results["measured"]
-    rows_in_table = PARAMETERS["measured_table_rows"]
-    cases = {(c["dist_type"], c["world_size"], c["alpha"]): c for c in measured["cases"]}
-    assert len(cases) == 3 * len(PARAMETERS["measured_world_sizes"]) * len(PARAMETERS["measured_alphas"])
-    for world_size, alpha in itertools.product(
-        PARAMETERS["measured_world_sizes"], PARAMETERS["measured_alphas"]
-    ):
-        raw = make_keys(
-            "zipf", world_size * PARAMETERS["measured_keys_per_rank"], seed=0, alpha=alpha
-        ).tolist()
-        rows = [fmix64(i) % rows_in_table for i in raw]
-        block = -(-rows_in_table // world_size)
-        for dist_type in ("continuous", "roundrobin", "hash_roundrobin"):
-            owners = [owner_of(r, world_size, dist_type, block_size=block) for r in rows]
-            counts = Counter(owners)
-            case = cases[(dist_type, world_size, alpha)]
-            assert case["keys_per_rank"] == [counts[r] for r in range(world_size)], (
-                dist_type,
-                world_size,
-                alpha,
-            )
-            assert len(case["lookup_ms"]) == world_size == len(case["lookup_wall_ms"])
-            assert min(case["lookup_ms"]) > 0
-    assert measured["clock"] == "cpu" and measured["threads"] == 1
-
-
-def test_measured_relations_recomputed_from_the_per_rank_numbers(run):
-    """Every printed max/mean, busiest and slowest rank, ratio and Spearman, from the raw per-rank lists."""
-    measured = run.results["measured"]
-    for case in measured["cases"]:
-        keys, cpu, wall = case["keys_per_rank"], case["lookup_ms"], case["lookup_wall_ms"]
-        assert case["counted_max_over_mean"] == pytest.approx(max(keys) / np.mean(keys))
-        assert case["measured_max_over_mean"] == pytest.approx(max(cpu) / np.mean(cpu))
-        assert case["measured_wall_max_over_mean"] == pytest.approx(max(wall) / np.mean(wall))
-        busiest, slowest = int(np.argmax(keys)), int(np.argmax(cpu))
-        assert (case["busiest_rank"], case["slowest_rank"]) == (busiest, slowest)
-        assert case["busiest_is_slowest"] == (busiest == slowest)
-        assert case["step_over_busiest"] == pytest.approx(max(cpu) / cpu[busiest])
-        assert case["spearman"] == pytest.approx(pd.Series(keys).rank().corr(pd.Series(cpu).rank()))
-    cases = measured["cases"]
-    same = sum(c["busiest_rank"] == c["slowest_rank"] for c in cases)
-    assert measured["busiest_is_slowest"] == same
-    assert measured["findings"][0].startswith(
-        f"The busiest owner by ids is the slowest rank by measured cpu time in {same} of {len(cases)} cases"
-    )
-    below = sum(c["measured_max_over_mean"] < c["counted_max_over_mean"] for c in cases)
-    assert measured["measured_below_counted"] == below
-    assert any(
-        f.startswith(f"Measured max/mean is below counted max/mean in {below} of")
-        for f in measured["findings"]
-    )
-
-
-def test_at_the_hottest_alpha_the_busiest_owner_is_slow_but_not_in_proportion(run):
-    """What section 8 shows at the largest alpha, in relations that timer noise
-    does not flip at these sizes (checked over repeated runs): the rank owning
-    the most ids measures slower than the median rank in most cases, the ids
-    and the times rise together over ranks, and the time's max/mean stays
-    below the ids' (medians over the cases)."""
-    cases = run.results["measured"]["cases"]
-    hottest = max(PARAMETERS["measured_alphas"])
-    top = [c for c in cases if c["alpha"] == hottest]
-    above = sum(c["lookup_ms"][c["busiest_rank"]] > np.median(c["lookup_ms"]) for c in top)
-    assert above > len(top) / 2, above
-    assert np.median([c["spearman"] for c in top]) > 0
-    measured = np.median([c["measured_max_over_mean"] for c in top])
-    assert measured < np.median([c["counted_max_over_mean"] for c in top])
-
-
-def test_the_summary_says_per_alpha_how_far_counts_overstate_time_and_how_often_busiest_is_slowest(run):
-    """Sections 2-4's cost (ids) against section 8's measured time, per alpha,
-    recomputed from the cases: medians, their ratio, the busiest-is-slowest count."""
-    summary = run.results["summary"]
-    cases = run.results["measured"]["cases"]
-    over = []
-    for alpha in sorted({c["alpha"] for c in cases}):
-        at = [c for c in cases if c["alpha"] == alpha]
-        counted = float(np.median([c["counted_max_over_mean"] for c in at]))
-        measured = float(np.median([c["measured_max_over_mean"] for c in at]))
-        assert (
-            f"alpha {alpha:g}: {counted:.2f} counted, {measured:.2f} measured ({counted / measured:.2f}x)"
-            in summary
-        )
-        same = sum(c["busiest_rank"] == c["slowest_rank"] for c in at)
-        assert f"alpha {alpha:g}: {same} of {len(at)}" in summary
-        if counted > measured:
-            over.append(f"{alpha:g}")
-    assert f"counted imbalance overstates time imbalance at alpha {', '.join(over) or 'none'}" in summary
-
-
 def test_the_fbgemm_ratio_is_stated_with_its_range_over_rounds(run):
     rows = [r for r in run.results["kernel"]["rows"] if r["embnb_over_fbgemm"] is not None]
     sentence = run.results["kernel"]["fbgemm_ratio_sentence"]
@@ -409,3 +327,142 @@ def test_the_fbgemm_ratio_is_stated_with_its_range_over_rounds(run):
         )
         if r["threads"] == 1:
             assert f"{r['embnb_over_fbgemm']:.2f}x ({min(per_round):.2f}-{max(per_round):.2f}," in sentence
+
+
+def test_the_page_core_agrees_with_the_library(run):
+    """Section 1's rule, written in the page's cell, against embnb.rowwise on the same keys."""
+    assert run.results["page_core_agrees"] == dict.fromkeys(
+        ("fmix64", "continuous", "roundrobin", "hash_roundrobin"), True
+    )
+
+
+def routed(run) -> dict:
+    return {(c["case"], c["world_size"], c["routing"]): c for c in run.results["routed"]["cases"]}
+
+
+def test_routed_ids_per_rank_are_the_routings_rules_in_plain_ints(run):
+    """Section 8's counts, recomputed from each stream's ids with the rule each routing promises
+    (tests/sharder_ranks.owner_local: plain ints, the Feistel network written again); the
+    replayed lookups received the same ids, and every rank was timed."""
+    cases = routed(run)
+    n, per_rank = PARAMETERS["routed_num_embeddings"], PARAMETERS["routed_ids_per_rank"]
+    assert len(cases) == 3 * len(ROUTED_WORLD_SIZES) * len(ROUTINGS)
+    for stream, w in itertools.product(("frequency", "strided", "hashed"), ROUTED_WORLD_SIZES):
+        ids = case_ids(stream, w * per_rank, n, ROUTED_STRIDE, ROUTED_ALPHA, 0).tolist()
+        for routing in ROUTINGS:
+            c = cases[(stream, w, routing)]
+            counts = Counter(owner_local(routing, i, n, w)[0] for i in ids)
+            assert c["ids_per_rank"] == [counts[r] for r in range(w)], (stream, w, routing)
+            assert c["ids_replayed"] == c["ids_per_rank"]
+            storage = n if routing == "continuous" else w * -(-n // w)
+            assert sum(c["rows_per_rank"]) == storage and len(c["lookup_ms"]) == w
+            assert min(c["lookup_ms"]) > 0
+            assert c["ids_max_over_mean"] == pytest.approx(max(c["ids_per_rank"]) * w / (w * per_rank))
+
+
+def test_what_each_routing_does_to_each_stream(run):
+    """The summary's claims per stream, from the counts (the layouts; no timing involved)."""
+    cases, per_rank = routed(run), PARAMETERS["routed_ids_per_rank"]
+    ratio = {k: c["ids_max_over_mean"] for k, c in cases.items()}
+    p1 = float(zipf_probs(PARAMETERS["routed_num_embeddings"], ROUTED_ALPHA)[0])
+    for w in ROUTED_WORLD_SIZES:
+        total = w * per_rank
+        # frequency: torchrec's blocks pile the hot ids onto rank 0; round-robin spreads them, but
+        # not below the hottest id's own weight (5 binomial sigmas under its expected count)
+        blind = [ratio[("frequency", w, r)] for r in ("roundrobin", "feistel_roundrobin")]
+        assert ratio[("frequency", w, "continuous")] > 2 * max(blind)
+        assert cases[("frequency", w, "continuous")]["busiest_rank"] == 0
+        hottest = p1 * total - 5 * math.sqrt(total * p1 * (1 - p1))
+        for r in ("roundrobin", "feistel_roundrobin"):
+            assert max(cases[("frequency", w, r)]["ids_per_rank"]) >= hottest
+        # strided: id % W reaches W / gcd(stride, W) ranks; the others spread
+        assert ratio[("strided", w, "roundrobin")] == pytest.approx(math.gcd(ROUTED_STRIDE, w), rel=0.1)
+        assert ratio[("strided", w, "continuous")] < 1.5 and ratio[("strided", w, "feistel_roundrobin")] < 1.5
+        # hashed: balanced whatever the routing
+        assert all(ratio[("hashed", w, r)] < 1.25 for r in ROUTINGS)
+    findings = run.results["routed"]["findings"]
+    assert findings[2].startswith("hashed ids") and findings[2].endswith("routing changes nothing here.")
+    assert findings[0].endswith("the routings differ.") and findings[1].endswith("the routings differ.")
+
+
+def test_the_busiest_ranks_measured_slower_where_the_ids_are_imbalanced(run):
+    """The count printed and summarized, recomputed from the per-rank lists; and what the summary
+    says of it: in most imbalanced cases (relations timer noise does not flip at these sizes:
+    thousands of ids against none or a few hundred)."""
+    heavy = [c for c in run.results["routed"]["cases"] if c["ids_max_over_mean"] >= 2]
+    slower = 0
+    for c in heavy:
+        top = max(c["ids_per_rank"])
+        busy = [t for n, t in zip(c["ids_per_rank"], c["lookup_ms"]) if n == top]
+        rest = [t for n, t in zip(c["ids_per_rank"], c["lookup_ms"]) if n != top]
+        slower += bool(rest) and np.median(busy) > np.median(rest)
+    line = f"In {slower} of {len(heavy)} cases with ids max/mean >= 2, the ranks owning the most ids"
+    findings = run.results["routed"]["findings"]
+    assert findings[4].startswith(line)
+    below = sum(c["time_max_over_mean"] < c["ids_max_over_mean"] for c in heavy)
+    summary = run.results["summary"]
+    assert f"is below ids max/mean in {below} of {len(heavy)} cases with ids max/mean >= 2" in summary
+    assert f"the ranks owning the most ids measured slower in {slower} of them" in summary
+    assert findings[5].startswith(f"Lookup time max/mean is below ids max/mean in {below}")
+    balanced = [
+        c["time_max_over_mean"] for c in run.results["routed"]["cases"] if c["ids_max_over_mean"] < 1.1
+    ]
+    assert findings[6].endswith(
+        f"is {min(balanced):.2f} to {max(balanced):.2f}: the replay's rank-to-rank spread, not the ids."
+    )
+    assert len(heavy) >= 4 and slower > len(heavy) / 2
+    # the routing with the least balanced ids against the step (its slowest rank), where they differ
+    pairs = []
+    for stream, w in itertools.product(("frequency", "strided", "hashed"), ROUTED_WORLD_SIZES):
+        cases = [routed(run)[(stream, w, r)] for r in ROUTINGS]
+        ids = [c["ids_max_over_mean"] for c in cases]
+        if max(ids) / min(ids) >= 1.1:
+            worst = int(np.argmax(ids))
+            slowest = [max(c["lookup_ms"]) for c in cases]
+            others = slowest[:worst] + slowest[worst + 1 :]
+            pairs.append(
+                (stream, w, ROUTINGS[worst], slowest[worst] > max(others), slowest[worst] / min(others))
+            )
+    assert [(p[0], p[2]) for p in pairs] == [
+        ("frequency", "continuous"),
+        ("frequency", "continuous"),
+        ("strided", "roundrobin"),
+        ("strided", "roundrobin"),
+    ]  # the counts decide which routing is worst: torchrec's blocks on frequency ids, id % W on strides
+    slowest_count = sum(p[3] for p in pairs)
+    assert (
+        f"had the slowest rank of all routings in {slowest_count} of {len(pairs)} (stream, W) pairs"
+        in (findings[3])
+    )
+    for stream, w, routing, _, ratio in pairs:
+        assert (
+            f"{stream} W={w} {routing} {ratio:.2f}x" in findings[3]
+            and f"{stream} W={w} {routing} {ratio:.2f}x" in summary
+        )
+    assert f"had the slowest rank in {slowest_count} of {len(pairs)} (stream, W) pairs" in summary
+    # the headline's caveat, as the summary states it first: time is far less imbalanced than ids
+    # where one rank owns most ids (continuous, ids numbered by frequency, at the largest W)
+    hot = routed(run)[("frequency", max(ROUTED_WORLD_SIZES), "continuous")]
+    assert hot["time_max_over_mean"] < hot["ids_max_over_mean"] / 2
+
+
+def test_the_dmp_ranks_received_the_ids_the_layout_names(run):
+    """The DMP job: per routing and step, the ids torchrec's input all-to-all delivered to each
+    rank equal the plain-int rule's count over both ranks' local ids."""
+    training = run.results["routed"]["training"]
+    w, n = training["world_size"], PARAMETERS["train_num_embeddings"]
+    rows = {row["routing"]: row for row in training["rows"]}
+    assert set(rows) == set(ROUTINGS)
+    for routing, row in rows.items():
+        assert row["routing_on_module"] == routing and row["received_equals_layout"] is True
+        local = training["local_ids"][routing]
+        for step in range(PARAMETERS["train_steps"]):
+            counts = Counter(owner_local(routing, i, n, w)[0] for rank in local for i in rank[step])
+            got = [training["ids_received"][routing][rank][step] for rank in range(w)]
+            assert got == [counts[r] for r in range(w)], (routing, step)
+        assert sum(row["local_rows"]) == (n if routing == "continuous" else w * -(-n // w))
+        assert math.isfinite(row["loss_last"])
+    # ids numbered by frequency: torchrec's blocks give rank 0 the hot half of the vocabulary
+    ratio = {r: row["ids_max_over_mean"] for r, row in rows.items()}
+    assert ratio["continuous"] > max(ratio["roundrobin"], ratio["feistel_roundrobin"])
+    assert "DMP ranks received the layout's ids: True" in run.results["summary"]

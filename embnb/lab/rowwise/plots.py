@@ -9,6 +9,7 @@ Figures share the style of `embnb.lab.plotting` (palette, rank bars).
     fig = zipf_seeds_figure(zipf)
     fig = hot_key_floor_figure(sweep)                # max/mean against Zipf alpha
     fig = dist_type_bars(counts, highlight=hottest, floor=floor)
+    fig = routed_loads_figure(loads, device="CPU (...)")  # section 8: ids and time per rank
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "zipf_seeds_figure",
     "hot_key_floor_figure",
     "dist_type_bars",
+    "routed_loads_figure",
 ]
 
 HEATMAP_CMAP = "rocket_r"  # light = balanced, dark = one rank does it all
@@ -350,4 +352,41 @@ def dist_type_bars(
         fontsize=8,
         frameon=False,
     )
+    return fig
+
+
+ROUTING_MARKERS = {"continuous": "s", "roundrobin": "o", "feistel_roundrobin": "^"}
+
+
+def routed_loads_figure(loads, device: str) -> Figure:
+    """Section 8: one panel per (id stream, W); each rank is a point, its ids on x, its lookup's
+    median thread CPU time on y with a bar over its repeats' range; colour and marker: the routing."""
+    config = loads.config
+    fig = new_figure(4.2 * len(config.world_sizes), 3.1 * len(config.cases))
+    axes = fig.subplots(len(config.cases), len(config.world_sizes), squeeze=False)
+    for row, case in enumerate(config.cases):
+        for col, w in enumerate(config.world_sizes):
+            ax = axes[row][col]
+            for i, routing in enumerate(config.routings):
+                c = loads.case(case, w, routing)
+                low = [t - r[0] for t, r in zip(c.lookup_ms, c.lookup_ms_range)]
+                high = [r[1] - t for t, r in zip(c.lookup_ms, c.lookup_ms_range)]
+                ax.errorbar(
+                    c.ids_per_rank,
+                    c.lookup_ms,
+                    yerr=[low, high],
+                    fmt=ROUTING_MARKERS.get(routing, "o"),
+                    color=color(routing, i + 2),  # feistel_roundrobin: a colour of its own
+                    markersize=4,
+                    alpha=0.7,
+                    elinewidth=0.7,
+                    label=routing,
+                )
+            ax.set_title(f"{case} ids, W = {w}", fontsize=9)
+            ax.set(xlabel="ids the rank owns", ylabel="lookup ms (fwd + bwd, cpu)")
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
+    fig.suptitle(f"each rank replayed one by one on {device}: ids owned and lookup time", fontsize=10)
     return fig

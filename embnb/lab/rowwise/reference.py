@@ -8,7 +8,9 @@ explicit. The tests check one against the other.
 
 from __future__ import annotations
 
-__all__ = ["MASK64", "fmix64", "owner_of", "jump_bucket"]
+__all__ = ["MASK64", "fmix64", "owner_of", "jump_bucket", "page_core_agrees"]
+
+DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 
 MASK64 = (1 << 64) - 1  # keep the low 64 bits: uint64 arithmetic
 
@@ -50,3 +52,28 @@ def jump_bucket(key: int, num_buckets: int) -> int:
         key = (key * 2862933555777941757 + 1) & MASK64  # the paper's 64-bit LCG
         jump = int((bucket + 1) * ((1 << 31) / ((key >> 33) + 1)))
     return bucket
+
+
+def page_core_agrees(
+    page_fmix64, page_owner, keys: list[int], world_sizes: list[int], block_size: int
+) -> dict:
+    """Whether the routing written on notebook 01's page (`page_fmix64(key)`,
+    `page_owner(key, world_size, dist_type, block_size)`, plain ints) agrees
+    with the library on the same keys (non-negative, below 2**63): the hash
+    with `embnb.rowwise.hash_key` (its 64 bits read unsigned), the owner
+    with `embnb.rowwise.owner_rank` for each dist_type at each world size."""
+    import torch
+
+    from embnb.rowwise import hash_key, owner_rank
+
+    if not keys or min(keys) < 0 or max(keys) >= 1 << 63:
+        raise ValueError("keys must be a non-empty list of ints in [0, 2**63)")
+    tensor = torch.tensor(keys, dtype=torch.int64)
+    checks = {"fmix64": [page_fmix64(k) for k in keys] == [h & MASK64 for h in hash_key(tensor).tolist()]}
+    for dist_type in DIST_TYPES:
+        checks[dist_type] = all(
+            [page_owner(k, w, dist_type, block_size) for k in keys]
+            == owner_rank(tensor, w, dist_type, block_size).tolist()
+            for w in world_sizes
+        )
+    return checks

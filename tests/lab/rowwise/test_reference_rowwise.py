@@ -124,3 +124,42 @@ def test_jump_bucket_moves_a_key_only_into_the_new_bucket(key, buckets):
 def test_jump_bucket_rejects_no_buckets():
     with pytest.raises(ValueError, match="num_buckets must be >= 1, got 0"):
         reference.jump_bucket(5, 0)
+
+
+PAGE_KEYS = [0, 1, 7, 12, 96, 4096 * 3, 2**40 + 5, 2**62 + 11, 2**63 - 1]
+
+
+def test_the_page_core_check_agrees_with_the_reference_and_fails_for_a_changed_rule():
+    """page_core_agrees: the reference's own rule passes; a hash shifted by 32 instead of 33, or an
+    owner off by one rank, fails the check it breaks (what notebook 01's assert relies on)."""
+    args = (PAGE_KEYS, [3, 8, 64], 1 << 60)
+    assert reference.page_core_agrees(reference.fmix64, reference.owner_of, *args) == dict.fromkeys(
+        ("fmix64", "continuous", "roundrobin", "hash_roundrobin"), True
+    )
+
+    def shifted_fmix64(key):
+        x = key & reference.MASK64
+        x ^= x >> 32
+        x = (x * 0xFF51AFD7ED558CCD) & reference.MASK64
+        x ^= x >> 33
+        x = (x * 0xC4CEB9FE1A85EC53) & reference.MASK64
+        return x ^ (x >> 33)
+
+    def hashed_owner(key, world_size, dist_type, block_size):
+        if dist_type == "hash_roundrobin":
+            return shifted_fmix64(key) % world_size
+        return reference.owner_of(key, world_size, dist_type, block_size)
+
+    bad = reference.page_core_agrees(shifted_fmix64, hashed_owner, *args)
+    assert bad == {"fmix64": False, "continuous": True, "roundrobin": True, "hash_roundrobin": False}
+
+    def off_by_one(key, world_size, dist_type, block_size):
+        return (reference.owner_of(key, world_size, dist_type, block_size) + 1) % world_size
+
+    bad = reference.page_core_agrees(reference.fmix64, off_by_one, *args)
+    assert bad == {"fmix64": True, "continuous": False, "roundrobin": False, "hash_roundrobin": False}
+
+
+def test_the_page_core_check_names_keys_it_cannot_take():
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*63\)"):
+        reference.page_core_agrees(reference.fmix64, reference.owner_of, [-1], [2], 1)
