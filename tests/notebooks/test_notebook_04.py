@@ -406,6 +406,13 @@ def test_the_bytes_cap_holds_on_the_model_and_its_sentence_says_what_was_measure
         assert max(c["modelled_bytes"]["bytes cap"]) <= c["bytes_cap"] * (1 + 1e-12)  # the cap holds
         assert c["bytes_cap"] >= PARAMETERS["cap_over_mean"] * c["mean_bytes"] * (1 - 1e-12)
         assert c["binds"] == (max(c["modelled_bytes"]["uncapped"]) > c["bytes_cap"])
+        assert c["rank_errors"] == pytest.approx(
+            [
+                (model["fixed"] + modelled) / peak - 1
+                for label in c["runs"]
+                for modelled, peak in zip(c["modelled_bytes"][label], c["peak_bytes"][label])
+            ]
+        )
         # the uncapped and token-capped runs are section 9's own measurements
         assert c["runs"]["uncapped"] == token_run["runs"]["uncapped"]
         assert c["runs"]["token cap"] == token_run["runs"]["kk_swap"]

@@ -73,16 +73,21 @@ def measured_speedups(table: pd.DataFrame, methods: Sequence[str], title: str | 
             linestyle="",
             mfc="none",
             color="red",
-            label="measured above the FLOP bound (per-length cost, see the fit)",
+            label="measured above the FLOP bound",
         ),
     ]
     if "fitted_model" in table:
         handles.append(
             Line2D(
-                [], [], marker="x", linestyle="", color="black", label="fitted cost (FLOPs, lengths, tokens)"
+                [],
+                [],
+                marker="x",
+                linestyle="",
+                color="black",
+                label="fitted cost (FLOPs + lengths + tokens)",
             )
         )
-    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8)  # off the data
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)  # off the data
     if title:
         fig.suptitle(title)
     return fig
@@ -107,27 +112,14 @@ def cap_comparison(comparisons: Sequence[CapComparison], title: str) -> Figure:
             model_ax.bar(offsets, [b / MIB for b in c.modelled_bytes[label]], width, color=shade)
             peak_ax.bar(offsets, [b / MIB for b in c.peak_bytes[label]], width, color=shade)
         tokens_ax.axhline(c.token_cap, color="black", linewidth=1.5)
-        tokens_ax.annotate(
-            "token cap", (c.world_size - 0.5, c.token_cap), ha="right", va="bottom", fontsize=8
-        )
         model_ax.axhline(c.bytes_cap / MIB, color="black", linewidth=1.5)
-        model_ax.annotate(
-            "bytes cap", (c.world_size - 0.5, c.bytes_cap / MIB), ha="right", va="bottom", fontsize=8
-        )
         peak_ax.axhline(c.largest_peak_mib("uncapped"), **MEAN_STYLE)
-        peak_ax.annotate(
-            "uncapped largest",
-            (c.world_size - 0.5, c.largest_peak_mib("uncapped")),
-            ha="right",
-            va="bottom",
-            fontsize=8,
-        )
-        tokens_ax.set_ylabel(f"{c.distribution}\ntokens per rank")
-        model_ax.set_ylabel("modelled activation MiB")
-        peak_ax.set_ylabel("peak MiB (measured)")
+        tokens_ax.set_ylabel(f"{c.distribution}\ntokens per rank\n(line: the token cap)")
+        model_ax.set_ylabel("modelled activation MiB\n(line: the bytes cap)")
+        peak_ax.set_ylabel("peak MiB, measured\n(dashed: uncapped largest)")
         for ax in (tokens_ax, model_ax, peak_ax):
             rank_ticks(ax, c.world_size)
-            ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the labels above the lines
+            ax.set_ylim(bottom=0)
     fig.legend(*rows[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
     fig.suptitle(title)
     return fig

@@ -118,6 +118,15 @@ class CapComparison:
     def largest_peak_mib(self, label: str) -> float:
         return max(self.peak_bytes[label]) / MIB
 
+    def rank_errors(self) -> list[float]:
+        """Per rank of every run, (fixed + modelled bytes) over the measured
+        peak, minus 1: how far the summed per-sample model is from the peak."""
+        return [
+            (self.model.fixed + modelled) / peak - 1
+            for label in self.steps
+            for modelled, peak in zip(self.modelled_bytes[label], self.peak_bytes[label])
+        ]
+
     def sentence(self) -> str:
         """What the bytes cap did beside the token cap, from the numbers."""
         peaks = {label: self.largest_peak_mib(label) for label in self.steps}
@@ -149,6 +158,7 @@ class CapComparison:
             "modelled_bytes": self.modelled_bytes,
             "cost": {label: self.cost(label) for label in self.steps},
             "cost_range": {label: list(self.cost_range(label)) for label in self.steps},
+            "rank_errors": self.rank_errors(),
             "sentence": self.sentence(),
         }
 
