@@ -222,9 +222,9 @@ def test_summary_figures_and_explorer(run):
     assert isinstance(summary, str) and "\n" not in summary
     assert "overlap - sync" in summary and "95% CI" in summary and "FLOPs predict" in summary
     figures = run.figures()
-    # length histograms (both distributions), part loads, gap by method, 2 FLOPs, exchanges,
-    # step times, timeline, measured speed-ups, the two caps side by side
-    assert len(figures) == 10
+    # length histograms (both distributions), part loads, gap by method, FLOPs (both distributions),
+    # exchanges, step times, timeline, measured speed-ups, the two caps side by side
+    assert len(figures) == 9
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
     assert run.widgets_shown_by("BalanceExplorer(") == 1
 
