@@ -39,7 +39,7 @@ from embnb.balancing.partition import balance
 from embnb.lab.balancing.measured import CappedRun, RankStep, _measure, sequence_dense_flops
 from embnb.steptime.memory import peak_memory_partition, peak_step_bytes
 
-__all__ = ["ActivationModel", "CapComparison", "compare_caps", "step_range"]
+__all__ = ["ActivationModel", "CapComparison", "compare_caps"]
 
 MIB = 2**20
 
@@ -78,13 +78,6 @@ class ActivationModel:
         return max(abs(p - m) / m for p, m in zip(predicted, self.measured))
 
 
-def step_range(step: RankStep) -> tuple[float, float]:
-    """The step's fastest and slowest repeat, as far as the per-rank ranges
-    tell: the slowest rank's low and high (each rank's repeats run apart)."""
-    low, high = step.rank_range_ms
-    return max(low), max(high)
-
-
 @dataclass(frozen=True)
 class CapComparison:
     """One batch at one W: "uncapped" KK + swaps, KK + swaps under the
@@ -110,10 +103,8 @@ class CapComparison:
         return self.steps[label].step_ms / self.steps["uncapped"].step_ms
 
     def cost_range(self, label: str) -> tuple[float, float]:
-        """The cost's range from the repeats: fastest over slowest, slowest over fastest."""
-        low, high = step_range(self.steps[label])
-        base_low, base_high = step_range(self.steps["uncapped"])
-        return low / base_high, high / base_low
+        """The cost's range from the repeats (`RankStep.cost_range`)."""
+        return self.steps[label].cost_range(self.steps["uncapped"])
 
     def largest_peak_mib(self, label: str) -> float:
         return max(self.peak_bytes[label]) / MIB
