@@ -4,7 +4,7 @@ The shared style is `embnb.lab.plotting`; per-rank loads are its `rank_bars`.
 
     fig = length_histogram({"zipf": lengths})          # the heavy tail
     fig = gap_by_method(table)                            # KK vs LPT vs ..., and the bound
-    fig = flops_vs_length(lengths, flops, {...})          # what to balance (one row per batch: _rows)
+    fig = flops_vs_length({"zipf": (lengths, flops, {...})})  # what to balance
     fig = gantt({"sync": spans, "overlap": spans})        # timelines, loop and worker
     fig = exchange_scaling({2: {"allgather": b, "alltoall": c}, ...})
     fig = step_times({"none": [...], "sync": [...]}, "none", ideal, ("sync", "overlap"))
@@ -39,7 +39,6 @@ __all__ = [
     "gap_by_method",
     "flops_vs_length",
     "gantt",
-    "flops_vs_length_rows",
     "exchange_scaling",
     "step_times",
 ]
@@ -163,28 +162,14 @@ def gap_by_method(
 
 
 def flops_vs_length(
-    lengths: Sequence[int] | torch.Tensor,
-    flops: Sequence[float] | torch.Tensor,
-    flops_max_over_mean: Mapping[str, float] | None = None,
-    title: str | None = None,
-) -> Figure:
-    """Left: FLOPs of each sample against its length (the quadratic bend).
-    Right: max/mean FLOPs per rank when balancing by each estimate."""
-    fig = new_figure(4.2 * (2 if flops_max_over_mean else 1), 3.4)
-    _flops_panels(fig, lengths, flops, flops_max_over_mean)
-    if title:
-        fig.suptitle(title)
-    return fig
-
-
-def flops_vs_length_rows(
     rows: Mapping[
         str, tuple[Sequence[int] | torch.Tensor, Sequence[float] | torch.Tensor, Mapping[str, float]]
     ],
     title: str | None = None,
 ) -> Figure:
-    """`flops_vs_length` for several batches in one figure, a row each:
-    rows[name] = (lengths, flops, flops_max_over_mean); the row's title is its name."""
+    """A row per batch, titled by its name (rows[name] = (lengths, flops,
+    flops_max_over_mean)): left, each sample's FLOPs against its length (the
+    quadratic bend); right, max/mean FLOPs per rank balanced by each estimate."""
     if not rows:
         raise ValueError("rows is empty: nothing to plot")
     fig = new_figure(8.4, 0.4 + 3.4 * len(rows))
