@@ -222,9 +222,9 @@ def test_summary_figures_and_explorer(run):
     assert isinstance(summary, str) and "\n" not in summary
     assert "overlap - sync" in summary and "95% CI" in summary and "FLOPs predict" in summary
     figures = run.figures()
-    # length histograms (both distributions), part loads, gap by method, 2 FLOPs, gather times, exchanges,
-    # step times, timeline, measured speed-ups, 2 capped balances
-    assert len(figures) == 12
+    # length histograms (both distributions), part loads, gap by method, FLOPs (both distributions),
+    # exchanges, step times, timeline, measured speed-ups, the two caps side by side
+    assert len(figures) == 9
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
     assert run.widgets_shown_by("BalanceExplorer(") == 1
 
@@ -362,9 +362,88 @@ def test_the_cap_sentence_says_whether_it_was_raised_binds_and_costs(run):
         else:
             capped = [m for m in c["cost"] if m != "uncapped"]
             low, high = min(c["cost"][m] for m in capped), max(c["cost"][m] for m in capped)
-            assert f"KK + swaps under it cost {c['cost']['kk_swap']:.2f}x measured" in sentence
+            kk_swap, base = c["runs"]["kk_swap"], c["runs"]["uncapped"]
+            low = max(kk_swap["cpu_low_ms"]) / max(base["cpu_high_ms"])
+            high = max(kk_swap["cpu_high_ms"]) / max(base["cpu_low_ms"])
+            assert (
+                f"KK + swaps under it cost {c['cost']['kk_swap']:.2f}x measured "
+                f"(repeats {low:.2f}-{high:.2f}x)" in sentence
+            )
             assert f"{low:.2f}x-{high:.2f}x measured" in sentence
         assert f"{max(c['peak_bytes']['uncapped']) / 2**20:.2f} MiB uncapped" in sentence
+
+
+def test_the_page_core_is_the_librarys_on_the_same_input(run):
+    # the page's KK, KK + swaps and worker loop (section 3) against embnb.balancing, as its check cell found
+    assert run.results["page_core"] == {
+        "kk_partition": True,
+        "kk_swap_partition": True,
+        "kk_swap_native": True,
+        "kk_swap_max_load": True,
+        "worker_ranks": True,
+    }
+
+
+def _mib(values):
+    return max(values) / 2**20
+
+
+def test_the_bytes_cap_holds_on_the_model_and_its_sentence_says_what_was_measured(run):
+    results = run.results
+    capped = {c["distribution"]: c for c in results["capped"]}
+    comparisons = results["cap_comparisons"]
+    assert [c["distribution"] for c in comparisons] == ["zipf", "lognormal"]
+    for c in comparisons:
+        token_run = capped[c["distribution"]]
+        model = c["model"]
+        # the model: each sample's bytes a*L + b*L^2, a rank's the sum of its samples' (recomputed here)
+        lengths = next(
+            b["lengths"]
+            for b in results["measured_batches"]
+            if (b["distribution"], b["world_size"]) == (c["distribution"], c["world_size"])
+        )
+        total = sum(model["per_token"] * n + model["per_token_squared"] * n * n for n in lengths)
+        assert c["mean_bytes"] == pytest.approx(total / c["world_size"])
+        assert model["per_token"] >= 0 and model["per_token_squared"] >= 0
+        assert len(model["measured"]) == len(set(model["lengths"])) >= 3
+        for label, modelled in c["modelled_bytes"].items():
+            assert sum(modelled) == pytest.approx(total)
+            assert len(c["peak_bytes"][label]) == c["world_size"]
+        assert max(c["modelled_bytes"]["bytes cap"]) <= c["bytes_cap"] * (1 + 1e-12)  # the cap holds
+        assert c["bytes_cap"] >= PARAMETERS["cap_over_mean"] * c["mean_bytes"] * (1 - 1e-12)
+        assert c["binds"] == (max(c["modelled_bytes"]["uncapped"]) > c["bytes_cap"])
+        assert c["rank_errors"] == pytest.approx(
+            [
+                (model["fixed"] + modelled) / peak - 1
+                for label in c["runs"]
+                for modelled, peak in zip(c["modelled_bytes"][label], c["peak_bytes"][label])
+            ]
+        )
+        # the uncapped and token-capped runs are section 9's own measurements
+        assert c["runs"]["uncapped"] == token_run["runs"]["uncapped"]
+        assert c["runs"]["token cap"] == token_run["runs"]["kk_swap"]
+        assert c["peak_bytes"]["token cap"] == token_run["peak_bytes"]["kk_swap"]
+        if not c["binds"]:  # nothing to change: the uncapped partition, and its measurement
+            assert c["runs"]["bytes cap"] == c["runs"]["uncapped"]
+        for label, step in c["runs"].items():
+            assert c["cost"][label] == pytest.approx(
+                max(step["cpu_ms"]) / max(c["runs"]["uncapped"]["cpu_ms"])
+            )
+            low, high = c["cost_range"][label]
+            base = c["runs"]["uncapped"]
+            assert low == pytest.approx(max(step["cpu_low_ms"]) / max(base["cpu_high_ms"]))
+            assert high == pytest.approx(max(step["cpu_high_ms"]) / max(base["cpu_low_ms"]))
+        sentence = c["sentence"]
+        assert sentence in results["summary"]
+        assert ("never binds" in sentence) == (not c["binds"])
+        peaks = {label: _mib(values) for label, values in c["peak_bytes"].items()}
+        versus = "lower than" if peaks["bytes cap"] < peaks["token cap"] else "not lower than"
+        assert (
+            f"largest measured peak of {peaks['bytes cap']:.2f} MiB, {versus} the token cap's "
+            f"{peaks['token cap']:.2f} MiB (uncapped {peaks['uncapped']:.2f} MiB)"
+        ) in sentence
+        low, high = c["cost_range"]["bytes cap"]
+        assert f"step cost {c['cost']['bytes cap']:.2f}x (repeats {low:.2f}-{high:.2f}x)" in sentence
 
 
 def test_the_memory_sentence_says_what_the_peaks_show(run):

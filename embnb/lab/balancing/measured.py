@@ -116,6 +116,12 @@ class RankStep:
         """The step: the slowest rank (on `clock`)."""
         return max(self.rank_ms)
 
+    def cost_range(self, base: RankStep) -> tuple[float, float]:
+        """This step over `base`'s, fastest over slowest and slowest over fastest
+        repeat (a step's repeat range: the slowest rank's low and high)."""
+        (low, high), (base_low, base_high) = self.rank_range_ms, base.rank_range_ms
+        return max(low) / max(base_high), max(high) / max(base_low)
+
 
 def _measure(parts_lengths: list[list[int]], flops_of, **options: Any) -> RankStep:
     times = measure_partition(parts_lengths, **options)
@@ -260,8 +266,10 @@ class CappedRun:
             )
         else:
             cost = [self.cost(m) for m in capped]
+            low, high = self.steps["kk_swap"].cost_range(self.steps["uncapped"])
             did = (
-                f"it binds: KK + swaps under it cost {self.cost('kk_swap'):.2f}x measured, "
+                f"it binds: KK + swaps under it cost {self.cost('kk_swap'):.2f}x measured "
+                f"(repeats {low:.2f}-{high:.2f}x), "
                 f"{self.flop_cost('kk_swap'):.3f}x by the FLOP model (every capped method: "
                 f"{min(cost):.2f}x-{max(cost):.2f}x measured)"
             )

@@ -4,9 +4,8 @@ The shared style is `embnb.lab.plotting`; per-rank loads are its `rank_bars`.
 
     fig = length_histogram({"zipf": lengths})          # the heavy tail
     fig = gap_by_method(table)                            # KK vs LPT vs ..., and the bound
-    fig = flops_vs_length(lengths, flops, {...})          # what to balance
+    fig = flops_vs_length({"zipf": (lengths, flops, {...})})  # what to balance
     fig = gantt({"sync": spans, "overlap": spans})        # timelines, loop and worker
-    fig = gather_times({"per key": 9.1, "fused": 1.2}, {"per key": 28, "fused": 2})
     fig = exchange_scaling({2: {"allgather": b, "alltoall": c}, ...})
     fig = step_times({"none": [...], "sync": [...]}, "none", ideal, ("sync", "overlap"))
 """
@@ -40,7 +39,6 @@ __all__ = [
     "gap_by_method",
     "flops_vs_length",
     "gantt",
-    "gather_times",
     "exchange_scaling",
     "step_times",
 ]
@@ -164,18 +162,32 @@ def gap_by_method(
 
 
 def flops_vs_length(
-    lengths: Sequence[int] | torch.Tensor,
-    flops: Sequence[float] | torch.Tensor,
-    flops_max_over_mean: Mapping[str, float] | None = None,
+    rows: Mapping[
+        str, tuple[Sequence[int] | torch.Tensor, Sequence[float] | torch.Tensor, Mapping[str, float]]
+    ],
     title: str | None = None,
 ) -> Figure:
-    """Left: FLOPs of each sample against its length (the quadratic bend).
-    Right: max/mean FLOPs per rank when balancing by each estimate."""
+    """A row per batch, titled by its name (rows[name] = (lengths, flops,
+    flops_max_over_mean)): left, each sample's FLOPs against its length (the
+    quadratic bend); right, max/mean FLOPs per rank balanced by each estimate."""
+    if not rows:
+        raise ValueError("rows is empty: nothing to plot")
+    fig = new_figure(8.4, 0.4 + 3.4 * len(rows))
+    for sub, (name, (lengths, flops, max_over_mean)) in zip(
+        fig.subfigures(len(rows), 1, squeeze=False)[:, 0], rows.items()
+    ):
+        _flops_panels(sub, lengths, flops, max_over_mean)
+        sub.suptitle(name, fontsize=10)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def _flops_panels(fig, lengths, flops, flops_max_over_mean) -> None:
     xs, ys = values_of(lengths, "lengths"), values_of(flops, "flops")
     if len(xs) != len(ys):
         raise ValueError(f"{len(xs)} lengths but {len(ys)} flops")
     panels = 2 if flops_max_over_mean else 1
-    fig = new_figure(4.2 * panels, 3.4)
     axes = fig.subplots(1, panels, squeeze=False)[0]
     axes[0].loglog(xs, ys, ".", color="#4c72b0", alpha=0.5)
     axes[0].set_xlabel("sequence length")
@@ -197,9 +209,6 @@ def flops_vs_length(
                 va="bottom",
                 fontsize=8,
             )
-    if title:
-        fig.suptitle(title)
-    return fig
 
 
 def gantt(
@@ -267,24 +276,6 @@ def _phase_label(phase: str, ms: Mapping[tuple[str, str], float]) -> str:
     """ "kk: 0.2 (worker) ms": the phase's ms per step in each thread it ran in."""
     times = [f"{v:.1f}" + (" (worker)" if t == "worker" else "") for (t, p), v in ms.items() if p == phase]
     return f"{phase}: {', '.join(times)} ms" if times else phase
-
-
-def gather_times(
-    gather_ms: Mapping[str, float], calls: Mapping[str, int], title: str | None = None
-) -> Figure:
-    """Milliseconds per gather of a batch's KJTs, one bar per way of
-    gathering, each labelled with its number of collective calls."""
-    if not gather_ms:
-        raise ValueError("gather_ms is empty: nothing to plot")
-    names = list(gather_ms)
-    fig = new_figure(1.5 + 1.4 * len(names), 3.0)
-    ax = fig.subplots()
-    bars = ax.bar(names, [gather_ms[n] for n in names], color=[color(n, i) for i, n in enumerate(names)])
-    ax.bar_label(bars, [f"{gather_ms[n]:.2f} ms\n{calls[n]} collectives" for n in names], fontsize=8)
-    ax.set_ylabel("ms per gather (slowest rank)")
-    ax.margins(y=0.25)
-    ax.set_title(title or "all-gather of a batch's KJTs")
-    return fig
 
 
 def exchange_scaling(

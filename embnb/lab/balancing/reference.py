@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import heapq
 
-__all__ = ["kk_equal_count", "greedy_capped"]
+from embnb.balancing import partition
+from embnb.cuda import loader
+
+__all__ = ["kk_equal_count", "greedy_capped", "page_core_agrees"]
 
 
 def kk_equal_count(workloads: list[float], num_parts: int, trace: list | None = None) -> list[list[int]]:
@@ -55,3 +58,37 @@ def greedy_capped(workloads: list[float], tokens: list[float], num_parts: int, c
         loads[p] += workloads[i]
         held[p] += tokens[i]
     return [sorted(part) for part in parts]
+
+
+def _as_parts(parts) -> list[tuple[int, ...]]:
+    return sorted(tuple(sorted(p)) for p in parts)
+
+
+def page_core_agrees(
+    workloads: list[float],
+    num_parts: int,
+    kk_parts: list[list[int]],
+    kk_swap_parts: list[list[int]],
+    rank_samples: list[list[int]],
+) -> dict[str, bool]:
+    """Whether the core written on notebook 04's page agrees with the library
+    on the same `workloads` (distinct values: the library's tie-breaks, which
+    the page leaves out, never decide): the page's KK (`kk_parts`) is the
+    library's `karmarkar_karp` partition, its KK + swaps (`kk_swap_parts`) is
+    `kk_swap`'s (Python) and the native op's, with the same largest load, and
+    the page's worker loop handed rank r the samples of `balance`'s part r
+    (`rank_samples[r]`), as `BalancedShuffle` does."""
+    library = partition.balance(workloads, num_parts, "kk_swap", native=False)
+    native = partition.balance(workloads, num_parts, "kk_swap", native=True) if loader.available() else None
+
+    def largest(parts):
+        return max(sum(workloads[i] for i in p) for p in parts)
+
+    return {
+        "kk_partition": _as_parts(kk_parts)
+        == _as_parts(partition.balance(workloads, num_parts, "karmarkar_karp", native=False)),
+        "kk_swap_partition": _as_parts(kk_swap_parts) == _as_parts(library),
+        "kk_swap_native": native is not None and _as_parts(kk_swap_parts) == _as_parts(native),
+        "kk_swap_max_load": largest(kk_swap_parts) == largest(library),
+        "worker_ranks": [sorted(s) for s in rank_samples] == [sorted(p) for p in library],
+    }

@@ -24,7 +24,11 @@ def test_a_binding_cap_reports_kk_swaps_cost_and_every_methods_range():
     sentence = _run(cap=105.0, asked=1.05, kk_swap_tokens=[100, 100]).cap_sentence()
     assert "token cap 1.05x the mean (as asked)" in sentence
     # KK + swaps: 4.2 / 4.0 measured, 10.4 / 10 by FLOPs; every method: 4.2/4 .. 5/4
-    assert "it binds: KK + swaps under it cost 1.05x measured, 1.040x by the FLOP model" in sentence
+    # one repeat each: the range is the ratio itself
+    assert (
+        "it binds: KK + swaps under it cost 1.05x measured (repeats 1.05-1.05x), 1.040x by the FLOP model"
+        in sentence
+    )
     assert "(every capped method: 1.05x-1.25x measured)" in sentence
     assert "largest peak memory 2.00 MiB uncapped, 2.00-2.00 MiB capped" in sentence
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from embnb.balancing import partition
 from embnb.balancing.workloads import equal_size_lower_bound
 from embnb.cuda import loader
-from embnb.lab.balancing.reference import kk_equal_count
+from embnb.lab.balancing.reference import kk_equal_count, page_core_agrees
 
 
 def as_parts(parts):
@@ -53,3 +53,22 @@ def test_trace_of_the_worked_example_by_hand():
     assert equal_size_lower_bound(workloads, 2) == 106
     swapped = partition.balance(workloads, 2, "kk_swap", native=False)
     assert sorted(sum(workloads[i] for i in p) for p in swapped) == [66, 106]
+
+
+def test_page_core_agrees_with_the_librarys_partition_and_says_so_when_it_does_not():
+    rng = random.Random(3)
+    workloads = [rng.paretovariate(1.5) for _ in range(48)]
+    library = partition.balance(workloads, 4, "kk_swap", native=False)
+    kk = partition.balance(workloads, 4, "karmarkar_karp", native=False)
+    assert page_core_agrees(workloads, 4, kk, library, library) == {
+        "kk_partition": True,
+        "kk_swap_partition": True,
+        "kk_swap_native": True,
+        "kk_swap_max_load": True,
+        "worker_ranks": True,
+    }
+    # a wrong page: plain KK where KK + swaps belongs, and ranks handed each other's parts
+    wrong = page_core_agrees(workloads, 4, library, kk, library[::-1])
+    assert wrong["kk_swap_partition"] is False and wrong["worker_ranks"] is False
+    assert wrong["kk_swap_max_load"] is False  # KK's largest part is heavier than the swaps'
+    assert wrong["kk_partition"] is False

@@ -1,0 +1,204 @@
+"""A cap on what sets a rank's peak memory: activation bytes, not tokens.
+
+A token cap bounds the memory that grows with tokens; a rank's measured
+peak (`steptime.memory`) also holds what grows faster with a sample's
+length (attention works on a whole sample at once, and `SequenceDense` runs
+the samples of one length together). So the cap here is on **modelled
+activation bytes per rank**: each sample's bytes as a function of its
+length L,
+
+    bytes(L) = per_token * L + per_token_squared * L**2,
+
+fitted by non-negative least squares (with a constant for what every step allocates
+whatever its samples, such as the parameters' gradients) to the peak bytes
+**measured** for one sample of each of a few lengths, on the device the
+steps ran on (`ActivationModel.fit`). A rank's modelled bytes are its
+samples' sum: an estimate of what its forward keeps for backward, not the
+peak itself, which the comparison then measures.
+
+`compare_caps` balances one batch by FLOPs under that cap (KK + swaps,
+`embnb.balancing.capped.balance_capped` with the bytes in place of the
+tokens) and measures it beside the uncapped and the token-capped
+partitions of `measured.measure_capped`: the step (its repeats' range),
+each rank's peak memory, and each rank's modelled bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from embnb._checks import check_number
+from embnb.balancing.capped import balance_capped, minimum_cap, part_tokens
+from embnb.balancing.partition import balance
+from embnb.lab.balancing.measured import CappedRun, RankStep, _measure, sequence_dense_flops
+from embnb.steptime.memory import peak_memory_partition, peak_step_bytes
+
+__all__ = ["ActivationModel", "CapComparison", "compare_caps"]
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class ActivationModel:
+    """Peak bytes of one sample of L tokens, fixed + per_token * L +
+    per_token_squared * L**2, fitted to the measured peaks of single samples
+    (`lengths`, `measured`) of `SequenceDense(width, hidden)` on `device`."""
+
+    fixed: float
+    per_token: float
+    per_token_squared: float
+    lengths: list[int]
+    measured: list[int]
+    device: str
+
+    @classmethod
+    def fit(cls, lengths: Sequence[int], width: int, hidden: Sequence[int], device: str) -> ActivationModel:
+        if len(set(lengths)) < 3:
+            raise ValueError(f"need at least 3 distinct lengths to fit 3 terms, got {sorted(set(lengths))}")
+        measured = [peak_step_bytes([n], width, hidden, device) for n in lengths]
+        x = np.asarray(lengths, dtype=float)
+        design = np.stack([np.ones_like(x), x, x * x], axis=1)
+        # non-negative terms: a sample never frees more than it allocates
+        fixed, linear, square = nnls(design, np.asarray(measured, dtype=float))[0]
+        return cls(float(fixed), float(linear), float(square), list(lengths), measured, device)
+
+    def sample_bytes(self, lengths: Sequence[int]) -> list[float]:
+        """Each sample's modelled activation bytes (the constant left out: every rank pays it once)."""
+        return [self.per_token * n + self.per_token_squared * n * n for n in lengths]
+
+    def max_relative_residual(self) -> float:
+        """The fit's largest error on the lengths it was fitted to, relative to the measured peak."""
+        predicted = [self.fixed + b for b in self.sample_bytes(self.lengths)]
+        return max(abs(p - m) / m for p, m in zip(predicted, self.measured))
+
+
+@dataclass(frozen=True)
+class CapComparison:
+    """One batch at one W: "uncapped" KK + swaps, KK + swaps under the
+    "token cap" (from `measured.measure_capped`) and under the "bytes cap";
+    per run the measured step, each rank's measured peak bytes and its
+    modelled activation bytes."""
+
+    distribution: str
+    world_size: int
+    model: ActivationModel
+    token_cap: float  # tokens per rank (`measure_capped`'s)
+    bytes_cap: float  # modelled activation bytes per rank
+    mean_bytes: float
+    steps: dict[str, RankStep]
+    peak_bytes: dict[str, list[int]]
+    modelled_bytes: dict[str, list[float]]
+
+    def binds(self) -> bool:
+        """The uncapped partition models more bytes on some rank than the cap."""
+        return max(self.modelled_bytes["uncapped"]) > self.bytes_cap
+
+    def cost(self, label: str) -> float:
+        return self.steps[label].step_ms / self.steps["uncapped"].step_ms
+
+    def cost_range(self, label: str) -> tuple[float, float]:
+        """The cost's range from the repeats (`RankStep.cost_range`)."""
+        return self.steps[label].cost_range(self.steps["uncapped"])
+
+    def largest_peak_mib(self, label: str) -> float:
+        return max(self.peak_bytes[label]) / MIB
+
+    def rank_errors(self) -> list[float]:
+        """Per rank of every run, (fixed + modelled bytes) over the measured
+        peak, minus 1: how far the summed per-sample model is from the peak."""
+        return [
+            (self.model.fixed + modelled) / peak - 1
+            for label in self.steps
+            for modelled, peak in zip(self.modelled_bytes[label], self.peak_bytes[label])
+        ]
+
+    def sentence(self) -> str:
+        """What the bytes cap did beside the token cap, from the numbers."""
+        peaks = {label: self.largest_peak_mib(label) for label in self.steps}
+        low, high = self.cost_range("bytes cap")
+        t_low, t_high = self.cost_range("token cap")
+        versus = "lower than" if peaks["bytes cap"] < peaks["token cap"] else "not lower than"
+        return (
+            f"{self.distribution}, W={self.world_size}: an activation-bytes cap of "
+            f"{self.bytes_cap / self.mean_bytes:.2f}x the mean modelled bytes "
+            f"({'binds' if self.binds() else 'never binds'}) left a largest measured peak of "
+            f"{peaks['bytes cap']:.2f} MiB, {versus} the token cap's {peaks['token cap']:.2f} MiB "
+            f"(uncapped {peaks['uncapped']:.2f} MiB); step cost {self.cost('bytes cap'):.2f}x "
+            f"(repeats {low:.2f}-{high:.2f}x) against the token cap's {self.cost('token cap'):.2f}x "
+            f"({t_low:.2f}-{t_high:.2f}x)"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "distribution": self.distribution,
+            "world_size": self.world_size,
+            "model": dataclasses.asdict(self.model),
+            "model_max_relative_residual": self.model.max_relative_residual(),
+            "token_cap": self.token_cap,
+            "bytes_cap": self.bytes_cap,
+            "mean_bytes": self.mean_bytes,
+            "binds": self.binds(),
+            "runs": {label: dataclasses.asdict(step) for label, step in self.steps.items()},
+            "peak_bytes": self.peak_bytes,
+            "modelled_bytes": self.modelled_bytes,
+            "cost": {label: self.cost(label) for label in self.steps},
+            "cost_range": {label: list(self.cost_range(label)) for label in self.steps},
+            "rank_errors": self.rank_errors(),
+            "sentence": self.sentence(),
+        }
+
+
+def compare_caps(
+    lengths: Sequence[int], token_run: CappedRun, model: ActivationModel, config: dict, cap_over_mean: float
+) -> CapComparison:
+    """`lengths` (the batch `token_run` capped, in the loader's order) under a
+    cap of `cap_over_mean` times the mean modelled bytes per rank (raised to
+    the least cap an equal-count partition fits under, then 1% at a time
+    while the repair finds no swap), balanced by FLOPs with KK + swaps and
+    measured as `config` (`BalancedSteps.config`) says."""
+    check_number("cap_over_mean", cap_over_mean, low=1)
+    width, hidden, world_size = config["width"], tuple(config["hidden"]), token_run.world_size
+    flops = sequence_dense_flops(lengths, width, hidden).tolist()
+    sample_bytes = model.sample_bytes(lengths)
+    mean = sum(sample_bytes) / world_size
+    cap = max(cap_over_mean * mean, minimum_cap(sample_bytes, world_size))
+    while True:
+        try:
+            capped = balance_capped(flops, sample_bytes, world_size, cap, "kk_swap")
+            break
+        except ValueError:
+            cap *= 1.01
+    token_parts = balance_capped(flops, lengths, world_size, token_run.cap, "kk_swap")  # deterministic
+    options = {k: config[k] for k in ("width", "hidden", "warmup", "repeats", "threads")}
+    options["device"] = config.get("device", "cpu")
+    partitions = {"uncapped": balance(flops, world_size, "kk_swap"), "token cap": token_parts}  # measured
+    steps = {"uncapped": token_run.steps["uncapped"], "token cap": token_run.steps["kk_swap"]}
+    peaks = {"uncapped": token_run.peak_bytes["uncapped"], "token cap": token_run.peak_bytes["kk_swap"]}
+    reuse = [label for label, parts in partitions.items() if _as_set(parts) == _as_set(capped)]
+    if reuse:  # the same partition: its measurement, not a second draw of the clock's noise
+        label = reuse[0]
+        partitions["bytes cap"], steps["bytes cap"], peaks["bytes cap"] = (
+            partitions[label],
+            steps[label],
+            peaks[label],
+        )
+    else:
+        partitions["bytes cap"] = capped
+        parts_lengths = [[lengths[i] for i in part] for part in capped]
+        flops_of = lambda p: sequence_dense_flops(p, width, hidden)  # noqa: E731
+        steps["bytes cap"] = _measure(parts_lengths, flops_of, **options)
+        peaks["bytes cap"] = peak_memory_partition(parts_lengths, width, hidden, options["device"])
+    modelled = {label: part_tokens(sample_bytes, parts) for label, parts in partitions.items()}
+    return CapComparison(
+        token_run.distribution, world_size, model, token_run.cap, cap, mean, steps, peaks, modelled
+    )
+
+
+def _as_set(parts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    return sorted(tuple(sorted(p)) for p in parts)
