@@ -89,7 +89,7 @@ class Buckets:
     is (samples, longest); `restore` maps the buckets' real rows, concatenated, back to packed order."""
 
     gather: list[torch.Tensor]
-    keep: list[torch.Tensor]  # per bucket, which of its padded rows are real
+    keep: list[torch.Tensor]  # per bucket, the positions of its real rows among its padded rows
     shapes: list[tuple[int, int]]
     restore: torch.Tensor
     num_tokens: int
@@ -123,7 +123,8 @@ def bucket_by_length(lengths: Sequence[int]) -> Buckets:
         rows = [torch.where(position < lengths[i], starts[i] + position, starts[-1]) for i in members]
         index = torch.cat(rows)
         gather.append(index)
-        keep.append(index < starts[-1])
+        # positions, not a mask: indexing by a mask waits for the GPU to count it, every layer
+        keep.append((index < starts[-1]).nonzero().flatten())
         shapes.append((len(members), longest))
         order.append(index[index < starts[-1]])
     restore = torch.empty(starts[-1], dtype=torch.int64)

@@ -125,8 +125,6 @@ def run(opts: argparse.Namespace, write: Any = None) -> dict[str, Any]:
     from outside still leaves what it measured."""
     device = opts.device
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    if torch.device(device).type == "cpu":
-        torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread
     started = time.perf_counter()
     worlds: list[dict[str, Any]] = []
     cut: list[dict[str, int]] = []
@@ -171,6 +169,7 @@ def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: li
         "dtype": str(dtype).removeprefix("torch."),
         "clock": "synchronized wall time" if torch.device(device).type == "cuda" else "thread CPU time",
         "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "config": {
             "layers": opts.layers,
             "width": opts.width,
@@ -237,6 +236,12 @@ def main(argv: list[str]) -> int:
         f"Zipf({opts.alpha}) lengths up to {opts.max_length}",
         flush=True,
     )
-    payload = run(opts, write=lambda partial: write_results("hstu", partial, opts.out))
+    threads = torch.get_num_threads()
+    if torch.device(opts.device).type == "cpu":
+        torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread
+    try:
+        payload = run(opts, write=lambda partial: write_results("hstu", partial, opts.out))
+    finally:
+        torch.set_num_threads(threads)
     print(f"wrote {write_results('hstu', payload, opts.out)}")
     return 0
