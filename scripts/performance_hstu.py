@@ -31,10 +31,10 @@ def hstu_section(run: Run) -> str:
             "repeats; then the FLOP model's prediction:",
             table(["ranks", "width", "cut, ms/step", *methods], rows),
             f"Width sweep at W = {data['sweep_world_size']}: KK + swaps' slowest repeat beats the cut at "
-            f"every width from {data['first_width_shortened']} on"
+            f"every width from {data['first_width_shortened']} on."
             if data["first_width_shortened"] is not None
             else f"Width sweep at W = {data['sweep_world_size']}: at no width does KK + swaps' slowest "
-            "repeat beat the cut at that width and every wider one",
+            "repeat beat the cut at that width and every wider one.",
         ]
         + ([f"Cut by the bench's deadline: {cut}."] if cut else [])
     )
