@@ -166,3 +166,34 @@ def test_the_bench_refuses_bad_sizes(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench._options(argv)
     assert message in capsys.readouterr().err
+
+
+def test_docs_balancing_states_the_committed_cpu_runs_numbers():
+    """docs/balancing.md's CPU sentences, recomputed from the committed results file."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    (path,) = (root / "benchmarks" / "results").glob("hstu-*-x86-64-x2-cores.json")
+    payload = json.loads(path.read_text())
+    text = " ".join((root / "docs" / "balancing.md").read_text().split())
+    assert path.name in text and payload["device"] == "cpu" and payload["cut_by_deadline"] == []
+    runs = {(w["world_size"], w["width"], r["method"]): r for w in payload["worlds"] for r in w["runs"]}
+
+    def ratio(key):
+        s = runs[key]["speedup_vs_cut"]
+        return f"{s['median']:.2f}x ({s['low']:.2f}x-{s['high']:.2f}x"
+
+    for key in [(8, 128, "kk_swap"), (16, 128, "kk_swap"), (8, 32, "kk_swap"), (8, 256, "kk_swap")]:
+        assert ratio(key) in text, key
+    for w in (8, 16):
+        assert f"{runs[(w, 128, 'kk_swap')]['flop_model_speedup']:.2f}x" in text
+    # shortened at every size: the slowest repeat of KK + swaps beats the cut
+    assert all(r["speedup_vs_cut"]["low"] > 1 for k, r in runs.items() if k[2] == "kk_swap")
+    others = [r for k, r in runs.items() if k[2] in ("greedy_lpt", "karmarkar_karp")]
+    medians = [r["speedup_vs_cut"]["median"] for r in others]
+    assert f"medians of {min(medians):.2f}x-{max(medians):.2f}x" in text
+    for (w, width, m), r in runs.items():
+        if m in ("greedy_lpt", "karmarkar_karp"):
+            swap = runs[(w, width, "kk_swap")]["speedup_vs_cut"]
+            assert r["speedup_vs_cut"]["low"] <= swap["high"] and swap["low"] <= r["speedup_vs_cut"]["high"]
+    assert payload["first_width_shortened"] == 32 == min(w for _, w, _ in runs)
