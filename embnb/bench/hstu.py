@@ -32,6 +32,7 @@ import torch
 
 from embnb.balancing.hstu import HSTUModel, bucket_by_length, head_layout, hstu_flops
 from embnb.balancing.partition import balance
+from embnb.balancing.workloads import equal_size_lower_bound
 from embnb.bench.results import add_out_argument, write_results
 from embnb.data import zipf_lengths
 from embnb.dist import resolve_device
@@ -92,7 +93,15 @@ def measure_world(
                 "rank_tokens": [sum(lengths[i] for i in part) for part in parts[m]],
             }
         )
-    return {"world_size": world_size, "width": width, "runs": runs}
+    bound = equal_size_lower_bound(flops, world_size)
+    return {
+        "world_size": world_size,
+        "width": width,
+        "runs": runs,
+        # the FLOP model's best case: the cut's largest rank over the equal-count lower bound
+        "bound_speedup": max(sum(flops[i] for i in p) for p in parts["contiguous"]) / bound,
+        "longest_sample_sets_bound": bound > sum(flops) / world_size,  # not the mean: the longest sample
+    }
 
 
 def _model(width: int, opts: argparse.Namespace, dtype: torch.dtype) -> HSTUModel:

@@ -135,6 +135,8 @@ def test_the_bench_writes_every_method_at_every_size_and_its_numbers_add_up(tmp_
             assert run["speedup_vs_cut"]["low"] == pytest.approx(min(ratios))
             cut_max = max(runs["contiguous"]["rank_flops"])
             assert run["flop_model_speedup"] == pytest.approx(cut_max / max(run["rank_flops"]))
+            # no partition into equal counts beats the bound
+            assert run["flop_model_speedup"] <= world["bound_speedup"] * (1 + 1e-9)
     assert "KK + swaps shortens the step" in capsys.readouterr().out
 
 
