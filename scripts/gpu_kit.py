@@ -16,7 +16,8 @@ scripts/fbgemm_cuda.py instead of fbgemm-gpu-cpu), builds the native
 extension for the local GPU, runs the CUDA parity and launcher tests (a
 process per file), every notebook with device="cuda" (small parameters),
 `python -m embnb.bench bucketize --device cuda`, `python -m embnb.bench
-steptime --device cuda` (STEPTIME_BENCH) and `python -m embnb.bench
+steptime --device cuda` (STEPTIME_BENCH), `python -m embnb.bench hstu --device cuda` (HSTU_BENCH: the
+balancer at recsys-examples' shape, within HSTU_STEP_S) and `python -m embnb.bench
 balancer --device cuda` at BALANCER_BENCH's sizes (rank by rank at W = 8,
 16 and 64 on the one GPU, synchronized wall time; the memory-capped balance
 with each rank's torch.cuda.max_memory_allocated), and writes JSON results,
@@ -28,7 +29,7 @@ CUDA really ran: the build fails without CUDA kernels, EMBNB_REQUIRE_GPU=1
 turns a skipped CUDA test into a failure, and kit.json records the CUDA
 kernels built and the CUDA tests run, skipped and failed. Without a GPU
 (the CPU test of the kit) it runs the same steps with device="cpu";
-`--short-bench` runs both benches at tiny sizes (BALANCER_BENCH_SHORT).
+`--short-bench` runs the benches at tiny sizes (BALANCER_BENCH_SHORT, HSTU_BENCH_SHORT).
 """
 
 from __future__ import annotations
@@ -105,6 +106,38 @@ STEPTIME_BENCH_SHORT = {
     "--batch-size": 16,
     "--repeats": 1,
 }
+# `python -m embnb.bench hstu` on the GPU: the balancer at recsys-examples' shape (an HSTU-like model of
+# width 1024, 8 layers, 4 heads of 256, bf16; 32 samples per rank, Zipf(1.2) lengths up to 4096), rank
+# by rank at W = 8 and 16, the width sweep at W = 8, then W = 64 if the bench's deadline allows. The
+# step's own limit (HSTU_STEP_S) is above the bench's deadline by one W = 64 unit (estimated, not
+# measured: about 30 s at width 1024); the bench rewrites its JSON after each unit, so a cut keeps them.
+HSTU_BENCH = {
+    "--world-sizes": [8, 16],
+    "--more-world-sizes": [64],
+    "--width": 1024,
+    "--sweep-widths": [32, 64, 128, 256, 512, 1024],
+    "--sweep-world-size": 8,
+    "--layers": 8,
+    "--samples-per-rank": 32,
+    "--max-length": 4096,
+    "--alpha": 1.2,
+    "--repeats": 3,
+    "--deadline-s": 75,
+}
+HSTU_STEP_S = 120
+HSTU_BENCH_SHORT = {
+    "--world-sizes": [2],
+    "--more-world-sizes": [4],
+    "--width": 32,
+    "--sweep-widths": [16, 32],
+    "--sweep-world-size": 2,
+    "--layers": 1,
+    "--samples-per-rank": 4,
+    "--max-length": 64,
+    "--alpha": 1.2,
+    "--repeats": 1,
+    "--deadline-s": 60,
+}
 # The same flags at tiny sizes (`--short-bench`, the kit's CPU test).
 BALANCER_BENCH_SHORT = {
     "--samples": [64],
@@ -141,7 +174,7 @@ KIT_TESTS = [
     "tests/balancing/test_shuffle_cuda.py",
 ]
 # the benches the kit runs; their JSON files go to benchmarks/results
-BENCHES = ("bucketize", "steptime", "balancer")
+BENCHES = ("bucketize", "steptime", "hstu", "balancer")
 REQUIRE_GPU = "EMBNB_REQUIRE_GPU"  # tests/conftest.py: a CUDA test that cannot run fails
 # The build step: load (build) the library, say whether it has CUDA kernels,
 # and fail where a GPU is visible but it has none.
@@ -391,6 +424,9 @@ def run_notebooks_and_benches(steps: Steps, device: str, out: pathlib.Path, shor
     steps.run(
         "bench-steptime", steptime + bench_flags(STEPTIME_BENCH_SHORT if short_bench else STEPTIME_BENCH)
     )
+    # The balancer at recsys-examples' shape, before the balancer bench (which a deadline cuts first).
+    hstu = [python, "-m", "embnb.bench", "hstu", "--device", device, "--out", str(out)]
+    steps.run("bench-hstu", hstu + bench_flags(HSTU_BENCH_SHORT if short_bench else HSTU_BENCH), HSTU_STEP_S)
     balancer = [python, "-m", "embnb.bench", "balancer", "--device", device, "--out", str(out)]
     sizes = BALANCER_BENCH_SHORT if short_bench else BALANCER_BENCH
     steps.run("bench-balancer", balancer + bench_flags(sizes), timeout_s=1200)
@@ -509,7 +545,7 @@ def main(argv: list[str]) -> int:
     run_cmd.add_argument(
         "--short-bench",
         action="store_true",
-        help="both benches at tiny sizes (the kit's CPU test): bucketize at one size, BALANCER_BENCH_SHORT",
+        help="the benches at tiny sizes (the kit's CPU test): bucketize at one size, the *_SHORT sizes",
     )
     run_cmd.add_argument(
         "--deadline-s",

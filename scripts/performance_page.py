@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from performance_calibration import calibrate_section  # beside this script
+from performance_hstu import hstu_section  # beside this script
 from performance_tables import (  # beside this script
     Run,
     ablation_section,
@@ -288,6 +289,7 @@ SECTIONS = {
     "enumerators": enumerators_section,
     "ablation": ablation_section,
     "balancer": balancer_section,
+    "hstu": hstu_section,
     "steptime": steptime_section,
     "calibrate": calibrate_section,
     "sharders": sharders_section,

@@ -91,6 +91,30 @@ def test_the_balancer_bench_step_asks_for_the_measured_part_at_w_8_16_64_and_its
         assert max(values(short, flag)) <= min(values(gpu, flag)), flag
 
 
+def test_the_hstu_bench_step_asks_for_recsys_examples_shape_and_its_short_form_for_less():
+    from embnb.bench import hstu
+
+    gpu, short = gpu_kit.HSTU_BENCH, gpu_kit.HSTU_BENCH_SHORT
+    assert list(gpu) == list(short)
+    # recsys-examples' E2E benchmark (7cf45752): width 1024, 8 layers, 32 samples per GPU, Zipf(1.2) to 4096
+    assert (gpu["--width"], gpu["--layers"], gpu["--samples-per-rank"]) == (1024, 8, 32)
+    assert (gpu["--alpha"], gpu["--max-length"]) == (1.2, 4096)
+    assert gpu["--world-sizes"] == [8, 16] and gpu["--more-world-sizes"] == [64]
+    assert gpu["--sweep-world-size"] == 8 and min(gpu["--sweep-widths"]) == 32
+    assert max(gpu["--sweep-widths"]) == 1024
+    assert gpu["--deadline-s"] < gpu_kit.HSTU_STEP_S  # the bench stops before the kit cuts it
+    for sizes in (gpu, short):
+        opts = hstu._options([*gpu_kit.bench_flags(sizes), "--device", "cpu"])
+        assert opts.width == sizes["--width"] and opts.world_sizes == sizes["--world-sizes"]
+    gpu_opts = hstu._options([*gpu_kit.bench_flags(gpu), "--device", "cpu"])
+    assert hstu._units(gpu_opts)[:2] == [(8, 1024), (16, 1024)]  # W = 8 and 16 first, W = 64 last
+    assert hstu._units(gpu_opts)[-1] == (64, 1024)
+    for flag, value in short.items():
+        values = value if isinstance(value, list) else [value]
+        limit = gpu[flag] if isinstance(gpu[flag], list) else [gpu[flag]]
+        assert max(values) <= min(limit) or flag == "--alpha", flag
+
+
 def test_the_steptime_bench_step_and_its_short_form_parse_with_the_benchs_own_options():
     from embnb.bench import steptime
 
@@ -253,6 +277,7 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
         *notebooks,
         "bench-bucketize",
         "bench-steptime",
+        "bench-hstu",
         "bench-balancer",
         "tests",  # CPU-only, last: a deadline cuts them first
     ]
@@ -275,12 +300,35 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     assert "passed" in (out / "tests.log").read_text()
     (balancer,) = out.glob("balancer-*.json")
     (steptime,) = out.glob("steptime-*.json")
-    assert summary["bench_results"] == sorted([bench.name, balancer.name, steptime.name])
+    (hstu,) = out.glob("hstu-*.json")
+    assert summary["bench_results"] == sorted([bench.name, balancer.name, steptime.name, hstu.name])
+    _check_hstu_results(json.loads(hstu.read_text()), gpu_kit.HSTU_BENCH_SHORT)
     worlds = json.loads(steptime.read_text())["worlds"]
     assert [w["world_size"] for w in worlds] == gpu_kit.STEPTIME_BENCH_SHORT["--world-sizes"]
     assert any(plan["measured"] for plan in worlds[0]["plans"])
     assert summary["fbgemm"]["cuda_kernels"] is False  # the kit's fbgemm-gpu-cpu, no GPU
     _check_balancer_results(json.loads(balancer.read_text()), gpu_kit.BALANCER_BENCH_SHORT)
+
+
+def _check_hstu_results(payload: dict, sizes: dict) -> None:
+    """The kit's HSTU JSON on CPU: every (W, width) of the short sizes, every method, W ranks each."""
+    from embnb.timing import machine_name
+
+    assert payload["device"] == "cpu" and payload["machine"] == machine_name("cpu")
+    assert payload["dtype"] == "float32" and payload["cut_by_deadline"] == []
+    width = sizes["--width"]
+    expected = [(w, width) for w in sizes["--world-sizes"]]
+    expected += [(sizes["--sweep-world-size"], x) for x in sizes["--sweep-widths"]]
+    expected += [(w, width) for w in sizes["--more-world-sizes"]]
+    assert [(w["world_size"], w["width"]) for w in payload["worlds"]] == list(dict.fromkeys(expected))
+    for world in payload["worlds"]:
+        assert [r["method"] for r in world["runs"]] == [
+            "contiguous",
+            "greedy_lpt",
+            "karmarkar_karp",
+            "kk_swap",
+        ]
+        assert all(len(r["rank_ms_median"]) == world["world_size"] for r in world["runs"])
 
 
 def _check_balancer_results(payload: dict, sizes: dict) -> None:

@@ -1,0 +1,182 @@
+"""An HSTU-like block, the model the balancer is measured on at recsys-examples' shape.
+
+recsys-examples measured its balanced shuffle (1.53x) on an HSTU of width 1024, 8 layers, 4 heads of
+256. `HSTUBlock` is one layer of that kind, on a jagged batch (each sample's tokens packed one after
+another, `offsets` marking where each starts):
+
+    U, V, Q, K = split(SiLU(X_n @ W_uvqk))       width d -> 4d, X_n = LayerNorm(X)
+    A          = causal attention(Q, K, V)        heads of `head_dim` (256; one head of d when d < 256)
+    X          = X + (LayerNorm(A) * U) @ W_o     d -> d
+    X          = X + FFN(LayerNorm(X))            d -> ffn_multiple * d -> d (GELU); 0: none
+
+Two differences from HSTU (Zhai et al., 2024), said here so nobody mistakes it for HSTU itself: the
+attention is softmax attention through torch's fused `scaled_dot_product_attention`, where HSTU uses
+pointwise SiLU(Q K^T) / n (no fused kernel in torch); and the feed-forward of 4x width is added (HSTU's
+layer has none; `ffn_multiple=0` drops it). The FLOPs of either attention are the same two matmuls.
+
+Attention runs on **length-bucketed, padded batches**: samples are grouped by the power of two at or
+above their length, each group padded to its longest sample and run as one SDPA call. torch 2.13's
+nested-tensor (jagged) SDPA has no CPU backend that takes `is_causal`, so the same code runs on CPU and
+GPU this way. Padding goes at the end of each sample: with a causal mask no real token attends to a pad,
+so no mask is needed and the fused (flash) kernel applies; pad rows are dropped after. Projections and
+the feed-forward run on the packed tokens, without padding.
+
+`hstu_flops` is each sample's forward FLOPs (what the balancer balances); see its docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embnb._checks import check_int
+
+__all__ = ["HEAD_DIM", "head_layout", "hstu_flops", "Buckets", "bucket_by_length", "HSTUBlock", "HSTUModel"]
+
+HEAD_DIM = 256  # recsys-examples' heads: 4 of 256 at width 1024
+
+
+def head_layout(width: int, head_dim: int = HEAD_DIM) -> tuple[int, int]:
+    """(heads, head size) for `width`: heads of `head_dim`, or one head of `width` below it."""
+    check_int("width", width, low=1)
+    size = min(head_dim, width)
+    if width % size:
+        raise ValueError(f"width must be at most {head_dim} or a multiple of it, got {width}")
+    return width // size, size
+
+
+def hstu_flops(
+    lengths: Any, width: int, num_layers: int = 1, ffn_multiple: int = 4, causal: bool = True
+) -> torch.Tensor:
+    """Forward FLOPs of `num_layers` `HSTUBlock`s on each sample of L tokens (float64), a multiply-add
+    counted as 2 FLOPs (as torch.utils.flop_counter does), per layer of width d, f = ffn_multiple:
+
+        U, V, Q, K projection    2*L*d*4d        =  8*L*d^2
+        output projection        2*L*d*d         =  2*L*d^2
+        feed-forward             2*2*L*d*(f*d)   =  4*f*L*d^2
+        scores Q K^T, A V        2 * 2*L*L*d     =  4*L^2*d    (every head together)
+        -----------------------------------------------------
+        total = L*d^2*(10 + 4*f) + c*L^2*d,  c = 4, or 2 with `causal`
+
+    `causal=True` counts the half of the score matrix a causal fused kernel computes (the work the
+    balancer should weigh); `causal=False` the full matrix, as torch's FLOP counter counts attention.
+    Norms, SiLU, softmax and the gating are O(L*d) and left out. At f = 4 the quadratic term passes the
+    linear one at L = 13*d (causal): for width 1024 beyond the 4096 tokens of the longest sample, so
+    there most of a sample's FLOPs are linear in its length; at width 64, from 832 tokens on.
+    """
+    check_int("width", width, low=1)
+    check_int("num_layers", num_layers, low=1)
+    check_int("ffn_multiple", ffn_multiple, low=0)
+    length = torch.as_tensor(lengths, dtype=torch.float64)
+    bad = (length < 0) | ~torch.isfinite(length)
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        raise ValueError(f"lengths must be finite and >= 0; lengths[{i}] = {length.flatten()[i].item()!r}")
+    d = float(width)
+    quadratic = 2.0 if causal else 4.0
+    return num_layers * (length * d * d * (10 + 4 * ffn_multiple) + quadratic * length * length * d)
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """Where each sample's tokens go in the padded batches: per bucket, `gather[b]` ([samples * longest])
+    indexes the packed tokens, the pads pointing at one extra zero row (index `num_tokens`); `shapes[b]`
+    is (samples, longest); `restore` maps the buckets' real rows, concatenated, back to packed order."""
+
+    gather: list[torch.Tensor]
+    keep: list[torch.Tensor]  # per bucket, the positions of its real rows among its padded rows
+    shapes: list[tuple[int, int]]
+    restore: torch.Tensor
+    num_tokens: int
+
+    def to(self, device: torch.device | str) -> Buckets:
+        return Buckets(
+            [g.to(device) for g in self.gather],
+            [k.to(device) for k in self.keep],
+            self.shapes,
+            self.restore.to(device),
+            self.num_tokens,
+        )
+
+
+def bucket_by_length(lengths: Sequence[int]) -> Buckets:
+    """Group samples by the power of two at or above their length; pad each group to its longest."""
+    lengths = [check_int(f"lengths[{i}]", n, low=1) for i, n in enumerate(lengths)]
+    if not lengths:
+        raise ValueError("lengths is empty: a batch needs at least one sample")
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        groups.setdefault(1 << (n - 1).bit_length(), []).append(i)
+    gather, keep, shapes, order = [], [], [], []
+    for key in sorted(groups):
+        members = groups[key]
+        longest = max(lengths[i] for i in members)
+        position = torch.arange(longest)
+        rows = [torch.where(position < lengths[i], starts[i] + position, starts[-1]) for i in members]
+        index = torch.cat(rows)
+        gather.append(index)
+        # positions, not a mask: indexing by a mask waits for the GPU to count it, every layer
+        keep.append((index < starts[-1]).nonzero().flatten())
+        shapes.append((len(members), longest))
+        order.append(index[index < starts[-1]])
+    restore = torch.empty(starts[-1], dtype=torch.int64)
+    restore[torch.cat(order)] = torch.arange(starts[-1])
+    return Buckets(gather, keep, shapes, restore, starts[-1])
+
+
+class HSTUBlock(nn.Module):
+    """One HSTU-like layer (module docstring) on packed tokens [num_tokens, width]."""
+
+    def __init__(self, width: int, ffn_multiple: int = 4, head_dim: int = HEAD_DIM) -> None:
+        super().__init__()
+        self.heads, self.head_dim = head_layout(width, head_dim)
+        self.width = width
+        self.norm_in = nn.LayerNorm(width)
+        self.uvqk = nn.Linear(width, 4 * width)
+        self.norm_attention = nn.LayerNorm(width)
+        self.out = nn.Linear(width, width)
+        hidden = check_int("ffn_multiple", ffn_multiple, low=0) * width
+        self.ffn = (
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+            if hidden
+            else None
+        )
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, buckets: Buckets) -> torch.Tensor:
+        """Causal softmax attention of each sample over its own tokens, bucket by bucket."""
+        pad = q.new_zeros(1, self.width)
+        q, k, v = (torch.cat([t, pad]) for t in (q, k, v))
+        outputs = []
+        for index, keep, (samples, longest) in zip(buckets.gather, buckets.keep, buckets.shapes):
+            shape = (samples, longest, self.heads, self.head_dim)
+            q_b, k_b, v_b = (t[index].view(shape).transpose(1, 2) for t in (q, k, v))
+            attended = F.scaled_dot_product_attention(q_b, k_b, v_b, is_causal=True)
+            outputs.append(attended.transpose(1, 2).reshape(samples * longest, self.width)[keep])
+        return torch.cat(outputs)[buckets.restore]
+
+    def forward(self, x: torch.Tensor, buckets: Buckets) -> torch.Tensor:
+        u, v, q, k = F.silu(self.uvqk(self.norm_in(x))).chunk(4, dim=-1)
+        attended = self.attention(q, k, v, buckets)
+        x = x + self.out(self.norm_attention(attended) * u)
+        return x + self.ffn(x) if self.ffn is not None else x
+
+
+class HSTUModel(nn.Sequential):
+    """`num_layers` HSTUBlocks, each called with the batch's buckets."""
+
+    def __init__(self, width: int, num_layers: int, ffn_multiple: int = 4, head_dim: int = HEAD_DIM) -> None:
+        check_int("num_layers", num_layers, low=1)
+        super().__init__(*(HSTUBlock(width, ffn_multiple, head_dim) for _ in range(num_layers)))
+
+    def forward(self, x: torch.Tensor, buckets: Buckets) -> torch.Tensor:  # type: ignore[override]
+        for block in self:
+            x = block(x, buckets)
+        return x

@@ -1,0 +1,255 @@
+"""`python -m embnb.bench hstu`: the balancer measured where recsys-examples measured it.
+
+recsys-examples reports 1.53x from its balanced shuffle on an HSTU of width 1024, 8 layers, 4 heads of
+256, 32 samples per GPU, Zipf(1.2) lengths up to 4096 (2 x 8 H100). This bench measures each rank's
+training step (forward + backward of `embnb.balancing.hstu.HSTUModel` on the rank's samples) with real
+kernels, for the loader's cut (`contiguous`), greedy LPT, plain Karmarkar-Karp and KK + swaps, each
+partition balancing `hstu_flops` (causal) of the samples:
+
+- at each --world-sizes W (then --more-world-sizes, where the deadline allows) at --width;
+- a width sweep at --sweep-world-size, to find where balancing starts to shorten the step.
+
+Ranks are replayed one by one on one device (a rank's step does not depend on the others': in data
+parallelism they meet only at the gradient all-reduce, which waits for the slowest). The step of a
+partition is its slowest rank. Each repeat times every method's every rank in turn (interleaved, so load
+from other processes hits them alike), after one warm-up; a method's speed-up is the cut's step over its
+step in the same repeat, reported as median and range over repeats. On a GPU a rank's time is wall time
+with the GPU synchronized at its edges (bf16); on a CPU, the thread's CPU time at one intra-op thread
+(float32), which counts only the rank's own compute on a shared machine.
+
+--deadline-s cuts what is left (recorded as `cut_by_deadline`) and the results are still written, to
+benchmarks/results/hstu-DATE-MACHINE.json, MACHINE being the device's (the GPU's name on a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from embnb.balancing.hstu import HSTUModel, bucket_by_length, head_layout, hstu_flops
+from embnb.balancing.partition import balance
+from embnb.balancing.workloads import equal_size_lower_bound
+from embnb.bench.results import add_out_argument, write_results
+from embnb.data import zipf_lengths
+from embnb.dist import resolve_device
+from embnb.timing import Ratio, Stopwatch, machine_name, paired_ratio
+
+METHODS = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
+
+
+def rank_step(model: HSTUModel, lengths: list[int], device: str, dtype: torch.dtype, seed: int):
+    """A callable running one rank's forward and backward on samples of `lengths`."""
+    buckets = bucket_by_length(lengths).to(device)
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randn(buckets.num_tokens, model[0].width, generator=gen).to(device, dtype)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(tokens, buckets).float().square().mean().backward()
+
+    return step
+
+
+def measure_world(
+    model: HSTUModel, lengths: list[int], world_size: int, repeats: int, device: str, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Every method's partition of `lengths`, every rank timed in each repeat."""
+    width, layers = model[0].width, len(model)
+    flops = hstu_flops(lengths, width, layers).tolist()
+    parts = {m: balance(flops, world_size, m) for m in METHODS}
+    steps = {
+        m: [rank_step(model, [lengths[i] for i in part], device, dtype, seed=r) for r, part in enumerate(p)]
+        for m, p in parts.items()
+    }
+    clock = "wall_s" if torch.device(device).type == "cuda" else "cpu_s"
+    rank_s: dict[str, list[list[float]]] = {m: [[] for _ in range(world_size)] for m in METHODS}
+    watch = Stopwatch(device)
+    for round_ in range(repeats + 1):  # round 0 warms up
+        for m in METHODS:
+            for r, step in enumerate(steps[m]):
+                with watch:
+                    step()
+                if round_:
+                    rank_s[m][r].append(getattr(watch, clock))
+    cut = [max(times[k] for times in rank_s["contiguous"]) for k in range(repeats)]
+    runs = []
+    for m in METHODS:
+        step_s = [max(times[k] for times in rank_s[m]) for k in range(repeats)]
+        rank_flops = [sum(flops[i] for i in part) for part in parts[m]]
+        runs.append(
+            {
+                "method": m,
+                "step_ms": [1e3 * s for s in step_s],
+                "step_ms_median": 1e3 * statistics.median(step_s),
+                "speedup_vs_cut": paired_ratio(cut, step_s).as_dict(),
+                "flop_model_speedup": max(sum(flops[i] for i in p) for p in parts["contiguous"])
+                / max(rank_flops),
+                "rank_ms_median": [1e3 * statistics.median(t) for t in rank_s[m]],
+                "rank_flops": rank_flops,
+                "rank_tokens": [sum(lengths[i] for i in part) for part in parts[m]],
+            }
+        )
+    bound = equal_size_lower_bound(flops, world_size)
+    return {
+        "world_size": world_size,
+        "width": width,
+        "runs": runs,
+        # the FLOP model's best case: the cut's largest rank over the equal-count lower bound
+        "bound_speedup": max(sum(flops[i] for i in p) for p in parts["contiguous"]) / bound,
+        "longest_sample_sets_bound": bound > sum(flops) / world_size,  # not the mean: the longest sample
+    }
+
+
+def _model(width: int, opts: argparse.Namespace, dtype: torch.dtype) -> HSTUModel:
+    torch.manual_seed(width)
+    return HSTUModel(width, opts.layers).to(opts.device, dtype)
+
+
+def _units(opts: argparse.Namespace) -> list[tuple[int, int]]:
+    """(W, width) in the order run: --world-sizes, the sweep, then --more-world-sizes."""
+    units = [(w, opts.width) for w in opts.world_sizes]
+    units += [(opts.sweep_world_size, width) for width in opts.sweep_widths]
+    units += [(w, opts.width) for w in opts.more_world_sizes]
+    return list(dict.fromkeys(units))
+
+
+def first_width_shortened(sweep: list[dict[str, Any]], method: str = "kk_swap") -> int | None:
+    """The smallest width from which on `method`'s slowest repeat beat the cut (low speed-up > 1) at
+    every larger width of the sweep; None if not even at the widest."""
+    found = None
+    for world in sorted(sweep, key=lambda w: -w["width"]):
+        run = next(r for r in world["runs"] if r["method"] == method)
+        if run["speedup_vs_cut"]["low"] <= 1:
+            break
+        found = world["width"]
+    return found
+
+
+def run(opts: argparse.Namespace, write: Any = None) -> dict[str, Any]:
+    """Every (W, width) of `_units` until the deadline; `write(payload)` after each, so a run killed
+    from outside still leaves what it measured."""
+    device = opts.device
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    balance([1.0, 2.0], 2, "kk_swap")  # loads (or first builds) the native KK before the deadline's clock
+    started = time.perf_counter()
+    worlds: list[dict[str, Any]] = []
+    cut: list[dict[str, int]] = []
+    for world_size, width in _units(opts):
+        if time.perf_counter() - started > opts.deadline_s:
+            cut.append({"world_size": world_size, "width": width})
+            continue
+        lengths = zipf_lengths(
+            world_size * opts.samples_per_rank, opts.alpha, opts.max_length, seed=world_size
+        )
+        world = measure_world(
+            _model(width, opts, dtype), lengths.tolist(), world_size, opts.repeats, device, dtype
+        )
+        worlds.append(world)
+        line = ", ".join(
+            f"{r['method']} {Ratio(**r['speedup_vs_cut'])} (FLOPs {r['flop_model_speedup']:.2f}x)"
+            for r in world["runs"][1:]
+        )
+        step = world["runs"][0]["step_ms_median"]
+        print(f"  W={world_size:>3} width {width:>5}: cut {step:.2f} ms/step; {line}", flush=True)
+        if write is not None:
+            write(_payload(opts, dtype, worlds, cut, started))
+    if cut:
+        print(f"  cut by the deadline ({opts.deadline_s:.0f} s): {cut}", flush=True)
+    payload = _payload(opts, dtype, worlds, cut, started)
+    shortened = payload["first_width_shortened"]
+    where = "at no width of the sweep" if shortened is None else f"from width {shortened} on"
+    print(f"  sweep at W={opts.sweep_world_size}: KK + swaps shortens the step {where}", flush=True)
+    return payload
+
+
+def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: list, started: float) -> dict:
+    device = opts.device
+    sweep = [
+        w for w in worlds if w["world_size"] == opts.sweep_world_size and w["width"] in opts.sweep_widths
+    ]
+    return {
+        "machine": machine_name(device),
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "clock": "synchronized wall time" if torch.device(device).type == "cuda" else "thread CPU time",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "config": {
+            "layers": opts.layers,
+            "width": opts.width,
+            "heads": list(head_layout(opts.width)),
+            "samples_per_rank": opts.samples_per_rank,
+            "zipf_alpha": opts.alpha,
+            "max_length": opts.max_length,
+            "repeats": opts.repeats,
+            "replay": "ranks one by one on one device",
+            "workload": "hstu_flops(causal=True)",
+            "attention": "softmax, torch SDPA on length-bucketed padded batches",
+        },
+        "worlds": worlds,
+        "sweep_world_size": opts.sweep_world_size,
+        "first_width_shortened": first_width_shortened(sweep) if sweep else None,
+        "cut_by_deadline": cut,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _options(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m embnb.bench hstu", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--world-sizes", type=int, nargs="*", default=[2, 4], help="W at --width")
+    parser.add_argument(
+        "--more-world-sizes", type=int, nargs="*", default=[], help="W run last, if time allows"
+    )
+    parser.add_argument("--width", type=int, default=64, help="model width (recsys-examples: 1024)")
+    parser.add_argument("--sweep-widths", type=int, nargs="*", default=[16, 32], help="widths of the sweep")
+    parser.add_argument("--sweep-world-size", type=int, default=4, help="W of the width sweep")
+    parser.add_argument("--layers", type=int, default=2, help="HSTU layers (recsys-examples: 8)")
+    parser.add_argument("--samples-per-rank", type=int, default=4, help="recsys-examples: 32")
+    parser.add_argument("--max-length", type=int, default=64, help="longest sequence (recsys-examples: 4096)")
+    parser.add_argument("--alpha", type=float, default=1.2, help="Zipf exponent of the lengths")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats (one warm-up before)")
+    parser.add_argument("--deadline-s", type=float, default=600.0, help="start nothing new after this")
+    add_out_argument(parser)
+    opts = parser.parse_args(argv)
+    for name in ("world_sizes", "more_world_sizes", "sweep_widths"):
+        if any(v < 1 for v in getattr(opts, name)):
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    for name in ("width", "sweep_world_size", "layers", "samples_per_rank", "max_length", "repeats"):
+        if getattr(opts, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    for width in [opts.width, *opts.sweep_widths]:
+        try:
+            head_layout(width)
+        except ValueError as error:
+            parser.error(f"--width/--sweep-widths: {error}")
+    if opts.alpha <= 0 or opts.deadline_s <= 0:
+        parser.error(f"--alpha and --deadline-s must be > 0, got {opts.alpha} and {opts.deadline_s}")
+    try:
+        opts.device = resolve_device(opts.device)
+    except ValueError as error:
+        parser.error(f"--device: {error}")
+    return opts
+
+
+def main(argv: list[str]) -> int:
+    opts = _options(argv)
+    print(
+        f"HSTU-like model rank by rank on {machine_name(opts.device)}: width {opts.width}, "
+        f"{opts.layers} layers, {opts.samples_per_rank} samples per rank, "
+        f"Zipf({opts.alpha}) lengths up to {opts.max_length}",
+        flush=True,
+    )
+    threads = torch.get_num_threads()
+    if torch.device(opts.device).type == "cpu":
+        torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread
+    try:
+        payload = run(opts, write=lambda partial: write_results("hstu", partial, opts.out))
+    finally:
+        torch.set_num_threads(threads)
+    print(f"wrote {write_results('hstu', payload, opts.out)}")
+    return 0
