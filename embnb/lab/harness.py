@@ -17,6 +17,7 @@ import base64
 import json
 import os
 import pathlib
+import queue
 import re
 import sys
 import tempfile
@@ -24,6 +25,9 @@ import time
 from typing import Any
 
 import nbformat
+from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.channels import AsyncZMQSocketChannel
+from traitlets import Type
 
 __all__ = ["run_notebook", "notebook_problems", "strip_outputs", "list_notebooks", "NotebookError"]
 
@@ -83,7 +87,7 @@ def run_notebook(
             execution_timeout=cell_timeout_s,
             progress_bar=False,
             log_output=False,
-            config=_ipc_kernel_config(sockets.name),
+            config=_kernel_config(sockets.name),
         )
     except papermill.PapermillExecutionError as exc:
         raise NotebookError(
@@ -100,13 +104,50 @@ def run_notebook(
     return json.loads(results_file.read_text())
 
 
-def _ipc_kernel_config(socket_dir: str):
+def _kernel_config(socket_dir: str):
     # The kernel talks over Unix sockets in a private folder instead of TCP on
     # localhost: ipykernel then has no reason to warn that its traffic is
-    # unencrypted (one warning line per notebook in `make run`).
+    # unencrypted (one warning line per notebook in `make run`). The client
+    # reads the kernel's replies through `PolledChannel`s.
     from traitlets.config import Config
 
-    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(socket_dir, "kernel")}})
+    return Config(
+        {
+            "KernelManager": {
+                "transport": "ipc",
+                "ip": os.path.join(socket_dir, "kernel"),
+                "client_factory": PolledKernelClient,
+            }
+        }
+    )
+
+
+POLL_S = 1.0
+
+
+class PolledChannel(AsyncZMQSocketChannel):
+    """A kernel channel whose waits look at the socket at least every POLL_S
+    seconds. Seen here under load: a widget cell's execute_reply sat unread
+    for the whole 300 s cell timeout while the kernel was idle, and was read
+    at the timeout's last look: the socket's wake-up had been missed. Looking
+    again each second bounds such a miss to a second."""
+
+    async def get_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = POLL_S if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return await super().get_msg(timeout=min(POLL_S, left))
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+
+class PolledKernelClient(AsyncKernelClient):
+    """nbclient's kernel client, with its shell and iopub replies read through `PolledChannel`."""
+
+    shell_channel_class = Type(PolledChannel)
+    iopub_channel_class = Type(PolledChannel)
 
 
 def _prefer_this_environment_kernel() -> None:

@@ -192,3 +192,58 @@ def test_command_line_check_fails_on_a_dirty_notebook(tmp_path):
     )
     assert out.returncode == 1
     assert "has 0 cells tagged 'parameters'" in out.stdout
+
+
+def test_the_kernel_client_reads_replies_through_the_polled_channel(tmp_path):
+    from jupyter_client.manager import AsyncKernelManager  # what nbclient runs a notebook with
+
+    manager = AsyncKernelManager(config=harness._kernel_config(str(tmp_path)))
+    client = manager.client()
+    assert isinstance(client, harness.PolledKernelClient)
+    assert type(client.shell_channel) is harness.PolledChannel
+    assert type(client.iopub_channel) is harness.PolledChannel
+
+
+def test_the_polled_channel_waits_its_whole_timeout_and_returns_a_late_message(monkeypatch):
+    """Over a real zmq socket pair: a wait of 2.5 s looks several times
+    (POLL_S 0.5 s here), returns a message sent after 1.2 s, and with
+    nothing sent raises Empty only once its whole timeout has passed."""
+    import asyncio
+    import queue
+    import time
+
+    import zmq
+    import zmq.asyncio
+    from jupyter_client.session import Session
+
+    monkeypatch.setattr(harness, "POLL_S", 0.5)
+    context = zmq.asyncio.Context()
+    reader, writer = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    reader.bind("inproc://polled")
+    writer.connect("inproc://polled")
+    session = Session()
+    channel = harness.PolledChannel(reader, session)
+
+    async def late_message() -> dict:
+        async def send_later():
+            await asyncio.sleep(1.2)
+            session.send(writer, "status", {"execution_state": "idle"})
+
+        sender = asyncio.ensure_future(send_later())
+        message = await channel.get_msg(timeout=2.5)
+        await sender
+        return message
+
+    async def nothing() -> float:
+        start = time.monotonic()
+        with pytest.raises(queue.Empty):
+            await channel.get_msg(timeout=1.6)
+        return time.monotonic() - start
+
+    try:
+        assert asyncio.run(late_message())["content"] == {"execution_state": "idle"}
+        assert asyncio.run(nothing()) >= 1.6  # not the first slice's 0.5 s
+    finally:
+        reader.close(linger=0)
+        writer.close(linger=0)
+        context.term()
