@@ -195,3 +195,8 @@ def test_figures_and_explorer(run):
     # seed order, lookup errors, bytes per id, uneven widths
     assert len(run.figures()) == 4
     assert run.widgets_shown_by("PlacementExplorer(") == 1
+
+
+def test_the_page_core_agrees_with_the_library(run):
+    # the page's permute and stitch, checked in the notebook on every placement of up to 4 shards on 3 ranks
+    assert run.results["page_core_agrees"] == {"permute": True, "stitch": True}
