@@ -7,8 +7,9 @@ planner makes), in one launch; then torchrec's own
 `column_wise(size_per_rank=...)` in a launch of its own (it fails on some
 ranks); and the tables and results dict the notebook shows.
 
+    seed_table = SeedTable(world_size=2, embedding_dim=12, shard_ranks=[0, 1, 0], uneven_widths=[2, 7, 3])
     experiment = run_placement_experiment(
-        2, 12, [0, 1, 0], [2, 7, 3], device="cpu", traffic_shards=[2, 12], traffic_batch=TrafficBatch()
+        seed_table, device="cpu", traffic_shards=[2, 12], traffic_batch=TrafficBatch()
     )
     experiment.checks_table(); experiment.traffic_table()
     experiment.results(notebook_seconds=12.3)
@@ -57,6 +58,7 @@ __all__ = [
     "permute_derivation",
     "PlacementExperiment",
     "TrafficBatch",
+    "SeedTable",
     "run_placement_experiment",
     "torchrec_uneven_table",
     "torchrec_version",
@@ -307,22 +309,30 @@ def _traffic_cases(
     return cases, [source for *_, source in placements], layouts
 
 
+@dataclass(frozen=True)
+class SeedTable:
+    """The worked example's one table ("t0", feature "f0") and its batches:
+    column-wise on `shard_ranks` with equal widths, and with `uneven_widths`."""
+
+    world_size: int
+    embedding_dim: int
+    shard_ranks: Sequence[int]
+    uneven_widths: Sequence[int]
+    num_embeddings: int = 32
+    batch_size: int = 4  # sequences per rank
+    max_length: int = 3  # ids per sequence, at most
+    seed: int = 0
+
+
 def run_placement_experiment(
-    world_size: int,
-    embedding_dim: int,
-    shard_ranks: Sequence[int],
-    uneven_widths: Sequence[int],
-    num_embeddings: int = 32,
-    batch_size: int = 4,
-    max_length: int = 3,
-    seed: int = 0,
+    table: SeedTable,
     device: str = "auto",
     timeout_s: float = 300.0,
     traffic_shards: Sequence[int] = (),
     traffic_batch: TrafficBatch | None = None,
     size_per_rank: Sequence[int] | None = None,
 ) -> PlacementExperiment:
-    """Run one table ("t0", feature "f0") column-wise on `shard_ranks` with
+    """Run `table` ("t0", feature "f0") column-wise on its `shard_ranks` with
     equal widths (embnb's path and torchrec's, unless torchrec cannot take
     the placement: then `torchrec_skipped` says why) and with `uneven_widths`
     (embnb's path); and, on `traffic_batch`'s batches (no traffic count
@@ -330,16 +340,17 @@ def run_placement_experiment(
     the layouts torchrec's planner makes, both paths, traffic recorded; all
     in one launch on `world_size` ranks. Then, with `size_per_rank`,
     torchrec's uneven column_wise plan in a launch of its own (shard i on rank i)."""
+    world_size, embedding_dim, seed = table.world_size, table.embedding_dim, table.seed
     plan = device_plan(device, world_size)
-    ranks = check_shard_ranks(shard_ranks, world_size)
+    ranks = check_shard_ranks(table.shard_ranks, world_size)
     equal_widths(embedding_dim, len(ranks))  # the seed case's widths: refuse before building cases
-    tables = (TableSpec("t0", num_embeddings, (FEATURE,)),)
-    common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    tables = (TableSpec("t0", table.num_embeddings, (FEATURE,)),)
+    common = dict(batch_size=table.batch_size, max_length=table.max_length, seed=seed)
     seed_case = CWCase(world_size, embedding_dim, tables, {"t0": ranks}, **common)
     torchrec_skipped = seed_case.torchrec_problem()
     if torchrec_skipped is not None:
         seed_case = CWCase(world_size, embedding_dim, tables, {"t0": ranks}, paths=("reference",), **common)
-    uneven = dict(widths={"t0": list(uneven_widths)}, **common)
+    uneven = dict(widths={"t0": list(table.uneven_widths)}, **common)
     uneven_case = CWCase(world_size, embedding_dim, tables, {"t0": ranks}, paths=("reference",), **uneven)
     traffic_cases, traffic_sources, layouts = (
         _traffic_cases(world_size, traffic_shards, traffic_batch, seed) if traffic_batch else ([], [], [])

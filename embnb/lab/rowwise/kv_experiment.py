@@ -38,6 +38,12 @@ __all__ = [
     "dynamicemb_keys_loaded",
     "compare_loaders",
     "mismatch_message",
+    "Settings",
+    "Aliasing",
+    "HotKeys",
+    "KVSection",
+    "Checkpoints",
+    "RoutingNotebook",
     "results",
 ]
 
@@ -271,94 +277,138 @@ def mismatch_message(directory: str, load_world_size: int, dist_type: DistType |
     return None
 
 
-def results(
-    *,
-    world_size: int,
-    num_keys: int,
-    zipf_alpha: float,
-    stride: int,
-    sweep: pd.DataFrame,
-    max_over_mean_grid: dict[str, dict[str, float]],
-    gcd_rule: dict[str, dict[int, dict[str, float]]],
-    zipf_floor: float,
-    hash_noise: pd.DataFrame,
-    hash_bands: dict[int, dict[float, float]],
-    zipf_seeds: pd.DataFrame,
-    zipf_sign: dict[str, Any],
-    zipf_alpha_sweep: pd.DataFrame,
-    zipf_floor_findings: dict[str, Any],
-    id_pipeline: pd.DataFrame,
-    out_of_range: list[dict[str, str]],
-    kv_run: KVLookupRun,
-    kv_pattern: str,
-    kv_rows_match: bool,
-    reshard_report: ReshardReport,
-    loaders: list[dict[str, Any]],
-    wrong_dist_type: str,
-    mismatch: str | None,
-    kernel: dict[str, Any],
-    seconds: dict[str, float],
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Settings:
+    """The parameters notebook 01's results repeat."""
+
+    world_size: int
+    num_keys: int
+    zipf_alpha: float
+    stride: int
+
+
+@dataclass(frozen=True)
+class Aliasing:
+    """Sections 1-2: the sweep of streams by dist_type, the gcd rule, and the id pipeline."""
+
+    sweep: pd.DataFrame
+    max_over_mean_grid: dict[str, dict[str, float]]
+    gcd_rule: dict[str, dict[int, dict[str, float]]]
+    id_pipeline: pd.DataFrame
+    out_of_range: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class HotKeys:
+    """Sections 3-4: hashing's noise against a random owner, and the Zipf hot-key floor."""
+
+    hash_noise: pd.DataFrame
+    hash_bands: dict[int, dict[float, float]]
+    zipf_floor: float
+    zipf_seeds: pd.DataFrame
+    zipf_sign: dict[str, Any]
+    zipf_alpha_sweep: pd.DataFrame
+    zipf_floor_findings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class KVSection:
+    """Section 5: the sharded key-value table looked up on real ranks."""
+
+    run: KVLookupRun
+    pattern: str
+    rows_match: bool
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """Section 6: resharding a checkpoint, the loaders compared, and a dist_type mismatch."""
+
+    reshard_report: ReshardReport
+    loaders: list[dict[str, Any]]
+    wrong_dist_type: str
+    mismatch: str | None
+
+
+@dataclass(frozen=True)
+class RoutingNotebook:
+    """Everything notebook 01's results JSON reports before its measured
+    section, gathered section by section."""
+
+    settings: Settings
+    aliasing: Aliasing
+    hot_keys: HotKeys
+    kv: KVSection
+    checkpoints: Checkpoints
+    kernel: dict[str, Any]
+    seconds: dict[str, float]
+
+
+def results(notebook: RoutingNotebook) -> dict[str, Any]:
     """Notebook 01's results JSON: its key numbers, for `make run` and the tests."""
-    kv_ratios = kv_run.max_over_mean()
-    summary = _summary(
-        stride, gcd_rule, hash_noise, hash_bands, zipf_seeds, zipf_floor, zipf_sign, kv_run, loaders
-    )
-    binds = zipf_floor_findings["binds_from_alpha"]
+    aliasing, hot, kv_section, saved = notebook.aliasing, notebook.hot_keys, notebook.kv, notebook.checkpoints
+    kv_run = kv_section.run
+    summary = _summary(notebook)
+    findings = hot.zipf_floor_findings
     summary += (
-        f"; zipf alpha sweep: the hot-key floor binds (W p1 > 1) from alpha {binds}, "
+        f"; zipf alpha sweep: the hot-key floor binds (W p1 > 1) from alpha {findings['binds_from_alpha']}, "
         "the blind modes' excess over it is largest at alpha "
-        + ", ".join(f"{a} ({d})" for d, a in zipf_floor_findings["largest_excess_alpha"].items())
+        + ", ".join(f"{a} ({d})" for d, a in findings["largest_excess_alpha"].items())
     )
     return {
-        "world_size": world_size,
-        "num_keys": num_keys,
-        "zipf_alpha": zipf_alpha,
-        "stride": stride,
-        "max_over_mean": max_over_mean_grid,
-        "gcd_rule": {p: {str(w): v for w, v in rule.items()} for p, rule in gcd_rule.items()},
-        "zipf_hot_key_floor": zipf_floor,
-        "sweep": sweep.to_dict(orient="records"),
+        **dataclasses.asdict(notebook.settings),
+        "max_over_mean": aliasing.max_over_mean_grid,
+        "gcd_rule": {p: {str(w): v for w, v in rule.items()} for p, rule in aliasing.gcd_rule.items()},
+        "zipf_hot_key_floor": hot.zipf_floor,
+        "sweep": aliasing.sweep.to_dict(orient="records"),
         "hash_noise": {
-            "measured": hash_noise.to_dict(orient="records"),
-            "random_owner": {str(n): {str(q): v for q, v in band.items()} for n, band in hash_bands.items()},
+            "measured": hot.hash_noise.to_dict(orient="records"),
+            "random_owner": {
+                str(n): {str(q): v for q, v in band.items()} for n, band in hot.hash_bands.items()
+            },
         },
-        "zipf_seeds": zipf_seeds.to_dict(orient="records"),
-        "zipf_sign_test": zipf_sign,
-        "zipf_alpha_sweep": {"runs": zipf_alpha_sweep.to_dict(orient="records"), **zipf_floor_findings},
-        "id_pipeline": {"rows": id_pipeline.to_dict(orient="records"), "out_of_range_lookup": out_of_range},
+        "zipf_seeds": hot.zipf_seeds.to_dict(orient="records"),
+        "zipf_sign_test": hot.zipf_sign,
+        "zipf_alpha_sweep": {"runs": hot.zipf_alpha_sweep.to_dict(orient="records"), **findings},
+        "id_pipeline": {
+            "rows": aliasing.id_pipeline.to_dict(orient="records"),
+            "out_of_range_lookup": aliasing.out_of_range,
+        },
         "kv": {
             "world_size": kv_run.world_size,
-            "pattern": kv_pattern,
+            "pattern": kv_section.pattern,
             "backend": kv_run.backend,
             "keys_looked_up": sum(len(r) for r in next(iter(kv_run.rows.values()))),
             "keys_served": kv_run.keys_served(),
             "rows_held": kv_run.rows_held(),
-            "max_over_mean": kv_ratios,
-            "rows_match": kv_rows_match,
+            "max_over_mean": kv_run.max_over_mean(),
+            "rows_match": kv_section.rows_match,
             "seconds": kv_run.seconds,
         },
-        "checkpoint": reshard_report.as_dict(),
-        "loaders": {"dynamicemb": DYNAMICEMB_LOADER, "rows": loaders},
-        "mismatch": {"asked_dist_type": wrong_dist_type, "raised": mismatch is not None, "message": mismatch},
-        "kernel": kernel,
-        "seconds": seconds,
+        "checkpoint": saved.reshard_report.as_dict(),
+        "loaders": {"dynamicemb": DYNAMICEMB_LOADER, "rows": saved.loaders},
+        "mismatch": {
+            "asked_dist_type": saved.wrong_dist_type,
+            "raised": saved.mismatch is not None,
+            "message": saved.mismatch,
+        },
+        "kernel": notebook.kernel,
+        "seconds": notebook.seconds,
         "summary": summary,
     }
 
 
-def _summary(
-    stride: int,
-    gcd_rule: dict[str, dict[int, dict[str, float]]],
-    hash_noise: pd.DataFrame,
-    hash_bands: dict[int, dict[float, float]],
-    zipf_seeds: pd.DataFrame,
-    zipf_floor: float,
-    zipf_sign: dict[str, Any],
-    kv_run: KVLookupRun,
-    loaders: list[dict[str, Any]],
-) -> str:
+def _summary(notebook: RoutingNotebook) -> str:
     """Notebook 01's one-line summary (what `make run` prints)."""
+    stride, gcd_rule = notebook.settings.stride, notebook.aliasing.gcd_rule
+    hot, kv_run, loaders = notebook.hot_keys, notebook.kv.run, notebook.checkpoints.loaders
+    hash_noise, hash_bands, zipf_seeds, zipf_floor, zipf_sign = (
+        hot.hash_noise,
+        hot.hash_bands,
+        hot.zipf_seeds,
+        hot.zipf_floor,
+        hot.zipf_sign,
+    )
     strided = gcd_rule.get("strided", {})
     medians = zipf_seeds.groupby(["traffic", "dist_type"])["max_over_mean"].median()
     noise = hash_noise.groupby("keys_per_rank")["max_over_mean"].median()

@@ -22,7 +22,9 @@ def test_permute_derivation_adds_up_to_the_permute():
 
 def test_a_placement_torchrec_cannot_take_runs_on_embnbs_path_only():
     # 3 shards of 2 columns: torchrec's column_wise() needs multiples of 4
-    run = experiment.run_placement_experiment(3, 6, [2, 0, 2], [1, 2, 3], num_embeddings=8, device="cpu")
+    run = experiment.run_placement_experiment(
+        experiment.SeedTable(3, 6, [2, 0, 2], [1, 2, 3], num_embeddings=8), device="cpu"
+    )
     assert "2 columns wide; torchrec's column_wise() needs a multiple of 4" in run.torchrec_skipped
     assert "uneven widths {'t0': [1, 2, 3]}" in run.embnb_uneven_check
     results = run.results(notebook_seconds=1.0)
@@ -40,6 +42,6 @@ def test_a_placement_torchrec_cannot_take_runs_on_embnbs_path_only():
 
 def test_bad_placements_are_refused_before_any_rank_starts():
     with pytest.raises(ValueError, match="embedding_dim 10 is not divisible into 3 equal shards"):
-        experiment.run_placement_experiment(2, 10, [0, 1, 0], [2, 4, 4], device="cpu")
+        experiment.run_placement_experiment(experiment.SeedTable(2, 10, [0, 1, 0], [2, 4, 4]), device="cpu")
     with pytest.raises(ValueError, match="device 'gpu' is not one of"):
-        experiment.run_placement_experiment(2, 12, [0, 1, 0], [2, 7, 3], device="gpu")
+        experiment.run_placement_experiment(experiment.SeedTable(2, 12, [0, 1, 0], [2, 7, 3]), device="gpu")
