@@ -277,13 +277,17 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
         world_size=world_size,
         device_type="cpu",
     )
-    dmp = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=torch.device("cpu"),
-        plan=ShardingPlan({"ebc": plan}),
-        sharders=[sharder],
-    )
+    with warnings.catch_warnings():
+        # torchrec's own DDP wrapping passes DDP's deprecated `broadcast_buffers`:
+        # nothing a reader can act on, printed once per rank in `make run`
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        dmp = DistributedModelParallel(
+            model,
+            env=ShardingEnv.from_process_group(dist.group.WORLD),
+            device=torch.device("cpu"),
+            plan=ShardingPlan({"ebc": plan}),
+            sharders=[sharder],
+        )
     received: list[int] = []
     sharded = dmp.module.ebc
     head = torch.optim.SGD([p for n, p in dmp.named_parameters() if "head" in n], lr=config.learning_rate)
