@@ -110,6 +110,7 @@ def test_empty_test_selection_fails_with_a_clear_message():
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "EMBNB_TEST_WORKERS": "0"},  # workers would only import and collect twice more
     )
     assert out.returncode == 1
     assert "pytest collected no tests (exit 5)" in out.stderr

@@ -111,21 +111,46 @@ def test_no_library_module_imports_the_lab():
     assert pathlib.Path(embnb.lab.__file__).parent == PACKAGE / "lab"  # the walk covered the lab's parent
 
 
-def _loaded_after(statement: str) -> dict:
-    code = (
-        f"import sys, json\n{statement}\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-        f"{HEAVY!r} or m.startswith('embnb.'))))"
-    )
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+# The library's dependencies, imported once in a parent that forks a child per
+# statement: each child starts from them (a fresh interpreter would import
+# torch and torchrec again, seconds each), and nothing of embnb is loaded yet.
+DEPENDENCIES = "import torch, numpy, fbgemm_gpu, torchrec, torchrec.distributed.planner"
+FORKED = """
+import json, os, sys
+for statement in STATEMENTS:
+    pid = os.fork()
+    if pid == 0:
+        exec(statement)
+        print(json.dumps(REPORT()), flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, (statement, status)
+"""
+
+
+def _forked_reports(prelude: str, report: str, statements: list[str]) -> list:
+    """`report()` (defined in `report`) after each statement, each run in a child
+    forked from one process that ran `prelude`."""
+    code = f"{prelude}\n{report}\nREPORT = report\nSTATEMENTS = {statements!r}\n{FORKED}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == len(statements), out.stdout
+    return [json.loads(line) for line in lines]
+
+
+LOADED = f"""
+def report():
+    return sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r} or m.startswith('embnb.'))
+"""
 
 
 def test_library_imports_load_no_notebook_layer():
-    running = {statement: _loaded_after(statement) for statement in LIBRARY_IMPORTS}
-    for statement, process in running.items():
-        out, _ = process.communicate(timeout=120)
-        assert process.returncode == 0, statement
-        loaded = json.loads(out)
+    # the last statement is the oracle seeing the notebook layer and a heavy module where they load
+    statements = [*LIBRARY_IMPORTS, "import embnb.lab.plotting"]
+    *reports, oracle = _forked_reports(f"import sys\n{DEPENDENCIES}", LOADED, statements)
+    assert "embnb.lab" in oracle and "matplotlib" in oracle, oracle
+    for statement, loaded in zip(LIBRARY_IMPORTS, reports, strict=True):
         heavy = [m for m in loaded if m.split(".")[0] in HEAVY]
         notebook = [m for m in loaded if _notebook_layer(m)]
         assert not heavy and not notebook, (statement, heavy, notebook)
@@ -144,25 +169,29 @@ def state():
 """
 
 
-def _logger_changes(statement: str) -> dict:
-    deps = "import torch, numpy, fbgemm_gpu, torchrec, torchrec.distributed.planner"
-    code = (
-        f"{LOGGER_STATE}\n{deps}\nbefore = state()\n{statement}\nafter = state()\n"
-        "print(json.dumps({n: s for n, s in after.items() if (n in before or n.startswith('embnb')) "
-        "and before.get(n, [0, 0, True, False]) != s}))"
+LOGGER_CHANGES = """
+def report():
+    after = state()
+    return {n: s for n, s in after.items()
+            if (n in before or n.startswith('embnb')) and before.get(n, [0, 0, True, False]) != s}
+"""
+
+
+def _logger_changes(*statements: str) -> list[dict]:
+    return _forked_reports(
+        f"{LOGGER_STATE}\n{DEPENDENCIES}\nbefore = state()", LOGGER_CHANGES, list(statements)
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_importing_embnb_changes_no_logger():
     library = [f"embnb.{name}" for name in LIBRARY]
     tops = [info.name for info in pkgutil.iter_modules(embnb.__path__, "embnb.") if not info.ispkg]
     statement = f"import embnb, {', '.join(library + tops)}"
-    assert _logger_changes(statement) == {}
-    # the check sees a change where there is one
-    quieted = _logger_changes("from embnb.lab.logs import quiet_torch_fx; quiet_torch_fx()")
+    # the second statement is the check seeing a change where there is one
+    changes, quieted = _logger_changes(
+        statement, "from embnb.lab.logs import quiet_torch_fx; quiet_torch_fx()"
+    )
+    assert changes == {}
     assert list(quieted) == ["torch.fx._symbolic_trace"], quieted
 
 

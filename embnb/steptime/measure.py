@@ -29,7 +29,16 @@ from embnb.steptime.kernels import DEFAULT_OPTIMIZER, DenseLookup, SequenceDense
 from embnb.steptime.work import RankWork
 from embnb.timing import Stopwatch, machine_name
 
-__all__ = ["PHASES", "Timing", "RankTime", "StepTimes", "measure_rank", "measure_ranks", "DEFAULT_HIDDEN"]
+__all__ = [
+    "PHASES",
+    "Timing",
+    "RankTime",
+    "StepTimes",
+    "StepOptions",
+    "measure_rank",
+    "measure_ranks",
+    "DEFAULT_HIDDEN",
+]
 
 PHASES = ("lookup_forward", "lookup_backward", "dense_forward", "dense_backward")
 DEFAULT_HIDDEN = (512, 256)  # the dense MLP's hidden widths
@@ -126,38 +135,47 @@ def _lookup_inputs(work: RankWork, device: torch.device) -> list[tuple[torch.Ten
     return inputs
 
 
-def measure_rank(
-    work: RankWork,
-    *,
-    device: torch.device | str = "cpu",
-    warmup: int = 2,
-    repeats: int = 5,
-    optimizer: str = DEFAULT_OPTIMIZER,
-    learning_rate: float = 0.01,
-    hidden: Sequence[int] = DEFAULT_HIDDEN,
-    seed: int = 0,
-) -> RankTime:
+@dataclass(frozen=True)
+class StepOptions:
+    """How each rank's step is measured: on `device` at `threads` intra-op
+    threads, `warmup` untimed steps then `repeats` timed ones, the tables
+    trained by `optimizer` at `learning_rate`, a dense MLP of `hidden` layers."""
+
+    device: torch.device | str = "cpu"
+    threads: int = 1
+    warmup: int = 2
+    repeats: int = 5
+    optimizer: str = DEFAULT_OPTIMIZER
+    learning_rate: float = 0.01
+    hidden: Sequence[int] = DEFAULT_HIDDEN
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("threads", self.threads, low=1)
+        check_int("warmup", self.warmup, low=0)
+        check_int("repeats", self.repeats, low=1)
+
+
+def measure_rank(work: RankWork, options: StepOptions = StepOptions(), seed: int = 0) -> RankTime:
     """Time one rank's work (module docstring); its modules are built here
     and freed on return, so ranks measured one after another share memory."""
-    check_int("warmup", warmup, low=0)
-    check_int("repeats", repeats, low=1)
-    device = torch.device(device)
+    device = torch.device(options.device)
     torch.manual_seed(seed)
-    modules = [lookup_module(g, device, optimizer, learning_rate) for g in work.groups]
+    modules = [lookup_module(g, device, options.optimizer, options.learning_rate) for g in work.groups]
     inputs = _lookup_inputs(work, device)
     if work.sequence_lengths:
-        dense = SequenceDense(work.dense_width, hidden).to(device)
+        dense = SequenceDense(work.dense_width, options.hidden).to(device)
         dense_input = torch.randn(sum(work.sequence_lengths), work.dense_width, device=device)
     else:
-        dense = make_mlp(work.dense_width, hidden).to(device)
+        dense = make_mlp(work.dense_width, options.hidden).to(device)
         dense_input = torch.randn(work.dense_samples, work.dense_width, device=device)
     dense_input.requires_grad_(True)
     grads = [
         torch.randn(len(g.lengths) // len(g.feature_shard), g.pooled_dim, device=device) for g in work.groups
     ]
     clock = _Clock(device)
-    for step in range(warmup + repeats):
-        keep = step >= warmup
+    for step in range(options.warmup + options.repeats):
+        keep = step >= options.warmup
         outputs = clock.run("lookup_forward", lambda: [m(*x) for m, x in zip(modules, inputs)], keep)
         clock.run("lookup_backward", lambda out=outputs: _backward(modules, out, grads), keep)
         if work.sequence_lengths:
@@ -188,46 +206,30 @@ def dense_parameters(width: int, hidden: Sequence[int]) -> int:
 def measure_ranks(
     works: Callable[[int], RankWork],
     world_size: int,
-    *,
     comms_of: Callable[[int, int], RankComms] | None = None,
-    device: torch.device | str = "cpu",
-    threads: int = 1,
-    warmup: int = 2,
-    repeats: int = 5,
-    optimizer: str = DEFAULT_OPTIMIZER,
-    learning_rate: float = 0.01,
-    hidden: Sequence[int] = DEFAULT_HIDDEN,
-    progress: bool = False,
+    options: StepOptions = StepOptions(),
 ) -> StepTimes:
-    """`measure_rank(works(rank))` for every rank in turn at `threads`
-    intra-op threads (put back afterwards); with `comms_of(rank,
-    dense_parameters)`, every rank's collectives too."""
+    """`measure_rank(works(rank), options)` for every rank in turn at
+    `options.threads` intra-op threads (put back afterwards); with
+    `comms_of(rank, dense_parameters)`, every rank's collectives too."""
     check_int("world_size", world_size, low=1)
-    check_int("threads", threads, low=1)
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(options.threads)
     ranks, comms = [], []
     order = range(world_size)
-    if progress:
+    if options.progress:
         from tqdm.auto import tqdm
 
         order = tqdm(order, desc="ranks", leave=False)
     try:
         for rank in order:
             work = works(rank)
-            ranks.append(
-                measure_rank(
-                    work,
-                    device=device,
-                    warmup=warmup,
-                    repeats=repeats,
-                    optimizer=optimizer,
-                    learning_rate=learning_rate,
-                    hidden=hidden,
-                )
-            )
+            ranks.append(measure_rank(work, options))
             if comms_of is not None:
-                comms.append(comms_of(rank, dense_parameters(work.dense_width, hidden)))
+                comms.append(comms_of(rank, dense_parameters(work.dense_width, options.hidden)))
     finally:
         torch.set_num_threads(before)
-    return StepTimes(ranks, comms, str(torch.device(device)), threads, warmup, repeats, machine_name(device))
+    device = str(torch.device(options.device))
+    return StepTimes(
+        ranks, comms, device, options.threads, options.warmup, options.repeats, machine_name(options.device)
+    )

@@ -20,7 +20,7 @@ from embnb._checks import check_number
 from embnb.rowwise.routing import DistType
 from embnb.steptime.batch import GlobalBatch
 from embnb.steptime.comms import plan_comms, routing_comms
-from embnb.steptime.measure import StepTimes, measure_ranks
+from embnb.steptime.measure import StepOptions, StepTimes, measure_ranks
 from embnb.steptime.work import partition_work, plan_shards, plan_work, routing_work
 
 __all__ = ["measure_plan", "measure_routing", "measure_partition", "Agreement", "compare_per_rank"]
@@ -34,14 +34,14 @@ def measure_plan(
 ) -> StepTimes:
     """Every rank's step under a torchrec sharding plan of an
     EmbeddingBagCollection of `tables`, on `batch` (`make_batch`); its
-    collectives counted. `options` go to `measure_ranks` (device, threads,
+    collectives counted. `options` are `StepOptions`' fields (device, threads,
     warmup, repeats, optimizer, learning_rate, hidden, progress)."""
     shards = plan_shards(plan, tables, batch.world_size)
     return measure_ranks(
         lambda rank: plan_work(shards, batch, rank),
         batch.world_size,
         comms_of=lambda rank, dense: plan_comms(shards, batch, rank, dense),
-        **options,
+        options=StepOptions(**options),
     )
 
 
@@ -61,7 +61,7 @@ def measure_routing(
         lambda rank: routing_work(batch, dist_type, rows, dims, rank, block_size),
         batch.world_size,
         comms_of=lambda rank, dense: routing_comms(batch, dist_type, rows, dims, rank, block_size, dense),
-        **options,
+        options=StepOptions(**options),
     )
 
 
@@ -74,7 +74,9 @@ def measure_partition(
     if not sequence_lengths:
         raise ValueError("sequence_lengths is empty: pass one list of lengths per rank")
     return measure_ranks(
-        lambda rank: partition_work(sequence_lengths, rank, width), len(sequence_lengths), **options
+        lambda rank: partition_work(sequence_lengths, rank, width),
+        len(sequence_lengths),
+        options=StepOptions(**options),
     )
 
 

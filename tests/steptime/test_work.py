@@ -153,6 +153,13 @@ def test_bad_configurations_are_named():
         measure_routing(make_batch(TABLES, None, 2, 2), "modulo", {}, {})
     with pytest.raises(ValueError, match="need the same number"):
         compare_per_rank([[1.0]], [[1.0], [2.0]], 0.1)
+    # the measuring options, as every measure_* call passes them
+    with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
+        measure_partition([[4]], repeats=0)
+    with pytest.raises(ValueError, match="warmup must be an int >= 0, got -1"):
+        measure_partition([[4]], warmup=-1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'repeat'"):
+        measure_partition([[4]], repeat=3)
     if not torch.cuda.is_available():
         batch = make_batch(TABLES, None, 2, 2)
         with pytest.raises(ValueError, match="no CUDA kernels"):
