@@ -40,6 +40,7 @@ imports torchrec, which costs each spawned rank seconds.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
@@ -60,6 +61,7 @@ __all__ = [
     "JaggedBatch",
     "ShardedKVTable",
     "TABLE_NAME",
+    "KVTableSpec",
     "lookup_on_rank",
     "train_on_rank",
     "sharded_lookup",
@@ -377,46 +379,40 @@ class ShardedKVTable:
 # ------------------------------------------------- per-rank functions
 
 
-def _rank_table(
-    rank: int,
-    world_size: int,
-    dist_type: DistType | str,
-    embedding_dim: int,
-    block_size: int | None,
-    seed: int,
-) -> ShardedKVTable:
-    table = ShardedKVTable(TABLE_NAME, embedding_dim, dist_type, block_size=block_size, seed=seed)
-    if (table.world_size, table.rank) != (world_size, rank):
-        raise ValueError(
-            f"called as rank {rank} of {world_size} but the table is rank {table.rank} of {table.world_size}"
+@dataclass(frozen=True)
+class KVTableSpec:
+    """What every rank's fresh table is: its routing, width, block size
+    (``continuous`` only) and the seed of its initial rows."""
+
+    dist_type: DistType | str
+    embedding_dim: int
+    block_size: int | None = None
+    seed: int = 0
+
+    def table(self, rank: int, world_size: int) -> ShardedKVTable:
+        """This rank's fresh table, checked against the process group it lives in."""
+        table = ShardedKVTable(
+            TABLE_NAME, self.embedding_dim, self.dist_type, block_size=self.block_size, seed=self.seed
         )
-    return table
+        if (table.world_size, table.rank) != (world_size, rank):
+            raise ValueError(
+                f"called as rank {rank} of {world_size} "
+                f"but the table is rank {table.rank} of {table.world_size}"
+            )
+        return table
 
 
 def _batch_and_table(
-    rank: int,
-    world_size: int,
-    batches: list[Batch],
-    dist_type: DistType | str,
-    embedding_dim: int,
-    block_size: int | None,
-    seed: int,
+    rank: int, world_size: int, spec: KVTableSpec, batches: list[Batch]
 ) -> tuple[Batch, ShardedKVTable]:
     """This rank's batch and a fresh table: what every per-rank function starts with."""
     if len(batches) != world_size:
         raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
-    return batches[rank], _rank_table(rank, world_size, dist_type, embedding_dim, block_size, seed)
+    return batches[rank], spec.table(rank, world_size)
 
 
 def lookup_on_rank(
-    rank: int,
-    world_size: int,
-    dist_type: DistType | str,
-    batches: list[Batch],
-    embedding_dim: int,
-    block_size: int | None = None,
-    seed: int = 0,
-    dump_dir: str | None = None,
+    rank: int, world_size: int, spec: KVTableSpec, batches: list[Batch], dump_dir: str | None = None
 ) -> dict[str, Any]:
     """For ``launch``: a fresh table; this rank looks up ``batches[rank]``
     and, with ``dump_dir``, saves its shard there as :data:`TABLE_NAME`.
@@ -424,7 +420,7 @@ def lookup_on_rank(
     Returns ``{"rows": [num_keys, dim] in batches[rank]'s key order,
     "stats": table.stats()}``.
     """
-    batch, table = _batch_and_table(rank, world_size, batches, dist_type, embedding_dim, block_size, seed)
+    batch, table = _batch_and_table(rank, world_size, spec, batches)
     rows = table.lookup(batch)
     if dump_dir is not None:
         table.dump(dump_dir)
@@ -434,13 +430,10 @@ def lookup_on_rank(
 def train_on_rank(
     rank: int,
     world_size: int,
-    dist_type: DistType | str,
+    spec: KVTableSpec,
     batches: list[Batch],
     grads: list[torch.Tensor],
     lr: float,
-    embedding_dim: int,
-    block_size: int | None = None,
-    seed: int = 0,
     dump_dir: str | None = None,
 ) -> dict[str, Any]:
     """For ``launch``: one SGD step on a fresh table.
@@ -449,7 +442,7 @@ def train_on_rank(
     with ``dump_dir``, saves the table there as :data:`TABLE_NAME`. Returns
     ``{"rows", "rows_after", "stats"}`` (stats count both lookups).
     """
-    batch, table = _batch_and_table(rank, world_size, batches, dist_type, embedding_dim, block_size, seed)
+    batch, table = _batch_and_table(rank, world_size, spec, batches)
     rows = table.lookup(batch)
     table.apply_gradients(batch, grads[rank], lr)
     rows_after = table.lookup(batch)
@@ -479,14 +472,5 @@ def sharded_lookup(
     where the ranks run by ``embnb.dist.device_plan``."""
     if len(batches) != world_size:
         raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
-    return launch(
-        lookup_on_rank,
-        world_size,
-        dist_type,
-        _picklable(batches),
-        embedding_dim,
-        block_size,
-        seed,
-        device=device,
-        timeout_s=timeout_s,
-    )
+    spec = KVTableSpec(dist_type, embedding_dim, block_size, seed)
+    return launch(lookup_on_rank, world_size, spec, _picklable(batches), device=device, timeout_s=timeout_s)

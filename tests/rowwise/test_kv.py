@@ -50,6 +50,10 @@ def make_grads(batches, seed: int):
     return [torch.randn(b.values().numel(), DIM, generator=gen) for b in batches]
 
 
+def spec(dist_type: DistType) -> kv.KVTableSpec:
+    return kv.KVTableSpec(dist_type, DIM, BLOCK, SEED)
+
+
 def reference(dist_type: DistType) -> kv.ShardedKVTable:
     return kv.ShardedKVTable("ref", DIM, dist_type, world_size=1, block_size=BLOCK, seed=SEED)
 
@@ -67,7 +71,7 @@ def trained(tmp_path_factory):
         grads = make_grads(batches, seed=10 + i)
         directory = str(root / dist_type.value)
         cases[dist_type] = {"batches": batches, "grads": grads, "dir": directory}
-        calls.append((kv.train_on_rank, (dist_type, batches, grads, LR, DIM, BLOCK, SEED, directory)))
+        calls.append((kv.train_on_rank, (spec(dist_type), batches, grads, LR, directory)))
     for dist_type, results in zip(DIST_TYPES, launch_each(calls, 4, device="cpu")):
         cases[dist_type]["results"] = results
     return cases
@@ -126,9 +130,7 @@ def test_dump_on_4_load_on_2_keeps_every_row_once(trained, reloaded, dist_type):
 @pytest.fixture(scope="module")
 def three_ranks():
     batches = {d: make_batches(3, d, seed=30 + i) for i, d in enumerate(DIST_TYPES)}
-    calls = [(kv.lookup_on_rank, (d, batches[d], DIM, BLOCK, SEED)) for d in DIST_TYPES] + [
-        (ranks.kv_rank_mismatch, ())
-    ]
+    calls = [(kv.lookup_on_rank, (spec(d), batches[d])) for d in DIST_TYPES] + [(ranks.kv_rank_mismatch, ())]
     *lookups, mismatches = launch_each(calls, 3, device="cpu")
     return batches, dict(zip(DIST_TYPES, lookups)), mismatches
 

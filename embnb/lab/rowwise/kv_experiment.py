@@ -99,11 +99,8 @@ def run_kv_lookups(
         (
             kv.lookup_on_rank,
             (
-                mode,
+                kv.KVTableSpec(mode, embedding_dim, block_sizes.get(mode.value), seed),
                 plain,
-                embedding_dim,
-                block_sizes.get(mode.value),
-                seed,
                 dump_dir if mode is dump_mode else None,
             ),
         )
