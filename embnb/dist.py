@@ -13,6 +13,7 @@ so the same per-rank functions work on one machine or several.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import pickle
@@ -137,6 +138,7 @@ def resolve_device(device: str, world_size: int = 1) -> str:
     return device_plan(device, world_size).device
 
 
+_log = logging.getLogger(__name__)
 _RANK_DEVICE_ENV = "EMBNB_RANK_DEVICE"  # set by `launch` in each rank
 
 
@@ -190,6 +192,33 @@ def launch(
         plan = DevicePlan("cuda" if backend == "nccl" else "cpu", backend, world_size, _visible_gpus())
     _check_importable(fn)
 
+    deadline = time.monotonic() + timeout_s
+    for attempt in range(1, RENDEZVOUS_TRIES + 1):
+        try:
+            return _launch_once(fn, args, plan, world_size, timeout_s, deadline)
+        except _RendezvousFailed as failed:
+            if attempt == RENDEZVOUS_TRIES:
+                raise RankError(failed.rank, failed.detail) from None
+            _log.warning(
+                "launch: the ranks' rendezvous failed (try %d of %d); launching again",
+                attempt,
+                RENDEZVOUS_TRIES,
+            )
+
+
+# Under heavy load gloo's full-mesh connect can fail ("Connection closed by
+# peer") before any rank has run fn; such a launch is tried again, at most
+# this many times in all, within the same timeout.
+RENDEZVOUS_TRIES = 3
+
+
+class _RendezvousFailed(Exception):
+    def __init__(self, rank: int, detail: str):
+        super().__init__(detail)
+        self.rank, self.detail = rank, detail
+
+
+def _launch_once(fn, args, plan: DevicePlan, world_size: int, timeout_s: float, deadline: float) -> list[Any]:
     # The parent hosts the rendezvous store on a port the OS picks (port 0),
     # so concurrent launches never race for a port.
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
@@ -197,31 +226,17 @@ def launch(
     results_queue = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // world_size)
     environ = dict(os.environ)  # this launch's, also where the ranks fork from an older server
+    setup = _RankSetup(world_size, plan, store.port, timeout_s, threads, os.getpid(), environ, fn, args)
     procs = [
         ctx.Process(
-            target=_rank_main,
-            args=(
-                rank,
-                world_size,
-                plan,
-                store.port,
-                timeout_s,
-                threads,
-                os.getpid(),
-                environ,
-                fn,
-                args,
-                results_queue,
-            ),
-            name=f"embnb-rank{rank}",
-            daemon=True,
+            target=_rank_main, args=(rank, setup, results_queue), name=f"embnb-rank{rank}", daemon=True
         )
         for rank in range(world_size)
     ]
     try:
         for proc in procs:
             proc.start()
-        return _collect(procs, results_queue, world_size, timeout_s)
+        return _collect(procs, results_queue, world_size, timeout_s, deadline)
     finally:
         _kill_all(procs)
         results_queue.close()
@@ -296,12 +311,30 @@ def _rank_context(plan: DevicePlan) -> Any:
     return ctx
 
 
-def _rank_main(rank, world_size, plan, port, timeout_s, threads, launcher, environ, fn, args, results_queue):
+@dataclass(frozen=True)
+class _RankSetup:
+    """What every rank of one launch gets: the group, its rendezvous port and
+    deadline, its threads, the launching process (a rank exits with it), the
+    launch's environment, and the function with its arguments."""
+
+    world_size: int
+    plan: DevicePlan
+    port: int
+    timeout_s: float
+    threads: int
+    launcher: int
+    environ: dict[str, str]
+    fn: Callable[..., Any]
+    args: tuple
+
+
+def _rank_main(rank: int, setup: _RankSetup, results_queue) -> None:
+    world_size, plan, port = setup.world_size, setup.plan, setup.port
     # Own process group, so killing it also takes any processes this rank started.
     os.setpgrp()
-    _exit_with_parent(launcher)
+    _exit_with_parent(setup.launcher)
     os.environ.clear()
-    os.environ.update(environ)
+    os.environ.update(setup.environ)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -316,21 +349,19 @@ def _rank_main(rank, world_size, plan, port, timeout_s, threads, launcher, envir
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if plan.backend == "gloo":
-            torch.set_num_threads(threads)  # ranks share the cores
+            torch.set_num_threads(setup.threads)  # ranks share the cores
         # The ranks' own timeouts outlast the launch's: its deadline, not a
         # collective's timeout in a healthy rank, ends a launch that hangs.
-        backstop = timedelta(seconds=timeout_s + GROUP_TIMEOUT_MARGIN_S)
+        backstop = timedelta(seconds=setup.timeout_s + GROUP_TIMEOUT_MARGIN_S)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, backstop)
-        dist.init_process_group(
-            plan.backend,
-            store=store,
-            rank=rank,
-            world_size=world_size,
-            timeout=backstop,
-        )
-        payload = ("ok", rank, pickle.dumps(_to_cpu(fn(rank, world_size, *args))))
+        dist.init_process_group(plan.backend, store=store, rank=rank, world_size=world_size, timeout=backstop)
     except BaseException:
-        payload = ("error", rank, traceback.format_exc())
+        payload = ("error", rank, _RENDEZVOUS + traceback.format_exc())
+    else:
+        try:
+            payload = ("ok", rank, pickle.dumps(_to_cpu(setup.fn(rank, world_size, *setup.args))))
+        except BaseException:
+            payload = ("error", rank, traceback.format_exc())
     results_queue.put(payload)
     results_queue.close()
     results_queue.join_thread()  # flush before exiting, so the parent gets it
@@ -369,8 +400,7 @@ def _running(pid: int) -> bool:
         return True
 
 
-def _collect(procs, results_queue, world_size: int, timeout_s: float) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
+def _collect(procs, results_queue, world_size: int, timeout_s: float, deadline: float) -> list[Any]:
     results: dict[int, Any] = {}
     failures: dict[int, str] = {}  # rank -> traceback or exit note, in arrival order
     while len(results) < world_size:
@@ -384,6 +414,8 @@ def _collect(procs, results_queue, world_size: int, timeout_s: float) -> list[An
             rank = _root_cause(failures)
             others = [r for r in failures if r != rank]
             note = f"\n(ranks {others} failed as well, probably as a consequence)" if others else ""
+            if all(text.startswith(_RENDEZVOUS) for text in failures.values()):
+                raise _RendezvousFailed(rank, failures[rank] + note)
             raise RankError(rank, failures[rank] + note)
         if time.monotonic() > deadline:
             missing = [r for r in range(world_size) if r not in results]
@@ -407,6 +439,7 @@ def _read(results_queue, results: dict[int, Any], failures: dict[int, str], wait
             failures[rank] = body
 
 
+_RENDEZVOUS = "in the ranks' rendezvous (before fn ran):\n"
 _DIED = "process exited with code {} without a result (killed, crashed in native code, or os._exit)"
 
 

@@ -1,6 +1,7 @@
 """embnb.dist.launch on real gloo process groups."""
 
 import ast
+import logging
 import os
 import subprocess
 import sys
@@ -310,3 +311,55 @@ def test_the_flat_all_gather_uses_the_name_this_torch_prefers():
     assert collectives._all_gather_into is expected
     (gathered,) = edist.launch_each([(ranks.collective_helpers, ())], 2, device="cpu")
     assert gathered[1]["gathered"] == [0, 0, 1, 10]
+
+
+class _OnRetry(logging.Handler):
+    """Runs `action` when `launch` says it is launching again."""
+
+    def __init__(self, action):
+        super().__init__()
+        self.action, self.retries = action, []
+
+    def emit(self, record):
+        if "launching again" in record.getMessage():
+            self.retries.append(record.getMessage())
+            self.action()
+
+
+def _on_retry(monkeypatch, action) -> _OnRetry:
+    handler = _OnRetry(action)
+    logger = logging.getLogger("embnb.dist")
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "level", logging.WARNING)
+    return handler
+
+
+def test_a_failed_rendezvous_is_tried_again_and_a_lasting_one_is_named(monkeypatch):
+    # gloo cannot open its device on an interface that does not exist: every rank
+    # fails in init_process_group, before fn runs (as a full-mesh connect under load does)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "embnb_none0")
+    handler = _on_retry(monkeypatch, lambda: None)
+    try:
+        with pytest.raises(edist.RankError, match=r"in the ranks' rendezvous \(before fn ran\)"):
+            edist.launch(ranks.identity, 2, None)
+        assert len(handler.retries) == edist.RENDEZVOUS_TRIES - 1, handler.retries
+        assert not _spawned_children()
+        # the same failure once: the second launch finds the interface gone and runs fn
+        handler = _on_retry(monkeypatch, lambda: monkeypatch.delenv("GLOO_SOCKET_IFNAME"))
+        results = edist.launch(ranks.identity, 2, {"x": 1})
+        # (a rendezvous that fails under load on its own may add a retry)
+        assert [r["rank"] for r in results] == [0, 1] and len(handler.retries) >= 1
+    finally:
+        for h in list(logging.getLogger("embnb.dist").handlers):
+            if isinstance(h, _OnRetry):
+                logging.getLogger("embnb.dist").removeHandler(h)
+
+
+def test_an_error_in_fn_is_not_tried_again(monkeypatch):
+    handler = _on_retry(monkeypatch, lambda: None)
+    try:
+        with pytest.raises(edist.RankError, match="deliberate failure on rank 1") as raised:
+            edist.launch(ranks.fail_on_rank, 2, 1)
+        assert "rendezvous" not in str(raised.value) and handler.retries == []
+    finally:
+        logging.getLogger("embnb.dist").removeHandler(handler)
