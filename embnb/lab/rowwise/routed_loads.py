@@ -1,21 +1,12 @@
 """Notebook 01's measured section: torchrec row-wise tables under each routing of embnb's sharders.
 
-Three id streams go into one table of `num_embeddings` rows:
-
-- `frequency`: a vocabulary numbered by frequency (Zipf ranks as ids: id 0 the hottest);
-- `strided`: ids `k * stride` (one of `stride` interleaved allocators; the stride does not know W);
-- `hashed`: uniform raw 64-bit keys hashed into the table (`fmix64(key) % num_embeddings`).
-
-Each is laid out by `embnb.rowwise.TableLayout` (`continuous`, `roundrobin`,
-`feistel_roundrobin`) at each world size. The ids per rank are counted from
-the layout; each rank's lookups are then replayed with real kernels, one rank
-after another on this device (`embnb.steptime.measure_routing` on the storage
-slots, torchrec's contiguous blocks: what the routed sharder feeds
-torchrec's row-wise path). `train_rank` trains a small DMP model with the
-sharder over real gloo ranks and counts the ids torchrec's input all-to-all delivers to each rank.
-
-    loads = measure_loads(LoadsConfig(world_sizes=(8, 64)))
-    results = launch_each([(train_rank, (routing, TrainConfig())) for routing in ROUTINGS], 2)
+Three id streams (`case_ids`) go into one table of `num_embeddings` rows: `frequency` (Zipf ranks as
+ids: id 0 the hottest), `strided` (`k * stride`; the stride does not know W), `hashed` (uniform raw
+keys, `fmix64(key) % num_embeddings`). Each is laid out by `embnb.rowwise.TableLayout` at each W; the
+ids per rank are counted from the layout, then each rank's lookups are replayed with real kernels,
+one rank after another (`embnb.steptime.measure_ranks` on the storage slots: torchrec's contiguous
+blocks, what the routed sharder feeds torchrec). `train_rank` trains a small DMP model with the
+sharder on real gloo ranks and counts the ids torchrec's input all-to-all delivers to each rank.
 """
 
 from __future__ import annotations
@@ -31,7 +22,9 @@ from embnb.data import make_keys, zipf_probs
 from embnb.lab.rowwise.aliasing import into_table
 from embnb.metrics import max_over_mean
 from embnb.rowwise import Routing, TableLayout
-from embnb.steptime import batch_from_keys, measure_routing
+from embnb.steptime import batch_from_keys
+from embnb.steptime.measure import measure_ranks
+from embnb.steptime.work import routing_work
 
 __all__ = [
     "CASES",
@@ -139,16 +132,18 @@ class RoutedLoads:
 
 
 def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, case: str) -> RoutedCase:
-    """Rank by rank, the lookups of the global batch `ids` (rank 0's local ids first) under `layout`."""
+    """Rank by rank, the lookups of the global batch `ids` (rank 0's local ids first) under `layout`:
+    torchrec's blocks over the storage slots (the sharder's own path); no collectives counted."""
     w = layout.world_size
-    slots = layout.slots(ids)
-    batch = batch_from_keys(list(slots.view(w, -1)), config.bag_size, table=TABLE)
-    times = measure_routing(
-        batch,
-        "continuous",  # torchrec's blocks over the storage slots: the sharder's own path
+    batch = batch_from_keys(list(layout.slots(ids).view(w, -1)), config.bag_size, table=TABLE)
+    rows, dims, block = (
         {TABLE: layout.storage_rows},
         {TABLE: config.embedding_dim},
-        block_size={TABLE: layout.block_size},
+        {TABLE: layout.block_size},
+    )
+    times = measure_ranks(
+        lambda rank: routing_work(batch, "continuous", rows, dims, rank, block),
+        w,
         threads=config.threads,
         warmup=config.warmup,
         repeats=config.repeats,
