@@ -1,19 +1,8 @@
-"""Where the hot-key floor binds: Zipf traffic over a sweep of alpha
-(notebook 01, section 4).
+"""Where the hot-key floor binds: Zipf traffic over a sweep of alpha (notebook 01, section 4).
 
-Under Zipf(alpha) the hottest key carries a share `p1` of all lookups. One
-key is one row on one rank, so no routing has max/mean below `W * p1`, and
-none below 1: the floor is `max(1, W * p1)` (`aliasing.hot_key_floor`). It
-binds, i.e. even the best placement stays above balanced, once `W * p1 > 1`.
-
-`roundrobin` and `hash_roundrobin` place keys blind to their counts. A
-placement that knows every key's count, `counted_placement` (greedy LPT: keys
-by decreasing count, each onto the least loaded rank), shows what placement
-alone could reach. It is a model of what a count-aware router could do, not
-a mode of any system here.
-
-    sweep = alpha_sweep([0.8, 1.2, 1.5], 100_000, 8, ["roundrobin", "hash_roundrobin"], range(5))
-    findings = floor_findings(sweep)
+The hottest key carries a share `p1` of all lookups and is one row on one rank, so no routing has
+max/mean below `max(1, W * p1)`. `counted_placement` (greedy LPT over the keys' counts) shows what a
+placement that knows every count could reach: a model, not a mode of any system here.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Notebook 01's experiment on real ranks: a sharded KV table under every
-routing mode, its checkpoint loaded into another world size, and the
-notebook's results JSON.
-
-    run = run_kv_lookups(batches, ["roundrobin", "hash_roundrobin"], 16,
-                         dump_dir=d, dump_dist_type="hash_roundrobin")
-    run.keys_served()          # {dist_type: keys each owner served}
-    report = reshard(d, "hash_roundrobin", run.rows_held()["hash_roundrobin"], 3, None, 16, 0)
-
-One launch looks the batches up under every dist_type (`dist.launch_each`),
-so the ranks pay their start-up (importing torch) once.
-"""
+"""Notebook 01's experiment on real ranks: a sharded KV table under every routing mode in one launch
+(`dist.launch_each`: the ranks start once), its checkpoint loaded into another world size and by
+dynamicemb's loader, and the notebook's results JSON."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Figures of notebook 01 (row-wise routing): each takes data, returns a Figure.
-
-Figures share the style of `embnb.lab.plotting` (palette, rank bars).
-
-    fig = load_heatmap(table)                        # notebook 01
-    fig = embnb.lab.plotting.rank_bars({"roundrobin": [8, 0, 0, 0], ...})  # per-rank load
-    fig = max_over_mean_vs_world_size(table, ["strided", "zipf"])
-    fig = hash_noise_figure(noise, bands, world_size=8)
-    fig = zipf_seeds_figure(zipf)
-    fig = hot_key_floor_figure(sweep)                # max/mean against Zipf alpha
-    fig = dist_type_bars(counts, highlight=hottest, floor=floor)
-    fig = routed_loads_figure(loads, device="CPU (...)")  # section 8: ids and time per rank
-"""
+"""Figures of notebook 01 (row-wise routing): each takes data and returns a Figure, in the style of
+`embnb.lab.plotting` (palette, rank bars)."""
 
 from __future__ import annotations
 
