@@ -354,10 +354,7 @@ def hottest_key_counts(
 
 
 def make_batches(
-    keys: torch.Tensor,
-    world_size: int,
-    keys_per_sample: int = 1,
-    feature: str = "item_id",
+    keys: torch.Tensor, world_size: int, keys_per_sample: int = 1, feature: str = "item_id"
 ) -> list:
     """Split `keys` into one KeyedJaggedTensor per rank (data-parallel
     input: rank r looks up `batches[r]`), each sample holding

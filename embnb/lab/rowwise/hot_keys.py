@@ -45,11 +45,7 @@ def counted_placement(keys: torch.Tensor, world_size: int) -> list[int]:
 
 
 def alpha_sweep(
-    alphas: Iterable[float],
-    num_keys: int,
-    world_size: int,
-    dist_types: Sequence[str],
-    seeds: Iterable[int],
+    alphas: Iterable[float], num_keys: int, world_size: int, dist_types: Sequence[str], seeds: Iterable[int]
 ) -> pd.DataFrame:
     """max/mean of all lookups of a Zipf(alpha) stream per alpha, seed and
     dist_type, with `COUNTED` (the count-aware model) on every seed too.

@@ -74,11 +74,7 @@ def load_heatmap(
 
     num_panels = len(world_sizes)
     fig = new_figure(0.9 + 2.9 * num_panels, 0.9 + 0.45 * len(patterns))
-    axes = fig.subplots(
-        1,
-        num_panels + 1,
-        gridspec_kw={"width_ratios": [1.0] * num_panels + [0.06]},
-    )
+    axes = fig.subplots(1, num_panels + 1, gridspec_kw={"width_ratios": [1.0] * num_panels + [0.06]})
     panels, colorbar_ax = axes[:-1], axes[-1]
     for i, (ax, world_size) in enumerate(zip(panels, world_sizes)):
         rows = table[table["world_size"] == world_size]
@@ -154,14 +150,7 @@ def max_over_mean_vs_world_size(
             )
         if rules and pattern in rules:
             sizes = sorted(rules[pattern])
-            ax.plot(
-                sizes,
-                [rules[pattern][w] for w in sizes],
-                "x",
-                color="black",
-                markersize=8,
-                label="rule",
-            )
+            ax.plot(sizes, [rules[pattern][w] for w in sizes], "x", color="black", markersize=8, label="rule")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_xticks(world_sizes, [str(w) for w in world_sizes])
@@ -184,10 +173,7 @@ def max_over_mean_vs_world_size(
 
 
 def hash_noise_figure(
-    noise: pd.DataFrame,
-    bands: dict[int, dict[float, float]],
-    world_size: int,
-    title: str | None = None,
+    noise: pd.DataFrame, bands: dict[int, dict[float, float]], world_size: int, title: str | None = None
 ) -> Figure:
     """`hash_roundrobin`'s excess max/mean - 1 against distinct keys per rank
     (log-log, a marker per seed), over the balls-into-bins band of a truly
