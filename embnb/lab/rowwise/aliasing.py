@@ -247,15 +247,8 @@ def hash_noise(
         for seed in seeds:
             keys = make_keys(pattern, n * world_size, seed, **dict(pattern_options or {})).unique()
             counts = rank_counts(keys, world_size, DistType.HASH_ROUNDROBIN)
-            rows.append(
-                {
-                    "keys_per_rank": n,
-                    "seed": seed,
-                    "distinct_keys": keys.numel(),
-                    "max_over_mean": max_over_mean(counts),
-                }
-            )
-    return pd.DataFrame(rows)
+            rows.append((n, seed, keys.numel(), max_over_mean(counts)))
+    return pd.DataFrame(rows, columns=["keys_per_rank", "seed", "distinct_keys", "max_over_mean"])
 
 
 def balls_into_bins(
@@ -303,16 +296,8 @@ def zipf_over_seeds(
             modes, (("all lookups", keys), ("deduplicated per step", deduplicated))
         ):
             counts = rank_counts(sent, world_size, mode, block_size if mode is DistType.CONTINUOUS else None)
-            rows.append(
-                {
-                    "seed": seed,
-                    "dist_type": mode.value,
-                    "traffic": traffic,
-                    "max_over_mean": max_over_mean(counts),
-                    "hot_key_floor": floor,
-                }
-            )
-    return pd.DataFrame(rows)
+            rows.append((seed, mode.value, traffic, max_over_mean(counts), floor))
+    return pd.DataFrame(rows, columns=["seed", "dist_type", "traffic", "max_over_mean", "hot_key_floor"])
 
 
 def sign_test(runs: pd.DataFrame, first: str, second: str, traffic: str = "all lookups") -> dict[str, Any]:

@@ -60,18 +60,12 @@ def alpha_sweep(
             loads = {d: rank_counts(keys, world_size, d) for d in dist_types}
             loads[COUNTED] = counted_placement(keys, world_size)
             for dist_type, per_rank in loads.items():
+                w_p1 = world_size * hottest  # the floor is max(1, W * p1), as aliasing.hot_key_floor
                 records.append(
-                    {
-                        "alpha": float(alpha),
-                        "seed": seed,
-                        "dist_type": dist_type,
-                        "max_over_mean": max_over_mean(per_rank),
-                        "hottest_share": hottest,
-                        "w_times_p1": world_size * hottest,
-                        "hot_key_floor": max(1.0, world_size * hottest),  # as hot_key_floor
-                    }
+                    (float(alpha), seed, dist_type, max_over_mean(per_rank), hottest, w_p1, max(1.0, w_p1))
                 )
-    return pd.DataFrame(records)
+    columns = ["alpha", "seed", "dist_type", "max_over_mean", "hottest_share", "w_times_p1", "hot_key_floor"]
+    return pd.DataFrame(records, columns=columns)
 
 
 def floor_findings(sweep: pd.DataFrame) -> dict[str, Any]:

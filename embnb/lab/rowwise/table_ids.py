@@ -24,6 +24,10 @@ HOWS = ("modulo", "hash")  # how ids go into the table: id % rows, fmix64(id) % 
 # After the mapping a key is a row: torchrec cuts rows into blocks (continuous);
 # `row % W` shows what a modulo on top of a modulo keeps.
 PIPELINE_DIST_TYPES = ("continuous", "roundrobin")
+PIPELINE_COLUMNS = (
+    "table_rows into_table world_size dist_type max_over_mean distinct_ids rows_used ids_sharing_a_row "
+    "ids_sharing_a_row_random"
+).split()
 
 
 def _outcome(call) -> tuple[str, torch.Tensor | None]:
@@ -107,19 +111,10 @@ def pipeline_table(
                 for dist_type in dist_types:
                     counts = rank_counts(rows, world_size, dist_type, table_rows=table_rows)
                     records.append(
-                        {
-                            "table_rows": table_rows,
-                            "into_table": how,
-                            "world_size": world_size,
-                            "dist_type": dist_type,
-                            "max_over_mean": max_over_mean(counts),
-                            "distinct_ids": distinct.numel(),
-                            "rows_used": used.numel(),
-                            "ids_sharing_a_row": sharing,
-                            "ids_sharing_a_row_random": random_sharing,
-                        }
+                        (table_rows, how, world_size, dist_type, max_over_mean(counts), distinct.numel())
+                        + (used.numel(), sharing, random_sharing)
                     )
-    return pd.DataFrame(records)
+    return pd.DataFrame(records, columns=PIPELINE_COLUMNS)
 
 
 def describe_pipeline(table: pd.DataFrame) -> list[str]:
