@@ -47,6 +47,11 @@ def _ordered(values: Sequence, wanted: Sequence | None, what: str) -> list:
     return list(wanted)
 
 
+def _legend_below(fig: Figure, handles: list, labels: list[str], ncols: int | None = None, **options) -> None:
+    """One legend below the panels, never over the data."""
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols or len(labels), fontsize=8, **options)
+
+
 def _label(value: str) -> str:
     return VALUE_LABELS.get(value, value.replace("_", " "))
 
@@ -159,14 +164,8 @@ def max_over_mean_vs_world_size(
         ax.set_title(pattern)
         ax.set_xlabel("world_size")
     axes[0].set_ylabel("max/mean keys per rank")
-    handles, labels = {}, []
-    for ax in axes:  # one legend below the panels, never over the data
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, handle)
-    labels = list(handles)
-    fig.legend(
-        [handles[k] for k in labels], labels, loc="outside lower center", ncols=len(labels), fontsize=8
-    )
+    handles = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
+    _legend_below(fig, list(handles.values()), list(handles))
     if title:
         fig.suptitle(title)
     return fig
@@ -240,12 +239,9 @@ def zipf_seeds_figure(zipf: pd.DataFrame, title: str | None = None) -> Figure:
         ax.axhline(1.0, color="0.6", linestyle="--", linewidth=1)
         ax.set_title(kind)
     axes[0].set_ylabel("max/mean keys per rank")
-    fig.legend(
-        [Line2D([], [], color="black", linewidth=2), *axes[0].get_legend_handles_labels()[0]],
-        ["median over seeds", *axes[0].get_legend_handles_labels()[1]],
-        loc="outside lower center",
-        ncols=2,
-        fontsize=8,
+    handles, labels = axes[0].get_legend_handles_labels()
+    _legend_below(
+        fig, [Line2D([], [], color="black", linewidth=2), *handles], ["median over seeds", *labels], 2
     )
     fig.suptitle(title or "zipf over seeds: max/mean per dist_type")
     return fig
@@ -318,15 +314,7 @@ def dist_type_bars(
     handles[labels.index("all")] = colours
     labels[labels.index("all")] = "all keys (each panel's colour)"
     legend.remove()
-    fig.legend(
-        handles,
-        labels,
-        handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
-        loc="outside lower center",
-        ncols=len(labels),
-        fontsize=8,
-        frameon=False,
-    )
+    _legend_below(fig, handles, labels, handler_map={tuple: HandlerTuple(ndivide=None, pad=0)}, frameon=False)
     return fig
 
 
@@ -361,7 +349,6 @@ def routed_loads_figure(loads, device: str) -> Figure:
             ax.set(xlabel="ids the rank owns", ylabel="lookup ms (fwd + bwd, cpu)")
             ax.set_ylim(bottom=0)
             ax.grid(True, alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
+    _legend_below(fig, *axes[0][0].get_legend_handles_labels())
     fig.suptitle(f"each rank replayed one by one on {device}: ids owned and lookup time", fontsize=10)
     return fig
