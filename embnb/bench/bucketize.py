@@ -13,7 +13,7 @@ import sys
 
 from embnb.bench.results import add_out_argument, write_results
 from embnb.dist import resolve_device
-from embnb.lab.rowwise.kernel_timing import QUICK_SIZES, SIZES, WORLD_SIZES, run
+from embnb.lab.rowwise.kernel_timing import QUICK_SIZES, SIZES, WORLD_SIZES, KernelCases, run
 from embnb.rowwise.routing import DistType
 
 
@@ -57,16 +57,17 @@ def main(argv: list[str]) -> int:
     repeats = 5 if args.quick else args.repeats
     dist_types = [DistType.parse(d).value for d in args.dist_types.split(",")]
 
-    payload = run(
-        sizes,
-        args.world_sizes,
-        dist_types,
+    cases = KernelCases(
+        tuple(sizes),
+        tuple(args.world_sizes),
+        tuple(dist_types),
         device,
-        threads=args.threads,
-        repeats=repeats,
-        warmup=args.warmup,
-        reference_repeats=args.reference_repeats,
+        tuple(args.threads),
+        repeats,
+        args.warmup,
+        args.reference_repeats,
     )
+    payload = run(cases)
     print(
         f"machine: {payload['machine']} ({payload['cpu_model']}), "
         f"{os.cpu_count()} cores, copy {payload['copy_gbps']:.1f} GB/s, "

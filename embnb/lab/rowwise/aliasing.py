@@ -1,37 +1,11 @@
-"""How evenly each routing mode spreads patterned keys over ranks.
+"""How evenly each routing mode spreads patterned keys over ranks (notebook 01, sections 1-4).
 
-The numbers behind notebook 01 (modulo aliasing):
-
-    counts = rank_counts(keys, world_size, "roundrobin")   # keys per rank
-    table = load_table(["strided", "zipf"], ["roundrobin", "hash_roundrobin"],
-                       [4, 8], num_keys=100_000)
-    grid = max_over_mean_grid(table, world_size=8)  # {pattern: {dist_type: x}}
-
-`continuous` needs a block size: `ceil(table_rows / world_size)`, as torchrec
-cuts a table of `num_embeddings` rows. By default the table is sized to hold
-the stream's largest key. torchrec looks up row `id` and needs
-`id < num_embeddings`, so `table_rows={pattern: rows}` gives a stream a table
-of its own size and maps its ids into it first with `into_table` (`id %
-rows`), as a production pipeline must (snowflake ids are timestamps near
-2**60: no real table has that many rows).
-
-The strided stream shows the rule behind aliasing: keys `k * stride +
-offset` reach only `world_size / gcd(stride, world_size)` residues mod W, so
-`roundrobin` gives max/mean `gcd(stride, world_size)`; snowflake ids are
-multiples of 4096, so theirs is `gcd(4096, world_size)`.
-
-`hash_noise` measures `hash_roundrobin`'s own imbalance on distinct keys and
-`balls_into_bins` the band a perfectly random owner would give (a multinomial
-draw, no hashing): hashing is as good as random, and random is only balanced
-for many keys per rank.
-
-`make_batches` cuts keys into one KeyedJaggedTensor per rank, for the same
-comparison on a real sharded key-value table over a process group
-(`embnb.lab.rowwise.kv_experiment`).
-
-`hot_key_floor` is the lower bound on max/mean that no routing beats: one
-key is one row on one rank, so the rank owning the hottest key serves at
-least its share of the traffic.
+`continuous` cuts a table into blocks of `ceil(table_rows / W)` rows, as torchrec does; by default the
+table is sized to hold the stream's largest key, and `table_rows={pattern: rows}` gives a stream a
+table of its own, its ids mapped `into_table` first (`id % rows`), as a pipeline must (snowflake ids
+are timestamps near 2**60: no real table has that many rows). Keys `k * stride + offset` reach only
+`W / gcd(stride, W)` residues mod W, so `roundrobin` gives max/mean `gcd(stride, W)`. `hot_key_floor`
+is the bound no routing beats: one key is one row on one rank.
 """
 
 from __future__ import annotations
@@ -39,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -50,6 +25,7 @@ from embnb.metrics import max_over_mean, spread_over_mean
 from embnb.rowwise.routing import DistType, hash_key, owner_rank
 
 __all__ = [
+    "KeyStreams",
     "into_table",
     "block_size_for",
     "owners",
@@ -77,6 +53,31 @@ LOAD_COLUMNS = [
     "busiest_share",
     "hot_key_floor",
 ]
+
+
+@dataclass
+class KeyStreams:
+    """Key streams of `embnb.data.PATTERNS` as the notebook generates them: `pattern_options` go to
+    the generator (zipf's alpha); `continuous` maps a stream into a table of `table_rows[pattern]`
+    rows first (`into_table`; default: a table sized to the stream's largest key)."""
+
+    patterns: list[str]
+    seed: int = 0
+    pattern_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    table_rows: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for what in ("pattern_options", "table_rows"):
+            unknown = sorted(set(getattr(self, what)) - set(self.patterns))
+            if unknown:
+                raise ValueError(f"{what} for patterns not swept: {unknown}")
+
+    def keys(self, pattern: str, num_keys: int) -> torch.Tensor:
+        return make_keys(pattern, num_keys, self.seed, **self.pattern_options.get(pattern, {}))
+
+    def rows_for(self, pattern: str, dist_type: DistType | str) -> int | None:
+        """The table rows `continuous` routes `pattern` into (None for the other modes)."""
+        return self.table_rows.get(pattern) if DistType.parse(dist_type) is DistType.CONTINUOUS else None
 
 
 def block_size_for(keys: torch.Tensor, world_size: int, table_rows: int | None = None) -> int:
@@ -190,49 +191,28 @@ def load_table(
     table_rows: Mapping[str, int] | None = None,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Per-rank load of every (pattern, dist_type, world_size), one row each.
-
-    Keys are generated once per pattern with `make_keys`, independent of the
-    world size (`pattern_options[pattern]` goes to the generator, e.g.
-    zipf's alpha), and routed under every dist_type and world size;
-    `continuous` uses a table of `table_rows[pattern]` rows, the ids mapped
-    `into_table` first (default: a table sized to the largest key).
-    Columns: `LOAD_COLUMNS`. `progress` shows a tqdm.auto bar over the patterns.
-    """
-    patterns = list(patterns)
+    """Per-rank load of every (pattern, dist_type, world_size), one row each (`LOAD_COLUMNS`): keys
+    generated once per pattern (`KeyStreams`), routed under every dist_type and world size.
+    `progress` shows a tqdm.auto bar over the patterns."""
+    streams = KeyStreams(
+        list(patterns), seed, {k: dict(v) for k, v in (pattern_options or {}).items()}, dict(table_rows or {})
+    )
     modes = [DistType.parse(d) for d in dist_types]
     world_sizes = list(world_sizes)
-    pattern_options = dict(pattern_options or {})
-    table_rows = dict(table_rows or {})
-    for what, given in (("pattern_options", pattern_options), ("table_rows", table_rows)):
-        unknown = sorted(set(given) - set(patterns))
-        if unknown:
-            raise ValueError(f"{what} for patterns not swept: {unknown}")
-    jobs = patterns
+    jobs = streams.patterns
     if progress:
         from tqdm.auto import tqdm
 
         jobs = tqdm(jobs, desc="patterns")
     rows = []
     for pattern in jobs:
-        keys = make_keys(pattern, num_keys, seed, **pattern_options.get(pattern, {}))
-        for world_size, mode in ((w, m) for w in world_sizes for m in modes):
-            floor = hot_key_floor(keys, world_size)
-            rows_of_table = table_rows.get(pattern) if mode is DistType.CONTINUOUS else None
-            counts = rank_counts(keys, world_size, mode, table_rows=rows_of_table)
+        keys = streams.keys(pattern, num_keys)
+        for world_size, mode in itertools.product(world_sizes, modes):
+            counts = rank_counts(keys, world_size, mode, table_rows=streams.rows_for(pattern, mode))
             busiest = int(counts.argmax())
             rows.append(
-                {
-                    "pattern": pattern,
-                    "dist_type": mode.value,
-                    "world_size": world_size,
-                    "num_keys": num_keys,
-                    "max_over_mean": max_over_mean(counts),
-                    "spread_over_mean": spread_over_mean(counts),
-                    "busiest_rank": busiest,
-                    "busiest_share": int(counts[busiest]) / num_keys,
-                    "hot_key_floor": floor,
-                }
+                [pattern, mode.value, world_size, num_keys, max_over_mean(counts), spread_over_mean(counts)]
+                + [busiest, int(counts[busiest]) / num_keys, hot_key_floor(keys, world_size)]
             )
     return pd.DataFrame(rows, columns=LOAD_COLUMNS)
 
@@ -267,15 +247,8 @@ def hash_noise(
         for seed in seeds:
             keys = make_keys(pattern, n * world_size, seed, **dict(pattern_options or {})).unique()
             counts = rank_counts(keys, world_size, DistType.HASH_ROUNDROBIN)
-            rows.append(
-                {
-                    "keys_per_rank": n,
-                    "seed": seed,
-                    "distinct_keys": keys.numel(),
-                    "max_over_mean": max_over_mean(counts),
-                }
-            )
-    return pd.DataFrame(rows)
+            rows.append((n, seed, keys.numel(), max_over_mean(counts)))
+    return pd.DataFrame(rows, columns=["keys_per_rank", "seed", "distinct_keys", "max_over_mean"])
 
 
 def balls_into_bins(
@@ -323,16 +296,8 @@ def zipf_over_seeds(
             modes, (("all lookups", keys), ("deduplicated per step", deduplicated))
         ):
             counts = rank_counts(sent, world_size, mode, block_size if mode is DistType.CONTINUOUS else None)
-            rows.append(
-                {
-                    "seed": seed,
-                    "dist_type": mode.value,
-                    "traffic": traffic,
-                    "max_over_mean": max_over_mean(counts),
-                    "hot_key_floor": floor,
-                }
-            )
-    return pd.DataFrame(rows)
+            rows.append((seed, mode.value, traffic, max_over_mean(counts), floor))
+    return pd.DataFrame(rows, columns=["seed", "dist_type", "traffic", "max_over_mean", "hot_key_floor"])
 
 
 def sign_test(runs: pd.DataFrame, first: str, second: str, traffic: str = "all lookups") -> dict[str, Any]:
@@ -374,10 +339,7 @@ def hottest_key_counts(
 
 
 def make_batches(
-    keys: torch.Tensor,
-    world_size: int,
-    keys_per_sample: int = 1,
-    feature: str = "item_id",
+    keys: torch.Tensor, world_size: int, keys_per_sample: int = 1, feature: str = "item_id"
 ) -> list:
     """Split `keys` into one KeyedJaggedTensor per rank (data-parallel
     input: rank r looks up `batches[r]`), each sample holding

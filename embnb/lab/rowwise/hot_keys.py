@@ -1,19 +1,8 @@
-"""Where the hot-key floor binds: Zipf traffic over a sweep of alpha
-(notebook 01, section 4).
+"""Where the hot-key floor binds: Zipf traffic over a sweep of alpha (notebook 01, section 4).
 
-Under Zipf(alpha) the hottest key carries a share `p1` of all lookups. One
-key is one row on one rank, so no routing has max/mean below `W * p1`, and
-none below 1: the floor is `max(1, W * p1)` (`aliasing.hot_key_floor`). It
-binds, i.e. even the best placement stays above balanced, once `W * p1 > 1`.
-
-`roundrobin` and `hash_roundrobin` place keys blind to their counts. A
-placement that knows every key's count, `counted_placement` (greedy LPT: keys
-by decreasing count, each onto the least loaded rank), shows what placement
-alone could reach. It is a model of what a count-aware router could do, not
-a mode of any system here.
-
-    sweep = alpha_sweep([0.8, 1.2, 1.5], 100_000, 8, ["roundrobin", "hash_roundrobin"], range(5))
-    findings = floor_findings(sweep)
+The hottest key carries a share `p1` of all lookups and is one row on one rank, so no routing has
+max/mean below `max(1, W * p1)`. `counted_placement` (greedy LPT over the keys' counts) shows what a
+placement that knows every count could reach: a model, not a mode of any system here.
 """
 
 from __future__ import annotations
@@ -56,11 +45,7 @@ def counted_placement(keys: torch.Tensor, world_size: int) -> list[int]:
 
 
 def alpha_sweep(
-    alphas: Iterable[float],
-    num_keys: int,
-    world_size: int,
-    dist_types: Sequence[str],
-    seeds: Iterable[int],
+    alphas: Iterable[float], num_keys: int, world_size: int, dist_types: Sequence[str], seeds: Iterable[int]
 ) -> pd.DataFrame:
     """max/mean of all lookups of a Zipf(alpha) stream per alpha, seed and
     dist_type, with `COUNTED` (the count-aware model) on every seed too.
@@ -75,18 +60,12 @@ def alpha_sweep(
             loads = {d: rank_counts(keys, world_size, d) for d in dist_types}
             loads[COUNTED] = counted_placement(keys, world_size)
             for dist_type, per_rank in loads.items():
+                w_p1 = world_size * hottest  # the floor is max(1, W * p1), as aliasing.hot_key_floor
                 records.append(
-                    {
-                        "alpha": float(alpha),
-                        "seed": seed,
-                        "dist_type": dist_type,
-                        "max_over_mean": max_over_mean(per_rank),
-                        "hottest_share": hottest,
-                        "w_times_p1": world_size * hottest,
-                        "hot_key_floor": max(1.0, world_size * hottest),  # as hot_key_floor
-                    }
+                    (float(alpha), seed, dist_type, max_over_mean(per_rank), hottest, w_p1, max(1.0, w_p1))
                 )
-    return pd.DataFrame(records)
+    columns = ["alpha", "seed", "dist_type", "max_over_mean", "hottest_share", "w_times_p1", "hot_key_floor"]
+    return pd.DataFrame(records, columns=columns)
 
 
 def floor_findings(sweep: pd.DataFrame) -> dict[str, Any]:

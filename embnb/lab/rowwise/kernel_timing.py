@@ -1,33 +1,20 @@
-"""Timing of the bucketize kernels: embnb's against FBGEMM and the reference.
+"""Timing of the bucketize kernels: embnb's against FBGEMM's and the reference
+(notebook 01's kernel table and `python -m embnb.bench bucketize`).
 
-Used by notebook 01's kernel table and by `python -m embnb.bench bucketize`
-(the CLI, which writes the JSON of a full run).
-
-For each number of keys and world size W this times, on the same inputs in
-the same run: embnb's native kernel (`torch.ops.embnb.bucketize`),
-FBGEMM's `block_bucketize_sparse_features(sequence=True)` (both ops called
-directly; FBGEMM in continuous mode only, and on a GPU only where a CUDA
-FBGEMM is installed) and the pure-torch reference. Calls are interleaved
-round by round so that load from other processes hits all of them alike;
-each figure is a median after warm-up (CUDA timed with events); the JSON
-also keeps the best round, and the table the ratio of best rounds.
-
-On CPU each case runs at every thread count of `threads` (0: all cores),
-set with `torch.set_num_threads` for all implementations alike: embnb's
-kernel splits its work with `at::parallel_for`, FBGEMM's CPU op runs on one
-thread whatever the setting, so a ratio at all cores depends on the core
-count and only the one-thread ratio compares the kernels themselves. On a GPU the pure-torch reference runs on
-the GPU too: it is the torch-native GPU peer.
-Before timing, the outputs are compared: embnb must equal FBGEMM and the
-reference bit for bit, or the run fails.
-
-Bandwidth counts the bytes any implementation must move: read lengths and
-keys, write the new lengths, the keys and the permute. It is compared with
-the device's copy bandwidth (`dst.copy_(src)`, bytes read + written).
-
-The input is a KeyedJaggedTensor of `num_features` features whose lengths
-are uniform on [0, 2 * avg_length] scaled to `num_keys` keys exactly, keys uniform over `rows` table rows and,
-for continuous, FBGEMM's block size ceil(rows / W).
+Per (dist_type, num_keys, W, threads), on the same inputs in the same run:
+embnb's op (`torch.ops.embnb.bucketize`), FBGEMM's
+`block_bucketize_sparse_features(sequence=True)` (continuous only; on a GPU
+only with a CUDA FBGEMM) and the pure-torch reference (on a GPU too: the
+torch-native peer). Outputs are compared bit for bit first, then the calls
+are interleaved round by round (load from other processes hits all alike);
+figures are medians after warm-up, with the best round and per-round ratios.
+On CPU `threads` (0: all cores) is set for all alike: embnb's kernel uses
+`at::parallel_for`, FBGEMM's CPU op one thread, so only the one-thread ratio
+compares the kernels themselves. Bandwidth counts the bytes any
+implementation must move, against the device's copy bandwidth.
+Input: `num_features` features, lengths uniform on [0, 2 * avg_length]
+scaled to exactly `num_keys` keys, keys uniform over `rows` rows, FBGEMM's
+block size ceil(rows / W).
 """
 
 from __future__ import annotations
@@ -37,7 +24,8 @@ import math
 import os
 import pathlib
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -49,6 +37,21 @@ from embnb.timing import interleaved_seconds, machine_name, median_seconds
 SIZES = [10**5, 10**6, 10**7]
 QUICK_SIZES = [10**4, 10**5]
 WORLD_SIZES = [8, 64]
+PEERS = ("embnb", "fbgemm", "reference")
+
+
+@dataclass(frozen=True)
+class KernelCases:
+    """The cases `run` times and how (defaults: the bench's full run)."""
+
+    sizes: tuple[int, ...] = tuple(SIZES)  # keys per call
+    world_sizes: tuple[int, ...] = tuple(WORLD_SIZES)
+    dist_types: tuple[str, ...] = ("continuous",)
+    device: str = "cpu"
+    threads: tuple[int, ...] = (1, 0)  # torch threads, a row each (0: all cores; CUDA: the first only)
+    repeats: int = 15  # interleaved timed rounds
+    warmup: int = 3
+    reference_repeats: int = 3  # rounds the slow pure-torch reference is timed in
 
 
 def make_inputs(
@@ -62,10 +65,7 @@ def make_inputs(
     lengths_dtype: torch.dtype = torch.int32,
     indices_dtype: torch.dtype = torch.int64,
 ):
-    """(lengths, indices) with exactly `num_keys` keys: lengths drawn uniform
-    on [0, 2 * avg_length], then scaled to sum to `num_keys` (the remainder
-    one key each to the first segments), so a table row's key count is the
-    one asked for."""
+    """(lengths, indices) with exactly `num_keys` keys (the remainder one key each to the first segments)."""
     gen = torch.Generator().manual_seed(seed)
     batch = max(1, round(num_keys / (num_features * avg_length)))
     drawn = torch.randint(0, 2 * avg_length + 1, (num_features * batch,), generator=gen)
@@ -78,16 +78,14 @@ def make_inputs(
 def bytes_moved(lengths: torch.Tensor, indices: torch.Tensor, world_size: int) -> int:
     """Read lengths and keys; write W * len(lengths) lengths, keys, permute."""
     length_bytes = lengths.element_size() * lengths.numel()
-    key_bytes = indices.element_size() * indices.numel()
-    return length_bytes * (1 + world_size) + 3 * key_bytes
+    return length_bytes * (1 + world_size) + 3 * indices.element_size() * indices.numel()
 
 
 def copy_gbps(device: str, num_bytes: int = 256 << 20, repeats: int = 10) -> float:
     """The device's copy bandwidth, bytes read + written per second / 1e9."""
     src = torch.ones(num_bytes // 8, dtype=torch.int64, device=device)
     dst = torch.empty_like(src)
-    seconds = median_seconds(lambda: dst.copy_(src), repeats, 2, device)
-    return 2 * num_bytes / seconds / 1e9
+    return 2 * num_bytes / median_seconds(lambda: dst.copy_(src), repeats, 2, device) / 1e9
 
 
 def fbgemm_peer(device: str) -> Callable | None:
@@ -108,28 +106,17 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def measure_case(
-    num_keys: int,
-    world_size: int,
-    dist_type: str,
-    device: str,
-    *,
-    threads: int,
-    repeats: int,
-    warmup: int,
-    reference_repeats: int,
-    fbgemm: Callable | None,
+    num_keys: int, world_size: int, dist_type: str, threads: int, cases: KernelCases, fbgemm: Callable | None
 ) -> dict:
-    lengths, indices = make_inputs(num_keys, device)
-    num_features = 8
-    rows = 10**8
-    block = math.ceil(rows / world_size)
+    """One row of the table: outputs compared, then every implementation timed interleaved."""
+    device, num_features = cases.device, 8
+    lengths, indices = make_inputs(num_keys, device, num_features=num_features)
+    block = math.ceil(10**8 / world_size)
     blocks = [block] * num_features
     mode = DistType.parse(dist_type)
-
     loader.load()
     code = DIST_CODES[mode]
-    calls = {
-        # The op itself, as FBGEMM's: no Python-side argument checks timed.
+    calls = {  # the op itself, as FBGEMM's: no Python-side argument checks timed
         "embnb": lambda: torch.ops.embnb.bucketize(
             lengths, indices, world_size, [code] * num_features, blocks
         ),
@@ -138,21 +125,18 @@ def measure_case(
     if fbgemm is not None and mode is DistType.CONTINUOUS:
         block_sizes = torch.full((num_features,), block, dtype=indices.dtype, device=device)
         calls["fbgemm"] = lambda: fbgemm(lengths, indices, False, True, block_sizes, world_size)
-
-    # Bit-identical outputs first: a fast wrong answer is not a result.
+    # bit-identical outputs first: a fast wrong answer is not a result
     ours = calls["embnb"]()
     identical = _same(ours[:3], calls["reference"]()[:3])
     if "fbgemm" in calls:
         theirs = calls["fbgemm"]()
         identical &= _same(ours[:3], (theirs[0], theirs[1], theirs[4]))
-
     times, used_threads = interleaved_seconds(
-        calls, repeats, warmup, device, threads, first_rounds_only={"reference": reference_repeats}
+        calls, cases.repeats, cases.warmup, device, threads, {"reference": cases.reference_repeats}
     )
-    num = indices.numel()
     moved = bytes_moved(lengths, indices, world_size)
     row: dict[str, Any] = dict(
-        num_keys=num,
+        num_keys=indices.numel(),
         world_size=world_size,
         dist_type=mode.value,
         threads=used_threads,
@@ -160,89 +144,48 @@ def measure_case(
         bytes_moved=moved,
         identical=bool(identical),
     )
-    row.update(_speeds(times, num, moved))
-    return row
-
-
-def _speeds(times: dict[str, list[float]], num_keys: int, moved: int) -> dict[str, Any]:
-    """Seconds (median and best), keys/s and GB/s per implementation, and embnb's ratios to the peers."""
-    row: dict[str, Any] = {}
-    for name in ("embnb", "fbgemm", "reference"):
-        if name not in times:
-            row.update(
-                {f"{name}_s": None, f"{name}_min_s": None, f"{name}_mkeys_s": None, f"{name}_gbps": None}
-            )
-            continue
-        seconds = statistics.median(times[name])
-        row.update(
-            {
-                f"{name}_s": seconds,
-                f"{name}_min_s": min(times[name]),
-                f"{name}_mkeys_s": num_keys / seconds / 1e6,
-                f"{name}_gbps": moved / seconds / 1e9,
-            }
-        )
+    for name in PEERS:  # seconds (median, best), keys/s and GB/s; None where not timed
+        seconds = statistics.median(times[name]) if name in times else None
+        row[f"{name}_s"] = seconds
+        row[f"{name}_min_s"] = min(times[name]) if name in times else None
+        row[f"{name}_mkeys_s"] = seconds and indices.numel() / seconds / 1e6
+        row[f"{name}_gbps"] = seconds and moved / seconds / 1e9
     # per interleaved round: the spread of the ratio, which moves between runs on a shared machine
-    row["embnb_rounds_s"] = times["embnb"]
-    row["fbgemm_rounds_s"] = times.get("fbgemm")
-    if "fbgemm" in times:
-        per_round = [f / e for f, e in zip(times["fbgemm"], times["embnb"])]
-        row["embnb_over_fbgemm_low"], row["embnb_over_fbgemm_high"] = min(per_round), max(per_round)
-    else:
-        row["embnb_over_fbgemm_low"] = row["embnb_over_fbgemm_high"] = None
-    for peer in ("fbgemm", "reference"):
-        theirs, best = row[f"{peer}_s"], row[f"{peer}_min_s"]
-        row[f"embnb_over_{peer}"] = theirs / row["embnb_s"] if theirs else None
-        # Best-of-rounds ratio: less sensitive to load from other processes.
-        row[f"embnb_over_{peer}_min"] = best / row["embnb_min_s"] if best else None
+    row["embnb_rounds_s"], row["fbgemm_rounds_s"] = times["embnb"], times.get("fbgemm")
+    per_round = [f / e for f, e in zip(times.get("fbgemm", []), times["embnb"])]
+    row["embnb_over_fbgemm_low"] = min(per_round) if per_round else None
+    row["embnb_over_fbgemm_high"] = max(per_round) if per_round else None
+    for peer in PEERS[1:]:  # best-of-rounds ratio: less sensitive to load from other processes
+        row[f"embnb_over_{peer}"] = row[f"{peer}_s"] and row[f"{peer}_s"] / row["embnb_s"]
+        row[f"embnb_over_{peer}_min"] = row[f"{peer}_min_s"] and row[f"{peer}_min_s"] / row["embnb_min_s"]
     return row
 
 
-def run(
-    sizes=SIZES,
-    world_sizes=WORLD_SIZES,
-    dist_types=("continuous",),
-    device: str = "cpu",
-    *,
-    threads: Sequence[int] = (1, 0),
-    repeats: int = 15,
-    warmup: int = 3,
-    reference_repeats: int = 3,
-    progress: bool = True,
-) -> dict:
-    """Measure every case at every thread count of `threads` (0: all cores;
-    on CUDA only the first); returns the JSON payload (rows plus context)."""
+def run(cases: KernelCases, progress: bool = True) -> dict:
+    """Every case of `cases` at each thread count; the JSON payload (rows plus context)."""
+    threads = cases.threads
     bad = [t for t in threads if not isinstance(t, int) or isinstance(t, bool) or t < 0]
     if not threads or bad:
         raise ValueError(f"threads must be a non-empty list of ints >= 0 (0: all cores), got {list(threads)}")
-    if torch.device(device).type == "cuda":
+    if torch.device(cases.device).type == "cuda":
         threads = threads[:1]  # the host threads only launch the kernels
-    fbgemm = fbgemm_peer(device)
+    fbgemm = fbgemm_peer(cases.device)
     load_before = os.getloadavg()
     rows = []
-    cases = itertools.product(dist_types, sizes, world_sizes, threads)
-    for dist_type, num_keys, world_size, thread_count in cases:
-        row = measure_case(
-            num_keys,
-            world_size,
-            dist_type,
-            device,
-            threads=thread_count,
-            repeats=repeats,
-            warmup=warmup,
-            reference_repeats=reference_repeats,
-            fbgemm=fbgemm,
-        )
-        rows.append(row)
+    for dist_type, num_keys, world_size, thread_count in itertools.product(
+        cases.dist_types, cases.sizes, cases.world_sizes, threads
+    ):
+        rows.append(measure_case(num_keys, world_size, dist_type, thread_count, cases, fbgemm))
         if progress:
-            print(format_table([row], header=len(rows) == 1), flush=True)
-    copy = copy_gbps(device)
+            print(format_table(rows[-1:], header=len(rows) == 1), flush=True)
+    copy = copy_gbps(cases.device)
     for row in rows:
         row["embnb_fraction_of_copy"] = row["embnb_gbps"] / copy
+    timing = {k: v for k, v in asdict(cases).items() if k in ("repeats", "warmup", "reference_repeats")}
     return dict(
         benchmark="bucketize",
-        device=device,
-        machine=machine_name(device),
+        device=cases.device,
+        machine=machine_name(cases.device),
         cpu_model=_cpu_model(),
         cores=os.cpu_count(),
         threads=list(threads),
@@ -251,16 +194,8 @@ def run(
         copy_gbps=copy,
         load_average_before=load_before,
         load_average_after=os.getloadavg(),
-        input=dict(
-            num_features=8,
-            avg_length=32,
-            rows=10**8,
-            lengths_dtype="int32",
-            indices_dtype="int64",
-            repeats=repeats,
-            warmup=warmup,
-            reference_repeats=reference_repeats,
-        ),
+        input=dict(num_features=8, avg_length=32, rows=10**8, lengths_dtype="int32", indices_dtype="int64")
+        | timing,
         rows=rows,
     )
 

@@ -1,15 +1,6 @@
-"""Notebook 01's experiment on real ranks: a sharded KV table under every
-routing mode, its checkpoint loaded into another world size, and the
-notebook's results JSON.
-
-    run = run_kv_lookups(batches, ["roundrobin", "hash_roundrobin"], 16,
-                         dump_dir=d, dump_dist_type="hash_roundrobin")
-    run.keys_served()          # {dist_type: keys each owner served}
-    report = reshard(d, "hash_roundrobin", run.rows_held()["hash_roundrobin"], 3, None, 16, 0)
-
-One launch looks the batches up under every dist_type (`dist.launch_each`),
-so the ranks pay their start-up (importing torch) once.
-"""
+"""Notebook 01's experiment on real ranks: a sharded KV table under every routing mode in one launch
+(`dist.launch_each`: the ranks start once), its checkpoint loaded into another world size and by
+dynamicemb's loader, and the notebook's results JSON."""
 
 from __future__ import annotations
 
@@ -341,45 +332,35 @@ class RoutingNotebook:
     seconds: dict[str, float]
 
 
+def _records(table: pd.DataFrame) -> list[dict]:
+    return table.to_dict(orient="records")
+
+
 def results(notebook: RoutingNotebook) -> dict[str, Any]:
     """Notebook 01's results JSON: its key numbers, for `make run` and the tests."""
-    aliasing, hot, kv_section, saved = notebook.aliasing, notebook.hot_keys, notebook.kv, notebook.checkpoints
-    kv_run = kv_section.run
-    summary = _summary(notebook)
+    aliasing, hot, kv_run, saved = notebook.aliasing, notebook.hot_keys, notebook.kv.run, notebook.checkpoints
     findings = hot.zipf_floor_findings
-    summary += (
-        f"; zipf alpha sweep: the hot-key floor binds (W p1 > 1) from alpha {findings['binds_from_alpha']}, "
-        "the blind modes' excess over it is largest at alpha "
-        + ", ".join(f"{a} ({d})" for d, a in findings["largest_excess_alpha"].items())
-    )
+    bands = {str(n): {str(q): v for q, v in band.items()} for n, band in hot.hash_bands.items()}
     return {
         **dataclasses.asdict(notebook.settings),
         "max_over_mean": aliasing.max_over_mean_grid,
         "gcd_rule": {p: {str(w): v for w, v in rule.items()} for p, rule in aliasing.gcd_rule.items()},
         "zipf_hot_key_floor": hot.zipf_floor,
-        "sweep": aliasing.sweep.to_dict(orient="records"),
-        "hash_noise": {
-            "measured": hot.hash_noise.to_dict(orient="records"),
-            "random_owner": {
-                str(n): {str(q): v for q, v in band.items()} for n, band in hot.hash_bands.items()
-            },
-        },
-        "zipf_seeds": hot.zipf_seeds.to_dict(orient="records"),
+        "sweep": _records(aliasing.sweep),
+        "hash_noise": {"measured": _records(hot.hash_noise), "random_owner": bands},
+        "zipf_seeds": _records(hot.zipf_seeds),
         "zipf_sign_test": hot.zipf_sign,
-        "zipf_alpha_sweep": {"runs": hot.zipf_alpha_sweep.to_dict(orient="records"), **findings},
-        "id_pipeline": {
-            "rows": aliasing.id_pipeline.to_dict(orient="records"),
-            "out_of_range_lookup": aliasing.out_of_range,
-        },
+        "zipf_alpha_sweep": {"runs": _records(hot.zipf_alpha_sweep), **findings},
+        "id_pipeline": {"rows": _records(aliasing.id_pipeline), "out_of_range_lookup": aliasing.out_of_range},
         "kv": {
             "world_size": kv_run.world_size,
-            "pattern": kv_section.pattern,
+            "pattern": notebook.kv.pattern,
             "backend": kv_run.backend,
             "keys_looked_up": sum(len(r) for r in next(iter(kv_run.rows.values()))),
             "keys_served": kv_run.keys_served(),
             "rows_held": kv_run.rows_held(),
             "max_over_mean": kv_run.max_over_mean(),
-            "rows_match": kv_section.rows_match,
+            "rows_match": notebook.kv.rows_match,
             "seconds": kv_run.seconds,
         },
         "checkpoint": saved.reshard_report.as_dict(),
@@ -391,53 +372,52 @@ def results(notebook: RoutingNotebook) -> dict[str, Any]:
         },
         "kernel": notebook.kernel,
         "seconds": notebook.seconds,
-        "summary": summary,
+        "summary": _summary(notebook),
     }
 
 
 def _summary(notebook: RoutingNotebook) -> str:
-    """Notebook 01's one-line summary (what `make run` prints)."""
-    stride, gcd_rule = notebook.settings.stride, notebook.aliasing.gcd_rule
-    hot, kv_run, loaders = notebook.hot_keys, notebook.kv.run, notebook.checkpoints.loaders
-    hash_noise, hash_bands, zipf_seeds, zipf_floor, zipf_sign = (
-        hot.hash_noise,
-        hot.hash_bands,
-        hot.zipf_seeds,
-        hot.zipf_floor,
-        hot.zipf_sign,
-    )
-    strided = gcd_rule.get("strided", {})
-    medians = zipf_seeds.groupby(["traffic", "dist_type"])["max_over_mean"].median()
-    noise = hash_noise.groupby("keys_per_rank")["max_over_mean"].median()
-    kv_ratios = kv_run.max_over_mean()
-    same_w = next((r for r in loaders if r["world_size"] == kv_run.world_size), None)
+    """Notebook 01's one-line summary (what `make run` prints), one clause per measured claim."""
+    stride, hot, kv_run = notebook.settings.stride, notebook.hot_keys, notebook.kv.run
     parts = []
+    strided = notebook.aliasing.gcd_rule.get("strided", {})
     if strided:
         measured = ", ".join(f"W={w} {v['measured']:.2f}" for w, v in strided.items())
         parts.append(f"strided (stride {stride}) under roundrobin: {measured}, = gcd({stride}, W)")
+    noise = hot.hash_noise.groupby("keys_per_rank")["max_over_mean"].median()
     if not noise.empty:
         n = noise.index[len(noise) // 2]
-        band = hash_bands[n]
-        low, high = min(band), max(band)
+        band = hot.hash_bands[n]
         parts.append(
-            f"hash at {n:,} keys/rank: {noise[n]:.3f} (random owner {band[low]:.3f}-{band[high]:.3f})"
+            f"hash at {n:,} keys/rank: {noise[n]:.3f} "
+            f"(random owner {band[min(band)]:.3f}-{band[max(band)]:.3f})"
         )
+    medians = hot.zipf_seeds.groupby(["traffic", "dist_type"])["max_over_mean"].median()
     if not medians.empty:
-        raw = medians["all lookups"]
+        sign = hot.zipf_sign
         parts.append(
             "zipf medians over seeds: "
-            + ", ".join(f"{d} {v:.2f}" for d, v in raw.items())
-            + f" (floor {zipf_floor:.2f}), hash below roundrobin on {zipf_sign['first_below']} of "
-            f"{zipf_sign['seeds']} seeds (p = {zipf_sign['p_value']:.2f}): hashing does not fix hot keys"
+            + ", ".join(f"{d} {v:.2f}" for d, v in medians["all lookups"].items())
+            + f" (floor {hot.zipf_floor:.2f}), hash below roundrobin on {sign['first_below']} of "
+            f"{sign['seeds']} seeds (p = {sign['p_value']:.2f}): hashing does not fix hot keys"
         )
-    parts.append(f"KV {kv_run.world_size} ranks: " + ", ".join(f"{d} {v:.2f}" for d, v in kv_ratios.items()))
-    for row in loaders:
+    parts.append(
+        f"KV {kv_run.world_size} ranks: "
+        + ", ".join(f"{d} {v:.2f}" for d, v in kv_run.max_over_mean().items())
+    )
+    for row in notebook.checkpoints.loaders:
         saved = max(row["rows_saved"], 1)
-        when = "same" if same_w is row else "new"
         parts.append(
-            f"checkpoint reloaded at W={row['world_size']} ({when} W): dynamicemb's loader drops "
+            f"checkpoint reloaded at W={row['world_size']} "
+            f"({'same' if row['world_size'] == kv_run.world_size else 'new'} W): dynamicemb's loader drops "
             f"{row['dynamicemb_rows_dropped'] / saved:.0%} of rows and loads "
             f"{row['dynamicemb_rows_off_owner'] / saved:.0%} off their owner, embnb "
             f"{row['embnb_rows_dropped']} and {row['embnb_rows_off_owner']}"
         )
+    findings = hot.zipf_floor_findings
+    parts.append(
+        f"zipf alpha sweep: the hot-key floor binds (W p1 > 1) from alpha {findings['binds_from_alpha']}, "
+        "the blind modes' excess over it is largest at alpha "
+        + ", ".join(f"{a} ({d})" for d, a in findings["largest_excess_alpha"].items())
+    )
     return "; ".join(parts)

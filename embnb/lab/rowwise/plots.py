@@ -1,23 +1,12 @@
-"""Figures of notebook 01 (row-wise routing): each takes data, returns a Figure.
-
-Figures share the style of `embnb.lab.plotting` (palette, rank bars).
-
-    fig = load_heatmap(table)                        # notebook 01
-    fig = embnb.lab.plotting.rank_bars({"roundrobin": [8, 0, 0, 0], ...})  # per-rank load
-    fig = max_over_mean_vs_world_size(table, ["strided", "zipf"])
-    fig = hash_noise_figure(noise, bands, world_size=8)
-    fig = zipf_seeds_figure(zipf)
-    fig = hot_key_floor_figure(sweep)                # max/mean against Zipf alpha
-    fig = dist_type_bars(counts, highlight=hottest, floor=floor)
-    fig = routed_loads_figure(loads, device="CPU (...)")  # section 8: ids and time per rank
-"""
+"""Figures of notebook 01 (row-wise routing): each takes data and returns a Figure, in the style of
+`embnb.lab.plotting` (palette, rank bars)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.legend_handler import HandlerTuple
@@ -37,7 +26,7 @@ __all__ = [
     "routed_loads_figure",
 ]
 
-HEATMAP_CMAP = "rocket_r"  # light = balanced, dark = one rank does it all
+HEATMAP_CMAP = "magma_r"  # light = balanced, dark = one rank does it all
 # Lines that coincide (e.g. roundrobin and continuous past the last block)
 # stay visible: each mode has its own marker size and dash.
 LINE_STYLES = [
@@ -56,6 +45,11 @@ def _ordered(values: Sequence, wanted: Sequence | None, what: str) -> list:
     if missing:
         raise ValueError(f"{what} {missing} not in the data; it has {present}")
     return list(wanted)
+
+
+def _legend_below(fig: Figure, handles: list, labels: list[str], ncols: int | None = None, **options) -> None:
+    """One legend below the panels, never over the data."""
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols or len(labels), fontsize=8, **options)
 
 
 def _label(value: str) -> str:
@@ -85,30 +79,25 @@ def load_heatmap(
 
     num_panels = len(world_sizes)
     fig = new_figure(0.9 + 2.9 * num_panels, 0.9 + 0.45 * len(patterns))
-    axes = fig.subplots(
-        1,
-        num_panels + 1,
-        gridspec_kw={"width_ratios": [1.0] * num_panels + [0.06]},
-    )
+    axes = fig.subplots(1, num_panels + 1, gridspec_kw={"width_ratios": [1.0] * num_panels + [0.06]})
     panels, colorbar_ax = axes[:-1], axes[-1]
     for i, (ax, world_size) in enumerate(zip(panels, world_sizes)):
         rows = table[table["world_size"] == world_size]
         grid = rows.pivot_table(index="pattern", columns="dist_type", values=value, aggfunc="mean")
         grid = grid.reindex(index=patterns, columns=dist_types)
-        sns.heatmap(
-            grid,
-            ax=ax,
-            cmap=HEATMAP_CMAP,
-            norm=norm,
-            annot=True,
-            fmt=".2f",
-            annot_kws={"fontsize": 8},
-            linewidths=0.5,
-            linecolor="white",
-            cbar=i == num_panels - 1,
-            cbar_ax=colorbar_ax,
-            cbar_kws={"label": _label(value)},
-        )
+        values = grid.to_numpy(dtype=float)
+        image = ax.imshow(values, cmap=HEATMAP_CMAP, norm=norm, aspect="auto")
+        for (r, c), v in np.ndenumerate(values):  # the value in each cell, legible on its colour
+            if not np.isnan(v):
+                dark = norm(v) > 0.55
+                ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=8, color="w" if dark else "k")
+        ax.set_xticks(range(len(dist_types)), dist_types)
+        ax.set_yticks(range(len(patterns)), patterns)
+        ax.set_xticks(np.arange(len(dist_types) + 1) - 0.5, minor=True)
+        ax.set_yticks(np.arange(len(patterns) + 1) - 0.5, minor=True)
+        ax.grid(which="minor", color="white", linewidth=0.5)
+        ax.tick_params(which="minor", length=0)
+        ax.spines[:].set_visible(False)
         ax.set_title(f"world_size = {world_size}")
         ax.set_xlabel("dist_type")
         ax.set_ylabel("pattern" if i == 0 else "")
@@ -116,6 +105,7 @@ def load_heatmap(
         ax.tick_params(axis="y", labelrotation=0)
         if i:
             ax.set_yticklabels([])
+    fig.colorbar(image, cax=colorbar_ax, label=_label(value))
     ticks = [t for t in (1, 1.5, 2, 4, 8, 16, 32, 64, 128) if t <= vmax]
     colorbar_ax.yaxis.set_major_locator(FixedLocator(ticks))
     colorbar_ax.yaxis.set_minor_locator(NullLocator())
@@ -165,14 +155,7 @@ def max_over_mean_vs_world_size(
             )
         if rules and pattern in rules:
             sizes = sorted(rules[pattern])
-            ax.plot(
-                sizes,
-                [rules[pattern][w] for w in sizes],
-                "x",
-                color="black",
-                markersize=8,
-                label="rule",
-            )
+            ax.plot(sizes, [rules[pattern][w] for w in sizes], "x", color="black", markersize=8, label="rule")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_xticks(world_sizes, [str(w) for w in world_sizes])
@@ -181,24 +164,15 @@ def max_over_mean_vs_world_size(
         ax.set_title(pattern)
         ax.set_xlabel("world_size")
     axes[0].set_ylabel("max/mean keys per rank")
-    handles, labels = {}, []
-    for ax in axes:  # one legend below the panels, never over the data
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, handle)
-    labels = list(handles)
-    fig.legend(
-        [handles[k] for k in labels], labels, loc="outside lower center", ncols=len(labels), fontsize=8
-    )
+    handles = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
+    _legend_below(fig, list(handles.values()), list(handles))
     if title:
         fig.suptitle(title)
     return fig
 
 
 def hash_noise_figure(
-    noise: pd.DataFrame,
-    bands: dict[int, dict[float, float]],
-    world_size: int,
-    title: str | None = None,
+    noise: pd.DataFrame, bands: dict[int, dict[float, float]], world_size: int, title: str | None = None
 ) -> Figure:
     """`hash_roundrobin`'s excess max/mean - 1 against distinct keys per rank
     (log-log, a marker per seed), over the balls-into-bins band of a truly
@@ -265,12 +239,9 @@ def zipf_seeds_figure(zipf: pd.DataFrame, title: str | None = None) -> Figure:
         ax.axhline(1.0, color="0.6", linestyle="--", linewidth=1)
         ax.set_title(kind)
     axes[0].set_ylabel("max/mean keys per rank")
-    fig.legend(
-        [Line2D([], [], color="black", linewidth=2), *axes[0].get_legend_handles_labels()[0]],
-        ["median over seeds", *axes[0].get_legend_handles_labels()[1]],
-        loc="outside lower center",
-        ncols=2,
-        fontsize=8,
+    handles, labels = axes[0].get_legend_handles_labels()
+    _legend_below(
+        fig, [Line2D([], [], color="black", linewidth=2), *handles], ["median over seeds", *labels], 2
     )
     fig.suptitle(title or "zipf over seeds: max/mean per dist_type")
     return fig
@@ -343,15 +314,7 @@ def dist_type_bars(
     handles[labels.index("all")] = colours
     labels[labels.index("all")] = "all keys (each panel's colour)"
     legend.remove()
-    fig.legend(
-        handles,
-        labels,
-        handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
-        loc="outside lower center",
-        ncols=len(labels),
-        fontsize=8,
-        frameon=False,
-    )
+    _legend_below(fig, handles, labels, handler_map={tuple: HandlerTuple(ndivide=None, pad=0)}, frameon=False)
     return fig
 
 
@@ -386,7 +349,6 @@ def routed_loads_figure(loads, device: str) -> Figure:
             ax.set(xlabel="ids the rank owns", ylabel="lookup ms (fwd + bwd, cpu)")
             ax.set_ylim(bottom=0)
             ax.grid(True, alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
+    _legend_below(fig, *axes[0][0].get_legend_handles_labels())
     fig.suptitle(f"each rank replayed one by one on {device}: ids owned and lookup time", fontsize=10)
     return fig

@@ -1,21 +1,12 @@
 """Notebook 01's measured section: torchrec row-wise tables under each routing of embnb's sharders.
 
-Three id streams go into one table of `num_embeddings` rows:
-
-- `frequency`: a vocabulary numbered by frequency (Zipf ranks as ids: id 0 the hottest);
-- `strided`: ids `k * stride` (one of `stride` interleaved allocators; the stride does not know W);
-- `hashed`: uniform raw 64-bit keys hashed into the table (`fmix64(key) % num_embeddings`).
-
-Each is laid out by `embnb.rowwise.TableLayout` (`continuous`, `roundrobin`,
-`feistel_roundrobin`) at each world size. The ids per rank are counted from
-the layout; each rank's lookups are then replayed with real kernels, one rank
-after another on this device (`embnb.steptime.measure_routing` on the storage
-slots, torchrec's contiguous blocks: what the routed sharder feeds
-torchrec's row-wise path). `train_rank` trains a small DMP model with the
-sharder over real gloo ranks and counts the ids torchrec's input all-to-all delivers to each rank.
-
-    loads = measure_loads(LoadsConfig(world_sizes=(8, 64)))
-    results = launch_each([(train_rank, (routing, TrainConfig())) for routing in ROUTINGS], 2)
+Three id streams (`case_ids`) go into one table of `num_embeddings` rows: `frequency` (Zipf ranks as
+ids: id 0 the hottest), `strided` (`k * stride`; the stride does not know W), `hashed` (uniform raw
+keys, `fmix64(key) % num_embeddings`). Each is laid out by `embnb.rowwise.TableLayout` at each W; the
+ids per rank are counted from the layout, then each rank's lookups are replayed with real kernels,
+one rank after another (`embnb.steptime.measure_ranks` on the storage slots: torchrec's contiguous
+blocks, what the routed sharder feeds torchrec). `train_rank` trains a small DMP model with the
+sharder on real gloo ranks and counts the ids torchrec's input all-to-all delivers to each rank.
 """
 
 from __future__ import annotations
@@ -31,7 +22,9 @@ from embnb.data import make_keys, zipf_probs
 from embnb.lab.rowwise.aliasing import into_table
 from embnb.metrics import max_over_mean
 from embnb.rowwise import Routing, TableLayout
-from embnb.steptime import batch_from_keys, measure_routing
+from embnb.steptime import batch_from_keys
+from embnb.steptime.measure import measure_ranks
+from embnb.steptime.work import routing_work
 
 __all__ = [
     "CASES",
@@ -139,16 +132,18 @@ class RoutedLoads:
 
 
 def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, case: str) -> RoutedCase:
-    """Rank by rank, the lookups of the global batch `ids` (rank 0's local ids first) under `layout`."""
+    """Rank by rank, the lookups of the global batch `ids` (rank 0's local ids first) under `layout`:
+    torchrec's blocks over the storage slots (the sharder's own path); no collectives counted."""
     w = layout.world_size
-    slots = layout.slots(ids)
-    batch = batch_from_keys(list(slots.view(w, -1)), config.bag_size, table=TABLE)
-    times = measure_routing(
-        batch,
-        "continuous",  # torchrec's blocks over the storage slots: the sharder's own path
+    batch = batch_from_keys(list(layout.slots(ids).view(w, -1)), config.bag_size, table=TABLE)
+    rows, dims, block = (
         {TABLE: layout.storage_rows},
         {TABLE: config.embedding_dim},
-        block_size={TABLE: layout.block_size},
+        {TABLE: layout.block_size},
+    )
+    times = measure_ranks(
+        lambda rank: routing_work(batch, "continuous", rows, dims, rank, block),
+        w,
         threads=config.threads,
         warmup=config.warmup,
         repeats=config.repeats,
@@ -359,6 +354,10 @@ def training_rows(runs: dict[str, list[dict]], config: TrainConfig) -> list[dict
     return rows
 
 
+IMBALANCED = 2.0  # ids max/mean from which a case counts as imbalanced in `describe`
+SAME = 1.1  # routings whose ids max/mean are within this factor balance a stream alike
+
+
 def _spread(loads: RoutedLoads, case: str, w: int) -> float:
     ratios = [loads.case(case, w, r).ids_max_over_mean for r in loads.config.routings]
     return max(ratios) / min(ratios)
@@ -372,11 +371,25 @@ def busiest_slower(c: RoutedCase) -> bool:
     return bool(rest) and statistics.median(busiest) > statistics.median(rest)
 
 
-def worst_routing_steps(loads: RoutedLoads) -> list[dict]:
-    """Per (stream, W) pair whose routings differ (`_spread` >= SAME): the routing with the least
-    balanced ids, whether its slowest rank is the slowest of all routings' (the step waits for
-    it), and its slowest rank's lookup time over the fastest slowest rank of the other routings."""
-    rows = []
+@dataclass(frozen=True)
+class TimeClaims:
+    """What the replay's times show, counted once for `describe` and `summary_part`."""
+
+    steps: list[dict]  # per (stream, W) whose routings differ: the least balanced routing against the step
+    slowest: int  # of `steps`: its slowest rank is the slowest of all routings' (the step waits for it)
+    heavy: list[RoutedCase]  # cases with ids max/mean >= IMBALANCED
+    slower: int  # of `heavy`: the busiest ranks measured slower than the others' median
+    below: int  # of `heavy`: lookup time max/mean below ids max/mean
+
+    @property
+    def ratios(self) -> str:
+        return ", ".join(
+            f"{r['case']} W={r['world_size']} {r['routing']} {r['step_ratio']:.2f}x" for r in self.steps
+        )
+
+
+def time_claims(loads: RoutedLoads) -> TimeClaims:
+    steps = []
     for case in loads.config.cases:
         for w in loads.config.world_sizes:
             if _spread(loads, case, w) < SAME:
@@ -384,63 +397,59 @@ def worst_routing_steps(loads: RoutedLoads) -> list[dict]:
             cases = [loads.case(case, w, r) for r in loads.config.routings]
             worst = max(cases, key=lambda c: c.ids_max_over_mean)
             others = [max(c.lookup_ms) for c in cases if c is not worst]
-            rows.append(
-                {
-                    "case": case,
-                    "world_size": w,
-                    "routing": worst.routing,
-                    "slowest_of_all": max(worst.lookup_ms) > max(others),
-                    "step_ratio": max(worst.lookup_ms) / min(others),
-                }
+            slowest = max(worst.lookup_ms)
+            steps.append(
+                dict(
+                    case=case,
+                    world_size=w,
+                    routing=worst.routing,
+                    slowest_of_all=slowest > max(others),
+                    step_ratio=slowest / min(others),
+                )
             )
-    return rows
-
-
-IMBALANCED = 2.0  # ids max/mean from which a case counts as imbalanced in `describe`
-SAME = 1.1  # routings whose ids max/mean are within this factor balance a stream alike
+    heavy = [c for c in loads.cases if c.ids_max_over_mean >= IMBALANCED]
+    return TimeClaims(
+        steps,
+        sum(r["slowest_of_all"] for r in steps),
+        heavy,
+        sum(busiest_slower(c) for c in heavy),
+        sum(c.time_max_over_mean < c.ids_max_over_mean for c in heavy),
+    )
 
 
 def describe(loads: RoutedLoads) -> list[str]:
-    """What the replay shows, one sentence per stream and one on time, generated from its numbers."""
-    config, lines = loads.config, []
+    """What the replay shows, one sentence per stream and a few on time, generated from its numbers."""
+    config, claims, lines = loads.config, time_claims(loads), []
     for case in config.cases:
         per_w = "; ".join(
             f"W={w}: "
             + ", ".join(
-                f"{r} {loads.case(case, w, r).ids_max_over_mean:.2f} "
-                f"({loads.case(case, w, r).time_max_over_mean:.2f})"
-                for r in config.routings
+                f"{c.routing} {c.ids_max_over_mean:.2f} ({c.time_max_over_mean:.2f})"
+                for c in (loads.case(case, w, r) for r in config.routings)
             )
             for w in config.world_sizes
         )
         alike = all(_spread(loads, case, w) < SAME for w in config.world_sizes)
-        verdict = (
-            f"every routing within {SAME:g}x of the others at every W: routing changes nothing here"
-            if alike
-            else "the routings differ"
+        verdict = f"every routing within {SAME:g}x of the others at every W: routing changes nothing here"
+        lines.append(
+            f"{case} ids, max/mean of ids per rank (of lookup time): {per_w}; "
+            f"{verdict if alike else 'the routings differ'}."
         )
-        lines.append(f"{case} ids, max/mean of ids per rank (of lookup time): {per_w}; {verdict}.")
-    steps = worst_routing_steps(loads)
     lines.append(
         f"Where the routings differ (ids max/mean {SAME:g}x apart or more), the routing with the least "
-        f"balanced ids had the slowest rank of all routings in {sum(r['slowest_of_all'] for r in steps)} of "
-        f"{len(steps)} (stream, W) pairs; its slowest rank's lookup over the other routings' fastest "
-        "slowest rank: "
-        + ", ".join(f"{r['case']} W={r['world_size']} {r['routing']} {r['step_ratio']:.2f}x" for r in steps)
-        + "."
+        f"balanced ids had the slowest rank of all routings in {claims.slowest} of {len(claims.steps)} "
+        f"(stream, W) pairs; its slowest rank's lookup over the other routings' fastest slowest rank: "
+        f"{claims.ratios}."
     )
-    heavy = [c for c in loads.cases if c.ids_max_over_mean >= IMBALANCED]
-    slower = sum(busiest_slower(c) for c in heavy)
     lines.append(
-        f"In {slower} of {len(heavy)} cases with ids max/mean >= {IMBALANCED:g}, the ranks owning the most "
-        "ids measured slower lookups than the median of the other ranks."
+        f"In {claims.slower} of {len(claims.heavy)} cases with ids max/mean >= {IMBALANCED:g}, the ranks "
+        "owning the most ids measured slower lookups than the median of the other ranks."
     )
-    below = [c for c in heavy if c.time_max_over_mean < c.ids_max_over_mean]
-    if heavy:
-        worst = max(heavy, key=lambda c: c.ids_max_over_mean)
+    if claims.heavy:
+        worst = max(claims.heavy, key=lambda c: c.ids_max_over_mean)
         lines.append(
-            f"Lookup time max/mean is below ids max/mean in {len(below)} of those {len(heavy)} cases; at the "
-            f"largest, {worst.case} ids under {worst.routing} at W={worst.world_size}: ids "
+            f"Lookup time max/mean is below ids max/mean in {claims.below} of those {len(claims.heavy)} "
+            f"cases; at the largest, {worst.case} ids under {worst.routing} at W={worst.world_size}: ids "
             f"{worst.ids_max_over_mean:.2f}, time {worst.time_max_over_mean:.2f}."
         )
     balanced = [c.time_max_over_mean for c in loads.cases if c.ids_max_over_mean < SAME]
@@ -454,9 +463,9 @@ def describe(loads: RoutedLoads) -> list[str]:
 
 
 def summary_part(loads: RoutedLoads, training: list[dict]) -> str:
-    """Section 8 for the one-line summary: per stream, the routings' ids max/mean at each W;
-    the busy-ranks-slower count; whether the DMP ranks received what the layouts count."""
-    config = loads.config
+    """Section 8 for the one-line summary: the routings' ids max/mean per stream and W, what the
+    times show, and whether the DMP ranks received what the layouts count."""
+    config, claims = loads.config, time_claims(loads)
     streams = "; ".join(
         f"{case} ids "
         + ", ".join(
@@ -465,19 +474,12 @@ def summary_part(loads: RoutedLoads, training: list[dict]) -> str:
         )
         for case in config.cases
     )
-    heavy = [c for c in loads.cases if c.ids_max_over_mean >= IMBALANCED]
-    slower = sum(busiest_slower(c) for c in heavy)
-    below = sum(c.time_max_over_mean < c.ids_max_over_mean for c in heavy)
-    steps = worst_routing_steps(loads)
-    received = all(row["received_equals_layout"] for row in training)
     return (
         f"torchrec row-wise with embnb's sharders, ids max/mean per rank ({' / '.join(config.routings)}): "
         f"{streams}; measured (CPU, replayed rank by rank), the routing with the least balanced ids had "
-        f"the slowest rank in {sum(r['slowest_of_all'] for r in steps)} of {len(steps)} (stream, W) pairs "
-        "where the routings differ ("
-        + ", ".join(f"{r['case']} W={r['world_size']} {r['routing']} {r['step_ratio']:.2f}x" for r in steps)
-        + " the others' fastest slowest rank), "
-        f"lookup time max/mean is below ids max/mean in "
-        f"{below} of {len(heavy)} cases with ids max/mean >= {IMBALANCED:g}, and the ranks owning the most "
-        f"ids measured slower in {slower} of them; DMP ranks received the layout's ids: {received}"
+        f"the slowest rank in {claims.slowest} of {len(claims.steps)} (stream, W) pairs where the routings "
+        f"differ ({claims.ratios} the others' fastest slowest rank), lookup time max/mean is below ids "
+        f"max/mean in {claims.below} of {len(claims.heavy)} cases with ids max/mean >= {IMBALANCED:g}, and "
+        f"the ranks owning the most ids measured slower in {claims.slower} of them; DMP ranks received the "
+        f"layout's ids: {all(row['received_equals_layout'] for row in training)}"
     )

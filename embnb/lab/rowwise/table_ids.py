@@ -1,22 +1,10 @@
 """Raw ids into a torchrec table, then row-wise blocks (notebook 01, section 2).
 
-torchrec looks up row `id` of a table of `num_embeddings` rows, so ids must
-lie in `[0, num_embeddings)`. `out_of_range_lookup` runs the peers on one id
-past the table: torchrec's unsharded EmbeddingBagCollection raises, and
-FBGEMM's TBE (the kernel under torchrec's fused sharded tables) checks
-bounds with `bounds_check_mode`: FATAL raises, WARNING (the default) logs
-and reads row 0 in place of the bad id.
-
-So a pipeline maps raw ids (snowflake ids are near 2**60) into the table
-first, `aliasing.into_table`: `id % rows` or `fmix64(id) % rows`; row-wise
-sharding then cuts the table into continuous blocks of `ceil(rows / W)`.
-`pipeline_table` measures what is left after that: the load per rank, and
-how many distinct ids share a row with another id. `id % rows` keeps what
-the ids have in common: ids that are multiples of 4096 reach only
-`rows / gcd(4096, rows)` of the rows.
-
-    outcomes = out_of_range_lookup(100, 2**60)
-    table = pipeline_table(snowflake_keys, [10**8, 2**27], [8])
+torchrec needs `0 <= id < num_embeddings`: `out_of_range_lookup` runs the peers on one id past the
+table (torchrec's EmbeddingBagCollection raises; FBGEMM's TBE, under torchrec's fused tables, raises
+with `bounds_check_mode` FATAL, logs and reads row 0 with WARNING, its default). A pipeline maps raw
+ids into the table first (`aliasing.into_table`); `pipeline_table` measures what is left: the load per
+rank, and how many distinct ids share a row (`id % rows` keeps the ids' common factors).
 """
 
 from __future__ import annotations
@@ -36,6 +24,10 @@ HOWS = ("modulo", "hash")  # how ids go into the table: id % rows, fmix64(id) % 
 # After the mapping a key is a row: torchrec cuts rows into blocks (continuous);
 # `row % W` shows what a modulo on top of a modulo keeps.
 PIPELINE_DIST_TYPES = ("continuous", "roundrobin")
+PIPELINE_COLUMNS = (
+    "table_rows into_table world_size dist_type max_over_mean distinct_ids rows_used ids_sharing_a_row "
+    "ids_sharing_a_row_random"
+).split()
 
 
 def _outcome(call) -> tuple[str, torch.Tensor | None]:
@@ -119,19 +111,10 @@ def pipeline_table(
                 for dist_type in dist_types:
                     counts = rank_counts(rows, world_size, dist_type, table_rows=table_rows)
                     records.append(
-                        {
-                            "table_rows": table_rows,
-                            "into_table": how,
-                            "world_size": world_size,
-                            "dist_type": dist_type,
-                            "max_over_mean": max_over_mean(counts),
-                            "distinct_ids": distinct.numel(),
-                            "rows_used": used.numel(),
-                            "ids_sharing_a_row": sharing,
-                            "ids_sharing_a_row_random": random_sharing,
-                        }
+                        (table_rows, how, world_size, dist_type, max_over_mean(counts), distinct.numel())
+                        + (used.numel(), sharing, random_sharing)
                     )
-    return pd.DataFrame(records)
+    return pd.DataFrame(records, columns=PIPELINE_COLUMNS)
 
 
 def describe_pipeline(table: pd.DataFrame) -> list[str]:

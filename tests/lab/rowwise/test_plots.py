@@ -96,7 +96,10 @@ def test_max_over_mean_vs_world_size_without_floor_column(table):
 
 def test_load_explorer_redraws_on_every_control():
     explorer = widgets.LoadExplorer(
-        ["strided", "zipf"], MODES, world_size=8, num_keys=4000, pattern_options={"zipf": {"alpha": 1.5}}
+        aliasing.KeyStreams(["strided", "zipf"], pattern_options={"zipf": {"alpha": 1.5}}),
+        MODES,
+        world_size=8,
+        num_keys=4000,
     )
     controls = explorer.controls
     assert controls["dist_type"].options == tuple(MODES)
@@ -124,10 +127,10 @@ def test_load_explorer_redraws_on_every_control():
 
 
 def test_load_explorer_shows_a_bad_value_instead_of_raising():
-    explorer = widgets.LoadExplorer(["strided"], MODES, world_size=8, num_keys=4000)
+    explorer = widgets.LoadExplorer(aliasing.KeyStreams(["strided"]), MODES, world_size=8, num_keys=4000)
     before = explorer.figure
     # strided keys need offset < stride; an option the generator refuses
-    explorer.pattern_options["strided"] = {"stride": 5, "offset": 9}
+    explorer.streams.pattern_options["strided"] = {"stride": 5, "offset": 9}
     explorer.controls["num_keys"].value = 2000
     assert explorer.error.startswith("ValueError: offset must be in [0, 5), got 9")
     assert "offset must be in" in explorer.status.value
@@ -135,9 +138,9 @@ def test_load_explorer_shows_a_bad_value_instead_of_raising():
 
 
 def test_load_explorer_widget_is_displayable_without_a_kernel():
-    explorer = widgets.LoadExplorer(["uniform"], ["hash_roundrobin"], num_keys=1000)
+    explorer = widgets.LoadExplorer(aliasing.KeyStreams(["uniform"]), ["hash_roundrobin"], num_keys=1000)
     bundle = explorer._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert explorer.widget.children[-1] is explorer.output
     with pytest.raises(ValueError, match="must not be empty"):
-        widgets.LoadExplorer([], ["roundrobin"])
+        widgets.LoadExplorer(aliasing.KeyStreams([]), ["roundrobin"])
