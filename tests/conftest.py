@@ -26,6 +26,40 @@ def _torch_logs_as_pytest_started():
         os.environ["TORCH_LOGS"] = before
 
 
+# Files whose tests take longest, longest first (`--durations` on the idle
+# 2-core machine). They start first: `make test` hands out whole files
+# (--dist loadfile, in collection order), and a long file handed out last
+# would leave the other worker idle while it runs.
+SLOWEST_FILES = (
+    "test_bench.py",
+    "test_wheel.py",
+    "test_readme.py",
+    "notebooks/test_notebook_01.py",
+    "notebooks/test_notebook_04.py",
+    "planner/test_replica.py",
+    "notebooks/test_notebook_03.py",
+    "planner/test_planner.py",
+    "test_library_api.py",
+    "test_gpu_kit.py",
+    "planner/test_search_space.py",
+    "cuda/test_native.py",
+    "notebooks/test_notebook_02.py",
+    "cuda/test_build.py",
+    "test_dist.py",
+    "lab/test_harness.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+
+    def order(item):
+        path = pathlib.Path(str(item.path)).relative_to(TESTS_DIR).as_posix()
+        return rank.get(path, len(rank))
+
+    items.sort(key=order)  # stable: a file's tests, and the other files, keep their order
+
+
 def pytest_sessionstart(session):
     # Build the native extension once, here, rather than in several spawned
     # ranks at the same moment; without a compiler this warns and tests that

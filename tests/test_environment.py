@@ -127,3 +127,10 @@ def test_setup_rejects_an_unknown_stack():
     )
     assert out.returncode == 2
     assert "STACK='max' is not one of pinned, min" in out.stderr
+
+
+def test_the_slowest_files_the_suite_starts_with_exist():
+    from conftest import SLOWEST_FILES, TESTS_DIR
+
+    assert len(set(SLOWEST_FILES)) == len(SLOWEST_FILES)
+    assert [name for name in SLOWEST_FILES if not (TESTS_DIR / name).is_file()] == []
