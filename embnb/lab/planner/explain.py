@@ -12,14 +12,15 @@ what a brute-force table says about the least summed perf.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from torchrec.distributed.planner.types import Topology
 
 from embnb._checks import check_int
-from embnb.lab.planner.brute_force import option_label
+from embnb.lab.planner.brute_force import PlanRater, option_label
 from embnb.lab.planner.models import Enumerated
 from embnb.lab.planner.reference import backtrack, knapsack_choices
 from embnb.planner.knapsack import Knapsack, knapsack_axes
@@ -67,6 +68,7 @@ def options_table(
                     "ddr_gb": space.mem[t, o, 1] / GB,
                     "shard_perf": max(s.perf.total for s in shards),
                     "shard_hbm_gb": max(s.storage.hbm for s in shards) / GB,
+                    "sharding_option": option,
                 }
             )
     return pd.DataFrame(rows)
@@ -103,6 +105,11 @@ class SmallKnapsack:
     choices: list[list[int]]  # choices[t][m]: the option of table t that cell took (-1: none)
     end: int  # the bin where the best plan ends (the last row's least perf)
     plan: list[int]  # the best plan's option per table, backtracked from `end`
+    shard_perfs: list[list[float]]  # each option's largest shard's estimated perf, ms
+    shard_hbm_gb: list[list[float]]  # each option's largest shard's HBM, GiB
+    rate: Callable[[Sequence[int]], float] = field(
+        repr=False, compare=False
+    )  # torchrec's rating; NaN: unplaced
 
     def describe(self) -> pd.DataFrame:
         """One row per table and option: perf, HBM (GiB and bins), and
@@ -146,6 +153,8 @@ def small_knapsack(
     memories = [[math.ceil(gb / bin_gb - 1e-9) for gb in rows.hbm_gb] for rows in by_name]
     perfs = [rows.perf.tolist() for rows in by_name]
     rows, choices = knapsack_choices(perfs, memories, num_bins)
+    objects = [r.sharding_option.tolist() for r in by_name]
+    rater = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage)
     last = rows[-1]
     end = min(range(num_bins + 1), key=lambda m: last[m])
     if not math.isfinite(last[end]):
@@ -162,6 +171,9 @@ def small_knapsack(
         choices=choices,
         end=end,
         plan=backtrack(choices, memories, end),
+        shard_perfs=[r.shard_perf.tolist() for r in by_name],
+        shard_hbm_gb=[r.shard_hbm_gb.tolist() for r in by_name],
+        rate=lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
     )
 
 

@@ -16,7 +16,9 @@ import math
 
 import numpy as np
 
+from embnb.lab.planner.planning import run_planner
 from embnb.planner.knapsack import Knapsack
+from embnb.planner.proposer import DynamicProgrammingProposer
 
 __all__ = [
     "knapsack_choices",
@@ -24,7 +26,12 @@ __all__ = [
     "least_perf_per_memory",
     "least_perf_by_enumeration",
     "page_core_agrees",
+    "CAPS_ONLY",
+    "capped_runs_agree",
 ]
+
+# The proposer with its knapsack runs and nothing else: every frontier plan of each run proposed.
+CAPS_ONLY = dict(bisect=False, slack=False, prune=False, max_refinements=0, replay=False)
 
 
 def knapsack_choices(
@@ -119,4 +126,24 @@ def page_core_agrees(
         "table": rows == want_rows and choices == want_choices,
         "plan": plan == backtrack(want_choices, memories, end),
         "proposer_knapsack": bool(np.allclose(got, want) and np.array_equal(np.isinf(got), np.isinf(want))),
+    }
+
+
+def capped_runs_agree(page_best: dict[int, float], enumerated, topology, batch_size: int, reservation: float):
+    """Whether the capped runs written on notebook 03's page find the best rating the library's
+    DynamicProgrammingProposer finds with its knapsack runs alone (`CAPS_ONLY`) in torchrec's
+    planner, for each `max_caps` in `page_best` (max_caps -> the page's best rating)."""
+    return {
+        f"max_caps={caps}": math.isclose(
+            best,
+            run_planner(
+                DynamicProgrammingProposer(max_caps=caps, **CAPS_ONLY),
+                enumerated,
+                topology,
+                batch_size,
+                storage_reservation_percentage=reservation,
+            ).perf_rating,
+            rel_tol=1e-9,
+        )
+        for caps, best in page_best.items()
     }

@@ -74,6 +74,7 @@ class WorkedExamples:
     tiny: PlanExtremes
     pitfall: pd.DataFrame  # `summed_vs_rated`
     page_core: dict[str, bool]  # the recurrence written on the page against the library (`page_core_agrees`)
+    capped_core: dict[str, bool]  # the page's capped runs against the library (`capped_runs_agree`)
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ def _example_records(examples: WorkedExamples) -> dict[str, Any]:
         ),
         "small_knapsack": _small_record(examples.small, examples.small_matches_brute_force),
         "page_core_agrees": examples.page_core,
+        "page_capped_runs_agree": examples.capped_core,
         "tiny_least_sum_placeable": bool(pd.notna(tiny.least_sum.perf_rating)),
         "tiny_least_placed_sum_rating": float(tiny.least_placed_sum.perf_rating),
         "tiny_best_rating": float(tiny.best_rated.perf_rating),
