@@ -49,7 +49,7 @@ from embnb._torchrec_private import (
 )
 from embnb.dist import launch_each
 from embnb.lab.planner.brute_force import brute_force_rating, rate_every_plan
-from embnb.lab.planner.comparison import compare_proposers, default_proposers
+from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
 from embnb.lab.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
 from embnb.lab.planner.planning import run_planner
@@ -612,7 +612,7 @@ def test_bandwidth_overrides_reach_the_topology():
 
 def test_compare_proposers_rows_and_columns():
     tables, constraints, topology = tiny()
-    table = compare_proposers(tables, topology, BATCH_SIZE, constraints=constraints, timeout_s=60)
+    table = compare_proposers(tables, topology, Planning(BATCH_SIZE, constraints, timeout_s=60))
     assert list(table.index) == [
         "embnb DP",
         "torchrec DP",
@@ -646,9 +646,8 @@ def test_grid_search_is_reported_as_skipped_past_ten_thousand_plans():
     table = compare_proposers(
         model.tables,
         topology,
-        BATCH_SIZE,
-        constraints=model.constraints,
-        proposers={k: v for k, v in default_proposers().items() if k in ("embnb DP", "GridSearch")},
+        Planning(BATCH_SIZE, model.constraints),
+        {k: v for k, v in default_proposers().items() if k in ("embnb DP", "GridSearch")},
     )
     assert table.loc["GridSearch", "note"].startswith("skipped:")
     assert not table.loc["GridSearch", "feasible"] and table.loc["embnb DP", "feasible"]
@@ -789,7 +788,7 @@ def test_bad_proposer_settings_are_named(kwargs, error, message):
 def test_zero_tables_are_refused():
     topology = planner.make_topology(2)
     with pytest.raises(ValueError, match="no tables to plan"):
-        compare_proposers([], topology, BATCH_SIZE)
+        compare_proposers([], topology, Planning(BATCH_SIZE))
     with pytest.raises(ValueError, match="num_tables must be an int >= 1, got 0"):
         make_model(0)
     with pytest.raises(ValueError, match="num_tables must be an int >= 1, got 0"):

@@ -105,11 +105,11 @@ class SmallKnapsack:
     choices: list[list[int]]  # choices[t][m]: the option of table t that cell took (-1: none)
     end: int  # the bin where the best plan ends (the last row's least perf)
     plan: list[int]  # the best plan's option per table, backtracked from `end`
-    shard_perfs: list[list[float]]  # each option's largest shard's estimated perf, ms
-    shard_hbm_gb: list[list[float]]  # each option's largest shard's HBM, GiB
-    rate: Callable[[Sequence[int]], float] = field(
-        repr=False, compare=False
-    )  # torchrec's rating; NaN: unplaced
+    shard_perfs: list[list[float]] = field(default_factory=list)  # each option's largest shard's perf, ms
+    shard_hbm_gb: list[list[float]] = field(default_factory=list)  # each option's largest shard's HBM, GiB
+    rate: Callable[[Sequence[int]], float] | None = field(
+        default=None, repr=False
+    )  # torchrec's; NaN: unplaced
 
     def describe(self) -> pd.DataFrame:
         """One row per table and option: perf, HBM (GiB and bins), and

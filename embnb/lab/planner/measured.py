@@ -10,9 +10,9 @@ calling thread's CPU time there counts launches, not kernels.
 Communication is not measured: its time per rank is computed from the
 counted bytes (`steptime.comms.LINK_MODEL`).
 
-    world = measure_world(model, 8, local_batch_size=16, repeats=2)
+    world = measure_world(model, 8, MeasureSettings(local_batch_size=16, repeats=2))
     world.spearman("lookup_ms"), world.winner().shape
-    section = measure_worlds(model, [8, 32], local_batch_size=16)   # the notebook's section
+    section = measure_worlds(model, [8, 32], MeasureSettings(16))   # the notebook's section
     where = measure_device("auto")   # cuda with FBGEMM's CUDA kernels, else cpu, and why
     fig = measured_vs_estimated(section.worlds)
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import version
 
 import torch
@@ -33,6 +33,7 @@ from embnb.lab.planner.candidates import POOR, candidate_plans, estimated_per_ra
 from embnb.lab.planner.comparison import UVM_KERNELS
 from embnb.lab.planner.hosts import hosts_of
 from embnb.lab.planner.models import Model
+from embnb.lab.planner.planning import plain
 from embnb.lab.plotting import new_figure
 from embnb.metrics import spearman
 from embnb.planner.topology import make_topology
@@ -43,6 +44,7 @@ from embnb.timing import Stopwatch, machine_name
 __all__ = [
     "MeasuredPlan",
     "MeasuredWorld",
+    "MeasureSettings",
     "measure_world",
     "MeasuredWorlds",
     "measure_worlds",
@@ -85,10 +87,7 @@ class MeasuredPlan:
 class MeasuredWorld:
     world_size: int
     plans: list[MeasuredPlan]
-    local_batch_size: int
-    threads: int
-    warmup: int
-    repeats: int
+    settings: MeasureSettings
     hosts: int = 1  # of its topology (`hosts_of`)
     device: str = "cpu"  # where the kernels ran, and the topology's compute_device
     device_name: str = ""  # the CPU or the GPU's name (`embnb.timing.machine_name`)
@@ -110,24 +109,17 @@ class MeasuredWorld:
         return min(self.measured(planners_only), key=lambda p: getattr(p, key))
 
     def to_json(self) -> dict:
-        return {
-            **{k: v for k, v in asdict(self).items() if k != "plans"},
-            "plans": {p.name: _finite(asdict(p)) for p in self.plans},
-            "spearman_step": self.spearman("step_ms"),
-            "spearman_lookup": self.spearman("lookup_ms"),
-            "spearman_step_planners": _finite_number(self.spearman("step_ms", planners_only=True)),
-            "winner": self.winner().name,
-            "fastest_planner": self.winner(planners_only=True).name,
-        }
-
-
-def _finite_number(value: float) -> float | None:
-    return None if math.isnan(value) else value
-
-
-def _finite(row: dict) -> dict:
-    """NaN (a plan torchrec could not rate) as None: strict JSON."""
-    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+        return plain(
+            {
+                **asdict(self),
+                "plans": {p.name: asdict(p) for p in self.plans},
+                "spearman_step": self.spearman("step_ms"),
+                "spearman_lookup": self.spearman("lookup_ms"),
+                "spearman_step_planners": self.spearman("step_ms", planners_only=True),
+                "winner": self.winner().name,
+                "fastest_planner": self.winner(planners_only=True).name,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -180,35 +172,36 @@ def _measure_one(candidate, topology, model: Model, batch, device: str, **option
     )
 
 
-def measure_world(
-    model: Model,
-    world_size: int,
-    local_batch_size: int,
-    *,
-    repeats: int = 2,
-    warmup: int = 1,
-    threads: int = 1,
-    hidden: Sequence[int] = (128,),
-    timeout_s: float = 60.0,
-    seed: int = 0,
-    device: str = "cpu",
-) -> MeasuredWorld:
-    """Plan `model` on `world_size` devices of `device` ("cpu" or "cuda": the
-    topology's compute_device and where the kernels run; `measure_device`
-    picks it) with `candidate_plans`, and measure every plan rank by rank
-    on one global batch."""
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How each plan is measured rank by rank (`embnb.steptime.measure_plan`)."""
+
+    local_batch_size: int  # samples per rank
+    repeats: int = 2  # timed, after the warm-ups
+    warmup: int = 1
+    threads: int = 1  # intra-op threads while a rank is measured
+    hidden: tuple[int, ...] = (128,)  # the dense MLP's widths
+    timeout_s: float = 60.0  # each planner's time limit
+    seed: int = 0  # of the global batch
+    device: str = "cpu"  # "cpu" or "cuda": the topology's compute_device and where kernels run
+
+
+def measure_world(model: Model, world_size: int, settings: MeasureSettings) -> MeasuredWorld:
+    """Plan `model` on `world_size` devices of `settings.device` (`measure_device` picks it) with
+    `candidate_plans`, and measure every plan rank by rank on one global batch."""
     check_int("world_size", world_size, low=2)
+    device = settings.device
     if device not in CLOCKS:
         raise ValueError(f"device {device!r} is not one of {sorted(CLOCKS)} (measure_device resolves 'auto')")
     topology = make_topology(world_size, device)
-    candidates = candidate_plans(model, topology, local_batch_size, timeout_s=timeout_s)
-    batch = make_batch(model.tables, model.constraints, world_size, local_batch_size, seed)
-    options = {"threads": threads, "warmup": warmup, "repeats": repeats, "hidden": tuple(hidden)}
+    batch_size = settings.local_batch_size
+    candidates = candidate_plans(model, topology, batch_size, timeout_s=settings.timeout_s)
+    batch = make_batch(model.tables, model.constraints, world_size, batch_size, settings.seed)
+    options = {k: getattr(settings, k) for k in ("threads", "warmup", "repeats", "hidden")}
     plans = [_measure_one(c, topology, model, batch, device, **options) for c in candidates.values()]
     return MeasuredWorld(
-        world_size, plans, local_batch_size, threads, warmup, repeats, hosts_of(topology),
-        device, machine_name(device), CLOCKS[device],
-    )  # fmt: skip
+        world_size, plans, settings, hosts_of(topology), device, machine_name(device), CLOCKS[device]
+    )
 
 
 @dataclass(frozen=True)
@@ -236,21 +229,15 @@ class MeasuredWorlds:
 
 
 def measure_worlds(
-    model: Model,
-    world_sizes: Sequence[int],
-    local_batch_size: int,
-    where: MeasureDevice | None = None,
-    **options,
+    model: Model, world_sizes: Sequence[int], settings: MeasureSettings, where: MeasureDevice | None = None
 ) -> MeasuredWorlds:
-    """`measure_world` at each of `world_sizes` on `where` (default: the CPU;
-    `options`: its keywords)."""
+    """`measure_world` at each of `world_sizes` on `where` (default: the CPU)."""
     if not world_sizes:
         raise ValueError("world_sizes is empty: give at least one world size to measure")
     where = where or measure_device("cpu")
+    settings = replace(settings, device=where.device)
     with Stopwatch() as watch:
-        worlds = [
-            measure_world(model, w, local_batch_size, device=where.device, **options) for w in world_sizes
-        ]
+        worlds = [measure_world(model, w, settings) for w in world_sizes]
     return MeasuredWorlds(len(model.tables), worlds, watch.wall_s, where.note)
 
 

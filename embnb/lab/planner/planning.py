@@ -9,11 +9,13 @@ training code calls it (`time_end_to_end`).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -45,7 +47,26 @@ from embnb.planner.factory import create_planner
 from embnb.planner.space import GB
 from embnb.timing import Stopwatch
 
-__all__ = ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads"]
+__all__ = ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads", "records", "plain"]
+
+
+def records(table: pd.DataFrame, orient: str = "index") -> Any:
+    """A table as JSON's plain values (NaN as None), by row label (or a list: orient="records")."""
+    return plain(table.to_dict(orient=orient))
+
+
+def plain(value: Any) -> Any:
+    """JSON's plain values: dataclasses as dicts (fields named in `repr`), numpy scalars as
+    numbers, NaN and inf as None."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.repr}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 class _Replay(Enumerator):

@@ -15,6 +15,7 @@ import pytest
 from embnb import planner
 from embnb.lab.planner.ablation import LADDER, ablation_table
 from embnb.lab.planner.brute_force import brute_force_rating
+from embnb.lab.planner.comparison import Planning
 from embnb.lab.planner.models import enumerate_options, make_model
 from embnb.lab.planner.quality import random_instance
 
@@ -36,7 +37,7 @@ def forty_tables():
     model = make_model(40, 0)
     topology = planner.make_topology(8, "cuda", hbm_cap_gb=1.2, ddr_cap_gb=128.0)
     enumerated = enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
-    return ablation_table(enumerated, topology, BATCH_SIZE, constraints=model.constraints, repeats=2)
+    return ablation_table(enumerated, topology, Planning(BATCH_SIZE, model.constraints, repeats=2))
 
 
 def test_rungs_that_add_plans_never_rate_worse(forty_tables):
@@ -67,7 +68,7 @@ def test_no_rung_beats_brute_force(seed):
     model, topology = random_instance(seed)
     enumerated = enumerate_options(model.tables, topology, BATCH_SIZE, model.constraints)
     best = brute_force_rating(enumerated, topology, BATCH_SIZE)
-    table = ablation_table(enumerated, topology, BATCH_SIZE, constraints=model.constraints, repeats=1)
+    table = ablation_table(enumerated, topology, Planning(BATCH_SIZE, model.constraints, repeats=1))
     if not math.isfinite(best):
         assert table.perf_rating.isna().all()
         return
@@ -76,4 +77,4 @@ def test_no_rung_beats_brute_force(seed):
 
 def test_bad_repeats_are_refused():
     with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
-        ablation_table(None, None, BATCH_SIZE, repeats=0)
+        ablation_table(None, None, Planning(BATCH_SIZE, repeats=0))
