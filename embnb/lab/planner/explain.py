@@ -4,7 +4,6 @@ what a brute-force table says about the least summed perf.
     options_table(enumerated, topology, 512)     # what the knapsack chooses from
     small_knapsack(enumerated, topology, 512, 20) # a few tables in whole bins, to work by hand
     memory_ratio(enumerated, topology, 512)      # < 1: memory binds in total
-    knapsack_table(enumerated, topology, 512)    # the DP table, one row per table added
     knapsack_frontier(enumerated, topology, 512) # the plans proposed first, largest memory first
     plan_extremes(rate_every_plan(enumerated, topology, 512))
 """
@@ -32,7 +31,6 @@ __all__ = [
     "SmallKnapsack",
     "small_knapsack",
     "memory_ratio",
-    "knapsack_table",
     "knapsack_frontier",
     "PlanExtremes",
     "plan_extremes",
@@ -175,35 +173,6 @@ def small_knapsack(
         shard_hbm_gb=[r.shard_hbm_gb.tolist() for r in by_name],
         rate=lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
     )
-
-
-# Planning functions take torchrec's inputs in one order: the enumerated options,
-# the topology, the batch size, then bins and the storage reservation.
-def knapsack_table(
-    enumerated: Enumerated,
-    topology: Topology,
-    batch_size: int,
-    bins_per_device: int = 100,
-    storage_reservation_percentage: float = 0.15,
-) -> pd.DataFrame:
-    """The DP table on the knapsack's main memory axis: row i is the least
-    summed perf per memory bin once tables 0..i are chosen (inf: unreachable);
-    columns are each bin's upper memory edge in GiB (`.attrs["bin_gb"]`:
-    the exact bin width)."""
-    check_int("bins_per_device", bins_per_device, low=1)
-    space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
-    axes, capacity, bins, weights = knapsack_axes(space, bins_per_device, 1)
-    capacity, bins, weights = capacity[:1], bins[:1], weights[..., :1]  # the main axis
-    knapsack, rows = Knapsack(capacity, bins), []
-    for t in range(len(space.options)):
-        knapsack.add_table(t, weights[t], space.perf[t])
-        rows.append(knapsack.least)
-    edges = (
-        (np.arange(1, bins[0] + 1) * capacity[0] / bins[0] / GB) if np.isfinite(capacity[0]) else [math.inf]
-    )
-    table = pd.DataFrame(rows, index=[opts[0].name for opts in space.options], columns=np.round(edges, 4))
-    table.attrs.update(axis=AXES[axes[0]] if axes else "none", bin_gb=float(capacity[0] / bins[0] / GB))
-    return table
 
 
 def knapsack_frontier(
