@@ -245,65 +245,47 @@ MARKERS = "os^DvP<>"  # one per plan: plans rated alike overlap, their shapes st
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 0.5, 2, 30: not 5x10^-1
 
 
-def _plan_styles(names: Sequence[str]) -> dict[str, tuple[str, str]]:
-    return {name: (f"C{i}", MARKERS[i % len(MARKERS)]) for i, name in enumerate(names)}
-
-
 def measured_vs_estimated(worlds: Sequence[MeasuredWorld]) -> Figure:
-    """Top: per plan, the measured critical path (filled: the step; hollow:
-    the lookups) against torchrec's rating. Bottom: per rank, the measured
-    lookups against torchrec's estimated total (ranks it gives no shard
-    left out: a log axis has no 0). Log axes; one colour per plan."""
+    """Top: per plan, the measured critical path (filled: the step; hollow: the lookups) against
+    torchrec's rating. Bottom: per rank, the measured lookups against torchrec's estimated total
+    (ranks with no shard left out: a log axis has no 0). Log axes; one colour and marker per plan."""
     if not worlds:
         raise ValueError("worlds is empty: nothing to plot")
     names = list(dict.fromkeys(p.name for w in worlds for p in w.measured()))
-    styles = _plan_styles(names)
+    styles = {name: dict(color=f"C{i}", marker=MARKERS[i % len(MARKERS)]) for i, name in enumerate(names)}
     fig = new_figure(4.2 * len(worlds) + 2.2, 7.4)
     axes = fig.subplots(2, len(worlds), squeeze=False)
-    for column, world in enumerate(worlds):
-        top, bottom = axes[0][column], axes[1][column]
-        skipped = 0
+    for (top, bottom), world in zip(axes.T, worlds):
+        skipped, clock = 0, _clock_name(world.clock)
         for plan in world.measured():
-            color, marker = styles[plan.name]
-            top.scatter(
-                plan.rating_ms, plan.step_ms, color=color, marker=marker, s=40, label=plan.name, zorder=3
-            )
-            top.scatter(
-                plan.rating_ms,
-                plan.lookup_ms,
-                facecolors="none",
-                edgecolors=color,
-                marker=marker,
-                s=40,
-                zorder=3,
-            )
+            style = styles[plan.name]
+            top.scatter(plan.rating_ms, plan.step_ms, s=40, label=plan.name, zorder=3, **style)
+            hollow = dict(facecolors="none", edgecolors=style["color"], marker=style["marker"])
+            top.scatter(plan.rating_ms, plan.lookup_ms, s=40, zorder=3, **hollow)
             pairs = [
                 (e, m) for e, m in zip(plan.estimated_per_rank_ms, plan.lookup_per_rank_ms) if e > 0 and m > 0
             ]
             skipped += len(plan.lookup_per_rank_ms) - len(pairs)
             if pairs:
-                bottom.scatter(*zip(*pairs), color=color, marker=marker, s=14, alpha=0.7)
-        top.set(xscale="log", yscale="log", xlabel="torchrec's estimated rating, ms")
-        top.set_ylabel(f"measured critical path, ms ({_clock_name(world.clock)})")
+                bottom.scatter(*zip(*pairs), s=14, alpha=0.7, **style)
+        top.set(xlabel="torchrec's estimated rating, ms", ylabel=f"measured critical path, ms ({clock})")
         top.set_title(f"W = {world.world_size}: plan by plan\n(filled: step; hollow: lookups)", fontsize=9)
-        bottom.set(xscale="log", yscale="log", xlabel="torchrec's estimated total of the rank, ms")
-        bottom.set_ylabel(f"measured lookups of the rank, ms ({_clock_name(world.clock)})")
+        bottom.set(
+            xlabel="torchrec's estimated total of the rank, ms",
+            ylabel=f"measured lookups of the rank, ms ({clock})",
+        )
         bottom.set_title(
             f"W = {world.world_size}: rank by rank ({skipped} ranks with no shard left out)", fontsize=9
         )
         for ax in (top, bottom):
+            ax.set(xscale="log", yscale="log")
             ax.grid(True, which="major", alpha=0.3)
             for axis in (ax.xaxis, ax.yaxis):
                 axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
                 axis.set_major_formatter(PLAIN)
                 axis.set_minor_formatter(NullFormatter())
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes[0][1:]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    fig.legend(handles, labels, loc="outside right center", fontsize=8, title="plan")
+    legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(legend.values(), legend.keys(), loc="outside right center", fontsize=8, title="plan")
     where = worlds[0]
     fig.suptitle(f"Measured on {where.device.upper()} ({where.device_name}) against torchrec's estimates")
     return fig
