@@ -26,6 +26,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 import embnb
+from embnb.lab.planner.planning import records
 from embnb.lab.plotting import new_figure
 from embnb.planner.calibration import Calibration
 
@@ -244,7 +245,7 @@ def calibration_record(bench: CalibrationBench) -> dict[str, Any]:
         "heldout_errors": errors,
         "goal": GOAL,
         "goal_met": errors["calibrated"]["median"] <= GOAL,
-        "worlds": json.loads(fastest_plans(bench).to_json(orient="records")),
+        "worlds": records(fastest_plans(bench), "records"),
         "repeat_gaps": gaps.gap.tolist(),
-        "plans": json.loads(measured_plans(bench).to_json(orient="records")),
+        "plans": records(measured_plans(bench), "records"),
     }

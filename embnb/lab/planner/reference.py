@@ -23,7 +23,6 @@ from embnb.planner.proposer import DynamicProgrammingProposer
 __all__ = [
     "knapsack_choices",
     "backtrack",
-    "least_perf_per_memory",
     "least_perf_by_enumeration",
     "page_core_agrees",
     "CAPS_ONLY",
@@ -73,14 +72,6 @@ def backtrack(choices: list[list[int]], memories: list[list[int]], end: int) -> 
         plan.append(option)
         end -= memories[table][option]
     return plan[::-1]
-
-
-def least_perf_per_memory(perfs: list[list[float]], memories: list[list[int]], capacity: int) -> list[float]:
-    """The last row of `knapsack_choices`: best[m], the least summed perf of
-    one option per table using exactly m memory bins (inf where no choice
-    does); with no table, 0 perf in 0 bins."""
-    rows, _ = knapsack_choices(perfs, memories, capacity)
-    return rows[-1] if rows else [0.0] + [math.inf] * capacity
 
 
 def least_perf_by_enumeration(

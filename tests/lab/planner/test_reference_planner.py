@@ -20,12 +20,18 @@ from embnb.lab.planner.reference import (
     capped_runs_agree,
     knapsack_choices,
     least_perf_by_enumeration,
-    least_perf_per_memory,
     page_core_agrees,
 )
 from embnb.planner.knapsack import Knapsack
 
 INF = math.inf
+
+
+def least_perf_per_memory(perfs, memories, capacity):
+    """The last row of `knapsack_choices` (with no table: 0 perf in 0 bins)."""
+    rows, _ = knapsack_choices(perfs, memories, capacity)
+    return rows[-1] if rows else [0.0] + [math.inf] * capacity
+
 
 TABLES = st.lists(  # per table: options (perf, memory in bins)
     st.lists(st.tuples(st.floats(0.5, 100), st.integers(0, 6)), min_size=1, max_size=4),
