@@ -3,8 +3,6 @@ proposers, each rung turning one piece back on (`LADDER`): the plain knapsack (e
 largest memory first: torchrec's DP recipe on embnb's bins), + bisection past plans that cannot be
 placed, + memory slack, + capped runs, + local search, + lower-bound pruning, + the replica of
 torchrec's partitioner (the default proposer).
-
-    table = ablation_table(enumerated, topology, Planning(repeats=3))
 """
 
 from __future__ import annotations

@@ -2,9 +2,6 @@
 GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest rank), as
 torchrec's planner would place and rate a proposal. Only for tiny models; the
 proposer is measured against it (the study, notebook 03 and the tests).
-
-    brute_force_rating(enumerated, topology, 512)   # the best rating (inf: none placeable)
-    rate_every_plan(enumerated, topology, 512)      # every plan, one row each
 """
 
 from __future__ import annotations

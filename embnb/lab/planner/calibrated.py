@@ -6,12 +6,6 @@ measured with real kernels, then measured held-out plans rank by rank. Per
 rank holding a shard it stored the measured lookups (forward + backward,
 median of the repeats) beside torchrec's default estimate and the calibrated
 one; per plan, the slowest rank's step per repeat (median and range).
-
-    bench = load_calibration_bench("cpu")
-    ranks = heldout_ranks(bench)                 # one row per held-out rank with a shard
-    heldout_errors(ranks)                        # median and worst |estimate / measured - 1|
-    fastest_plans(bench)                         # per held-out world: which plan, by how much
-    fig = calibration_scatter(ranks, bench)
 """
 
 from __future__ import annotations

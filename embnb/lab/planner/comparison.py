@@ -1,10 +1,6 @@
 """Proposers side by side in torchrec's planner: each over the same
 enumerated options with a fresh `EmbeddingShardingPlanner` (`run_planner`),
 under the same storage reservation, and again as the HBM budget shrinks.
-
-    planning = Planning(batch_size=512, constraints=model.constraints, repeats=3)
-    table = compare_proposers(model.tables, topology, planning)   # one row per proposer
-    sweep = budget_sweep(enumerated, [2.0, 1.0, 0.5], 8, planning)
 """
 
 from __future__ import annotations

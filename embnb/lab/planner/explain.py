@@ -1,11 +1,5 @@
 """Looking inside the proposer: its options, its DP table, its frontier, and
 what a brute-force table says about the least summed perf.
-
-    options_table(enumerated, topology, 512)     # what the knapsack chooses from
-    small_knapsack(enumerated, topology, 512, 20) # a few tables in whole bins, to work by hand
-    memory_ratio(enumerated, topology, 512)      # < 1: memory binds in total
-    knapsack_frontier(enumerated, topology, 512) # the plans proposed first, largest memory first
-    plan_extremes(rate_every_plan(enumerated, topology, 512))
 """
 
 from __future__ import annotations

@@ -9,12 +9,6 @@ with the device synchronized at each phase's edges (`steptime.measure`): the
 calling thread's CPU time there counts launches, not kernels.
 Communication is not measured: its time per rank is computed from the
 counted bytes (`steptime.comms.LINK_MODEL`).
-
-    world = measure_world(model, 8, MeasureSettings(local_batch_size=16, repeats=2))
-    world.spearman("lookup_ms"), world.winner().shape
-    section = measure_worlds(model, [8, 32], MeasureSettings(16))   # the notebook's section
-    where = measure_device("auto")   # cuda with FBGEMM's CUDA kernels, else cpu, and why
-    fig = measured_vs_estimated(section.worlds)
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Models to plan for and their sharding options: random tables like
 production ones (the notebook's and the bench's), enumerated once so every
 proposer plans over the same options.
-
-    model = make_model(40, seed=0)
-    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
-    enumerated = enumerate_options(..., enumerator="embnb")  # the same options, estimated faster
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """One planning run in torchrec's planner, timed: a proposer over enumerated
 options (`run_planner`), and `create_planner` from the model to the plan as
 training code calls it (`time_end_to_end`).
-
-    run = run_planner(DynamicProgrammingProposer(), enumerated, topology, 512)
-    loads = rank_loads(run.plan, topology.world_size)   # perf and memory per rank
-    timed = time_end_to_end(tables, topology, 512, repeats=3)
 """
 
 from __future__ import annotations

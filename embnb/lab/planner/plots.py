@@ -2,12 +2,6 @@
 
 Figures use the shared style of `embnb.lab.plotting` (one colour per proposer,
 rank ticks); a notebook shows one with `display(fig)`.
-
-    fig = knapsack_choices_figure(small_knapsack(...)) # a DP table to follow by hand
-    fig = proposer_comparison(compare_proposers(...))  # rating and time
-    fig = rating_vs_budget(budget_sweep(...))          # as HBM shrinks, against the DP
-    fig = quality_ratios(quality_study(...))           # against brute force
-    fig = rank_loads_figure(rank_loads(plan, W), hbm_cap_gb)
 """
 
 from __future__ import annotations

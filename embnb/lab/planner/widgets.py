@@ -1,8 +1,5 @@
 """Notebook 03's explorer: a click re-plans a random model at another HBM budget, world size or
 table count and compares the proposers (`embnb.lab.widgets.Explorer`); it takes seconds.
-
-    explorer = PlannerExplorer(ExplorerStart(hbm_cap_gb=1.2, world_size=8, num_tables=40))
-    explorer.controls["hbm_cap_gb"].value = 0.6; explorer.click()   # what a test does
 """
 
 from __future__ import annotations
