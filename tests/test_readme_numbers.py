@@ -107,7 +107,7 @@ def test_04_worst_gaps_on_the_seeded_zipf_batches():
 
 def test_03_dp_ratings_on_the_default_model():
     from embnb import planner
-    from embnb.lab.planner.comparison import compare_proposers, default_proposers
+    from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
     from embnb.lab.planner.models import make_model
 
     p = _defaults("03_dp_planner")
@@ -117,15 +117,11 @@ def test_03_dp_ratings_on_the_default_model():
         p["world_size"], compute_device, hbm_cap_gb=p["hbm_cap_gb"], ddr_cap_gb=p["ddr_cap_gb"]
     )
     factories = default_proposers(p["bins_per_device"])
-    table = compare_proposers(
-        model.tables,
-        topology,
-        p["batch_size"],
-        constraints=model.constraints,
-        proposers={name: factories[name] for name in ("embnb DP", "torchrec DP")},
-        timeout_s=p["timeout_s"],
-        storage_reservation_percentage=p["storage_reservation_percentage"],
+    planning = Planning(
+        p["batch_size"], model.constraints, p["storage_reservation_percentage"], timeout_s=p["timeout_s"]
     )
+    proposers = {name: factories[name] for name in ("embnb DP", "torchrec DP")}
+    table = compare_proposers(model.tables, topology, planning, proposers)
     ours, theirs = (float(table.loc[name, "perf_rating"]) for name in ("embnb DP", "torchrec DP"))
     finding = _row("03_dp_planner")[2]
     assert f"{p['num_tables']} tables on {p['world_size']} devices" in finding

@@ -20,6 +20,7 @@ import time
 from embnb import planner
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.lab.planner.ablation import LADDER, ablation_records, ablation_table
+from embnb.lab.planner.comparison import Planning
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.timing import machine_name
 
@@ -30,7 +31,7 @@ def ablate(num_tables: int, world_size: int, hbm_fraction: float, repeats: int, 
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
     enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
     table = ablation_table(
-        enumerated, topology, 512, constraints=model.constraints, repeats=repeats, timeout_s=timeout_s
+        enumerated, topology, Planning(512, model.constraints, timeout_s=timeout_s, repeats=repeats)
     )
     return {
         "num_tables": num_tables,

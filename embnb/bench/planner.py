@@ -50,7 +50,7 @@ import numpy as np
 
 from embnb import planner
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, spread, write_results
-from embnb.lab.planner.comparison import compare_proposers, default_proposers
+from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
 from embnb.lab.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.planning import run_planner, time_end_to_end
 from embnb.lab.planner.quality import quality_study
@@ -82,13 +82,7 @@ def bench_one(
     del ours_enumerated  # the proposers plan over torchrec's options
     proposers = {k: v for k, v in default_proposers().items() if k in (OURS, *PEERS)}
     table = compare_proposers(
-        model.tables,
-        topology,
-        batch_size,
-        constraints=model.constraints,
-        proposers=proposers,
-        timeout_s=timeout_s,
-        enumerated=enumerated,
+        enumerated, topology, Planning(batch_size, model.constraints, timeout_s=timeout_s), proposers
     )
     ours = table.loc[OURS]
     row = {

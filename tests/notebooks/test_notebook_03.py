@@ -17,7 +17,7 @@ SMALL = {
     "world_size": 4,
     "hbm_cap_gb": 0.5,
     "budget_fractions": [1.5, 0.5],
-    "quality_instances": 3,
+    "quality_instances": 2,  # each plans 4,096 plans with GridSearch
     "pitfall_instances": 12,
     "repeats": 2,
     "timeout_s": 20,
@@ -103,6 +103,8 @@ def test_small_knapsack_marks_the_choices_brute_force_confirms(run):
     assert small["matches_brute_force"] is True
     # the recurrence written on the page agrees with the library on the same input
     assert run.results["page_core_agrees"] == {"table": True, "plan": True, "proposer_knapsack": True}
+    # the capped runs written on the page find the proposer's ratings (its knapsack runs alone)
+    assert run.results["page_capped_runs_agree"] == {"max_caps=0": True, "max_caps=8": True}
     for t in range(len(perfs)):
         above = rows[t - 1] if t else [0.0] + [None] * small["capacity_bins"]
         for m in range(small["capacity_bins"] + 1):
@@ -148,7 +150,7 @@ def test_worked_example_and_quality(run):
     assert (
         f"{results['pitfall_worse_share']:.0%} of {results['pitfall_instances']} tiny" in results["summary"]
     )
-    assert results["quality_instances"] == 3
+    assert results["quality_instances"] == SMALL["quality_instances"]
     ours = results["quality"]["embnb DP"]
     # the README's 1.000x: equal to brute force up to float rounding, never better
     assert ours["worst_ratio"] == pytest.approx(1.0, rel=1e-9) and ours["no_plan"] == 0

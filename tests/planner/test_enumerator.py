@@ -33,7 +33,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb import planner
 from embnb._torchrec_private import planner_enumerator
-from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
+from embnb.bench.enumerators import make_mixed_model
+from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.enumerator import (
     ENUMERATORS,
     TESTED_TORCHREC,

@@ -47,14 +47,17 @@ from embnb._torchrec_private import (
     planner_proposers,
     planner_storage_reservation,
 )
+from embnb.bench.enumerators import make_mixed_model
 from embnb.dist import launch_each
 from embnb.lab.planner.brute_force import brute_force_rating, rate_every_plan
-from embnb.lab.planner.comparison import compare_proposers, default_proposers
-from embnb.lab.planner.explain import knapsack_frontier, knapsack_table, options_table, plan_extremes
-from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_mixed_model, make_model
+from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
+from embnb.lab.planner.explain import knapsack_frontier, options_table, plan_extremes
+from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.planning import run_planner
 from embnb.lab.planner.quality import quality_summary, random_instance
+from embnb.planner import space as planner_space
 from embnb.planner.factory import Fallback
+from embnb.planner.knapsack import Knapsack, knapsack_axes
 from embnb.planner.proposer import FIRST_REASON
 from embnb.planner.topology import reserved_topology
 
@@ -385,10 +388,25 @@ def test_knapsack_frontier_goes_from_the_largest_memory_down():
         assert covered.summed_perf.min() <= plan.summed_perf * (1 + 1e-12)
 
 
+def _knapsack_rows(enumerated, topology, bins_per_device):
+    """The proposer's Knapsack on its main memory axis, row t: the least summed perf per bin once
+    tables 0..t are chosen (inf: unreachable); `.attrs["bin_gb"]`: the bin's width."""
+    constraint = reserved_topology(topology, enumerated, BATCH_SIZE, RESERVATION)
+    space = planner_space.SearchSpace(planner_space.by_table(enumerated.options), constraint)
+    _, capacity, bins, weights = knapsack_axes(space, bins_per_device, 1)
+    knapsack, rows = Knapsack(capacity[:1], bins[:1]), []
+    for t in range(len(space.options)):
+        knapsack.add_table(t, weights[t, :, :1], space.perf[t])
+        rows.append(knapsack.least)
+    table = pd.DataFrame(rows)
+    table.attrs["bin_gb"] = float(capacity[0] / bins[0] / GB)
+    return table
+
+
 def test_dp_table_rows_match_every_pair_of_options():
     tables, constraints, topology = tiny()
     enumerated = enumerate_options(tables, topology, BATCH_SIZE, constraints)
-    table = knapsack_table(enumerated, topology, BATCH_SIZE, bins_per_device=8)
+    table = _knapsack_rows(enumerated, topology, bins_per_device=8)
     options = options_table(enumerated, topology, BATCH_SIZE)
     first, second = (options[options.table == t.name] for t in tables[:2])
     pairs = first.merge(second, how="cross")
@@ -612,7 +630,7 @@ def test_bandwidth_overrides_reach_the_topology():
 
 def test_compare_proposers_rows_and_columns():
     tables, constraints, topology = tiny()
-    table = compare_proposers(tables, topology, BATCH_SIZE, constraints=constraints, timeout_s=60)
+    table = compare_proposers(tables, topology, Planning(BATCH_SIZE, constraints, timeout_s=60))
     assert list(table.index) == [
         "embnb DP",
         "torchrec DP",
@@ -646,9 +664,8 @@ def test_grid_search_is_reported_as_skipped_past_ten_thousand_plans():
     table = compare_proposers(
         model.tables,
         topology,
-        BATCH_SIZE,
-        constraints=model.constraints,
-        proposers={k: v for k, v in default_proposers().items() if k in ("embnb DP", "GridSearch")},
+        Planning(BATCH_SIZE, model.constraints),
+        {k: v for k, v in default_proposers().items() if k in ("embnb DP", "GridSearch")},
     )
     assert table.loc["GridSearch", "note"].startswith("skipped:")
     assert not table.loc["GridSearch", "feasible"] and table.loc["embnb DP", "feasible"]
@@ -789,7 +806,7 @@ def test_bad_proposer_settings_are_named(kwargs, error, message):
 def test_zero_tables_are_refused():
     topology = planner.make_topology(2)
     with pytest.raises(ValueError, match="no tables to plan"):
-        compare_proposers([], topology, BATCH_SIZE)
+        compare_proposers([], topology, Planning(BATCH_SIZE))
     with pytest.raises(ValueError, match="num_tables must be an int >= 1, got 0"):
         make_model(0)
     with pytest.raises(ValueError, match="num_tables must be an int >= 1, got 0"):

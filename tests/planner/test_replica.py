@@ -15,7 +15,7 @@ from torchrec.distributed.planner.utils import reset_shard_rank
 
 from embnb import planner
 from embnb._torchrec_private import best_plan, num_proposals
-from embnb.lab.planner.comparison import compare_proposers, default_proposers, timing_breakdown
+from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers, timing_breakdown
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.proposer import FIRST_REASON
 from embnb.planner.replica import GreedyPerfReplica
@@ -278,9 +278,8 @@ def test_timing_breakdown_parts_add_up_to_the_planning_time():
     comparison = compare_proposers(
         model.tables,
         topology,
-        512,
-        constraints=model.constraints,
-        proposers={k: v for k, v in default_proposers().items() if k in ("embnb DP", "torchrec DP")},
+        Planning(512, model.constraints),
+        {k: v for k, v in default_proposers().items() if k in ("embnb DP", "torchrec DP")},
     )
     breakdown = timing_breakdown(comparison)
     assert list(breakdown.index) == ["embnb DP", "torchrec DP"]

@@ -1,28 +1,22 @@
-"""What each piece of `DynamicProgrammingProposer` buys: the same options
-planned by a ladder of proposers, each adding one piece to the one before,
-every rung in torchrec's planner with its rating, its work and its time.
-
-    table = ablation_table(enumerated, topology, batch_size=512, repeats=3)
-
-Rungs (`LADDER`): the plain knapsack (every frontier plan, largest memory
-first: torchrec's DP recipe on embnb's bins), + bisection past plans that
-cannot be placed, + memory slack, + capped runs, + local search, +
-lower-bound pruning, + the replica of torchrec's partitioner (the default
-proposer). Ratings do not depend on the repeat; times are median and range.
+"""What each piece of `DynamicProgrammingProposer` buys: the same options planned by a ladder of
+proposers, each rung turning one piece back on (`LADDER`): the plain knapsack (every frontier plan,
+largest memory first: torchrec's DP recipe on embnb's bins), + bisection past plans that cannot be
+placed, + memory slack, + capped runs, + local search, + lower-bound pruning, + the replica of
+torchrec's partitioner (the default proposer).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any
 
 import pandas as pd
-from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.planner.types import Topology
 
 from embnb._checks import check_int
+from embnb.lab.planner.comparison import Planning
 from embnb.lab.planner.models import Enumerated
-from embnb.lab.planner.planning import run_planner
+from embnb.lab.planner.planning import records
 from embnb.planner.proposer import DynamicProgrammingProposer
 
 __all__ = ["LADDER", "ablation_table", "ablation_records"]
@@ -37,64 +31,42 @@ _ADDED = [  # rung name, the proposer argument it turns back to its default
     ("+ lower-bound pruning", "prune"),
     ("+ the replica", "replay"),
 ]
-
-
-def _ladder() -> dict[str, dict[str, Any]]:
-    rungs, off = {}, dict(_NOTHING)
-    for name, argument in _ADDED:
-        off.pop(argument, None)
-        rungs[name] = dict(off)
-    return rungs
-
-
-LADDER: dict[str, dict[str, Any]] = _ladder()  # rung -> DynamicProgrammingProposer arguments
+LADDER: dict[str, dict[str, Any]] = {  # rung -> DynamicProgrammingProposer arguments
+    name: {k: v for k, v in _NOTHING.items() if k not in [a for _, a in _ADDED[: i + 1]]}
+    for i, (name, _) in enumerate(_ADDED)
+}
 
 
 def ablation_table(
     enumerated: Enumerated,
     topology: Topology,
-    batch_size: int,
-    *,
-    constraints: dict[str, ParameterConstraints] | None = None,
+    planning: Planning = Planning(repeats=3),
     bins_per_device: int = 100,
-    repeats: int = 3,
-    timeout_s: float | None = None,
-    storage_reservation_percentage: float = 0.15,
 ) -> pd.DataFrame:
-    """One row per rung of `LADDER`: the plan's perf rating, the plans the
-    proposer considered (knapsack plans and refinements), the proposals
-    torchrec's partitioner placed, and planning seconds (median, min, max
-    over `repeats` runs; the enumeration is not included)."""
-    check_int("repeats", repeats, low=1)
+    """One row per rung: the plan's perf rating (the same every repeat: the search is
+    deterministic), the plans the proposer considered, the proposals torchrec's partitioner
+    placed, and planning seconds (median, min, max over `planning.repeats`; no enumeration)."""
+    check_int("repeats", planning.repeats, low=1)
     rows = []
     for name, arguments in LADDER.items():
-        runs = []
-        for _ in range(repeats):
-            proposer = DynamicProgrammingProposer(bins_per_device=bins_per_device, **arguments)
-            run = run_planner(
-                proposer,
-                enumerated,
-                topology,
-                batch_size,
-                constraints=constraints,
-                timeout_s=timeout_s,
-                storage_reservation_percentage=storage_reservation_percentage,
-            )
-            runs.append((run, proposer))
-        run, proposer = runs[0]
-        if len({r.perf_rating for r, _ in runs}) > 1:  # the search is deterministic: a change is a bug
-            raise RuntimeError(f"{name}: ratings differ between repeats: {[r.perf_rating for r, _ in runs]}")
-        seconds = [r.seconds for r, _ in runs]
+        made = [
+            DynamicProgrammingProposer(bins_per_device=bins_per_device, **arguments)
+            for _ in range(planning.repeats)
+        ]
+        runs = [planning.run(proposer, enumerated, topology) for proposer in made]
+        if len({r.perf_rating for r in runs}) > 1:  # a change is a bug
+            raise RuntimeError(f"{name}: ratings differ between repeats: {[r.perf_rating for r in runs]}")
+        seconds = [r.seconds for r in runs]
         rows.append(
             {
                 "rung": name,
-                "perf_rating": run.perf_rating,
-                "plans_considered": proposer.num_knapsack_proposals + proposer.num_refinements,
-                "proposals": run.proposals,
+                "perf_rating": runs[0].perf_rating,
+                "plans_considered": made[0].num_knapsack_proposals + made[0].num_refinements,
+                "proposals": runs[0].proposals,
                 "plan_s": statistics.median(seconds),
                 "plan_s_min": min(seconds),
                 "plan_s_max": max(seconds),
-                "timed_out": any(r.timed_out for r, _ in runs),
+                "timed_out": any(r.timed_out for r in runs),
             }
         )
     return pd.DataFrame(rows).set_index("rung")
@@ -102,15 +74,4 @@ def ablation_table(
 
 def ablation_records(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """`ablation_table`'s rows as plain numbers, by rung (a rating of None: no plan)."""
-    return {
-        rung: {
-            "perf_rating": None if math.isnan(row.perf_rating) else float(row.perf_rating),
-            "plans_considered": int(row.plans_considered),
-            "proposals": int(row.proposals),
-            "plan_s": float(row.plan_s),
-            "plan_s_min": float(row.plan_s_min),
-            "plan_s_max": float(row.plan_s_max),
-            "timed_out": bool(row.timed_out),
-        }
-        for rung, row in table.iterrows()
-    }
+    return records(table)

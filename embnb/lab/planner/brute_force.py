@@ -2,9 +2,6 @@
 GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest rank), as
 torchrec's planner would place and rate a proposal. Only for tiny models; the
 proposer is measured against it (the study, notebook 03 and the tests).
-
-    brute_force_rating(enumerated, topology, 512)   # the best rating (inf: none placeable)
-    rate_every_plan(enumerated, topology, 512)      # every plan, one row each
 """
 
 from __future__ import annotations
@@ -22,14 +19,14 @@ from embnb.lab.planner.models import Enumerated
 from embnb.planner.space import GB, by_table
 from embnb.planner.topology import reserved_topology
 
-__all__ = ["brute_force_rating", "rate_every_plan", "option_label"]
+__all__ = ["PlanRater", "brute_force_rating", "rate_every_plan", "option_label"]
 
 
 def option_label(option: ShardingOption) -> str:
     return f"{option.sharding_type}/{option.compute_kernel}"
 
 
-class _Rater:
+class PlanRater:
     """Places and rates one proposal as torchrec's planner does (NaN: cannot be placed)."""
 
     def __init__(self, enumerated: Enumerated, topology: Topology, batch_size: int, reservation: float):
@@ -64,7 +61,7 @@ def brute_force_rating(
         )
         for c in itertools.product(*(range(len(g)) for g in groups))
     )
-    rate, best = _Rater(enumerated, topology, batch_size, storage_reservation_percentage), math.inf
+    rate, best = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage), math.inf
     for bound, combination in bounds:
         if bound >= best:
             break
@@ -90,7 +87,7 @@ def rate_every_plan(
         raise ValueError(
             f"{count} combinations is more than max_plans={max_plans}; use fewer tables or options"
         )
-    rate, rows = _Rater(enumerated, topology, batch_size, storage_reservation_percentage), []
+    rate, rows = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage), []
     for combination in itertools.product(*groups):
         proposal = list(combination)
         storage = sum((o.total_storage for o in proposal), Storage(0, 0))

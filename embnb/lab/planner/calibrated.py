@@ -6,12 +6,6 @@ measured with real kernels, then measured held-out plans rank by rank. Per
 rank holding a shard it stored the measured lookups (forward + backward,
 median of the repeats) beside torchrec's default estimate and the calibrated
 one; per plan, the slowest rank's step per repeat (median and range).
-
-    bench = load_calibration_bench("cpu")
-    ranks = heldout_ranks(bench)                 # one row per held-out rank with a shard
-    heldout_errors(ranks)                        # median and worst |estimate / measured - 1|
-    fastest_plans(bench)                         # per held-out world: which plan, by how much
-    fig = calibration_scatter(ranks, bench)
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 import embnb
+from embnb.lab.planner.planning import records
 from embnb.lab.plotting import new_figure
 from embnb.planner.calibration import Calibration
 
@@ -244,7 +239,7 @@ def calibration_record(bench: CalibrationBench) -> dict[str, Any]:
         "heldout_errors": errors,
         "goal": GOAL,
         "goal_met": errors["calibrated"]["median"] <= GOAL,
-        "worlds": json.loads(fastest_plans(bench).to_json(orient="records")),
+        "worlds": records(fastest_plans(bench), "records"),
         "repeat_gaps": gaps.gap.tolist(),
-        "plans": json.loads(measured_plans(bench).to_json(orient="records")),
+        "plans": records(measured_plans(bench), "records"),
     }

@@ -2,11 +2,6 @@
 planners' plans (embnb's DP, torchrec's DP, Greedy, torchrec's default set)
 and deliberately poor ones built from the same enumerated options (every
 table table-wise on a few ranks; every table data-parallel).
-
-    candidates = candidate_plans(model, topology, batch_size=256)
-    for name, c in candidates.items():
-        times = measure_plan(c.sharding_plan(topology), model.tables, batch)
-        estimate = estimated_per_rank(c.options, topology.world_size)
 """
 
 from __future__ import annotations

@@ -1,25 +1,19 @@
 """Looking inside the proposer: its options, its DP table, its frontier, and
 what a brute-force table says about the least summed perf.
-
-    options_table(enumerated, topology, 512)     # what the knapsack chooses from
-    small_knapsack(enumerated, topology, 512, 20) # a few tables in whole bins, to work by hand
-    memory_ratio(enumerated, topology, 512)      # < 1: memory binds in total
-    knapsack_table(enumerated, topology, 512)    # the DP table, one row per table added
-    knapsack_frontier(enumerated, topology, 512) # the plans proposed first, largest memory first
-    plan_extremes(rate_every_plan(enumerated, topology, 512))
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from torchrec.distributed.planner.types import Topology
 
 from embnb._checks import check_int
-from embnb.lab.planner.brute_force import option_label
+from embnb.lab.planner.brute_force import PlanRater, option_label
 from embnb.lab.planner.models import Enumerated
 from embnb.lab.planner.reference import backtrack, knapsack_choices
 from embnb.planner.knapsack import Knapsack, knapsack_axes
@@ -31,7 +25,6 @@ __all__ = [
     "SmallKnapsack",
     "small_knapsack",
     "memory_ratio",
-    "knapsack_table",
     "knapsack_frontier",
     "PlanExtremes",
     "plan_extremes",
@@ -67,6 +60,7 @@ def options_table(
                     "ddr_gb": space.mem[t, o, 1] / GB,
                     "shard_perf": max(s.perf.total for s in shards),
                     "shard_hbm_gb": max(s.storage.hbm for s in shards) / GB,
+                    "sharding_option": option,
                 }
             )
     return pd.DataFrame(rows)
@@ -103,6 +97,11 @@ class SmallKnapsack:
     choices: list[list[int]]  # choices[t][m]: the option of table t that cell took (-1: none)
     end: int  # the bin where the best plan ends (the last row's least perf)
     plan: list[int]  # the best plan's option per table, backtracked from `end`
+    shard_perfs: list[list[float]] = field(default_factory=list)  # each option's largest shard's perf, ms
+    shard_hbm_gb: list[list[float]] = field(default_factory=list)  # each option's largest shard's HBM, GiB
+    rate: Callable[[Sequence[int]], float] | None = field(
+        default=None, repr=False
+    )  # torchrec's; NaN: unplaced
 
     def describe(self) -> pd.DataFrame:
         """One row per table and option: perf, HBM (GiB and bins), and
@@ -146,6 +145,8 @@ def small_knapsack(
     memories = [[math.ceil(gb / bin_gb - 1e-9) for gb in rows.hbm_gb] for rows in by_name]
     perfs = [rows.perf.tolist() for rows in by_name]
     rows, choices = knapsack_choices(perfs, memories, num_bins)
+    objects = [r.sharding_option.tolist() for r in by_name]
+    rater = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage)
     last = rows[-1]
     end = min(range(num_bins + 1), key=lambda m: last[m])
     if not math.isfinite(last[end]):
@@ -162,36 +163,10 @@ def small_knapsack(
         choices=choices,
         end=end,
         plan=backtrack(choices, memories, end),
+        shard_perfs=[r.shard_perf.tolist() for r in by_name],
+        shard_hbm_gb=[r.shard_hbm_gb.tolist() for r in by_name],
+        rate=lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
     )
-
-
-# Planning functions take torchrec's inputs in one order: the enumerated options,
-# the topology, the batch size, then bins and the storage reservation.
-def knapsack_table(
-    enumerated: Enumerated,
-    topology: Topology,
-    batch_size: int,
-    bins_per_device: int = 100,
-    storage_reservation_percentage: float = 0.15,
-) -> pd.DataFrame:
-    """The DP table on the knapsack's main memory axis: row i is the least
-    summed perf per memory bin once tables 0..i are chosen (inf: unreachable);
-    columns are each bin's upper memory edge in GiB (`.attrs["bin_gb"]`:
-    the exact bin width)."""
-    check_int("bins_per_device", bins_per_device, low=1)
-    space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
-    axes, capacity, bins, weights = knapsack_axes(space, bins_per_device, 1)
-    capacity, bins, weights = capacity[:1], bins[:1], weights[..., :1]  # the main axis
-    knapsack, rows = Knapsack(capacity, bins), []
-    for t in range(len(space.options)):
-        knapsack.add_table(t, weights[t], space.perf[t])
-        rows.append(knapsack.least)
-    edges = (
-        (np.arange(1, bins[0] + 1) * capacity[0] / bins[0] / GB) if np.isfinite(capacity[0]) else [math.inf]
-    )
-    table = pd.DataFrame(rows, index=[opts[0].name for opts in space.options], columns=np.round(edges, 4))
-    table.attrs.update(axis=AXES[axes[0]] if axes else "none", bin_gb=float(capacity[0] / bins[0] / GB))
-    return table
 
 
 def knapsack_frontier(

@@ -1,10 +1,6 @@
 """How many hosts a topology has, as torchrec counts them: a Topology puts
 `local_world_size` devices on each host (all of them on one host when it is
 not given), and its host-level sharding types and partitioner follow that.
-
-    hosts_of(topology)                                   # 8 devices, local_world_size 8: 1
-    layout = HostLayout.of("the model", [topology])      # one topology, or a family of random ones
-    str(layout)                                          # "the model: 8 devices on 1 host"
 """
 
 from __future__ import annotations

@@ -9,19 +9,13 @@ with the device synchronized at each phase's edges (`steptime.measure`): the
 calling thread's CPU time there counts launches, not kernels.
 Communication is not measured: its time per rank is computed from the
 counted bytes (`steptime.comms.LINK_MODEL`).
-
-    world = measure_world(model, 8, local_batch_size=16, repeats=2)
-    world.spearman("lookup_ms"), world.winner().shape
-    section = measure_worlds(model, [8, 32], local_batch_size=16)   # the notebook's section
-    where = measure_device("auto")   # cuda with FBGEMM's CUDA kernels, else cpu, and why
-    fig = measured_vs_estimated(section.worlds)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import version
 
 import torch
@@ -33,6 +27,7 @@ from embnb.lab.planner.candidates import POOR, candidate_plans, estimated_per_ra
 from embnb.lab.planner.comparison import UVM_KERNELS
 from embnb.lab.planner.hosts import hosts_of
 from embnb.lab.planner.models import Model
+from embnb.lab.planner.planning import plain
 from embnb.lab.plotting import new_figure
 from embnb.metrics import spearman
 from embnb.planner.topology import make_topology
@@ -43,6 +38,7 @@ from embnb.timing import Stopwatch, machine_name
 __all__ = [
     "MeasuredPlan",
     "MeasuredWorld",
+    "MeasureSettings",
     "measure_world",
     "MeasuredWorlds",
     "measure_worlds",
@@ -85,10 +81,7 @@ class MeasuredPlan:
 class MeasuredWorld:
     world_size: int
     plans: list[MeasuredPlan]
-    local_batch_size: int
-    threads: int
-    warmup: int
-    repeats: int
+    settings: MeasureSettings
     hosts: int = 1  # of its topology (`hosts_of`)
     device: str = "cpu"  # where the kernels ran, and the topology's compute_device
     device_name: str = ""  # the CPU or the GPU's name (`embnb.timing.machine_name`)
@@ -110,24 +103,17 @@ class MeasuredWorld:
         return min(self.measured(planners_only), key=lambda p: getattr(p, key))
 
     def to_json(self) -> dict:
-        return {
-            **{k: v for k, v in asdict(self).items() if k != "plans"},
-            "plans": {p.name: _finite(asdict(p)) for p in self.plans},
-            "spearman_step": self.spearman("step_ms"),
-            "spearman_lookup": self.spearman("lookup_ms"),
-            "spearman_step_planners": _finite_number(self.spearman("step_ms", planners_only=True)),
-            "winner": self.winner().name,
-            "fastest_planner": self.winner(planners_only=True).name,
-        }
-
-
-def _finite_number(value: float) -> float | None:
-    return None if math.isnan(value) else value
-
-
-def _finite(row: dict) -> dict:
-    """NaN (a plan torchrec could not rate) as None: strict JSON."""
-    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+        return plain(
+            {
+                **asdict(self),
+                "plans": {p.name: asdict(p) for p in self.plans},
+                "spearman_step": self.spearman("step_ms"),
+                "spearman_lookup": self.spearman("lookup_ms"),
+                "spearman_step_planners": self.spearman("step_ms", planners_only=True),
+                "winner": self.winner().name,
+                "fastest_planner": self.winner(planners_only=True).name,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -180,35 +166,36 @@ def _measure_one(candidate, topology, model: Model, batch, device: str, **option
     )
 
 
-def measure_world(
-    model: Model,
-    world_size: int,
-    local_batch_size: int,
-    *,
-    repeats: int = 2,
-    warmup: int = 1,
-    threads: int = 1,
-    hidden: Sequence[int] = (128,),
-    timeout_s: float = 60.0,
-    seed: int = 0,
-    device: str = "cpu",
-) -> MeasuredWorld:
-    """Plan `model` on `world_size` devices of `device` ("cpu" or "cuda": the
-    topology's compute_device and where the kernels run; `measure_device`
-    picks it) with `candidate_plans`, and measure every plan rank by rank
-    on one global batch."""
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How each plan is measured rank by rank (`embnb.steptime.measure_plan`)."""
+
+    local_batch_size: int  # samples per rank
+    repeats: int = 2  # timed, after the warm-ups
+    warmup: int = 1
+    threads: int = 1  # intra-op threads while a rank is measured
+    hidden: tuple[int, ...] = (128,)  # the dense MLP's widths
+    timeout_s: float = 60.0  # each planner's time limit
+    seed: int = 0  # of the global batch
+    device: str = "cpu"  # "cpu" or "cuda": the topology's compute_device and where kernels run
+
+
+def measure_world(model: Model, world_size: int, settings: MeasureSettings) -> MeasuredWorld:
+    """Plan `model` on `world_size` devices of `settings.device` (`measure_device` picks it) with
+    `candidate_plans`, and measure every plan rank by rank on one global batch."""
     check_int("world_size", world_size, low=2)
+    device = settings.device
     if device not in CLOCKS:
         raise ValueError(f"device {device!r} is not one of {sorted(CLOCKS)} (measure_device resolves 'auto')")
     topology = make_topology(world_size, device)
-    candidates = candidate_plans(model, topology, local_batch_size, timeout_s=timeout_s)
-    batch = make_batch(model.tables, model.constraints, world_size, local_batch_size, seed)
-    options = {"threads": threads, "warmup": warmup, "repeats": repeats, "hidden": tuple(hidden)}
+    batch_size = settings.local_batch_size
+    candidates = candidate_plans(model, topology, batch_size, timeout_s=settings.timeout_s)
+    batch = make_batch(model.tables, model.constraints, world_size, batch_size, settings.seed)
+    options = {k: getattr(settings, k) for k in ("threads", "warmup", "repeats", "hidden")}
     plans = [_measure_one(c, topology, model, batch, device, **options) for c in candidates.values()]
     return MeasuredWorld(
-        world_size, plans, local_batch_size, threads, warmup, repeats, hosts_of(topology),
-        device, machine_name(device), CLOCKS[device],
-    )  # fmt: skip
+        world_size, plans, settings, hosts_of(topology), device, machine_name(device), CLOCKS[device]
+    )
 
 
 @dataclass(frozen=True)
@@ -236,21 +223,15 @@ class MeasuredWorlds:
 
 
 def measure_worlds(
-    model: Model,
-    world_sizes: Sequence[int],
-    local_batch_size: int,
-    where: MeasureDevice | None = None,
-    **options,
+    model: Model, world_sizes: Sequence[int], settings: MeasureSettings, where: MeasureDevice | None = None
 ) -> MeasuredWorlds:
-    """`measure_world` at each of `world_sizes` on `where` (default: the CPU;
-    `options`: its keywords)."""
+    """`measure_world` at each of `world_sizes` on `where` (default: the CPU)."""
     if not world_sizes:
         raise ValueError("world_sizes is empty: give at least one world size to measure")
     where = where or measure_device("cpu")
+    settings = replace(settings, device=where.device)
     with Stopwatch() as watch:
-        worlds = [
-            measure_world(model, w, local_batch_size, device=where.device, **options) for w in world_sizes
-        ]
+        worlds = [measure_world(model, w, settings) for w in world_sizes]
     return MeasuredWorlds(len(model.tables), worlds, watch.wall_s, where.note)
 
 
@@ -258,65 +239,47 @@ MARKERS = "os^DvP<>"  # one per plan: plans rated alike overlap, their shapes st
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 0.5, 2, 30: not 5x10^-1
 
 
-def _plan_styles(names: Sequence[str]) -> dict[str, tuple[str, str]]:
-    return {name: (f"C{i}", MARKERS[i % len(MARKERS)]) for i, name in enumerate(names)}
-
-
 def measured_vs_estimated(worlds: Sequence[MeasuredWorld]) -> Figure:
-    """Top: per plan, the measured critical path (filled: the step; hollow:
-    the lookups) against torchrec's rating. Bottom: per rank, the measured
-    lookups against torchrec's estimated total (ranks it gives no shard
-    left out: a log axis has no 0). Log axes; one colour per plan."""
+    """Top: per plan, the measured critical path (filled: the step; hollow: the lookups) against
+    torchrec's rating. Bottom: per rank, the measured lookups against torchrec's estimated total
+    (ranks with no shard left out: a log axis has no 0). Log axes; one colour and marker per plan."""
     if not worlds:
         raise ValueError("worlds is empty: nothing to plot")
     names = list(dict.fromkeys(p.name for w in worlds for p in w.measured()))
-    styles = _plan_styles(names)
+    styles = {name: dict(color=f"C{i}", marker=MARKERS[i % len(MARKERS)]) for i, name in enumerate(names)}
     fig = new_figure(4.2 * len(worlds) + 2.2, 7.4)
     axes = fig.subplots(2, len(worlds), squeeze=False)
-    for column, world in enumerate(worlds):
-        top, bottom = axes[0][column], axes[1][column]
-        skipped = 0
+    for (top, bottom), world in zip(axes.T, worlds):
+        skipped, clock = 0, _clock_name(world.clock)
         for plan in world.measured():
-            color, marker = styles[plan.name]
-            top.scatter(
-                plan.rating_ms, plan.step_ms, color=color, marker=marker, s=40, label=plan.name, zorder=3
-            )
-            top.scatter(
-                plan.rating_ms,
-                plan.lookup_ms,
-                facecolors="none",
-                edgecolors=color,
-                marker=marker,
-                s=40,
-                zorder=3,
-            )
+            style = styles[plan.name]
+            top.scatter(plan.rating_ms, plan.step_ms, s=40, label=plan.name, zorder=3, **style)
+            hollow = dict(facecolors="none", edgecolors=style["color"], marker=style["marker"])
+            top.scatter(plan.rating_ms, plan.lookup_ms, s=40, zorder=3, **hollow)
             pairs = [
                 (e, m) for e, m in zip(plan.estimated_per_rank_ms, plan.lookup_per_rank_ms) if e > 0 and m > 0
             ]
             skipped += len(plan.lookup_per_rank_ms) - len(pairs)
             if pairs:
-                bottom.scatter(*zip(*pairs), color=color, marker=marker, s=14, alpha=0.7)
-        top.set(xscale="log", yscale="log", xlabel="torchrec's estimated rating, ms")
-        top.set_ylabel(f"measured critical path, ms ({_clock_name(world.clock)})")
+                bottom.scatter(*zip(*pairs), s=14, alpha=0.7, **style)
+        top.set(xlabel="torchrec's estimated rating, ms", ylabel=f"measured critical path, ms ({clock})")
         top.set_title(f"W = {world.world_size}: plan by plan\n(filled: step; hollow: lookups)", fontsize=9)
-        bottom.set(xscale="log", yscale="log", xlabel="torchrec's estimated total of the rank, ms")
-        bottom.set_ylabel(f"measured lookups of the rank, ms ({_clock_name(world.clock)})")
+        bottom.set(
+            xlabel="torchrec's estimated total of the rank, ms",
+            ylabel=f"measured lookups of the rank, ms ({clock})",
+        )
         bottom.set_title(
             f"W = {world.world_size}: rank by rank ({skipped} ranks with no shard left out)", fontsize=9
         )
         for ax in (top, bottom):
+            ax.set(xscale="log", yscale="log")
             ax.grid(True, which="major", alpha=0.3)
             for axis in (ax.xaxis, ax.yaxis):
                 axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
                 axis.set_major_formatter(PLAIN)
                 axis.set_minor_formatter(NullFormatter())
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes[0][1:]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    fig.legend(handles, labels, loc="outside right center", fontsize=8, title="plan")
+    legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(legend.values(), legend.keys(), loc="outside right center", fontsize=8, title="plan")
     where = worlds[0]
     fig.suptitle(f"Measured on {where.device.upper()} ({where.device_name}) against torchrec's estimates")
     return fig

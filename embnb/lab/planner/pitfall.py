@@ -1,9 +1,6 @@
 """Why the least summed perf is not the plan to take: small instances, each
 rated by brute force in torchrec's partitioner and perf model.
 
-    enumerated, topology = tiny_instance(TINY_SPEC, hbm_gb=0.5)
-    study = summed_vs_rated(100, seed=0)   # how often the two disagree, and by how much
-    share_by_tightness(study)              # ... as memory gets tighter
 
 A tiny instance is three tables on two GPUs with four options each
 (table-wise or row-wise, `fused` or `fused_uvm_caching`): 64 plans.

@@ -1,19 +1,17 @@
 """One planning run in torchrec's planner, timed: a proposer over enumerated
 options (`run_planner`), and `create_planner` from the model to the plan as
 training code calls it (`time_end_to_end`).
-
-    run = run_planner(DynamicProgrammingProposer(), enumerated, topology, 512)
-    loads = rank_loads(run.plan, topology.world_size)   # perf and memory per rank
-    timed = time_end_to_end(tables, topology, 512, repeats=3)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -45,11 +43,30 @@ from embnb.planner.factory import create_planner
 from embnb.planner.space import GB
 from embnb.timing import Stopwatch
 
-__all__ = ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads"]
+__all__ = ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads", "records", "plain"]
+
+
+def records(table: pd.DataFrame, orient: str = "index") -> Any:
+    """A table as JSON's plain values (NaN as None), by row label (or a list: orient="records")."""
+    return plain(table.to_dict(orient=orient))
+
+
+def plain(value: Any) -> Any:
+    """JSON's plain values: dataclasses as dicts (fields named in `repr`), numpy scalars as
+    numbers, NaN and inf as None."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.repr}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 class _Replay(Enumerator):
-    """An Enumerator that hands out one enumeration again."""
+    """An Enumerator that hands out one enumeration again (its estimates already populated)."""
 
     def __init__(self, options: list[ShardingOption]) -> None:
         self._options = options
@@ -59,68 +76,46 @@ class _Replay(Enumerator):
         return list(self._options)
 
     def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
-        pass  # estimates were populated when enumerated
+        pass
 
 
 class _TimedPartitioner(GreedyPerfPartitioner):
-    """torchrec's default partitioner, its seconds summed over every call
-    (spans inside the planner's loop, not repeats of one call)."""
+    """torchrec's default partitioner, its seconds summed over every call."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self) -> None:
+        super().__init__()
         self.watch = Stopwatch()
 
-    @property
-    def seconds(self) -> float:
-        return self.watch.total_s
-
-    def partition(self, proposal, storage_constraint, *args, **kwargs):
+    def partition(self, *args, **kwargs):
         with self.watch:
-            return super().partition(proposal, storage_constraint, *args, **kwargs)
+            return super().partition(*args, **kwargs)
 
 
 class _TimedProposer(Proposer):
-    """A proposer, its load/propose/feedback timed."""
+    """A proposer, its load, propose and feedback timed."""
 
     def __init__(self, proposer: Proposer) -> None:
         self.proposer, self.watch = proposer, Stopwatch()
 
-    @property
-    def seconds(self) -> float:
-        return self.watch.total_s
-
-    def _timed(self, method: str, *args, **kwargs):
-        with self.watch:
-            return getattr(self.proposer, method)(*args, **kwargs)
-
     def load(self, search_space, enumerator=None) -> None:
-        self._timed("load", search_space=search_space, enumerator=enumerator)
+        with self.watch:
+            self.proposer.load(search_space=search_space, enumerator=enumerator)
 
     def propose(self):
-        return self._timed("propose")
+        with self.watch:
+            return self.proposer.propose()
 
     def feedback(self, partitionable, plan=None, perf_rating=None, storage_constraint=None) -> None:
-        self._timed("feedback", partitionable, plan, perf_rating, storage_constraint)
+        with self.watch:
+            self.proposer.feedback(partitionable, plan, perf_rating, storage_constraint)
 
 
 class _KeepBestPlan(Stats):
-    """torchrec calls Stats.log with the best plan; keep it."""
+    """torchrec calls Stats.log with the best plan (keywords); keep it."""
 
     best_plan: list[ShardingOption] | None = None
 
-    def log(
-        self,
-        sharding_plan,
-        topology,
-        batch_size,
-        storage_reservation,
-        num_proposals,
-        num_plans,
-        run_time,
-        best_plan,
-        *args,
-        **kwargs,
-    ) -> None:
+    def log(self, sharding_plan, *args, best_plan=None, **kwargs) -> None:
         if sharding_plan.plan:  # on failure torchrec logs its last proposal, ranks -1
             self.best_plan = best_plan
 
@@ -198,8 +193,8 @@ def run_planner(
         seconds,
         timed_out,
         note,
-        sum(p.seconds for p in timed),
-        partitioner.seconds,
+        sum(p.watch.total_s for p in timed),
+        partitioner.watch.total_s,
     )
 
 

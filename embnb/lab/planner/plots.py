@@ -2,12 +2,6 @@
 
 Figures use the shared style of `embnb.lab.plotting` (one colour per proposer,
 rank ticks); a notebook shows one with `display(fig)`.
-
-    fig = knapsack_choices_figure(small_knapsack(...)) # a DP table to follow by hand
-    fig = proposer_comparison(compare_proposers(...))  # rating and time
-    fig = rating_vs_budget(budget_sweep(...))          # as HBM shrinks, against the DP
-    fig = quality_ratios(quality_study(...))           # against brute force
-    fig = rank_loads_figure(rank_loads(plan, W), hbm_cap_gb)
 """
 
 from __future__ import annotations
@@ -43,10 +37,12 @@ def _need(table: pd.DataFrame, columns: list[str], what: str) -> None:
         raise ValueError(f"{what} lacks columns {missing}; it has {list(table.columns)}")
 
 
-def _plain_log_ticks(ax) -> None:
-    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
-    ax.yaxis.set_minor_formatter(StrMethodFormatter("{x:g}"))
-    ax.tick_params(axis="y", which="minor", labelsize=7)
+def _plain_log_ticks(ax, axis: str = "y") -> None:
+    """Log ticks as plain numbers (0.5, 2), the minor ones smaller."""
+    scale = ax.xaxis if axis == "x" else ax.yaxis
+    scale.set_major_formatter(StrMethodFormatter("{x:g}"))
+    scale.set_minor_formatter(StrMethodFormatter("{x:g}"))
+    ax.tick_params(axis=axis, which="minor", labelsize=7)
 
 
 _KERNEL_CODES = {"fused": "F", "fused_uvm_caching": "C", "fused_uvm": "U"}  # compute kernel -> cell mark
@@ -144,30 +140,16 @@ def proposer_comparison(table: pd.DataFrame, title: str | None = None) -> Figure
         right.plot([low, high], [y, y], color=shade, linewidth=3, alpha=0.5)
         right.plot(row.plan_s, y, "o", color=shade, label="planning" if i == 0 else None)
         end_to_end = getattr(row, "end_to_end_s", math.nan)
+        label = "with enumeration" if i == 0 else None
         if math.isfinite(end_to_end):
-            right.plot(
-                end_to_end,
-                y,
-                "o",
-                color=shade,
-                fillstyle="none",
-                markersize=9,
-                label="with enumeration" if i == 0 else None,
-            )
+            right.plot(end_to_end, y, "o", color=shade, fillstyle="none", markersize=9, label=label)
         note = " timed out" if row.timed_out else ""
         total = f", {end_to_end:.3g} s end to end" if math.isfinite(end_to_end) else ""
-        right.text(
-            max(row.plan_s, high, end_to_end if math.isfinite(end_to_end) else 0),
-            y,
-            f"  {row.plan_s:.3g} s{total}{note}",
-            va="center",
-            fontsize=8,
-        )
+        at = max(row.plan_s, high, end_to_end if math.isfinite(end_to_end) else 0)
+        right.text(at, y, f"  {row.plan_s:.3g} s{total}{note}", va="center", fontsize=8)
     left.set_yticks(positions, rows["proposer"])
     left.set_xscale("log")
-    left.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
-    left.xaxis.set_minor_formatter(StrMethodFormatter("{x:g}"))
-    left.tick_params(axis="x", which="minor", labelsize=7)
+    _plain_log_ticks(left, "x")
     left.set_xlabel("estimated perf rating / best (slowest rank, log)")
     left.axvline(1.0, color="0.3", linewidth=1)
     left.set_xlim(0.95, max(2.0, (rows["perf_rating"] / best).replace(np.inf, np.nan).max() * 3))
@@ -257,24 +239,12 @@ def quality_ratios(study: pd.DataFrame, tolerance: float = 1.02, title: str | No
         shown = np.where(np.isfinite(ratios), ratios, top)
         ax.scatter(i + rng.uniform(-0.18, 0.18, len(shown)), shown, s=14, alpha=0.7, color=color(name, i))
         worst = ratios.max() if len(ratios) else math.nan
-        ax.text(
-            i,
-            top * 1.15,
-            "worst\n" + ("no plan" if worst == math.inf else f"{worst:.3g}x"),
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
+        worst_text = "worst\n" + ("no plan" if worst == math.inf else f"{worst:.3g}x")
+        ax.text(i, top * 1.15, worst_text, ha="center", va="bottom", fontsize=8)
     ax.axhline(tolerance, color="0.3", linestyle="--", linewidth=1)
     within = f"within {round((tolerance - 1) * 100):g}%"  # quality_summary's column of the same name
-    ax.text(  # right of the axes, off the dots that sit on the line
-        1.01,
-        tolerance,
-        f"{tolerance:g}x:\n{within}",
-        transform=ax.get_yaxis_transform(),
-        va="center",
-        fontsize=8,
-    )
+    right = ax.get_yaxis_transform()  # right of the axes, off the dots that sit on the line
+    ax.text(1.01, tolerance, f"{tolerance:g}x:\n{within}", transform=right, va="center", fontsize=8)
     ax.axhline(top, color="0.8", linewidth=6, zorder=0)
     ax.text(-0.5, top, " no plan", va="center", fontsize=7, color="0.4")
     ax.set_yscale("log")

@@ -1,8 +1,5 @@
 """Plan quality against brute force: each proposer's estimated rating over
 the best that brute force finds, on random small instances.
-
-    study = quality_study(20)        # one row per instance and proposer
-    quality_summary(study)           # per proposer: worst and median ratio
 """
 
 from __future__ import annotations

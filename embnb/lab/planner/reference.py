@@ -16,15 +16,21 @@ import math
 
 import numpy as np
 
+from embnb.lab.planner.planning import run_planner
 from embnb.planner.knapsack import Knapsack
+from embnb.planner.proposer import DynamicProgrammingProposer
 
 __all__ = [
     "knapsack_choices",
     "backtrack",
-    "least_perf_per_memory",
     "least_perf_by_enumeration",
     "page_core_agrees",
+    "CAPS_ONLY",
+    "capped_runs_agree",
 ]
+
+# The proposer with its knapsack runs and nothing else: every frontier plan of each run proposed.
+CAPS_ONLY = dict(bisect=False, slack=False, prune=False, max_refinements=0, replay=False)
 
 
 def knapsack_choices(
@@ -66,14 +72,6 @@ def backtrack(choices: list[list[int]], memories: list[list[int]], end: int) -> 
         plan.append(option)
         end -= memories[table][option]
     return plan[::-1]
-
-
-def least_perf_per_memory(perfs: list[list[float]], memories: list[list[int]], capacity: int) -> list[float]:
-    """The last row of `knapsack_choices`: best[m], the least summed perf of
-    one option per table using exactly m memory bins (inf where no choice
-    does); with no table, 0 perf in 0 bins."""
-    rows, _ = knapsack_choices(perfs, memories, capacity)
-    return rows[-1] if rows else [0.0] + [math.inf] * capacity
 
 
 def least_perf_by_enumeration(
@@ -119,4 +117,24 @@ def page_core_agrees(
         "table": rows == want_rows and choices == want_choices,
         "plan": plan == backtrack(want_choices, memories, end),
         "proposer_knapsack": bool(np.allclose(got, want) and np.array_equal(np.isinf(got), np.isinf(want))),
+    }
+
+
+def capped_runs_agree(page_best: dict[int, float], enumerated, topology, batch_size: int, reservation: float):
+    """Whether the capped runs written on notebook 03's page find the best rating the library's
+    DynamicProgrammingProposer finds with its knapsack runs alone (`CAPS_ONLY`) in torchrec's
+    planner, for each `max_caps` in `page_best` (max_caps -> the page's best rating)."""
+    return {
+        f"max_caps={caps}": math.isclose(
+            best,
+            run_planner(
+                DynamicProgrammingProposer(max_caps=caps, **CAPS_ONLY),
+                enumerated,
+                topology,
+                batch_size,
+                storage_reservation_percentage=reservation,
+            ).perf_rating,
+            rel_tol=1e-9,
+        )
+        for caps, best in page_best.items()
     }

@@ -8,6 +8,7 @@ import pytest
 from embnb.lab.planner.measured import (
     MeasuredPlan,
     MeasuredWorld,
+    MeasureSettings,
     estimate_over_measured,
     measure_device,
     measure_world,
@@ -30,10 +31,7 @@ WORLD = MeasuredWorld(
         MeasuredPlan("no plan", math.nan, "failed: ZeroDivisionError: float division by zero"),
         _plan("slow", 4.0, [8.0, 0.0], [4.0, 0.0]),
     ],
-    local_batch_size=4,
-    threads=1,
-    warmup=1,
-    repeats=2,
+    MeasureSettings(local_batch_size=4),
     device_name="test CPU",
 )
 
@@ -72,4 +70,4 @@ def test_measure_device_runs_cuda_only_with_fbgemms_cuda_kernels():
     with pytest.raises(ValueError, match="'gpu' is not one of"):
         measure_device("gpu")
     with pytest.raises(ValueError, match="'auto' is not one of"):
-        measure_world(None, 2, 4, device="auto")  # measure_device resolves it first
+        measure_world(None, 2, MeasureSettings(4, device="auto"))  # measure_device resolves it first

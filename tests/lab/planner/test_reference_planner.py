@@ -6,23 +6,32 @@ the backtracked plan against brute force over every combination."""
 import itertools
 import math
 
+import nbformat
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from embnb.lab import harness
 from embnb.lab.planner.explain import small_knapsack
 from embnb.lab.planner.pitfall import SMALL_LIMITS, tiny_instance
 from embnb.lab.planner.reference import (
     backtrack,
+    capped_runs_agree,
     knapsack_choices,
     least_perf_by_enumeration,
-    least_perf_per_memory,
     page_core_agrees,
 )
 from embnb.planner.knapsack import Knapsack
 
 INF = math.inf
+
+
+def least_perf_per_memory(perfs, memories, capacity):
+    """The last row of `knapsack_choices` (with no table: 0 perf in 0 bins)."""
+    rows, _ = knapsack_choices(perfs, memories, capacity)
+    return rows[-1] if rows else [0.0] + [math.inf] * capacity
+
 
 TABLES = st.lists(  # per table: options (perf, memory in bins)
     st.lists(st.tuples(st.floats(0.5, 100), st.integers(0, 6)), min_size=1, max_size=4),
@@ -145,3 +154,45 @@ def test_the_page_core_check_fails_for_a_recurrence_off_by_one_bin():
     bad_end = min(range(capacity + 1), key=lambda m: bad_rows[-1][m])
     bad = page_core_agrees(bad_rows, bad_choices, backtrack(bad_choices, short, bad_end), perfs, memories)
     assert bad["table"] is False and bad["proposer_knapsack"] is False
+
+
+CAPPED_RUN = "plans = run(cap, math.inf) if balance else run(math.inf, cap)"
+
+
+def _page_core(edit=lambda source: source) -> dict:
+    """The knapsack, walk_back and capped_runs cells of notebook 03 (`edit`ed), run as the page runs them."""
+    notebook = nbformat.read(str(harness.NOTEBOOKS_DIR / "03_dp_planner.ipynb"), as_version=4)
+    namespace = {"math": math}
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and cell.source.startswith(("def knapsack(", "def capped_runs(")):
+            exec(edit(cell.source), namespace)
+    return namespace
+
+
+def test_the_page_capped_runs_find_the_proposers_ratings_and_a_cap_ignored_does_not():
+    """Notebook 03's placement example: the page's capped runs against the proposer's knapsack runs
+    alone, in torchrec's planner. The caps matter there, so a page whose cap is ignored fails."""
+    spec = [("user_id", 2_000_000, 128, 5.0), ("item_id", 500_000, 64, 5.0), ("ad_id", 250_000, 128, 1.0)]
+    enumerated, topology = tiny_instance(spec, 0.5, 2, 512)
+    tiny = small_knapsack(enumerated, topology, 512, 20)
+
+    def best(page, caps):
+        args = (tiny.perfs, tiny.memories, tiny.capacity, tiny.shard_perfs, tiny.shard_hbm_gb, tiny.rate)
+        return min(r for r in page["capped_runs"](*args, caps).values() if not math.isnan(r))
+
+    page_best = {caps: best(_page_core(), caps) for caps in (0, 8)}
+    assert page_best[8] < page_best[0]  # the caps find a better plan here
+    assert capped_runs_agree(page_best, enumerated, topology, 512, 0.15) == {
+        "max_caps=0": True,
+        "max_caps=8": True,
+    }
+
+    def ignore_the_cap(source):
+        assert CAPPED_RUN in source or "def capped_runs(" not in source
+        return source.replace(CAPPED_RUN, "plans = run(math.inf, math.inf)")
+
+    ignored = {caps: best(_page_core(ignore_the_cap), caps) for caps in (0, 8)}
+    assert capped_runs_agree(ignored, enumerated, topology, 512, 0.15) == {
+        "max_caps=0": True,
+        "max_caps=8": False,
+    }

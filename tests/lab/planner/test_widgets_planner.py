@@ -7,9 +7,9 @@ import math
 import pytest
 
 from embnb import planner
-from embnb.lab.planner.comparison import compare_proposers, default_proposers
+from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
 from embnb.lab.planner.models import make_model
-from embnb.lab.planner.widgets import PlannerExplorer, hbm_slider
+from embnb.lab.planner.widgets import ExplorerStart, PlannerExplorer, hbm_slider
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 
@@ -17,8 +17,9 @@ logging.getLogger("torchrec").setLevel(logging.ERROR)
 def small_explorer(**kwargs):
     """3 tables (0.94 GiB of fp32 rows) on 2 devices with 0.8 GiB HBM each;
     0.05 GiB DDR, so that a small HBM leaves no plan."""
-    options = dict(proposers=["embnb DP", "Uniform"], ddr_cap_gb=0.05, timeout_s=10, draw_now=False)
-    return PlannerExplorer(0.8, 2, 3, **{**options, **kwargs})
+    draw_now = kwargs.pop("draw_now", False)
+    start = ExplorerStart(0.8, 2, 3, **{"proposers": ("embnb DP", "Uniform"), "ddr_cap_gb": 0.05, **kwargs})
+    return PlannerExplorer(start, Planning(timeout_s=10), draw_now=draw_now)
 
 
 def title(explorer):
@@ -96,11 +97,11 @@ def test_the_hbm_slider_starts_at_exactly_the_value(value):
 
 def test_bad_explorer_settings_are_named():
     with pytest.raises(ValueError, match="proposer 'nosuch' is not one of"):
-        small_explorer(proposers=["nosuch"])
+        small_explorer(proposers=("nosuch",))
     with pytest.raises(ValueError, match="hbm_cap_gb must be a finite number > 0, got 0"):
         hbm_slider(0)
     with pytest.raises(ValueError, match="world_size must be an int in \\[2, 32\\], got 64"):
-        PlannerExplorer(1.0, 64, 3)
+        PlannerExplorer(ExplorerStart(1.0, 64, 3))
 
 
 def test_the_explorer_plans_what_compare_proposers_plans():
@@ -108,7 +109,7 @@ def test_the_explorer_plans_what_compare_proposers_plans():
     model = make_model(3, 0)
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=0.8, ddr_cap_gb=0.05)
     proposers = {k: v for k, v in default_proposers().items() if k in ("embnb DP", "Uniform")}
-    table = compare_proposers(model.tables, topology, 512, constraints=model.constraints, proposers=proposers)
+    table = compare_proposers(model.tables, topology, Planning(constraints=model.constraints), proposers)
     best = table.perf_rating.min()
     drawn = [t.get_text() for t in explorer.figure.axes[0].texts]  # " 1x (0.123 ms)" per bar
     for name, rating in table.perf_rating.items():
