@@ -5,7 +5,7 @@ cap on one small batch (real kernels on CPU, real profiler peaks)."""
 import pytest
 
 from embnb.balancing.lengths import LengthDistribution
-from embnb.lab.balancing import measured, measured_plots, memory_cap
+from embnb.lab.balancing import measured, memory_cap, plots
 from embnb.steptime.memory import peak_step_bytes
 
 WIDTH, HIDDEN = 8, (16,)
@@ -27,12 +27,7 @@ def test_the_model_is_its_formula_and_its_fit_follows_the_measured_peaks():
 def comparison():
     steps = measured.measure_balanced_steps(
         {"lognormal": LengthDistribution("lognormal", median=24, sigma=1.0)},
-        [4],
-        local_batch_size=4,
-        max_length=64,
-        width=WIDTH,
-        hidden=HIDDEN,
-        repeats=1,
+        measured.StepConfig([4], local_batch_size=4, max_length=64, width=WIDTH, hidden=HIDDEN, repeats=1),
     )
     token_run = measured.measure_capped(steps, "lognormal", 4, 1.0)
     model = memory_cap.ActivationModel.fit([4, 16, 32, 64], WIDTH, HIDDEN, "cpu")
@@ -61,7 +56,7 @@ def test_the_bytes_cap_holds_on_the_model_and_reuses_the_token_caps_measurements
 
 def test_the_figure_draws_three_runs_per_rank_in_each_panel(comparison):
     _, _, c = comparison
-    fig = measured_plots.cap_comparison([c, c], "CPU: a title")
+    fig = plots.cap_comparison([c, c], "CPU: a title")
     assert fig._suptitle.get_text() == "CPU: a title"
     assert len(fig.axes) == 6
     for ax in fig.axes:
@@ -70,4 +65,4 @@ def test_the_figure_draws_three_runs_per_rank_in_each_panel(comparison):
     assert tokens_ax.lines[0].get_ydata()[0] == c.token_cap
     assert model_ax.lines[0].get_ydata()[0] == pytest.approx(c.bytes_cap / 2**20)
     with pytest.raises(ValueError, match="empty"):
-        measured_plots.cap_comparison([], "t")
+        plots.cap_comparison([], "t")
