@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +178,7 @@ class TrainingRuns:
     seconds: float
     gathers: list[dict[str, Any]]  # compare_gathers per rank; empty when not run
     per_repeat: dict[str, list[list[dict[str, Any]]]]  # label -> per repeat -> train() per rank
+    also: dict[str, list[Any]] = dataclasses.field(default_factory=dict)  # run_training's `also`, per rank
 
     def ranks(self, label: str) -> list[dict[str, Any]]:
         """The first repeat of run `label`: train() per rank."""
@@ -282,20 +283,25 @@ def run_training(
     device: str = "auto",
     repeats: int = 1,
     timeout_s: float = 1800,
+    also: Mapping[str, tuple[Callable, tuple]] | None = None,
 ) -> TrainingRuns:
-    """`compare_gathers` (unless `gather_kwargs` is None), then `train` per config, `repeats`
-    times over, in one launch (spawning ranks takes seconds each time)."""
+    """`compare_gathers` (unless `gather_kwargs` is None), then each of `also` (name ->
+    (fn, args), called as fn(rank, world_size, *args); its per-rank results in
+    `TrainingRuns.also`), then `train` per config, `repeats` times over, all in one
+    launch (spawning ranks takes seconds each time)."""
     check_int("repeats", repeats, low=1)
     backend = device_plan(device, world_size).backend
-    gather_calls = [] if gather_kwargs is None else [(_gathers, (dict(gather_kwargs),))]
-    train_calls = [(train, (config,)) for _ in range(repeats) for config in configs.values()]
+    also = dict(also or {})
+    calls = [] if gather_kwargs is None else [(_gathers, (dict(gather_kwargs),))]
+    calls += list(also.values()) + [(train, (config,)) for _ in range(repeats) for config in configs.values()]
     start = time.perf_counter()
-    outcomes = launch_each(gather_calls + train_calls, world_size, device=device, timeout_s=timeout_s)
+    outcomes = launch_each(calls, world_size, device=device, timeout_s=timeout_s)
     seconds = time.perf_counter() - start
-    gathers = outcomes.pop(0) if gather_calls else []
+    gathers = outcomes.pop(0) if gather_kwargs is not None else []
+    also_results = {name: outcomes.pop(0) for name in also}
     labels = list(configs)
     per_repeat = {label: outcomes[i :: len(labels)] for i, label in enumerate(labels)}
-    return TrainingRuns(backend, seconds, gathers, per_repeat)
+    return TrainingRuns(backend, seconds, gathers, per_repeat, also_results)
 
 
 def _gathers(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -337,12 +343,26 @@ class ExchangeRuns:
 
 
 def run_exchanges(
-    world_sizes: Sequence[int], device: str = "auto", timeout_s: float = 600, **kwargs: Any
+    world_sizes: Sequence[int],
+    device: str = "auto",
+    timeout_s: float = 600,
+    ran: Mapping[int, list[dict[str, Any]]] | None = None,
+    **kwargs: Any,
 ) -> ExchangeRuns:
-    """`compare_exchanges(**kwargs)` on each world size, one launch each."""
+    """`compare_exchanges(**kwargs)` on each world size, one launch each, but for those
+    in `ran` (W -> per-rank results of `exchange_call(**kwargs)` in another launch)."""
+    ran = ran or {}
     return ExchangeRuns(
-        {w: launch(_exchanges, w, kwargs, device=device, timeout_s=timeout_s) for w in world_sizes}
+        {
+            w: ran[w] if w in ran else launch(_exchanges, w, kwargs, device=device, timeout_s=timeout_s)
+            for w in world_sizes
+        }
     )
+
+
+def exchange_call(**kwargs: Any) -> tuple[Callable, tuple]:
+    """`compare_exchanges(**kwargs)` as a call for `run_training`'s `also`."""
+    return _exchanges, (kwargs,)
 
 
 def _exchanges(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, Any]:

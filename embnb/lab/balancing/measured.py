@@ -344,8 +344,17 @@ def measure_latency_ms(world_size: int = 2, device: str = "auto", repeats: int =
     rank's time for a one-float64 all-gather (all latency; torchrec's bandwidth-only
     `BasicCommsBandwidths` prices it at nanoseconds), in ms, one launch of `world_size` ranks."""
     check_int("world_size", world_size, low=2)
+    fn, args = latency_call(repeats)
+    return latency_ms(launch(fn, world_size, *args, device=device))
+
+
+def latency_call(repeats: int = 20) -> tuple[Callable, tuple]:
+    """`measure_latency_ms`' work on each rank, as a call for another launch (`latency_ms` reads it)."""
     check_int("repeats", repeats, low=1)
-    per_rank = launch(_latency_s, world_size, repeats, device=device)
+    return _latency_s, (repeats,)
+
+
+def latency_ms(per_rank: list[list[float]]) -> float:
     return 1e3 * statistics.median(max(times) for times in zip(*per_rank))
 
 
