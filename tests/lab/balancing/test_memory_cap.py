@@ -9,6 +9,7 @@ from embnb.lab.balancing import measured, memory_cap, plots
 from embnb.steptime.memory import peak_step_bytes
 
 WIDTH, HIDDEN = 8, (16,)
+W = 2  # ranks of the capped batch
 
 
 def test_the_model_is_its_formula_and_its_fit_follows_the_measured_peaks():
@@ -27,18 +28,18 @@ def test_the_model_is_its_formula_and_its_fit_follows_the_measured_peaks():
 def comparison():
     steps = measured.measure_balanced_steps(
         {"lognormal": LengthDistribution("lognormal", median=24, sigma=1.0)},
-        measured.StepConfig([4], local_batch_size=4, max_length=64, width=WIDTH, hidden=HIDDEN, repeats=1),
+        measured.StepConfig([W], local_batch_size=4, max_length=64, width=WIDTH, hidden=HIDDEN, repeats=1),
     )
-    token_run = measured.measure_capped(steps, "lognormal", 4, 1.0)
+    token_run = measured.measure_capped(steps, "lognormal", W, 1.0)
     model = memory_cap.ActivationModel.fit([4, 16, 32, 64], WIDTH, HIDDEN, "cpu")
-    lengths = steps.lengths[("lognormal", 4)]
+    lengths = steps.lengths[("lognormal", W)]
     return lengths, token_run, memory_cap.compare_caps(lengths, token_run, model, steps.config, 1.0)
 
 
 def test_the_bytes_cap_holds_on_the_model_and_reuses_the_token_caps_measurements(comparison):
     lengths, token_run, c = comparison
     per_sample = c.model.sample_bytes(lengths)
-    assert c.mean_bytes == pytest.approx(sum(per_sample) / 4)
+    assert c.mean_bytes == pytest.approx(sum(per_sample) / W)
     assert max(c.modelled_bytes["bytes cap"]) <= c.bytes_cap
     assert c.bytes_cap >= c.mean_bytes
     for label in c.steps:  # every partition holds every sample once: the same total
