@@ -206,22 +206,15 @@ def gantt(
             [f"rank {r} {what}" for r in ranks for what in ("loop", "worker")],
             fontsize=8,
         )
-        ax.set_ylim(len(ranks) - 0.4, -0.6)
+        ax.set(ylim=(len(ranks) - 0.4, -0.6), xlabel="ms")
         ax.set_title(name, loc="left", fontsize=10)
-        ax.set_xlabel("ms")
         present = dict.fromkeys(s["phase"] for s in spans if s["phase"] != "step")
         drawn = sorted({s.get("iteration", s["step"]) for s in spans})
         seconds = phase_seconds([dict(s, warmup=False) for s in spans], drawn, len(ranks))
         ms = {key: 1e3 * v for key, v in seconds.items()}
-
-        ax.legend(
-            handles=[Patch(color=PHASE_COLORS.get(p, "0.5"), label=_phase_label(p, ms)) for p in present],
-            fontsize=7,
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1.0),
-            title="ms per drawn step",
-            title_fontsize=7,
-        )
+        handles = [Patch(color=PHASE_COLORS.get(p, "0.5"), label=_phase_label(p, ms)) for p in present]
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  title="ms per drawn step", title_fontsize=7)  # fmt: skip
     if title:
         fig.suptitle(title)
     return fig
