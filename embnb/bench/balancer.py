@@ -59,7 +59,7 @@ from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_res
 from embnb.cuda import loader
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan, resolve_device
-from embnb.lab.balancing import link, measured
+from embnb.lab.balancing import measured
 from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
 from embnb.timing import machine_name, median_seconds, paired_ratio
 
@@ -243,15 +243,15 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
         f"on {machine_name(opts.device)} ({clock}) ...",
         flush=True,
     )
-    steps = measured.measure_balanced_steps(
-        distributions,
+    config = measured.StepConfig(
         opts.measured_world_size,
-        local_batch_size=opts.measured_batch_size,
-        max_length=opts.measured_max_length,
-        width=opts.measured_width,
+        opts.measured_batch_size,
+        opts.measured_max_length,
+        opts.measured_width,
         repeats=opts.measured_repeats,
         device=opts.device,
     )
+    steps = measured.measure_balanced_steps(distributions, config)
     table = steps.speedups()
     for sentence in measured.speedup_sentences(table):
         print("  " + sentence, flush=True)
@@ -265,7 +265,7 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
         print(f"  cap {run.cap:.0f} tokens, {run.distribution}: binds {run.binds()}; measured cost {costs}")
         peaks = ", ".join(f"{label} {max(run.peak_bytes[label]) / 2**20:.2f}" for label in run.steps)
         print(f"    largest peak memory of a rank, MiB: {peaks}", flush=True)
-    latency_ms = link.measure_latency_ms(2, device=opts.device)  # the link model's alpha, measured
+    latency_ms = measured.measure_latency_ms(2, device=opts.device)  # the link model's alpha, measured
     print(f"  link latency (one-float64 all-gather, 2 ranks): {latency_ms:.3f} ms", flush=True)
     shares = {name: measured.worker_shares(steps, name, latency_ms=latency_ms) for name in distributions}
     for name, frame in shares.items():

@@ -31,8 +31,7 @@ BATCH_KEYS = ["distribution", "workload", "num_samples", "num_parts", "seed"]
 
 
 def percent(share: float) -> str:
-    """A share as a percentage with two significant digits (0.88%, 0.0064%,
-    25%), and 0% for zero: gaps span five orders of magnitude."""
+    """A share to two significant digits (0.88%, 0.0064%, 25%; gaps span five decades)."""
     if share == 0:
         return "0%"
     digits = max(0, 1 - int(f"{abs(share) * 100:e}".split("e")[1]))
@@ -48,10 +47,8 @@ def comparison_table(
     progress: bool = False,
     flops_dims: tuple[int, int] | None = None,
 ) -> pd.DataFrame:
-    """`workloads.compare_methods` over every (distribution, samples, parts),
-    one row per (distribution, num_samples, num_parts, seed, workload,
-    method); `progress` shows a tqdm bar; `flops_dims` (embedding_dim,
-    ffn_dim) adds FLOP workloads."""
+    """`workloads.compare_methods` over every (distribution, samples, parts), a row per
+    (..., seed, workload, method); `flops_dims` (embedding_dim, ffn_dim) adds FLOP workloads."""
     if not distributions:
         raise ValueError("distributions is empty: need at least one LengthDistribution")
     grid = list(itertools.product(distributions.items(), sample_counts, part_counts))
@@ -70,10 +67,8 @@ def comparison_table(
 
 
 def bound_table(comparison: pd.DataFrame) -> pd.DataFrame:
-    """Per (distribution, workload, num_samples, num_parts), over seeds: the
-    lower bound's max/mean (the floor no split goes below), the share of
-    batches whose longest sample alone exceeds the mean part load, and KK +
-    swaps' max/mean."""
+    """Per (distribution, workload, num_samples, num_parts), over seeds: the bound's max/mean,
+    the share of batches whose longest sample exceeds the mean part, KK + swaps' max/mean."""
     rows = comparison[comparison["method"] == "kk_swap"].assign(
         bound_over_mean=lambda t: t["lower_bound"] / t["mean_load"]
     )
@@ -86,9 +81,8 @@ def bound_table(comparison: pd.DataFrame) -> pd.DataFrame:
 
 
 def imbalance_by_method(comparison: pd.DataFrame) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-    """distribution -> workload -> method -> the `compare_methods` rows summed
-    up: gaps to both bounds (mean, worst), max/mean, and the share of batches
-    whose longest sample sets the bound (per part count too)."""
+    """distribution -> workload -> method -> gaps to both bounds (mean, worst), max/mean, and
+    the share of batches whose longest sample sets the bound (per part count too)."""
     result: dict = {}
     for (name, workload, method), rows in comparison.groupby(
         ["distribution", "workload", "method"], sort=False
@@ -107,9 +101,8 @@ def imbalance_by_method(comparison: pd.DataFrame) -> dict[str, dict[str, dict[st
 
 
 def kk_swap_vs_lpt(comparison: pd.DataFrame, rtol: float = 1e-12) -> dict[str, dict[str, dict[str, int]]]:
-    """distribution -> workload -> how many batches KK + swaps' largest part
-    is lighter than greedy LPT's ("kk_swap"), equal within `rtol` ("equal")
-    or heavier ("greedy_lpt")."""
+    """distribution -> workload -> in how many batches KK + swaps' largest part is lighter
+    than greedy LPT's ("kk_swap"), equal within `rtol` ("equal") or heavier ("greedy_lpt")."""
     loads = comparison.pivot_table(index=BATCH_KEYS, columns="method", values="max_load", aggfunc="first")
     order = list(dict.fromkeys(comparison["distribution"]))  # as the table has them, not sorted
     counts: dict = {name: {} for name in order}
@@ -135,10 +128,8 @@ def results(comparison: pd.DataFrame) -> dict[str, Any]:
 def crossover_by_width(
     widths: Sequence[int], samples: Mapping[str, Any], ffn_over_width: int = 4
 ) -> pd.DataFrame:
-    """Per width d (feed-forward width f = ffn_over_width * d, the usual 4):
-    the length past which attention's quadratic FLOPs exceed the linear ones
-    (`workloads.crossover_length`), and the share of each batch in `samples`
-    (name -> lengths) longer than it."""
+    """Per width d (f = ffn_over_width * d): the length past which attention's FLOPs exceed
+    the linear ones (`workloads.crossover_length`), and the share of each batch past it."""
     rows = []
     for d in widths:
         crossover = crossover_length(d, ffn_over_width * d)

@@ -1,14 +1,10 @@
 """Why a measured speed-up can pass the FLOP model's bound, fitted from the
-measured ranks themselves: `steptime.kernels.SequenceDense` runs one group
-of kernels per distinct length in a rank's samples, so a rank's time has a
-per-length term (and a per-token one: copies, the loss) that FLOPs do not
-count. Balancing FLOPs moves samples, and with them the number of distinct
-lengths per rank, so the loader's cut can lose more than its FLOPs say.
-
-`fit_rank_cost` fits ms = a * GFLOPs + b * distinct lengths + c * tokens
-+ d over every measured rank (least squares, one fit for the whole run)
-and predicts each step as the slowest fitted rank; `explain` writes, for a
-measured speed-up above its bound, what the fit says, with its residual.
+measured ranks: `SequenceDense` runs one group of kernels per distinct length
+in a rank's samples, so a rank's time has a per-length term (and a per-token
+one: copies, the loss) that FLOPs do not count, and balancing FLOPs moves them.
+`fit_rank_cost` fits ms = a * GFLOPs + b * distinct lengths + c * tokens + d
+over every measured rank (least squares) and predicts each step as the slowest
+fitted rank; `explain` says, for a speed-up above its bound, what the fit says.
 
     fit = fit_rank_cost(balanced_steps)
     fit.predicted_speedup("zipf", 16, "kk_swap")
@@ -69,8 +65,7 @@ class RankCostFit:
 
 
 def fit_rank_cost(steps: Any) -> RankCostFit:
-    """Least squares over every rank of every run of `steps`
-    (`measured.BalancedSteps`), on each run's own clock."""
+    """Least squares over every rank of every run of `steps` (`measured.BalancedSteps`)."""
     keys = list(steps.runs)
     x = torch.cat([_features(steps.runs[k]) for k in keys])
     y = torch.tensor([ms for k in keys for ms in steps.runs[k].rank_ms], dtype=torch.float64)
@@ -82,17 +77,9 @@ def fit_rank_cost(steps: Any) -> RankCostFit:
     return RankCostFit(dict(zip(FEATURES, beta.tolist())), fitted, measured)
 
 
-def measured_range(cut: Any, step: Any) -> tuple[float, float]:
-    """The speed-up of `step` over `cut` at the ends of their repeats'
-    ranges: the slowest ranks' fastest over slowest, and back."""
-    (cut_low, cut_high), (low, high) = cut.rank_range_ms, step.rank_range_ms
-    return max(cut_low) / max(high), max(cut_high) / max(low)
-
-
 def explain(fit: RankCostFit, steps: Any, row: Any) -> str | None:
-    """For one row of `BalancedSteps.speedups()`: None where the measured
-    speed-up is within the FLOP bound; else why it can pass it, from the
-    fit, from which rank was slowest, and from the repeats' spread."""
+    """For a row of `BalancedSteps.speedups()` whose measured speed-up passes its FLOP
+    bound: why, from the fit, the slowest rank and the repeats' spread (else None)."""
     if row.measured <= row.bound:
         return None
     cut = steps.runs[(row.distribution, row.world_size, "contiguous")]
@@ -101,7 +88,7 @@ def explain(fit: RankCostFit, steps: Any, row: Any) -> str | None:
     heaviest = max(range(len(cut.flops)), key=cut.flops.__getitem__)
     c = fit.coefficients
     predicted = fit.predicted_speedup(row.distribution, row.world_size, row.method)
-    low, high = measured_range(cut, steps.runs[(row.distribution, row.world_size, row.method)])
+    low, high = cut.cost_range(steps.runs[(row.distribution, row.world_size, row.method)])
     verdict = (
         "so the fitted terms account for passing the bound"
         if predicted > row.bound
@@ -122,8 +109,7 @@ def explain(fit: RankCostFit, steps: Any, row: Any) -> str | None:
 
 
 def with_explanations(steps: Any) -> tuple[Any, RankCostFit]:
-    """`steps.speedups()` with two more columns: the fitted model's
-    speed-up and `explain`'s text (None within the bound); and the fit."""
+    """`steps.speedups()` with the fitted model's speed-up and `explain`'s text; and the fit."""
     fit = fit_rank_cost(steps)
     table = steps.speedups()
     table["fitted_model"] = [

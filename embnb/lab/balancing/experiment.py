@@ -1,8 +1,7 @@
-"""Notebook 04's experiments: balancers compared on Zipf batches, KK timed,
-the FLOP model checked, and one launch that gathers KJTs and trains every
-mode on real ranks; then the notebook's results JSON.
+"""Notebook 04's experiments (balancers compared, KK timed, the FLOP model
+checked, one launch that gathers KJTs and trains every mode on real ranks)
+and its results JSON, built from one dataclass per part of the page.
 
-    table = comparison_table([1024], [8], seeds=[0])        # every method's gap
     runs = run_training({"no balancing": TrainConfig(mode="none"), ...}, 4)
     runs.summaries()["no balancing"].step_seconds
 """
@@ -12,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ from embnb.balancing.kjt_alltoall import batch_exchange_bytes, compare_exchanges
 from embnb.balancing.kjt_gather import compare_gathers
 from embnb.balancing.partition import balance
 from embnb.balancing.shuffle import EXCHANGES
-from embnb.balancing.timeline import phase_seconds
+from embnb.balancing.timeline import SHUFFLE_PHASES, phase_seconds
 from embnb.balancing.training import (
     AttentionBlock,
     RunSummary,
@@ -39,30 +38,12 @@ from embnb.balancing.workloads import attention_block_flops
 from embnb.cuda import loader
 from embnb.dist import device_plan, launch, launch_each
 from embnb.lab.balancing import comparison as comparison_results
-from embnb.lab.balancing.overlap import overlap_cost
+from embnb.lab.balancing import gpu_runs, measured
 from embnb.lab.balancing.reference import kk_equal_count
 from embnb.metrics import max_over_mean
 from embnb.timing import Difference, median_seconds, paired_difference
 
-__all__ = [
-    "tail_share",
-    "kk_trace_table",
-    "KKTiming",
-    "time_kk",
-    "flop_model_check",
-    "flops_balance",
-    "Speedup",
-    "TrainingRuns",
-    "run_training",
-    "ExchangeRuns",
-    "run_exchanges",
-    "exchange_bytes_by_world_size",
-    "RunLabels",
-    "Setup",
-    "WorkedExamples",
-    "Measurements",
-    "results",
-]
+__all__ = ["TrainingRuns", "run_training", "ExchangeRuns", "run_exchanges", "BalancerNotebook", "results"]
 
 
 def tail_share(lengths: torch.Tensor, fraction: float = 0.01) -> float:
@@ -74,9 +55,7 @@ def tail_share(lengths: torch.Tensor, fraction: float = 0.01) -> float:
 
 
 def kk_trace_table(workloads: Sequence[float], num_parts: int) -> pd.DataFrame:
-    """The merges of `reference.kk_equal_count` on `workloads`, one row per
-    merge: the two states popped (their sets' sums, heaviest first, and
-    spread) and the merged state."""
+    """A row per merge of `reference.kk_equal_count`: the two states popped and the merged one."""
     trace: list = []
     kk_equal_count(list(workloads), num_parts, trace)
 
@@ -99,8 +78,7 @@ def kk_trace_table(workloads: Sequence[float], num_parts: int) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class KKTiming:
-    """Median seconds of one `balance` call per backend, and whether the
-    native and Python backends gave the same partition."""
+    """Median seconds of one `balance` call per backend; whether both gave one partition."""
 
     python_s: float
     native_s: float | None  # None: the native op is unavailable (loader.failure() says why)
@@ -122,8 +100,7 @@ def time_kk(workloads: Sequence[float], num_parts: int) -> KKTiming:
 def flop_model_check(
     embedding_dim: int, ffn_dim: int, lengths: Sequence[int] = (1, 7, 64)
 ) -> tuple[int, float]:
-    """(FLOPs torch's counter sees in one AttentionBlock forward, what
-    `attention_block_flops` says) for samples of `lengths`."""
+    """(torch's FLOP counter on one AttentionBlock forward, `attention_block_flops`)."""
     block = AttentionBlock(embedding_dim, ffn_dim, num_heads=2)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         block(torch.randn(sum(lengths), embedding_dim), list(lengths))
@@ -144,9 +121,8 @@ def flops_balance(lengths: torch.Tensor, flops: torch.Tensor, num_parts: int) ->
 
 @dataclass(frozen=True)
 class Speedup:
-    """One run's speed-up over a reference: the reference's mean step time
-    over this run's (both means over the same repeats, so `ratio` follows
-    from the printed ms per step), and the range of the per-repeat ratios."""
+    """A reference's mean step time over a run's (so `ratio` follows from the printed ms per
+    step), and the range of the per-repeat ratios."""
 
     ratio: float
     low: float
@@ -156,20 +132,53 @@ class Speedup:
     def __str__(self) -> str:
         return f"{self.ratio:.2f}x (repeats {self.low:.2f}-{self.high:.2f}, {self.repeats})"
 
-    def as_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
+
+@dataclass(frozen=True)
+class OverlapCost:
+    """What overlapping the shuffle cost the step as well as what it hid: per run
+    (overlapped, sync) the loop's forward, backward and wait and the shuffle's
+    phases summed (either thread), ms per timed step and rank; and the paired step
+    difference overlapped - sync first, since "never waited for" is a proxy (on a CPU
+    the worker shares its rank's core, so the forward and the shuffle can grow)."""
+
+    overlapped: str
+    sync: str
+    main_ms: dict[str, dict[str, float]]  # run -> loop phase -> ms
+    shuffle_ms: dict[str, float]  # run -> the shuffle's phases, summed
+    hidden_fraction: float  # of the overlapped shuffle, never waited for
+    difference: dict[str, Any]  # timing.Difference.as_dict()
+
+    def sentence(self) -> str:
+        d, o, s = self.difference, self.overlapped, self.sync
+        grew = ", ".join(
+            f"{phase} {self.main_ms[s][phase]:.2f} -> {self.main_ms[o][phase]:.2f} ms"
+            for phase in COMPUTE_PHASES
+        )
+        return (
+            f"{o} - {s}: {d['mean']:+.2f} ms/step (95% CI {d['ci_low']:+.2f} to {d['ci_high']:+.2f}, "
+            f"{'excludes' if d['excludes_zero'] else 'includes'} zero, {d['repeats']} repeats); what overlap "
+            f"cost the loop ({s} -> {o}): {grew}; the shuffle took {self.shuffle_ms[o]:.2f} ms in the worker "
+            f"against {self.shuffle_ms[s]:.2f} ms on the loop, and {self.hidden_fraction:.0%} of the "
+            "worker's was never waited for"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "sentence": self.sentence()}
+
+
+COMPUTE_PHASES = ("forward", "backward")
 
 
 @dataclass(frozen=True)
 class TrainingRuns:
-    """One launch: the KJT gathers, then every training run, `repeats`
-    times over, interleaved (run a, b, c, a, b, c, ...) so that a slow
-    moment of the machine hits every run alike."""
+    """One launch: the KJT gathers, then every training run `repeats` times, interleaved
+    (a, b, c, a, b, c, ...) so that a slow moment of the machine hits every run alike."""
 
     backend: str
     seconds: float
     gathers: list[dict[str, Any]]  # compare_gathers per rank; empty when not run
     per_repeat: dict[str, list[list[dict[str, Any]]]]  # label -> per repeat -> train() per rank
+    also: dict[str, list[Any]] = dataclasses.field(default_factory=dict)  # run_training's `also`, per rank
 
     def ranks(self, label: str) -> list[dict[str, Any]]:
         """The first repeat of run `label`: train() per rank."""
@@ -185,14 +194,11 @@ class TrainingRuns:
         return {k: 1e3 * max(g["seconds"][k] for g in self.gathers) for k in self.collective_calls()}
 
     def summaries(self) -> dict[str, RunSummary]:
-        """Each run summarized over all its repeats (`summarize_repeats`):
-        its step time is `mean_step_ms`, its shuffle time the sum of the
-        shuffle's phases in `phase_breakdown`."""
+        """Each run over all its repeats (`summarize_repeats`)."""
         return {label: summarize_repeats(repeats) for label, repeats in self.per_repeat.items()}
 
     def step_ms(self, label: str) -> list[float]:
-        """Per repeat: run `label`'s mean step time (ms) over its timed steps,
-        each step at its slowest rank."""
+        """Per repeat: the mean step time (ms) over the timed steps, each at its slowest rank."""
         repeats = self.per_repeat[label]
         timed = len(timed_steps(len(repeats[0][0]["step_seconds"])))
         return [1e3 * slowest_rank_seconds(ranks) / timed for ranks in repeats]
@@ -206,9 +212,7 @@ class TrainingRuns:
         return paired_difference(self.step_ms(a), self.step_ms(b))
 
     def flops_speedups(self, reference: str) -> dict[str, float]:
-        """The speed-up each run would get if step time were its slowest
-        rank's FLOPs: the reference's summed per-step max FLOPs over this
-        run's, over the timed steps (FLOPs are the same every repeat)."""
+        """The speed-up each run would get if a step took its slowest rank's FLOPs."""
 
         def max_flops(label: str) -> float:
             ranks = self.ranks(label)
@@ -218,9 +222,8 @@ class TrainingRuns:
         return {label: max_flops(reference) / max_flops(label) for label in self.per_repeat}
 
     def phase_breakdown(self) -> pd.DataFrame:
-        """One row per (run, thread, phase): ms per timed step, the mean over
-        repeats of the mean over timed steps and ranks (means, so that the
-        shuffle's phases add up to `summaries()`' shuffle time)."""
+        """A row per (run, thread, phase): ms per timed step, the mean over repeats, steps and
+        ranks (means, so that the shuffle's phases add up to `summaries()`' shuffle time)."""
         rows = []
         for label, repeats in self.per_repeat.items():
             steps = timed_steps(len(repeats[0][0]["step_seconds"]))
@@ -236,9 +239,7 @@ class TrainingRuns:
         return pd.DataFrame(rows, columns=["run", "thread", "phase", "ms"])
 
     def speedups(self, reference: str) -> dict[str, Speedup]:
-        """Per run: the reference run's `mean_step_ms` over this run's, and
-        the range of the per-repeat ratios (the same global batches in every
-        run and repeat); > 1 means faster than `reference`."""
+        """Per run: its `Speedup` over `reference` (the same global batches in every run)."""
         if reference not in self.per_repeat:
             raise ValueError(f"reference {reference!r} is not a run; runs: {list(self.per_repeat)}")
         ref_ms = self.step_ms(reference)
@@ -261,6 +262,19 @@ class TrainingRuns:
     def spans(self, label: str) -> list[dict[str, Any]]:
         return [span for rank in self.ranks(label) for span in rank["spans"]]
 
+    def overlap_cost(self, overlapped: str, sync: str) -> OverlapCost:
+        """The two runs' loop phases and shuffle time (`phase_breakdown`), and their paired difference."""
+        breakdown = self.phase_breakdown()
+        main_ms, shuffle_ms = {}, {}
+        for label in (overlapped, sync):
+            rows = breakdown[breakdown["run"] == label]
+            main = rows[rows["thread"] == "main"].set_index("phase")["ms"]
+            main_ms[label] = {phase: float(main.get(phase, 0.0)) for phase in (*COMPUTE_PHASES, "wait")}
+            shuffle_ms[label] = float(rows[rows["phase"].isin(SHUFFLE_PHASES)]["ms"].sum())
+        hidden = self.summaries()[overlapped].hidden_fraction
+        difference = self.difference(overlapped, sync).as_dict()
+        return OverlapCost(overlapped, sync, main_ms, shuffle_ms, hidden, difference)
+
 
 def run_training(
     configs: Mapping[str, TrainConfig],
@@ -269,21 +283,25 @@ def run_training(
     device: str = "auto",
     repeats: int = 1,
     timeout_s: float = 1800,
+    also: Mapping[str, tuple[Callable, tuple]] | None = None,
 ) -> TrainingRuns:
-    """`compare_gathers` (unless `gather_kwargs` is None), then `train` once
-    per config, `repeats` times over, in one launch (spawning ranks takes
-    seconds each time)."""
+    """`compare_gathers` (unless `gather_kwargs` is None), then each of `also` (name ->
+    (fn, args), called as fn(rank, world_size, *args); its per-rank results in
+    `TrainingRuns.also`), then `train` per config, `repeats` times over, all in one
+    launch (spawning ranks takes seconds each time)."""
     check_int("repeats", repeats, low=1)
     backend = device_plan(device, world_size).backend
-    gather_calls = [] if gather_kwargs is None else [(_gathers, (dict(gather_kwargs),))]
-    train_calls = [(train, (config,)) for _ in range(repeats) for config in configs.values()]
+    also = dict(also or {})
+    calls = [] if gather_kwargs is None else [(_gathers, (dict(gather_kwargs),))]
+    calls += list(also.values()) + [(train, (config,)) for _ in range(repeats) for config in configs.values()]
     start = time.perf_counter()
-    outcomes = launch_each(gather_calls + train_calls, world_size, device=device, timeout_s=timeout_s)
+    outcomes = launch_each(calls, world_size, device=device, timeout_s=timeout_s)
     seconds = time.perf_counter() - start
-    gathers = outcomes.pop(0) if gather_calls else []
+    gathers = outcomes.pop(0) if gather_kwargs is not None else []
+    also_results = {name: outcomes.pop(0) for name in also}
     labels = list(configs)
     per_repeat = {label: outcomes[i :: len(labels)] for i, label in enumerate(labels)}
-    return TrainingRuns(backend, seconds, gathers, per_repeat)
+    return TrainingRuns(backend, seconds, gathers, per_repeat, also_results)
 
 
 def _gathers(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -310,8 +328,7 @@ class ExchangeRuns:
         }
 
     def records(self) -> list[dict[str, Any]]:
-        """One row per (world size, exchange): ms median, low, high (slowest
-        rank) and, for the all-to-all, the most bytes a rank received."""
+        """A row per (W, exchange): `ms`, and for the all-to-all the most bytes a rank received."""
         rows = []
         for w, by_name in self.ms().items():
             for name, times in by_name.items():
@@ -326,12 +343,26 @@ class ExchangeRuns:
 
 
 def run_exchanges(
-    world_sizes: Sequence[int], device: str = "auto", timeout_s: float = 600, **kwargs: Any
+    world_sizes: Sequence[int],
+    device: str = "auto",
+    timeout_s: float = 600,
+    ran: Mapping[int, list[dict[str, Any]]] | None = None,
+    **kwargs: Any,
 ) -> ExchangeRuns:
-    """`compare_exchanges(**kwargs)` on each world size, one launch each."""
+    """`compare_exchanges(**kwargs)` on each world size, one launch each, but for those
+    in `ran` (W -> per-rank results of `exchange_call(**kwargs)` in another launch)."""
+    ran = ran or {}
     return ExchangeRuns(
-        {w: launch(_exchanges, w, kwargs, device=device, timeout_s=timeout_s) for w in world_sizes}
+        {
+            w: ran[w] if w in ran else launch(_exchanges, w, kwargs, device=device, timeout_s=timeout_s)
+            for w in world_sizes
+        }
     )
+
+
+def exchange_call(**kwargs: Any) -> tuple[Callable, tuple]:
+    """`compare_exchanges(**kwargs)` as a call for `run_training`'s `also`."""
+    return _exchanges, (kwargs,)
 
 
 def _exchanges(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -341,9 +372,8 @@ def _exchanges(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, 
 def exchange_bytes_by_world_size(
     world_sizes: Sequence[int], batch_size: int, seed: int = 0, **batch: Any
 ) -> dict[int, dict[str, float]]:
-    """World size -> exchange -> the most bytes a rank receives, for the
-    `zipf_batch` each of W ranks would have, balanced by KK: computed from
-    sizes (`kjt_alltoall.exchange_bytes`), no ranks run."""
+    """W -> exchange -> the most bytes a rank receives for W ranks' `zipf_batch`es balanced by
+    KK, computed from sizes (`kjt_alltoall.exchange_bytes`), no ranks run."""
     result = {}
     for w in world_sizes:
         check_int("world_size", w, low=1)
@@ -358,61 +388,86 @@ def exchange_bytes_by_world_size(
 class RunLabels:
     """Which of notebook 04's runs plays which part in its results."""
 
-    unbalanced: str  # the reference of every speed-up
-    sync: str  # balanced, shuffle on the training loop
-    overlapped: str  # balanced, shuffle in the worker
+    unbalanced: str = "no balancing"  # the reference of every speed-up
+    sync: str = "sync"  # balanced, shuffle on the training loop
+    overlapped: str = "overlap"  # balanced, shuffle in the worker
 
 
 @dataclass(frozen=True)
 class Setup:
-    """What notebook 04 ran: the training's shape and the length
-    distributions of the comparison (name -> spec)."""
+    """The real run's shape, and the comparison's length distributions (name -> spec)."""
 
     world_size: int
     batch_size: int
-    zipf_alpha: float  # the training's lengths are Zipf(zipf_alpha)
+    zipf_alpha: float  # the real run's lengths are Zipf(zipf_alpha)
     steps: int
     distributions: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class WorkedExamples:
-    """The small cases notebook 04 works through before the real run."""
+    """Sections 2-4: the small cases worked through before the real run."""
 
-    kk_sums: dict[str, list[float]]  # part sums of the KK example, per method
-    kk_bounds: dict[str, float]  # and its lower bounds
-    max_over_mean: dict[str, float]  # the example batch's max/mean per method
+    kk_example_sums: dict[str, list[float]]  # part sums of the KK example, per method
+    kk_example_bounds: dict[str, float]  # and its lower bounds
+    example_max_over_mean: dict[str, float]  # the example batch's max/mean per method
     flop_model: tuple[int, float]  # (torch's FLOP counter, the formula)
     crossover_length: int  # where attention's FLOPs equal the rest
     longer_than_crossover: dict[str, float]  # share of samples past it, per distribution
     flops_max_over_mean: dict[str, dict[str, float]]
     kk_timing: KKTiming
+    crossover_by_width: pd.DataFrame  # comparison.crossover_by_width
+    page_core: dict[str, bool]  # reference.page_core_agrees
 
 
 @dataclass(frozen=True)
 class Measurements:
-    """What notebook 04 measured on real ranks, and which run is which."""
+    """Sections 3, 5-7: the comparison and what ran on real ranks."""
 
     comparison: pd.DataFrame  # comparison.comparison_table
     training: TrainingRuns
     exchanges: ExchangeRuns
     exchange_bytes: dict[int, dict[str, float]]  # world size -> bytes per exchange
-    labels: RunLabels
+    exchange_sentence: str  # gpu_runs.exchange_sentence
+    labels: RunLabels = RunLabels()
 
 
-def _summary_line(
-    imbalance: dict[str, Any],
-    runs: TrainingRuns,
-    labels: RunLabels,
-    exchange_bytes: dict[int, dict[str, float]],
-) -> str:
-    """One line of what was measured, for `make run`: the paired overlap -
-    sync difference and what overlap cost first, the speed-ups after."""
-    speedups = runs.speedups(labels.unbalanced)
-    flops_ideal = runs.flops_speedups(labels.unbalanced)
-    cost = overlap_cost(runs, labels.overlapped, labels.sync)
-    largest = max(exchange_bytes)
-    pct = comparison_results.percent
+@dataclass(frozen=True)
+class RankByRank:
+    """Sections 8-10: the step measured rank by rank, the caps, the worker's share, the GPU runs."""
+
+    steps: Any  # measured.BalancedSteps
+    capped: list[Any]  # measured.CappedRun per distribution
+    cap_comparisons: list[Any]  # memory_cap.CapComparison per distribution
+    worker_shares: dict[str, pd.DataFrame]
+    gpu_speedups: pd.DataFrame  # gpu_runs.gpu_speedups
+    gpu_exchanges: pd.DataFrame  # gpu_runs.gpu_exchanges
+
+
+@dataclass(frozen=True)
+class BalancerNotebook:
+    """Everything notebook 04's results JSON reports, gathered section by section."""
+
+    setup: Setup
+    examples: WorkedExamples
+    measured: Measurements
+    rank_by_rank: RankByRank
+
+
+def _summary(notebook: BalancerNotebook, imbalance: dict[str, Any], rank_by_rank: dict[str, Any]) -> str:
+    """One line of what was measured, for `make run`: what contradicts the CPU headline (the
+    GPU runs) first, then the paired overlap - sync difference and its cost, the speed-ups after."""
+    runs, labels, counted = (
+        notebook.measured.training,
+        notebook.measured.labels,
+        notebook.measured.exchange_bytes,
+    )
+    speedups, flops_ideal = runs.speedups(labels.unbalanced), runs.flops_speedups(labels.unbalanced)
+    cost, largest, pct = (
+        runs.overlap_cost(labels.overlapped, labels.sync),
+        max(counted),
+        comparison_results.percent,
+    )
 
     def worst(name: str, method: str) -> str:
         return pct(imbalance[name]["tokens"][method]["max_gap_to_lower_bound"])
@@ -422,62 +477,70 @@ def _summary_line(
         f"LPT {worst(name, 'greedy_lpt')}, KK+swaps {worst(name, 'kk_swap')}"
         for name in imbalance
     )
-    return (
-        f"real run ({runs.backend}): {cost.sentence()}; ms/step (mean of {cost.difference['repeats']}): "
-        + ", ".join(f"{label} {runs.mean_step_ms(label):.1f}" for label in runs.per_repeat)
-        + f"; {labels.sync} {speedups[labels.sync].ratio:.2f}x and {labels.overlapped} "
-        f"{speedups[labels.overlapped].ratio:.2f}x over {labels.unbalanced} (FLOPs predict "
-        f"{flops_ideal[labels.sync]:.2f}x); {gaps}; all-to-all receives "
-        f"{exchange_bytes[largest]['alltoall'] / exchange_bytes[largest]['allgather']:.1%} of all-gather's "
-        f"bytes at W={largest}"
-    )
+    steps = ", ".join(f"{label} {runs.mean_step_ms(label):.1f}" for label in runs.per_repeat)
+    caps = [c["cap_sentence"] for c in rank_by_rank["capped"]]
+    caps += [c.sentence() for c in notebook.rank_by_rank.cap_comparisons]
+    ratio = counted[largest]["alltoall"] / counted[largest]["allgather"]
+    parts = [
+        gpu_runs.gpu_sentence(notebook.rank_by_rank.gpu_speedups),
+        f"real run ({runs.backend}): {cost.sentence()}",
+        f"ms/step (mean of {cost.difference['repeats']}): {steps}",
+        f"{labels.sync} {speedups[labels.sync].ratio:.2f}x and {labels.overlapped} "
+        f"{speedups[labels.overlapped].ratio:.2f}x over {labels.unbalanced} "
+        f"(FLOPs predict {flops_ideal[labels.sync]:.2f}x)",
+        gaps,
+        f"all-to-all receives {ratio:.1%} of all-gather's bytes at W={largest}",
+        " ".join(rank_by_rank["measured_sentences"]) + " Caps: " + "; ".join(caps) + ".",
+    ]
+    return "; ".join(parts)
 
 
-def results(setup: Setup, examples: WorkedExamples, measured: Measurements, seconds: float) -> dict[str, Any]:
-    """Notebook 04's results JSON: its key numbers, for `make run` and the
-    tests. Per length distribution where a number depends on it; the real
-    run trains on Zipf(zipf_alpha) lengths."""
-    runs, labels = measured.training, measured.labels
-    compared = comparison_results.results(measured.comparison)
+def results(notebook: BalancerNotebook, seconds: float) -> dict[str, Any]:
+    """Notebook 04's results JSON: its key numbers, per length distribution where a
+    number depends on it, and the raw ones a test recomputes them from."""
+    setup, examples, section = notebook.setup, notebook.examples, notebook.measured
+    runs, labels, rank_by_rank = section.training, section.labels, notebook.rank_by_rank
+    compared = comparison_results.results(section.comparison)
     summaries = runs.summaries()
-    difference = runs.difference(labels.overlapped, labels.sync)
+    measured_part = measured.results(rank_by_rank.steps, rank_by_rank.capped, rank_by_rank.worker_shares)
+    derived = ("flop_model", "kk_timing", "crossover_by_width")  # recorded below, as what they show
+    example_records = {
+        f.name: getattr(examples, f.name) for f in dataclasses.fields(examples) if f.name not in derived
+    }
     return {
-        "summary": _summary_line(compared["imbalance"], runs, labels, measured.exchange_bytes),
-        "world_size": setup.world_size,
-        "batch_size": setup.batch_size,
-        "zipf_alpha": setup.zipf_alpha,
-        "steps": setup.steps,
+        "summary": _summary(notebook, compared["imbalance"], measured_part),
+        **dataclasses.asdict(setup),
         "timed_steps": list(timed_steps(setup.steps)),
-        "repeats": difference.repeats,
+        "repeats": len(runs.step_ms(labels.unbalanced)),
         "backend": runs.backend,
         "native_kk": examples.kk_timing.native_s is not None,
-        "distributions": {name: dataclasses.asdict(spec) for name, spec in setup.distributions.items()},
-        "kk_example_sums": examples.kk_sums,
-        "kk_example_bounds": examples.kk_bounds,
         **compared,
-        "example_max_over_mean": examples.max_over_mean,
+        **example_records,
         "flop_model_matches_counter": bool(examples.flop_model[0] == examples.flop_model[1]),
-        "crossover_length": examples.crossover_length,
-        "longer_than_crossover": examples.longer_than_crossover,
-        "flops_max_over_mean": examples.flops_max_over_mean,
         "kk_seconds": examples.kk_timing.as_dict(),
+        "crossover_by_width": examples.crossover_by_width.to_dict("records"),
         "collective_calls": runs.collective_calls(),
         "gathers_identical": runs.gathers_identical(),
         "gather_ms": runs.gather_ms(),
-        "exchanges": measured.exchanges.records(),
-        "exchanges_identical": measured.exchanges.identical(),
-        "exchange_bytes": {str(w): b for w, b in measured.exchange_bytes.items()},
+        "exchanges": section.exchanges.records(),
+        "exchanges_identical": section.exchanges.identical(),
+        "exchange_bytes": {str(w): b for w, b in section.exchange_bytes.items()},
+        "exchange_sentence": section.exchange_sentence,
         "runs": [{"label": label, **s.as_dict()} for label, s in summaries.items()],
         "labels": dataclasses.asdict(labels),
         "step_ms": {label: runs.step_ms(label) for label in runs.per_repeat},
         "mean_step_ms": {label: runs.mean_step_ms(label) for label in runs.per_repeat},
         "step_speedup_vs": labels.unbalanced,
-        "step_speedups": {label: s.as_dict() for label, s in runs.speedups(labels.unbalanced).items()},
+        "step_speedups": {k: dataclasses.asdict(s) for k, s in runs.speedups(labels.unbalanced).items()},
         "flops_ideal_speedups": runs.flops_speedups(labels.unbalanced),
-        "overlap_minus_sync_ms": difference.as_dict(),
-        "overlap_cost": overlap_cost(runs, labels.overlapped, labels.sync).as_dict(),
+        "overlap_minus_sync_ms": runs.difference(labels.overlapped, labels.sync).as_dict(),
+        "overlap_cost": runs.overlap_cost(labels.overlapped, labels.sync).as_dict(),
         "phase_ms": runs.phase_breakdown().to_dict(orient="records"),
         "same_weights": runs.same_weights(),
         "hidden_fraction": summaries[labels.overlapped].hidden_fraction,
+        **measured_part,
+        "cap_comparisons": [c.as_dict() for c in rank_by_rank.cap_comparisons],
+        "gpu_rank_by_rank": rank_by_rank.gpu_speedups.to_dict("records"),
+        "gpu_exchanges": rank_by_rank.gpu_exchanges.to_dict("records"),
         "seconds": seconds,
     }

@@ -1,8 +1,5 @@
-"""What the balancer bench measured rank by rank on GPUs: the GPU kit's
-results files committed in benchmarks/results (`python -m embnb.bench
-balancer --device cuda`), read back so that notebook 04 prints them beside
-its own CPU measurements. Outside a checkout (an installed wheel) there are
-none, and the table is empty."""
+"""The balancer bench's GPU runs committed in benchmarks/results (`python -m
+embnb.bench balancer --device cuda`), read back for notebook 04 (none outside a checkout)."""
 
 from __future__ import annotations
 
@@ -19,9 +16,7 @@ COLUMNS = ["machine", "file", "width", "distribution", "world_size", "measured",
 
 
 def gpu_speedups(results_dir: pathlib.Path = RESULTS_DIR) -> pd.DataFrame:
-    """KK + swaps over the loader's cut, measured rank by rank on each GPU
-    (one row per file, distribution and W), with the FLOP model's prediction
-    and its bound."""
+    """KK + swaps over the loader's cut on each GPU, a row per file, distribution and W."""
     rows = []
     for path in sorted(results_dir.glob("balancer-*.json")):
         payload = json.loads(path.read_text())
@@ -54,9 +49,8 @@ EXCHANGE_COLUMNS = ["machine", "file", "world_size", "exchange", "ms_median", "m
 
 
 def gpu_exchanges(results_dir: pathlib.Path = RESULTS_DIR) -> pd.DataFrame:
-    """Both exchanges as the GPU kit's committed runs measured them
-    (device "cuda": W ranks sharing one GPU, so collectives on gloo through
-    host memory, `embnb.dist`'s device rule): one row per file, W and exchange."""
+    """Both exchanges as the committed GPU runs measured them (W ranks sharing one GPU: gloo
+    through host memory, `embnb.dist`'s rule), a row per file, W and exchange."""
     rows = []
     for path in sorted(results_dir.glob("balancer-*.json")):
         payload = json.loads(path.read_text())
@@ -70,9 +64,8 @@ def gpu_exchanges(results_dir: pathlib.Path = RESULTS_DIR) -> pd.DataFrame:
 
 
 def exchange_sentence(here: list[dict], where: str, gpu: pd.DataFrame) -> str:
-    """Per W measured both here (`ExchangeRuns.records()`) and on a GPU:
-    all-to-all against all-gather (medians, ms), and which was faster, on
-    each machine."""
+    """Per W of `here` (`ExchangeRuns.records()`): all-to-all against all-gather (medians)
+    and which was faster, here and on each GPU."""
 
     def compare(rows: list[dict]) -> str:
         ms = {r["exchange"]: r["ms_median"] for r in rows}

@@ -1,32 +1,20 @@
-"""Notebook 04's measured step at the world sizes that matter, rank by rank
-(`embnb.steptime.measure_partition`): each rank runs forward and backward
-of the dense sequence model (`steptime.kernels.SequenceDense`) on its own
-samples, one rank after another on one device; the step is the slowest
-rank. On a CPU the primary clock is per-thread CPU time at one intra-op
-thread: it counts only the rank's own compute, so other processes on the
-shared cores stretch the wall clock but not it. On a GPU (device="cuda":
-every rank in turn on the one GPU) it is wall time with the GPU synchronized
-at each phase's edges (`steptime.measure`): the thread's CPU time there
-counts launches and waiting, not the GPU's work. Peak memory on a GPU is
-`torch.cuda.max_memory_allocated`, its peak reset before each rank.
+"""Notebook 04's step at the world sizes that matter, measured rank by rank
+(`embnb.steptime.measure_partition`): each rank runs forward and backward of
+`steptime.kernels.SequenceDense` on its own samples, one rank after another
+on one device; the step is the slowest rank. On a CPU the clock is per-thread
+CPU time at one intra-op thread (other processes on the shared cores stretch
+the wall clock, not it); on a GPU it is wall time synchronized at each phase's
+edges, and peak memory is `torch.cuda.max_memory_allocated`, reset per rank.
 
-- `measure_balanced_steps`: each balancer's step against the loader's cut,
-  beside the FLOP model's prediction and the lower bound;
-- `measure_capped`: KK + swaps without a cap against every method under a
-  per-rank token cap: tokens, FLOPs, measured step and peak memory per rank;
-- `worker_shares`: what the background worker would hide at each W:
-  the shuffle's phases (bytes counted, KK timed, times computed by an
-  alpha-beta model: a latency per ring step plus the bytes at torchrec's
-  bandwidths) against the measured compute.
-
-    steps = measure_balanced_steps({"zipf": LengthDistribution()}, [8, 16], local_batch_size=8)
+    steps = measure_balanced_steps({"zipf": LengthDistribution()}, StepConfig([8, 16], 8))
     steps.speedups()       # one row per (distribution, W, method)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,24 +27,14 @@ from embnb.balancing.kjt_alltoall import exchange_bytes
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.partition import balance
 from embnb.balancing.workloads import equal_size_lower_bound
-from embnb.dist import resolve_device
+from embnb.collectives import all_gather_flat, collective_seconds
+from embnb.dist import launch, rank_device, resolve_device
 from embnb.lab.balancing.cost_fit import with_explanations
 from embnb.steptime import measure_partition
 from embnb.steptime.memory import peak_memory_partition
 from embnb.timing import median_seconds
 
-__all__ = [
-    "MEASURED_METHODS",
-    "primary_clock",
-    "EXCHANGE_ITEM_BYTES",
-    "sequence_dense_flops",
-    "RankStep",
-    "BalancedSteps",
-    "measure_balanced_steps",
-    "CappedRun",
-    "measure_capped",
-    "worker_shares",
-]
+__all__ = ["StepConfig", "RankStep", "BalancedSteps", "measure_balanced_steps", "CappedRun", "measure_capped"]
 
 MEASURED_METHODS = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
 # Bytes per id of each key a sample carries, as section 5's batch (`zipf_batch`):
@@ -65,10 +43,9 @@ EXCHANGE_ITEM_BYTES, EXCHANGE_DENSE_BYTES = (8, 8, 12, 12), 8
 
 
 def sequence_dense_flops(lengths: Any, width: int, hidden: Sequence[int]) -> torch.Tensor:
-    """Forward FLOPs of `SequenceDense` per sample of L tokens (float64): the
-    QKV projection 6*L*d^2, attention 4*L^2*d (scores and weights @ V, the
-    causal mask not subtracted, as torch's FLOP counter counts it), and the
-    MLP 2*L*(d*h1 + h1*h2 + ... + h_last*1). A multiply-add is 2 FLOPs."""
+    """Forward FLOPs of `SequenceDense` per sample of L tokens (float64): QKV
+    6*L*d^2, attention 4*L^2*d (the causal mask not subtracted, as torch's
+    FLOP counter counts it), the MLP 2*L*(d*h1 + ... + h_last*1)."""
     check_int("width", width, low=1)
     length = torch.as_tensor(lengths, dtype=torch.float64)
     widths = [width, *hidden, 1]
@@ -77,16 +54,15 @@ def sequence_dense_flops(lengths: Any, width: int, hidden: Sequence[int]) -> tor
 
 
 def primary_clock(device: str) -> str:
-    """The clock a step is read on (module docstring): "cpu" (thread CPU
-    time) on a CPU, "wall" (synchronized) on a GPU."""
+    """The clock a step is read on: "cpu" (thread CPU time) on a CPU, "wall" (synchronized) on a GPU."""
     return "wall" if torch.device(device).type == "cuda" else "cpu"
 
 
 @dataclass(frozen=True)
 class RankStep:
-    """One partition measured rank by rank: per rank, its median compute
-    (ms, thread CPU and wall), the range of its repeats (each clock), its
-    tokens and its model FLOPs; `clock` names the one the step is read on."""
+    """One partition measured rank by rank: per rank its median compute (ms,
+    both clocks), its repeats' range, its tokens and model FLOPs; `clock`
+    names the clock the step is read on."""
 
     cpu_ms: list[float]
     wall_ms: list[float]
@@ -101,15 +77,15 @@ class RankStep:
 
     @property
     def rank_ms(self) -> list[float]:
-        """Each rank's median on `clock`."""
         return self.cpu_ms if self.clock == "cpu" else self.wall_ms
 
     @property
     def rank_range_ms(self) -> tuple[list[float], list[float]]:
-        """Each rank's fastest and slowest repeat on `clock`."""
-        if self.clock == "cpu":
-            return self.cpu_low_ms, self.cpu_high_ms
-        return self.wall_low_ms, self.wall_high_ms
+        return (
+            (self.cpu_low_ms, self.cpu_high_ms)
+            if self.clock == "cpu"
+            else (self.wall_low_ms, self.wall_high_ms)
+        )
 
     @property
     def step_ms(self) -> float:
@@ -117,64 +93,83 @@ class RankStep:
         return max(self.rank_ms)
 
     def cost_range(self, base: RankStep) -> tuple[float, float]:
-        """This step over `base`'s, fastest over slowest and slowest over fastest
-        repeat (a step's repeat range: the slowest rank's low and high)."""
+        """This step over `base`'s at the ends of their repeats' ranges (low over high, high over low)."""
         (low, high), (base_low, base_high) = self.rank_range_ms, base.rank_range_ms
         return max(low) / max(base_high), max(high) / max(base_low)
 
 
-def _measure(parts_lengths: list[list[int]], flops_of, **options: Any) -> RankStep:
-    times = measure_partition(parts_lengths, **options)
-    computes = [r.compute for r in times.ranks]
-    return RankStep(
-        [1e3 * c.median_s("cpu") for c in computes],
-        [1e3 * c.median_s("wall") for c in computes],
-        [1e3 * c.range_s("cpu")[0] for c in computes],
-        [1e3 * c.range_s("cpu")[1] for c in computes],
-        [sum(p) for p in parts_lengths],
-        [float(flops_of(p).sum()) for p in parts_lengths],
-        [1e3 * c.range_s("wall")[0] for c in computes],
-        [1e3 * c.range_s("wall")[1] for c in computes],
-        primary_clock(options.get("device", "cpu")),
-        [len(set(p)) for p in parts_lengths],
-    )
+@dataclass(frozen=True)
+class StepConfig:
+    """What `measure_balanced_steps` measures: per W of `world_sizes`, a batch of
+    W * local_batch_size lengths up to `max_length` through SequenceDense(width,
+    hidden), `repeats` timed after `warmup`, at one thread on `device`."""
 
+    world_sizes: list[int]
+    local_batch_size: int
+    max_length: int = 2048
+    width: int = 32
+    hidden: tuple[int, ...] = (64,)
+    warmup: int = 1
+    repeats: int = 3
+    seed: int = 0
+    device: str = "cpu"  # "cpu", "cuda" or "auto"
 
-def _partition(flops: list[float], num_parts: int, method: str) -> list[list[int]]:
-    return balance(flops, num_parts, method)
+    def flops(self, lengths: Any) -> torch.Tensor:
+        return sequence_dense_flops(lengths, self.width, self.hidden)
+
+    def measure(self, lengths: list[int], parts: list[list[int]]) -> RankStep:
+        """`parts` (indices into `lengths`) measured rank by rank."""
+        parts_lengths = [[lengths[i] for i in part] for part in parts]
+        options = {"warmup": self.warmup, "repeats": self.repeats, "threads": 1, "device": self.device}
+        times = measure_partition(parts_lengths, self.width, hidden=tuple(self.hidden), **options)
+        per_rank = {
+            k: [(c.median_s(k), *c.range_s(k)) for c in (r.compute for r in times.ranks)]
+            for k in "cpu wall".split()
+        }
+        (cpu, cpu_low, cpu_high), (wall, wall_low, wall_high) = (
+            [[1e3 * s for s in column] for column in zip(*per_rank[k])] for k in ("cpu", "wall")
+        )  # each a list over ranks (ms): the median and the repeats' low and high
+        tokens, flops = [sum(p) for p in parts_lengths], [float(self.flops(p).sum()) for p in parts_lengths]
+        distinct = [len(set(p)) for p in parts_lengths]
+        clock = primary_clock(self.device)
+        return RankStep(cpu, wall, cpu_low, cpu_high, tokens, flops, wall_low, wall_high, clock, distinct)
+
+    def peaks(self, lengths: list[int], parts: list[list[int]]) -> list[int]:
+        """Each rank's peak activation bytes (`steptime.memory`)."""
+        parts_lengths = [[lengths[i] for i in part] for part in parts]
+        return peak_memory_partition(parts_lengths, self.width, tuple(self.hidden), self.device)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "hidden": list(self.hidden),
+            "threads": 1,
+            "clock": primary_clock(self.device),
+        }
 
 
 @dataclass(frozen=True)
 class BalancedSteps:
-    """`measure_balanced_steps`' runs: (distribution, W, method) -> RankStep,
-    and per (distribution, W) the batch's FLOPs bounds."""
+    """`measure_balanced_steps`' runs, (distribution, W, method) -> RankStep, and
+    per (distribution, W) the batch's FLOP bounds and its lengths (loader order)."""
 
     runs: dict[tuple[str, int, str], RankStep]
     bounds: dict[tuple[str, int], dict[str, float]]
-    lengths: dict[tuple[str, int], list[int]]  # each global batch, in the loader's order
-    config: dict[str, Any]
+    lengths: dict[tuple[str, int], list[int]]
+    config: StepConfig
 
     def speedups(self) -> pd.DataFrame:
-        """Per (distribution, W, method): measured speed-up over the loader's
-        cut (its step over this one's), the FLOP model's (max FLOPs over max
-        FLOPs), the bound's (the cut's max FLOPs over the equal-count lower
-        bound), and whether the longest sample sets that bound."""
+        """Per run: measured speed-up over the loader's cut, the FLOP model's (max FLOPs over
+        max FLOPs), the bound's (the cut's max FLOPs over the equal-count lower bound)."""
         rows = []
         for (name, w, method), run in self.runs.items():
-            cut = self.runs[(name, w, "contiguous")]
-            bound = self.bounds[(name, w)]
+            cut, bound = self.runs[(name, w, "contiguous")], self.bounds[(name, w)]
             rows.append(
-                {
-                    "distribution": name,
-                    "world_size": w,
-                    "method": method,
-                    "step_ms": run.step_ms,
-                    "measured": cut.step_ms / run.step_ms,
-                    "flop_model": max(cut.flops) / max(run.flops),
-                    "bound": max(cut.flops) / bound["lower_bound"],
-                    "longest_sets_bound": bound["longest_sets_bound"],
-                }
-            )
+                {"distribution": name, "world_size": w, "method": method, "step_ms": run.step_ms,
+                 "measured": cut.step_ms / run.step_ms, "flop_model": max(cut.flops) / max(run.flops),
+                 "bound": max(cut.flops) / bound["lower_bound"],
+                 "longest_sets_bound": bound["longest_sets_bound"]}
+            )  # fmt: skip
         return pd.DataFrame(rows)
 
     def records(self) -> list[dict[str, Any]]:
@@ -191,59 +186,50 @@ class BalancedSteps:
         ]
 
 
-def _draw(spec: LengthDistribution, world_size: int, local_batch_size: int, max_length: int, seed: int):
-    return spec.draw(world_size * local_batch_size, max_length, seed * 1009 + world_size).tolist()
-
-
 def measure_balanced_steps(
-    distributions: Mapping[str, LengthDistribution],
-    world_sizes: Sequence[int],
-    local_batch_size: int,
-    max_length: int = 2048,
-    width: int = 32,
-    hidden: Sequence[int] = (64,),
-    warmup: int = 1,
-    repeats: int = 3,
-    seed: int = 0,
-    progress: bool = False,
-    device: str = "cpu",
+    distributions: Mapping[str, LengthDistribution], config: StepConfig, progress: bool = False
 ) -> BalancedSteps:
-    """Per distribution and W: one global batch of W * local_batch_size
-    lengths, cut as the loader cuts it and balanced by each method on the
-    model's FLOPs (`sequence_dense_flops`), every partition measured rank by
-    rank at one thread on `device` ("cpu", "cuda" or "auto"; module docstring)."""
-    check_int("local_batch_size", local_batch_size, low=1)
-    device = resolve_device(device)
-    options = {"width": width, "hidden": tuple(hidden), "warmup": warmup, "repeats": repeats, "threads": 1}
-    options["device"] = device
-    cases = [(name, spec, w) for name, spec in distributions.items() for w in world_sizes]
+    """Per distribution and W: one global batch, cut as the loader cuts it and
+    balanced by each method on the model's FLOPs, every partition measured."""
+    check_int("local_batch_size", config.local_batch_size, low=1)
+    config = dataclasses.replace(config, device=resolve_device(config.device), hidden=tuple(config.hidden))
+    cases = [(name, spec, w) for name, spec in distributions.items() for w in config.world_sizes]
     if progress:
         from tqdm.auto import tqdm
 
         cases = tqdm(cases, desc="distribution x W", leave=False)
     runs, bounds, batches = {}, {}, {}
     for name, spec, w in cases:
-        lengths = batches[(name, w)] = _draw(spec, w, local_batch_size, max_length, seed)
-        flops = sequence_dense_flops(lengths, width, hidden).tolist()
+        seed = config.seed * 1009 + w
+        lengths = batches[(name, w)] = spec.draw(
+            w * config.local_batch_size, config.max_length, seed
+        ).tolist()
+        flops = config.flops(lengths).tolist()
         bound = equal_size_lower_bound(flops, w)
         bounds[(name, w)] = {"lower_bound": bound, "longest_sets_bound": max(flops) > sum(flops) / w}
         for method in MEASURED_METHODS:
-            parts = _partition(flops, w, method)
-            parts_lengths = [[lengths[i] for i in part] for part in parts]
-            runs[(name, w, method)] = _measure(
-                parts_lengths, lambda p: sequence_dense_flops(p, width, hidden), **options
-            )
-    config = {"local_batch_size": local_batch_size, "max_length": max_length, "seed": seed, **options}
-    config["hidden"] = list(hidden)
-    config["clock"] = primary_clock(device)
+            runs[(name, w, method)] = config.measure(lengths, balance(flops, w, method))
     return BalancedSteps(runs, bounds, batches, config)
+
+
+def until_it_fits(split: Callable[[float], Any], cap: float) -> tuple[Any, float]:
+    """`split(cap)`, the cap raised by 1% at a time while it raises ValueError
+    (a repair that finds no swap; a cap above every rank's load always fits)."""
+    while True:
+        try:
+            return split(cap), cap
+        except ValueError:
+            cap *= 1.01
+
+
+def same_parts(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> bool:
+    return sorted(map(sorted, a)) == sorted(map(sorted, b))
 
 
 @dataclass(frozen=True)
 class CappedRun:
-    """One distribution at one W: the cap (tokens per rank), and per run
-    ("uncapped" KK + swaps, then each capped method) the measured step and
-    each rank's peak activation bytes."""
+    """One distribution at one W: the token cap per rank, and per run ("uncapped"
+    KK + swaps, then each capped method) the measured step and each rank's peak bytes."""
 
     distribution: str
     world_size: int
@@ -253,35 +239,6 @@ class CappedRun:
     peak_bytes: dict[str, list[int]]
     asked_over_mean: float | None = None  # the cap asked for, before it was raised to fit
 
-    def cap_sentence(self) -> str:
-        """What the cap was and what it did, from the numbers: raised or not,
-        binding or not, its measured and FLOP-model cost, the peaks."""
-        capped = list(CAPPED_METHODS)
-        asked = self.asked_over_mean
-        raised = asked is not None and self.cap > asked * self.mean_tokens * (1 + 1e-9)
-        how = f"asked {asked:.2f}x, raised to fit an equal-count partition" if raised else "as asked"
-        if not self.binds():
-            did = (
-                "it never binds: KK + swaps' uncapped partition already meets it, so the cap changed nothing"
-            )
-        else:
-            cost = [self.cost(m) for m in capped]
-            low, high = self.steps["kk_swap"].cost_range(self.steps["uncapped"])
-            did = (
-                f"it binds: KK + swaps under it cost {self.cost('kk_swap'):.2f}x measured "
-                f"(repeats {low:.2f}-{high:.2f}x), "
-                f"{self.flop_cost('kk_swap'):.3f}x by the FLOP model (every capped method: "
-                f"{min(cost):.2f}x-{max(cost):.2f}x measured)"
-            )
-        peaks = [max(self.peak_bytes[m]) / 2**20 for m in capped]
-        uncapped = max(self.peak_bytes["uncapped"]) / 2**20
-        return (
-            f"{self.distribution}, W={self.world_size}: "
-            f"token cap {self.cap / self.mean_tokens:.2f}x the mean "
-            f"({how}); {did}; largest peak memory {uncapped:.2f} MiB uncapped, "
-            f"{min(peaks):.2f}-{max(peaks):.2f} MiB capped"
-        )
-
     def cost(self, label: str) -> float:
         """A run's measured step over the uncapped one's (> 1: the cap costs time)."""
         return self.steps[label].step_ms / self.steps["uncapped"].step_ms
@@ -290,100 +247,84 @@ class CappedRun:
         return max(self.steps[label].flops) / max(self.steps["uncapped"].flops)
 
     def binds(self) -> bool:
-        """The uncapped partition holds more tokens on some rank than the cap."""
         return max(self.steps["uncapped"].tokens) > self.cap
 
+    def cap_sentence(self) -> str:
+        """What the cap was and did: raised or not, binding or not, its cost, the peaks."""
+        asked = self.asked_over_mean
+        raised = asked is not None and self.cap > asked * self.mean_tokens * (1 + 1e-9)
+        how = f"asked {asked:.2f}x, raised to fit an equal-count partition" if raised else "as asked"
+        did = "it never binds: KK + swaps' uncapped partition already meets it, so the cap changed nothing"
+        if self.binds():
+            cost = [self.cost(m) for m in CAPPED_METHODS]
+            low, high = self.steps["kk_swap"].cost_range(self.steps["uncapped"])
+            did = (
+                f"it binds: KK + swaps under it cost {self.cost('kk_swap'):.2f}x measured (repeats "
+                f"{low:.2f}-{high:.2f}x), {self.flop_cost('kk_swap'):.3f}x by the FLOP model (every capped "
+                f"method: {min(cost):.2f}x-{max(cost):.2f}x measured)"
+            )
+        peaks = [max(self.peak_bytes[m]) / 2**20 for m in CAPPED_METHODS]
+        return (
+            f"{self.distribution}, W={self.world_size}: token cap {self.cap / self.mean_tokens:.2f}x the "
+            f"mean ({how}); {did}; largest peak memory {max(self.peak_bytes['uncapped']) / 2**20:.2f} MiB "
+            f"uncapped, "
+            f"{min(peaks):.2f}-{max(peaks):.2f} MiB capped"
+        )
+
     def memory_sentence(self) -> str:
-        """Whether capping tokens lowered the largest measured peak memory, from the numbers."""
+        """Whether capping tokens lowered the largest measured peak memory."""
         uncapped = max(self.peak_bytes["uncapped"])
         lower = [label for label in CAPPED_METHODS if max(self.peak_bytes[label]) < uncapped]
-        heaviest = max(range(self.world_size), key=self.peak_bytes["uncapped"].__getitem__)
         tokens = self.steps["uncapped"].tokens
-        most = "the most" if tokens[heaviest] == max(tokens) else "not the most"
+        held = tokens[max(range(self.world_size), key=self.peak_bytes["uncapped"].__getitem__)]
         return (
-            f"{self.distribution}: the largest measured peak is {uncapped / 2**20:.2f} MiB uncapped, "
-            f"on a rank holding {tokens[heaviest]} tokens ({most} of any rank); "
+            f"{self.distribution}: the largest measured peak is {uncapped / 2**20:.2f} MiB uncapped, on a "
+            f"rank holding {held} tokens ({'the most' if held == max(tokens) else 'not the most'} of any "
+            "rank); "
             f"under the cap it is lower for {', '.join(lower) or 'no method'}."
         )
 
     def as_dict(self) -> dict[str, Any]:
+        record = dataclasses.asdict(self)
+        record["runs"] = record.pop("steps")
         return {
-            "memory_sentence": self.memory_sentence(),
-            "cap_sentence": self.cap_sentence(),
-            "asked_over_mean": self.asked_over_mean,
-            "distribution": self.distribution,
-            "world_size": self.world_size,
-            "cap": self.cap,
-            "mean_tokens": self.mean_tokens,
-            "binds": self.binds(),
-            "runs": {label: dataclasses.asdict(step) for label, step in self.steps.items()},
-            "peak_bytes": self.peak_bytes,
-            "cost": {label: self.cost(label) for label in self.steps},
+            **record, "binds": self.binds(), "cost": {label: self.cost(label) for label in self.steps},
             "flop_cost": {label: self.flop_cost(label) for label in self.steps},
-        }
-
-
-def _capped_partitions(flops: list[float], lengths: list[int], world_size: int, cap: float) -> dict[str, Any]:
-    """Every capped method's parts under `cap`, raised by 1% at a time while
-    a method's repair finds no swap (a cap above every rank's tokens always
-    fits); "cap" is the cap they all met."""
-    while True:
-        try:
-            parts = {m: balance_capped(flops, lengths, world_size, cap, m) for m in CAPPED_METHODS}
-            return {**parts, "cap": cap}
-        except ValueError:
-            cap *= 1.01
+            "memory_sentence": self.memory_sentence(), "cap_sentence": self.cap_sentence(),
+        }  # fmt: skip
 
 
 def measure_capped(
     steps: BalancedSteps, distribution: str, world_size: int, cap_over_mean: float
 ) -> CappedRun:
-    """`distribution`'s global batch at `world_size` in `steps`: KK + swaps on
-    the FLOPs without a cap (the run `steps` measured), then each of
-    `CAPPED_METHODS` under a cap of `cap_over_mean` times the mean tokens
-    per rank (raised to `capped.minimum_cap` where no partition fits under
-    it, and 1% at a time where a method finds none), each measured rank
-    by rank as `steps` measured (on its device), with each rank's peak
-    activation memory (`steptime.memory`: on a GPU, max_memory_allocated
-    with the peak reset per rank). A capped partition equal to the uncapped
-    one reuses its measurement."""
+    """`distribution`'s batch at `world_size` in `steps`: KK + swaps uncapped (the run
+    `steps` measured), then each of `CAPPED_METHODS` under `cap_over_mean` times the
+    mean tokens per rank (raised to `capped.minimum_cap`, then 1% at a time while a
+    method finds no partition), each measured as `steps` was, with each rank's peak
+    bytes. A capped partition equal to the uncapped one reuses its measurement."""
     check_number("cap_over_mean", cap_over_mean, low=1)
     if (distribution, world_size) not in steps.lengths:
         raise ValueError(
             f"steps has no run of {distribution!r} at W={world_size}; runs: {sorted(steps.lengths)}"
         )
-    config = steps.config
-    width, hidden = config["width"], tuple(config["hidden"])
-    device = config.get("device", "cpu")
-    options = {k: config[k] for k in ("width", "hidden", "warmup", "repeats", "threads")}
-    options["device"] = device
-    lengths = steps.lengths[(distribution, world_size)]
-    flops = sequence_dense_flops(lengths, width, hidden).tolist()
-    mean = sum(lengths) / world_size
-    cap = max(cap_over_mean * mean, minimum_cap(lengths, world_size))
+    config, lengths = steps.config, steps.lengths[(distribution, world_size)]
+    flops, mean = config.flops(lengths).tolist(), sum(lengths) / world_size
     uncapped = balance(flops, world_size, "kk_swap")
-    partitions = {"uncapped": uncapped, **_capped_partitions(flops, lengths, world_size, cap)}
-    cap = partitions.pop("cap")
-    measured, peaks = {}, {}
-    for label, parts in partitions.items():
-        parts_lengths = [[lengths[i] for i in part] for part in parts]
-        same = sorted(map(sorted, parts)) == sorted(map(sorted, uncapped))
-        if label == "uncapped" or same:
-            measured[label] = steps.runs[(distribution, world_size, "kk_swap")]
-            peaks[label] = peaks.get("uncapped") or peak_memory_partition(
-                parts_lengths, width, hidden, device
-            )
-        else:
-            measured[label] = _measure(
-                parts_lengths, lambda p: sequence_dense_flops(p, width, hidden), **options
-            )
-            peaks[label] = peak_memory_partition(parts_lengths, width, hidden, device)
+    capped, cap = until_it_fits(
+        lambda cap: {m: balance_capped(flops, lengths, world_size, cap, m) for m in CAPPED_METHODS},
+        max(cap_over_mean * mean, minimum_cap(lengths, world_size)),
+    )
+    measured = {"uncapped": steps.runs[(distribution, world_size, "kk_swap")]}
+    peaks = {"uncapped": config.peaks(lengths, uncapped)}
+    for label, parts in capped.items():
+        same = same_parts(parts, uncapped)
+        measured[label] = measured["uncapped"] if same else config.measure(lengths, parts)
+        peaks[label] = peaks["uncapped"] if same else config.peaks(lengths, parts)
     return CappedRun(distribution, world_size, cap, mean, measured, peaks, cap_over_mean)
 
 
 def _link_ms(world_size: int, kind: str, link_bytes: float, local_world_size: int) -> float:
-    """ms to move `link_bytes` over one rank's link at torchrec's bandwidth
-    for `kind` (`steptime.comms.LINK_MODEL`), hosts of `local_world_size`."""
+    """ms to move `link_bytes` over one rank's link at torchrec's bandwidth for `kind`."""
     from torchrec.distributed.planner.types import BasicCommsBandwidths, CollectiveType
 
     bandwidth = BasicCommsBandwidths().get_bw(
@@ -392,31 +333,48 @@ def _link_ms(world_size: int, kind: str, link_bytes: float, local_world_size: in
     return link_bytes / bandwidth  # bandwidth in bytes per ms
 
 
+def _latency_s(rank: int, world_size: int, repeats: int) -> list[float]:
+    one = torch.zeros(1, dtype=torch.float64, device=rank_device())
+    all_gather_flat(one)  # warm: the first collective sets up the connections
+    return collective_seconds(lambda: all_gather_flat(one), repeats)
+
+
+def measure_latency_ms(world_size: int = 2, device: str = "auto", repeats: int = 20) -> float:
+    """The alpha-beta link model's latency, measured: the median over repeats of the slowest
+    rank's time for a one-float64 all-gather (all latency; torchrec's bandwidth-only
+    `BasicCommsBandwidths` prices it at nanoseconds), in ms, one launch of `world_size` ranks."""
+    check_int("world_size", world_size, low=2)
+    fn, args = latency_call(repeats)
+    return latency_ms(launch(fn, world_size, *args, device=device))
+
+
+def latency_call(repeats: int = 20) -> tuple[Callable, tuple]:
+    """`measure_latency_ms`' work on each rank, as a call for another launch (`latency_ms` reads it)."""
+    check_int("repeats", repeats, low=1)
+    return _latency_s, (repeats,)
+
+
+def latency_ms(per_rank: list[list[float]]) -> float:
+    return 1e3 * statistics.median(max(times) for times in zip(*per_rank))
+
+
 def worker_shares(
     steps: BalancedSteps, distribution: str, latency_ms: float, local_world_size: int = 8
 ) -> pd.DataFrame:
-    """Per W of `steps`: the shuffle's phases for `distribution`'s batch
-    (the workload all-gather's and the all-to-all exchange's bytes per rank,
-    counted; KK + swaps timed here, natively where the extension loads;
-    both collectives' ms computed by an alpha-beta link model: W - 1 ring
-    steps of `latency_ms` each, plus the bytes at torchrec's bandwidths),
-    the measured compute of the balanced step (KK + swaps, its clock), and
-    the share of the shuffle a step that long would hide (computed:
-    min(1, compute / shuffle))."""
+    """Per W of `steps`: the shuffle's phases for `distribution`'s batch (both
+    collectives' bytes counted and their ms computed by an alpha-beta model: W - 1
+    ring steps of `latency_ms`, plus the bytes at torchrec's bandwidths; KK + swaps
+    timed here), the measured balanced compute, and the share of the shuffle a step
+    that long would hide (computed: min(1, compute / shuffle))."""
     check_number("latency_ms", latency_ms, low=0)
-    rows = []
-    batch = steps.config["local_batch_size"]
+    rows, batch = [], steps.config.local_batch_size
     for w in sorted({w for name, w, _ in steps.runs if name == distribution}):
         lengths = steps.lengths[(distribution, w)]
-        flops = sequence_dense_flops(lengths, steps.config["width"], steps.config["hidden"]).tolist()
-        parts = balance(flops, w)
+        flops = steps.config.flops(lengths).tolist()
         kk_ms = 1e3 * median_seconds(lambda flops=flops, w=w: balance(flops, w), repeats=5)
         gather_bytes = w * batch * 8  # every rank's float64 workloads
-        per_key = (
-            torch.tensor(lengths, dtype=torch.int64)
-            .view(w, batch, 1)
-            .expand(w, batch, len(EXCHANGE_ITEM_BYTES))
-        )
+        per_key = torch.tensor(lengths).view(w, batch, 1).expand(w, batch, len(EXCHANGE_ITEM_BYTES))
+        parts = balance(flops, w)
         moved = exchange_bytes(per_key, EXCHANGE_ITEM_BYTES, EXCHANGE_DENSE_BYTES, parts)["alltoall"]["max"]
         latency = (w - 1) * latency_ms  # a ring's W - 1 steps, each paying the link's latency
         gather_ms = latency + _link_ms(w, "ALL_GATHER", gather_bytes * (w - 1) / w, local_world_size)
@@ -424,19 +382,12 @@ def worker_shares(
         shuffle_ms = gather_ms + kk_ms + exchange_ms
         compute_ms = steps.runs[(distribution, w, "kk_swap")].step_ms
         rows.append(
-            {
-                "world_size": w,
-                "latency_ms": latency_ms,
-                "gather_bytes": gather_bytes,
-                "gather_ms_computed": gather_ms,
-                "kk_ms_measured": kk_ms,
-                "exchange_bytes": moved,
-                "exchange_ms_computed": exchange_ms,
-                "shuffle_ms": shuffle_ms,
-                "compute_ms_measured": compute_ms,
-                "hidden_share_computed": min(1.0, compute_ms / shuffle_ms),
-            }
-        )
+            {"world_size": w, "latency_ms": latency_ms, "gather_bytes": gather_bytes,
+             "gather_ms_computed": gather_ms, "kk_ms_measured": kk_ms, "exchange_bytes": moved,
+             "exchange_ms_computed": exchange_ms,
+             "shuffle_ms": shuffle_ms, "compute_ms_measured": compute_ms,
+             "hidden_share_computed": min(1.0, compute_ms / shuffle_ms)}
+        )  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -456,10 +407,8 @@ RECSYS_E2E = {
 
 
 def speedup_sentences(table: pd.DataFrame) -> list[str]:
-    """One sentence per distribution, from the numbers: at each W, KK +
-    swaps' measured speed-up, the FLOP model's and the bound's, and where
-    the longest sample sets the bound (and, where the table has
-    `cost_fit`'s columns, what the fit predicts where measured passes the bound)."""
+    """One sentence per distribution: at each W, KK + swaps' measured speed-up, the FLOP
+    model's and the bound's (and the fit's, where `cost_fit` explains passing the bound)."""
     sentences = []
     for name, rows in table[table["method"] == "kk_swap"].groupby("distribution", sort=False):
         parts = [
@@ -480,11 +429,11 @@ def speedup_sentences(table: pd.DataFrame) -> list[str]:
 def results(
     steps: BalancedSteps, capped: Sequence[CappedRun], shares: Mapping[str, pd.DataFrame]
 ) -> dict[str, Any]:
-    """The measured sections' part of notebook 04's results JSON: raw
-    per-rank numbers with the derived ones, so a test can recompute them."""
+    """The rank-by-rank sections' part of the results JSON (notebook 04 and the bench):
+    raw per-rank numbers with the derived ones, so a test can recompute them."""
     table, fit = with_explanations(steps)
     return {
-        "measured_config": steps.config,
+        "measured_config": steps.config.record(),
         "measured_batches": [
             {"distribution": name, "world_size": w, "lengths": lengths}
             for (name, w), lengths in steps.lengths.items()

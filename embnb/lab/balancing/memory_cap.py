@@ -1,26 +1,15 @@
 """A cap on what sets a rank's peak memory: activation bytes, not tokens.
 
-A token cap bounds the memory that grows with tokens; a rank's measured
-peak (`steptime.memory`) also holds what grows faster with a sample's
-length (attention works on a whole sample at once, and `SequenceDense` runs
-the samples of one length together). So the cap here is on **modelled
-activation bytes per rank**: each sample's bytes as a function of its
-length L,
-
-    bytes(L) = per_token * L + per_token_squared * L**2,
-
-fitted by non-negative least squares (with a constant for what every step allocates
-whatever its samples, such as the parameters' gradients) to the peak bytes
-**measured** for one sample of each of a few lengths, on the device the
-steps ran on (`ActivationModel.fit`). A rank's modelled bytes are its
-samples' sum: an estimate of what its forward keeps for backward, not the
-peak itself, which the comparison then measures.
-
-`compare_caps` balances one batch by FLOPs under that cap (KK + swaps,
-`embnb.balancing.capped.balance_capped` with the bytes in place of the
-tokens) and measures it beside the uncapped and the token-capped
-partitions of `measured.measure_capped`: the step (its repeats' range),
-each rank's peak memory, and each rank's modelled bytes.
+A rank's measured peak (`steptime.memory`) also holds what grows faster
+than its tokens (attention works on a whole sample at once, and
+`SequenceDense` runs the samples of one length together). So the cap here is
+on **modelled activation bytes per rank**, each sample's
+`per_token * L + per_token_squared * L**2`, fitted by non-negative least
+squares (with a constant for what every step allocates, such as the
+gradients) to peaks measured for single samples on the steps' device. A
+rank's modelled bytes are its samples' sum, an estimate of what its forward
+keeps for backward; `compare_caps` measures the real peaks beside the
+uncapped and token-capped partitions of `measured.measure_capped`.
 """
 
 from __future__ import annotations
@@ -36,8 +25,8 @@ from scipy.optimize import nnls
 from embnb._checks import check_number
 from embnb.balancing.capped import balance_capped, minimum_cap, part_tokens
 from embnb.balancing.partition import balance
-from embnb.lab.balancing.measured import CappedRun, RankStep, _measure, sequence_dense_flops
-from embnb.steptime.memory import peak_memory_partition, peak_step_bytes
+from embnb.lab.balancing.measured import CappedRun, RankStep, StepConfig, same_parts, until_it_fits
+from embnb.steptime.memory import peak_step_bytes
 
 __all__ = ["ActivationModel", "CapComparison", "compare_caps"]
 
@@ -135,70 +124,54 @@ class CapComparison:
         )
 
     def as_dict(self) -> dict[str, Any]:
+        record = dataclasses.asdict(self)
+        record["runs"] = record.pop("steps")
         return {
-            "distribution": self.distribution,
-            "world_size": self.world_size,
-            "model": dataclasses.asdict(self.model),
-            "model_max_relative_residual": self.model.max_relative_residual(),
-            "token_cap": self.token_cap,
-            "bytes_cap": self.bytes_cap,
-            "mean_bytes": self.mean_bytes,
+            **record, "model_max_relative_residual": self.model.max_relative_residual(),
             "binds": self.binds(),
-            "runs": {label: dataclasses.asdict(step) for label, step in self.steps.items()},
-            "peak_bytes": self.peak_bytes,
-            "modelled_bytes": self.modelled_bytes,
             "cost": {label: self.cost(label) for label in self.steps},
             "cost_range": {label: list(self.cost_range(label)) for label in self.steps},
-            "rank_errors": self.rank_errors(),
-            "sentence": self.sentence(),
-        }
+            "rank_errors": self.rank_errors(), "sentence": self.sentence(),
+        }  # fmt: skip
 
 
 def compare_caps(
-    lengths: Sequence[int], token_run: CappedRun, model: ActivationModel, config: dict, cap_over_mean: float
+    lengths: Sequence[int],
+    token_run: CappedRun,
+    model: ActivationModel,
+    config: StepConfig,
+    cap_over_mean: float,
 ) -> CapComparison:
-    """`lengths` (the batch `token_run` capped, in the loader's order) under a
-    cap of `cap_over_mean` times the mean modelled bytes per rank (raised to
-    the least cap an equal-count partition fits under, then 1% at a time
-    while the repair finds no swap), balanced by FLOPs with KK + swaps and
-    measured as `config` (`BalancedSteps.config`) says."""
+    """`lengths` (the batch `token_run` capped, loader order) balanced by FLOPs with KK +
+    swaps under `cap_over_mean` times the mean modelled bytes per rank (raised to the
+    least cap an equal-count partition fits under, then 1% at a time while the repair
+    finds no swap), measured as `config` says. A partition already measured is reused."""
     check_number("cap_over_mean", cap_over_mean, low=1)
-    width, hidden, world_size = config["width"], tuple(config["hidden"]), token_run.world_size
-    flops = sequence_dense_flops(lengths, width, hidden).tolist()
+    world_size, flops = token_run.world_size, config.flops(lengths).tolist()
     sample_bytes = model.sample_bytes(lengths)
     mean = sum(sample_bytes) / world_size
-    cap = max(cap_over_mean * mean, minimum_cap(sample_bytes, world_size))
-    while True:
-        try:
-            capped = balance_capped(flops, sample_bytes, world_size, cap, "kk_swap")
-            break
-        except ValueError:
-            cap *= 1.01
-    token_parts = balance_capped(flops, lengths, world_size, token_run.cap, "kk_swap")  # deterministic
-    options = {k: config[k] for k in ("width", "hidden", "warmup", "repeats", "threads")}
-    options["device"] = config.get("device", "cpu")
-    partitions = {"uncapped": balance(flops, world_size, "kk_swap"), "token cap": token_parts}  # measured
+    capped, cap = until_it_fits(
+        lambda cap: balance_capped(flops, sample_bytes, world_size, cap, "kk_swap"),
+        max(cap_over_mean * mean, minimum_cap(sample_bytes, world_size)),
+    )
+    partitions = {  # both measured by `measure_capped` (balance_capped is deterministic)
+        "uncapped": balance(flops, world_size, "kk_swap"),
+        "token cap": balance_capped(flops, lengths, world_size, token_run.cap, "kk_swap"),
+    }
     steps = {"uncapped": token_run.steps["uncapped"], "token cap": token_run.steps["kk_swap"]}
     peaks = {"uncapped": token_run.peak_bytes["uncapped"], "token cap": token_run.peak_bytes["kk_swap"]}
-    reuse = [label for label, parts in partitions.items() if _as_set(parts) == _as_set(capped)]
+    reuse = [label for label, parts in partitions.items() if same_parts(parts, capped)]
     if reuse:  # the same partition: its measurement, not a second draw of the clock's noise
-        label = reuse[0]
         partitions["bytes cap"], steps["bytes cap"], peaks["bytes cap"] = (
-            partitions[label],
-            steps[label],
-            peaks[label],
+            d[reuse[0]] for d in (partitions, steps, peaks)
         )
     else:
         partitions["bytes cap"] = capped
-        parts_lengths = [[lengths[i] for i in part] for part in capped]
-        flops_of = lambda p: sequence_dense_flops(p, width, hidden)  # noqa: E731
-        steps["bytes cap"] = _measure(parts_lengths, flops_of, **options)
-        peaks["bytes cap"] = peak_memory_partition(parts_lengths, width, hidden, options["device"])
+        steps["bytes cap"], peaks["bytes cap"] = (
+            config.measure(lengths, capped),
+            config.peaks(lengths, capped),
+        )
     modelled = {label: part_tokens(sample_bytes, parts) for label, parts in partitions.items()}
     return CapComparison(
         token_run.distribution, world_size, model, token_run.cap, cap, mean, steps, peaks, modelled
     )
-
-
-def _as_set(parts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-    return sorted(tuple(sorted(p)) for p in parts)

@@ -1,13 +1,5 @@
-"""Figures of notebook 04 (batch balancing): each takes data, returns a Figure.
-
-The shared style is `embnb.lab.plotting`; per-rank loads are its `rank_bars`.
-
-    fig = length_histogram({"zipf": lengths})          # the heavy tail
-    fig = gap_by_method(table)                            # KK vs LPT vs ..., and the bound
-    fig = flops_vs_length({"zipf": (lengths, flops, {...})})  # what to balance
-    fig = gantt({"sync": spans, "overlap": spans})        # timelines, loop and worker
-    fig = exchange_scaling({2: {"allgather": b, "alltoall": c}, ...})
-    fig = step_times({"none": [...], "sync": [...]}, "none", ideal, ("sync", "overlap"))
+"""Figures of notebook 04 (batch balancing): each takes data, returns a Figure;
+the shared style is `embnb.lab.plotting` (per-rank loads are its `rank_bars`).
 """
 
 from __future__ import annotations
@@ -19,6 +11,7 @@ from typing import Any
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import (
     FixedLocator,
@@ -30,18 +23,9 @@ from matplotlib.ticker import (
 )
 
 from embnb.balancing.timeline import phase_seconds
-from embnb.lab.plotting import MEAN_STYLE, color, new_figure, values_of
+from embnb.lab.balancing.memory_cap import MIB, CapComparison
+from embnb.lab.plotting import MEAN_STYLE, color, new_figure, rank_ticks, values_of
 from embnb.timing import paired_difference
-
-__all__ = [
-    "PHASE_COLORS",
-    "length_histogram",
-    "gap_by_method",
-    "flops_vs_length",
-    "gantt",
-    "exchange_scaling",
-    "step_times",
-]
 
 PHASE_COLORS = {  # Gantt chart phases
     "load": "#c7c7c7",
@@ -73,42 +57,32 @@ def length_histogram(samples: Mapping[str, Sequence[int] | torch.Tensor], title:
         cumulative = pd.Series(values[::-1]).cumsum() / sum(values)
         fractions = [(k + 1) / len(values) for k in range(len(values))]
         share_ax.plot(fractions, cumulative.values, color=shade, label=name)
-    ax.set_xlabel("sequence length")
-    ax.set_ylabel("samples")
-    ax.set_title("length distribution")
+    ax.set(xlabel="sequence length", ylabel="samples", title="length distribution")
     share_ax.set_xscale("log")
     share_ax.xaxis.set_major_formatter(PercentFormatter(1.0))
     share_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    share_ax.set_xlabel("longest samples (share of the batch)")
-    share_ax.set_ylabel("share of all tokens")
-    share_ax.set_title("the tail holds the tokens")
+    share_ax.set(
+        xlabel="longest samples (share of the batch)",
+        ylabel="share of all tokens",
+        title="the tail holds the tokens",
+    )
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=len(samples), fontsize=8)
     if title:
         fig.suptitle(title)
     return fig
 
 
-def gap_by_method(
-    table: pd.DataFrame, methods: Sequence[str] | None = None, title: str | None = None
-) -> Figure:
-    """Per workload (a row of panels): each method's max/mean with the lower
-    bound's max/mean drawn as the floor no split can go below, and its gap
-    to that bound (log axis, markers; a split at the bound is marked at the
-    axis floor as "= bound"). Means over seeds per (num_samples, num_parts).
-    Needs columns num_samples, num_parts, method, max_over_mean,
-    gap_to_lower_bound, lower_bound, mean_load (and workload and
-    distribution, if several: a row of panels per pair)."""
+def gap_by_method(table: pd.DataFrame, methods: Sequence[str], title: str | None = None) -> Figure:
+    """Per (distribution, workload), a row of panels: each method's max/mean over the lower
+    bound's (the floor no split goes below), and its gap to that bound (log axis; a split at
+    the bound marked at the floor as "= bound"). Means over seeds per (num_samples, num_parts);
+    `table` is `comparison.comparison_table`'s."""
     if table.empty:
         raise ValueError("table is empty: nothing to plot")
-    table = table.assign(bound_over_mean=table["lower_bound"] / table["mean_load"])
-    if "workload" not in table:
-        table = table.assign(workload="tokens")
-    if "distribution" in table:  # one row of panels per (distribution, workload)
-        table = table.assign(workload=table["distribution"] + ", " + table["workload"])
-    methods = list(methods or dict.fromkeys(table["method"]))
-    missing = [m for m in methods if m not in set(table["method"])]
-    if missing:
-        raise ValueError(f"methods {missing} not in the table; it has {sorted(set(table['method']))}")
+    table = table.assign(
+        bound_over_mean=table["lower_bound"] / table["mean_load"],
+        workload=table["distribution"] + ", " + table["workload"],
+    )
     workloads = list(dict.fromkeys(table["workload"]))
     fig = new_figure(10, 0.6 + 3.2 * len(workloads))
     axes = fig.subplots(len(workloads), 2, squeeze=False)
@@ -162,53 +136,34 @@ def gap_by_method(
 
 
 def flops_vs_length(
-    rows: Mapping[
-        str, tuple[Sequence[int] | torch.Tensor, Sequence[float] | torch.Tensor, Mapping[str, float]]
-    ],
-    title: str | None = None,
+    rows: Mapping[str, tuple[Any, Any, Mapping[str, float]]], title: str | None = None
 ) -> Figure:
     """A row per batch, titled by its name (rows[name] = (lengths, flops,
-    flops_max_over_mean)): left, each sample's FLOPs against its length (the
-    quadratic bend); right, max/mean FLOPs per rank balanced by each estimate."""
+    flops_max_over_mean)): each sample's FLOPs against its length (the
+    quadratic bend), and max/mean FLOPs per rank balanced by each estimate."""
     if not rows:
         raise ValueError("rows is empty: nothing to plot")
     fig = new_figure(8.4, 0.4 + 3.4 * len(rows))
-    for sub, (name, (lengths, flops, max_over_mean)) in zip(
+    for sub, (name, (lengths, flops, ratios)) in zip(
         fig.subfigures(len(rows), 1, squeeze=False)[:, 0], rows.items()
     ):
-        _flops_panels(sub, lengths, flops, max_over_mean)
+        xs, ys = values_of(lengths, "lengths"), values_of(flops, "flops")
+        if len(xs) != len(ys):
+            raise ValueError(f"{len(xs)} lengths but {len(ys)} flops")
+        axes = sub.subplots(1, 2 if ratios else 1, squeeze=False)[0]
+        axes[0].loglog(xs, ys, ".", color="#4c72b0", alpha=0.5)
+        axes[0].set(xlabel="sequence length", ylabel="attention block FLOPs", title="FLOPs per sample")
         sub.suptitle(name, fontsize=10)
+        if ratios:
+            names = list(ratios)
+            axes[1].bar(names, [ratios[n] for n in names], color=[color(n, i) for i, n in enumerate(names)])
+            axes[1].axhline(1.0, color="0.3", linestyle="--", linewidth=1)
+            axes[1].set(ylabel="max/mean FLOPs per rank", title="balanced by ...")
+            for i, n in enumerate(names):
+                axes[1].annotate(f"{ratios[n]:.3f}", (i, ratios[n]), ha="center", va="bottom", fontsize=8)
     if title:
         fig.suptitle(title)
     return fig
-
-
-def _flops_panels(fig, lengths, flops, flops_max_over_mean) -> None:
-    xs, ys = values_of(lengths, "lengths"), values_of(flops, "flops")
-    if len(xs) != len(ys):
-        raise ValueError(f"{len(xs)} lengths but {len(ys)} flops")
-    panels = 2 if flops_max_over_mean else 1
-    axes = fig.subplots(1, panels, squeeze=False)[0]
-    axes[0].loglog(xs, ys, ".", color="#4c72b0", alpha=0.5)
-    axes[0].set_xlabel("sequence length")
-    axes[0].set_ylabel("attention block FLOPs")
-    axes[0].set_title("FLOPs per sample")
-    if flops_max_over_mean:
-        names = list(flops_max_over_mean)
-        axes[1].bar(
-            names, [flops_max_over_mean[n] for n in names], color=[color(n, i) for i, n in enumerate(names)]
-        )
-        axes[1].axhline(1.0, color="0.3", linestyle="--", linewidth=1)
-        axes[1].set_ylabel("max/mean FLOPs per rank")
-        axes[1].set_title("balanced by ...")
-        for i, n in enumerate(names):
-            axes[1].annotate(
-                f"{flops_max_over_mean[n]:.3f}",
-                (i, flops_max_over_mean[n]),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
 
 
 def gantt(
@@ -251,22 +206,15 @@ def gantt(
             [f"rank {r} {what}" for r in ranks for what in ("loop", "worker")],
             fontsize=8,
         )
-        ax.set_ylim(len(ranks) - 0.4, -0.6)
+        ax.set(ylim=(len(ranks) - 0.4, -0.6), xlabel="ms")
         ax.set_title(name, loc="left", fontsize=10)
-        ax.set_xlabel("ms")
         present = dict.fromkeys(s["phase"] for s in spans if s["phase"] != "step")
         drawn = sorted({s.get("iteration", s["step"]) for s in spans})
         seconds = phase_seconds([dict(s, warmup=False) for s in spans], drawn, len(ranks))
         ms = {key: 1e3 * v for key, v in seconds.items()}
-
-        ax.legend(
-            handles=[Patch(color=PHASE_COLORS.get(p, "0.5"), label=_phase_label(p, ms)) for p in present],
-            fontsize=7,
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1.0),
-            title="ms per drawn step",
-            title_fontsize=7,
-        )
+        handles = [Patch(color=PHASE_COLORS.get(p, "0.5"), label=_phase_label(p, ms)) for p in present]
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  title="ms per drawn step", title_fontsize=7)  # fmt: skip
     if title:
         fig.suptitle(title)
     return fig
@@ -280,44 +228,32 @@ def _phase_label(phase: str, ms: Mapping[tuple[str, str], float]) -> str:
 
 def exchange_scaling(
     bytes_by_world_size: Mapping[int, Mapping[str, float]],
-    ms_by_world_size: Mapping[int, Mapping[str, Mapping[str, float]]] | None = None,
+    ms_by_world_size: Mapping[int, Mapping[str, Mapping[str, float]]],
     title: str | None = None,
 ) -> Figure:
-    """Left: bytes a rank receives per exchange (the largest over ranks) as
-    the world size grows, all-gather against all-to-all. Right, with
-    `ms_by_world_size` (world size -> exchange -> median, low, high):
-    measured ms per exchange (median, whisker: range)."""
+    """Left: the most bytes a rank receives per exchange as W grows, all-gather against
+    all-to-all (computed). Right: measured ms per exchange (W -> exchange -> median, low,
+    high; whisker: the range)."""
     if not bytes_by_world_size:
         raise ValueError("bytes_by_world_size is empty: nothing to plot")
-    panels = 2 if ms_by_world_size else 1
-    fig = new_figure(4.6 * panels, 3.4)
-    axes = fig.subplots(1, panels, squeeze=False)[0]
-    sizes = sorted(bytes_by_world_size)
+    fig = new_figure(9.2, 3.4)
+    axes = fig.subplots(1, 2)
+    sizes, run = sorted(bytes_by_world_size), sorted(ms_by_world_size)
     for i, exchange in enumerate(("allgather", "alltoall")):
         style = {"color": color(exchange, i + 2), "marker": "os"[i], "label": exchange}
         axes[0].loglog(sizes, [bytes_by_world_size[w][exchange] for w in sizes], **style)
-        if ms_by_world_size:
-            run = sorted(ms_by_world_size)
-            ratios = [ms_by_world_size[w][exchange] for w in run]
-            axes[1].errorbar(
-                [w * (0.97 if i == 0 else 1.03) for w in run],
-                [r["median"] for r in ratios],
-                yerr=[[r["median"] - r["low"] for r in ratios], [r["high"] - r["median"] for r in ratios]],
-                capsize=3,
-                linestyle="-",
-                **style,
-            )
-    axes[0].set_xlabel("ranks")
-    axes[0].set_ylabel("bytes received per rank")
-    axes[0].set_title("bytes (from the batch's sizes)")
+        ms = [ms_by_world_size[w][exchange] for w in run]
+        axes[1].errorbar(
+            [w * (0.97 if i == 0 else 1.03) for w in run], [r["median"] for r in ms], capsize=3,
+            linestyle="-", **style,
+            yerr=[[r["median"] - r["low"] for r in ms], [r["high"] - r["median"] for r in ms]],
+        )  # fmt: skip
+    axes[0].set(xlabel="ranks", ylabel="bytes received per rank", title="bytes (from the batch's sizes)")
     axes[0].legend(fontsize=8)
-    if ms_by_world_size:
-        axes[1].set_xscale("log")
-        axes[1].set_ylim(bottom=0)
-        axes[1].set_xlabel("ranks")
-        axes[1].set_ylabel("ms per exchange")
-        axes[1].set_title("measured here")
-    for ax, ticks in zip(axes, [sizes, sorted(ms_by_world_size or [])]):
+    axes[1].set_xscale("log")
+    axes[1].set_ylim(bottom=0)
+    axes[1].set(xlabel="ranks", ylabel="ms per exchange", title="measured here")
+    for ax, ticks in zip(axes, [sizes, run]):
         ax.set_xticks(ticks, [str(w) for w in ticks])
         ax.xaxis.set_minor_formatter(NullFormatter())
     if title:
@@ -362,11 +298,9 @@ def step_times(
         ax.set_xticks(range(len(labels)), labels, rotation=15, ha="right", fontsize=8)
         ax.set_xlim(-0.5, len(labels) - 0.5)
     times_ax.set_ylim(bottom=0)
-    times_ax.set_ylabel("ms per step (slowest rank)")
-    times_ax.set_title("step time per repeat")
+    times_ax.set(ylabel="ms per step (slowest rank)", title="step time per repeat")
     speed_ax.axhline(1.0, **MEAN_STYLE)
-    speed_ax.set_ylabel(f"speed-up over {reference}")
-    speed_ax.set_title("measured (mean, range) vs FLOPs")
+    speed_ax.set(ylabel=f"speed-up over {reference}", title="measured (mean, range) vs FLOPs")
     speed_ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncols=2)  # off the data
     a, b = compared
     diffs = [x - y for x, y in zip(step_ms[a], step_ms[b])]
@@ -378,8 +312,90 @@ def step_times(
     diff_ax.axhline(0.0, **MEAN_STYLE)
     diff_ax.set_xticks([0], [f"{a}\nminus {b}"], fontsize=8)
     diff_ax.set_xlim(-0.5, 0.5)
-    diff_ax.set_ylabel("ms per step")
-    diff_ax.set_title("paired difference, 95% CI")
+    diff_ax.set(ylabel="ms per step", title="paired difference, 95% CI")
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def measured_speedups(table: pd.DataFrame, methods: Sequence[str], title: str | None = None) -> Figure:
+    """One panel per distribution: at each W, each method's measured
+    speed-up over the loader's cut (filled dot) and the FLOP model's (open
+    dot, same colour, beside it), and the bound's (black dash): no method
+    beats it in FLOPs; a measured dot above it is ringed in red (time is
+    not FLOPs: `cost_fit`); where `table` has `cost_fit`'s `fitted_model`
+    column, a black cross on each measured dot's x marks what the fitted
+    per-rank cost predicts, so a ringed dot is read against its cross.
+    `table` is `BalancedSteps.speedups()` (or `cost_fit.with_explanations`')."""
+    names = list(dict.fromkeys(table["distribution"]))
+    fig = new_figure(5.2 * len(names), 3.8)
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    width = 0.8 / len(methods)
+    for ax, name in zip(axes, names):
+        rows = table[table["distribution"] == name]
+        sizes = sorted(set(rows["world_size"]))
+        for x, w in enumerate(sizes):
+            at = rows[rows["world_size"] == w].set_index("method")
+            ax.hlines(at["bound"].iloc[0], x - 0.45, x + 0.45, color="black", linewidth=2, zorder=3)
+            for m, method in enumerate(methods):
+                pos = x - 0.4 + width * (m + 0.5)
+                measured = at.loc[method, "measured"]
+                ax.plot(pos - width / 5, measured, "o", color=color(method, m), zorder=4)
+                if measured > at.loc[method, "bound"]:  # the section's fit explains these
+                    ax.plot(pos - width / 5, measured, "o", ms=11, mfc="none", color="red", zorder=5)
+                if "fitted_model" in at:  # what the per-rank cost fit predicts, on the measured dot's x
+                    ax.plot(pos - width / 5, at.loc[method, "fitted_model"], "x", color="black", zorder=6)
+                flops = at.loc[method, "flop_model"]
+                ax.plot(pos + width / 5, flops, "o", mfc="white", color=color(method, m), zorder=4)
+        ax.axhline(1.0, **MEAN_STYLE)
+        ax.set_xticks(range(len(sizes)), [f"W={w}" for w in sizes])
+        ax.set(xlim=(-0.5, len(sizes) - 0.5), ylabel="speed-up over the loader's cut", title=name)
+    handles = [_key(m, marker="o", color=color(m, i)) for i, m in enumerate(methods)] + [
+        _key("measured (slowest rank, thread CPU)", marker="o", color="0.3"),
+        _key("FLOP model (max FLOPs ratio)", marker="o", mfc="white", color="0.3"),
+        _key("bound (cut's max FLOPs / lower bound)", color="black", linewidth=2, linestyle="-"),
+        _key("measured above the FLOP bound", marker="o", ms=11, mfc="none", color="red"),
+    ]
+    if "fitted_model" in table:
+        handles.append(_key("fitted cost (FLOPs + lengths + tokens)", marker="x", color="black"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)  # off the data
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def _key(label: str, **style: Any) -> Line2D:
+    """A legend entry drawn as `style` (markers alone unless it sets a linestyle)."""
+    return Line2D([], [], **{"linestyle": "", **style}, label=label)
+
+
+def cap_comparison(comparisons: Sequence[CapComparison], title: str) -> Figure:
+    """One row per batch, one bar per run (uncapped KK + swaps, token cap,
+    bytes cap) over the ranks: tokens with the token cap drawn, modelled
+    activation MiB with the bytes cap drawn, and each rank's measured peak
+    MiB with the uncapped run's largest peak drawn (what a cap should lower)."""
+    if not comparisons:
+        raise ValueError("comparisons is empty: nothing to plot")
+    labels = ["uncapped", "token cap", "bytes cap"]
+    fig = new_figure(12, 0.8 + 3.0 * len(comparisons))
+    rows = fig.subplots(len(comparisons), 3, squeeze=False)
+    width = 0.8 / len(labels)
+    for (tokens_ax, model_ax, peak_ax), c in zip(rows, comparisons):
+        for i, label in enumerate(labels):
+            offsets = [r - 0.4 + width * (i + 0.5) for r in range(c.world_size)]
+            shade = color(label, i)
+            tokens_ax.bar(offsets, c.steps[label].tokens, width, color=shade, label=label)
+            model_ax.bar(offsets, [b / MIB for b in c.modelled_bytes[label]], width, color=shade)
+            peak_ax.bar(offsets, [b / MIB for b in c.peak_bytes[label]], width, color=shade)
+        tokens_ax.axhline(c.token_cap, color="black", linewidth=1.5)
+        model_ax.axhline(c.bytes_cap / MIB, color="black", linewidth=1.5)
+        peak_ax.axhline(c.largest_peak_mib("uncapped"), **MEAN_STYLE)
+        tokens_ax.set_ylabel(f"{c.distribution}\ntokens per rank\n(line: the token cap)")
+        model_ax.set_ylabel("modelled activation MiB\n(line: the bytes cap)")
+        peak_ax.set_ylabel("peak MiB, measured\n(dashed: uncapped largest)")
+        for ax in (tokens_ax, model_ax, peak_ax):
+            rank_ticks(ax, c.world_size)
+            ax.set_ylim(bottom=0)
+    fig.legend(*rows[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
+    fig.suptitle(title)
     return fig

@@ -1,10 +1,6 @@
 """Equal-count Karmarkar-Karp in a dozen lines, the core notebook 04 shows.
-
-`embnb.balancing.partition.karmarkar_karp` (and the native op) add what a
-library needs: padding when the batch is not a multiple of k, strict
-tie-breaks, zero workloads, checked input. On distinct workloads they give
-this function's partition; the tests check that. With `trace`, each merge
-is recorded (the worked example of notebook 04 prints them).
+`partition.karmarkar_karp` adds what a library needs (padding, strict
+tie-breaks, checked input); on distinct workloads both give one partition.
 """
 
 from __future__ import annotations
@@ -71,13 +67,9 @@ def page_core_agrees(
     kk_swap_parts: list[list[int]],
     rank_samples: list[list[int]],
 ) -> dict[str, bool]:
-    """Whether the core written on notebook 04's page agrees with the library
-    on the same `workloads` (distinct values: the library's tie-breaks, which
-    the page leaves out, never decide): the page's KK (`kk_parts`) is the
-    library's `karmarkar_karp` partition, its KK + swaps (`kk_swap_parts`) is
-    `kk_swap`'s (Python) and the native op's, with the same largest load, and
-    the page's worker loop handed rank r the samples of `balance`'s part r
-    (`rank_samples[r]`), as `BalancedShuffle` does."""
+    """Whether the core on notebook 04's page agrees with the library on distinct
+    `workloads`: its KK is `karmarkar_karp`'s partition, its KK + swaps `kk_swap`'s (Python
+    and native, same largest load), and its worker loop gave rank r `balance`'s part r."""
     library = partition.balance(workloads, num_parts, "kk_swap", native=False)
     native = partition.balance(workloads, num_parts, "kk_swap", native=True) if loader.available() else None
 

@@ -2,7 +2,6 @@
 redrawn by the same functions as the notebook's static figures.
 
     explorer = BalanceExplorer(alpha=1.5, num_parts=8, num_samples=1024)
-    display(explorer)                              # in a notebook
     explorer.controls["num_parts"].value = 16      # redraws
 """
 
@@ -20,14 +19,8 @@ __all__ = ["BalanceExplorer"]
 
 
 class BalanceExplorer(Explorer):
-    """Tokens per rank of each method of `partition.METHODS` on a Zipf(alpha)
-    batch of `num_samples` sequences split into `num_parts` ranks.
-
-    Args:
-        alpha, num_parts, num_samples: the starting values.
-        max_length: the longest sequence drawn.
-        seed: the batch's seed.
-    """
+    """Tokens per rank of each method of `partition.METHODS` on a Zipf(alpha) batch of
+    `num_samples` sequences (up to `max_length`, drawn with `seed`) split into `num_parts` ranks."""
 
     def __init__(
         self,
@@ -38,21 +31,15 @@ class BalanceExplorer(Explorer):
         seed: int = 0,
     ):
         self.max_length, self.seed = max_length, seed
+        slider = {"continuous_update": False}
         super().__init__(
             {
                 "alpha": widgets.FloatSlider(
-                    value=alpha, min=1.05, max=3.0, step=0.05, description="skew α", continuous_update=False
+                    value=alpha, min=1.05, max=3.0, step=0.05, description="skew α", **slider
                 ),
-                "num_parts": widgets.IntSlider(
-                    value=num_parts, min=2, max=64, description="ranks", continuous_update=False
-                ),
+                "num_parts": widgets.IntSlider(value=num_parts, min=2, max=64, description="ranks", **slider),
                 "num_samples": widgets.IntSlider(
-                    value=num_samples,
-                    min=64,
-                    max=8192,
-                    step=64,
-                    description="batch size",
-                    continuous_update=False,
+                    value=num_samples, min=64, max=8192, step=64, description="batch size", **slider
                 ),
             }
         )

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from embnb.lab.balancing import cost_fit, link
+from embnb.lab.balancing import cost_fit, measured
 from embnb.lab.balancing.measured import RankStep
 
 COST = {"gflops": 2.0, "distinct_lengths": 0.5, "tokens": 0.001, "per_rank": 0.25}  # ms per unit
@@ -58,4 +58,4 @@ def test_only_a_speedup_past_its_bound_is_explained_and_the_text_says_by_what():
 
 def test_the_latency_measurement_refuses_fewer_than_two_ranks():
     with pytest.raises(ValueError, match="world_size"):
-        link.measure_latency_ms(1)
+        measured.measure_latency_ms(1)

@@ -4,7 +4,7 @@ the step-time speed-ups computed from them."""
 import pytest
 
 from embnb.balancing.training import TrainConfig
-from embnb.lab.balancing import experiment
+from embnb.lab.balancing import experiment, measured
 
 TINY = TrainConfig(
     steps=2, batch_size=4, max_length=32, num_items=20, num_categories=4, embedding_dim=8, ffn_dim=8
@@ -13,8 +13,11 @@ TINY = TrainConfig(
 
 def test_repeats_run_interleaved_and_each_label_gets_its_own_runs():
     configs = {"plain": TINY.replace(mode="none"), "balanced": TINY.replace(mode="sync")}
-    runs = experiment.run_training(configs, 2, device="cpu", repeats=2, timeout_s=300)
+    also = {"latency": measured.latency_call(repeats=3)}  # run in the same launch, before training
+    runs = experiment.run_training(configs, 2, device="cpu", repeats=2, timeout_s=300, also=also)
     assert runs.gathers == [] and runs.backend == "gloo"
+    assert [len(times) for times in runs.also["latency"]] == [3, 3]  # per rank, per repeat
+    assert measured.latency_ms(runs.also["latency"]) > 0
     assert list(runs.per_repeat) == ["plain", "balanced"]
     for label, config in configs.items():
         repeats = runs.per_repeat[label]

@@ -5,10 +5,11 @@ cap on one small batch (real kernels on CPU, real profiler peaks)."""
 import pytest
 
 from embnb.balancing.lengths import LengthDistribution
-from embnb.lab.balancing import measured, measured_plots, memory_cap
+from embnb.lab.balancing import measured, memory_cap, plots
 from embnb.steptime.memory import peak_step_bytes
 
 WIDTH, HIDDEN = 8, (16,)
+W = 2  # ranks of the capped batch
 
 
 def test_the_model_is_its_formula_and_its_fit_follows_the_measured_peaks():
@@ -27,23 +28,18 @@ def test_the_model_is_its_formula_and_its_fit_follows_the_measured_peaks():
 def comparison():
     steps = measured.measure_balanced_steps(
         {"lognormal": LengthDistribution("lognormal", median=24, sigma=1.0)},
-        [4],
-        local_batch_size=4,
-        max_length=64,
-        width=WIDTH,
-        hidden=HIDDEN,
-        repeats=1,
+        measured.StepConfig([W], local_batch_size=4, max_length=64, width=WIDTH, hidden=HIDDEN, repeats=1),
     )
-    token_run = measured.measure_capped(steps, "lognormal", 4, 1.0)
+    token_run = measured.measure_capped(steps, "lognormal", W, 1.0)
     model = memory_cap.ActivationModel.fit([4, 16, 32, 64], WIDTH, HIDDEN, "cpu")
-    lengths = steps.lengths[("lognormal", 4)]
+    lengths = steps.lengths[("lognormal", W)]
     return lengths, token_run, memory_cap.compare_caps(lengths, token_run, model, steps.config, 1.0)
 
 
 def test_the_bytes_cap_holds_on_the_model_and_reuses_the_token_caps_measurements(comparison):
     lengths, token_run, c = comparison
     per_sample = c.model.sample_bytes(lengths)
-    assert c.mean_bytes == pytest.approx(sum(per_sample) / 4)
+    assert c.mean_bytes == pytest.approx(sum(per_sample) / W)
     assert max(c.modelled_bytes["bytes cap"]) <= c.bytes_cap
     assert c.bytes_cap >= c.mean_bytes
     for label in c.steps:  # every partition holds every sample once: the same total
@@ -61,7 +57,7 @@ def test_the_bytes_cap_holds_on_the_model_and_reuses_the_token_caps_measurements
 
 def test_the_figure_draws_three_runs_per_rank_in_each_panel(comparison):
     _, _, c = comparison
-    fig = measured_plots.cap_comparison([c, c], "CPU: a title")
+    fig = plots.cap_comparison([c, c], "CPU: a title")
     assert fig._suptitle.get_text() == "CPU: a title"
     assert len(fig.axes) == 6
     for ax in fig.axes:
@@ -70,4 +66,4 @@ def test_the_figure_draws_three_runs_per_rank_in_each_panel(comparison):
     assert tokens_ax.lines[0].get_ydata()[0] == c.token_cap
     assert model_ax.lines[0].get_ydata()[0] == pytest.approx(c.bytes_cap / 2**20)
     with pytest.raises(ValueError, match="empty"):
-        measured_plots.cap_comparison([], "t")
+        plots.cap_comparison([], "t")
