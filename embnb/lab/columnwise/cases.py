@@ -321,9 +321,12 @@ class CWRun:
         return max([float(e.max()) for e in errors if e.numel()], default=0.0)
 
 
-def run_cw_cases(cases: Sequence[CWCase], device: str = "auto", timeout_s: float = 300.0) -> list[CWRun]:
+def run_cw_cases(
+    cases: Sequence[CWCase], device: str = "auto", timeout_s: float = 300.0, then: Sequence[tuple] = ()
+) -> list:
     """Run `cases` on real ranks in one `launch_each` (gloo on CPU, nccl with a GPU per rank), each paired
-    with the unsharded EC's outputs; a case torchrec cannot take is refused before any rank starts."""
+    with the unsharded EC's outputs (a `CWRun`); a case torchrec cannot take is refused before any rank
+    starts. `then`: more (fn, args) calls in the same launch, after the cases; their results follow."""
     cases = list(cases)
     if not cases:
         raise ValueError("cases is empty: nothing to run")
@@ -331,11 +334,12 @@ def run_cw_cases(cases: Sequence[CWCase], device: str = "auto", timeout_s: float
         problem = case.torchrec_problem() if "torchrec" in case.paths else None
         if problem:
             raise ValueError(problem)
-    calls = [(run_case_on_rank, (case,)) for case in cases]
-    per_case = launch_each(calls, max(c.world_size for c in cases), device=device, timeout_s=timeout_s)
-    return [
-        CWRun(case, unsharded_outputs(case), ranks[: case.world_size]) for case, ranks in zip(cases, per_case)
+    calls = [(run_case_on_rank, (case,)) for case in cases] + list(then)
+    per_call = launch_each(calls, max(c.world_size for c in cases), device=device, timeout_s=timeout_s)
+    runs = [
+        CWRun(case, unsharded_outputs(case), ranks[: case.world_size]) for case, ranks in zip(cases, per_call)
     ]
+    return runs + per_call[len(cases) :]
 
 
 @dataclass(frozen=True)
@@ -382,11 +386,10 @@ def _torchrec_size_per_rank_on_rank(
     return TorchrecOutcome(None, worst == 0.0, worst, None, own, local)
 
 
-def run_torchrec_size_per_rank(
-    case: CWCase, size_per_rank: Sequence[int], device: str = "auto", timeout_s: float = 120.0
-) -> list[TorchrecOutcome]:
-    """torchrec's `column_wise(size_per_rank=...)` (shard i on rank i) on `case`'s one table, run as torchrec
-    takes it (no embnb check first), in a launch of its own: what each rank got."""
+def size_per_rank_call(case: CWCase, size_per_rank: Sequence[int]) -> tuple:
+    """The (fn, args) call for `launch_each` that runs torchrec's `column_wise(size_per_rank=...)` (shard i
+    on rank i) on `case`'s one table as torchrec takes it (no embnb check first): each rank's
+    `TorchrecOutcome`. It may break the process group: the last call of a launch."""
     sizes = [check_int("size_per_rank entry", s, low=1) for s in size_per_rank]
     if len(case.tables) != 1 or sum(sizes) != case.embedding_dim:
         raise ValueError(
@@ -397,5 +400,5 @@ def run_torchrec_size_per_rank(
         raise ValueError(
             f"size_per_rank {sizes} puts shard i on rank i: needs {len(sizes)} ranks, has {case.world_size}"
         )
-    calls = [(_torchrec_size_per_rank_on_rank, (case, sizes))]
-    return launch_each(calls, case.world_size, device=device, timeout_s=timeout_s)[0]
+    return (_torchrec_size_per_rank_on_rank, (case, sizes))
+

@@ -36,7 +36,7 @@ from embnb.lab.columnwise.cases import (
     TorchrecOutcome,
     make_batches,
     run_cw_cases,
-    run_torchrec_size_per_rank,
+    size_per_rank_call,
 )
 from embnb.lab.columnwise.pooled import PooledRun, pooled_on_rank
 from embnb.lab.columnwise.traffic import PlannerBytes, planner_bytes_at, traffic_check_table, traffic_table
@@ -332,26 +332,29 @@ def run_placement_experiment(
         seed_case = table.case(ranks, paths=("reference",))
     uneven_case = table.case(ranks, paths=("reference",), widths={"t0": list(table.uneven_widths)})
     traffic_cases, sources, planned = _traffic_cases(table, traffic_batch) if traffic_batch else ([], [], [])
+    pooled_calls = [(pooled_on_rank, (list(ranks), table.embedding_dim, table.seed))] if traffic_batch else []
+    spr_case = table.case(range(len(size_per_rank or [])))
+    uneven_calls = [] if size_per_rank is None else [size_per_rank_call(spr_case, size_per_rank)]
+    extra = pooled_calls + uneven_calls  # torchrec's uneven plan may break the process group: it runs last
+    cases, n = [seed_case, uneven_case, *traffic_cases], len(traffic_cases)
+
+    def launch(calls: list, where: str) -> list:
+        return launch_each(calls, table.world_size, device=where, timeout_s=timeout_s) if calls else []
+
     start = time.perf_counter()
     note = fbgemm_cuda_problem() if plan.device == "cuda" and "torchrec" in seed_case.paths else None
-    if note is None:
-        seed_run, uneven_run, *traffic_runs = run_cw_cases(
-            [seed_case, uneven_case, *traffic_cases], device, timeout_s
-        )
+    if plan.device == "cpu":  # one launch
+        seed_run, uneven_run, *rest = run_cw_cases(cases, "cpu", timeout_s, extra)
+        traffic_runs, tail = rest[:n], rest[n:]
+    elif note is None:  # all on the GPUs but the pooled run (gloo, on the CPU)
+        seed_run, uneven_run, *traffic_runs = run_cw_cases(cases, device, timeout_s)
+        tail = launch(pooled_calls, "cpu") + launch(uneven_calls, device)
     else:  # torchrec's sharded module cannot run on this GPU: compare on the CPU, and say so
-        seed_run, *traffic_runs = run_cw_cases([seed_case, *traffic_cases], "cpu", timeout_s)
+        seed_run, *rest = run_cw_cases([seed_case, *traffic_cases], "cpu", timeout_s, extra)
+        traffic_runs, tail = rest[:n], rest[n:]
         (uneven_run,) = run_cw_cases([uneven_case], device, timeout_s)
-    pooled = None
-    if traffic_batch:
-        pooled_args = (list(ranks), table.embedding_dim, table.seed)
-        errors = launch_each(
-            [(pooled_on_rank, pooled_args)], table.world_size, device="cpu", timeout_s=timeout_s
-        )
-        pooled = PooledRun(list(ranks), table.world_size, table.embedding_dim, errors[0])
-    outcomes = None
-    if size_per_rank is not None:
-        case = table.case(range(len(size_per_rank)))
-        outcomes = run_torchrec_size_per_rank(case, size_per_rank, "cpu" if note else device, timeout_s)
+    pooled = PooledRun(list(ranks), table.world_size, table.embedding_dim, tail[0]) if pooled_calls else None
+    outcomes = tail[-1] if uneven_calls else None
     seconds = time.perf_counter() - start
     traffic = _traffic_results(traffic_runs, sources, planned, traffic_batch)
     uneven = UnevenResults(

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from embnb.columnwise.placement import concat_in_rank_order, cw_permute_indices
+from embnb.dist import launch_each
 from embnb.lab.columnwise import cases
 from embnb.lab.columnwise.cases import CWCase, TableSpec
 
@@ -277,11 +278,9 @@ def test_the_recorder_puts_all_to_all_back_whatever_happens():
 
 @pytest.fixture(scope="module")
 def size_per_rank_outcomes():
-    case = CWCase(2, 48, T0, {"t0": [0, 1]})
-    return {
-        sizes: cases.run_torchrec_size_per_rank(case, list(sizes), device="cpu", timeout_s=120)
-        for sizes in [(24, 24), (16, 32)]
-    }
+    case, sizes = CWCase(2, 48, T0, {"t0": [0, 1]}), [(24, 24), (16, 32)]  # one launch, the failing one last
+    calls = [cases.size_per_rank_call(case, list(s)) for s in sizes]
+    return dict(zip(sizes, launch_each(calls, 2, device="cpu", timeout_s=120)))
 
 
 def test_torchrec_size_per_rank_equal_widths_are_exact(size_per_rank_outcomes):
@@ -313,4 +312,4 @@ def test_torchrec_size_per_rank_uneven_widths_are_reported_as_torchrec_raises(si
 )
 def test_bad_size_per_rank_is_refused_before_any_rank_starts(sizes, message):
     with pytest.raises(ValueError, match=message):
-        cases.run_torchrec_size_per_rank(CWCase(2, 48, T0, {"t0": [0, 1]}), sizes, timeout_s=1)
+        cases.size_per_rank_call(CWCase(2, 48, T0, {"t0": [0, 1]}), sizes)
