@@ -333,8 +333,9 @@ def run_placement_experiment(
     uneven_case = table.case(ranks, paths=("reference",), widths={"t0": list(table.uneven_widths)})
     traffic_cases, sources, planned = _traffic_cases(table, traffic_batch) if traffic_batch else ([], [], [])
     pooled_calls = [(pooled_on_rank, (list(ranks), table.embedding_dim, table.seed))] if traffic_batch else []
-    spr_case = table.case(range(len(size_per_rank or [])))
-    uneven_calls = [] if size_per_rank is None else [size_per_rank_call(spr_case, size_per_rank)]
+    uneven_calls = []  # torchrec's own uneven plan: shard i on rank i
+    if size_per_rank is not None:
+        uneven_calls = [size_per_rank_call(table.case(range(len(size_per_rank))), size_per_rank)]
     extra = pooled_calls + uneven_calls  # torchrec's uneven plan may break the process group: it runs last
     cases, n = [seed_case, uneven_case, *traffic_cases], len(traffic_cases)
 
