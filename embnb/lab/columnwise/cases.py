@@ -17,20 +17,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from embnb import _torchrec_private as private
 from embnb._checks import check_choice, check_int
-from embnb._torchrec_private import (
-    features_to_permute_indices,
-    local_embedding_dim,
-    set_features_to_permute_indices,
-)
+from embnb.columnwise import placement as cw
+from embnb.columnwise import torchrec_adapter as adapter
 from embnb.columnwise.lookup import cw_sequence_lookup, local_shards
-from embnb.columnwise.placement import check_shard_ranks, check_widths, concat_in_rank_order, equal_widths
-from embnb.columnwise.torchrec_adapter import (
-    check_torchrec_placements,
-    compute_kernel_for,
-    shard_cw,
-    torchrec_permute_indices,
-)
 from embnb.dist import launch_each, rank_device
 
 if TYPE_CHECKING:
@@ -113,7 +104,7 @@ class CWCase:
             check_int(f"{table.name}.num_embeddings", table.num_embeddings, low=1)
             if not table.feature_names:
                 raise ValueError(f"table {table.name!r} has no feature_names")
-            check_shard_ranks(self.placements[table.name], self.world_size)
+            cw.check_shard_ranks(self.placements[table.name], self.world_size)
             self.shard_widths(table.name)  # raises on widths that do not fit
         if not self.paths or set(self.paths) - set(PATHS):
             raise ValueError(f"paths {self.paths!r}: each must be 'reference' or 'torchrec'")
@@ -122,7 +113,9 @@ class CWCase:
         """Why torchrec's ShardedEmbeddingCollection cannot run this case (uneven, unaligned or mixed
         shard widths: embnb's check), or None."""
         try:
-            check_torchrec_placements(self.embedding_dim, self.placements, self.world_size, self.widths)
+            adapter.check_torchrec_placements(
+                self.embedding_dim, self.placements, self.world_size, self.widths
+            )
         except ValueError as exc:
             return str(exc)
         return None
@@ -130,8 +123,8 @@ class CWCase:
     def shard_widths(self, table: str) -> list[int]:
         num_shards = len(self.placements[table])
         if table in self.widths:
-            return check_widths(self.widths[table], self.embedding_dim, num_shards)
-        return equal_widths(self.embedding_dim, num_shards)
+            return cw.check_widths(self.widths[table], self.embedding_dim, num_shards)
+        return cw.equal_widths(self.embedding_dim, num_shards)
 
     def feature_names(self) -> list[str]:
         """Every feature once, in the order tables name them (the KJT's keys)."""
@@ -236,19 +229,19 @@ def _reference_forward(case: CWCase, ec, features, group, result: RankOutputs) -
 def _torchrec_forward(case: CWCase, ec, features, group, result: RankOutputs) -> None:
     """torchrec's sharded module: one step, a warm step recorded, then one with its permute (a private
     field) emptied for that call and restored: the outputs in rank order, as before torchrec stitched them."""
-    sharded = shard_cw(ec, case.placements, group)
+    sharded = adapter.shard_cw(ec, case.placements, group)
     result.torchrec = _plain(sharded(features).wait())
     with recorded_all_to_all() as sent:
         sharded(features).wait()
     result.traffic["torchrec"] = asdict(sent)
-    saved = features_to_permute_indices(sharded)
-    set_features_to_permute_indices(sharded, {})
+    saved = private.features_to_permute_indices(sharded)
+    private.set_features_to_permute_indices(sharded, {})
     try:
         result.torchrec_unpermuted = _plain(sharded(features).wait())
     finally:
-        set_features_to_permute_indices(sharded, saved)
-    result.torchrec_permute = torchrec_permute_indices(sharded)
-    result.compute_kernel = compute_kernel_for(rank_device(group).type)
+        private.set_features_to_permute_indices(sharded, saved)
+    result.torchrec_permute = adapter.torchrec_permute_indices(sharded)
+    result.compute_kernel = adapter.compute_kernel_for(rank_device(group).type)
 
 
 def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | None:
@@ -285,7 +278,7 @@ class CWRun:
 
     def _output(self, rank: RankOutputs, path: str, name: str) -> torch.Tensor:
         if check_choice("path", path, PATHS + UNPERMUTED + ("naive",)) == "naive":
-            return concat_in_rank_order(rank.rank_ordered[name])
+            return cw.concat_in_rank_order(rank.rank_ordered[name])
         return getattr(rank, path)[name][1]
 
     def matches(self, path: str) -> bool:
@@ -369,16 +362,14 @@ def _torchrec_size_per_rank_on_rank(
     own, local = (sizes[rank] if rank < len(sizes) else 0), None
     try:
         with torch.no_grad():
-            sharded = shard_cw(ec, case.placements, size_per_rank=sizes)
-            local = local_embedding_dim(sharded)
+            sharded = adapter.shard_cw(ec, case.placements, size_per_rank=sizes)
+            local = private.local_embedding_dim(sharded)
             got = _plain(sharded(features).wait())
     except Exception as error:  # torchrec's own failure is the result; the peer fails at the same step
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torchrec/" in f.filename]
-        where = (
-            f"torchrec/{frames[-1].filename.rsplit('/torchrec/', 1)[1]}:{frames[-1].lineno}"
-            if frames
-            else None
-        )
+        frame = (
+            [f for f in traceback.extract_tb(error.__traceback__) if "/torchrec/" in f.filename] or [None]
+        )[-1]
+        where = frame and f"torchrec/{frame.filename.rsplit('/torchrec/', 1)[1]}:{frame.lineno}"
         text = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
         return TorchrecOutcome(text, None, None, where, own, local)
     want = unsharded_outputs(case)[rank]
@@ -401,4 +392,3 @@ def size_per_rank_call(case: CWCase, size_per_rank: Sequence[int]) -> tuple:
             f"size_per_rank {sizes} puts shard i on rank i: needs {len(sizes)} ranks, has {case.world_size}"
         )
     return (_torchrec_size_per_rank_on_rank, (case, sizes))
-

@@ -18,14 +18,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from embnb.columnwise.placement import (
-    check_shard_ranks,
-    check_widths,
-    column_offsets,
-    cw_permute_indices,
-    equal_widths,
-    rank_order,
-)
+from embnb.columnwise import placement as cw
 from embnb.columnwise.torchrec_adapter import compute_kernel_for, fbgemm_cuda_problem
 from embnb.dist import DevicePlan, device_plan, launch_each
 from embnb.lab.columnwise import torchrec_layouts as layouts
@@ -42,26 +35,32 @@ from embnb.lab.columnwise.pooled import PooledRun, pooled_on_rank
 from embnb.lab.columnwise.traffic import PlannerBytes, planner_bytes_at, traffic_check_table, traffic_table
 
 FEATURE = "f0"  # the experiment's one table "t0" serves one feature
+PATH_TITLES = {
+    "naive": "embnb: naive concatenation in rank order",
+    "reference": "embnb reference (permuted)",
+    "torchrec": "torchrec ShardedEmbeddingCollection",
+    "torchrec_unpermuted": "torchrec, its permute switched off",
+}
 
 
 def shard_table(shard_ranks: Sequence[int], widths: Sequence[int]) -> pd.DataFrame:
     """One row per shard: its columns, its rank and where it arrives."""
-    ranks = check_shard_ranks(shard_ranks)
-    widths = check_widths(widths, sum(widths), len(ranks))
-    columns = [f"{o}..{o + w - 1}" for o, w in zip(column_offsets(widths), widths)]
-    arrives = [rank_order(ranks).index(s) for s in range(len(ranks))]
+    ranks = cw.check_shard_ranks(shard_ranks)
+    widths = cw.check_widths(widths, sum(widths), len(ranks))
+    columns = [f"{o}..{o + w - 1}" for o, w in zip(cw.column_offsets(widths), widths)]
+    arrives = [cw.rank_order(ranks).index(s) for s in range(len(ranks))]
     data = {"columns": columns, "rank": ranks, "arrives at position": arrives}
     return pd.DataFrame(data, index=[f"s{s}" for s in range(len(ranks))])
 
 
 def permute_derivation(shard_ranks: Sequence[int]) -> pd.DataFrame:
     """Each shard's permute index next to its two parts: shards on lower ranks, earlier ones on its own."""
-    ranks = check_shard_ranks(shard_ranks)
+    ranks = cw.check_shard_ranks(shard_ranks)
     data = {
         "rank": ranks,
         "shards on lower ranks": [sum(r < rank for r in ranks) for rank in ranks],
         "earlier shards, same rank": [ranks[:s].count(rank) for s, rank in enumerate(ranks)],
-        "permute[s]": cw_permute_indices(ranks),
+        "permute[s]": cw.cw_permute_indices(ranks),
     }
     return pd.DataFrame(data, index=[f"s{s}" for s in range(len(ranks))])
 
@@ -168,41 +167,27 @@ class PlacementExperiment:
     pooled: PooledRun | None
     run_seconds: float  # the launches, including process start
 
+    def _paths(self, *paths: str) -> dict[str, str]:  # title -> CWRun path, of those that ran
+        ran = [p for p in paths if self.seed.torchrec_skipped is None or not p.startswith("torchrec")]
+        return {PATH_TITLES[p]: p for p in ran}
+
     def checks_table(self) -> pd.DataFrame:
         """Does each stitching equal the unsharded EmbeddingCollection, and by how much not."""
-        paths = {
-            "embnb: naive concatenation in rank order": "naive",
-            "embnb reference (permuted)": "reference",
-        }
-        if self.seed.torchrec_skipped is None:
-            paths["torchrec ShardedEmbeddingCollection"] = "torchrec"
-            paths["torchrec, its permute switched off"] = "torchrec_unpermuted"
-        data = {
-            "equals unsharded": [self.seed_run.matches(p) for p in paths.values()],
-            "max |error|": [self.seed_run.max_abs_error(p) for p in paths.values()],
-        }
+        paths = self._paths("naive", "reference", "torchrec", "torchrec_unpermuted")
+        data = {"equals unsharded": [self.seed_run.matches(p) for p in paths.values()]}
+        data["max |error|"] = [self.seed_run.max_abs_error(p) for p in paths.values()]
         return pd.DataFrame(data, index=list(paths))
 
     def error_panels(self) -> dict[str, torch.Tensor]:
         """|output - unsharded| per looked-up id of the wrong stitchings (the exact paths are all zeros)."""
-        wrong = {"embnb: naive concatenation in rank order": "naive"}
-        if self.seed.torchrec_skipped is None:
-            wrong["torchrec, its permute switched off"] = "torchrec_unpermuted"
-        return {title: self.seed_run.abs_errors(path, FEATURE) for title, path in wrong.items()}
+        paths = self._paths("naive", "torchrec_unpermuted")
+        return {title: self.seed_run.abs_errors(path, FEATURE) for title, path in paths.items()}
 
     def traffic_table(self) -> pd.DataFrame:
         return traffic_table(self.traffic_runs, self.traffic_sources)
 
     def traffic_check_table(self) -> pd.DataFrame:
         return traffic_check_table(self.traffic_table(), self.seed.world_size)
-
-    def uneven_outcome_table(self) -> pd.DataFrame:
-        """Per rank, torchrec's `column_wise(size_per_rank=...)` run: columns held, local width, outcome."""
-        outcomes = self.torchrec_uneven or []
-        data = {"columns held": [o.own_width for o in outcomes]}
-        data["torchrec's local width"] = [o.local_embedding_dim for o in outcomes]
-        data["outcome"] = [o.describe() for o in outcomes]
-        return pd.DataFrame(data, index=pd.Index(range(len(outcomes)), name="rank"))
 
     def summary(self) -> str:
         s, u = self.seed, self.uneven
@@ -252,7 +237,7 @@ def _traffic_cases(table: SeedTable, batch: TrafficBatch) -> tuple[list[CWCase],
     w = table.world_size
     planned = [layouts.planner_cw_layout(d, batch.num_embeddings, w) for d in batch.planner_dims]
     for layout in planned:  # torchrec's planner cuts equal blocks; column_wise(ranks=...) makes the same
-        if layout.widths != equal_widths(layout.embedding_dim, len(layout.ranks)):
+        if layout.widths != cw.equal_widths(layout.embedding_dim, len(layout.ranks)):
             raise ValueError(f"torchrec's planner made uneven widths {layout.widths}: not a case this runs")
     placements = [(batch.teaching_dim, [s % w for s in range(n)], "teaching") for n in batch.teaching_shards]
     placements += [(p.embedding_dim, p.ranks, "torchrec planner") for p in planned]
@@ -285,7 +270,7 @@ def _traffic_results(runs: list[CWRun], sources: list[str], planned: list, batch
 def _seed_results(run: CWRun, plan: DevicePlan, torchrec_device: str, note: str | None) -> SeedResults:
     case, ran = run.case, "torchrec" in run.case.paths
     ranks = case.placements["t0"]
-    permute = cw_permute_indices(ranks)
+    permute = cw.cw_permute_indices(ranks)
     results = SeedResults(
         case.world_size,
         case.embedding_dim,
@@ -296,7 +281,7 @@ def _seed_results(run: CWRun, plan: DevicePlan, torchrec_device: str, note: str 
         compute_kernel_for(torchrec_device),
         torchrec_device,
         note and f"torchrec's path ran on the CPU: {note}",
-        rank_order(ranks),
+        cw.rank_order(ranks),
         permute,
         [len(batch[FEATURE][1]) for batch in make_batches(case)],
         run.matches("naive"),
@@ -325,8 +310,8 @@ def run_placement_experiment(
     layouts (both paths, traffic recorded) and torchrec's pooled path; all in one launch on `world_size`
     ranks. Then, with `size_per_rank`, torchrec's uneven column_wise plan in a launch of its own."""
     plan = device_plan(device, table.world_size)
-    ranks = check_shard_ranks(table.shard_ranks, table.world_size)
-    equal_widths(table.embedding_dim, len(ranks))  # the seed case's widths: refuse before building cases
+    ranks = cw.check_shard_ranks(table.shard_ranks, table.world_size)
+    cw.equal_widths(table.embedding_dim, len(ranks))  # the seed case's widths: refuse before building cases
     seed_case = table.case(ranks)
     if seed_case.torchrec_problem() is not None:
         seed_case = table.case(ranks, paths=("reference",))
