@@ -1,8 +1,8 @@
 """Notebook 02's experiment: one placement on real ranks through embnb's CW lookup and torchrec's
 ShardedEmbeddingCollection (also with its permute switched off), the same placement with uneven widths
-(embnb's path), layouts whose all-to-all bytes are recorded on a batch of realistic size, and torchrec's
-pooled CW path, in one launch; then torchrec's own `column_wise(size_per_rank=...)` (it fails on some
-ranks). Its numbers are gathered per section in dataclasses; the results JSON is their `asdict`.
+(embnb's path), layouts whose all-to-all bytes are recorded on a batch of realistic size, torchrec's
+pooled CW path and, last, torchrec's own `column_wise(size_per_rank=...)` (it fails), in one launch on CPU.
+Its numbers are gathered per section in dataclasses; the results JSON is their `asdict`.
 
     experiment = run_placement_experiment(SeedTable(2, 12, [0, 1, 0], [2, 7, 3]), "cpu", TrafficBatch())
     experiment.checks_table(); experiment.results(notebook_seconds=12.3)
@@ -307,8 +307,8 @@ def run_placement_experiment(
 ) -> PlacementExperiment:
     """Run `table` column-wise on its `shard_ranks` with equal widths (both paths, unless torchrec cannot
     take the placement) and with `uneven_widths` (embnb's path); with `traffic_batch`, the byte count's
-    layouts (both paths, traffic recorded) and torchrec's pooled path; all in one launch on `world_size`
-    ranks. Then, with `size_per_rank`, torchrec's uneven column_wise plan in a launch of its own."""
+    layouts (both paths, traffic recorded) and torchrec's pooled path; and with `size_per_rank`, torchrec's
+    uneven column_wise plan, last (it breaks the process group): on CPU all in one launch of `world_size`."""
     plan = device_plan(device, table.world_size)
     ranks = cw.check_shard_ranks(table.shard_ranks, table.world_size)
     cw.equal_widths(table.embedding_dim, len(ranks))  # the seed case's widths: refuse before building cases
