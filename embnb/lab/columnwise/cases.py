@@ -37,7 +37,6 @@ Batch = dict[str, tuple[torch.Tensor, torch.Tensor]]  # feature -> (lengths, ids
 class Traffic:
     """What one rank sent through all_to_all_single (its inputs, all destinations, itself included)."""
 
-    calls: int = 0
     int_elements: int = 0  # ids, lengths, split counts
     float_elements: int = 0  # embedding rows' values
     int_bytes: int = 0
@@ -45,7 +44,6 @@ class Traffic:
 
     def add(self, sent: torch.Tensor) -> None:
         kind = "float" if sent.is_floating_point() else "int"
-        self.calls += 1
         setattr(self, f"{kind}_elements", getattr(self, f"{kind}_elements") + sent.numel())
         setattr(self, f"{kind}_bytes", getattr(self, f"{kind}_bytes") + sent.numel() * sent.element_size())
 
@@ -201,7 +199,6 @@ def unsharded_outputs(case: CWCase) -> list[Outputs]:
 class RankOutputs:
     """What one rank returned for a case; a path the case did not run is None."""
 
-    device: str  # where the rank computed: "cpu" or "cuda"
     reference: Outputs | None = None  # embnb's CW lookup
     rank_ordered: dict[str, list[torch.Tensor]] | None = None  # its shard outputs, in arrival order
     torchrec: Outputs | None = None  # ShardedEmbeddingCollection
@@ -256,7 +253,7 @@ def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | 
         device = rank_device(group)
         ec = make_embedding_collection(case, device)
         features = to_kjt(make_batches(case)[rank], device)
-        result = RankOutputs(device.type)
+        result = RankOutputs()
         with torch.no_grad():
             if "reference" in case.paths:
                 with recorded_all_to_all() as sent:
