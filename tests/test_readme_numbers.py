@@ -58,7 +58,7 @@ def test_01_stride_12_on_8_ranks():
 def test_02_permute_and_bytes_at_torchrecs_own_layouts_on_8_ranks():
     from embnb.columnwise import cw_permute_indices
     from embnb.lab.columnwise.cases import CWCase, TableSpec, make_batches
-    from embnb.lab.columnwise.traffic_tables import planner_bytes_at
+    from embnb.lab.columnwise.traffic import planner_bytes_at
 
     p = _defaults("02_cw_permute_indices")
     finding = _row("02_cw_permute_indices")[2]
@@ -81,7 +81,7 @@ def test_02_permute_and_bytes_at_torchrecs_own_layouts_on_8_ranks():
         round(sum(ids) / len(ids)),
         p["traffic_batch_size"],
     )
-    ratios = sorted({f"{r:.4f}" for r in counted["torchrec / embnb"]})
+    ratios = sorted({f"{r['torchrec / embnb']:.4f}" for r in counted.rows})
     stated = ratios[0] if len(ratios) == 1 else f"{ratios[0]}-{ratios[-1]}"
     assert f"on {p['count_world_size']} ranks its all-to-alls carry {stated}x embnb's bytes" in finding
 

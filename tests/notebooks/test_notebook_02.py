@@ -15,7 +15,7 @@ import torchrec
 from embnb.lab.columnwise.cases import CWCase, TableSpec, make_batches
 
 WORLD_SIZE, BATCH_SIZE, MAX_LENGTH = 2, 4, 3
-TRAFFIC_SHARDS = [2, 4, 6]
+TRAFFIC_SHARDS = [2, 6]  # 2 shards on 2 ranks (each id twice either way) and 6 narrow ones
 TRAFFIC = {"traffic_batch_size": 32, "traffic_max_length": 80, "traffic_num_embeddings": 500}
 PLANNER_DIMS = [256, 512]
 PARAMETERS = {

@@ -1,13 +1,19 @@
-"""Notebook 02's layer over `embnb.columnwise` (import each from its module):
-
-- `traffic`: what each path sends, recorded from `all_to_all_single`'s inputs,
-  and `wire_bytes`, the byte count of what each path puts on the wire;
-- `traffic_tables`: the byte count per layout as tables and sentences;
-- `torchrec_layouts`: the CW layouts torchrec's planner makes, and where in
-  torchrec's source an EmbeddingCollection meets uneven widths;
-- `cases`: `CWCase`/`TableSpec` and `run_cw_cases`, which runs cases on real
-  ranks through both paths next to the unsharded EmbeddingCollection (and
-  torchrec with its permute off); `run_torchrec_size_per_rank`;
-- `experiment`: the run of one placement and its results;
-- `plots` and `widgets`: the figures and the placement explorer.
+"""Notebook 02's layer over `embnb.columnwise`: `cases` (runs on real ranks, both paths, traffic recorded),
+`experiment` (the notebook's run, its numbers per section), `traffic` (the byte count), `torchrec_layouts`
+(what torchrec's planner and source do), `pooled`, `reference` (the page's core, checked), `plots`, `widgets`.
 """
+
+
+def start_rank_server(device: str) -> None:
+    """Start the server `embnb.dist` forks CPU ranks from now, in the background, so that it imports torch
+    and torchrec (seconds) while the notebook imports them too, not at the first launch. Call it after
+    `embnb.lab.logs.quiet_torch_fx` (the server keeps the environment it starts with); not for "cuda"
+    (ranks on GPUs are spawned fresh)."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    from embnb.dist import FORKSERVER_PRELOAD
+
+    if device != "cuda" and "forkserver" in multiprocessing.get_all_start_methods():
+        multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+        multiprocessing.forkserver.ensure_running()

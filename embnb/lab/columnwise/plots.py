@@ -1,11 +1,9 @@
-"""Figures of notebook 02 (column-wise sharding): each takes data, returns a Figure.
+"""Figures of notebook 02 (column-wise sharding): each takes data and returns a Figure (shared style from
+`embnb.lab.plotting`). Columns, not ranks, run along these axes.
 
-    fig = column_order_figure([0, 1, 0], [4, 4, 4])    # naive vs permuted stitching
-    fig = lookup_error_figure({"naive": err, "embnb": err2}, [0, 4, 8], rows_per_rank=[5, 3])
-    fig = traffic_figure(experiment.traffic_table())  # bytes each path sends per id, by layout
-
-Figures come from `embnb.lab.plotting.new_figure` (the shared style); a notebook
-shows one with `display(fig)`. Columns, not ranks, run along these axes.
+    column_order_figure([0, 1, 0], [4, 4, 4])    # naive vs permuted stitching
+    lookup_error_figure({"naive": err}, [0, 4, 8], rows_per_rank=[5, 3])
+    traffic_figure(experiment.traffic_table())  # bytes each path sends per id, by layout
 """
 
 from __future__ import annotations
@@ -15,102 +13,65 @@ from collections.abc import Mapping, Sequence
 import torch
 from matplotlib.figure import Figure
 
-from embnb.columnwise.placement import (
-    check_shard_ranks,
-    check_widths,
-    concat_in_rank_order,
-    cw_permute_indices,
-    rank_order,
-    rank_ordered_shard_outputs,
-    stitch_cw,
-)
+from embnb.columnwise import placement as cw
 from embnb.lab.plotting import color, new_figure
 
-__all__ = ["column_order_figure", "lookup_error_figure", "traffic_figure"]
-
-COLUMN_CMAP = "viridis"  # column order reads as a smooth ramp, left to right
-ERROR_CMAP = "Reds"  # white = exact
 RIGHT, WRONG = "#2a7d2a", "#c0392b"
+LINE = {"color": "#444444", "linewidth": 1}
+IMAGE = {"aspect": "auto", "interpolation": "nearest"}
 
 
-def _draw_strip(
-    ax, columns: torch.Tensor, labels: list[str], widths: list[int], dim: int, label_colors: list[str]
-) -> None:
-    """One row of cells coloured (and numbered) by the column they came from;
-    shard labels below it in their rank's colour."""
-    ax.imshow(
-        columns.view(1, -1).numpy(),
-        cmap=COLUMN_CMAP,
-        vmin=0,
-        vmax=max(dim - 1, 1),
-        aspect="auto",
-        interpolation="nearest",
-    )
-    if dim <= 40:
-        for x, col in enumerate(columns.tolist()):
-            ax.text(
-                x,
-                0,
-                str(int(col)),
-                ha="center",
-                va="center",
-                fontsize=8,
-                color="white" if col < 0.6 * dim else "black",
-            )
-    starts = [sum(widths[:i]) for i in range(len(widths))]
+def _draw_strip(ax, columns: torch.Tensor, shards: list[int], ranks: list[int], widths: list[int]) -> None:
+    """One row of cells coloured (and numbered) by their source column; under each block, its shard's
+    label in its rank's colour."""
+    dim = sum(widths)
+    ax.imshow(columns.view(1, -1).numpy(), cmap="viridis", vmin=0, vmax=max(dim - 1, 1), **IMAGE)
+    for x, col in enumerate(columns.tolist() if dim <= 40 else []):
+        ax.text(x, 0, str(int(col)), ha="center", va="center", fontsize=8, color="wk"[col >= 0.6 * dim])
+    starts = [sum(widths[s] for s in shards[:i]) for i in range(len(shards))]
     for start in starts[1:]:
         ax.axvline(start - 0.5, color="white", linewidth=3)
-    # Shard names under their blocks, as tick labels.
-    ax.set_xticks([start + width / 2 - 0.5 for start, width in zip(starts, widths)], labels, fontsize=8)
-    for tick, label_color in zip(ax.get_xticklabels(), label_colors):
-        tick.set_color(label_color)
+    labels = [f"s{s} (rank {ranks[s]})" for s in shards]
+    ax.set_xticks([start + widths[s] / 2 - 0.5 for start, s in zip(starts, shards)], labels, fontsize=8)
+    for tick, s in zip(ax.get_xticklabels(), shards):
+        tick.set_color(color(f"rank {ranks[s]}", ranks[s]))
     ax.tick_params(axis="x", length=0)
     ax.set_yticks([])
 
 
 def column_order_figure(
-    shard_ranks: Sequence[int],
-    widths: Sequence[int],
-    title: str | None = None,
+    shard_ranks: Sequence[int], widths: Sequence[int], title: str | None = None
 ) -> Figure:
-    """Three strips of one looked-up row whose values are their column
-    indices: the unsharded row, the naive concatenation in rank order, and
-    the permuted one. A right stitching reads 0, 1, 2, ... left to right."""
-    ranks = check_shard_ranks(shard_ranks)
-    widths = check_widths(widths, sum(widths) if widths else 0, len(ranks))
+    """Three strips of one looked-up row whose values are their column indices: the unsharded row, the
+    naive concatenation in rank order, and the permuted one. A right stitching reads 0, 1, 2, ..."""
+    ranks = cw.check_shard_ranks(shard_ranks)
+    widths = cw.check_widths(widths, sum(widths) if widths else 0, len(ranks))
     dim = sum(widths)
     columns = torch.arange(dim, dtype=torch.float32).view(1, dim)
-    arrived = rank_ordered_shard_outputs(columns, ranks, widths)
-    order, permute = rank_order(ranks), cw_permute_indices(ranks)
-    naive, stitched = concat_in_rank_order(arrived), stitch_cw(arrived, ranks)
+    arrived = cw.rank_ordered_shard_outputs(columns, ranks, widths)
+    order, in_order = cw.rank_order(ranks), list(range(len(ranks)))
+    naive = cw.concat_in_rank_order(arrived)
     naive_right = torch.equal(naive, columns)
-
-    def label(s: int) -> str:
-        return f"s{s} (rank {ranks[s]})"
-
-    fig = new_figure(min(max(7.0, 2.4 + 0.42 * dim), 16), 4.2)
-    axes = fig.subplots(3, 1)
+    verdict = "right only because the ranks are sorted" if naive_right else "WRONG"
     strips = [
-        ("unsharded EmbeddingCollection (column order)", columns, list(range(len(ranks))), "black"),
+        ("unsharded EmbeddingCollection (column order)", columns, in_order, "black"),
         (
-            f"naive: concatenate in arrival (rank) order {order} — "
-            + ("right only because the ranks are sorted" if naive_right else "WRONG"),
+            f"naive: concatenate in arrival (rank) order {order} — {verdict}",
             naive,
             order,
-            RIGHT if naive_right else WRONG,
+            (WRONG, RIGHT)[naive_right],
         ),
-        (f"permute {permute}, then concatenate — right", stitched, list(range(len(ranks))), RIGHT),
+        (
+            f"permute {cw.cw_permute_indices(ranks)}, then concatenate — right",
+            cw.stitch_cw(arrived, ranks),
+            in_order,
+            RIGHT,
+        ),
     ]
-    for ax, (text, row, shard_order, verdict_color) in zip(axes, strips):
-        _draw_strip(
-            ax,
-            row[0],
-            [label(s) for s in shard_order],
-            [widths[s] for s in shard_order],
-            dim,
-            [color(f"rank {ranks[s]}", ranks[s]) for s in shard_order],
-        )
-        ax.set_title(text, loc="left", fontsize=9, color=verdict_color)
+    fig = new_figure(min(max(7.0, 2.4 + 0.42 * dim), 16), 4.2)
+    for ax, (text, row, shards, text_color) in zip(fig.subplots(3, 1), strips):
+        _draw_strip(ax, row[0], shards, ranks, widths)
+        ax.set_title(text, loc="left", fontsize=9, color=text_color)
     fig.suptitle(title or f"shard_ranks {ranks}, widths {widths}: cell = source column", fontsize=10)
     return fig
 
@@ -121,10 +82,9 @@ def lookup_error_figure(
     title: str | None = None,
     rows_per_rank: Sequence[int] = (),
 ) -> Figure:
-    """|output - unsharded| per looked-up row (y) and column (x), one panel
-    per path, on one colour scale; white is exact. `shard_offsets` draws the
-    first column of each shard; `rows_per_rank` (ids looked up by each rank,
-    in rank order) labels the y axis by rank and draws where ranks change."""
+    """|output - unsharded| per looked-up row (y) and column (x), a panel per path, one colour scale (white
+    is exact). `shard_offsets`: each shard's first column, dashed; `rows_per_rank`: ids looked up by each
+    rank, in rank order, labels the y axis by rank with a line where ranks change."""
     if not errors:
         raise ValueError("errors is empty: nothing to plot")
     shapes = {tuple(e.shape) for e in errors.values()}
@@ -134,29 +94,21 @@ def lookup_error_figure(
     vmax = max([float(e.max()) for e in errors.values() if e.numel()] + [1e-6])
     fig = new_figure(min(2.4 + 0.3 * dim, 16), 0.9 + len(errors) * (0.6 + 0.16 * min(rows, 40)))
     axes = fig.subplots(len(errors), 1, squeeze=False)[:, 0]
-    image = None
+    starts = [sum(rows_per_rank[:r]) for r in range(len(rows_per_rank))]
     for ax, (name, error) in zip(axes, errors.items()):
         worst = float(error.max()) if error.numel() else 0.0
-        image = ax.imshow(
-            error.numpy(), cmap=ERROR_CMAP, vmin=0, vmax=vmax, aspect="auto", interpolation="nearest"
-        )
+        image = ax.imshow(error.numpy(), cmap="Reds", vmin=0, vmax=vmax, **IMAGE)
         for offset in shard_offsets:
             if 0 < offset < dim:
-                ax.axvline(offset - 0.5, color="#444444", linewidth=1, linestyle="--")
-        ax.set_title(
-            f"{name}: max |error| = {worst:.3g}" + ("  (exact)" if worst == 0 else ""),
-            loc="left",
-            fontsize=9,
-            color=RIGHT if worst == 0 else WRONG,
-        )
+                ax.axvline(offset - 0.5, linestyle="--", **LINE)
+        title_color = RIGHT if worst == 0 else WRONG
+        exact = "  (exact)" if worst == 0 else ""
+        ax.set_title(f"{name}: max |error| = {worst:.3g}{exact}", loc="left", fontsize=9, color=title_color)
         ax.set_ylabel("looked-up id")
-        starts = [sum(rows_per_rank[:r]) for r in range(len(rows_per_rank))]
-        ax.set_yticks(
-            [s + (n - 1) / 2 for s, n in zip(starts, rows_per_rank)],
-            [f"rank {r}" for r in range(len(starts))],
-        )
+        ranks = [f"rank {r}" for r in range(len(starts))]
+        ax.set_yticks([s + (n - 1) / 2 for s, n in zip(starts, rows_per_rank)], ranks)
         for start in starts[1:]:
-            ax.axhline(start - 0.5, color="#444444", linewidth=1)
+            ax.axhline(start - 0.5, **LINE)
         ax.set_xticks(range(dim))
     axes[-1].set_xlabel("embedding column (dashed: shard starts)")
     fig.colorbar(image, ax=list(axes), label="|output − unsharded|", shrink=0.9)
@@ -166,49 +118,31 @@ def lookup_error_figure(
 
 
 def traffic_figure(table, title: str | None = None) -> Figure:
-    """Bytes per looked-up id that each path sent in one forward
-    (`PlacementExperiment.traffic_table`), one panel per source of layouts:
-    a bar per path and layout, row values at the bottom (the same for both
-    paths) and integers (ids, lengths, split counts) stacked on top, labelled
-    with their share of the row bytes."""
+    """Bytes per looked-up id each path sent in one forward (`traffic.traffic_table`), a panel per source
+    of layouts: a bar per path and layout, row values at the bottom (the same for both paths) and integers
+    (ids, lengths, split counts) stacked on top, labelled with their share of the row bytes."""
     if table.empty:
         raise ValueError("table is empty: nothing to plot")
     sources = list(dict.fromkeys(table["source"]))
     fig = new_figure(max(8.0, 4.4 * len(sources)), 3.9)
     axes = fig.subplots(1, len(sources), squeeze=False)[0]
-    bar_width = 0.38
     for ax, source in zip(axes, sources):
         part = table[table["source"] == source]
         for i, path in enumerate(("torchrec", "embnb")):
-            where = [x + (i - 0.5) * bar_width for x in range(len(part))]
-            rows, ints = part["rows B/id"].tolist(), part[f"{path} int B/id"].tolist()
-            path_color = color(path, i)
-            ax.bar(where, rows, bar_width, color=path_color, alpha=0.3, label=f"{path}: row values")
-            ax.bar(
-                where, ints, bar_width, bottom=rows, color=path_color, label=f"{path}: ids, lengths, counts"
-            )
+            where = [x + (i - 0.5) * 0.38 for x in range(len(part))]
+            rows, ints, c = part["rows B/id"].tolist(), part[f"{path} int B/id"].tolist(), color(path, i)
+            ax.bar(where, rows, 0.38, color=c, alpha=0.3, label=f"{path}: row values")
+            ax.bar(where, ints, 0.38, bottom=rows, color=c, label=f"{path}: ids, lengths, counts")
             for x, r, n in zip(where, rows, ints):
-                ax.annotate(
-                    f"+{n / r:.1%}",
-                    (x, r + n),
-                    xytext=(0, 2),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                    color=path_color,
-                )
+                offset = {"xytext": (0, 2), "textcoords": "offset points", "ha": "center", "va": "bottom"}
+                ax.annotate(f"+{n / r:.1%}", (x, r + n), fontsize=7, color=c, **offset)
         ax.set_xticks(range(len(part)), list(part.index), fontsize=8)
         ax.set_xlabel("layout: D = shards x columns per shard")
-        dims = sorted(set(part["embedding_dim"]))
-        ax.set_title(f"{source} (D = {', '.join(map(str, dims))})", fontsize=9)
+        ax.set_title(f"{source} (D = {', '.join(map(str, sorted(set(part['embedding_dim']))))})", fontsize=9)
         ax.set_ylim(0, 1.15 * max(part["rows B/id"] + part["torchrec int B/id"]))
     axes[0].set_ylabel("bytes sent per looked-up id")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=8)
-    fig.suptitle(
-        (title + ": " if title else "") + "bytes per looked-up id, all ranks, one forward "
-        "(labels: integers as a share of the row bytes)",
-        fontsize=10,
-    )
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=8)
+    prefix = title + ": " if title else ""
+    what = "bytes per looked-up id, all ranks, one forward (labels: integers as a share of the row bytes)"
+    fig.suptitle(prefix + what, fontsize=10)
     return fig

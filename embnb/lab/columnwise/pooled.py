@@ -1,10 +1,7 @@
-"""Notebook 02's pooled column-wise path: torchrec's EmbeddingBagCollection
-(one pooled vector per bag, the more common module), sharded column-wise on
-real ranks and checked against the unsharded module. Its output all-to-all
-also returns the shards in rank order, and torchrec puts them back with a
-permute of its own: `CwPooledEmbeddingSharding.create_output_dist` appends
-FBGEMM's `PermutePooledEmbeddingsSplit` over the shards' column order
-(`_init_combined_embeddings`), where the placement needs one.
+"""torchrec's pooled column-wise path, run: an EmbeddingBagCollection (one pooled vector per bag, the more
+common module) sharded column-wise on real ranks, against the unsharded module. Its output all-to-all also
+returns shards in rank order; torchrec puts them back with FBGEMM's `PermutePooledEmbeddingsSplit`
+(`torchrec_layouts.POOLED_PERMUTE_STEPS`).
 
     run = run_pooled([0, 1, 0], world_size=2, embedding_dim=12)
     run.matches, run.sentence()
@@ -21,32 +18,19 @@ import torch.distributed as dist
 from embnb._checks import check_int
 from embnb.columnwise import cw_permute_indices
 from embnb.dist import launch
-from embnb.lab.columnwise.torchrec_layouts import SourcePlace, source_place
-
-__all__ = ["PooledRun", "run_pooled", "permute_places"]
 
 NUM_ROWS, BAGS, MAX_BAG = 50, 8, 5  # each rank's batch: BAGS bags of 0..MAX_BAG ids
 
 
-def permute_places() -> list[SourcePlace]:
-    """The lines of the installed torchrec where the pooled CW output is permuted."""
-    module = "torchrec.distributed.sharding.cw_sharding"
-    return [
-        source_place(module, "BaseCwEmbeddingSharding._init_combined_embeddings", "embedding_order.extend("),
-        source_place(module, "CwPooledEmbeddingSharding.create_output_dist", "PermutePooledEmbeddingsSplit("),
-    ]
-
-
-def _pooled_on_rank(rank: int, world_size: int, ranks: list[int], embedding_dim: int, seed: int) -> float:
+def pooled_on_rank(rank: int, world_size: int, ranks: list[int], embedding_dim: int, seed: int) -> float:
+    """Per rank: max |sharded EBC's pooled output - the unsharded EBC's| on this rank's bags."""
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
     from torchrec.distributed.types import ShardingEnv
 
     torch.manual_seed(seed)  # the same weights on every rank
-    config = EmbeddingBagConfig(
-        name="t0", embedding_dim=embedding_dim, num_embeddings=NUM_ROWS, feature_names=["f0"]
-    )
+    config = EmbeddingBagConfig(NUM_ROWS, embedding_dim, "t0", feature_names=["f0"])
     ebc = EmbeddingBagCollection(tables=[config], device=torch.device("cpu"))
     generator = torch.Generator().manual_seed(seed * 1000 + rank)  # each rank its own bags
     lengths = torch.randint(0, MAX_BAG + 1, (BAGS,), generator=generator)
@@ -63,13 +47,11 @@ def _pooled_on_rank(rank: int, world_size: int, ranks: list[int], embedding_dim:
         world_size=world_size,
         device_type="cpu",
     )
-    sharded = sharder.shard(
-        ebc, plan, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu")
-    )
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    sharded = sharder.shard(ebc, plan, env=env, device=torch.device("cpu"))
     sharded.load_state_dict(ebc.state_dict())
     with torch.no_grad():
-        got = sharded(kjt).wait().values()
-    return float((got - expected).abs().max())
+        return float((sharded(kjt).wait().values() - expected).abs().max())
 
 
 @dataclass(frozen=True)
@@ -100,6 +82,5 @@ class PooledRun:
 def run_pooled(shard_ranks: Sequence[int], world_size: int, embedding_dim: int, seed: int = 0) -> PooledRun:
     """torchrec's pooled CW path on `world_size` CPU gloo ranks (one launch)."""
     check_int("embedding_dim", embedding_dim, low=1)
-    ranks = list(shard_ranks)
-    errors = launch(_pooled_on_rank, world_size, ranks, embedding_dim, seed, device="cpu")
-    return PooledRun(ranks, world_size, embedding_dim, errors)
+    errors = launch(pooled_on_rank, world_size, list(shard_ranks), embedding_dim, seed, device="cpu")
+    return PooledRun(list(shard_ranks), world_size, embedding_dim, errors)

@@ -1,75 +1,19 @@
-"""What a CW lookup sends: every `all_to_all_single` a rank calls during one
-forward, measured from the collective's input tensors, and the byte count
-that follows from what each path puts on the wire.
-
-    with recorded_all_to_all() as sent:
-        sharded(features).wait()
-    sent.int_bytes, sent.float_bytes, sent.calls
-
-torchrec (its KJT and embedding all-to-alls) and embnb (`embnb.collectives.exchange`)
-both call `torch.distributed.all_to_all_single`, so one recorder sees both
-paths. Integer inputs are ids, lengths and split counts; floating inputs are
-embedding rows.
-"""
+"""Notebook 02's byte count: what each path sent per layout (recorded by `cases.recorded_all_to_all`), the
+count of what each path puts on the wire (`wire_bytes`) next to it, and the same count at the layouts
+torchrec's planner makes on more ranks (`planner_bytes_at`: a count, no ranks run)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
+import pandas as pd
 
 from embnb._checks import check_int
+from embnb.lab.columnwise.cases import CWRun, make_batches
+from embnb.lab.columnwise.torchrec_layouts import planner_cw_layout
 
-__all__ = ["Traffic", "recorded_all_to_all", "WireBytes", "wire_bytes"]
-
-
-@dataclass
-class Traffic:
-    """What one rank sent through all_to_all_single (its inputs, all destinations, itself included)."""
-
-    calls: int = 0
-    int_elements: int = 0  # ids, lengths, split counts
-    float_elements: int = 0  # embedding rows' values
-    int_bytes: int = 0
-    float_bytes: int = 0
-
-    @property
-    def bytes(self) -> int:
-        return self.int_bytes + self.float_bytes
-
-    def add(self, sent: torch.Tensor) -> None:
-        self.calls += 1
-        size = sent.numel() * sent.element_size()
-        if sent.is_floating_point():
-            self.float_elements += sent.numel()
-            self.float_bytes += size
-        else:
-            self.int_elements += sent.numel()
-            self.int_bytes += size
-
-    def as_dict(self) -> dict[str, int]:
-        return {**asdict(self), "bytes": self.bytes}
-
-
-@contextlib.contextmanager
-def recorded_all_to_all() -> Iterator[Traffic]:
-    """Record every `torch.distributed.all_to_all_single` input while inside;
-    the original function is back on exit, whatever happens."""
-    sent = Traffic()
-    original = dist.all_to_all_single
-
-    def recording(output, input, *args, **kwargs):
-        sent.add(input)
-        return original(output, input, *args, **kwargs)
-
-    dist.all_to_all_single = recording
-    try:
-        yield sent
-    finally:
-        dist.all_to_all_single = original
+PATHS = (("torchrec", "torchrec"), ("embnb", "reference"))  # (name in the tables, CWRun path)
 
 
 @dataclass(frozen=True)
@@ -93,34 +37,141 @@ class WireBytes:
 
 
 def wire_bytes(
-    shards: int,
-    owner_ranks: int,
-    embedding_dim: int,
-    ids: int,
-    sequences: int,
-    world_size: int,
-    int_bytes: int = 8,
-    value_bytes: int = 4,
+    shards: int, owner_ranks: int, embedding_dim: int, ids: int, sequences: int, world_size: int
 ) -> WireBytes:
-    """What each path puts on the wire for `ids` looked up in `sequences`
-    (all ranks together) in a table of `embedding_dim` columns cut into
-    `shards` shards on `owner_ranks` of `world_size` ranks; ids, lengths and
-    counts `int_bytes` wide (int64), row values `value_bytes` (fp32).
-
-    Per looked-up id that is `shards * int_bytes` of ids for torchrec,
-    `owner_ranks * int_bytes` for embnb, and `embedding_dim * value_bytes`
-    of row values back for both.
-    """
+    """What each path puts on the wire for `ids` in `sequences` (all ranks) in a table of `embedding_dim`
+    columns cut into `shards` shards on `owner_ranks` of `world_size` ranks: int64 ids, lengths and counts,
+    fp32 rows. Per id: `shards` x 8 B of ids for torchrec, `owner_ranks` x 8 B for embnb, D x 4 B of rows."""
     for name, value in (("shards", shards), ("owner_ranks", owner_ranks), ("world_size", world_size)):
         check_int(name, value, low=1)
     if owner_ranks > min(shards, world_size):
         raise ValueError(f"owner_ranks {owner_ranks} > min(shards {shards}, world_size {world_size})")
     pairs = world_size * world_size  # (sender, destination)
     return WireBytes(
-        torchrec_ids=shards * ids * int_bytes,
-        torchrec_lengths=shards * sequences * int_bytes,
-        torchrec_splits=3 * pairs * int_bytes,
-        embnb_ids=owner_ranks * ids * int_bytes,
-        embnb_counts=pairs * int_bytes,
-        rows=ids * embedding_dim * value_bytes,
+        8 * shards * ids,
+        8 * shards * sequences,
+        8 * 3 * pairs,
+        8 * owner_ranks * ids,
+        8 * pairs,
+        4 * ids * embedding_dim,
     )
+
+
+def _layout_row(run: CWRun, source: str) -> dict:
+    ranks, width = run.case.placements["t0"], run.case.shard_widths("t0")[0]
+    batches = make_batches(run.case)
+    ids = sum(len(b["f0"][1]) for b in batches)
+    row = {"layout": f"{run.case.embedding_dim} = {len(ranks)} x {width}", "source": source}
+    row.update({"embedding_dim": run.case.embedding_dim, "shards": len(ranks), "shard width": width})
+    row.update(
+        {"owner ranks": len(set(ranks)), "ids": ids, "sequences": sum(len(b["f0"][0]) for b in batches)}
+    )
+    for name, path in PATHS:
+        per_rank = run.traffic(path)
+        row[f"{name} int B"] = sum(r["int_bytes"] for r in per_rank)
+        row[f"{name} rows B"] = sum(r["float_bytes"] for r in per_rank)
+        row[f"{name} B"] = row[f"{name} int B"] + row[f"{name} rows B"]
+    row["torchrec / embnb"] = row["torchrec B"] / row["embnb B"]
+    row.update({f"{name} int B/id": row[f"{name} int B"] / ids for name, _ in PATHS})
+    row["rows B/id"] = row["embnb rows B"] / ids
+    row["torchrec int / rows"] = row["torchrec int B"] / row["torchrec rows B"]
+    row["2 / shard width"] = 2 / width
+    row["both exact"] = run.matches("torchrec") and run.matches("reference")
+    return row
+
+
+def traffic_table(runs: Sequence[CWRun], sources: Sequence[str]) -> pd.DataFrame:
+    """Per layout ("D = shards x width", from `sources[i]`): the bytes all ranks sent through
+    all_to_all_single in one forward by each path, integers (ids, lengths, split counts) and row values,
+    in total and per looked-up id; and whether both paths returned the unsharded EC's rows."""
+    if len(runs) != len(sources):
+        raise ValueError(f"{len(runs)} runs but {len(sources)} sources")
+    return pd.DataFrame([_layout_row(run, source) for run, source in zip(runs, sources)]).set_index("layout")
+
+
+def traffic_check_table(table: pd.DataFrame, world_size: int) -> pd.DataFrame:
+    """The counted bytes of `traffic_table` next to `wire_bytes`."""
+    rows = []
+    for layout, row in table.iterrows():
+        count = wire_bytes(*row[["shards", "owner ranks", "embedding_dim", "ids", "sequences"]], world_size)
+        counted = (row["torchrec int B"], row["embnb int B"], row["embnb rows B"])
+        ints = (count.torchrec - count.rows, count.embnb - count.rows)
+        rows.append(
+            {
+                "layout": layout,
+                "torchrec ints: counted": counted[0],
+                "ids + lengths + splits": ints[0],
+                "embnb ints: counted": counted[1],
+                "ids + counts": ints[1],
+                "rows: counted, each path": counted[2],
+                "ids x D x 4 B": count.rows,
+                "all equal": counted == (*ints, count.rows) and row["torchrec rows B"] == count.rows,
+            }
+        )
+    return pd.DataFrame(rows).set_index("layout")
+
+
+def _span(values: pd.Series, fmt: str) -> str:
+    low, high = format(values.min(), fmt), format(values.max(), fmt)
+    return low if low == high else f"{low} to {high}"
+
+
+def traffic_findings(table: pd.DataFrame) -> list[str]:
+    """What the byte count shows, one sentence per claim, from `table`'s numbers."""
+    lines = [
+        f"{layout}: {r['shards']} shards on {r['owner ranks']} owner ranks, so both paths send each id "
+        f"{r['shards']} times; torchrec's {r['torchrec / embnb']:.4f}x embnb's bytes is its lengths and "
+        f"split counts ({r['torchrec int B'] - r['embnb int B']:,} B)."
+        for layout, r in table[table["shards"] == table["owner ranks"]].iterrows()
+    ]
+    return lines + [
+        f"{source} layouts (shards of {_span(p['shard width'], 'd')} columns): torchrec sends "
+        f"{_span(p['torchrec / embnb'], '.4f')}x embnb's bytes; its integers are "
+        f"{_span(p['torchrec int / rows'], '.1%')} of its row bytes (2 / shard width: "
+        f"{_span(p['2 / shard width'], '.1%')})."
+        for source, p in table.groupby("source", sort=False)
+    ]
+
+
+@dataclass
+class PlannerBytes:
+    """The byte count at torchrec's own planner layouts on `world_size` ranks (counted, no ranks run)."""
+
+    world_size: int
+    ids_per_rank: int
+    sequences_per_rank: int
+    rows: list[dict]  # per table width: the planner's shards and what each path would send
+    finding: str
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows).set_index("embedding_dim")
+
+
+def planner_bytes_at(
+    world_size: int,
+    embedding_dims: Sequence[int],
+    num_embeddings: int,
+    ids_per_rank: int,
+    sequences_per_rank: int,
+) -> PlannerBytes:
+    """Per table width: the CW shards torchrec's planner makes at `world_size` ranks (`planner_cw_layout`)
+    and what each path would put on the wire (`wire_bytes`) for the given batch on every rank."""
+    rows = []
+    for dim in embedding_dims:
+        layout = planner_cw_layout(dim, num_embeddings, world_size)
+        owners = len(set(layout.ranks))
+        ids, sequences = ids_per_rank * world_size, sequences_per_rank * world_size
+        count = wire_bytes(len(layout.ranks), owners, dim, ids, sequences, world_size)
+        rows.append(
+            {"embedding_dim": dim, "shard widths": layout.widths, "shard ranks": layout.ranks}
+            | {"owner ranks": owners, "torchrec B": count.torchrec, "embnb B": count.embnb}
+            | {"torchrec / embnb": count.torchrec / count.embnb}
+        )
+    distinct = all(r["owner ranks"] == len(r["shard widths"]) for r in rows)
+    where = "every shard on a rank of its own" if distinct else "some ranks holding several shards"
+    ratios = pd.Series([r["torchrec / embnb"] for r in rows])
+    finding = (
+        f"At W={world_size} with torchrec's planner layouts ({where}; counted, no ranks run), torchrec's "
+        f"path sends {_span(ratios, '.4f')}x embnb's bytes"
+    )
+    return PlannerBytes(world_size, ids_per_rank, sequences_per_rank, rows, finding)

@@ -25,8 +25,8 @@ def test_a_placement_torchrec_cannot_take_runs_on_embnbs_path_only():
     run = experiment.run_placement_experiment(
         experiment.SeedTable(3, 6, [2, 0, 2], [1, 2, 3], num_embeddings=8), device="cpu"
     )
-    assert "2 columns wide; torchrec's column_wise() needs a multiple of 4" in run.torchrec_skipped
-    assert "uneven widths {'t0': [1, 2, 3]}" in run.embnb_uneven_check
+    assert "2 columns wide; torchrec's column_wise() needs a multiple of 4" in run.seed.torchrec_skipped
+    assert "uneven widths {'t0': [1, 2, 3]}" in run.uneven.embnb_uneven_check
     results = run.results(notebook_seconds=1.0)
     assert (results["device"], results["backend"], results["widths"]) == ("cpu", "gloo", [2, 2, 2])
     assert results["rank_order"] == [1, 0, 2] and results["permute_indices"] == [1, 0, 2]

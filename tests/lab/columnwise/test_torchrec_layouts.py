@@ -31,10 +31,12 @@ def test_min_cw_dim_is_torchrecs_constant():
 
 def test_source_places_point_at_lines_holding_their_text():
     site = pathlib.Path(torchrec.__file__).parent.parent
-    places = torchrec_layouts.uneven_ec_places()
-    assert len(places) == 6
-    for what, place in places:
-        assert place.path.startswith("torchrec/") and place.line > 0, what
+    places = torchrec_layouts.source_places(
+        torchrec_layouts.UNEVEN_EC_STEPS + torchrec_layouts.POOLED_PERMUTE_STEPS
+    )
+    assert len(places) == 8
+    for place in places:
+        assert place.path.startswith("torchrec/") and place.line > 0, place
         assert place.text in (site / place.path).read_text().splitlines()[place.line - 1]
     missing = torchrec_layouts.source_place(
         "torchrec.distributed.embedding", "ShardedEmbeddingCollection", "xyzzy"
