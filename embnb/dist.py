@@ -37,6 +37,7 @@ __all__ = [
     "launch",
     "launch_each",
     "run_each",
+    "start_rank_server",
     "RankError",
     "LaunchTimeout",
     "DevicePlan",
@@ -300,6 +301,20 @@ def _check_importable(fn: Callable[..., Any]) -> None:
 # one where it was initialised, and an import may initialise it.
 GROUP_TIMEOUT_MARGIN_S = 60
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "embnb.dist", "torchrec"]
+
+
+def start_rank_server(device: str = "auto") -> None:
+    """Start the server that CPU ranks fork from now, in the background: it
+    imports torch and torchrec (seconds) while the caller does its own work,
+    rather than at the first `launch`. Nothing to do where ranks run on GPUs
+    (they are spawned fresh) or where a server runs already. The server keeps
+    the environment it starts with: set logging first."""
+    import multiprocessing.forkserver
+
+    if resolve_device(device) == "cuda" or "forkserver" not in mp.get_all_start_methods():
+        return
+    mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    multiprocessing.forkserver.ensure_running()
 
 
 def _rank_context(plan: DevicePlan) -> Any:

@@ -146,3 +146,10 @@ def planner_world_sizes(rank, world_size):
         except ValueError as e:
             result["errors"].append(str(e))
     return result
+
+
+def torchrec_loaded(rank, world_size):
+    """Whether the rank started with torchrec imported (forked from a server that preloaded it)."""
+    import sys
+
+    return "torchrec" in sys.modules

@@ -363,3 +363,18 @@ def test_an_error_in_fn_is_not_tried_again(monkeypatch):
         assert "rendezvous" not in str(raised.value) and handler.retries == []
     finally:
         logging.getLogger("embnb.dist").removeHandler(handler)
+
+
+def test_a_started_rank_server_gives_the_ranks_torchrec_already_imported():
+    # a fresh process that never imports torchrec: only the server started here can have imported it
+    code = (
+        "import sys; from embnb.dist import launch, start_rank_server\n"
+        "start_rank_server('cpu'); start_rank_server('cpu')  # the second finds it running\n"
+        "import ranks; print(launch(ranks.torchrec_loaded, 2), 'torchrec' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(ranks.__file__)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["[True,", "True]", "False"], out.stdout
+    with pytest.raises(ValueError, match="device 'tpu' is not one of"):
+        edist.start_rank_server("tpu")
