@@ -23,7 +23,7 @@ from embnb.lab.rowwise.aliasing import into_table
 from embnb.metrics import max_over_mean
 from embnb.rowwise import Routing, TableLayout
 from embnb.steptime import batch_from_keys
-from embnb.steptime.measure import measure_ranks
+from embnb.steptime.measure import StepOptions, measure_ranks
 from embnb.steptime.work import routing_work
 
 __all__ = [
@@ -144,10 +144,12 @@ def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, ca
     times = measure_ranks(
         lambda rank: routing_work(batch, "continuous", rows, dims, rank, block),
         w,
-        threads=config.threads,
-        warmup=config.warmup,
-        repeats=config.repeats,
-        hidden=(8,),  # the dense part at its smallest: every rank has the same local batch
+        options=StepOptions(
+            threads=config.threads,
+            warmup=config.warmup,
+            repeats=config.repeats,
+            hidden=(8,),  # the dense part at its smallest: every rank has the same local batch
+        ),
     )
     return RoutedCase(
         case,
