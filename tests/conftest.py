@@ -4,6 +4,10 @@ import sys
 
 import pytest
 
+# Before any test module imports nbformat: see embnb/lab/__init__.py (a parser
+# built on import, seconds in every pytest worker).
+sys.modules.setdefault("rfc3987_syntax", None)
+
 # Spawned ranks import their per-rank functions from tests/ as plain modules.
 TESTS_DIR = pathlib.Path(__file__).parent
 if str(TESTS_DIR) not in sys.path:

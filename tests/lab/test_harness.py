@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 
 import nbformat
 import pytest
@@ -247,3 +248,16 @@ def test_the_polled_channel_waits_its_whole_timeout_and_returns_a_late_message(m
         reader.close(linger=0)
         writer.close(linger=0)
         context.term()
+
+
+def test_reading_notebooks_builds_no_iri_parser_and_still_validates():
+    import jsonschema
+
+    import embnb.lab  # noqa: F401 (marks rfc3987_syntax absent)
+
+    assert sys.modules["rfc3987_syntax"] is None  # jsonschema's IRI formats go unchecked: none is used
+    for path in harness.list_notebooks():
+        nbformat.validate(nbformat.read(path, as_version=4))
+    # the format checker still works for the formats it keeps
+    checker = jsonschema.FormatChecker()
+    assert checker.conforms("2026-11-27", "date") and not checker.conforms("2026-13-40", "date")
