@@ -168,7 +168,7 @@ class BalancedSteps:
                 {"distribution": name, "world_size": w, "method": method, "step_ms": run.step_ms,
                  "measured": cut.step_ms / run.step_ms, "flop_model": max(cut.flops) / max(run.flops),
                  "bound": max(cut.flops) / bound["lower_bound"],
-                 "longest_sets_bound": bound["longest_sets_bound"]}
+                 "longest_sets_bound": bound["longest_sets_bound"], "clock": run.clock}
             )  # fmt: skip
         return pd.DataFrame(rows)
 

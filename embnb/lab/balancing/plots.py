@@ -318,6 +318,9 @@ def step_times(
     return fig
 
 
+CLOCK_NAMES = {"cpu": "thread CPU", "wall": "synchronized wall"}
+
+
 def measured_speedups(table: pd.DataFrame, methods: Sequence[str], title: str | None = None) -> Figure:
     """One panel per distribution: at each W, each method's measured
     speed-up over the loader's cut (filled dot) and the FLOP model's (open
@@ -328,6 +331,7 @@ def measured_speedups(table: pd.DataFrame, methods: Sequence[str], title: str | 
     per-rank cost predicts, so a ringed dot is read against its cross.
     `table` is `BalancedSteps.speedups()` (or `cost_fit.with_explanations`')."""
     names = list(dict.fromkeys(table["distribution"]))
+    (clock,) = set(table["clock"]) if "clock" in table else {"cpu"}  # one clock per table
     fig = new_figure(5.2 * len(names), 3.8)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     width = 0.8 / len(methods)
@@ -351,7 +355,7 @@ def measured_speedups(table: pd.DataFrame, methods: Sequence[str], title: str | 
         ax.set_xticks(range(len(sizes)), [f"W={w}" for w in sizes])
         ax.set(xlim=(-0.5, len(sizes) - 0.5), ylabel="speed-up over the loader's cut", title=name)
     handles = [_key(m, marker="o", color=color(m, i)) for i, m in enumerate(methods)] + [
-        _key("measured (slowest rank, thread CPU)", marker="o", color="0.3"),
+        _key(f"measured (slowest rank, {CLOCK_NAMES[clock]})", marker="o", color="0.3"),
         _key("FLOP model (max FLOPs ratio)", marker="o", mfc="white", color="0.3"),
         _key("bound (cut's max FLOPs / lower bound)", color="black", linewidth=2, linestyle="-"),
         _key("measured above the FLOP bound", marker="o", ms=11, mfc="none", color="red"),
