@@ -22,4 +22,6 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "$want" > "$stamp"
 fi
 "$sim/bin/python" scripts/gpu_kit.py gather --kit build/gpu-kit
+# As in make test (scripts/run_tests.sh): OpenMP threads sleep while they wait.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 EMBNB_GPU_MACHINE_PYTHON="$sim/bin/python" "${VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider tests/test_gpu_kit.py
