@@ -372,7 +372,8 @@ def test_a_started_rank_server_gives_the_ranks_torchrec_already_imported():
         "start_rank_server('cpu'); start_rank_server('cpu')  # the second finds it running\n"
         "import ranks; print(launch(ranks.torchrec_loaded, 2), 'torchrec' in sys.modules)"
     )
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(ranks.__file__)}
+    paths = [os.path.dirname(ranks.__file__), os.environ.get("PYTHONPATH", "")]  # the kit's packages too
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths).rstrip(os.pathsep)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["[True,", "True]", "False"], out.stdout
