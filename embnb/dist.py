@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from embnb._checks import check_choice, check_int, check_number
+from embnb._checks import check_int, check_number
+from embnb.devices import BACKENDS, DevicePlan, device_plan, pick_backend, resolve_device, visible_gpus
 
 __all__ = [
     "launch",
@@ -49,9 +50,6 @@ __all__ = [
     "check_collectives",
 ]
 
-_BACKENDS = ("auto", "gloo", "nccl")
-DEVICES = ("auto", "cpu", "cuda")
-
 
 class RankError(RuntimeError):
     """A rank raised or died; `rank` says which, the message carries its traceback."""
@@ -64,79 +62,6 @@ class RankError(RuntimeError):
 
 class LaunchTimeout(TimeoutError):
     """Some ranks did not finish within the timeout; all ranks were killed."""
-
-
-def _visible_gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def pick_backend(backend: str, world_size: int) -> str:
-    """Resolve "auto" to nccl when there is one GPU per rank, else gloo."""
-    check_choice("backend", backend, _BACKENDS)
-    gpus = _visible_gpus()
-    if backend == "auto":
-        return "nccl" if gpus >= world_size else "gloo"
-    if backend == "nccl" and gpus < world_size:
-        raise ValueError(
-            f"backend 'nccl' needs one GPU per rank: world_size={world_size}, "
-            f"GPUs visible={gpus}; use backend='gloo' or 'auto'"
-        )
-    return backend
-
-
-@dataclass(frozen=True)
-class DevicePlan:
-    """Where `world_size` ranks compute and how they talk: THE device rule."""
-
-    device: str  # "cpu" or "cuda": where each rank computes
-    backend: str  # "gloo" or "nccl": the process group's backend
-    world_size: int
-    gpus: int  # GPUs visible to the parent
-
-    @property
-    def shares_gpus(self) -> bool:
-        """Ranks share GPUs (fewer GPUs than ranks): nccl refuses that, so
-        they compute on CUDA and run their collectives over gloo."""
-        return self.device == "cuda" and self.backend == "gloo"
-
-    def rank_device(self, rank: int) -> torch.device:
-        """Rank `rank`'s device: GPU `rank % gpus` on CUDA, else the CPU."""
-        return torch.device("cuda", rank % self.gpus) if self.device == "cuda" else torch.device("cpu")
-
-    def describe(self) -> str:
-        if self.shares_gpus:
-            return (
-                f"{self.world_size} ranks share {self.gpus} GPU(s): they compute on CUDA and run "
-                f"their collectives over gloo through host memory (nccl needs one GPU per rank)"
-            )
-        return f"{self.world_size} ranks on {self.device} ({self.backend}; {self.gpus} GPUs visible)"
-
-
-def device_plan(device: str, world_size: int = 1, *, gpus: int | None = None) -> DevicePlan:
-    """Map a notebook's or CLI's `device` ("auto", "cpu", "cuda") to a plan.
-
-    "cpu": ranks compute on the CPU and talk over gloo. "cuda": with one GPU
-    per rank, each rank has its own GPU and talks over nccl; with fewer GPUs
-    than ranks, ranks share the GPUs (rank r on GPU r % gpus), compute on
-    CUDA and talk over gloo; with no GPU it raises. "auto": "cuda" when
-    there is a GPU, else "cpu". `gpus` overrides the number of visible GPUs
-    (to test the rule on a machine without them).
-    """
-    check_choice("device", device, DEVICES)
-    check_int("world_size", world_size, low=1)
-    gpus = _visible_gpus() if gpus is None else check_int("gpus", gpus, low=0)
-    if device == "cuda" and gpus == 0:
-        raise ValueError("device 'cuda' needs a GPU, but none is visible; use device='cpu' or 'auto'")
-    if device == "auto":
-        device = "cuda" if gpus else "cpu"
-    if device == "cpu":
-        return DevicePlan("cpu", "gloo", world_size, gpus)
-    return DevicePlan("cuda", "nccl" if gpus >= world_size else "gloo", world_size, gpus)
-
-
-def resolve_device(device: str, world_size: int = 1) -> str:
-    """`device_plan(device, world_size).device`: "cpu" or "cuda"."""
-    return device_plan(device, world_size).device
 
 
 _log = logging.getLogger(__name__)
@@ -190,7 +115,7 @@ def launch(
         plan = device_plan(device, world_size)
     else:  # a backend names the device: nccl ranks on their own GPU, gloo ranks on the CPU
         backend = pick_backend(backend, world_size)
-        plan = DevicePlan("cuda" if backend == "nccl" else "cpu", backend, world_size, _visible_gpus())
+        plan = DevicePlan("cuda" if backend == "nccl" else "cpu", backend, world_size, visible_gpus())
     _check_importable(fn)
 
     deadline = time.monotonic() + timeout_s
@@ -526,7 +451,7 @@ def _main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m embnb.dist", description=_main.__doc__)
     parser.add_argument("target", help="module:function taking (rank, world_size)")
     parser.add_argument("--world-size", type=int, default=2, help="ranks to spawn when not under torchrun")
-    parser.add_argument("--backend", default="auto", choices=_BACKENDS)
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
     opts = parser.parse_args(argv)
     module_name, _, fn_name = opts.target.partition(":")
     fn = getattr(importlib.import_module(module_name), fn_name)
