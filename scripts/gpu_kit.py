@@ -99,6 +99,34 @@ BALANCER_BENCH = {
 # `python -m embnb.bench steptime`: notebook 03's plans rank by rank, on the
 # device's own topology (torchrec's GPU estimates beside what was measured).
 STEPTIME_BENCH = {"--world-sizes": [8], "--timeout-s": 60, "--repeats": 3}
+# The regime of notebook 03's headline, UVM caching: HBM per device at about half the model's share
+# (the model's tables are 0.97 GiB of fp32 weights, 0.12 GiB per device at W = 8), so the planners
+# put tables in UVM with an HBM cache; steptime runs FBGEMM's UVM-caching TBEs.
+STEPTIME_UVM_BENCH = {**STEPTIME_BENCH, "--hbm-gib": 0.06}
+# `python -m embnb.bench calibrate --device cuda`: torchrec's perf model fitted on the GPU (one
+# coefficient per sharding type and kernel: the kernels of a CUDA topology are more than a CPU's).
+CALIBRATE_BENCH = {
+    "--train-seeds": [1, 2],
+    "--train-world-sizes": [8],
+    "--train-plans": 4,
+    "--heldout": ["0:8", "3:8"],
+    "--terms": ["lookup_size_multiplier"],
+    "--timeout-s": 20,
+    "--repeats": 3,
+}
+CALIBRATE_BENCH_SHORT = {
+    "--tables": 5,
+    "--max-rows": 2000,
+    "--batch-size": 8,
+    "--train-seeds": [1],
+    "--train-world-sizes": [2, 3],
+    "--train-plans": 3,
+    "--heldout": ["0:2"],
+    "--terms": ["lookup_size_multiplier"],
+    "--timeout-s": 5,
+    "--warmup": 0,
+    "--repeats": 2,
+}
 STEPTIME_BENCH_SHORT = {
     "--world-sizes": [2],
     "--tables": 6,
@@ -172,9 +200,10 @@ KIT_TESTS = [
     "tests/test_dist.py",
     "tests/steptime/test_tbe_cuda.py",
     "tests/balancing/test_shuffle_cuda.py",
+    "tests/rowwise/test_sharders_cuda.py",
 ]
 # the benches the kit runs; their JSON files go to benchmarks/results
-BENCHES = ("bucketize", "steptime", "hstu", "balancer")
+BENCHES = ("bucketize", "steptime", "calibrate", "hstu", "balancer")
 REQUIRE_GPU = "EMBNB_REQUIRE_GPU"  # tests/conftest.py: a CUDA test that cannot run fails
 # The build step: load (build) the library, say whether it has CUDA kernels,
 # and fail where a GPU is visible but it has none.
@@ -423,6 +452,14 @@ def run_notebooks_and_benches(steps: Steps, device: str, out: pathlib.Path, shor
     steptime = [python, "-m", "embnb.bench", "steptime", "--device", device, "--out", str(out)]
     steps.run(
         "bench-steptime", steptime + bench_flags(STEPTIME_BENCH_SHORT if short_bench else STEPTIME_BENCH)
+    )
+    # The same at a capped HBM (UVM caching on a GPU), into a folder of its own: the file name is steptime's.
+    uvm = [python, "-m", "embnb.bench", "steptime", "--device", device, "--out", str(out / "uvm")]
+    uvm_sizes = {**STEPTIME_BENCH_SHORT, "--hbm-gib": 1.0} if short_bench else STEPTIME_UVM_BENCH
+    steps.run("bench-steptime-uvm", uvm + bench_flags(uvm_sizes))
+    calibrate = [python, "-m", "embnb.bench", "calibrate", "--device", device, "--out", str(out)]
+    steps.run(
+        "bench-calibrate", calibrate + bench_flags(CALIBRATE_BENCH_SHORT if short_bench else CALIBRATE_BENCH)
     )
     # The balancer at recsys-examples' shape, before the balancer bench (which a deadline cuts first).
     hstu = [python, "-m", "embnb.bench", "hstu", "--device", device, "--out", str(out)]

@@ -172,6 +172,13 @@ class OffByOneSharder(RoutedEmbeddingBagCollectionSharder):
         return OffByOneEBC
 
 
+def rank_device() -> torch.device:
+    """This rank's GPU under nccl (the GPU kit's CUDA parity), else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _sgd():
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
@@ -193,17 +200,17 @@ def _shard_module(module, kind: str, rows: dict[str, int], routings: dict, world
         sharder=sharder,
         local_size=world_size,
         world_size=world_size,
-        device_type="cpu",
+        device_type=rank_device().type,
     )
     model = DistributedModelParallel(
-        Model(module), sharders=[sharder], plan=ShardingPlan({"tables": plan}), device=torch.device("cpu")
+        Model(module), sharders=[sharder], plan=ShardingPlan({"tables": plan}), device=rank_device()
     )
     return model
 
 
 def _local(sharded, name: str) -> torch.Tensor:
     (shard,) = sharded.state_dict()[f"{sharded.weight_prefix}.{name}.weight"].local_shards()
-    return shard.tensor.detach().clone()
+    return shard.tensor.detach().cpu().clone()
 
 
 def parity_case(rank, world_size, kind, rows, routings, seed, off_by_one=False):
@@ -219,13 +226,13 @@ def parity_case(rank, world_size, kind, rows, routings, seed, off_by_one=False):
             table_weight(logical, name).detach(), routings.get(name, "continuous"), world_size
         )
         load_rows(sharded, name, storage)
-    out = flat_output(kind, model(make_batch(rows, rank, seed)))
-    (out * output_grad(out, rank, seed)).sum().backward()
-    after = {name: gather_rows(sharded, name) for name in rows}
+    out = flat_output(kind, model(make_batch(rows, rank, seed).to(rank_device())))
+    (out * output_grad(out, rank, seed).to(out.device)).sum().backward()
+    after = {name: gather_rows(sharded, name).cpu() for name in rows}
     layouts = sharded.get_extra_state()["tables"]
     return {
         "built": built,
-        "out": out.detach(),
+        "out": out.detach().cpu(),
         "after": after,
         "local": {name: _local(sharded, name) for name in rows},
         "routings": sharded.routings,

@@ -116,9 +116,12 @@ def test_the_hstu_bench_step_asks_for_recsys_examples_shape_and_its_short_form_f
 
 
 def test_the_steptime_bench_step_and_its_short_form_parse_with_the_benchs_own_options():
-    from embnb.bench import steptime
+    from embnb.bench import calibrate, steptime
 
-    for sizes in (gpu_kit.STEPTIME_BENCH, gpu_kit.STEPTIME_BENCH_SHORT):
+    for sizes in (gpu_kit.CALIBRATE_BENCH, gpu_kit.CALIBRATE_BENCH_SHORT):
+        opts = calibrate._parser().parse_args(gpu_kit.bench_flags(sizes))
+        assert calibrate._check(opts) is None
+    for sizes in (gpu_kit.STEPTIME_BENCH, gpu_kit.STEPTIME_UVM_BENCH, gpu_kit.STEPTIME_BENCH_SHORT):
         opts = steptime._parser().parse_args(gpu_kit.bench_flags(sizes))
         assert steptime._check(opts) is None
         assert opts.world_sizes == sizes["--world-sizes"]
@@ -277,6 +280,8 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
         *notebooks,
         "bench-bucketize",
         "bench-steptime",
+        "bench-steptime-uvm",
+        "bench-calibrate",
         "bench-hstu",
         "bench-balancer",
         "tests",  # CPU-only, last: a deadline cuts them first
@@ -301,7 +306,12 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     (balancer,) = out.glob("balancer-*.json")
     (steptime,) = out.glob("steptime-*.json")
     (hstu,) = out.glob("hstu-*.json")
-    assert summary["bench_results"] == sorted([bench.name, balancer.name, steptime.name, hstu.name])
+    (calibrate,) = out.glob("calibrate-*.json")
+    names = [bench.name, balancer.name, steptime.name, hstu.name, calibrate.name]
+    assert summary["bench_results"] == sorted(names)
+    (capped,) = (out / "uvm").glob("steptime-*.json")
+    assert [w["hbm_cap_gb"] for w in json.loads(capped.read_text())["worlds"]] == [1.0]
+    assert json.loads(calibrate.read_text())["calibration"]["device_kind"] == "cpu"
     _check_hstu_results(json.loads(hstu.read_text()), gpu_kit.HSTU_BENCH_SHORT)
     worlds = json.loads(steptime.read_text())["worlds"]
     assert [w["world_size"] for w in worlds] == gpu_kit.STEPTIME_BENCH_SHORT["--world-sizes"]

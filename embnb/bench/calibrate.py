@@ -2,12 +2,13 @@
 checked on models and plans it was not fitted on.
 
 1. Training set: for each of `--train-seeds` x `--train-world-sizes`, a model of `--tables` tables
-   (`make_model`) on a CPU topology and `--train-plans` random plans over torchrec's enumerated options
-   (each table a random sharding type, then a random option of it, its shards on random ranks). Every
-   plan is measured rank by rank (`embnb.steptime.measure_plan`: real FBGEMM TBEs, forward + backward
-   with the fused optimizer, thread CPU time at one thread) and each rank becomes a `MeasuredRank`
-   (`calibration.measured_ranks`); `calibration.fit` fits torchrec's forward coefficients per
-   (sharding type, compute kernel).
+   (`make_model`) on a topology of `--device`'s kind (on CUDA, UVM kernels are among the options) and
+   `--train-plans` random plans over torchrec's enumerated options (each table a random sharding type,
+   then a random option of it, its shards on random ranks). Every plan is measured rank by rank
+   (`embnb.steptime.measure_plan`: real FBGEMM TBEs, forward + backward with the fused optimizer; on a
+   CPU thread CPU time at one thread, on a GPU wall time with the GPU synchronized) and each rank
+   becomes a `MeasuredRank` (`calibration.measured_ranks`); `calibration.fit` fits torchrec's forward
+   coefficients per (sharding type, compute kernel).
 2. Held-out check: other seeds' models at `--heldout-world-sizes` (notebook 03's seed is the first),
    planned by torchrec's planner with embnb's DP, torchrec's DP, Greedy and torchrec's default
    proposers on torchrec's default estimator, beside embnb's DP and torchrec's default proposers on the
@@ -18,8 +19,8 @@ checked on models and plans it was not fitted on.
 3. Which plan measured fastest: per held-out model, each plan's measured critical path (the slowest
    rank's step, lookups + dense part, per repeat: median and range).
 
-The figures are measured on this machine's CPU (`embnb.timing.machine_name`), except the estimates,
-which are labelled as torchrec's.
+The figures are measured on `--device` (this machine's CPU by default, or its GPU; named by
+`embnb.timing.machine_name`), except the estimates, which are labelled as torchrec's.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from torchrec.distributed.planner.planners import to_sharding_plan
 
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.devices import resolve_device
 from embnb.lab.planner.candidates import candidate_plans, plan_shape
 from embnb.lab.planner.comparison import default_proposers
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options, make_model
@@ -53,9 +55,12 @@ from embnb.planner.calibration import (
 from embnb.planner.enumerator import make_enumerator
 from embnb.planner.topology import make_topology
 from embnb.steptime import StepTimes, make_batch, measure_plan
+from embnb.steptime.kernels import fbgemm_cuda_available
 from embnb.timing import Stopwatch, machine_name
 
-CLOCK = "cpu"  # thread CPU time at one thread: other jobs on a shared machine stretch wall time, not it
+# Thread CPU time at one thread on a CPU (other jobs on a shared machine stretch wall time, not it); on a
+# GPU, wall time with the GPU synchronized at each phase's edges (steptime's clock): kernels run async.
+CLOCKS = {"cpu": "cpu", "cuda": "wall"}
 DP_MAX_PARAMS = 1 << 20  # data-parallel in the random plans: tables of up to 1M parameters (4 MiB fp32)
 SKIPPED = (
     "all data-parallel",
@@ -81,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--terms", nargs="+", default=list(TERMS), choices=TERMS, help="the coefficients to fit (fit's terms)"
     )
+    parser.add_argument(
+        "--device", default="cpu", choices=("auto", "cpu", "cuda"),
+        help="where ranks run; the topology is of this device's kind (cuda: UVM kernels among the options)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
@@ -151,16 +160,16 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "low": min(values), "high": max(values)}
 
 
-def _critical_paths(times: StepTimes) -> dict[str, dict[str, float]]:
-    """Per repeat, the slowest rank's step and lookups (ms, CLOCK): median and range over repeats."""
-    step = [max(r.compute.values(CLOCK)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
-    lookup = [max(r.lookup.values(CLOCK)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
+def _critical_paths(times: StepTimes, clock: str) -> dict[str, dict[str, float]]:
+    """Per repeat, the slowest rank's step and lookups (ms, `clock`): median and range over repeats."""
+    step = [max(r.compute.values(clock)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
+    lookup = [max(r.lookup.values(clock)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
     return {"step_ms": _spread(step), "lookup_ms": _spread(lookup)}
 
 
 def _measure(options, model: Model, topology, batch, opts) -> StepTimes:
     return measure_plan(
-        to_sharding_plan(options, topology), model.tables, batch, device="cpu",
+        to_sharding_plan(options, topology), model.tables, batch, device=opts.device,
         threads=opts.threads, warmup=opts.warmup, repeats=opts.repeats,
     )  # fmt: skip
 
@@ -172,7 +181,7 @@ def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
     for seed in opts.train_seeds:
         model = make_model(opts.tables, seed=seed, max_rows=opts.max_rows)
         for world_size in opts.train_world_sizes:
-            topology = make_topology(world_size, "cpu")
+            topology = make_topology(world_size, opts.device)
             enumerated = enumerate_options(
                 model.tables, topology, opts.batch_size, model.constraints, "embnb"
             )
@@ -181,7 +190,7 @@ def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
                 options = random_plan(enumerated, world_size, rng)
                 times = _measure(options, model, topology, batch, opts)
                 measured = measured_ranks(
-                    options, times, topology, enumerated.sharders, model.constraints, CLOCK
+                    options, times, topology, enumerated.sharders, model.constraints, opts.clock
                 )
                 ranks += measured
                 rows.append({"seed": seed, "world_size": world_size, "plan": index,
@@ -212,7 +221,7 @@ def _calibrated_plans(
 def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) -> dict[str, Any]:
     """Items 2 and 3 for one held-out model at one world size."""
     model = make_model(opts.tables, seed=seed, max_rows=opts.max_rows)
-    topology = make_topology(world_size, "cpu")
+    topology = make_topology(world_size, opts.device)
     enumerated = enumerate_options(model.tables, topology, opts.batch_size, model.constraints, "embnb")
     plans = {
         name: (c.options, c.rating, c.note, "torchrec default")
@@ -238,21 +247,21 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
         ranks = [
             {
                 "rank": r.rank,
-                "lookup_ms": r.lookup.median_s(CLOCK) * 1e3,
-                "lookup_ms_range": [v * 1e3 for v in r.lookup.range_s(CLOCK)],
-                "step_ms": r.compute.median_s(CLOCK) * 1e3,
+                "lookup_ms": r.lookup.median_s(opts.clock) * 1e3,
+                "lookup_ms_range": [v * 1e3 for v in r.lookup.range_s(opts.clock)],
+                "step_ms": r.compute.median_s(opts.clock) * 1e3,
                 "torchrec_estimate_ms": torchrec_default_estimate(per_rank[r.rank]),
                 "calibrated_estimate_ms": calibration.estimate(per_rank[r.rank]),
                 "shards": len(per_rank[r.rank]),
             }
             for r in times.ranks
         ]
-        paths = _critical_paths(times)
+        paths = _critical_paths(times, opts.clock)
         rows.append({**row, "measured": True, "shape": plan_shape(options), **paths, "ranks": ranks})
         step = paths["step_ms"]
         print(
             f"heldout seed={seed} W={world_size:>2} {name:<30} critical path {step['median']:7.1f} ms "
-            f"({step['low']:.1f}-{step['high']:.1f}, {CLOCK} time) {plan_shape(options)}",
+            f"({step['low']:.1f}-{step['high']:.1f}, {opts.clock} time) {plan_shape(options)}",
             flush=True,
         )
     measured = [r for r in rows if r["measured"]]
@@ -277,11 +286,21 @@ def main(argv: list[str]) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    try:
+        opts.device = resolve_device(opts.device)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if opts.device == "cuda" and not fbgemm_cuda_available():
+        print("device 'cuda': this fbgemm_gpu has no CUDA kernels (the fbgemm-gpu-cpu build); "
+              "the TBEs need the fbgemm-gpu CUDA wheel", file=sys.stderr)  # fmt: skip
+        return 2
+    opts.clock = CLOCKS[opts.device]
     quiet_torchrec_logs()
     before, load = torch.get_num_threads(), os.getloadavg()  # a shared machine: how busy it was
     with Stopwatch() as watch:
         ranks, train_rows = training_set(opts)
-        calibration = fit(ranks, "cpu", machine_name("cpu"), terms=opts.terms)
+        calibration = fit(ranks, opts.device, machine_name(opts.device), terms=opts.terms)
         fit_abs = [abs(e) for e in calibration.fit_errors]
         print(f"fit on {len(ranks)} ranks: |error| median {statistics.median(fit_abs):.3f}, "
               f"worst {max(fit_abs):.3f}", flush=True)  # fmt: skip
@@ -291,9 +310,9 @@ def main(argv: list[str]) -> int:
         print(f"held out, {name}: per-rank |error| median {e['median']:.3f}, worst {e['worst']:.3f} "
               f"over {e['ranks']} ranks", flush=True)  # fmt: skip
     payload = {
-        "device": "cpu",
-        "machine": machine_name("cpu"),
-        "clock": CLOCK,
+        "device": opts.device,
+        "machine": machine_name(opts.device),
+        "clock": opts.clock,
         "threads": opts.threads,
         "torch_threads_before": before,
         "load_average_before": list(load),

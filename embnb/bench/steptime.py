@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
         help="devices per host (torchrec's local_world_size; host-level sharding types appear); "
         "default: one host",
     )
+    parser.add_argument(
+        "--hbm-gib", type=float, default=None,
+        help="HBM per device of the topology (default: torchrec's); below the model's share, the "
+        "planners choose UVM caching (a CUDA topology)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
@@ -90,6 +95,8 @@ def _check(opts: argparse.Namespace) -> str | None:
     if per_host is not None and (per_host < 1 or any(w % per_host for w in opts.world_sizes if w > per_host)):
         sizes = opts.world_sizes
         return f"--devices-per-host must be >= 1 and divide each larger world size {sizes}, got {per_host}"
+    if opts.hbm_gib is not None and not opts.hbm_gib > 0:
+        return f"--hbm-gib must be > 0, got {opts.hbm_gib}"
     if opts.warmup < 0 or opts.max_rows < 1000 or opts.timeout_s <= 0:
         got = f"{opts.warmup}, {opts.max_rows}, {opts.timeout_s}"
         return f"--warmup >= 0, --max-rows >= 1000, --timeout-s > 0; got {got}"
@@ -177,7 +184,9 @@ def _correlations(rows: list[dict[str, Any]]) -> dict[str, float | None]:
 def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, Any]:
     model = make_model(opts.tables, seed=opts.seed, max_rows=opts.max_rows)
     per_host = opts.devices_per_host if opts.devices_per_host and opts.devices_per_host < world_size else None
-    topology = make_topology(world_size, opts.compute_device or device, local_world_size=per_host)
+    topology = make_topology(
+        world_size, opts.compute_device or device, hbm_cap_gb=opts.hbm_gib, local_world_size=per_host
+    )
     candidates = candidate_plans(model, topology, opts.batch_size, timeout_s=opts.timeout_s)
     batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
     rows = []
@@ -205,7 +214,7 @@ def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, 
             print(f"W={world_size:>3} {row['plan']:<26} no plan: {row['note']}", flush=True)
     correlations = _correlations(rows)
     print(f"W={world_size:>3} Spearman(measured critical path, torchrec rating): {correlations}", flush=True)
-    return {"world_size": world_size, "compute_device": topology.compute_device,
+    return {"world_size": world_size, "compute_device": topology.compute_device, "hbm_cap_gb": opts.hbm_gib,
             "local_world_size": topology.local_world_size, "plans": rows,
             "spearman_vs_rating": correlations}  # fmt: skip
 

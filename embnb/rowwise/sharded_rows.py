@@ -44,8 +44,9 @@ def gather_rows(module: nn.Module, table: str, group: dist.ProcessGroup | None =
     """`table`'s `[storage_rows, dim]` rows in storage order, on every rank. Collective."""
     local, offset, total = _local_block(module, table)
     world = dist.get_world_size(group)
-    sizes = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([offset, local.shape[0]]), group=group)
+    # on the rows' device: nccl gathers only CUDA tensors
+    sizes = [torch.zeros(2, dtype=torch.int64, device=local.device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([offset, local.shape[0]], device=local.device), group=group)
     block = max(int(s[1]) for s in sizes)
     padded = local.new_zeros((block, local.shape[1]))
     padded[: local.shape[0]] = local.detach()
