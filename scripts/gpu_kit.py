@@ -203,7 +203,7 @@ KIT_TESTS = [
     "tests/rowwise/test_sharders_cuda.py",
 ]
 # the benches the kit runs; their JSON files go to benchmarks/results
-BENCHES = ("bucketize", "steptime", "calibrate", "hstu", "balancer")
+BENCHES = ("bucketize", "steptime", "steptime_capped", "calibrate", "hstu", "balancer")
 REQUIRE_GPU = "EMBNB_REQUIRE_GPU"  # tests/conftest.py: a CUDA test that cannot run fails
 # The build step: load (build) the library, say whether it has CUDA kernels,
 # and fail where a GPU is visible but it has none.
@@ -453,8 +453,8 @@ def run_notebooks_and_benches(steps: Steps, device: str, out: pathlib.Path, shor
     steps.run(
         "bench-steptime", steptime + bench_flags(STEPTIME_BENCH_SHORT if short_bench else STEPTIME_BENCH)
     )
-    # The same at a capped HBM (UVM caching on a GPU), into a folder of its own: the file name is steptime's.
-    uvm = [python, "-m", "embnb.bench", "steptime", "--device", device, "--out", str(out / "uvm")]
+    # The same at a capped HBM (UVM caching on a GPU): steptime_capped-*.json.
+    uvm = [python, "-m", "embnb.bench", "steptime", "--device", device, "--out", str(out)]
     uvm_sizes = {**STEPTIME_BENCH_SHORT, "--hbm-gib": 1.0} if short_bench else STEPTIME_UVM_BENCH
     steps.run("bench-steptime-uvm", uvm + bench_flags(uvm_sizes))
     calibrate = [python, "-m", "embnb.bench", "calibrate", "--device", device, "--out", str(out)]

@@ -20,6 +20,13 @@ def hstu_section(run: Run) -> str:
             + [f"{_ratio(runs[m]['speedup_vs_cut'])}; {sig(runs[m]['flop_model_speedup'])}x" for m in methods]
         )
     cut = ", ".join(f"W = {c['world_size']} width {c['width']}" for c in data["cut_by_deadline"])
+    sweep_w = data["sweep_world_size"]
+    measured = sorted(w["width"] for w in data["worlds"] if w["world_size"] == sweep_w)
+    swept = (
+        f"Width sweep at W = {sweep_w}, widths measured: {', '.join(map(str, measured))}"
+        + (" (the others were cut: no sweep)" if len(measured) < 2 else "")
+        + ": "
+    )
     return "\n\n".join(
         [
             "## Balancer on an HSTU-like model, rank by rank",
@@ -30,11 +37,11 @@ def hstu_section(run: Run) -> str:
             f"slowest rank. Speed-up over the loader's cut: median (range) over {config['repeats']} "
             "repeats; then the FLOP model's prediction:",
             table(["ranks", "width", "cut, ms/step", *methods], rows),
-            f"Width sweep at W = {data['sweep_world_size']}: KK + swaps' slowest repeat beats the cut at "
-            f"every width from {data['first_width_shortened']} on."
+            swept + f"KK + swaps' slowest repeat beats the cut at every measured width from "
+            f"{data['first_width_shortened']} on."
             if data["first_width_shortened"] is not None
-            else f"Width sweep at W = {data['sweep_world_size']}: at no width does KK + swaps' slowest "
-            "repeat beat the cut at that width and every wider one.",
+            else swept + "at no measured width does KK + swaps' slowest repeat beat the cut at that width "
+            "and every wider one.",
         ]
         + ([f"Cut by the bench's deadline: {cut}."] if cut else [])
     )

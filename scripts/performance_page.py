@@ -291,6 +291,7 @@ SECTIONS = {
     "balancer": balancer_section,
     "hstu": hstu_section,
     "steptime": steptime_section,
+    "steptime_capped": steptime_section,
     "calibrate": calibrate_section,
     "sharders": sharders_section,
 }

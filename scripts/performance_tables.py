@@ -65,6 +65,9 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+COMMANDS = {"steptime_capped": "steptime --hbm-gib GIB"}  # a bench whose file is named after an option
+
+
 def source(run: Run) -> str:
     """The line under each heading: which file, machine and date the tables come from."""
     data = run.data
@@ -79,10 +82,9 @@ def source(run: Run) -> str:
         facts.append(f"one-minute load average {sig(data['load_average_before'][0], 2)} when it started")
     if data.get("bench_s"):
         facts.append(f"the bench ran {sig(data['bench_s'] / 60, 2)} min")
+    command = COMMANDS.get(run.benchmark, run.benchmark)
     return (
-        f"From `benchmarks/results/{run.name}` (`python -m embnb.bench {run.benchmark}`): "
-        + ", ".join(facts)
-        + "."
+        f"From `benchmarks/results/{run.name}` (`python -m embnb.bench {command}`): " + ", ".join(facts) + "."
     )
 
 
@@ -378,8 +380,16 @@ def steptime_section(run: Run) -> str:
         else "the rank thread's CPU time is the clock other jobs on the machine do not stretch, wall "
         "time is beside it"
     )
+    caps = {w.get("hbm_cap_gb") for w in data["worlds"]} - {None}
+    capped = (
+        f" The topology's HBM is capped at {' and '.join(f'{c:g}' for c in sorted(caps))} GiB per device, "
+        "below the model's share: the planners put tables in UVM (FBGEMM's UVM and UVM-caching "
+        "kernels, run as planned); the poor plans are built by hand, not planned."
+        if caps
+        else ""
+    )
     parts = [
-        "## Plans measured rank by rank",
+        "## Plans measured rank by rank" + (", HBM capped" if caps else ""),
         source(run),
         f"`make_model({data['model']['tables']}, seed={data['model']['seed']})` (largest table "
         f"{data['model']['max_rows']:,} rows) on a {topologies} topology, {data['batch_size']} "
@@ -387,7 +397,7 @@ def steptime_section(run: Run) -> str:
         f"kernels (forward, backward and {data['optimizer']}, {data['threads']} thread), median of "
         f"{data['repeats']} repeats. The critical path is the slowest rank's step (lookups and the dense "
         f"part); {clocks}. torchrec's rating is its estimate of the same plan. Spearman: rank correlation "
-        "across the measured plans.",
+        "across the measured plans." + capped,
     ]
     for world in data["worlds"]:
         rows = []
@@ -396,6 +406,8 @@ def steptime_section(run: Run) -> str:
                 rows.append([plan["plan"], "-", "-", "-", "-", plan.get("note") or "no plan"])
                 continue
             shards = ", ".join(f"{n} {kind}" for kind, n in plan["shape"].items() if kind != "shards")
+            if plan.get("kernels"):
+                shards += "; kernels: " + ", ".join(f"{n} {k}" for k, n in plan["kernels"].items())
             rows.append(
                 [
                     plan["plan"],

@@ -160,9 +160,10 @@ def run(opts: argparse.Namespace, write: Any = None) -> dict[str, Any]:
     if cut:
         print(f"  cut by the deadline ({opts.deadline_s:.0f} s): {cut}", flush=True)
     payload = _payload(opts, dtype, worlds, cut, started)
-    shortened = payload["first_width_shortened"]
+    shortened, measured = payload["first_width_shortened"], payload["sweep_widths_measured"]
     where = "at no width of the sweep" if shortened is None else f"from width {shortened} on"
-    print(f"  sweep at W={opts.sweep_world_size}: KK + swaps shortens the step {where}", flush=True)
+    print(f"  sweep at W={opts.sweep_world_size}, widths {measured} measured: KK + swaps shortens the step "
+          f"{where}", flush=True)  # fmt: skip
     return payload
 
 
@@ -192,6 +193,7 @@ def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: li
         },
         "worlds": worlds,
         "sweep_world_size": opts.sweep_world_size,
+        "sweep_widths_measured": sorted(w["width"] for w in sweep),
         "first_width_shortened": first_width_shortened(sweep) if sweep else None,
         "cut_by_deadline": cut,
         "seconds": time.perf_counter() - started,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import torch
@@ -156,6 +157,7 @@ def _measure(candidate: CandidatePlan, topology, model, batch, opts, device: str
         "measured": True,
         "measure_s": time.perf_counter() - start,
         "shape": plan_shape(candidate.options),
+        "kernels": dict(Counter(o.compute_kernel for o in candidate.options)),
         "critical_rank": critical,
         "critical_path_s": times.critical_path_s("wall"),
         "critical_path_cpu_s": times.critical_path_s("cpu"),
@@ -253,6 +255,7 @@ def main(argv: list[str]) -> int:
         "worlds": worlds,
         "seconds": time.perf_counter() - start,
     }
-    path = write_results("steptime", payload, opts.out)
+    # a capped HBM is a regime of its own (UVM on a GPU): its own file, beside the uncapped one
+    path = write_results("steptime_capped" if opts.hbm_gib else "steptime", payload, opts.out)
     print(f"wrote {path} in {payload['seconds']:.0f} s")
     return 0

@@ -44,7 +44,7 @@ const char* dist_name(int64_t code) {
 }
 
 void check_index_tensor(const char* name, const at::Tensor& t) {
-  EMBNB_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
+  EMBNB_CHECK_VALUE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
                    name, " must be int32 or int64, got ", t.scalar_type());
   EMBNB_CHECK_VALUE(t.dim() == 1, name, " must be 1-D, got shape ", t.sizes());
 }

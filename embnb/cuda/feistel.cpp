@@ -33,10 +33,10 @@ uint64_t feistel_once(uint64_t x, int64_t half_bits, const int64_t* keys, int64_
 
 at::Tensor feistel_slots_cpu(const at::Tensor& ids, int64_t num_embeddings, int64_t world_size,
                              int64_t half_bits, const at::Tensor& keys) {
-  EMBNB_CHECK_TYPE(ids.scalar_type() == at::kLong && ids.dim() == 1,
+  EMBNB_CHECK_VALUE(ids.scalar_type() == at::kLong && ids.dim() == 1,
                    "feistel_slots: ids must be a 1-D int64 tensor, got ", ids.sizes(), " ",
                    ids.scalar_type());
-  EMBNB_CHECK_TYPE(keys.scalar_type() == at::kLong && keys.dim() == 1 && keys.device().is_cpu(),
+  EMBNB_CHECK_VALUE(keys.scalar_type() == at::kLong && keys.dim() == 1 && keys.device().is_cpu(),
                    "feistel_slots: keys must be a 1-D int64 CPU tensor");
   EMBNB_CHECK_VALUE(num_embeddings >= 1 && world_size >= 1, "feistel_slots: num_embeddings ",
                     num_embeddings, " and world_size ", world_size, " must be >= 1");

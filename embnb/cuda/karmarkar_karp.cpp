@@ -289,7 +289,7 @@ void heaviest_first(const std::vector<double>& w, std::vector<std::vector<int64_
 std::tuple<at::Tensor, at::Tensor> karmarkar_karp_cpu(const at::Tensor& workloads, int64_t num_parts,
                                                       bool equal_size, bool refine_swaps) {
   EMBNB_CHECK_VALUE(workloads.dim() == 1, "workloads must be 1-D, got shape ", workloads.sizes());
-  EMBNB_CHECK_TYPE(workloads.scalar_type() == at::kDouble, "workloads must be float64, got ",
+  EMBNB_CHECK_VALUE(workloads.scalar_type() == at::kDouble, "workloads must be float64, got ",
                    workloads.scalar_type());
   EMBNB_CHECK_VALUE(num_parts >= 1, "num_parts must be >= 1, got ", num_parts);
   const int64_t n = workloads.numel();

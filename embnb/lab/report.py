@@ -14,7 +14,12 @@ import pathlib
 import time
 from dataclasses import dataclass
 
-__all__ = ["ReportEntry", "write_report"]
+import embnb
+
+__all__ = ["COMMITTED_RESULTS", "ReportEntry", "write_report"]
+
+# The benches' committed results files, which notebooks read back (there are none outside a checkout).
+COMMITTED_RESULTS = pathlib.Path(embnb.__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
 @dataclass(frozen=True)

@@ -421,3 +421,28 @@ def test_uvm_regime_is_marked_estimated_only(run):
                 assert marked in summary
     if regime["embnb_dp_uvm_tables"]:
         assert f"(estimated only: {regime['embnb_dp_uvm_tables']} tables in UVM" in summary
+
+
+def test_the_uvm_regime_as_the_gpu_kit_measured_it(run):
+    """Section 6's committed GPU runs of the regime (steptime_capped-*.json, read here): every
+    planner's plan, and the summary's claim that embnb DP measured shorter than torchrec's
+    default plan by less than torchrec's ratings of the two said."""
+    expected = {}
+    for path in sorted(RESULTS_DIR.glob("steptime_capped-*.json")):
+        payload = json.loads(path.read_text())
+        if payload["device"] != "cuda":
+            continue
+        for world in payload["worlds"]:
+            for plan in world["plans"]:
+                if plan["measured"] and plan.get("note") != "poor on purpose":
+                    expected[(payload["machine"], plan["plan"])] = (plan["critical_path_s"], plan["rating_s"])
+    rows = run.results["uvm_regime"]["gpu_measured"]
+    got = {(r["machine"], r["plan"]): (r["measured_ms"] / 1e3, r["rating_ms"] / 1e3) for r in rows}
+    assert got.keys() == expected.keys() and got, "every planner's plan of every committed GPU run"
+    for key, (measured, rating) in expected.items():
+        assert got[key] == pytest.approx((measured, rating))
+    for machine in {m for m, _ in expected}:
+        ours, theirs = expected[(machine, "embnb DP")], expected[(machine, "torchrec default")]
+        assert ours[0] < theirs[0] and theirs[0] / ours[0] < theirs[1] / ours[1]
+        assert all("fused_uvm" in r["kernels"] for r in rows if r["machine"] == machine)  # UVM planned
+        assert f"{machine}, W = " in run.results["summary"]

@@ -71,3 +71,21 @@ def test_bad_calibrate_arguments_are_named(tmp_path, capsys, args, message):
     code, _, err = run(capsys, *args, "--out", str(tmp_path))
     assert code == 2 and message in err
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_random_plans_on_a_cuda_topology_hold_only_what_steptime_replays():
+    """A CUDA topology also offers table_row_wise, which steptime does not replay (the first GPU
+    calibration stopped on it): the random plans never pick it, but keep every other type."""
+    import numpy as np
+
+    from embnb.bench.calibrate import random_plan
+    from embnb.lab.planner.models import enumerate_options, make_model
+    from embnb.planner.topology import make_topology
+
+    model = make_model(8, seed=1, max_rows=5_000)
+    enumerated = enumerate_options(model.tables, make_topology(4, "cuda"), 32, model.constraints, "embnb")
+    offered = {o.sharding_type for o in enumerated.options}
+    assert "table_row_wise" in offered
+    rng = np.random.default_rng(0)
+    picked = {o.sharding_type for _ in range(30) for o in random_plan(enumerated, 4, rng)}
+    assert picked == offered - {"table_row_wise", "grid_shard"}

@@ -442,6 +442,7 @@ class RankByRank:
     worker_shares: dict[str, pd.DataFrame]
     gpu_speedups: pd.DataFrame  # gpu_runs.gpu_speedups
     gpu_exchanges: pd.DataFrame  # gpu_runs.gpu_exchanges
+    gpu_hstu: pd.DataFrame  # gpu_runs.gpu_hstu
 
 
 @dataclass(frozen=True)
@@ -483,6 +484,7 @@ def _summary(notebook: BalancerNotebook, imbalance: dict[str, Any], rank_by_rank
     ratio = counted[largest]["alltoall"] / counted[largest]["allgather"]
     parts = [
         gpu_runs.gpu_sentence(notebook.rank_by_rank.gpu_speedups),
+        gpu_runs.hstu_sentence(notebook.rank_by_rank.gpu_hstu),
         f"real run ({runs.backend}): {cost.sentence()}",
         f"ms/step (mean of {cost.difference['repeats']}): {steps}",
         f"{labels.sync} {speedups[labels.sync].ratio:.2f}x and {labels.overlapped} "
@@ -542,5 +544,6 @@ def results(notebook: BalancerNotebook, seconds: float) -> dict[str, Any]:
         "cap_comparisons": [c.as_dict() for c in rank_by_rank.cap_comparisons],
         "gpu_rank_by_rank": rank_by_rank.gpu_speedups.to_dict("records"),
         "gpu_exchanges": rank_by_rank.gpu_exchanges.to_dict("records"),
+        "gpu_hstu": rank_by_rank.gpu_hstu.to_dict("records"),
         "seconds": seconds,
     }

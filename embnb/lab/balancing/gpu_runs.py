@@ -8,14 +8,14 @@ import pathlib
 
 import pandas as pd
 
-import embnb
+from embnb.lab.balancing.measured import RECSYS_E2E
+from embnb.lab.report import COMMITTED_RESULTS
 
-RESULTS_DIR = pathlib.Path(embnb.__file__).resolve().parent.parent / "benchmarks" / "results"
 METHOD = "kk_swap"  # the balancer's default: KK + swaps
 COLUMNS = ["machine", "file", "width", "distribution", "world_size", "measured", "flop_model", "bound"]
 
 
-def gpu_speedups(results_dir: pathlib.Path = RESULTS_DIR) -> pd.DataFrame:
+def gpu_speedups(results_dir: pathlib.Path = COMMITTED_RESULTS) -> pd.DataFrame:
     """KK + swaps over the loader's cut on each GPU, a row per file, distribution and W."""
     rows = []
     for path in sorted(results_dir.glob("balancer-*.json")):
@@ -45,10 +45,47 @@ def gpu_sentence(table: pd.DataFrame) -> str:
     )
 
 
+HSTU_COLUMNS = ["machine", "file", "world_size", "width", "cut_ms", "measured", "low", "high", "flop_model"]
+
+
+def gpu_hstu(results_dir: pathlib.Path = COMMITTED_RESULTS) -> pd.DataFrame:
+    """KK + swaps over the loader's cut at recsys-examples' shape (`python -m embnb.bench hstu
+    --device cuda`, the GPU kit's runs), a row per GPU, W and width."""
+    rows = []
+    for path in sorted(results_dir.glob("hstu-*.json")):
+        payload = json.loads(path.read_text())
+        if payload.get("device") != "cuda":
+            continue
+        for world in payload["worlds"]:
+            cut, run = world["runs"][0], next(r for r in world["runs"] if r["method"] == METHOD)
+            ratio = run["speedup_vs_cut"]
+            where = {"machine": payload["machine"], "file": path.name, "world_size": world["world_size"]}
+            rows.append(where | {"width": world["width"], "cut_ms": cut["step_ms_median"],
+                                 "measured": ratio["median"], "low": ratio["low"], "high": ratio["high"],
+                                 "flop_model": run["flop_model_speedup"]})  # fmt: skip
+    return pd.DataFrame(rows, columns=HSTU_COLUMNS)
+
+
+def hstu_sentence(table: pd.DataFrame) -> str:
+    """Per GPU and W, KK + swaps' measured speed-up at recsys-examples' shape beside the FLOP model's."""
+    if table.empty:
+        return "No GPU run of the HSTU bench is in benchmarks/results here"
+    runs = [
+        f"{r.machine} W={r.world_size} width {r.width}: {r.measured:.2f}x ({r.low:.2f}-{r.high:.2f}), "
+        f"FLOP model {r.flop_model:.2f}x"
+        for r in table.itertuples()
+    ]
+    return (
+        "At recsys-examples' shape (HSTU-like, 8 layers, bf16, Zipf(1.2) lengths up to 4096, 32 samples "
+        f"per rank), KK + swaps over the loader's cut: {'; '.join(runs)} (recsys-examples: "
+        f"{RECSYS_E2E['speedup']}x end to end on 2 x 8 H100)"
+    )
+
+
 EXCHANGE_COLUMNS = ["machine", "file", "world_size", "exchange", "ms_median", "ms_low", "ms_high"]
 
 
-def gpu_exchanges(results_dir: pathlib.Path = RESULTS_DIR) -> pd.DataFrame:
+def gpu_exchanges(results_dir: pathlib.Path = COMMITTED_RESULTS) -> pd.DataFrame:
     """Both exchanges as the committed GPU runs measured them (W ranks sharing one GPU: gloo
     through host memory, `embnb.dist`'s rule), a row per file, W and exchange."""
     rows = []

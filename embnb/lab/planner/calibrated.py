@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-import embnb
 from embnb.lab.planner.planning import records
 from embnb.lab.plotting import new_figure
+from embnb.lab.report import COMMITTED_RESULTS
 from embnb.planner.calibration import Calibration
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "calibration_record",
 ]
 
-RESULTS_DIR = pathlib.Path(embnb.__file__).resolve().parent.parent / "benchmarks" / "results"
 GOAL = 0.10  # issue #46: median per-rank error of the calibrated estimate on a CPU
 ESTIMATES = {"torchrec_default": "torchrec_estimate_ms", "calibrated": "calibrated_estimate_ms"}
 
@@ -60,7 +59,7 @@ class CalibrationBench:
 
 
 def load_calibration_bench(
-    device_kind: str = "cpu", results_dir: pathlib.Path = RESULTS_DIR
+    device_kind: str = "cpu", results_dir: pathlib.Path = COMMITTED_RESULTS
 ) -> CalibrationBench:
     """The newest committed `calibrate-*.json` measured on `device_kind` ("cpu" or "cuda")."""
     if device_kind not in ("cpu", "cuda"):

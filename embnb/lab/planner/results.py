@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import torchrec
 
+from embnb.lab.planner import gpu_runs
 from embnb.lab.planner.calibrated import CalibrationBench, calibration_record
 from embnb.lab.planner.explain import PlanExtremes, SmallKnapsack
 from embnb.lab.planner.hosts import HostLayout
@@ -102,6 +103,8 @@ def notebook_results(notebook: PlannerNotebook, notebook_s: float) -> dict[str, 
     return plain(
         {
             "summary": _measured_lead(notebook.measured)
+            + regime["gpu_sentence"]
+            + ". "
             + _calibration_lead(calibration)
             + _summary(settings, planned.comparison, planned.sweep, regime)
             + _summary_tail(study, pitfall, in_use.end_to_end),
@@ -163,11 +166,15 @@ def budget_advantage(sweep: pd.DataFrame, other: str = "Greedy", reference: str 
 
 def uvm_regime(comparison: pd.DataFrame, sweep: pd.DataFrame, measured: MeasuredWorlds) -> dict[str, Any]:
     """Which estimated ratings no measurement here backs: plans with tables in UVM (rows in DDR;
-    FBGEMM runs those kernels only on a GPU). `estimated_only`: no plan measured used one."""
+    FBGEMM runs those kernels only on a GPU). `estimated_only`: no plan measured here used one;
+    `gpu_measured`: the regime as the GPU kit measured it (committed files, not this run)."""
     ours = sweep[sweep.proposer == "embnb DP"]
     with_uvm = ours[ours.uvm_tables > 0]
     measured_uvm = sum(p.uvm_tables for world in measured.worlds for p in world.measured())
+    on_gpu = gpu_runs.gpu_uvm_runs()  # the GPU kit's committed runs of this regime
     return {
+        "gpu_measured": records(on_gpu, "records"),
+        "gpu_sentence": gpu_runs.uvm_sentence(on_gpu),
         "estimated_only": measured_uvm == 0,
         "measured_device": measured.worlds[0].device,
         "measured_uvm_tables": int(measured_uvm),

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from embnb.lab.planner.calibrated import (
-    RESULTS_DIR,
     calibration_record,
     calibration_scatter,
     fastest_plans,
@@ -15,6 +14,7 @@ from embnb.lab.planner.calibrated import (
     load_calibration_bench,
     repeat_gaps,
 )
+from embnb.lab.report import COMMITTED_RESULTS
 
 
 def _plan(name, same_as, steps, ranks):
@@ -33,7 +33,7 @@ def _plan(name, same_as, steps, ranks):
 
 
 def _bench(date, device="cpu"):
-    committed = json.loads(next(RESULTS_DIR.glob("calibrate-*.json")).read_text())
+    committed = json.loads(next(COMMITTED_RESULTS.glob("calibrate-*.json")).read_text())
     plans = [
         # measured, torchrec's default, calibrated, shards: errors 0.5/0.1, 0.9/0.2, and a rank with none
         _plan("embnb DP", "embnb DP", (9.0, 10.0, 11.0), [(10.0, 5.0, 11.0, 1), (4.0, 0.4, 4.8, 2)]),
