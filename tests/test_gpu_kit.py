@@ -378,6 +378,34 @@ def _check_balancer_results(payload: dict, sizes: dict) -> None:
             assert label == "uncapped" or max(c["runs"][label]["tokens"]) <= c["cap"]
 
 
+def test_the_two_commands_of_a_lease_run_every_step_once_but_the_fbgemm_and_build_steps(tmp_path):
+    """`--only checks` then `--only benches`: each step of the whole kit runs in one of them, and
+    both bring FBGEMM's package and build the native library (each command builds afresh)."""
+    every = [
+        "fbgemm-cuda",
+        "build",
+        *[f"cuda-tests-{pathlib.Path(f).stem}" for f in gpu_kit.KIT_TESTS],
+        *[f"notebook-{name}" for name in gpu_kit.NOTEBOOK_PARAMETERS],
+        "bench-bucketize",
+        "bench-steptime",
+        "bench-steptime-uvm",
+        "bench-calibrate",
+        "bench-hstu",
+        "bench-balancer",
+        "tests",
+    ]
+    ran = {}
+    for group in ("checks", "benches"):
+        steps = gpu_kit.Steps(tmp_path, dict(os.environ), only=[group])
+        for name in every:
+            steps.run(name, [sys.executable, "-c", "pass"])  # a step left out is neither run nor recorded
+        for record in steps.records:
+            ran.setdefault(record["step"], []).append(group)
+    assert ran.pop("fbgemm-cuda") == ran.pop("build") == ["checks", "benches"]
+    assert sorted(ran) == sorted(every[2:]) and all(len(groups) == 1 for groups in ran.values())
+    assert ran["notebook-03_dp_planner"] == ["checks"] and ran["bench-hstu"] == ["benches"]
+
+
 def test_steps_past_the_deadline_are_cut_and_recorded(tmp_path):
     steps = gpu_kit.Steps(tmp_path, dict(os.environ), deadline_s=3)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
