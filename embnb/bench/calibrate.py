@@ -37,8 +37,7 @@ import numpy as np
 import torch
 from torchrec.distributed.planner.planners import to_sharding_plan
 
-from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
-from embnb.devices import resolve_device
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
 from embnb.lab.planner.candidates import candidate_plans, plan_shape
 from embnb.lab.planner.comparison import default_proposers
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options, make_model
@@ -55,7 +54,6 @@ from embnb.planner.calibration import (
 from embnb.planner.enumerator import make_enumerator
 from embnb.planner.topology import make_topology
 from embnb.steptime import StepTimes, make_batch, measure_plan
-from embnb.steptime.kernels import fbgemm_cuda_available
 from embnb.steptime.work import SUPPORTED_SHARDING_TYPES
 from embnb.timing import Stopwatch, machine_name
 
@@ -296,13 +294,9 @@ def main(argv: list[str]) -> int:
         print(problem, file=sys.stderr)
         return 2
     try:
-        opts.device = resolve_device(opts.device)
+        opts.device = tbe_device(opts.device)
     except ValueError as error:
         print(error, file=sys.stderr)
-        return 2
-    if opts.device == "cuda" and not fbgemm_cuda_available():
-        print("device 'cuda': this fbgemm_gpu has no CUDA kernels (the fbgemm-gpu-cpu build); "
-              "the TBEs need the fbgemm-gpu CUDA wheel", file=sys.stderr)  # fmt: skip
         return 2
     opts.clock = CLOCKS[opts.device]
     quiet_torchrec_logs()

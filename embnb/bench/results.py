@@ -55,3 +55,18 @@ def quiet_torchrec_logs() -> None:
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.ERROR)
     quiet_torch_fx()
+
+
+def tbe_device(device: str) -> str:
+    """`--device` of a bench that runs FBGEMM's TBEs, resolved ("auto": cuda where a GPU is); a
+    ValueError says why it cannot run there (no GPU, or an fbgemm_gpu without CUDA kernels)."""
+    from embnb.devices import resolve_device
+    from embnb.steptime.kernels import fbgemm_cuda_available
+
+    resolved = resolve_device(device)
+    if resolved == "cuda" and not fbgemm_cuda_available():
+        raise ValueError(
+            "device 'cuda': this fbgemm_gpu has no CUDA kernels (the fbgemm-gpu-cpu build); "
+            "the TBEs need the fbgemm-gpu CUDA wheel"
+        )
+    return resolved

@@ -34,8 +34,7 @@ from typing import Any
 
 import torch
 
-from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
-from embnb.dist import resolve_device
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
 from embnb.lab.planner.candidates import (
     CandidatePlan,
     candidate_plans,
@@ -47,7 +46,7 @@ from embnb.metrics import spearman
 from embnb.planner.topology import make_topology
 from embnb.steptime.batch import make_batch
 from embnb.steptime.comms import LINK_MODEL
-from embnb.steptime.kernels import DEFAULT_OPTIMIZER, fbgemm_cuda_available
+from embnb.steptime.kernels import DEFAULT_OPTIMIZER
 from embnb.steptime.measure import DEFAULT_HIDDEN, StepTimes
 from embnb.steptime.step import measure_plan
 from embnb.timing import machine_name
@@ -229,13 +228,9 @@ def main(argv: list[str]) -> int:
         print(problem, file=sys.stderr)
         return 2
     try:
-        device = resolve_device(opts.device)
+        device = tbe_device(opts.device)
     except ValueError as error:
         print(error, file=sys.stderr)
-        return 2
-    if device == "cuda" and not fbgemm_cuda_available():
-        print("device 'cuda': this fbgemm_gpu has no CUDA kernels (the fbgemm-gpu-cpu build); "
-              "the TBEs need the fbgemm-gpu CUDA wheel", file=sys.stderr)  # fmt: skip
         return 2
     quiet_torchrec_logs()
     start = time.perf_counter()

@@ -161,7 +161,7 @@ class TableLayout:
         False runs the torch version. Both give the same slots."""
         ids = check_int_tensor("ids", ids).to(torch.int64)
         if ids.numel():
-            low, high = int(ids.min()), int(ids.max())
+            low, high = torch.stack(torch.aminmax(ids)).tolist()  # one read back from a GPU, not two
             if low < 0 or high >= self.num_embeddings:
                 bad = low if low < 0 else high
                 raise ValueError(
