@@ -99,7 +99,7 @@ def test_the_hstu_bench_step_asks_for_recsys_examples_shape_and_its_short_form_f
     # recsys-examples' E2E benchmark (7cf45752): width 1024, 8 layers, 32 samples per GPU, Zipf(1.2) to 4096
     assert (gpu["--width"], gpu["--layers"], gpu["--samples-per-rank"]) == (1024, 8, 32)
     assert (gpu["--alpha"], gpu["--max-length"]) == (1.2, 4096)
-    assert gpu["--world-sizes"] == [8, 16] and gpu["--more-world-sizes"] == [64]
+    assert gpu["--world-sizes"] == [8] and gpu["--more-world-sizes"] == [16, 64]
     assert gpu["--sweep-world-size"] == 8 and min(gpu["--sweep-widths"]) == 32
     assert max(gpu["--sweep-widths"]) == 1024
     assert gpu["--deadline-s"] < gpu_kit.HSTU_STEP_S  # the bench stops before the kit cuts it
@@ -107,8 +107,9 @@ def test_the_hstu_bench_step_asks_for_recsys_examples_shape_and_its_short_form_f
         opts = hstu._options([*gpu_kit.bench_flags(sizes), "--device", "cpu"])
         assert opts.width == sizes["--width"] and opts.world_sizes == sizes["--world-sizes"]
     gpu_opts = hstu._options([*gpu_kit.bench_flags(gpu), "--device", "cpu"])
-    assert hstu._units(gpu_opts)[:2] == [(8, 1024), (16, 1024)]  # W = 8 and 16 first, W = 64 last
-    assert hstu._units(gpu_opts)[-1] == (64, 1024)
+    units = hstu._units(gpu_opts)  # W = 8 at width 1024, the sweep at W = 8, then W = 16 and 64
+    assert units[0] == (8, 1024) and units[1:6] == [(8, w) for w in (32, 64, 128, 256, 512)]
+    assert units[6:] == [(16, 1024), (64, 1024)]
     for flag, value in short.items():
         values = value if isinstance(value, list) else [value]
         limit = gpu[flag] if isinstance(gpu[flag], list) else [gpu[flag]]
