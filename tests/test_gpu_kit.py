@@ -274,19 +274,7 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     assert summary["device"] == "cpu" and summary["torch"].startswith("2.11.0")
     assert summary["python"].startswith("3.12")
     # the whole kit but a shorter bench: every kit test file, every notebook with the kit's parameters
-    notebooks = [f"notebook-{name}" for name in gpu_kit.NOTEBOOK_PARAMETERS]
-    assert [s["step"] for s in summary["steps"]] == [
-        "build",
-        *[f"cuda-tests-{pathlib.Path(f).stem}" for f in gpu_kit.KIT_TESTS],  # a process each
-        *notebooks,
-        "bench-bucketize",
-        "bench-steptime",
-        "bench-steptime-uvm",
-        "bench-calibrate",
-        "bench-hstu",
-        "bench-balancer",
-        "tests",  # CPU-only, last: a deadline cuts them first
-    ]
+    assert [s["step"] for s in summary["steps"]] == kit_steps()
     assert all(s["ok"] for s in summary["steps"])
     # a file without a CUDA test: pytest's "nothing selected" (5) is no failure
     assert {s["returncode"] for s in summary["steps"]} <= {0, 5}
@@ -379,13 +367,11 @@ def _check_balancer_results(payload: dict, sizes: dict) -> None:
             assert label == "uncapped" or max(c["runs"][label]["tokens"]) <= c["cap"]
 
 
-def test_the_two_commands_of_a_lease_run_every_step_once_but_the_fbgemm_and_build_steps(tmp_path):
-    """`--only checks` then `--only benches`: each step of the whole kit runs in one of them, and
-    both bring FBGEMM's package and build the native library (each command builds afresh)."""
-    every = [
-        "fbgemm-cuda",
+def kit_steps() -> list[str]:
+    """The whole kit's steps in their order (but FBGEMM's, which runs only with --fbgemm-cuda)."""
+    return [
         "build",
-        *[f"cuda-tests-{pathlib.Path(f).stem}" for f in gpu_kit.KIT_TESTS],
+        *[f"cuda-tests-{pathlib.Path(f).stem}" for f in gpu_kit.KIT_TESTS],  # a process each
         *[f"notebook-{name}" for name in gpu_kit.NOTEBOOK_PARAMETERS],
         "bench-bucketize",
         "bench-steptime",
@@ -393,8 +379,14 @@ def test_the_two_commands_of_a_lease_run_every_step_once_but_the_fbgemm_and_buil
         "bench-calibrate",
         "bench-hstu",
         "bench-balancer",
-        "tests",
+        "tests",  # CPU-only, last: a deadline cuts them first
     ]
+
+
+def test_the_two_commands_of_a_lease_run_every_step_once_but_the_fbgemm_and_build_steps(tmp_path):
+    """`--only checks` then `--only benches`: each step of the whole kit runs in one of them, and
+    both bring FBGEMM's package and build the native library (each command builds afresh)."""
+    every = ["fbgemm-cuda", *kit_steps()]
     ran = {}
     for group in ("checks", "benches"):
         steps = gpu_kit.Steps(tmp_path, dict(os.environ), only=[group])
