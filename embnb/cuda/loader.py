@@ -49,7 +49,7 @@ from embnb._checks import check_native
 HERE = pathlib.Path(__file__).resolve().parent
 NAME = "embnb_native"
 CPU_SOURCES = ["bucketize_cpu.cpp", "feistel.cpp", "greedy_place.cpp", "karmarkar_karp.cpp", "knapsack.cpp"]
-CUDA_SOURCES = ["bucketize_cuda.cpp", "bucketize_cuda.cu"]
+CUDA_SOURCES = ["bucketize_cuda.cpp", "bucketize_cuda.cu", "feistel_cuda.cpp", "feistel_cuda.cu"]
 HEADER_SUFFIXES = (".h", ".cuh")
 BUILD_COMMAND = "python -m embnb.cuda build"
 CFLAGS = ["-O3", "-fopenmp"]

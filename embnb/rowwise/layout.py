@@ -154,10 +154,10 @@ class TableLayout:
     def slots(self, ids: torch.Tensor, native: bool | None = None) -> torch.Tensor:
         """Storage row of each id (int64); raise on an id outside [0, N).
 
-        `native` (feistel_roundrobin on CPU tensors): None runs
-        torch.ops.embnb.feistel_slots where the native library is built
-        (`make setup`, `python -m embnb.cuda build`; nothing compiles here,
-        inside a training step), else the torch version; True needs it;
+        `native` (feistel_roundrobin): None runs torch.ops.embnb.feistel_slots
+        where the native library is built (`make setup`, `python -m embnb.cuda
+        build`; nothing compiles here, inside a training step) and, for CUDA
+        ids, holds its CUDA kernels; else the torch version; True needs it;
         False runs the torch version. Both give the same slots."""
         ids = check_int_tensor("ids", ids).to(torch.int64)
         if ids.numel():
@@ -170,7 +170,8 @@ class TableLayout:
         if self.routing is Routing.CONTINUOUS:
             return ids
         if self.routing is Routing.FEISTEL_ROUNDROBIN:
-            if ids.device.type == "cpu" and loader.use(native, build=False):
+            on_host = ids.device.type == "cpu"
+            if loader.use(native, build=False) and (native or on_host or loader.load(False).cuda):
                 keys = _round_keys(self.seed)
                 n, w = self.num_embeddings, self.world_size
                 return torch.ops.embnb.feistel_slots(ids, n, w, _half_bits(n), keys)

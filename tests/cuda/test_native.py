@@ -48,36 +48,21 @@ def compile_jobs(tmp_path_factory):
     background while the CPU extension builds and the parity tests run."""
     out = tmp_path_factory.mktemp("cuda-objects")
     jobs = {"dir": out}
-    if shutil.which("nvcc"):
-        jobs["nvcc"] = _start(
-            [
-                "nvcc",
-                "-arch=sm_90",
-                "-O3",
-                "-std=c++20",
-                "-Xcompiler",
-                "-fPIC,-Wall",
-                "-c",
-                str(CUDA_DIR / "bucketize_cuda.cu"),
-                "-o",
-                str(out / "bucketize_cuda_cu.o"),
-            ]
-        )
     from torch.utils.cpp_extension import include_paths
 
-    jobs["binding"] = _start(
-        [
-            os.environ.get("CXX", "c++"),
-            "-std=c++20",
-            "-fPIC",
-            "-Wall",
-            "-c",
-            *[f"-I{p}" for p in include_paths()],
-            str(CUDA_DIR / "bucketize_cuda.cpp"),
-            "-o",
-            str(out / "bucketize_cuda_binding.o"),
-        ]
-    )
+    for source in loader.CUDA_SOURCES:  # every one the loader builds where a GPU is
+        stem = pathlib.Path(source).stem
+        if source.endswith(".cu"):
+            if shutil.which("nvcc"):
+                jobs[f"nvcc {source}"] = _start(
+                    ["nvcc", "-arch=sm_90", "-O3", "-std=c++20", "-Xcompiler", "-fPIC,-Wall", "-c",
+                     str(CUDA_DIR / source), "-o", str(out / f"{stem}_cu.o")]
+                )  # fmt: skip
+        else:
+            jobs[f"binding {source}"] = _start(
+                [os.environ.get("CXX", "c++"), "-std=c++20", "-fPIC", "-Wall", "-c",
+                 *[f"-I{p}" for p in include_paths()], str(CUDA_DIR / source), "-o", str(out / f"{stem}.o")]
+            )  # fmt: skip
     yield jobs
     for name, job in jobs.items():
         if name != "dir" and job.poll() is None:
@@ -534,6 +519,27 @@ def test_the_ops_errors_capture_no_cpp_backtrace(native):
 
 
 @needs_gpu
+def test_cuda_feistel_slots_equal_the_cpu_kernel_and_the_torch_version(native):
+    """The feistel_roundrobin renumbering on CUDA ids (the routed sharder's, on a GPU): bit for bit
+    the CPU kernel's and TableLayout's torch version, small and large tables; a bad id is refused by
+    name and an empty batch gives no slots."""
+    from embnb.rowwise import TableLayout
+
+    generator = torch.Generator().manual_seed(3)
+    for n, world_size, seed in ((1, 1, 0), (7, 3, 5), (1001, 8, 0), (2**20 + 7, 8, 11), (10**9, 64, 2)):
+        layout = TableLayout(n, world_size, "feistel_roundrobin", seed)
+        ids = torch.randint(0, n, (100_000,), generator=generator)
+        on_gpu = layout.slots(ids.cuda(), native=True)
+        assert on_gpu.device.type == "cuda"
+        assert torch.equal(on_gpu.cpu(), layout.slots(ids, native=True)), (n, world_size)
+        assert torch.equal(on_gpu.cpu(), layout.slots(ids, native=False)), (n, world_size)
+    keys = torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"id 5 is outside \[0, 5\)"):
+        torch.ops.embnb.feistel_slots(torch.tensor([0, 5, 1]).cuda(), 5, 2, 2, keys)
+    assert torch.ops.embnb.feistel_slots(torch.zeros(0, dtype=torch.int64).cuda(), 5, 2, 2, keys).numel() == 0
+
+
+@needs_gpu
 def test_cuda_rejects_bad_data(native):
     cuda = dict(device="cuda")
     with pytest.raises(ValueError, match="-2 at position 1"):
@@ -560,34 +566,43 @@ NO_NVCC = (
 )
 
 
+def _all_finished(compile_jobs, kind: str) -> list[str]:
+    """Every compile job of `kind` ("nvcc" or "binding") finished without error; their names."""
+    names = [name for name in compile_jobs if name.startswith(f"{kind} ")]
+    for name in names:
+        _finished(compile_jobs, name)
+    return names
+
+
 def test_cuda_kernels_compile_with_nvcc(compile_jobs):
-    if "nvcc" not in compile_jobs:
+    if not _all_finished(compile_jobs, "nvcc"):
         pytest.fail(NO_NVCC)
-    _finished(compile_jobs, "nvcc")
 
 
-def test_cuda_binding_compiles(compile_jobs):
-    _finished(compile_jobs, "binding")
+def test_cuda_bindings_compile(compile_jobs):
+    assert _all_finished(compile_jobs, "binding")
 
 
 LOAD_AND_DUMP = """
     import sys, torch
     torch.ops.load_library(sys.argv[1])
     print(torch._C._dispatch_dump("embnb::bucketize"))
+    print(torch._C._dispatch_dump("embnb::feistel_slots"))
 """
 
 
 def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
-    """The CPU objects of the built extension plus the two CUDA objects link
-    into one library with no undefined symbol (static cudart, CPU torch, torch's OpenMP runtime),
-    and loading it registers embnb::bucketize for CPU and CUDA."""
-    if "nvcc" not in compile_jobs:
+    """The CPU objects of the built extension plus every CUDA object link into one library with no
+    undefined symbol (static cudart, CPU torch, torch's OpenMP runtime), and loading it registers
+    embnb::bucketize and embnb::feistel_slots for CPU and CUDA."""
+    if not _all_finished(compile_jobs, "nvcc"):
         pytest.fail(NO_NVCC)
-    _finished(compile_jobs, "nvcc")
-    _finished(compile_jobs, "binding")
+    _all_finished(compile_jobs, "binding")
     out = compile_jobs["dir"]
     cpu_objects = sorted(native.library.parent.glob("*.o"))
     assert cpu_objects, f"no object files next to {native.library}"
+    cuda_objects = sorted(out.glob("*.o"))
+    assert len(cuda_objects) == len(loader.CUDA_SOURCES), cuda_objects
     torch_lib = pathlib.Path(torch.__file__).parent / "lib"
     library = out / "embnb_cuda_check.so"
     link = subprocess.run(
@@ -597,8 +612,7 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
             "-o",
             str(library),
             *map(str, cpu_objects),
-            str(out / "bucketize_cuda_cu.o"),
-            str(out / "bucketize_cuda_binding.o"),
+            *map(str, cuda_objects),
             f"-L{torch_lib}",
             "-lc10",
             "-ltorch_cpu",
@@ -612,7 +626,7 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
         timeout=300,
     )
     assert link.returncode == 0, link.stdout + link.stderr
-    # A fresh process: this one already holds the op's schema.
+    # A fresh process: this one already holds the ops' schemas.
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(LOAD_AND_DUMP), str(library)],
         capture_output=True,
@@ -620,9 +634,12 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    registered = {line.split(":")[0]: line for line in done.stdout.splitlines()}
-    assert "bucketize_cpu.cpp" in registered.get("CPU", ""), done.stdout
-    assert "bucketize_cuda.cpp" in registered.get("CUDA", ""), done.stdout
+    for op, cpu, cuda in (("bucketize", "bucketize_cpu.cpp", "bucketize_cuda.cpp"),
+                          ("feistel_slots", "feistel.cpp", "feistel_cuda.cpp")):  # fmt: skip
+        dump = done.stdout.split(f"name: embnb::{op}")[1].split("name: embnb::")[0]
+        registered = {line.split(":")[0]: line for line in dump.splitlines()}
+        assert cpu in registered.get("CPU", ""), done.stdout
+        assert cuda in registered.get("CUDA", ""), done.stdout
 
 
 BUILD_THROUGH_THE_LOADER = """
