@@ -251,7 +251,24 @@ def _parameter_problems(source: str) -> list[str]:
             problems.append(f"parameter {target.id!r} has no comment")
         names.add(target.id)
     problems += [f"parameters cell lacks {name!r}" for name in REQUIRED_PARAMETERS if name not in names]
+    # papermill's own reading (`papermill --help-notebook`, its unknown-parameter warning) skips a
+    # line holding a second `=`, in a comment too
+    unread = sorted(names - _papermill_names(source))
+    problems += [f"papermill cannot read parameter {name!r} (a second '=' on its line?)" for name in unread]
     return problems
+
+
+def _papermill_names(source: str) -> set[str]:
+    import logging
+
+    from papermill.translators import PythonTranslator
+
+    papermill_log = logging.getLogger("papermill.translators")
+    level, papermill_log.disabled = papermill_log.disabled, True  # its warning is the problem named
+    try:
+        return {p.name for p in PythonTranslator.inspect(nbformat.v4.new_code_cell(source))}
+    finally:
+        papermill_log.disabled = level
 
 
 def strip_outputs(path: str | pathlib.Path) -> None:

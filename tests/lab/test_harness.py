@@ -89,6 +89,10 @@ def test_clean_notebook_has_no_problems(tmp_path):
         ({"parameters": PARAMETERS + "size = 4\n"}, "parameter 'size' has no comment"),
         ({"parameters": PARAMETERS + "print(1)  # side effect\n"}, "is not a plain `name = literal`"),
         ({"parameters": "device = 'cpu'  # d\n"}, "parameters cell lacks 'interactive'"),
+        (
+            {"parameters": PARAMETERS + "widths = [32]  # at f = 4d\n"},
+            "papermill cannot read parameter 'widths'",
+        ),
     ],
 )
 def test_convention_breaks_are_named(tmp_path, change, problem):
