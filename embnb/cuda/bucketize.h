@@ -13,10 +13,14 @@ namespace embnb {
 
 // The op's schema, registered once (TORCH_LIBRARY_FRAGMENT) in
 // bucketize_cpu.cpp. dist_types holds DistCode values, one per feature;
-// block_sizes one per feature, read only for continuous features.
+// block_sizes one per feature: the block size of a continuous feature, the
+// num_embeddings of a feistel_roundrobin one, unread for the others.
+// feistel_keys: the round keys (1-D int64, CPU) feistel_roundrobin features
+// share; required where there is one.
 constexpr const char* kBucketizeSchema =
     "bucketize(Tensor lengths, Tensor indices, int world_size, int[] dist_types, "
-    "int[] block_sizes, Tensor? weights=None) -> (Tensor, Tensor, Tensor, Tensor?)";
+    "int[] block_sizes, Tensor? weights=None, Tensor? feistel_keys=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor?)";
 
 using BucketizeResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>>;
 
@@ -34,12 +38,14 @@ struct BucketizePlan {
 BucketizePlan check_bucketize_args(const at::Tensor& lengths, const at::Tensor& indices,
                                    int64_t world_size, c10::IntArrayRef dist_types,
                                    c10::IntArrayRef block_sizes,
-                                   const std::optional<at::Tensor>& weights);
+                                   const std::optional<at::Tensor>& weights,
+                                   const std::optional<at::Tensor>& feistel_keys);
 
 // The errors for bad data, worded as embnb.routing's reference words them.
 void raise_negative_length(int64_t length, int64_t position);
 void raise_length_sum(int64_t sum, int64_t num_keys);
-void raise_negative_key(int64_t key, int64_t position, int64_t feature);
+// A key its feature's route cannot take (key_in_range).
+void raise_bad_key(int64_t key, int64_t position, int64_t feature, const FeatureRoute& route);
 
 // Weights moved like the keys: out[permute[i]] = weights[i].
 std::optional<at::Tensor> move_weights(const std::optional<at::Tensor>& weights,

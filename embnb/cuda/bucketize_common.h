@@ -4,7 +4,10 @@
 //
 // Semantics are embnb.routing's (the pure-torch reference): keys are int64
 // (int32 keys sign-extended); round-robin modes read them as uint64 and send
-// the raw key; continuous sends the local row and rejects negative keys.
+// the raw key; continuous sends the local row and rejects negative keys;
+// feistel_roundrobin permutes ids of [0, N) (a keyed Feistel bijection),
+// routes the result round-robin, sends the local row and rejects ids outside
+// [0, N).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +21,12 @@
 namespace embnb {
 
 // Per-feature dist_type codes, as torch.ops.embnb.bucketize takes them.
-enum DistCode : int32_t { kContinuous = 0, kRoundRobin = 1, kHashRoundRobin = 2 };
+enum DistCode : int32_t {
+  kContinuous = 0,
+  kRoundRobin = 1,
+  kHashRoundRobin = 2,
+  kFeistelRoundRobin = 3,
+};
 
 // Exact unsigned division by a runtime divisor without the 64-bit `div`
 // instruction (35-90 cycles on Cascade Lake, emulated on GPUs): below 2**52
@@ -86,26 +94,92 @@ EMBNB_HD uint64_t fmix64(uint64_t x) {
   return x;
 }
 
-// How one feature's keys are routed.
-struct FeatureRoute {
-  int32_t mode;     // DistCode
-  Divisor block;    // continuous only
-  uint64_t limit;   // block.d * world_size, saturated: keys below it are in blocks
+constexpr int64_t kMaxFeistelRounds = 8;  // embnb.rowwise.routing uses 4
+
+// A keyed Feistel bijection of [0, size), passed by value to a kernel.
+struct FeistelTable {
+  int64_t keys[kMaxFeistelRounds];
+  int64_t rounds;
+  int64_t half_bits;  // the network permutes [0, 4 ** half_bits)
+  uint64_t size;      // num_embeddings
+  uint64_t world;     // world_size
+  uint64_t block;     // ceil(size / world)
 };
 
-inline FeatureRoute make_route(int32_t mode, uint64_t block_size, uint64_t world_size) {
-  FeatureRoute r{mode, make_divisor(mode == kContinuous ? block_size : 1), 0};
+// The least h >= 1 with 4 ** h >= size (size <= 2**62).
+inline int64_t feistel_half_bits(uint64_t size) {
+  int64_t h = 1;
+  while ((uint64_t{1} << (2 * h)) < size) ++h;
+  return h;
+}
+
+// One pass of the network over [0, 4 ** half_bits): as routing._feistel,
+// with int64 wrap-around read as uint64 (the same bits).
+EMBNB_HD uint64_t feistel_once(uint64_t x, const FeistelTable& t) {
+  const uint64_t mask = (uint64_t{1} << t.half_bits) - 1;
+  uint64_t left = x >> t.half_bits, right = x & mask;
+  for (int64_t r = 0; r < t.rounds; ++r) {
+    const uint64_t mixed = left ^ (fmix64(right + static_cast<uint64_t>(t.keys[r])) & mask);
+    left = right;
+    right = mixed;
+  }
+  return (left << t.half_bits) | right;
+}
+
+// The permuted id of `id` (in [0, size): the callers check), cycle-walked
+// into range: the walk ends, since p's cycle holds id.
+EMBNB_HD uint64_t feistel_permute(uint64_t id, const FeistelTable& t) {
+  uint64_t p = feistel_once(id, t);
+  while (p >= t.size) p = feistel_once(p, t);
+  return p;
+}
+
+// How one feature's keys are routed.
+struct FeatureRoute {
+  int32_t mode;         // DistCode
+  Divisor block;        // continuous only
+  uint64_t limit;       // block.d * world_size, saturated: keys below it are in blocks
+  FeistelTable feistel; // feistel_roundrobin only
+};
+
+// `size`: the block size of a continuous feature, the num_embeddings of a
+// feistel_roundrobin one (whose round keys are `keys[0, rounds)`).
+inline FeatureRoute make_route(int32_t mode, uint64_t size, uint64_t world_size,
+                               const int64_t* keys = nullptr, int64_t rounds = 0) {
+  FeatureRoute r{mode, make_divisor(mode == kContinuous ? size : 1), 0, {}};
   if (mode == kContinuous) {
-    r.limit = block_size > UINT64_MAX / world_size ? UINT64_MAX : block_size * world_size;
+    r.limit = size > UINT64_MAX / world_size ? UINT64_MAX : size * world_size;
+  } else if (mode == kFeistelRoundRobin) {
+    for (int64_t i = 0; i < rounds; ++i) r.feistel.keys[i] = keys[i];
+    r.feistel.rounds = rounds;
+    r.feistel.half_bits = feistel_half_bits(size);
+    r.feistel.size = size;
+    r.feistel.world = world_size;
+    r.feistel.block = (size + world_size - 1) / world_size;
   }
   return r;
 }
 
-// Owner rank of `key` and the id sent to it. Continuous keys must be >= 0
-// (the callers check first).
+// Whether `key` may be routed: continuous keys are >= 0, feistel_roundrobin
+// ids in [0, size); round-robin modes take any key.
+EMBNB_HD bool key_in_range(int64_t key, const FeatureRoute& route) {
+  if (route.mode == kContinuous) return key >= 0;
+  if (route.mode == kFeistelRoundRobin) return key >= 0 && static_cast<uint64_t>(key) < route.feistel.size;
+  return true;
+}
+
+// Owner rank of `key` and the id sent to it. The key must be in range
+// (key_in_range: the callers check first).
 EMBNB_HD void route_key(int64_t key, const FeatureRoute& route, const Divisor& world,
                         int64_t* owner, int64_t* sent) {
   const uint64_t u = static_cast<uint64_t>(key);
+  if (route.mode == kFeistelRoundRobin) {  // owner p % W, local row p / W
+    const uint64_t p = feistel_permute(u, route.feistel);
+    const uint64_t q = divide(p, world);
+    *owner = static_cast<int64_t>(p - q * world.d);
+    *sent = static_cast<int64_t>(q);
+    return;
+  }
   if (route.mode == kContinuous) {
     if (u < route.limit) {
       const uint64_t q = divide(u, route.block);
@@ -126,8 +200,9 @@ EMBNB_HD void route_key(int64_t key, const FeatureRoute& route, const Divisor& w
 // as `sent`), without recomputing the owner.
 EMBNB_HD int64_t sent_id(int64_t key, int64_t owner, const FeatureRoute& route,
                          const Divisor& world) {
-  if (route.mode != kContinuous) return key;
   const uint64_t u = static_cast<uint64_t>(key);
+  if (route.mode == kFeistelRoundRobin) return static_cast<int64_t>(divide(feistel_permute(u, route.feistel), world));
+  if (route.mode != kContinuous) return key;
   if (u < route.limit) return static_cast<int64_t>(u - static_cast<uint64_t>(owner) * route.block.d);
   return static_cast<int64_t>(divide(u, world));
 }

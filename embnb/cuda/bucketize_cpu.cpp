@@ -39,6 +39,7 @@ const char* dist_name(int64_t code) {
     case kContinuous: return "continuous";
     case kRoundRobin: return "roundrobin";
     case kHashRoundRobin: return "hash_roundrobin";
+    case kFeistelRoundRobin: return "feistel_roundrobin";
     default: return "?";
   }
 }
@@ -54,7 +55,8 @@ void check_index_tensor(const char* name, const at::Tensor& t) {
 BucketizePlan check_bucketize_args(const at::Tensor& lengths, const at::Tensor& indices,
                                    int64_t world_size, c10::IntArrayRef dist_types,
                                    c10::IntArrayRef block_sizes,
-                                   const std::optional<at::Tensor>& weights) {
+                                   const std::optional<at::Tensor>& weights,
+                                   const std::optional<at::Tensor>& feistel_keys) {
   check_index_tensor("lengths", lengths);
   check_index_tensor("indices", indices);
   EMBNB_CHECK_VALUE(lengths.device() == indices.device(), "lengths is on ", lengths.device(),
@@ -81,16 +83,33 @@ BucketizePlan check_bucketize_args(const at::Tensor& lengths, const at::Tensor& 
   }
   BucketizePlan plan{num_keys, num_segments, world_size, num_features, {},
                      make_divisor(static_cast<uint64_t>(world_size))};
+  at::Tensor keys;  // feistel_roundrobin's round keys, read where a feature routes by them
+  if (feistel_keys.has_value()) {
+    keys = feistel_keys->contiguous();
+    EMBNB_CHECK_VALUE(keys.scalar_type() == at::kLong && keys.dim() == 1 && keys.device().is_cpu() &&
+                          keys.numel() >= 1 && keys.numel() <= kMaxFeistelRounds,
+                      "feistel_keys must be a 1-D int64 CPU tensor of 1 to ", kMaxFeistelRounds,
+                      " round keys, got ", keys.sizes(), " ", keys.scalar_type(), " on ", keys.device());
+  }
   plan.routes.reserve(num_features);
   for (int64_t f = 0; f < num_features; ++f) {
     const int64_t code = dist_types[f];
-    EMBNB_CHECK_VALUE(code >= kContinuous && code <= kHashRoundRobin, "dist_types[", f, "] is ",
-                      code, "; codes are 0 continuous, 1 roundrobin, 2 hash_roundrobin");
+    EMBNB_CHECK_VALUE(code >= kContinuous && code <= kFeistelRoundRobin, "dist_types[", f, "] is ",
+                      code, "; codes are 0 continuous, 1 roundrobin, 2 hash_roundrobin, ",
+                      "3 feistel_roundrobin");
     const int64_t block = block_sizes[f];
     EMBNB_CHECK_VALUE(code != kContinuous || block >= 1, "block_sizes[", f, "] is ", block,
                       "; continuous features need block sizes >= 1");
+    if (code == kFeistelRoundRobin) {
+      EMBNB_CHECK_VALUE(block >= 1 && block <= (int64_t{1} << 62), "block_sizes[", f, "] is ", block,
+                        "; a feistel_roundrobin feature's entry is its num_embeddings, in [1, 2**62]");
+      EMBNB_CHECK_VALUE(keys.defined(), "feature ", f,
+                        " is feistel_roundrobin but feistel_keys is None: give its round keys");
+    }
     plan.routes.push_back(make_route(static_cast<int32_t>(code), static_cast<uint64_t>(block),
-                                     static_cast<uint64_t>(world_size)));
+                                     static_cast<uint64_t>(world_size),
+                                     keys.defined() ? keys.data_ptr<int64_t>() : nullptr,
+                                     keys.defined() ? keys.numel() : 0));
   }
   return plan;
 }
@@ -103,9 +122,12 @@ void raise_length_sum(int64_t sum, int64_t num_keys) {
   EMBNB_CHECK_VALUE(false, "lengths sum to ", sum, " but indices has ", num_keys, " keys");
 }
 
-void raise_negative_key(int64_t key, int64_t position, int64_t feature) {
-  EMBNB_CHECK_VALUE(false, "continuous routing needs keys >= 0, got key ", key, " at position ",
-                    position, " (feature ", feature, " is continuous)");
+void raise_bad_key(int64_t key, int64_t position, int64_t feature, const FeatureRoute& route) {
+  EMBNB_CHECK_VALUE(route.mode != kContinuous, "continuous routing needs keys >= 0, got key ", key,
+                    " at position ", position, " (feature ", feature, " is continuous)");
+  EMBNB_CHECK_VALUE(false, "feistel_roundrobin routing needs keys in [0, ", route.feistel.size,
+                    "), got key ", key, " at position ", position, " (feature ", feature,
+                    " is feistel_roundrobin with num_embeddings ", route.feistel.size, ")");
 }
 
 std::optional<at::Tensor> move_weights(const std::optional<at::Tensor>& weights,
@@ -156,6 +178,7 @@ inline void with_mode(int32_t mode, Body&& body) {
   switch (mode) {
     case kContinuous: body(std::integral_constant<int32_t, kContinuous>{}); break;
     case kRoundRobin: body(std::integral_constant<int32_t, kRoundRobin>{}); break;
+    case kFeistelRoundRobin: body(std::integral_constant<int32_t, kFeistelRoundRobin>{}); break;
     default: body(std::integral_constant<int32_t, kHashRoundRobin>{}); break;
   }
 }
@@ -198,7 +221,7 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
 
   std::vector<int64_t> rank_count(num_chunks * W, 0);   // keys per (chunk, rank)
   std::vector<int64_t> carry_count(num_chunks * W, 0);  // the carry's keys per rank
-  std::vector<int64_t> first_bad(num_chunks, -1);       // negative continuous key
+  std::vector<int64_t> first_bad(num_chunks, -1);       // a key out of its route's range
   // Pass 1 keeps each key's owner for pass 2 when one byte holds it.
   const bool keep_owner = W <= 256;
   std::unique_ptr<uint8_t[]> owners(keep_owner ? new uint8_t[N] : nullptr);
@@ -220,7 +243,7 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
       route.mode = mode;
       for (int64_t i = begin; i < end; ++i) {
         const int64_t key = static_cast<int64_t>(keys[i]);
-        if (mode == kContinuous && key < 0) {
+        if ((mode == kContinuous || mode == kFeistelRoundRobin) && !key_in_range(key, route)) {
           if (first_bad[c] < 0) first_bad[c] = i;
           continue;
         }
@@ -271,7 +294,7 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
     const int64_t i = first_bad[c];
     if (i < 0) continue;  // chunks are in key order: the first found is first
     const int64_t s = std::upper_bound(offsets.begin(), offsets.end(), i) - offsets.begin() - 1;
-    raise_negative_key(static_cast<int64_t>(keys[i]), i, s / batch);
+    raise_bad_key(static_cast<int64_t>(keys[i]), i, s / batch, plan.routes[s / batch]);
   }
   for (int64_t c = 1; c < num_chunks; ++c) {
     const int64_t carry = carry_segment(c);
@@ -323,9 +346,10 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
 BucketizeResult bucketize_cpu(const at::Tensor& lengths, const at::Tensor& indices,
                               int64_t world_size, c10::IntArrayRef dist_types,
                               c10::IntArrayRef block_sizes,
-                              const std::optional<at::Tensor>& weights) {
-  const BucketizePlan plan =
-      check_bucketize_args(lengths, indices, world_size, dist_types, block_sizes, weights);
+                              const std::optional<at::Tensor>& weights,
+                              const std::optional<at::Tensor>& feistel_keys) {
+  const BucketizePlan plan = check_bucketize_args(lengths, indices, world_size, dist_types,
+                                                  block_sizes, weights, feistel_keys);
   const at::Tensor lengths_c = lengths.contiguous();
   const at::Tensor indices_c = indices.contiguous();
   at::Tensor new_lengths = at::empty({plan.world_size * plan.num_segments}, lengths.options());

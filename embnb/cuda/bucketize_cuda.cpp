@@ -31,9 +31,10 @@ int64_t feature_of_key(const at::Tensor& lengths, int64_t position, int64_t batc
 BucketizeResult bucketize_cuda(const at::Tensor& lengths, const at::Tensor& indices,
                                int64_t world_size, c10::IntArrayRef dist_types,
                                c10::IntArrayRef block_sizes,
-                               const std::optional<at::Tensor>& weights) {
-  const BucketizePlan plan =
-      check_bucketize_args(lengths, indices, world_size, dist_types, block_sizes, weights);
+                               const std::optional<at::Tensor>& weights,
+                               const std::optional<at::Tensor>& feistel_keys) {
+  const BucketizePlan plan = check_bucketize_args(lengths, indices, world_size, dist_types,
+                                                  block_sizes, weights, feistel_keys);
   const c10::DeviceGuard guard(indices.device());
   const at::Tensor lengths_c = lengths.contiguous();
   const at::Tensor indices_c = indices.contiguous();
@@ -62,11 +63,12 @@ BucketizeResult bucketize_cuda(const at::Tensor& lengths, const at::Tensor& indi
     case kCudaLengthSum:
       raise_length_sum(status.value, plan.num_keys);
       break;
-    case kCudaNegativeKey:
-      raise_negative_key(status.value, status.position,
-                         feature_of_key(lengths, status.position,
-                                        plan.num_segments / plan.num_features));
+    case kCudaBadKey: {
+      const int64_t feature =
+          feature_of_key(lengths, status.position, plan.num_segments / plan.num_features);
+      raise_bad_key(status.value, status.position, feature, plan.routes[feature]);
       break;
+    }
     default:
       EMBNB_CHECK(false, "embnb bucketize CUDA kernels failed: ", status.message);
   }

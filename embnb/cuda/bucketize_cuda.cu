@@ -30,7 +30,7 @@ constexpr unsigned long long kNone = ~0ull;
 
 struct DeviceErrors {
   unsigned long long negative_length;  // smallest bad segment, kNone if none
-  unsigned long long negative_key;     // smallest bad key index, kNone if none
+  unsigned long long bad_key;          // smallest index of a key out of range, kNone if none
   long long total;                     // sum of lengths
   int bad_lengths;                     // skip the key kernels
 };
@@ -92,7 +92,7 @@ struct Walker {
   int64_t feature_lo = 0, feature_hi = 0;  // segments of the cached feature
   FeatureRoute route;
 
-  // Routes key i; a negative continuous key gets owner 0 in both passes
+  // Routes key i; a key out of its route's range gets owner 0 in both passes
   // (the count pass reports it and the scatter pass does not run).
   __device__ __forceinline__ bool route_key_at(int64_t i, int64_t key, const Divisor& world,
                                                int64_t* owner, int64_t* sent) {
@@ -103,7 +103,7 @@ struct Walker {
       feature_hi = feature_lo + batch;
       route = routes[f];
     }
-    if (route.mode == kContinuous && key < 0) {
+    if (!key_in_range(key, route)) {
       *owner = 0;
       *sent = 0;
       return false;
@@ -133,7 +133,7 @@ count_kernel(const index_t* keys, int64_t num_keys, const int64_t* offsets, int6
       if (!valid) continue;
       int64_t owner, sent;
       if (!walk.route_key_at(i, static_cast<int64_t>(keys[i]), world, &owner, &sent)) {
-        atomicMin(&err->negative_key, static_cast<unsigned long long>(i));
+        atomicMin(&err->bad_key, static_cast<unsigned long long>(i));
       }
       const long long bucket = owner * num_segments + walk.segment;
       const unsigned same_bucket = __match_any_sync(active, bucket);
@@ -154,7 +154,7 @@ scatter_kernel(const index_t* keys, int64_t num_keys, const int64_t* offsets,
                int64_t num_tiles, unsigned long long* cursors, index_t* new_keys,
                index_t* permute, const DeviceErrors* err) {
   // Bad input: counts are not trustworthy, so writing could overflow.
-  if (err->bad_lengths || err->negative_key != kNone) return;
+  if (err->bad_lengths || err->bad_key != kNone) return;
   const int lane = threadIdx.x % kWarp;
   const unsigned lanes_below = (1u << lane) - 1u;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
@@ -351,11 +351,11 @@ CudaBucketizeStatus cuda_bucketize(const CudaBucketizeArgs& a, void* workspace,
   if (errors.total != a.num_keys) {
     return CudaBucketizeStatus{kCudaLengthSum, 0, errors.total, nullptr};
   }
-  if (errors.negative_key != kNone) {
-    const int64_t i = static_cast<int64_t>(errors.negative_key);
+  if (errors.bad_key != kNone) {
+    const int64_t i = static_cast<int64_t>(errors.bad_key);
     const int64_t value = read_int(a.indices, a.indices_int64, i, stream, &e);
     if (e != cudaSuccess) return failed(e);
-    return CudaBucketizeStatus{kCudaNegativeKey, i, value, nullptr};
+    return CudaBucketizeStatus{kCudaBadKey, i, value, nullptr};
   }
   return CudaBucketizeStatus{kCudaOk, 0, 0, nullptr};
 }

@@ -30,7 +30,7 @@ enum CudaBucketizeCode : int32_t {
   kCudaOk = 0,
   kCudaNegativeLength = 1,  // position: segment, value: its length
   kCudaLengthSum = 2,       // value: the sum of lengths
-  kCudaNegativeKey = 3,     // position: key index, value: the key
+  kCudaBadKey = 3,          // position: key index, value: the key (not key_in_range)
   kCudaRuntimeError = 4,    // message: cudaGetErrorString
 };
 

@@ -51,7 +51,7 @@ from embnb._checks import check_int, check_int_tensor, check_number
 from embnb.collectives import exchange
 from embnb.dist import launch, rank_device
 from embnb.rowwise import checkpoint
-from embnb.rowwise.routing import DistType, bucketize, hash_key
+from embnb.rowwise.routing import KEY_MODES, DistType, bucketize, hash_key
 
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -158,6 +158,11 @@ class ShardedKVTable:
         self.name = name
         self.embedding_dim = check_int("embedding_dim", embedding_dim, low=1)
         self.dist_type = DistType.parse(dist_type)
+        if self.dist_type not in KEY_MODES:
+            raise ValueError(
+                f"dist_type {self.dist_type.value} routes the ids of a table of known rows; a KV table "
+                f"takes any int64 key: use one of {', '.join(m.value for m in KEY_MODES)}"
+            )
         grouped = dist.is_available() and dist.is_initialized()
         if world_size is None:
             world_size = dist.get_world_size() if grouped else 1

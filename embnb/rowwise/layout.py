@@ -36,14 +36,13 @@ for continuous (torchrec reshards continuous rows itself).
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 
 import torch
 
 from embnb._checks import check_int, check_int_tensor
 from embnb.cuda import loader
-from embnb.rowwise.routing import hash_key
+from embnb.rowwise.routing import feistel_half_bits, feistel_permutation, feistel_round_keys
 
 __all__ = ["Routing", "TableLayout", "feistel_permutation", "convert_rows"]
 
@@ -70,49 +69,6 @@ class Routing(str, enum.Enum):
         except ValueError:
             valid = ", ".join(m.value for m in cls)
             raise ValueError(f"routing {value!r} is not one of {valid}") from None
-
-
-_ROUNDS = 4
-
-
-def _round_keys(seed: int) -> torch.Tensor:
-    """One 64-bit key per Feistel round, from the seed."""
-    return hash_key(torch.arange(_ROUNDS, dtype=torch.int64) + seed * _ROUNDS + 1)
-
-
-def _feistel(x: torch.Tensor, half_bits: int, keys: torch.Tensor) -> torch.Tensor:
-    """A balanced Feistel permutation of [0, 4 ** half_bits)."""
-    mask = (1 << half_bits) - 1
-    left, right = x >> half_bits, x & mask
-    for k in keys.tolist():
-        left, right = right, left ^ (hash_key(right + k) & mask)
-    return (left << half_bits) | right
-
-
-def _half_bits(n: int) -> int:
-    """The least h >= 1 with 4 ** h >= n: the network's domain."""
-    half_bits = max(1, math.ceil(math.log2(n) / 2)) if n > 1 else 1
-    while 4**half_bits < n:  # guard float rounding in log2
-        half_bits += 1
-    return half_bits
-
-
-def feistel_permutation(ids: torch.Tensor, num_embeddings: int, seed: int = 0) -> torch.Tensor:
-    """A keyed bijection of [0, num_embeddings), applied to `ids` (int64 out).
-
-    A Feistel network permutes [0, 4**h) with 4**h >= N; cycle walking
-    (apply again while the result is >= N) restricts it to a bijection of
-    [0, N). 4**h < 4 * N, so a walk takes under four steps on average.
-    """
-    n = check_int("num_embeddings", num_embeddings, low=1)
-    half_bits = _half_bits(n)
-    keys = _round_keys(check_int("seed", seed, low=0))
-    out = _feistel(ids.to(torch.int64), half_bits, keys)
-    outside = out >= n
-    while bool(outside.any()):
-        out[outside] = _feistel(out[outside], half_bits, keys)
-        outside = out >= n
-    return out
 
 
 @dataclass(frozen=True)
@@ -172,9 +128,9 @@ class TableLayout:
         if self.routing is Routing.FEISTEL_ROUNDROBIN:
             on_host = ids.device.type == "cpu"
             if loader.use(native, build=False) and (native or on_host or loader.load(False).cuda):
-                keys = _round_keys(self.seed)
+                keys = feistel_round_keys(self.seed)
                 n, w = self.num_embeddings, self.world_size
-                return torch.ops.embnb.feistel_slots(ids, n, w, _half_bits(n), keys)
+                return torch.ops.embnb.feistel_slots(ids, n, w, feistel_half_bits(n), keys)
             ids = feistel_permutation(ids, self.num_embeddings, self.seed)
         return (ids % self.world_size) * self.block_size + ids // self.world_size
 

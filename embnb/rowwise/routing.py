@@ -1,7 +1,7 @@
 """Which rank owns a key, and how a KeyedJaggedTensor's keys are bucketed.
 
 Row-wise sharding splits an embedding table's rows over `world_size` ranks.
-Three routing modes (`DistType`) decide the owner of a key:
+Four routing modes (`DistType`) decide the owner of a key:
 
 - `continuous`: torchrec/FBGEMM's block layout. Rank r owns rows
   `[r * block_size, (r + 1) * block_size)`; keys past the last block go to
@@ -10,6 +10,12 @@ Three routing modes (`DistType`) decide the owner of a key:
   bits in the low bits) alias onto one rank.
 - `hash_roundrobin`: `fmix64(key) % world_size`, the hash NVIDIA dynamicemb
   uses, so results compare. Both round-robin modes send the raw key.
+- `feistel_roundrobin`: for a table of N rows, a keyed bijection `p` of
+  `[0, N)` (`feistel_permutation`), then round-robin: owner `p(key) % W`,
+  local row `p(key) // W` (what the rank receives). Dense and balanced (rank
+  row counts differ by at most one) where hash_roundrobin needs a hash table
+  per rank; ids must lie in `[0, N)`. embnb's routed sharders store tables
+  in this layout (`embnb.rowwise.layout`).
 
 Keys are treated as unsigned 64-bit patterns in the round-robin modes. For
 int64 keys that is what dynamicemb does: an int64 key -1 is 2**64 - 1.
@@ -31,6 +37,7 @@ sequence=True)`.
 from __future__ import annotations
 
 import enum
+import math
 import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -39,7 +46,16 @@ import torch
 
 from embnb._checks import check_int, check_int_tensor
 
-__all__ = ["DistType", "DIST_CODES", "Bucketized", "hash_key", "owner_rank", "bucketize"]
+__all__ = [
+    "DistType",
+    "DIST_CODES",
+    "KEY_MODES",
+    "Bucketized",
+    "hash_key",
+    "feistel_permutation",
+    "owner_rank",
+    "bucketize",
+]
 
 
 class DistType(str, enum.Enum):
@@ -48,6 +64,7 @@ class DistType(str, enum.Enum):
     CONTINUOUS = "continuous"
     ROUNDROBIN = "roundrobin"
     HASH_ROUNDROBIN = "hash_roundrobin"
+    FEISTEL_ROUNDROBIN = "feistel_roundrobin"
 
     def __str__(self) -> str:  # "roundrobin", not "DistType.ROUNDROBIN"
         return self.value
@@ -64,6 +81,11 @@ class DistType(str, enum.Enum):
         except ValueError:
             valid = ", ".join(m.value for m in cls)
             raise ValueError(f"dist_type {value!r} is not one of {valid}") from None
+
+
+# The modes that route keys of an unbounded space (a KV table's, dynamicemb's):
+# feistel_roundrobin permutes the ids of a table of known rows.
+KEY_MODES = (DistType.CONTINUOUS, DistType.ROUNDROBIN, DistType.HASH_ROUNDROBIN)
 
 
 class Bucketized(NamedTuple):
@@ -116,13 +138,62 @@ def _unsigned_mod(x: torch.Tensor, m: int) -> torch.Tensor:
     return torch.where(x < 0, (r + (1 << 64) % m) % m, r)
 
 
+FEISTEL_ROUNDS = 4
+
+
+def feistel_round_keys(seed: int) -> torch.Tensor:
+    """One 64-bit key per Feistel round, from the seed."""
+    return hash_key(torch.arange(FEISTEL_ROUNDS, dtype=torch.int64) + seed * FEISTEL_ROUNDS + 1)
+
+
+def _feistel(x: torch.Tensor, half_bits: int, keys: torch.Tensor) -> torch.Tensor:
+    """A balanced Feistel permutation of [0, 4 ** half_bits)."""
+    mask = (1 << half_bits) - 1
+    left, right = x >> half_bits, x & mask
+    for k in keys.tolist():
+        left, right = right, left ^ (hash_key(right + k) & mask)
+    return (left << half_bits) | right
+
+
+def feistel_half_bits(n: int) -> int:
+    """The least h >= 1 with 4 ** h >= n: the network's domain."""
+    half_bits = max(1, math.ceil(math.log2(n) / 2)) if n > 1 else 1
+    while 4**half_bits < n:  # guard float rounding in log2
+        half_bits += 1
+    return half_bits
+
+
+def feistel_permutation(ids: torch.Tensor, num_embeddings: int, seed: int = 0) -> torch.Tensor:
+    """A keyed bijection of [0, num_embeddings), applied to `ids` (int64 out).
+
+    A Feistel network permutes [0, 4**h) with 4**h >= N; cycle walking
+    (apply again while the result is >= N) restricts it to a bijection of
+    [0, N). 4**h < 4 * N, so a walk takes under four steps on average.
+    """
+    n = check_int("num_embeddings", num_embeddings, low=1)
+    half_bits = feistel_half_bits(n)
+    keys = feistel_round_keys(check_int("seed", seed, low=0))
+    out = _feistel(ids.to(torch.int64), half_bits, keys)
+    outside = out >= n
+    while bool(outside.any()):
+        out[outside] = _feistel(out[outside], half_bits, keys)
+        outside = out >= n
+    return out
+
+
 def _route(
     keys: torch.Tensor,
     world_size: int,
     dist_type: DistType,
     block_size: torch.Tensor | int | None,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(owner rank, id sent to the owner) per int64 key; inputs checked."""
+    """(owner rank, id sent to the owner) per int64 key; inputs checked.
+    `block_size`: continuous features' block size; for feistel_roundrobin
+    the table's num_embeddings (one int: one table)."""
+    if dist_type is DistType.FEISTEL_ROUNDROBIN:
+        permuted = feistel_permutation(keys, block_size, seed)
+        return permuted % world_size, permuted // world_size
     if dist_type is DistType.ROUNDROBIN:
         return _unsigned_mod(keys, world_size), keys
     if dist_type is DistType.HASH_ROUNDROBIN:
@@ -142,17 +213,31 @@ def _check_nonnegative_keys(keys: torch.Tensor, where: str) -> None:
         raise ValueError(f"continuous routing needs keys >= 0, got key {bad}{where}")
 
 
+def _check_table_ids(keys: torch.Tensor, num_embeddings: int, where: str) -> None:
+    outside = (keys < 0) | (keys >= num_embeddings)
+    if keys.numel() and bool(outside.any()):
+        bad = int(keys[outside][0])
+        raise ValueError(
+            f"feistel_roundrobin routing needs keys in [0, {num_embeddings}), got key {bad}{where}"
+        )
+
+
 def owner_rank(
     keys: torch.Tensor,
     world_size: int,
     dist_type: DistType | str,
     block_size: int | None = None,
+    *,
+    num_embeddings: int | None = None,
+    seed: int = 0,
 ) -> torch.Tensor:
     """Owner rank (int64) of each key under one routing mode.
 
     continuous: `key // block_size` for `key < block_size * world_size`,
     else `key % world_size`. roundrobin: `key % world_size` on the uint64
     pattern. hash_roundrobin: `hash_key(key) % world_size`, unsigned.
+    feistel_roundrobin: `feistel_permutation(key, num_embeddings, seed) %
+    world_size`, keys in [0, num_embeddings).
     int32 keys are sign-extended first: a negative int32 key gets another
     owner than in dynamicemb, which reads it as uint32 (module docstring).
     """
@@ -164,7 +249,12 @@ def owner_rank(
             raise ValueError("continuous routing needs a block_size, got None")
         block_size = check_int("block_size", block_size, low=1)
         _check_nonnegative_keys(keys, "")
-    return _route(keys, world_size, mode, block_size)[0]
+    if mode is DistType.FEISTEL_ROUNDROBIN:
+        if num_embeddings is None:
+            raise ValueError("feistel_roundrobin routing needs num_embeddings, got None")
+        block_size = check_int("num_embeddings", num_embeddings, low=1)
+        _check_table_ids(keys, block_size, "")
+    return _route(keys, world_size, mode, block_size, check_int("seed", seed, low=0))[0]
 
 
 def _per_feature_modes(
@@ -180,18 +270,18 @@ def _per_feature_modes(
 
 
 def _block_size_list(
-    block_sizes: torch.Tensor | Sequence[int] | None,
+    block_sizes: torch.Tensor | Sequence[int] | None, name: str = "block_sizes"
 ) -> list[int] | None:
     if block_sizes is None:
         return None
     if isinstance(block_sizes, torch.Tensor):
         if block_sizes.is_floating_point() or block_sizes.is_complex() or block_sizes.dtype == torch.bool:
-            raise TypeError(f"block_sizes must be an integer tensor, got {block_sizes.dtype}")
+            raise TypeError(f"{name} must be an integer tensor, got {block_sizes.dtype}")
         return [int(b) for b in block_sizes.reshape(-1).tolist()]
     sizes = list(block_sizes)
     for b in sizes:
         if not isinstance(b, int) or isinstance(b, bool):
-            raise TypeError(f"block_sizes must hold ints, got {type(b).__name__} {b!r}")
+            raise TypeError(f"{name} must hold ints, got {type(b).__name__} {b!r}")
     return sizes
 
 
@@ -199,6 +289,7 @@ def _resolve_num_features(
     num_features: int | None,
     modes: DistType | list[DistType],
     sizes: list[int] | None,
+    tables: list[int] | None = None,
 ) -> tuple[int, str]:
     """(count, where it came from): explicit, a per-feature list, else 1."""
     candidates = []  # (where the count came from, count)
@@ -207,10 +298,12 @@ def _resolve_num_features(
         candidates.append(("num_features", num_features))
     if sizes is not None:
         candidates.append(("len(block_sizes)", len(sizes)))
+    if tables is not None:
+        candidates.append(("len(num_embeddings)", len(tables)))
     if isinstance(modes, list):
         candidates.append(("len(dist_type)", len(modes)))
     if not candidates:
-        return 1, "default for one dist_type and no block_sizes"
+        return 1, "default for one dist_type and no per-feature list"
     name0, count0 = candidates[0]
     for name, count in candidates[1:]:
         if count != count0:
@@ -221,24 +314,25 @@ def _resolve_num_features(
 
 
 def _route_by_feature(
-    keys: torch.Tensor,
-    feature: torch.Tensor,
-    modes: list[DistType],
-    sizes: list[int] | None,
-    world_size: int,
+    keys: torch.Tensor, feature: torch.Tensor, args: _Args
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(owner, id sent) per key, each key routed by its feature's mode."""
+    modes, world_size = args.modes, args.world_size
     block_size = None
     if DistType.CONTINUOUS in modes:
         # Entries of non-continuous features are never read; clamp them.
-        block_size = torch.tensor([max(s, 1) for s in sizes], device=feature.device)[feature]
-    if len(set(modes)) == 1:  # the common case needs no masking
+        block_size = torch.tensor([max(s, 1) for s in args.sizes], device=feature.device)[feature]
+    if len(set(modes)) == 1 and modes[0] is not DistType.FEISTEL_ROUNDROBIN:  # no masking
         return _route(keys, world_size, modes[0], block_size)
     owner, local = torch.empty_like(keys), torch.empty_like(keys)
-    for mode in set(modes):  # one pass per mode present, not per feature
+    for mode in set(modes) - {DistType.FEISTEL_ROUNDROBIN}:  # one pass per mode present
         mask = torch.tensor([m is mode for m in modes], device=feature.device)[feature]
         mode_block = None if block_size is None else block_size[mask]
         owner[mask], local[mask] = _route(keys[mask], world_size, mode, mode_block)
+    for f, mode in enumerate(modes):  # a permutation per table: one pass per feistel feature
+        if mode is DistType.FEISTEL_ROUNDROBIN:
+            mask = feature == f
+            owner[mask], local[mask] = _route(keys[mask], world_size, mode, args.tables[f], args.seed)
     return owner, local
 
 
@@ -252,6 +346,8 @@ class _Args(NamedTuple):
     sizes: list[int] | None
     batch: int
     weights: torch.Tensor | None
+    tables: list[int] | None  # num_embeddings per feature (feistel_roundrobin)
+    seed: int
 
 
 def bucketize(
@@ -264,6 +360,8 @@ def bucketize(
     num_features: int | None = None,
     weights: torch.Tensor | None = None,
     native: bool | None = None,
+    num_embeddings: Sequence[int] | None = None,
+    seed: int = 0,
 ) -> Bucketized:
     """Group a KJT's keys by owner rank, as the row-wise all-to-all sends them.
 
@@ -275,6 +373,10 @@ def bucketize(
     num_features: defaults to len(block_sizes) or len(dist_type) when given
         per feature, else 1 (then batch = len(lengths)).
     weights: optional per-key weights, moved with their keys.
+    num_embeddings: one per feature, its table's rows; read only for
+        feistel_roundrobin features (keys in [0, num_embeddings)), and
+        required when there is one.
+    seed: the key of feistel_roundrobin's bijection (`feistel_round_keys`).
     native: None runs the native kernels (`torch.ops.embnb.bucketize`,
         built on first use by embnb.cuda.loader) and falls back to the
         pure-torch reference, with one warning, when they cannot be built
@@ -284,7 +386,9 @@ def bucketize(
     Output lengths keep the dtype of `lengths`; indices and
     unbucketize_permute keep the dtype of `indices` (as FBGEMM does).
     """
-    args = _check_args(lengths, indices, world_size, dist_type, block_sizes, num_features, weights)
+    args = _check_args(
+        lengths, indices, world_size, dist_type, block_sizes, num_features, weights, num_embeddings, seed
+    )
     from embnb.cuda import loader  # builds the extension on first use
 
     if not loader.use(native):
@@ -304,7 +408,10 @@ def bucketize(
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         return _bucketize_reference(args)
     codes = [DIST_CODES[m] for m in args.modes]
-    blocks = [args.sizes[f] if m is DistType.CONTINUOUS else 0 for f, m in enumerate(args.modes)]
+    # the kernel's per-feature entry: a continuous feature's block size, a feistel one's table rows
+    entry = {DistType.CONTINUOUS: args.sizes, DistType.FEISTEL_ROUNDROBIN: args.tables}
+    blocks = [entry[m][f] if m in entry else 0 for f, m in enumerate(args.modes)]
+    keys = feistel_round_keys(args.seed) if DistType.FEISTEL_ROUNDROBIN in args.modes else None
     out = torch.ops.embnb.bucketize(
         args.lengths,
         args.indices,
@@ -312,6 +419,7 @@ def bucketize(
         codes,
         blocks,
         args.weights,
+        keys,
     )
     return Bucketized(*out)
 
@@ -321,17 +429,22 @@ DIST_CODES = {  # torch.ops.embnb.bucketize's per-feature codes
     DistType.CONTINUOUS: 0,
     DistType.ROUNDROBIN: 1,
     DistType.HASH_ROUNDROBIN: 2,
+    DistType.FEISTEL_ROUNDROBIN: 3,
 }
 
 
-def _check_args(lengths, indices, world_size, dist_type, block_sizes, num_features, weights) -> _Args:
+def _check_args(
+    lengths, indices, world_size, dist_type, block_sizes, num_features, weights, num_embeddings, seed
+) -> _Args:
     """Checks that need no data; the kernels check lengths and keys."""
     lengths = check_int_tensor("lengths", lengths)
     indices = check_int_tensor("indices", indices)
     world_size = check_int("world_size", world_size, low=1)
+    seed = check_int("seed", seed, low=0)
     modes = _per_feature_modes(dist_type)
     sizes = _block_size_list(block_sizes)
-    num_features, source = _resolve_num_features(num_features, modes, sizes)
+    tables = _block_size_list(num_embeddings, "num_embeddings")
+    num_features, source = _resolve_num_features(num_features, modes, sizes, tables)
     if isinstance(modes, DistType):
         modes = [modes] * num_features
 
@@ -353,14 +466,26 @@ def _check_args(lengths, indices, world_size, dist_type, block_sizes, num_featur
     for f in continuous:
         if sizes[f] < 1:
             raise ValueError(f"block_sizes[{f}] is {sizes[f]}; continuous features need block sizes >= 1")
+    feistel = [f for f, m in enumerate(modes) if m is DistType.FEISTEL_ROUNDROBIN]
+    if feistel and tables is None:
+        raise ValueError(
+            f"num_embeddings is None but features {feistel} are feistel_roundrobin: give each feature's "
+            f"table rows"
+        )
+    for f in feistel:
+        if not 1 <= tables[f] <= 1 << 62:
+            raise ValueError(
+                f"num_embeddings[{f}] is {tables[f]}; feistel_roundrobin features need num_embeddings "
+                f"in [1, 2**62]"
+            )
     batch = num_segments // num_features
-    return _Args(lengths, indices, world_size, modes, sizes, batch, weights)
+    return _Args(lengths, indices, world_size, modes, sizes, batch, weights, tables, seed)
 
 
 def _bucketize_reference(args: _Args) -> Bucketized:
     """The pure-torch reference, on the device of `indices` (plain torch ops,
     so on a GPU it is the torch-native peer the benchmark times)."""
-    lengths, indices, world_size, modes, sizes, batch, weights = args
+    lengths, indices, world_size, modes, sizes, batch, weights, tables, _ = args
     device = indices.device
     lengths = lengths.to(device)
     weights = None if weights is None else weights.to(device)
@@ -386,7 +511,11 @@ def _bucketize_reference(args: _Args) -> Bucketized:
         is_continuous = torch.tensor([m is DistType.CONTINUOUS for m in modes], device=device)
         where = f" (features {continuous} are continuous)"
         _check_nonnegative_keys(keys[is_continuous[feature]], where)
-    owner, local = _route_by_feature(keys, feature, modes, sizes, world_size)
+    for f, mode in enumerate(modes):
+        if mode is DistType.FEISTEL_ROUNDROBIN:
+            where = f" (feature {f} is feistel_roundrobin with num_embeddings {tables[f]})"
+            _check_table_ids(keys[feature == f], tables[f], where)
+    owner, local = _route_by_feature(keys, feature, args)
 
     # Bucket (rank, f, b) sits at rank * num_segments + segment. A stable
     # sort keeps input order inside each bucket, as FBGEMM's sequence mode.

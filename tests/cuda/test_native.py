@@ -27,7 +27,7 @@ from embnb.rowwise.routing import bucketize
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CUDA_DIR = REPO / "embnb" / "cuda"
-MODES = ["continuous", "roundrobin", "hash_roundrobin"]
+MODES = ["continuous", "roundrobin", "hash_roundrobin", "feistel_roundrobin"]
 DTYPES = [torch.int32, torch.int64]
 LIMITS = {torch.int32: 2**31 - 1, torch.int64: 2**63 - 1}
 HAS_GPU = torch.cuda.is_available()
@@ -95,7 +95,8 @@ def assert_same(got, want):
 @st.composite
 def cases(draw, modes=st.sampled_from(MODES), max_world=300):
     """A KJT with per-feature modes, covering empty rows and features, one
-    rank, keys past the last block, keys >= 2**52 and int32/int64 data."""
+    rank, keys past the last block, keys >= 2**52, tables of one row to
+    2**62 rows (feistel_roundrobin) and int32/int64 data."""
     world = draw(st.one_of(st.integers(1, 9), st.sampled_from([1, 64, 100]), st.integers(1, max_world)))
     num_features = draw(st.integers(1, 4))
     batch = draw(st.integers(0, 5))
@@ -104,6 +105,7 @@ def cases(draw, modes=st.sampled_from(MODES), max_world=300):
     index_dtype = draw(st.sampled_from(DTYPES))
     lengths_dtype = draw(st.sampled_from(DTYPES))
     hi = LIMITS[index_dtype]
+    tables = [draw(st.one_of(st.integers(1, 50), st.integers(1, min(hi, 2**62)))) for _ in blocks]
     empty_feature = draw(st.integers(-1, num_features - 1))  # -1: none
     lengths, indices = [], []
     for seg in range(num_features * batch):
@@ -116,6 +118,8 @@ def cases(draw, modes=st.sampled_from(MODES), max_world=300):
                 st.integers(0, hi),
                 st.integers(min(2**52 - 3, hi), hi),
             )
+        elif feature_modes[f] == "feistel_roundrobin":
+            keys = st.one_of(st.integers(0, tables[f] - 1), st.sampled_from([0, tables[f] - 1]))
         else:
             keys = st.one_of(st.integers(-hi - 1, hi), st.sampled_from([0, 1, -1, hi, -hi - 1]))
         indices += [draw(keys) for _ in range(length)]
@@ -126,6 +130,8 @@ def cases(draw, modes=st.sampled_from(MODES), max_world=300):
         modes=feature_modes,
         blocks=blocks,
         num_features=num_features,
+        tables=tables,
+        seed=draw(st.integers(0, 2**20)),
     )
 
 
@@ -137,7 +143,7 @@ def run_both(case, device="cpu", weights=None):
         case["modes"],
         case["blocks"],
     )
-    kwargs = dict(weights=weights)
+    kwargs = dict(weights=weights, num_embeddings=case.get("tables"), seed=case.get("seed", 0))
     return (bucketize(*args, native=True, **kwargs), reference(*args, **kwargs))
 
 
@@ -215,7 +221,7 @@ def big_case(seed, world, modes, index_dtype=torch.int64):
     indices = torch.randint(0, 10**9, (n,), generator=gen)
     raw = torch.randint(-(2**62), 2**62, (n,), generator=gen)
     feature = torch.repeat_interleave(torch.arange(num_features * batch) // batch, lengths)
-    rr = torch.tensor([m != "continuous" for m in modes])[feature]
+    rr = torch.tensor([m in ("roundrobin", "hash_roundrobin") for m in modes])[feature]
     indices[rr] = raw[rr]
     return dict(
         lengths=lengths.int(),
@@ -223,6 +229,8 @@ def big_case(seed, world, modes, index_dtype=torch.int64):
         world=world,
         modes=modes,
         blocks=[10**9 // world + 1] * num_features,
+        tables=[10**9] * num_features,  # feistel_roundrobin features' ids are below it
+        seed=seed,
     )
 
 
@@ -231,8 +239,8 @@ def big_case(seed, world, modes, index_dtype=torch.int64):
     "world, modes",
     [
         (8, ["continuous"] * 3),
-        (64, ["hash_roundrobin", "continuous", "roundrobin"]),
-        (300, ["roundrobin", "hash_roundrobin", "continuous"]),  # W > 256
+        (64, ["hash_roundrobin", "continuous", "feistel_roundrobin"]),
+        (300, ["roundrobin", "feistel_roundrobin", "continuous"]),  # W > 256
     ],
 )
 def test_native_matches_reference_across_thread_chunks(native, threads, world, modes):
@@ -265,12 +273,26 @@ def test_native_big_continuous_matches_fbgemm(native):
 
 L = torch.tensor([1, 2, 0, 1])
 KEYS = torch.tensor([3, 4, 5, 6])
+ROUND_KEYS = torch.tensor([11, -5, 2**40, 7])  # feistel_roundrobin's, any int64 bits
 
 
 @pytest.mark.parametrize(
     "args, error, words",
     [
-        ((L, KEYS, 2, [0, 3], [4, 4]), ValueError, ["dist_types[1]", "3"]),
+        ((L, KEYS, 2, [0, 4], [4, 4]), ValueError, ["dist_types[1]", "4", "3 feistel_roundrobin"]),
+        ((L, KEYS, 2, [1, 3], [0, 8]), ValueError, ["feature 1 is feistel_roundrobin", "feistel_keys"]),
+        (
+            (L, KEYS, 2, [1, 3], [0, 0], None, ROUND_KEYS),
+            ValueError,
+            ["block_sizes[1] is 0", "num_embeddings"],
+        ),
+        ((L, KEYS, 2, [1, 3], [0, 8], None, torch.ones(9).long()), ValueError, ["feistel_keys", "1 to 8"]),
+        (
+            (L, KEYS, 2, [1, 3], [0, 6], None, ROUND_KEYS),
+            ValueError,
+            ["[0, 6)", "key 6", "position 3", "feature 1"],
+        ),
+        ((L, torch.tensor([3, 4, -7, 5]), 2, [1, 3], [0, 6], None, ROUND_KEYS), None, []),
         ((L, KEYS, 2, [0, 1], [4]), ValueError, ["len(block_sizes) is 1", "2"]),
         ((L, KEYS, 2, [], []), ValueError, ["dist_types", "none"]),
         ((L, KEYS, 0, [1, 1], [0, 0]), ValueError, ["world_size", "0"]),
@@ -466,16 +488,20 @@ def test_cuda_matches_the_cpu_kernel_and_the_reference_at_scale(native, num_keys
     this): the CUDA kernel, the CPU kernel and the pure-torch reference agree
     bit for bit."""
     from embnb.lab.rowwise.kernel_timing import make_inputs
-    from embnb.rowwise.routing import DIST_CODES, DistType
+    from embnb.rowwise.routing import DIST_CODES, DistType, feistel_round_keys
 
-    lengths, indices = make_inputs(num_keys, "cpu")
+    rows = 10**8
+    lengths, indices = make_inputs(num_keys, "cpu", rows=rows)
     num_features = 8
-    blocks = [-(-(10**8) // world)] * num_features  # the table's rows split into W blocks
     for mode in DistType:
+        feistel = mode is DistType.FEISTEL_ROUNDROBIN
+        # the table's rows split into W blocks; a feistel_roundrobin feature's entry is its rows
+        blocks = [rows if feistel else -(-rows // world)] * num_features
+        keys = feistel_round_keys(0) if feistel else None
         codes = [DIST_CODES[mode]] * num_features
-        cpu = torch.ops.embnb.bucketize(lengths, indices, world, codes, blocks)
-        cuda = torch.ops.embnb.bucketize(lengths.cuda(), indices.cuda(), world, codes, blocks)
-        reference = bucketize(lengths, indices, world, mode, blocks, native=False)
+        cpu = torch.ops.embnb.bucketize(lengths, indices, world, codes, blocks, None, keys)
+        cuda = torch.ops.embnb.bucketize(lengths.cuda(), indices.cuda(), world, codes, blocks, None, keys)
+        reference = bucketize(lengths, indices, world, mode, blocks, num_embeddings=blocks, native=False)
         for name, on_gpu, on_cpu, want in zip(("lengths", "indices", "permute"), cuda, cpu, reference):
             assert torch.equal(on_gpu.cpu(), on_cpu), (mode, name, "CUDA vs CPU kernel")
             assert torch.equal(on_cpu, want), (mode, name, "CPU kernel vs reference")

@@ -12,13 +12,13 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb.dist import launch_each
 from embnb.rowwise import kv
-from embnb.rowwise.routing import DistType, owner_rank
+from embnb.rowwise.routing import KEY_MODES, DistType, owner_rank
 
 DIM = 8
 BLOCK = 8  # continuous blocks cover keys [0, BLOCK * W); the batches go past
 SEED = 7
 LR = 0.5
-DIST_TYPES = list(DistType)
+DIST_TYPES = list(KEY_MODES)  # the KV table takes any key; feistel_roundrobin is refused below
 
 
 def make_batches(world_size: int, dist_type: DistType, seed: int):
@@ -219,6 +219,8 @@ def test_bad_inputs_raise_naming_the_value(tmp_path):
         kv.ShardedKVTable("t", 0, "roundrobin")
     with pytest.raises(ValueError, match="modulo"):
         kv.ShardedKVTable("t", 4, "modulo")
+    with pytest.raises(ValueError, match="feistel_roundrobin routes the ids of a table.*hash_roundrobin"):
+        kv.ShardedKVTable("t", 4, "feistel_roundrobin")
     two = kv.ShardedKVTable("t", 4, "roundrobin", world_size=2, rank=1)
     with pytest.raises(ValueError, match="no process group"):
         two.lookup(bad_batch([1]))

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from embnb.rowwise.layout import TableLayout
 from embnb.rowwise.routing import Bucketized, DistType, bucketize, hash_key, owner_rank
 
 MODES = [m.value for m in DistType]
@@ -47,8 +48,30 @@ def py_fmix64(u: int) -> int:
     return u ^ (u >> 33)
 
 
-def py_route(key: int, world: int, mode: str, block: int | None):
+def py_feistel(key: int, table_rows: int, seed: int) -> int:
+    """feistel_roundrobin's permuted id, loop by loop with Python ints: 4
+    rounds, round r keyed by fmix64(4 * seed + r + 1), on the least 2h >= 2
+    bits with 4**h >= table_rows, repeated until the result is a row."""
+    half = 1
+    while 4**half < table_rows:
+        half += 1
+    mask = (1 << half) - 1
+    round_keys = [py_fmix64(4 * seed + r + 1) for r in range(4)]
+    x = key
+    while True:
+        left, right = x >> half, x & mask
+        for k in round_keys:
+            left, right = right, left ^ (py_fmix64((right + k) & MASK64) & mask)
+        x = (left << half) | right
+        if x < table_rows:
+            return x
+
+
+def py_route(key: int, world: int, mode: str, block: int | None, table_rows: int = 0, seed: int = 0):
     """(owner, id sent) with Python ints; keys read as uint64 patterns."""
+    if mode == "feistel_roundrobin":
+        permuted = py_feistel(key, table_rows, seed)
+        return permuted % world, permuted // world
     if mode == "continuous":
         if key < block * world:
             return key // block, key % block
@@ -59,7 +82,7 @@ def py_route(key: int, world: int, mode: str, block: int | None):
     return py_fmix64(unsigned) % world, key
 
 
-def py_bucketize(lengths, indices, world, modes, blocks):
+def py_bucketize(lengths, indices, world, modes, blocks, tables=None, seed=0):
     """Loop-by-loop expectation: bucket per (rank, segment), input order."""
     num_segments = len(lengths)
     batch = num_segments // len(modes) if modes else 0
@@ -69,7 +92,8 @@ def py_bucketize(lengths, indices, world, modes, blocks):
         f = seg // batch
         for _ in range(length):
             block = blocks[f] if blocks is not None else None
-            rank, sent = py_route(indices[pos], world, modes[f], block)
+            rows = tables[f] if tables is not None else 0
+            rank, sent = py_route(indices[pos], world, modes[f], block, rows, seed)
             buckets[rank][seg].append((pos, sent))
             pos += 1
     new_lengths, new_indices = [], []
@@ -97,6 +121,7 @@ def kjt_cases(draw, modes=st.sampled_from(MODES), max_world=8):
     index_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
     lengths_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
     lo, hi = INT_RANGES[index_dtype]
+    tables = [draw(st.one_of(st.integers(1, 40), st.integers(1, hi))) for _ in range(num_features)]
     lengths = [draw(st.integers(0, 6)) for _ in range(num_features * batch)]
     indices = []
     for seg, length in enumerate(lengths):
@@ -104,6 +129,8 @@ def kjt_cases(draw, modes=st.sampled_from(MODES), max_world=8):
         if feature_modes[f] == "continuous":
             # Mostly inside the blocks, some past the last block.
             keys = st.one_of(st.integers(0, 2 * blocks[f] * world), st.integers(0, hi))
+        elif feature_modes[f] == "feistel_roundrobin":
+            keys = st.one_of(st.integers(0, tables[f] - 1), st.just(tables[f] - 1))
         else:
             edges = [k for k in EDGE_KEYS if lo <= k <= hi]
             keys = st.one_of(st.integers(lo, hi), st.sampled_from(edges))
@@ -112,6 +139,8 @@ def kjt_cases(draw, modes=st.sampled_from(MODES), max_world=8):
         world=world,
         modes=feature_modes,
         blocks=blocks,
+        tables=tables,
+        seed=draw(st.integers(0, 1000)),
         lengths=torch.tensor(lengths, dtype=lengths_dtype),
         indices=torch.tensor(indices, dtype=index_dtype),
     )
@@ -130,7 +159,8 @@ def test_dist_type_parse_and_str():
         assert DistType.parse(mode.value) is mode
         assert DistType.parse(mode) is mode
         assert str(mode) == mode.value == mode  # a str enum: compares as str
-    with pytest.raises(ValueError, match="'modulo' is not one of continuous, roundrobin, hash_roundrobin"):
+    valid = "continuous, roundrobin, hash_roundrobin, feistel_roundrobin"
+    with pytest.raises(ValueError, match=f"'modulo' is not one of {valid}"):
         DistType.parse("modulo")
     with pytest.raises(TypeError, match="int 3"):
         DistType.parse(3)
@@ -187,6 +217,46 @@ def test_owner_rank_round_robin_modes(keys, world, mode):
 def test_owner_rank_continuous(keys, world, block):
     got = owner_rank(torch.tensor(keys, dtype=torch.int64), world, DistType.CONTINUOUS, block)
     assert got.tolist() == [py_route(k, world, "continuous", block)[0] for k in keys]
+
+
+@fast
+@given(data=st.data(), rows=st.integers(1, 60) | st.integers(1, 2**62), world=st.integers(1, 16))
+def test_owner_rank_feistel(data, rows, world):
+    keys = data.draw(st.lists(st.integers(0, rows - 1), max_size=30))
+    seed = data.draw(st.integers(0, 2**20))
+    got = owner_rank(
+        torch.tensor(keys, dtype=torch.int64), world, "feistel_roundrobin", num_embeddings=rows, seed=seed
+    )
+    assert got.tolist() == [py_route(k, world, "feistel_roundrobin", None, rows, seed)[0] for k in keys]
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("rows, world", [(1, 1), (10, 3), (1000, 8), (4097, 64), (300, 300)])
+def test_feistel_roundrobin_is_dense_and_balanced(rows, world, native):
+    """Every id of the table once: rank r receives local rows 0 .. count - 1 exactly, and
+    counts differ by at most one (counting, not a model)."""
+    ids = torch.arange(rows)
+    got = bucketize(
+        torch.tensor([rows]), ids, world, "feistel_roundrobin", num_embeddings=[rows], seed=5, native=native
+    )
+    counts = got.lengths.tolist()
+    assert counts == [rows // world + (r < rows % world) for r in range(world)]
+    starts = [sum(counts[:r]) for r in range(world)]
+    for r, (start, count) in enumerate(zip(starts, counts)):
+        assert sorted(got.indices[start : start + count].tolist()) == list(range(count)), r
+    # the storage slot the routed sharders' layout gives each id: its rank's block, its local row
+    layout = TableLayout(rows, world, "feistel_roundrobin", seed=5)
+    rank_of_position = torch.repeat_interleave(torch.arange(world), got.lengths)
+    slot = (
+        rank_of_position[got.unbucketize_permute] * layout.block_size + got.indices[got.unbucketize_permute]
+    )
+    assert torch.equal(slot, layout.slots(ids, native=False))
+    # another seed is another bijection (where there is more than one)
+    if rows > 2:
+        other = bucketize(
+            torch.tensor([rows]), ids, world, "feistel_roundrobin", num_embeddings=[rows], seed=6
+        )
+        assert not torch.equal(other.unbucketize_permute, got.unbucketize_permute) or world == 1
 
 
 def test_roundrobin_aliases_and_hash_spreads():
@@ -252,11 +322,16 @@ def test_bucketize_continuous_fbgemm_edge_shapes():
 
 
 def check_against_model(case, dist_type):
-    got = bucketize(case["lengths"], case["indices"], case["world"], dist_type, case["blocks"])
+    tables, seed = case["tables"], case["seed"]
+    got = bucketize(
+        case["lengths"], case["indices"], case["world"], dist_type, case["blocks"],
+        num_embeddings=tables, seed=seed,
+    )  # fmt: skip
     assert isinstance(got, Bucketized)
     want = py_bucketize(
-        case["lengths"].tolist(), case["indices"].tolist(), case["world"], case["modes"], case["blocks"]
-    )
+        case["lengths"].tolist(), case["indices"].tolist(), case["world"], case["modes"], case["blocks"],
+        tables, seed,
+    )  # fmt: skip
     assert got.lengths.dtype == case["lengths"].dtype
     assert got.indices.dtype == case["indices"].dtype
     assert got.lengths.tolist() == want[0]
@@ -338,6 +413,28 @@ BAD_CALLS = [
     (dict(num_features=3, block_sizes=None, dist_type="roundrobin"), ValueError, ["4", "num_features=3"]),
     (dict(num_features=0), ValueError, ["0", ">= 1"]),
     (dict(weights=torch.ones(3)), ValueError, ["4", "weights"]),
+    (
+        dict(dist_type=["continuous", "feistel_roundrobin"]),
+        ValueError,
+        ["num_embeddings is None", "features [1]", "feistel_roundrobin"],
+    ),
+    (
+        dict(dist_type="feistel_roundrobin", num_embeddings=[7, 0]),
+        ValueError,
+        ["num_embeddings[1] is 0", "[1, 2**62]"],
+    ),
+    (dict(dist_type="feistel_roundrobin", num_embeddings=[7, 1.5]), TypeError, ["num_embeddings", "1.5"]),
+    (
+        dict(dist_type="feistel_roundrobin", num_embeddings=[7, 9, 9]),
+        ValueError,
+        ["len(num_embeddings) is 3", "len(block_sizes) is 2"],
+    ),
+    (
+        dict(dist_type="feistel_roundrobin", num_embeddings=[7, 6]),
+        ValueError,
+        ["[0, 6)", "key 6", "feature 1"],
+    ),
+    (dict(dist_type="feistel_roundrobin", num_embeddings=[7, 7], seed=-1), ValueError, ["seed", "-1"]),
 ]
 
 
@@ -370,11 +467,14 @@ def test_bucketize_ignores_block_sizes_of_round_robin_features():
         ((KEYS, 4, "continuous", 0), ValueError, ["0", ">= 1"]),
         ((torch.tensor([-5]), 4, "continuous", 2), ValueError, ["-5"]),
         ((KEYS.double(), 4, "roundrobin"), TypeError, ["float64"]),
+        ((KEYS, 4, "feistel_roundrobin"), ValueError, ["num_embeddings", "None"]),
+        ((KEYS, 4, "feistel_roundrobin", None, 6), ValueError, ["[0, 6)", "key 6"]),
     ],
 )
 def test_owner_rank_bad_input(args, error, words):
+    args, num_embeddings = (args[:4], args[4]) if len(args) == 5 else (args, None)
     with pytest.raises(error) as info:
-        owner_rank(*args)
+        owner_rank(*args, num_embeddings=num_embeddings)
     for word in words:
         assert word in str(info.value), (word, str(info.value))
 

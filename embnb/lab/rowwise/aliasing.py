@@ -22,7 +22,7 @@ import torch
 from embnb._checks import check_choice, check_int
 from embnb.data import make_keys
 from embnb.metrics import max_over_mean, spread_over_mean
-from embnb.rowwise.routing import DistType, hash_key, owner_rank
+from embnb.rowwise.routing import KEY_MODES, DistType, hash_key, owner_rank
 
 __all__ = [
     "KeyStreams",
@@ -113,8 +113,13 @@ def owners(
     table_rows: int | None = None,
 ) -> torch.Tensor:
     """Owner rank of each key. Continuous defaults to `block_size_for`; with
-    `table_rows` the keys go `into_table` first and the blocks cut that table."""
+    `table_rows` the keys go `into_table` first and the blocks cut that table.
+    feistel_roundrobin permutes a table's ids: it needs `table_rows`."""
     mode = DistType.parse(dist_type)
+    if mode is DistType.FEISTEL_ROUNDROBIN:
+        if table_rows is None:
+            raise ValueError("feistel_roundrobin routes a table's ids: give table_rows")
+        return owner_rank(into_table(keys, table_rows), world_size, mode, num_embeddings=table_rows)
     if mode is DistType.CONTINUOUS:
         if table_rows is not None:
             if block_size is not None:
@@ -156,7 +161,7 @@ def _low_bits(value: int, bits: int) -> str:
 def worked_example(
     keys: Sequence[int] | torch.Tensor,
     world_size: int,
-    dist_types: Iterable[DistType | str] = tuple(DistType),
+    dist_types: Iterable[DistType | str] = KEY_MODES,
     block_size: int | None = None,
     table_rows: int | None = None,
 ) -> pd.DataFrame:

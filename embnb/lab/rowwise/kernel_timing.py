@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from embnb.cuda import loader
-from embnb.rowwise.routing import DIST_CODES, DistType, bucketize
+from embnb.rowwise.routing import DIST_CODES, DistType, bucketize, feistel_round_keys
 from embnb.timing import interleaved_seconds, machine_name, median_seconds
 
 SIZES = [10**5, 10**6, 10**7]
@@ -110,17 +110,22 @@ def measure_case(
 ) -> dict:
     """One row of the table: outputs compared, then every implementation timed interleaved."""
     device, num_features = cases.device, 8
-    lengths, indices = make_inputs(num_keys, device, num_features=num_features)
-    block = math.ceil(10**8 / world_size)
-    blocks = [block] * num_features
+    rows = 10**8  # each feature's table; make_inputs draws ids below it
+    lengths, indices = make_inputs(num_keys, device, num_features=num_features, rows=rows)
+    block = math.ceil(rows / world_size)
     mode = DistType.parse(dist_type)
+    feistel = mode is DistType.FEISTEL_ROUNDROBIN
+    blocks = [rows if feistel else block] * num_features  # the op's entry: a feistel table's rows
+    keys = feistel_round_keys(0) if feistel else None
     loader.load()
     code = DIST_CODES[mode]
     calls = {  # the op itself, as FBGEMM's: no Python-side argument checks timed
         "embnb": lambda: torch.ops.embnb.bucketize(
-            lengths, indices, world_size, [code] * num_features, blocks
+            lengths, indices, world_size, [code] * num_features, blocks, None, keys
         ),
-        "reference": lambda: bucketize(lengths, indices, world_size, mode, blocks, native=False),
+        "reference": lambda: bucketize(
+            lengths, indices, world_size, mode, blocks, num_embeddings=blocks, native=False
+        ),
     }
     if fbgemm is not None and mode is DistType.CONTINUOUS:
         block_sizes = torch.full((num_features,), block, dtype=indices.dtype, device=device)

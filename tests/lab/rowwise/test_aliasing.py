@@ -36,6 +36,18 @@ def test_owners_defaults_continuous_to_blocks_of_the_key_range():
     assert torch.equal(aliasing.owners(keys, 4, "hash_roundrobin"), owner_rank(keys, 4, "hash_roundrobin"))
 
 
+def test_owners_route_a_tables_ids_by_feistel_roundrobin_dense_and_balanced():
+    """Strided ids (every one a multiple of W) pile onto one rank under roundrobin; the table's
+    rows (ids reduced into it) spread over every rank, counts differing by at most one."""
+    world_size, rows = 8, 1001
+    keys = torch.arange(rows) * world_size  # ids past the table go into it (id % rows) first
+    counts = aliasing.rank_counts(keys, world_size, "feistel_roundrobin", table_rows=rows)
+    assert sorted(counts.tolist()) == [125] * 7 + [126]
+    assert aliasing.rank_counts(keys, world_size, "roundrobin").tolist() == [rows] + [0] * 7
+    with pytest.raises(ValueError, match="feistel_roundrobin routes a table's ids: give table_rows"):
+        aliasing.owners(keys, world_size, "feistel_roundrobin")
+
+
 @pytest.mark.parametrize("dist_type", MODES)
 def test_rank_counts_count_every_key_once(dist_type):
     keys = make_keys("uniform", 5000, seed=1)
