@@ -40,29 +40,40 @@ class ShardValues:
 
     def __init__(self, options: list[ShardingOption]):
         # Shards of one size in an option mostly share their Storage and Perf
-        # objects (`embnb.planner.estimates`): each pair is read once. The
-        # ids name objects the shards hold, alive while they are used.
-        shards = [shard for option in options for shard in option.shards]
-        pairs = [(id(shard.storage), id(shard.perf)) for shard in shards]
-        first = dict(zip(pairs, shards))  # a shard per pair (any: they hold the same objects)
-        slot_of = {pair: slot for slot, pair in enumerate(first)}
-        slots = np.fromiter(map(slot_of.__getitem__, pairs), dtype=np.int64, count=len(pairs))
-        read = [
-            (st.hbm, st.ddr, st.ssd, p.fwd_compute, p.bwd_compute, p.fwd_comms, p.bwd_comms)
-            + (p.prefetch_compute, p.total)
-            for st, p in ((shard.storage, shard.perf) for shard in first.values())
-        ]
-        values = np.array(read, dtype=float).reshape(-1, 9)[slots]  # storage: whole bytes, exact below 2**53
-        self.storage = values[:, :3].astype(np.int64)  # HBM, DDR, SSD
-        self.parts = np.ascontiguousarray(values[:, 3:8])  # in the order Perf.total adds them
-        self.totals = np.ascontiguousarray(values[:, 8])  # Perf.total as torchrec computed it
-        counts = np.array([len(option.shards) for option in options], dtype=np.int64)
+        # objects (`embnb.planner.estimates`): each pair is read once, and
+        # every shard gets the slot of its pair. The ids name objects the
+        # shards hold, alive while they are used. Nothing per shard is kept
+        # but the slots (tens of millions of shards at 1,024 devices: a
+        # Python object per shard would cost gigabytes).
+        counts = np.fromiter((len(option.shards) for option in options), dtype=np.int64, count=len(options))
+        slots = np.empty(int(counts.sum()), dtype=np.int64)
+        slot_of: dict[tuple[int, int], int] = {}
+        read = []
+        position = 0
+        for option in options:
+            for shard in option.shards:
+                pair = (id(shard.storage), id(shard.perf))
+                slot = slot_of.get(pair)
+                if slot is None:
+                    slot = slot_of[pair] = len(read)
+                    st, p = shard.storage, shard.perf
+                    read.append(
+                        (st.hbm, st.ddr, st.ssd, p.fwd_compute, p.bwd_compute, p.fwd_comms, p.bwd_comms)
+                        + (p.prefetch_compute, p.total)
+                    )
+                slots[position] = slot
+                position += 1
+        distinct = np.array(read, dtype=float).reshape(-1, 9)  # storage: whole bytes, exact below 2**53
+        self.storage = distinct[:, :3].astype(np.int64)[slots]  # HBM, DDR, SSD
+        self.parts = np.ascontiguousarray(distinct[:, 3:8])[slots]  # in the order Perf.total adds them
+        self.totals = distinct[:, 8][slots]  # Perf.total as torchrec computed it
+        del slots
         ends = np.cumsum(counts)
         starts = ends - counts
         self._index = {id(o): i for i, o in enumerate(options)}
         self._rows = [slice(start, end) for start, end in zip(starts.tolist(), ends.tolist())]
-        summed = np.concatenate([np.zeros((1, 3), dtype=np.int64), np.cumsum(self.storage, axis=0)])
-        self._memory = (summed[ends] - summed[starts]).tolist()  # per option (whole bytes: exact)
+        # per option (whole bytes: exact); every option has a shard, so no segment is empty
+        self._memory = np.add.reduceat(self.storage, starts, axis=0).tolist() if len(options) else []
 
     def rows(self, option: ShardingOption) -> slice:
         return self._rows[self._index[id(option)]]
@@ -128,10 +139,11 @@ class SearchSpace:
         # indexed per option: a [tables, options, devices] array would grow with devices times
         # the widest table's options, mostly zeros.
         self.rank_perf = PerOption(index, self._device_rows(uniform_rows, values.totals))
-        self.rank_mem = PerOption(index, self._device_rows(uniform_rows, values.storage[:, :2].astype(float)))
+        self.rank_mem = PerOption(index, self._device_rows(uniform_rows, values.storage[:, :2]))  # a view
 
     def _device_rows(self, uniform_rows: list[slice], per_shard: np.ndarray) -> np.ndarray:
-        """Row 0 zeros, then per uniform option its shards' `per_shard` values on devices 0, 1, ..."""
+        """Row 0 zeros, then per uniform option its shards' `per_shard` values on devices 0, 1, ...
+        (as floats)."""
         out = np.zeros((len(uniform_rows) + 1, self.world_size) + per_shard.shape[1:])
         for row, rows in enumerate(uniform_rows, 1):
             out[row, : rows.stop - rows.start] = per_shard[rows]
