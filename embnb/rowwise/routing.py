@@ -53,6 +53,7 @@ __all__ = [
     "Bucketized",
     "hash_key",
     "feistel_permutation",
+    "feistel_round_keys",
     "owner_rank",
     "bucketize",
 ]
