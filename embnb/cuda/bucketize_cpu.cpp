@@ -103,6 +103,9 @@ BucketizePlan check_bucketize_args(const at::Tensor& lengths, const at::Tensor& 
     if (code == kFeistelRoundRobin) {
       EMBNB_CHECK_VALUE(block >= 1 && block <= (int64_t{1} << 62), "block_sizes[", f, "] is ", block,
                         "; a feistel_roundrobin feature's entry is its num_embeddings, in [1, 2**62]");
+      EMBNB_CHECK_VALUE(indices.scalar_type() == at::kLong || block <= (int64_t{1} << 31), "block_sizes[",
+                        f, "] is ", block, ": int32 indices take feistel_roundrobin tables of at most ",
+                        "2**31 rows (the local rows sent have the indices' dtype)");
       EMBNB_CHECK_VALUE(keys.defined(), "feature ", f,
                         " is feistel_roundrobin but feistel_keys is None: give its round keys");
     }

@@ -479,6 +479,11 @@ def _check_args(
                 f"num_embeddings[{f}] is {tables[f]}; feistel_roundrobin features need num_embeddings "
                 f"in [1, 2**62]"
             )
+        if indices.dtype == torch.int32 and tables[f] > 1 << 31:
+            raise ValueError(
+                f"num_embeddings[{f}] is {tables[f]}: int32 indices take feistel_roundrobin tables of at "
+                f"most 2**31 rows (the local rows sent have the indices' dtype)"
+            )
     batch = num_segments // num_features
     return _Args(lengths, indices, world_size, modes, sizes, batch, weights, tables, seed)
 

@@ -293,6 +293,11 @@ ROUND_KEYS = torch.tensor([11, -5, 2**40, 7])  # feistel_roundrobin's, any int64
             ["[0, 6)", "key 6", "position 3", "feature 1"],
         ),
         ((L, torch.tensor([3, 4, -7, 5]), 2, [1, 3], [0, 6], None, ROUND_KEYS), None, []),
+        (
+            (L, KEYS.int(), 2, [1, 3], [0, 2**31 + 1], None, ROUND_KEYS),
+            ValueError,
+            ["int32 indices", "2**31"],
+        ),
         ((L, KEYS, 2, [0, 1], [4]), ValueError, ["len(block_sizes) is 1", "2"]),
         ((L, KEYS, 2, [], []), ValueError, ["dist_types", "none"]),
         ((L, KEYS, 0, [1, 1], [0, 0]), ValueError, ["world_size", "0"]),

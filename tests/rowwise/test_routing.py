@@ -121,7 +121,7 @@ def kjt_cases(draw, modes=st.sampled_from(MODES), max_world=8):
     index_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
     lengths_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
     lo, hi = INT_RANGES[index_dtype]
-    tables = [draw(st.one_of(st.integers(1, 40), st.integers(1, hi))) for _ in range(num_features)]
+    tables = [draw(st.one_of(st.integers(1, 40), st.integers(1, min(hi, 2**62)))) for _ in feature_modes]
     lengths = [draw(st.integers(0, 6)) for _ in range(num_features * batch)]
     indices = []
     for seg, length in enumerate(lengths):
@@ -435,6 +435,11 @@ BAD_CALLS = [
         ["[0, 6)", "key 6", "feature 1"],
     ),
     (dict(dist_type="feistel_roundrobin", num_embeddings=[7, 7], seed=-1), ValueError, ["seed", "-1"]),
+    (
+        dict(dist_type="feistel_roundrobin", num_embeddings=[7, 2**31 + 1], indices=KEYS.int()),
+        ValueError,
+        ["num_embeddings[1] is 2147483649", "int32 indices", "2**31 rows"],
+    ),
 ]
 
 
