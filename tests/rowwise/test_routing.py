@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sharder_ranks import feistel_owner_local
 
 from embnb.rowwise.layout import TableLayout
 from embnb.rowwise.routing import Bucketized, DistType, bucketize, hash_key, owner_rank
@@ -48,30 +49,10 @@ def py_fmix64(u: int) -> int:
     return u ^ (u >> 33)
 
 
-def py_feistel(key: int, table_rows: int, seed: int) -> int:
-    """feistel_roundrobin's permuted id, loop by loop with Python ints: 4
-    rounds, round r keyed by fmix64(4 * seed + r + 1), on the least 2h >= 2
-    bits with 4**h >= table_rows, repeated until the result is a row."""
-    half = 1
-    while 4**half < table_rows:
-        half += 1
-    mask = (1 << half) - 1
-    round_keys = [py_fmix64(4 * seed + r + 1) for r in range(4)]
-    x = key
-    while True:
-        left, right = x >> half, x & mask
-        for k in round_keys:
-            left, right = right, left ^ (py_fmix64((right + k) & MASK64) & mask)
-        x = (left << half) | right
-        if x < table_rows:
-            return x
-
-
 def py_route(key: int, world: int, mode: str, block: int | None, table_rows: int = 0, seed: int = 0):
     """(owner, id sent) with Python ints; keys read as uint64 patterns."""
-    if mode == "feistel_roundrobin":
-        permuted = py_feistel(key, table_rows, seed)
-        return permuted % world, permuted // world
+    if mode == "feistel_roundrobin":  # the sharder tests' plain-int model of the network
+        return feistel_owner_local(key, table_rows, world, seed)
     if mode == "continuous":
         if key < block * world:
             return key // block, key % block
