@@ -28,6 +28,7 @@ from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, ShardEstimator, ShardingOption
 from torchrec.distributed.planner.utils import sharder_name
+from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 
 __all__ = [
     "TESTED_TORCHREC",
@@ -62,6 +63,11 @@ __all__ = [
     "generate_permute_indices",
     "local_embedding_dim",
     "lookups",
+    "create_input_dist",
+    "input_dists",
+    "shardings",
+    "sharding_env",
+    "row_wise_dist_parts",
 ]
 
 # The torchrec versions the tests run on (the pinned and the min stack): the
@@ -82,6 +88,8 @@ PRIVATE_FUNCTIONS: dict[tuple[Any, str], tuple[str, ...]] = {
         "embedding_configs",
         "table_name_to_parameter_sharding",
     ),
+    (ShardedEmbeddingBagCollection, "_create_input_dist"): ("self", "input_feature_names"),
+    (ShardedEmbeddingCollection, "_create_input_dist"): ("self", "input_feature_names", "ctx"),
     (EmbeddingEnumerator, "_filter_sharding_types"): (
         "self",
         "name",
@@ -122,8 +130,16 @@ PRIVATE_ATTRIBUTES: dict[type, tuple[str, ...]] = {
         "_num_proposals",
         "_best_plan",
     ),
-    ShardedEmbeddingCollection: ("_features_to_permute_indices", "_local_embedding_dim", "_lookups"),
-    ShardedEmbeddingBagCollection: ("_lookups",),
+    ShardedEmbeddingCollection: (
+        "_features_to_permute_indices",
+        "_local_embedding_dim",
+        "_lookups",
+        "_input_dists",
+        "_sharding_type_to_sharding",
+        "_env",
+    ),
+    ShardedEmbeddingBagCollection: ("_lookups", "_input_dists", "_embedding_shardings", "_env"),
+    RwSparseFeaturesDist: ("_dist", "_has_feature_processor", "_need_pos"),
 }
 
 # A ShardingOption's attributes that torchrec's deep copy of an option shares
@@ -310,3 +326,33 @@ def local_embedding_dim(sharded: ShardedEmbeddingCollection) -> int:
 def lookups(sharded: nn.Module) -> list[nn.Module]:
     """A sharded EC's or EBC's lookups (a plain list in torchrec 1.8.0, not submodules)."""
     return sharded._lookups
+
+
+def create_input_dist(
+    sharded: nn.Module, below: type, input_feature_names: list[str], *args: Any, **kwargs: Any
+) -> None:
+    """torchrec's `_create_input_dist` of `sharded`, as the class after `below` in its MRO defines
+    it (the call an override makes to its base)."""
+    super(below, sharded)._create_input_dist(input_feature_names, *args, **kwargs)
+
+
+def input_dists(sharded: nn.Module) -> nn.ModuleList:
+    """A sharded EC's or EBC's input distributions, one per sharding type (built on the first input)."""
+    return sharded._input_dists
+
+
+def shardings(sharded: nn.Module) -> list:
+    """A sharded EC's or EBC's shardings, in the order of its input distributions."""
+    if isinstance(sharded, ShardedEmbeddingBagCollection):
+        return list(sharded._embedding_shardings)
+    return list(sharded._sharding_type_to_sharding.values())
+
+
+def sharding_env(sharded: nn.Module) -> Any:
+    """The ShardingEnv a sharded EC or EBC was built with."""
+    return sharded._env
+
+
+def row_wise_dist_parts(dist: RwSparseFeaturesDist) -> tuple[nn.Module, bool]:
+    """(its KJT all-to-all, whether it sends positions: a feature processor's)."""
+    return dist._dist, dist._has_feature_processor or dist._need_pos

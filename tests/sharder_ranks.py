@@ -28,6 +28,7 @@ from embnb.lab.rowwise.reference import fmix64
 from embnb.rowwise import (
     RoutedEmbeddingBagCollectionSharder,
     RoutedEmbeddingCollectionSharder,
+    RoutedFeaturesDist,
     RoutedShardedEmbeddingBagCollection,
     TableLayout,
     convert_rows,
@@ -162,8 +163,23 @@ class OffByOneLayout(TableLayout):
         return slots // b * b + (slots % b + 1) % b
 
 
+class OffByOneDist(RoutedFeaturesDist):
+    """The input distribution with each local row sent off by one (wrapping in the rank's block)."""
+
+    def bucketize_features(self, sparse_features):
+        out = super().bucketize_features(sparse_features)
+        num_features = len(self.layouts)
+        segment_feature = torch.arange(out.lengths.numel()) // sparse_features.stride() % num_features
+        blocks = torch.tensor([layout.block_size for layout in self.layouts])[segment_feature]
+        block = blocks.repeat_interleave(out.lengths.long())
+        return out._replace(indices=((out.indices + 1) % block).to(out.indices.dtype))
+
+
 class OffByOneEBC(RoutedShardedEmbeddingBagCollection):
+    """Rows loaded from the unsharded module and ids sent, each with the local row off by one."""
+
     layout_type = OffByOneLayout
+    features_dist_type = OffByOneDist
 
 
 class OffByOneSharder(RoutedEmbeddingBagCollectionSharder):
@@ -268,20 +284,23 @@ def mismatch_case(rank, world_size, kind, rows, saved, loaded, seed):
     return None
 
 
-def refusal_case(rank, world_size, what: str, seed: int):
-    """The error a routed module raises for an id outside its table ("bad_id") or for an
-    EmbeddingCollection with need_indices ("need_indices"), or None."""
-    rows, routings = {"a": 8, "b": 7}, {"a": "roundrobin"}
+def edge_case(rank, world_size, what: str, seed: int):
+    """The error a routed module raises for an id outside its table ("bad_id"), or the indices a
+    routed EmbeddingCollection with need_indices returns for EDGE_IDS, per feature ("need_indices")."""
+    rows, routings = {"a": 8, "b": 7}, {"a": "roundrobin", "b": "feistel_roundrobin"}
+    if what == "need_indices":
+        module = make_module("ec", rows, seed, need_indices=True)
+        model = _shard_module(module, "ec", rows, routings, world_size)
+        out = model(KeyedJaggedTensor.from_lengths_sync(["f_a", "f_b"], *EDGE_IDS))
+        return {key: jagged.weights().tolist() for key, jagged in out.items()}
     try:
-        if what == "bad_id":
-            model = _shard("ebc", rows, routings, seed, world_size)
-            model(
-                KeyedJaggedTensor.from_lengths_sync(
-                    ["f_a", "f_b"], torch.tensor([3, 8, 1]), torch.tensor([2, 1])
-                )
-            )
-        else:
-            _shard_module(make_module("ec", rows, seed, need_indices=True), "ec", rows, routings, world_size)
+        model = _shard("ebc", rows, routings, seed, world_size)
+        model(
+            KeyedJaggedTensor.from_lengths_sync(["f_a", "f_b"], torch.tensor([3, 8, 1]), torch.tensor([2, 1]))
+        )
     except ValueError as error:
         return f"{type(error).__name__}: {error}"
     return None
+
+
+EDGE_IDS = (torch.tensor([3, 7, 1, 6, 0]), torch.tensor([2, 1, 1, 1]))  # values, lengths: f_a then f_b

@@ -5,8 +5,9 @@ row-wise three ways: torchrec's own `ShardedEmbeddingBagCollection` (the plan's 
 blocks, torchrec's sharder), and `RoutedShardedEmbeddingBagCollection` under `roundrobin` and
 under `feistel_roundrobin`. Each rank feeds all three the same KeyedJaggedTensor (ids drawn
 Zipf over the table, a vocabulary numbered by frequency) and times one whole input
-distribution per call: the renumbering (routed only), torchrec's bucketize and its all-to-all,
-waited for (`input_dist(ctx, kjt).wait().wait()`). `embnb.timing.interleaved_seconds` runs the
+distribution per call: the bucketing (FBGEMM's `block_bucketize_sparse_features` for torchrec's,
+embnb's bucketize op for the routed ones) and torchrec's all-to-all, waited for
+(`input_dist(ctx, kjt).wait().wait()`). `embnb.timing.interleaved_seconds` runs the
 three in turn each round, so load from other processes hits them alike; a round's time is the
 slowest rank's. Reported: routed / torchrec per round, median and range.
 """

@@ -14,7 +14,9 @@ namespace embnb {
 // The op's schema, registered once (TORCH_LIBRARY_FRAGMENT) in
 // bucketize_cpu.cpp. dist_types holds DistCode values, one per feature;
 // block_sizes one per feature: the block size of a continuous feature, the
-// num_embeddings of a feistel_roundrobin one, unread for the others.
+// num_embeddings of a feistel_roundrobin one, of a roundrobin one its dense
+// table's rows (its owner gets local rows id / W) or 0 (unbounded keys, sent
+// as they are), unread for hash_roundrobin.
 // feistel_keys: the round keys (1-D int64, CPU) feistel_roundrobin features
 // share; required where there is one.
 constexpr const char* kBucketizeSchema =

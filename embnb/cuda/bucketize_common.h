@@ -139,15 +139,19 @@ struct FeatureRoute {
   int32_t mode;         // DistCode
   Divisor block;        // continuous only
   uint64_t limit;       // block.d * world_size, saturated: keys below it are in blocks
+  uint64_t rows;        // roundrobin: a dense table's rows (local rows sent); 0: keys sent as they are
   FeistelTable feistel; // feistel_roundrobin only
 };
 
 // `size`: the block size of a continuous feature, the num_embeddings of a
-// feistel_roundrobin one (whose round keys are `keys[0, rounds)`).
+// feistel_roundrobin one (whose round keys are `keys[0, rounds)`), and of a
+// roundrobin one whose table is dense (0: unbounded keys, as dynamicemb's).
 inline FeatureRoute make_route(int32_t mode, uint64_t size, uint64_t world_size,
                                const int64_t* keys = nullptr, int64_t rounds = 0) {
-  FeatureRoute r{mode, make_divisor(mode == kContinuous ? size : 1), 0, {}};
-  if (mode == kContinuous) {
+  FeatureRoute r{mode, make_divisor(mode == kContinuous ? size : 1), 0, 0, {}};
+  if (mode == kRoundRobin) {
+    r.rows = size;
+  } else if (mode == kContinuous) {
     r.limit = size > UINT64_MAX / world_size ? UINT64_MAX : size * world_size;
   } else if (mode == kFeistelRoundRobin) {
     for (int64_t i = 0; i < rounds; ++i) r.feistel.keys[i] = keys[i];
@@ -160,11 +164,13 @@ inline FeatureRoute make_route(int32_t mode, uint64_t size, uint64_t world_size,
   return r;
 }
 
-// Whether `key` may be routed: continuous keys are >= 0, feistel_roundrobin
-// ids in [0, size); round-robin modes take any key.
+// Whether `key` may be routed: continuous keys are >= 0, the ids of a table
+// of known rows (feistel_roundrobin, a dense roundrobin table) in [0, rows);
+// round-robin modes on unbounded keys take any key.
 EMBNB_HD bool key_in_range(int64_t key, const FeatureRoute& route) {
   if (route.mode == kContinuous) return key >= 0;
   if (route.mode == kFeistelRoundRobin) return key >= 0 && static_cast<uint64_t>(key) < route.feistel.size;
+  if (route.mode == kRoundRobin && route.rows) return key >= 0 && static_cast<uint64_t>(key) < route.rows;
   return true;
 }
 
@@ -193,7 +199,7 @@ EMBNB_HD void route_key(int64_t key, const FeatureRoute& route, const Divisor& w
     return;
   }
   *owner = static_cast<int64_t>(modulo(route.mode == kHashRoundRobin ? fmix64(u) : u, world));
-  *sent = key;
+  *sent = route.mode == kRoundRobin && route.rows ? static_cast<int64_t>(divide(u, world)) : key;  // local row
 }
 
 // The id sent for `key` once its owner is known (what route_key returns
@@ -202,6 +208,7 @@ EMBNB_HD int64_t sent_id(int64_t key, int64_t owner, const FeatureRoute& route,
                          const Divisor& world) {
   const uint64_t u = static_cast<uint64_t>(key);
   if (route.mode == kFeistelRoundRobin) return static_cast<int64_t>(divide(feistel_permute(u, route.feistel), world));
+  if (route.mode == kRoundRobin && route.rows) return static_cast<int64_t>(divide(u, world));
   if (route.mode != kContinuous) return key;
   if (u < route.limit) return static_cast<int64_t>(u - static_cast<uint64_t>(owner) * route.block.d);
   return static_cast<int64_t>(divide(u, world));

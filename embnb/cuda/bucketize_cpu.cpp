@@ -100,6 +100,8 @@ BucketizePlan check_bucketize_args(const at::Tensor& lengths, const at::Tensor& 
     const int64_t block = block_sizes[f];
     EMBNB_CHECK_VALUE(code != kContinuous || block >= 1, "block_sizes[", f, "] is ", block,
                       "; continuous features need block sizes >= 1");
+    EMBNB_CHECK_VALUE(code != kRoundRobin || block >= 0, "block_sizes[", f, "] is ", block,
+                      "; a roundrobin feature's entry is its dense table's rows, or 0 for unbounded keys");
     if (code == kFeistelRoundRobin) {
       EMBNB_CHECK_VALUE(block >= 1 && block <= (int64_t{1} << 62), "block_sizes[", f, "] is ", block,
                         "; a feistel_roundrobin feature's entry is its num_embeddings, in [1, 2**62]");
@@ -128,6 +130,9 @@ void raise_length_sum(int64_t sum, int64_t num_keys) {
 void raise_bad_key(int64_t key, int64_t position, int64_t feature, const FeatureRoute& route) {
   EMBNB_CHECK_VALUE(route.mode != kContinuous, "continuous routing needs keys >= 0, got key ", key,
                     " at position ", position, " (feature ", feature, " is continuous)");
+  EMBNB_CHECK_VALUE(route.mode != kRoundRobin, "roundrobin routing needs keys in [0, ", route.rows,
+                    "), got key ", key, " at position ", position, " (feature ", feature,
+                    " is roundrobin with num_embeddings ", route.rows, ")");
   EMBNB_CHECK_VALUE(false, "feistel_roundrobin routing needs keys in [0, ", route.feistel.size,
                     "), got key ", key, " at position ", position, " (feature ", feature,
                     " is feistel_roundrobin with num_embeddings ", route.feistel.size, ")");
@@ -246,7 +251,7 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
       route.mode = mode;
       for (int64_t i = begin; i < end; ++i) {
         const int64_t key = static_cast<int64_t>(keys[i]);
-        if ((mode == kContinuous || mode == kFeistelRoundRobin) && !key_in_range(key, route)) {
+        if (mode != kHashRoundRobin && !key_in_range(key, route)) {
           if (first_bad[c] < 0) first_bad[c] = i;
           continue;
         }

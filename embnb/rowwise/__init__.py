@@ -12,8 +12,9 @@ The library (what this package exports; none of it imports pandas or matplotlib)
   (W, routing) to another);
 - `sharders`: `RoutedEmbeddingBagCollectionSharder` and
   `RoutedEmbeddingCollectionSharder`, torchrec's row-wise sharding with a
-  routing per table (`routed`: what the two share); `sharded_rows`:
-  `gather_rows`, `load_rows`.
+  routing per table (`routed`: what the two share; `input_dist`:
+  `RoutedFeaturesDist`, their row-wise input distribution, embnb's bucketize
+  then torchrec's all-to-all); `sharded_rows`: `gather_rows`, `load_rows`.
 
 Notebook 01's experiments, figures and widgets live in `embnb.lab.rowwise`.
 
@@ -40,6 +41,7 @@ __all__ = [
     "RoutedEmbeddingCollectionSharder",
     "RoutedShardedEmbeddingCollection",
     "RoutingMismatch",
+    "RoutedFeaturesDist",
     "gather_rows",
     "load_rows",
 ]
@@ -64,4 +66,8 @@ def __getattr__(name: str):
         from embnb.rowwise import sharded_rows
 
         return getattr(sharded_rows, name)
+    if name == "RoutedFeaturesDist":
+        from embnb.rowwise import input_dist
+
+        return input_dist.RoutedFeaturesDist
     raise AttributeError(f"module 'embnb.rowwise' has no attribute {name!r}")

@@ -1,11 +1,12 @@
 """What the routed sharded modules share: each table's layout, the padded module torchrec shards, the
-ids renumbered to storage slots before torchrec's input distribution, and the routing in the state dict.
+row-wise input distribution that buckets by the layouts, and the routing in the state dict.
 
 `RoutedIds` is a mixin put before torchrec's sharded class (`ShardedEmbeddingBagCollection`,
-`ShardedEmbeddingCollection`); a subclass names how to read its module's table configs and how to
-build a copy of it with other configs (`_configs`, `_module_like`). `RoutedSharder` is the same for
-the sharders. Everything torchrec does after the renumbering (bucketize, all-to-all, FBGEMM's
-table-batched kernels, output distribution) is torchrec's own code.
+`ShardedEmbeddingCollection`); a subclass names how to read its module's table configs, how to
+build a copy of it with other configs and where its shardings are (`_configs`, `_module_like`,
+`_shardings`). `RoutedSharder` is the same for the sharders. The row-wise sharding's input
+distribution is `embnb.rowwise.input_dist.RoutedFeaturesDist` (embnb's bucketize, torchrec's
+all-to-all); the rest (FBGEMM's table-batched kernels, the output distribution) is torchrec's.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from embnb import _torchrec_private as private
 from embnb._checks import check_int
+from embnb.rowwise.input_dist import RoutedFeaturesDist
 from embnb.rowwise.layout import Routing, TableLayout, convert_rows
 
 __all__ = [
@@ -141,7 +144,7 @@ def _default_extra_state(module, state_dict, prefix, *args) -> None:
 
 
 class RoutedIds:
-    """Mixin for a torchrec sharded embedding module: ids renumbered to each table's routing.
+    """Mixin for a torchrec sharded embedding module: ids routed by each table's layout.
 
     Args:
         module: the unsharded module.
@@ -157,8 +160,10 @@ class RoutedIds:
     the slot its routing names (so it starts equal to `module`, on CPU as on GPU).
     """
 
-    layout_type: type[TableLayout] = TableLayout  # a subclass may route with another layout
+    layout_type: type[TableLayout] = TableLayout  # a subclass may lay rows out otherwise (a test's bug)
+    features_dist_type: type[RoutedFeaturesDist] = RoutedFeaturesDist  # or route otherwise (the same)
     weight_prefix: str  # where the tables sit in the state dict ("embedding_bags", "embeddings")
+    is_sequence: bool  # an EmbeddingCollection: torchrec's output distribution reads the permute
 
     @staticmethod
     def _configs(module: nn.Module) -> list[Any]:
@@ -167,6 +172,10 @@ class RoutedIds:
     @staticmethod
     def _module_like(module: nn.Module, configs: list[Any]) -> nn.Module:
         """A copy of `module` on the meta device with these table configs."""
+        raise NotImplementedError
+
+    def _shardings(self) -> list[Any]:
+        """torchrec's shardings, in the order of its input distributions."""
         raise NotImplementedError
 
     def __init__(
@@ -198,12 +207,7 @@ class RoutedIds:
         # On meta, torchrec loads nothing in its constructor: the rows are loaded below, at their slots.
         super().__init__(self._module_like(module, storage), params, env, **kwargs)
         self.table_layouts: dict[str, TableLayout] = layouts
-        self._feature_layouts: dict[str, tuple[str, TableLayout]] = {
-            feature: (c.name, layouts[c.name])
-            for c in configs
-            if c.name in layouts and layouts[c.name].routing is not Routing.CONTINUOUS
-            for feature in c.feature_names
-        }
+        self._feature_tables = {f: c.name for c in configs if c.name in layouts for f in c.feature_names}
         self.register_load_state_dict_pre_hook(_default_extra_state)
         if not any(p.is_meta for p in module.parameters()):
             self._load_unsharded(module)
@@ -222,43 +226,30 @@ class RoutedIds:
         """Table name -> routing, for each row-wise table."""
         return {name: layout.routing.value for name, layout in self.table_layouts.items()}
 
-    def route_features(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """The KJT with each routed feature's ids replaced by their storage slots."""
-        keys = features.keys()
-        if not any(k in self._feature_layouts for k in keys):
-            return features
-        values = features.values()
-        routed = []
-        for key, ids in zip(keys, torch.split(values, features.length_per_key())):
-            if key not in self._feature_layouts:
-                routed.append(ids)
-                continue
-            table, layout = self._feature_layouts[key]
-            try:  # slots() checks the range once; the message gains the feature and table
-                routed.append(layout.slots(ids).to(values.dtype))
-            except ValueError as error:
-                raise ValueError(f"feature {key!r} (table {table!r}): {error}") from None
-        variable = features.variable_stride_per_key()
-        return KeyedJaggedTensor(
-            keys=keys,
-            values=torch.cat(routed) if routed else values,
-            weights=features.weights_or_none(),
-            lengths=features.lengths(),
-            stride=None if variable else features.stride(),
-            stride_per_key_per_rank=features.stride_per_key_per_rank() if variable else None,
-            inverse_indices=features.inverse_indices_or_none(),
-        )
+    @property
+    def routed_tables(self) -> list[str]:
+        """The row-wise tables whose routing is not torchrec's continuous one."""
+        return sorted(n for n, la in self.table_layouts.items() if la.routing is not Routing.CONTINUOUS)
 
-    def input_dist(self, ctx: Any, features: Any) -> Any:
-        if self._feature_layouts:
-            if not isinstance(features, KeyedJaggedTensor):
-                raise TypeError(
-                    f"routed tables {sorted({t for t, _ in self._feature_layouts.values()})} need a "
-                    f"KeyedJaggedTensor input, got {type(features).__name__}"
+    def _create_input_dist(self, input_feature_names: list[str], *args: Any, **kwargs: Any) -> None:
+        """torchrec's input distributions, the row-wise one bucketing by the tables' layouts."""
+        private.create_input_dist(self, RoutedIds, input_feature_names, *args, **kwargs)
+        dists = private.input_dists(self)
+        for i, sharding in enumerate(private.shardings(self)):
+            features = sharding.feature_names()
+            layouts = [self.table_layouts[self._feature_tables[f]] for f in features]
+            if type(dists[i]) is not RwSparseFeaturesDist or all(
+                la.routing is Routing.CONTINUOUS for la in layouts
+            ):
+                continue  # not row-wise, or torchrec's own layout: its own bucketize
+            if private.row_wise_dist_parts(dists[i])[1]:
+                raise ValueError(
+                    f"routed features {features} come with positions (a feature processor); embnb's "
+                    f"bucketize does not return them: route these tables 'continuous'"
                 )
-            with torch.no_grad():
-                features = self.route_features(features)
-        return super().input_dist(ctx, features)
+            pg = private.sharding_env(self).process_group  # torchrec's row-wise shardings use it
+            device = next((b.device for b in dists[i].buffers()), None)  # where torchrec put its own
+            dists[i] = self.features_dist_type(pg, features, layouts, device, self.is_sequence)
 
     def get_extra_state(self) -> dict:
         return {"tables": {name: layout.describe() for name, layout in self.table_layouts.items()}}

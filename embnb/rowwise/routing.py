@@ -7,9 +7,12 @@ Four routing modes (`DistType`) decide the owner of a key:
   `[r * block_size, (r + 1) * block_size)`; keys past the last block go to
   `key % world_size`. The rank receives the local row, not the key.
 - `roundrobin`: `key % world_size`. Patterned ids (all multiples of W, tag
-  bits in the low bits) alias onto one rank.
+  bits in the low bits) alias onto one rank. On unbounded keys it sends the
+  raw key; given its table's rows N (a dense table, embnb's routed
+  sharders), ids must lie in `[0, N)` and the rank receives the local row
+  `key // W`.
 - `hash_roundrobin`: `fmix64(key) % world_size`, the hash NVIDIA dynamicemb
-  uses, so results compare. Both round-robin modes send the raw key.
+  uses, so results compare. It sends the raw key.
 - `feistel_roundrobin`: for a table of N rows, a keyed bijection `p` of
   `[0, N)` (`feistel_permutation`), then round-robin: owner `p(key) % W`,
   local row `p(key) // W` (what the rank receives). Dense and balanced (rank
@@ -37,6 +40,7 @@ sequence=True)`.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -147,6 +151,13 @@ def feistel_round_keys(seed: int) -> torch.Tensor:
     return hash_key(torch.arange(FEISTEL_ROUNDS, dtype=torch.int64) + seed * FEISTEL_ROUNDS + 1)
 
 
+@functools.lru_cache(maxsize=8)
+def _op_round_keys(seed: int) -> torch.Tensor:
+    """The kernels' round keys, made once per seed (the op only reads them; a training step calls
+    bucketize every batch)."""
+    return feistel_round_keys(seed)
+
+
 def _feistel(x: torch.Tensor, half_bits: int, keys: torch.Tensor) -> torch.Tensor:
     """A balanced Feistel permutation of [0, 4 ** half_bits)."""
     mask = (1 << half_bits) - 1
@@ -191,12 +202,13 @@ def _route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(owner rank, id sent to the owner) per int64 key; inputs checked.
     `block_size`: continuous features' block size; for feistel_roundrobin
-    the table's num_embeddings (one int: one table)."""
+    the table's num_embeddings (one int: one table); for roundrobin a dense
+    table's rows (any value > 0: local rows sent) or 0/None (keys sent)."""
     if dist_type is DistType.FEISTEL_ROUNDROBIN:
         permuted = feistel_permutation(keys, block_size, seed)
         return permuted % world_size, permuted // world_size
     if dist_type is DistType.ROUNDROBIN:
-        return _unsigned_mod(keys, world_size), keys
+        return _unsigned_mod(keys, world_size), keys // world_size if block_size else keys
     if dist_type is DistType.HASH_ROUNDROBIN:
         return _unsigned_mod(hash_key(keys), world_size), keys
     # continuous: `key // block_size < W` is `key < block_size * W` without
@@ -214,13 +226,15 @@ def _check_nonnegative_keys(keys: torch.Tensor, where: str) -> None:
         raise ValueError(f"continuous routing needs keys >= 0, got key {bad}{where}")
 
 
-def _check_table_ids(keys: torch.Tensor, num_embeddings: int, where: str) -> None:
+def _check_table_ids(keys: torch.Tensor, num_embeddings: int, where: str, mode: str) -> None:
     outside = (keys < 0) | (keys >= num_embeddings)
     if keys.numel() and bool(outside.any()):
         bad = int(keys[outside][0])
-        raise ValueError(
-            f"feistel_roundrobin routing needs keys in [0, {num_embeddings}), got key {bad}{where}"
-        )
+        raise ValueError(f"{mode} routing needs keys in [0, {num_embeddings}), got key {bad}{where}")
+
+
+# The modes that read a table's rows: feistel_roundrobin always, roundrobin for a dense table.
+_TABLE_MODES = (DistType.FEISTEL_ROUNDROBIN, DistType.ROUNDROBIN)
 
 
 def owner_rank(
@@ -236,7 +250,8 @@ def owner_rank(
 
     continuous: `key // block_size` for `key < block_size * world_size`,
     else `key % world_size`. roundrobin: `key % world_size` on the uint64
-    pattern. hash_roundrobin: `hash_key(key) % world_size`, unsigned.
+    pattern (given `num_embeddings`, a dense table: keys in [0, N)).
+    hash_roundrobin: `hash_key(key) % world_size`, unsigned.
     feistel_roundrobin: `feistel_permutation(key, num_embeddings, seed) %
     world_size`, keys in [0, num_embeddings).
     int32 keys are sign-extended first: a negative int32 key gets another
@@ -250,11 +265,11 @@ def owner_rank(
             raise ValueError("continuous routing needs a block_size, got None")
         block_size = check_int("block_size", block_size, low=1)
         _check_nonnegative_keys(keys, "")
-    if mode is DistType.FEISTEL_ROUNDROBIN:
-        if num_embeddings is None:
-            raise ValueError("feistel_roundrobin routing needs num_embeddings, got None")
+    if mode is DistType.FEISTEL_ROUNDROBIN and num_embeddings is None:
+        raise ValueError("feistel_roundrobin routing needs num_embeddings, got None")
+    if mode in _TABLE_MODES and num_embeddings is not None:
         block_size = check_int("num_embeddings", num_embeddings, low=1)
-        _check_table_ids(keys, block_size, "")
+        _check_table_ids(keys, block_size, "", mode.value)
     return _route(keys, world_size, mode, block_size, check_int("seed", seed, low=0))[0]
 
 
@@ -323,17 +338,18 @@ def _route_by_feature(
     if DistType.CONTINUOUS in modes:
         # Entries of non-continuous features are never read; clamp them.
         block_size = torch.tensor([max(s, 1) for s in args.sizes], device=feature.device)[feature]
-    if len(set(modes)) == 1 and modes[0] is not DistType.FEISTEL_ROUNDROBIN:  # no masking
+    per_table = [f for f, m in enumerate(modes) if m in _TABLE_MODES and args.tables and args.tables[f]]
+    if len(set(modes)) == 1 and not per_table:  # no masking
         return _route(keys, world_size, modes[0], block_size)
     owner, local = torch.empty_like(keys), torch.empty_like(keys)
-    for mode in set(modes) - {DistType.FEISTEL_ROUNDROBIN}:  # one pass per mode present
-        mask = torch.tensor([m is mode for m in modes], device=feature.device)[feature]
-        mode_block = None if block_size is None else block_size[mask]
+    shared = torch.tensor([f not in per_table for f in range(len(modes))], device=feature.device)[feature]
+    for mode in {m for f, m in enumerate(modes) if f not in per_table}:  # one pass per mode, tables aside
+        mask = shared & torch.tensor([m is mode for m in modes], device=feature.device)[feature]
+        mode_block = block_size[mask] if mode is DistType.CONTINUOUS else None
         owner[mask], local[mask] = _route(keys[mask], world_size, mode, mode_block)
-    for f, mode in enumerate(modes):  # a permutation per table: one pass per feistel feature
-        if mode is DistType.FEISTEL_ROUNDROBIN:
-            mask = feature == f
-            owner[mask], local[mask] = _route(keys[mask], world_size, mode, args.tables[f], args.seed)
+    for f in per_table:  # a table's rows (and a permutation): one pass per such feature
+        mask = feature == f
+        owner[mask], local[mask] = _route(keys[mask], world_size, modes[f], args.tables[f], args.seed)
     return owner, local
 
 
@@ -347,7 +363,7 @@ class _Args(NamedTuple):
     sizes: list[int] | None
     batch: int
     weights: torch.Tensor | None
-    tables: list[int] | None  # num_embeddings per feature (feistel_roundrobin)
+    tables: list[int] | None  # num_embeddings per feature (feistel_roundrobin, dense roundrobin tables)
     seed: int
 
 
@@ -374,9 +390,12 @@ def bucketize(
     num_features: defaults to len(block_sizes) or len(dist_type) when given
         per feature, else 1 (then batch = len(lengths)).
     weights: optional per-key weights, moved with their keys.
-    num_embeddings: one per feature, its table's rows; read only for
-        feistel_roundrobin features (keys in [0, num_embeddings)), and
-        required when there is one.
+    num_embeddings: one per feature, its table's rows; read for
+        feistel_roundrobin features (required when there is one) and for
+        roundrobin ones, where a positive entry makes the table dense (the
+        owner receives the local row `key // world_size`) and 0 leaves keys
+        unbounded (sent as they are). Keys of a table must lie in
+        [0, num_embeddings).
     seed: the key of feistel_roundrobin's bijection (`feistel_round_keys`).
     native: None runs the native kernels (`torch.ops.embnb.bucketize`,
         built on first use by embnb.cuda.loader) and falls back to the
@@ -409,10 +428,12 @@ def bucketize(
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         return _bucketize_reference(args)
     codes = [DIST_CODES[m] for m in args.modes]
-    # the kernel's per-feature entry: a continuous feature's block size, a feistel one's table rows
+    # the kernel's per-feature entry: a continuous feature's block size, a table's rows (0: unbounded keys)
     entry = {DistType.CONTINUOUS: args.sizes, DistType.FEISTEL_ROUNDROBIN: args.tables}
+    if args.tables is not None:
+        entry[DistType.ROUNDROBIN] = args.tables
     blocks = [entry[m][f] if m in entry else 0 for f, m in enumerate(args.modes)]
-    keys = feistel_round_keys(args.seed) if DistType.FEISTEL_ROUNDROBIN in args.modes else None
+    keys = _op_round_keys(args.seed) if DistType.FEISTEL_ROUNDROBIN in args.modes else None
     out = torch.ops.embnb.bucketize(
         args.lengths,
         args.indices,
@@ -473,6 +494,12 @@ def _check_args(
             f"num_embeddings is None but features {feistel} are feistel_roundrobin: give each feature's "
             f"table rows"
         )
+    for f, mode in enumerate(modes):
+        if mode is DistType.ROUNDROBIN and tables is not None and tables[f] < 0:
+            raise ValueError(
+                f"num_embeddings[{f}] is {tables[f]}; a roundrobin feature's entry is its dense table's "
+                f"rows, or 0 for unbounded keys"
+            )
     for f in feistel:
         if not 1 <= tables[f] <= 1 << 62:
             raise ValueError(
@@ -518,9 +545,9 @@ def _bucketize_reference(args: _Args) -> Bucketized:
         where = f" (features {continuous} are continuous)"
         _check_nonnegative_keys(keys[is_continuous[feature]], where)
     for f, mode in enumerate(modes):
-        if mode is DistType.FEISTEL_ROUNDROBIN:
-            where = f" (feature {f} is feistel_roundrobin with num_embeddings {tables[f]})"
-            _check_table_ids(keys[feature == f], tables[f], where)
+        if mode in _TABLE_MODES and tables and tables[f]:
+            where = f" (feature {f} is {mode.value} with num_embeddings {tables[f]})"
+            _check_table_ids(keys[feature == f], tables[f], where, mode.value)
     owner, local = _route_by_feature(keys, feature, args)
 
     # Bucket (rank, f, b) sits at rank * num_segments + segment. A stable

@@ -5,16 +5,18 @@
     model = DistributedModelParallel(model, sharders=[sharder], plan=ModuleShardingPlan...)
 
 The sharded modules are torchrec's own `ShardedEmbeddingBagCollection` and
-`ShardedEmbeddingCollection` (their row-wise input all-to-all, FBGEMM's
-table-batched kernels, their output distribution) with `embnb.rowwise.routed.RoutedIds`
-in front: it renumbers each id to its storage slot (`embnb.rowwise.layout`)
-before torchrec's input distribution, so torchrec's contiguous blocks realize
-the chosen routing. A round-robin table whose N is not a multiple of W is
-sharded as `W * ceil(N / W)` rows (torchrec's shards for it are rewritten to
-W equal blocks). The routing of each table is on the module (`table_layouts`)
-and in its state dict (`_extra_state`): loading rows saved under another
-routing raises naming both (convert them with `convert_rows`); a checkpoint
-without it (torchrec's own row-wise one, an unsharded module's) loads as continuous.
+`ShardedEmbeddingCollection` (their all-to-all, FBGEMM's table-batched
+kernels, their output distribution) with `embnb.rowwise.routed.RoutedIds` in
+front: its row-wise input distribution buckets ids with embnb's bucketize
+kernel by each table's routing and sends each rank the local rows it holds in
+torchrec's contiguous blocks (`embnb.rowwise.layout`,
+`embnb.rowwise.input_dist`). A round-robin table whose N is not a multiple of
+W is sharded as `W * ceil(N / W)` rows (torchrec's shards for it are rewritten
+to W equal blocks). The routing of each table is on the module
+(`table_layouts`) and in its state dict (`_extra_state`): loading rows saved
+under another routing raises naming both (convert them with `convert_rows`); a
+checkpoint without it (torchrec's own row-wise one, an unsharded module's)
+loads as continuous.
 
 torchrec 1.8's EmbeddingBagCollectionSharder offers row_wise only for CUDA;
 these sharders offer it on CPU as well (DESIGN.md: torchrec's row-wise path
@@ -44,13 +46,14 @@ _META = torch.device("meta")
 
 
 class RoutedShardedEmbeddingBagCollection(RoutedIds, ShardedEmbeddingBagCollection):
-    """torchrec's ShardedEmbeddingBagCollection with ids renumbered to each table's routing.
+    """torchrec's ShardedEmbeddingBagCollection with ids routed by each table's layout.
 
     Arguments as `embnb.rowwise.routed.RoutedIds`: module, plan, env, routings, others, seed,
     then ShardedEmbeddingBagCollection's keyword arguments (fused_params, device, ...).
     """
 
     weight_prefix = "embedding_bags"
+    is_sequence = False
 
     @staticmethod
     def _configs(module: EmbeddingBagCollection) -> list[Any]:
@@ -62,15 +65,16 @@ class RoutedShardedEmbeddingBagCollection(RoutedIds, ShardedEmbeddingBagCollecti
 
 
 class RoutedShardedEmbeddingCollection(RoutedIds, ShardedEmbeddingCollection):
-    """torchrec's ShardedEmbeddingCollection with ids renumbered to each table's routing.
+    """torchrec's ShardedEmbeddingCollection with ids routed by each table's layout.
 
     Arguments as `embnb.rowwise.routed.RoutedIds`: module, plan, env, routings, others, seed,
     then ShardedEmbeddingCollection's keyword arguments (fused_params, device, use_index_dedup, ...).
-    An EmbeddingCollection with `need_indices` is refused when a table is routed: the indices it
-    returns would be storage slots, not the ids it was given.
+    With `need_indices` it returns the ids it was given (torchrec keeps them from before the input
+    distribution).
     """
 
     weight_prefix = "embeddings"
+    is_sequence = True
 
     @staticmethod
     def _configs(module: EmbeddingCollection) -> list[Any]:
@@ -82,15 +86,6 @@ class RoutedShardedEmbeddingCollection(RoutedIds, ShardedEmbeddingCollection):
         if hasattr(module, "use_gather_select_per_sharding"):  # torchrec 1.8, not 1.6
             options["use_gather_select_per_sharding"] = module.use_gather_select_per_sharding()
         return EmbeddingCollection(tables=configs, device=_META, **options)
-
-    def __init__(self, module: EmbeddingCollection, *args: Any, **kwargs: Any) -> None:
-        super().__init__(module, *args, **kwargs)
-        if module.need_indices() and self._feature_layouts:
-            raise ValueError(
-                "need_indices=True with routed tables "
-                f"{sorted({t for t, _ in self._feature_layouts.values()})}: the indices returned would "
-                "be storage slots; use need_indices=False or routing 'continuous'"
-            )
 
 
 class RoutedEmbeddingBagCollectionSharder(RoutedSharder, EmbeddingBagCollectionSharder):

@@ -96,7 +96,7 @@ def assert_same(got, want):
 def cases(draw, modes=st.sampled_from(MODES), max_world=300):
     """A KJT with per-feature modes, covering empty rows and features, one
     rank, keys past the last block, keys >= 2**52, tables of one row to
-    2**62 rows (feistel_roundrobin) and int32/int64 data."""
+    2**62 rows (feistel_roundrobin, dense roundrobin tables) and int32/int64 data."""
     world = draw(st.one_of(st.integers(1, 9), st.sampled_from([1, 64, 100]), st.integers(1, max_world)))
     num_features = draw(st.integers(1, 4))
     batch = draw(st.integers(0, 5))
@@ -106,6 +106,8 @@ def cases(draw, modes=st.sampled_from(MODES), max_world=300):
     lengths_dtype = draw(st.sampled_from(DTYPES))
     hi = LIMITS[index_dtype]
     tables = [draw(st.one_of(st.integers(1, 50), st.integers(1, min(hi, 2**62)))) for _ in blocks]
+    # a roundrobin feature routes unbounded keys (0) or a dense table's ids (local rows sent)
+    tables = [t * draw(st.booleans()) if m == "roundrobin" else t for m, t in zip(feature_modes, tables)]
     empty_feature = draw(st.integers(-1, num_features - 1))  # -1: none
     lengths, indices = [], []
     for seg in range(num_features * batch):
@@ -118,7 +120,7 @@ def cases(draw, modes=st.sampled_from(MODES), max_world=300):
                 st.integers(0, hi),
                 st.integers(min(2**52 - 3, hi), hi),
             )
-        elif feature_modes[f] == "feistel_roundrobin":
+        elif feature_modes[f] == "feistel_roundrobin" or (feature_modes[f] == "roundrobin" and tables[f]):
             keys = st.one_of(st.integers(0, tables[f] - 1), st.sampled_from([0, tables[f] - 1]))
         else:
             keys = st.one_of(st.integers(-hi - 1, hi), st.sampled_from([0, 1, -1, hi, -hi - 1]))
@@ -221,15 +223,15 @@ def big_case(seed, world, modes, index_dtype=torch.int64):
     indices = torch.randint(0, 10**9, (n,), generator=gen)
     raw = torch.randint(-(2**62), 2**62, (n,), generator=gen)
     feature = torch.repeat_interleave(torch.arange(num_features * batch) // batch, lengths)
-    rr = torch.tensor([m in ("roundrobin", "hash_roundrobin") for m in modes])[feature]
-    indices[rr] = raw[rr]
+    unbounded = torch.tensor([m == "hash_roundrobin" for m in modes])[feature]
+    indices[unbounded] = raw[unbounded]
     return dict(
         lengths=lengths.int(),
         indices=indices.to(index_dtype),
         world=world,
         modes=modes,
         blocks=[10**9 // world + 1] * num_features,
-        tables=[10**9] * num_features,  # feistel_roundrobin features' ids are below it
+        tables=[10**9] * num_features,  # feistel and roundrobin (dense) features' ids are below it
         seed=seed,
     )
 
@@ -293,6 +295,8 @@ ROUND_KEYS = torch.tensor([11, -5, 2**40, 7])  # feistel_roundrobin's, any int64
             ["[0, 6)", "key 6", "position 3", "feature 1"],
         ),
         ((L, torch.tensor([3, 4, -7, 5]), 2, [1, 3], [0, 6], None, ROUND_KEYS), None, []),
+        ((L, KEYS, 2, [3, 1], [8, 6], None, ROUND_KEYS), ValueError, ["roundrobin", "[0, 6)", "feature 1"]),
+        ((L, KEYS, 2, [0, 1], [4, -1]), ValueError, ["block_sizes[1] is -1", "roundrobin", "0 for"]),
         (
             (L, KEYS.int(), 2, [1, 3], [0, 2**31 + 1], None, ROUND_KEYS),
             ValueError,
@@ -500,8 +504,9 @@ def test_cuda_matches_the_cpu_kernel_and_the_reference_at_scale(native, num_keys
     num_features = 8
     for mode in DistType:
         feistel = mode is DistType.FEISTEL_ROUNDROBIN
-        # the table's rows split into W blocks; a feistel_roundrobin feature's entry is its rows
-        blocks = [rows if feistel else -(-rows // world)] * num_features
+        # a continuous feature's entry: the table's rows split into W blocks; the round-robin routings
+        # of a dense table (feistel, roundrobin): its rows
+        blocks = [-(-rows // world) if mode is DistType.CONTINUOUS else rows] * num_features
         keys = feistel_round_keys(0) if feistel else None
         codes = [DIST_CODES[mode]] * num_features
         cpu = torch.ops.embnb.bucketize(lengths, indices, world, codes, blocks, None, keys)

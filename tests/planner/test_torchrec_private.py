@@ -64,8 +64,8 @@ def test_each_private_attribute_is_set_when_its_object_is_built():
 
 def _assigned(kind: type, name: str) -> bool:
     """Whether torchrec's source of `kind` or a base assigns `self.<name>`
-    (sharded modules need a process group to build)."""
-    pattern = re.compile(rf"self\.{name}\s*(:[^=\n]*)?=[^=]")
+    (sharded modules and their input distributions need a process group to build)."""
+    pattern = re.compile(rf"self\.{name}\s*(:[^=]*?)?=[^=]")  # an annotation may span lines
     return any(
         pattern.search(inspect.getsource(base))
         for base in kind.__mro__

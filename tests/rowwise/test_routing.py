@@ -58,8 +58,8 @@ def py_route(key: int, world: int, mode: str, block: int | None, table_rows: int
             return key // block, key % block
         return key % world, key // world
     unsigned = key % (1 << 64)
-    if mode == "roundrobin":
-        return unsigned % world, key
+    if mode == "roundrobin":  # a dense table (rows known) sends the local row
+        return unsigned % world, key // world if table_rows else key
     return py_fmix64(unsigned) % world, key
 
 
@@ -103,6 +103,8 @@ def kjt_cases(draw, modes=st.sampled_from(MODES), max_world=8):
     lengths_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
     lo, hi = INT_RANGES[index_dtype]
     tables = [draw(st.one_of(st.integers(1, 40), st.integers(1, min(hi, 2**62)))) for _ in feature_modes]
+    # a roundrobin feature routes unbounded keys (0) or a dense table's ids
+    tables = [t * draw(st.booleans()) if m == "roundrobin" else t for m, t in zip(feature_modes, tables)]
     lengths = [draw(st.integers(0, 6)) for _ in range(num_features * batch)]
     indices = []
     for seg, length in enumerate(lengths):
@@ -110,7 +112,7 @@ def kjt_cases(draw, modes=st.sampled_from(MODES), max_world=8):
         if feature_modes[f] == "continuous":
             # Mostly inside the blocks, some past the last block.
             keys = st.one_of(st.integers(0, 2 * blocks[f] * world), st.integers(0, hi))
-        elif feature_modes[f] == "feistel_roundrobin":
+        elif feature_modes[f] == "feistel_roundrobin" or (feature_modes[f] == "roundrobin" and tables[f]):
             keys = st.one_of(st.integers(0, tables[f] - 1), st.just(tables[f] - 1))
         else:
             edges = [k for k in EDGE_KEYS if lo <= k <= hi]
@@ -327,6 +329,7 @@ def test_bucketize_round_robin_modes_match_model(case):
     # One mode for all features, given as a single value.
     mode = case["modes"][0]
     case["modes"] = [mode] * len(case["modes"])
+    case["tables"] = None  # unbounded keys
     got = check_against_model(case, mode)
     # The raw keys travel, so the permute gathers the input back.
     assert_same(got.indices[got.unbucketize_permute.long()], case["indices"])
@@ -421,6 +424,12 @@ BAD_CALLS = [
         ValueError,
         ["num_embeddings[1] is 2147483649", "int32 indices", "2**31 rows"],
     ),
+    (
+        dict(dist_type="roundrobin", num_embeddings=[7, 6]),
+        ValueError,
+        ["roundrobin routing needs keys in [0, 6)", "key 6", "feature 1"],
+    ),
+    (dict(dist_type="roundrobin", num_embeddings=[7, -1]), ValueError, ["num_embeddings[1] is -1", "0 for"]),
 ]
 
 
@@ -455,6 +464,7 @@ def test_bucketize_ignores_block_sizes_of_round_robin_features():
         ((KEYS.double(), 4, "roundrobin"), TypeError, ["float64"]),
         ((KEYS, 4, "feistel_roundrobin"), ValueError, ["num_embeddings", "None"]),
         ((KEYS, 4, "feistel_roundrobin", None, 6), ValueError, ["[0, 6)", "key 6"]),
+        ((KEYS, 4, "roundrobin", None, 6), ValueError, ["roundrobin", "[0, 6)", "key 6"]),
     ],
 )
 def test_owner_rank_bad_input(args, error, words):

@@ -20,7 +20,9 @@ from __future__ import annotations
 import pytest
 import torch
 from sharder_ranks import (
+    EDGE_IDS,
     LR,
+    edge_case,
     flat_output,
     load_case,
     make_batch,
@@ -30,7 +32,6 @@ from sharder_ranks import (
     output_grad,
     owner_local,
     parity_case,
-    refusal_case,
     table_weight,
 )
 
@@ -73,10 +74,7 @@ MISMATCHES = [  # (kind, saved routings, loaded routings, an error expected)
     ("ec", None, {}, False),
     ("ec", {"a": FR}, {"a": RR}, True),
 ]
-REFUSALS = {  # what a routed module refuses (at W = 2) -> what the error says
-    "bad_id": "feature 'f_a' (table 'a'): id 8 is outside [0, 8)",
-    "need_indices": "need_indices=True with routed tables ['a']",
-}
+EDGE_CASES = ("bad_id", "need_indices")  # run at W = 2
 
 
 def routing(routings: dict, name: str) -> str:
@@ -127,7 +125,7 @@ def launched():
             calls.append((load_case, (kind, rows, previous[index][0]["checkpoint"], target, SEED)))
         calls += [(mismatch_case, (kind, {"a": 7, "b": 10}, s, t, SEED)) for kind, s, t, _ in MISMATCHES]
         if world_size == 2:
-            calls += [(refusal_case, (what, SEED)) for what in REFUSALS]
+            calls += [(edge_case, (what, SEED)) for what in EDGE_CASES]
         results = launch_each(calls, world_size, device="cpu", timeout_s=300)
         n = len(CASES[world_size])
         parity, rest = results[:n], results[n:]
@@ -135,7 +133,7 @@ def launched():
         out[world_size] = (parity, rest[0], rest[1 : 1 + len(loads)], mismatches)
         refused = refused or rest[1 + len(loads) + len(MISMATCHES) :]
         previous = parity
-    return out, dict(zip(REFUSALS, refused))
+    return out, dict(zip(EDGE_CASES, refused))
 
 
 def test_outputs_and_tables_after_a_step_equal_the_unsharded_module(launched):
@@ -200,7 +198,14 @@ def test_a_state_dict_saved_under_another_routing_does_not_load(launched):
                 assert repr(routing(saved or {}, "a")) in error and repr(loaded["a"]) in error
 
 
-def test_a_bad_id_and_need_indices_are_refused_by_name(launched):
-    for what, per_rank in launched[1].items():
-        for error in per_rank:
-            assert error is not None and error.startswith("ValueError") and REFUSALS[what] in error, error
+def test_a_bad_id_is_refused_by_name(launched):
+    for error in launched[1]["bad_id"]:
+        words = "feature 'f_a': roundrobin routing needs keys in [0, 8), got key 8"
+        assert error is not None and error.startswith("ValueError") and words in error, error
+
+
+def test_need_indices_returns_the_ids_given_not_the_local_rows(launched):
+    values, lengths = EDGE_IDS
+    ids = dict(zip(["f_a", "f_b"], values.split([int(lengths[:2].sum()), int(lengths[2:].sum())])))
+    for indices in launched[1]["need_indices"]:
+        assert indices == {key: [float(i) for i in part.tolist()] for key, part in ids.items()}

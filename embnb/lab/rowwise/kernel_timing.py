@@ -115,7 +115,10 @@ def measure_case(
     block = math.ceil(rows / world_size)
     mode = DistType.parse(dist_type)
     feistel = mode is DistType.FEISTEL_ROUNDROBIN
-    blocks = [rows if feistel else block] * num_features  # the op's entry: a feistel table's rows
+    # the op's entry: a continuous feature's block, a feistel table's rows; roundrobin routes unbounded
+    # keys here (0), as the KV tables and dynamicemb do
+    entry = {DistType.CONTINUOUS: block, DistType.FEISTEL_ROUNDROBIN: rows}.get(mode, 0)
+    blocks = [entry] * num_features
     keys = feistel_round_keys(0) if feistel else None
     loader.load()
     code = DIST_CODES[mode]
