@@ -20,6 +20,7 @@ from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb import _torchrec_private as private
+from embnb.cuda import loader
 from embnb.rowwise.layout import Routing, TableLayout
 from embnb.rowwise.routing import Bucketized, DistType, bucketize
 
@@ -73,6 +74,9 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
         self._block_sizes = [layout.block_size for layout in layouts]
         self._num_embeddings = [layout.num_embeddings for layout in layouts]
         self._seed = seeds.pop() if seeds else 0
+        # the native kernels where they are built (`make setup`, `python -m embnb.cuda build`): nothing
+        # compiles inside a training step; else the pure-torch reference, with one warning
+        self._native = None if loader.use(None, build=False) else False
 
     def bucketize_features(self, sparse_features: KeyedJaggedTensor) -> Bucketized:
         """Each feature's ids bucketed by owner rank, as the local rows the owner looks up."""
@@ -91,6 +95,7 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
                 weights=sparse_features.weights_or_none(),
                 num_embeddings=self._num_embeddings,
                 seed=self._seed,
+                native=self._native,
             )
         except ValueError as error:  # the kernel names a feature by its position: add its name
             where = re.search(r"\(feature (\d+) ", str(error))

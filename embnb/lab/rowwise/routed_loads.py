@@ -4,8 +4,8 @@ Three id streams (`case_ids`) go into one table of `num_embeddings` rows: `frequ
 ids: id 0 the hottest), `strided` (`k * stride`; the stride does not know W), `hashed` (uniform raw
 keys, `fmix64(key) % num_embeddings`). Each is laid out by `embnb.rowwise.TableLayout` at each W; the
 ids per rank are counted from the layout, then each rank's lookups are replayed with real kernels,
-one rank after another (`embnb.steptime.measure_ranks` on the storage slots: torchrec's contiguous
-blocks, what the routed sharder feeds torchrec). `train_rank` trains a small DMP model with the
+one rank after another (`embnb.steptime.measure_ranks` on the storage slots in torchrec's contiguous
+blocks: each rank looks up the local rows the routed sharder's input distribution sends it). `train_rank` trains a small DMP model with the
 sharder on real gloo ranks and counts the ids torchrec's input all-to-all delivers to each rank.
 """
 
@@ -133,7 +133,8 @@ class RoutedLoads:
 
 def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, case: str) -> RoutedCase:
     """Rank by rank, the lookups of the global batch `ids` (rank 0's local ids first) under `layout`:
-    torchrec's blocks over the storage slots (the sharder's own path); no collectives counted."""
+    torchrec's blocks over the storage slots (each rank the local rows the sharder sends it); no
+    collectives counted."""
     w = layout.world_size
     batch = batch_from_keys(list(layout.slots(ids).view(w, -1)), config.bag_size, table=TABLE)
     rows, dims, block = (
