@@ -2,11 +2,12 @@
 
 Three id streams (`case_ids`) go into one table of `num_embeddings` rows: `frequency` (Zipf ranks as
 ids: id 0 the hottest), `strided` (`k * stride`; the stride does not know W), `hashed` (uniform raw
-keys, `fmix64(key) % num_embeddings`). Each is laid out by `embnb.rowwise.TableLayout` at each W; the
-ids per rank are counted from the layout, then each rank's lookups are replayed with real kernels,
-one rank after another (`embnb.steptime.measure_ranks` on the storage slots in torchrec's contiguous
-blocks: each rank looks up the local rows the routed sharder's input distribution sends it). `train_rank` trains a small DMP model with the
-sharder on real gloo ranks and counts the ids torchrec's input all-to-all delivers to each rank.
+keys, `fmix64(key) % num_embeddings`). Each is laid out by `embnb.rowwise.TableLayout` at each W;
+the ids per rank are counted from the layout, then each rank's lookups are replayed with real
+kernels, one rank after another (`embnb.steptime.measure_ranks` on the storage slots in torchrec's
+contiguous blocks: each rank looks up the local rows the routed sharder's input distribution sends
+it). `train_rank` trains a small DMP model with the sharder on real gloo ranks and counts the ids
+torchrec's input all-to-all delivers to each rank.
 """
 
 from __future__ import annotations
