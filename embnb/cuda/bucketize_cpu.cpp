@@ -233,6 +233,11 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
   // Pass 1 keeps each key's owner for pass 2 when one byte holds it.
   const bool keep_owner = W <= 256;
   std::unique_ptr<uint8_t[]> owners(keep_owner ? new uint8_t[N] : nullptr);
+  // ... and a feistel_roundrobin key's local row: its permutation is the costly part of its route.
+  const bool keep_local = keep_owner && std::any_of(plan.routes.begin(), plan.routes.end(), [](const auto& r) {
+    return r.mode == kFeistelRoundRobin;
+  });
+  std::unique_ptr<index_t[]> locals(keep_local ? new index_t[N] : nullptr);
 
   // Calls visit(segment, first key, end key) over the chunk's keys in order.
   auto for_each_run = [&](int64_t c, auto&& visit) {
@@ -259,6 +264,7 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
         route_key(key, route, plan.world, &owner, &sent);
         ++cnt[owner];
         if (keep_owner) owners[i] = static_cast<uint8_t>(owner);
+        if (mode == kFeistelRoundRobin && keep_local) locals[i] = static_cast<index_t>(sent);
       }
     });
   };
@@ -336,7 +342,8 @@ void bucketize_cpu_kernel(const BucketizePlan& plan, const offset_t* lengths,
             int64_t owner, sent;
             if (keep_owner) {
               owner = owners[i];
-              sent = sent_id(key, owner, route, plan.world);
+              sent = mode == kFeistelRoundRobin ? static_cast<int64_t>(locals[i])
+                                                : sent_id(key, owner, route, plan.world);
             } else {
               route_key(key, route, plan.world, &owner, &sent);
             }
