@@ -21,7 +21,7 @@ from torchrec import (
     PoolingType,
 )
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.distributed.types import ShardingPlan
 
 from embnb.lab.rowwise.reference import fmix64
@@ -205,14 +205,22 @@ def _shard(kind: str, rows: dict[str, int], routings: dict, seed: int, world_siz
     return _shard_module(make_module(kind, rows, seed), kind, rows, routings, world_size, off_by_one)
 
 
-def _shard_module(module, kind: str, rows: dict[str, int], routings: dict, world_size: int, off_by_one=False):
+def _shard_module(
+    module, kind: str, rows: dict[str, int], routings: dict, world_size: int, off_by_one=False, on_rank_0=()
+):
+    """`module` sharded row-wise over the ranks, but the tables `on_rank_0` (table-wise on rank 0)."""
     sharder_type = RoutedEmbeddingBagCollectionSharder if kind == "ebc" else RoutedEmbeddingCollectionSharder
     if off_by_one:
         sharder_type = OffByOneSharder
     sharder = sharder_type(routings, fused_params={"optimizer": _sgd(), "learning_rate": LR})
     plan = construct_module_sharding_plan(
         module,
-        {name: row_wise(compute_kernel="fused") for name in rows},
+        {
+            name: table_wise(rank=0, compute_kernel="fused")
+            if name in on_rank_0
+            else row_wise(compute_kernel="fused")
+            for name in rows
+        },
         sharder=sharder,
         local_size=world_size,
         world_size=world_size,
@@ -285,19 +293,35 @@ def mismatch_case(rank, world_size, kind, rows, saved, loaded, seed):
 
 
 def edge_case(rank, world_size, what: str, seed: int):
-    """The error a routed module raises for an id outside its table ("bad_id"), or the indices a
-    routed EmbeddingCollection with need_indices returns for EDGE_IDS, per feature ("need_indices")."""
+    """The error a routed module raises for an id outside its table ("bad_id") or for a KJT with a
+    variable batch per feature ("vbe"); the largest difference of a forward pass from the unsharded
+    module's with table "b" table-wise ("mixed"); or the indices a routed EmbeddingCollection with
+    need_indices returns for EDGE_IDS, per feature ("need_indices")."""
     rows, routings = {"a": 8, "b": 7}, {"a": "roundrobin", "b": "feistel_roundrobin"}
+    if what == "mixed":  # a routed row-wise table beside a table-wise one: the forward pass, both ways
+        module = make_module("ebc", rows, seed)
+        model = _shard_module(module, "ebc", rows, {"a": "roundrobin"}, world_size, on_rank_0=("b",))
+        batch = make_batch(rows, rank, seed)
+        return (model(batch).values() - make_module("ebc", rows, seed)(batch).values()).abs().max().item()
     if what == "need_indices":
         module = make_module("ec", rows, seed, need_indices=True)
         model = _shard_module(module, "ec", rows, routings, world_size)
         out = model(KeyedJaggedTensor.from_lengths_sync(["f_a", "f_b"], *EDGE_IDS))
         return {key: jagged.weights().tolist() for key, jagged in out.items()}
-    try:
-        model = _shard("ebc", rows, routings, seed, world_size)
-        model(
-            KeyedJaggedTensor.from_lengths_sync(["f_a", "f_b"], torch.tensor([3, 8, 1]), torch.tensor([2, 1]))
+    if what == "vbe":  # a variable batch per feature: two samples of f_a, one of f_b
+        kjt = KeyedJaggedTensor(
+            keys=["f_a", "f_b"],
+            values=torch.tensor([3, 5, 1]),
+            lengths=torch.tensor([1, 1, 1]),
+            stride_per_key_per_rank=[[2], [1]],
+            inverse_indices=(["f_a", "f_b"], torch.tensor([[0, 1], [0, 0]])),  # torchrec asks for them
         )
+    else:
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            ["f_a", "f_b"], torch.tensor([3, 8, 1]), torch.tensor([2, 1])
+        )
+    try:
+        _shard("ebc", rows, routings, seed, world_size)(kjt)
     except ValueError as error:
         return f"{type(error).__name__}: {error}"
     return None

@@ -2,11 +2,11 @@
 row-wise input distribution that buckets by the layouts, and the routing in the state dict.
 
 `RoutedIds` is a mixin put before torchrec's sharded class (`ShardedEmbeddingBagCollection`,
-`ShardedEmbeddingCollection`); a subclass names how to read its module's table configs, how to
-build a copy of it with other configs and where its shardings are (`_configs`, `_module_like`,
-`_shardings`). `RoutedSharder` is the same for the sharders. The row-wise sharding's input
-distribution is `embnb.rowwise.input_dist.RoutedFeaturesDist` (embnb's bucketize, torchrec's
-all-to-all); the rest (FBGEMM's table-batched kernels, the output distribution) is torchrec's.
+`ShardedEmbeddingCollection`); a subclass names how to read its module's table configs and how to
+build a copy of it with other configs (`_configs`, `_module_like`). `RoutedSharder` is the same for
+the sharders. The row-wise sharding's input distribution is
+`embnb.rowwise.input_dist.RoutedFeaturesDist` (embnb's bucketize, torchrec's all-to-all); the rest
+(FBGEMM's table-batched kernels, the output distribution) is torchrec's.
 """
 
 from __future__ import annotations
@@ -174,10 +174,6 @@ class RoutedIds:
         """A copy of `module` on the meta device with these table configs."""
         raise NotImplementedError
 
-    def _shardings(self) -> list[Any]:
-        """torchrec's shardings, in the order of its input distributions."""
-        raise NotImplementedError
-
     def __init__(
         self,
         module: nn.Module,
@@ -236,12 +232,12 @@ class RoutedIds:
         private.create_input_dist(self, RoutedIds, input_feature_names, *args, **kwargs)
         dists = private.input_dists(self)
         for i, sharding in enumerate(private.shardings(self)):
+            if type(dists[i]) is not RwSparseFeaturesDist:
+                continue  # not row-wise
             features = sharding.feature_names()
             layouts = [self.table_layouts[self._feature_tables[f]] for f in features]
-            if type(dists[i]) is not RwSparseFeaturesDist or all(
-                la.routing is Routing.CONTINUOUS for la in layouts
-            ):
-                continue  # not row-wise, or torchrec's own layout: its own bucketize
+            if all(la.routing is Routing.CONTINUOUS for la in layouts):
+                continue  # torchrec's own layout: its own bucketize
             if private.row_wise_dist_parts(dists[i])[1]:
                 raise ValueError(
                     f"routed features {features} come with positions (a feature processor); embnb's "

@@ -74,7 +74,7 @@ MISMATCHES = [  # (kind, saved routings, loaded routings, an error expected)
     ("ec", None, {}, False),
     ("ec", {"a": FR}, {"a": RR}, True),
 ]
-EDGE_CASES = ("bad_id", "need_indices")  # run at W = 2
+EDGE_CASES = ("bad_id", "vbe", "mixed", "need_indices")  # run at W = 2
 
 
 def routing(routings: dict, name: str) -> str:
@@ -202,6 +202,17 @@ def test_a_bad_id_is_refused_by_name(launched):
     for error in launched[1]["bad_id"]:
         words = "feature 'f_a': roundrobin routing needs keys in [0, 8), got key 8"
         assert error is not None and error.startswith("ValueError") and words in error, error
+
+
+def test_a_variable_batch_per_feature_is_refused_by_name(launched):
+    for error in launched[1]["vbe"]:
+        words = "need one batch size for every feature"
+        assert error is not None and error.startswith("ValueError") and words in error, error
+
+
+def test_a_routed_table_beside_a_table_wise_one_gives_the_unsharded_output(launched):
+    for difference in launched[1]["mixed"]:
+        assert difference < 1e-5, difference
 
 
 def test_need_indices_returns_the_ids_given_not_the_local_rows(launched):
