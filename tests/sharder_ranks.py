@@ -21,6 +21,7 @@ from torchrec import (
     PoolingType,
 )
 from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.distributed.types import ShardingPlan
 
@@ -293,10 +294,10 @@ def mismatch_case(rank, world_size, kind, rows, saved, loaded, seed):
 
 
 def edge_case(rank, world_size, what: str, seed: int):
-    """The error a routed module raises for an id outside its table ("bad_id") or for a KJT with a
-    variable batch per feature ("vbe"); the largest difference of a forward pass from the unsharded
-    module's with table "b" table-wise ("mixed"); or the indices a routed EmbeddingCollection with
-    need_indices returns for EDGE_IDS, per feature ("need_indices")."""
+    """The error a routed module raises for an id outside its table ("bad_id"); the largest difference
+    of a forward pass from the unsharded module's with table "b" table-wise ("mixed"); what a KJT with
+    a variable batch per feature delivers (`vbe_received`, "vbe"); or the indices a routed
+    EmbeddingCollection with need_indices returns for EDGE_IDS, per feature ("need_indices")."""
     rows, routings = {"a": 8, "b": 7}, {"a": "roundrobin", "b": "feistel_roundrobin"}
     if what == "mixed":  # a routed row-wise table beside a table-wise one: the forward pass, both ways
         module = make_module("ebc", rows, seed)
@@ -308,23 +309,44 @@ def edge_case(rank, world_size, what: str, seed: int):
         model = _shard_module(module, "ec", rows, routings, world_size)
         out = model(KeyedJaggedTensor.from_lengths_sync(["f_a", "f_b"], *EDGE_IDS))
         return {key: jagged.weights().tolist() for key, jagged in out.items()}
-    if what == "vbe":  # a variable batch per feature: two samples of f_a, one of f_b
+    if what == "vbe":  # a variable batch per feature: 3 bags of f_a, 2 of f_b, for 4 samples
         kjt = KeyedJaggedTensor(
             keys=["f_a", "f_b"],
-            values=torch.tensor([3, 5, 1]),
-            lengths=torch.tensor([1, 1, 1]),
-            stride_per_key_per_rank=[[2], [1]],
-            inverse_indices=(["f_a", "f_b"], torch.tensor([[0, 1], [0, 0]])),  # torchrec asks for them
+            values=torch.tensor([3, 5, 7, 1, 0, 6, 2, 2]),
+            lengths=torch.tensor([2, 0, 3, 1, 2]),
+            stride_per_key_per_rank=[[3], [2]],
+            inverse_indices=(["f_a", "f_b"], torch.tensor([[0, 1, 2, 2], [1, 0, 0, 1]])),
         )
-    else:
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            ["f_a", "f_b"], torch.tensor([3, 8, 1]), torch.tensor([2, 1])
-        )
-    try:
+        return vbe_received(kjt, rows, routings, world_size)
+    kjt = KeyedJaggedTensor.from_lengths_sync(["f_a", "f_b"], torch.tensor([3, 8, 1]), torch.tensor([2, 1]))
+    try:  # "bad_id": 8 is outside table a's [0, 8)
         _shard("ebc", rows, routings, seed, world_size)(kjt)
     except ValueError as error:
         return f"{type(error).__name__}: {error}"
     return None
+
+
+def vbe_received(kjt: KeyedJaggedTensor, rows: dict[str, int], routings: dict, world_size: int) -> dict:
+    """What this rank receives from the routed input distribution for `kjt`, and from torchrec's own
+    row-wise one (FBGEMM's bucketize) for the same ids renumbered to their storage slots. (FBGEMM's CPU
+    TBE takes no variable batch per feature, so no lookup follows on CPU.)"""
+    layouts = [TableLayout(n, world_size, routings.get(t, "continuous")) for t, n in rows.items()]
+    group = dist.group.WORLD
+    ours = RoutedFeaturesDist(group, kjt.keys(), layouts)(kjt).wait().wait()
+    slots = torch.cat([la.slots(ids) for la, ids in zip(layouts, kjt.values().split(kjt.length_per_key()))])
+    renumbered = KeyedJaggedTensor(
+        keys=kjt.keys(),
+        values=slots,
+        lengths=kjt.lengths(),
+        stride_per_key_per_rank=kjt.stride_per_key_per_rank(),
+        inverse_indices=kjt.inverse_indices(),
+    )
+    torchrecs = RwSparseFeaturesDist(group, len(layouts), [la.storage_rows for la in layouts])
+    theirs = torchrecs(renumbered).wait().wait()
+    return {
+        name: (got.values().tolist(), got.lengths().tolist(), got.stride_per_key_per_rank())
+        for name, got in (("routed", ours), ("torchrec", theirs))
+    }
 
 
 EDGE_IDS = (torch.tensor([3, 7, 1, 6, 0]), torch.tensor([2, 1, 1, 1]))  # values, lengths: f_a then f_b

@@ -79,15 +79,22 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
         self._native = None if loader.use(None, build=False) else False
 
     def bucketize_features(self, sparse_features: KeyedJaggedTensor) -> Bucketized:
-        """Each feature's ids bucketed by owner rank, as the local rows the owner looks up."""
+        """Each feature's ids bucketed by owner rank, as the local rows the owner looks up. A variable
+        batch per feature (torchrec's VBE) is padded to the largest with empty bags, which move no id,
+        and they are dropped from the lengths after."""
+        lengths, kept = sparse_features.lengths(), None
         if sparse_features.variable_stride_per_key():
-            raise ValueError(
-                f"routed features {self._features} need one batch size for every feature; "
-                f"embnb's bucketize takes no variable batch per feature (torchrec's VBE)"
-            )
+            strides = sparse_features.stride_per_key()
+            kept = (
+                torch.arange(max(strides), device=lengths.device)
+                < torch.tensor(strides, device=lengths.device)[:, None]
+            )  # [F, max B]
+            padded = lengths.new_zeros(kept.shape)
+            padded[kept] = lengths
+            lengths = padded.view(-1)
         try:
-            return bucketize(
-                sparse_features.lengths(),
+            out = bucketize(
+                lengths,
                 sparse_features.values(),
                 self._world,
                 self._modes,
@@ -101,16 +108,23 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
             where = re.search(r"\(feature (\d+) ", str(error))
             name = f"feature {self._features[int(where[1])]!r}" if where else f"features {self._features}"
             raise ValueError(f"{name}: {error}") from None
+        if kept is None:
+            return out
+        return out._replace(lengths=out.lengths.view(self._world, *kept.shape)[:, kept].reshape(-1))
 
     def forward(self, sparse_features: KeyedJaggedTensor):
         """Bucketize, then torchrec's KJT all-to-all (an awaitable of an awaitable, as torchrec's)."""
         out = self.bucketize_features(sparse_features)
         self.unbucketize_permute_tensor = out.unbucketize_permute if self._sequence else None
-        bucketized = KeyedJaggedTensor(
+        variable = sparse_features.variable_stride_per_key()
+        bucketized = KeyedJaggedTensor(  # as torchrec's bucketize_kjt_before_all2all builds it
             keys=sparse_features.keys() * self._world,
             values=out.indices,
             weights=out.weights,
             lengths=out.lengths,
-            stride=sparse_features.stride(),
+            stride=None if variable else sparse_features.stride(),
+            stride_per_key_per_rank=sparse_features.stride_per_key_per_rank() * self._world
+            if variable
+            else None,
         )
         return self._all_to_all(bucketized)

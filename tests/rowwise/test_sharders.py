@@ -204,10 +204,11 @@ def test_a_bad_id_is_refused_by_name(launched):
         assert error is not None and error.startswith("ValueError") and words in error, error
 
 
-def test_a_variable_batch_per_feature_is_refused_by_name(launched):
-    for error in launched[1]["vbe"]:
-        words = "need one batch size for every feature"
-        assert error is not None and error.startswith("ValueError") and words in error, error
+def test_a_variable_batch_per_feature_is_delivered_as_torchrecs_row_wise_dist_delivers_its_slots(launched):
+    for received in launched[1]["vbe"]:
+        assert received["routed"] == received["torchrec"]
+        values, lengths, strides = received["routed"]
+        assert len(lengths) == 2 * (3 + 2) and sum(lengths) == len(values)  # W = 2 ranks' bags of both
 
 
 def test_a_routed_table_beside_a_table_wise_one_gives_the_unsharded_output(launched):
