@@ -5,6 +5,7 @@ The library (what this package exports; none of it imports pandas or matplotlib)
 
 - `routing`: `DistType`, `owner_rank`, `hash_key` and `bucketize` (the
   all-to-all input of a KeyedJaggedTensor's keys, native kernels on CPU and CUDA);
+  `hashing`: the keyed hashes it routes with (fmix64, the Feistel bijection);
 - `kv`: `ShardedKVTable`, a row-wise sharded key-value embedding table;
 - `checkpoint`: its checkpoint, with the routing mode saved and checked;
 - `layout`: `Routing` and `TableLayout` (where each id's row lives in a

@@ -42,7 +42,7 @@ import torch
 
 from embnb._checks import check_int, check_int_tensor
 from embnb.cuda import loader
-from embnb.rowwise.routing import feistel_half_bits, feistel_permutation, feistel_round_keys
+from embnb.rowwise.hashing import feistel_half_bits, feistel_permutation, feistel_round_keys
 
 __all__ = ["Routing", "TableLayout", "feistel_permutation", "convert_rows"]
 
