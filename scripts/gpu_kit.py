@@ -105,12 +105,13 @@ BALANCER_BENCH = {
     "--cap-world-size": 16,
 }
 # `python -m embnb.bench steptime`: notebook 03's plans rank by rank, on the
-# device's own topology (torchrec's GPU estimates beside what was measured).
-STEPTIME_BENCH = {"--world-sizes": [8], "--timeout-s": 60, "--repeats": 3}
+# device's own topology (torchrec's GPU estimates beside what was measured): one host of 8, then 2
+# hosts of 8 (table_row_wise and grid_shard across hosts).
+STEPTIME_BENCH = {"--world-sizes": [8, 16], "--devices-per-host": 8, "--timeout-s": 60, "--repeats": 3}
 # The regime of notebook 03's headline, UVM caching: HBM per device at about half the model's share
 # (the model's tables are 0.97 GiB of fp32 weights, 0.12 GiB per device at W = 8), so the planners
 # put tables in UVM with an HBM cache; steptime runs FBGEMM's UVM-caching TBEs.
-STEPTIME_UVM_BENCH = {**STEPTIME_BENCH, "--hbm-gib": 0.06}
+STEPTIME_UVM_BENCH = {**STEPTIME_BENCH, "--world-sizes": [8], "--hbm-gib": 0.06}
 # `python -m embnb.bench calibrate --device cuda`: torchrec's perf model fitted on the GPU (one
 # coefficient per sharding type and kernel: the kernels of a CUDA topology are more than a CPU's).
 CALIBRATE_BENCH = {
@@ -135,8 +136,10 @@ CALIBRATE_BENCH_SHORT = {
     "--warmup": 0,
     "--repeats": 2,
 }
-STEPTIME_BENCH_SHORT = {
-    "--world-sizes": [2],
+STEPTIME_BENCH_SHORT = {  # 2 hosts of 2 on a CUDA topology: the host-level types on the CPU too
+    "--world-sizes": [4],
+    "--devices-per-host": 2,
+    "--compute-device": "cuda",
     "--tables": 6,
     "--max-rows": 2000,
     "--batch-size": 16,

@@ -15,6 +15,7 @@ and out, then the real call).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -112,6 +113,13 @@ class _TBETimer:
         )
 
         kinds = (SplitTableBatchedEmbeddingBagsCodegen, DenseTableBatchedEmbeddingBagsCodegen)
+        # each TBE's tables, from the torchrec kernel holding it (a dense TBE keeps no table names)
+        self.tables = {
+            id(kernel.emb_module): tuple(t.name for t in kernel.config.embedding_tables)
+            for lookup in lookups
+            for kernel in lookup.modules()
+            if isinstance(getattr(kernel, "emb_module", None), kinds)
+        }
         self.tbes = [m for lookup in lookups for m in lookup.modules() if isinstance(m, kinds)]
         self.forward_ns = self.backward_ns = 0
         self.inputs: dict[tuple[str, ...], tuple[int, int]] = {}  # tables -> (ids, their sum)
@@ -122,8 +130,7 @@ class _TBETimer:
 
     def _before(self, module, args, kwargs) -> None:
         indices = args[0] if args else kwargs["indices"]
-        names = tuple(getattr(module, "table_names", None) or ())
-        self.inputs[names] = (int(indices.numel()), int(indices.sum()))
+        self.inputs[self.tables[id(module)]] = (int(indices.numel()), int(indices.sum()))
         self._start[id(module)] = time.thread_time_ns()
 
     def _after(self, module, inputs, output) -> None:
@@ -156,12 +163,15 @@ def sharded_rank(
     repeats: int,
     optimizer: str = DEFAULT_OPTIMIZER,
     learning_rate: float = 0.01,
+    devices_per_host: int | None = None,
 ) -> ConcurrentRank:
     """A rank of the concurrent job (for `embnb.dist.launch`): torchrec's sharded
     EmbeddingBagCollection under `plan`, fed this rank's local batch of
     `make_batch(tables, constraints, world_size, local_batch_size, seed)`,
     forward and backward (loss: the sum of its pooled output) `warmup +
-    repeats` times, with `threads` intra-op threads."""
+    repeats` times, with `threads` intra-op threads. `devices_per_host`:
+    torchrec sees hosts of that many ranks (its LOCAL_WORLD_SIZE), for
+    table-row-wise and grid shards."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.types import ShardingEnv
@@ -176,9 +186,15 @@ def sharded_rank(
     sharder = EmbeddingBagCollectionSharder(
         fused_params={"optimizer": EmbOptimType(optimizer), "learning_rate": learning_rate}
     )
-    sharded = sharder.shard(
-        ebc, module_plan(plan), env=ShardingEnv.from_process_group(dist.group.WORLD), device=device
-    )
+    launched = {key: os.environ[key] for key in ("LOCAL_WORLD_SIZE", "LOCAL_RANK")}
+    if devices_per_host:  # read by torchrec's get_local_size when the shardings make their host groups
+        os.environ.update(LOCAL_WORLD_SIZE=str(devices_per_host), LOCAL_RANK=str(rank % devices_per_host))
+    try:
+        sharded = sharder.shard(
+            ebc, module_plan(plan), env=ShardingEnv.from_process_group(dist.group.WORLD), device=device
+        )
+    finally:
+        os.environ.update(launched)
     kjt = make_batch(tables, constraints, world_size, local_batch_size, seed).kjt(rank, device)
     timer = _TBETimer(lookups(sharded))  # a plain list in torchrec 1.8.0, not submodules
     forward, backward, log = [], [], []

@@ -305,6 +305,8 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     worlds = json.loads(steptime.read_text())["worlds"]
     assert [w["world_size"] for w in worlds] == gpu_kit.STEPTIME_BENCH_SHORT["--world-sizes"]
     assert any(plan["measured"] for plan in worlds[0]["plans"])
+    assert worlds[0]["local_world_size"] == gpu_kit.STEPTIME_BENCH_SHORT["--devices-per-host"]
+    assert any(plan["measured"] and "table_row_wise" in plan["shape"] for plan in worlds[0]["plans"])
     assert summary["fbgemm"]["cuda_kernels"] is False  # the kit's fbgemm-gpu-cpu, no GPU
     _check_balancer_results(json.loads(balancer.read_text()), gpu_kit.BALANCER_BENCH_SHORT)
 

@@ -54,7 +54,7 @@ from embnb.planner.calibration import (
 from embnb.planner.enumerator import make_enumerator
 from embnb.planner.topology import make_topology
 from embnb.steptime import StepTimes, make_batch, measure_plan
-from embnb.steptime.work import SUPPORTED_SHARDING_TYPES
+from embnb.steptime.work import HOST_LEVEL_SHARDING_TYPES
 from embnb.timing import Stopwatch, machine_name
 
 # Thread CPU time at one thread on a CPU (other jobs on a shared machine stretch wall time, not it); on a
@@ -124,10 +124,11 @@ def random_plan(enumerated: Enumerated, world_size: int, rng: np.random.Generato
     """Each table: a random sharding type, a random option of it, its shards on random ranks (a
     data-parallel table has a shard on every rank). Data-parallel only for tables of at most
     `DP_MAX_PARAMS` parameters, as planners choose it: every rank updates the whole table each step.
-    Only the sharding types steptime replays (a CUDA topology also offers table_row_wise)."""
+    No host-level type (a CUDA topology offers table_row_wise and grid_shard even on one host): their
+    shards must span one host's devices, and a random rank per shard would not."""
     by_table: dict[str, dict[str, list]] = {}
     for option in enumerated.options:
-        if option.sharding_type not in SUPPORTED_SHARDING_TYPES:
+        if option.sharding_type in HOST_LEVEL_SHARDING_TYPES:
             continue
         if option.sharding_type == "data_parallel" and _params(option) > DP_MAX_PARAMS:
             continue

@@ -16,8 +16,10 @@ measured), the critical path (slowest rank) and the rating; across plans,
 Spearman's rank correlation of measured critical path and rating.
 
 `--devices-per-host` makes hosts of that many devices: torchrec then offers
-table_row_wise and grid_shard, which this replay does not run yet (such a
-plan is recorded as not measured, with the reason).
+table_row_wise and grid_shard, replayed as torchrec runs them (each block's
+rows over one host's devices; a reduce-scatter within the host, then an
+all-to-all across hosts, timed by the link model at torchrec's intra- and
+cross-host bandwidths).
 
 On a GPU (`--device cuda`), the ranks run one after another on the one
 card; FBGEMM's CUDA TBE is needed (the fbgemm-gpu-cpu wheel has none): the

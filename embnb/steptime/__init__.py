@@ -9,6 +9,9 @@ fused optimizer, warmed up and repeated (median and range; wall and thread
 CPU time; thread count fixed and recorded). Beside the times, the bytes of
 every collective per rank, counted exactly, and a communication time
 computed from them with torchrec's own bandwidths (labelled computed).
+Every sharding type of torchrec's pooled EmbeddingBagCollection is
+replayed, the host-level ones (table_row_wise, grid_shard) on hosts of as
+many devices as their shards span.
 
 Modules: `batch` (the global batch), `work` (what each rank runs and
 receives, from a plan, a routing mode or a batch partition), `kernels`

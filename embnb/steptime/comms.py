@@ -12,10 +12,18 @@ distribution each, every rank taking part):
   all-to-all for the lengths and one for the ids. Table-wise and column-wise:
   each (shard, feature) on rank d gets the sender's whole local bag of that
   feature. Row-wise: every feature to every rank, the ids bucketed by block.
+  Table-row-wise and grid (hosts of L devices): each feature of each block
+  (a table, or a grid table's column block, on one host) to the L devices
+  of its host, the ids bucketed by row block (TwRwSparseFeaturesDist).
 - output dist: table-wise and column-wise, an all-to-all of the pooled
   embeddings (the shard's columns for the global batch, B rows to each
-  rank); row-wise, a reduce-scatter of the partial sums. Backward: the
-  reverse all-to-all; row-wise, an all-gather of the gradients.
+  rank); row-wise, a reduce-scatter of the partial sums. Table-row-wise and
+  grid: a reduce-scatter within the host (each device keeps the partial sums
+  of the ranks with its local rank on every host), then an all-to-all across
+  hosts among the devices of one local rank (TwRwPooledEmbeddingDist).
+  Backward: the reverse all-to-all; row-wise, an all-gather of the
+  gradients; table-row-wise and grid, the reverse all-to-all, then the
+  all-gather.
 - data-parallel tables and the dense MLP: their gradients all-reduced (by
   DistributedDataParallel, outside the sharded module).
 
@@ -34,7 +42,7 @@ from torchrec.distributed.planner.types import CollectiveType, Topology
 
 from embnb.rowwise.routing import DistType, owner_rank
 from embnb.steptime.batch import GlobalBatch
-from embnb.steptime.work import Shard
+from embnb.steptime.work import HOST_LEVEL_SHARDING_TYPES, Shard, devices_per_host
 
 __all__ = ["Collective", "RankComms", "plan_comms", "routing_comms", "LINK_MODEL"]
 
@@ -64,6 +72,7 @@ class Collective:
     received_bytes: int
     kept_bytes: int
     in_sharded_module: bool = True  # False: DistributedDataParallel's, outside the sharded module
+    within_host: bool = False  # on one host's devices (torchrec's intra-node group), at its bandwidth
 
     @property
     def link_bytes(self) -> float:
@@ -91,7 +100,10 @@ class RankComms:
     def computed_seconds(self, topology: Topology) -> float:
         """Every collective one after another at torchrec's bandwidth (`LINK_MODEL`)."""
         bandwidths, local, world = topology.comms_bandwidths, topology.local_world_size, topology.world_size
-        per_ms = [c.link_bytes / bandwidths.get_bw(local, world, _KINDS[c.kind]) for c in self.collectives]
+        per_ms = [
+            c.link_bytes / bandwidths.get_bw(local, local if c.within_host else world, _KINDS[c.kind])
+            for c in self.collectives
+        ]
         return sum(per_ms) / 1e3
 
 
@@ -109,27 +121,34 @@ def _entries(shards: Sequence[Shard], kind: str) -> list[tuple[Shard, str]]:
     return [(s, f) for s in shards if s.sharding_type == kind for f in s.features]
 
 
-def _input_dist(kind: str, shards: Sequence[Shard], batch: GlobalBatch, rank: int) -> list[Collective]:
-    """The KJTAllToAll of one sharding type: splits, lengths, ids."""
+def _input_dist(
+    kind: str, shards: Sequence[Shard], batch: GlobalBatch, rank: int, local: int
+) -> list[Collective]:
+    """The KJTAllToAll of one sharding type: splits, lengths, ids (hosts of `local` devices)."""
     world, size = batch.world_size, batch.local_batch_size
     index = {f: i for i, f in enumerate(batch.feature_names)}
     entries = _entries(shards, kind)
     splits = world * _splits_count() * _INT64
     length_bytes = batch.lengths[0][0].element_size()
     id_bytes = batch.ids[0][0].element_size()
-    if kind == "row_wise":
+    if kind in HOST_LEVEL_SHARDING_TYPES:
+        # each block's features, bucketed into its host's `local` row blocks
+        blocks = list(dict.fromkeys((s.table, s.col_offset, f) for s, f in entries))
+        sent_lengths = len(blocks) * local * size
+        sent_ids = sum(batch.ids[rank][index[f]].numel() for _, _, f in blocks)
+        mine = [(s, f) for s, f in entries if s.rank == rank]
+        got_lengths, kept_lengths = len(mine) * world * size, len(mine) * size
+        got_ids = sum(_in_block(batch, index[f], s.row_offset, s.rows) for s, f in mine)
+        kept_ids = sum(_own_in_block(batch, rank, index[f], s.row_offset, s.rows) for s, f in mine)
+    elif kind == "row_wise":
         features = list(dict.fromkeys(f for s, f in entries))
         sent_lengths = world * len(features) * size
         sent_ids = sum(batch.ids[rank][index[f]].numel() for f in features)
         mine = [(s, f) for s, f in entries if s.rank == rank]
         got_ids = sum(_in_block(batch, index[f], s.row_offset, s.rows) for s, f in mine)
 
-        def to_self(f: str) -> int:
-            (shard,) = [s for s, g in mine if g == f]
-            ids = batch.ids[rank][index[f]]
-            return int(((ids >= shard.row_offset) & (ids < shard.row_offset + shard.rows)).sum())
-
-        kept_lengths, kept_ids = len(features) * size, sum(to_self(f) for f in features)
+        kept_lengths = len(features) * size
+        kept_ids = sum(_own_in_block(batch, rank, index[f], s.row_offset, s.rows) for s, f in mine)
         got_lengths = len(mine) * world * size
     else:
         sent_lengths = len(entries) * size
@@ -160,22 +179,43 @@ def _in_block(batch: GlobalBatch, feature: int, first: int, count: int) -> int:
     return int(((ids >= first) & (ids < first + count)).sum())
 
 
-def _output_dist(kind: str, shards: Sequence[Shard], batch: GlobalBatch, rank: int) -> list[Collective]:
+def _own_in_block(batch: GlobalBatch, rank: int, feature: int, first: int, count: int) -> int:
+    ids = batch.ids[rank][feature]
+    return int(((ids >= first) & (ids < first + count)).sum())
+
+
+def _output_dist(
+    kind: str, shards: Sequence[Shard], batch: GlobalBatch, rank: int, local: int
+) -> tuple[list[Collective], list[Collective]]:
+    """The output dist's collectives of one sharding type: (forward, backward), each in call order."""
     world, size = batch.world_size, batch.local_batch_size
     entries = _entries(shards, kind)
+    if kind in HOST_LEVEL_SHARDING_TYPES:
+        hosts = world // local
+        # each host's pooled width: its first device's blocks (torchrec's _dim_sum_per_node)
+        widths = [sum(s.cols for s, f in entries if s.rank == host * local) for host in range(hosts)]
+        width = widths[rank // local]
+        full, part = world * size * width * _FP32, hosts * size * width * _FP32
+        own, everyone = size * width * _FP32, size * sum(widths) * _FP32
+        scatter, gather, host = "reduce_scatter_tensor", "all_gather_into_tensor", {"within_host": True}
+        return [
+            Collective(f"{kind} pooled reduce-scatter", scatter, "forward", full, part, part, **host),
+            Collective(f"{kind} pooled all-to-all", "all_to_all_single", "forward", part, everyone, own),
+        ], [
+            Collective(f"{kind} gradient all-to-all", "all_to_all_single", "backward", everyone, part, own),
+            Collective(f"{kind} gradient all-gather", gather, "backward", part, full, part, **host),
+        ]
     if kind == "row_wise":
         width = sum(s.cols for s, f in entries if s.rank == rank)
         full, part = world * size * width * _FP32, size * width * _FP32
         return [
-            Collective(f"{kind} pooled reduce-scatter", "reduce_scatter_tensor", "forward", full, part, part),
-            Collective(f"{kind} gradient all-gather", "all_gather_into_tensor", "backward", part, full, part),
-        ]
+            Collective(f"{kind} pooled reduce-scatter", "reduce_scatter_tensor", "forward", full, part, part)
+        ], [Collective(f"{kind} gradient all-gather", "all_gather_into_tensor", "backward", part, full, part)]
     mine = sum(s.cols for s, f in entries if s.rank == rank)
     everyone = sum(s.cols for s, f in entries)
     sent, received, kept = world * size * mine * _FP32, size * everyone * _FP32, size * mine * _FP32
-    return [
-        Collective(f"{kind} pooled all-to-all", "all_to_all_single", "forward", sent, received, kept),
-        Collective(f"{kind} gradient all-to-all", "all_to_all_single", "backward", received, sent, kept),
+    return [Collective(f"{kind} pooled all-to-all", "all_to_all_single", "forward", sent, received, kept)], [
+        Collective(f"{kind} gradient all-to-all", "all_to_all_single", "backward", received, sent, kept)
     ]
 
 
@@ -184,18 +224,20 @@ def plan_comms(
 ) -> RankComms:
     """Every collective rank `rank` runs in one step of a plan's `shards` on
     `batch`, in torchrec's order of sharding types (first table's first);
-    `dense_parameters`: the dense part's fp32 parameters, all-reduced."""
+    `dense_parameters`: the dense part's fp32 parameters, all-reduced. Hosts:
+    as many devices each as the plan's host-level shards span
+    (`work.devices_per_host`)."""
     world = batch.world_size
+    local = devices_per_host(shards, world)
     kinds = list(dict.fromkeys(s.sharding_type for s in shards))
-    collectives = []
     forward, backward = [], []
     for kind in kinds:
         if kind == "data_parallel":
             continue
-        forward += _input_dist(kind, shards, batch, rank)
-        output, gradient = _output_dist(kind, shards, batch, rank)
-        forward.append(output)
-        backward.insert(0, gradient)  # autograd runs the output dists backwards, last first
+        forward += _input_dist(kind, shards, batch, rank, local)
+        output, gradient = _output_dist(kind, shards, batch, rank, local)
+        forward += output
+        backward = gradient + backward  # autograd runs the output dists backwards, last first
     collectives = forward + backward
     replicated = {s.table: s.rows * s.cols for s in shards if s.sharding_type == "data_parallel"}
     for name, size in (("data_parallel tables", sum(replicated.values())), ("dense", dense_parameters)):

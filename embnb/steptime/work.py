@@ -8,7 +8,9 @@ Three configurations:
   batch: table-wise and column-wise shards get every id of their features
   from all W local batches; a row-wise shard gets the ids whose rows fall in
   its block, minus the block's first row (what `block_bucketize_sparse_features`
-  sends); a data-parallel table gets the rank's local batch only.
+  sends), and so do table-row-wise and grid shards, whose blocks split a
+  table (or a column block of it) over one host's devices; a data-parallel
+  table gets the rank's local batch only.
 - a routing mode with a key stream (`routing_work`): every feature's table
   row-wise over all ranks with `embnb.rowwise`'s owner rule.
 - a batch partition (`partition_work`): each rank's samples (their
@@ -41,10 +43,13 @@ __all__ = [
     "routing_work",
     "partition_work",
     "SUPPORTED_SHARDING_TYPES",
+    "HOST_LEVEL_SHARDING_TYPES",
+    "devices_per_host",
 ]
 
 # Sharding types whose input and output distribution this package replays
-# (torchrec 1.8.0's pooled EmbeddingBagCollection shardings on one host).
+# (torchrec 1.8.0's pooled EmbeddingBagCollection shardings; the last two
+# place a table, or each of its column blocks, row-wise over one host's devices).
 _LOW_63 = (1 << 63) - 1
 SUPPORTED_SHARDING_TYPES = (
     ShardingType.DATA_PARALLEL.value,
@@ -52,7 +57,10 @@ SUPPORTED_SHARDING_TYPES = (
     ShardingType.COLUMN_WISE.value,
     ShardingType.TABLE_COLUMN_WISE.value,
     ShardingType.ROW_WISE.value,
+    ShardingType.TABLE_ROW_WISE.value,
+    ShardingType.GRID_SHARD.value,
 )
+HOST_LEVEL_SHARDING_TYPES = (ShardingType.TABLE_ROW_WISE.value, ShardingType.GRID_SHARD.value)
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,32 @@ def plan_shards(
     if missing:
         raise ValueError(f"the plan places no shard of tables {sorted(missing)}")
     return shards
+
+
+def devices_per_host(shards: Sequence[Shard], world_size: int) -> int:
+    """The devices per host a plan's host-level shards imply (torchrec's
+    local_world_size): a table-row-wise table, or a grid table's column
+    block, is split over every device of one host. `world_size` (one host)
+    when the plan has none."""
+    blocks: dict[tuple[str, int], set[int]] = {}
+    for s in shards:
+        if s.sharding_type in HOST_LEVEL_SHARDING_TYPES:
+            blocks.setdefault((s.table, s.col_offset), set()).add(s.rank)
+    sizes = {len(ranks) for ranks in blocks.values()}
+    if not sizes:
+        return world_size
+    local = max(sizes)
+    hosts_apart = [
+        f"{table} (columns from {col}): ranks {sorted(ranks)}"
+        for (table, col), ranks in blocks.items()
+        if len(ranks) != local or len({r // local for r in ranks}) != 1
+    ]
+    if world_size % local or hosts_apart:
+        raise ValueError(
+            f"host-level shards must each span all {local} devices of one host of a world of "
+            f"{world_size} (a multiple of {local}); these do not: {hosts_apart[:3] or 'the world size'}"
+        )
+    return local
 
 
 def _deliver(

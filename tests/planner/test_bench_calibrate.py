@@ -73,9 +73,10 @@ def test_bad_calibrate_arguments_are_named(tmp_path, capsys, args, message):
     assert not list(tmp_path.glob("*.json"))
 
 
-def test_random_plans_on_a_cuda_topology_hold_only_what_steptime_replays():
-    """A CUDA topology also offers table_row_wise, which steptime does not replay (the first GPU
-    calibration stopped on it): the random plans never pick it, but keep every other type."""
+def test_random_plans_on_a_cuda_topology_leave_out_the_host_level_types():
+    """A CUDA topology also offers table_row_wise on one host: its shards must span the host's
+    devices, which a random rank per shard would break, so the random plans never pick it (nor
+    grid_shard), but keep every other type."""
     import numpy as np
 
     from embnb.bench.calibrate import random_plan

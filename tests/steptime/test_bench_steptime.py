@@ -57,6 +57,40 @@ def test_steptime_bench_rows_agree_with_their_ranks(tmp_path, capsys):
     assert "Spearman" in out
 
 
+def test_steptime_bench_replays_host_level_plans(tmp_path, capsys):
+    """On 2 hosts of 2 a CUDA topology's plans hold table_row_wise (and may hold grid_shard): each is
+    measured, and every all-to-all moves as many bytes in all as its ranks receive."""
+    code, out, err = run(
+        capsys,
+        *("--tables", "6", "--world-sizes", "4", "--devices-per-host", "2", "--compute-device", "cuda"),
+        *(
+            "--batch-size",
+            "16",
+            "--max-rows",
+            "2000",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+        ),
+    )
+    assert code == 0, out + err
+    (path,) = tmp_path.glob("steptime-*.json")
+    (world,) = json.loads(path.read_text())["worlds"]
+    assert world["local_world_size"] == 2
+    host_level = [p for p in world["plans"] if {"table_row_wise", "grid_shard"} & set(p.get("shape", {}))]
+    assert host_level and all(p["measured"] for p in world["plans"] if p["plan"] in PLANNERS)
+    for plan in host_level:
+        names = [c["name"] for c in plan["ranks"][0]["collectives"]]
+        assert "table_row_wise pooled reduce-scatter" in names or "grid_shard pooled reduce-scatter" in names
+        for name in names:
+            moved = [c for r in plan["ranks"] for c in r["collectives"] if c["name"] == name]
+            if moved[0]["kind"] == "all_to_all_single":
+                assert sum(c["sent"] for c in moved) == sum(c["received"] for c in moved), name
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

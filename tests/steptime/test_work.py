@@ -3,6 +3,7 @@ the link model against torchrec's bandwidths; Spearman against its formula."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
     data_parallel,
+    table_row_wise,
     table_wise,
 )
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -21,7 +23,7 @@ from embnb.planner.topology import make_topology
 from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_batch
 from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
 from embnb.steptime.step import compare_per_rank, measure_partition, measure_routing
-from embnb.steptime.work import plan_shards, plan_work, routing_work
+from embnb.steptime.work import devices_per_host, plan_shards, plan_work, routing_work
 
 TABLES = [
     EmbeddingBagConfig(name="a", feature_names=["fa"], num_embeddings=97, embedding_dim=24),
@@ -153,6 +155,20 @@ def test_bad_configurations_are_named():
         measure_routing(make_batch(TABLES, None, 2, 2), "modulo", {}, {})
     with pytest.raises(ValueError, match="need the same number"):
         compare_per_rank([[1.0]], [[1.0], [2.0]], 0.1)
+    # a table-row-wise table whose row blocks sit on two hosts (ranks 1 and 2 of hosts of 2)
+    hosts = construct_module_sharding_plan(
+        ebc, {"a": table_row_wise(host_index=0), "b": table_wise(rank=0)}, local_size=2, world_size=4,
+        device_type="cpu",
+    )  # fmt: skip
+    split = [s for s in plan_shards(hosts, TABLES, 4) if s.table == "a"]
+    assert devices_per_host(split, 4) == 2
+    moved = [dataclasses.replace(s, rank=s.rank + 1) for s in split]
+    with pytest.raises(
+        ValueError, match=r"span all 2 devices of one host.*a \(columns from 0\): ranks \[1, 2\]"
+    ):
+        devices_per_host(moved, 4)
+    with pytest.raises(ValueError, match="a world of 3"):
+        devices_per_host(split, 3)
     # the measuring options, as every measure_* call passes them
     with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
         measure_partition([[4]], repeats=0)
@@ -181,6 +197,18 @@ def test_computed_comms_use_torchrecs_bandwidths():
     expected_ms = (8000 - 1000) / intra + 2 * (world - 1) / world * 4000 / all_reduce
     assert comms.computed_seconds(topology) == pytest.approx(expected_ms / 1e3)
     assert (comms.sent_bytes, comms.received_bytes) == (8000, 12000)
+    # hosts of 2: a world-wide all-to-all crosses hosts, a within-host reduce-scatter does not
+    hosts = make_topology(4, "cpu", local_world_size=2)
+    bandwidths = hosts.comms_bandwidths
+    split = RankComms(
+        0,
+        [
+            Collective("x", "all_to_all_single", "forward", 4000, 8000, 1000),
+            Collective("z", "reduce_scatter_tensor", "forward", 6000, 3000, 3000, within_host=True),
+        ],
+    )
+    expected_ms = (8000 - 1000) / bandwidths.inter_host_bw + (6000 - 3000) / bandwidths.intra_host_bw
+    assert split.computed_seconds(hosts) == pytest.approx(expected_ms / 1e3)
 
 
 def test_routing_comms_continuous_is_torchrecs_row_wise_and_every_id_arrives_once():
