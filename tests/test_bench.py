@@ -308,24 +308,25 @@ def test_end_to_end_bench_plans_under_the_reservation_asked_for(tmp_path, bench)
     # the flag for cases that name none, and a case that names its own
     bench(
         "end_to_end",
-        *("--cases", "6x2", "9x8/4:heuristical", "--processes", "1", "--torchrec-dp-timeout-s", "0"),
+        *("--cases", "6x2", "9x8/4:heuristical@1", "--processes", "1", "--torchrec-dp-timeout-s", "0"),
         *("--storage-reservation", "fixed", "--out", str(tmp_path)),
     )
     payload = results(tmp_path, "end_to_end")
     assert payload["storage_reservation"].startswith("FixedPercentageStorageReservation(0.15)")
-    for row, (tables, world_size, per_host, reservation, torchrec_name) in zip(
+    for row, (tables, world_size, per_host, reservation, hbm, torchrec_name) in zip(
         payload["rows"],
         [
-            (6, 2, None, "fixed", "FixedPercentageStorageReservation"),
-            (9, 8, 4, "heuristical", "HeuristicalStorageReservation"),
+            (6, 2, None, "fixed", 0.5, "FixedPercentageStorageReservation"),
+            (9, 8, 4, "heuristical", 1.0, "HeuristicalStorageReservation"),  # HBM for all the rows
         ],
         strict=True,
     ):
         assert row["torchrec_dp"] is None and f"{torchrec_name}(0.15)" in row["storage_reservation"]
+        assert row["hbm_fraction"] == hbm
         # the oracle: create_planner asked for that reservation here, on the bench's model and topology
         model = make_model(tables, seed=0)
         topology = planner.make_topology(
-            world_size, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / world_size * 0.5,
+            world_size, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / world_size * hbm,
             local_world_size=per_host,
         )  # fmt: skip
         chosen = planner.create_planner(
@@ -410,6 +411,7 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
             ["end_to_end", "--cases", "800x64/8:half"],
             "a case's reservation must be one of heuristical, fixed, got 'half' in '800x64/8:half'",
         ),
+        (["end_to_end", "--cases", "8x8@0"], "@HBM must be a fraction > 0, e.g. @1; got '0' in '8x8@0'"),
         (["end_to_end", "--torchrec-dp-timeout-s", "-1"], "--torchrec-dp-timeout-s must be >= 0, got -1.0"),
         (["end_to_end", "--torchrec-dp-memory-gib", "0"], "--torchrec-dp-memory-gib must be > 0, got 0.0"),
         (["end_to_end", "--storage-reservation", "half"], "invalid choice: 'half'"),

@@ -22,10 +22,14 @@ Both plan each case under one storage reservation, by default torchrec's
 A case is TABLESxDEVICES, or TABLESxDEVICES/PER_HOST for hosts of PER_HOST
 devices (torchrec's local_world_size; host-level sharding types appear),
 and may end in :RESERVATION (heuristical or fixed) to plan that case under
-another reservation than `--storage-reservation` (each row names its own):
+another reservation than `--storage-reservation` (each row names its own),
+then in @HBM to give each device HBM for that fraction of the tables' fp32
+rows spread evenly, instead of half (each row names its own). On 1,024
+devices half leaves the model no plan (docs/planner.md, "No plan at 1,024
+devices"): that case gives HBM for all of its rows.
 
     python -m embnb.bench end_to_end [--cases 200x8 800x64 800x64/8 5000x128/8:fixed 1000x512/8:fixed
-        5000x512/8:fixed 5000x1024/8:fixed] [--processes 5] [--torchrec-dp-timeout-s 300]
+        5000x512/8:fixed 5000x1024/8:fixed@1] [--processes 5] [--torchrec-dp-timeout-s 300]
         [--torchrec-dp-memory-gib 8] [--out DIR]
 """
 
@@ -49,7 +53,7 @@ from embnb.timing import machine_name
 
 BATCH_SIZE = 512
 ENUMERATION_GRACE_S = 300  # torchrec's planner past its limit (its enumeration) before it is stopped
-HBM_FRACTION = 0.5  # as the planner bench's default
+HBM_FRACTION = 0.5  # as the planner bench's default, where a case names none
 MEMORY_POLL_S = 0.5  # how often torchrec's planner's resident memory is read
 
 # torchrec's default (HeuristicalStorageReservation(0.15): the percentage, dense parameters and KJTs),
@@ -114,10 +118,20 @@ print(json.dumps({
 """
 
 
-def _case(text: str) -> tuple[int, int, int | None, str | None]:
-    """'800x64' -> (800, 64, None, None): one host; '800x64/8' -> (800, 64, 8, None): hosts of
-    8 devices; '800x64/8:fixed' -> (800, 64, 8, 'fixed'): under that reservation."""
-    shape, _, reservation = text.lower().partition(":")
+def _case(text: str) -> tuple[int, int, int | None, str | None, float]:
+    """'800x64' -> (800, 64, None, None, HBM_FRACTION): one host; '800x64/8' -> (800, 64, 8, None,
+    HBM_FRACTION): hosts of 8 devices; '800x64/8:fixed' -> (800, 64, 8, 'fixed', HBM_FRACTION): under
+    that reservation; '800x64/8:fixed@1' -> (800, 64, 8, 'fixed', 1.0): HBM for all the rows."""
+    case, _, hbm = text.lower().partition("@")
+    try:
+        hbm_fraction = float(hbm) if hbm else HBM_FRACTION
+    except ValueError:
+        hbm_fraction = math.nan
+    if not hbm_fraction > 0 or math.isinf(hbm_fraction):
+        raise argparse.ArgumentTypeError(
+            f"a case's @HBM must be a fraction > 0, e.g. @1; got {hbm!r} in {text!r}"
+        )
+    shape, _, reservation = case.partition(":")
     if reservation and reservation not in RESERVATIONS:
         raise argparse.ArgumentTypeError(
             f"a case's reservation must be one of {', '.join(RESERVATIONS)}, got {reservation!r} in {text!r}"
@@ -134,7 +148,7 @@ def _case(text: str) -> tuple[int, int, int | None, str | None]:
         raise argparse.ArgumentTypeError(
             f"tables and devices must be >= 1 and PER_HOST must divide the devices, got {text!r}"
         )
-    return tables, devices, local, reservation or None
+    return tables, devices, local, reservation or None, hbm_fraction
 
 
 def _plan_in_a_new_process(
@@ -144,11 +158,12 @@ def _plan_in_a_new_process(
     timeout_s: float,
     reservation: str,
     memory_gib: float = math.inf,
+    hbm_fraction: float = HBM_FRACTION,
 ) -> dict:
     """One plan in a fresh process (torchrec's DP when `timeout_s`, else create_planner). torchrec's
     DP is stopped once its resident memory passes `memory_gib` (its enumerator keeps a deep copy of
     every option, one Shard per device each for row-wise and data-parallel ones)."""
-    args = [num_tables, world_size, local or 0, BATCH_SIZE, HBM_FRACTION, timeout_s, reservation]
+    args = [num_tables, world_size, local or 0, BATCH_SIZE, hbm_fraction, timeout_s, reservation]
     limit_s = timeout_s + ENUMERATION_GRACE_S if timeout_s else 3600
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # no pipe to fill
         process = subprocess.Popen([sys.executable, "-c", _ONE_PLAN, *map(str, args)], stdout=out, stderr=err)
@@ -204,13 +219,17 @@ def bench_case(
     timeout_s: float = 0,
     reservation: str = "heuristical",
     torchrec_memory_gib: float = math.inf,
+    hbm_fraction: float = HBM_FRACTION,
 ) -> dict:
-    fresh = [_plan_in_a_new_process(num_tables, world_size, local, 0, reservation) for _ in range(processes)]
+    fresh = [
+        _plan_in_a_new_process(num_tables, world_size, local, 0, reservation, hbm_fraction=hbm_fraction)
+        for _ in range(processes)
+    ]
     model = make_model(num_tables, seed=0)
     topology = planner.make_topology(
         world_size,
         "cuda",
-        hbm_cap_gb=fused_table_gb(model.tables) / world_size * HBM_FRACTION,
+        hbm_cap_gb=fused_table_gb(model.tables) / world_size * hbm_fraction,
         local_world_size=local,
     )
     warm = time_end_to_end(
@@ -223,7 +242,9 @@ def bench_case(
     )
     plan_runs = [run["plan_s"] for run in fresh]
     peer = (
-        _plan_in_a_new_process(num_tables, world_size, local, timeout_s, reservation, torchrec_memory_gib)
+        _plan_in_a_new_process(
+            num_tables, world_size, local, timeout_s, reservation, torchrec_memory_gib, hbm_fraction
+        )
         if timeout_s
         else None
     )
@@ -233,6 +254,7 @@ def bench_case(
         "local_world_size": local or world_size,
         "hosts": _hosts(world_size, local),
         "storage_reservation": RESERVATIONS[reservation],
+        "hbm_fraction": hbm_fraction,
         "fresh_process_s": statistics.median(plan_runs),
         "fresh_process_s_runs": plan_runs,
         "import_s_runs": [run["import_s"] for run in fresh],
@@ -292,15 +314,16 @@ def main(argv: list[str]) -> int:
         type=_case,
         nargs="+",
         default=[
-            (200, 8, None, None),
-            (800, 64, None, None),
-            (800, 64, 8, None),
-            (5000, 128, 8, "fixed"),  # torchrec's KJT reservation leaves these two no plan
-            (1000, 512, 8, "fixed"),
-            (5000, 512, 8, "fixed"),  # 64 hosts
-            (5000, 1024, 8, "fixed"),  # 128 hosts
+            (200, 8, None, None, HBM_FRACTION),
+            (800, 64, None, None, HBM_FRACTION),
+            (800, 64, 8, None, HBM_FRACTION),
+            (5000, 128, 8, "fixed", HBM_FRACTION),  # torchrec's KJT reservation leaves these two no plan
+            (1000, 512, 8, "fixed", HBM_FRACTION),
+            (5000, 512, 8, "fixed", HBM_FRACTION),  # 64 hosts
+            (5000, 1024, 8, "fixed", 1.0),  # 128 hosts: half the rows in HBM leaves no plan
         ],
-        help="TABLESxDEVICES, TABLESxDEVICES/PER_HOST, either ending in :heuristical or :fixed",
+        help="TABLESxDEVICES or TABLESxDEVICES/PER_HOST, then :heuristical or :fixed, then @HBM (the "
+        f"fraction of the tables' fp32 rows each device's HBM holds, spread evenly; default {HBM_FRACTION})",
     )
     parser.add_argument(
         "--torchrec-dp-timeout-s",
@@ -334,7 +357,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"--torchrec-dp-memory-gib must be > 0, got {opts.torchrec_dp_memory_gib}")
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
-    for num_tables, world_size, local, reservation in opts.cases:
+    for num_tables, world_size, local, reservation, hbm_fraction in opts.cases:
         rows.append(
             bench_case(
                 num_tables,
@@ -344,6 +367,7 @@ def main(argv: list[str]) -> int:
                 opts.torchrec_dp_timeout_s,
                 reservation or opts.storage_reservation,
                 opts.torchrec_dp_memory_gib,
+                hbm_fraction,
             )
         )
         print(_line(rows[-1]), flush=True)

@@ -20,6 +20,9 @@ and shard sizes are torchrec's code) and differs in four ways:
   each sharding type's partition type, the kernel filter of tables without
   kernel constraints, and a table's shard sizes per sharding type (torchrec
   computes them per kernel);
+- its options are `LayoutOption`s (`embnb.planner.layout`): torchrec's
+  ShardingOption making its shards when first read, so the shards of
+  options nobody proposes are never made;
 - its cache is a compact record of the options (`_Record`), made without
   deep-copying them; a repeated `enumerate` or `last_stored_search_space`
   rebuilds fresh options from it, as torchrec hands out a deep copy;
@@ -38,12 +41,12 @@ import dataclasses
 import enum
 from typing import Any
 
+import numpy as np
 from torch import nn
 from torchrec.distributed.planner import enumerators as torchrec_enumerators
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
-    Shard,
     ShardEstimator,
     ShardingOption,
     Topology,
@@ -58,6 +61,7 @@ from embnb._checks import check_choice
 from embnb._gc import collector_paused
 from embnb._torchrec_private import TESTED_TORCHREC
 from embnb.planner.estimates import Distinct, clone, covers, estimate_distinct
+from embnb.planner.layout import LAZY_FIELDS, Layout, LayoutOption
 
 __all__ = [
     "ENUMERATORS",
@@ -98,9 +102,9 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         self._sharders = private.set_sharders(self, sharders)
         self._memos = {}
         with collector_paused():
-            options, layouts = self._options_of(module)
+            options = self._options_of(module)
             distinct = self._estimate(options)
-            self._record = _Record(options, layouts, distinct)
+            self._record = _Record(options, distinct)
         private.store_last(self, module, sharders)
         return options
 
@@ -121,12 +125,10 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
             estimator.estimate(options, sharders)
         return None
 
-    def _options_of(self, module: nn.Module) -> tuple[list[ShardingOption], list[Layout]]:
+    def _options_of(self, module: nn.Module) -> list[LayoutOption]:
         """torchrec's EmbeddingEnumerator.enumerate up to its estimates: the
-        shardable parameters of the modules its sharders take, in its order;
-        and each option's shard layout."""
-        options: list[ShardingOption] = []
-        layouts: list[Layout] = []
+        shardable parameters of the modules its sharders take, in its order."""
+        options: list[LayoutOption] = []
         queue = [("", module)]
         while queue:
             path, child = queue.pop(0) if self._settings.exact_order else queue.pop()
@@ -140,16 +142,12 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                 continue
             is_pooled = ShardingOption.module_pooled(child, path)
             for name, param in sharder.shardable_parameters(child).items():
-                for option, layout in self._options_of_table(
-                    name, param, path, child, sharder, sharder_key, is_pooled
-                ):
-                    options.append(option)
-                    layouts.append(layout)
-        return options, layouts
+                options += self._options_of_table(name, param, path, child, sharder, sharder_key, is_pooled)
+        return options
 
     def _options_of_table(
         self, name, param, path, child, sharder, sharder_key, is_pooled
-    ) -> list[tuple[ShardingOption, Layout]]:
+    ) -> list[LayoutOption]:
         settings = self._settings
         constraints = private.param_constraints(settings.constraints, name)
         if constraints.device_group and constraints.device_group != settings.compute_device:
@@ -174,7 +172,8 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                         num_buckets,
                         (name, path, child, sharder, compute_kernel),
                     )
-                option = ShardingOption(
+                option = LayoutOption.of(
+                    layout,
                     name=name,
                     tensor=param,
                     module=(path, child),
@@ -183,7 +182,6 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                     compute_kernel=compute_kernel,
                     sharding_type=sharding_type,
                     partition_by=self._memo(torchrec_enumerators.get_partition_by_type, sharding_type),
-                    shards=_shards(layout),
                     cache_params=constraints.cache_params,
                     enforce_hbm=constraints.enforce_hbm,
                     stochastic_rounding=constraints.stochastic_rounding,
@@ -194,7 +192,7 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                     output_dtype=constraints.output_dtype,
                     key_value_params=constraints.key_value_params,
                 )
-                options.append((option, layout))
+                options.append(option)
         if not options:
             raise RuntimeError(
                 "No available sharding type and compute kernel combination after applying user provided "
@@ -229,7 +227,8 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         return self._memos[key] or private.filter_compute_kernels(self, name, kernels, sharding_type)  # warns
 
     def _layout(self, param, sharding_type, col_wise_shard_dim, num_buckets, where) -> Layout:
-        """torchrec's calculate_shard_sizes_and_offsets, as a Layout."""
+        """torchrec's calculate_shard_sizes_and_offsets, as a Layout (one per table and sharding
+        type: its options of every kernel share it)."""
         settings = self._settings
         try:
             sizes, offsets = calculate_shard_sizes_and_offsets(
@@ -251,51 +250,38 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                 f"world_size={settings.world_size}, local_world_size={settings.local_world_size}, "
                 f"col_wise_shard_dim={col_wise_shard_dim}, compute_device='{settings.compute_device}'"
             ) from e
-        return tuple((tuple(size), tuple(offset)) for size, offset in zip(sizes, offsets))
-
-
-# An option's shards: each one's size and offset, as tuples.
-Layout = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
-
-
-def _shards(layout: Layout) -> list[Shard]:
-    """New shards (no estimates, no rank) of `layout`."""
-    return [Shard(size=list(size), offset=list(offset)) for size, offset in layout]
+        return Layout.of(sizes, offsets)
 
 
 class _Record:
     """The options as enumerated, kept compactly: each option's attributes
     (mutable ones deep-copied, the module and tensor shared, as torchrec's deep
     copy does), its shard layout, and a copy of each distinct shard's
-    estimates. `options()` builds fresh ShardingOptions equal to them (every
-    shard's rank was None when enumerated)."""
+    estimates. `options()` builds fresh LayoutOptions equal to them (every
+    shard's rank was None when enumerated), their shards not yet made."""
 
-    def __init__(
-        self, options: list[ShardingOption], layouts: list[Layout], distinct: list[Distinct] | None
-    ) -> None:
+    def __init__(self, options: list[LayoutOption], distinct: list[Distinct] | None) -> None:
         memo: dict[int, Any] = {}
         if distinct is None:  # each shard its own
-            distinct = [Distinct(list(range(len(option.shards))), option.shards) for option in options]
+            distinct = [Distinct(np.arange(len(option.shards)), option.shards) for option in options]
         self._options = [
             (
                 _snapshot(option, memo),
-                layout,
-                its.slot_of,
+                option.layout,
+                np.asarray(its.slot_of),
                 [(clone(shard.perf), clone(shard.storage)) for shard in its.shards],
             )
-            for option, layout, its in zip(options, layouts, distinct)
+            for option, its in zip(options, distinct)
         ]
 
-    def options(self) -> list[ShardingOption]:
+    def options(self) -> list[LayoutOption]:
         memo: dict[int, Any] = {}
         rebuilt = []
         for fields, layout, slot_of, estimates in self._options:
-            option = object.__new__(ShardingOption)
+            option = object.__new__(LayoutOption)
             option.__dict__.update(_snapshot(fields, memo))
-            option.shards = _shards(layout)
             copies = [(clone(perf), clone(storage)) for perf, storage in estimates]  # shared as enumerated
-            for shard, slot in zip(option.shards, slot_of):
-                shard.perf, shard.storage = copies[slot]
+            option.defer(layout, slot_of, copies)
             rebuilt.append(option)
         return rebuilt
 
@@ -305,11 +291,12 @@ _SHARED = frozenset({*private.OPTION_SHARED_ATTRIBUTES, "shards"})  # torchrec's
 
 
 def _snapshot(option: ShardingOption | dict, memo: dict[int, Any]) -> dict[str, Any]:
-    """An option's attributes but its shards: module and tensor shared, immutable
-    values as they are, the rest deep-copied (through `memo`, so what options
-    share stays shared)."""
+    """An option's attributes but its shards (made or to be made): module and tensor shared,
+    immutable values as they are, the rest deep-copied (through `memo`, so what options share
+    stays shared)."""
     copied = dict(option if isinstance(option, dict) else vars(option))
-    copied.pop("shards", None)
+    for name in ("shards", *LAZY_FIELDS):
+        copied.pop(name, None)
     for name, value in copied.items():
         if type(value) in _ATOMIC or name in _SHARED or isinstance(value, enum.Enum):
             continue
@@ -317,7 +304,7 @@ def _snapshot(option: ShardingOption | dict, memo: dict[int, Any]) -> dict[str, 
     return copied
 
 
-_NOT_COMPARED = frozenset({*_SHARED, "cache_params"})
+_NOT_COMPARED = frozenset({*_SHARED, *LAZY_FIELDS, "cache_params"})
 
 
 def same_options(expected: list, actual: list) -> bool:

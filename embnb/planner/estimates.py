@@ -34,12 +34,14 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
 from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
 from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import Shard, ShardEstimator, ShardingOption
 
 from embnb._torchrec_private import set_perf_config
+from embnb.planner.layout import deferred
 
 __all__ = ["Distinct", "covers", "estimate_distinct", "clone"]
 
@@ -48,7 +50,7 @@ __all__ = ["Distinct", "covers", "estimate_distinct", "clone"]
 class Distinct:
     """An option's distinct shards: `shards[slot_of[i]]` has the size (and the estimates) of its shard i."""
 
-    slot_of: list[int]
+    slot_of: list[int] | np.ndarray
     shards: list[Shard]
 
 
@@ -71,9 +73,14 @@ def estimate_distinct(
     does, on one shard per distinct size of each option; every shard gets
     its size's perf and storage (the same objects). `sharders`: what torchrec's
     estimators take (its SharderDataMap on 1.7+, the sharders by name on 1.6).
-    Returns each option's distinct shards."""
-    every = [option.shards for option in options]
-    distinct = [_distinct(shards) for shards in every]
+    Returns each option's distinct shards. A `LayoutOption` whose shards are
+    not made yet keeps them so: it takes the estimates per distinct size."""
+    # None: a LayoutOption's shards, to be made from its layout and these estimates
+    every = [None if deferred(option) else option.shards for option in options]
+    distinct = [
+        _distinct(shards) if shards is not None else Distinct(o.layout.slot_of, o.layout.distinct_shards())
+        for o, shards in zip(options, every)
+    ]
     try:
         for option, its in zip(options, distinct):
             option.shards = its.shards  # the estimators see the first shard of each size
@@ -82,10 +89,14 @@ def estimate_distinct(
                 estimator = _quick_lookups(estimator)
             estimator.estimate(options, sharders)
     finally:
-        for option, shards in zip(options, every):
-            option.shards = shards
+        for option, shards, its in zip(options, every, distinct):
+            if shards is None:
+                estimates = [(shard.perf, shard.storage) for shard in its.shards]
+                option.defer(option.layout, its.slot_of, estimates)
+            else:
+                option.shards = shards
     for shards, its in zip(every, distinct):
-        if len(its.shards) < len(shards):
+        if shards is not None and len(its.shards) < len(shards):
             for shard, slot in zip(shards, its.slot_of):
                 estimated = its.shards[slot]
                 shard.perf, shard.storage = estimated.perf, estimated.storage

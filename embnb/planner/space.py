@@ -13,12 +13,16 @@ from __future__ import annotations
 import numpy as np
 from torchrec.distributed.planner.types import (
     PartitionByType,
+    Perf,
     PlannerError,
     PlannerErrorType,
     ShardingOption,
+    Storage,
     Topology,
 )
 from torchrec.distributed.types import ShardingType
+
+from embnb.planner.layout import deferred
 
 GB = 1024**3
 AXES = ("hbm", "ddr")
@@ -45,24 +49,37 @@ class ShardValues:
         # shards hold, alive while they are used. Nothing per shard is kept
         # but the slots (tens of millions of shards at 1,024 devices: a
         # Python object per shard would cost gigabytes).
-        counts = np.fromiter((len(option.shards) for option in options), dtype=np.int64, count=len(options))
+        # A LayoutOption whose shards are not made gives its estimates per size and each shard's
+        # slot among them (`embnb.planner.layout`): read so, without making its shards.
+        lazy_ones = [deferred(o) and o.estimates is not None for o in options]
+        counts = np.fromiter(
+            (len(o.layout) if lazy else len(o.shards) for o, lazy in zip(options, lazy_ones)),
+            dtype=np.int64,
+            count=len(options),
+        )
         slots = np.empty(int(counts.sum()), dtype=np.int64)
         slot_of: dict[tuple[int, int], int] = {}
         read = []
+
+        def slot(storage: Storage, perf: Perf) -> int:
+            pair = (id(storage), id(perf))
+            found = slot_of.get(pair)
+            if found is None:
+                found = slot_of[pair] = len(read)
+                read.append(
+                    (storage.hbm, storage.ddr, storage.ssd, perf.fwd_compute, perf.bwd_compute)
+                    + (perf.fwd_comms, perf.bwd_comms, perf.prefetch_compute, perf.total)
+                )
+            return found
+
         position = 0
-        for option in options:
-            for shard in option.shards:
-                pair = (id(shard.storage), id(shard.perf))
-                slot = slot_of.get(pair)
-                if slot is None:
-                    slot = slot_of[pair] = len(read)
-                    st, p = shard.storage, shard.perf
-                    read.append(
-                        (st.hbm, st.ddr, st.ssd, p.fwd_compute, p.bwd_compute, p.fwd_comms, p.bwd_comms)
-                        + (p.prefetch_compute, p.total)
-                    )
-                slots[position] = slot
-                position += 1
+        for option, lazy, count in zip(options, lazy_ones, counts.tolist()):
+            if lazy:
+                ours = np.array([slot(storage, perf) for perf, storage in option.estimates], dtype=np.int64)
+                slots[position : position + count] = ours[option.slot_of]
+            else:
+                slots[position : position + count] = [slot(s.storage, s.perf) for s in option.shards]
+            position += count
         distinct = np.array(read, dtype=float).reshape(-1, 9)  # storage: whole bytes, exact below 2**53
         self.storage = distinct[:, :3].astype(np.int64)[slots]  # HBM, DDR, SSD
         self.parts = np.ascontiguousarray(distinct[:, 3:8])[slots]  # in the order Perf.total adds them

@@ -16,6 +16,7 @@ from embnb import planner
 from embnb.cuda import loader
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
+from embnb.planner.layout import LayoutOption
 from embnb.planner.space import SearchSpace, ShardValues, by_table, gathered
 from embnb.planner.topology import reserved_topology
 
@@ -305,3 +306,24 @@ def test_shard_values_read_every_shard_as_it_is(enumerator):
     assert values.parts.tolist() == parts
     rows = values.rows(shared)
     assert values.parts[rows.start + 1, 0] == values.parts[rows.start, 0] + (enumerator == "embnb")
+
+
+def test_shard_values_read_options_whose_shards_are_not_made_without_making_them():
+    """embnb's enumerator makes no shard (a LayoutOption keeps its layout and its estimates per
+    size): the arrays and the DP's first proposal come from those alone, and equal what the shards
+    hold once they are made."""
+    model = make_model(12, seed=5)
+    topology = planner.make_topology(
+        64, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 64, local_world_size=8
+    )
+    options = enumerate_options(model.tables, topology, 512, model.constraints, enumerator="embnb").options
+    assert all(isinstance(o, LayoutOption) and not o.made for o in options)
+    values = ShardValues(options)
+    proposer = planner.DynamicProgrammingProposer()
+    proposer.load(options)
+    assert proposer.propose() and not any(o.made for o in options)
+    shards = [shard for option in options for shard in option.shards]  # made now, from the layouts
+    assert all(o.made for o in options) and len(shards) > 64 * len(model.tables)
+    assert values.storage.tolist() == [[s.storage.hbm, s.storage.ddr, s.storage.ssd] for s in shards]
+    assert values.totals.tolist() == [s.perf.total for s in shards]
+    assert values.parts[:, :2].tolist() == [[s.perf.fwd_compute, s.perf.bwd_compute] for s in shards]

@@ -1,0 +1,131 @@
+"""Options whose shards are made only when read: planning in memory that
+grows with the options, not with their shards.
+
+torchrec's `ShardingOption` holds a list of `Shard` objects: one per device
+for row-wise and data-parallel options. 5,000 tables on 1,024 devices make
+about 25 million of them (about 400 bytes each), though the partitioner only
+ever places the options proposed. A `LayoutOption` is torchrec's
+`ShardingOption` (a subclass: torchrec's planner, partitioner and perf model
+use it as they use theirs) holding its shards' sizes and offsets as one
+array (`Layout`) and each distinct shard size's estimates; reading `shards`
+makes the `Shard` objects then, shards of one size sharing their Perf and
+Storage as the enumerator's do (`embnb.planner.estimates`). What the DP
+proposer reads from every option (`embnb.planner.space.ShardValues`) it
+reads from the layout and the estimates, without making shards.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torchrec.distributed.planner.types import Perf, Shard, ShardingOption, Storage
+
+__all__ = ["Layout", "LayoutOption", "LAZY_FIELDS", "deferred"]
+
+# What a LayoutOption keeps beside torchrec's fields (in its __dict__).
+LAZY_FIELDS = frozenset({"_layout", "_slot_of", "_estimates", "_made"})
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """An option's shards as torchrec's `calculate_shard_sizes_and_offsets`
+    gives them: `table[i] = [size, offset]` of shard i (int64, read-only);
+    `slot_of[i]`, the index of shard i's size among the distinct sizes (in
+    the order first seen); `firsts[k]`, the first shard of size k."""
+
+    table: np.ndarray
+    slot_of: np.ndarray
+    firsts: np.ndarray
+
+    @classmethod
+    def of(cls, sizes: list[list[int]], offsets: list[list[int]]) -> Layout:
+        table = np.array([sizes, offsets], dtype=np.int64).transpose(1, 0, 2).copy()
+        _, first, inverse = np.unique(table[:, 0], axis=0, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # slots numbered as first seen
+        slot = np.empty(len(order), dtype=np.int64)
+        slot[order] = np.arange(len(order))
+        slot_of = slot[inverse.reshape(-1)].astype(np.int32)
+        for array in (table, slot_of):
+            array.flags.writeable = False
+        return cls(table, slot_of, first[order])
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def shards(self, estimates: list | None = None, slot_of: np.ndarray | None = None) -> list[Shard]:
+        """New shards (rank None); with `estimates` (a (Perf, Storage) pair per slot), shard i gets
+        `estimates[slot_of[i]]` (`slot_of`: by default the sizes' slots)."""
+        shards = [Shard(size=size, offset=offset) for size, offset in self.table.tolist()]
+        if estimates is not None:
+            for shard, slot in zip(shards, (self.slot_of if slot_of is None else slot_of).tolist()):
+                shard.perf, shard.storage = estimates[slot]
+        return shards
+
+    def distinct_shards(self) -> list[Shard]:
+        """A new shard of each distinct size (the first of it), in slot order."""
+        return [Shard(size=size, offset=offset) for size, offset in self.table[self.firsts].tolist()]
+
+
+class LayoutOption(ShardingOption):
+    """torchrec's ShardingOption whose `shards` are made from its `Layout`
+    when first read (then kept, as torchrec keeps its list). Until then it
+    holds its layout, each shard's slot among its estimates and the
+    estimates (a (Perf, Storage) pair per slot; None before estimation)."""
+
+    @classmethod
+    def of(cls, layout: Layout, **fields: Any) -> LayoutOption:
+        """An option of torchrec's fields (as ShardingOption takes them, `shards` left out)."""
+        option = cls(shards=[], **fields)
+        option.defer(layout, layout.slot_of, None)
+        return option
+
+    def defer(self, layout: Layout, slot_of: np.ndarray, estimates: list | None) -> None:
+        """Drop the made shards (if any): the next read makes them again from these."""
+        self.__dict__.update(_layout=layout, _slot_of=slot_of, _estimates=estimates, _made=None)
+
+    @property
+    def shards(self) -> list[Shard]:
+        made = self.__dict__["_made"]
+        if made is None:
+            made = self.__dict__["_made"] = self._make()
+        return made
+
+    @shards.setter
+    def shards(self, shards: list[Shard]) -> None:
+        self.__dict__["_made"] = shards
+
+    @property
+    def made(self) -> bool:
+        """Whether its shards exist as objects (read, or set)."""
+        return self.__dict__["_made"] is not None
+
+    @property
+    def layout(self) -> Layout:
+        return self.__dict__["_layout"]
+
+    @property
+    def slot_of(self) -> np.ndarray:
+        return self.__dict__["_slot_of"]
+
+    @property
+    def estimates(self) -> list[tuple[Perf, Storage]] | None:
+        return self.__dict__["_estimates"]
+
+    def _make(self) -> list[Shard]:
+        return self.layout.shards(self.estimates, self.slot_of)
+
+    def __deepcopy__(self, memo: dict[int, Any] | None) -> LayoutOption:
+        # torchrec's deep copy, sharing the read-only layout and slots
+        copied = object.__new__(type(self))
+        for name, value in self.__dict__.items():
+            shared = name in ("_tensor", "_module", "_layout", "_slot_of")
+            copied.__dict__[name] = value if shared else copy.deepcopy(value, memo)
+        return copied
+
+
+def deferred(option: ShardingOption) -> bool:
+    """Whether `option` is a LayoutOption whose shards are not made (yet)."""
+    return isinstance(option, LayoutOption) and not option.made
