@@ -17,6 +17,7 @@ reads from the layout and the estimates, without making shards.
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,15 +43,26 @@ class Layout:
 
     @classmethod
     def of(cls, sizes: list[list[int]], offsets: list[list[int]]) -> Layout:
-        table = np.array([sizes, offsets], dtype=np.int64).transpose(1, 0, 2).copy()
-        _, first, inverse = np.unique(table[:, 0], axis=0, return_index=True, return_inverse=True)
+        # thousands of layouts of up to a shard per device: flat iterators, not np.array of nested
+        # lists, and a 1-D np.unique, not one over rows (they were most of the enumeration's time)
+        count, dims = len(sizes), len(sizes[0])
+        table = np.empty((count, 2, dims), dtype=np.int64)
+        for column, values in enumerate((sizes, offsets)):
+            flat = itertools.chain.from_iterable(values)
+            table[:, column] = np.fromiter(flat, dtype=np.int64, count=count * dims).reshape(count, dims)
+        sized = table[:, 0]
+        if dims == 2 and sized.max() < 2**31:  # [rows, columns]: one number each
+            key = (sized[:, 0] << 32) | sized[:, 1]
+        else:
+            key = np.unique(sized, axis=0, return_inverse=True)[1].reshape(-1)
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")  # slots numbered as first seen
-        slot = np.empty(len(order), dtype=np.int64)
-        slot[order] = np.arange(len(order))
-        slot_of = slot[inverse.reshape(-1)].astype(np.int32)
+        slot = np.empty(len(order), dtype=np.int32)
+        slot[order] = np.arange(len(order), dtype=np.int32)
+        slot_of, firsts = slot[inverse], first[order]
         for array in (table, slot_of):
             array.flags.writeable = False
-        return cls(table, slot_of, first[order])
+        return cls(table, slot_of, firsts)
 
     def __len__(self) -> int:
         return len(self.table)

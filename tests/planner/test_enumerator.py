@@ -527,6 +527,12 @@ def test_a_layout_numbers_sizes_as_first_seen_and_makes_its_shards():
     expected = [first_seen.setdefault(tuple(size), len(first_seen)) for size in sizes]
     assert layout.slot_of.tolist() == expected == [0, 0, 1, 0, 2, 1]
     assert layout.firsts.tolist() == [0, 2, 4] and len(layout) == 6
+    # sizes of 2**31 rows and more, and of three dimensions, take another path to the same slots
+    for other in ([[2**40, 8], [5, 8], [2**40, 8], [2**40, 9]], [[2, 8, 1], [5, 8, 1], [2, 8, 1]]):
+        seen: dict[tuple, int] = {}
+        numbered = [seen.setdefault(tuple(size), len(seen)) for size in other]
+        odd = Layout.of(other, [[0] * len(other[0])] * len(other))
+        assert odd.slot_of.tolist() == numbered and odd.table[:, 0].tolist() == other
     assert [(s.size, s.offset, s.rank) for s in layout.shards()] == [
         (a, b, None) for a, b in zip(sizes, offsets)
     ]
