@@ -227,11 +227,13 @@ def end_to_end_section(run: Run) -> str:
     data = run.data
     rows = []
     per_row = any("storage_reservation" in row for row in data["rows"])  # each row names its own
+    default_hbm = data.get("hbm_fraction")
     for row in data["rows"]:
         rss = row.get("fresh_peak_rss_gib_runs")
+        hbm = row.get("hbm_fraction", default_hbm)
         rows.append(
             [
-                shape(row),
+                shape(row) + ("" if hbm == default_hbm else f", HBM for {hbm:.0%} of the rows"),
                 *(
                     [row.get("storage_reservation", data.get("storage_reservation", "?")).split(",")[0]]
                     * per_row
@@ -261,6 +263,12 @@ def end_to_end_section(run: Run) -> str:
             f"{data.get('processes', '?')} new processes per case, each timing one "
             "`create_planner(...).plan` on the planner bench's model after its imports (timed apart), "
             "against the same call repeated in the bench's own process; median and range."
+            + (
+                f" Each device's HBM holds {default_hbm:.0%} of the tables' fp32 rows, spread evenly, "
+                "unless a row names its own share."
+                if default_hbm
+                else ""
+            )
             + (
                 f" Storage reservation: {data['storage_reservation']}."
                 if data.get("storage_reservation") and not per_row

@@ -102,6 +102,24 @@ def test_each_machine_keeps_its_newest_table(tmp_path):
     assert "`enumerators-a.json`" in others and "enumerators-b.json" not in others
 
 
+def test_an_end_to_end_row_with_its_own_hbm_share_names_it(tmp_path):
+    def row(devices: int, hbm: float) -> dict:
+        runs = [1.0, 2.0, 3.0]
+        return {
+            "num_tables": 50, "world_size": devices, "local_world_size": 8, "hbm_fraction": hbm,
+            "import_s_runs": runs, "fresh_process_s_runs": runs, "in_process_s_runs": runs,
+            "in_process_rating": 1.0, "same_rating_everywhere": True,
+        }  # fmt: skip
+
+    rows = [row(16, 0.5), row(1024, 1.0)]
+    data = {"benchmark": "end_to_end", "machine": "box", "date": "2026-01-01", "hbm_fraction": 0.5}
+    _write(tmp_path, "end_to_end-x.json", {**data, "processes": 3, "rows": rows})
+    section = performance_page.render(tmp_path).split("## Planning once, in a fresh process")[1]
+    assert "holds 50% of the tables' fp32 rows" in section
+    assert "| 50 x 16 (2 hosts) |" in section  # the bench's share: not repeated per row
+    assert "| 50 x 1024 (128 hosts), HBM for 100% of the rows |" in section
+
+
 def test_a_results_file_without_its_metadata_is_named(tmp_path):
     _write(tmp_path, "planner-x.json", {"benchmark": "planner", "rows": []})
     with pytest.raises(ValueError, match=r"planner-x.json: a results file needs 'date' and 'machine'"):
