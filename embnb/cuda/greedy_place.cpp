@@ -21,7 +21,11 @@
 //    slowest rank's.
 // A failed attempt leaves the ranks it set, as torchrec leaves them on the
 // shards. Python walks a heap of tuples per shard: milliseconds per plan at
-// 800 tables; this is microseconds.
+// 800 tables; this is microseconds. On many hosts what stays the same from
+// option to option is kept: an attempt changes the devices in place and puts
+// back only its own on a failure, the hosts' summed loads are summed again
+// only where a device changed, and the devices stay ordered by load in a set
+// (torchrec re-sorts them all for each option).
 //
 // The options of every table are laid out flat (see replica.py's
 // _NativeOptions): per option its kind, dependency key, first shard and
@@ -41,6 +45,7 @@
 #include <cstdint>
 #include <functional>
 #include <queue>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -55,6 +60,7 @@ using Parts = std::array<double, kParts>;
 using Storage = std::array<int64_t, kStorage>;
 using Entry = std::tuple<double, int64_t, int64_t>;  // (perf total, rank % tie modulus, rank)
 using Heap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+using Ordered = std::set<Entry>;  // the same order as Heap, with entries updated in place
 
 double total_of(const Parts& p) { return p[0] + p[1] + p[2] + p[3] + p[4]; }
 
@@ -91,29 +97,104 @@ struct Placer {
   const int64_t* shards;  // per option, its shard count
   const double* parts;    // per shard, [kParts]
   const int64_t* need;    // per shard, [kStorage]
-  int64_t host_size, num_hosts;
+  int64_t host_size, num_hosts, tie_modulus;
   Devices dev;
   int64_t* ranks;  // the result, per chosen shard
+  // Each host's summed load (valid where not stale), the hosts in (sum,
+  // host) order as of the last sort, and every device in (perf total, rank %
+  // tie_modulus, rank) order with its key as entered.
+  std::vector<double> host_sum;
+  std::vector<char> host_stale;
+  std::vector<int64_t> host_order;
+  Ordered by_load;
+  std::vector<double> entered;
 
   const int64_t* shard_need(int64_t o, int64_t j) const { return need + (first[o] + j) * kStorage; }
   const double* shard_parts(int64_t o, int64_t j) const { return parts + (first[o] + j) * kParts; }
 
-  // Shard j on devices[j] of `d` (torchrec's _uniform_partition).
-  bool uniform(int64_t o, const std::vector<int64_t>& devices, Devices& d, int64_t out) const {
+  void start() {
+    const auto world = static_cast<int64_t>(dev.load.size());
+    host_sum.assign(num_hosts, 0.0);
+    host_stale.assign(num_hosts, 1);
+    host_order.resize(num_hosts);
+    for (int64_t h = 0; h < num_hosts; ++h) host_order[h] = h;
+    by_load.clear();
+    entered.resize(world);
+    for (int64_t r = 0; r < world; ++r) {
+      entered[r] = total_of(dev.load[r]);
+      by_load.emplace(entered[r], r % tie_modulus, r);
+    }
+  }
+
+  // After device r's load changed: its host's sum and its place in by_load.
+  void moved(int64_t r) {
+    host_stale[r / host_size] = 1;
+    const double now = total_of(dev.load[r]);
+    if (now == entered[r]) return;
+    by_load.erase(Entry(entered[r], r % tie_modulus, r));
+    by_load.emplace(now, r % tie_modulus, r);
+    entered[r] = now;
+  }
+
+  // Device r takes shard j of option o.
+  void put(int64_t o, int64_t j, int64_t r, int64_t out) {
+    take(dev.left[r], shard_need(o, j));
+    add(dev.load[r], shard_parts(o, j));
+    moved(r);
+    ranks[out + j] = r;
+  }
+
+  // The devices' state, to put back if an attempt fails.
+  struct Saved {
+    std::vector<int64_t> devices;
+    std::vector<Storage> left;
+    std::vector<Parts> load;
+  };
+  Saved save(const std::vector<int64_t>& devices) const {
+    Saved saved{devices, {}, {}};
+    for (const int64_t r : devices) {
+      saved.left.push_back(dev.left[r]);
+      saved.load.push_back(dev.load[r]);
+    }
+    return saved;
+  }
+  void restore(const Saved& saved) {
+    for (size_t i = saved.devices.size(); i-- > 0;) {  // backwards: a device listed twice gets its first state
+      const int64_t r = saved.devices[i];
+      dev.left[r] = saved.left[i];
+      dev.load[r] = saved.load[i];
+    }
+    for (const int64_t r : saved.devices) moved(r);
+  }
+
+  // Shard j on devices[j] (torchrec's _uniform_partition); on a failure the
+  // devices may be changed (the caller puts them back).
+  bool uniform(int64_t o, const std::vector<int64_t>& devices, int64_t out) {
     if (shards[o] != static_cast<int64_t>(devices.size())) return false;
     for (int64_t j = 0; j < shards[o]; ++j) {
-      const int64_t r = devices[j];
-      if (!holds(d.left[r], shard_need(o, j))) return false;
-      take(d.left[r], shard_need(o, j));
-      add(d.load[r], shard_parts(o, j));
-      ranks[out + j] = r;
+      if (!holds(dev.left[devices[j]], shard_need(o, j))) return false;
+      put(o, j, devices[j], out);
     }
     return true;
   }
 
-  // Each shard on the least loaded device of `heap` that holds it (torchrec's _device_partition).
-  bool device(int64_t o, Heap& heap, Devices& d, int64_t out) const {
-    std::vector<Entry> skipped;
+  // Each shard on the least loaded device that holds it, over every device
+  // (torchrec's _device_partition): the first such in by_load's order.
+  bool device(int64_t o, int64_t out) {
+    for (int64_t j = 0; j < shards[o]; ++j) {
+      auto it = by_load.begin();
+      while (it != by_load.end() && !holds(dev.left[std::get<2>(*it)], shard_need(o, j))) ++it;
+      if (it == by_load.end()) return false;
+      put(o, j, std::get<2>(*it), out);
+    }
+    return true;
+  }
+
+  // The same within one host, on a heap of its devices (ties by rank % host size).
+  bool device_on_host(int64_t o, int64_t begin, int64_t end, int64_t out) {
+    std::vector<Entry> entries, skipped;
+    for (int64_t r = begin; r < end; ++r) entries.emplace_back(total_of(dev.load[r]), r % host_size, r);
+    Heap heap(std::greater<Entry>(), std::move(entries));
     for (int64_t j = 0; j < shards[o]; ++j) {
       skipped.clear();
       bool placed = false;
@@ -121,11 +202,9 @@ struct Placer {
         const Entry top = heap.top();
         const int64_t r = std::get<2>(top);
         heap.pop();
-        if (holds(d.left[r], shard_need(o, j))) {
-          take(d.left[r], shard_need(o, j));
-          add(d.load[r], shard_parts(o, j));
-          heap.emplace(total_of(d.load[r]), std::get<1>(top), r);
-          ranks[out + j] = r;
+        if (holds(dev.left[r], shard_need(o, j))) {
+          put(o, j, r, out);
+          heap.emplace(total_of(dev.load[r]), std::get<1>(top), r);
           placed = true;
           break;
         }
@@ -137,48 +216,45 @@ struct Placer {
     return true;
   }
 
-  static Heap heap_of(const Devices& d, int64_t begin, int64_t end, int64_t modulus) {
-    std::vector<Entry> entries;
-    for (int64_t r = begin; r < end; ++r) entries.emplace_back(total_of(d.load[r]), r % modulus, r);
-    return Heap(std::greater<Entry>(), std::move(entries));
-  }
-
-  // The hosts by summed load, stable (torchrec's _sort_devices_by_perf).
-  std::vector<int64_t> sorted_hosts() const {
-    std::vector<double> sums(num_hosts, 0.0);
+  // The hosts by summed load, stable (torchrec's _sort_devices_by_perf):
+  // the same sums, each host's added device by device; an insertion sort
+  // from the last order by (sum, host), which a stable sort of the hosts in
+  // host order gives too.
+  const std::vector<int64_t>& sorted_hosts() {
     for (int64_t h = 0; h < num_hosts; ++h) {
-      for (int64_t r = h * host_size; r < (h + 1) * host_size; ++r) sums[h] += total_of(dev.load[r]);
+      if (!host_stale[h]) continue;
+      double sum = 0.0;
+      for (int64_t r = h * host_size; r < (h + 1) * host_size; ++r) sum += total_of(dev.load[r]);
+      host_sum[h] = sum;
+      host_stale[h] = 0;
     }
-    std::vector<int64_t> hosts(num_hosts);
-    for (int64_t h = 0; h < num_hosts; ++h) hosts[h] = h;
-    std::stable_sort(hosts.begin(), hosts.end(), [&](int64_t a, int64_t b) { return sums[a] < sums[b]; });
-    return hosts;
+    const auto before = [&](int64_t a, int64_t b) {
+      return host_sum[a] < host_sum[b] || (host_sum[a] == host_sum[b] && a < b);
+    };
+    for (int64_t i = 1; i < num_hosts; ++i) {
+      const int64_t h = host_order[i];
+      int64_t k = i;
+      for (; k > 0 && before(h, host_order[k - 1]); --k) host_order[k] = host_order[k - 1];
+      host_order[k] = h;
+    }
+    return host_order;
   }
 
   // torchrec's _cohost_partition for a group of one option.
   bool cohost(int64_t o, bool row_wise, const int64_t* total_storage, int64_t out) {
-    for (const int64_t h : sorted_hosts()) {
+    const std::vector<int64_t> hosts = sorted_hosts();  // a copy: placing re-sorts
+    for (const int64_t h : hosts) {
       const int64_t begin = h * host_size, end = begin + host_size;
       Storage have{0, 0, 0};
       for (int64_t r = begin; r < end; ++r) {
         for (int64_t i = 0; i < kStorage; ++i) have[i] += dev.left[r][i];
       }
       if (!holds(have, total_storage)) continue;
-      Devices copy = dev;  // only the host's devices change
-      bool placed;
-      if (row_wise) {
-        std::vector<int64_t> devices(host_size);
-        for (int64_t i = 0; i < host_size; ++i) devices[i] = begin + i;
-        placed = uniform(o, devices, copy, out);
-      } else {
-        Heap heap = heap_of(copy, begin, end, host_size);
-        placed = device(o, heap, copy, out);
-      }
-      if (placed) {
-        std::copy(copy.left.begin() + begin, copy.left.begin() + end, dev.left.begin() + begin);
-        std::copy(copy.load.begin() + begin, copy.load.begin() + end, dev.load.begin() + begin);
-        return true;
-      }
+      std::vector<int64_t> devices(host_size);
+      for (int64_t i = 0; i < host_size; ++i) devices[i] = begin + i;
+      const Saved saved = save(devices);
+      if (row_wise ? uniform(o, devices, out) : device_on_host(o, begin, end, out)) return true;
+      restore(saved);
     }
     return false;
   }
@@ -195,11 +271,9 @@ struct Placer {
         const int64_t h = hosts[round ? i % num_hosts : start + i];
         for (int64_t r = h * host_size; r < (h + 1) * host_size; ++r) devices.push_back(r);
       }
-      Devices copy = dev;
-      if (uniform(o, devices, copy, out)) {
-        dev = std::move(copy);
-        return true;
-      }
+      const Saved saved = save(devices);
+      if (uniform(o, devices, out)) return true;
+      restore(saved);
     }
     return false;
   }
@@ -231,6 +305,7 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
                 data<int64_t>(storage, at::kLong, 2, "storage"),
                 host_size,
                 world / host_size,
+                local_world_size,
                 {std::vector<Storage>(world), std::vector<Parts>(world)},
                 nullptr};
   const int64_t* option_shards = placer.shards;
@@ -258,6 +333,7 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
     std::copy_n(start_storage + r * kStorage, kStorage, dev.left[r].begin());
     std::copy_n(start_parts + r * kParts, kParts, dev.load[r].begin());
   }
+  placer.start();
   const auto not_placed = [&] { return std::make_tuple(int64_t{0}, none(), ranks_out); };
 
   // 1. Uniform options in plan order.
@@ -266,7 +342,7 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
   for (int64_t t = 0; t < num_tables; ++t) {
     if (option_kind[chosen[t]] != kUniform) {
       rest.push_back(t);
-    } else if (!placer.uniform(chosen[t], everyone, dev, out_at[t])) {
+    } else if (!placer.uniform(chosen[t], everyone, out_at[t])) {
       return not_placed();
     }
   }
@@ -277,20 +353,11 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
     return std::make_tuple(s[0], s[1], s[2]);
   };
   std::stable_sort(rest.begin(), rest.end(), [&](int64_t a, int64_t b) { return storage_of(a) > storage_of(b); });
-  bool heap_valid = false;  // the device heap over every device, until a host or grid option moves loads
-  Heap heap;
   for (const int64_t t : rest) {
     const int64_t o = chosen[t], k = option_kind[o];
-    bool placed;
-    if (k == kDevice) {
-      if (!heap_valid) heap = Placer::heap_of(dev, 0, world, local_world_size);
-      heap_valid = true;
-      placed = placer.device(o, heap, dev, out_at[t]);
-    } else {
-      heap_valid = false;
-      placed = k == kGrid ? placer.grid(o, out_at[t])
-                          : placer.cohost(o, k == kHostRow, option_storage + o * kStorage, out_at[t]);
-    }
+    const bool placed = k == kDevice ? placer.device(o, out_at[t])
+                        : k == kGrid ? placer.grid(o, out_at[t])
+                                     : placer.cohost(o, k == kHostRow, option_storage + o * kStorage, out_at[t]);
     if (!placed) return not_placed();
   }
 

@@ -226,26 +226,30 @@ class SearchSpace:
         # Only changes to or from a uniform option move the per-device sums.
         uniform = self.uniform[table, old] | self.uniform[table, new]
 
-        def running(values: np.ndarray, changes: np.ndarray | slice = slice(None)) -> np.ndarray:
-            """Each plan's `values` summed over the tables: the first plan's
-            sum plus the changes made before it."""
+        def running(values: np.ndarray, changes=slice(None), reduce=lambda sums: sums) -> np.ndarray:
+            """`reduce` of each plan's `values` summed over the tables: the
+            first plan's sum plus the changes made before it. Reduced per
+            change before it is spread over the plans: at 1,024 devices a
+            sum per rank and plan would be gigabytes."""
             at, t = step[changes], table[changes]
             changed = np.zeros((len(at) + 1,) + values.shape[2:])
             changed[0] = values[rows, plans[0]].sum(0)
             np.cumsum(values[t, new[changes]] - values[t, old[changes]], axis=0, out=changed[1:])
             changed[1:] += changed[0]
-            return changed[np.searchsorted(at, np.arange(num_plans), side="left")]
+            return reduce(changed)[np.searchsorted(at, np.arange(num_plans), side="left")]
 
         left = np.minimum(
-            (self.capacity - running(self.mem)).min(-1),
-            (self.device_mem - running(self.rank_mem, uniform)).min((-2, -1)),
+            running(self.mem, reduce=lambda sums: (self.capacity - sums).min(-1)),
+            running(self.rank_mem, uniform, lambda sums: (self.device_mem - sums).min((-2, -1))),
         )
-        rank_perf = running(self.rank_perf, uniform)
+        rank_perf_max, rank_perf_min = running(
+            self.rank_perf, uniform, lambda sums: np.stack([sums.max(-1), sums.min(-1)], -1)
+        ).T
         bound = np.maximum.reduce(
             [
                 running(self.perf) / self.world_size,
-                rank_perf.max(-1),
-                rank_perf.min(-1) + gathered(self.shard_perf, plans, np.max),
+                rank_perf_max,
+                rank_perf_min + gathered(self.shard_perf, plans, np.max),
             ]
         )
         # Each running sum rounds a few times per change, relative to its largest value.
