@@ -192,7 +192,7 @@ class SearchSpace:
     def lower_bound(self, choice: np.ndarray) -> float:
         """A rating no partition of `choice` can beat (see `neighbor_bounds`)."""
         rows = np.arange(len(choice))
-        rank_perf = self.rank_perf[rows, choice].sum(0)
+        rank_perf = self.rank_perf.plan_sum(choice)
         return float(
             max(
                 self.perf[rows, choice].sum() / self.world_size,
@@ -206,7 +206,7 @@ class SearchSpace:
         rows = np.arange(len(choice))
         return bool(
             (self.mem[rows, choice].sum(0) <= self.capacity).all()
-            and (self.rank_mem[rows, choice].sum(0) <= self.device_mem).all()
+            and (self.rank_mem.plan_sum(choice) <= self.device_mem).all()
         )
 
     def screen(self, plans: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
@@ -218,7 +218,6 @@ class SearchSpace:
         what the totals and the uniform shards per device leave free; < 0:
         does not fit), the bound, and the rounding each may be off by."""
         num_plans, num_tables = plans.shape
-        rows = np.arange(num_tables)
         if not num_plans:
             return np.zeros(0), np.zeros(0), 0.0, 0.0
         step, table = np.nonzero(plans[1:] != plans[:-1])
@@ -233,7 +232,7 @@ class SearchSpace:
             sum per rank and plan would be gigabytes."""
             at, t = step[changes], table[changes]
             changed = np.zeros((len(at) + 1,) + values.shape[2:])
-            changed[0] = values[rows, plans[0]].sum(0)
+            changed[0] = plan_sum(values, plans[0])
             np.cumsum(values[t, new[changes]] - values[t, old[changes]], axis=0, out=changed[1:])
             changed[1:] += changed[0]
             return reduce(changed)[np.searchsorted(at, np.arange(num_plans), side="left")]
@@ -270,21 +269,32 @@ class SearchSpace:
         old = choice[tables]
         rows = np.arange(len(choice))
 
-        def changed(values: np.ndarray) -> np.ndarray:
-            return values[rows, choice].sum(0) + (values[tables, new] - values[tables, old]).sum(1)
+        def changed(values: np.ndarray | PerOption, moved=slice(None)) -> np.ndarray:
+            at, to, was = tables[moved], new[moved], old[moved]
+            return plan_sum(values, choice) + (values[at, to] - values[at, was]).sum(1)
 
-        total_perf, rank_perf = changed(self.perf), changed(self.rank_perf)
+        def per_device(values: PerOption, reduce) -> np.ndarray:
+            """`reduce(changed(values))` per move, summed per device only for
+            the moves to or from an option with a row (the others add zeros,
+            and a sum per device and move is megabytes at 1,024 devices)."""
+            moved = ((values.index[tables, new] > 0) | (values.index[tables, old] > 0)).any(1)
+            out = np.repeat(reduce(plan_sum(values, choice)[None]), len(moves), axis=0)
+            out[moved] = reduce(changed(values, moved))
+            return out
+
+        total_perf = changed(self.perf)
+        rank_perf_max, rank_perf_min = per_device(
+            self.rank_perf, lambda sums: np.stack([sums.max(1), sums.min(1)], -1)
+        ).T
         # Largest partitioned shard: the biggest among unchanged tables, or a new one.
         shard = self.shard_perf[rows, choice]
         top = np.argsort(-shard)[: moves.shape[1] + 1]
         untouched = (tables[:, :, None] != top[None, None, :]).all(1)
         rest = np.where(untouched, shard[top][None, :], 0.0).max(1)
         largest = np.maximum(rest, self.shard_perf[tables, new].max(1))
-        bound = np.maximum.reduce(
-            [total_perf / self.world_size, rank_perf.max(1), rank_perf.min(1) + largest]
-        )
-        fits = (changed(self.mem) <= self.capacity).all(1) & (changed(self.rank_mem) <= self.device_mem).all(
-            (1, 2)
+        bound = np.maximum.reduce([total_perf / self.world_size, rank_perf_max, rank_perf_min + largest])
+        fits = (changed(self.mem) <= self.capacity).all(1) & per_device(
+            self.rank_mem, lambda sums: (sums <= self.device_mem).all((1, 2))
         )
         return bound, fits
 
@@ -299,6 +309,22 @@ class PerOption:
 
     def __getitem__(self, key) -> np.ndarray:
         return self.rows[self.index[key]]
+
+    def plan_sum(self, choice: np.ndarray) -> np.ndarray:
+        """`self[arange, choice].sum(0)`, the same floats, from the options
+        with a row only: at 1,024 devices every table's row would be tens of
+        megabytes. numpy adds rows of several values one after another
+        (adding zeros changes no float); a column of single values it sums
+        pairwise, where dropping zeros would move the rounding."""
+        index = self.index[np.arange(len(choice)), choice]
+        return self.rows[index[index > 0] if self.rows[0].size > 1 else index].sum(0)
+
+
+def plan_sum(values: np.ndarray | PerOption, choice: np.ndarray) -> np.ndarray:
+    """`values[arange, choice].sum(0)`: each table's value under the plan, summed."""
+    if isinstance(values, PerOption):
+        return values.plan_sum(choice)
+    return values[np.arange(len(choice)), choice].sum(0)
 
 
 def gathered(values: np.ndarray, plans: np.ndarray, reduce, rows_at_once: int = 256) -> np.ndarray:

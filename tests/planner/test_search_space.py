@@ -17,7 +17,7 @@ from embnb.cuda import loader
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
 from embnb.planner.layout import LayoutOption
-from embnb.planner.space import SearchSpace, ShardValues, by_table, gathered
+from embnb.planner.space import PerOption, SearchSpace, ShardValues, by_table, gathered
 from embnb.planner.topology import reserved_topology
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -99,6 +99,18 @@ def test_native_knapsack_step_keeps_the_numpy_states(instance):
             in_one_call.add_table(0, weights[0], perfs[0])
 
 
+@pytest.mark.parametrize("budget", [10**9, 24 * 800, 24 * 800 - 1, 24 * 300, 24])
+def test_bins_are_coarsened_past_the_table_bins_budget(space, monkeypatch, budget):
+    """A run's time grows with tables x bins: past the budget the bins are halved until under it."""
+    from embnb.planner import knapsack
+
+    monkeypatch.setattr(knapsack, "MAX_TABLE_BINS", budget)
+    axes, _, bins, _ = knapsack_axes(space, 100, 10)
+    assert len(axes) == 1 and len(space.options) == 24 and space.world_size == 8
+    expected = {10**9: 800, 24 * 800: 800, 24 * 800 - 1: 400, 24 * 300: 200, 24: 1}[budget]  # 100 per device
+    assert bins == (expected,)
+
+
 def test_native_knapsack_step_on_a_bench_sized_table(space):
     """The same states on real options, where float sums and bin edges are not whole numbers."""
     axes, capacity, bins, weights = knapsack_axes(space, 100, 10)
@@ -176,6 +188,25 @@ def test_screen_gives_each_plans_own_checks(space):
             assert search.cannot_win(i, rating) == (exact_bounds[i] >= rating)
 
 
+def test_neighbor_bounds_give_each_changed_plans_own_checks(space):
+    rng = np.random.default_rng(2)
+    valid = [np.flatnonzero(np.isfinite(row)) for row in space.perf]
+    assert space.uniform.any() and (~space.uniform & np.isfinite(space.perf)).any()  # both kinds move
+    for choice in walk(space, rng, 6, largest=False)[::2]:
+        for size in (1, 2):
+            tables = np.array([rng.choice(len(choice), size, replace=False) for _ in range(300)])
+            moves = np.stack([tables, [[rng.choice(valid[t]) for t in row] for row in tables]], -1)
+            bound, fits = space.neighbor_bounds(choice, moves)
+            neighbors = [choice.copy() for _ in moves]
+            for neighbor, move in zip(neighbors, moves):
+                neighbor[move[:, 0]] = move[:, 1]
+            exact_bounds = np.array([space.lower_bound(n) for n in neighbors])
+            exact_fits = np.array([space.fits(n) for n in neighbors])
+            assert np.allclose(bound, exact_bounds, rtol=1e-12, atol=0)
+            assert 0 < exact_fits.sum() < len(moves) or size == 1
+            assert (fits == exact_fits).all()
+
+
 def test_screen_of_no_plans_and_one_plan(space):
     left, bound, *_ = space.screen(np.zeros((0, len(space.perf)), dtype=np.int64))
     assert left.shape == bound.shape == (0,)
@@ -239,6 +270,22 @@ def test_gathered_reduces_each_plan_as_the_whole_gather_does(num_plans, num_tabl
     whole = values[np.arange(num_tables), plans]  # [plans, tables], at once
     for reduce, expected in ((np.sum, whole.sum(-1)), (np.max, whole.max(-1, initial=-np.inf))):
         assert np.array_equal(gathered(values, plans, reduce, rows_at_once), expected)  # to the bit
+
+
+@given(st.integers(1, 60), st.integers(1, 6), st.integers(1, 40), st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_a_plans_per_device_sum_reads_only_the_options_with_a_row(num_tables, width, devices, two_axes):
+    rng = np.random.default_rng(num_tables * 7 + width * 3 + devices)
+    rows = rng.random((1 + num_tables, devices) + ((2,) if two_axes else ()))
+    rows *= 10.0 ** rng.integers(-3, 12, (1 + num_tables,) + (1,) * (rows.ndim - 1))
+    rows[0] = 0.0  # row 0: the options without one (not uniform)
+    index = np.where(
+        rng.random((num_tables, width)) < 0.4, rng.integers(1, 1 + num_tables, (num_tables, width)), 0
+    )
+    per_option = PerOption(index, rows)
+    choice = rng.integers(0, width, num_tables)
+    whole = np.stack([rows[index[t, choice[t]]] for t in range(num_tables)])  # every table's row, zeros too
+    assert np.array_equal(per_option.plan_sum(choice), whole.sum(0))  # to the bit
 
 
 @pytest.mark.parametrize("threads", [1, 3])  # one worker; bins split over three
