@@ -44,6 +44,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <queue>
 #include <set>
 #include <tuple>
@@ -108,6 +109,11 @@ struct Placer {
   std::vector<int64_t> host_order;
   Ordered by_load;
   std::vector<double> entered;
+  // Per axis, the least any device shard still to place needs; a device
+  // with less left on some axis can hold none of them (left only falls) and
+  // leaves by_load for good (retired): tight plans would scan it per shard.
+  Storage least_need{};
+  std::vector<char> retired;
 
   const int64_t* shard_need(int64_t o, int64_t j) const { return need + (first[o] + j) * kStorage; }
   const double* shard_parts(int64_t o, int64_t j) const { return parts + (first[o] + j) * kParts; }
@@ -120,6 +126,7 @@ struct Placer {
     for (int64_t h = 0; h < num_hosts; ++h) host_order[h] = h;
     by_load.clear();
     entered.resize(world);
+    retired.assign(world, 0);
     for (int64_t r = 0; r < world; ++r) {
       entered[r] = total_of(dev.load[r]);
       by_load.emplace(entered[r], r % tie_modulus, r);
@@ -130,7 +137,7 @@ struct Placer {
   void moved(int64_t r) {
     host_stale[r / host_size] = 1;
     const double now = total_of(dev.load[r]);
-    if (now == entered[r]) return;
+    if (now == entered[r] || retired[r]) return;
     by_load.erase(Entry(entered[r], r % tie_modulus, r));
     by_load.emplace(now, r % tie_modulus, r);
     entered[r] = now;
@@ -183,7 +190,15 @@ struct Placer {
   bool device(int64_t o, int64_t out) {
     for (int64_t j = 0; j < shards[o]; ++j) {
       auto it = by_load.begin();
-      while (it != by_load.end() && !holds(dev.left[std::get<2>(*it)], shard_need(o, j))) ++it;
+      while (it != by_load.end() && !holds(dev.left[std::get<2>(*it)], shard_need(o, j))) {
+        const int64_t r = std::get<2>(*it);
+        if (holds(dev.left[r], least_need.data())) {
+          ++it;
+        } else {
+          retired[r] = 1;
+          it = by_load.erase(it);
+        }
+      }
       if (it == by_load.end()) return false;
       put(o, j, std::get<2>(*it), out);
     }
@@ -353,8 +368,22 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
     return std::make_tuple(s[0], s[1], s[2]);
   };
   std::stable_sort(rest.begin(), rest.end(), [&](int64_t a, int64_t b) { return storage_of(a) > storage_of(b); });
-  for (const int64_t t : rest) {
-    const int64_t o = chosen[t], k = option_kind[o];
+  // Per axis, the least need of the device shards from each place in `rest` on.
+  std::vector<Storage> least_from(rest.size() + 1);
+  least_from.back().fill(std::numeric_limits<int64_t>::max());
+  for (size_t i = rest.size(); i-- > 0;) {
+    least_from[i] = least_from[i + 1];
+    const int64_t o = chosen[rest[i]];
+    if (option_kind[o] != kDevice) continue;
+    for (int64_t j = 0; j < option_shards[o]; ++j) {
+      for (int64_t a = 0; a < kStorage; ++a) {
+        least_from[i][a] = std::min(least_from[i][a], placer.shard_need(o, j)[a]);
+      }
+    }
+  }
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const int64_t t = rest[i], o = chosen[t], k = option_kind[o];
+    placer.least_need = least_from[i];
     const bool placed = k == kDevice ? placer.device(o, out_at[t])
                         : k == kGrid ? placer.grid(o, out_at[t])
                                      : placer.cohost(o, k == kHostRow, option_storage + o * kStorage, out_at[t]);
