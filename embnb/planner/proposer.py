@@ -78,7 +78,10 @@ class DynamicProgrammingProposer(Proposer):
 
     Args:
         bins_per_device: memory bins per device on the knapsack's main axis
-            (HBM, or DDR on CPU topologies); more bins, finer totals.
+            (HBM, or DDR on CPU topologies); more bins, finer totals. A
+            run's time grows with tables x bins: past 2**28 the bins are
+            halved (`embnb.planner.knapsack.MAX_TABLE_BINS`; 5,000 tables on
+            1,024 devices get 50 per device).
         ddr_bins_per_device: bins per device on the DDR axis when HBM and DDR
             can both bind (the 2-D knapsack).
         max_caps: knapsack runs with the largest partitioned shard capped, on
