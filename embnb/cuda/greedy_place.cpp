@@ -25,7 +25,8 @@
 // option to option is kept: an attempt changes the devices in place and puts
 // back only its own on a failure, the hosts' summed loads are summed again
 // only where a device changed, and the devices stay ordered by load in a set
-// (torchrec re-sorts them all for each option).
+// (torchrec heapifies them again after every host-level option), which a
+// device too full for any device shard still to place leaves for good.
 //
 // The options of every table are laid out flat (see replica.py's
 // _NativeOptions): per option its kind, dependency key, first shard and
