@@ -9,10 +9,15 @@ names the rank; every spawned process is gone when `launch` returns or raises.
 Under torchrun (or any caller that already initialized a process group),
 `launch` runs `fn` in the calling process only and all-gathers the results,
 so the same per-rank functions work on one machine or several.
+
+`end_process()` ends a rank's process without the interpreter's teardown, which
+can abort a job that used gloo (its docstring says why): a torchrun job calls it
+last, and so does every rank `launch` starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -26,7 +31,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -37,6 +42,7 @@ from embnb.devices import BACKENDS, DevicePlan, device_plan, pick_backend, resol
 __all__ = [
     "launch",
     "launch_each",
+    "end_process",
     "run_each",
     "start_rank_server",
     "RankError",
@@ -305,11 +311,31 @@ def _rank_main(rank: int, setup: _RankSetup, results_queue) -> None:
     results_queue.put(payload)
     results_queue.close()
     results_queue.join_thread()  # flush before exiting, so the parent gets it
-    if dist.is_initialized() and payload[0] == "ok":
+    # A rank whose peers failed skips destroying the groups: it could block in a
+    # collective's or the store's teardown, and the parent has the result already.
+    end_process(0, destroy=payload[0] == "ok")
+
+
+def end_process(code: int = 0, destroy: bool = True) -> NoReturn:
+    """End this process with exit status `code`: destroy the process groups (with
+    `destroy`, where one is initialized), flush stdout and stderr, and exit without
+    the interpreter's teardown. Call it last: files the caller left open are not
+    flushed.
+
+    Why not a plain return: a gloo group's worker threads release a finished
+    collective's tensors after Python's `wait()` has returned, and they stay alive
+    after `destroy_process_group` while Python still holds the group (a model, a
+    shuffle). A release that needs the GIL while the interpreter shuts down kills
+    the thread inside C++ and aborts the process ("terminate called without an
+    active exception", SIGABRT; pytorch#190489, open). The README's 2-rank job
+    died so after its last step in 4 of 39 runs on a loaded 2-core machine.
+    """
+    if destroy and dist.is_initialized():
         dist.destroy_process_group()
-    # Skip interpreter teardown: a rank whose peers failed can block in
-    # collective or store destructors; the parent has the result already.
-    os._exit(0)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or replaced stream
+            stream.flush()
+    os._exit(code)
 
 
 def _exit_with_parent(launcher: int) -> None:
@@ -466,7 +492,7 @@ def _main(argv: list[str]) -> None:
         if dist.get_rank() == 0:
             for item in results:
                 print(item, flush=True)
-        dist.destroy_process_group()
+        end_process()
     else:
         for item in launch(fn, opts.world_size, backend=opts.backend):
             print(item, flush=True)

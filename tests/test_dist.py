@@ -186,6 +186,34 @@ def test_same_rank_function_runs_under_torchrun():
     assert printed == [_expected_collectives(r, 2) for r in range(2)]
 
 
+END_PROCESS_SCRIPT = """
+import atexit, sys
+import torch.distributed as dist
+from embnb.dist import end_process
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+group = dist.new_group(backend="gloo")  # held by Python to the end, as a shuffle's group
+original = dist.destroy_process_group
+dist.destroy_process_group = lambda *a: (print("destroyed"), original(*a))
+atexit.register(print, "interpreter teardown")
+print("unflushed", end=" ")
+sys.stderr.write("to stderr ")
+end_process(int(sys.argv[2]), destroy=sys.argv[3] == "1")
+print("after end_process")
+"""
+
+
+@pytest.mark.parametrize("code, destroy", [(0, True), (3, True), (5, False)])
+def test_end_process_destroys_the_groups_flushes_and_skips_the_teardown(tmp_path, code, destroy):
+    script = tmp_path / "job.py"
+    script.write_text(END_PROCESS_SCRIPT)
+    args = [str(tmp_path / "store"), str(code), "1" if destroy else "0"]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr[-3000:]
+    assert done.stdout.split() == ["unflushed", *(["destroyed"] if destroy else [])]
+    assert done.stderr.startswith("to stderr"), done.stderr[-3000:]
+
+
 def test_cli_spawns_when_not_under_torchrun():
     cmd = [sys.executable, "-m", "embnb.dist", "embnb.dist:check_collectives", "--world-size", "3"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}

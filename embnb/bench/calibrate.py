@@ -265,6 +265,7 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
             for r in times.ranks
         ]
         paths = _critical_paths(times, opts.clock)
+        row["priced_without_own_fit"] = _unfitted(calibration, per_rank)
         rows.append({**row, "measured": True, "shape": plan_shape(options), **paths, "ranks": ranks})
         step = paths["step_ms"]
         print(
@@ -276,6 +277,16 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
     fastest = min(measured, key=lambda r: r["step_ms"]["median"])
     return {"seed": seed, "world_size": world_size, "plans": rows, "fastest": fastest["plan"],
             "errors": errors([rank for r in measured for rank in r["ranks"]])}  # fmt: skip
+
+
+def _unfitted(calibration: Calibration, per_rank: list[list[Any]]) -> dict[str, str]:
+    """The plan's (sharding type, kernel) groups the calibration has no fit of, each with what
+    priced it: a fitted sibling's group, or torchrec's default."""
+    groups = {shard.group for shards in per_rank for shard in shards} - set(calibration.coefficients)
+    return {
+        "/".join(group): "/".join(calibration.priced_as(group) or ("torchrec default",))
+        for group in sorted(groups)
+    }
 
 
 def errors(ranks: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

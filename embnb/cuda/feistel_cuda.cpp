@@ -27,10 +27,8 @@ at::Tensor feistel_slots_cuda(const at::Tensor& ids, int64_t num_embeddings, int
       ids_c.data_ptr<int64_t>(), ids_c.numel(), table, slots.data_ptr<int64_t>(),
       scratch.data_ptr(), stream);
   EMBNB_CHECK(status.message == nullptr, "embnb feistel_slots CUDA kernel failed: ", status.message);
-  if (status.bad_index >= 0) {
-    const int64_t id = ids_c.select(0, status.bad_index).to(at::Device(at::kCPU)).item<int64_t>();
-    EMBNB_CHECK_VALUE(false, "feistel_slots: id ", id, " is outside [0, ", num_embeddings, ")");
-  }
+  EMBNB_CHECK_VALUE(status.bad_index < 0, "feistel_slots: id ", status.bad_id, " is outside [0, ",
+                    num_embeddings, ")");
   return slots;
 }
 

@@ -29,7 +29,7 @@ CudaFeistelStatus cuda_feistel_slots(const int64_t* ids, int64_t n, const Feiste
                                      int64_t* slots, void* scratch, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   auto* bad = static_cast<unsigned long long*>(scratch);
-  auto failed = [](cudaError_t e) { return CudaFeistelStatus{-1, cudaGetErrorString(e)}; };
+  auto failed = [](cudaError_t e) { return CudaFeistelStatus{-1, 0, cudaGetErrorString(e)}; };
   cudaError_t e = cudaMemsetAsync(bad, 0xFF, sizeof(unsigned long long), s);  // kNone
   if (e != cudaSuccess) return failed(e);
   if (n > 0) {
@@ -42,7 +42,11 @@ CudaFeistelStatus cuda_feistel_slots(const int64_t* ids, int64_t n, const Feiste
   e = cudaMemcpyAsync(&first, bad, sizeof first, cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
   if (e != cudaSuccess) return failed(e);
-  return CudaFeistelStatus{first == kNone ? -1 : static_cast<int64_t>(first), nullptr};
+  if (first == kNone) return CudaFeistelStatus{-1, 0, nullptr};
+  int64_t id = 0;
+  e = cudaMemcpy(&id, ids + first, sizeof id, cudaMemcpyDeviceToHost);  // the stream has finished
+  if (e != cudaSuccess) return failed(e);
+  return CudaFeistelStatus{static_cast<int64_t>(first), id, nullptr};
 }
 
 }  // namespace embnb

@@ -12,6 +12,7 @@ namespace embnb {
 
 struct CudaFeistelStatus {
   int64_t bad_index;    // the first id outside [0, size), or -1
+  int64_t bad_id;       // that id (copied here, so the binding's error path calls no torch op)
   const char* message;  // a CUDA runtime error, or nullptr
 };
 

@@ -5,19 +5,21 @@ forward and backward, in ms) against torchrec's estimated compute for that rank 
 shards it holds of `fwd_compute + bwd_compute`)**. Communication is not fitted (torchrec's formulas
 for it are kept as they are).
 
-torchrec's `EmbeddingPerfEstimator` (torchrec/distributed/planner/estimator/, 1.6.1 and 1.8) computes
-a shard's forward compute as `(a * input_read_size + b * lookup_size + c * output_write_size + d *
-hash_size) * block_penalty / device_bw`, with (a, b, c, d) a `PerfCoefficient` looked up per
-(sharding type, compute kernel) in its config's `PerfCoefficientConfig.by_kernel`, and backward, where
-the config gives no backward coefficients, as `bwd_compute_multiplier * fwd`. A calibration keeps that
-ratio (torchrec's default 2: one measured total cannot tell forward from backward) and fits the
-forward coefficients of each
-(sharding type, compute kernel) it has measurements of; the estimate is linear in them, so the fit is
-a non-negative least squares over ranks. Each shard's terms (its estimated compute per unit of each
-coefficient) are computed by torchrec's estimator itself (`shard_terms`), so the features are exactly
-the ones it uses. The result is a torchrec `HardwarePerfConfig` (`Calibration.perf_config`), which
-torchrec's `EmbeddingPerfEstimator` runs as it runs its default, and embnb's enumerator keeps its fast
-path on (`embnb.planner.estimates.covers`).
+torchrec's `EmbeddingPerfEstimator` (torchrec/distributed/planner/estimator/, 1.6.1 and 1.8)
+computes a shard's forward compute as `(a * input_read_size + b * lookup_size + c *
+output_write_size + d * hash_size) * block_penalty / device_bw`, with (a, b, c, d) a
+`PerfCoefficient` looked up per (sharding type, compute kernel) in its config's
+`PerfCoefficientConfig.by_kernel`, and backward, where the config gives no backward coefficients, as
+`bwd_compute_multiplier * fwd`. A calibration keeps that ratio (torchrec's default 2: one measured
+total cannot tell forward from backward) and fits the forward coefficients of each (sharding type,
+compute kernel) it has measurements of; the estimate is linear in them, so the fit is a non-negative
+least squares over ranks. A sharding type without measurements is priced as a fitted sibling of its
+family in torchrec's defaults (`SIBLINGS`), else at torchrec's default. Each shard's terms (its
+estimated compute per unit of each coefficient) are computed by torchrec's estimator itself
+(`shard_terms`), so the features are exactly the ones it uses. The result is a torchrec
+`HardwarePerfConfig` (`Calibration.perf_config`), which torchrec's `EmbeddingPerfEstimator` runs as
+it runs its default, and embnb's enumerator keeps its fast path on
+(`embnb.planner.estimates.covers`).
 
     terms = shard_terms(options, topology, sharders)          # per option, per shard
     times = embnb.steptime.measure_plan(to_sharding_plan(options, topology), tables, batch)
@@ -71,6 +73,20 @@ TERMS = (
 )
 FORMAT = 1  # the JSON layout's version
 FITTED = "a rank's measured lookups (its TBEs' fwd + bwd) against torchrec's estimated compute (fwd + bwd)"
+# torchrec's default config gives each of these families one set of coefficients
+# (estimator/config.py; PerfCoefficientConfig.get_coefficients maps table_column_wise to
+# column_wise and grid_shard to table_row_wise). A calibration prices a sharding type it has no
+# measurements of as its first fitted sibling, in this order, on the same kernel: at torchrec's
+# unscaled defaults, a type no training plan held would look cheap beside the fitted ones (the
+# H200 kit's calibrated DP picked table_row_wise so, where only row_wise was fitted).
+SIBLINGS = {
+    "row_wise": ("table_row_wise", "grid_shard"),
+    "table_row_wise": ("row_wise", "grid_shard"),
+    "grid_shard": ("table_row_wise", "row_wise"),
+    "table_wise": ("column_wise", "table_column_wise"),
+    "column_wise": ("table_wise", "table_column_wise"),
+    "table_column_wise": ("column_wise", "table_wise"),
+}
 
 
 @dataclass(frozen=True)
@@ -138,14 +154,39 @@ class Calibration:
                     f"got {values!r}"
                 )
 
+    def priced_as(self, group: tuple[str, str]) -> tuple[str, str] | None:
+        """The fitted group whose coefficients price `group` (sharding type, compute kernel):
+        itself where fitted, else its first fitted sibling (`SIBLINGS`) on the same kernel; None
+        where neither is fitted (torchrec's default coefficients price it)."""
+        sharding_type, kernel = group
+        for candidate in (sharding_type, *SIBLINGS.get(sharding_type, ())):
+            if (candidate, kernel) in self.coefficients:
+                return (candidate, kernel)
+        return None
+
+    def coefficients_for(self, group: tuple[str, str]) -> tuple[float, ...]:
+        """The forward coefficients (`TERMS`' order) this calibration prices `group` with."""
+        fitted = self.priced_as(group)
+        if fitted is not None:
+            return self.coefficients[fitted]
+        return _default_forward(*group)
+
     def perf_config(self) -> CalibratedPerfConfig:
-        """The calibration as torchrec's perf config (for its EmbeddingPerfEstimator)."""
+        """The calibration as torchrec's perf config (for its EmbeddingPerfEstimator): the fitted
+        groups, and each unfitted sibling of one on the same kernel priced as it."""
+        groups = {
+            (sibling, kernel)
+            for fitted, kernel in self.coefficients
+            for sibling in (fitted, *SIBLINGS.get(fitted, ()))
+        }
+        by_kernel = {group: self.coefficients_for(group) for group in groups}  # siblings are mutual
         name = f"embnb calibration: {self.device_kind} {self.device_name}"
-        return CalibratedPerfConfig(self.coefficients, self.bwd_multiplier, name)
+        return CalibratedPerfConfig(by_kernel, self.bwd_multiplier, name)
 
     def estimate(self, shards: tuple[ShardTerms, ...] | list[ShardTerms]) -> float:
-        """The calibrated compute (fwd + bwd, ms) of `shards`, e.g. one rank's."""
-        return sum(float(np.dot(self.coefficients[shard.group], shard.terms)) for shard in shards)
+        """The calibrated compute (fwd + bwd, ms) of `shards`, e.g. one rank's, each priced as
+        `coefficients_for` its group."""
+        return sum(float(np.dot(self.coefficients_for(shard.group), shard.terms)) for shard in shards)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -288,12 +329,14 @@ def measured_ranks(
 
 def torchrec_default_estimate(shards: tuple[ShardTerms, ...] | list[ShardTerms]) -> float:
     """torchrec's default estimate (fwd + bwd compute, ms) of `shards`: its default config's
-    forward coefficients of each shard's sharding type dotted with the shard's terms."""
-    defaults = EmbeddingPerfEstimatorConfig.coefficients
-    return sum(
-        float(np.dot(astuple(getattr(defaults, shard.sharding_type, defaults.default).fwd), shard.terms))
-        for shard in shards
-    )
+    forward coefficients of each shard's group dotted with the shard's terms."""
+    return sum(float(np.dot(_default_forward(*shard.group), shard.terms)) for shard in shards)
+
+
+def _default_forward(sharding_type: str, compute_kernel: str) -> tuple[float, ...]:
+    """torchrec's default forward coefficients of a group, looked up as its estimator does."""
+    coefficients = EmbeddingPerfEstimatorConfig.coefficients.get_coefficients(sharding_type, compute_kernel)
+    return astuple(coefficients.fwd)
 
 
 def _compute(shard: Any) -> float:

@@ -570,20 +570,69 @@ def test_cuda_feistel_slots_equal_the_cpu_kernel_and_the_torch_version(native):
         assert torch.equal(on_gpu.cpu(), layout.slots(ids, native=True)), (n, world_size)
         assert torch.equal(on_gpu.cpu(), layout.slots(ids, native=False)), (n, world_size)
     keys = torch.zeros(4, dtype=torch.int64)
-    with pytest.raises(ValueError, match=r"id 5 is outside \[0, 5\)"):
-        torch.ops.embnb.feistel_slots(torch.tensor([0, 5, 1]).cuda(), 5, 2, 2, keys)
     assert torch.ops.embnb.feistel_slots(torch.zeros(0, dtype=torch.int64).cuda(), 5, 2, 2, keys).numel() == 0
 
 
+def errors_in_a_child(calls: str) -> list[str]:
+    """Run `calls` (a dict literal of name: lambda, each expected to raise) in a child process
+    with the library loaded and CUDA initialized; return "name ErrorType: message" per call. The
+    child prints each name before its call, so a call that kills the process (the GPU kit's fourth
+    run: the CUDA feistel op's bad-id error ended pytest with SIGSEGV) fails the test naming the
+    call and the signal, and the other tests of this file still run."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from embnb.cuda import loader
+        loader.load()
+        torch.zeros(1, device="cuda")  # the CUDA context, before any call
+        L = torch.tensor([1, 2, 0, 1])
+        KEYS = torch.tensor([3, 4, 5, 6])
+        for name, call in (CALLS).items():
+            print("calling", name, flush=True)
+            try:
+                call()
+                print(name, "no error", flush=True)
+            except Exception as error:
+                print(name, f"{type(error).__name__}: {error}".splitlines()[0], flush=True)
+        """
+    ).replace("CALLS", calls)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    reached = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("calling ")]
+    assert done.returncode == 0, (
+        f"the child died with code {done.returncode} in call {reached[-1] if reached else None!r}:\n"
+        f"{done.stdout[-2000:]}{done.stderr[-3000:]}"
+    )
+    return [line for line in done.stdout.splitlines() if not line.startswith("calling ")]
+
+
 @needs_gpu
-def test_cuda_rejects_bad_data(native):
-    cuda = dict(device="cuda")
-    with pytest.raises(ValueError, match="-2 at position 1"):
-        torch.ops.embnb.bucketize(torch.tensor([1, -2, 4, 1], **cuda), KEYS.cuda(), 2, [1, 1], [0, 0])
-    with pytest.raises(ValueError, match="sum to 5"):
-        torch.ops.embnb.bucketize(torch.tensor([1, 2, 0, 2], **cuda), KEYS.cuda(), 2, [1, 1], [0, 0])
-    with pytest.raises(ValueError, match="key -7 at position 2 .feature 0"):
-        torch.ops.embnb.bucketize(L.cuda(), torch.tensor([3, 4, -7, 6], **cuda), 2, [0, 1], [4, 0])
+def test_cuda_ops_refuse_bad_data_by_value(native):
+    """Bad data in CUDA tensors is refused with a ValueError naming the value, and the process
+    lives: an embnb CPU op's error first (after CUDA started), then each CUDA op's."""
+    results = errors_in_a_child(
+        """{
+        "cpu bucketize, bad length": lambda: torch.ops.embnb.bucketize(
+            torch.tensor([1, -2, 4, 1]), KEYS, 2, [1, 1], [0, 0]),
+        "feistel, bad id": lambda: torch.ops.embnb.feistel_slots(
+            torch.tensor([0, 5, 1]).cuda(), 5, 2, 2, torch.zeros(4, dtype=torch.int64)),
+        "bucketize, bad length": lambda: torch.ops.embnb.bucketize(
+            torch.tensor([1, -2, 4, 1]).cuda(), KEYS.cuda(), 2, [1, 1], [0, 0]),
+        "bucketize, lengths too long": lambda: torch.ops.embnb.bucketize(
+            torch.tensor([1, 2, 0, 2]).cuda(), KEYS.cuda(), 2, [1, 1], [0, 0]),
+        "bucketize, bad key": lambda: torch.ops.embnb.bucketize(
+            L.cuda(), torch.tensor([3, 4, -7, 6]).cuda(), 2, [0, 1], [4, 0]),
+        }"""
+    )
+    expected = [
+        ("cpu bucketize, bad length", "-2 at position 1"),
+        ("feistel, bad id", "id 5 is outside [0, 5)"),
+        ("bucketize, bad length", "-2 at position 1"),
+        ("bucketize, lengths too long", "sum to 5"),
+        ("bucketize, bad key", "key -7 at position 2 (feature 0"),
+    ]
+    assert len(results) == len(expected), results
+    for line, (name, words) in zip(results, expected):
+        assert line.startswith(f"{name} ValueError: ") and words in line, (line, words)
 
 
 # ---- the CUDA sources compile (CI has nvcc but no GPU) ----------------------

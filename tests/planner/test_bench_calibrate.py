@@ -45,6 +45,10 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
             assert plan[key]["low"] <= plan[key]["median"] <= plan[key]["high"]
         # the slowest rank per repeat is at least any rank's median
         assert plan["step_ms"]["high"] >= max(r["step_ms"] for r in plan["ranks"])
+        fitted = {"/".join(group) for group in calibration.coefficients}
+        for group, priced_as in plan["priced_without_own_fit"].items():  # a sibling's fit, or the default
+            assert group not in fitted and group.split("/")[0] in plan["shape"], group
+            assert priced_as in fitted | {"torchrec default"}, (group, priced_as)
         if plan["estimator"] == "torchrec default":  # its rating: torchrec's slowest rank, compute + comms
             assert plan["rating_ms"] >= max(r["torchrec_estimate_ms"] for r in plan["ranks"]) * (1 - 1e-9)
     names = [p["plan"] for p in measured]

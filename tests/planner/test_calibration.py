@@ -125,6 +125,36 @@ def test_shard_terms_are_torchrecs_default_estimate_at_default_coefficients():
             assert math.isclose(sum(shard.terms[:3]), expected, rel_tol=1e-12)
 
 
+def test_an_unfitted_sharding_type_is_priced_as_its_fitted_sibling():
+    """A calibration fitted on row_wise, table_wise and column_wise (KNOWN) prices table_row_wise and
+    grid_shard as row_wise, table_column_wise as column_wise, and data_parallel (no sibling) at
+    torchrec's default: written out here by hand, torchrec's estimator with those coefficients is
+    the oracle of both `estimate` and the calibration's perf config."""
+    topology, constraints, sharders, options = enumerated(world_size=16)  # 2 hosts of 8
+    by_hand = {
+        **KNOWN,
+        ("table_row_wise", "fused"): KNOWN[("row_wise", "fused")],
+        ("grid_shard", "fused"): KNOWN[("row_wise", "fused")],
+        ("table_column_wise", "fused"): KNOWN[("column_wise", "fused")],
+    }
+    kinds = {(o.sharding_type, o.compute_kernel) for o in options}
+    # torchrec enumerates grid_shard only where constraints ask for it: priced_as checks it below
+    assert set(by_hand) - {("grid_shard", "fused")} | {("data_parallel", "dense")} <= kinds, kinds
+    options = [o for o in options if o.compute_kernel in ("fused", "dense")]
+    expected = oracle_compute(options, topology, constraints, sharders, by_hand)
+    calibration = Calibration("cuda", "test", dict(KNOWN))
+    terms = shard_terms(options, topology, sharders, constraints)
+    for option, option_terms, option_expected in zip(options, terms, expected):
+        for shard, want in zip(option_terms, option_expected):
+            assert math.isclose(calibration.estimate([shard]), want, rel_tol=1e-9), option.sharding_type
+    (perf, _) = estimators(calibration, topology, constraints)
+    perf.estimate(options, sharders_for_estimators(sharders))
+    through_torchrec = [s.perf.fwd_compute + s.perf.bwd_compute for o in options for s in o.shards]
+    assert through_torchrec == pytest.approx([v for values in expected for v in values], rel=1e-9)
+    assert calibration.priced_as(("grid_shard", "fused")) == ("row_wise", "fused")
+    assert calibration.priced_as(("data_parallel", "dense")) is None
+
+
 def scaled_calibration(options, factor):
     groups = {(o.sharding_type, o.compute_kernel) for o in options}
     return Calibration("cuda", "test", dict.fromkeys(groups, (factor, factor, factor, 0.0)))
