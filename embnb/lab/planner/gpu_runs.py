@@ -42,12 +42,14 @@ def uvm_sentence(table: pd.DataFrame) -> str:
     if table.empty:
         return "The UVM regime was not measured on a GPU (no steptime_capped results file here)"
     parts = []
-    for (machine, world_size, cap), run in table.groupby(["machine", "world_size", "hbm_cap_gb"], sort=True):
+    runs = table.groupby(["machine", "file", "world_size", "hbm_cap_gb"], sort=True)  # a file is one run
+    for (machine, file, world_size, cap), run in runs:
         by_plan = run.set_index("plan")
         ours, theirs = by_plan.loc["embnb DP"], by_plan.loc["torchrec default"]
         fastest = by_plan.measured_ms.idxmin()
         parts.append(
-            f"{machine}, W = {world_size}, {cap:g} GiB HBM per device: embnb DP {ours.measured_ms:.2f} ms "
+            f"{machine} ({file}), W = {world_size}, {cap:g} GiB HBM per device: "
+            f"embnb DP {ours.measured_ms:.2f} ms "
             f"against torchrec's default plan {theirs.measured_ms:.2f} ms "
             f"({theirs.measured_ms / ours.measured_ms:.2f}x; torchrec's ratings said "
             f"{theirs.rating_ms / ours.rating_ms:.2f}x), fastest of the planners' plans: {fastest}"
