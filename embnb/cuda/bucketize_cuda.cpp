@@ -35,25 +35,35 @@ BucketizeResult bucketize_cuda(const at::Tensor& lengths, const at::Tensor& indi
                                const std::optional<at::Tensor>& feistel_keys) {
   const BucketizePlan plan = check_bucketize_args(lengths, indices, world_size, dist_types,
                                                   block_sizes, weights, feistel_keys);
-  const c10::DeviceGuard guard(indices.device());
-  const at::Tensor lengths_c = lengths.contiguous();
-  const at::Tensor indices_c = indices.contiguous();
-  at::Tensor new_lengths = at::empty({plan.world_size * plan.num_segments}, lengths.options());
-  at::Tensor new_indices = at::empty({plan.num_keys}, indices.options());
-  at::Tensor permute = at::empty({plan.num_keys}, indices.options());
+  // The kernels run in this scope and its errors are thrown after it has closed, with no device
+  // guard alive: on the lent GPU machines an error thrown from a CUDA binding killed the process
+  // (checks.h), and the CPU bindings, whose errors passed there, hold no guard.
+  CudaBucketizeStatus status{};
+  BucketizeResult result;
+  {
+    const c10::DeviceGuard guard(indices.device());
+    const at::Tensor lengths_c = lengths.contiguous();
+    const at::Tensor indices_c = indices.contiguous();
+    at::Tensor new_lengths = at::empty({plan.world_size * plan.num_segments}, lengths.options());
+    at::Tensor new_indices = at::empty({plan.num_keys}, indices.options());
+    at::Tensor permute = at::empty({plan.num_keys}, indices.options());
 
-  const CudaBucketizeArgs args{
-      lengths_c.data_ptr(), lengths.scalar_type() == at::kLong, plan.num_segments,
-      indices_c.data_ptr(), indices.scalar_type() == at::kLong, plan.num_keys,
-      plan.world_size,      plan.num_features,                  plan.routes.data(),
-      new_lengths.data_ptr(), new_indices.data_ptr(),           permute.data_ptr()};
-  const size_t bytes = cuda_bucketize_workspace_bytes(args);
-  at::Tensor workspace =
-      at::empty({static_cast<int64_t>(bytes)}, indices.options().dtype(at::kByte));
-  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
-                     ->getStream(indices.device())
-                     .native_handle();
-  const CudaBucketizeStatus status = cuda_bucketize(args, workspace.data_ptr(), bytes, stream);
+    const CudaBucketizeArgs args{
+        lengths_c.data_ptr(), lengths.scalar_type() == at::kLong, plan.num_segments,
+        indices_c.data_ptr(), indices.scalar_type() == at::kLong, plan.num_keys,
+        plan.world_size,      plan.num_features,                  plan.routes.data(),
+        new_lengths.data_ptr(), new_indices.data_ptr(),           permute.data_ptr()};
+    const size_t bytes = cuda_bucketize_workspace_bytes(args);
+    at::Tensor workspace =
+        at::empty({static_cast<int64_t>(bytes)}, indices.options().dtype(at::kByte));
+    void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+                       ->getStream(indices.device())
+                       .native_handle();
+    status = cuda_bucketize(args, workspace.data_ptr(), bytes, stream);
+    if (status.code == kCudaOk) {
+      result = {new_lengths, new_indices, permute, move_weights(weights, permute)};
+    }
+  }
   switch (status.code) {
     case kCudaOk:
       break;
@@ -72,7 +82,7 @@ BucketizeResult bucketize_cuda(const at::Tensor& lengths, const at::Tensor& indi
     default:
       EMBNB_CHECK(false, "embnb bucketize CUDA kernels failed: ", status.message);
   }
-  return {new_lengths, new_indices, permute, move_weights(weights, permute)};
+  return result;
 }
 
 }  // namespace

@@ -16,16 +16,21 @@ namespace {
 at::Tensor feistel_slots_cuda(const at::Tensor& ids, int64_t num_embeddings, int64_t world_size,
                               int64_t half_bits, const at::Tensor& keys) {
   const FeistelTable table = feistel_table(ids, num_embeddings, world_size, half_bits, keys);
-  const c10::DeviceGuard guard(ids.device());
-  const at::Tensor ids_c = ids.contiguous();
-  at::Tensor slots = at::empty({ids_c.numel()}, ids_c.options());
-  at::Tensor scratch = at::empty({1}, ids_c.options());
-  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
-                     ->getStream(ids.device())
-                     .native_handle();
-  const CudaFeistelStatus status = cuda_feistel_slots(
-      ids_c.data_ptr<int64_t>(), ids_c.numel(), table, slots.data_ptr<int64_t>(),
-      scratch.data_ptr(), stream);
+  // The kernel runs in this scope and its errors are thrown after it, with no device guard alive
+  // (as bucketize_cuda.cpp, which says why).
+  CudaFeistelStatus status{};
+  at::Tensor slots;
+  {
+    const c10::DeviceGuard guard(ids.device());
+    const at::Tensor ids_c = ids.contiguous();
+    slots = at::empty({ids_c.numel()}, ids_c.options());
+    at::Tensor scratch = at::empty({1}, ids_c.options());
+    void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+                       ->getStream(ids.device())
+                       .native_handle();
+    status = cuda_feistel_slots(ids_c.data_ptr<int64_t>(), ids_c.numel(), table,
+                                slots.data_ptr<int64_t>(), scratch.data_ptr(), stream);
+  }
   EMBNB_CHECK(status.message == nullptr, "embnb feistel_slots CUDA kernel failed: ", status.message);
   EMBNB_CHECK_VALUE(status.bad_index < 0, "feistel_slots: id ", status.bad_id, " is outside [0, ",
                     num_embeddings, ")");
