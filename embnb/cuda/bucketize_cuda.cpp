@@ -36,8 +36,8 @@ BucketizeResult bucketize_cuda(const at::Tensor& lengths, const at::Tensor& indi
   const BucketizePlan plan = check_bucketize_args(lengths, indices, world_size, dist_types,
                                                   block_sizes, weights, feistel_keys);
   // The kernels run in this scope and its errors are thrown after it has closed, with no device
-  // guard alive: on the lent GPU machines an error thrown from a CUDA binding killed the process
-  // (checks.h), and the CPU bindings, whose errors passed there, hold no guard.
+  // guard or device tensor alive, as in the CPU bindings: on the lent GPU machines an error thrown
+  // from inside it killed the process (checks.h), and the guard's unwinding is one difference.
   CudaBucketizeStatus status{};
   BucketizeResult result;
   {
