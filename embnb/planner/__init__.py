@@ -7,6 +7,8 @@ The library (what this package exports; none of it imports pandas or matplotlib)
   memory bins), `search` (the runs of knapsacks and the hill climb) and
   `replica` (torchrec's partitioner and perf model on arrays).
 - `factory`: `create_planner`, torchrec's planner with the DP proposer first.
+- `partitioner`: `HeapSearchPartitioner`, torchrec's GreedyPerfPartitioner
+  (create_planner's), its device partition without popping full devices.
 - `topology`: `make_topology`, `topology_for_device`.
 - `enumerator`: `DistinctShardEnumerator`, torchrec's enumerator with each
   distinct shard's perf estimated once (create_planner's default).
@@ -22,6 +24,7 @@ Notebook 03's models, brute force, studies, figures and widgets live in
 from embnb.planner.calibration import Calibration
 from embnb.planner.enumerator import ENUMERATORS, DistinctShardEnumerator
 from embnb.planner.factory import EmbnbShardingPlanner, create_planner
+from embnb.planner.partitioner import HeapSearchPartitioner
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology, topology_for_device
 
@@ -34,4 +37,5 @@ __all__ = [
     "DistinctShardEnumerator",
     "ENUMERATORS",
     "Calibration",
+    "HeapSearchPartitioner",
 ]

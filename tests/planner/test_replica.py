@@ -1,7 +1,8 @@
-"""embnb.planner.replica against torchrec itself: every plan placed by
-torchrec's GreedyPerfPartitioner and rated by its NoopPerfModel (the oracle)
-must come out of the replica with the same verdict, the same rating to the
-bit, and each shard on the same rank (None where torchrec set none)."""
+"""embnb.planner.replica and embnb.planner.partitioner against torchrec itself:
+every plan placed by torchrec's GreedyPerfPartitioner and rated by its
+NoopPerfModel (the oracle) must come out of the replica, and out of
+HeapSearchPartitioner, with the same verdict, the same rating to the bit, and
+each shard on the same rank (None where torchrec set none)."""
 
 import logging
 
@@ -17,6 +18,7 @@ from embnb import planner
 from embnb._torchrec_private import best_plan, num_proposals
 from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers, timing_breakdown
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.planner.partitioner import HeapSearchPartitioner
 from embnb.planner.proposer import FIRST_REASON
 from embnb.planner.replica import GreedyPerfReplica
 from embnb.planner.space import SearchSpace, by_table
@@ -25,20 +27,24 @@ from embnb.planner.topology import reserved_topology
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 
 
-def torchrec_answer(proposal, storage_constraint, topology):
+def torchrec_answer(proposal, storage_constraint, topology, partitioner=GreedyPerfPartitioner):
+    """`partitioner`'s verdict (placed, rating) on `proposal`, the ranks it gave each shard, and
+    its error's message where it placed none."""
+    message = None
     try:
-        plan = GreedyPerfPartitioner().partition(proposal, storage_constraint)
+        plan = partitioner().partition(proposal, storage_constraint)
         verdict = (True, NoopPerfModel(topology).rate(plan))
-    except PlannerError:
-        verdict = (False, None)
+    except PlannerError as error:
+        verdict, message = (False, None), str(error)
     ranks = [[shard.rank for shard in option.shards] for option in proposal]
     reset_shard_rank(proposal)
-    return verdict, ranks
+    return verdict, ranks, message
 
 
 def check_random_plans(options, storage_constraint, topology, native, num_plans, seed) -> set[bool]:
-    """Random plans placed by torchrec and by the replica: the same verdict,
-    rating and ranks. Returns the verdicts seen."""
+    """Random plans placed by torchrec, by the replica and by HeapSearchPartitioner: the same
+    verdict, rating and ranks (and, from the partitioners, the same error). Returns the verdicts
+    seen."""
     replica = GreedyPerfReplica(options, storage_constraint, native=native)
     assert (replica._native is not None) == native
     rng = np.random.default_rng(seed)
@@ -50,7 +56,9 @@ def check_random_plans(options, storage_constraint, topology, native, num_plans,
             smallest = [min(range(len(t)), key=lambda o: t[o].total_storage.hbm) for t in options]
             choice = np.where(rng.random(len(options)) < 0.8, smallest, choice)
         proposal = [table[o] for table, o in zip(options, choice)]
-        (placed, rating), ranks = torchrec_answer(proposal, storage_constraint, topology)
+        answer = torchrec_answer(proposal, storage_constraint, topology)
+        assert torchrec_answer(proposal, storage_constraint, topology, HeapSearchPartitioner) == answer
+        (placed, rating), ranks, _ = answer
         # the native op must answer every plan here itself (it models every kind these options have)
         placement = replica._native.place(choice) if native else replica.place(choice)
         assert placement is not None
