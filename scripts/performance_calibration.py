@@ -34,6 +34,10 @@ def calibrate_section(run: Run) -> str:
     for name, label in (("torchrec_default", "torchrec's default"), ("calibrated", "calibrated")):
         errors = data["heldout_errors"][name]
         rows.append([f"held out, {label}", percent_pair(errors), str(errors["ranks"])])
+    floor = data.get("rank_repeat_gap")  # written by the bench since 2026-11-28
+    if floor is not None:
+        rows.append(["one placement measured twice: the gap between its runs (the noise)",
+                     f"{floor['median']:.0%} median", str(floor["ranks"])])  # fmt: skip
     parts += [
         "Per-rank error |estimate / measured - 1| of each rank holding a shard (held out: the models and "
         "plans below, none fitted on):",

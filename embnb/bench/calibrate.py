@@ -15,7 +15,9 @@ checked on models and plans it was not fitted on.
    calibrated estimator and two poor plans (every table table-wise on 1 and on 2 ranks). Every plan is
    measured; per rank holding a shard, the relative error of torchrec's default estimate and of the
    calibrated estimate against the measured lookups (median and worst of |error|). The default
-   held-out set: notebook 03's seed at W = 8 and 32, and two other models.
+   held-out set: notebook 03's seed at W = 8 and 32, and two other models. Where two planners
+   return one placement it is measured twice: rank by rank, how far apart the two came is the
+   noise under those errors (`rank_repeat_gap`).
 3. Which plan measured fastest: per held-out model, each plan's measured critical path (the slowest
    rank's step, lookups + dense part, per repeat: median and range).
 
@@ -38,6 +40,7 @@ import torch
 from torchrec.distributed.planner.planners import to_sharding_plan
 
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
+from embnb.lab.planner.calibrated import rank_repeat_gap, rank_repeat_gaps
 from embnb.lab.planner.candidates import candidate_plans, plan_shape
 from embnb.lab.planner.comparison import default_proposers
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options, make_model
@@ -324,6 +327,9 @@ def main(argv: list[str]) -> int:
     for name, e in heldout.items():
         print(f"held out, {name}: per-rank |error| median {e['median']:.3f}, worst {e['worst']:.3f} "
               f"over {e['ranks']} ranks", flush=True)  # fmt: skip
+    floor = rank_repeat_gap(rank_repeat_gaps(worlds))
+    if floor is not None:
+        print(f"the same ranks measured twice: |gap| median {floor['median']:.3f} over {floor['ranks']}")
     payload = {
         "device": opts.device,
         "machine": machine_name(opts.device),
@@ -344,6 +350,7 @@ def main(argv: list[str]) -> int:
         },  # fmt: skip
         "calibration": calibration.to_json(),
         "heldout_errors": heldout,
+        "rank_repeat_gap": floor,  # one placement measured twice, rank by rank: the noise under the errors
         "heldout": worlds,
         "bench_s": watch.wall_s,
     }

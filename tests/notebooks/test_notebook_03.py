@@ -387,6 +387,34 @@ def test_calibration_section_names_the_plan_measured_fastest(run):
     assert sorted(record["repeat_gaps"]) == pytest.approx(sorted(pairs))
 
 
+def test_calibration_section_sets_the_goal_beside_the_measurements_own_noise(run):
+    """The ranks of a placement measured twice, paired by rank number from the committed file:
+    their median gap is the record's, and the summary gives it beside the verdict."""
+    results = run.results
+    record, committed = results["calibration"], _committed(results)
+    gaps = []
+    for world in committed["heldout"]:
+        lookups = {
+            (plan["plan"], rank["rank"]): rank["lookup_ms"]
+            for plan in world["plans"]
+            if plan["measured"]
+            for rank in plan["ranks"]
+            if rank["shards"] > 0
+        }
+        for plan in world["plans"]:
+            if plan["measured"] and plan["same_as"] != plan["plan"]:
+                for (name, rank), ms in lookups.items():
+                    if name == plan["plan"] and (plan["same_as"], rank) in lookups:
+                        gaps.append(abs(ms - lookups[plan["same_as"], rank]) / lookups[plan["same_as"], rank])
+    floor = record["rank_repeat_gap"]
+    if not gaps:
+        assert floor is None
+        return
+    assert floor == {"median": pytest.approx(statistics.median(gaps)), "ranks": len(gaps)}
+    said = f"the same ranks measured twice came {floor['median']:.0%} apart, median over {len(gaps)}"
+    assert said in results["summary"]
+
+
 def test_uvm_regime_is_marked_estimated_only(run):
     """#46 item 4: plans with tables in UVM run only on a GPU; no plan measured here has any, so
     their ratings are flagged estimated only, in the results and in the summary."""

@@ -61,6 +61,22 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
         assert payload["heldout_errors"][name]["median"] == pytest.approx(statistics.median(errors))
         assert payload["heldout_errors"][name]["worst"] == pytest.approx(max(errors))
     assert "held out, calibrated" in out
+    # a placement measured twice: its ranks paired by rank number, the gap between the two runs
+    first = {p["plan"]: {r["rank"]: r for r in p["ranks"] if r["shards"]} for p in measured}
+    gaps = [
+        abs(r["lookup_ms"] - first[p["same_as"]][r["rank"]]["lookup_ms"])
+        / first[p["same_as"]][r["rank"]]["lookup_ms"]
+        for p in measured
+        if p["same_as"] != p["plan"]
+        for r in p["ranks"]
+        if r["shards"] and r["rank"] in first[p["same_as"]]
+    ]
+    floor = payload["rank_repeat_gap"]
+    assert (
+        floor is None
+        if not gaps
+        else floor == {"median": pytest.approx(statistics.median(gaps)), "ranks": len(gaps)}
+    )
 
 
 @pytest.mark.parametrize(

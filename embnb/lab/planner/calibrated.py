@@ -33,6 +33,8 @@ __all__ = [
     "measured_plans",
     "fastest_plans",
     "repeat_gaps",
+    "rank_repeat_gaps",
+    "rank_repeat_gap",
     "calibration_scatter",
     "calibration_record",
 ]
@@ -184,6 +186,44 @@ def repeat_gaps(bench: CalibrationBench) -> pd.DataFrame:
     return pairs[["seed", "world_size", "plan", "same_as", "step_ms", "step_ms_first", "gap"]]
 
 
+def rank_repeat_gaps(heldout: list[dict[str, Any]]) -> pd.DataFrame:
+    """The ranks of plans measured twice (two planners returned one placement) in a calibrate
+    bench's held-out worlds (its JSON's "heldout"), rank by rank: how far apart the two measured
+    lookups came (|a / b - 1|), the floor under any estimate's per-rank error on that machine.
+    Ranks holding a shard in both runs only."""
+    rows = []
+    for world in heldout:
+        by_name = {plan["plan"]: plan for plan in world["plans"] if plan["measured"]}
+        for plan in by_name.values():
+            first = by_name.get(plan["same_as"])
+            if first is None or first is plan:
+                continue
+            earlier = {rank["rank"]: rank for rank in first["ranks"] if rank["shards"]}
+            for rank in plan["ranks"]:
+                if rank["shards"] and rank["rank"] in earlier:
+                    rows.append(
+                        {
+                            "seed": world["seed"],
+                            "world_size": world["world_size"],
+                            "plan": plan["plan"],
+                            "same_as": plan["same_as"],
+                            "rank": rank["rank"],
+                            "lookup_ms": rank["lookup_ms"],
+                            "lookup_ms_first": earlier[rank["rank"]]["lookup_ms"],
+                        }
+                    )
+    table = pd.DataFrame(
+        rows, columns=["seed", "world_size", "plan", "same_as", "rank", "lookup_ms", "lookup_ms_first"]
+    )
+    table["gap"] = (table.lookup_ms / table.lookup_ms_first - 1).abs()
+    return table
+
+
+def rank_repeat_gap(gaps: pd.DataFrame) -> dict[str, float] | None:
+    """`rank_repeat_gaps`' median gap and how many ranks; None where none was measured twice."""
+    return {"median": float(gaps.gap.median()), "ranks": len(gaps)} if len(gaps) else None
+
+
 def calibration_scatter(ranks: pd.DataFrame, bench: CalibrationBench) -> Figure:
     """Held-out ranks, estimated against measured lookups (log axes): left
     torchrec's default estimate, right the calibrated one. Solid: estimate =
@@ -224,9 +264,10 @@ def calibration_scatter(ranks: pd.DataFrame, bench: CalibrationBench) -> Figure:
 def calibration_record(bench: CalibrationBench) -> dict[str, Any]:
     """What notebook 03's results JSON reports of the committed bench: its
     file and device, the held-out errors (recomputed here from its ranks),
-    the goal, and per held-out world the plan measured fastest and by how much."""
+    the goal, the same ranks measured twice (the measurement's own noise), and per held-out world
+    the plan measured fastest and by how much."""
     errors = heldout_errors(heldout_ranks(bench))
-    gaps = repeat_gaps(bench)
+    gaps, rank_gaps = repeat_gaps(bench), rank_repeat_gaps(bench.data["heldout"])
     return {
         "file": bench.path.name,
         "device": bench.device,
@@ -240,5 +281,7 @@ def calibration_record(bench: CalibrationBench) -> dict[str, Any]:
         "goal_met": errors["calibrated"]["median"] <= GOAL,
         "worlds": records(fastest_plans(bench), "records"),
         "repeat_gaps": gaps.gap.tolist(),
+        # the per-rank error's floor here: None where no placement was measured twice
+        "rank_repeat_gap": rank_repeat_gap(rank_gaps),
         "plans": records(measured_plans(bench), "records"),
     }

@@ -193,6 +193,12 @@ def _calibration_lead(record: dict[str, Any]) -> str:
     again = f" (its placement, returned again by another planner, in {placed - ours})" * (placed > ours)
     calibrated, default = errors["calibrated"], errors["torchrec_default"]
     verdict = "goal met" if record["goal_met"] else f"the {record['goal']:.0%} goal not met"
+    floor = record["rank_repeat_gap"]
+    if floor is not None:
+        verdict += (
+            f" (the same ranks measured twice came {floor['median']:.0%} apart, median over "
+            f"{floor['ranks']}: the measurement's own noise there)"
+        )
     return (
         f"Calibrated estimator (committed bench, {record['device'].upper()} {record['device_name']}): "
         f"held-out per-rank error of the lookups median {calibrated['median']:.0%}, worst "

@@ -12,6 +12,7 @@ from embnb.lab.planner.calibrated import (
     fastest_plans,
     heldout_ranks,
     load_calibration_bench,
+    rank_repeat_gaps,
     repeat_gaps,
 )
 from embnb.lab.report import COMMITTED_RESULTS
@@ -89,6 +90,20 @@ def test_errors_fastest_plan_and_repeat_gaps(results):
     assert world["margin"] == pytest.approx(0.1) and world["fastest_spread"] == pytest.approx(11 / 9 - 1)
     assert world["within_spread"] and world["embnb_dp_calibrated_over_fastest"] == pytest.approx(1.1)
     assert repeat_gaps(bench).gap.tolist() == pytest.approx([0.1])  # the same placement, 11 against 10 ms
+    # rank by rank: rank 0 of that placement, 8 against 10 ms (rank 1 was not measured again)
+    (gap,) = rank_repeat_gaps(bench.data["heldout"]).to_dict(orient="records")
+    assert (gap["plan"], gap["rank"], gap["gap"]) == ("embnb DP (calibrated)", 0, pytest.approx(0.2))
+    assert record["rank_repeat_gap"] == {"median": pytest.approx(0.2), "ranks": 1}
     fig = calibration_scatter(ranks, bench)
     assert "CPU (test machine)" in fig._suptitle.get_text()
     assert "median 50%, worst 90%" in fig.axes[0].get_title()
+
+
+def test_no_placement_measured_twice_gives_no_rank_gap(tmp_path):
+    bench = _bench("2026-03-01")
+    for plan in bench["heldout"][0]["plans"]:
+        plan["same_as"] = plan["plan"]
+    (tmp_path / "calibrate-2026-03-01-x.json").write_text(json.dumps(bench))
+    loaded = load_calibration_bench("cpu", tmp_path)
+    assert rank_repeat_gaps(loaded.data["heldout"]).empty
+    assert calibration_record(loaded)["rank_repeat_gap"] is None
