@@ -54,6 +54,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
 from torchrec.distributed.types import ModuleSharder
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
 
 from embnb import _torchrec_private as private
@@ -152,7 +153,7 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         constraints = private.param_constraints(settings.constraints, name)
         if constraints.device_group and constraints.device_group != settings.compute_device:
             return []
-        num_buckets = private.num_buckets(self, name, child)
+        num_buckets = self._num_buckets(name, child)
         dependency = None
         if isinstance(child, EmbeddingTower):
             dependency = path
@@ -201,6 +202,27 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                 f"no available sharding types/compute kernels for table: {name}"
             )
         return options
+
+    def _num_buckets(self, name: str, child: nn.Module) -> int | None:
+        """torchrec's `_get_num_buckets`: for an EmbeddingBagCollection or EmbeddingCollection, the
+        first config named `name` that is a virtual table gives its buckets, else None. torchrec
+        scans every config for each table (quadratic: seconds at 5,000 tables), so the virtual
+        ones are read once per module here; other modules ask torchrec."""
+        if not isinstance(child, (EmbeddingBagCollection, EmbeddingCollection)):
+            return private.num_buckets(self, name, child)
+        key = ("virtual tables", id(child))
+        if key not in self._memos:
+            configs = (
+                child.embedding_bag_configs()
+                if isinstance(child, EmbeddingBagCollection)
+                else child.embedding_configs()
+            )
+            virtual: dict[str, int | None] = {}
+            for config in configs:
+                if config.use_virtual_table:
+                    virtual.setdefault(config.name, config.total_num_buckets)
+            self._memos[key] = virtual
+        return self._memos[key].get(name)
 
     def _memo(self, function, *args):
         """`function(*args)`, computed once per enumeration: torchrec's sharders'

@@ -553,3 +553,33 @@ def test_a_layout_numbers_sizes_as_first_seen_and_makes_its_shards():
     placed = copy.deepcopy(option)
     assert placed.made and placed.shards[3].rank == 7 and placed.shards[3] is not option.shards[3]
     assert [s.size for s in placed.shards] == [s.size for s in copied.shards]
+
+
+@pytest.mark.parametrize("world_size", [4, 8])
+def test_same_options_as_torchrec_with_virtual_tables_and_their_buckets(world_size):
+    """Tables with `use_virtual_table` and `total_num_buckets` (torchrec sizes their row-wise shards
+    by bucket): embnb reads each module's virtual tables once, torchrec per table."""
+    model = make_model(6, seed=3)
+    tables = []
+    for i, table in enumerate(model.tables):
+        buckets = world_size * i + 2  # uneven over the ranks; torchrec needs the rows divisible by them
+        rows = table.num_embeddings // buckets * buckets
+        virtual = {"use_virtual_table": True, "total_num_buckets": buckets, "num_embeddings": rows}
+        tables.append(dataclasses.replace(table, **virtual) if i % 2 else table)
+    topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=4)
+    expected, actual = enumerate_both(tables, topology, model.constraints)
+    assert_same_options(expected, actual)
+    bucketed = [
+        o for o in expected if o.sharding_type == "row_wise" and o.name in {t.name for t in tables[1::2]}
+    ]
+    plain = [o for o in expected if o.sharding_type == "row_wise" and o.name == tables[0].name]
+    assert bucketed and plain  # both kinds were compared
+    # the buckets moved the row-wise shards' sizes off torchrec's plain split (ceil(rows / W) each)
+    assert any(
+        [s.size[0] for s in o.shards] != _plain_row_split(o.tensor.shape[0], world_size) for o in bucketed
+    )
+
+
+def _plain_row_split(rows: int, world_size: int) -> list[int]:
+    block = -(-rows // world_size)
+    return [max(0, min(block, rows - r * block)) for r in range(world_size)]
