@@ -25,6 +25,7 @@ from torchrec.distributed.planner import enumerators as torchrec_enumerators
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
 from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, ShardEstimator, ShardingOption
 from torchrec.distributed.planner.utils import sharder_name
@@ -83,6 +84,8 @@ PRIVATE_FUNCTIONS: dict[tuple[Any, str], tuple[str, ...]] = {
     (torchrec_enumerators, "_extract_constraints_for_param"): ("constraints", "name"),
     (torchrec_enumerators, "_get_tower_index"): ("name", "child_module"),
     (EmbeddingEnumerator, "_get_num_buckets"): ("self", "parameter", "module"),
+    # overridden, not called: embnb.planner.partitioner.HeapSearchPartitioner
+    (GreedyPerfPartitioner, "_device_partition"): ("sharding_option", "minheap_devices"),
     (ShardedEmbeddingCollection, "_generate_permute_indices_per_feature"): (
         "self",
         "embedding_configs",

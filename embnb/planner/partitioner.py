@@ -8,7 +8,7 @@ of planning 5,000 tables (docs/planner.md). `HeapSearchPartitioner` picks the sa
 least one with room, by walking the heap best-first from its root without moving anything, then
 moves the chosen device down to its new place. Only the order of the heap's list differs, and
 torchrec reads the heap by its minimum or sorts it (`_column_wise_device_partition`), so plans are
-the same (tests/planner/test_partitioner.py places proposals with both, shard by shard).
+the same (tests/planner/test_replica.py places its random plans with both, shard by shard).
 """
 
 from __future__ import annotations
