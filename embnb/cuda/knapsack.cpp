@@ -8,10 +8,12 @@
 // bin below it). numpy needs a dozen passes and temporaries per table, and
 // a call per table; this is one pass over (option, state), from the states
 // an option moves into the bins, and one over the bins, and one call per
-// run. The pass is cut into chunks of bins that torch's intra-op threads
-// claim (chunks.h: no thread waits for one the OS has descheduled; each
-// chunk makes its bins' updates in the same order: the same winners), and
-// a run's trace goes to a workspace the caller passes from run to run.
+// run. Both passes are cut into chunks of bins that torch's intra-op
+// threads claim (chunks.h: no thread waits for one the OS has descheduled;
+// each chunk makes its bins' updates in the same order: the same winners;
+// each keeps its own bins, then the chunks below decide which of them stay:
+// the same kept bins), and a run's trace goes to a workspace the caller
+// passes from run to run.
 //
 // knapsack_step's result: (cells, option, state, perf, memory, least): per
 // kept bin, its index, the option (an index into `weights`) and previous
@@ -51,16 +53,22 @@ struct States {
 // the state), reused across tables (sized to the bins once); per worker,
 // each state's bin and total under the option being added, and the states
 // of each option that land in the chunk at hand (scratch).
+//
+// `kept`: per chunk of bins, from the chunk's first bin on, its bins that
+// beat every bin below them within the chunk (in bin order, their perfs
+// falling); the step keeps the ones among them that also beat every bin of
+// the chunks below.
 struct Bins {
   std::vector<double> perf;
   std::vector<int64_t> winner;
+  std::vector<int32_t> kept;
   struct Scratch {
     std::vector<int32_t> cell_of;
     std::vector<double> total_of;
     std::vector<std::pair<int64_t, int64_t>> span;  // each option's states that land in a chunk
   };
   std::vector<Scratch> workers;
-  Bins(int64_t n, int num_workers) : perf(n), winner(n), workers(num_workers) {}
+  Bins(int64_t n, int num_workers) : perf(n), winner(n), kept(n), workers(num_workers) {}
 };
 
 // The first of the states (their memory rising) that, moved by `weight`,
@@ -117,6 +125,23 @@ void scatter(const double* memory, const double* perf, const double* weight, con
   }
 }
 
+// The bins in [first_bin, last_bin) that beat every bin below them in that
+// range, written to bins.kept from first_bin on; returns how many. Compacted
+// without a branch (about half the bins are kept, unpredictably): each is
+// written, then counted if kept.
+int64_t keep_within(Bins& bins, int64_t first_bin, int64_t last_bin) {
+  const double* perf = bins.perf.data();
+  int32_t* kept = bins.kept.data() + first_bin;
+  int64_t count = 0;
+  double least = kInf;
+  for (int64_t c = first_bin; c < last_bin; ++c) {
+    kept[count] = static_cast<int32_t>(c);
+    count += perf[c] < least;
+    least = std::min(least, perf[c]);
+  }
+  return count;
+}
+
 // One table: every (option, state) moved into its bin; each bin keeps the
 // least perf (the first in (option, state) order on a tie); a bin is kept
 // if its perf beats every bin below it. Returns how many are kept: their
@@ -142,6 +167,7 @@ int64_t step(const States& now, const double* weight, const double* option_perf,
     bounds.push_back(std::clamp(cell, bounds.back(), num_bins));
   }
   bounds.push_back(num_bins);
+  std::vector<int64_t> num_kept_within(num_chunks);
   chunks.run(num_chunks, [&](int64_t chunk, int worker) {
     auto& span = bins.workers[worker].span;
     span.resize(num_options);
@@ -153,26 +179,36 @@ int64_t step(const States& now, const double* weight, const double* option_perf,
     }
     scatter(memory, perf, weight, option_perf, span, bounds[chunk], bounds[chunk + 1], bin_size, bins,
             bins.workers[worker]);
+    num_kept_within[chunk] = keep_within(bins, bounds[chunk], bounds[chunk + 1]);
   });
-  // The kept bins, compacted without a branch (about half the bins are
-  // kept, unpredictably): each is written, then counted if kept.
-  cells.resize(num_bins);
-  int64_t num_kept = 0;
-  double least_below = kInf;  // the least perf of the bins below
-  for (int64_t c = 0; c < num_bins; ++c) {
-    cells[num_kept] = c;
-    num_kept += bins.perf[c] < least_below;
-    least_below = std::min(least_below, bins.perf[c]);
+  // A bin is kept if it beats every bin below it: within its chunk, and the
+  // least of the chunks below. The chunk's bins kept within it fall in perf,
+  // so those that also beat the chunks below are the last of them.
+  std::vector<int64_t> first_kept(num_chunks), offset(num_chunks + 1, 0);
+  double least_below = kInf;  // the least perf of the chunks below
+  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+    const int32_t* kept = bins.kept.data() + bounds[chunk];
+    const int64_t count = num_kept_within[chunk];
+    first_kept[chunk] = std::partition_point(kept, kept + count, [&](int32_t c) {
+                          return !(bins.perf[c] < least_below);
+                        }) - kept;
+    offset[chunk + 1] = offset[chunk] + count - first_kept[chunk];
+    if (count > 0) least_below = std::min(least_below, bins.perf[kept[count - 1]]);
   }
+  const int64_t num_kept = offset[num_chunks];
   cells.resize(num_kept);
   next.memory.resize(num_kept);
   next.perf.resize(num_kept);
-  for (int64_t k = 0; k < num_kept; ++k) {
-    const int64_t c = cells[k], o = bins.winner[c] >> 32, s = bins.winner[c] & 0xffffffff;
-    trace[k] = static_cast<uint32_t>(s * width + option_ids[o]);
-    next.memory[k] = memory[s] + weight[o];
-    next.perf[k] = bins.perf[c];
-  }
+  chunks.run(num_chunks, [&](int64_t chunk, int) {
+    const int32_t* kept = bins.kept.data() + bounds[chunk];
+    for (int64_t i = first_kept[chunk], k = offset[chunk]; i < num_kept_within[chunk]; ++i, ++k) {
+      const int64_t c = kept[i], o = bins.winner[c] >> 32, s = bins.winner[c] & 0xffffffff;
+      cells[k] = c;
+      trace[k] = static_cast<uint32_t>(s * width + option_ids[o]);
+      next.memory[k] = memory[s] + weight[o];
+      next.perf[k] = bins.perf[c];
+    }
+  });
   return num_kept;
 }
 
