@@ -250,9 +250,14 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
 
     def _layout(self, param, sharding_type, col_wise_shard_dim, num_buckets, where) -> Layout:
         """torchrec's calculate_shard_sizes_and_offsets, as a Layout (one per table and sharding
-        type: its options of every kernel share it)."""
+        type: its options of every kernel share it); data-parallel and even row-wise layouts are
+        made in numpy (`Layout.spread`)."""
         settings = self._settings
         try:
+            if not num_buckets and not settings.device_memory_sizes:
+                spread = Layout.spread(sharding_type, *param.shape, settings.world_size)
+                if spread is not None:
+                    return spread
             sizes, offsets = calculate_shard_sizes_and_offsets(
                 tensor=param,
                 world_size=settings.world_size,

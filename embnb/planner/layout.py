@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torchrec.distributed.planner.types import Perf, Shard, ShardingOption, Storage
+from torchrec.distributed.types import ShardingType
 
 __all__ = ["Layout", "LayoutOption", "LAZY_FIELDS", "deferred"]
 
@@ -50,7 +52,36 @@ class Layout:
         for column, values in enumerate((sizes, offsets)):
             flat = itertools.chain.from_iterable(values)
             table[:, column] = np.fromiter(flat, dtype=np.int64, count=count * dims).reshape(count, dims)
-        sized = table[:, 0]
+        return cls._numbered(table)
+
+    @classmethod
+    def spread(cls, sharding_type: str, rows: int, columns: int, world_size: int) -> Layout | None:
+        """torchrec's `calculate_shard_sizes_and_offsets` for a data-parallel option, or a row-wise
+        one without buckets or uneven device memory, made in numpy (None for other options). At
+        1,024 devices torchrec's Python lists of a shard per device, and reading them back, were
+        most of the enumeration's layout time."""
+        if sharding_type == ShardingType.DATA_PARALLEL.value:
+            row_sizes, row_offsets = np.full(world_size, rows, dtype=np.int64), np.zeros(world_size, np.int64)
+        elif sharding_type == ShardingType.ROW_WISE.value:
+            # torchrec's arithmetic (float division included, and its ZeroDivisionError for 0 rows):
+            # full blocks on the first ranks, the rest on the next one, none after it
+            block = math.ceil(rows / world_size)
+            last_rank = rows // block
+            rank = np.arange(world_size)
+            row_sizes = np.where(
+                rank < last_rank, block, np.where(rank == last_rank, rows - block * last_rank, 0)
+            )
+            row_offsets = np.concatenate(([0], np.cumsum(row_sizes[:-1])))
+        else:
+            return None
+        table = np.zeros((world_size, 2, 2), dtype=np.int64)
+        table[:, 0, 0], table[:, 0, 1], table[:, 1, 0] = row_sizes, columns, row_offsets
+        return cls._numbered(table)
+
+    @classmethod
+    def _numbered(cls, table: np.ndarray) -> Layout:
+        """The layout of `table` ([shards, size or offset, dims]), its sizes numbered as first seen."""
+        sized, dims = table[:, 0], table.shape[2]
         if dims == 2 and sized.max() < 2**31:  # [rows, columns]: one number each
             key = (sized[:, 0] << 32) | sized[:, 1]
         else:

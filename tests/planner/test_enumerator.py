@@ -11,6 +11,7 @@ import logging
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 import torchrec
@@ -27,6 +28,7 @@ from torchrec.distributed.planner.estimator.types import (
 )
 from torchrec.distributed.planner.shard_estimators import EmbeddingOffloadStats, EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
 from torchrec.distributed.types import BoundsCheckMode, CacheParams, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -553,6 +555,32 @@ def test_a_layout_numbers_sizes_as_first_seen_and_makes_its_shards():
     placed = copy.deepcopy(option)
     assert placed.made and placed.shards[3].rank == 7 and placed.shards[3] is not option.shards[3]
     assert [s.size for s in placed.shards] == [s.size for s in copied.shards]
+
+
+def test_a_spread_layout_is_torchrecs_layout():
+    """Layout.spread (numpy) against torchrec's calculate_shard_sizes_and_offsets read by Layout.of,
+    on row counts below, at and above the ranks, divisible or not, up to 2**52; zero rows fail as in
+    torchrec; other sharding types are left to torchrec."""
+    rng = np.random.default_rng(0)
+    cases = [(1, 1), (1, 8), (7, 8), (8, 8), (9, 8), (10, 4), (5, 4), (1023, 1024), (2**52 + 3, 1024)]
+    cases += [
+        (int(rows), int(world)) for rows, world in zip(rng.integers(1, 10**7, 40), rng.integers(1, 1100, 40))
+    ]
+    for rows, world_size in cases:
+        param = torch.empty(rows, 24, device="meta")
+        for sharding_type in ("row_wise", "data_parallel"):
+            spread = Layout.spread(sharding_type, rows, 24, world_size)
+            expected = Layout.of(*calculate_shard_sizes_and_offsets(param, world_size, 8, sharding_type))
+            assert np.array_equal(spread.table, expected.table), (rows, world_size, sharding_type)
+            assert spread.slot_of.tolist() == expected.slot_of.tolist()
+            assert spread.firsts.tolist() == expected.firsts.tolist()
+            assert not spread.table.flags.writeable
+    for sharding_type in ("table_wise", "column_wise", "table_row_wise", "grid_shard"):
+        assert Layout.spread(sharding_type, 10, 24, 8) is None
+    with pytest.raises(ZeroDivisionError):
+        calculate_shard_sizes_and_offsets(torch.empty(0, 24, device="meta"), 8, 8, "row_wise")
+    with pytest.raises(ZeroDivisionError):
+        Layout.spread("row_wise", 0, 24, 8)
 
 
 @pytest.mark.parametrize("world_size", [4, 8])
