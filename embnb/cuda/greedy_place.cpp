@@ -30,7 +30,8 @@
 //
 // The options of every table are laid out flat (see replica.py's
 // _NativeOptions): per option its kind, dependency key, first shard and
-// shard count, total storage; per shard its perf parts (in the order
+// shard count, total storage; per shard its slot among the distinct values
+// (`ShardValues`), and per distinct value its perf parts (in the order
 // Perf.total adds them), perf total and storage.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -97,8 +98,9 @@ struct Devices {
 struct Placer {
   const int64_t* first;   // per option, its first shard
   const int64_t* shards;  // per option, its shard count
-  const double* parts;    // per shard, [kParts]
-  const int64_t* need;    // per shard, [kStorage]
+  const int64_t* slot;    // per shard, its row in the distinct values below
+  const double* parts;    // per distinct value, [kParts]
+  const int64_t* need;    // per distinct value, [kStorage]
   int64_t host_size, num_hosts, tie_modulus;
   Devices dev;
   int64_t* ranks;  // the result, per chosen shard
@@ -116,8 +118,8 @@ struct Placer {
   Storage least_need{};
   std::vector<char> retired;
 
-  const int64_t* shard_need(int64_t o, int64_t j) const { return need + (first[o] + j) * kStorage; }
-  const double* shard_parts(int64_t o, int64_t j) const { return parts + (first[o] + j) * kParts; }
+  const int64_t* shard_need(int64_t o, int64_t j) const { return need + slot[first[o] + j] * kStorage; }
+  const double* shard_parts(int64_t o, int64_t j) const { return parts + slot[first[o] + j] * kParts; }
 
   void start() {
     const auto world = static_cast<int64_t>(dev.load.size());
@@ -300,8 +302,8 @@ struct Placer {
 // every chosen shard's rank in plan order, -1 where none was set.
 std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
     const at::Tensor& choice, const at::Tensor& kind, const at::Tensor& key, const at::Tensor& first_shard,
-    const at::Tensor& num_shards, const at::Tensor& total_storage, const at::Tensor& parts,
-    const at::Tensor& totals, const at::Tensor& storage, const at::Tensor& device_storage,
+    const at::Tensor& num_shards, const at::Tensor& total_storage, const at::Tensor& slots,
+    const at::Tensor& parts, const at::Tensor& totals, const at::Tensor& storage, const at::Tensor& device_storage,
     const at::Tensor& device_parts, int64_t local_world_size, int64_t host_size) {
   const int64_t* chosen = data<int64_t>(choice, at::kLong, 1, "choice");
   const int64_t* option_kind = data<int64_t>(kind, at::kLong, 1, "kind");
@@ -313,10 +315,14 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
   const int64_t num_options = kind.numel(), num_tables = choice.numel(), world = device_storage.size(0);
   EMBNB_CHECK(local_world_size >= 1 && device_parts.size(0) == world, "greedy_place: local_world_size ",
               local_world_size, " must be >= 1, and device_parts must have ", world, " rows");
+  EMBNB_CHECK(parts.size(0) == totals.size(0) && storage.size(0) == totals.size(0), "greedy_place: parts (",
+              parts.size(0), " rows), totals (", totals.size(0), ") and storage (", storage.size(0),
+              ") must hold the same distinct values");
   EMBNB_CHECK(host_size >= 1 && world % host_size == 0, "greedy_place: host_size ", host_size,
               " must be >= 1 and divide the ", world, " devices");
   Placer placer{data<int64_t>(first_shard, at::kLong, 1, "first_shard"),
                 data<int64_t>(num_shards, at::kLong, 1, "num_shards"),
+                data<int64_t>(slots, at::kLong, 1, "slots"),
                 data<double>(parts, at::kDouble, 2, "parts"),
                 data<int64_t>(storage, at::kLong, 2, "storage"),
                 host_size,
@@ -398,7 +404,7 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
   for (int64_t t = 0; t < num_tables; ++t) {
     const int64_t o = chosen[t];
     for (int64_t j = 0; j < option_shards[o]; ++j) {
-      loads[ranks[out_at[t] + j]] += shard_total[placer.first[o] + j];
+      loads[ranks[out_at[t] + j]] += shard_total[placer.slot[placer.first[o] + j]];
     }
   }
   return {1, loads_out, ranks_out};
@@ -410,7 +416,7 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
 TORCH_LIBRARY_FRAGMENT(embnb, m) {
   m.def(
       "greedy_place(Tensor choice, Tensor kind, Tensor key, Tensor first_shard, Tensor num_shards, "
-      "Tensor total_storage, Tensor parts, Tensor totals, Tensor storage, Tensor device_storage, "
+      "Tensor total_storage, Tensor slots, Tensor parts, Tensor totals, Tensor storage, Tensor device_storage, "
       "Tensor device_parts, int local_world_size, int host_size) -> (int status, Tensor loads, Tensor ranks)");
 }
 

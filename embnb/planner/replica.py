@@ -430,8 +430,8 @@ class GreedyPerfReplica:
 class _NativeOptions:
     """The replica's options laid out flat for torch.ops.embnb.greedy_place:
     per option its placement kind (`_native_kind`), dependency key, first
-    shard and shard count (rows of the `ShardValues` arrays) and total
-    storage."""
+    shard and shard count (rows of `ShardValues.slots`) and total storage;
+    the shards' slots and the distinct values they point to."""
 
     def __init__(self, replica: GreedyPerfReplica, options: list[list[ShardingOption]], values: ShardValues):
         rows = [values.rows(o) for table in options for o in table]
@@ -444,9 +444,10 @@ class _NativeOptions:
             torch.tensor([r.start for r in rows], dtype=torch.long),
             torch.tensor([r.stop - r.start for r in rows], dtype=torch.long),
             torch.tensor([o.total_storage for o in kept], dtype=torch.long).reshape(-1, 3),
-            torch.from_numpy(values.parts),
-            torch.from_numpy(values.totals),
-            torch.from_numpy(np.ascontiguousarray(values.storage)),
+            torch.from_numpy(values.slots),
+            torch.from_numpy(values.parts.distinct),
+            torch.from_numpy(values.totals.distinct),
+            torch.from_numpy(np.ascontiguousarray(values.storage.distinct)),
             torch.from_numpy(replica.start_storage),
             torch.from_numpy(np.ascontiguousarray(replica.start_parts)),
             replica.local_world_size,

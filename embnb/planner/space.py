@@ -81,18 +81,18 @@ class ShardValues:
                 slots[position : position + count] = [slot(s.storage, s.perf) for s in option.shards]
             position += count
         distinct = np.array(read, dtype=float).reshape(-1, 9)  # storage: whole bytes, exact below 2**53
-        # np.take, not fancy indexing: the same rows, about ten times faster on
-        # the 20 M shards of 5,000 tables on 1,024 devices (seconds).
-        self.storage = np.take(distinct[:, :3].astype(np.int64), slots, axis=0)  # HBM, DDR, SSD
-        self.parts = np.take(np.ascontiguousarray(distinct[:, 3:8]), slots, axis=0)  # as Perf.total adds them
-        self.totals = np.take(distinct[:, 8], slots)  # Perf.total as torchrec computed it
-        del slots
+        # Per shard only its slot: the 20 M shards of 5,000 tables on 1,024 devices would take
+        # 1.4 GB as values, and seconds to write.
+        self.slots = slots
+        self.storage = PerShard(distinct[:, :3].astype(np.int64), slots)  # HBM, DDR, SSD
+        self.parts = PerShard(np.ascontiguousarray(distinct[:, 3:8]), slots)  # as Perf.total adds them
+        self.totals = PerShard(distinct[:, 8].copy(), slots)  # Perf.total as torchrec computed it
         ends = np.cumsum(counts)
         starts = ends - counts
         self._index = {id(o): i for i, o in enumerate(options)}
         self._rows = [slice(start, end) for start, end in zip(starts.tolist(), ends.tolist())]
         # per option (whole bytes: exact); every option has a shard, so no segment is empty
-        self._memory = np.add.reduceat(self.storage, starts, axis=0).tolist() if len(options) else []
+        self._memory = self.storage.segment_sums(starts).tolist()
 
     def rows(self, option: ShardingOption) -> slice:
         return self._rows[self._index[id(option)]]
@@ -100,6 +100,38 @@ class ShardValues:
     def memory(self, option: ShardingOption) -> tuple[int, int, int]:
         """The option's total storage (HBM, DDR, SSD), as `total_storage` orders it."""
         return tuple(self._memory[self._index[id(option)]])
+
+
+class PerShard:
+    """A per-shard array held as its distinct rows and each shard's row among them (`slots`).
+    Indexing it (shards first, then columns) gives what indexing the whole array would."""
+
+    _CHUNK = 1 << 20  # shards gathered at once where all are read
+
+    def __init__(self, distinct: np.ndarray, slots: np.ndarray) -> None:
+        self.distinct, self.slots = distinct, slots
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            return self.distinct[(self.slots[index[0]], *index[1:])]
+        return self.distinct[self.slots[index]]
+
+    def segment_sums(self, starts: np.ndarray) -> np.ndarray:
+        """Per segment of shards (starting at each of `starts`, none empty), the sum of its rows,
+        gathered a chunk of whole segments at a time."""
+        ends = np.append(starts[1:], len(self.slots)).astype(np.int64)
+        sums = np.zeros((len(starts),) + self.distinct.shape[1:], dtype=self.distinct.dtype)
+        first = 0
+        while first < len(starts):
+            # whole segments up to about a chunk of shards (at least one)
+            last = max(first + 1, int(np.searchsorted(ends, starts[first] + self._CHUNK, side="right")))
+            rows = self[int(starts[first]) : int(ends[last - 1])]
+            sums[first:last] = np.add.reduceat(rows, starts[first:last] - starts[first], axis=0)
+            first = last
+        return sums
 
 
 class SearchSpace:
@@ -121,9 +153,10 @@ class SearchSpace:
         self.world_size = len(devices)
         self.values = values = values or ShardValues([o for table in options for o in table])
         device_storage = np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in devices])
-        shard_fits = np.zeros(len(values.storage), dtype=bool)  # each shard: on some device
+        fits = np.zeros(len(values.storage.distinct), dtype=bool)  # each distinct shard: on some device
         for device in np.unique(device_storage, axis=0):  # devices are mostly alike
-            shard_fits |= (values.storage <= device).all(1)
+            fits |= (values.storage.distinct <= device).all(1)
+        shard_fits = fits[values.slots]
         self.device_mem = device_storage[:, :2].astype(float)  # [W, 2]
         self.capacity = self.device_mem.sum(0)
         one_host = storage_constraint.intra_group_size >= self.world_size
@@ -158,14 +191,17 @@ class SearchSpace:
         # indexed per option: a [tables, options, devices] array would grow with devices times
         # the widest table's options, mostly zeros.
         self.rank_perf = PerOption(index, self._device_rows(uniform_rows, values.totals))
-        self.rank_mem = PerOption(index, self._device_rows(uniform_rows, values.storage[:, :2]))  # a view
+        self.rank_mem = PerOption(index, self._device_rows(uniform_rows, values.storage, slice(0, 2)))
 
-    def _device_rows(self, uniform_rows: list[slice], per_shard: np.ndarray) -> np.ndarray:
-        """Row 0 zeros, then per uniform option its shards' `per_shard` values on devices 0, 1, ...
-        (as floats)."""
-        out = np.zeros((len(uniform_rows) + 1, self.world_size) + per_shard.shape[1:])
+    def _device_rows(
+        self, uniform_rows: list[slice], per_shard: PerShard, columns: slice | None = None
+    ) -> np.ndarray:
+        """Row 0 zeros, then per uniform option its shards' `per_shard` values (those `columns`)
+        on devices 0, 1, ... (as floats)."""
+        distinct = per_shard.distinct if columns is None else per_shard.distinct[:, columns]
+        out = np.zeros((len(uniform_rows) + 1, self.world_size) + distinct.shape[1:])
         for row, rows in enumerate(uniform_rows, 1):
-            out[row, : rows.stop - rows.start] = per_shard[rows]
+            out[row, : rows.stop - rows.start] = distinct[per_shard.slots[rows]]
         return out
 
     @staticmethod

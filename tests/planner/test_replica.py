@@ -158,6 +158,9 @@ def test_native_placement_names_bad_input():
         torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:-2], 0, 2)
     with pytest.raises(RuntimeError, match="host_size 3 must be >= 1 and divide the 2 devices"):
         torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:-1], 3)
+    parts, totals = args[6], args[7]  # per distinct value; one row short:
+    with pytest.raises(RuntimeError, match=rf"parts \({len(parts) - 1} rows\), totals \({len(totals)}\)"):
+        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:6], parts[:-1], *args[7:])
 
 
 def test_replica_leaves_key_value_column_wise_to_torchrec():

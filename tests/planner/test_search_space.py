@@ -17,7 +17,7 @@ from embnb.cuda import loader
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.knapsack import FrontierSearch, Knapsack, knapsack_axes, without_dominated
 from embnb.planner.layout import LayoutOption
-from embnb.planner.space import PerOption, SearchSpace, ShardValues, by_table, gathered
+from embnb.planner.space import PerOption, PerShard, SearchSpace, ShardValues, by_table, gathered
 from embnb.planner.topology import reserved_topology
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -242,6 +242,29 @@ def test_shard_values_hold_each_shards_storage_and_perf(space):
         )
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 64, 1 << 20])
+def test_per_shard_values_index_and_sum_segments_as_the_whole_array(monkeypatch, chunk):
+    """PerShard against the whole array it stands for: indexing by shard (slices, arrays, then
+    columns), and sums of segments longer and shorter than the chunk gathered at once."""
+    monkeypatch.setattr(PerShard, "_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    distinct = rng.integers(0, 2**40, (9, 3))
+    lengths = rng.integers(1, 12, 40)
+    slots = rng.integers(0, 9, int(lengths.sum()))
+    whole = distinct[slots]
+    per_shard = PerShard(distinct, slots)
+    assert len(per_shard) == len(whole)
+    assert np.array_equal(per_shard[3:17], whole[3:17]) and np.array_equal(
+        per_shard[[4, 0, 4]], whole[[4, 0, 4]]
+    )
+    assert np.array_equal(per_shard[5:30, :2], whole[5:30, :2])
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    expected = [
+        [sum(int(v) for v in whole[a : a + n, axis]) for axis in range(3)] for a, n in zip(starts, lengths)
+    ]
+    assert per_shard.segment_sums(starts).tolist() == expected
+
+
 def test_the_plan_does_not_depend_on_the_order_torchrec_enumerates_options_in():
     # torchrec's enumerator walks sharding types and kernels from sets: the
     # order of a table's options changes between processes. Reversing each
@@ -344,13 +367,13 @@ def test_shard_values_read_every_shard_as_it_is(enumerator):
     values = ShardValues(options)
     shards = [shard for option in options for shard in option.shards]
     assert len(shards) > 1000
-    assert values.storage.tolist() == [[s.storage.hbm, s.storage.ddr, s.storage.ssd] for s in shards]
-    assert values.totals.tolist() == [s.perf.total for s in shards]
+    assert values.storage[:].tolist() == [[s.storage.hbm, s.storage.ddr, s.storage.ssd] for s in shards]
+    assert values.totals[:].tolist() == [s.perf.total for s in shards]
     parts = [
         [s.perf.fwd_compute, s.perf.bwd_compute, s.perf.fwd_comms, s.perf.bwd_comms, s.perf.prefetch_compute]
         for s in shards
     ]
-    assert values.parts.tolist() == parts
+    assert values.parts[:].tolist() == parts
     rows = values.rows(shared)
     assert values.parts[rows.start + 1, 0] == values.parts[rows.start, 0] + (enumerator == "embnb")
 
@@ -371,6 +394,6 @@ def test_shard_values_read_options_whose_shards_are_not_made_without_making_them
     assert proposer.propose() and not any(o.made for o in options)
     shards = [shard for option in options for shard in option.shards]  # made now, from the layouts
     assert all(o.made for o in options) and len(shards) > 64 * len(model.tables)
-    assert values.storage.tolist() == [[s.storage.hbm, s.storage.ddr, s.storage.ssd] for s in shards]
-    assert values.totals.tolist() == [s.perf.total for s in shards]
+    assert values.storage[:].tolist() == [[s.storage.hbm, s.storage.ddr, s.storage.ssd] for s in shards]
+    assert values.totals[:].tolist() == [s.perf.total for s in shards]
     assert values.parts[:, :2].tolist() == [[s.perf.fwd_compute, s.perf.bwd_compute] for s in shards]
