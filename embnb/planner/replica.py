@@ -104,7 +104,7 @@ class _Option:
         )
         self.key = option.dependency or option.fqn
         self._values, self._rows = values, values.rows(option)
-        self.total_storage = tuple(values.storage[self._rows].sum(0).tolist())  # whole bytes: exact
+        self.total_storage = values.memory(option)  # whole bytes: exact
         self._shards: tuple | None = None
 
     def _read(self) -> tuple:

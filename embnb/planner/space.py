@@ -200,8 +200,13 @@ class SearchSpace:
         on devices 0, 1, ... (as floats)."""
         distinct = per_shard.distinct if columns is None else per_shard.distinct[:, columns]
         out = np.zeros((len(uniform_rows) + 1, self.world_size) + distinct.shape[1:])
-        for row, rows in enumerate(uniform_rows, 1):
-            out[row, : rows.stop - rows.start] = distinct[per_shard.slots[rows]]
+        starts = np.array([rows.start for rows in uniform_rows], dtype=np.int64)
+        counts = np.array([rows.stop - rows.start for rows in uniform_rows], dtype=np.int64)
+        if len(counts) and (counts == self.world_size).all():  # a shard per device: one gather
+            out[1:] = distinct[per_shard.slots[starts[:, None] + np.arange(self.world_size)]]
+            return out
+        for row, (start, count) in enumerate(zip(starts.tolist(), counts.tolist()), 1):
+            out[row, :count] = distinct[per_shard.slots[start : start + count]]
         return out
 
     @staticmethod
