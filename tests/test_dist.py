@@ -358,7 +358,11 @@ def _on_retry(monkeypatch, action) -> _OnRetry:
     handler = _OnRetry(action)
     logger = logging.getLogger("embnb.dist")
     logger.addHandler(handler)
+    # No earlier test's logging state may hide the warnings counted here: a disabled logger, or a
+    # cached "not enabled" from a quieter root (setting `level` alone keeps that cache).
+    monkeypatch.setattr(logger, "disabled", False)
     monkeypatch.setattr(logger, "level", logging.WARNING)
+    logger.setLevel(logging.WARNING)  # clears the loggers' cached levels
     return handler
 
 
