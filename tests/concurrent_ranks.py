@@ -1,22 +1,18 @@
 """The same step in a real concurrent job: torchrec's ShardedEmbeddingBagCollection
-on every rank of a real process group (`embnb.dist.launch`), timed the same
-way as the rank-by-rank measurement, and every collective it runs recorded.
+on every rank of a real process group (`embnb.dist.launch`), one step, with
+every TBE it built and every collective it ran recorded.
 
-Per rank, forward pre/post hooks on each FBGEMM TBE inside the sharded
-module's lookups, and pre/post hooks on the autograd node of its output,
-read the calling thread's CPU time (`time.thread_time_ns`): the kernels'
-own forward and backward (the fused optimizer included), not the
-collectives, which gloo runs on its own threads. Collectives are recorded
-by wrapping torch.distributed's functions torchrec calls (tensor sizes in
-and out, then the real call).
+Per rank, a forward pre-hook on each FBGEMM TBE inside the sharded module's
+lookups records the ids it reads; `kernel_signature` records what the TBE
+is. Collectives are recorded by wrapping torch.distributed's functions
+torchrec calls (tensor sizes in and out, then the real call).
 
-    per_rank = launch(sharded_rank, 2, tables, constraints, plan, 256, 0, ...)
+    per_rank = launch(sharded_rank, 2, tables, constraints, plan, 256)
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,7 +26,7 @@ from embnb._torchrec_private import lookups
 from embnb.steptime.batch import make_batch
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER
 
-__all__ = ["ConcurrentRank", "RecordedCollective", "sharded_rank", "COLLECTIVES"]
+__all__ = ["ConcurrentRank", "RecordedCollective", "sharded_rank", "kernel_signature", "COLLECTIVES"]
 
 # torch.distributed functions torchrec 1.8.0's EmbeddingBagCollection
 # shardings call (torchrec/distributed/dist_data.py, comm_ops.py)
@@ -55,20 +51,34 @@ class RecordedCollective:
 
 @dataclass(frozen=True)
 class ConcurrentRank:
-    """One rank of the concurrent job: per timed step, the TBEs' summed
-    forward and backward thread CPU seconds; the collectives of one step;
-    what each TBE read (a count and a checksum of its ids)."""
+    """One rank of the concurrent job's step: its collectives; what each
+    TBE read (a count and a checksum of its ids) and what kernel it is."""
 
     rank: int
-    threads: int
-    lookup_forward_cpu_s: list[float]
-    lookup_backward_cpu_s: list[float]
     collectives: list[RecordedCollective]
     lookup_inputs: dict[tuple[str, ...], tuple[int, int]]  # each TBE's tables -> (ids it read, their sum)
+    lookup_kernels: dict[tuple[str, ...], tuple]  # each TBE's tables -> kernel_signature
 
-    @property
-    def lookup_cpu_s(self) -> list[float]:
-        return [f + b for f, b in zip(self.lookup_forward_cpu_s, self.lookup_backward_cpu_s)]
+
+def kernel_signature(tbe: torch.nn.Module) -> tuple:
+    """What decides a TBE's work besides its ids: its class, each table's
+    (rows, cols), the feature-to-table layout, pooling, precision, the fused
+    optimizer, its learning rate and arguments, and the shape of every
+    parameter and state buffer."""
+    optimizer = getattr(tbe, "optimizer", None)
+    learning_rate = tbe.get_learning_rate() if optimizer is not None else None
+    return (
+        type(tbe).__name__,
+        [tuple(spec[:2]) for spec in tbe.embedding_specs],
+        tbe.D_offsets.tolist(),
+        tbe.hash_size_cumsum.tolist(),
+        str(tbe.pooling_mode),
+        str(tbe.weights_precision),
+        str(optimizer),
+        learning_rate,
+        repr(getattr(tbe, "optimizer_args", None)),
+        sorted((name, tuple(t.shape)) for name, t in [*tbe.named_parameters(), *tbe.named_buffers()]),
+    )
 
 
 def _nbytes(value) -> int:
@@ -103,8 +113,8 @@ def _record(log: list[RecordedCollective]) -> dict:
     return originals
 
 
-class _TBETimer:
-    """Thread CPU time of every TBE's forward and of its output's backward node."""
+class _TBERecorder:
+    """Each TBE's tables, its kernel signature, and what it read."""
 
     def __init__(self, lookups: Sequence[torch.nn.Module]) -> None:
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -120,34 +130,15 @@ class _TBETimer:
             for kernel in lookup.modules()
             if isinstance(getattr(kernel, "emb_module", None), kinds)
         }
-        self.tbes = [m for lookup in lookups for m in lookup.modules() if isinstance(m, kinds)]
-        self.forward_ns = self.backward_ns = 0
+        tbes = [m for lookup in lookups for m in lookup.modules() if isinstance(m, kinds)]
+        self.kernels = {self.tables[id(tbe)]: kernel_signature(tbe) for tbe in tbes}
         self.inputs: dict[tuple[str, ...], tuple[int, int]] = {}  # tables -> (ids, their sum)
-        self._start: dict[int, int] = {}
-        for tbe in self.tbes:
-            tbe.register_forward_pre_hook(self._before, with_kwargs=True)
-            tbe.register_forward_hook(self._after)
+        for tbe in tbes:
+            tbe.register_forward_pre_hook(self._read, with_kwargs=True)
 
-    def _before(self, module, args, kwargs) -> None:
+    def _read(self, module, args, kwargs) -> None:
         indices = args[0] if args else kwargs["indices"]
         self.inputs[self.tables[id(module)]] = (int(indices.numel()), int(indices.sum()))
-        self._start[id(module)] = time.thread_time_ns()
-
-    def _after(self, module, inputs, output) -> None:
-        self.forward_ns += time.thread_time_ns() - self._start.pop(id(module))
-        node = output.grad_fn
-        began = {}
-        node.register_prehook(lambda grads: began.setdefault("t", time.thread_time_ns()) and None)
-
-        def done(grad_inputs, grad_outputs) -> None:
-            self.backward_ns += time.thread_time_ns() - began["t"]
-
-        node.register_hook(done)
-
-    def take(self) -> tuple[float, float]:
-        taken = (self.forward_ns / 1e9, self.backward_ns / 1e9)
-        self.forward_ns = self.backward_ns = 0
-        return taken
 
 
 def sharded_rank(
@@ -157,10 +148,7 @@ def sharded_rank(
     constraints: Mapping[str, ParameterConstraints] | None,
     plan: ShardingPlan,
     local_batch_size: int,
-    seed: int,
-    threads: int,
-    warmup: int,
-    repeats: int,
+    seed: int = 0,
     optimizer: str = DEFAULT_OPTIMIZER,
     learning_rate: float = 0.01,
     devices_per_host: int | None = None,
@@ -168,10 +156,9 @@ def sharded_rank(
     """A rank of the concurrent job (for `embnb.dist.launch`): torchrec's sharded
     EmbeddingBagCollection under `plan`, fed this rank's local batch of
     `make_batch(tables, constraints, world_size, local_batch_size, seed)`,
-    forward and backward (loss: the sum of its pooled output) `warmup +
-    repeats` times, with `threads` intra-op threads. `devices_per_host`:
-    torchrec sees hosts of that many ranks (its LOCAL_WORLD_SIZE), for
-    table-row-wise and grid shards."""
+    one step forward and backward (loss: the sum of its pooled output).
+    `devices_per_host`: torchrec sees hosts of that many ranks (its
+    LOCAL_WORLD_SIZE), for table-row-wise and grid shards."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.types import ShardingEnv
@@ -180,7 +167,6 @@ def sharded_rank(
     from embnb.dist import rank_device
     from embnb.steptime.work import module_plan
 
-    torch.set_num_threads(threads)
     device = rank_device()
     ebc = EmbeddingBagCollection(tables=list(tables), device=torch.device("meta"))
     sharder = EmbeddingBagCollectionSharder(
@@ -196,20 +182,12 @@ def sharded_rank(
     finally:
         os.environ.update(launched)
     kjt = make_batch(tables, constraints, world_size, local_batch_size, seed).kjt(rank, device)
-    timer = _TBETimer(lookups(sharded))  # a plain list in torchrec 1.8.0, not submodules
-    forward, backward, log = [], [], []
-    for step in range(warmup + repeats):
-        last = step == warmup + repeats - 1
-        originals = _record(log) if last else None
-        try:
-            sharded(kjt).values().sum().backward()
-            dist.barrier()  # every rank's step done before the next (as the rank-by-rank run: one at a time)
-        finally:
-            if originals:
-                for name, real in originals.items():
-                    setattr(dist, name, real)
-        f, b = timer.take()
-        if step >= warmup:
-            forward.append(f)
-            backward.append(b)
-    return ConcurrentRank(rank, torch.get_num_threads(), forward, backward, log, timer.inputs)
+    recorder = _TBERecorder(lookups(sharded))  # a plain list in torchrec 1.8.0, not submodules
+    log: list[RecordedCollective] = []
+    originals = _record(log)
+    try:
+        sharded(kjt).values().sum().backward()
+    finally:
+        for name, real in originals.items():
+            setattr(dist, name, real)
+    return ConcurrentRank(rank, log, recorder.inputs, recorder.kernels)

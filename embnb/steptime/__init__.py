@@ -17,8 +17,10 @@ Modules: `batch` (the global batch), `work` (what each rank runs and
 receives, from a plan, a routing mode or a batch partition), `kernels`
 (the TBEs and dense part), `measure` (timing), `comms` (collective bytes)
 and `step` (the calls below); tests/concurrent_ranks.py runs the same step
-in a real gloo job for the validation test. The plans notebook 03 and the bench compare,
-with torchrec's estimates, are `embnb.lab.planner.candidates`.
+in a real gloo job, and the tests check that each rank runs the same
+kernels on the same ids, with the same collective bytes. The plans
+notebook 03 and the bench compare, with torchrec's estimates, are
+`embnb.lab.planner.candidates`.
 
     batch = make_batch(model.tables, model.constraints, world_size=8, local_batch_size=256)
     times = measure_plan(plan, model.tables, batch, threads=1)
@@ -30,7 +32,7 @@ with torchrec's estimates, are `embnb.lab.planner.candidates`.
 from embnb.steptime.batch import GlobalBatch, batch_from_keys, make_batch
 from embnb.steptime.comms import LINK_MODEL, Collective, RankComms
 from embnb.steptime.measure import PHASES, RankTime, StepTimes, Timing
-from embnb.steptime.step import Agreement, compare_per_rank, measure_partition, measure_plan, measure_routing
+from embnb.steptime.step import measure_partition, measure_plan, measure_routing
 
 __all__ = [
     "GlobalBatch",
@@ -46,6 +48,4 @@ __all__ = [
     "Collective",
     "RankComms",
     "LINK_MODEL",
-    "Agreement",
-    "compare_per_rank",
 ]

@@ -1,5 +1,5 @@
 """The calls a notebook or bench makes: one configuration in, every rank's
-measured step out (`StepTimes`), and how two per-rank measurements agree.
+measured step out (`StepTimes`).
 
     times = measure_plan(plan, model.tables, batch)                  # a torchrec ShardingPlan
     times = measure_routing(batch, "hash_roundrobin", rows, dims)    # a routing mode, a key stream
@@ -8,22 +8,19 @@ measured step out (`StepTimes`), and how two per-rank measurements agree.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from embnb._checks import check_number
 from embnb.rowwise.routing import DistType
 from embnb.steptime.batch import GlobalBatch
 from embnb.steptime.comms import plan_comms, routing_comms
 from embnb.steptime.measure import StepOptions, StepTimes, measure_ranks
 from embnb.steptime.work import partition_work, plan_shards, plan_work, routing_work
 
-__all__ = ["measure_plan", "measure_routing", "measure_partition", "Agreement", "compare_per_rank"]
+__all__ = ["measure_plan", "measure_routing", "measure_partition"]
 
 
 def measure_plan(
@@ -78,37 +75,3 @@ def measure_partition(
         len(sequence_lengths),
         options=StepOptions(**options),
     )
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """Two per-rank measurements of the same phases: each rank's ratio of
-    medians (`measured / reference`) and whether every rank is within `rtol`."""
-
-    ratios: list[float]
-    rtol: float
-
-    @property
-    def agrees(self) -> bool:
-        return all(abs(r - 1) <= self.rtol for r in self.ratios)
-
-    @property
-    def worst(self) -> float:
-        return max(abs(r - 1) for r in self.ratios)
-
-
-def compare_per_rank(
-    measured: Sequence[Sequence[float]], reference: Sequence[Sequence[float]], rtol: float
-) -> Agreement:
-    """Rank by rank, the median of `measured[r]` over the median of `reference[r]`."""
-    check_number("rtol", rtol, low=0, low_open=True)
-    if len(measured) != len(reference) or not measured:
-        raise ValueError(
-            f"need the same number (>= 1) of ranks on both sides, got {len(measured)} and {len(reference)}"
-        )
-    ratios = []
-    for rank, (a, b) in enumerate(zip(measured, reference)):
-        if not a or not b or statistics.median(b) <= 0:
-            raise ValueError(f"rank {rank}: need timings > 0 on both sides, got {list(a)} and {list(b)}")
-        ratios.append(statistics.median(a) / statistics.median(b))
-    return Agreement(ratios, rtol)

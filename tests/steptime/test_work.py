@@ -22,7 +22,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from embnb.planner.topology import make_topology
 from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_batch
 from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
-from embnb.steptime.step import compare_per_rank, measure_partition, measure_routing
+from embnb.steptime.step import measure_partition, measure_routing
 from embnb.steptime.work import devices_per_host, plan_shards, plan_work, routing_work
 
 TABLES = [
@@ -153,8 +153,6 @@ def test_bad_configurations_are_named():
         plan_shards({"a": plan["a"]}, TABLES, 2)
     with pytest.raises(ValueError, match="dist_type 'modulo' is not one of"):
         measure_routing(make_batch(TABLES, None, 2, 2), "modulo", {}, {})
-    with pytest.raises(ValueError, match="need the same number"):
-        compare_per_rank([[1.0]], [[1.0], [2.0]], 0.1)
     # a table-row-wise table whose row blocks sit on two hosts (ranks 1 and 2 of hosts of 2)
     hosts = construct_module_sharding_plan(
         ebc, {"a": table_row_wise(host_index=0), "b": table_wise(rank=0)}, local_size=2, world_size=4,
