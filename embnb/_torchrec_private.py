@@ -269,6 +269,22 @@ def set_perf_config(estimator: EmbeddingPerfEstimator, config: Any) -> None:
     estimator._config = config
 
 
+def forward_sizes(ctx: Any, config: HardwarePerfConfig) -> tuple[float, float, float, float]:
+    """What torchrec's perf estimator computes a shard's forward from (`ctx`: its ShardPerfContext):
+    the forward by its own coefficient formula (seconds), the shard's embedding lookup bytes, the
+    block usage penalty and the device bandwidth, each as its evaluator for the sharding type does."""
+    from torchrec.distributed.planner.estimator.estimator import (
+        compute_block_usage_penalty,
+        get_embedding_perf_sharding_evaluator,
+    )
+
+    evaluator = get_embedding_perf_sharding_evaluator(ctx.sharding_type, ctx.is_inference)
+    min_dim = evaluator.use_min_dim_for_lookup(config)
+    lookup = evaluator._get_embedding_lookup_size(ctx=ctx, use_min_dim=min_dim)
+    penalty = compute_block_usage_penalty(ctx.emb_dim) if evaluator.use_block_usage_penalty(config) else 1.0
+    return evaluator._default_fwd_comp(ctx, config), lookup, penalty, evaluator._get_device_bw(ctx, config)
+
+
 def set_bwd_compute_multiplier(config: HardwarePerfConfig, multiplier: float) -> None:
     """Make `config`'s backward compute `multiplier` x its forward (where it gives no backward
     coefficients) whatever the topology's bwd_compute_multiplier."""

@@ -20,6 +20,7 @@ __all__ = [
     "pick_backend",
     "resolve_device",
     "visible_gpus",
+    "device_cache_bytes",
 ]
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -28,6 +29,25 @@ DEVICES = ("auto", "cpu", "cuda")
 
 def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_cache_bytes(device: str) -> int | None:
+    """The cache one worker of `device` reads tables through: a CPU core's L2 (Linux sysfs), a
+    GPU's L2; None where the machine does not say."""
+    check_choice("device", device, ("cpu", "cuda"))
+    if device == "cuda":
+        return int(torch.cuda.get_device_properties(0).L2_cache_size) if visible_gpus() else None
+    from pathlib import Path
+
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                size = (index / "size").read_text().strip()
+                return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        except (OSError, ValueError):
+            return None
+    return None
 
 
 def pick_backend(backend: str, world_size: int) -> str:

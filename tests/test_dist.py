@@ -411,3 +411,18 @@ def test_a_started_rank_server_gives_the_ranks_torchrec_already_imported():
     assert out.stdout.split() == ["[True,", "True]", "False"], out.stdout
     with pytest.raises(ValueError, match="device 'tpu' is not one of"):
         edist.start_rank_server("tpu")
+
+
+def test_device_cache_bytes_is_the_cores_l2_lscpu_names():
+    from embnb.devices import device_cache_bytes
+
+    listed = subprocess.run(["lscpu", "-B", "-C=LEVEL,ONE-SIZE,TYPE"], capture_output=True, text=True)
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    level2 = [int(size) for level, size, *_ in rows if level == "2"]
+    if listed.returncode or not level2:
+        pytest.skip(f"lscpu lists no L2 cache here: {listed.stderr.strip()!r}")
+    assert device_cache_bytes("cpu") == level2[0]
+    if not torch.cuda.is_available():
+        assert device_cache_bytes("cuda") is None
+    with pytest.raises(ValueError, match="device 'tpu' is not one of 'cpu', 'cuda'"):
+        device_cache_bytes("tpu")

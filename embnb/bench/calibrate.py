@@ -40,6 +40,7 @@ import torch
 from torchrec.distributed.planner.planners import to_sharding_plan
 
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
+from embnb.devices import device_cache_bytes
 from embnb.lab.planner.calibrated import rank_repeat_gap, rank_repeat_gaps
 from embnb.lab.planner.candidates import candidate_plans, plan_shape
 from embnb.lab.planner.comparison import default_proposers
@@ -86,8 +87,13 @@ def _parser() -> argparse.ArgumentParser:
         help="held-out models as SEED:WORLD_SIZE (seed 0: notebook 03's model seed)",
     )
     parser.add_argument(
-        "--terms", nargs="+", default=list(TERMS), choices=TERMS, help="the coefficients to fit (fit's terms)"
-    )
+        "--terms", nargs="+", default=None, choices=TERMS,
+        help="the coefficients to fit (fit's terms; default: all, less the miss term without a cache size)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cache-bytes", type=int, default=None,
+        help="the cache the miss term measures tables against (default: the device's, device_cache_bytes)",
+    )  # fmt: skip
     parser.add_argument(
         "--device", default="cpu", choices=("auto", "cpu", "cuda"),
         help="where ranks run; the topology is of this device's kind (cuda: UVM kernels among the options)",
@@ -117,6 +123,8 @@ def _check(opts: argparse.Namespace) -> str | None:
     if set(opts.train_seeds) & {s for s, _ in opts.heldout}:
         both = sorted(set(opts.train_seeds) & {s for s, _ in opts.heldout})
         return f"--train-seeds and the --heldout seeds must differ (held out: not fitted on), both: {both}"
+    if opts.cache_bytes is not None and opts.cache_bytes < 1:
+        return f"--cache-bytes must be >= 1, got {opts.cache_bytes}"
     if opts.warmup < 0 or opts.max_rows < 1000 or opts.timeout_s <= 0:
         got = f"{opts.warmup}, {opts.max_rows}, {opts.timeout_s}"
         return f"--warmup >= 0, --max-rows >= 1000, --timeout-s > 0; got {got}"
@@ -196,8 +204,9 @@ def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
                 options = random_plan(enumerated, world_size, rng)
                 times = _measure(options, model, topology, batch, opts)
                 measured = measured_ranks(
-                    options, times, topology, enumerated.sharders, model.constraints, opts.clock
-                )
+                    options, times, topology, enumerated.sharders, model.constraints, opts.clock,
+                    opts.cache_bytes,
+                )  # fmt: skip
                 ranks += measured
                 rows.append({"seed": seed, "world_size": world_size, "plan": index,
                              "shape": plan_shape(options), "ranks": len(measured)})  # fmt: skip
@@ -254,7 +263,9 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
             rows.append({**row, "measured": False, "note": f"not measured: {error}"})
             print(f"heldout seed={seed} W={world_size:>2} {name:<30} not measured: {error}", flush=True)
             continue
-        per_rank = rank_terms(options, topology, enumerated.sharders, model.constraints)
+        per_rank = rank_terms(
+            options, topology, enumerated.sharders, model.constraints, calibration.cache_bytes
+        )
         ranks = [
             {
                 "rank": r.rank,
@@ -314,11 +325,15 @@ def main(argv: list[str]) -> int:
         print(error, file=sys.stderr)
         return 2
     opts.clock = CLOCKS[opts.device]
+    if opts.cache_bytes is None:
+        opts.cache_bytes = device_cache_bytes(opts.device)
     quiet_torchrec_logs()
     before, load = torch.get_num_threads(), os.getloadavg()  # a shared machine: how busy it was
     with Stopwatch() as watch:
         ranks, train_rows = training_set(opts)
-        calibration = fit(ranks, opts.device, machine_name(opts.device), terms=opts.terms)
+        calibration = fit(
+            ranks, opts.device, machine_name(opts.device), terms=opts.terms, cache_bytes=opts.cache_bytes
+        )
         fit_abs = [abs(e) for e in calibration.fit_errors]
         print(f"fit on {len(ranks)} ranks: |error| median {statistics.median(fit_abs):.3f}, "
               f"worst {max(fit_abs):.3f}", flush=True)  # fmt: skip

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 from torchrec.distributed.planner.constants import BWD_COMPUTE_MULTIPLIER
+from torchrec.distributed.planner.estimator.annotations import forward_compute
 from torchrec.distributed.planner.estimator.config import EmbeddingPerfEstimatorConfig
 from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
 from torchrec.distributed.planner.estimator.types import (
@@ -48,10 +49,13 @@ from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstima
 from torchrec.distributed.planner.types import ParameterConstraints, ShardEstimator, ShardingOption, Topology
 
 from embnb._checks import check_number
-from embnb._torchrec_private import set_bwd_compute_multiplier, sharders_for_estimators
+from embnb._torchrec_private import forward_sizes, set_bwd_compute_multiplier, sharders_for_estimators
 
 __all__ = [
     "TERMS",
+    "TORCHREC_TERMS",
+    "EMBNB_TERMS",
+    "cache_spill",
     "ShardTerms",
     "MeasuredRank",
     "Calibration",
@@ -65,13 +69,23 @@ __all__ = [
 ]
 
 # torchrec's PerfCoefficient fields, in the order a shard's terms list them.
-TERMS = (
+TORCHREC_TERMS = (
     "input_read_size_multiplier",
     "lookup_size_multiplier",
     "embedding_output_multiplier",
     "hash_size_multiplier",
 )
-FORMAT = 1  # the JSON layout's version
+# Two terms torchrec's formula lacks, added to its forward by `CalibratedPerfConfig.forward`
+# (bytes over the device bandwidth, as torchrec's terms): a lookup into a table larger than the
+# device's cache misses it, more often the larger the table (`cache_miss_lookup_multiplier` x lookup
+# bytes x log2(table bytes / cache bytes): on a 2-core EPYC, fwd + bwd took 59, 92, 235 and 266 ns
+# an id at width 128 in tables of 0.5, 5, 51 and 512 MB), and every shard is a table of its TBE
+# with a cost of its own (`shard_multiplier` x SHARD_BYTES). Both are fitted on the measured total
+# (forward and backward), so they carry backward's share.
+EMBNB_TERMS = ("cache_miss_lookup_multiplier", "shard_multiplier")
+TERMS = TORCHREC_TERMS + EMBNB_TERMS
+SHARD_BYTES = float(1 << 20)  # a shard term's bytes per unit of its coefficient
+FORMAT = 2  # the JSON layout's version (1: torchrec's terms only, read with the others 0)
 FITTED = "a rank's measured lookups (its TBEs' fwd + bwd) against torchrec's estimated compute (fwd + bwd)"
 # torchrec's default config gives each of these families one set of coefficients
 # (estimator/config.py; PerfCoefficientConfig.get_coefficients maps table_column_wise to
@@ -111,22 +125,58 @@ class MeasuredRank:
 
 
 class CalibratedPerfConfig(EmbeddingPerfEstimatorConfig):
-    """torchrec's default perf config with a calibration's forward coefficients in `by_kernel` (the
-    other (sharding type, kernel) pairs keep torchrec's defaults) and backward `bwd_multiplier` times
-    forward (torchrec's own formula when a config gives no backward coefficients)."""
+    """torchrec's default perf config with a calibration's forward coefficients (`TERMS`' order) in
+    `by_kernel` (the other (sharding type, kernel) pairs keep torchrec's defaults) and backward
+    `bwd_multiplier` times torchrec's forward (its own formula when a config gives no backward
+    coefficients). `EMBNB_TERMS` are added to the forward through torchrec's `@forward_compute`
+    (`cache_bytes`: the device cache the miss term measures tables against; None: no miss term)."""
 
     def __init__(
-        self, by_kernel: dict[tuple[str, str], tuple[float, ...]], bwd_multiplier: float, name: str
+        self,
+        by_kernel: dict[tuple[str, str], tuple[float, ...]],
+        bwd_multiplier: float,
+        name: str,
+        cache_bytes: float | None = None,
     ) -> None:
+        torchrec_count = len(TORCHREC_TERMS)
         self.coefficients = replace(
             EmbeddingPerfEstimatorConfig.coefficients,
             by_kernel={
-                group: EstimatorPerfCoefficients(fwd=PerfCoefficient(*forward), bwd=None)
+                group: EstimatorPerfCoefficients(fwd=PerfCoefficient(*forward[:torchrec_count]), bwd=None)
                 for group, forward in by_kernel.items()
             },
         )
+        added = {group: tuple(forward[torchrec_count:]) for group, forward in by_kernel.items()}
+        self.added = {group: values for group, values in added.items() if any(values)}
+        self.cache_bytes = cache_bytes
         set_bwd_compute_multiplier(self, bwd_multiplier)
         self.name = name
+
+    @forward_compute
+    def forward(self, ctx: Any) -> float:
+        """torchrec's forward of the shard (`ctx`: its ShardPerfContext) plus `EMBNB_TERMS`."""
+        torchrec_forward, lookup_bytes, penalty, device_bw = forward_sizes(ctx, self)
+        added = self.added.get((ctx.sharding_type, ctx.compute_kernel))
+        if added is None:
+            return torchrec_forward
+        miss, shard = added
+        table_bytes = ctx.hash_size * ctx.emb_dim * ctx.table_data_type_size
+        return (
+            torchrec_forward
+            + (
+                miss * lookup_bytes * penalty * cache_spill(table_bytes, self.cache_bytes)
+                + shard * SHARD_BYTES
+            )
+            / device_bw
+        )
+
+
+def cache_spill(table_bytes: float, cache_bytes: float | None) -> float:
+    """How far a table outgrows a cache of `cache_bytes`: log2 of their ratio, 0 where it fits or
+    without a cache size (the miss term's factor per lookup byte)."""
+    if cache_bytes is None or table_bytes <= cache_bytes:
+        return 0.0
+    return math.log2(table_bytes / cache_bytes)
 
 
 @dataclass(frozen=True)
@@ -134,19 +184,22 @@ class Calibration:
     """Forward coefficients (`TERMS`' order) per (sharding type, compute kernel), fitted on
     `device_kind` ("cpu", "cuda") named `device_name`; backward is `bwd_multiplier` times forward.
     `fit_errors`: each training rank's relative error of the fitted estimate against its measured
-    lookups."""
+    lookups. `cache_bytes`: the device cache the miss term measured tables against (None: none)."""
 
     device_kind: str
     device_name: str
     coefficients: dict[tuple[str, str], tuple[float, ...]]
     bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER
     fit_errors: tuple[float, ...] = field(default=())
+    cache_bytes: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("device_kind", "device_name"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name} must be a non-empty str, got {getattr(self, name)!r}")
         check_number("bwd_multiplier", self.bwd_multiplier, low=0)
+        if self.cache_bytes is not None:
+            check_number("cache_bytes", self.cache_bytes, low=0, low_open=True)
         for group, values in self.coefficients.items():
             if len(values) != len(TERMS) or not all(math.isfinite(v) and v >= 0 for v in values):
                 raise ValueError(
@@ -181,7 +234,7 @@ class Calibration:
         }
         by_kernel = {group: self.coefficients_for(group) for group in groups}  # siblings are mutual
         name = f"embnb calibration: {self.device_kind} {self.device_name}"
-        return CalibratedPerfConfig(by_kernel, self.bwd_multiplier, name)
+        return CalibratedPerfConfig(by_kernel, self.bwd_multiplier, name, self.cache_bytes)
 
     def estimate(self, shards: tuple[ShardTerms, ...] | list[ShardTerms]) -> float:
         """The calibrated compute (fwd + bwd, ms) of `shards`, e.g. one rank's, each priced as
@@ -201,24 +254,28 @@ class Calibration:
                 for (st, kernel), values in sorted(self.coefficients.items())
             ],
             "fit_errors": list(self.fit_errors),
+            "cache_bytes": self.cache_bytes,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Calibration:
-        if data.get("format") != FORMAT or data.get("terms") != list(TERMS):
+        known = {FORMAT: list(TERMS), 1: list(TORCHREC_TERMS)}
+        if known.get(data.get("format")) != data.get("terms"):
             raise ValueError(
-                f"not a calibration of format {FORMAT} with terms {list(TERMS)}: "
-                f"format={data.get('format')!r}, terms={data.get('terms')!r}"
+                f"not a calibration of format {FORMAT} with terms {list(TERMS)} (or format 1 with "
+                f"{list(TORCHREC_TERMS)}): format={data.get('format')!r}, terms={data.get('terms')!r}"
             )
+        padding = (0.0,) * (len(TERMS) - len(data["terms"]))  # format 1: no added terms
         return cls(
             device_kind=data["device_kind"],
             device_name=data["device_name"],
             coefficients={
-                (row["sharding_type"], row["compute_kernel"]): tuple(float(v) for v in row["fwd"])
+                (row["sharding_type"], row["compute_kernel"]): (*(float(v) for v in row["fwd"]), *padding)
                 for row in data["coefficients"]
             },
             bwd_multiplier=float(data["bwd_multiplier"]),
             fit_errors=tuple(float(v) for v in data.get("fit_errors", ())),
+            cache_bytes=data.get("cache_bytes"),
         )
 
     def save(self, path: str | Path) -> None:
@@ -252,17 +309,20 @@ def shard_terms(
     sharders: list,
     constraints: dict[str, ParameterConstraints] | None = None,
     bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER,
+    cache_bytes: float | None = None,
 ) -> list[list[ShardTerms]]:
     """Each option's shards' terms, by torchrec's EmbeddingPerfEstimator: for each coefficient in
-    `TERMS`, the shard's fwd + bwd compute with that coefficient 1 and the others 0. The options'
-    shards keep their perf."""
+    `TERMS`, the shard's fwd + bwd compute with that coefficient 1 and the others 0 (the miss term
+    against a cache of `cache_bytes`). The options' shards keep their perf."""
     sharder_arg = sharders_for_estimators(sharders)
     groups = {(option.sharding_type, option.compute_kernel) for option in options}
     saved = [[shard.perf for shard in option.shards] for option in options]
     columns: list[list[list[float]]] = []
     try:
         for unit in np.eye(len(TERMS)):
-            config = CalibratedPerfConfig(dict.fromkeys(groups, tuple(unit)), bwd_multiplier, name="unit")
+            config = CalibratedPerfConfig(
+                dict.fromkeys(groups, tuple(unit)), bwd_multiplier, name="unit", cache_bytes=cache_bytes
+            )
             EmbeddingPerfEstimator(topology=topology, constraints=constraints, config=config).estimate(
                 options, sharder_arg
             )
@@ -285,11 +345,13 @@ def rank_terms(
     topology: Topology,
     sharders: list,
     constraints: dict[str, ParameterConstraints] | None = None,
+    cache_bytes: float | None = None,
 ) -> list[list[ShardTerms]]:
     """The terms (`shard_terms`) of the shards each rank holds under a placed plan (`options`, every
     shard's rank set): index r lists rank r's."""
     per_rank: list[list[ShardTerms]] = [[] for _ in range(topology.world_size)]
-    for option, terms in zip(options, shard_terms(options, topology, sharders, constraints)):
+    every = shard_terms(options, topology, sharders, constraints, cache_bytes=cache_bytes)
+    for option, terms in zip(options, every):
         for shard, shard_term in zip(option.shards, terms):
             if shard.rank is None or not 0 <= shard.rank < topology.world_size:
                 raise ValueError(
@@ -307,6 +369,7 @@ def measured_ranks(
     sharders: list,
     constraints: dict[str, ParameterConstraints] | None = None,
     clock: str = "cpu",
+    cache_bytes: float | None = None,
 ) -> list[MeasuredRank]:
     """A plan measured rank by rank (`times`: `embnb.steptime.StepTimes` of `measure_plan` on this
     plan) as `MeasuredRank`s: each rank's measured lookups (its TBEs' forward + backward, median over
@@ -319,7 +382,7 @@ def measured_ranks(
             f"times has {len(times.ranks)} ranks, the topology {topology.world_size}: measure this plan "
             "on this topology's world size"
         )
-    per_rank = rank_terms(options, topology, sharders, constraints)
+    per_rank = rank_terms(options, topology, sharders, constraints, cache_bytes)
     return [
         MeasuredRank(rank.lookup.median_s(clock) * 1e3, tuple(per_rank[rank.rank]))
         for rank in times.ranks
@@ -336,7 +399,7 @@ def torchrec_default_estimate(shards: tuple[ShardTerms, ...] | list[ShardTerms])
 def _default_forward(sharding_type: str, compute_kernel: str) -> tuple[float, ...]:
     """torchrec's default forward coefficients of a group, looked up as its estimator does."""
     coefficients = EmbeddingPerfEstimatorConfig.coefficients.get_coefficients(sharding_type, compute_kernel)
-    return astuple(coefficients.fwd)
+    return (*astuple(coefficients.fwd), *(0.0,) * len(EMBNB_TERMS))
 
 
 def _compute(shard: Any) -> float:
@@ -348,7 +411,8 @@ def fit(
     device_kind: str,
     device_name: str,
     bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER,
-    terms: tuple[str, ...] | list[str] = TERMS,
+    terms: tuple[str, ...] | list[str] | None = None,
+    cache_bytes: float | None = None,
 ) -> Calibration:
     """The non-negative least-squares coefficients of each (sharding type, compute kernel) in
     `ranks`: minimize, over the ranks, (measured lookups - calibrated estimate) / measured lookups,
@@ -359,7 +423,11 @@ def fit(
     training set, and then the ranks do not determine them: input reads and lookups both grow with
     the ids a shard reads (lookups times its width), so shards of one width cannot tell them apart,
     and data-parallel ranks all hold the same shards (one distinct row per plan). Fitting fewer
-    terms gives a determined fit there, e.g. `terms=("lookup_size_multiplier",)` for a scale alone."""
+    terms gives a determined fit there, e.g. `terms=("lookup_size_multiplier",)` for a scale alone.
+    Default: every term, less the miss term without a `cache_bytes` (the cache the ranks' terms were
+    computed against, `shard_terms`; kept in the calibration so that it prices shards alike)."""
+    if terms is None:
+        terms = tuple(t for t in TERMS if cache_bytes is not None or t != "cache_miss_lookup_multiplier")
     chosen = tuple(terms)
     if not chosen or any(term not in TERMS for term in chosen) or len(set(chosen)) != len(chosen):
         raise ValueError(f"terms must be distinct names from {TERMS}, got {terms!r}")
@@ -414,4 +482,4 @@ def fit(
             values[c] = float(value)
         coefficients[group] = tuple(values)
     errors = tuple(float(e) for e in design @ solution / measured - 1.0)
-    return Calibration(device_kind, device_name, coefficients, bwd_multiplier, errors)
+    return Calibration(device_kind, device_name, coefficients, bwd_multiplier, errors, cache_bytes)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.constants import kernel_bw_lookup
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.estimator.config import EmbeddingPerfEstimatorConfig
 from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
@@ -24,7 +25,16 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._torchrec_private import estimators_of, planner_enumerator, sharders_for_estimators
 from embnb.planner import create_planner
-from embnb.planner.calibration import TERMS, Calibration, MeasuredRank, estimators, fit, shard_terms
+from embnb.planner.calibration import (
+    SHARD_BYTES,
+    TERMS,
+    TORCHREC_TERMS,
+    Calibration,
+    MeasuredRank,
+    estimators,
+    fit,
+    shard_terms,
+)
 from embnb.planner.estimates import covers
 from embnb.planner.topology import make_topology
 
@@ -71,6 +81,46 @@ KNOWN = {
     ("column_wise", "fused"): (1.3, 0.5, 2.2, 5e-3),
     ("row_wise", "fused"): (0.9, 2.5, 0.7, 1e-3),
 }
+ADDED = {  # embnb's terms: a missed lookup, a shard
+    ("table_wise", "fused"): (3.0, 0.2),
+    ("column_wise", "fused"): (1.5, 0.7),
+    ("row_wise", "fused"): (2.0, 0.4),
+}
+CACHE_BYTES = 256 * 1024  # the model's tables are 19 KB to 2 MB
+
+
+def extended(values):
+    """torchrec's four coefficients, with embnb's terms 0."""
+    return (*values, *(0.0,) * (len(TERMS) - len(TORCHREC_TERMS)))
+
+
+def device_bw(topology, compute_kernel):
+    return kernel_bw_lookup(
+        topology.compute_device, compute_kernel, topology.hbm_mem_bw, topology.ddr_mem_bw,
+        topology.hbm_to_ddr_mem_bw,
+    )  # fmt: skip
+
+
+def test_added_terms_are_a_missed_lookup_and_a_shard():
+    """Per shard, the miss term is torchrec's lookup term (its forward's share: bwd = 2 x fwd) times
+    log2 of the shard's table (rows x cols x 4 bytes) over CACHE_BYTES where it is larger, and
+    the shard term is SHARD_BYTES over torchrec's bandwidth for the kernel; no miss without a cache."""
+    topology, constraints, sharders, options = enumerated()
+    options = [o for o in options if o.compute_kernel in ("fused", "dense")]
+    with_cache = shard_terms(options, topology, sharders, constraints, cache_bytes=CACHE_BYTES)
+    without = shard_terms(options, topology, sharders, constraints)
+    missed = 0
+    for option, terms, plain in zip(options, with_cache, without):
+        for shard, term, plain_term in zip(option.shards, terms, plain):
+            rows, cols = shard.size
+            table = rows * cols * 4
+            share = math.log2(table / CACHE_BYTES) if table > CACHE_BYTES else 0.0
+            missed += share > 0
+            assert term.terms[:5] == pytest.approx((*plain_term.terms[:4], plain_term.terms[1] / 3 * share))
+            assert plain_term.terms[4] == 0.0
+            want = SHARD_BYTES / device_bw(topology, option.compute_kernel)
+            assert term.terms[5] == plain_term.terms[5] == pytest.approx(want, rel=1e-12)
+    assert 0 < missed < sum(len(o.shards) for o in options)
 
 
 def test_fit_recovers_known_coefficients_from_torchrecs_estimates():
@@ -78,17 +128,22 @@ def test_fit_recovers_known_coefficients_from_torchrecs_estimates():
     options = [o for o in options if (o.sharding_type, o.compute_kernel) in KNOWN]
     assert {(o.sharding_type, o.compute_kernel) for o in options} == set(KNOWN)
     measured = oracle_compute(options, topology, constraints, sharders, KNOWN)
-    terms = shard_terms(options, topology, sharders, constraints)
+    terms = shard_terms(options, topology, sharders, constraints, cache_bytes=CACHE_BYTES)
+    for option_terms, option_measured in zip(terms, measured):
+        for s, shard in enumerate(option_terms):  # embnb's terms (checked above) on torchrec's estimate
+            miss, per_shard = ADDED[shard.group]
+            option_measured[s] += miss * shard.terms[4] + per_shard * shard.terms[5]
     pool = [(terms[i][s], measured[i][s]) for i, o in enumerate(options) for s in range(len(o.shards))]
     rng = np.random.default_rng(0)
     ranks = []
     for _ in range(60):
         picked = [pool[j] for j in rng.choice(len(pool), size=3, replace=False)]
         ranks.append(MeasuredRank(sum(ms for _, ms in picked), tuple(t for t, _ in picked)))
-    calibration = fit(ranks, device_kind="cuda", device_name="synthetic")
-    assert set(calibration.coefficients) == set(KNOWN)
+    calibration = fit(ranks, device_kind="cuda", device_name="synthetic", cache_bytes=CACHE_BYTES)
+    assert set(calibration.coefficients) == set(KNOWN) and calibration.cache_bytes == CACHE_BYTES
     for group, values in KNOWN.items():
-        np.testing.assert_allclose(calibration.coefficients[group], values, rtol=1e-6, err_msg=str(group))
+        want = (*values, *ADDED[group])
+        np.testing.assert_allclose(calibration.coefficients[group], want, rtol=1e-6, err_msg=str(group))
     assert max(abs(e) for e in calibration.fit_errors) < 1e-9
     for rank in ranks[:5]:
         assert math.isclose(calibration.estimate(rank.shards), rank.lookups_ms, rel_tol=1e-9)
@@ -108,7 +163,8 @@ def test_fit_of_some_terms_recovers_them_and_leaves_the_others_zero():
     ]
     calibration = fit(ranks, "cuda", "synthetic", terms=TERMS[:2])
     for group, values in two.items():
-        np.testing.assert_allclose(calibration.coefficients[group], values, rtol=1e-6, err_msg=str(group))
+        want = extended(values)
+        np.testing.assert_allclose(calibration.coefficients[group], want, rtol=1e-6, err_msg=str(group))
     with pytest.raises(ValueError, match=r"terms must be distinct names from .*got \('hash',\)"):
         fit(ranks, "cuda", "synthetic", terms=("hash",))
 
@@ -142,7 +198,7 @@ def test_an_unfitted_sharding_type_is_priced_as_its_fitted_sibling():
     assert set(by_hand) - {("grid_shard", "fused")} | {("data_parallel", "dense")} <= kinds, kinds
     options = [o for o in options if o.compute_kernel in ("fused", "dense")]
     expected = oracle_compute(options, topology, constraints, sharders, by_hand)
-    calibration = Calibration("cuda", "test", dict(KNOWN))
+    calibration = Calibration("cuda", "test", {group: extended(values) for group, values in KNOWN.items()})
     terms = shard_terms(options, topology, sharders, constraints)
     for option, option_terms, option_expected in zip(options, terms, expected):
         for shard, want in zip(option_terms, option_expected):
@@ -155,15 +211,33 @@ def test_an_unfitted_sharding_type_is_priced_as_its_fitted_sibling():
     assert calibration.priced_as(("data_parallel", "dense")) is None
 
 
+PER_SHARD = 0.25  # the scaled calibration's shard coefficient, where the kernel is fused or dense
+
+
 def scaled_calibration(options, factor):
     groups = {(o.sharding_type, o.compute_kernel) for o in options}
-    return Calibration("cuda", "test", dict.fromkeys(groups, (factor, factor, factor, 0.0)))
+    return Calibration(
+        "cuda",
+        "test",
+        {
+            (kind, kernel): (
+                factor,
+                factor,
+                factor,
+                0.0,
+                0.0,
+                PER_SHARD if kernel in ("fused", "dense") else 0.0,
+            )
+            for kind, kernel in groups
+        },
+    )
 
 
 @pytest.mark.parametrize("planner_kind", ["torchrec", "embnb"])
 def test_calibrated_config_plugs_into_the_planner(planner_kind):
     """A plan of a small model on the calibrated estimator: every enumerated shard's compute is the
-    calibration's factor times torchrec's default estimate (coefficients (k, k, k, 0), bwd 2 x fwd)."""
+    calibration's factor times torchrec's default estimate (coefficients (k, k, k, 0), bwd 2 x fwd),
+    and a fused or dense shard's forward PER_SHARD x SHARD_BYTES over its bandwidth more."""
     topology, constraints, sharders, options = enumerated(world_size=2)
     calibration = scaled_calibration(options, 3.0)
     ebc, _ = model()
@@ -189,8 +263,12 @@ def test_calibrated_config_plugs_into_the_planner(planner_kind):
     assert len(by_key) == len(options)
     for option in calibrated:
         default = by_key[key(option)]
+        added = PER_SHARD * SHARD_BYTES / device_bw(topology, option.compute_kernel)
+        if option.compute_kernel not in ("fused", "dense"):
+            added = 0.0
         for shard, default_shard in zip(option.shards, default.shards):
-            assert math.isclose(shard.perf.fwd_compute, 3.0 * default_shard.perf.fwd_compute, rel_tol=1e-9)
+            want = 3.0 * default_shard.perf.fwd_compute + added
+            assert math.isclose(shard.perf.fwd_compute, want, rel_tol=1e-9)
             assert math.isclose(shard.perf.bwd_compute, 3.0 * default_shard.perf.bwd_compute, rel_tol=1e-9)
             assert shard.perf.fwd_comms == default_shard.perf.fwd_comms  # communication is not calibrated
 
@@ -199,15 +277,25 @@ def test_save_load_round_trip(tmp_path):
     calibration = Calibration(
         "cpu",
         "AMD EPYC test",
-        {("table_wise", "fused"): (0.5, 1.25, 0.0, 1e-4), ("row_wise", "dense"): (1.0, 2.0, 3.0, 0.0)},
+        {
+            ("table_wise", "fused"): (0.5, 1.25, 0.0, 1e-4, 2.0, 0.5),
+            ("row_wise", "dense"): (1.0, 2.0, 3.0, 0.0, 0.0, 0.0),
+        },
         bwd_multiplier=1.5,
         fit_errors=(0.01, -0.02),
+        cache_bytes=2.0**21,
     )
     path = tmp_path / "calibration.json"
     calibration.save(path)
     data = json.loads(path.read_text())
     assert data["device_kind"] == "cpu" and data["device_name"] == "AMD EPYC test"
     assert Calibration.load(path) == calibration
+    # format 1 (torchrec's terms only) reads with embnb's terms 0 and no cache
+    old = {**data, "format": 1, "terms": list(TORCHREC_TERMS), "cache_bytes": None}
+    old["coefficients"] = [{**row, "fwd": row["fwd"][:4]} for row in data["coefficients"]]
+    read = Calibration.from_json(old)
+    assert read.coefficients[("table_wise", "fused")] == (0.5, 1.25, 0.0, 1e-4, 0.0, 0.0)
+    assert read.cache_bytes is None
 
 
 def test_bad_input_raises_naming_the_value():
@@ -216,10 +304,12 @@ def test_bad_input_raises_naming_the_value():
         fit([MeasuredRank(1.0, (shard,)), MeasuredRank(-2.0, (shard,))], "cpu", "x")
     with pytest.raises(ValueError, match="at least one"):
         fit([], "cpu", "x")
-    with pytest.raises(ValueError, match=r"determine 1 of the 4 coefficients"):
+    with pytest.raises(ValueError, match=r"determine 1 of the 5 coefficients"):
         fit([MeasuredRank(1.0, (shard,)), MeasuredRank(2.0, (shard, shard))], "cpu", "x")
     with pytest.raises(ValueError, match=r"coefficients\[\('table_wise', 'fused'\)\].*-1"):
-        Calibration("cpu", "x", {("table_wise", "fused"): (1.0, -1.0, 0.0, 0.0)})
+        Calibration("cpu", "x", {("table_wise", "fused"): (1.0, -1.0, 0.0, 0.0, 0.0, 0.0)})
+    with pytest.raises(ValueError, match="cache_bytes .*-1"):
+        Calibration("cpu", "x", {}, cache_bytes=-1)
     with pytest.raises(ValueError, match="device_name .*''"):
         Calibration("cpu", "", {})
     with pytest.raises(ValueError, match="format"):
@@ -231,4 +321,4 @@ def test_bad_input_raises_naming_the_value():
 def shard_terms_example():
     from embnb.planner.calibration import ShardTerms
 
-    return ShardTerms("table_wise", "fused", (1.0, 2.0, 3.0, 4.0))
+    return ShardTerms("table_wise", "fused", (1.0, 2.0, 3.0, 4.0, 0.0, 5.0))
