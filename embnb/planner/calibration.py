@@ -13,18 +13,21 @@ output_write_size + d * hash_size) * block_penalty / device_bw`, with (a, b, c, 
 `bwd_compute_multiplier * fwd`. A calibration keeps that ratio (torchrec's default 2: one measured
 total cannot tell forward from backward) and fits the forward coefficients of each (sharding type,
 compute kernel) it has measurements of; the estimate is linear in them, so the fit is a non-negative
-least squares over ranks. A sharding type without measurements is priced as a fitted sibling of its
-family in torchrec's defaults (`SIBLINGS`), else at torchrec's default. Each shard's terms (its
+least squares over ranks. Two terms torchrec's formula lacks are added to its forward through
+its `@forward_compute` extension point and fitted with its four (`EMBNB_TERMS`: a lookup into a
+table larger than the device's cache, and a cost per shard). A sharding type without
+measurements is priced as a fitted sibling of its family in torchrec's defaults (`SIBLINGS`), else
+at torchrec's default. Each shard's terms (its
 estimated compute per unit of each coefficient) are computed by torchrec's estimator itself
 (`shard_terms`), so the features are exactly the ones it uses. The result is a torchrec
 `HardwarePerfConfig` (`Calibration.perf_config`), which torchrec's `EmbeddingPerfEstimator` runs as
 it runs its default, and embnb's enumerator keeps its fast path on
 (`embnb.planner.estimates.covers`).
 
-    terms = shard_terms(options, topology, sharders)          # per option, per shard
+    terms = shard_terms(options, topology, sharders, cache_bytes=device_cache_bytes("cpu"))
     times = embnb.steptime.measure_plan(to_sharding_plan(options, topology), tables, batch)
-    ranks = measured_ranks(options, times, topology, sharders)  # one MeasuredRank per rank with shards
-    calibration = fit(ranks, device_kind="cpu", device_name="...")
+    ranks = measured_ranks(options, times, topology, sharders, cache_bytes=...)  # one per rank with shards
+    calibration = fit(ranks, device_kind="cpu", device_name="...", cache_bytes=...)
     planner = create_planner(topology, batch_size, calibration=calibration)
 """
 
