@@ -409,6 +409,11 @@ def _compute(shard: Any) -> float:
     return shard.perf.fwd_compute + shard.perf.bwd_compute
 
 
+def _check_terms(terms: tuple[str, ...] | list[str]) -> None:
+    if not terms or any(term not in TERMS for term in terms) or len(set(terms)) != len(tuple(terms)):
+        raise ValueError(f"terms must be distinct names from {TERMS}, got {terms!r}")
+
+
 def fit(
     ranks: list[MeasuredRank],
     device_kind: str,
@@ -427,13 +432,11 @@ def fit(
     the ids a shard reads (lookups times its width), so shards of one width cannot tell them apart,
     and data-parallel ranks all hold the same shards (one distinct row per plan). Fitting fewer
     terms gives a determined fit there, e.g. `terms=("lookup_size_multiplier",)` for a scale alone.
-    Default: every term, less the miss term without a `cache_bytes` (the cache the ranks' terms were
-    computed against, `shard_terms`; kept in the calibration so that it prices shards alike)."""
-    if terms is None:
-        terms = tuple(t for t in TERMS if cache_bytes is not None or t != "cache_miss_lookup_multiplier")
-    chosen = tuple(terms)
-    if not chosen or any(term not in TERMS for term in chosen) or len(set(chosen)) != len(chosen):
-        raise ValueError(f"terms must be distinct names from {TERMS}, got {terms!r}")
+    Default: every term, less the miss term where no shard's table outgrows the cache (or no
+    `cache_bytes` is given: the cache the ranks' terms were computed against, `shard_terms`; kept in
+    the calibration so that it prices shards alike)."""
+    if terms is not None:
+        _check_terms(terms)
     if not ranks:
         raise ValueError("ranks must hold at least one MeasuredRank, got none")
     for index, rank in enumerate(ranks):
@@ -446,6 +449,11 @@ def fit(
                     f"ranks[{index}]: a shard's terms must be {len(TERMS)} finite numbers >= 0, "
                     f"got {shard.terms!r}"
                 )
+    if terms is None:
+        miss = TERMS.index("cache_miss_lookup_multiplier")
+        spills = any(shard.terms[miss] > 0 for rank in ranks for shard in rank.shards)
+        terms = tuple(t for t in TERMS if t != TERMS[miss] or spills)
+    chosen = tuple(terms)
     columns = [TERMS.index(term) for term in chosen]
     width = len(columns)
     groups = sorted({shard.group for rank in ranks for shard in rank.shards})

@@ -169,6 +169,27 @@ def test_fit_of_some_terms_recovers_them_and_leaves_the_others_zero():
         fit(ranks, "cuda", "synthetic", terms=("hash",))
 
 
+def test_fit_leaves_the_miss_term_out_where_no_table_outgrows_the_cache():
+    """With a cache larger than every table, no shard has a miss term: by default `fit` fits the
+    other five and recovers torchrec's coefficients with embnb's 0; asked for it, it says so."""
+    topology, constraints, sharders, options = enumerated()
+    options = [o for o in options if (o.sharding_type, o.compute_kernel) in KNOWN]
+    measured = oracle_compute(options, topology, constraints, sharders, KNOWN)
+    terms = shard_terms(options, topology, sharders, constraints, cache_bytes=1 << 30)
+    ranks = [
+        MeasuredRank(measured[i][s], (terms[i][s],))
+        for i, o in enumerate(options)
+        for s in range(len(o.shards))
+    ]
+    calibration = fit(ranks, "cuda", "synthetic", cache_bytes=1 << 30)
+    for group, values in KNOWN.items():
+        got = calibration.coefficients[group]
+        np.testing.assert_allclose(got[:4], values, rtol=1e-6, err_msg=str(group))
+        assert got[4] == 0 and abs(got[5]) < 1e-9 * max(values)
+    with pytest.raises(ValueError, match="no shard has a term for: .*cache_miss_lookup_multiplier"):
+        fit(ranks, "cuda", "synthetic", terms=TERMS, cache_bytes=1 << 30)
+
+
 def test_shard_terms_are_torchrecs_default_estimate_at_default_coefficients():
     """At torchrec's default coefficients (1, 1, 1, 0) the terms sum to its default estimate, block
     penalty included (bwd = 2 x fwd)."""
