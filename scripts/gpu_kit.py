@@ -112,14 +112,15 @@ STEPTIME_BENCH = {"--world-sizes": [8, 16], "--devices-per-host": 8, "--timeout-
 # (the model's tables are 0.97 GiB of fp32 weights, 0.12 GiB per device at W = 8), so the planners
 # put tables in UVM with an HBM cache; steptime runs FBGEMM's UVM-caching TBEs.
 STEPTIME_UVM_BENCH = {**STEPTIME_BENCH, "--world-sizes": [8], "--hbm-gib": 0.06}
-# `python -m embnb.bench calibrate --device cuda`: torchrec's perf model fitted on the GPU (one
-# coefficient per sharding type and kernel: the kernels of a CUDA topology are more than a CPU's).
+# `python -m embnb.bench calibrate --device cuda`: torchrec's perf model fitted on the GPU (two
+# coefficients per sharding type and kernel, lookup bytes and a cost per shard: the kernels of a
+# CUDA topology are more than a CPU's, and small TBEs on a GPU are bound by launches, not bytes).
 CALIBRATE_BENCH = {
     "--train-seeds": [1, 2],
     "--train-world-sizes": [8],
     "--train-plans": 4,
     "--heldout": ["0:8", "3:8"],
-    "--terms": ["lookup_size_multiplier"],
+    "--terms": ["lookup_size_multiplier", "shard_multiplier"],
     "--timeout-s": 20,
     "--repeats": 3,
 }
@@ -131,7 +132,7 @@ CALIBRATE_BENCH_SHORT = {
     "--train-world-sizes": [2, 3],
     "--train-plans": 3,
     "--heldout": ["0:2"],
-    "--terms": ["lookup_size_multiplier"],
+    "--terms": ["lookup_size_multiplier", "shard_multiplier"],
     "--timeout-s": 5,
     "--warmup": 0,
     "--repeats": 2,
