@@ -14,7 +14,9 @@ checked on models and plans it was not fitted on.
    proposers on torchrec's default estimator, beside embnb's DP and torchrec's default proposers on the
    calibrated estimator and two poor plans (every table table-wise on 1 and on 2 ranks). Every plan is
    measured; per rank holding a shard, the relative error of torchrec's default estimate and of the
-   calibrated estimate against the measured lookups (median and worst of |error|). The default
+   calibrated estimate against the measured lookups (median and worst of |error|). A world's plans
+   are measured in interleaved rounds (`measure_interleaved`): each round runs every plan once,
+   so a machine that slows during the run slows every plan alike. The default
    held-out set: notebook 03's seed at W = 8 and 32, and two other models. Where two planners
    return one placement it is measured twice: rank by rank, how far apart the two came is the
    noise under those errors (`rank_repeat_gap`).
@@ -58,6 +60,7 @@ from embnb.planner.calibration import (
 from embnb.planner.enumerator import make_enumerator
 from embnb.planner.topology import make_topology
 from embnb.steptime import StepTimes, make_batch, measure_plan
+from embnb.steptime.measure import join_rounds
 from embnb.steptime.work import HOST_LEVEL_SHARDING_TYPES
 from embnb.timing import Stopwatch, machine_name
 
@@ -181,11 +184,27 @@ def _critical_paths(times: StepTimes, clock: str) -> dict[str, dict[str, float]]
     return {"step_ms": _spread(step), "lookup_ms": _spread(lookup)}
 
 
-def _measure(options, model: Model, topology, batch, opts) -> StepTimes:
+def _measure(options, model: Model, topology, batch, opts, repeats: int | None = None) -> StepTimes:
     return measure_plan(
         to_sharding_plan(options, topology), model.tables, batch, device=opts.device,
-        threads=opts.threads, warmup=opts.warmup, repeats=opts.repeats,
+        threads=opts.threads, warmup=opts.warmup, repeats=repeats or opts.repeats,
     )  # fmt: skip
+
+
+def measure_interleaved(plans: dict[str, list], model: Model, topology, batch, opts) -> dict[str, Any]:
+    """Each plan's StepTimes over `opts.repeats` rounds, each round measuring every plan once (after
+    `opts.warmup` untimed steps: its kernels are built anew), so that a machine that slows during
+    the run slows every plan alike; a plan steptime cannot replay gets its ValueError instead."""
+    rounds: dict[str, Any] = {}
+    for _ in range(opts.repeats):
+        for name, options in plans.items():
+            if isinstance(rounds.get(name), ValueError):
+                continue
+            try:
+                rounds.setdefault(name, []).append(_measure(options, model, topology, batch, opts, repeats=1))
+            except ValueError as error:  # a sharding type steptime does not replay (the first round)
+                rounds[name] = error
+    return {name: got if isinstance(got, ValueError) else join_rounds(got) for name, got in rounds.items()}
 
 
 def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
@@ -248,6 +267,8 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
     for name, run in _calibrated_plans(calibration, model, enumerated, topology, opts).items():
         plans[name] = (run.plan, run.perf_rating, run.note, "calibrated")
     batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
+    measurable = {name: plan[0] for name, plan in plans.items() if plan[0] is not None}
+    measured = measure_interleaved(measurable, model, topology, batch, opts)
     rows, placements = [], {}
     for name, (options, rating, note, estimator) in plans.items():
         rating = None if math.isnan(rating) else rating  # no plan: strict JSON has no NaN
@@ -257,11 +278,10 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
             continue
         # Two planners may return one placement: measured again, it shows the spread between runs.
         row["same_as"] = placements.setdefault(_placement(options), name)
-        try:
-            times = _measure(options, model, topology, batch, opts)
-        except ValueError as error:  # a sharding type steptime does not replay: the others still count
-            rows.append({**row, "measured": False, "note": f"not measured: {error}"})
-            print(f"heldout seed={seed} W={world_size:>2} {name:<30} not measured: {error}", flush=True)
+        times = measured[name]
+        if isinstance(times, ValueError):  # a sharding type steptime does not replay: the others count
+            rows.append({**row, "measured": False, "note": f"not measured: {times}"})
+            print(f"heldout seed={seed} W={world_size:>2} {name:<30} not measured: {times}", flush=True)
             continue
         per_rank = rank_terms(
             options, topology, enumerated.sharders, model.constraints, calibration.cache_bytes

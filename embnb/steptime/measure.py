@@ -37,6 +37,7 @@ __all__ = [
     "StepOptions",
     "measure_rank",
     "measure_ranks",
+    "join_rounds",
     "DEFAULT_HIDDEN",
 ]
 
@@ -232,4 +233,35 @@ def measure_ranks(
     device = str(torch.device(options.device))
     return StepTimes(
         ranks, comms, device, options.threads, options.warmup, options.repeats, machine_name(options.device)
+    )
+
+
+def join_rounds(rounds: Sequence[StepTimes]) -> StepTimes:
+    """Rounds of one plan's measurement (each its own `measure_ranks` call, e.g. one repeat per
+    round, interleaved with other plans' rounds so that a machine that slows mid-run slows every
+    plan alike) as one StepTimes: each rank's repeats in round order; `warmup` is each round's."""
+    if not rounds:
+        raise ValueError("rounds is empty: pass one StepTimes per round")
+    first = rounds[0]
+    for index, times in enumerate(rounds):
+        same = (len(times.ranks), times.device, times.threads, times.warmup)
+        if same != (len(first.ranks), first.device, first.threads, first.warmup):
+            raise ValueError(
+                f"rounds[{index}] has (ranks, device, threads, warmup) {same}, rounds[0] "
+                f"{(len(first.ranks), first.device, first.threads, first.warmup)}: rounds of one plan only"
+            )
+    ranks = []
+    for position, rank in enumerate(first.ranks):
+        phases = {
+            phase: Timing(
+                [v for times in rounds for v in times.ranks[position].phases[phase].wall_s],
+                [v for times in rounds for v in times.ranks[position].phases[phase].cpu_s],
+            )
+            for phase in rank.phases
+        }
+        ranks.append(RankTime(rank.rank, phases, rank.num_ids, rank.dense_samples))
+    notes = [*first.notes, f"{len(rounds)} rounds, interleaved with other plans' (join_rounds)"]
+    repeats = sum(times.repeats for times in rounds)
+    return StepTimes(
+        ranks, first.comms, first.device, first.threads, first.warmup, repeats, first.machine, notes
     )

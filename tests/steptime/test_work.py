@@ -22,6 +22,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from embnb.planner.topology import make_topology
 from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_batch
 from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
+from embnb.steptime.measure import join_rounds
 from embnb.steptime.step import measure_partition, measure_routing
 from embnb.steptime.work import devices_per_host, plan_shards, plan_work, routing_work
 
@@ -140,6 +141,29 @@ def test_measure_routing_and_partition_time_every_rank_and_phase():
         assert all(len(t.wall_s) == len(t.cpu_s) == 3 for t in rank.phases.values())
         assert rank.compute.median_s("cpu") > 0
     assert partition.ranks[0].dense_samples == 3 and partition.critical_rank() in (0, 1)
+
+
+def test_rounds_join_into_one_measurement_repeat_by_repeat():
+    """join_rounds: rank r's values in each phase are the rounds' values in round order (here 1 + 2
+    repeats), the comms the first round's; rounds of another shape are refused by name."""
+    batch = make_batch([TABLES[0]], None, 2, 8, seed=0)
+    rounds = [
+        measure_routing(batch, "roundrobin", {"a": 97}, {"a": 24}, warmup=0, repeats=n, hidden=(8,))
+        for n in (1, 2)
+    ]
+    joined = join_rounds(rounds)
+    assert joined.repeats == 3 and joined.comms is rounds[0].comms and "2 rounds" in joined.notes[-1]
+    for position, rank in enumerate(joined.ranks):
+        for phase, timing in rank.phases.items():
+            parts = [t.ranks[position].phases[phase] for t in rounds]
+            assert timing.wall_s == parts[0].wall_s + parts[1].wall_s
+            assert timing.cpu_s == parts[0].cpu_s + parts[1].cpu_s
+        assert rank.lookup.cpu_s == [v for t in rounds for v in t.ranks[position].lookup.cpu_s]
+    three = measure_partition([[5], [3], [2]], width=8, warmup=0, repeats=1, hidden=(8,))
+    with pytest.raises(ValueError, match=r"rounds\[1\] has \(ranks, device, threads, warmup\) \(3,"):
+        join_rounds([rounds[0], three])
+    with pytest.raises(ValueError, match="rounds is empty"):
+        join_rounds([])
 
 
 def test_bad_configurations_are_named():
