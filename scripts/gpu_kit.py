@@ -114,7 +114,8 @@ STEPTIME_BENCH = {"--world-sizes": [8, 16], "--devices-per-host": 8, "--timeout-
 STEPTIME_UVM_BENCH = {**STEPTIME_BENCH, "--world-sizes": [8], "--hbm-gib": 0.06}
 # `python -m embnb.bench calibrate --device cuda`: torchrec's perf model fitted on the GPU (two
 # coefficients per sharding type and kernel, lookup bytes and a cost per shard: the kernels of a
-# CUDA topology are more than a CPU's, and small TBEs on a GPU are bound by launches, not bytes).
+# CUDA topology are more than a CPU's, and on the H100 a small model's step followed its kernel
+# calls, not its bytes).
 CALIBRATE_BENCH = {
     "--train-seeds": [1, 2],
     "--train-world-sizes": [8],
