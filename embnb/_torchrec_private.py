@@ -23,7 +23,10 @@ from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.planner import enumerators as torchrec_enumerators
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-from torchrec.distributed.planner.estimator.estimator import EmbeddingPerfEstimator
+from torchrec.distributed.planner.estimator.estimator import (
+    EmbeddingPerfEstimator,
+    EmbeddingShardingPerfEvaluator,
+)
 from torchrec.distributed.planner.estimator.types import HardwarePerfConfig
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
@@ -53,6 +56,8 @@ __all__ = [
     "filter_sharding_types",
     "filter_compute_kernels",
     "set_perf_config",
+    "ForwardSizes",
+    "forward_sizes",
     "set_bwd_compute_multiplier",
     "planner_enumerator",
     "planner_proposers",
@@ -105,6 +110,10 @@ PRIVATE_FUNCTIONS: dict[tuple[Any, str], tuple[str, ...]] = {
         "allowed_compute_kernels",
         "sharding_type",
     ),
+    # forward_sizes: what a shard's forward is computed from
+    (EmbeddingShardingPerfEvaluator, "_get_embedding_lookup_size"): ("self", "ctx", "use_min_dim"),
+    (EmbeddingShardingPerfEvaluator, "_default_fwd_comp"): ("self", "ctx", "config"),
+    (EmbeddingShardingPerfEvaluator, "_get_device_bw"): ("self", "ctx", "config"),
 }
 
 # Each private attribute used here, by the class whose instances hold it
@@ -269,10 +278,19 @@ def set_perf_config(estimator: EmbeddingPerfEstimator, config: Any) -> None:
     estimator._config = config
 
 
-def forward_sizes(ctx: Any, config: HardwarePerfConfig) -> tuple[float, float, float, float]:
-    """What torchrec's perf estimator computes a shard's forward from (`ctx`: its ShardPerfContext):
-    the forward by its own coefficient formula (seconds), the shard's embedding lookup bytes, the
-    block usage penalty and the device bandwidth, each as its evaluator for the sharding type does."""
+class ForwardSizes(NamedTuple):
+    """What torchrec's perf estimator computes a shard's forward from."""
+
+    forward_s: float  # the forward by torchrec's own coefficient formula
+    lookup_bytes: float  # the shard's embedding lookup bytes (TABLE_WISE: at least 32 columns)
+    ids: float  # the ids the shard looks up in a batch
+    penalty: float  # the block usage penalty (1 where the evaluator uses none)
+    device_bw: float  # bytes per second
+
+
+def forward_sizes(ctx: Any, config: HardwarePerfConfig) -> ForwardSizes:
+    """A shard's `ForwardSizes` (`ctx`: its ShardPerfContext), each as torchrec's evaluator for the
+    sharding type computes it."""
     from torchrec.distributed.planner.estimator.estimator import (
         compute_block_usage_penalty,
         get_embedding_perf_sharding_evaluator,
@@ -281,8 +299,12 @@ def forward_sizes(ctx: Any, config: HardwarePerfConfig) -> tuple[float, float, f
     evaluator = get_embedding_perf_sharding_evaluator(ctx.sharding_type, ctx.is_inference)
     min_dim = evaluator.use_min_dim_for_lookup(config)
     lookup = evaluator._get_embedding_lookup_size(ctx=ctx, use_min_dim=min_dim)
+    row_bytes = ctx.emb_dim * ctx.table_data_type_size
+    ids = evaluator._get_embedding_lookup_size(ctx=ctx, use_min_dim=False) / row_bytes if row_bytes else 0.0
     penalty = compute_block_usage_penalty(ctx.emb_dim) if evaluator.use_block_usage_penalty(config) else 1.0
-    return evaluator._default_fwd_comp(ctx, config), lookup, penalty, evaluator._get_device_bw(ctx, config)
+    return ForwardSizes(
+        evaluator._default_fwd_comp(ctx, config), lookup, ids, penalty, evaluator._get_device_bw(ctx, config)
+    )
 
 
 def set_bwd_compute_multiplier(config: HardwarePerfConfig, multiplier: float) -> None:

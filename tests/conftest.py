@@ -36,21 +36,22 @@ def _torch_logs_as_pytest_started():
 # would leave the other worker idle while it runs.
 SLOWEST_FILES = (
     "test_bench.py",
-    "test_wheel.py",
+    "test_dist.py",
+    "planner/test_replica.py",
     "test_readme.py",
+    "test_wheel.py",
+    "test_gpu_kit.py",
+    "lab/test_harness.py",
+    "cuda/test_native.py",
     "notebooks/test_notebook_01.py",
     "notebooks/test_notebook_04.py",
-    "planner/test_replica.py",
+    "planner/test_enumerator.py",
     "notebooks/test_notebook_03.py",
     "planner/test_planner.py",
-    "test_library_api.py",
-    "test_gpu_kit.py",
-    "planner/test_search_space.py",
-    "cuda/test_native.py",
     "notebooks/test_notebook_02.py",
+    "test_library_api.py",
+    "planner/test_search_space.py",
     "cuda/test_build.py",
-    "test_dist.py",
-    "lab/test_harness.py",
 )
 
 

@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=128, help="samples per rank")
     parser.add_argument("--train-seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--train-world-sizes", type=int, nargs="+", default=[8, 16])
-    parser.add_argument("--train-plans", type=int, default=3, help="random plans per model and world size")
+    parser.add_argument("--train-plans", type=int, default=8, help="random plans per model and world size")
     parser.add_argument(
         "--heldout",
         nargs="+",

@@ -13,9 +13,10 @@ output_write_size + d * hash_size) * block_penalty / device_bw`, with (a, b, c, 
 `bwd_compute_multiplier * fwd`. A calibration keeps that ratio (torchrec's default 2: one measured
 total cannot tell forward from backward) and fits the forward coefficients of each (sharding type,
 compute kernel) it has measurements of; the estimate is linear in them, so the fit is a non-negative
-least squares over ranks. Two terms torchrec's formula lacks are added to its forward through
+least squares over ranks. Three terms torchrec's formula lacks are added to its forward through
 its `@forward_compute` extension point and fitted with its four (`EMBNB_TERMS`: a lookup into a
-table larger than the device's cache, and a cost per shard). A sharding type without
+table larger than the device's cache, a cost per shard, and the rows a batch updates). A sharding
+type without
 measurements is priced as a fitted sibling of its family in torchrec's defaults (`SIBLINGS`), else
 at torchrec's default. Each shard's terms (its
 estimated compute per unit of each coefficient) are computed by torchrec's estimator itself
@@ -59,6 +60,7 @@ __all__ = [
     "TORCHREC_TERMS",
     "EMBNB_TERMS",
     "cache_spill",
+    "unique_rows",
     "ShardTerms",
     "MeasuredRank",
     "Calibration",
@@ -78,17 +80,20 @@ TORCHREC_TERMS = (
     "embedding_output_multiplier",
     "hash_size_multiplier",
 )
-# Two terms torchrec's formula lacks, added to its forward by `CalibratedPerfConfig.forward`
+# Three terms torchrec's formula lacks, added to its forward by `CalibratedPerfConfig.forward`
 # (bytes over the device bandwidth, as torchrec's terms): a lookup into a table larger than the
 # device's cache misses it, more often the larger the table (`cache_miss_lookup_multiplier` x lookup
 # bytes x log2(table bytes / cache bytes): on a 2-core EPYC, fwd + bwd took 59, 92, 235 and 266 ns
-# an id at width 128 in tables of 0.5, 5, 51 and 512 MB), and every shard is a table of its TBE
-# with a cost of its own (`shard_multiplier` x SHARD_BYTES). Both are fitted on the measured total
-# (forward and backward), so they carry backward's share.
-EMBNB_TERMS = ("cache_miss_lookup_multiplier", "shard_multiplier")
+# an id at width 128 in tables of 0.5, 5, 51 and 512 MB); every shard is a table of its TBE with a
+# cost of its own (`shard_multiplier` x SHARD_BYTES); and the fused optimizer updates each distinct
+# row a batch looks up once (`unique_rows_multiplier` x `unique_rows` x row bytes: a shard of few
+# rows sees its rows again and again, one of many rows each id anew). All are fitted on the
+# measured total (forward and backward), so they carry backward's share.
+EMBNB_TERMS = ("cache_miss_lookup_multiplier", "shard_multiplier", "unique_rows_multiplier")
 TERMS = TORCHREC_TERMS + EMBNB_TERMS
 SHARD_BYTES = float(1 << 20)  # a shard term's bytes per unit of its coefficient
-FORMAT = 2  # the JSON layout's version (1: torchrec's terms only, read with the others 0)
+FORMAT = 3  # the JSON layout's version; older ones are read with the terms they lack 0
+FORMAT_TERMS = {1: TORCHREC_TERMS, 2: TERMS[:6], 3: TERMS}  # the terms each format's JSON lists
 FITTED = "a rank's measured lookups (its TBEs' fwd + bwd) against torchrec's estimated compute (fwd + bwd)"
 # torchrec's default config gives each of these families one set of coefficients
 # (estimator/config.py; PerfCoefficientConfig.get_coefficients maps table_column_wise to
@@ -158,19 +163,21 @@ class CalibratedPerfConfig(EmbeddingPerfEstimatorConfig):
     @forward_compute
     def forward(self, ctx: Any) -> float:
         """torchrec's forward of the shard (`ctx`: its ShardPerfContext) plus `EMBNB_TERMS`."""
-        torchrec_forward, lookup_bytes, penalty, device_bw = forward_sizes(ctx, self)
+        sizes = forward_sizes(ctx, self)
         added = self.added.get((ctx.sharding_type, ctx.compute_kernel))
         if added is None:
-            return torchrec_forward
-        miss, shard = added
-        table_bytes = ctx.hash_size * ctx.emb_dim * ctx.table_data_type_size
+            return sizes.forward_s
+        miss, shard, unique = added
+        row_bytes = ctx.emb_dim * ctx.table_data_type_size
+        spill = cache_spill(ctx.hash_size * row_bytes, self.cache_bytes)
         return (
-            torchrec_forward
+            sizes.forward_s
             + (
-                miss * lookup_bytes * penalty * cache_spill(table_bytes, self.cache_bytes)
+                miss * sizes.lookup_bytes * sizes.penalty * spill
                 + shard * SHARD_BYTES
+                + unique * unique_rows(sizes.ids, ctx.hash_size) * row_bytes
             )
-            / device_bw
+            / sizes.device_bw
         )
 
 
@@ -180,6 +187,14 @@ def cache_spill(table_bytes: float, cache_bytes: float | None) -> float:
     if cache_bytes is None or table_bytes <= cache_bytes:
         return 0.0
     return math.log2(table_bytes / cache_bytes)
+
+
+def unique_rows(ids: float, rows: int) -> float:
+    """The distinct rows `ids` lookups touch in a shard of `rows` rows, expected where each id is
+    any row alike (the bench's batches; a skewed stream touches fewer): rows x (1 - e^(-ids/rows))."""
+    if rows <= 0:
+        return 0.0
+    return -rows * math.expm1(-ids / rows)
 
 
 @dataclass(frozen=True)
@@ -262,13 +277,14 @@ class Calibration:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Calibration:
-        known = {FORMAT: list(TERMS), 1: list(TORCHREC_TERMS)}
-        if known.get(data.get("format")) != data.get("terms"):
+        known = FORMAT_TERMS.get(data.get("format"))
+        if known is None or list(known) != data.get("terms"):
+            formats = "; ".join(f"format {k}: {list(v)}" for k, v in FORMAT_TERMS.items())
             raise ValueError(
-                f"not a calibration of format {FORMAT} with terms {list(TERMS)} (or format 1 with "
-                f"{list(TORCHREC_TERMS)}): format={data.get('format')!r}, terms={data.get('terms')!r}"
+                f"not a calibration of a known format with its terms ({formats}): "
+                f"format={data.get('format')!r}, terms={data.get('terms')!r}"
             )
-        padding = (0.0,) * (len(TERMS) - len(data["terms"]))  # format 1: no added terms
+        padding = (0.0,) * (len(TERMS) - len(data["terms"]))  # an older format: no later terms
         return cls(
             device_kind=data["device_kind"],
             device_name=data["device_name"],

@@ -81,10 +81,10 @@ KNOWN = {
     ("column_wise", "fused"): (1.3, 0.5, 2.2, 5e-3),
     ("row_wise", "fused"): (0.9, 2.5, 0.7, 1e-3),
 }
-ADDED = {  # embnb's terms: a missed lookup, a shard
-    ("table_wise", "fused"): (3.0, 0.2),
-    ("column_wise", "fused"): (1.5, 0.7),
-    ("row_wise", "fused"): (2.0, 0.4),
+ADDED = {  # embnb's terms: a missed lookup, a shard, the rows updated
+    ("table_wise", "fused"): (3.0, 0.2, 0.8),
+    ("column_wise", "fused"): (1.5, 0.7, 2.5),
+    ("row_wise", "fused"): (2.0, 0.4, 1.2),
 }
 CACHE_BYTES = 256 * 1024  # the model's tables are 19 KB to 2 MB
 
@@ -101,15 +101,27 @@ def device_bw(topology, compute_kernel):
     )  # fmt: skip
 
 
-def test_added_terms_are_a_missed_lookup_and_a_shard():
+def distinct_rows(ids: int, rows: int) -> float:
+    """The expected distinct rows among `ids` uniform draws from `rows` rows: each row is missed by
+    every draw with probability (1 - 1/rows)^ids."""
+    return rows * (1 - (1 - 1 / rows) ** ids)
+
+
+def test_added_terms_are_a_missed_lookup_a_shard_and_the_rows_updated():
     """Per shard, the miss term is torchrec's lookup term (its forward's share: bwd = 2 x fwd) times
-    log2 of the shard's table (rows x cols x 4 bytes) over CACHE_BYTES where it is larger, and
-    the shard term is SHARD_BYTES over torchrec's bandwidth for the kernel; no miss without a cache."""
+    log2 of the shard's table (rows x cols x 4 bytes) over CACHE_BYTES where it is larger; the
+    shard term is SHARD_BYTES over torchrec's bandwidth for the kernel; the rows term is the
+    distinct rows the shard's ids touch (uniform ids; a table-wise or column-wise shard reads every
+    rank's BATCH x pooling factor ids, a row-wise or data-parallel one a batch's share) times the
+    row's bytes, over that bandwidth (embnb's terms are forward only: torchrec's backward is a
+    multiple of its own forward). No miss without a cache."""
     topology, constraints, sharders, options = enumerated()
+    world = topology.world_size
+    ids_of = {"table_wise": world, "column_wise": world, "row_wise": 1, "data_parallel": 1}
     options = [o for o in options if o.compute_kernel in ("fused", "dense")]
     with_cache = shard_terms(options, topology, sharders, constraints, cache_bytes=CACHE_BYTES)
     without = shard_terms(options, topology, sharders, constraints)
-    missed = 0
+    missed, checked = 0, set()
     for option, terms, plain in zip(options, with_cache, without):
         for shard, term, plain_term in zip(option.shards, terms, plain):
             rows, cols = shard.size
@@ -118,9 +130,17 @@ def test_added_terms_are_a_missed_lookup_and_a_shard():
             missed += share > 0
             assert term.terms[:5] == pytest.approx((*plain_term.terms[:4], plain_term.terms[1] / 3 * share))
             assert plain_term.terms[4] == 0.0
-            want = SHARD_BYTES / device_bw(topology, option.compute_kernel)
-            assert term.terms[5] == plain_term.terms[5] == pytest.approx(want, rel=1e-12)
+            bw = device_bw(topology, option.compute_kernel)
+            assert term.terms[5] == plain_term.terms[5] == pytest.approx(SHARD_BYTES / bw, rel=1e-12)
+            assert term.terms[6] == plain_term.terms[6] > 0
+            if option.sharding_type in ids_of:
+                ids = BATCH * sum(option.input_lengths) * ids_of[option.sharding_type]
+                want = distinct_rows(round(ids), rows) * cols * 4 / bw
+                # the library's e^(-ids/rows) beside the exact (1 - 1/rows)^ids: within 0.5% here
+                assert term.terms[6] == pytest.approx(want, rel=5e-3), option.sharding_type
+                checked.add(option.sharding_type)
     assert 0 < missed < sum(len(o.shards) for o in options)
+    assert checked == set(ids_of)
 
 
 def test_fit_recovers_known_coefficients_from_torchrecs_estimates():
@@ -131,8 +151,8 @@ def test_fit_recovers_known_coefficients_from_torchrecs_estimates():
     terms = shard_terms(options, topology, sharders, constraints, cache_bytes=CACHE_BYTES)
     for option_terms, option_measured in zip(terms, measured):
         for s, shard in enumerate(option_terms):  # embnb's terms (checked above) on torchrec's estimate
-            miss, per_shard = ADDED[shard.group]
-            option_measured[s] += miss * shard.terms[4] + per_shard * shard.terms[5]
+            miss, per_shard, rows = ADDED[shard.group]
+            option_measured[s] += miss * shard.terms[4] + per_shard * shard.terms[5] + rows * shard.terms[6]
     pool = [(terms[i][s], measured[i][s]) for i, o in enumerate(options) for s in range(len(o.shards))]
     rng = np.random.default_rng(0)
     ranks = []
@@ -171,7 +191,7 @@ def test_fit_of_some_terms_recovers_them_and_leaves_the_others_zero():
 
 def test_fit_leaves_the_miss_term_out_where_no_table_outgrows_the_cache():
     """With a cache larger than every table, no shard has a miss term: by default `fit` fits the
-    other five and recovers torchrec's coefficients with embnb's 0; asked for it, it says so."""
+    other six and recovers torchrec's coefficients with embnb's 0; asked for it, it says so."""
     topology, constraints, sharders, options = enumerated()
     options = [o for o in options if (o.sharding_type, o.compute_kernel) in KNOWN]
     measured = oracle_compute(options, topology, constraints, sharders, KNOWN)
@@ -185,7 +205,7 @@ def test_fit_leaves_the_miss_term_out_where_no_table_outgrows_the_cache():
     for group, values in KNOWN.items():
         got = calibration.coefficients[group]
         np.testing.assert_allclose(got[:4], values, rtol=1e-6, err_msg=str(group))
-        assert got[4] == 0 and abs(got[5]) < 1e-9 * max(values)
+        assert got[4] == 0 and max(abs(got[5]), abs(got[6])) < 1e-9 * max(values)
     with pytest.raises(ValueError, match="no shard has a term for: .*cache_miss_lookup_multiplier"):
         fit(ranks, "cuda", "synthetic", terms=TERMS, cache_bytes=1 << 30)
 
@@ -248,6 +268,7 @@ def scaled_calibration(options, factor):
                 0.0,
                 0.0,
                 PER_SHARD if kernel in ("fused", "dense") else 0.0,
+                0.0,
             )
             for kind, kernel in groups
         },
@@ -299,8 +320,8 @@ def test_save_load_round_trip(tmp_path):
         "cpu",
         "AMD EPYC test",
         {
-            ("table_wise", "fused"): (0.5, 1.25, 0.0, 1e-4, 2.0, 0.5),
-            ("row_wise", "dense"): (1.0, 2.0, 3.0, 0.0, 0.0, 0.0),
+            ("table_wise", "fused"): (0.5, 1.25, 0.0, 1e-4, 2.0, 0.5, 0.75),
+            ("row_wise", "dense"): (1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0),
         },
         bwd_multiplier=1.5,
         fit_errors=(0.01, -0.02),
@@ -315,8 +336,16 @@ def test_save_load_round_trip(tmp_path):
     old = {**data, "format": 1, "terms": list(TORCHREC_TERMS), "cache_bytes": None}
     old["coefficients"] = [{**row, "fwd": row["fwd"][:4]} for row in data["coefficients"]]
     read = Calibration.from_json(old)
-    assert read.coefficients[("table_wise", "fused")] == (0.5, 1.25, 0.0, 1e-4, 0.0, 0.0)
+    assert read.coefficients[("table_wise", "fused")] == (0.5, 1.25, 0.0, 1e-4, 0.0, 0.0, 0.0)
     assert read.cache_bytes is None
+    # format 2 (no rows term) reads with it 0
+    old = {**data, "format": 2, "terms": list(TERMS[:6])}
+    old["coefficients"] = [{**row, "fwd": row["fwd"][:6]} for row in data["coefficients"]]
+    read = Calibration.from_json(old)
+    assert read.coefficients[("table_wise", "fused")] == (0.5, 1.25, 0.0, 1e-4, 2.0, 0.5, 0.0)
+    assert read.cache_bytes == 2.0**21
+    with pytest.raises(ValueError, match=r"format 2: \[.*terms=\['input_read_size_multiplier'\]"):
+        Calibration.from_json({**old, "terms": ["input_read_size_multiplier"]})
 
 
 def test_bad_input_raises_naming_the_value():
@@ -325,10 +354,10 @@ def test_bad_input_raises_naming_the_value():
         fit([MeasuredRank(1.0, (shard,)), MeasuredRank(-2.0, (shard,))], "cpu", "x")
     with pytest.raises(ValueError, match="at least one"):
         fit([], "cpu", "x")
-    with pytest.raises(ValueError, match=r"determine 1 of the 5 coefficients"):
+    with pytest.raises(ValueError, match=r"determine 1 of the 6 coefficients"):
         fit([MeasuredRank(1.0, (shard,)), MeasuredRank(2.0, (shard, shard))], "cpu", "x")
     with pytest.raises(ValueError, match=r"coefficients\[\('table_wise', 'fused'\)\].*-1"):
-        Calibration("cpu", "x", {("table_wise", "fused"): (1.0, -1.0, 0.0, 0.0, 0.0, 0.0)})
+        Calibration("cpu", "x", {("table_wise", "fused"): (1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0)})
     with pytest.raises(ValueError, match="cache_bytes .*-1"):
         Calibration("cpu", "x", {}, cache_bytes=-1)
     with pytest.raises(ValueError, match="device_name .*''"):
@@ -342,4 +371,4 @@ def test_bad_input_raises_naming_the_value():
 def shard_terms_example():
     from embnb.planner.calibration import ShardTerms
 
-    return ShardTerms("table_wise", "fused", (1.0, 2.0, 3.0, 4.0, 0.0, 5.0))
+    return ShardTerms("table_wise", "fused", (1.0, 2.0, 3.0, 4.0, 0.0, 5.0, 6.0))

@@ -71,18 +71,18 @@ def test_each_measured_rank_holds_its_shards_and_torchrecs_estimate(setup):
 
 def test_measured_ranks_fit_with_the_terms_they_determine(setup):
     """Data-parallel ranks all hold the same shards: the three plans' ranks determine one coefficient
-    per group, not five (torchrec's four and the shard term); `fit` says so, and fits with `terms`
-    one term."""
+    per group, not six (torchrec's four, the shard and the rows terms); `fit` says so, and fits with
+    `terms` one term."""
     model, topology, enumerated, plans, measured = setup
     ranks: list[MeasuredRank] = []
     for name, options in plans.items():
         ranks += measured_ranks(options, measured[name], topology, enumerated.sharders, model.constraints)
-    with pytest.raises(ValueError, match="determine .* of the 10 coefficients.*fewer `terms`"):
+    with pytest.raises(ValueError, match="determine .* of the 12 coefficients.*fewer `terms`"):
         fit(ranks, "cpu", "test")
     calibration = fit(ranks, "cpu", "test", terms=("lookup_size_multiplier",))
     assert set(calibration.coefficients) == {("table_wise", "fused"), ("data_parallel", "dense")}
     for values in calibration.coefficients.values():
-        assert values[1] > 0 and values[0] == values[2] == values[3] == values[4] == values[5] == 0
+        assert values[1] > 0 and [v for i, v in enumerate(values) if i != 1] == [0.0] * 6
     assert len(calibration.fit_errors) == len(ranks)
 
 
