@@ -348,7 +348,7 @@ def test_calibration_section_reports_the_committed_bench(run):
     median = record["heldout_errors"]["calibrated"]["median"]
     assert record["goal"] == 0.10 and record["goal_met"] == (median <= 0.10)
     summary = results["summary"]
-    assert f"held-out per-rank error of the lookups median {median:.0%}" in summary
+    assert f"held-out per-rank error of the lookups median {median:.1%}" in summary
     assert ("goal met" in summary) == record["goal_met"]
     assert ("the 10% goal not met" in summary) == (not record["goal_met"])
     assert summary.index("Calibrated estimator") < summary.index("estimated rating")

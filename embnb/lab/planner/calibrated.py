@@ -246,7 +246,7 @@ def calibration_scatter(ranks: pd.DataFrame, bench: CalibrationBench) -> Figure:
         e = errors[name]
         label = "torchrec's default estimate" if name == "torchrec_default" else "calibrated estimate"
         ax.set_xlabel(f"{label} of the rank's lookups, ms")
-        ax.set_title(f"{label}: |error| median {e['median']:.0%}, worst {e['worst']:.0%}", fontsize=9)
+        ax.set_title(f"{label}: |error| median {e['median']:.1%}, worst {e['worst']:.0%}", fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
     clock = "thread CPU time" if bench.data["clock"] == "cpu" else "wall time"
     axes[0].set_ylabel(f"measured lookups of the rank, ms ({clock})")

@@ -201,7 +201,7 @@ def _calibration_lead(record: dict[str, Any]) -> str:
         )
     return (
         f"Calibrated estimator (committed bench, {record['device'].upper()} {record['device_name']}): "
-        f"held-out per-rank error of the lookups median {calibrated['median']:.0%}, worst "
+        f"held-out per-rank error of the lookups median {calibrated['median']:.1%}, worst "
         f"{calibrated['worst']:.0%} (torchrec's default {default['median']:.0%}, {default['worst']:.0%}), "
         f"{verdict}; embnb DP on it measured fastest in {ours} of {len(worlds)} held-out worlds{again}. "
     )
