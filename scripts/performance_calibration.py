@@ -8,6 +8,8 @@ import statistics
 
 from performance_tables import Run, cells, sig, source, table  # beside this script
 
+PAIRED = "minus_embnb DP (calibrated)"  # the bench's round-by-round difference, where it paired rounds
+
 
 def calibrate_section(run: Run) -> str:
     data = run.data
@@ -47,7 +49,7 @@ def calibrate_section(run: Run) -> str:
         plans = []
         for plan in world["plans"]:
             if not plan["measured"]:
-                plans.append([plan["plan"], plan["estimator"], "-", "-", "-", plan["note"] or "no plan"])
+                plans.append([plan["plan"], plan["estimator"], "-", "-", "-", "-", plan["note"] or "no plan"])
                 continue
             step, lookup = plan["step_ms"], plan["lookup_ms"]
             shards = ", ".join(f"{n} {kind}" for kind, n in plan["shape"].items() if kind != "shards")
@@ -63,6 +65,7 @@ def calibrate_section(run: Run) -> str:
                     plan["estimator"],
                     f"{sig(step['median'])} ({sig(step['low'])}-{sig(step['high'])})",
                     f"{sig(lookup['median'])} ({sig(lookup['low'])}-{sig(lookup['high'])})",
+                    paired_cell(plan.get(PAIRED)),
                     sig(plan["rating_ms"]),
                     f"{plan['shape']['shards']} shards: {shards}",
                 ]
@@ -85,8 +88,8 @@ def calibrate_section(run: Run) -> str:
             "Measured critical path per repeat (the slowest rank), ms, median (range):",
             table(
                 cells(
-                    "plan | planned on | measured step | measured lookups | its estimator's rating, ms "
-                    "(estimate) | shape"
+                    "plan | planned on | measured step | measured lookups | step minus embnb DP "
+                    "(calibrated)'s, per round: mean (95% CI) | its estimator's rating, ms (estimate) | shape"
                 ),
                 plans,
             ),
@@ -98,6 +101,14 @@ def calibrate_section(run: Run) -> str:
             ),
         ]
     return "\n\n".join(parts)
+
+
+def paired_cell(difference: dict[str, float] | None) -> str:
+    """'+1.2 (+0.3 to +2.1)': a paired difference in ms, marked where its interval excludes 0."""
+    if difference is None:  # the reference itself, or a bench that did not pair its rounds
+        return "-"
+    text = f"{difference['mean']:+.3g} ({difference['ci_low']:+.3g} to {difference['ci_high']:+.3g})"
+    return f"**{text}**" if difference["excludes_zero"] else text
 
 
 def percent_pair(errors: dict[str, float]) -> str:

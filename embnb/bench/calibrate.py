@@ -21,7 +21,8 @@ checked on models and plans it was not fitted on.
    return one placement it is measured twice: rank by rank, how far apart the two came is the
    noise under those errors (`rank_repeat_gap`).
 3. Which plan measured fastest: per held-out model, each plan's measured critical path (the slowest
-   rank's step, lookups + dense part, per repeat: median and range).
+   rank's step, lookups + dense part, per repeat: median and range), and round by round its step
+   minus embnb DP (calibrated)'s (`pair_rounds`: the mean difference with its 95% t-interval).
 
 The figures are measured on `--device` (this machine's CPU by default, or its GPU; named by
 `embnb.timing.machine_name`), except the estimates, which are labelled as torchrec's.
@@ -43,7 +44,7 @@ from torchrec.distributed.planner.planners import to_sharding_plan
 
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
 from embnb.devices import device_cache_bytes
-from embnb.lab.planner.calibrated import rank_repeat_gap, rank_repeat_gaps
+from embnb.lab.planner.calibrated import PAIRED_WITH, rank_repeat_gap, rank_repeat_gaps
 from embnb.lab.planner.candidates import candidate_plans, plan_shape
 from embnb.lab.planner.comparison import default_proposers
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options, make_model
@@ -62,7 +63,7 @@ from embnb.planner.topology import make_topology
 from embnb.steptime import StepTimes, make_batch, measure_plan
 from embnb.steptime.measure import join_rounds
 from embnb.steptime.work import HOST_LEVEL_SHARDING_TYPES
-from embnb.timing import Stopwatch, machine_name
+from embnb.timing import Difference, Stopwatch, machine_name, paired_difference
 
 # Thread CPU time at one thread on a CPU (other jobs on a shared machine stretch wall time, not it); on a
 # GPU, wall time with the GPU synchronized at each phase's edges (steptime's clock): kernels run async.
@@ -177,11 +178,25 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "low": min(values), "high": max(values)}
 
 
-def _critical_paths(times: StepTimes, clock: str) -> dict[str, dict[str, float]]:
-    """Per repeat, the slowest rank's step and lookups (ms, `clock`): median and range over repeats."""
+def _critical_paths(times: StepTimes, clock: str) -> dict[str, Any]:
+    """Per repeat, the slowest rank's step and lookups (ms, `clock`): median and range over repeats,
+    and the step of each repeat in order (`step_ms_rounds`: a round of `measure_interleaved` each)."""
     step = [max(r.compute.values(clock)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
     lookup = [max(r.lookup.values(clock)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
-    return {"step_ms": _spread(step), "lookup_ms": _spread(lookup)}
+    return {"step_ms": _spread(step), "lookup_ms": _spread(lookup), "step_ms_rounds": step}
+
+
+def pair_rounds(rows: list[dict[str, Any]]) -> dict[str, Difference]:
+    """Per measured plan, its step minus PAIRED_WITH's, round by round (`paired_difference`: the
+    mean with its 95% t-interval, ms; one round measures both within moments); none without it."""
+    reference = next((r for r in rows if r["plan"] == PAIRED_WITH and r["measured"]), None)
+    if reference is None:
+        return {}
+    return {
+        row["plan"]: paired_difference(row["step_ms_rounds"], reference["step_ms_rounds"])
+        for row in rows
+        if row["measured"] and row is not reference
+    }
 
 
 def _measure(options, model: Model, topology, batch, opts, repeats: int | None = None) -> StepTimes:
@@ -307,6 +322,12 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
             f"({step['low']:.1f}-{step['high']:.1f}, {opts.clock} time) {plan_shape(options)}",
             flush=True,
         )
+    paired = pair_rounds(rows)
+    for row in rows:
+        if row["plan"] in paired:
+            row["minus_" + PAIRED_WITH] = paired[row["plan"]].as_dict()
+            print(f"heldout seed={seed} W={world_size:>2} {row['plan']:<30} minus {PAIRED_WITH}, round by "
+                  f"round: {paired[row['plan']]} ms", flush=True)  # fmt: skip
     measured = [r for r in rows if r["measured"]]
     fastest = min(measured, key=lambda r: r["step_ms"]["median"])
     return {"seed": seed, "world_size": world_size, "plans": rows, "fastest": fastest["plan"],

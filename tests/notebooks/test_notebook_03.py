@@ -5,6 +5,7 @@ import json
 import pathlib
 import statistics
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -385,6 +386,38 @@ def test_calibration_section_names_the_plan_measured_fastest(run):
         if p["measured"] and p["same_as"] != p["plan"]
     ]
     assert sorted(record["repeat_gaps"]) == pytest.approx(sorted(pairs))
+
+
+def test_calibration_section_pairs_each_plan_with_the_calibrated_dp_round_by_round(run):
+    """Per held-out world, each measured plan's step minus embnb DP (calibrated)'s in the same round,
+    from the committed file's rounds: the mean and its 95% t-interval (numpy's sd, scipy's t), the
+    verdict where the interval excludes zero, and the summary's counts over the planners' plans."""
+    from scipy.stats import t
+
+    results = run.results
+    record, committed = results["calibration"], _committed(results)
+    expected = []
+    for world in committed["heldout"]:
+        measured = {p["plan"]: p for p in world["plans"] if p["measured"]}
+        reference = np.array(measured.pop("embnb DP (calibrated)")["step_ms_rounds"])
+        for name, plan in measured.items():
+            diffs = np.array(plan["step_ms_rounds"]) - reference
+            half = t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
+            low, high = diffs.mean() - half, diffs.mean() + half
+            verdict = "slower" if low > 0 else "faster" if high < 0 else "not told apart"
+            expected.append((world["seed"], world["world_size"], name, plan["note"] == "poor on purpose",
+                             diffs.mean(), low, high, verdict))  # fmt: skip
+    assert expected, "the committed CPU bench pairs its rounds"
+    fields = ("seed", "world_size", "plan", "poor", "mean_ms", "ci_low_ms", "ci_high_ms", "verdict")
+    got = [tuple(p[f] for f in fields) for p in record["paired"]]
+    assert [g[:4] + g[7:] for g in got] == [e[:4] + e[7:] for e in expected]
+    assert [g[4:7] for g in got] == [pytest.approx(e[4:7]) for e in expected]
+    planners = [e for e in expected if not e[3]]
+    counts = [sum(e[7] == v for e in planners) for v in ("slower", "faster", "not told apart")]
+    assert (
+        f"the other planners' plans measured slower in {counts[0]}, faster in {counts[1]} and not told "
+        f"apart in {counts[2]} of {len(planners)}." in results["summary"]
+    )
 
 
 def test_calibration_section_sets_the_goal_beside_the_measurements_own_noise(run):

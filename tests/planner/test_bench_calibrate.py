@@ -55,6 +55,28 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
     for plan in measured:  # a placement measured again names the first plan that had it
         assert names.index(plan["same_as"]) <= names.index(plan["plan"])
     assert world["fastest"] == min(measured, key=lambda p: p["step_ms"]["median"])["plan"]
+    # round by round: each plan's step minus embnb DP (calibrated)'s, its mean and 95% t-interval
+    reference = next(p for p in measured if p["plan"] == "embnb DP (calibrated)")
+    for plan in measured:
+        rounds = plan["step_ms_rounds"]
+        assert (
+            len(rounds) == 2
+            and plan["step_ms"]["low"] == min(rounds)
+            and plan["step_ms"]["high"] == max(rounds)
+        )
+        if plan is reference:
+            assert "minus_embnb DP (calibrated)" not in plan
+            continue
+        first, second = (a - b for a, b in zip(rounds, reference["step_ms_rounds"]))
+        half = (
+            12.7062 * abs(first - second) / 2
+        )  # t(0.975, 1 df) x sd / sqrt(2); sd of two is |a - b| / sqrt 2
+        got = plan["minus_embnb DP (calibrated)"]
+        mean = (first + second) / 2
+        assert got["mean"] == pytest.approx(mean) and got["repeats"] == 2
+        assert (got["ci_low"], got["ci_high"]) == pytest.approx((mean - half, mean + half), rel=1e-4)
+        assert got["excludes_zero"] == (mean - half > 0 or mean + half < 0)
+        assert f"{plan['plan']:<30} minus embnb DP (calibrated), round by round" in out
     held = [r for p in measured for r in p["ranks"] if r["shards"]]
     for name, key in (("torchrec_default", "torchrec_estimate_ms"), ("calibrated", "calibrated_estimate_ms")):
         errors = [abs(r[key] / r["lookup_ms"] - 1) for r in held]

@@ -5,7 +5,8 @@ The bench fitted torchrec's perf model (`embnb.planner.calibration`) to ranks
 measured with real kernels, then measured held-out plans rank by rank. Per
 rank holding a shard it stored the measured lookups (forward + backward,
 median of the repeats) beside torchrec's default estimate and the calibrated
-one; per plan, the slowest rank's step per repeat (median and range).
+one; per plan, the slowest rank's step per repeat (median and range) and, round by round, its
+step minus embnb DP (calibrated)'s (`paired_plans`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from embnb.lab.planner.candidates import POOR
 from embnb.lab.planner.planning import records
 from embnb.lab.plotting import new_figure
 from embnb.lab.report import COMMITTED_RESULTS
@@ -32,6 +34,9 @@ __all__ = [
     "heldout_errors",
     "measured_plans",
     "fastest_plans",
+    "PAIRED_WITH",
+    "VERDICTS",
+    "paired_plans",
     "repeat_gaps",
     "rank_repeat_gaps",
     "rank_repeat_gap",
@@ -41,6 +46,8 @@ __all__ = [
 
 GOAL = 0.10  # issue #46: median per-rank error of the calibrated estimate on a CPU
 ESTIMATES = {"torchrec_default": "torchrec_estimate_ms", "calibrated": "calibrated_estimate_ms"}
+PAIRED_WITH = "embnb DP (calibrated)"  # the plan the bench compares every other with, round by round
+VERDICTS = ("slower", "faster", "not told apart")  # a plan against PAIRED_WITH
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,35 @@ def fastest_plans(bench: CalibrationBench) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def paired_plans(bench: CalibrationBench) -> pd.DataFrame:
+    """Per held-out world and measured plan, its step minus PAIRED_WITH's, round by round (the
+    bench's `paired_difference`: mean and 95% t-interval, ms): `verdict` "slower" or "faster" than
+    it where the interval excludes 0, else "not told apart"; `poor`: a plan built to be slow. Empty
+    for a bench that did not pair rounds."""
+    key = "minus_" + PAIRED_WITH
+    rows = [
+        {
+            "seed": world["seed"],
+            "world_size": world["world_size"],
+            "plan": plan["plan"],
+            "poor": plan["note"] == POOR,
+            "mean_ms": plan[key]["mean"],
+            "ci_low_ms": plan[key]["ci_low"],
+            "ci_high_ms": plan[key]["ci_high"],
+            "rounds": plan[key]["repeats"],
+            "verdict": _verdict(plan[key]["ci_low"], plan[key]["ci_high"]),
+        }
+        for world in bench.data["heldout"]
+        for plan in world["plans"]
+        if key in plan
+    ]
+    return pd.DataFrame(rows)
+
+
+def _verdict(ci_low: float, ci_high: float) -> str:
+    return VERDICTS[0] if ci_low > 0 else VERDICTS[1] if ci_high < 0 else VERDICTS[2]
+
+
 def repeat_gaps(bench: CalibrationBench) -> pd.DataFrame:
     """Plans two planners returned with the same placement, each measured:
     how far apart the two medians came (|a / b - 1|), the bench's noise floor."""
@@ -280,6 +316,8 @@ def calibration_record(bench: CalibrationBench) -> dict[str, Any]:
         "goal": GOAL,
         "goal_met": errors["calibrated"]["median"] <= GOAL,
         "worlds": records(fastest_plans(bench), "records"),
+        "paired_with": PAIRED_WITH,
+        "paired": records(paired_plans(bench), "records"),
         "repeat_gaps": gaps.gap.tolist(),
         # the per-rank error's floor here: None where no placement was measured twice
         "rank_repeat_gap": rank_repeat_gap(rank_gaps),

@@ -13,7 +13,7 @@ import pandas as pd
 import torchrec
 
 from embnb.lab.planner import gpu_runs
-from embnb.lab.planner.calibrated import CalibrationBench, calibration_record
+from embnb.lab.planner.calibrated import VERDICTS, CalibrationBench, calibration_record
 from embnb.lab.planner.explain import PlanExtremes, SmallKnapsack
 from embnb.lab.planner.hosts import HostLayout
 from embnb.lab.planner.measured import MeasuredWorlds
@@ -199,11 +199,20 @@ def _calibration_lead(record: dict[str, Any]) -> str:
             f" (the same ranks measured twice came {floor['median']:.0%} apart, median over "
             f"{floor['ranks']}: the measurement's own noise there)"
         )
+    paired, planners = "", [p for p in record["paired"] if not p["poor"]]
+    if planners:  # a bench that paired its rounds
+        slower, faster, apart = (sum(p["verdict"] == v for p in planners) for v in VERDICTS)
+        paired = (
+            f" Round by round against it (each plan's step minus its, mean and 95% CI over "
+            f"{planners[0]['rounds']} rounds), the other planners' plans measured slower in {slower}, "
+            f"faster in {faster} and not told apart in {apart} of {len(planners)}."
+        )
     return (
         f"Calibrated estimator (committed bench, {record['device'].upper()} {record['device_name']}): "
         f"held-out per-rank error of the lookups median {calibrated['median']:.1%}, worst "
         f"{calibrated['worst']:.0%} (torchrec's default {default['median']:.0%}, {default['worst']:.0%}), "
-        f"{verdict}; embnb DP on it measured fastest in {ours} of {len(worlds)} held-out worlds{again}. "
+        f"{verdict}; embnb DP on it measured fastest in {ours} of {len(worlds)} held-out worlds{again}."
+        f"{paired} "
     )
 
 

@@ -12,6 +12,7 @@ from embnb.lab.planner.calibrated import (
     fastest_plans,
     heldout_ranks,
     load_calibration_bench,
+    paired_plans,
     rank_repeat_gaps,
     repeat_gaps,
 )
@@ -96,7 +97,7 @@ def test_errors_fastest_plan_and_repeat_gaps(results):
     assert record["rank_repeat_gap"] == {"median": pytest.approx(0.2), "ranks": 1}
     fig = calibration_scatter(ranks, bench)
     assert "CPU (test machine)" in fig._suptitle.get_text()
-    assert "median 50%, worst 90%" in fig.axes[0].get_title()
+    assert "median 50.0%, worst 90%" in fig.axes[0].get_title()
 
 
 def test_no_placement_measured_twice_gives_no_rank_gap(tmp_path):
@@ -107,3 +108,33 @@ def test_no_placement_measured_twice_gives_no_rank_gap(tmp_path):
     loaded = load_calibration_bench("cpu", tmp_path)
     assert rank_repeat_gaps(loaded.data["heldout"]).empty
     assert calibration_record(loaded)["rank_repeat_gap"] is None
+
+
+def test_paired_plans_name_a_side_only_where_the_interval_excludes_zero(tmp_path):
+    """Each plan's step minus embnb DP (calibrated)'s, as the bench paired them: "slower" where the
+    95% interval lies above 0, "faster" below, else "not told apart"; a bench without pairs has none."""
+    bench = _bench("2026-03-01")
+    plans = bench["heldout"][0]["plans"]
+    intervals = {"embnb DP": (0.2, 0.1, 0.4), "Greedy": (-0.5, -0.9, 0.3)}
+    for plan in plans:
+        plan["note"] = ""
+        if plan["plan"] in intervals:
+            mean, low, high = intervals[plan["plan"]]
+            plan["minus_embnb DP (calibrated)"] = {"mean": mean, "ci_low": low, "ci_high": high, "repeats": 3}
+    poor = _plan("all table-wise on 1 rank", "all table-wise on 1 rank", (20.0, 21.0, 22.0), [])
+    poor["note"] = "poor on purpose"
+    poor["minus_embnb DP (calibrated)"] = {"mean": 10.0, "ci_low": -1.0, "ci_high": -0.5, "repeats": 3}
+    plans.append(poor)
+    (tmp_path / "calibrate-2026-03-01-x.json").write_text(json.dumps(bench))
+    loaded = load_calibration_bench("cpu", tmp_path)
+    table = paired_plans(loaded)
+    assert table[["plan", "poor", "verdict"]].values.tolist() == [
+        ["embnb DP", False, "slower"],
+        ["Greedy", False, "not told apart"],
+        ["all table-wise on 1 rank", True, "faster"],
+    ]
+    record = calibration_record(loaded)
+    assert [p["verdict"] for p in record["paired"]] == ["slower", "not told apart", "faster"]
+    unpaired = _bench("2026-03-02")
+    (tmp_path / "calibrate-2026-03-02-x.json").write_text(json.dumps(unpaired))
+    assert calibration_record(load_calibration_bench("cpu", tmp_path))["paired"] == []
