@@ -16,10 +16,9 @@ compute kernel) it has measurements of; the estimate is linear in them, so the f
 least squares over ranks. Three terms torchrec's formula lacks are added to its forward through
 its `@forward_compute` extension point and fitted with its four (`EMBNB_TERMS`: a lookup into a
 table larger than the device's cache, a cost per shard, and the rows a batch updates). A sharding
-type without
-measurements is priced as a fitted sibling of its family in torchrec's defaults (`SIBLINGS`), else
-at torchrec's default. Each shard's terms (its
-estimated compute per unit of each coefficient) are computed by torchrec's estimator itself
+type without measurements is priced as a fitted sibling of its family in torchrec's defaults
+(`SIBLINGS`), else at torchrec's default. Each shard's terms (its estimated compute per unit of each
+coefficient) are computed by torchrec's estimator itself
 (`shard_terms`), so the features are exactly the ones it uses. The result is a torchrec
 `HardwarePerfConfig` (`Calibration.perf_config`), which torchrec's `EmbeddingPerfEstimator` runs as
 it runs its default, and embnb's enumerator keeps its fast path on
