@@ -217,6 +217,15 @@ class Difference:
         return {**dataclasses.asdict(self), "excludes_zero": self.excludes_zero}
 
 
+VERDICTS = ("slower", "faster", "not told apart")  # a's time against b's, by a paired difference
+
+
+def verdict(ci_low: float, ci_high: float) -> str:
+    """A paired difference a - b of times, by its 95% interval: a "slower" or "faster" than b
+    where the interval excludes 0, else "not told apart"."""
+    return VERDICTS[0] if ci_low > 0 else VERDICTS[1] if ci_high < 0 else VERDICTS[2]
+
+
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> Difference:
     """a[i] - b[i] per repeat, summarized; the interval needs >= 2 repeats
     (with one it is that difference, NaN either side)."""

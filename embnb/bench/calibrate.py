@@ -15,7 +15,7 @@ checked on models and plans it was not fitted on.
    calibrated estimator and two poor plans (every table table-wise on 1 and on 2 ranks). Every plan is
    measured; per rank holding a shard, the relative error of torchrec's default estimate and of the
    calibrated estimate against the measured lookups (median and worst of |error|). A world's plans
-   are measured in interleaved rounds (`measure_interleaved`): each round runs every plan once,
+   are measured in interleaved rounds (`steptime.measure_plans_interleaved`): each round runs every plan once,
    so a machine that slows during the run slows every plan alike. The default
    held-out set: notebook 03's seed at W = 8 and 32, and two other models. Where two planners
    return one placement it is measured twice: rank by rank, how far apart the two came is the
@@ -60,8 +60,7 @@ from embnb.planner.calibration import (
 )
 from embnb.planner.enumerator import make_enumerator
 from embnb.planner.topology import make_topology
-from embnb.steptime import StepTimes, make_batch, measure_plan
-from embnb.steptime.measure import join_rounds
+from embnb.steptime import StepTimes, make_batch, measure_plan, measure_plans_interleaved
 from embnb.steptime.work import HOST_LEVEL_SHARDING_TYPES
 from embnb.timing import Difference, Stopwatch, machine_name, paired_difference
 
@@ -180,9 +179,9 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def _critical_paths(times: StepTimes, clock: str) -> dict[str, Any]:
     """Per repeat, the slowest rank's step and lookups (ms, `clock`): median and range over repeats,
-    and the step of each repeat in order (`step_ms_rounds`: a round of `measure_interleaved` each)."""
-    step = [max(r.compute.values(clock)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
-    lookup = [max(r.lookup.values(clock)[i] for r in times.ranks) * 1e3 for i in range(times.repeats)]
+    and the step of each repeat in order (`step_ms_rounds`: a round of `measure_plans_interleaved` each)."""
+    step = [s * 1e3 for s in times.critical_paths_s(clock)]
+    lookup = [s * 1e3 for s in times.critical_paths_s(clock, "lookup")]
     return {"step_ms": _spread(step), "lookup_ms": _spread(lookup), "step_ms_rounds": step}
 
 
@@ -199,27 +198,11 @@ def pair_rounds(rows: list[dict[str, Any]]) -> dict[str, Difference]:
     }
 
 
-def _measure(options, model: Model, topology, batch, opts, repeats: int | None = None) -> StepTimes:
+def _measure(options, model: Model, topology, batch, opts) -> StepTimes:
     return measure_plan(
         to_sharding_plan(options, topology), model.tables, batch, device=opts.device,
-        threads=opts.threads, warmup=opts.warmup, repeats=repeats or opts.repeats,
+        threads=opts.threads, warmup=opts.warmup, repeats=opts.repeats,
     )  # fmt: skip
-
-
-def measure_interleaved(plans: dict[str, list], model: Model, topology, batch, opts) -> dict[str, Any]:
-    """Each plan's StepTimes over `opts.repeats` rounds, each round measuring every plan once (after
-    `opts.warmup` untimed steps: its kernels are built anew), so that a machine that slows during
-    the run slows every plan alike; a plan steptime cannot replay gets its ValueError instead."""
-    rounds: dict[str, Any] = {}
-    for _ in range(opts.repeats):
-        for name, options in plans.items():
-            if isinstance(rounds.get(name), ValueError):
-                continue
-            try:
-                rounds.setdefault(name, []).append(_measure(options, model, topology, batch, opts, repeats=1))
-            except ValueError as error:  # a sharding type steptime does not replay (the first round)
-                rounds[name] = error
-    return {name: got if isinstance(got, ValueError) else join_rounds(got) for name, got in rounds.items()}
 
 
 def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
@@ -283,7 +266,10 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
         plans[name] = (run.plan, run.perf_rating, run.note, "calibrated")
     batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
     measurable = {name: plan[0] for name, plan in plans.items() if plan[0] is not None}
-    measured = measure_interleaved(measurable, model, topology, batch, opts)
+    measured = measure_plans_interleaved(
+        {name: to_sharding_plan(options, topology) for name, options in measurable.items()},
+        model.tables, batch, opts.repeats, device=opts.device, threads=opts.threads, warmup=opts.warmup,
+    )  # fmt: skip
     rows, placements = [], {}
     for name, (options, rating, note, estimator) in plans.items():
         rating = None if math.isnan(rating) else rating  # no plan: strict JSON has no NaN

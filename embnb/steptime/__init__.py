@@ -32,13 +32,14 @@ notebook 03 and the bench compare, with torchrec's estimates, are
 from embnb.steptime.batch import GlobalBatch, batch_from_keys, make_batch
 from embnb.steptime.comms import LINK_MODEL, Collective, RankComms
 from embnb.steptime.measure import PHASES, RankTime, StepTimes, Timing
-from embnb.steptime.step import measure_partition, measure_plan, measure_routing
+from embnb.steptime.step import measure_partition, measure_plan, measure_plans_interleaved, measure_routing
 
 __all__ = [
     "GlobalBatch",
     "make_batch",
     "batch_from_keys",
     "measure_plan",
+    "measure_plans_interleaved",
     "measure_routing",
     "measure_partition",
     "StepTimes",

@@ -110,6 +110,11 @@ class StepTimes:
     def critical_path_s(self, clock: str = "wall") -> float:
         return self.ranks[self.critical_rank(clock)].compute.median_s(clock)
 
+    def critical_paths_s(self, clock: str = "wall", phase: str = "compute") -> list[float]:
+        """Per repeat, the slowest rank's `phase` ("compute": the step; "lookup"): with
+        `join_rounds`, one value per round."""
+        return [max(getattr(r, phase).values(clock)[i] for r in self.ranks) for i in range(self.repeats)]
+
 
 class _Clock:
     """Wall and thread CPU time of phases, with the device synchronized at each edge."""

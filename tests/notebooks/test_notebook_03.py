@@ -284,7 +284,39 @@ def test_every_topology_prints_its_devices_and_hosts(run):
             assert f"{name}: {low} to {high} devices on 1 host each" in printed, name
 
 
-def test_the_summary_leads_with_the_plans_measured_fastest(run):
+def _paired_oracle(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """The mean of a - b and its 95% t-interval, with numpy's sd and scipy's t."""
+    from scipy import stats
+
+    diffs = np.array(a) - np.array(b)
+    half = stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
+    return diffs.mean(), diffs.mean() - half, diffs.mean() + half
+
+
+def test_section_10_pairs_each_plan_with_embnb_dp_round_by_round(run):
+    """Section 10 measures the planners' plans in interleaved rounds: each plan's step per round,
+    and its step minus embnb DP's in the same round, recomputed here from those rounds."""
+    for world in run.results["measured"]["worlds"].values():
+        ran = {name: plan for name, plan in world["plans"].items() if plan["step_ms"] is not None}
+        ours = ran["embnb DP"]
+        assert ours["minus_paired"] is None  # the reference itself
+        for name, plan in ran.items():
+            rounds = plan["step_ms_repeats"]
+            assert len(rounds) == SMALL["measured_repeats"], name
+            # each round's slowest rank is at least the step of the rank slowest by median
+            assert statistics.median(rounds) >= plan["step_ms"] * (1 - 1e-9), name
+            if name == "embnb DP" or plan["note"] == "poor on purpose":  # poor plans: measured after
+                assert plan["minus_paired"] is None, name
+                continue
+            mean, low, high = _paired_oracle(rounds, ours["step_ms_repeats"])
+            got = plan["minus_paired"]
+            assert got["mean"] == pytest.approx(mean) and got["repeats"] == len(rounds), name
+            assert (got["ci_low"], got["ci_high"]) == pytest.approx((low, high)), name
+
+
+def test_the_summary_leads_with_what_section_10_measured(run):
+    """Per world: the planners' plan with the lowest median step, embnb DP's beside it, and the
+    other planners' plans against embnb DP's round by round, counted from the rounds."""
     results = run.results
     summary = results["summary"]
     device_name = results["measured"]["device_name"]
@@ -297,9 +329,17 @@ def test_the_summary_leads_with_the_plans_measured_fastest(run):
         }
         fastest = min(made, key=lambda name: made[name]["step_ms"])  # recomputed from the plans
         assert world["fastest_planner"] == fastest
-        assert f"W = {world_size}: {fastest} fastest ({made[fastest]['step_ms']:.3g} ms" in summary
+        assert f"W = {world_size}: lowest median step {fastest} ({made[fastest]['step_ms']:.3g} ms" in summary
         if fastest != "embnb DP" and "embnb DP" in made:
             assert f"embnb DP {made['embnb DP']['step_ms']:.3g} ms" in summary
+        counts = {"slower": 0, "faster": 0, "not told apart": 0}
+        for name, plan in made.items():
+            if name != "embnb DP":
+                _, low, high = _paired_oracle(plan["step_ms_repeats"], made["embnb DP"]["step_ms_repeats"])
+                counts["slower" if low > 0 else "faster" if high < 0 else "not told apart"] += 1
+        told = f"({SMALL['measured_repeats']} rounds), the other planners' plans: {counts['slower']} slower"
+        assert told in summary.split(f"W = {world_size}:")[1]
+        assert f"{counts['not told apart']} not told apart" in summary.split(f"W = {world_size}:")[1]
     # the estimates come after what was measured
     assert summary.index("Measured") < summary.index("estimated rating")
 

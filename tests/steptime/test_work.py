@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pandas as pd
 import pytest
 import torch
 from torchrec.distributed.planner.types import ParameterConstraints
@@ -16,6 +17,7 @@ from torchrec.distributed.sharding_plan import (
     table_row_wise,
     table_wise,
 )
+from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -23,7 +25,7 @@ from embnb.planner.topology import make_topology
 from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_batch
 from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
 from embnb.steptime.measure import join_rounds
-from embnb.steptime.step import measure_partition, measure_routing
+from embnb.steptime.step import measure_partition, measure_plans_interleaved, measure_routing
 from embnb.steptime.work import devices_per_host, plan_shards, plan_work, routing_work
 
 TABLES = [
@@ -164,6 +166,38 @@ def test_rounds_join_into_one_measurement_repeat_by_repeat():
         join_rounds([rounds[0], three])
     with pytest.raises(ValueError, match="rounds is empty"):
         join_rounds([])
+
+
+def test_plans_measured_in_interleaved_rounds_pair_round_by_round():
+    """measure_plans_interleaved: each plan measured once per round (1 timed repeat each), joined;
+    the per-round critical path is each round's slowest rank (read here from a table of every rank's
+    step per round); a plan steptime cannot replay carries its ValueError, the others still run."""
+    ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))
+    tw = construct_module_sharding_plan(
+        ebc, {"a": table_wise(rank=0), "b": table_wise(rank=1)}, local_size=2, world_size=2, device_type="cpu"
+    )
+    cw = construct_module_sharding_plan(
+        ebc, {"a": column_wise(ranks=[0, 1]), "b": table_wise(rank=0)}, local_size=2, world_size=2,
+        device_type="cpu",
+    )  # fmt: skip
+    broken = {"a": tw["a"]}  # table b placed nowhere
+    batch = make_batch(TABLES, CONSTRAINTS, 2, 8, seed=0)
+    got = measure_plans_interleaved(
+        {"tw": ShardingPlan({"": tw}), "cw": ShardingPlan({"": cw}), "broken": ShardingPlan({"": broken})},
+        TABLES, batch, rounds=3, warmup=0, hidden=(8,),
+    )  # fmt: skip
+    assert isinstance(got["broken"], ValueError) and "places no shard of tables ['b']" in str(got["broken"])
+    for name in ("tw", "cw"):
+        times = got[name]
+        assert times.repeats == 3 and "3 rounds" in times.notes[-1], name
+        steps = pd.DataFrame([r.compute.values("cpu") for r in times.ranks])  # rows: ranks, columns: rounds
+        assert times.critical_paths_s("cpu") == steps.max(axis=0).tolist(), name
+        lookups = pd.DataFrame([r.lookup.values("cpu") for r in times.ranks])
+        assert times.critical_paths_s("cpu", "lookup") == lookups.max(axis=0).tolist(), name
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        measure_plans_interleaved({"tw": ShardingPlan({"": tw})}, TABLES, batch, rounds=0)
+    with pytest.raises(ValueError, match="repeats: one per round here"):
+        measure_plans_interleaved({"tw": ShardingPlan({"": tw})}, TABLES, batch, rounds=2, repeats=3)
 
 
 def test_bad_configurations_are_named():

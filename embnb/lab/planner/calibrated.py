@@ -25,6 +25,7 @@ from embnb.lab.planner.planning import records
 from embnb.lab.plotting import new_figure
 from embnb.lab.report import COMMITTED_RESULTS
 from embnb.planner.calibration import Calibration
+from embnb.timing import VERDICTS, verdict
 
 __all__ = [
     "GOAL",
@@ -47,7 +48,6 @@ __all__ = [
 GOAL = 0.10  # issue #46: median per-rank error of the calibrated estimate on a CPU
 ESTIMATES = {"torchrec_default": "torchrec_estimate_ms", "calibrated": "calibrated_estimate_ms"}
 PAIRED_WITH = "embnb DP (calibrated)"  # the plan the bench compares every other with, round by round
-VERDICTS = ("slower", "faster", "not told apart")  # a plan against PAIRED_WITH
 
 
 @dataclass(frozen=True)
@@ -195,17 +195,13 @@ def paired_plans(bench: CalibrationBench) -> pd.DataFrame:
             "ci_low_ms": plan[key]["ci_low"],
             "ci_high_ms": plan[key]["ci_high"],
             "rounds": plan[key]["repeats"],
-            "verdict": _verdict(plan[key]["ci_low"], plan[key]["ci_high"]),
+            "verdict": verdict(plan[key]["ci_low"], plan[key]["ci_high"]),
         }
         for world in bench.data["heldout"]
         for plan in world["plans"]
         if key in plan
     ]
     return pd.DataFrame(rows)
-
-
-def _verdict(ci_low: float, ci_high: float) -> str:
-    return VERDICTS[0] if ci_low > 0 else VERDICTS[1] if ci_high < 0 else VERDICTS[2]
 
 
 def repeat_gaps(bench: CalibrationBench) -> pd.DataFrame:

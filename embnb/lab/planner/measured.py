@@ -31,9 +31,9 @@ from embnb.lab.planner.planning import plain
 from embnb.lab.plotting import new_figure
 from embnb.metrics import spearman
 from embnb.planner.topology import make_topology
-from embnb.steptime import make_batch, measure_plan
+from embnb.steptime import StepTimes, make_batch, measure_plan, measure_plans_interleaved
 from embnb.steptime.kernels import fbgemm_cuda_available
-from embnb.timing import Stopwatch, machine_name
+from embnb.timing import Stopwatch, machine_name, paired_difference, verdict
 
 __all__ = [
     "MeasuredPlan",
@@ -45,11 +45,13 @@ __all__ = [
     "measured_vs_estimated",
     "estimate_over_measured",
     "CLOCK",
+    "REFERENCE_PLAN",
     "MeasureDevice",
     "measure_device",
 ]
 
 CLOCK = "cpu"  # on a CPU: thread CPU time (module docstring)
+REFERENCE_PLAN = "embnb DP"  # each plan's step minus its, round by round
 CLOCKS = {"cpu": "cpu", "cuda": "wall"}  # per device type: the clock its kernels' time is read on
 
 
@@ -71,10 +73,20 @@ class MeasuredPlan:
     estimated_per_rank_ms: list[float] | None = None  # torchrec's total per rank
     computed_comms_per_rank_ms: list[float] | None = None  # from counted bytes, not measured
     uvm_tables: int = 0  # tables with rows in DDR (fused_uvm, fused_uvm_caching): GPU-only kernels
+    # the slowest rank's step per repeat: for the planners' plans each repeat is an interleaved round
+    step_ms_repeats: list[float] | None = None
+    # its step minus REFERENCE_PLAN's, round by round: `Difference.as_dict` (None for REFERENCE_PLAN itself)
+    minus_paired: dict[str, float] | None = None
 
     @property
     def measured(self) -> bool:
         return self.step_ms is not None
+
+    @property
+    def verdict(self) -> str | None:
+        """Against REFERENCE_PLAN round by round: "slower", "faster" or "not told apart"."""
+        paired = self.minus_paired
+        return None if paired is None else verdict(paired["ci_low"], paired["ci_high"])
 
 
 @dataclass(frozen=True)
@@ -142,14 +154,11 @@ def measure_device(asked: str) -> MeasureDevice:
     return MeasureDevice("cpu", CLOCKS["cpu"], note)
 
 
-def _measure_one(candidate, topology, model: Model, batch, device: str, **options) -> MeasuredPlan:
-    if candidate.options is None:
+def _measured_plan(candidate, topology, times: StepTimes | None, clock: str) -> MeasuredPlan:
+    if times is None:
         return MeasuredPlan(candidate.name, candidate.rating, candidate.note)
-    times = measure_plan(candidate.sharding_plan(topology), model.tables, batch, device=device, **options)
-    clock = CLOCKS[device]
     estimate = estimated_per_rank(candidate.options, topology.world_size)
     lookups = [r.lookup.median_s(clock) * 1e3 for r in times.ranks]
-    critical = times.critical_rank(clock)
     return MeasuredPlan(
         candidate.name,
         candidate.rating,
@@ -157,13 +166,28 @@ def _measure_one(candidate, topology, model: Model, batch, device: str, **option
         plan_shape(candidate.options),
         times.critical_path_s(clock) * 1e3,
         max(lookups),
-        critical,
+        times.critical_rank(clock),
         times.critical_path_s("wall") * 1e3,
         lookups,
         [s * 1e3 for s in estimate["total"]],
         [c.computed_seconds(topology) * 1e3 for c in times.comms],
         sum(o.compute_kernel in UVM_KERNELS for o in candidate.options),
+        [s * 1e3 for s in times.critical_paths_s(clock)],
     )
+
+
+def _paired(plans: list[MeasuredPlan]) -> list[MeasuredPlan]:
+    """Each planner's measured plan with its step minus REFERENCE_PLAN's, round by round (the poor
+    plans were not measured in those rounds)."""
+    reference = next((p for p in plans if p.name == REFERENCE_PLAN and p.measured), None)
+    if reference is None:
+        return plans
+    return [
+        replace(p, minus_paired=paired_difference(p.step_ms_repeats, reference.step_ms_repeats).as_dict())
+        if p.measured and p.note != POOR and p is not reference
+        else p
+        for p in plans
+    ]
 
 
 @dataclass(frozen=True)
@@ -171,7 +195,7 @@ class MeasureSettings:
     """How each plan is measured rank by rank (`embnb.steptime.measure_plan`)."""
 
     local_batch_size: int  # samples per rank
-    repeats: int = 2  # timed, after the warm-ups
+    repeats: int = 2  # rounds, each measuring every planner's plan once (a timed step after the warm-ups)
     warmup: int = 1
     threads: int = 1  # intra-op threads while a rank is measured
     hidden: tuple[int, ...] = (128,)  # the dense MLP's widths
@@ -182,7 +206,9 @@ class MeasureSettings:
 
 def measure_world(model: Model, world_size: int, settings: MeasureSettings) -> MeasuredWorld:
     """Plan `model` on `world_size` devices of `settings.device` (`measure_device` picks it) with
-    `candidate_plans`, and measure every plan rank by rank on one global batch."""
+    `candidate_plans`, and measure every plan rank by rank on one global batch: the planners' plans
+    in interleaved rounds (`steptime.measure_plans_interleaved`), each one's step paired with
+    embnb DP's round by round, then the poor plans one by one."""
     check_int("world_size", world_size, low=2)
     device = settings.device
     if device not in CLOCKS:
@@ -191,8 +217,25 @@ def measure_world(model: Model, world_size: int, settings: MeasureSettings) -> M
     batch_size = settings.local_batch_size
     candidates = candidate_plans(model, topology, batch_size, timeout_s=settings.timeout_s)
     batch = make_batch(model.tables, model.constraints, world_size, batch_size, settings.seed)
-    options = {k: getattr(settings, k) for k in ("threads", "warmup", "repeats", "hidden")}
-    plans = [_measure_one(c, topology, model, batch, device, **options) for c in candidates.values()]
+    options = {k: getattr(settings, k) for k in ("threads", "warmup", "hidden")}
+    # The planners' plans in interleaved rounds, to pair them; the poor ones (2-4x slower, one of
+    # them a dense update of every table on every rank) after, plan by plan: rebuilding their
+    # kernels every round would take minutes for nothing a pairing could add.
+    planned = {n: c.sharding_plan(topology) for n, c in candidates.items() if c.options and c.note != POOR}
+    times = measure_plans_interleaved(
+        planned, model.tables, batch, settings.repeats, device=device, **options
+    )
+    for name, candidate in candidates.items():
+        if candidate.options and candidate.note == POOR:
+            times[name] = measure_plan(
+                candidate.sharding_plan(topology), model.tables, batch, device=device,
+                repeats=settings.repeats, **options,
+            )  # fmt: skip
+    for got in times.values():
+        if isinstance(got, ValueError):  # every candidate's sharding types replay: a bug if not
+            raise got
+    clock = CLOCKS[device]
+    plans = _paired([_measured_plan(c, topology, times.get(name), clock) for name, c in candidates.items()])
     return MeasuredWorld(
         world_size, plans, settings, hosts_of(topology), device, machine_name(device), CLOCKS[device]
     )

@@ -16,7 +16,7 @@ from embnb.lab.planner import gpu_runs
 from embnb.lab.planner.calibrated import VERDICTS, CalibrationBench, calibration_record
 from embnb.lab.planner.explain import PlanExtremes, SmallKnapsack
 from embnb.lab.planner.hosts import HostLayout
-from embnb.lab.planner.measured import MeasuredWorlds
+from embnb.lab.planner.measured import REFERENCE_PLAN, MeasuredWorlds
 from embnb.lab.planner.models import Enumerated
 from embnb.lab.planner.pitfall import share_by_tightness
 from embnb.lab.planner.planning import EndToEnd, plain, records
@@ -217,23 +217,34 @@ def _calibration_lead(record: dict[str, Any]) -> str:
 
 
 def _measured_lead(measured: MeasuredWorlds) -> str:
-    """What section 10 measured, before any estimate: per world size the planners' plan measured
-    fastest, embnb DP's step beside it, and how well torchrec's ratings order the plans (Spearman)."""
+    """What section 10 measured, before any estimate: per world size the planners' plan with the
+    lowest median step, embnb DP's beside it, the other planners' plans against embnb DP's round by
+    round (slower, faster, not told apart), and how well torchrec's ratings order the plans."""
     parts = []
     for world in measured.worlds:
         fastest = world.winner(planners_only=True)
-        ours = next((p for p in world.measured(True) if p.name == "embnb DP"), None)
+        ours = next((p for p in world.measured(True) if p.name == REFERENCE_PLAN), None)
         beside = "" if ours is None or ours is fastest else f", embnb DP {ours.step_ms:.3g} ms"
+        paired = [p for p in world.measured(True) if p.minus_paired is not None]
+        counts = {v: [p.name for p in paired if p.verdict == v] for v in VERDICTS}
+        named = {v: f" ({', '.join(counts[v])})" if counts[v] and v != VERDICTS[2] else "" for v in VERDICTS}
+        against = (
+            f"; against embnb DP's round by round ({world.settings.repeats} rounds), the other "
+            f"planners' plans: {', '.join(f'{len(counts[v])} {v}{named[v]}' for v in VERDICTS)}"
+            if paired
+            else ""
+        )
         among = world.spearman("step_ms", planners_only=True)
         parts.append(
-            f"W = {world.world_size}: {fastest.name} fastest ({fastest.step_ms:.3g} ms{beside}; Spearman of "
-            f"rating and step {'n/a (one plan)' if math.isnan(among) else f'{among:.2f}'} among the "
-            f"planners' plans, {world.spearman('step_ms'):.2f} with the poor ones)"
+            f"W = {world.world_size}: lowest median step {fastest.name} ({fastest.step_ms:.3g} ms{beside})"
+            f"{against}; Spearman of rating and step "
+            f"{'n/a (one plan)' if math.isnan(among) else f'{among:.2f}'} among the "
+            f"planners' plans, {world.spearman('step_ms'):.2f} with the poor ones"
         )
     first = measured.worlds[0]
     clock = "thread CPU time" if first.clock == "cpu" else "wall time"
     where = f"{first.device.upper()} {first.device_name}, {clock}"
-    return f"Measured rank by rank ({where}, the slowest rank's step): {'; '.join(parts)}. "
+    return f"Measured rank by rank ({where}, the slowest rank's step): {'. '.join(parts)}. "
 
 
 def _summary(
