@@ -225,3 +225,54 @@ def shuffle_errors(rank: int, world_size: int) -> dict[str, str]:
 def _batch(rank: int, step: int) -> Batch:
     kjt, dense, _ = local_batch(rank, step)
     return Batch(dense_features=dense[:, :-1], sparse_features=kjt, labels=dense[:, -1])
+
+
+def uneven_loaders(rank: int, world_size: int, short_rank: int = 1, batches: int = 4) -> dict:
+    """The filed case: `short_rank`'s loader one batch shorter than the
+    others', one DMP step per batch `BalancedShuffle.batches` yields: with
+    overlap on a gloo group of its own (the README's set-up), with the
+    collectives on the caller's thread, synchronous, and in
+    TrainPipelineSparseDist (last: it leaves batches in flight). Per run, the
+    batches taken and the error; then a barrier: the default group still works."""
+    lengths = [batches - 1 if r == short_rank else batches for r in range(world_size)]
+    loader = [_batch(rank, step) for step in range(lengths[rank])]
+    item_lengths = lambda b: b.sparse_features["f0"].lengths() + 1.0  # noqa: E731
+    own_group = dist.new_group(backend="gloo")
+    model, optimizer = _dmp(world_size)
+    runs = {}
+    for name, overlap, thread, group in [
+        ("worker", True, "worker", own_group),
+        ("caller", True, "caller", None),
+        ("sync", False, "caller", None),
+    ]:
+        taken, error = 0, None
+        with BalancedShuffle(overlap=overlap, group=group, collective_thread=thread) as shuffle:
+            try:
+                for batch in shuffle.batches(loader, item_lengths):
+                    _step(
+                        model,
+                        optimizer,
+                        batch.sparse_features,
+                        torch.cat([batch.dense_features, batch.labels[:, None]], 1),
+                    )
+                    taken += 1
+            except ValueError as e:
+                error = str(e)
+        runs[name] = {"taken": taken, "error": error}
+    model, optimizer = _dmp(world_size, wrap=PipelineModel)
+    pipeline = TrainPipelineSparseDist(model, optimizer, torch.device("cpu"), execute_all_batches=True)
+    ids, progressed, error = [], 0, None
+    with BalancedShuffle(overlap=True, group=own_group) as shuffle:
+        batches_taken = _recorded(shuffle.batches(loader, item_lengths), ids)
+        try:
+            while True:
+                pipeline.progress(batches_taken)
+                progressed += 1
+        except ValueError as e:
+            error = str(e)
+        except StopIteration:
+            pass
+    runs["pipeline"] = {"taken": len(ids), "progressed": progressed, "error": error}
+    dist.barrier()
+    dist.destroy_process_group(own_group)
+    return runs

@@ -72,11 +72,21 @@ Two ways for a torchrec job, chosen by `collective_thread`:
 
 Every rank must pass the same batch: the same number of samples, the same
 KJT keys and dtypes, the same dense width. Each shuffle starts with one
-small all-gather of that signature, so a rank that differs (a partial last
-batch) makes every rank raise the same ValueError instead of aborting the
-process in a mismatched collective. `batches()` adds one such gather after
-each rank's last batch, so a rank whose loader ends early makes every rank
-raise too, instead of leaving the others waiting in a collective.
+small all-gather of that signature (batch size and a checksum: 2 int64 per
+rank), so a rank that differs (a partial last batch) makes every rank raise
+the same ValueError instead of aborting the process in a mismatched
+collective. Every rank sees the same gathered values, so every rank fails
+the check alike; in every mode its error comes from `finish()` (in the
+worker's mode the check runs in the worker; the others keep their error for
+`finish()` too).
+
+End of data rides on the same gather: in `batches()` a rank whose batches
+ended sends the batch size -1 ("no batch") where the others' next shuffle
+sends its size, from the same thread. So, where the shortest loader has n
+batches, every rank yields n batches and, asked for batch n, raises the same
+ValueError naming the ranks that ran out and batch n: no rank starts a step
+the others would not join. No collective is added per step; after the last
+batch one more such gather ends the iteration.
 """
 
 from __future__ import annotations
@@ -100,13 +110,20 @@ from embnb.balancing.kjt_gather import allgather_kjt, select_samples
 from embnb.balancing.partition import METHODS, balance
 from embnb.balancing.timeline import Timeline
 from embnb.collectives import all_gather_flat
+from embnb.dist import collective_device
 
 __all__ = ["EXCHANGES", "COLLECTIVE_THREADS", "BalancedShuffle"]
 
 EXCHANGES = ("allgather", "alltoall")
 COLLECTIVE_THREADS = ("auto", "worker", "caller")
 _NO_BATCH = -1  # the batch size a rank whose batches ended sends
+_END = object()  # what batches() takes from a loader that has ended
 Batch = tuple[KeyedJaggedTensor, torch.Tensor]
+
+
+class _RanksDiffer(ValueError):
+    """A check of values every rank gathered: it fails alike on every rank,
+    so `finish()` can raise it later, as a ValueError, on every rank."""
 
 
 class BalancedShuffle:
@@ -197,7 +214,8 @@ class BalancedShuffle:
             self._worker.shutdown(wait=True, cancel_futures=True)
 
     def start(self, kjt: KeyedJaggedTensor, dense: torch.Tensor, workloads: torch.Tensor, step: int) -> None:
-        """Shuffle this batch: in the worker with `overlap`, else now."""
+        """Shuffle this batch: in the worker with `overlap`, else now. Where
+        the ranks' batches differ, `finish()` raises (in every mode)."""
         if self._pending is not None:
             raise RuntimeError("start() called twice without finish()")
         if workloads.shape != (kjt.stride(),) or dense.dim() != 2 or dense.shape[0] != kjt.stride():
@@ -206,24 +224,52 @@ class BalancedShuffle:
                 f"workloads {tuple(workloads.shape)}, dense {tuple(dense.shape)}"
             )
         ready = _recorded_event(dense.device)  # the batch is ready on the caller's stream
-        if self._worker is None:
-            self._pending = _Pending(step, done=self._shuffle(kjt, dense, workloads, step, ready))
-        elif self.collective_thread == "worker":
-            self._pending = _Pending(
-                step, future=self._worker.submit(self._shuffle, kjt, dense, workloads, step, ready)
-            )
-        else:  # caller: the gather now, KK in the worker, the exchange in finish()
-            with self._side_stream(dense.device, ready):
-                gathered = self._gather(kjt, dense, workloads, step)
-                gathered_event = _recorded_event(dense.device)
-            future = self._worker.submit(self._kk, gathered, step, gathered_event)
-            self._pending = _Pending(step, future=future, inputs=(kjt, dense, gathered))
+        try:
+            if self._worker is None:
+                self._pending = _Pending(step, done=self._shuffle(kjt, dense, workloads, step, ready))
+            elif self.collective_thread == "worker":
+                self._pending = _Pending(
+                    step, future=self._worker.submit(self._shuffle, kjt, dense, workloads, step, ready)
+                )
+            else:  # caller: the gather now, KK in the worker, the exchange in finish()
+                with self._side_stream(dense.device, ready):
+                    gathered = self._gather(kjt, dense, workloads, step)
+                    gathered_event = _recorded_event(dense.device)
+                future = self._worker.submit(self._kk, gathered, step, gathered_event)
+                self._pending = _Pending(step, future=future, inputs=(kjt, dense, gathered))
+        except _RanksDiffer as error:  # every rank failed this check: raised by finish(), as in the worker
+            self._pending = _Pending(step, error=error)
 
     def finish(self) -> Batch:
         """This rank's KJT and dense rows (waits for the worker, re-raising its error)."""
         if self._pending is None:
             raise RuntimeError("finish() called before start()")
+        if self._pending.ended:
+            raise RuntimeError(
+                "finish() with no batch started: an abandoned batches() left its end-of-data check"
+            )
+        shuffled = self._finish()
+        assert shuffled is not None  # only an end-of-data check gives None
+        return shuffled
+
+    def _finish(self) -> Batch | None:
+        """The pending shuffle's batch; None for an end-of-data check that every
+        rank passed (all ended); the ValueError every rank raises where the
+        ranks' batches differ or some rank's ended."""
         pending, self._pending = self._pending, None
+        assert pending is not None
+        try:
+            return self._finished(pending)
+        except _RanksDiffer as error:
+            raise ValueError(str(error)) from None
+
+    def _finished(self, pending: _Pending) -> Batch | None:
+        if pending.error is not None:
+            raise pending.error
+        if pending.ended:
+            if pending.future is not None:
+                pending.future.result()
+            return None
         if pending.done is not None:
             kjt, dense, made = pending.done
         else:
@@ -301,8 +347,11 @@ class BalancedShuffle:
         the consumer trains on batch i. `workloads(batch)` gives each sample's
         cost (one value per sample). Dense features and labels travel together
         as float64 rows and come back in their own dtypes and shapes. Every
-        rank must yield as many batches, each with as many samples; where one
-        rank's `batches` ends first, every rank raises the same ValueError.
+        rank must yield as many batches, each with as many samples. Where the
+        shortest rank's `batches` has n, every rank yields n batches, then
+        raises the same ValueError when asked for batch n, in every mode ("no
+        batch" rides on the next shuffle's signature gather: no collective
+        more per step, one small gather after the last batch).
 
             pipeline = TrainPipelineSparseDist(model, optimizer, device)
             balanced = shuffle.batches(dataloader, lambda b: b.sparse_features["item"].lengths())
@@ -310,22 +359,48 @@ class BalancedShuffle:
                 pipeline.progress(balanced)   # StopIteration after the last batch
         """
         source = iter(batches)
-        batch, step = next(source, None), 0
-        if batch is None:
-            self._check_sizes(self._gather_sizes(_NO_BATCH), step)
-            return
-        layout = self._start_batch(batch, workloads, step)
+        layout, step = self._start_next(next(source, _END), workloads, 0), 0
         while True:
-            following = next(source, None)
-            kjt, rows = self.finish()
-            if following is None:  # the others must have ended too: one gather says so
-                self._check_sizes(self._gather_sizes(_NO_BATCH), step + 1)
-            else:
-                next_layout = self._start_batch(following, workloads, step + 1)
-            yield _unpack_batch(kjt, rows, layout)
-            if following is None:
+            # the next batch loads while the worker shuffles this one
+            following = _END if layout is None else next(source, _END)
+            shuffled = self._finish()  # where some rank's batches ended here, every rank raises
+            if shuffled is None:  # every rank's batches ended at `step`
                 return
+            next_layout = self._start_next(following, workloads, step + 1)
+            yield _unpack_batch(*shuffled, layout)
             layout, step = next_layout, step + 1
+
+    def _start_next(
+        self, batch: Any, workloads: Callable[[TorchrecBatch], torch.Tensor], step: int
+    ) -> tuple[int, torch.dtype, tuple[int, ...], torch.dtype] | None:
+        """Start the shuffle of batch `step`, or, where this rank's batches
+        ended (`_END`), its end-of-data check (the layout is then None)."""
+        if batch is _END:
+            self._start_end(step)
+            return None
+        return self._start_batch(batch, workloads, step)
+
+    def _start_end(self, step: int) -> None:
+        """This rank has no batch `step`: its "no batch" in the signature gather
+        the other ranks' shuffle of batch `step` makes, issued where theirs is
+        (the worker, or now on the caller's thread); `_finish()` gives its
+        outcome."""
+        device = collective_device(self.group)  # on this thread: the rank's GPU under NCCL
+        if self._worker is not None and self.collective_thread == "worker":
+            self._pending = _Pending(
+                step, future=self._worker.submit(self._check_ended, step, device), ended=True
+            )
+            return
+        try:
+            self._check_ended(step, device)
+            self._pending = _Pending(step, ended=True)
+        except _RanksDiffer as error:
+            self._pending = _Pending(step, error=error, ended=True)
+
+    def _check_ended(self, step: int, device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # in the worker too
+        self._check_sizes(self._gather_sizes(_NO_BATCH, device=device), step)
 
     def _start_batch(
         self, batch: TorchrecBatch, workloads: Callable[[TorchrecBatch], torch.Tensor], step: int
@@ -348,13 +423,13 @@ class BalancedShuffle:
         ended = [rank for rank, size in enumerate(sizes) if size == _NO_BATCH]
         if ended and len(ended) < len(sizes):
             going = [rank for rank in range(len(sizes)) if rank not in ended]
-            raise ValueError(
+            raise _RanksDiffer(
                 f"ranks {ended} have no batch {step} (their batches ended) while ranks {going} have one; "
                 "BalancedShuffle needs as many batches on every rank (e.g. a DistributedSampler with "
                 "drop_last=True and DataLoader(drop_last=True))"
             )
         if len(set(sizes)) > 1:
-            raise ValueError(
+            raise _RanksDiffer(
                 f"batch sizes differ across ranks: {sizes} samples on ranks 0..{len(sizes) - 1}; "
                 "BalancedShuffle needs the same number of samples on every rank (drop or pad the "
                 "partial last batch, e.g. DataLoader(drop_last=True))"
@@ -371,7 +446,7 @@ class BalancedShuffle:
             signatures: list[Any] = [None] * self.world_size
             dist.all_gather_object(signatures, signature, group=self.group)  # every rank is here
             described = "; ".join(f"rank {r}: {s}" for r, s in enumerate(signatures))
-            raise ValueError(
+            raise _RanksDiffer(
                 f"batches differ across ranks ({described}); BalancedShuffle needs the same KJT keys, "
                 "dtypes and dense width on every rank"
             )
@@ -396,12 +471,15 @@ class BalancedShuffle:
 @dataclasses.dataclass
 class _Pending:
     """A started shuffle: its result (synchronous), or the worker's future and,
-    where the caller exchanges, the batch and the gathered rows."""
+    where the caller exchanges, the batch and the gathered rows; or the error
+    its check found (every rank's); `ended`: an end-of-data check, no batch."""
 
     step: int
     done: tuple[KeyedJaggedTensor, torch.Tensor, torch.cuda.Event | None] | None = None
     future: Future | None = None
     inputs: tuple[KeyedJaggedTensor, torch.Tensor, torch.Tensor] | None = None
+    error: _RanksDiffer | None = None
+    ended: bool = False
 
 
 def _recorded_event(device: torch.device) -> torch.cuda.Event | None:

@@ -6,7 +6,8 @@ with its collectives on the caller's thread (KK alone in the background), to
 the same parameters as with the synchronous shuffle and as without balancing (equal-count parts: the mean
 loss of every rank gives the same gradients); the overlapped shuffle refuses
 the default group; ranks whose batches differ, or end at different steps,
-all raise the same ValueError."""
+all raise the same ValueError (where a loader ends early: after the batches
+every rank has, before any rank starts a DMP step alone, in every mode)."""
 
 import dmp_ranks
 import pytest
@@ -17,15 +18,16 @@ from embnb.dist import launch_each
 WORLD_SIZE = 2
 LOOPS = ("none", "sync", "overlap", "caller")  # train_dmp's modes
 PIPELINES = ("worker", "caller")  # train_pipeline's collective threads
+SHORT_RANK, BATCHES = 1, 4  # uneven_loaders: rank 1's loader has BATCHES - 1 batches, rank 0's BATCHES
 
 
 @pytest.fixture(scope="module")
 def runs():
     calls = [(dmp_ranks.train_dmp, (mode,)) for mode in LOOPS]
     calls += [(dmp_ranks.train_pipeline, (thread,)) for thread in PIPELINES]
-    calls += [(dmp_ranks.shuffle_errors, ())]
+    calls += [(dmp_ranks.shuffle_errors, ()), (dmp_ranks.uneven_loaders, (SHORT_RANK, BATCHES))]
     results = launch_each(calls, WORLD_SIZE, device="cpu", timeout_s=240)
-    names = [*LOOPS, *(f"pipeline_{thread}" for thread in PIPELINES), "errors"]
+    names = [*LOOPS, *(f"pipeline_{thread}" for thread in PIPELINES), "errors", "uneven"]
     return dict(zip(names, results))
 
 
@@ -82,3 +84,14 @@ def test_ranks_with_different_batches_all_raise_the_same_error(runs):
     assert len(keys) == 1
     message = keys.pop()
     assert "rank 0: keys ['f0', 'f1', 'f2']" in message and "rank 1: keys ['f0', 'f1']" in message
+
+
+def test_a_loader_one_batch_short_stops_every_rank_of_a_dmp_job_at_the_same_batch(runs):
+    shortest = BATCHES - 1  # rank 1's loader
+    want = f"ranks [{SHORT_RANK}] have no batch {shortest} (their batches ended) while ranks [0] have one"
+    for name in ("worker", "caller", "sync", "pipeline"):
+        results = [per_rank[name] for per_rank in runs["uneven"]]
+        assert [r["taken"] for r in results] == [shortest] * WORLD_SIZE, name
+        (message,) = {r["error"] for r in results}
+        assert message is not None and want in message, name
+    assert len({r["pipeline"]["progressed"] for r in runs["uneven"]}) == 1
