@@ -36,6 +36,7 @@ from embnb.rowwise import (
     gather_rows,
     load_rows,
 )
+from embnb.rowwise.sharded_rows import weight_key
 
 DIM = 4
 LR = 0.1
@@ -234,7 +235,7 @@ def _shard_module(
 
 
 def _local(sharded, name: str) -> torch.Tensor:
-    (shard,) = sharded.state_dict()[f"{sharded.weight_prefix}.{name}.weight"].local_shards()
+    (shard,) = sharded.state_dict()[weight_key(sharded, name)].local_shards()
     return shard.tensor.detach().cpu().clone()
 
 
@@ -254,7 +255,7 @@ def parity_case(rank, world_size, kind, rows, routings, seed, off_by_one=False):
     out = flat_output(kind, model(make_batch(rows, rank, seed).to(rank_device())))
     (out * output_grad(out, rank, seed).to(out.device)).sum().backward()
     after = {name: gather_rows(sharded, name).cpu() for name in rows}
-    layouts = sharded.get_extra_state()["tables"]
+    layouts = {name: layout.describe() for name, layout in sharded.table_layouts.items()}
     return {
         "built": built,
         "out": out.detach().cpu(),

@@ -15,7 +15,9 @@ The library (what this package exports; none of it imports pandas or matplotlib)
   `RoutedEmbeddingCollectionSharder`, torchrec's row-wise sharding with a
   routing per table (`routed`: what the two share; `input_dist`:
   `RoutedFeaturesDist`, their row-wise input distribution, embnb's bucketize
-  then torchrec's all-to-all); `sharded_rows`: `gather_rows`, `load_rows`.
+  then torchrec's all-to-all); `sharded_rows`: `gather_rows`, `load_rows`;
+  `dcp_rows`: a routed table in a DCP checkpoint, `load_resharded` into any
+  (W, routing) and `read_rows` in id order for serving.
 
 Notebook 01's experiments, figures and widgets live in `embnb.lab.rowwise`.
 
@@ -45,6 +47,8 @@ __all__ = [
     "RoutedFeaturesDist",
     "gather_rows",
     "load_rows",
+    "load_resharded",
+    "read_rows",
 ]
 
 
@@ -67,6 +71,10 @@ def __getattr__(name: str):
         from embnb.rowwise import sharded_rows
 
         return getattr(sharded_rows, name)
+    if name in ("load_resharded", "read_rows"):
+        from embnb.rowwise import dcp_rows
+
+        return getattr(dcp_rows, name)
     if name == "RoutedFeaturesDist":
         from embnb.rowwise import input_dist
 

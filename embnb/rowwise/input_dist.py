@@ -42,6 +42,8 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
         layouts: the table layout of each feature (same order).
         device: where torchrec keeps its buffers.
         is_sequence: an EmbeddingCollection's sharding: keep the unbucketize permute.
+        tables: the table each feature is looked up in (same order; a feature read by two tables
+            appears twice), for error messages.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
         layouts: Sequence[TableLayout],
         device: torch.device | None = None,
         is_sequence: bool = False,
+        tables: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             pg=pg,
@@ -69,6 +72,7 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
                 f"world sizes {sorted({la.world_size for la in layouts})} and seeds {sorted(seeds)}"
             )
         self._features = list(features)
+        self._tables = list(tables) if tables is not None else None
         self.layouts = tuple(layouts)
         self._modes = [_DIST_TYPE[layout.routing] for layout in layouts]
         self._block_sizes = [layout.block_size for layout in layouts]
@@ -106,7 +110,12 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
             )
         except ValueError as error:  # the kernel names a feature by its position: add its name
             where = re.search(r"\(feature (\d+) ", str(error))
-            name = f"feature {self._features[int(where[1])]!r}" if where else f"features {self._features}"
+            if where is None:
+                name = f"features {self._features}"
+            else:
+                i = int(where[1])
+                table = f" of table {self._tables[i]!r}" if self._tables else ""
+                name = f"feature {self._features[i]!r}{table}"
             raise ValueError(f"{name}: {error}") from None
         if kept is None:
             return out

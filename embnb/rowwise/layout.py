@@ -138,6 +138,17 @@ class TableLayout:
         """Rank that holds each id's row."""
         return self.slots(ids) // self.block_size
 
+    @property
+    def key_suffix(self) -> str:
+        """What this table's state dict keys end with: "" under continuous (torchrec's own keys, whose
+        rows torchrec reshards), else the layout the rows are stored in, e.g. `@roundrobin(world_size=2)`
+        or `@feistel_roundrobin(world_size=2,seed=0)`. A loader of another layout asks for another key,
+        so DCP's load planning fails before any tensor is written."""
+        if self.routing is Routing.CONTINUOUS:
+            return ""
+        seed = f",seed={self.seed}" if self.routing is Routing.FEISTEL_ROUNDROBIN else ""
+        return f"@{self.routing.value}(world_size={self.world_size}{seed})"
+
     def describe(self) -> dict:
         """What a checkpoint records about this layout."""
         return {

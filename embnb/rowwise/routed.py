@@ -1,5 +1,5 @@
 """What the routed sharded modules share: each table's layout, the padded module torchrec shards, the
-row-wise input distribution that buckets by the layouts, and the routing in the state dict.
+row-wise input distribution that buckets by the layouts, and the layout in the state dict's keys.
 
 `RoutedIds` is a mixin put before torchrec's sharded class (`ShardedEmbeddingBagCollection`,
 `ShardedEmbeddingCollection`); a subclass names how to read its module's table configs and how to
@@ -12,7 +12,8 @@ the sharders. The row-wise sharding's input distribution is
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -115,16 +116,32 @@ def padded_plan(
     return params
 
 
+_KEY_SUFFIX = re.compile(r"@(?P<routing>\w+)\(world_size=(?P<world_size>\d+)(,seed=(?P<seed>\d+))?\)")
+
+
+def saved_layout(key_suffix: str) -> dict[str, Any] | None:
+    """The layout a state dict key's suffix (`TableLayout.key_suffix`) names; None for no suffix."""
+    if not key_suffix:
+        return None
+    match = _KEY_SUFFIX.fullmatch(key_suffix)
+    if match is None:
+        raise RoutingMismatch(f"a state dict key ends with {key_suffix!r}, which names no embnb layout")
+    return {k: v if k == "routing" else int(v) for k, v in match.groupdict().items() if v is not None}
+
+
 def check_compatible(table: str, saved: Mapping[str, Any] | None, layout: TableLayout) -> None:
     """Raise RoutingMismatch unless rows saved as `saved` load as they are into `layout`.
 
     `saved` None means torchrec's continuous layout. Continuous rows do not
-    depend on W (torchrec reshards them); the round-robin routings' do.
+    depend on W (torchrec reshards them); the round-robin routings' do, and
+    feistel_roundrobin's on its seed.
     """
     saved = dict(saved) if saved else {"routing": Routing.CONTINUOUS.value, "seed": 0}
     routing = Routing.parse(saved.get("routing", Routing.CONTINUOUS.value))
     ours = layout.describe()
-    same = routing is layout.routing and int(saved.get("seed", 0)) == layout.seed
+    same = routing is layout.routing
+    if same and routing is Routing.FEISTEL_ROUNDROBIN:
+        same = int(saved.get("seed", 0)) == layout.seed
     if same and routing is not Routing.CONTINUOUS:
         same = int(saved.get("world_size", -1)) == layout.world_size
     if not same:
@@ -136,11 +153,11 @@ def check_compatible(table: str, saved: Mapping[str, Any] | None, layout: TableL
         )
 
 
-def _default_extra_state(module, state_dict, prefix, *args) -> None:
-    """A state dict without embnb's routing (torchrec's own) was saved as continuous."""
-    key = prefix + "_extra_state"
-    if key not in state_dict:
-        state_dict[key] = {"tables": {}}
+def _keys_of_layouts(module: RoutedIds, destination: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Each routed table's rows under the key of its layout (after torchrec's own state dict hook)."""
+    for name, suffix in module.key_suffixes().items():
+        key = f"{prefix}{module.weight_prefix}.{name}.weight"
+        destination[key + suffix] = destination.pop(key)
 
 
 class RoutedIds:
@@ -153,11 +170,19 @@ class RoutedIds:
         routings: table name -> routing; tables not named get `others`.
         others: the routing of row-wise tables not in `routings`.
         seed: the key of feistel_roundrobin's bijection.
+        check_names: called at the first input distribution (when every collection of the model has
+            been sharded): the sharder's check that its routings name tables of the model.
         **kwargs: passed to torchrec's sharded module (fused_params, device, ...).
 
     torchrec shards a copy of the module on the meta device, with each padded table's
     `storage_rows`; unless `module` is on meta, the sharded module then loads its rows, each at
     the slot its routing names (so it starts equal to `module`, on CPU as on GPU).
+
+    A routed table's rows (in the state dict) and its fused optimizer's state (in
+    `fused_optimizer`'s keys) sit under torchrec's key plus `TableLayout.key_suffix`, e.g.
+    `embedding_bags.t.weight@roundrobin(world_size=2)`: a module of another layout, a plain one
+    included, asks for another key, so DCP's load fails in its planning step and `load_state_dict`
+    raises `RoutingMismatch` naming both layouts before any rows load.
     """
 
     layout_type: type[TableLayout] = TableLayout  # a subclass may lay rows out otherwise (a test's bug)
@@ -182,6 +207,7 @@ class RoutedIds:
         routings: Mapping[str, Routing | str] | None = None,
         others: Routing | str = Routing.CONTINUOUS,
         seed: int = 0,
+        check_names: Callable[[], None] | None = None,
         **kwargs: Any,
     ) -> None:
         configs = self._configs(module)
@@ -203,18 +229,28 @@ class RoutedIds:
         # On meta, torchrec loads nothing in its constructor: the rows are loaded below, at their slots.
         super().__init__(self._module_like(module, storage), params, env, **kwargs)
         self.table_layouts: dict[str, TableLayout] = layouts
-        self._feature_tables = {f: c.name for c in configs if c.name in layouts for f in c.feature_names}
-        self.register_load_state_dict_pre_hook(_default_extra_state)
+        self._check_names = check_names
+        self.register_state_dict_post_hook(_keys_of_layouts)
+        for _, optimizer in self.fused_optimizer.optimizers:  # as torchrec renames its TBEs' keys
+            optimizer.params = {self._routed_key(key): p for key, p in optimizer.params.items()}
         if not any(p.is_meta for p in module.parameters()):
             self._load_unsharded(module)
+
+    def key_suffixes(self) -> dict[str, str]:
+        """Table name -> what its keys end with (`TableLayout.key_suffix`), for each routed table."""
+        return {name: la.key_suffix for name, la in self.table_layouts.items() if la.key_suffix}
+
+    def _routed_key(self, key: str) -> str:
+        """`key` (torchrec's, `{weight_prefix}.{table}.weight`) with its table's layout suffix."""
+        table = key[len(self.weight_prefix) + 1 : -len(".weight")] if key.endswith(".weight") else None
+        return key + self.key_suffixes().get(table, "")
 
     def _load_unsharded(self, module: nn.Module) -> None:
         state = dict(module.state_dict())
         for name, layout in self.table_layouts.items():
             key = f"{self.weight_prefix}.{name}.weight"
             id_order = TableLayout(layout.num_embeddings, layout.world_size)
-            state[key] = convert_rows(state[key], id_order, layout)
-        state["_extra_state"] = self.get_extra_state()
+            state[key + layout.key_suffix] = convert_rows(state.pop(key), id_order, layout)
         self.load_state_dict(state)
 
     @property
@@ -229,13 +265,22 @@ class RoutedIds:
 
     def _create_input_dist(self, input_feature_names: list[str], *args: Any, **kwargs: Any) -> None:
         """torchrec's input distributions, the row-wise one bucketing by the tables' layouts."""
+        if self._check_names is not None:
+            self._check_names()
         private.create_input_dist(self, RoutedIds, input_feature_names, *args, **kwargs)
         dists = private.input_dists(self)
         for i, sharding in enumerate(private.shardings(self)):
             if type(dists[i]) is not RwSparseFeaturesDist:
                 continue  # not row-wise
             features = sharding.feature_names()
-            layouts = [self.table_layouts[self._feature_tables[f]] for f in features]
+            # A feature read by several tables appears once per table, in the order of the sharding's
+            # tables: each occurrence is bucketed by the layout of the table that reads it.
+            tables = [t.name for t in sharding.embedding_tables() for _ in t.feature_names]
+            if len(tables) != len(features):
+                raise RuntimeError(
+                    f"torchrec's row-wise sharding lists features {features} for tables {tables}"
+                )
+            layouts = [self.table_layouts[t] for t in tables]
             if all(la.routing is Routing.CONTINUOUS for la in layouts):
                 continue  # torchrec's own layout: its own bucketize
             if private.row_wise_dist_parts(dists[i])[1]:
@@ -245,22 +290,42 @@ class RoutedIds:
                 )
             pg = private.sharding_env(self).process_group  # torchrec's row-wise shardings use it
             device = next((b.device for b in dists[i].buffers()), None)  # where torchrec put its own
-            dists[i] = self.features_dist_type(pg, features, layouts, device, self.is_sequence)
+            dists[i] = self.features_dist_type(pg, features, layouts, device, self.is_sequence, tables)
 
-    def get_extra_state(self) -> dict:
-        return {"tables": {name: layout.describe() for name, layout in self.table_layouts.items()}}
-
-    def set_extra_state(self, state: Any) -> None:
-        saved = state.get("tables", {}) if isinstance(state, Mapping) else {}
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        """Each routed table's rows taken from the key of its layout (renamed to torchrec's key before
+        torchrec's own hooks read it); rows saved under another layout raise RoutingMismatch before
+        anything of this module loads."""
+        legacy = state_dict.pop(prefix + "_extra_state", None)  # embnb 0.x kept the layouts here
+        legacy_tables = legacy.get("tables", {}) if isinstance(legacy, Mapping) else {}
         for name, layout in self.table_layouts.items():
-            check_compatible(name, saved.get(name), layout)
+            key = f"{prefix}{self.weight_prefix}.{name}.weight"
+            saved = [k for k in state_dict if k == key or k.startswith(key + "@")]
+            if len(saved) > 1:
+                raise RoutingMismatch(
+                    f"table {name!r}: the state dict holds its rows under {len(saved)} keys {saved}"
+                )
+            if not saved:
+                continue  # missing: torch reports it
+            found = saved[0]
+            described = saved_layout(found[len(key) :]) if found != key else legacy_tables.get(name)
+            check_compatible(name, described, layout)
+            state_dict[key] = state_dict.pop(found)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class RoutedSharder:
     """Mixin for a torchrec embedding sharder: row_wise on every device, a routing per row-wise table.
 
     Args:
-        routings: table name -> routing ("continuous", "roundrobin", "feistel_roundrobin").
+        routings: table -> routing ("continuous", "roundrobin", "feistel_roundrobin"). A table is named
+            by its name (every collection's table of that name) or by its collection's path in the
+            model and its name, `"{module_fqn}.{table}"` (`"sparse.ebc.t_item"`; it wins over the
+            bare name). A name that matches no table raises a ValueError naming it: when the sharder
+            shards the collection it names, or the model's root collection, else at the first input
+            distribution, once every collection has been sharded.
         others: the routing of row-wise tables not in `routings`.
         seed: the key of feistel_roundrobin's bijection.
         **kwargs: as for torchrec's sharder (fused_params, qcomm_codecs_registry, ...).
@@ -277,6 +342,8 @@ class RoutedSharder:
         self.routings = parse_routings(routings)
         self.others = Routing.parse(others)
         self.seed = check_int("seed", seed, low=0)
+        self._tables_seen: set[str] = set()  # every table sharded so far, bare and qualified names
+        self._names_used: set[str] = set()
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         types = super().sharding_types(compute_device_type)
@@ -286,6 +353,33 @@ class RoutedSharder:
         """Keyword arguments torchrec's sharder passes its sharded module besides the common ones."""
         return {}
 
+    def routings_of(self, tables: list[str], module_fqn: str | None) -> dict[str, Routing]:
+        """The routings of one collection's `tables` at `module_fqn`: qualified names win over bare ones."""
+        prefix = f"{module_fqn}." if module_fqn else ""
+        qualified = {f"{prefix}{t}": t for t in tables} if prefix else {}
+        bare = {name: self.routings[name] for name in tables if name in self.routings}
+        ours = bare | {qualified[n]: r for n, r in self.routings.items() if n in qualified}
+        self._names_used |= set(bare) | (set(qualified) & set(self.routings))
+        self._tables_seen |= set(tables) | set(qualified)
+        unknown = [
+            n for n in self.routings if n not in self._names_used and (not prefix or n.startswith(prefix))
+        ]
+        if unknown:  # the model's root collection, or a name qualified with this collection's path
+            raise ValueError(
+                f"routings name tables {unknown} that the module{f' at {module_fqn!r}' if prefix else ''} "
+                f"lacks; its tables: {sorted(tables)}"
+            )
+        return ours
+
+    def check_names(self) -> None:
+        """Raise naming the routings' names that match no table sharded so far."""
+        unknown = sorted(set(self.routings) - self._names_used)
+        if unknown:
+            raise ValueError(
+                f"routings name tables {unknown} that no collection of the model has; its tables: "
+                f"{sorted(self._tables_seen)}"
+            )
+
     def shard(
         self,
         module: nn.Module,
@@ -294,13 +388,15 @@ class RoutedSharder:
         device: torch.device | None = None,
         module_fqn: str | None = None,
     ) -> nn.Module:
+        tables = [c.name for c in self.sharded_module_type._configs(module)]
         return self.sharded_module_type(
             module,
             params,
             env,
-            routings=self.routings,
+            routings=self.routings_of(tables, module_fqn),
             others=self.others,
             seed=self.seed,
+            check_names=self.check_names,
             fused_params=self.fused_params,
             device=device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,

@@ -23,8 +23,9 @@ __all__ = ["weight_key", "gather_rows", "load_rows"]
 
 
 def weight_key(module: nn.Module, table: str) -> str:
-    """The state dict key of `table`'s weight in an EBC or EC (sharded or not)."""
-    keys = [k for k in module.state_dict() if k.endswith(f".{table}.weight")]
+    """The state dict key of `table`'s weight in an EBC or EC (sharded or not; a routed table's key
+    ends with its layout, `TableLayout.key_suffix`)."""
+    keys = [k for k in module.state_dict() if k.split("@")[0].endswith(f".{table}.weight")]
     if len(keys) != 1:
         raise ValueError(f"table {table!r}: expected one weight in the state dict, found {keys}")
     return keys[0]

@@ -13,10 +13,10 @@ torchrec's contiguous blocks (`embnb.rowwise.layout`,
 `embnb.rowwise.input_dist`). A round-robin table whose N is not a multiple of
 W is sharded as `W * ceil(N / W)` rows (torchrec's shards for it are rewritten
 to W equal blocks). The routing of each table is on the module
-(`table_layouts`) and in its state dict (`_extra_state`): loading rows saved
-under another routing raises naming both (convert them with `convert_rows`); a
-checkpoint without it (torchrec's own row-wise one, an unsharded module's)
-loads as continuous.
+(`table_layouts`) and in its state dict keys (`TableLayout.key_suffix`): loading
+rows saved under another layout raises naming both, and DCP finds no key to load
+(convert them with `embnb.rowwise.load_resharded` or `convert_rows`); torchrec's
+own keys (its row-wise module's, an unsharded module's) load as continuous.
 
 torchrec 1.8's EmbeddingBagCollectionSharder offers row_wise only for CUDA;
 these sharders offer it on CPU as well (DESIGN.md: torchrec's row-wise path

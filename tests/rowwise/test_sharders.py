@@ -200,7 +200,7 @@ def test_a_state_dict_saved_under_another_routing_does_not_load(launched):
 
 def test_a_bad_id_is_refused_by_name(launched):
     for error in launched[1]["bad_id"]:
-        words = "feature 'f_a': roundrobin routing needs keys in [0, 8), got key 8"
+        words = "feature 'f_a' of table 'a': roundrobin routing needs keys in [0, 8), got key 8"
         assert error is not None and error.startswith("ValueError") and words in error, error
 
 

@@ -244,6 +244,7 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
     from embnb.rowwise import RoutedEmbeddingBagCollectionSharder
+    from embnb.rowwise.sharded_rows import weight_key
 
     # torchrec 1.8's sharded modules call c10d's deprecated reduce_scatter_tensor and
     # all_gather_into_tensor: a FutureWarning per rank that a user of torchrec cannot act on
@@ -304,7 +305,7 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
         loss.backward()
         head.step()
         losses.append(float(loss.detach()))
-    (shard,) = sharded.state_dict()[f"embedding_bags.{TABLE}.weight"].local_shards()
+    (shard,) = sharded.state_dict()[weight_key(sharded, TABLE)].local_shards()
     return {
         "routing": str(sharded.routings[TABLE]),
         "losses": losses,
