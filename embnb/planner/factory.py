@@ -24,6 +24,7 @@ from torchrec.distributed.planner.storage_reservations import (
 from torchrec.distributed.planner.types import (
     Enumerator,
     ParameterConstraints,
+    PlannerError,
     Proposer,
     ShardingOption,
     StorageReservation,
@@ -126,7 +127,9 @@ def make_reservation(
 class Fallback(Proposer):
     """`fallback`'s proposals only where `primary` placed no plan and did not
     prove that none exists (its `no_plan_reason`: a table fits on no device,
-    or the tables do not fit the devices together).
+    a table has no option its sharders accept, or the tables do not fit the
+    devices together), from the options `primary` kept (the ones the
+    sharders accept, `accepted`).
 
     torchrec's planner loads every proposer first, then asks each for its
     proposals in turn, so by the time this one is asked, `primary` is done.
@@ -149,7 +152,8 @@ class Fallback(Proposer):
             placed_none = math.isinf(self.primary.best_rating) and self.primary.no_plan_reason is None
             self._active = self._loaded is not None and placed_none
             if self._active:
-                self.fallback.load(*self._loaded)
+                search_space, enumerator = self._loaded
+                self.fallback.load(self.primary.accepted(search_space), enumerator)
         return self.fallback.propose() if self._active else None
 
     def feedback(
@@ -172,22 +176,32 @@ class EmbnbShardingPlanner(EmbeddingShardingPlanner):
         planner.rank_perf   # ms per rank (torchrec's stats table: "Total Perf")
         planner.rank_hbm    # bytes of HBM per rank, as the plan's shards estimate them (rank_ddr: DDR)
 
+    `plan` hands its sharders to `dp_proposer` (`expect_sharders`), which
+    proposes no option they would refuse (`embnb.planner.refusals`). Where
+    the DP proposer proved that no plan exists, the PlannerError raised
+    gives its reason (the tables, what they need, why their options were
+    refused) instead of torchrec's summary of the proposals it partitioned
+    (none, then: its memory figures would be its sentinel, 8589934592.0 GB).
+
     Args:
+        topology: the topology planned for (EmbeddingShardingPlanner's).
         dp_proposer: the DynamicProgrammingProposer among the planner's proposers.
         world_size: the ranks planned for (`topology.world_size`).
-        *args, **kwargs: EmbeddingShardingPlanner's.
+        **kwargs: EmbeddingShardingPlanner's other arguments.
     """
 
     def __init__(
         self,
-        *args,
+        *,
+        topology: Topology,
         dp_proposer: DynamicProgrammingProposer,
         world_size: int,
         progress: bool = False,
         **kwargs,
     ) -> None:
-        super().__init__(*args, **kwargs)
-        self.dp_proposer, self.world_size, self.progress = dp_proposer, world_size, progress
+        super().__init__(topology=topology, **kwargs)
+        self.topology, self.dp_proposer, self.world_size = topology, dp_proposer, world_size
+        self.progress = progress
 
     def plan(self, module, sharders):
         """torchrec's plan, with the cyclic garbage collector paused
@@ -199,8 +213,18 @@ class EmbnbShardingPlanner(EmbeddingShardingPlanner):
         allocation would pay it), so a plan's time includes it. With
         `progress`, one tqdm bar: the enumeration, then the plans the DP
         considers (its best rating beside it)."""
-        with self._progress_bar(), collector_paused():
-            planned = super().plan(module, sharders)
+        self.dp_proposer.expect_sharders(sharders, self.topology)
+        try:
+            with self._progress_bar(), collector_paused():
+                planned = super().plan(module, sharders)
+        except PlannerError as error:
+            reason = self.dp_proposer.no_plan_reason
+            if reason is None:  # torchrec's report of the proposals that failed to place
+                raise
+            raise PlannerError(
+                f"Unable to find a plan for this model: {reason}",
+                error_type=self.dp_proposer.no_plan_error_type or error.error_type,
+            ) from None
         if gc.isenabled():
             gc.collect(0)
         return planned

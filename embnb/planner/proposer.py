@@ -49,17 +49,21 @@ import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
+from torch import nn
 from torchrec.distributed.planner.types import (
     Enumerator,
     PlannerError,
+    PlannerErrorType,
     Proposer,
     ShardingOption,
     Topology,
 )
+from torchrec.distributed.types import ModuleSharder
 
 from embnb._checks import check_bool, check_int
 from embnb._gc import collector_paused
 from embnb.planner.knapsack import FrontierSearch
+from embnb.planner.refusals import Refusals, no_option_reason, table_name
 from embnb.planner.replica import GreedyPerfReplica, Placement
 from embnb.planner.search import HillClimb, KnapsackRuns, Start, slowest_rank_tables, unplaced_tables
 from embnb.planner.space import SearchSpace, ShardValues, by_table
@@ -110,10 +114,17 @@ class DynamicProgrammingProposer(Proposer):
     planner's answer differed from the replica's, and why, in `disagreements`
     (`num_disagreements`).
 
-    When no plan can fit (a table fits on no device, or the tables do not fit
-    the devices together) it proposes nothing more and leaves the verdict to
-    the planner (a later proposer, or torchrec's own PlannerError); why is in
-    `no_plan_reason` and logged as a warning.
+    Given the sharders before `load` (`expect_sharders`, as `create_planner`
+    does), it drops the options they would refuse (`embnb.planner.refusals`:
+    FBGEMM's four-column rule, a row-wise rank with no rows on CPU, an
+    EmbeddingCollection's dense kernel on CPU, a routed table planned other
+    than row-wise); which and why is in `refused`.
+
+    When no plan can fit (a table fits on no device, a table has no option its
+    sharders accept, or the tables do not fit the devices together) it
+    proposes nothing more and leaves the verdict to the planner (a later
+    proposer, or torchrec's own PlannerError); why is in `no_plan_reason`
+    (`no_plan_error_type`: torchrec's kind of it) and logged as a warning.
 
     Example (runs as it is; the README plans 300 tables):
 
@@ -176,10 +187,36 @@ class DynamicProgrammingProposer(Proposer):
         if not hasattr(self, "progress"):
             self.progress: Callable[[], None] | None = None  # called per plan considered (a progress bar)
         expected, self._expected_storage = getattr(self, "_expected_storage", None), None
+        refusals, self._refusals = getattr(self, "_refusals", None), None
+        # Per table, the options its sharders would refuse ("sharding_type/compute_kernel" -> why).
+        self.refused: dict[str, dict[str, str]] = {}
+        self._loaded_from = search_space  # as the planner gave it (`accepted`)
         with collector_paused():
+            if refusals is not None:
+                search_space, self.refused = refusals.split(search_space)
             self._load(search_space)
-            if expected is not None and self._current is not None and self._begin_search(expected):
+            kept = {table_name(option) for option in search_space}
+            lost = [table for table in self.refused if table not in kept]
+            if lost:
+                self._propose_nothing(
+                    no_option_reason(lost, self.refused), PlannerErrorType.STRICT_CONSTRAINTS
+                )
+            elif expected is not None and self._current is not None and self._begin_search(expected):
                 self._current = self._next_proposal(self._current)  # the first placed here too
+
+    def expect_sharders(self, sharders: list[ModuleSharder[nn.Module]], topology: Topology) -> None:
+        """The sharders and topology of the next `load`'s plan: its options that they would
+        refuse (`embnb.planner.refusals.Refusals`) are dropped before the search, and a table
+        left with none stops it (`no_plan_reason` names the table and why each option was
+        refused). `create_planner`'s planner hands them over on every `plan`. A new plan
+        begins: the last one's `no_plan_reason` is cleared."""
+        self._refusals = Refusals(sharders, topology)
+        self.no_plan_reason = self.no_plan_error_type = None
+
+    def accepted(self, search_space: list[ShardingOption]) -> list[ShardingOption]:
+        """The options of `search_space` that the sharders accept: those the last `load` kept
+        if it loaded this search space, else all of them (nothing is known about it)."""
+        return self._search_space if search_space is getattr(self, "_loaded_from", None) else search_space
 
     def expect_storage_constraint(self, storage_constraint: Topology) -> None:
         """The devices' memory after the storage reservation (the topology
@@ -208,6 +245,7 @@ class DynamicProgrammingProposer(Proposer):
         self._predicted: Placement | None = None  # the replica's answer for the current proposal
         self._best_replayed: tuple[np.ndarray, Placement] | None = None  # the best plan not proposed yet
         self.no_plan_reason: str | None = None  # why it stopped proposing, when no plan can fit
+        self.no_plan_error_type: PlannerErrorType | None = None  # torchrec's kind of that reason
         self._reason = FIRST_REASON  # why the current proposal goes to the planner
         # Before the first feedback the device memory is unknown: propose each
         # table's smallest option, like torchrec's DP proposer.
@@ -298,7 +336,7 @@ class DynamicProgrammingProposer(Proposer):
         try:
             self._space = SearchSpace(self._options, storage_constraint, self._values)
         except PlannerError as error:  # a table fits on no device
-            self._propose_nothing(str(error))
+            self._propose_nothing(str(error), error.error_type)
             return False
         self._options = self._space.options
         if self._replay:
@@ -371,12 +409,15 @@ class DynamicProgrammingProposer(Proposer):
             tables = functools.partial(unplaced_tables, self._space, choice, ranks, placement)
             self._climb.add(Start(self._space.lower_bound(choice), choice, tables, False))
 
-    def _propose_nothing(self, reason: str) -> None:
+    def _propose_nothing(
+        self, reason: str, error_type: PlannerErrorType = PlannerErrorType.INSUFFICIENT_STORAGE
+    ) -> None:
         """No plan can fit: stop proposing and say why. Raising here would
         stop torchrec's planner before its later proposers and its own no-plan
         report (its Stats, its PlannerError); the reason stays in
-        `no_plan_reason` and in a warning."""
-        self.no_plan_reason = reason
+        `no_plan_reason` and in a warning (`create_planner`'s planner raises
+        it as its PlannerError)."""
+        self.no_plan_reason, self.no_plan_error_type = reason, error_type
         self._current, self._climb = None, None
         logger.warning("DynamicProgrammingProposer proposes nothing: %s", reason)
 

@@ -160,12 +160,14 @@ class SearchSpace:
         self.device_mem = device_storage[:, :2].astype(float)  # [W, 2]
         self.capacity = self.device_mem.sum(0)
         one_host = storage_constraint.intra_group_size >= self.world_size
-        self.options = [
-            self._fitting(
-                distinct_options(table_options, one_host, values), shard_fits, device_storage, values
+        # An option whose largest shard fits on no device can never be placed.
+        distinct = [distinct_options(table_options, one_host, values) for table_options in options]
+        self.options = [[o for o in table if shard_fits[values.rows(o)].all()] for table in distinct]
+        unfit = [table for table, fitting in zip(distinct, self.options) if not fitting]
+        if unfit:
+            raise PlannerError(
+                fits_nowhere(unfit, device_storage), error_type=PlannerErrorType.INSUFFICIENT_STORAGE
             )
-            for table_options in options
-        ]
         self.storage = [[values.memory(o) for o in table] for table in self.options]  # (HBM, DDR, SSD)
         num_tables, width = len(options), max(len(o) for o in self.options)
         shape = (num_tables, width)
@@ -208,29 +210,6 @@ class SearchSpace:
         for row, (start, count) in enumerate(zip(starts.tolist(), counts.tolist()), 1):
             out[row, :count] = distinct[per_shard.slots[start : start + count]]
         return out
-
-    @staticmethod
-    def _fitting(
-        table_options: list[ShardingOption],
-        shard_fits: np.ndarray,
-        device_storage: np.ndarray,
-        values: ShardValues,
-    ) -> list[ShardingOption]:
-        # An option whose largest shard fits on no device can never be placed.
-        fitting = [o for o in table_options if shard_fits[values.rows(o)].all()]
-        if fitting:
-            return fitting
-        smallest = min(table_options, key=lambda o: max((s.storage.hbm, s.storage.ddr) for s in o.shards))
-        shard = max(smallest.shards, key=lambda s: (s.storage.hbm, s.storage.ddr))
-        biggest = device_storage[np.lexsort(device_storage[:, 1::-1].T)[-1]]
-        raise PlannerError(
-            f"table {smallest.name!r} fits on no device: its smallest option "
-            f"({smallest.sharding_type}, {smallest.compute_kernel}) needs "
-            f"{gib_text(shard.storage.hbm)} HBM and {gib_text(shard.storage.ddr)} DDR for one shard, "
-            f"the largest device offers {gib_text(biggest[0])} HBM and {gib_text(biggest[1])} DDR "
-            "after the storage reservation; add devices or memory, or shrink the table",
-            error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
-        )
 
     def lower_bound(self, choice: np.ndarray) -> float:
         """A rating no partition of `choice` can beat (see `neighbor_bounds`)."""
@@ -381,6 +360,27 @@ def gathered(values: np.ndarray, plans: np.ndarray, reduce, rows_at_once: int = 
             values[tables, plans[start : start + rows_at_once]], axis=-1
         )
     return out
+
+
+def fits_nowhere(tables: list[list[ShardingOption]], device_storage: np.ndarray) -> str:
+    """Why `tables` (each one's options) fit on no device: each one's smallest option and what its
+    largest shard needs, and what the largest device offers (`device_storage`: [W, (HBM, DDR, SSD)])."""
+    clauses = []
+    for table_options in tables:
+        smallest = min(table_options, key=lambda o: max((s.storage.hbm, s.storage.ddr) for s in o.shards))
+        shard = max(smallest.shards, key=lambda s: (s.storage.hbm, s.storage.ddr))
+        clauses.append(
+            f"table {smallest.name!r} fits on no device: its smallest option "
+            f"({smallest.sharding_type}, {smallest.compute_kernel}) needs "
+            f"{gib_text(shard.storage.hbm)} HBM and {gib_text(shard.storage.ddr)} DDR for one shard"
+        )
+    biggest = device_storage[np.lexsort(device_storage[:, 1::-1].T)[-1]]
+    return (
+        "; ".join(clauses)
+        + f", the largest device offers {gib_text(biggest[0])} HBM and {gib_text(biggest[1])} DDR "
+        + "after the storage reservation; add devices or memory, or shrink the "
+        + ("table" if len(tables) == 1 else "tables")
+    )
 
 
 def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
