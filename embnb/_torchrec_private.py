@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import torchrec
 from torch import nn
+from torchrec.distributed.dist_data import KJTAllToAllSplitsAwaitable
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.planner import enumerators as torchrec_enumerators
@@ -74,6 +75,8 @@ __all__ = [
     "shardings",
     "sharding_env",
     "row_wise_dist_parts",
+    "received_splits",
+    "output_dists",
 ]
 
 # The torchrec versions the tests run on (the pinned and the min stack): the
@@ -150,8 +153,15 @@ PRIVATE_ATTRIBUTES: dict[type, tuple[str, ...]] = {
         "_sharding_type_to_sharding",
         "_env",
     ),
-    ShardedEmbeddingBagCollection: ("_lookups", "_input_dists", "_embedding_shardings", "_env"),
+    ShardedEmbeddingBagCollection: (
+        "_lookups",
+        "_input_dists",
+        "_output_dists",
+        "_embedding_shardings",
+        "_env",
+    ),
     RwSparseFeaturesDist: ("_dist", "_has_feature_processor", "_need_pos"),
+    KJTAllToAllSplitsAwaitable: ("_splits_awaitable",),
 }
 
 # A ShardingOption's attributes that torchrec's deep copy of an option shares
@@ -389,6 +399,11 @@ def shardings(sharded: nn.Module) -> list:
     return list(sharded._sharding_type_to_sharding.values())
 
 
+def output_dists(sharded: ShardedEmbeddingBagCollection) -> list[nn.Module]:
+    """A sharded EBC's output distributions, one per sharding (a plain list, built with the module)."""
+    return sharded._output_dists
+
+
 def sharding_env(sharded: nn.Module) -> Any:
     """The ShardingEnv a sharded EC or EBC was built with."""
     return sharded._env
@@ -397,3 +412,9 @@ def sharding_env(sharded: nn.Module) -> Any:
 def row_wise_dist_parts(dist: RwSparseFeaturesDist) -> tuple[nn.Module, bool]:
     """(its KJT all-to-all, whether it sends positions: a feature processor's)."""
     return dist._dist, dist._has_feature_processor or dist._need_pos
+
+
+def received_splits(awaitable: KJTAllToAllSplitsAwaitable) -> list[list[int]]:
+    """What the splits all-to-all of a KJT all-to-all (world size > 1) delivered: one row per row
+    sent, each with one entry per source rank. Waits for it; torchrec's own wait reads it again."""
+    return awaitable._splits_awaitable.wait()

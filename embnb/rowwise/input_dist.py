@@ -7,15 +7,25 @@ native kernel, CPU or CUDA) routes each feature by its table's layout in one pas
 local row each rank looks up: `continuous` as torchrec, `roundrobin` a dense table's `id // W`,
 `feistel_roundrobin` `p(id) // W`. The all-to-all, and for sequence tables the unbucketize
 permute torchrec's output distribution reads, are torchrec's.
+
+Ids outside their table's rows: `RoutedFeaturesDist` reads each feature's smallest and largest id
+before bucketing (two reductions per feature, one pass over the ids); a rank that holds an id
+outside `[0, num_embeddings)` sends its feature and value in the splits all-to-all torchrec's
+`KJTAllToAll` makes first anyway (`IdCheckedAllToAll`: four more int64 to each rank), so every rank
+raises the same ValueError, naming the feature, table, id and rank, before any id is sent.
+torchrec's own row-wise sharding looks such an id up in another id's row, silently (FBGEMM's
+bounds check logs on the owner and reads its local row 0; torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+from torchrec.distributed.dist_data import KJTAllToAll, KJTAllToAllSplitsAwaitable
 from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -24,13 +34,106 @@ from embnb.cuda import loader
 from embnb.rowwise.layout import Routing, TableLayout
 from embnb.rowwise.routing import Bucketized, DistType, bucketize
 
-__all__ = ["RoutedFeaturesDist"]
+__all__ = ["RoutedFeaturesDist", "IdCheckedAllToAll", "OutsideId"]
 
 _DIST_TYPE = {  # the bucketize mode that sends each routing's local rows (num_embeddings given)
     Routing.CONTINUOUS: DistType.CONTINUOUS,
     Routing.ROUNDROBIN: DistType.ROUNDROBIN,
     Routing.FEISTEL_ROUNDROBIN: DistType.FEISTEL_ROUNDROBIN,
 }
+
+
+class OutsideId(NamedTuple):
+    """An id outside its table: the feature's position in the sharding, and the id."""
+
+    feature: int
+    key: int
+
+
+_CHUNK_BITS, _CHUNKS = 22, 3  # an id's 64 bits as three non-negative chunks below 2**22
+
+
+def _rows_of(outside: OutsideId | None, world_size: int) -> list[list[int]]:
+    """The rows `outside` adds to the splits all-to-all, one entry per destination rank: the feature
+    + 1 (0: every id in range), then the id's 64 bits in chunks (torchrec reads a split row as sizes:
+    no entry is negative or past int32)."""
+    if outside is None:
+        return [[0] * world_size for _ in range(1 + _CHUNKS)]
+    bits = outside.key & ((1 << 64) - 1)
+    chunks = [(bits >> (_CHUNK_BITS * i)) & ((1 << _CHUNK_BITS) - 1) for i in range(_CHUNKS)]
+    return [[value] * world_size for value in (outside.feature + 1, *chunks)]
+
+
+def _outside_of(column: Sequence[int]) -> OutsideId | None:
+    """The `OutsideId` one source rank sent (its entries of the added rows), or None."""
+    if not column[0]:
+        return None
+    bits = sum(int(c) << (_CHUNK_BITS * i) for i, c in enumerate(column[1:]))
+    return OutsideId(int(column[0]) - 1, bits - (1 << 64) if bits >= 1 << 63 else bits)
+
+
+class _IdCheckedSplits(KJTAllToAllSplitsAwaitable):
+    """torchrec's splits all-to-all with `_rows_of(outside)` after its rows (torchrec's tensor
+    all-to-all zips its rows with the tensors it sends, so the rows added are never read as sizes);
+    its wait raises `error([(rank, OutsideId), ...])` on every rank when a rank sent one, before
+    torchrec sends any id."""
+
+    def __init__(self, outside: OutsideId | None, error, **kwargs) -> None:
+        self._added_at = len(kwargs["tensor_splits"])
+        self._own = outside
+        self._error = error
+        self._world = kwargs["pg"].size()
+        kwargs["tensor_splits"] = [*kwargs["tensor_splits"], *_rows_of(outside, self._world)]
+        super().__init__(**kwargs)
+
+    def _wait_impl(self):
+        if self._world > 1:
+            rows = private.received_splits(self)[self._added_at : self._added_at + 1 + _CHUNKS]
+            sent = [_outside_of(column) for column in zip(*rows)]
+        else:
+            sent = [self._own]
+        bad = [(rank, outside) for rank, outside in enumerate(sent) if outside is not None]
+        if bad:
+            raise self._error(bad)
+        return super()._wait_impl()
+
+
+class IdCheckedAllToAll(KJTAllToAll):
+    """torchrec's KJTAllToAll whose first collective (the splits) also carries the id outside its
+    table that the sending rank found, if any: then every rank raises the same error before the
+    ids are sent.
+
+    Args:
+        pg: the process group.
+        splits: how many features go to each rank (torchrec's `splits`).
+        error: `error(bad)` builds the exception from `[(rank, OutsideId), ...]`, every rank that
+            sent one, in rank order.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup, splits: list[int], error) -> None:
+        super().__init__(pg, splits)
+        self._group = pg
+        self._features_per_rank = list(splits)
+        self._error = error
+
+    def forward(self, input: KeyedJaggedTensor, outside: OutsideId | None = None) -> _IdCheckedSplits:
+        """As torchrec's forward; `outside` rides in the splits all-to-all."""
+        with torch.no_grad():
+            rank = dist.get_rank(self._group)
+            first = sum(self._features_per_rank[:rank])
+            return _IdCheckedSplits(
+                outside,
+                self._error,
+                pg=self._group,
+                input=input,
+                splits=self._features_per_rank,
+                labels=input.dist_labels(),
+                tensor_splits=input.dist_splits(self._features_per_rank),
+                input_tensors=input.dist_tensors(),
+                keys=input.keys()[first : first + self._features_per_rank[rank]],
+                device=input.device(),
+                stagger=1,
+            )
 
 
 class RoutedFeaturesDist(RwSparseFeaturesDist):
@@ -44,6 +147,12 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
         is_sequence: an EmbeddingCollection's sharding: keep the unbucketize permute.
         tables: the table each feature is looked up in (same order; a feature read by two tables
             appears twice), for error messages.
+
+    An id outside its table's `[0, num_embeddings)` raises a ValueError on every rank, naming the
+    feature, table, id and the rank that holds it, before any id is sent (`IdCheckedAllToAll`).
+    Cost per step: each feature's smallest and largest id (one pass over the ids, with one
+    device-to-host read of 2 numbers per feature on a GPU), and four more int64 to each rank in
+    the splits all-to-all torchrec makes anyway; no other collective.
     """
 
     def __init__(
@@ -62,8 +171,8 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
             device=device,
             is_sequence=is_sequence,
         )
-        self._all_to_all = private.row_wise_dist_parts(self)[0]  # torchrec's KJTAllToAll, as built
         self._world = pg.size()
+        self._all_to_all = IdCheckedAllToAll(pg, [len(layouts)] * self._world, self._outside_error)
         self._sequence = is_sequence
         seeds = {layout.seed for layout in layouts if layout.routing is Routing.FEISTEL_ROUNDROBIN}
         if len(seeds) > 1 or any(layout.world_size != self._world for layout in layouts):
@@ -81,6 +190,32 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
         # the native kernels where they are built (`make setup`, `python -m embnb.cuda build`): nothing
         # compiles inside a training step; else the pure-torch reference, with one warning
         self._native = None if loader.use(None, build=False) else False
+
+    def outside_id(self, sparse_features: KeyedJaggedTensor) -> OutsideId | None:
+        """The first id (by feature, then position) outside its table's rows, or None: each
+        feature's smallest and largest id, read in one device-to-host copy."""
+        values = sparse_features.values()
+        counts = sparse_features.length_per_key()
+        parts = [(f, part) for f, part in enumerate(values.split(counts)) if part.numel()]
+        if not parts:
+            return None
+        ends = torch.stack([end for _, part in parts for end in (part.min(), part.max())]).tolist()
+        for (f, part), low, high in zip(parts, ends[::2], ends[1::2]):
+            rows = self._num_embeddings[f]
+            if low < 0 or high >= rows:
+                return OutsideId(f, int(part[(part < 0) | (part >= rows)][0]))
+        return None
+
+    def _outside_error(self, bad: list[tuple[int, OutsideId]]) -> ValueError:
+        rank, (f, key) = bad[0]
+        table = f" of table {self._tables[f]!r}" if self._tables else ""
+        routing = self.layouts[f].routing.value
+        also = f"; ranks {[r for r, _ in bad]} hold ids outside their tables" if len(bad) > 1 else ""
+        return ValueError(
+            f"feature {self._features[f]!r}{table}: {routing} routing needs keys in "
+            f"[0, {self._num_embeddings[f]}), got key {key} on rank {rank}{also} (every rank raises "
+            f"this, before any id is sent)"
+        )
 
     def bucketize_features(self, sparse_features: KeyedJaggedTensor) -> Bucketized:
         """Each feature's ids bucketed by owner rank, as the local rows the owner looks up. A variable
@@ -122,7 +257,12 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
         return out._replace(lengths=out.lengths.view(self._world, *kept.shape)[:, kept].reshape(-1))
 
     def forward(self, sparse_features: KeyedJaggedTensor):
-        """Bucketize, then torchrec's KJT all-to-all (an awaitable of an awaitable, as torchrec's)."""
+        """Bucketize, then torchrec's KJT all-to-all (an awaitable of an awaitable, as torchrec's),
+        its splits carrying the first id outside its table, if any (then the ids bucketed are in
+        range, and every rank raises when it waits for the splits)."""
+        outside = self.outside_id(sparse_features)
+        if outside is not None:
+            sparse_features = self._in_range(sparse_features)
         out = self.bucketize_features(sparse_features)
         self.unbucketize_permute_tensor = out.unbucketize_permute if self._sequence else None
         variable = sparse_features.variable_stride_per_key()
@@ -136,4 +276,22 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
             if variable
             else None,
         )
-        return self._all_to_all(bucketized)
+        return self._all_to_all(bucketized, outside)
+
+    def _in_range(self, sparse_features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """`sparse_features` with every id outside its table replaced by 0 (what is bucketed, and
+        sent in no all-to-all, when a rank raises)."""
+        counts = sparse_features.length_per_key()
+        rows = torch.tensor(self._num_embeddings, device=sparse_features.values().device)
+        bound = torch.repeat_interleave(rows, torch.tensor(counts, device=rows.device))
+        values = sparse_features.values()
+        return KeyedJaggedTensor(
+            keys=sparse_features.keys(),
+            values=torch.where((values < 0) | (values >= bound), 0, values),
+            weights=sparse_features.weights_or_none(),
+            lengths=sparse_features.lengths(),
+            stride=None if sparse_features.variable_stride_per_key() else sparse_features.stride(),
+            stride_per_key_per_rank=sparse_features.stride_per_key_per_rank()
+            if sparse_features.variable_stride_per_key()
+            else None,
+        )

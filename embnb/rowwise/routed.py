@@ -20,10 +20,11 @@ import torch
 from torch import nn
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
-from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
+from torchrec.distributed.types import LazyAwaitable, ParameterSharding, ShardingEnv, ShardingType
 
 from embnb import _torchrec_private as private
 from embnb._checks import check_int
+from embnb.rowwise.edge_batches import has_no_samples, no_samples, one_empty_sample
 from embnb.rowwise.input_dist import RoutedFeaturesDist
 from embnb.rowwise.layout import Routing, TableLayout, convert_rows
 
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 ROW_WISE = ShardingType.ROW_WISE.value
+_NO_SAMPLES = "embnb_no_samples"  # set on a step's context when its batch had no samples
 
 
 class RoutingMismatch(ValueError):
@@ -160,6 +162,13 @@ def _keys_of_layouts(module: RoutedIds, destination: dict[str, Any], prefix: str
         destination[key + suffix] = destination.pop(key)
 
 
+def _cut_to_no_samples(ctx: Any, awaitable: LazyAwaitable) -> LazyAwaitable:
+    """`awaitable`, its output cut to 0 samples where the step's batch had none."""
+    if getattr(ctx, _NO_SAMPLES, False) and no_samples not in awaitable.callbacks:
+        awaitable.callbacks.append(no_samples)
+    return awaitable
+
+
 class RoutedIds:
     """Mixin for a torchrec sharded embedding module: ids routed by each table's layout.
 
@@ -183,6 +192,11 @@ class RoutedIds:
     `embedding_bags.t.weight@roundrobin(world_size=2)`: a module of another layout, a plain one
     included, asks for another key, so DCP's load fails in its planning step and `load_state_dict`
     raises `RoutingMismatch` naming both layouts before any rows load.
+
+    Edge batches (`embnb.rowwise.edge_batches`): a batch of no samples runs as one sample with no
+    ids and returns an output of 0 samples (torchrec fails on it on that rank alone); an id outside
+    its table raises a ValueError on every rank before any id is sent (`RoutedFeaturesDist`,
+    every routing, continuous included).
     """
 
     layout_type: type[TableLayout] = TableLayout  # a subclass may lay rows out otherwise (a test's bug)
@@ -233,8 +247,12 @@ class RoutedIds:
         self.register_state_dict_post_hook(_keys_of_layouts)
         for _, optimizer in self.fused_optimizer.optimizers:  # as torchrec renames its TBEs' keys
             optimizer.params = {self._routed_key(key): p for key, p in optimizer.params.items()}
+        self._edge_output_dists(kwargs.get("qcomm_codecs_registry"))
         if not any(p.is_meta for p in module.parameters()):
             self._load_unsharded(module)
+
+    def _edge_output_dists(self, qcomm_codecs_registry: Any) -> None:
+        """Replace output distributions that stop on edge batches (`embnb.rowwise.edge_batches`)."""
 
     def key_suffixes(self) -> dict[str, str]:
         """Table name -> what its keys end with (`TableLayout.key_suffix`), for each routed table."""
@@ -263,6 +281,21 @@ class RoutedIds:
         """The row-wise tables whose routing is not torchrec's continuous one."""
         return sorted(n for n, la in self.table_layouts.items() if la.routing is not Routing.CONTINUOUS)
 
+    def input_dist(self, ctx: Any, features: Any, *args: Any, **kwargs: Any) -> Any:
+        """torchrec's input distribution; a batch of no samples goes as one sample with no ids."""
+        if has_no_samples(features):
+            features = one_empty_sample(features)
+            setattr(ctx, _NO_SAMPLES, True)  # torchrec's contexts are plain dataclasses
+        return super().input_dist(ctx, features, *args, **kwargs)
+
+    def output_dist(self, ctx: Any, output: Any) -> LazyAwaitable:
+        """torchrec's; after a batch of no samples, an output of 0 samples."""
+        return _cut_to_no_samples(ctx, super().output_dist(ctx, output))
+
+    def compute_and_output_dist(self, ctx: Any, input: Any) -> LazyAwaitable:
+        """torchrec's; after a batch of no samples, an output of 0 samples."""
+        return _cut_to_no_samples(ctx, super().compute_and_output_dist(ctx, input))
+
     def _create_input_dist(self, input_feature_names: list[str], *args: Any, **kwargs: Any) -> None:
         """torchrec's input distributions, the row-wise one bucketing by the tables' layouts."""
         if self._check_names is not None:
@@ -281,9 +314,9 @@ class RoutedIds:
                     f"torchrec's row-wise sharding lists features {features} for tables {tables}"
                 )
             layouts = [self.table_layouts[t] for t in tables]
-            if all(la.routing is Routing.CONTINUOUS for la in layouts):
-                continue  # torchrec's own layout: its own bucketize
             if private.row_wise_dist_parts(dists[i])[1]:
+                if all(la.routing is Routing.CONTINUOUS for la in layouts):
+                    continue  # torchrec's own layout and bucketize, with the positions it returns
                 raise ValueError(
                     f"routed features {features} come with positions (a feature processor); embnb's "
                     f"bucketize does not return them: route these tables 'continuous'"

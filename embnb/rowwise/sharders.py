@@ -30,8 +30,11 @@ from typing import Any
 import torch
 from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
+from embnb import _torchrec_private as private
+from embnb.rowwise.edge_batches import EvenRwPooledEmbeddingDist
 from embnb.rowwise.routed import RoutedIds, RoutedSharder, RoutingMismatch
 
 __all__ = [
@@ -50,10 +53,20 @@ class RoutedShardedEmbeddingBagCollection(RoutedIds, ShardedEmbeddingBagCollecti
 
     Arguments as `embnb.rowwise.routed.RoutedIds`: module, plan, env, routings, others, seed,
     then ShardedEmbeddingBagCollection's keyword arguments (fused_params, device, ...).
+    Its row-wise output distribution is `embnb.rowwise.edge_batches.EvenRwPooledEmbeddingDist`:
+    on gloo, ranks of different batch sizes train (torchrec's backward stops there).
     """
 
     weight_prefix = "embedding_bags"
     is_sequence = False
+
+    def _edge_output_dists(self, qcomm_codecs_registry: Any) -> None:
+        dists = private.output_dists(self)
+        pg = private.sharding_env(self).process_group  # torchrec's row-wise shardings use it
+        for i, sharding in enumerate(private.shardings(self)):
+            if type(dists[i]) is RwPooledEmbeddingDist:
+                dims = sharding.embedding_dims()
+                dists[i] = EvenRwPooledEmbeddingDist(pg, dims, qcomm_codecs_registry=qcomm_codecs_registry)
 
     @staticmethod
     def _configs(module: EmbeddingBagCollection) -> list[Any]:
