@@ -1,10 +1,14 @@
 # The README's two commands are `make run` and `make test`; both set up first.
-# STACK picks the end of the supported range: pinned (torch 2.13, fbgemm 1.8,
-# torchrec 1.8; .venv) or min (torch 2.11, fbgemm 1.6, torchrec 1.6.1 on
-# Python 3.12; .venv-min), e.g. `make test STACK=min`.
+# STACK picks a point of the supported range: pinned (torch 2.13, fbgemm 1.8,
+# torchrec 1.8; .venv), min (torch 2.11, fbgemm 1.6, torchrec 1.6.1 on
+# Python 3.12; .venv-min) or top (torch 2.14.1, fbgemm 1.9, torchrec 1.9.2;
+# .venv-top), e.g. `make test STACK=min`.
 STACK ?= pinned
 ifeq ($(STACK),min)
 VENV := .venv-min
+else ifeq ($(STACK),top)
+PYTHON ?= python3
+VENV := .venv-top
 else
 PYTHON ?= python3
 VENV := .venv

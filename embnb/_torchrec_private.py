@@ -5,19 +5,21 @@ of its private functions: its enumerator's state and filters (the enumerator
 in `embnb.planner.enumerator` is torchrec's loop with its own helpers), the
 perf estimator's config, the planner's parts, and fields of the sharded
 modules. None of them is part of torchrec's API, so they live here alone: the
-rest of embnb calls the functions below, and tests/test_torchrec_private.py
-checks, on each torchrec in `TESTED_TORCHREC`, that every name in
-`PRIVATE_FUNCTIONS` and `PRIVATE_ATTRIBUTES` still exists with the
-parameters used here. A torchrec outside `TESTED_TORCHREC` gets torchrec's
-own enumerator by default (`embnb.planner.enumerator.default_enumerator`).
+rest of embnb calls the functions below, and tests/planner/test_torchrec_private.py
+checks, on every stack CI runs, that every name in `PRIVATE_FUNCTIONS` and
+`PRIVATE_ATTRIBUTES` still exists with the parameters used here. At run time
+`enumerator_missing()` checks what embnb's enumerator needs (its private
+functions, and ShardingOption taking no field it does not fill): a torchrec
+that lacks a piece gets torchrec's own enumerator, with one warning naming it
+(`embnb.planner.enumerator.default_enumerator`).
 """
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-import torchrec
 from torch import nn
 from torchrec.distributed.dist_data import KJTAllToAllSplitsAwaitable
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
@@ -36,14 +38,15 @@ from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 
 __all__ = [
-    "TESTED_TORCHREC",
+    "OPTION_FIELDS",
+    "STASH_WEIGHTS",
     "SHARDER_DATA",
     "PRIVATE_FUNCTIONS",
     "PRIVATE_ATTRIBUTES",
     "OPTION_SHARED_ATTRIBUTES",
     "ParamConstraints",
     "EnumeratorSettings",
-    "tested",
+    "enumerator_missing",
     "param_constraints",
     "tower_index",
     "enumerator_settings",
@@ -54,6 +57,7 @@ __all__ = [
     "is_last_stored",
     "store_last",
     "num_buckets",
+    "stash_weights",
     "filter_sharding_types",
     "filter_compute_kernels",
     "set_perf_config",
@@ -79,10 +83,16 @@ __all__ = [
     "output_dists",
 ]
 
-# The torchrec versions the tests run on (the pinned and the min stack): the
-# private names below are checked there, and DistinctShardEnumerator is tested
-# equal to torchrec's enumerator there.
-TESTED_TORCHREC = ("1.6.1", "1.8.0")
+# ShardingOption's fields that embnb's enumerator fills as torchrec's does (or, num_poolings, leaves
+# at the default as torchrec's does); stash_weights from torchrec 1.9 on.
+OPTION_FIELDS = (
+    *("name", "tensor", "module", "input_lengths", "batch_size", "sharding_type", "partition_by"),
+    *("compute_kernel", "shards", "cache_params", "enforce_hbm", "stochastic_rounding"),
+    *("bounds_check_mode", "dependency", "is_pooled", "feature_names", "output_dtype"),
+    *("key_value_params", "num_poolings", "stash_weights"),
+)
+# torchrec 1.9+ options carry each table's stash_weights flag (embedding memory stashing, #4519).
+STASH_WEIGHTS = "stash_weights" in inspect.signature(ShardingOption.__init__).parameters
 
 # torchrec 1.7+ hands estimators a snapshot of each sharder (SharderData); 1.6 the sharders by name.
 SHARDER_DATA = hasattr(torchrec_enumerators, "build_sharder_data_map")
@@ -92,6 +102,11 @@ PRIVATE_FUNCTIONS: dict[tuple[Any, str], tuple[str, ...]] = {
     (torchrec_enumerators, "_extract_constraints_for_param"): ("constraints", "name"),
     (torchrec_enumerators, "_get_tower_index"): ("name", "child_module"),
     (EmbeddingEnumerator, "_get_num_buckets"): ("self", "parameter", "module"),
+    **(
+        {(EmbeddingEnumerator, "_get_stash_weights"): ("self", "parameter", "module")}
+        if STASH_WEIGHTS
+        else {}
+    ),
     # overridden, not called: embnb.planner.partitioner.HeapSearchPartitioner
     (GreedyPerfPartitioner, "_device_partition"): ("sharding_option", "minheap_devices"),
     (ShardedEmbeddingCollection, "_generate_permute_indices_per_feature"): (
@@ -169,9 +184,28 @@ PRIVATE_ATTRIBUTES: dict[type, tuple[str, ...]] = {
 OPTION_SHARED_ATTRIBUTES = ("_tensor", "_module")
 
 
-def tested() -> bool:
-    """Whether the installed torchrec is one of TESTED_TORCHREC."""
-    return torchrec.__version__ in TESTED_TORCHREC
+def enumerator_missing(functions: dict[tuple[Any, str], tuple[str, ...]] | None = None) -> list[str]:
+    """What embnb's enumerator needs of this torchrec and does not find: each private function of
+    torchrec's enumerator it calls (`functions`, default those of PRIVATE_FUNCTIONS) missing or taking
+    other parameters, and ShardingOption fields it does not fill. Empty where it can run."""
+    if functions is None:
+        functions = {
+            k: v for k, v in PRIVATE_FUNCTIONS.items() if k[0] in (torchrec_enumerators, EmbeddingEnumerator)
+        }
+    missing = []
+    for (owner, name), used in functions.items():
+        where = f"{getattr(owner, '__name__', owner)}.{name}"
+        function = getattr(owner, name, None)
+        if function is None:
+            missing.append(f"{where} (gone)")
+            continue
+        taken = tuple(inspect.signature(function).parameters)[: len(used)]
+        if taken != used:
+            missing.append(f"{where}{used} (it takes {taken})")
+    fields = set(inspect.signature(ShardingOption.__init__).parameters) - {"self", *OPTION_FIELDS}
+    if fields:
+        missing.append(f"ShardingOption fields {sorted(fields)} (not filled by embnb's enumerator)")
+    return missing
 
 
 # --- EmbeddingEnumerator's helpers and state -------------------------------
@@ -266,6 +300,11 @@ def store_last(enumerator: EmbeddingEnumerator, module: nn.Module, sharders: lis
 
 def num_buckets(enumerator: EmbeddingEnumerator, name: str, child: nn.Module) -> int | None:
     return enumerator._get_num_buckets(name, child)
+
+
+def stash_weights(enumerator: EmbeddingEnumerator, name: str, child: nn.Module) -> bool:
+    """torchrec 1.9's `_get_stash_weights`: table `name`'s stash_weights flag in `child`'s configs."""
+    return enumerator._get_stash_weights(name, child)
 
 
 def filter_sharding_types(

@@ -2,13 +2,16 @@
 # Creates or updates $VENV with one end of the supported stack range.
 # Idempotent: a stamp holds the hash of everything that decides the install,
 # so a second call is a no-op.
-# Usage: [STACK=pinned|min] scripts/setup_env.sh [cpu|cuda|auto]
+# Usage: [STACK=pinned|min|top] scripts/setup_env.sh [cpu|cuda|auto]
 #   (fbgemm build: default auto, or $EMBNB_FBGEMM)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The supported range. fbgemm's .so loads only against its own torch minor
-# (1.6 with 2.11, 1.8 with 2.13); torchrec follows fbgemm.
+# (1.6 with 2.11, 1.8 with 2.13, 1.9 with 2.14); torchrec follows fbgemm.
+# pinned is the default (the local CPU torch wheel installs in seconds); top is
+# what `pip install torchrec` users get today (PyPI's torch 2.14.1 is a CUDA
+# build that runs on CPU: a ~5 GB venv); min is the GPU machines' stack.
 PINNED_TORCH_PIN="torch==2.13.0"
 PINNED_FBGEMM_CPU_PIN="fbgemm-gpu-cpu==1.8.0"
 PINNED_FBGEMM_CUDA_PIN="fbgemm-gpu==1.8.0"
@@ -17,12 +20,17 @@ MIN_TORCH_PIN="torch==2.11.0"
 MIN_FBGEMM_CPU_PIN="fbgemm-gpu-cpu==1.6.0"
 MIN_FBGEMM_CUDA_PIN="fbgemm-gpu==1.6.0"
 MIN_TORCHREC_PIN="torchrec==1.6.1"
+TOP_TORCH_PIN="torch==2.14.1"
+TOP_FBGEMM_CPU_PIN="fbgemm-gpu-cpu==1.9.0"
+TOP_FBGEMM_CUDA_PIN="fbgemm-gpu==1.9.0"
+TOP_TORCHREC_PIN="torchrec==1.9.2"
 
 STACK=${STACK:-pinned}
 case $STACK in
   pinned) prefix=PINNED ;;
   min) prefix=MIN ;;
-  *) echo "setup: STACK='$STACK' is not one of pinned, min" >&2; exit 2 ;;
+  top) prefix=TOP ;;
+  *) echo "setup: STACK='$STACK' is not one of pinned, min, top" >&2; exit 2 ;;
 esac
 TORCH_PIN=${prefix}_TORCH_PIN; TORCH_PIN=${!TORCH_PIN}
 FBGEMM_CPU_PIN=${prefix}_FBGEMM_CPU_PIN; FBGEMM_CPU_PIN=${!FBGEMM_CPU_PIN}
@@ -41,6 +49,9 @@ if [[ $STACK == min ]]; then
   default_venv=.venv-min
   pyenv_root=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
   default_python=$(find_python python3.12 "$pyenv_root"/versions/3.12*/bin/python3.12)
+elif [[ $STACK == top ]]; then
+  default_venv=.venv-top
+  default_python=python3
 else
   default_venv=.venv
   default_python=python3

@@ -432,3 +432,34 @@ def test_results_go_under_the_current_directory_by_default(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     written = write_results("probe", {"machine": "m"})
     assert written.resolve().parent == tmp_path / "benchmarks" / "results"
+
+
+def test_results_record_the_stack_and_the_commit(tmp_path):
+    import json
+    import platform
+    import subprocess
+    from importlib.metadata import version
+
+    from embnb.bench.results import write_results
+
+    payload = json.loads(write_results("probe", {"machine": "m"}, tmp_path).read_text())
+    fbgemm = "fbgemm-gpu-cpu" if _installed("fbgemm-gpu-cpu") else "fbgemm-gpu"
+    assert payload["stack"] == {
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "fbgemm_gpu": version(fbgemm),
+        "torchrec": version("torchrec"),
+    }
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert payload["commit"] in (head, head + "-dirty")
+
+
+def _installed(name):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return bool(version(name))
+    except PackageNotFoundError:
+        return False

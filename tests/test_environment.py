@@ -27,16 +27,18 @@ def _setup_script_pins(stack="pinned"):
     return dict(re.findall(rf'^{stack.upper()}_\w+_PIN="([A-Za-z0-9_.\-]+)==([^"]+)"', script, re.M))
 
 
-def test_the_range_has_two_ends_with_matching_fbgemm_and_torch():
-    pinned, minimum = _setup_script_pins("pinned"), _setup_script_pins("min")
-    assert set(pinned) == set(minimum) == {"torch", "fbgemm-gpu-cpu", "fbgemm-gpu", "torchrec"}
+def test_the_range_has_three_stacks_with_matching_fbgemm_and_torch():
+    pinned, minimum, top = (_setup_script_pins(stack) for stack in ("pinned", "min", "top"))
+    assert set(pinned) == set(minimum) == set(top) == {"torch", "fbgemm-gpu-cpu", "fbgemm-gpu", "torchrec"}
     assert (pinned["torch"], pinned["fbgemm-gpu-cpu"]) == ("2.13.0", "1.8.0")
     assert (minimum["torch"], minimum["fbgemm-gpu-cpu"]) == ("2.11.0", "1.6.0")
+    assert (top["torch"], top["fbgemm-gpu-cpu"], top["torchrec"]) == ("2.14.1", "1.9.0", "1.9.2")
     readme = (ROOT / "README.md").read_text()
     pyproject = (ROOT / "pyproject.toml").read_text()
-    for stack in (pinned, minimum):  # the README and pyproject state the same range
+    for stack in (pinned, minimum, top):  # the README and pyproject state the same range
         assert f"torch {stack['torch']}" in readme and f"torchrec {stack['torchrec']}" in readme
-    assert '"torch>=2.11,<2.14"' in pyproject
+    assert '"torch>=2.11,<2.15"' in pyproject and pyproject.count('"torchrec>=1.6.1,<1.10"') == 2
+    assert "make test STACK=top" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_environment_yml_has_the_same_pins():
@@ -126,7 +128,7 @@ def test_setup_rejects_an_unknown_stack():
         env={**os.environ, "STACK": "max"},
     )
     assert out.returncode == 2
-    assert "STACK='max' is not one of pinned, min" in out.stderr
+    assert "STACK='max' is not one of pinned, min, top" in out.stderr
 
 
 def test_the_slowest_files_the_suite_starts_with_exist():

@@ -30,8 +30,9 @@ and shard sizes are torchrec's code) and differs in four ways:
 
 The enumeration loop is torchrec's and reads torchrec's private helpers and
 state (through `embnb._torchrec_private`), which change between versions, so
-this is the default in `create_planner` only for the torchrec versions its
-equality tests run on (`TESTED_TORCHREC`).
+`create_planner` takes it only where this torchrec has every piece it needs
+(`default_enumerator`); its equality with torchrec's enumerator, field by
+field, is tested on every stack CI runs (torchrec 1.6.1, 1.8.0 and 1.9.2).
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import warnings
 from typing import Any
 
 import numpy as np
+import torchrec
 from torch import nn
 from torchrec.distributed.planner import enumerators as torchrec_enumerators
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -60,15 +63,15 @@ from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerColle
 from embnb import _torchrec_private as private
 from embnb._checks import check_choice
 from embnb._gc import collector_paused
-from embnb._torchrec_private import TESTED_TORCHREC
+from embnb._torchrec_private import enumerator_missing
 from embnb.planner.estimates import Distinct, clone, covers, estimate_distinct
 from embnb.planner.layout import LAZY_FIELDS, Layout, LayoutOption
 
 __all__ = [
     "ENUMERATORS",
-    "TESTED_TORCHREC",
     "DistinctShardEnumerator",
     "default_enumerator",
+    "enumerator_missing",
     "make_enumerator",
     "same_options",
 ]
@@ -192,6 +195,7 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                     feature_names=constraints.feature_names,
                     output_dtype=constraints.output_dtype,
                     key_value_params=constraints.key_value_params,
+                    **({"stash_weights": self._stash_weights(name, child)} if private.STASH_WEIGHTS else {}),
                 )
                 options.append(option)
         if not options:
@@ -202,6 +206,25 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
                 f"no available sharding types/compute kernels for table: {name}"
             )
         return options
+
+    def _stash_weights(self, name: str, child: nn.Module) -> bool:
+        """torchrec 1.9's `_get_stash_weights`: the flag on the config named `name`, read once per
+        EmbeddingBagCollection or EmbeddingCollection (torchrec scans the configs per table); other
+        modules ask torchrec."""
+        if not isinstance(child, (EmbeddingBagCollection, EmbeddingCollection)):
+            return private.stash_weights(self, name, child)
+        key = ("stash_weights", id(child))
+        if key not in self._memos:
+            configs = (
+                child.embedding_bag_configs()
+                if isinstance(child, EmbeddingBagCollection)
+                else child.embedding_configs()
+            )
+            flags: dict[str, bool] = {}
+            for config in configs:
+                flags.setdefault(config.name, bool(getattr(config, "stash_weights", False)))
+            self._memos[key] = flags
+        return self._memos[key].get(name, False)
 
     def _num_buckets(self, name: str, child: nn.Module) -> int | None:
         """torchrec's `_get_num_buckets`: for an EmbeddingBagCollection or EmbeddingCollection, the
@@ -372,9 +395,25 @@ def _perf_values(perf) -> tuple[float, ...]:
 ENUMERATORS = ("torchrec", "embnb")  # torchrec's EmbeddingEnumerator, DistinctShardEnumerator
 
 
+_WARNED: set[str] = set()
+
+
 def default_enumerator() -> str:
-    """ "embnb" where DistinctShardEnumerator is tested equal to this torchrec's, else "torchrec"."""
-    return "embnb" if private.tested() else "torchrec"
+    """ "embnb" where this torchrec has every private piece DistinctShardEnumerator needs
+    (`embnb._torchrec_private.enumerator_missing`), else "torchrec", with one warning naming what
+    is missing and what the fallback costs."""
+    missing = private.enumerator_missing()
+    if not missing:
+        return "embnb"
+    message = (
+        f"embnb's enumerator needs what torchrec {torchrec.__version__} lacks: {'; '.join(missing)}. "
+        "create_planner enumerates with torchrec's EmbeddingEnumerator instead: the same options, "
+        "enumerated several times slower (docs/performance.md, the enumerators bench)"
+    )
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=2)
+    return "torchrec"
 
 
 def make_enumerator(

@@ -79,9 +79,8 @@ def test_create_planner_end_to_end_with_either_enumerator_gives_the_dps_plan(run
     # the same options, the same DP: either enumerator, the same plan (create_planner keeps its own
     # storage reservation, so its rating need not be the comparison's)
     assert end_to_end["embnb"]["rating"] == end_to_end["torchrec"]["rating"]
-    tested = results["torchrec_version"] in results["enumerator_tested_on"]
-    assert results["enumerator_here"] == ("embnb" if tested else "torchrec")
-    assert set(results["enumerator_tested_on"]) == {"1.6.1", "1.8.0"}  # the pinned and the min stack
+    assert results["enumerator_missing"] == []  # on every stack CI runs, embnb's enumerator has its pieces
+    assert results["enumerator_here"] == "embnb"
     assert f"create_planner from model to plan {end_to_end['embnb']['median_s']:.2g} s" in results["summary"]
 
 

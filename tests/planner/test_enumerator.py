@@ -10,11 +10,11 @@ import dataclasses
 import logging
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
 import torch
-import torchrec
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -33,13 +33,13 @@ from torchrec.distributed.types import BoundsCheckMode, CacheParams, ShardingTyp
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from embnb import _torchrec_private as private
 from embnb import planner
 from embnb._torchrec_private import planner_enumerator
 from embnb.bench.enumerators import make_mixed_model
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.planner.enumerator import (
     ENUMERATORS,
-    TESTED_TORCHREC,
     DistinctShardEnumerator,
     default_enumerator,
     same_options,
@@ -117,6 +117,8 @@ def assert_same_options(expected, actual, same_module=True):
         where = f"option {i} ({want.name}, {want.sharding_type}, {want.compute_kernel})"
         for field in OPTION_FIELDS:
             assert getattr(got, field) == getattr(want, field), f"{where}: {field}"
+        for field in set(vars(want)) - {"shards", "cache_params", *private.OPTION_SHARED_ATTRIBUTES}:
+            assert getattr(got, field) == getattr(want, field), f"{where}: {field}"  # any field of its own
         assert cache_record(got.cache_params) == cache_record(want.cache_params), where
         tensor = (got.tensor.shape, got.tensor.dtype, got.tensor.device)
         assert tensor == (want.tensor.shape, want.tensor.dtype, want.tensor.device), where
@@ -434,18 +436,35 @@ def test_estimators_beyond_torchrecs_defaults_give_torchrecs_results(make_estima
     )  # the config bit
 
 
-def test_the_default_enumerator_is_embnbs_only_on_tested_torchrec_versions(monkeypatch):
-    assert torchrec.__version__ in TESTED_TORCHREC  # a torchrec this enumerator was not tested against
-    assert default_enumerator() == "embnb"
+def test_the_default_enumerator_is_torchrecs_with_one_warning_where_a_piece_is_missing(monkeypatch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing missing here: no warning
+        assert default_enumerator() == "embnb"
     model = make_model(2)
     topology = planner.make_topology(2, "cuda", hbm_cap_gb=1)
     assert isinstance(
         planner_enumerator(planner.create_planner(topology, BATCH_SIZE)), DistinctShardEnumerator
     )
-    monkeypatch.setattr(torchrec, "__version__", "9.9.0")
-    assert default_enumerator() == "torchrec"
-    chosen = planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints)
+    # a requirement this torchrec does not meet (embnb's list, not torchrec, is changed)
+    monkeypatch.setitem(private.PRIVATE_FUNCTIONS, (EmbeddingEnumerator, "_gone_from_torchrec"), ("self",))
+    with pytest.warns(UserWarning) as warned:
+        chosen = planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints)
+        planner.create_planner(topology, BATCH_SIZE, constraints=model.constraints)
     assert type(planner_enumerator(chosen)) is EmbeddingEnumerator
+    ours = [str(w.message) for w in warned if "embnb's enumerator needs" in str(w.message)]
+    assert len(ours) == 1, ours  # once, however often it plans
+    assert "EmbeddingEnumerator._gone_from_torchrec (gone)" in ours[0]
+    assert "torchrec's EmbeddingEnumerator instead" in ours[0]
+
+
+@pytest.mark.skipif(not private.STASH_WEIGHTS, reason="torchrec before 1.9 has no stash_weights")
+def test_stash_weights_is_copied_as_torchrec_copies_it():
+    tables, constraints = varied_constraints()
+    tables = [dataclasses.replace(t, stash_weights=i % 2 == 0) for i, t in enumerate(tables)]
+    topology = planner.make_topology(8, "cuda", hbm_cap_gb=fused_table_gb(tables) / 4, local_world_size=8)
+    expected, actual = enumerate_both(tables, topology, constraints)
+    assert {o.stash_weights for o in expected} == {True, False}
+    assert_same_options(expected, actual)
 
 
 def test_a_table_left_without_options_fails_as_in_torchrec():

@@ -28,8 +28,25 @@ from embnb import planner
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_installed_torchrec_is_one_the_names_are_checked_on():
-    assert private.tested() and torchrec.__version__ in ("1.6.1", "1.8.0")
+def test_embnbs_enumerator_finds_every_piece_it_needs_on_this_torchrec():
+    assert torchrec.__version__ in ("1.6.1", "1.8.0", "1.9.2")  # the stacks CI runs
+    assert private.enumerator_missing() == []
+    taken = set(inspect.signature(ShardingOption.__init__).parameters) - {"self"}
+    assert taken <= set(private.OPTION_FIELDS)
+    major, minor = map(int, torchrec.__version__.split(".")[:2])
+    assert private.STASH_WEIGHTS == ((major, minor) >= (1, 9))
+
+
+def test_a_piece_this_torchrec_lacks_is_named():
+    needs = {
+        (EmbeddingEnumerator, "_gone_from_torchrec"): ("self",),
+        (EmbeddingEnumerator, "_get_num_buckets"): ("self", "table", "module"),
+    }
+    assert private.enumerator_missing(needs) == [
+        "EmbeddingEnumerator._gone_from_torchrec (gone)",
+        "EmbeddingEnumerator._get_num_buckets('self', 'table', 'module') "
+        "(it takes ('self', 'parameter', 'module'))",
+    ]
 
 
 @pytest.mark.parametrize("where", list(private.PRIVATE_FUNCTIONS), ids=lambda w: w[1])

@@ -21,7 +21,7 @@ from embnb.lab.planner.models import Enumerated
 from embnb.lab.planner.pitfall import share_by_tightness
 from embnb.lab.planner.planning import EndToEnd, plain, records
 from embnb.lab.planner.quality import quality_summary
-from embnb.planner.enumerator import TESTED_TORCHREC
+from embnb.planner.enumerator import enumerator_missing
 
 __all__ = ["Settings", "WorkedExamples", "Planned", "InUse", "PlannerNotebook", "notebook_results"]
 __all__ += ["budget_advantage", "uvm_regime"]
@@ -145,7 +145,7 @@ def notebook_results(notebook: PlannerNotebook, notebook_s: float) -> dict[str, 
             "cpu_topology": in_use.cpu.perf_rating.to_dict(),
             "cpu_notes": in_use.cpu.note.to_dict(),
             "torchrec_version": torchrec.__version__,
-            "enumerator_tested_on": list(TESTED_TORCHREC),
+            "enumerator_missing": enumerator_missing(),
             "enumerator_here": in_use.enumerator_here,
             "create_planner_end_to_end": {
                 name: {**asdict(run), "median_s": run.median_s} for name, run in in_use.end_to_end.items()
