@@ -208,23 +208,14 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         return options
 
     def _stash_weights(self, name: str, child: nn.Module) -> bool:
-        """torchrec 1.9's `_get_stash_weights`: the flag on the config named `name`, read once per
-        EmbeddingBagCollection or EmbeddingCollection (torchrec scans the configs per table); other
-        modules ask torchrec."""
+        """torchrec 1.9's `_get_stash_weights`: the flag on the first config named `name`, read once
+        per EmbeddingBagCollection or EmbeddingCollection (torchrec scans the configs per table);
+        other modules ask torchrec."""
         if not isinstance(child, (EmbeddingBagCollection, EmbeddingCollection)):
             return private.stash_weights(self, name, child)
-        key = ("stash_weights", id(child))
-        if key not in self._memos:
-            configs = (
-                child.embedding_bag_configs()
-                if isinstance(child, EmbeddingBagCollection)
-                else child.embedding_configs()
-            )
-            flags: dict[str, bool] = {}
-            for config in configs:
-                flags.setdefault(config.name, bool(getattr(config, "stash_weights", False)))
-            self._memos[key] = flags
-        return self._memos[key].get(name, False)
+        return self._by_table(child, "stash_weights", lambda c: bool(getattr(c, "stash_weights", False)))[
+            name
+        ]
 
     def _num_buckets(self, name: str, child: nn.Module) -> int | None:
         """torchrec's `_get_num_buckets`: for an EmbeddingBagCollection or EmbeddingCollection, the
@@ -233,19 +224,26 @@ class DistinctShardEnumerator(EmbeddingEnumerator):
         ones are read once per module here; other modules ask torchrec."""
         if not isinstance(child, (EmbeddingBagCollection, EmbeddingCollection)):
             return private.num_buckets(self, name, child)
-        key = ("virtual tables", id(child))
+        virtual = self._by_table(
+            child, "virtual tables", lambda c: c.total_num_buckets, lambda c: c.use_virtual_table
+        )
+        return virtual.get(name)
+
+    def _by_table(self, child: nn.Module, what: str, read, keep=lambda config: True) -> dict[str, Any]:
+        """`read(config)` of the first kept config of each table name of an EBC or EC, once per module."""
+        key = (what, id(child))
         if key not in self._memos:
             configs = (
                 child.embedding_bag_configs()
                 if isinstance(child, EmbeddingBagCollection)
                 else child.embedding_configs()
             )
-            virtual: dict[str, int | None] = {}
+            values: dict[str, Any] = {}
             for config in configs:
-                if config.use_virtual_table:
-                    virtual.setdefault(config.name, config.total_num_buckets)
-            self._memos[key] = virtual
-        return self._memos[key].get(name)
+                if keep(config):
+                    values.setdefault(config.name, read(config))
+            self._memos[key] = values
+        return self._memos[key]
 
     def _memo(self, function, *args):
         """`function(*args)`, computed once per enumeration: torchrec's sharders'

@@ -122,10 +122,8 @@ class Refusals:
         """The routed sharder's own checks, on this one table (`table_layouts`, `check_no_empty_rank`)."""
         from embnb.rowwise.routed import check_no_empty_rank, table_layouts
 
-        name, module_fqn = option.name, option.module[0]
-        # Its routing: the collection-qualified name wins over the bare one, else `others`.
-        routing = sharder.routings.get(f"{module_fqn}.{name}") if module_fqn else None
-        routing = sharder.routings.get(name) if routing is None else routing
+        name = option.name
+        routing = sharder.routing_of(name, option.module[0])  # None: the sharder's `others`
         config = SimpleNamespace(name=name, num_embeddings=int(option.tensor.shape[0]))
         planned = ParameterSharding(sharding_type=option.sharding_type, compute_kernel=option.compute_kernel)
         try:

@@ -386,14 +386,21 @@ class RoutedSharder:
         """Keyword arguments torchrec's sharder passes its sharded module besides the common ones."""
         return {}
 
+    def routing_of(self, table: str, module_fqn: str | None) -> Routing | None:
+        """The routing `routings` names for `table` of the collection at `module_fqn` (the qualified
+        name wins over the bare one); None where it names none (the table gets `others`)."""
+        qualified = self.routings.get(f"{module_fqn}.{table}") if module_fqn else None
+        return self.routings.get(table) if qualified is None else qualified
+
     def routings_of(self, tables: list[str], module_fqn: str | None) -> dict[str, Routing]:
-        """The routings of one collection's `tables` at `module_fqn`: qualified names win over bare ones."""
+        """The routings of one collection's `tables` at `module_fqn` (`routing_of`), recording which
+        names matched; raises for a name qualified with `module_fqn`, or any name where the
+        collection is the model's root, that matches none of `tables`."""
         prefix = f"{module_fqn}." if module_fqn else ""
-        qualified = {f"{prefix}{t}": t for t in tables} if prefix else {}
-        bare = {name: self.routings[name] for name in tables if name in self.routings}
-        ours = bare | {qualified[n]: r for n, r in self.routings.items() if n in qualified}
-        self._names_used |= set(bare) | (set(qualified) & set(self.routings))
-        self._tables_seen |= set(tables) | set(qualified)
+        qualified = {f"{prefix}{t}" for t in tables} if prefix else set()
+        ours = {t: r for t in tables if (r := self.routing_of(t, module_fqn)) is not None}
+        self._names_used |= (set(tables) | qualified) & set(self.routings)
+        self._tables_seen |= set(tables) | qualified
         unknown = [
             n for n in self.routings if n not in self._names_used and (not prefix or n.startswith(prefix))
         ]
