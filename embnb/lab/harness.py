@@ -41,7 +41,9 @@ class NotebookError(RuntimeError):
 
 
 def list_notebooks(directory: pathlib.Path = NOTEBOOKS_DIR) -> list[pathlib.Path]:
-    return sorted(directory.glob("[0-9][0-9]_*.ipynb"))
+    """The teaching notebooks (`NN_name.ipynb`) and their appendices (`NNa_name.ipynb`), each
+    appendix after its teaching notebook."""
+    return sorted([*directory.glob("[0-9][0-9]_*.ipynb"), *directory.glob("[0-9][0-9]a_*.ipynb")])
 
 
 def run_notebook(
