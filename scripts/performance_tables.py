@@ -74,8 +74,13 @@ def source(run: Run) -> str:
     facts = [f"machine `{run.machine}`", f"date {run.date}"]
     if data.get("cpu_model"):
         facts.append(f"CPU {data['cpu_model']}")
-    if data.get("torch"):
-        facts.append(f"torch {data['torch']}")
+    stack = data.get("stack") or {}
+    if stack.get("torch") or data.get("torch"):
+        facts.append(f"torch {stack.get('torch') or data['torch']}")
+    if stack.get("torchrec"):
+        facts.append(f"torchrec {stack['torchrec']}, fbgemm-gpu {stack['fbgemm_gpu']}")
+    if data.get("commit"):
+        facts.append(f"commit {data['commit'][:12]}")
     if data.get("copy_gbps"):
         facts.append(f"copy bandwidth {sig(data['copy_gbps'])} GB/s")
     if data.get("load_average_before"):
