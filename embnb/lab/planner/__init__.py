@@ -1,7 +1,46 @@
-"""Notebook 03's layer over `embnb.planner` (import each from its module): models and their
-options, the knapsack written plainly (`reference`) and brute force, planning runs in torchrec's
-planner (`planning`, `comparison`, `ablation`, `quality`, `pitfall`, `explain`, `hosts`), the plans
-measured rank by rank (`candidates`, `measured`) and the committed calibration (`calibrated`), and
-the notebook's results, figures and explorer (`results`, `plots`, `widgets`). docs/architecture.md
-says what each module holds.
+"""Notebook 03's layer over `embnb.planner`; the notebooks import it as `lab` and call what they
+use from here (each name loads only its module): `models` (random models, their options),
+`reference` (the knapsack the page writes, checked), `explain` (its options, DP table and
+frontier), `brute_force`, `pitfall` (least summed perf against the rating), `quality` (proposers
+against brute force), `planning`, `comparison` and `ablation` (runs in torchrec's planner),
+`candidates` and `measured` (plans measured rank by rank), `calibrated` (committed bench results),
+`figures` and `widgets`.
 """
+
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {
+    "models": ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options", "hosts_of"],
+    "reference": ["knapsack_choices", "backtrack", "least_perf_by_enumeration", "page_core_agrees",
+                  "capped_runs_agree"],
+    "explain": ["options_table", "SmallKnapsack", "small_knapsack", "memory_ratio", "knapsack_frontier",
+                "PlanExtremes", "plan_extremes"],
+    "brute_force": ["PlanRater", "brute_force_rating", "rate_every_plan", "option_label"],
+    "pitfall": ["TINY_LIMITS", "SMALL_LIMITS", "tiny_instance", "summed_vs_rated", "share_by_tightness"],
+    "quality": ["random_instance", "quality_study", "quality_summary"],
+    "planning": ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads", "records", "plain",
+                 "quiet_logs"],
+    "comparison": ["Planning", "default_proposers", "compare_proposers", "timing_breakdown", "budget_sweep"],
+    "ablation": ["LADDER", "ablation_table"],
+    "candidates": ["PLANNERS", "POOR", "candidate_plans", "plan_shape"],
+    "measured": ["MeasuredPlan", "MeasuredWorld", "MeasureSettings", "measure_world", "measure_device"],
+    "calibrated": ["GOAL", "load_calibration_bench", "heldout_ranks", "heldout_errors", "measured_plans",
+                   "paired_plans", "calibration_record", "gpu_uvm_runs"],
+    "figures": ["option_code", "knapsack_choices_figure", "proposer_comparison", "planned_title",
+                "measured_figure", "calibration_scatter"],
+    "widgets": ["ExplorerStart", "PlannerExplorer"],
+}  # fmt: skip
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_HOME_OF)
+
+
+def __getattr__(name: str):
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME_OF[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

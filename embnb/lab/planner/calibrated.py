@@ -1,5 +1,6 @@
-"""Notebook 03's calibration section: the committed results of `python -m
-embnb.bench calibrate`, loaded as they are (nothing is refitted here).
+"""Committed results notebook 03a reads as they are (nothing is refitted or re-measured here): the
+newest `python -m embnb.bench calibrate` of a device kind, and the GPU kit's runs of the UVM regime
+(`steptime_capped-*.json`, `gpu_uvm_runs`).
 
 The bench fitted torchrec's perf model (`embnb.planner.calibration`) to ranks
 measured with real kernels, then measured held-out plans rank by rank. Per
@@ -16,13 +17,10 @@ import pathlib
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from embnb.lab.planner.candidates import POOR
 from embnb.lab.planner.planning import records
-from embnb.lab.plotting import new_figure
 from embnb.lab.report import COMMITTED_RESULTS
 from embnb.planner.calibration import Calibration
 from embnb.timing import VERDICTS, verdict
@@ -34,15 +32,13 @@ __all__ = [
     "heldout_ranks",
     "heldout_errors",
     "measured_plans",
-    "fastest_plans",
     "PAIRED_WITH",
     "VERDICTS",
     "paired_plans",
-    "repeat_gaps",
     "rank_repeat_gaps",
     "rank_repeat_gap",
-    "calibration_scatter",
     "calibration_record",
+    "gpu_uvm_runs",
 ]
 
 GOAL = 0.10  # issue #46: median per-rank error of the calibrated estimate on a CPU
@@ -126,7 +122,9 @@ def heldout_errors(ranks: pd.DataFrame) -> dict[str, dict[str, float]]:
 def measured_plans(bench: CalibrationBench) -> pd.DataFrame:
     """Per held-out world and measured plan: the estimator it planned on, the
     slowest rank's step (median, low, high over the repeats, ms), its spread
-    (high / low - 1) and its median over the world's fastest."""
+    (high / low - 1), its median over the world's fastest, and `gap_to_same_as`: where another
+    planner returned the same placement first, how far apart the two medians came (|a / b - 1|,
+    the noise between runs of one placement)."""
     rows = [
         {
             "seed": world["seed"],
@@ -146,37 +144,11 @@ def measured_plans(bench: CalibrationBench) -> pd.DataFrame:
     table["spread"] = table.step_high_ms / table.step_low_ms - 1
     fastest = table.groupby(["seed", "world_size"]).step_ms.transform("min")
     table["over_fastest"] = table.step_ms / fastest
+    first = table.set_index(["seed", "world_size", "plan"]).step_ms  # the same placement, measured before
+    again = [first.get((s, w, same)) for s, w, same in zip(table.seed, table.world_size, table.same_as)]
+    gap = (table.step_ms / pd.Series(again, index=table.index, dtype=float) - 1).abs()
+    table["gap_to_same_as"] = gap.where(table.plan != table.same_as)
     return table
-
-
-def fastest_plans(bench: CalibrationBench) -> pd.DataFrame:
-    """Per held-out world: the plan measured fastest (median step), the
-    runner-up, the margin (runner-up / fastest - 1) and the fastest's own
-    spread between repeats; `within_spread`: the margin is no larger than it;
-    `fastest_same_as`: the first plan of the world with the fastest's placement."""
-    plans = measured_plans(bench)
-    rows = []
-    for (seed, world_size), world in plans.groupby(["seed", "world_size"], sort=False):
-        ordered = world.sort_values("step_ms")
-        first, second = ordered.iloc[0], ordered.iloc[1]
-        margin = second.step_ms / first.step_ms - 1
-        rows.append(
-            {
-                "seed": seed,
-                "world_size": world_size,
-                "fastest": first.plan,
-                "fastest_same_as": first.same_as,  # the first planner that returned its placement
-                "step_ms": first.step_ms,
-                "runner_up": second.plan,
-                "margin": margin,
-                "fastest_spread": first.spread,
-                "within_spread": bool(margin <= first.spread),
-                "embnb_dp_calibrated_over_fastest": float(
-                    world.loc[world.plan == "embnb DP (calibrated)", "over_fastest"].iloc[0]
-                ),
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 def paired_plans(bench: CalibrationBench) -> pd.DataFrame:
@@ -202,20 +174,6 @@ def paired_plans(bench: CalibrationBench) -> pd.DataFrame:
         if key in plan
     ]
     return pd.DataFrame(rows)
-
-
-def repeat_gaps(bench: CalibrationBench) -> pd.DataFrame:
-    """Plans two planners returned with the same placement, each measured:
-    how far apart the two medians came (|a / b - 1|), the bench's noise floor."""
-    plans = measured_plans(bench)
-    pairs = plans[plans.plan != plans.same_as].merge(
-        plans[["seed", "world_size", "plan", "step_ms"]],
-        left_on=["seed", "world_size", "same_as"],
-        right_on=["seed", "world_size", "plan"],
-        suffixes=("", "_first"),
-    )
-    pairs["gap"] = (pairs.step_ms / pairs.step_ms_first - 1).abs()
-    return pairs[["seed", "world_size", "plan", "same_as", "step_ms", "step_ms_first", "gap"]]
 
 
 def rank_repeat_gaps(heldout: list[dict[str, Any]]) -> pd.DataFrame:
@@ -256,50 +214,11 @@ def rank_repeat_gap(gaps: pd.DataFrame) -> dict[str, float] | None:
     return {"median": float(gaps.gap.median()), "ranks": len(gaps)} if len(gaps) else None
 
 
-def calibration_scatter(ranks: pd.DataFrame, bench: CalibrationBench) -> Figure:
-    """Held-out ranks, estimated against measured lookups (log axes): left
-    torchrec's default estimate, right the calibrated one. Solid: estimate =
-    measured; dotted: the goal's band (+-10%)."""
-    errors = heldout_errors(ranks)
-    fig = new_figure(10, 4.6)
-    axes = fig.subplots(1, 2, sharey=True)
-    low = min(ranks.measured_ms.min(), *(ranks[name].min() for name in ESTIMATES)) / 1.5
-    high = max(ranks.measured_ms.max(), *(ranks[name].max() for name in ESTIMATES)) * 1.5
-    line = np.geomspace(low, high, 50)
-    for ax, name in zip(axes, ESTIMATES):
-        for i, (world_size, rows) in enumerate(ranks.groupby("world_size")):
-            ax.scatter(
-                rows[name], rows.measured_ms, s=10, alpha=0.6, color=f"C{i}", label=f"W = {world_size}"
-            )
-        ax.plot(line, line, color="0.2", linewidth=1)
-        for factor in (1 - GOAL, 1 + GOAL):
-            ax.plot(line * factor, line, color="0.4", linewidth=0.8, linestyle=":")
-        ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high))
-        e = errors[name]
-        label = "torchrec's default estimate" if name == "torchrec_default" else "calibrated estimate"
-        ax.set_xlabel(f"{label} of the rank's lookups, ms")
-        ax.set_title(f"{label}: |error| median {e['median']:.1%}, worst {e['worst']:.0%}", fontsize=9)
-        ax.grid(True, which="major", alpha=0.3)
-    clock = "thread CPU time" if bench.data["clock"] == "cpu" else "wall time"
-    axes[0].set_ylabel(f"measured lookups of the rank, ms ({clock})")
-    fig.legend(
-        *axes[0].get_legend_handles_labels(), loc="outside right center", fontsize=8, title="world size"
-    )
-    fig.suptitle(
-        f"{len(ranks)} held-out ranks measured on {bench.device.upper()} ({bench.device_name}); "
-        f"dotted: the {GOAL:.0%} goal",
-        fontsize=10,
-    )
-    return fig
-
-
 def calibration_record(bench: CalibrationBench) -> dict[str, Any]:
-    """What notebook 03's results JSON reports of the committed bench: its
-    file and device, the held-out errors (recomputed here from its ranks),
-    the goal, the same ranks measured twice (the measurement's own noise), and per held-out world
-    the plan measured fastest and by how much."""
+    """What notebook 03a's results JSON keeps of the committed bench: its file and device, the
+    held-out errors (recomputed from its ranks), the goal, the per-plan steps and the paired
+    differences, and the same ranks measured twice (the measurement's own noise)."""
     errors = heldout_errors(heldout_ranks(bench))
-    gaps, rank_gaps = repeat_gaps(bench), rank_repeat_gaps(bench.data["heldout"])
     return {
         "file": bench.path.name,
         "device": bench.device,
@@ -311,11 +230,30 @@ def calibration_record(bench: CalibrationBench) -> dict[str, Any]:
         "heldout_errors": errors,
         "goal": GOAL,
         "goal_met": errors["calibrated"]["median"] <= GOAL,
-        "worlds": records(fastest_plans(bench), "records"),
+        "plans": records(measured_plans(bench), "records"),
         "paired_with": PAIRED_WITH,
         "paired": records(paired_plans(bench), "records"),
-        "repeat_gaps": gaps.gap.tolist(),
-        # the per-rank error's floor here: None where no placement was measured twice
-        "rank_repeat_gap": rank_repeat_gap(rank_gaps),
-        "plans": records(measured_plans(bench), "records"),
+        "rank_repeat_gap": rank_repeat_gap(rank_repeat_gaps(bench.data["heldout"])),
     }
+
+
+def gpu_uvm_runs(results_dir: pathlib.Path = COMMITTED_RESULTS) -> pd.DataFrame:
+    """The GPU kit's runs of `python -m embnb.bench steptime --hbm-gib GIB --device cuda`: each
+    planner's plan at an HBM per device below the model's share (tables in UVM, kernels FBGEMM runs
+    only on a GPU), one row per run and plan: date, measured critical path (the slowest rank's
+    step, median of `repeats`, synchronized wall time), torchrec's rating, the plan's kernels."""
+    rows = []
+    for path in sorted(pathlib.Path(results_dir).glob("steptime_capped-*.json")):
+        payload = json.loads(path.read_text())
+        if payload["device"] != "cuda":
+            continue
+        for world in payload["worlds"]:
+            for plan in world["plans"]:
+                if plan["measured"] and plan.get("note") != POOR:
+                    kernels = ", ".join(f"{n} {k}" for k, n in (plan.get("kernels") or {}).items())
+                    rows.append({"machine": payload["machine"], "file": path.name, "date": payload["date"],
+                                 "repeats": payload["repeats"], "world_size": world["world_size"],
+                                 "hbm_cap_gb": world["hbm_cap_gb"], "plan": plan["plan"],
+                                 "measured_ms": plan["critical_path_s"] * 1e3,
+                                 "rating_ms": plan["rating_s"] * 1e3, "kernels": kernels})  # fmt: skip
+    return pd.DataFrame(rows)

@@ -26,8 +26,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_int
 from embnb.lab.planner.explain import memory_ratio
-from embnb.lab.planner.hosts import hosts_of
-from embnb.lab.planner.models import Enumerated, enumerate_options
+from embnb.lab.planner.models import Enumerated, enumerate_options, hosts_of
 from embnb.lab.planner.planning import rank_loads, run_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology

@@ -212,16 +212,10 @@ class PlanExtremes:
     placeable: int  # plans the partitioner can place
     plans: int  # plans in all
 
-    def describe(self) -> str:
-        least = self.least_sum
-        return (
-            f"{self.placeable} of {self.plans} plans can be placed. The least summed perf "
-            f"({least.summed_perf:.4f}) "
-            + ("cannot be placed" if pd.isna(least.perf_rating) else f"rates {least.perf_rating:.4f}")
-            + f"; the least among placeable ones ({self.least_placed_sum.summed_perf:.4f}) rates "
-            f"{self.least_placed_sum.perf_rating:.4f}; the best rating is {self.best_rated.perf_rating:.4f} "
-            f"(summed perf {self.best_rated.summed_perf:.4f})"
-        )
+    def table(self) -> pd.DataFrame:
+        """The three plans, one row each (summed perf, rating: NaN where it cannot be placed)."""
+        rows = {"least summed": self.least_sum, "least summed placeable": self.least_placed_sum}
+        return pd.DataFrame({**rows, "best rated": self.best_rated}).T
 
 
 def plan_extremes(every_plan: pd.DataFrame) -> PlanExtremes:

@@ -27,6 +27,7 @@ __all__ = [
     "fused_table_gb",
     "Enumerated",
     "enumerate_options",
+    "hosts_of",
 ]
 
 
@@ -96,3 +97,9 @@ def enumerate_options(
     with Stopwatch() as watch:
         options = chosen.enumerate(module, sharders)
     return Enumerated(module, sharders, options, watch.wall_s)
+
+
+def hosts_of(topology: Topology) -> int:
+    """The hosts of a torchrec Topology: world_size // local_world_size (a Topology made without
+    `local_world_size` puts every device on one host)."""
+    return topology.world_size // topology.local_world_size

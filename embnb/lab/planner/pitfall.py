@@ -19,8 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from embnb._checks import check_int
 from embnb.lab.planner.brute_force import rate_every_plan
 from embnb.lab.planner.explain import memory_ratio, plan_extremes
-from embnb.lab.planner.hosts import hosts_of
-from embnb.lab.planner.models import Enumerated, enumerate_options
+from embnb.lab.planner.models import Enumerated, enumerate_options, hosts_of
 from embnb.planner.topology import make_topology
 
 __all__ = ["TINY_LIMITS", "SMALL_LIMITS", "tiny_instance", "summed_vs_rated", "share_by_tightness"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import math
 import statistics
 from collections.abc import Sequence
@@ -44,6 +45,18 @@ from embnb.planner.space import GB
 from embnb.timing import Stopwatch
 
 __all__ = ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads", "records", "plain"]
+__all__ += ["quiet_logs"]
+
+
+def quiet_logs() -> None:
+    """What a notebook quiets: torchrec's planner logs every proposal and warns for each
+    data-parallel table; torch.fx logs a deprecation (here and in anything started from here)."""
+    from embnb.lab.logs import quiet_torch_fx
+
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+    pd.set_option("display.width", 140)
+    quiet_torch_fx()
 
 
 def records(table: pd.DataFrame, orient: str = "index") -> Any:

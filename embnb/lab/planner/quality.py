@@ -15,8 +15,7 @@ from torchrec.distributed.planner.types import Topology
 from embnb._checks import check_int
 from embnb.lab.planner.brute_force import brute_force_rating
 from embnb.lab.planner.comparison import ProposerFactory, default_proposers
-from embnb.lab.planner.hosts import hosts_of
-from embnb.lab.planner.models import Model, enumerate_options, fused_table_gb, make_model
+from embnb.lab.planner.models import Model, enumerate_options, fused_table_gb, hosts_of, make_model
 from embnb.lab.planner.planning import run_planner
 from embnb.planner.topology import make_topology
 

@@ -13,8 +13,8 @@ from matplotlib.figure import Figure
 
 from embnb._checks import check_choice, check_int, check_number
 from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
+from embnb.lab.planner.figures import planned_title, proposer_comparison
 from embnb.lab.planner.models import enumerate_options, make_model
-from embnb.lab.planner.plots import planned_title, proposer_comparison
 from embnb.lab.widgets import Explorer
 from embnb.planner.topology import make_topology
 

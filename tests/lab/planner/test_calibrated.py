@@ -8,14 +8,14 @@ import pytest
 
 from embnb.lab.planner.calibrated import (
     calibration_record,
-    calibration_scatter,
-    fastest_plans,
+    gpu_uvm_runs,
     heldout_ranks,
     load_calibration_bench,
+    measured_plans,
     paired_plans,
     rank_repeat_gaps,
-    repeat_gaps,
 )
+from embnb.lab.planner.figures import calibration_scatter
 from embnb.lab.report import COMMITTED_RESULTS
 
 
@@ -85,12 +85,14 @@ def test_errors_fastest_plan_and_repeat_gaps(results):
     # 0.1, 0.2, 0.3, 0: median 0.15, worst 0.3; the goal (0.10) not met
     assert calibrated["median"] == pytest.approx(0.15) and calibrated["worst"] == pytest.approx(0.3)
     assert record["goal_met"] is False
-    (world,) = fastest_plans(bench).to_dict(orient="records")
-    assert world["fastest"] == "embnb DP" and world["runner_up"] == "embnb DP (calibrated)"
-    assert world["fastest_same_as"] == "embnb DP"
-    assert world["margin"] == pytest.approx(0.1) and world["fastest_spread"] == pytest.approx(11 / 9 - 1)
-    assert world["within_spread"] and world["embnb_dp_calibrated_over_fastest"] == pytest.approx(1.1)
-    assert repeat_gaps(bench).gap.tolist() == pytest.approx([0.1])  # the same placement, 11 against 10 ms
+    plans = measured_plans(bench).set_index("plan")
+    assert plans.over_fastest.to_dict() == pytest.approx(
+        {"embnb DP": 1.0, "Greedy": 1.2, "embnb DP (calibrated)": 1.1}
+    )
+    assert plans.loc["embnb DP", "spread"] == pytest.approx(11 / 9 - 1)
+    # the same placement measured twice, 11 against 10 ms; the others were measured once
+    assert plans.loc["embnb DP (calibrated)", "gap_to_same_as"] == pytest.approx(0.1)
+    assert plans.gap_to_same_as.isna().sum() == 2
     # rank by rank: rank 0 of that placement, 8 against 10 ms (rank 1 was not measured again)
     (gap,) = rank_repeat_gaps(bench.data["heldout"]).to_dict(orient="records")
     assert (gap["plan"], gap["rank"], gap["gap"]) == ("embnb DP (calibrated)", 0, pytest.approx(0.2))
@@ -138,3 +140,15 @@ def test_paired_plans_name_a_side_only_where_the_interval_excludes_zero(tmp_path
     unpaired = _bench("2026-03-02")
     (tmp_path / "calibrate-2026-03-02-x.json").write_text(json.dumps(unpaired))
     assert calibration_record(load_calibration_bench("cpu", tmp_path))["paired"] == []
+
+
+def test_the_gpu_runs_of_the_uvm_regime_are_read_as_committed(tmp_path):
+    plan = {"measured": True, "critical_path_s": 0.005, "rating_s": 0.015, "kernels": {"fused_uvm": 3}}
+    poor = {**plan, "plan": "all data-parallel", "note": "poor on purpose"}
+    world = {"world_size": 8, "hbm_cap_gb": 0.06, "plans": [{**plan, "plan": "embnb DP"}, poor]}
+    payload = {"device": "cuda", "machine": "H", "date": "2026-01-01", "repeats": 3, "worlds": [world]}
+    (tmp_path / "steptime_capped-x.json").write_text(json.dumps(payload))
+    (tmp_path / "steptime_capped-y.json").write_text(json.dumps({**payload, "device": "cpu"}))
+    (row,) = gpu_uvm_runs(tmp_path).to_dict(orient="records")
+    assert (row["plan"], row["measured_ms"], row["rating_ms"]) == ("embnb DP", 5.0, 15.0)
+    assert row["kernels"] == "3 fused_uvm" and row["date"] == "2026-01-01"

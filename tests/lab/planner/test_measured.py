@@ -1,73 +1,77 @@
-"""embnb.lab.planner.measured: what the figure draws and what the world
-reports, on plans written here (the notebook test runs real ones)."""
+"""embnb.lab.planner.measured: what the world reports and what its figure draws, on plans written
+here (the notebook test runs real ones)."""
 
 import math
 
 import pytest
 
+from embnb.lab.planner.figures import measured_figure
 from embnb.lab.planner.measured import (
     MeasuredPlan,
     MeasuredWorld,
     MeasureSettings,
-    estimate_over_measured,
     measure_device,
     measure_world,
-    measured_vs_estimated,
 )
 from embnb.steptime.kernels import fbgemm_cuda_available
 
 
-def _plan(name, rating, lookups, estimates, dense=1.0):
+def _plan(name, rating, lookups, estimates, rounds, note="", paired=None):
     return MeasuredPlan(
-        name, rating, "", {"table_wise": 2, "shards": 2}, max(lookups) + dense, max(lookups),
-        lookups.index(max(lookups)), 2 * (max(lookups) + dense), lookups, estimates, [0.0] * len(lookups),
+        name, rating, note, {"table_wise": 2, "shards": 2}, sorted(rounds)[len(rounds) // 2], max(lookups),
+        lookups.index(max(lookups)), 2 * max(rounds), lookups, estimates, [0.1] * len(lookups), 0, rounds,
+        paired,
     )  # fmt: skip
 
 
 WORLD = MeasuredWorld(
     2,
     [
-        _plan("fast", 1.0, [2.0, 1.0], [1.0, 0.5]),
-        MeasuredPlan("no plan", math.nan, "failed: ZeroDivisionError: float division by zero"),
-        _plan("slow", 4.0, [8.0, 0.0], [4.0, 0.0]),
+        _plan("embnb DP", 1.0, [2.0, 1.0], [1.0, 0.5], [3.0, 3.2, 2.9]),
+        MeasuredPlan("torchrec DP", math.nan, "failed: ZeroDivisionError: float division by zero"),
+        _plan(
+            "Greedy",
+            1.5,
+            [2.5, 1.0],
+            [1.5, 0.5],
+            [3.1, 3.3, 2.8],
+            paired={"mean": 0.03, "ci_low": -0.2, "ci_high": 0.3},
+        ),  # fmt: skip
+        _plan("all table-wise on 1 rank", 4.0, [8.0, 0.0], [4.0, 0.0], [9.0], note="poor on purpose"),
     ],
     MeasureSettings(local_batch_size=4),
     device_name="test CPU",
 )
 
 
-def test_world_reports_its_measured_plans():
-    assert [p.name for p in WORLD.measured()] == ["fast", "slow"]
-    assert WORLD.winner().name == "fast" and WORLD.spearman("lookup_ms") == pytest.approx(1.0)
-    assert estimate_over_measured(WORLD) == [0.5, 0.5]
-    plans = WORLD.to_json()["plans"]
-    assert plans["no plan"]["rating_ms"] is None and plans["fast"]["lookup_per_rank_ms"] == [2.0, 1.0]
+def test_world_reports_its_measured_plans_as_a_table():
+    assert [p.name for p in WORLD.measured()] == ["embnb DP", "Greedy", "all table-wise on 1 rank"]
+    assert [p.name for p in WORLD.measured(planners_only=True)] == ["embnb DP", "Greedy"]
+    table = WORLD.table()
+    assert table.loc["Greedy", "verdict"] == "not told apart" and table.loc["embnb DP", "verdict"] == ""
+    assert table.loc["torchrec DP", "verdict"].startswith("failed: ZeroDivisionError")
+    assert table.loc["all table-wise on 1 rank", "poor"] and table.loc["Greedy", "step, ms"] == 3.1
 
 
-def test_figure_draws_each_plan_and_each_rank_with_a_shard():
-    fig = measured_vs_estimated([WORLD])
-    top, bottom = fig.axes[0], fig.axes[1]
-    drawn = [tuple(c.get_offsets()[0]) for c in top.collections]
-    assert drawn == [(1.0, 3.0), (1.0, 2.0), (4.0, 9.0), (4.0, 8.0)]  # step, then lookups, per plan
-    ranks = [tuple(map(tuple, c.get_offsets())) for c in bottom.collections]
-    assert ranks == [((1.0, 2.0), (0.5, 1.0)), ((4.0, 8.0),)]  # the rank with no shard left out
-    assert "1 ranks with no shard left out" in bottom.get_title()
+def test_figure_gives_the_planners_plans_axes_of_their_own():
+    fig = measured_figure(WORLD)
+    left, right = fig.axes[:2]
+    dots = [tuple(map(tuple, c.get_offsets())) for c in left.collections]
+    assert dots == [((0, 3.0), (0, 3.2), (0, 2.9)), ((1, 3.1), (1, 3.3), (1, 2.8))]  # no poor plan there
+    assert left.get_ylim()[1] < 4  # the poor plan's 9 ms does not set these axes
+    assert [tuple(c.get_offsets()[0]) for c in right.collections] == [(1.0, 3.0), (1.5, 3.1), (4.0, 9.0)]
     assert "CPU (test CPU)" in fig._suptitle.get_text()  # the figure names its device
-    with pytest.raises(ValueError, match="worlds is empty"):
-        measured_vs_estimated([])
 
 
 def test_measure_device_runs_cuda_only_with_fbgemms_cuda_kernels():
-    assert measure_device("cpu") == measure_device("cpu") and measure_device("cpu").note == ""
-    assert (measure_device("cpu").device, measure_device("cpu").clock) == ("cpu", "cpu")
+    assert measure_device("cpu") == ("cpu", "")
     for asked in ("cuda", "auto"):
-        where = measure_device(asked)
+        device, note = measure_device(asked)
         if fbgemm_cuda_available():
-            assert (where.device, where.clock, where.note) == ("cuda", "wall", "")
+            assert (device, note) == ("cuda", "")
         else:  # skipped, and says so: never a crash
-            assert (where.device, where.clock) == ("cpu", "cpu")
-            assert f"device={asked!r}" in where.note and "CUDA measurement is skipped" in where.note
+            assert device == "cpu" and f"device={asked!r}" in note and "CUDA measurement is skipped" in note
     with pytest.raises(ValueError, match="'gpu' is not one of"):
         measure_device("gpu")
-    with pytest.raises(ValueError, match="'auto' is not one of"):
-        measure_world(None, 2, MeasureSettings(4, device="auto"))  # measure_device resolves it first
+    with pytest.raises(ValueError, match="world_size"):
+        measure_world(None, 1, MeasureSettings(4))

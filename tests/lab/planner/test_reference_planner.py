@@ -160,8 +160,8 @@ CAPPED_RUN = "plans = run(cap, math.inf) if balance else run(math.inf, cap)"
 
 
 def _page_core(edit=lambda source: source) -> dict:
-    """The knapsack, walk_back and capped_runs cells of notebook 03 (`edit`ed), run as the page runs them."""
-    notebook = nbformat.read(str(harness.NOTEBOOKS_DIR / "03_dp_planner.ipynb"), as_version=4)
+    """The knapsack, walk_back and capped_runs cell of notebook 03a (`edit`ed), run as the page runs it."""
+    notebook = nbformat.read(str(harness.NOTEBOOKS_DIR / "03a_dp_planner_measured.ipynb"), as_version=4)
     namespace = {"math": math}
     for cell in notebook.cells:
         if cell.cell_type == "code" and cell.source.startswith(("def knapsack(", "def capped_runs(")):
@@ -170,7 +170,7 @@ def _page_core(edit=lambda source: source) -> dict:
 
 
 def test_the_page_capped_runs_find_the_proposers_ratings_and_a_cap_ignored_does_not():
-    """Notebook 03's placement example: the page's capped runs against the proposer's knapsack runs
+    """Notebook 03's placement example: notebook 03a's capped runs against the proposer's knapsack runs
     alone, in torchrec's planner. The caps matter there, so a page whose cap is ignored fails."""
     spec = [("user_id", 2_000_000, 128, 5.0), ("item_id", 500_000, 64, 5.0), ("ad_id", 250_000, 128, 1.0)]
     enumerated, topology = tiny_instance(spec, 0.5, 2, 512)

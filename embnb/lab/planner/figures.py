@@ -1,13 +1,9 @@
-"""Figures of notebook 03 (DP sharding planner): each takes data, returns a Figure.
-
-Figures use the shared style of `embnb.lab.plotting` (one colour per proposer,
-rank ticks); a notebook shows one with `display(fig)`.
-"""
+"""Figures of notebooks 03 and 03a that pandas does not draw: each takes data, returns a Figure
+(`embnb.lab.plotting`'s style; one colour per proposer)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -15,17 +11,18 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import StrMethodFormatter
 
+from embnb.lab.planner.calibrated import ESTIMATES, GOAL, CalibrationBench, heldout_errors
 from embnb.lab.planner.explain import SmallKnapsack
-from embnb.lab.plotting import MEAN_STYLE, color, new_figure, rank_ticks
+from embnb.lab.planner.measured import MeasuredWorld
+from embnb.lab.plotting import color, new_figure
 
 __all__ = [
     "option_code",
     "knapsack_choices_figure",
     "proposer_comparison",
-    "rating_vs_budget",
-    "quality_ratios",
-    "rank_loads_figure",
     "planned_title",
+    "measured_figure",
+    "calibration_scatter",
 ]
 
 
@@ -170,132 +167,79 @@ def _why_no_plan(note: str) -> str:
     return "no plan"
 
 
-_MARKERS = "osD^vP"  # one per proposer, so lines that meet stay told apart
-
-
-def rating_vs_budget(sweep: pd.DataFrame, reference: str = "embnb DP", title: str | None = None) -> Figure:
-    """Left: each proposer's estimated perf rating against the HBM budget per
-    device (log); right: its rating over `reference`'s at the same budget.
-    The x axes run from the largest budget down; dashed where `memory_ratio`
-    (a column, optional) is 1: left of it the least summed perf plan fits all
-    devices together, right of it memory binds. Needs columns proposer,
-    hbm_cap_gb, perf_rating (NaN: no plan). A proposer with no plan at any
-    budget gets no line and no legend entry: the title names it."""
-    _need(sweep, ["proposer", "hbm_cap_gb", "perf_rating"], "sweep")
-    fig = new_figure(11, 4.2)
-    left, right = fig.subplots(1, 2, sharex=True)
-    base = sweep[sweep.proposer == reference].set_index("hbm_cap_gb").perf_rating
-    without = []
-    for i, (name, rows) in enumerate(sweep.groupby("proposer", sort=False)):
-        rows = rows.sort_values("hbm_cap_gb")
-        if not np.isfinite(rows["perf_rating"].to_numpy(dtype=float)).any():
-            without.append(name)
-            continue
-        style = dict(marker=_MARKERS[i % len(_MARKERS)], fillstyle="none", color=color(name, i), label=name)
-        left.plot(rows["hbm_cap_gb"], rows["perf_rating"], **style)
-        if len(base):
-            right.plot(
-                rows["hbm_cap_gb"], rows["perf_rating"].to_numpy() / base.reindex(rows.hbm_cap_gb), **style
-            )
-    left.invert_xaxis()
-    for ax in (left, right):
-        ax.set_yscale("log")
-        _plain_log_ticks(ax)
-        ax.set_xlabel("HBM per device, GiB (shrinking to the right)")
-        if "memory_ratio" in sweep:  # the ratio grows with the budget, linearly
-            row = sweep.iloc[0]
-            binds_below = row.hbm_cap_gb / row.memory_ratio
-            ax.axvline(binds_below, **MEAN_STYLE)
-            ax.text(
-                binds_below,
-                1,
-                " memory binds in total ->",
-                transform=ax.get_xaxis_transform(),
-                fontsize=7,
-                va="top",
-            )
-    left.set_ylabel("estimated perf rating, ms (slowest rank, log)")
-    right.set_ylabel(f"estimated rating / {reference}'s (log)")
-    right.axhline(1.0, color="0.3", linewidth=1)
-    fig.legend(*left.get_legend_handles_labels(), loc="outside lower center", fontsize=8, ncols=4)
-    note = f"; no plan at any budget: {', '.join(without)}" if without else ""
-    fig.suptitle(title or f"Plan quality as the memory budget shrinks (gaps: no plan{note})", fontsize=10)
-    return fig
-
-
-def quality_ratios(study: pd.DataFrame, tolerance: float = 1.02, title: str | None = None) -> Figure:
-    """Each proposer's estimated rating over the brute-force best, one dot
-    per instance (log); no plan where brute force found one is drawn at the
-    top. Dashed: `tolerance`, the bound `quality_summary` counts as "within"."""
-    _need(study, ["proposer", "ratio"], "study")
-    names = list(dict.fromkeys(study["proposer"]))
-    finite = study["ratio"].replace(np.inf, np.nan)
-    top = max(2.0, float(finite.max()) * 1.5) if finite.notna().any() else 2.0
-    fig = new_figure(1.2 + 1.3 * len(names), 3.8)
-    ax = fig.subplots()
-    rng = np.random.default_rng(0)
-    for i, name in enumerate(names):
-        ratios = study.loc[study["proposer"] == name, "ratio"].to_numpy(dtype=float)
-        shown = np.where(np.isfinite(ratios), ratios, top)
-        ax.scatter(i + rng.uniform(-0.18, 0.18, len(shown)), shown, s=14, alpha=0.7, color=color(name, i))
-        worst = ratios.max() if len(ratios) else math.nan
-        worst_text = "worst\n" + ("no plan" if worst == math.inf else f"{worst:.3g}x")
-        ax.text(i, top * 1.15, worst_text, ha="center", va="bottom", fontsize=8)
-    ax.axhline(tolerance, color="0.3", linestyle="--", linewidth=1)
-    within = f"within {round((tolerance - 1) * 100):g}%"  # quality_summary's column of the same name
-    right = ax.get_yaxis_transform()  # right of the axes, off the dots that sit on the line
-    ax.text(1.01, tolerance, f"{tolerance:g}x:\n{within}", transform=right, va="center", fontsize=8)
-    ax.axhline(top, color="0.8", linewidth=6, zorder=0)
-    ax.text(-0.5, top, " no plan", va="center", fontsize=7, color="0.4")
-    ax.set_yscale("log")
-    ax.set_ylim(0.95, top * 2.2)
-    _plain_log_ticks(ax)
-    ax.set_xlim(-0.6, len(names) - 0.4)
-    ax.set_xticks(range(len(names)), names, rotation=20)
-    ax.set_ylabel("estimated perf rating / brute-force best (log)")
-    instances = study["instance"].nunique() if "instance" in study else len(study) // max(1, len(names))
-    ax.set_title(title or f"Against brute force on {instances} small instances")
-    return fig
-
-
-def rank_loads_figure(
-    loads: pd.DataFrame, capacity_gb: Mapping[str, float] | None = None, title: str | None = None
-) -> Figure:
-    """Per rank: summed perf (the slowest rank is the plan's rating) and HBM
-    and DDR used, with each device's capacity dashed when given."""
-    _need(loads, ["perf", "hbm_gb", "ddr_gb"], "loads")
-    ranks = np.arange(len(loads))
-    fig = new_figure(min(14, 3 + 0.35 * len(loads)) * 1.6, 3.4)
-    axes = fig.subplots(1, 3)
-    slowest = int(loads["perf"].to_numpy().argmax())
-    colors = ["#c44e52" if r == slowest else "#55a868" for r in ranks]
-    axes[0].bar(ranks, loads["perf"], color=colors)
-    mean = loads["perf"].mean()
-    axes[0].axhline(mean, **MEAN_STYLE)
-    axes[0].text(len(ranks) - 0.5, mean * 1.01, "mean", ha="right", va="bottom", fontsize=7)
-    axes[0].set_ylim(0, loads["perf"].max() * 1.12)
-    axes[0].set_ylabel("estimated summed perf, ms")
-    axes[0].set_title(f"estimated perf per rank (slowest: rank {slowest})")
-    for ax, column, name in ((axes[1], "hbm_gb", "HBM"), (axes[2], "ddr_gb", "DDR")):
-        ax.bar(ranks, loads[column], color="#4c72b0")
-        cap = (capacity_gb or {}).get(column.split("_")[0])
-        ax.set_ylabel(f"{name}, GiB")
-        ax.set_title(f"{name} per rank")
-        if not cap:
-            continue
-        if cap <= 3 * max(loads[column].max(), 1e-12):  # on the bars' scale: drawn, labelled on the line
-            ax.axhline(cap, color="0.3", linestyle="--", linewidth=1)
-            ax.text(len(ranks) - 0.5, cap, f"capacity {cap:.3g} GiB", ha="right", va="bottom", fontsize=7)
-            ax.set_ylim(0, cap * 1.12)
-        else:  # a line far above would flatten the bars: say it instead
-            ax.set_title(f"{name} per rank (capacity {cap:.3g} GiB, off scale)")
-    for ax in axes:
-        rank_ticks(ax, len(ranks))
-    if title:
-        fig.suptitle(title)
-    return fig
-
-
 def planned_title(num_tables: int, world_size: int, hbm_cap_gb: float) -> str:
     """What a comparison was planned for (the notebook's and its explorer's titles)."""
     return f"{num_tables} tables, {world_size} devices, {hbm_cap_gb:.3g} GiB HBM each"
+
+
+_MARKERS = "osD^vP<>"  # one per plan
+
+
+def measured_figure(world: MeasuredWorld) -> Figure:
+    """Left, the planners' plans on axes of their own: each interleaved round's step (dots; a grey
+    line joins one round's plans) and the median (a bar across). Right, every measured plan, the
+    poor ones too: the measured step against torchrec's rating (log axes)."""
+    planners = world.measured(planners_only=True)
+    if not planners:
+        raise ValueError("no planner's plan was measured: nothing to plot")
+    clock = "thread CPU time" if world.clock == "cpu" else "wall time, synchronized"
+    fig = new_figure(11, 4.2)
+    left, right = fig.subplots(1, 2)
+    rounds = np.array([p.step_ms_repeats for p in planners])  # plans x rounds
+    for steps in rounds.T:
+        left.plot(range(len(planners)), steps, color="0.8", linewidth=0.8, zorder=1)
+    for i, plan in enumerate(planners):
+        style = dict(color=f"C{i}", marker=_MARKERS[i % len(_MARKERS)])
+        left.scatter([i] * len(plan.step_ms_repeats), plan.step_ms_repeats, s=30, zorder=2, **style)
+        left.plot([i - 0.25, i + 0.25], [plan.step_ms] * 2, color=style["color"], linewidth=2)
+    left.set_xticks(range(len(planners)), [p.name for p in planners])
+    left.set_xlim(-0.6, len(planners) - 0.4)
+    left.set_ylabel(f"slowest rank's step, ms ({clock})")
+    left.set_title(f"the planners' plans, {rounds.shape[1]} interleaved rounds (bar: median)", fontsize=9)
+    for i, plan in enumerate(world.measured()):
+        poor = plan.note == "poor on purpose"
+        right.scatter(plan.rating_ms, plan.step_ms, s=40, color="0.5" if poor else f"C{i}",
+                      marker=_MARKERS[i % len(_MARKERS)], zorder=2)  # fmt: skip
+        if poor:  # the planners' plans: coloured as on the left
+            right.annotate(f" {plan.name}", (plan.rating_ms, plan.step_ms), fontsize=7, va="center")
+    right.set(xscale="log", yscale="log", xlabel="torchrec's estimated rating, ms (log)")
+    right.set_ylabel(f"measured step, ms (log; {clock})")
+    right.set_title("every plan (grey, named: poor on purpose)", fontsize=9)
+    right.grid(True, which="major", alpha=0.3)
+    fig.suptitle(
+        f"W = {world.world_size} measured rank by rank on {world.device.upper()} ({world.device_name})"
+    )
+    return fig
+
+
+def calibration_scatter(ranks: pd.DataFrame, bench: CalibrationBench) -> Figure:
+    """Held-out ranks, estimated against measured lookups (log axes): left torchrec's default
+    estimate, right the calibrated one. Solid: estimate = measured; dotted: the goal's band."""
+    errors = heldout_errors(ranks)
+    fig = new_figure(10, 4.6)
+    axes = fig.subplots(1, 2, sharey=True)
+    columns = ["measured_ms", *ESTIMATES]
+    low, high = ranks[columns].min().min() / 1.5, ranks[columns].max().max() * 1.5
+    line = np.geomspace(low, high, 50)
+    for ax, name in zip(axes, ESTIMATES):
+        for i, (world_size, rows) in enumerate(ranks.groupby("world_size")):
+            ax.scatter(
+                rows[name], rows.measured_ms, s=10, alpha=0.6, color=f"C{i}", label=f"W = {world_size}"
+            )
+        ax.plot(line, line, color="0.2", linewidth=1)
+        for factor in (1 - GOAL, 1 + GOAL):
+            ax.plot(line * factor, line, color="0.4", linewidth=0.8, linestyle=":")
+        ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high))
+        label = "torchrec's default estimate" if name == "torchrec_default" else "calibrated estimate"
+        e = errors[name]
+        ax.set_xlabel(f"{label} of the rank's lookups, ms")
+        ax.set_title(f"{label}: |error| median {e['median']:.1%}, worst {e['worst']:.0%}", fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+    clock = "thread CPU time" if bench.data["clock"] == "cpu" else "wall time"
+    axes[0].set_ylabel(f"measured lookups of the rank, ms ({clock})")
+    fig.legend(
+        *axes[0].get_legend_handles_labels(), loc="outside right center", fontsize=8, title="world size"
+    )
+    fig.suptitle(f"{len(ranks)} held-out ranks measured on {bench.device.upper()} ({bench.device_name}); "
+                 f"dotted: the {GOAL:.0%} goal", fontsize=10)  # fmt: skip
+    return fig

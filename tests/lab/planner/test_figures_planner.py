@@ -1,4 +1,4 @@
-"""embnb.lab.planner.plots: what the figures draw, checked against small tables
+"""embnb.lab.planner.figures: what the figures draw, checked against small tables
 whose answer is worked out here."""
 
 import math
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from matplotlib.patches import Rectangle
 
-from embnb.lab.planner import plots
+from embnb.lab.planner import figures as plots
 from embnb.lab.planner.explain import SmallKnapsack
 
 INF = math.inf
@@ -101,38 +101,6 @@ def test_comparison_draws_dots_from_1x_not_bars_and_times_end_to_end():
     texts = [t.get_text() for t in right.texts]
     assert "  1 s, 2 s end to end timed out" in texts
     assert any("no plan" in t.get_text() for t in left.texts)
-
-
-def test_budget_figure_names_a_proposer_without_any_plan_and_divides_by_the_dp():
-    sweep = pd.DataFrame(
-        {
-            "proposer": ["embnb DP", "embnb DP", "a", "a", "u", "u"],
-            "hbm_cap_gb": [1.0, 0.5, 1.0, 0.5, 1.0, 0.5],
-            "perf_rating": [2.0, 4.0, 3.0, 10.0, math.nan, math.nan],
-            "memory_ratio": [1.6, 0.8, 1.6, 0.8, 1.6, 0.8],
-        }
-    )
-    fig = plots.rating_vs_budget(sweep)
-    left, right = fig.axes[:2]
-    assert [line.get_label() for line in left.lines if line.get_marker() != "None"] == ["embnb DP", "a"]
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["embnb DP", "a"]
-    assert fig._suptitle.get_text().endswith("no plan at any budget: u)")
-    ratios = {line.get_label(): list(line.get_ydata()) for line in right.lines if line.get_marker() != "None"}
-    assert ratios == {"embnb DP": [1.0, 1.0], "a": [2.5, 1.5]}  # by budget ascending: 10/4, 3/2
-    # memory ratio 1 at 1.0 / 1.6 = 0.625 GiB per device, dashed in both panels
-    dashed = [
-        line.get_xdata()[0] for ax in (left, right) for line in ax.lines if line.get_linestyle() == "--"
-    ]
-    assert dashed == [pytest.approx(0.625)] * 2
-
-
-def test_rank_loads_draws_a_capacity_on_the_bars_scale_and_names_one_far_above():
-    loads = pd.DataFrame({"perf": [1.0, 3.0], "hbm_gb": [0.9, 1.0], "ddr_gb": [1.0, 2.0]})
-    fig = plots.rank_loads_figure(loads, {"hbm": 1.02, "ddr": 128.0})
-    perf, hbm, ddr = fig.axes[:3]
-    assert "slowest: rank 1" in perf.get_title() and perf.get_legend() is None
-    assert [line.get_ydata()[0] for line in hbm.lines] == [1.02] and hbm.get_ylim()[1] > 1.02
-    assert not ddr.lines and ddr.get_title() == "DDR per rank (capacity 128 GiB, off scale)"
 
 
 def test_empty_or_planless_input_is_refused():
