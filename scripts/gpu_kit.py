@@ -65,12 +65,13 @@ NOTEBOOK_PARAMETERS = {
         "kernel_repeats": 3,
     },
     "02_cw_permute_indices": {},
-    # section 10 at W = 8 of 40 tables: at W = 8 and 32 of 100 it took 136 s on the H200 (2026-11-27)
-    "03_dp_planner": {
+    "03_dp_planner": {"num_tables": 12, "quality_instances": 4},
+    # the plans measured rank by rank at W = 8 of 40 tables: at W = 8 and 32 of 100 they took 136 s on
+    # the H200 (2026-11-27)
+    "03a_dp_planner_measured": {
         "num_tables": 12,
-        "quality_instances": 4,
         "budget_fractions": [1.0, 0.5],
-        "measured_world_sizes": [8],
+        "measured_world_size": 8,
         "measured_num_tables": 40,
     },
     "04_balancer_overlap": {

@@ -46,6 +46,7 @@ SLOWEST_FILES = (
     "notebooks/test_notebook_01.py",
     "notebooks/test_notebook_04.py",
     "planner/test_enumerator.py",
+    "notebooks/test_notebook_03a.py",
     "notebooks/test_notebook_03.py",
     "planner/test_planner.py",
     "notebooks/test_notebook_02.py",

@@ -105,24 +105,15 @@ def test_04_worst_gaps_on_the_seeded_zipf_batches():
     assert f"KK + swaps lands at worst {kk_swap} above the lower bound on tokens, plain KK {kk}" in finding
 
 
-def test_03_dp_ratings_on_the_default_model():
-    from embnb import planner
-    from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
-    from embnb.lab.planner.models import make_model
+def test_03_dp_equals_brute_force_on_the_small_instances():
+    from embnb.lab.planner.quality import quality_study, quality_summary
 
     p = _defaults("03_dp_planner")
-    model = make_model(p["num_tables"], p["seed"])
-    compute_device = "cuda" if p["device"] in ("auto", "cuda") else "cpu"  # as the notebook's second cell
-    topology = planner.make_topology(
-        p["world_size"], compute_device, hbm_cap_gb=p["hbm_cap_gb"], ddr_cap_gb=p["ddr_cap_gb"]
+    study = quality_study(
+        p["quality_instances"], p["seed"], storage_reservation_percentage=p["storage_reservation_percentage"]
     )
-    factories = default_proposers(p["bins_per_device"])
-    planning = Planning(
-        p["batch_size"], model.constraints, p["storage_reservation_percentage"], timeout_s=p["timeout_s"]
-    )
-    proposers = {name: factories[name] for name in ("embnb DP", "torchrec DP")}
-    table = compare_proposers(model.tables, topology, planning, proposers)
-    ours, theirs = (float(table.loc[name, "perf_rating"]) for name in ("embnb DP", "torchrec DP"))
+    assert quality_summary(study).loc["embnb DP", "max"] == pytest.approx(1.0)  # rating / brute force's best
     finding = _row("03_dp_planner")[2]
-    assert f"{p['num_tables']} tables on {p['world_size']} devices" in finding
-    assert f"embnb DP's plan rated {ours:.3g} ms against torchrec DP's {theirs:.3g} ms" in finding
+    assert (
+        f"on {p['quality_instances']} small random instances embnb DP rated equal to brute force" in finding
+    )

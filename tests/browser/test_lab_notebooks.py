@@ -29,17 +29,9 @@ SMALL = {  # the smallest runs that still touch every section
     "03_dp_planner": {
         "num_tables": 6,
         "world_size": 2,
-        "budget_fractions": [1.0],
         "quality_instances": 1,
         "pitfall_instances": 4,
-        "repeats": 1,
         "timeout_s": 10,
-        # section 10 at its defaults (100 tables on 8 and 32 ranks) is most of the notebook's minutes
-        "measured_num_tables": 8,
-        "measured_world_sizes": [2],
-        "measured_batch_size": 8,
-        "measured_max_rows": 20_000,
-        "measured_repeats": 1,
     },
     "04_balancer_overlap": {
         "world_size": 2,
