@@ -1,6 +1,5 @@
-"""Notebook 04's experiments (balancers compared, KK timed, the FLOP model
-checked, one launch that gathers KJTs and trains every mode on real ranks)
-and its results JSON, built from one dataclass per part of the page.
+"""Notebook 04's experiments: KK traced and timed, the FLOP model checked, one launch
+that gathers KJTs and trains every mode on real ranks, the two exchanges.
 
     runs = run_training({"no balancing": TrainConfig(mode="none"), ...}, 4)
     runs.summaries()["no balancing"].step_seconds
@@ -38,13 +37,11 @@ from embnb.balancing.training import (
 from embnb.balancing.workloads import attention_block_flops
 from embnb.cuda import loader
 from embnb.dist import device_plan, launch, launch_each
-from embnb.lab.balancing import comparison as comparison_results
-from embnb.lab.balancing import gpu_runs, measured
 from embnb.lab.balancing.reference import kk_equal_count
 from embnb.metrics import max_over_mean
 from embnb.timing import Difference, median_seconds, paired_difference
 
-__all__ = ["TrainingRuns", "run_training", "ExchangeRuns", "run_exchanges", "BalancerNotebook", "results"]
+__all__ = ["TrainingRuns", "run_training", "ExchangeRuns", "run_exchanges", "exchange_bytes_by_world_size"]
 
 
 def tail_share(lengths: torch.Tensor, fraction: float = 0.01) -> float:
@@ -152,23 +149,6 @@ class OverlapCost:
     hidden_fraction: float  # of the overlapped shuffle, never waited for
     difference: dict[str, Any]  # timing.Difference.as_dict()
 
-    def sentence(self) -> str:
-        d, o, s = self.difference, self.overlapped, self.sync
-        grew = ", ".join(
-            f"{phase} {self.main_ms[s][phase]:.2f} -> {self.main_ms[o][phase]:.2f} ms"
-            for phase in COMPUTE_PHASES
-        )
-        return (
-            f"{o} - {s}: {d['mean']:+.2f} ms/step (95% CI {d['ci_low']:+.2f} to {d['ci_high']:+.2f}, "
-            f"{'excludes' if d['excludes_zero'] else 'includes'} zero, {d['repeats']} repeats); what overlap "
-            f"cost the loop ({s} -> {o}): {grew}; the shuffle took {self.shuffle_ms[o]:.2f} ms in the worker "
-            f"against {self.shuffle_ms[s]:.2f} ms on the loop, and {self.hidden_fraction:.0%} of the "
-            "worker's was never waited for"
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "sentence": self.sentence()}
-
 
 COMPUTE_PHASES = ("forward", "backward")
 
@@ -253,6 +233,27 @@ class TrainingRuns:
             mean_ratio = statistics.fmean(ref_ms) / self.mean_step_ms(label)
             result[label] = Speedup(mean_ratio, min(ratios), max(ratios), len(ratios))
         return result
+
+    def table(self, reference: str) -> pd.DataFrame:
+        """A row per run: ms per step (mean over repeats), the speed-up over `reference` with its
+        repeats' range, what the slowest rank's FLOPs predict, the shuffle's ms and hidden share."""
+        speedups, flops = self.speedups(reference), self.flops_speedups(reference)
+        summaries = self.summaries()
+        return pd.DataFrame(
+            [
+                {
+                    "run": label,
+                    "ms_per_step": self.mean_step_ms(label),
+                    "speedup": speedups[label].ratio,
+                    "speedup_low": speedups[label].low,
+                    "speedup_high": speedups[label].high,
+                    "flops_predict": flops[label],
+                    "shuffle_ms": 1e3 * summaries[label].shuffle_seconds,
+                    "hidden_fraction": summaries[label].hidden_fraction,
+                }
+                for label in self.per_repeat
+            ]  # fmt: skip
+        ).set_index("run")
 
     def same_weights(self, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
         """Whether every run trained rank 0 to the first run's weights."""
@@ -386,168 +387,3 @@ def exchange_bytes_by_world_size(
         counted = batch_exchange_bytes([(kjts, dense) for kjts, dense, _ in batches], parts)
         result[w] = {name: counted[name]["max"] for name in EXCHANGES}
     return result
-
-
-@dataclass(frozen=True)
-class RunLabels:
-    """Which of notebook 04's runs plays which part in its results."""
-
-    unbalanced: str = "no balancing"  # the reference of every speed-up
-    sync: str = "sync"  # balanced, shuffle on the training loop
-    overlapped: str = "overlap"  # balanced, shuffle in the worker
-
-
-@dataclass(frozen=True)
-class Setup:
-    """The real run's shape, and the comparison's length distributions (name -> spec)."""
-
-    world_size: int
-    batch_size: int
-    zipf_alpha: float  # the real run's lengths are Zipf(zipf_alpha)
-    steps: int
-    distributions: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class WorkedExamples:
-    """Sections 2-4: the small cases worked through before the real run."""
-
-    kk_example_sums: dict[str, list[float]]  # part sums of the KK example, per method
-    kk_example_bounds: dict[str, float]  # and its lower bounds
-    example_max_over_mean: dict[str, float]  # the example batch's max/mean per method
-    flop_model: tuple[int, float]  # (torch's FLOP counter, the formula)
-    crossover_length: int  # where attention's FLOPs equal the rest
-    longer_than_crossover: dict[str, float]  # share of samples past it, per distribution
-    flops_max_over_mean: dict[str, dict[str, float]]
-    kk_timing: KKTiming
-    crossover_by_width: pd.DataFrame  # comparison.crossover_by_width
-    page_core: dict[str, bool]  # reference.page_core_agrees
-
-
-@dataclass(frozen=True)
-class Measurements:
-    """Sections 3, 5-7: the comparison and what ran on real ranks."""
-
-    comparison: pd.DataFrame  # comparison.comparison_table
-    training: TrainingRuns
-    exchanges: ExchangeRuns
-    exchange_bytes: dict[int, dict[str, float]]  # world size -> bytes per exchange
-    exchange_sentence: str  # gpu_runs.exchange_sentence
-    labels: RunLabels = RunLabels()
-
-
-@dataclass(frozen=True)
-class RankByRank:
-    """Sections 8-10: the step measured rank by rank, the caps, the worker's share, the GPU runs."""
-
-    steps: Any  # measured.BalancedSteps
-    capped: list[Any]  # measured.CappedRun per distribution
-    cap_comparisons: list[Any]  # memory_cap.CapComparison per distribution
-    worker_shares: dict[str, pd.DataFrame]
-    gpu_speedups: pd.DataFrame  # gpu_runs.gpu_speedups
-    gpu_exchanges: pd.DataFrame  # gpu_runs.gpu_exchanges
-    gpu_hstu: pd.DataFrame  # gpu_runs.gpu_hstu
-
-
-@dataclass(frozen=True)
-class BalancerNotebook:
-    """Everything notebook 04's results JSON reports, gathered section by section."""
-
-    setup: Setup
-    examples: WorkedExamples
-    measured: Measurements
-    rank_by_rank: RankByRank
-
-
-def _summary(notebook: BalancerNotebook, imbalance: dict[str, Any], rank_by_rank: dict[str, Any]) -> str:
-    """One line of what was measured, for `make run`: what contradicts the CPU headline (the
-    GPU runs) first, then the paired overlap - sync difference and its cost, the speed-ups after."""
-    runs, labels, counted = (
-        notebook.measured.training,
-        notebook.measured.labels,
-        notebook.measured.exchange_bytes,
-    )
-    speedups, flops_ideal = runs.speedups(labels.unbalanced), runs.flops_speedups(labels.unbalanced)
-    cost, largest, pct = (
-        runs.overlap_cost(labels.overlapped, labels.sync),
-        max(counted),
-        comparison_results.percent,
-    )
-
-    def worst(name: str, method: str) -> str:
-        return pct(imbalance[name]["tokens"][method]["max_gap_to_lower_bound"])
-
-    gaps = "; ".join(
-        f"{name} tokens, worst gap to bound: KK {worst(name, 'karmarkar_karp')}, "
-        f"LPT {worst(name, 'greedy_lpt')}, KK+swaps {worst(name, 'kk_swap')}"
-        for name in imbalance
-    )
-    steps = ", ".join(f"{label} {runs.mean_step_ms(label):.1f}" for label in runs.per_repeat)
-    caps = [c["cap_sentence"] for c in rank_by_rank["capped"]]
-    caps += [c.sentence() for c in notebook.rank_by_rank.cap_comparisons]
-    ratio = counted[largest]["alltoall"] / counted[largest]["allgather"]
-    parts = [
-        gpu_runs.gpu_sentence(notebook.rank_by_rank.gpu_speedups),
-        gpu_runs.hstu_sentence(notebook.rank_by_rank.gpu_hstu),
-        f"real run ({runs.backend}): {cost.sentence()}",
-        f"ms/step (mean of {cost.difference['repeats']}): {steps}",
-        f"{labels.sync} {speedups[labels.sync].ratio:.2f}x and {labels.overlapped} "
-        f"{speedups[labels.overlapped].ratio:.2f}x over {labels.unbalanced} "
-        f"(FLOPs predict {flops_ideal[labels.sync]:.2f}x)",
-        gaps,
-        f"all-to-all receives {ratio:.1%} of all-gather's bytes at W={largest}",
-        " ".join(rank_by_rank["measured_sentences"]) + " Caps: " + "; ".join(caps) + ".",
-    ]
-    return "; ".join(parts)
-
-
-def results(notebook: BalancerNotebook, seconds: float) -> dict[str, Any]:
-    """Notebook 04's results JSON: its key numbers, per length distribution where a
-    number depends on it, and the raw ones a test recomputes them from."""
-    setup, examples, section = notebook.setup, notebook.examples, notebook.measured
-    runs, labels, rank_by_rank = section.training, section.labels, notebook.rank_by_rank
-    compared = comparison_results.results(section.comparison)
-    summaries = runs.summaries()
-    measured_part = measured.results(rank_by_rank.steps, rank_by_rank.capped, rank_by_rank.worker_shares)
-    derived = ("flop_model", "kk_timing", "crossover_by_width")  # recorded below, as what they show
-    example_records = {
-        f.name: getattr(examples, f.name) for f in dataclasses.fields(examples) if f.name not in derived
-    }
-    return {
-        "summary": _summary(notebook, compared["imbalance"], measured_part),
-        **dataclasses.asdict(setup),
-        "timed_steps": list(timed_steps(setup.steps)),
-        "repeats": len(runs.step_ms(labels.unbalanced)),
-        "backend": runs.backend,
-        "native_kk": examples.kk_timing.native_s is not None,
-        **compared,
-        **example_records,
-        "flop_model_matches_counter": bool(examples.flop_model[0] == examples.flop_model[1]),
-        "kk_seconds": examples.kk_timing.as_dict(),
-        "crossover_by_width": examples.crossover_by_width.to_dict("records"),
-        "collective_calls": runs.collective_calls(),
-        "gathers_identical": runs.gathers_identical(),
-        "gather_ms": runs.gather_ms(),
-        "exchanges": section.exchanges.records(),
-        "exchanges_identical": section.exchanges.identical(),
-        "exchange_bytes": {str(w): b for w, b in section.exchange_bytes.items()},
-        "exchange_sentence": section.exchange_sentence,
-        "runs": [{"label": label, **s.as_dict()} for label, s in summaries.items()],
-        "labels": dataclasses.asdict(labels),
-        "step_ms": {label: runs.step_ms(label) for label in runs.per_repeat},
-        "mean_step_ms": {label: runs.mean_step_ms(label) for label in runs.per_repeat},
-        "step_speedup_vs": labels.unbalanced,
-        "step_speedups": {k: dataclasses.asdict(s) for k, s in runs.speedups(labels.unbalanced).items()},
-        "flops_ideal_speedups": runs.flops_speedups(labels.unbalanced),
-        "overlap_minus_sync_ms": runs.difference(labels.overlapped, labels.sync).as_dict(),
-        "overlap_cost": runs.overlap_cost(labels.overlapped, labels.sync).as_dict(),
-        "phase_ms": runs.phase_breakdown().to_dict(orient="records"),
-        "same_weights": runs.same_weights(),
-        "hidden_fraction": summaries[labels.overlapped].hidden_fraction,
-        **measured_part,
-        "cap_comparisons": [c.as_dict() for c in rank_by_rank.cap_comparisons],
-        "gpu_rank_by_rank": rank_by_rank.gpu_speedups.to_dict("records"),
-        "gpu_exchanges": rank_by_rank.gpu_exchanges.to_dict("records"),
-        "gpu_hstu": rank_by_rank.gpu_hstu.to_dict("records"),
-        "seconds": seconds,
-    }

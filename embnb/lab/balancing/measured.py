@@ -29,7 +29,7 @@ from embnb.balancing.partition import balance
 from embnb.balancing.workloads import equal_size_lower_bound
 from embnb.collectives import all_gather_flat, collective_seconds
 from embnb.dist import launch, rank_device, resolve_device
-from embnb.lab.balancing.cost_fit import with_explanations
+from embnb.lab.balancing.cost_fit import WORK, WORK_AND_LENGTHS, fit_rank_time, rank_rows
 from embnb.steptime import measure_partition
 from embnb.steptime.memory import peak_memory_partition
 from embnb.timing import median_seconds
@@ -249,40 +249,9 @@ class CappedRun:
     def binds(self) -> bool:
         return max(self.steps["uncapped"].tokens) > self.cap
 
-    def cap_sentence(self) -> str:
-        """What the cap was and did: raised or not, binding or not, its cost, the peaks."""
-        asked = self.asked_over_mean
-        raised = asked is not None and self.cap > asked * self.mean_tokens * (1 + 1e-9)
-        how = f"asked {asked:.2f}x, raised to fit an equal-count partition" if raised else "as asked"
-        did = "it never binds: KK + swaps' uncapped partition already meets it, so the cap changed nothing"
-        if self.binds():
-            cost = [self.cost(m) for m in CAPPED_METHODS]
-            low, high = self.steps["kk_swap"].cost_range(self.steps["uncapped"])
-            did = (
-                f"it binds: KK + swaps under it cost {self.cost('kk_swap'):.2f}x measured (repeats "
-                f"{low:.2f}-{high:.2f}x), {self.flop_cost('kk_swap'):.3f}x by the FLOP model (every capped "
-                f"method: {min(cost):.2f}x-{max(cost):.2f}x measured)"
-            )
-        peaks = [max(self.peak_bytes[m]) / 2**20 for m in CAPPED_METHODS]
-        return (
-            f"{self.distribution}, W={self.world_size}: token cap {self.cap / self.mean_tokens:.2f}x the "
-            f"mean ({how}); {did}; largest peak memory {max(self.peak_bytes['uncapped']) / 2**20:.2f} MiB "
-            f"uncapped, "
-            f"{min(peaks):.2f}-{max(peaks):.2f} MiB capped"
-        )
-
-    def memory_sentence(self) -> str:
-        """Whether capping tokens lowered the largest measured peak memory."""
-        uncapped = max(self.peak_bytes["uncapped"])
-        lower = [label for label in CAPPED_METHODS if max(self.peak_bytes[label]) < uncapped]
-        tokens = self.steps["uncapped"].tokens
-        held = tokens[max(range(self.world_size), key=self.peak_bytes["uncapped"].__getitem__)]
-        return (
-            f"{self.distribution}: the largest measured peak is {uncapped / 2**20:.2f} MiB uncapped, on a "
-            f"rank holding {held} tokens ({'the most' if held == max(tokens) else 'not the most'} of any "
-            "rank); "
-            f"under the cap it is lower for {', '.join(lower) or 'no method'}."
-        )
+    def lowers_peak(self, label: str) -> bool:
+        """Whether `label`'s largest measured peak is below the uncapped one's (only a binding cap can)."""
+        return max(self.peak_bytes[label]) < max(self.peak_bytes["uncapped"])
 
     def as_dict(self) -> dict[str, Any]:
         record = dataclasses.asdict(self)
@@ -290,7 +259,7 @@ class CappedRun:
         return {
             **record, "binds": self.binds(), "cost": {label: self.cost(label) for label in self.steps},
             "flop_cost": {label: self.flop_cost(label) for label in self.steps},
-            "memory_sentence": self.memory_sentence(), "cap_sentence": self.cap_sentence(),
+            "lowers_peak": {label: self.lowers_peak(label) for label in self.steps},
         }  # fmt: skip
 
 
@@ -385,7 +354,8 @@ def worker_shares(
             {"world_size": w, "latency_ms": latency_ms, "gather_bytes": gather_bytes,
              "gather_ms_computed": gather_ms, "kk_ms_measured": kk_ms, "exchange_bytes": moved,
              "exchange_ms_computed": exchange_ms,
-             "shuffle_ms": shuffle_ms, "compute_ms_measured": compute_ms,
+             "shuffle_ms": shuffle_ms, "latency_share": 2 * latency / shuffle_ms,
+             "compute_ms_measured": compute_ms,
              "hidden_share_computed": min(1.0, compute_ms / shuffle_ms)}
         )  # fmt: skip
     return pd.DataFrame(rows)
@@ -407,31 +377,45 @@ RECSYS_E2E = {
 
 
 def speedup_sentences(table: pd.DataFrame) -> list[str]:
-    """One sentence per distribution: at each W, KK + swaps' measured speed-up, the FLOP
-    model's and the bound's (and the fit's, where `cost_fit` explains passing the bound)."""
+    """For the bench's log: per distribution, at each W, KK + swaps' measured speed-up, the FLOP
+    model's and the bound's."""
     sentences = []
     for name, rows in table[table["method"] == "kk_swap"].groupby("distribution", sort=False):
         parts = [
             f"W={r.world_size}: {r.measured:.2f}x measured, {r.flop_model:.2f}x by FLOPs, "
-            f"bound {r.bound:.2f}x"
-            + (" (set by the longest sample)" if r.longest_sets_bound else "")
-            + (
-                f" (above its FLOP bound; the per-rank cost fit predicts {r.fitted_model:.2f}x)"
-                if getattr(r, "explanation", None)
-                else ""
-            )
+            f"bound {r.bound:.2f}x" + (" (set by the longest sample)" if r.longest_sets_bound else "")
             for r in rows.itertuples()
         ]
         sentences.append(f"{name}, KK + swaps over the loader's cut: " + "; ".join(parts) + ".")
     return sentences
 
 
+def fitted(steps: BalancedSteps) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """`steps.speedups()` with what a per-rank cost of FLOPs, distinct lengths and tokens predicts
+    ("fitted_model"), and both fits of `cost_fit` over every measured rank (WORK: does time follow
+    FLOPs; WORK_AND_LENGTHS: the per-length and per-token costs beside them)."""
+    rows = rank_rows(steps.runs)
+    fits = {"work": fit_rank_time(rows, WORK), "work_and_lengths": fit_rank_time(rows, WORK_AND_LENGTHS)}
+    fit = fits["work_and_lengths"]
+
+    def slowest(key: tuple[str, int, str]) -> float:
+        return max(map(fit.predict, rank_rows({key: steps.runs[key]})))
+
+    table = steps.speedups()
+    table["fitted_model"] = [
+        slowest((r.distribution, r.world_size, "contiguous"))
+        / slowest((r.distribution, r.world_size, r.method))
+        for r in table.itertuples()
+    ]
+    return table, {name: f.asdict() for name, f in fits.items()}
+
+
 def results(
     steps: BalancedSteps, capped: Sequence[CappedRun], shares: Mapping[str, pd.DataFrame]
 ) -> dict[str, Any]:
-    """The rank-by-rank sections' part of the results JSON (notebook 04 and the bench):
-    raw per-rank numbers with the derived ones, so a test can recompute them."""
-    table, fit = with_explanations(steps)
+    """The rank-by-rank part of a results JSON (notebook 04a and the bench): raw per-rank
+    numbers with the derived ones, so a test can recompute them."""
+    table, fits = fitted(steps)
     return {
         "measured_config": steps.config.record(),
         "measured_batches": [
@@ -440,8 +424,7 @@ def results(
         ],
         "measured_runs": steps.records(),
         "measured_speedups": table.to_dict(orient="records"),
-        "measured_sentences": speedup_sentences(table),
-        "rank_cost_fit": fit.records(),
+        "rank_time_fits": fits,
         "capped": [run.as_dict() for run in capped],
         "worker_shares": {name: frame.to_dict(orient="records") for name, frame in shares.items()},
         "recsys_e2e": RECSYS_E2E,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy.optimize import nnls
 
 from embnb._checks import check_number
@@ -107,22 +108,6 @@ class CapComparison:
             for modelled, peak in zip(self.modelled_bytes[label], self.peak_bytes[label])
         ]
 
-    def sentence(self) -> str:
-        """What the bytes cap did beside the token cap, from the numbers."""
-        peaks = {label: self.largest_peak_mib(label) for label in self.steps}
-        low, high = self.cost_range("bytes cap")
-        t_low, t_high = self.cost_range("token cap")
-        versus = "lower than" if peaks["bytes cap"] < peaks["token cap"] else "not lower than"
-        return (
-            f"{self.distribution}, W={self.world_size}: an activation-bytes cap of "
-            f"{self.bytes_cap / self.mean_bytes:.2f}x the mean modelled bytes "
-            f"({'binds' if self.binds() else 'never binds'}) left a largest measured peak of "
-            f"{peaks['bytes cap']:.2f} MiB, {versus} the token cap's {peaks['token cap']:.2f} MiB "
-            f"(uncapped {peaks['uncapped']:.2f} MiB); step cost {self.cost('bytes cap'):.2f}x "
-            f"(repeats {low:.2f}-{high:.2f}x) against the token cap's {self.cost('token cap'):.2f}x "
-            f"({t_low:.2f}-{t_high:.2f}x)"
-        )
-
     def as_dict(self) -> dict[str, Any]:
         record = dataclasses.asdict(self)
         record["runs"] = record.pop("steps")
@@ -131,7 +116,8 @@ class CapComparison:
             "binds": self.binds(),
             "cost": {label: self.cost(label) for label in self.steps},
             "cost_range": {label: list(self.cost_range(label)) for label in self.steps},
-            "rank_errors": self.rank_errors(), "sentence": self.sentence(),
+            "largest_peak_mib": {label: self.largest_peak_mib(label) for label in self.steps},
+            "rank_errors": self.rank_errors(),
         }  # fmt: skip
 
 
@@ -174,4 +160,33 @@ def compare_caps(
     modelled = {label: part_tokens(sample_bytes, parts) for label, parts in partitions.items()}
     return CapComparison(
         token_run.distribution, world_size, model, token_run.cap, cap, mean, steps, peaks, modelled
+    )
+
+
+def cap_table(capped: Sequence[CappedRun], comparisons: Sequence[CapComparison]) -> pd.DataFrame:
+    """A row per (distribution, cap, run): the cap over the mean, whether it binds, the largest
+    tokens, the largest measured peak (MiB), the step's cost against the uncapped KK + swaps, and
+    whether the peak fell below the uncapped one (only a binding cap can lower it)."""
+    rows = [
+        {"distribution": r.distribution, "cap": "tokens", "run": label,
+         "cap_over_mean": r.cap / r.mean_tokens, "binds": r.binds(), "max_tokens": max(step.tokens),
+         "peak_mib": max(r.peak_bytes[label]) / MIB,
+         "cost": r.cost(label), "lowers_peak": r.binds() and r.lowers_peak(label)}
+        for r in capped
+        for label, step in r.steps.items()
+        if label != "uncapped"
+    ]  # fmt: skip
+    rows += [
+        {"distribution": c.distribution, "cap": cap, "run": label, "cap_over_mean": over_mean,
+         "binds": binds, "max_tokens": max(c.steps[label].tokens), "peak_mib": c.largest_peak_mib(label),
+         "cost": c.cost(label),
+         "lowers_peak": binds and c.largest_peak_mib(label) < c.largest_peak_mib("uncapped")}
+        for c in comparisons
+        for cap, label, over_mean, binds in [
+            ("none", "uncapped", None, False),
+            ("modelled bytes", "bytes cap", c.bytes_cap / c.mean_bytes, c.binds()),
+        ]
+    ]  # fmt: skip
+    return (
+        pd.DataFrame(rows).set_index(["distribution", "cap", "run"]).sort_index(level=0, sort_remaining=False)
     )

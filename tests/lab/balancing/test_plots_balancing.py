@@ -1,36 +1,39 @@
-"""embnb.lab.balancing.plots.flops_vs_length: one row of panels per batch."""
+"""embnb.lab.balancing.plots: the gap panels (at most 4, ties side by side) and time against work."""
 
+import pandas as pd
 import pytest
 
-from embnb.lab.balancing import plots
+from embnb.balancing.lengths import LengthDistribution
+from embnb.lab.balancing import comparison, plots
+
+METHODS = ["contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap"]
 
 
-def test_one_row_per_batch_each_with_its_points_and_bars():
-    rows = {
-        "zipf": ([1, 2, 40], [10.0, 20.0, 900.0], {"tokens": 1.5, "flops": 1.1}),
-        "lognormal": ([100, 120], [1e3, 1.3e3], {"tokens": 1.2, "flops": 1.0}),
-    }
-    fig = plots.flops_vs_length(rows, title="counted")
-    assert fig._suptitle.get_text() == "counted"
-    assert [sub._suptitle.get_text() for sub in fig.subfigs] == ["zipf", "lognormal"]
-    for sub, (lengths, flops, max_over_mean) in zip(fig.subfigs, rows.values()):
-        points, bars = sub.axes
-        assert list(points.lines[0].get_xdata()) == lengths and list(points.lines[0].get_ydata()) == flops
-        assert [p.get_height() for p in bars.patches] == list(max_over_mean.values())
-    with pytest.raises(ValueError, match="empty"):
-        plots.flops_vs_length({})
-    with pytest.raises(ValueError, match="2 lengths but 1 flops"):
-        plots.flops_vs_length({"x": ([1, 2], [1.0], {})})
+def test_gap_panels_one_per_workload_with_every_method_beside_the_others():
+    distributions = {"zipf": LengthDistribution("zipf", alpha=1.5), "lognormal": LengthDistribution()}
+    table = comparison.comparison_table(distributions, [256], [8], [0, 1], 1024, flops_dims=(16, 32))
+    fig = plots.gap_panels(table, METHODS, title="t")
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(visible) == 4
+    for ax in visible:
+        points = [line for line in ax.lines if line.get_marker() not in ("None", "", None)]
+        assert len(points) == len(METHODS)
+        xs = [line.get_xdata()[0] for line in points]
+        assert len(set(xs)) == len(METHODS)  # a tie is two markers at one height, not one on top
+        assert len({line.get_marker() for line in points}) == len(METHODS)
+    with pytest.raises(ValueError, match="1 to 4"):
+        plots.gap_panels(table.iloc[0:0], METHODS)
 
 
-@pytest.mark.parametrize("clock, named", [("cpu", "thread CPU"), ("wall", "synchronized wall")])
-def test_the_measured_speedups_legend_names_the_clock_the_steps_were_read_on(clock, named):
-    import pandas as pd
-
-    rows = [
-        {"distribution": "zipf", "world_size": 2, "method": m, "measured": s, "flop_model": f, "bound": 2.0}
-        for m, s, f in [("contiguous", 1.0, 1.0), ("kk_swap", 1.5, 1.8)]
-    ]
-    fig = plots.measured_speedups(pd.DataFrame([{**r, "clock": clock} for r in rows]), ["kk_swap"])
-    labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert f"measured (slowest rank, {named})" in labels, labels
+def test_time_vs_work_draws_each_source_with_its_fit():
+    ranks = pd.DataFrame(
+        [
+            {"source": s, "ms": k * g + (1 - k) * 10, "gflops": g}
+            for s, k in (("a", 1.0), ("b", 0.0))
+            for g in (1, 2, 3)
+        ]
+    )
+    fig = plots.time_vs_work(ranks)
+    assert len(fig.axes) == 2
+    assert "fixed 0% of the mean rank" in fig.axes[0].get_title()
+    assert "fixed 100% of the mean rank" in fig.axes[1].get_title()
