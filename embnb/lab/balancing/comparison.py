@@ -20,7 +20,6 @@ from embnb.balancing.workloads import compare_methods, crossover_length
 
 __all__ = [
     "comparison_table",
-    "bound_table",
     "imbalance_by_method",
     "kk_swap_vs_lpt",
     "percent",
@@ -64,20 +63,6 @@ def comparison_table(
         )
     ]
     return pd.DataFrame(rows)
-
-
-def bound_table(comparison: pd.DataFrame) -> pd.DataFrame:
-    """Per (distribution, workload, num_samples, num_parts), over seeds: the bound's max/mean,
-    the share of batches whose longest sample exceeds the mean part, KK + swaps' max/mean."""
-    rows = comparison[comparison["method"] == "kk_swap"].assign(
-        bound_over_mean=lambda t: t["lower_bound"] / t["mean_load"]
-    )
-    keys = [k for k in BATCH_KEYS[:-1] if k in rows]
-    return rows.groupby(keys).agg(
-        bound_over_mean=("bound_over_mean", "mean"),
-        share_longest_sets_bound=("largest_item_sets_bound", "mean"),
-        kk_swap_max_over_mean=("max_over_mean", "mean"),
-    )
 
 
 def imbalance_by_method(comparison: pd.DataFrame) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
