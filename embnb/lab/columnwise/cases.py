@@ -41,8 +41,10 @@ class Traffic:
     float_elements: int = 0  # embedding rows' values
     int_bytes: int = 0
     float_bytes: int = 0
+    calls: int = 0  # all_to_all_single calls: each a collective with its own latency
 
     def add(self, sent: torch.Tensor) -> None:
+        self.calls += 1
         kind = "float" if sent.is_floating_point() else "int"
         setattr(self, f"{kind}_elements", getattr(self, f"{kind}_elements") + sent.numel())
         setattr(self, f"{kind}_bytes", getattr(self, f"{kind}_bytes") + sent.numel() * sent.element_size())
@@ -343,11 +345,6 @@ class TorchrecOutcome:
     raised_in: str | None = None  # the innermost torchrec frame of the error: "path:line"
     own_width: int | None = None  # columns of the table this rank holds, by torchrec's plan
     local_embedding_dim: int | None = None  # the width torchrec views this rank's lookups as (private field)
-
-    def describe(self) -> str:
-        if self.error is not None:
-            return self.error + (f" [in {self.raised_in}]" if self.raised_in else "")
-        return "equals the unsharded EC" if self.matches else f"WRONG: max |error| {self.max_abs_error:.3g}"
 
 
 def _torchrec_size_per_rank_on_rank(

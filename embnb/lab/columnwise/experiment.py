@@ -1,18 +1,19 @@
-"""Notebook 02's experiment: one placement on real ranks through embnb's CW lookup and torchrec's
-ShardedEmbeddingCollection (also with its permute switched off), the same placement with uneven widths
-(embnb's path), layouts whose all-to-all bytes are recorded on a batch of realistic size, torchrec's
-pooled CW path and, last, torchrec's own `column_wise(size_per_rank=...)` (it fails), in one launch on CPU.
-Its numbers are gathered per section in dataclasses; the results JSON is their `asdict`.
+"""Notebook 02's runs on real ranks, recorded as plain data (dataclasses; the results JSON is their `asdict`).
 
-    experiment = run_placement_experiment(SeedTable(2, 12, [0, 1, 0], [2, 7, 3]), "cpu", TrafficBatch())
-    experiment.checks_table(); experiment.results(notebook_seconds=12.3)
+- `run_seed`: the teaching page's experiment: one placement with equal widths through torchrec's
+  ShardedEmbeddingCollection (also with its permute switched off), embnb's lookup and its naive
+  concatenation, each against the unsharded EmbeddingCollection;
+- `run_appendix`: appendix 02a's: the byte count's layouts, uneven widths in embnb's path, torchrec's pooled
+  CW path and, last, torchrec's own `column_wise(size_per_rank=...)` (it fails): one launch on CPU.
+
+    seed = run_seed(SeedTable(2, 12, [0, 1, 0]), "cpu"); pd.DataFrame(seed.results.checks)
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -20,13 +21,12 @@ import torch
 
 from embnb.columnwise import placement as cw
 from embnb.columnwise.torchrec_adapter import compute_kernel_for, fbgemm_cuda_problem
-from embnb.dist import DevicePlan, device_plan, launch_each
+from embnb.dist import device_plan, launch_each
 from embnb.lab.columnwise import torchrec_layouts as layouts
 from embnb.lab.columnwise.cases import (
     CWCase,
     CWRun,
     TableSpec,
-    TorchrecOutcome,
     make_batches,
     run_cw_cases,
     size_per_rank_call,
@@ -67,13 +67,11 @@ def permute_derivation(shard_ranks: Sequence[int]) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class SeedTable:
-    """The worked example's one table ("t0", feature "f0") and its batches: column-wise on `shard_ranks`
-    with equal widths, and with `uneven_widths`."""
+    """The worked example's one table ("t0", feature "f0") and its batches, column-wise on `shard_ranks`."""
 
     world_size: int
     embedding_dim: int
     shard_ranks: Sequence[int]
-    uneven_widths: Sequence[int]
     num_embeddings: int = 32
     batch_size: int = 4  # sequences per rank
     max_length: int = 3  # ids per sequence, at most
@@ -87,7 +85,7 @@ class SeedTable:
 
 @dataclass(frozen=True)
 class TrafficBatch:
-    """The byte count's batches and tables: realistic sizes (thousands of ids per rank)."""
+    """The byte count's batches and tables."""
 
     batch_size: int = 64  # sequences per rank
     max_length: int = 100  # ids per sequence, at most (uniform from 0)
@@ -100,7 +98,7 @@ class TrafficBatch:
 
 @dataclass
 class SeedResults:
-    """Section 3: the seed placement on real ranks, each path against the unsharded EmbeddingCollection."""
+    """The seed placement on real ranks, each path against the unsharded EmbeddingCollection."""
 
     world_size: int
     embedding_dim: int
@@ -111,124 +109,125 @@ class SeedResults:
     compute_kernel: str  # torchrec's, where its path ran
     torchrec_device: str  # where torchrec's path ran: the CPU when fbgemm has no CUDA kernels
     torchrec_device_note: str | None  # why torchrec ran elsewhere than the plan's device
+    torchrec_version: str
     rank_order: list[int]
-    permute_indices: list[int]
+    permute_indices: list[int]  # embnb's
     ids_per_rank: list[int]
-    naive_matches_unsharded: bool
-    naive_max_abs_error: float
-    reference_matches_unsharded: bool
     torchrec_skipped: str | None  # why torchrec did not run (embnb's check), or None
-    torchrec_permute_indices: list[list[int]] | None = None  # per rank
-    torchrec_permute_matches: bool | None = None
-    torchrec_matches_unsharded: bool | None = None
-    torchrec_unpermuted_matches_unsharded: bool | None = None  # torchrec with its permute switched off
-    torchrec_unpermuted_max_abs_error: float | None = None
+    torchrec_permute_indices: list[list[int]] | None  # per rank, as torchrec computed them
+    checks: list[dict]  # per path that ran: equals_unsharded, max_abs_error
+    run_seconds: float  # the launch, including process start
+
+    def check(self, path: str) -> dict | None:
+        return next((c for c in self.checks if c["path"] == path), None)
+
+
+@dataclass
+class SeedRun:
+    run: CWRun
+    results: SeedResults
+
+    def error_panels(self) -> dict[str, torch.Tensor]:
+        """|output - unsharded| per looked-up id of the wrong stitchings (the exact paths are all zeros)."""
+        ran = [c["path"] for c in self.results.checks if c["path"] in ("naive", "torchrec_unpermuted")]
+        return {PATH_TITLES[p]: self.run.abs_errors(p, FEATURE) for p in ran}
+
+
+def _checks(run: CWRun, paths: Sequence[str]) -> list[dict]:
+    return [
+        {
+            "path": p,
+            "title": PATH_TITLES[p],
+            "equals_unsharded": run.matches(p),
+            "max_abs_error": run.max_abs_error(p),
+        }
+        for p in paths
+    ]
+
+
+def run_seed(table: SeedTable, device: str = "auto", timeout_s: float = 300.0) -> SeedRun:
+    """`table` column-wise on its `shard_ranks` with equal widths on `world_size` real ranks: embnb's path
+    and, unless torchrec cannot take the placement (then `torchrec_skipped` says why), torchrec's."""
+    plan = device_plan(device, table.world_size)
+    ranks = cw.check_shard_ranks(table.shard_ranks, table.world_size)
+    cw.equal_widths(table.embedding_dim, len(ranks))  # refuse before building cases
+    case = table.case(ranks)
+    skipped = case.torchrec_problem()
+    if skipped is not None:
+        case = table.case(ranks, paths=("reference",))
+    note = fbgemm_cuda_problem() if plan.device == "cuda" and skipped is None else None
+    start = time.perf_counter()
+    (run,) = run_cw_cases([case], "cpu" if note else device, timeout_s)
+    seconds = time.perf_counter() - start
+    torchrec_device = "cpu" if note else plan.device
+    paths = ["naive", "reference"] + ([] if skipped else ["torchrec", "torchrec_unpermuted"])
+    results = SeedResults(
+        case.world_size,
+        case.embedding_dim,
+        ranks,
+        case.shard_widths("t0"),
+        plan.device,
+        plan.backend,
+        compute_kernel_for(torchrec_device),
+        torchrec_device,
+        note and f"torchrec's path ran on the CPU: {note}",
+        layouts.torchrec_version(),
+        cw.rank_order(ranks),
+        cw.cw_permute_indices(ranks),
+        [len(batch[FEATURE][1]) for batch in make_batches(case)],
+        skipped,
+        None if skipped else [r.torchrec_permute[FEATURE] for r in run.ranks],
+        _checks(run, paths),
+        round(seconds, 2),
+    )
+    return SeedRun(run, results)
 
 
 @dataclass
 class TrafficResults:
-    """Section 4: the bytes each path sent per layout (`traffic.traffic_table` rows)."""
+    """The bytes each path sent per layout (`traffic.traffic_table` rows) and the count at more ranks."""
 
     torchrec_min_cw_dim: int
     planner_layouts: list[layouts.PlannerLayout]  # torchrec planner's CW shards at world_size
     traffic_ids_per_rank: list[int]
     traffic: list[dict]
     traffic_counts_equal_model: list[bool]  # per layout: counted bytes == `traffic.wire_bytes`
-    planner_bytes_at: PlannerBytes | None  # the count at count_world_size
+    planner_bytes_at: PlannerBytes  # the count at count_world_size
 
 
 @dataclass
 class UnevenResults:
-    """Section 5: uneven widths in embnb's path, and torchrec's `column_wise(size_per_rank=...)`."""
+    """Uneven widths in embnb's path, and torchrec's `column_wise(size_per_rank=...)`."""
 
     uneven_widths: list[int]
     uneven_reference_matches_unsharded: bool
     uneven_naive_matches_unsharded: bool
+    uneven_max_abs_error: float  # embnb's reference path
     embnb_uneven_check: str | None  # embnb's own check's verdict on these widths for torchrec
     torchrec_size_per_rank: list[int] | None
-    torchrec_size_per_rank_outcomes: list[str] | None  # per rank, `TorchrecOutcome.describe`
-    torchrec_size_per_rank_widths: list[dict]  # per rank: columns held, torchrec's local width
+    torchrec_size_per_rank_outcomes: list[dict]  # per rank: `cases.TorchrecOutcome` as a dict
     torchrec_mixed_dims_error: str
     torchrec_uneven_places: dict[str, str]  # function -> its line in the installed torchrec
 
 
 @dataclass
-class PlacementExperiment:
-    """The runs of `run_placement_experiment` and their numbers, per section."""
+class AppendixRun:
+    """Appendix 02a's runs and their numbers."""
 
-    seed_run: CWRun
-    uneven_run: CWRun
     traffic_runs: list[CWRun]
     traffic_sources: list[str]  # per traffic run: "teaching" or "torchrec planner"
-    seed: SeedResults
     traffic: TrafficResults
+    uneven_run: CWRun
     uneven: UnevenResults
-    torchrec_uneven: list[TorchrecOutcome] | None
     pooled: PooledRun | None
     run_seconds: float  # the launches, including process start
-
-    def _paths(self, *paths: str) -> dict[str, str]:  # title -> CWRun path, of those that ran
-        ran = [p for p in paths if self.seed.torchrec_skipped is None or not p.startswith("torchrec")]
-        return {PATH_TITLES[p]: p for p in ran}
-
-    def checks_table(self) -> pd.DataFrame:
-        """Does each stitching equal the unsharded EmbeddingCollection, and by how much not."""
-        paths = self._paths("naive", "reference", "torchrec", "torchrec_unpermuted")
-        data = {"equals unsharded": [self.seed_run.matches(p) for p in paths.values()]}
-        data["max |error|"] = [self.seed_run.max_abs_error(p) for p in paths.values()]
-        return pd.DataFrame(data, index=list(paths))
-
-    def error_panels(self) -> dict[str, torch.Tensor]:
-        """|output - unsharded| per looked-up id of the wrong stitchings (the exact paths are all zeros)."""
-        paths = self._paths("naive", "torchrec_unpermuted")
-        return {title: self.seed_run.abs_errors(path, FEATURE) for title, path in paths.items()}
+    pooled_places: list[dict] = field(default_factory=list)  # where torchrec permutes the pooled output
 
     def traffic_table(self) -> pd.DataFrame:
         return traffic_table(self.traffic_runs, self.traffic_sources)
 
     def traffic_check_table(self) -> pd.DataFrame:
-        return traffic_check_table(self.traffic_table(), self.seed.world_size)
-
-    def summary(self) -> str:
-        s, u = self.seed, self.uneven
-
-        def verdict(ok: bool | None) -> str:
-            return "n/a" if ok is None else ("exact" if ok else "WRONG")
-
-        text = (
-            f"shard_ranks {s.shard_ranks} on {s.world_size} {s.backend} ranks: permute {s.permute_indices}; "
-            f"naive concat {verdict(s.naive_matches_unsharded)}, "
-            f"embnb {verdict(s.reference_matches_unsharded)}, "
-            f"torchrec {verdict(s.torchrec_matches_unsharded)}, "
-            f"torchrec without its permute {verdict(s.torchrec_unpermuted_matches_unsharded)}, "
-            f"uneven widths {u.uneven_widths} in embnb {verdict(u.uneven_reference_matches_unsharded)}"
-        )
-        if self.torchrec_uneven:
-            failed = sum(o.error is not None for o in self.torchrec_uneven)
-            text += (
-                f"; torchrec EC with size_per_rank {u.torchrec_size_per_rank} (unsupported): failed on "
-                f"{failed} of {len(self.torchrec_uneven)} ranks"
-            )
-        if self.traffic.planner_bytes_at:
-            text += f"; {self.traffic.planner_bytes_at.finding}"
-        return text + (f"; {self.pooled.sentence()}" if self.pooled else "")
-
-    def results(self, notebook_seconds: float) -> dict[str, Any]:
-        """The notebook's results JSON: each section's numbers, flat, as the tests read them."""
-        pooled = self.pooled and {**asdict(self.pooled), "matches": self.pooled.matches}
-        if pooled:
-            places = layouts.source_places(layouts.POOLED_PERMUTE_STEPS)
-            pooled.update(sentence=self.pooled.sentence(), places=[asdict(p) for p in places])
-        return {
-            "summary": self.summary(),
-            "torchrec_version": layouts.torchrec_version(),
-            **asdict(self.seed),
-            **asdict(self.traffic),
-            **asdict(self.uneven),
-            "pooled": pooled,
-            "run_seconds": round(self.run_seconds, 2),
-            "notebook_seconds": round(notebook_seconds, 2),
-        }
+        return traffic_check_table(self.traffic_table(), self.traffic_runs[0].case.world_size)
 
 
 def _traffic_cases(table: SeedTable, batch: TrafficBatch) -> tuple[list[CWCase], list[str], list]:
@@ -250,112 +249,76 @@ def _traffic_cases(table: SeedTable, batch: TrafficBatch) -> tuple[list[CWCase],
     return cases, [source for *_, source in placements], planned
 
 
-def _traffic_results(runs: list[CWRun], sources: list[str], planned: list, batch: TrafficBatch | None):
-    if not runs:
-        return TrafficResults(layouts.torchrec_min_cw_dim(), [], [], [], [], None)
+def _traffic_results(runs: list[CWRun], sources: list[str], planned: list, batch: TrafficBatch):
     table = traffic_table(runs, sources)
     ids = [len(b[FEATURE][1]) for b in make_batches(runs[0].case)]  # every traffic run has these batches
-    mean_ids = round(sum(ids) / len(ids))
-    dims, rows, w = batch.planner_dims, batch.num_embeddings, batch.count_world_size
     return TrafficResults(
         layouts.torchrec_min_cw_dim(),
         planned,
         ids,
         table.reset_index().to_dict(orient="records"),
         traffic_check_table(table, runs[0].case.world_size)["all equal"].tolist(),
-        planner_bytes_at(w, dims, rows, mean_ids, batch.batch_size),
+        planner_bytes_at(
+            batch.count_world_size,
+            batch.planner_dims,
+            batch.num_embeddings,
+            round(sum(ids) / len(ids)),
+            batch.batch_size,
+        ),
     )
 
 
-def _seed_results(run: CWRun, plan: DevicePlan, torchrec_device: str, note: str | None) -> SeedResults:
-    case, ran = run.case, "torchrec" in run.case.paths
-    ranks = case.placements["t0"]
-    permute = cw.cw_permute_indices(ranks)
-    results = SeedResults(
-        case.world_size,
-        case.embedding_dim,
-        ranks,
-        case.shard_widths("t0"),
-        plan.device,
-        plan.backend,
-        compute_kernel_for(torchrec_device),
-        torchrec_device,
-        note and f"torchrec's path ran on the CPU: {note}",
-        cw.rank_order(ranks),
-        permute,
-        [len(batch[FEATURE][1]) for batch in make_batches(case)],
-        run.matches("naive"),
-        run.max_abs_error("naive"),
-        run.matches("reference"),
-        case.torchrec_problem() if not ran else None,
-    )
-    if ran:
-        results.torchrec_permute_indices = [r.torchrec_permute[FEATURE] for r in run.ranks]
-        results.torchrec_permute_matches = all(p == permute for p in results.torchrec_permute_indices)
-        results.torchrec_matches_unsharded = run.matches("torchrec")
-        results.torchrec_unpermuted_matches_unsharded = run.matches("torchrec_unpermuted")
-        results.torchrec_unpermuted_max_abs_error = run.max_abs_error("torchrec_unpermuted")
-    return results
-
-
-def run_placement_experiment(
+def run_appendix(
     table: SeedTable,
+    uneven_widths: Sequence[int],
     device: str = "auto",
     traffic_batch: TrafficBatch | None = None,
     size_per_rank: Sequence[int] | None = None,
     timeout_s: float = 300.0,
-) -> PlacementExperiment:
-    """Run `table` column-wise on its `shard_ranks` with equal widths (both paths, unless torchrec cannot
-    take the placement) and with `uneven_widths` (embnb's path); with `traffic_batch`, the byte count's
-    layouts (both paths, traffic recorded) and torchrec's pooled path; and with `size_per_rank`, torchrec's
-    uneven column_wise plan, last (it breaks the process group): on CPU all in one launch of `world_size`."""
+) -> AppendixRun:
+    """The byte count's layouts (both paths, traffic recorded), `table` with `uneven_widths` (embnb's path),
+    torchrec's pooled path on `table.shard_ranks` and, with `size_per_rank`, torchrec's uneven column_wise
+    plan, last (it breaks the process group): on CPU all in one launch of `world_size` ranks."""
+    batch = traffic_batch or TrafficBatch()
     plan = device_plan(device, table.world_size)
     ranks = cw.check_shard_ranks(table.shard_ranks, table.world_size)
-    cw.equal_widths(table.embedding_dim, len(ranks))  # the seed case's widths: refuse before building cases
-    seed_case = table.case(ranks)
-    if seed_case.torchrec_problem() is not None:
-        seed_case = table.case(ranks, paths=("reference",))
-    uneven_case = table.case(ranks, paths=("reference",), widths={"t0": list(table.uneven_widths)})
-    traffic_cases, sources, planned = _traffic_cases(table, traffic_batch) if traffic_batch else ([], [], [])
-    pooled_calls = [(pooled_on_rank, (list(ranks), table.embedding_dim, table.seed))] if traffic_batch else []
+    uneven_case = table.case(ranks, paths=("reference",), widths={"t0": list(uneven_widths)})
+    traffic_cases, sources, planned = _traffic_cases(table, batch)
+    pooled_calls = [(pooled_on_rank, (list(ranks), table.embedding_dim, table.seed))]
     uneven_calls = []  # torchrec's own uneven plan: shard i on rank i
     if size_per_rank is not None:
         uneven_calls = [size_per_rank_call(table.case(range(len(size_per_rank))), size_per_rank)]
-    extra = pooled_calls + uneven_calls  # torchrec's uneven plan may break the process group: it runs last
-    cases, n = [seed_case, uneven_case, *traffic_cases], len(traffic_cases)
+    extra, n = pooled_calls + uneven_calls, len(traffic_cases)
 
     def launch(calls: list, where: str) -> list:
         return launch_each(calls, table.world_size, device=where, timeout_s=timeout_s) if calls else []
 
     start = time.perf_counter()
-    note = fbgemm_cuda_problem() if plan.device == "cuda" and "torchrec" in seed_case.paths else None
+    note = fbgemm_cuda_problem() if plan.device == "cuda" else None
     if plan.device == "cpu":  # one launch
-        seed_run, uneven_run, *rest = run_cw_cases(cases, "cpu", timeout_s, extra)
+        uneven_run, *rest = run_cw_cases([uneven_case, *traffic_cases], "cpu", timeout_s, extra)
         traffic_runs, tail = rest[:n], rest[n:]
     elif note is None:  # all on the GPUs but the pooled run (gloo, on the CPU)
-        seed_run, uneven_run, *traffic_runs = run_cw_cases(cases, device, timeout_s)
+        uneven_run, *traffic_runs = run_cw_cases([uneven_case, *traffic_cases], device, timeout_s)
         tail = launch(pooled_calls, "cpu") + launch(uneven_calls, device)
-    else:  # torchrec's sharded module cannot run on this GPU: compare on the CPU, and say so
-        seed_run, *rest = run_cw_cases([seed_case, *traffic_cases], "cpu", timeout_s, extra)
+    else:  # torchrec's sharded modules cannot run on this GPU: they run on the CPU
+        rest = run_cw_cases(traffic_cases, "cpu", timeout_s, extra)
         traffic_runs, tail = rest[:n], rest[n:]
         (uneven_run,) = run_cw_cases([uneven_case], device, timeout_s)
-    pooled = PooledRun(list(ranks), table.world_size, table.embedding_dim, tail[0]) if pooled_calls else None
-    outcomes = tail[-1] if uneven_calls else None
     seconds = time.perf_counter() - start
-    traffic = _traffic_results(traffic_runs, sources, planned, traffic_batch)
+    pooled = PooledRun(list(ranks), table.world_size, table.embedding_dim, tail[0])
+    outcomes = tail[-1] if uneven_calls else []
     uneven = UnevenResults(
         uneven_case.shard_widths("t0"),
         uneven_run.matches("reference"),
         uneven_run.matches("naive"),
-        table.case(ranks, widths={"t0": list(table.uneven_widths)}).torchrec_problem(),
+        uneven_run.max_abs_error("reference"),
+        table.case(ranks, widths={"t0": list(uneven_widths)}).torchrec_problem(),
         None if size_per_rank is None else list(size_per_rank),
-        None if outcomes is None else [o.describe() for o in outcomes],
-        [{"columns_held": o.own_width, "local_embedding_dim": o.local_embedding_dim} for o in outcomes or []],
+        [asdict(o) for o in outcomes],
         layouts.mixed_dims_error(),
         {p.function: p.where for p in layouts.source_places(layouts.UNEVEN_EC_STEPS)},
     )
-    torchrec_device = "cpu" if note else plan.device
-    seed = _seed_results(seed_run, plan, torchrec_device, note)
-    return PlacementExperiment(
-        seed_run, uneven_run, traffic_runs, sources, seed, traffic, uneven, outcomes, pooled, seconds
-    )
+    traffic = _traffic_results(traffic_runs, sources, planned, batch)
+    places = [asdict(p) for p in layouts.source_places(layouts.POOLED_PERMUTE_STEPS)]
+    return AppendixRun(traffic_runs, sources, traffic, uneven_run, uneven, pooled, round(seconds, 2), places)

@@ -3,21 +3,15 @@ common module) sharded column-wise on real ranks, against the unsharded module. 
 returns shards in rank order; torchrec puts them back with FBGEMM's `PermutePooledEmbeddingsSplit`
 (`torchrec_layouts.POOLED_PERMUTE_STEPS`).
 
-    run = run_pooled([0, 1, 0], world_size=2, embedding_dim=12)
-    run.matches, run.sentence()
+    calls = [(pooled_on_rank, ([0, 1, 0], 12, 0))]   # one call of a `launch_each` on 2 CPU ranks
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-
-from embnb._checks import check_int
-from embnb.columnwise import cw_permute_indices
-from embnb.dist import launch
 
 NUM_ROWS, BAGS, MAX_BAG = 50, 8, 5  # each rank's batch: BAGS bags of 0..MAX_BAG ids
 
@@ -54,7 +48,7 @@ def pooled_on_rank(rank: int, world_size: int, ranks: list[int], embedding_dim: 
         return float((sharded(kjt).wait().values() - expected).abs().max())
 
 
-@dataclass(frozen=True)
+@dataclass
 class PooledRun:
     """One column-wise EmbeddingBagCollection run against the unsharded module."""
 
@@ -62,25 +56,7 @@ class PooledRun:
     world_size: int
     embedding_dim: int
     max_abs_error: list[float]  # per rank: its pooled output against the unsharded module's
+    matches: bool = field(init=False)  # equal to the unsharded module's up to float rounding (1e-6)
 
-    @property
-    def matches(self) -> bool:
-        """Equal to the unsharded module's output up to float rounding (1e-6)."""
-        return max(self.max_abs_error) <= 1e-6
-
-    def sentence(self) -> str:
-        permute = cw_permute_indices(self.shard_ranks)
-        needs = "needs one" if permute != sorted(permute) else "needs none"
-        return (
-            f"torchrec EmbeddingBagCollection, {self.embedding_dim} columns column-wise on ranks "
-            f"{self.shard_ranks} ({self.world_size} ranks; the placement {needs}: permute {permute}): pooled "
-            f"output {'equals' if self.matches else 'DIFFERS from'} the unsharded module's on every rank "
-            f"(max |error| {max(self.max_abs_error):.3g})"
-        )
-
-
-def run_pooled(shard_ranks: Sequence[int], world_size: int, embedding_dim: int, seed: int = 0) -> PooledRun:
-    """torchrec's pooled CW path on `world_size` CPU gloo ranks (one launch)."""
-    check_int("embedding_dim", embedding_dim, low=1)
-    errors = launch(pooled_on_rank, world_size, list(shard_ranks), embedding_dim, seed, device="cpu")
-    return PooledRun(list(shard_ranks), world_size, embedding_dim, errors)
+    def __post_init__(self) -> None:
+        self.matches = max(self.max_abs_error) <= 1e-6

@@ -71,6 +71,7 @@ def _layout_row(run: CWRun, source: str) -> dict:
         row[f"{name} int B"] = sum(r["int_bytes"] for r in per_rank)
         row[f"{name} rows B"] = sum(r["float_bytes"] for r in per_rank)
         row[f"{name} B"] = row[f"{name} int B"] + row[f"{name} rows B"]
+        row[f"{name} all-to-alls"] = max(r["calls"] for r in per_rank)  # per rank, one forward
     row["torchrec / embnb"] = row["torchrec B"] / row["embnb B"]
     row.update({f"{name} int B/id": row[f"{name} int B"] / ids for name, _ in PATHS})
     row["rows B/id"] = row["embnb rows B"] / ids
@@ -111,28 +112,6 @@ def traffic_check_table(table: pd.DataFrame, world_size: int) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("layout")
 
 
-def _span(values: pd.Series, fmt: str) -> str:
-    low, high = format(values.min(), fmt), format(values.max(), fmt)
-    return low if low == high else f"{low} to {high}"
-
-
-def traffic_findings(table: pd.DataFrame) -> list[str]:
-    """What the byte count shows, one sentence per claim, from `table`'s numbers."""
-    lines = [
-        f"{layout}: {r['shards']} shards on {r['owner ranks']} owner ranks, so both paths send each id "
-        f"{r['shards']} times; torchrec's {r['torchrec / embnb']:.4f}x embnb's bytes is its lengths and "
-        f"split counts ({r['torchrec int B'] - r['embnb int B']:,} B)."
-        for layout, r in table[table["shards"] == table["owner ranks"]].iterrows()
-    ]
-    return lines + [
-        f"{source} layouts (shards of {_span(p['shard width'], 'd')} columns): torchrec sends "
-        f"{_span(p['torchrec / embnb'], '.4f')}x embnb's bytes; its integers are "
-        f"{_span(p['torchrec int / rows'], '.1%')} of its row bytes (2 / shard width: "
-        f"{_span(p['2 / shard width'], '.1%')})."
-        for source, p in table.groupby("source", sort=False)
-    ]
-
-
 @dataclass
 class PlannerBytes:
     """The byte count at torchrec's own planner layouts on `world_size` ranks (counted, no ranks run)."""
@@ -141,7 +120,6 @@ class PlannerBytes:
     ids_per_rank: int
     sequences_per_rank: int
     rows: list[dict]  # per table width: the planner's shards and what each path would send
-    finding: str
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows).set_index("embedding_dim")
@@ -167,11 +145,4 @@ def planner_bytes_at(
             | {"owner ranks": owners, "torchrec B": count.torchrec, "embnb B": count.embnb}
             | {"torchrec / embnb": count.torchrec / count.embnb}
         )
-    distinct = all(r["owner ranks"] == len(r["shard widths"]) for r in rows)
-    where = "every shard on a rank of its own" if distinct else "some ranks holding several shards"
-    ratios = pd.Series([r["torchrec / embnb"] for r in rows])
-    finding = (
-        f"At W={world_size} with torchrec's planner layouts ({where}; counted, no ranks run), torchrec's "
-        f"path sends {_span(ratios, '.4f')}x embnb's bytes"
-    )
-    return PlannerBytes(world_size, ids_per_rank, sequences_per_rank, rows, finding)
+    return PlannerBytes(world_size, ids_per_rank, sequences_per_rank, rows)

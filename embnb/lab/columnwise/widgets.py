@@ -1,5 +1,5 @@
 """Notebook 02's placement explorer: type shard ranks ("1, 0, 0, 1") and optionally widths; it draws
-`plots.column_order_figure` for them, or shows the error of a bad value. The embedding_dim slider offers
+`figures.column_order_figure` for them, or shows the error of a bad value. The embedding_dim slider offers
 only multiples of the shard count (torchrec's equal split), or follows the widths' sum.
 
     explorer = PlacementExplorer("0, 1, 0", world_size=2, embedding_dim=12)
@@ -12,7 +12,7 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from embnb.columnwise import placement
-from embnb.lab.columnwise.plots import column_order_figure
+from embnb.lab.columnwise.figures import column_order_figure
 from embnb.lab.widgets import Explorer, world_size_slider
 
 

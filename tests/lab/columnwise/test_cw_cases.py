@@ -287,7 +287,6 @@ def test_torchrec_size_per_rank_equal_widths_are_exact(size_per_rank_outcomes):
     outcomes = size_per_rank_outcomes[(24, 24)]
     assert [(o.error, o.matches, o.max_abs_error) for o in outcomes] == [(None, True, 0.0)] * 2
     assert [(o.own_width, o.local_embedding_dim) for o in outcomes] == [(24, 24)] * 2
-    assert outcomes[0].describe() == "equals the unsharded EC"
 
 
 def test_torchrec_size_per_rank_uneven_widths_are_reported_as_torchrec_raises(size_per_rank_outcomes):
@@ -299,7 +298,6 @@ def test_torchrec_size_per_rank_uneven_widths_are_reported_as_torchrec_raises(si
     assert errors and all(e.split(":")[0].endswith("Error") and len(e) <= 230 for e in errors)
     # where torchrec raised, named by its own source file (the output all-to-all on this version)
     assert all(o.raised_in.startswith("torchrec/distributed/") for o in outcomes if o.error)
-    assert outcomes[0].describe().startswith(outcomes[0].error) and "[in torchrec/" in outcomes[0].describe()
 
 
 @pytest.mark.parametrize(

@@ -22,26 +22,20 @@ def test_permute_derivation_adds_up_to_the_permute():
 
 def test_a_placement_torchrec_cannot_take_runs_on_embnbs_path_only():
     # 3 shards of 2 columns: torchrec's column_wise() needs multiples of 4
-    run = experiment.run_placement_experiment(
-        experiment.SeedTable(3, 6, [2, 0, 2], [1, 2, 3], num_embeddings=8), device="cpu"
-    )
-    assert "2 columns wide; torchrec's column_wise() needs a multiple of 4" in run.seed.torchrec_skipped
-    assert "uneven widths {'t0': [1, 2, 3]}" in run.uneven.embnb_uneven_check
-    results = run.results(notebook_seconds=1.0)
-    assert (results["device"], results["backend"], results["widths"]) == ("cpu", "gloo", [2, 2, 2])
-    assert results["rank_order"] == [1, 0, 2] and results["permute_indices"] == [1, 0, 2]
-    assert results["torchrec_permute_indices"] is None and results["torchrec_matches_unsharded"] is None
-    assert results["reference_matches_unsharded"] and results["uneven_reference_matches_unsharded"]
-    assert results["naive_matches_unsharded"] is False and results["naive_max_abs_error"] > 0
-    assert "torchrec n/a" in results["summary"] and results["notebook_seconds"] == 1.0
-    assert list(run.error_panels()) == [
-        "embnb: naive concatenation in rank order"
-    ]  # the exact paths are zeros
-    assert run.checks_table()["equals unsharded"].tolist()[:2] == [False, True]
+    run = experiment.run_seed(experiment.SeedTable(3, 6, [2, 0, 2], num_embeddings=8), device="cpu")
+    results = run.results
+    assert "2 columns wide; torchrec's column_wise() needs a multiple of 4" in results.torchrec_skipped
+    assert (results.device, results.backend, results.widths) == ("cpu", "gloo", [2, 2, 2])
+    assert results.rank_order == [1, 0, 2] and results.permute_indices == [1, 0, 2]
+    assert results.torchrec_permute_indices is None
+    assert [c["path"] for c in results.checks] == ["naive", "reference"]
+    assert results.check("reference")["equals_unsharded"] and not results.check("naive")["equals_unsharded"]
+    assert results.check("torchrec") is None
+    assert list(run.error_panels()) == ["embnb: naive concatenation in rank order"]  # the exact one is zeros
 
 
 def test_bad_placements_are_refused_before_any_rank_starts():
     with pytest.raises(ValueError, match="embedding_dim 10 is not divisible into 3 equal shards"):
-        experiment.run_placement_experiment(experiment.SeedTable(2, 10, [0, 1, 0], [2, 4, 4]), device="cpu")
+        experiment.run_seed(experiment.SeedTable(2, 10, [0, 1, 0]), device="cpu")
     with pytest.raises(ValueError, match="device 'gpu' is not one of"):
-        experiment.run_placement_experiment(experiment.SeedTable(2, 12, [0, 1, 0], [2, 7, 3]), device="gpu")
+        experiment.run_seed(experiment.SeedTable(2, 12, [0, 1, 0]), device="gpu")

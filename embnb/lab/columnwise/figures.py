@@ -3,7 +3,6 @@
 
     column_order_figure([0, 1, 0], [4, 4, 4])    # naive vs permuted stitching
     lookup_error_figure({"naive": err}, [0, 4, 8], rows_per_rank=[5, 3])
-    traffic_figure(experiment.traffic_table())  # bytes each path sends per id, by layout
 """
 
 from __future__ import annotations
@@ -114,35 +113,4 @@ def lookup_error_figure(
     fig.colorbar(image, ax=list(axes), label="|output − unsharded|", shrink=0.9)
     if title:
         fig.suptitle(title, fontsize=10)
-    return fig
-
-
-def traffic_figure(table, title: str | None = None) -> Figure:
-    """Bytes per looked-up id each path sent in one forward (`traffic.traffic_table`), a panel per source
-    of layouts: a bar per path and layout, row values at the bottom (the same for both paths) and integers
-    (ids, lengths, split counts) stacked on top, labelled with their share of the row bytes."""
-    if table.empty:
-        raise ValueError("table is empty: nothing to plot")
-    sources = list(dict.fromkeys(table["source"]))
-    fig = new_figure(max(8.0, 4.4 * len(sources)), 3.9)
-    axes = fig.subplots(1, len(sources), squeeze=False)[0]
-    for ax, source in zip(axes, sources):
-        part = table[table["source"] == source]
-        for i, path in enumerate(("torchrec", "embnb")):
-            where = [x + (i - 0.5) * 0.38 for x in range(len(part))]
-            rows, ints, c = part["rows B/id"].tolist(), part[f"{path} int B/id"].tolist(), color(path, i)
-            ax.bar(where, rows, 0.38, color=c, alpha=0.3, label=f"{path}: row values")
-            ax.bar(where, ints, 0.38, bottom=rows, color=c, label=f"{path}: ids, lengths, counts")
-            for x, r, n in zip(where, rows, ints):
-                offset = {"xytext": (0, 2), "textcoords": "offset points", "ha": "center", "va": "bottom"}
-                ax.annotate(f"+{n / r:.1%}", (x, r + n), fontsize=7, color=c, **offset)
-        ax.set_xticks(range(len(part)), list(part.index), fontsize=8)
-        ax.set_xlabel("layout: D = shards x columns per shard")
-        ax.set_title(f"{source} (D = {', '.join(map(str, sorted(set(part['embedding_dim']))))})", fontsize=9)
-        ax.set_ylim(0, 1.15 * max(part["rows B/id"] + part["torchrec int B/id"]))
-    axes[0].set_ylabel("bytes sent per looked-up id")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=8)
-    prefix = title + ": " if title else ""
-    what = "bytes per looked-up id, all ranks, one forward (labels: integers as a share of the row bytes)"
-    fig.suptitle(prefix + what, fontsize=10)
     return fig
