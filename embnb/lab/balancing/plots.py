@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import PercentFormatter
+from matplotlib.ticker import FuncFormatter, PercentFormatter
 
 from embnb.balancing.timeline import phase_seconds
 from embnb.lab.balancing.cost_fit import WORK, fit_rank_time
@@ -84,8 +84,9 @@ def gap_panels(table: pd.DataFrame, methods: Sequence[str], title: str | None = 
         ax.axhline(floor, color="0.6", linewidth=0.8)
         ax.annotate("at the bound", (-0.45, floor), fontsize=7, va="bottom")
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=None))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: "" if y < floor else f"{100 * y:.3g}%"))
         ax.set_xticks(range(len(sizes)), [f"{n}\ninto {k}" for n, k in sizes], fontsize=8)
+        ax.set_xlim(-0.5, len(sizes) - 0.5)
         ax.set_title(f"{name}, {workload}", fontsize=10)
         ax.set_ylabel("worst gap to the bound")
     for ax in axes[cases.ngroups :]:
