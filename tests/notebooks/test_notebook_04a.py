@@ -222,5 +222,5 @@ def test_no_committed_gpu_run_passes_the_time_follows_work_check(run):
 
 def test_figures(run):
     figures = run.figures()
-    assert len(figures) == 2  # the length histograms, time against work
+    assert len(figures) == 1  # time against work
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)

@@ -8,14 +8,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
-import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, PercentFormatter
+from matplotlib.ticker import FuncFormatter
 
 from embnb.balancing.timeline import phase_seconds
 from embnb.lab.balancing.cost_fit import WORK, fit_rank_time
-from embnb.lab.plotting import MEAN_STYLE, color, new_figure, values_of
+from embnb.lab.plotting import MEAN_STYLE, color, new_figure
 
 PHASE_COLORS = {  # Gantt chart phases
     "load": "#c7c7c7",
@@ -28,38 +27,6 @@ PHASE_COLORS = {  # Gantt chart phases
     "all_reduce": "#dd8452",
     "optimizer": "#da8bc3",
 }
-
-
-def length_histogram(samples: Mapping[str, Sequence[int] | torch.Tensor], title: str | None = None) -> Figure:
-    """Every distribution of `samples` (name -> lengths) in the same two
-    panels, one colour and marker each: counts of each sequence length on
-    log-log axes (a power law is a line), and the share of all tokens held
-    by the longest samples."""
-    if not samples:
-        raise ValueError("samples is empty: nothing to plot")
-    fig = new_figure(9, 3.4)
-    ax, share_ax = fig.subplots(1, 2)
-    for i, (name, lengths) in enumerate(samples.items()):
-        values = sorted(values_of(lengths, f"lengths of {name!r}"))
-        shade, marker = color(name, i), "o^sD"[i % 4]
-        counts = pd.Series(values).value_counts().sort_index()
-        ax.loglog(counts.index, counts.values, marker, ms=3, color=shade, alpha=0.7, label=name)
-        cumulative = pd.Series(values[::-1]).cumsum() / sum(values)
-        fractions = [(k + 1) / len(values) for k in range(len(values))]
-        share_ax.plot(fractions, cumulative.values, color=shade, label=name)
-    ax.set(xlabel="sequence length", ylabel="samples", title="length distribution")
-    share_ax.set_xscale("log")
-    share_ax.xaxis.set_major_formatter(PercentFormatter(1.0))
-    share_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    share_ax.set(
-        xlabel="longest samples (share of the batch)",
-        ylabel="share of all tokens",
-        title="the tail holds the tokens",
-    )
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=len(samples), fontsize=8)
-    if title:
-        fig.suptitle(title)
-    return fig
 
 
 def gap_panels(table: pd.DataFrame, methods: Sequence[str], title: str | None = None) -> Figure:
