@@ -65,6 +65,7 @@ NOTEBOOK_PARAMETERS = {
         "kernel_repeats": 3,
     },
     "02_cw_permute_indices": {},
+    "02a_cw_bytes": {},
     "03_dp_planner": {"num_tables": 12, "quality_instances": 4},
     # the plans measured rank by rank at W = 8 of 40 tables: at W = 8 and 32 of 100 they took 136 s on
     # the H200 (2026-11-27)

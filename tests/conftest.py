@@ -50,6 +50,7 @@ SLOWEST_FILES = (
     "notebooks/test_notebook_03.py",
     "planner/test_planner.py",
     "notebooks/test_notebook_02.py",
+    "notebooks/test_notebook_02a.py",
     "test_library_api.py",
     "planner/test_search_space.py",
     "cuda/test_build.py",

@@ -100,7 +100,7 @@ def check_torchrec_placements(
         raise ValueError(
             f"uneven widths {dict(widths)}: embnb's check refuses them for torchrec, whose "
             "ShardedEmbeddingCollection fails in its output all-to-all with uneven "
-            "column_wise(size_per_rank=...) shards (notebook 02, section 5, runs it); "
+            "column_wise(size_per_rank=...) shards (appendix 02a, section 2, runs it); "
             "run them with paths=('reference',) (embnb's path)"
         )
     widths = {}
