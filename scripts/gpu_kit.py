@@ -84,7 +84,14 @@ NOTEBOOK_PARAMETERS = {
         "part_counts": [8],
         "seeds": [0],
         "comparison_max_length": 1024,
-        "exchange_world_sizes": [2],
+        "job_steps": 2,
+    },
+    "04a_balancer_measured": {
+        "batch_size": 32,
+        "max_length": 1024,
+        "steps": 3,
+        "repeats": 3,
+        "measured_batch_size": 32,
     },
 }
 # `python -m embnb.bench balancer` on the GPU: every part of the bench, at

@@ -45,6 +45,7 @@ SLOWEST_FILES = (
     "cuda/test_native.py",
     "notebooks/test_notebook_01.py",
     "notebooks/test_notebook_04.py",
+    "notebooks/test_notebook_04a.py",
     "planner/test_enumerator.py",
     "notebooks/test_notebook_03a.py",
     "notebooks/test_notebook_03.py",

@@ -44,8 +44,7 @@ SMALL = {  # the smallest runs that still touch every section
         "sample_counts": [256],
         "part_counts": [4],
         "seeds": [0],
-        "exchange_world_sizes": [2],
-        "bytes_world_sizes": [2, 4],
+        "job_steps": 2,
     },
 }
 RUN_ALL_TIMEOUT_MS = 420_000  # ranks on a 2-core machine: tens of seconds per notebook
