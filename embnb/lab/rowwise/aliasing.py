@@ -33,7 +33,6 @@ __all__ = [
     "hot_key_floor",
     "worked_example",
     "load_table",
-    "max_over_mean_grid",
     "hash_noise",
     "balls_into_bins",
     "zipf_over_seeds",
@@ -220,20 +219,6 @@ def load_table(
                 + [busiest, int(counts[busiest]) / num_keys, hot_key_floor(keys, world_size)]
             )
     return pd.DataFrame(rows, columns=LOAD_COLUMNS)
-
-
-def max_over_mean_grid(
-    table: pd.DataFrame, world_size: int, value: str = "max_over_mean"
-) -> dict[str, dict[str, float]]:
-    """`{pattern: {dist_type: value}}` at one world size, in table order."""
-    rows = table[table["world_size"] == world_size]
-    if rows.empty:
-        sizes = sorted(table["world_size"].unique().tolist())
-        raise ValueError(f"no rows for world_size={world_size}; table has {sizes}")
-    grid: dict[str, dict[str, float]] = {}
-    for row in rows.itertuples(index=False):
-        grid.setdefault(row.pattern, {})[row.dist_type] = float(getattr(row, value))
-    return grid
 
 
 def hash_noise(

@@ -18,7 +18,7 @@ from embnb.data import make_keys
 from embnb.lab.rowwise.aliasing import rank_counts
 from embnb.metrics import max_over_mean
 
-__all__ = ["COUNTED", "counted_placement", "alpha_sweep", "floor_findings", "describe_findings"]
+__all__ = ["COUNTED", "counted_placement", "alpha_sweep", "floor_findings"]
 
 COUNTED = "counted placement (LPT)"  # the dist_type column of the count-aware model
 
@@ -106,31 +106,3 @@ def floor_findings(sweep: pd.DataFrame) -> dict[str, Any]:
         "largest_excess_alpha": {d: max(alphas, key=lambda a: stats.loc[(a, d), "excess"]) for d in blind},
         "blind_ranges_overlap_at_every_alpha": all(overlap(a) for a in alphas),
     }
-
-
-def describe_findings(findings: dict[str, Any]) -> list[str]:
-    """The sweep's findings (`floor_findings`) as sentences, from its numbers."""
-    per_alpha = {row["alpha"]: row for row in findings["per_alpha"]}
-    blind = list(findings["largest_excess_alpha"])
-    binds = findings["binds_from_alpha"]
-    counted = max(row[COUNTED]["excess"] for row in per_alpha.values())
-    sentences = [
-        f"W·p1 exceeds 1 from alpha {binds} on: from there no placement is balanced."
-        if binds is not None
-        else "W·p1 stays below 1 at every alpha swept: the floor is 1 throughout.",
-        f"The counted placement (LPT) reaches the floor within {counted - 1:.2%} at every alpha.",
-    ]
-    for dist_type in blind:
-        excess = {a: row[dist_type]["excess"] for a, row in per_alpha.items()}
-        worst = findings["largest_excess_alpha"][dist_type]
-        best = min(excess, key=excess.get)
-        sentences.append(
-            f"{dist_type}: median max/mean over the floor is largest at alpha {worst} "
-            f"({excess[worst]:.2f}x) and smallest at alpha {best} ({excess[best]:.2f}x)."
-        )
-    overlap = findings["blind_ranges_overlap_at_every_alpha"]
-    sentences.append(
-        f"{' and '.join(blind)}: their ranges over seeds "
-        + ("overlap at every alpha." if overlap else "do not overlap at every alpha.")
-    )
-    return sentences

@@ -1,5 +1,5 @@
 """Timing of the bucketize kernels: embnb's against FBGEMM's and the reference
-(notebook 01's kernel table and `python -m embnb.bench bucketize`).
+(notebook 01a's kernel table and `python -m embnb.bench bucketize`).
 
 Per (dist_type, num_keys, W, threads), on the same inputs in the same run:
 embnb's op (`torch.ops.embnb.bucketize`), FBGEMM's
@@ -227,24 +227,26 @@ def _rounds(row: dict) -> str:
     return "n/a" if low is None else f"{low:.2f}-{high:.2f}"
 
 
-def fbgemm_ratio_sentence(rows: list[dict], threads: int = 1) -> str:
-    """embnb over FBGEMM at `threads` per case: the ratio of medians with the
-    range of the per-round ratios, so a reader sees how far it moves."""
-    cases = [r for r in rows if r["threads"] == threads and r.get("embnb_over_fbgemm_low") is not None]
-    if not cases:
-        return f"no case timed FBGEMM at {threads} thread(s)"
-    return (
-        f"embnb's kernel over FBGEMM's at {threads} thread(s), this run, ratio of medians "
-        "(range over its interleaved rounds): "
-        + "; ".join(
-            f"{r['num_keys']:,} keys, W={r['world_size']}: {r['embnb_over_fbgemm']:.2f}x "
-            f"({r['embnb_over_fbgemm_low']:.2f}-{r['embnb_over_fbgemm_high']:.2f}, "
-            f"{len(r['embnb_rounds_s'])} rounds)"
-            for r in cases
-        )
-        + ". The ratio moves between runs on this shared machine (docs/performance.md has the bench's runs): "
-        "read it with its range, as this run's"
-    )
+def fbgemm_ratios(rows: list[dict]) -> list[dict]:
+    """Per row FBGEMM timed: embnb's kernel over FBGEMM's (FBGEMM's time over embnb's), the ratio of
+    medians and the range of the per-round ratios, the rounds and threads; `reaches_parity` where
+    that range reaches 1 (this run does not show either kernel faster there)."""
+    return [
+        {
+            "num_keys": r["num_keys"],
+            "world_size": r["world_size"],
+            "threads": r["threads"],
+            "rounds": len(r["embnb_rounds_s"]),
+            "embnb_ms": r["embnb_s"] * 1e3,
+            "fbgemm_ms": r["fbgemm_s"] * 1e3,
+            "ratio": r["embnb_over_fbgemm"],
+            "ratio_low": r["embnb_over_fbgemm_low"],
+            "ratio_high": r["embnb_over_fbgemm_high"],
+            "reaches_parity": r["embnb_over_fbgemm_low"] <= 1 <= r["embnb_over_fbgemm_high"],
+        }
+        for r in rows
+        if r.get("embnb_over_fbgemm_low") is not None
+    ]
 
 
 def format_table(rows: list[dict], header: bool = True) -> str:

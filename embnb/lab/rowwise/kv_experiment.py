@@ -1,6 +1,6 @@
 """Notebook 01's experiment on real ranks: a sharded KV table under every routing mode in one launch
 (`dist.launch_each`: the ranks start once), its checkpoint loaded into another world size and by
-dynamicemb's loader, and the notebook's results JSON."""
+dynamicemb's loader (as embnb replays it)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
 import torch
 
 from embnb.dist import device_plan, launch_each
@@ -29,13 +28,6 @@ __all__ = [
     "dynamicemb_keys_loaded",
     "compare_loaders",
     "mismatch_message",
-    "Settings",
-    "Aliasing",
-    "HotKeys",
-    "KVSection",
-    "Checkpoints",
-    "RoutingNotebook",
-    "results",
 ]
 
 
@@ -263,161 +255,3 @@ def mismatch_message(directory: str, load_world_size: int, dist_type: DistType |
     except ValueError as error:
         return str(error)
     return None
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The parameters notebook 01's results repeat."""
-
-    world_size: int
-    num_keys: int
-    zipf_alpha: float
-    stride: int
-
-
-@dataclass(frozen=True)
-class Aliasing:
-    """Sections 1-2: the sweep of streams by dist_type, the gcd rule, and the id pipeline."""
-
-    sweep: pd.DataFrame
-    max_over_mean_grid: dict[str, dict[str, float]]
-    gcd_rule: dict[str, dict[int, dict[str, float]]]
-    id_pipeline: pd.DataFrame
-    out_of_range: list[dict[str, str]]
-
-
-@dataclass(frozen=True)
-class HotKeys:
-    """Sections 3-4: hashing's noise against a random owner, and the Zipf hot-key floor."""
-
-    hash_noise: pd.DataFrame
-    hash_bands: dict[int, dict[float, float]]
-    zipf_floor: float
-    zipf_seeds: pd.DataFrame
-    zipf_sign: dict[str, Any]
-    zipf_alpha_sweep: pd.DataFrame
-    zipf_floor_findings: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class KVSection:
-    """Section 5: the sharded key-value table looked up on real ranks."""
-
-    run: KVLookupRun
-    pattern: str
-    rows_match: bool
-
-
-@dataclass(frozen=True)
-class Checkpoints:
-    """Section 6: resharding a checkpoint, the loaders compared, and a dist_type mismatch."""
-
-    reshard_report: ReshardReport
-    loaders: list[dict[str, Any]]
-    wrong_dist_type: str
-    mismatch: str | None
-
-
-@dataclass(frozen=True)
-class RoutingNotebook:
-    """Everything notebook 01's results JSON reports before its measured
-    section, gathered section by section."""
-
-    settings: Settings
-    aliasing: Aliasing
-    hot_keys: HotKeys
-    kv: KVSection
-    checkpoints: Checkpoints
-    kernel: dict[str, Any]
-    seconds: dict[str, float]
-
-
-def _records(table: pd.DataFrame) -> list[dict]:
-    return table.to_dict(orient="records")
-
-
-def results(notebook: RoutingNotebook) -> dict[str, Any]:
-    """Notebook 01's results JSON: its key numbers, for `make run` and the tests."""
-    aliasing, hot, kv_run, saved = notebook.aliasing, notebook.hot_keys, notebook.kv.run, notebook.checkpoints
-    findings = hot.zipf_floor_findings
-    bands = {str(n): {str(q): v for q, v in band.items()} for n, band in hot.hash_bands.items()}
-    return {
-        **dataclasses.asdict(notebook.settings),
-        "max_over_mean": aliasing.max_over_mean_grid,
-        "gcd_rule": {p: {str(w): v for w, v in rule.items()} for p, rule in aliasing.gcd_rule.items()},
-        "zipf_hot_key_floor": hot.zipf_floor,
-        "sweep": _records(aliasing.sweep),
-        "hash_noise": {"measured": _records(hot.hash_noise), "random_owner": bands},
-        "zipf_seeds": _records(hot.zipf_seeds),
-        "zipf_sign_test": hot.zipf_sign,
-        "zipf_alpha_sweep": {"runs": _records(hot.zipf_alpha_sweep), **findings},
-        "id_pipeline": {"rows": _records(aliasing.id_pipeline), "out_of_range_lookup": aliasing.out_of_range},
-        "kv": {
-            "world_size": kv_run.world_size,
-            "pattern": notebook.kv.pattern,
-            "backend": kv_run.backend,
-            "keys_looked_up": sum(len(r) for r in next(iter(kv_run.rows.values()))),
-            "keys_served": kv_run.keys_served(),
-            "rows_held": kv_run.rows_held(),
-            "max_over_mean": kv_run.max_over_mean(),
-            "rows_match": notebook.kv.rows_match,
-            "seconds": kv_run.seconds,
-        },
-        "checkpoint": saved.reshard_report.as_dict(),
-        "loaders": {"dynamicemb": DYNAMICEMB_LOADER, "rows": saved.loaders},
-        "mismatch": {
-            "asked_dist_type": saved.wrong_dist_type,
-            "raised": saved.mismatch is not None,
-            "message": saved.mismatch,
-        },
-        "kernel": notebook.kernel,
-        "seconds": notebook.seconds,
-        "summary": _summary(notebook),
-    }
-
-
-def _summary(notebook: RoutingNotebook) -> str:
-    """Notebook 01's one-line summary (what `make run` prints), one clause per measured claim."""
-    stride, hot, kv_run = notebook.settings.stride, notebook.hot_keys, notebook.kv.run
-    parts = []
-    strided = notebook.aliasing.gcd_rule.get("strided", {})
-    if strided:
-        measured = ", ".join(f"W={w} {v['measured']:.2f}" for w, v in strided.items())
-        parts.append(f"strided (stride {stride}) under roundrobin: {measured}, = gcd({stride}, W)")
-    noise = hot.hash_noise.groupby("keys_per_rank")["max_over_mean"].median()
-    if not noise.empty:
-        n = noise.index[len(noise) // 2]
-        band = hot.hash_bands[n]
-        parts.append(
-            f"hash at {n:,} keys/rank: {noise[n]:.3f} "
-            f"(random owner {band[min(band)]:.3f}-{band[max(band)]:.3f})"
-        )
-    medians = hot.zipf_seeds.groupby(["traffic", "dist_type"])["max_over_mean"].median()
-    if not medians.empty:
-        sign = hot.zipf_sign
-        parts.append(
-            "zipf medians over seeds: "
-            + ", ".join(f"{d} {v:.2f}" for d, v in medians["all lookups"].items())
-            + f" (floor {hot.zipf_floor:.2f}), hash below roundrobin on {sign['first_below']} of "
-            f"{sign['seeds']} seeds (p = {sign['p_value']:.2f}): hashing does not fix hot keys"
-        )
-    parts.append(
-        f"KV {kv_run.world_size} ranks: "
-        + ", ".join(f"{d} {v:.2f}" for d, v in kv_run.max_over_mean().items())
-    )
-    for row in notebook.checkpoints.loaders:
-        saved = max(row["rows_saved"], 1)
-        parts.append(
-            f"checkpoint reloaded at W={row['world_size']} "
-            f"({'same' if row['world_size'] == kv_run.world_size else 'new'} W): dynamicemb's loader drops "
-            f"{row['dynamicemb_rows_dropped'] / saved:.0%} of rows and loads "
-            f"{row['dynamicemb_rows_off_owner'] / saved:.0%} off their owner, embnb "
-            f"{row['embnb_rows_dropped']} and {row['embnb_rows_off_owner']}"
-        )
-    findings = hot.zipf_floor_findings
-    parts.append(
-        f"zipf alpha sweep: the hot-key floor binds (W p1 > 1) from alpha {findings['binds_from_alpha']}, "
-        "the blind modes' excess over it is largest at alpha "
-        + ", ".join(f"{a} ({d})" for d, a in findings["largest_excess_alpha"].items())
-    )
-    return "; ".join(parts)

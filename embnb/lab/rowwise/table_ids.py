@@ -18,7 +18,7 @@ from embnb._stderr import native_stderr
 from embnb.lab.rowwise.aliasing import into_table, rank_counts
 from embnb.metrics import max_over_mean
 
-__all__ = ["out_of_range_lookup", "pipeline_table", "describe_pipeline", "HOWS", "PIPELINE_DIST_TYPES"]
+__all__ = ["out_of_range_lookup", "pipeline_table", "HOWS", "PIPELINE_DIST_TYPES"]
 
 HOWS = ("modulo", "hash")  # how ids go into the table: id % rows, fmix64(id) % rows
 # After the mapping a key is a row: torchrec cuts rows into blocks (continuous);
@@ -115,22 +115,3 @@ def pipeline_table(
                         + (used.numel(), sharing, random_sharing)
                     )
     return pd.DataFrame(records, columns=PIPELINE_COLUMNS)
-
-
-def describe_pipeline(table: pd.DataFrame) -> list[str]:
-    """One sentence per (table size, mapping) of a `pipeline_table`, from its
-    numbers: the worst max/mean per dist_type over the world sizes, and the
-    rows the distinct ids use."""
-    sentences = []
-    for (table_rows, how), rows in table.groupby(["table_rows", "into_table"], sort=False):
-        worst = rows.groupby("dist_type")["max_over_mean"].max()
-        first = rows.iloc[0]
-        mapping = "id % rows" if how == "modulo" else "fmix64(id) % rows"
-        sentences.append(
-            f"{table_rows:,} rows, {mapping}: worst max/mean over the world sizes "
-            + ", ".join(f"{d} {v:.2f}" for d, v in worst.items())
-            + f"; {first['distinct_ids']:,} distinct ids use {first['rows_used']:,} rows, "
-            f"{first['ids_sharing_a_row']:.1%} of them share a row "
-            f"(random rows: {first['ids_sharing_a_row_random']:.2%})"
-        )
-    return sentences

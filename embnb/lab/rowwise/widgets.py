@@ -15,7 +15,7 @@ import torch
 from matplotlib.figure import Figure
 
 from embnb.lab.rowwise import aliasing
-from embnb.lab.rowwise.plots import dist_type_bars
+from embnb.lab.rowwise.figures import dist_type_bars
 from embnb.lab.widgets import Explorer, world_size_slider
 from embnb.rowwise.routing import DistType
 

@@ -122,7 +122,8 @@ def test_load_table_covers_every_case_and_finds_aliasing():
     assert list(table.columns) == aliasing.LOAD_COLUMNS
     assert len(table) == len(patterns) * len(MODES) * 2
     assert set(table["dist_type"]) == set(MODES)
-    grid8 = aliasing.max_over_mean_grid(table, 8)
+    at8 = table[table.world_size == 8]
+    grid8 = {p: dict(zip(rows.dist_type, rows.max_over_mean)) for p, rows in at8.groupby("pattern")}
     assert grid8["strided"]["roundrobin"] == pytest.approx(4.0, rel=0.01)  # k * 12: 2 of 8 residues
     assert grid8["tagged"]["roundrobin"] == pytest.approx(8 / 3, rel=0.05)  # 3 tags
     for pattern in ("uniform", "strided", "tagged"):
@@ -190,13 +191,6 @@ def test_into_table_is_the_unsigned_modulo_or_the_hash_modulo():
         aliasing.into_table(keys, 0)
     with pytest.raises(ValueError, match="not both"):
         aliasing.owners(keys[:2], 2, "continuous", block_size=4, table_rows=8)
-
-
-def test_max_over_mean_grid_needs_a_swept_world_size():
-    table = aliasing.load_table(["strided"], ["roundrobin"], [4], 1000)
-    assert aliasing.max_over_mean_grid(table, 4) == {"strided": {"roundrobin": 4.0}}
-    with pytest.raises(ValueError, match=r"no rows for world_size=8; table has \[4\]"):
-        aliasing.max_over_mean_grid(table, 8)
 
 
 def test_make_batches_splits_keys_into_one_kjt_per_rank():

@@ -1,7 +1,5 @@
 """embnb.lab.rowwise.hot_keys: the Zipf alpha sweep and where the hot-key floor binds."""
 
-import itertools
-
 import pytest
 import torch
 
@@ -49,10 +47,5 @@ def test_floor_findings_name_the_binding_alpha_and_the_largest_excess():
         for r in per_alpha.values()
     )
     assert findings["blind_ranges_overlap_at_every_alpha"] == overlap
-    sentences = hot_keys.describe_findings(findings)
-    assert sentences[0].startswith(f"W·p1 exceeds 1 from alpha {findings['binds_from_alpha']} on")
     with pytest.raises(ValueError, match="empty"):
         hot_keys.floor_findings(sweep.iloc[:0])
-    assert list(itertools.islice(sentences, 1, 2))[0].startswith(
-        "The counted placement (LPT) reaches the floor"
-    )

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from embnb.data import zipf_probs
-from embnb.lab.rowwise import routed_loads
-from embnb.lab.rowwise.routed_loads import LoadsConfig, RoutedCase, case_ids, describe, measure_loads
+from embnb.lab.rowwise import job, routed_loads
+from embnb.lab.rowwise.routed_loads import LoadsConfig, RoutedCase, case_ids, measure_loads
 from tests.sharder_ranks import owner_local
 
 
@@ -55,52 +55,58 @@ def _case(routing, ids, times):
     return RoutedCase("hashed", n, routing, [1] * n, ids, ids, times, times, [[t, t] for t in times])
 
 
-def test_describe_says_when_routing_changes_nothing_and_counts_the_slower_busy_ranks():
+def test_step_verdicts_tell_routings_apart_only_beyond_the_balanced_spread():
     config = LoadsConfig(world_sizes=(2,), cases=("hashed",), routings=("continuous", "roundrobin"))
     alike = routed_loads.RoutedLoads(
         config,
         [_case("continuous", [10, 10], [1.0, 1.0]), _case("roundrobin", [21, 19], [1.0, 1.1])],
         "cpu",
     )
-    lines = describe(alike)
-    assert lines[0].startswith("hashed ids, max/mean of ids per rank (of lookup time): W=2: continuous 1.00")
-    assert lines[0].endswith("routing changes nothing here.")
+    assert routed_loads.step_verdicts(alike) == []  # ids within 1.1x: nothing to tell apart
+    assert routed_loads.rank_spread(alike, 2) == pytest.approx(1.1 / 1.05)
     skewed = routed_loads.RoutedLoads(
         config,
-        [_case("continuous", [10, 10], [1.0, 1.0]), _case("roundrobin", [20, 0], [2.0, 0.5])],
+        [_case("continuous", [10, 10], [1.0, 1.2]), _case("roundrobin", [20, 0], [2.0, 0.5])],
         "cpu",
     )
-    lines = describe(skewed)
-    assert lines[0].endswith("the routings differ.")
-    # roundrobin: least balanced ids, slowest rank 2.0 ms against continuous's 1.0
-    assert "had the slowest rank of all routings in 1 of 1 (stream, W) pairs" in lines[1]
-    assert lines[1].endswith("hashed W=2 roundrobin 2.00x.")
-    assert lines[2].startswith("In 1 of 1 cases with ids max/mean >= 2")
-    assert routed_loads.busiest_slower(skewed.cases[1])
-    assert not routed_loads.busiest_slower(_case("roundrobin", [20, 0], [0.5, 2.0]))
+    (verdict,) = routed_loads.step_verdicts(skewed)
+    # roundrobin: least balanced ids; its slowest rank 2.0 ms over continuous's 1.2; spread 1.2 / 1.1
+    assert verdict["least_balanced"] == "roundrobin" and verdict["ids_max_over_mean"] == 2.0
+    assert verdict["slowest_over_others"] == pytest.approx(2.0 / 1.2)
+    assert verdict["balanced_spread"] == pytest.approx(1.2 / 1.1)
+    assert verdict["told_apart"] is True
+    noisy = routed_loads.RoutedLoads(
+        config,
+        [_case("continuous", [10, 10], [1.0, 3.0]), _case("roundrobin", [20, 0], [2.0, 0.5])],
+        "cpu",
+    )
+    assert routed_loads.step_verdicts(noisy)[0]["told_apart"] is False  # within the spread
 
 
 def test_training_rows_compare_received_ids_with_the_layout():
-    config = routed_loads.TrainConfig(num_embeddings=8, steps=1)
+    config = job.TrainConfig(num_embeddings=8, steps=1)
     local = [[[0, 1, 2]], [[5, 6, 7]]]  # rank 0's and rank 1's ids of the one step
     ok = {"ids_received": [3], "losses": [1.0], "routing": "continuous", "local_rows": 4}
     runs = {"continuous": [{**ok, "local_ids": local[0]}, {**ok, "local_ids": local[1]}]}
-    (row,) = routed_loads.training_rows(runs, config)
+    (row,) = job.training_rows(runs, config)
     assert row["received_equals_layout"] is True  # blocks of 4: ids 0-2 and 5-7 split 3 and 3
     runs["continuous"][0]["ids_received"] = [4]
-    assert routed_loads.training_rows(runs, config)[0]["received_equals_layout"] is False
+    assert job.training_rows(runs, config)[0]["received_equals_layout"] is False
     assert torch.equal(torch.tensor(row["ids_received"]), torch.tensor([3, 3]))
 
 
-def test_the_figure_has_a_panel_per_stream_and_world_size_and_names_its_device():
-    from embnb.lab.rowwise.plots import routed_loads_figure
+def test_the_figure_has_a_panel_per_stream_at_one_world_size_and_names_its_device():
+    from embnb.lab.rowwise.figures import routed_loads_figure
 
-    config = LoadsConfig(world_sizes=(2, 3), cases=("hashed",), routings=("continuous", "roundrobin"))
+    config = LoadsConfig(
+        world_sizes=(2, 3), cases=("hashed", "strided"), routings=("continuous", "roundrobin")
+    )
     cases = [
-        RoutedCase("hashed", w, r, [1] * w, [1] * w, [1] * w, [1.0] * w, [1.0] * w, [[0.5, 2.0]] * w)
+        RoutedCase(c, w, r, [1] * w, [1] * w, [1] * w, [1.0] * w, [1.0] * w, [[0.5, 2.0]] * w)
+        for c in config.cases
         for w in (2, 3)
         for r in config.routings
     ]
     fig = routed_loads_figure(routed_loads.RoutedLoads(config, cases, "x"), device="CPU (x)")
-    assert [ax.get_title() for ax in fig.axes] == ["hashed ids, W = 2", "hashed ids, W = 3"]
-    assert "CPU (x)" in fig._suptitle.get_text()
+    assert [ax.get_title() for ax in fig.axes] == ["hashed ids", "strided ids"]
+    assert fig._suptitle.get_text().startswith("W = 3,") and "CPU (x)" in fig._suptitle.get_text()

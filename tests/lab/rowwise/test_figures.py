@@ -1,11 +1,11 @@
-"""embnb.lab.rowwise.plots figures and the embnb.lab.rowwise.widgets controls that redraw them."""
+"""embnb.lab.rowwise.figures and the embnb.lab.rowwise.widgets controls that redraw them."""
 
 import io
 
 import pytest
 from matplotlib.figure import Figure
 
-from embnb.lab.rowwise import aliasing, plots, widgets
+from embnb.lab.rowwise import aliasing, figures, widgets
 
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]
 
@@ -32,7 +32,7 @@ def _texts(ax):
 
 
 def test_load_heatmap_has_a_panel_per_world_size_and_one_colour_bar(table):
-    fig = plots.load_heatmap(table)
+    fig = figures.load_heatmap(table)
     assert isinstance(fig, Figure)
     assert len(fig.axes) == 3 + 1  # three panels, one colour bar
     panels, colorbar = fig.axes[:3], fig.axes[3]
@@ -48,7 +48,7 @@ def test_load_heatmap_has_a_panel_per_world_size_and_one_colour_bar(table):
 
 
 def test_load_heatmap_selects_and_orders(table):
-    fig = plots.load_heatmap(
+    fig = figures.load_heatmap(
         table,
         world_sizes=[8],
         patterns=["zipf", "strided"],
@@ -65,33 +65,9 @@ def test_load_heatmap_selects_and_orders(table):
 
 def test_load_heatmap_rejects_missing_data(table):
     with pytest.raises(ValueError, match="not in the data"):
-        plots.load_heatmap(table, patterns=["snowflake"])
+        figures.load_heatmap(table, patterns=["snowflake"])
     with pytest.raises(ValueError, match="empty"):
-        plots.load_heatmap(table.iloc[0:0])
-
-
-def test_max_over_mean_vs_world_size_panel_per_pattern(table):
-    fig = plots.max_over_mean_vs_world_size(table, ["strided", "zipf"], title="t")
-    assert len(fig.axes) == 2
-    assert [ax.get_title() for ax in fig.axes] == ["strided", "zipf"]
-    labels = [t.get_text() for t in fig.legends[0].get_texts()]  # one legend, below the panels
-    assert labels == ["W (all on one rank)", "1 (balanced)", *MODES, "hot-key floor"]
-    assert not [ax for ax in fig.axes if ax.get_legend()]
-    # coinciding lines stay visible: each mode has its own marker and dash
-    styles = {
-        (line.get_marker(), line.get_linestyle()) for line in fig.axes[0].lines if line.get_label() in MODES
-    }
-    assert len(styles) == len(MODES)
-    roundrobin = next(line for line in fig.axes[0].lines if line.get_label() == "roundrobin")
-    assert list(roundrobin.get_xdata()) == [2, 4, 8]
-    assert list(roundrobin.get_ydata()) == [2.0, 4.0, 8.0]  # strided: all on one rank
-    _png_bytes(fig)
-
-
-def test_max_over_mean_vs_world_size_without_floor_column(table):
-    fig = plots.max_over_mean_vs_world_size(table.drop(columns="hot_key_floor"), ["zipf"])
-    labels = [line.get_label() for line in fig.axes[0].lines]
-    assert "hot-key floor" not in labels
+        figures.load_heatmap(table.iloc[0:0])
 
 
 def test_load_explorer_redraws_on_every_control():

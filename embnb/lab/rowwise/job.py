@@ -1,0 +1,180 @@
+"""The torchrec call a training job writes (`shard_model`: the routed sharder, a row-wise plan,
+DistributedModelParallel), and a small DMP job built on it on real gloo ranks (`train_rank`) that
+counts the ids torchrec's input all-to-all delivers to each rank, against the layout's count."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from embnb.lab.rowwise.routed_loads import TABLE, case_ids
+from embnb.metrics import max_over_mean
+from embnb.rowwise import TableLayout
+
+__all__ = ["TrainConfig", "shard_model", "train_rank", "received_by_layout", "training_rows"]
+
+
+def shard_model(model: torch.nn.Module, routings: dict[str, str], world_size: int, fused_params: dict):
+    """`model.ebc`'s tables row-wise under DMP, each routed as `routings` says (torchrec's own
+    row-wise path: its all-to-alls, FBGEMM's fused TBE)."""
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    from embnb.rowwise import RoutedEmbeddingBagCollectionSharder
+
+    sharder = RoutedEmbeddingBagCollectionSharder(routings, fused_params=fused_params)
+    plan = construct_module_sharding_plan(
+        model.ebc,
+        {table: row_wise(compute_kernel="fused") for table in routings},
+        sharder=sharder,
+        local_size=world_size,
+        world_size=world_size,
+        device_type="cpu",
+    )
+    return DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=torch.device("cpu"),
+        plan=ShardingPlan({"ebc": plan}),
+        sharders=[sharder],
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The small DMP job: one row-wise table and a linear head, trained on
+    frequency-numbered ids (the `frequency` stream)."""
+
+    num_embeddings: int = 4096
+    embedding_dim: int = 16
+    batch_size: int = 64  # samples per rank per step
+    bag_size: int = 8
+    alpha: float = 1.05
+    steps: int = 5
+    learning_rate: float = 0.05
+    seed: int = 0
+
+
+def _local_batch(config: TrainConfig, rank: int, step: int):
+    from torchrec import KeyedJaggedTensor
+
+    num = config.batch_size * config.bag_size
+    ids = case_ids("frequency", num, config.num_embeddings, 1, config.alpha, config.seed + 1000 * step + rank)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["f"], values=ids, lengths=torch.full((config.batch_size,), config.bag_size)
+    )
+    label = (ids.view(config.batch_size, -1) < 16).float().mean(1)  # a target that needs the rows
+    return ids, kjt, label
+
+
+def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) -> dict:
+    """On this rank: shard one EBC table row-wise with the routed sharder under DMP, train
+    `config.steps` steps (fused SGD on the table, SGD on the head) and count, per step, the ids
+    torchrec's input all-to-all delivers to this rank. Returns the losses, the ids
+    received, this rank's local rows, and its local batches' ids (for the parent's oracle)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torch import nn
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    from embnb.rowwise.sharded_rows import weight_key
+
+    # torchrec 1.8's sharded modules call c10d's deprecated reduce_scatter_tensor and
+    # all_gather_into_tensor: a FutureWarning per rank that a user of torchrec cannot act on
+    warnings.filterwarnings("ignore", r".*is deprecated\. Please use .*", FutureWarning)
+    torch.manual_seed(config.seed)
+    table = EmbeddingBagConfig(
+        name=TABLE,
+        embedding_dim=config.embedding_dim,
+        num_embeddings=config.num_embeddings,
+        feature_names=["f"],
+    )
+
+    class Model(nn.Module):
+        def __init__(self, device: torch.device) -> None:
+            super().__init__()
+            self.ebc = EmbeddingBagCollection(tables=[table], device=device)
+            self.head = nn.Linear(config.embedding_dim, 1)
+
+        def forward(self, kjt):
+            return self.head(self.ebc(kjt)["f"]).squeeze(1)
+
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": config.learning_rate}
+    with warnings.catch_warnings():
+        # torchrec's own DDP wrapping passes DDP's deprecated `broadcast_buffers`:
+        # nothing a reader can act on, printed once per rank in `make run`
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        dmp = shard_model(Model(torch.device("meta")), {TABLE: routing}, world_size, fused)
+    received: list[int] = []
+    sharded = dmp.module.ebc
+    head = torch.optim.SGD([p for n, p in dmp.named_parameters() if "head" in n], lr=config.learning_rate)
+    losses, local_ids = [], []
+    for step in range(config.steps):
+        ids, kjt, label = _local_batch(config, rank, step)
+        local_ids.append(ids)
+        # what torchrec's row-wise input all-to-all delivers to this rank for this batch (the
+        # sharder's public input_dist, run once more beside the step: every rank calls it in turn)
+        with torch.no_grad():
+            delivered = sharded.input_dist(sharded.create_context(), kjt).wait().wait()
+        received.append(_kjt_ids(delivered))
+        head.zero_grad()
+        loss = ((dmp(kjt) - label) ** 2).mean()
+        loss.backward()
+        head.step()
+        losses.append(float(loss.detach()))
+    (shard,) = sharded.state_dict()[weight_key(sharded, TABLE)].local_shards()
+    return {
+        "routing": str(sharded.routings[TABLE]),
+        "losses": losses,
+        "ids_received": received,
+        "local_rows": int(shard.tensor.shape[0]),
+        "state_dict_key": weight_key(sharded, TABLE),  # torchrec's key + the layout (docs/sharders.md)
+        "local_ids": [i.tolist() for i in local_ids],
+    }
+
+
+def _kjt_ids(features) -> int:
+    """Ids in a KeyedJaggedTensor, or in a list of them (torchrec's KJTList)."""
+    if not hasattr(features, "values"):
+        return sum(_kjt_ids(f) for f in features)
+    return features.values().numel()
+
+
+def received_by_layout(
+    local_ids: list[list[list[int]]], routing: str, config: TrainConfig
+) -> list[list[int]]:
+    """Per step, per rank: the ids the layout says each rank owns in that step's global batch
+    (`local_ids[rank][step]`: a rank's local ids), the count each rank's lookup should receive."""
+    world_size = len(local_ids)
+    layout = TableLayout(config.num_embeddings, world_size, routing, config.seed)
+    steps = []
+    for step in range(len(local_ids[0])):
+        ids = torch.tensor([i for rank_ids in local_ids for i in rank_ids[step]], dtype=torch.int64)
+        steps.append(torch.bincount(layout.owner(ids), minlength=world_size).tolist())
+    return steps
+
+
+def training_rows(runs: dict[str, list[dict]], config: TrainConfig) -> list[dict]:
+    """Per routing of the DMP run: each rank's local rows and ids received over all steps, whether
+    they equal the layout's count, and the losses of rank 0 (first and last step)."""
+    rows = []
+    for routing, ranks in runs.items():
+        expected = received_by_layout([r["local_ids"] for r in ranks], routing, config)
+        received = [[r["ids_received"][s] for r in ranks] for s in range(config.steps)]
+        totals = [sum(step[r] for step in received) for r in range(len(ranks))]
+        rows.append(
+            {
+                "routing": routing,
+                "routing_on_module": ranks[0]["routing"],
+                "local_rows": [r["local_rows"] for r in ranks],
+                "ids_received": totals,
+                "ids_max_over_mean": max_over_mean(totals),
+                "received_equals_layout": received == expected,
+                "loss_first": ranks[0]["losses"][0],
+                "loss_last": ranks[0]["losses"][-1],
+            }
+        )
+    return rows
