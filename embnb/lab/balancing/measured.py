@@ -376,20 +376,6 @@ RECSYS_E2E = {
 }
 
 
-def speedup_sentences(table: pd.DataFrame) -> list[str]:
-    """For the bench's log: per distribution, at each W, KK + swaps' measured speed-up, the FLOP
-    model's and the bound's."""
-    sentences = []
-    for name, rows in table[table["method"] == "kk_swap"].groupby("distribution", sort=False):
-        parts = [
-            f"W={r.world_size}: {r.measured:.2f}x measured, {r.flop_model:.2f}x by FLOPs, "
-            f"bound {r.bound:.2f}x" + (" (set by the longest sample)" if r.longest_sets_bound else "")
-            for r in rows.itertuples()
-        ]
-        sentences.append(f"{name}, KK + swaps over the loader's cut: " + "; ".join(parts) + ".")
-    return sentences
-
-
 def fitted(steps: BalancedSteps) -> tuple[pd.DataFrame, dict[str, Any]]:
     """`steps.speedups()` with what a per-rank cost of FLOPs, distinct lengths and tokens predicts
     ("fitted_model"), and both fits of `cost_fit` over every measured rank (WORK: does time follow
