@@ -55,10 +55,10 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x8
 
 # Notebook parameters small enough for one short GPU run.
 NOTEBOOK_PARAMETERS = {
-    "01_modulo_aliasing": {
+    "01_modulo_aliasing": {"num_keys": 100_000, "world_sizes": [6, 8, 12], "zipf_seeds": 8},
+    "01a_routing_measured": {
         "num_keys": 100_000,
         "world_sizes": [6, 8, 12],
-        "zipf_seeds": 8,
         "hash_keys_per_rank": [100, 1_000, 10_000],
         "kv_keys_per_rank": 1024,
         "kernel_sizes": [1_000_000],

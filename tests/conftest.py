@@ -44,6 +44,7 @@ SLOWEST_FILES = (
     "lab/test_harness.py",
     "cuda/test_native.py",
     "notebooks/test_notebook_01.py",
+    "notebooks/test_notebook_01a.py",
     "notebooks/test_notebook_04.py",
     "notebooks/test_notebook_04a.py",
     "planner/test_enumerator.py",

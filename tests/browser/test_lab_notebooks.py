@@ -18,12 +18,9 @@ SMALL = {  # the smallest runs that still touch every section
     "01_modulo_aliasing": {
         "num_keys": 20_000,
         "world_sizes": [4],
-        "kv_world_size": 2,
-        "kv_keys_per_rank": 64,
-        "embedding_dim": 4,
-        "reshard_world_size": 3,
-        "kernel_sizes": [10_000],
-        "kernel_repeats": 1,
+        "zipf_seeds": 4,
+        "train_steps": 1,
+        "train_num_embeddings": 256,
     },
     "02_cw_permute_indices": {},
     "03_dp_planner": {
