@@ -432,7 +432,6 @@ def test_package_brute_force_agrees_with_the_test_one():
     least = sum(min(o.total_perf for o in g) for g in by_table(enumerated.options))
     assert extremes.least_sum.summed_perf == pytest.approx(least)
     assert extremes.least_placed_sum.summed_perf >= extremes.least_sum.summed_perf
-    assert "of 64 plans can be placed" in extremes.describe()
 
 
 def test_quality_summary_per_proposer():
