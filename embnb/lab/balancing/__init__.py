@@ -7,14 +7,14 @@ package alone (`import embnb.lab.balancing as lab`) and finds here what it uses.
 memory caps), `gpu_runs` (the committed GPU runs), `plots`; the explorer is `widgets`.
 """
 
-from embnb.dist import device_plan, launch, resolve_device, start_rank_server
-from embnb.lab.balancing import comparison, cost_fit, experiment, gpu_runs, job, measured, memory_cap, plots
-from embnb.lab.balancing.reference import kk_equal_count, page_core_agrees
-from embnb.lab.logs import quiet_torch_fx
-from embnb.lab.source import show_source
+from embnb.lab.exports import lazy_exports
 
-__all__ = [
-    "comparison", "cost_fit", "experiment", "gpu_runs", "job", "measured", "memory_cap", "plots",
-    "kk_equal_count", "page_core_agrees", "device_plan", "launch", "resolve_device", "start_rank_server",
-    "quiet_torch_fx", "show_source",
-]  # fmt: skip
+_HOMES = {
+    **dict.fromkeys(["comparison", "cost_fit", "experiment", "gpu_runs", "job", "measured", "memory_cap",
+                     "plots", "widgets"], []),  # modules of their own: lab.measured.fitted
+    "reference": ["kk_equal_count", "page_core_agrees"],
+    "embnb.dist": ["device_plan", "launch", "resolve_device", "start_rank_server"],
+    "embnb.lab.logs": ["quiet_torch_fx"],
+    "embnb.lab.source": ["show_source"],
+}  # fmt: skip
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -7,7 +7,7 @@ recorded), `experiment` (the teaching run and the appendix's, as data), `traffic
 
 from __future__ import annotations
 
-import importlib
+from embnb.lab.exports import lazy_exports
 
 _HOMES = {
     "embnb.dist": ["start_rank_server", "device_plan"],
@@ -17,23 +17,12 @@ _HOMES = {
                                    "rank_order", "cw_permute_indices", "rank_ordered_shard_outputs",
                                    "concat_in_rank_order", "stitch_cw", "check_permute_answer"],
     "embnb.columnwise.torchrec_adapter": ["cw_sharding_plan"],
-    f"{__name__}.experiment": ["SeedTable", "TrafficBatch", "run_seed", "run_appendix", "shard_table",
+    "experiment": ["SeedTable", "TrafficBatch", "run_seed", "run_appendix", "shard_table",
                                "permute_derivation"],
-    f"{__name__}.torchrec_layouts": ["torchrec_version", "source_places", "UNEVEN_EC_STEPS",
+    "torchrec_layouts": ["torchrec_version", "source_places", "UNEVEN_EC_STEPS",
                                      "POOLED_PERMUTE_STEPS"],
-    f"{__name__}.reference": ["all_placements", "page_core_agrees"],
-    f"{__name__}.figures": ["column_order_figure", "lookup_error_figure"],
-    f"{__name__}.widgets": ["PlacementExplorer"],
+    "reference": ["all_placements", "page_core_agrees"],
+    "figures": ["column_order_figure", "lookup_error_figure"],
+    "widgets": ["PlacementExplorer"],
 }  # fmt: skip
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
-__all__ = sorted(_HOME_OF)
-
-
-def __getattr__(name: str):
-    if name not in _HOME_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME_OF[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -9,7 +9,7 @@ against brute force), `planning`, `comparison` and `ablation` (runs in torchrec'
 
 from __future__ import annotations
 
-import importlib
+from embnb.lab.exports import lazy_exports
 
 _HOMES = {
     "models": ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options", "hosts_of"],
@@ -32,15 +32,4 @@ _HOMES = {
                 "measured_figure", "calibration_scatter"],
     "widgets": ["ExplorerStart", "PlannerExplorer"],
 }  # fmt: skip
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
-__all__ = sorted(_HOME_OF)
-
-
-def __getattr__(name: str):
-    if name not in _HOME_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME_OF[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -9,7 +9,7 @@ tables replayed rank by rank), `job` (the torchrec call a training job writes, r
 
 from __future__ import annotations
 
-import importlib
+from embnb.lab.exports import lazy_exports
 
 _HOMES = {
     "reference": ["MASK64", "fmix64", "owner_of", "jump_bucket", "page_core_agrees"],
@@ -33,19 +33,4 @@ _HOMES = {
     "embnb.lab.source": ["show_source"],
     "embnb.rowwise": ["checkpoint", "kv"],
 }  # fmt: skip
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
-__all__ = sorted(_HOME_OF)
-
-
-def __getattr__(name: str):
-    if name in _HOMES and "." not in name:  # a module of its own: lab.kernel_timing.run
-        return importlib.import_module(f"{__name__}.{name}")
-    if name not in _HOME_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    home = _HOME_OF[name]
-    module = importlib.import_module(home if "." in home else f"{__name__}.{home}")
-    return getattr(module, name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
