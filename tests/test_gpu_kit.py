@@ -287,7 +287,7 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     collected = {case.get("classname", "").split(".")[-1] for xml in reports for case in _test_cases(xml)}
     assert {pathlib.Path(f).stem for f in gpu_kit.KIT_TESTS} <= collected
     assert summary["cuda_problems"] == []
-    results = json.loads((out / "notebooks" / "01_modulo_aliasing.json").read_text())
+    results = json.loads((out / "notebooks" / "01a_routing_measured.json").read_text())
     assert results["kv"]["rows_match"] and results["kernel"]["device"] == "cpu"
     (bench,) = out.glob("bucketize-*.json")
     assert all(row["identical"] for row in json.loads(bench.read_text())["rows"])
