@@ -14,7 +14,7 @@ in the stream, not built into it. Patterns:
               ms, so the sequence is mostly 0 and ids are multiples of 4096.
 - zipf:       hot keys; ids scattered by a random permutation. Hashing spreads
               distinct keys but cannot split one hot key, so it does NOT fix
-              this skew (notebook 01, section 3).
+              this skew (notebooks 01 and 01a).
 
 `zipf_lengths` draws heavy-tailed sequence lengths from the same Zipf
 sampler (the balancing notebook's batches).

@@ -21,7 +21,7 @@
    their 95% intervals, and the per-phase breakdown.
 4. Exchanges: all-gather vs all-to-all on real ranks (time, identical
    batches) and the bytes a rank receives, computed up to 64 ranks.
-5. Rank by rank (notebook 04 sections 8-10, `embnb.lab.balancing.measured`):
+5. Rank by rank (appendix 04a, `embnb.lab.balancing.measured`):
    at each of --measured-world-size, for Zipf and log-normal lengths, every
    rank's forward and backward on its own samples, one rank after another
    on --device (CPU: thread CPU time, one thread; GPU: every rank in turn

@@ -1,4 +1,4 @@
-"""How evenly each routing mode spreads patterned keys over ranks (notebook 01, sections 1-4).
+"""How evenly each routing mode spreads patterned keys over ranks (notebook 01).
 
 `continuous` cuts a table into blocks of `ceil(table_rows / W)` rows, as torchrec does; by default the
 table is sized to hold the stream's largest key, and `table_rows={pattern: rows}` gives a stream a

@@ -1,4 +1,4 @@
-"""Where the hot-key floor binds: Zipf traffic over a sweep of alpha (notebook 01, section 4).
+"""Where the hot-key floor binds: Zipf traffic over a sweep of alpha (appendix 01a).
 
 The hottest key carries a share `p1` of all lookups and is one row on one rank, so no routing has
 max/mean below `max(1, W * p1)`. `counted_placement` (greedy LPT over the keys' counts) shows what a

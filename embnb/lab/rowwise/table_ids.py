@@ -1,4 +1,4 @@
-"""Raw ids into a torchrec table, then row-wise blocks (notebook 01, section 2).
+"""Raw ids into a torchrec table, then row-wise blocks (appendix 01a).
 
 torchrec needs `0 <= id < num_embeddings`: `out_of_range_lookup` runs the peers on one id past the
 table (torchrec's EmbeddingBagCollection raises; FBGEMM's TBE, under torchrec's fused tables, raises
