@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import statistics
 
-from performance_tables import Run, cells, sig, source, table  # beside this script
+from performance_tables import cells, sig, source, table  # beside this script
+
+from embnb.results import Run
 
 PAIRED = "minus_embnb DP (calibrated)"  # the bench's round-by-round difference, where it paired rounds
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from performance_tables import Run, sig, source, table  # beside this script
+from performance_tables import sig, source, table  # beside this script
+
+from embnb.results import Run
 
 
 def _ratio(ratio: dict) -> str:

@@ -6,20 +6,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Run:
-    """One results file: its name, the benchmark it is from, and its payload."""
-
-    name: str
-    benchmark: str
-    date: str
-    machine: str
-    data: dict[str, Any]
-
+from embnb.results import Run
 
 # Formatting ---------------------------------------------------------------
 

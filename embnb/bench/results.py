@@ -1,76 +1,17 @@
-"""What the benchmarks share: their result files, the --out option, quiet
-torchrec logs and how a spread prints; timing itself lives in embnb.timing."""
+"""What the benchmarks share: the --out option, quiet torchrec logs and how a
+spread prints. Their results files are written and read by embnb.results
+(write_results is imported here for the benches); timing lives in embnb.timing."""
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import logging
 import pathlib
-import platform
 import statistics
-import subprocess
-from importlib import metadata
-from typing import Any
 
-from embnb.timing import machine_name
+from embnb.results import write_results
 
-# Relative: under the current directory, so an installed wheel writes where it runs.
-RESULTS_DIR = pathlib.Path("benchmarks") / "results"
-
-
-def stack_versions() -> dict[str, str | None]:
-    """Python, torch, fbgemm (CPU or CUDA build) and torchrec versions here; None where absent."""
-
-    def version(*names: str) -> str | None:
-        for name in names:
-            try:
-                return metadata.version(name)
-            except metadata.PackageNotFoundError:
-                continue
-        return None
-
-    return {
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "fbgemm_gpu": version("fbgemm-gpu-cpu", "fbgemm-gpu"),
-        "torchrec": version("torchrec"),
-    }
-
-
-def source_commit() -> str | None:
-    """The git commit of the embnb source that runs (suffixed `-dirty` with uncommitted changes);
-    None outside a git checkout (an installed wheel)."""
-    source = pathlib.Path(__file__).resolve().parent
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *args], cwd=source, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
-        return None
-    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def write_results(name: str, payload: dict[str, Any], out_dir: pathlib.Path | None = None) -> pathlib.Path:
-    """Write `payload` (plus date, machine, the stack's versions and the source commit) to
-    RESULTS_DIR/NAME-DATE-MACHINE.json."""
-    out_dir = pathlib.Path(out_dir or RESULTS_DIR)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    machine = payload.setdefault("machine", machine_name())
-    payload.setdefault("date", stamp)
-    payload.setdefault("stack", stack_versions())
-    payload.setdefault("commit", source_commit())
-    slug = "".join(c if c.isalnum() else "-" for c in machine.lower()).strip("-")
-    path = out_dir / f"{name}-{stamp}-{slug}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    return path
+__all__ = ["add_out_argument", "quiet_torchrec_logs", "spread", "tbe_device", "write_results"]
 
 
 def spread(runs: list[float], digits: int) -> str:

@@ -14,12 +14,9 @@ import pathlib
 import time
 from dataclasses import dataclass
 
-import embnb
+from embnb.results import COMMITTED_RESULTS  # noqa: F401  (its readers move to embnb.results.load_runs)
 
-__all__ = ["COMMITTED_RESULTS", "ReportEntry", "write_report"]
-
-# The benches' committed results files, which notebooks read back (there are none outside a checkout).
-COMMITTED_RESULTS = pathlib.Path(embnb.__file__).resolve().parent.parent / "benchmarks" / "results"
+__all__ = ["ReportEntry", "write_report"]
 
 
 @dataclass(frozen=True)
