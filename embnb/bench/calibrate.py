@@ -15,14 +15,15 @@ checked on models and plans it was not fitted on.
    calibrated estimator and two poor plans (every table table-wise on 1 and on 2 ranks). Every plan is
    measured; per rank holding a shard, the relative error of torchrec's default estimate and of the
    calibrated estimate against the measured lookups (median and worst of |error|). A world's plans
-   are measured in interleaved rounds (`steptime.measure_plans_interleaved`): each round runs every plan once,
-   so a machine that slows during the run slows every plan alike. The default
+   are measured in interleaved rounds (`embnb.steptime.measure_world`): each round runs every plan
+   once, so a machine that slows during the run slows every plan alike. The default
    held-out set: notebook 03's seed at W = 8 and 32, and two other models. Where two planners
    return one placement it is measured twice: rank by rank, how far apart the two came is the
    noise under those errors (`rank_repeat_gap`).
 3. Which plan measured fastest: per held-out model, each plan's measured critical path (the slowest
    rank's step, lookups + dense part, per repeat: median and range), and round by round its step
-   minus embnb DP (calibrated)'s (`pair_rounds`: the mean difference with its 95% t-interval).
+   minus embnb DP (calibrated)'s (`measure_world`'s paired difference: the mean with its 95%
+   t-interval).
 
 The figures are measured on `--device` (this machine's CPU by default, or its GPU; named by
 `embnb.timing.machine_name`), except the estimates, which are labelled as torchrec's.
@@ -60,13 +61,10 @@ from embnb.planner.calibration import (
 )
 from embnb.planner.enumerator import make_enumerator
 from embnb.planner.topology import make_topology
-from embnb.steptime import StepTimes, make_batch, measure_plan, measure_plans_interleaved
+from embnb.steptime import CLOCKS, StepTimes, make_batch, measure_plan, measure_world
 from embnb.steptime.work import HOST_LEVEL_SHARDING_TYPES
-from embnb.timing import Difference, Stopwatch, machine_name, paired_difference
+from embnb.timing import Stopwatch, machine_name
 
-# Thread CPU time at one thread on a CPU (other jobs on a shared machine stretch wall time, not it); on a
-# GPU, wall time with the GPU synchronized at each phase's edges (steptime's clock): kernels run async.
-CLOCKS = {"cpu": "cpu", "cuda": "wall"}
 DP_MAX_PARAMS = 1 << 20  # data-parallel in the random plans: tables of up to 1M parameters (4 MiB fp32)
 SKIPPED = (
     "all data-parallel",
@@ -177,27 +175,6 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "low": min(values), "high": max(values)}
 
 
-def _critical_paths(times: StepTimes, clock: str) -> dict[str, Any]:
-    """Per repeat, the slowest rank's step and lookups (ms, `clock`): median and range over repeats,
-    and the step of each repeat in order (`step_ms_rounds`: a round of `measure_plans_interleaved` each)."""
-    step = [s * 1e3 for s in times.critical_paths_s(clock)]
-    lookup = [s * 1e3 for s in times.critical_paths_s(clock, "lookup")]
-    return {"step_ms": _spread(step), "lookup_ms": _spread(lookup), "step_ms_rounds": step}
-
-
-def pair_rounds(rows: list[dict[str, Any]]) -> dict[str, Difference]:
-    """Per measured plan, its step minus PAIRED_WITH's, round by round (`paired_difference`: the
-    mean with its 95% t-interval, ms; one round measures both within moments); none without it."""
-    reference = next((r for r in rows if r["plan"] == PAIRED_WITH and r["measured"]), None)
-    if reference is None:
-        return {}
-    return {
-        row["plan"]: paired_difference(row["step_ms_rounds"], reference["step_ms_rounds"])
-        for row in rows
-        if row["measured"] and row is not reference
-    }
-
-
 def _measure(options, model: Model, topology, batch, opts) -> StepTimes:
     return measure_plan(
         to_sharding_plan(options, topology), model.tables, batch, device=opts.device,
@@ -265,10 +242,10 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
     for name, run in _calibrated_plans(calibration, model, enumerated, topology, opts).items():
         plans[name] = (run.plan, run.perf_rating, run.note, "calibrated")
     batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
-    measurable = {name: plan[0] for name, plan in plans.items() if plan[0] is not None}
-    measured = measure_plans_interleaved(
-        {name: to_sharding_plan(options, topology) for name, options in measurable.items()},
-        model.tables, batch, opts.repeats, device=opts.device, threads=opts.threads, warmup=opts.warmup,
+    world = measure_world(
+        {name: to_sharding_plan(plan[0], topology) for name, plan in plans.items() if plan[0] is not None},
+        model.tables, batch, opts.repeats, reference=PAIRED_WITH if plans[PAIRED_WITH][0] else None,
+        device=opts.device, threads=opts.threads, warmup=opts.warmup,
     )  # fmt: skip
     rows, placements = [], {}
     for name, (options, rating, note, estimator) in plans.items():
@@ -279,10 +256,10 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
             continue
         # Two planners may return one placement: measured again, it shows the spread between runs.
         row["same_as"] = placements.setdefault(_placement(options), name)
-        times = measured[name]
-        if isinstance(times, ValueError):  # a sharding type steptime does not replay: the others count
-            rows.append({**row, "measured": False, "note": f"not measured: {times}"})
-            print(f"heldout seed={seed} W={world_size:>2} {name:<30} not measured: {times}", flush=True)
+        measured = world.plans[name]
+        if not measured.measured:  # a sharding type steptime does not replay: the others count
+            rows.append({**row, "measured": False, "note": measured.error})
+            print(f"heldout seed={seed} W={world_size:>2} {name:<30} {measured.error}", flush=True)
             continue
         per_rank = rank_terms(
             options, topology, enumerated.sharders, model.constraints, calibration.cache_bytes
@@ -297,23 +274,22 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
                 "calibrated_estimate_ms": calibration.estimate(per_rank[r.rank]),
                 "shards": len(per_rank[r.rank]),
             }
-            for r in times.ranks
+            for r in measured.times.ranks
         ]
-        paths = _critical_paths(times, opts.clock)
+        step = _spread(measured.step_ms)
         row["priced_without_own_fit"] = _unfitted(calibration, per_rank)
-        rows.append({**row, "measured": True, "shape": plan_shape(options), **paths, "ranks": ranks})
-        step = paths["step_ms"]
+        row |= {"measured": True, "shape": plan_shape(options), "step_ms": step, "ranks": ranks,
+                "lookup_ms": _spread(measured.lookup_ms), "step_ms_rounds": measured.step_ms}  # fmt: skip
         print(
             f"heldout seed={seed} W={world_size:>2} {name:<30} critical path {step['median']:7.1f} ms "
             f"({step['low']:.1f}-{step['high']:.1f}, {opts.clock} time) {plan_shape(options)}",
             flush=True,
         )
-    paired = pair_rounds(rows)
-    for row in rows:
-        if row["plan"] in paired:
-            row["minus_" + PAIRED_WITH] = paired[row["plan"]].as_dict()
-            print(f"heldout seed={seed} W={world_size:>2} {row['plan']:<30} minus {PAIRED_WITH}, round by "
-                  f"round: {paired[row['plan']]} ms", flush=True)  # fmt: skip
+        if measured.minus_reference is not None:
+            row["minus_" + PAIRED_WITH] = measured.minus_reference.as_dict()
+            print(f"heldout seed={seed} W={world_size:>2} {name:<30} minus {PAIRED_WITH}, round by "
+                  f"round: {measured.minus_reference} ms", flush=True)  # fmt: skip
+        rows.append(row)
     measured = [r for r in rows if r["measured"]]
     fastest = min(measured, key=lambda r: r["step_ms"]["median"])
     return {"seed": seed, "world_size": world_size, "plans": rows, "fastest": fastest["plan"],

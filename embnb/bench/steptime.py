@@ -5,10 +5,13 @@ on a topology of that many devices of `--compute-device` (default: the
 measuring device's kind, so torchrec's estimator models this hardware) by
 embnb's DP, torchrec's DP, Greedy and torchrec's default proposers, beside
 poor plans (every table table-wise on 1 and 2 ranks, every table
-data-parallel). Each plan is run rank by rank (`embnb.steptime`): the
-rank's own TBEs fed the ids torchrec's input dist would deliver, and the
-dense MLP on its local samples, forward and backward, `--warmup` then
-`--repeats` times at `--threads` threads. Per plan the JSON keeps each
+data-parallel). Each plan is run rank by rank (`measure_candidates` over
+`embnb.steptime.measure_world`): the rank's own TBEs fed the ids torchrec's
+input dist would deliver, and the dense MLP on its local samples, forward
+and backward at `--threads` threads; the planners' plans in `--repeats`
+interleaved rounds (`--warmup` untimed steps, one timed, per round), each
+one's step minus embnb DP's paired round by round (`minus_embnb_dp`), the
+poor plans after them, `--repeats` times each. Per plan the JSON keeps each
 rank's measured phases (median, range; wall and thread CPU time),
 torchrec's estimate per rank, the bytes of every collective and a
 communication time computed from them with torchrec's bandwidths (not
@@ -38,19 +41,17 @@ import torch
 
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
 from embnb.lab.planner.candidates import (
+    REFERENCE,
     CandidatePlan,
-    candidate_plans,
     estimated_per_rank,
+    measure_candidates,
     plan_shape,
 )
 from embnb.lab.planner.models import make_model
 from embnb.metrics import spearman
-from embnb.planner.topology import make_topology
-from embnb.steptime.batch import make_batch
-from embnb.steptime.comms import LINK_MODEL
+from embnb.steptime import LINK_MODEL, PlanTimes, StepTimes
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER
-from embnb.steptime.measure import DEFAULT_HIDDEN, StepTimes
-from embnb.steptime.step import measure_plan
+from embnb.steptime.measure import DEFAULT_HIDDEN
 from embnb.timing import machine_name
 
 
@@ -105,7 +106,7 @@ def _check(opts: argparse.Namespace) -> str | None:
     return None
 
 
-def _phases(times: StepTimes) -> list[dict[str, Any]]:
+def _phases(times: StepTimes, estimate: dict[str, list[float]], topology) -> list[dict[str, Any]]:
     ranks = []
     for rank, comms in zip(times.ranks, times.comms):
         entry: dict[str, Any] = {"rank": rank.rank, "num_ids": rank.num_ids}
@@ -127,43 +128,32 @@ def _phases(times: StepTimes) -> list[dict[str, Any]]:
             }
             for c in comms.collectives
         ]
+        entry["estimated_s"] = {key: values[rank.rank] for key, values in estimate.items()}
+        entry["computed_comms_s"] = comms.computed_seconds(topology)
         ranks.append(entry)
     return ranks
 
 
-def _measure(candidate: CandidatePlan, topology, model, batch, opts, device: str) -> dict[str, Any]:
-    row: dict[str, Any] = {"plan": candidate.name, "rating_s": candidate.rating / 1e3, "note": candidate.note}
-    row["planning_s"] = candidate.planning_s
-    if candidate.options is None:
-        return {**row, "measured": False}
-    start = time.perf_counter()
-    times = measure_plan(
-        candidate.sharding_plan(topology),
-        model.tables,
-        batch,
-        device=device,
-        threads=opts.threads,
-        warmup=opts.warmup,
-        repeats=opts.repeats,
-    )
-    estimate = estimated_per_rank(candidate.options, topology.world_size)
-    ranks = _phases(times)
-    for entry, comms in zip(ranks, times.comms):
-        entry["estimated_s"] = {key: values[entry["rank"]] for key, values in estimate.items()}
-        entry["computed_comms_s"] = comms.computed_seconds(topology)
-    critical = times.critical_rank("wall")
-    lookup = [r.lookup.median_s("wall") for r in times.ranks]
+def _row(candidate: CandidatePlan, plan: PlanTimes | None, topology) -> dict[str, Any]:
+    row: dict[str, Any] = {"plan": candidate.name, "rating_s": candidate.rating / 1e3, "note": candidate.note,
+                           "planning_s": candidate.planning_s}  # fmt: skip
+    if plan is None or not plan.measured:
+        return {**row, "measured": False, "note": candidate.note or (plan.error if plan else "")}
+    times = plan.times
+    ranks = _phases(times, estimated_per_rank(candidate.options, topology.world_size), topology)
+    paired = plan.minus_reference
     return {
         **row,
         "measured": True,
-        "measure_s": time.perf_counter() - start,
         "shape": plan_shape(candidate.options),
         "kernels": dict(Counter(o.compute_kernel for o in candidate.options)),
-        "critical_rank": critical,
+        "critical_rank": times.critical_rank("wall"),
         "critical_path_s": times.critical_path_s("wall"),
         "critical_path_cpu_s": times.critical_path_s("cpu"),
-        "lookup_critical_path_s": max(lookup),
+        "lookup_critical_path_s": max(r.lookup.median_s("wall") for r in times.ranks),
         "with_computed_comms_s": max(r["compute"]["wall_s"] + r["computed_comms_s"] for r in ranks),
+        "step_ms_rounds": plan.step_ms,  # the slowest rank's step per round (per repeat: measured alone)
+        "minus_embnb_dp": None if paired is None else paired.as_dict(),  # round by round, ms
         "ranks": ranks,
     }
 
@@ -173,38 +163,21 @@ def _correlations(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     if len(measured) < 2:
         return {}
     rating = [r["rating_s"] for r in measured]
-    return {
-        key: spearman([r[key] for r in measured], rating)
-        for key in (
-            "critical_path_s",
-            "critical_path_cpu_s",
-            "lookup_critical_path_s",
-            "with_computed_comms_s",
-        )
-    }
+    keys = ("critical_path_s", "critical_path_cpu_s", "lookup_critical_path_s", "with_computed_comms_s")
+    return {key: spearman([r[key] for r in measured], rating) for key in keys}
 
 
 def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, Any]:
     model = make_model(opts.tables, seed=opts.seed, max_rows=opts.max_rows)
     per_host = opts.devices_per_host if opts.devices_per_host and opts.devices_per_host < world_size else None
-    topology = make_topology(
-        world_size, opts.compute_device or device, hbm_cap_gb=opts.hbm_gib, local_world_size=per_host
-    )
-    candidates = candidate_plans(model, topology, opts.batch_size, timeout_s=opts.timeout_s)
-    batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
-    rows = []
-    for candidate in candidates.values():
-        try:
-            row = _measure(candidate, topology, model, batch, opts, device)
-        except (RuntimeError, ValueError) as error:  # one plan that cannot run must not lose the others
-            note = f"not measured: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
-            row = {
-                "plan": candidate.name,
-                "rating_s": candidate.rating / 1e3,
-                "note": note,
-                "measured": False,
-            }
-        rows.append(row)
+    measured = measure_candidates(
+        model, world_size, opts.batch_size, opts.repeats, device=device, compute_device=opts.compute_device,
+        hbm_cap_gb=opts.hbm_gib, local_world_size=per_host, alone_repeats=opts.repeats, seed=opts.seed,
+        timeout_s=opts.timeout_s, threads=opts.threads, warmup=opts.warmup,
+    )  # fmt: skip
+    topology = measured.topology
+    rows = [_row(c, measured.world.plans.get(n), topology) for n, c in measured.candidates.items()]
+    for row in rows:
         if row["measured"]:
             path, cpu = row["critical_path_s"] * 1e3, row["critical_path_cpu_s"] * 1e3
             print(
@@ -217,9 +190,11 @@ def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, 
             print(f"W={world_size:>3} {row['plan']:<26} no plan: {row['note']}", flush=True)
     correlations = _correlations(rows)
     print(f"W={world_size:>3} Spearman(measured critical path, torchrec rating): {correlations}", flush=True)
+    told = measured.world.told_apart() or "none (this machine cannot tell these plans apart)"
+    print(f"W={world_size:>3} told apart from {REFERENCE}, round by round: {told}", flush=True)
     return {"world_size": world_size, "compute_device": topology.compute_device, "hbm_cap_gb": opts.hbm_gib,
-            "local_world_size": topology.local_world_size, "plans": rows,
-            "spearman_vs_rating": correlations}  # fmt: skip
+            "local_world_size": topology.local_world_size, "plans": rows, "clock": measured.world.clock,
+            "spearman_vs_rating": correlations, "told_apart": measured.world.told_apart()}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

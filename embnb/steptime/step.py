@@ -2,7 +2,6 @@
 measured step out (`StepTimes`).
 
     times = measure_plan(plan, model.tables, batch)                  # a torchrec ShardingPlan
-    times = measure_plans_interleaved({"a": plan_a, "b": plan_b}, model.tables, batch, rounds=5)
     times = measure_routing(batch, "hash_roundrobin", rows, dims)    # a routing mode, a key stream
     times = measure_partition([[512, 64], [128, 128, 200]], width=64) # a batch partition
 """
@@ -18,10 +17,10 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from embnb.rowwise.routing import DistType
 from embnb.steptime.batch import GlobalBatch
 from embnb.steptime.comms import plan_comms, routing_comms
-from embnb.steptime.measure import StepOptions, StepTimes, join_rounds, measure_ranks
+from embnb.steptime.measure import StepOptions, StepTimes, measure_ranks
 from embnb.steptime.work import partition_work, plan_shards, plan_work, routing_work
 
-__all__ = ["measure_plan", "measure_plans_interleaved", "measure_routing", "measure_partition"]
+__all__ = ["measure_plan", "measure_routing", "measure_partition"]
 
 
 def measure_plan(
@@ -41,34 +40,6 @@ def measure_plan(
         comms_of=lambda rank, dense: plan_comms(shards, batch, rank, dense),
         options=StepOptions(**options),
     )
-
-
-def measure_plans_interleaved(
-    plans: dict[str, ShardingPlan],
-    tables: Sequence[EmbeddingBagConfig],
-    batch: GlobalBatch,
-    rounds: int,
-    **options: Any,
-) -> dict[str, StepTimes | ValueError]:
-    """Each plan's steps over `rounds` rounds, each round measuring every plan once (one timed
-    repeat after `options`' warm-up; its kernels built anew), joined (`join_rounds`): a machine
-    that slows mid-run slows every plan alike, and repeat i of two plans is one round, so their
-    difference can be paired round by round (`embnb.timing.paired_difference`). A plan steptime
-    cannot replay gets its ValueError (from the first round) instead."""
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
-    if "repeats" in options:
-        raise ValueError("repeats: one per round here; ask for `rounds` instead")
-    got: dict[str, Any] = {}
-    for _ in range(rounds):
-        for name, plan in plans.items():
-            if isinstance(got.get(name), ValueError):
-                continue
-            try:
-                got.setdefault(name, []).append(measure_plan(plan, tables, batch, repeats=1, **options))
-            except ValueError as error:  # a sharding type steptime does not replay
-                got[name] = error
-    return {name: g if isinstance(g, ValueError) else join_rounds(g) for name, g in got.items()}
 
 
 def measure_routing(

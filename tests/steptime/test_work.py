@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -24,9 +25,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from embnb.planner.topology import make_topology
 from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_batch
 from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
+from embnb.steptime.kernels import fbgemm_cuda_available
 from embnb.steptime.measure import join_rounds
-from embnb.steptime.step import measure_partition, measure_plans_interleaved, measure_routing
+from embnb.steptime.step import measure_partition, measure_routing
 from embnb.steptime.work import devices_per_host, plan_shards, plan_work, routing_work
+from embnb.steptime.world import kernel_device, measure_world
 
 TABLES = [
     EmbeddingBagConfig(name="a", feature_names=["fa"], num_embeddings=97, embedding_dim=24),
@@ -168,10 +171,14 @@ def test_rounds_join_into_one_measurement_repeat_by_repeat():
         join_rounds([])
 
 
-def test_plans_measured_in_interleaved_rounds_pair_round_by_round():
-    """measure_plans_interleaved: each plan measured once per round (1 timed repeat each), joined;
-    the per-round critical path is each round's slowest rank (read here from a table of every rank's
-    step per round); a plan steptime cannot replay carries its ValueError, the others still run."""
+def test_a_worlds_plans_in_interleaved_rounds_pair_round_by_round():
+    """measure_world: each plan of the rounds measured once per round (1 timed repeat each), joined;
+    the per-round step is each round's slowest rank (read here from a table of every rank's step per
+    round) and each plan's step minus the reference's is paired round by round (numpy's mean and sd,
+    scipy's t); a plan measured alone has its repeats and no pair; a plan steptime cannot replay
+    keeps its error, the others still run."""
+    from scipy import stats
+
     ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))
     tw = construct_module_sharding_plan(
         ebc, {"a": table_wise(rank=0), "b": table_wise(rank=1)}, local_size=2, world_size=2, device_type="cpu"
@@ -182,22 +189,50 @@ def test_plans_measured_in_interleaved_rounds_pair_round_by_round():
     )  # fmt: skip
     broken = {"a": tw["a"]}  # table b placed nowhere
     batch = make_batch(TABLES, CONSTRAINTS, 2, 8, seed=0)
-    got = measure_plans_interleaved(
-        {"tw": ShardingPlan({"": tw}), "cw": ShardingPlan({"": cw}), "broken": ShardingPlan({"": broken})},
-        TABLES, batch, rounds=3, warmup=0, hidden=(8,),
+    plans = {"tw": ShardingPlan({"": tw}), "cw": ShardingPlan({"": cw}), "broken": ShardingPlan({"": broken})}
+    world = measure_world(
+        plans, TABLES, batch, rounds=3, reference="tw", alone={"tw again": plans["tw"]}, alone_repeats=2,
+        warmup=0, hidden=(8,),
     )  # fmt: skip
-    assert isinstance(got["broken"], ValueError) and "places no shard of tables ['b']" in str(got["broken"])
-    for name in ("tw", "cw"):
-        times = got[name]
-        assert times.repeats == 3 and "3 rounds" in times.notes[-1], name
+    assert list(world.plans) == ["tw", "cw", "broken", "tw again"] and world.clock == "cpu"
+    broken = world.plans["broken"]
+    assert not broken.measured and "places no shard of tables ['b']" in broken.error
+    for name in ("tw", "cw", "tw again"):
+        plan = world.plans[name]
+        times = plan.times
+        assert times.repeats == (2 if name == "tw again" else 3), name
         steps = pd.DataFrame([r.compute.values("cpu") for r in times.ranks])  # rows: ranks, columns: rounds
-        assert times.critical_paths_s("cpu") == steps.max(axis=0).tolist(), name
+        assert plan.step_ms == pytest.approx((steps.max(axis=0) * 1e3).tolist()), name
         lookups = pd.DataFrame([r.lookup.values("cpu") for r in times.ranks])
-        assert times.critical_paths_s("cpu", "lookup") == lookups.max(axis=0).tolist(), name
-    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
-        measure_plans_interleaved({"tw": ShardingPlan({"": tw})}, TABLES, batch, rounds=0)
+        assert plan.lookup_ms == pytest.approx((lookups.max(axis=0) * 1e3).tolist()), name
+        assert plan.critical_rank == int(steps.median(axis=1).idxmax()), name
+    assert world.plans["tw"].minus_reference is None and world.plans["tw again"].minus_reference is None
+    diffs = np.array(world.plans["cw"].step_ms) - np.array(world.plans["tw"].step_ms)
+    half = stats.t.ppf(0.975, 2) * diffs.std(ddof=1) / np.sqrt(3)
+    got = world.plans["cw"].minus_reference
+    assert (got.mean, got.ci_low, got.ci_high) == pytest.approx(
+        (diffs.mean(), diffs.mean() - half, diffs.mean() + half)
+    )
+    told = "slower" if got.ci_low > 0 else "faster" if got.ci_high < 0 else None
+    assert world.told_apart() == ({"cw": told} if told else {})
+    with pytest.raises(ValueError, match="rounds must be an int >= 1, got 0"):
+        measure_world(plans, TABLES, batch, rounds=0)
     with pytest.raises(ValueError, match="repeats: one per round here"):
-        measure_plans_interleaved({"tw": ShardingPlan({"": tw})}, TABLES, batch, rounds=2, repeats=3)
+        measure_world(plans, TABLES, batch, rounds=2, repeats=3)
+    with pytest.raises(ValueError, match="reference 'dp' is not one of the plans"):
+        measure_world(plans, TABLES, batch, rounds=2, reference="dp")
+
+
+def test_kernel_device_runs_cuda_only_with_fbgemms_cuda_kernels():
+    assert kernel_device("cpu") == ("cpu", "")
+    for asked in ("cuda", "auto"):
+        device, note = kernel_device(asked)
+        if fbgemm_cuda_available():
+            assert (device, note) == ("cuda", "")
+        else:  # skipped, and says so: never a crash
+            assert device == "cpu" and f"device={asked!r}" in note and "CUDA measurement is skipped" in note
+    with pytest.raises(ValueError, match="'gpu'"):
+        kernel_device("gpu")
 
 
 def test_bad_configurations_are_named():

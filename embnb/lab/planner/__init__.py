@@ -3,7 +3,7 @@ use from here (each name loads only its module): `models` (random models, their 
 `reference` (the knapsack the page writes, checked), `explain` (its options, DP table and
 frontier), `brute_force`, `pitfall` (least summed perf against the rating), `quality` (proposers
 against brute force), `planning`, `comparison` and `ablation` (runs in torchrec's planner),
-`candidates` and `measured` (plans measured rank by rank), `calibrated` (committed bench results),
+`candidates` (plans measured rank by rank), `calibrated` (committed bench results),
 `figures` and `widgets`.
 """
 
@@ -24,10 +24,10 @@ _HOMES = {
                  "quiet_logs"],
     "comparison": ["Planning", "default_proposers", "compare_proposers", "timing_breakdown", "budget_sweep"],
     "ablation": ["LADDER", "ablation_table"],
-    "candidates": ["PLANNERS", "POOR", "candidate_plans", "plan_shape"],
-    "measured": ["MeasuredPlan", "MeasuredWorld", "MeasureSettings", "measure_world", "measure_device"],
+    "candidates": ["PLANNERS", "POOR", "candidate_plans", "plan_shape", "MeasuredCandidates",
+                   "measure_candidates"],
     "calibrated": ["GOAL", "load_calibration_bench", "heldout_ranks", "heldout_errors", "measured_plans",
-                   "paired_plans", "calibration_record", "gpu_uvm_runs"],
+                   "calibration_record", "gpu_uvm_runs"],
     "figures": ["option_code", "knapsack_choices_figure", "proposer_comparison", "planned_title",
                 "measured_figure", "calibration_scatter"],
     "widgets": ["ExplorerStart", "PlannerExplorer"],

@@ -1,40 +1,34 @@
-"""Committed results notebook 03a reads as they are (nothing is refitted or re-measured here): the
-newest `python -m embnb.bench calibrate` of a device kind, and the GPU kit's runs of the UVM regime
-(`steptime_capped-*.json`, `gpu_uvm_runs`).
+"""Committed results notebook 03a reads as they are (nothing refitted or re-measured), through
+`embnb.results.load_runs`: the newest `python -m embnb.bench calibrate` of a device kind, and the
+GPU kit's runs of the UVM regime (`steptime_capped`, `gpu_uvm_runs`).
 
-The bench fitted torchrec's perf model (`embnb.planner.calibration`) to ranks
-measured with real kernels, then measured held-out plans rank by rank. Per
-rank holding a shard it stored the measured lookups (forward + backward,
-median of the repeats) beside torchrec's default estimate and the calibrated
-one; per plan, the slowest rank's step per repeat (median and range) and, round by round, its
-step minus embnb DP (calibrated)'s (`paired_plans`).
+The calibrate bench fitted torchrec's perf model (`embnb.planner.calibration`) to ranks measured
+with real kernels, then measured held-out plans rank by rank (`embnb.steptime.measure_world`). Per
+rank holding a shard it stored the measured lookups (median of the rounds) beside torchrec's
+default estimate and the calibrated one; per plan, the slowest rank's step per round and its step
+minus embnb DP (calibrated)'s, round by round.
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from embnb._checks import check_choice
 from embnb.lab.planner.candidates import POOR
 from embnb.lab.planner.planning import records
-from embnb.lab.report import COMMITTED_RESULTS
-from embnb.planner.calibration import Calibration
-from embnb.timing import VERDICTS, verdict
+from embnb.results import Run, load_runs
+from embnb.timing import verdict
 
 __all__ = [
     "GOAL",
-    "CalibrationBench",
+    "PAIRED_WITH",
     "load_calibration_bench",
     "heldout_ranks",
     "heldout_errors",
     "measured_plans",
-    "PAIRED_WITH",
-    "VERDICTS",
-    "paired_plans",
     "rank_repeat_gaps",
     "rank_repeat_gap",
     "calibration_record",
@@ -46,62 +40,36 @@ ESTIMATES = {"torchrec_default": "torchrec_estimate_ms", "calibrated": "calibrat
 PAIRED_WITH = "embnb DP (calibrated)"  # the plan the bench compares every other with, round by round
 
 
-@dataclass(frozen=True)
-class CalibrationBench:
-    """One committed calibrate bench: its file, its JSON, and the calibration it fitted."""
-
-    path: pathlib.Path
-    data: dict[str, Any]
-    calibration: Calibration
-
-    @property
-    def device(self) -> str:
-        return self.data["device"]
-
-    @property
-    def device_name(self) -> str:
-        return self.data["machine"]
-
-
-def load_calibration_bench(
-    device_kind: str = "cpu", results_dir: pathlib.Path = COMMITTED_RESULTS
-) -> CalibrationBench:
-    """The newest committed `calibrate-*.json` measured on `device_kind` ("cpu" or "cuda")."""
-    if device_kind not in ("cpu", "cuda"):
-        raise ValueError(f"device_kind {device_kind!r} is not one of ['cpu', 'cuda']")
-    found = []
-    for path in sorted(pathlib.Path(results_dir).glob("calibrate-*.json")):
-        data = json.loads(path.read_text())
-        if data.get("device") == device_kind:
-            found.append((data.get("date", ""), path.name, path, data))
-    if not found:
+def load_calibration_bench(device_kind: str = "cpu", results_dir: pathlib.Path | None = None) -> Run:
+    """The newest `calibrate` run measured on `device_kind` ("cpu" or "cuda"); FileNotFoundError
+    where none was."""
+    check_choice("device_kind", device_kind, ("cpu", "cuda"))
+    runs = [run for run in load_runs("calibrate", results_dir) if run.data.get("device") == device_kind]
+    if not runs:
         raise FileNotFoundError(
-            f"no calibrate bench measured on {device_kind!r} in {results_dir}: "
-            f"run `python -m embnb.bench calibrate` there (the GPU kit fits one on a GPU)"
+            f"no calibrate bench measured on {device_kind!r} in {results_dir or 'the committed results'}: "
+            "run `python -m embnb.bench calibrate` there (the GPU kit fits one on a GPU)"
         )
-    _, _, path, data = max(found)
-    return CalibrationBench(path, data, Calibration.from_json(data["calibration"]))
+    return runs[-1]
 
 
-def heldout_ranks(bench: CalibrationBench) -> pd.DataFrame:
-    """One row per held-out rank holding a shard, with each estimate's
-    relative error `estimate / measured - 1` (columns `error_<estimator>`)."""
-    rows = [
-        {
-            "seed": world["seed"],
-            "world_size": world["world_size"],
-            "plan": plan["plan"],
-            "rank": rank["rank"],
-            "measured_ms": rank["lookup_ms"],
-            **{name: rank[key] for name, key in ESTIMATES.items()},
-        }
-        for world in bench.data["heldout"]
-        for plan in world["plans"]
-        if plan["measured"]
+def _measured(bench: Run):
+    for world in bench.data["heldout"]:
+        for plan in world["plans"]:
+            if plan["measured"]:
+                yield world, plan
+
+
+def heldout_ranks(bench: Run) -> pd.DataFrame:
+    """One row per held-out rank holding a shard: measured lookups and each estimate (ms), and each
+    estimate's relative error `estimate / measured - 1` (columns `error_<estimator>`)."""
+    table = pd.DataFrame(
+        {"seed": world["seed"], "world_size": world["world_size"], "plan": plan["plan"], "rank": rank["rank"],
+         "measured_ms": rank["lookup_ms"], **{name: rank[key] for name, key in ESTIMATES.items()}}
+        for world, plan in _measured(bench)
         for rank in plan["ranks"]
         if rank["shards"]
-    ]
-    table = pd.DataFrame(rows)
+    )  # fmt: skip
     for name in ESTIMATES:
         table[f"error_{name}"] = table[name] / table.measured_ms - 1
     return table
@@ -110,103 +78,61 @@ def heldout_ranks(bench: CalibrationBench) -> pd.DataFrame:
 def heldout_errors(ranks: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Per estimator, median and worst |relative error| over the ranks, and how many."""
     return {
-        name: {
-            "median": float(ranks[f"error_{name}"].abs().median()),
-            "worst": float(ranks[f"error_{name}"].abs().max()),
-            "ranks": len(ranks),
-        }
+        name: {"median": float(errors.median()), "worst": float(errors.max()), "ranks": len(ranks)}
         for name in ESTIMATES
+        for errors in [ranks[f"error_{name}"].abs()]
     }
 
 
-def measured_plans(bench: CalibrationBench) -> pd.DataFrame:
-    """Per held-out world and measured plan: the estimator it planned on, the
-    slowest rank's step (median, low, high over the repeats, ms), its spread
-    (high / low - 1), its median over the world's fastest, and `gap_to_same_as`: where another
-    planner returned the same placement first, how far apart the two medians came (|a / b - 1|,
-    the noise between runs of one placement)."""
-    rows = [
-        {
-            "seed": world["seed"],
-            "world_size": world["world_size"],
-            "plan": plan["plan"],
-            "estimator": plan["estimator"],
-            "same_as": plan["same_as"],
-            "step_ms": plan["step_ms"]["median"],
-            "step_low_ms": plan["step_ms"]["low"],
-            "step_high_ms": plan["step_ms"]["high"],
-        }
-        for world in bench.data["heldout"]
-        for plan in world["plans"]
-        if plan["measured"]
-    ]
-    table = pd.DataFrame(rows)
-    table["spread"] = table.step_high_ms / table.step_low_ms - 1
-    fastest = table.groupby(["seed", "world_size"]).step_ms.transform("min")
-    table["over_fastest"] = table.step_ms / fastest
-    first = table.set_index(["seed", "world_size", "plan"]).step_ms  # the same placement, measured before
-    again = [first.get((s, w, same)) for s, w, same in zip(table.seed, table.world_size, table.same_as)]
-    gap = (table.step_ms / pd.Series(again, index=table.index, dtype=float) - 1).abs()
-    table["gap_to_same_as"] = gap.where(table.plan != table.same_as)
-    return table
-
-
-def paired_plans(bench: CalibrationBench) -> pd.DataFrame:
-    """Per held-out world and measured plan, its step minus PAIRED_WITH's, round by round (the
-    bench's `paired_difference`: mean and 95% t-interval, ms): `verdict` "slower" or "faster" than
-    it where the interval excludes 0, else "not told apart"; `poor`: a plan built to be slow. Empty
-    for a bench that did not pair rounds."""
+def measured_plans(bench: Run) -> pd.DataFrame:
+    """Per held-out world and measured plan: the estimator it planned on, the slowest rank's step
+    (median, low, high over the rounds, ms), its spread (high / low - 1) and its median over the
+    world's fastest;
+    `gap_to_same_as`: where another planner returned the same placement first, how far apart the
+    two medians came (|a / b - 1|, the noise between runs of one placement); its step minus
+    PAIRED_WITH's round by round (mean and 95% t-interval, ms) with `verdict` "slower" or "faster"
+    where the interval excludes 0, else "not told apart" (None: not paired)."""
     key = "minus_" + PAIRED_WITH
-    rows = [
-        {
-            "seed": world["seed"],
-            "world_size": world["world_size"],
-            "plan": plan["plan"],
-            "poor": plan["note"] == POOR,
-            "mean_ms": plan[key]["mean"],
-            "ci_low_ms": plan[key]["ci_low"],
-            "ci_high_ms": plan[key]["ci_high"],
-            "rounds": plan[key]["repeats"],
-            "verdict": verdict(plan[key]["ci_low"], plan[key]["ci_high"]),
-        }
-        for world in bench.data["heldout"]
-        for plan in world["plans"]
-        if key in plan
+    table = pd.DataFrame(
+        {"seed": world["seed"], "world_size": world["world_size"], "plan": plan["plan"],
+         "estimator": plan["estimator"], "poor": plan.get("note") == POOR, "same_as": plan["same_as"],
+         "step_ms": plan["step_ms"]["median"], "step_low_ms": plan["step_ms"]["low"],
+         "step_high_ms": plan["step_ms"]["high"],
+         **{f"{k}_ms": plan.get(key, {}).get(k) for k in ("mean", "ci_low", "ci_high")}}
+        for world, plan in _measured(bench)
+    )  # fmt: skip
+    table["spread"] = table.step_high_ms / table.step_low_ms - 1
+    table["over_fastest"] = table.step_ms / table.groupby(["seed", "world_size"]).step_ms.transform("min")
+    first = table.set_index(["seed", "world_size", "plan"]).step_ms  # the same placement, measured before
+    again = pd.Series([first.get(k) for k in zip(table.seed, table.world_size, table.same_as)], dtype=float)
+    table["gap_to_same_as"] = (table.step_ms / again - 1).abs().where(table.plan != table.same_as)
+    table["verdict"] = [
+        None if pd.isna(low) else verdict(low, high) for low, high in zip(table.ci_low_ms, table.ci_high_ms)
     ]
-    return pd.DataFrame(rows)
+    return table
 
 
 def rank_repeat_gaps(heldout: list[dict[str, Any]]) -> pd.DataFrame:
     """The ranks of plans measured twice (two planners returned one placement) in a calibrate
     bench's held-out worlds (its JSON's "heldout"), rank by rank: how far apart the two measured
-    lookups came (|a / b - 1|), the floor under any estimate's per-rank error on that machine.
-    Ranks holding a shard in both runs only."""
+    lookups came (`gap`, |a / b - 1|), the floor under any estimate's per-rank error on that
+    machine. Ranks holding a shard in both runs only."""
     rows = []
     for world in heldout:
         by_name = {plan["plan"]: plan for plan in world["plans"] if plan["measured"]}
         for plan in by_name.values():
             first = by_name.get(plan["same_as"])
-            if first is None or first is plan:
-                continue
-            earlier = {rank["rank"]: rank for rank in first["ranks"] if rank["shards"]}
-            for rank in plan["ranks"]:
-                if rank["shards"] and rank["rank"] in earlier:
-                    rows.append(
-                        {
-                            "seed": world["seed"],
-                            "world_size": world["world_size"],
-                            "plan": plan["plan"],
-                            "same_as": plan["same_as"],
-                            "rank": rank["rank"],
-                            "lookup_ms": rank["lookup_ms"],
-                            "lookup_ms_first": earlier[rank["rank"]]["lookup_ms"],
-                        }
-                    )
-    table = pd.DataFrame(
-        rows, columns=["seed", "world_size", "plan", "same_as", "rank", "lookup_ms", "lookup_ms_first"]
-    )
-    table["gap"] = (table.lookup_ms / table.lookup_ms_first - 1).abs()
-    return table
+            earlier = {} if first in (None, plan) else {r["rank"]: r for r in first["ranks"] if r["shards"]}
+            rows += [
+                {"seed": world["seed"], "world_size": world["world_size"], "plan": plan["plan"],
+                 "same_as": plan["same_as"], "rank": rank["rank"], "lookup_ms": rank["lookup_ms"],
+                 "lookup_ms_first": earlier[rank["rank"]]["lookup_ms"]}
+                for rank in plan["ranks"]
+                if rank["shards"] and rank["rank"] in earlier
+            ]  # fmt: skip
+    columns = ["seed", "world_size", "plan", "same_as", "rank", "lookup_ms", "lookup_ms_first"]
+    table = pd.DataFrame(rows, columns=columns)
+    return table.assign(gap=(table.lookup_ms / table.lookup_ms_first - 1).abs())
 
 
 def rank_repeat_gap(gaps: pd.DataFrame) -> dict[str, float] | None:
@@ -214,46 +140,40 @@ def rank_repeat_gap(gaps: pd.DataFrame) -> dict[str, float] | None:
     return {"median": float(gaps.gap.median()), "ranks": len(gaps)} if len(gaps) else None
 
 
-def calibration_record(bench: CalibrationBench) -> dict[str, Any]:
+def calibration_record(bench: Run) -> dict[str, Any]:
     """What notebook 03a's results JSON keeps of the committed bench: its file and device, the
-    held-out errors (recomputed from its ranks), the goal, the per-plan steps and the paired
-    differences, and the same ranks measured twice (the measurement's own noise)."""
+    held-out errors (recomputed from its ranks) against the goal, the measured plans with their
+    paired differences, and the same ranks measured twice (the measurement's own noise)."""
     errors = heldout_errors(heldout_ranks(bench))
     return {
-        "file": bench.path.name,
-        "device": bench.device,
-        "device_name": bench.device_name,
+        "file": bench.name,
+        "device": bench.data["device"],
+        "device_name": bench.machine,
         "clock": bench.data["clock"],
         "repeats": bench.data["repeats"],
         "train_ranks": bench.data["train"]["ranks"],
-        "coefficient_groups": len(bench.calibration.coefficients),
         "heldout_errors": errors,
         "goal": GOAL,
         "goal_met": errors["calibrated"]["median"] <= GOAL,
-        "plans": records(measured_plans(bench), "records"),
         "paired_with": PAIRED_WITH,
-        "paired": records(paired_plans(bench), "records"),
+        "plans": records(measured_plans(bench), "records"),
         "rank_repeat_gap": rank_repeat_gap(rank_repeat_gaps(bench.data["heldout"])),
     }
 
 
-def gpu_uvm_runs(results_dir: pathlib.Path = COMMITTED_RESULTS) -> pd.DataFrame:
+def gpu_uvm_runs(results_dir: pathlib.Path | None = None) -> pd.DataFrame:
     """The GPU kit's runs of `python -m embnb.bench steptime --hbm-gib GIB --device cuda`: each
     planner's plan at an HBM per device below the model's share (tables in UVM, kernels FBGEMM runs
     only on a GPU), one row per run and plan: date, measured critical path (the slowest rank's
     step, median of `repeats`, synchronized wall time), torchrec's rating, the plan's kernels."""
-    rows = []
-    for path in sorted(pathlib.Path(results_dir).glob("steptime_capped-*.json")):
-        payload = json.loads(path.read_text())
-        if payload["device"] != "cuda":
-            continue
-        for world in payload["worlds"]:
-            for plan in world["plans"]:
-                if plan["measured"] and plan.get("note") != POOR:
-                    kernels = ", ".join(f"{n} {k}" for k, n in (plan.get("kernels") or {}).items())
-                    rows.append({"machine": payload["machine"], "file": path.name, "date": payload["date"],
-                                 "repeats": payload["repeats"], "world_size": world["world_size"],
-                                 "hbm_cap_gb": world["hbm_cap_gb"], "plan": plan["plan"],
-                                 "measured_ms": plan["critical_path_s"] * 1e3,
-                                 "rating_ms": plan["rating_s"] * 1e3, "kernels": kernels})  # fmt: skip
-    return pd.DataFrame(rows)
+    return pd.DataFrame(
+        {"machine": run.machine, "file": run.name, "date": run.date, "repeats": run.data["repeats"],
+         "world_size": world["world_size"], "hbm_cap_gb": world["hbm_cap_gb"], "plan": plan["plan"],
+         "measured_ms": plan["critical_path_s"] * 1e3, "rating_ms": plan["rating_s"] * 1e3,
+         "kernels": ", ".join(f"{n} {k}" for k, n in (plan.get("kernels") or {}).items())}
+        for run in load_runs("steptime_capped", results_dir)
+        if run.data["device"] == "cuda"
+        for world in run.data["worlds"]
+        for plan in world["plans"]
+        if plan["measured"] and plan.get("note") != POOR
+    )  # fmt: skip

@@ -1,16 +1,20 @@
-"""Plans to measure, each with torchrec's own estimate beside it: the
-planners' plans (embnb's DP, torchrec's DP, Greedy, torchrec's default set)
-and deliberately poor ones built from the same enumerated options (every
-table table-wise on a few ranks; every table data-parallel).
+"""Plans to measure, each with torchrec's own estimate beside it: the planners' plans (embnb's DP,
+torchrec's DP, Greedy, torchrec's default set) and deliberately poor ones built from the same
+enumerated options (every table table-wise on a few ranks; every table data-parallel), and all of
+them measured rank by rank on one batch (`measure_candidates`, over `embnb.steptime.measure_world`:
+the planners' plans in interleaved rounds paired with embnb DP's, the poor ones alone after them).
+Notebook 03a and `python -m embnb.bench steptime` run it.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from torchrec.distributed.planner.perf_models import NoopPerfModel
@@ -19,9 +23,11 @@ from torchrec.distributed.planner.types import ShardingOption, Topology
 from torchrec.distributed.types import ShardingPlan
 
 from embnb._checks import check_int
-from embnb.lab.planner.comparison import default_proposers
-from embnb.lab.planner.models import Enumerated, Model, enumerate_options
+from embnb.lab.planner.comparison import UVM_KERNELS, default_proposers
+from embnb.lab.planner.models import Enumerated, Model, enumerate_options, hosts_of
 from embnb.lab.planner.planning import run_planner
+from embnb.planner.topology import make_topology
+from embnb.steptime import WorldTimes, kernel_device, make_batch, measure_world
 
 __all__ = [
     "CandidatePlan",
@@ -30,10 +36,16 @@ __all__ = [
     "estimated_per_rank",
     "plan_shape",
     "PLANNERS",
+    "POOR",
+    "REFERENCE",
+    "MeasuredCandidates",
+    "measure_candidates",
 ]
 
 PLANNERS = ("embnb DP", "torchrec DP", "Greedy", "torchrec default")
 POOR = "poor on purpose"  # the note of the plans built to be slow
+REFERENCE = "embnb DP"  # every other planner's measured step is paired with its, round by round
+PAIRED_FIELDS = ("mean", "ci_low", "ci_high")  # of its step minus embnb DP's, round by round (ms)
 
 
 @dataclass(frozen=True)
@@ -138,3 +150,90 @@ def plan_shape(options: Sequence[ShardingOption]) -> dict[str, int]:
     shape = dict(Counter(o.sharding_type for o in options))
     shape["shards"] = sum(len(o.shards) for o in options)
     return shape
+
+
+@dataclass(frozen=True)
+class MeasuredCandidates:
+    """`candidate_plans` of one model on `topology`, measured (`world`); `device_note`: why the
+    kernels ran on the CPU when a GPU was asked for (`embnb.steptime.kernel_device`)."""
+
+    topology: Topology
+    candidates: dict[str, CandidatePlan]
+    world: WorldTimes
+    device_note: str = ""
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One per candidate: torchrec's rating and its total per rank (ms), the plan's shape and
+        tables in UVM, then on the world's clock (ms) the slowest rank's step per round and their
+        median, the slowest rank's lookups (median over rounds), each rank's median lookups, the
+        communication per rank computed from the counted bytes (`steptime.comms.LINK_MODEL`, not
+        measured), and its step minus embnb DP's round by round (`minus_embnb_dp`, with its verdict)."""
+        rows = []
+        for name, candidate in self.candidates.items():
+            plan = self.world.plans.get(name)
+            row = {"plan": name, "poor": candidate.note == POOR, "rating_ms": candidate.rating,
+                   "note": candidate.note or (plan.error if plan else "")}  # fmt: skip
+            options = candidate.options
+            if options is not None:
+                total = estimated_per_rank(options, self.topology.world_size)["total"]
+                row |= {"estimated_per_rank_ms": [s * 1e3 for s in total], "shape": plan_shape(options),
+                        "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in options)}  # fmt: skip
+            if plan is not None and plan.measured:
+                clock, times = self.world.clock, plan.times
+                paired = plan.minus_reference
+                row |= {
+                    "step_ms": plan.median_step_ms,
+                    "step_ms_rounds": plan.step_ms,
+                    "lookup_ms": statistics.median(plan.lookup_ms),
+                    "critical_rank": plan.critical_rank,
+                    "lookup_per_rank_ms": [r.lookup.median_s(clock) * 1e3 for r in times.ranks],
+                    "computed_comms_ms": [c.computed_seconds(self.topology) * 1e3 for c in times.comms],
+                    **{f"minus_embnb_dp_{k}": getattr(paired, k, None) for k in PAIRED_FIELDS},
+                    "verdict": plan.verdict,
+                }
+            rows.append(row)
+        return rows
+
+    def record(self) -> dict[str, Any]:
+        """What a results JSON keeps: the world, where and how it was measured, and `rows`."""
+        world = self.world
+        return {"world_size": self.topology.world_size, "hosts": hosts_of(self.topology),
+                "device": world.device, "device_name": world.machine, "clock": world.clock,
+                "device_note": self.device_note, "rounds": world.rounds, "seconds": world.seconds,
+                "plans": self.rows(), "told_apart": world.told_apart()}  # fmt: skip
+
+
+def measure_candidates(
+    model: Model,
+    world_size: int,
+    batch_size: int,
+    rounds: int,
+    *,
+    device: str = "cpu",
+    compute_device: str | None = None,
+    hbm_cap_gb: float | None = None,
+    local_world_size: int | None = None,
+    alone_repeats: int = 1,
+    seed: int = 0,
+    timeout_s: float = 120.0,
+    **options: Any,
+) -> MeasuredCandidates:
+    """`candidate_plans` of `model` on `world_size` devices of `compute_device` (default: where
+    the kernels run, `kernel_device(device)`), each measured rank by rank on one global batch of
+    `batch_size` samples per rank (seed `seed`): the planners' plans in `rounds` interleaved rounds,
+    each paired with embnb DP's, then the poor plans `alone_repeats` timed steps each.
+    `options`: `embnb.steptime.StepOptions`' fields (threads, warmup, hidden)."""
+    check_int("world_size", world_size, low=2)
+    device, note = kernel_device(device)
+    topology = make_topology(world_size, compute_device or device, hbm_cap_gb=hbm_cap_gb,
+                             local_world_size=local_world_size)  # fmt: skip
+    candidates = candidate_plans(model, topology, batch_size, timeout_s=timeout_s)
+    batch = make_batch(model.tables, model.constraints, world_size, batch_size, seed)
+    placed = {n: c.sharding_plan(topology) for n, c in candidates.items() if c.options is not None}
+    planners = {n: plan for n, plan in placed.items() if candidates[n].note != POOR}
+    world = measure_world(
+        planners, model.tables, batch, rounds, reference=REFERENCE if REFERENCE in planners else None,
+        alone={n: plan for n, plan in placed.items() if n not in planners}, alone_repeats=alone_repeats,
+        device=device, **options,
+    )  # fmt: skip
+    return MeasuredCandidates(topology, candidates, world, note)

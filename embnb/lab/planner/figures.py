@@ -1,5 +1,6 @@
-"""Figures of notebooks 03 and 03a that pandas does not draw: each takes data, returns a Figure
-(`embnb.lab.plotting`'s style; one colour per proposer)."""
+"""Figures of notebooks 03 and 03a: the knapsack grid (a teaching drawing) and the proposers side by
+side in matplotlib, the measured plans and the calibration in seaborn; each takes data and returns a
+Figure."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import math
 
 import numpy as np
 import pandas as pd
+import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import StrMethodFormatter
 
-from embnb.lab.planner.calibrated import ESTIMATES, GOAL, CalibrationBench, heldout_errors
+from embnb.lab.planner.calibrated import ESTIMATES, GOAL, heldout_errors
+from embnb.lab.planner.candidates import MeasuredCandidates
 from embnb.lab.planner.explain import SmallKnapsack
-from embnb.lab.planner.measured import MeasuredWorld
 from embnb.lab.plotting import color, new_figure
+from embnb.results import Run
 
 __all__ = [
     "option_code",
@@ -24,22 +26,6 @@ __all__ = [
     "measured_figure",
     "calibration_scatter",
 ]
-
-
-def _need(table: pd.DataFrame, columns: list[str], what: str) -> None:
-    if table.empty:
-        raise ValueError(f"{what} is empty: nothing to plot")
-    missing = [c for c in columns if c not in table.columns]
-    if missing:
-        raise ValueError(f"{what} lacks columns {missing}; it has {list(table.columns)}")
-
-
-def _plain_log_ticks(ax, axis: str = "y") -> None:
-    """Log ticks as plain numbers (0.5, 2), the minor ones smaller."""
-    scale = ax.xaxis if axis == "x" else ax.yaxis
-    scale.set_major_formatter(StrMethodFormatter("{x:g}"))
-    scale.set_minor_formatter(StrMethodFormatter("{x:g}"))
-    ax.tick_params(axis=axis, which="minor", labelsize=7)
 
 
 _KERNEL_CODES = {"fused": "F", "fused_uvm_caching": "C", "fused_uvm": "U"}  # compute kernel -> cell mark
@@ -106,65 +92,33 @@ def knapsack_choices_figure(small: SmallKnapsack, title: str | None = None) -> F
 
 
 def proposer_comparison(table: pd.DataFrame, title: str | None = None) -> Figure:
-    """Two panels per proposer: the best plan's perf rating (slowest rank)
-    over the best of all, and seconds (log): planning alone (filled dot,
-    with its range over repeats when the table has `plan_s_min`/`plan_s_max`)
-    and end to end with the enumeration (hollow, column `end_to_end_s`).
-    Proposers without a plan say why (the `note` column); "timed out" marks
-    those the time limit cut short."""
-    _need(table.reset_index(), ["proposer", "perf_rating", "plan_s", "timed_out"], "table")
+    """Per proposer (a `compare_proposers` table, one row each): left, its best plan's perf rating
+    over the best of all (log; no dot: no plan, its note is in the table); right, planning seconds
+    (log): the median (filled), the range over the repeats (a bar, where the table has
+    `plan_s_min`/`plan_s_max`) and end to end with the enumeration (hollow, `end_to_end_s`)."""
     rows = table.reset_index()
-    if not np.isfinite(rows["perf_rating"].to_numpy(dtype=float)).any():
+    if rows.perf_rating.isna().all():
         notes = "; ".join(f"{r.proposer}: {getattr(r, 'note', '') or 'no plan'}" for r in rows.itertuples())
         raise ValueError(f"no proposer found a plan, nothing to compare ({notes})")
-    best = rows["perf_rating"].min()
-    fig = new_figure(10, 1.1 + 0.45 * len(rows))
+    y, colors = np.arange(len(rows)), [color(name, i) for i, name in enumerate(rows.proposer)]
+    fig = new_figure(10, 1.2 + 0.4 * len(rows))
     left, right = fig.subplots(1, 2, sharey=True)
-    positions = np.arange(len(rows))[::-1]
-    for i, (y, row) in enumerate(zip(positions, rows.itertuples())):
-        shade = color(row.proposer, i)
-        rating = row.perf_rating
-        if math.isfinite(rating):
-            ratio = rating / best
-            left.plot([1, ratio], [y, y], color=shade, linewidth=1)  # from the best plan's 1x
-            left.plot(ratio, y, "o", color=shade)
-            left.text(ratio, y, f"  {ratio:.3g}x ({rating:.3g} ms)", va="center", fontsize=8)
-        else:
-            left.text(
-                1, y, " " + _why_no_plan(getattr(row, "note", "")), va="center", fontsize=8, color="0.4"
-            )
-        low, high = getattr(row, "plan_s_min", row.plan_s), getattr(row, "plan_s_max", row.plan_s)
-        right.plot([low, high], [y, y], color=shade, linewidth=3, alpha=0.5)
-        right.plot(row.plan_s, y, "o", color=shade, label="planning" if i == 0 else None)
-        end_to_end = getattr(row, "end_to_end_s", math.nan)
-        label = "with enumeration" if i == 0 else None
-        if math.isfinite(end_to_end):
-            right.plot(end_to_end, y, "o", color=shade, fillstyle="none", markersize=9, label=label)
-        note = " timed out" if row.timed_out else ""
-        total = f", {end_to_end:.3g} s end to end" if math.isfinite(end_to_end) else ""
-        at = max(row.plan_s, high, end_to_end if math.isfinite(end_to_end) else 0)
-        right.text(at, y, f"  {row.plan_s:.3g} s{total}{note}", va="center", fontsize=8)
-    left.set_yticks(positions, rows["proposer"])
-    left.set_xscale("log")
-    _plain_log_ticks(left, "x")
-    left.set_xlabel("estimated perf rating / best (slowest rank, log)")
+    left.scatter(rows.perf_rating / rows.perf_rating.min(), y, c=colors, s=50)
     left.axvline(1.0, color="0.3", linewidth=1)
-    left.set_xlim(0.95, max(2.0, (rows["perf_rating"] / best).replace(np.inf, np.nan).max() * 3))
-    left.set_ylim(-0.7, len(rows) - 0.3)
-    right.set_xscale("log")
-    right.set_xlabel("seconds (log)")
-    right.set_xlim(right.get_xlim()[0], right.get_xlim()[1] * 40)  # room for the labels
-    fig.legend(*right.get_legend_handles_labels(), loc="outside lower right", fontsize=8, ncols=2)
+    left.set(xscale="log", xlabel="estimated perf rating / best (slowest rank, log)", yticks=y)
+    left.set_yticklabels(rows.proposer)
+    left.invert_yaxis()
+    low, high = rows.get("plan_s_min", rows.plan_s), rows.get("plan_s_max", rows.plan_s)
+    right.hlines(y, low, high, colors=colors, linewidth=3, alpha=0.5)
+    right.scatter(rows.plan_s, y, c=colors, s=50, label="planning")
+    if "end_to_end_s" in rows:
+        right.scatter(
+            rows.end_to_end_s, y, s=80, facecolors="none", edgecolors=colors, label="with enumeration"
+        )
+    right.set(xscale="log", xlabel="seconds (log)")
+    right.legend(fontsize=8)
     fig.suptitle(title or "torchrec's planner with each proposer")
     return fig
-
-
-def _why_no_plan(note: str) -> str:
-    if note.startswith("skipped"):
-        return note
-    if note.startswith("failed: "):
-        return "failed: " + note[len("failed: ") :].split(":")[0]
-    return "no plan"
 
 
 def planned_title(num_tables: int, world_size: int, hbm_cap_gb: float) -> str:
@@ -172,74 +126,54 @@ def planned_title(num_tables: int, world_size: int, hbm_cap_gb: float) -> str:
     return f"{num_tables} tables, {world_size} devices, {hbm_cap_gb:.3g} GiB HBM each"
 
 
-_MARKERS = "osD^vP<>"  # one per plan
-
-
-def measured_figure(world: MeasuredWorld) -> Figure:
+def measured_figure(measured: MeasuredCandidates) -> Figure:
     """Left, the planners' plans on axes of their own: each interleaved round's step (dots; a grey
-    line joins one round's plans) and the median (a bar across). Right, every measured plan, the
-    poor ones too: the measured step against torchrec's rating (log axes)."""
-    planners = world.measured(planners_only=True)
-    if not planners:
+    line joins one round's plans). Right, every measured plan, the poor ones too: the median step
+    against torchrec's rating (log axes)."""
+    rows = pd.DataFrame(measured.rows())
+    ran = rows[rows.get("step_ms", pd.Series(dtype=float)).notna()]
+    planners = ran[~ran.poor]
+    if planners.empty:
         raise ValueError("no planner's plan was measured: nothing to plot")
+    world = measured.world
     clock = "thread CPU time" if world.clock == "cpu" else "wall time, synchronized"
+    rounds = planners.explode("step_ms_rounds").astype({"step_ms_rounds": float})
+    rounds["round"] = rounds.groupby("plan").cumcount()
     fig = new_figure(11, 4.2)
     left, right = fig.subplots(1, 2)
-    rounds = np.array([p.step_ms_repeats for p in planners])  # plans x rounds
-    for steps in rounds.T:
-        left.plot(range(len(planners)), steps, color="0.8", linewidth=0.8, zorder=1)
-    for i, plan in enumerate(planners):
-        style = dict(color=f"C{i}", marker=_MARKERS[i % len(_MARKERS)])
-        left.scatter([i] * len(plan.step_ms_repeats), plan.step_ms_repeats, s=30, zorder=2, **style)
-        left.plot([i - 0.25, i + 0.25], [plan.step_ms] * 2, color=style["color"], linewidth=2)
-    left.set_xticks(range(len(planners)), [p.name for p in planners])
-    left.set_xlim(-0.6, len(planners) - 0.4)
-    left.set_ylabel(f"slowest rank's step, ms ({clock})")
-    left.set_title(f"the planners' plans, {rounds.shape[1]} interleaved rounds (bar: median)", fontsize=9)
-    for i, plan in enumerate(world.measured()):
-        poor = plan.note == "poor on purpose"
-        right.scatter(plan.rating_ms, plan.step_ms, s=40, color="0.5" if poor else f"C{i}",
-                      marker=_MARKERS[i % len(_MARKERS)], zorder=2)  # fmt: skip
-        if poor:  # the planners' plans: coloured as on the left
-            right.annotate(f" {plan.name}", (plan.rating_ms, plan.step_ms), fontsize=7, va="center")
+    by_round = rounds.pivot(index="plan", columns="round", values="step_ms_rounds").loc[planners.plan]
+    left.plot(range(len(by_round)), by_round.to_numpy(), color="0.8", linewidth=0.8, zorder=1)
+    sns.stripplot(rounds, x="plan", y="step_ms_rounds", hue="plan", jitter=False, ax=left, zorder=2)
+    left.set(xlabel="", ylabel=f"slowest rank's step, ms ({clock})")
+    left.set_title(f"the planners' plans, {world.rounds} interleaved rounds", fontsize=9)
+    sns.scatterplot(ran, x="rating_ms", y="step_ms", hue="poor", style="poor", ax=right, s=50)
+    for row in ran[ran.poor].itertuples():
+        right.annotate(f" {row.plan}", (row.rating_ms, row.step_ms), fontsize=7, va="center")
     right.set(xscale="log", yscale="log", xlabel="torchrec's estimated rating, ms (log)")
-    right.set_ylabel(f"measured step, ms (log; {clock})")
-    right.set_title("every plan (grey, named: poor on purpose)", fontsize=9)
+    right.set(ylabel=f"measured step, median, ms (log; {clock})", title="every plan (named: poor on purpose)")
     right.grid(True, which="major", alpha=0.3)
-    fig.suptitle(
-        f"W = {world.world_size} measured rank by rank on {world.device.upper()} ({world.device_name})"
-    )
+    name = f"{world.device.upper()} ({world.machine})"
+    fig.suptitle(f"W = {measured.topology.world_size} measured rank by rank on {name}")
     return fig
 
 
-def calibration_scatter(ranks: pd.DataFrame, bench: CalibrationBench) -> Figure:
+def calibration_scatter(ranks: pd.DataFrame, bench: Run) -> Figure:
     """Held-out ranks, estimated against measured lookups (log axes): left torchrec's default
     estimate, right the calibrated one. Solid: estimate = measured; dotted: the goal's band."""
     errors = heldout_errors(ranks)
     fig = new_figure(10, 4.6)
-    axes = fig.subplots(1, 2, sharey=True)
-    columns = ["measured_ms", *ESTIMATES]
-    low, high = ranks[columns].min().min() / 1.5, ranks[columns].max().max() * 1.5
-    line = np.geomspace(low, high, 50)
+    axes = fig.subplots(1, 2, sharex=True, sharey=True)
     for ax, name in zip(axes, ESTIMATES):
-        for i, (world_size, rows) in enumerate(ranks.groupby("world_size")):
-            ax.scatter(
-                rows[name], rows.measured_ms, s=10, alpha=0.6, color=f"C{i}", label=f"W = {world_size}"
-            )
-        ax.plot(line, line, color="0.2", linewidth=1)
-        for factor in (1 - GOAL, 1 + GOAL):
-            ax.plot(line * factor, line, color="0.4", linewidth=0.8, linestyle=":")
-        ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high))
+        sns.scatterplot(ranks, x=name, y="measured_ms", hue="world_size", palette="deep", s=12, alpha=0.6,
+                        ax=ax, legend=name == "calibrated")  # fmt: skip
+        for factor, style in ((1, "-"), (1 - GOAL, ":"), (1 + GOAL, ":")):
+            ax.axline((1, factor), (10, 10 * factor), color="0.3", linewidth=0.8, linestyle=style)
         label = "torchrec's default estimate" if name == "torchrec_default" else "calibrated estimate"
         e = errors[name]
-        ax.set_xlabel(f"{label} of the rank's lookups, ms")
+        ax.set(xscale="log", yscale="log", xlabel=f"{label} of the rank's lookups, ms")
         ax.set_title(f"{label}: |error| median {e['median']:.1%}, worst {e['worst']:.0%}", fontsize=9)
-        ax.grid(True, which="major", alpha=0.3)
     clock = "thread CPU time" if bench.data["clock"] == "cpu" else "wall time"
     axes[0].set_ylabel(f"measured lookups of the rank, ms ({clock})")
-    fig.legend(
-        *axes[0].get_legend_handles_labels(), loc="outside right center", fontsize=8, title="world size"
-    )
-    fig.suptitle(f"{len(ranks)} held-out ranks measured on {bench.device.upper()} ({bench.device_name}); "
+    fig.suptitle(f"{len(ranks)} held-out ranks measured on {bench.data['device'].upper()} ({bench.machine}); "
                  f"dotted: the {GOAL:.0%} goal", fontsize=10)  # fmt: skip
     return fig

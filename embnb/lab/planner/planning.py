@@ -1,7 +1,6 @@
-"""One planning run in torchrec's planner, timed: a proposer over enumerated
-options (`run_planner`), and `create_planner` from the model to the plan as
-training code calls it (`time_end_to_end`).
-"""
+"""One planning run in torchrec's planner, timed: a proposer over enumerated options
+(`run_planner`), and `create_planner` from the model to the plan as training code calls it
+(`time_end_to_end`); a plan's load per rank, and results as JSON's plain values."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.perf_models import NoopPerfModel
@@ -79,16 +77,16 @@ def plain(value: Any) -> Any:
 
 
 class _Replay(Enumerator):
-    """An Enumerator that hands out one enumeration again (its estimates already populated)."""
+    """Hands out one enumeration again (its estimates already populated)."""
 
     def __init__(self, options: list[ShardingOption]) -> None:
         self._options = options
 
-    def enumerate(self, module: nn.Module, sharders: list) -> list[ShardingOption]:
+    def enumerate(self, module, sharders) -> list[ShardingOption]:
         reset_shard_rank(self._options)
         return list(self._options)
 
-    def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
+    def populate_estimates(self, sharding_options) -> None:
         pass
 
 
@@ -135,17 +133,20 @@ class _KeepBestPlan(Stats):
 
 @dataclass(frozen=True)
 class PlanRun:
-    """One EmbeddingShardingPlanner.plan: its best plan (None if none) and how it went."""
+    """One EmbeddingShardingPlanner.plan: its best plan (placed; None: no plan, `note` says why),
+    NoopPerfModel's rating of it (the slowest rank; NaN: no plan), the proposals the planner
+    evaluated, the seconds it took (of them, in the proposers and in torchrec's partitioner) and
+    whether the time limit cut a proposer short."""
 
-    proposer: str  # its name
-    plan: list[ShardingOption] | None  # placed (shard ranks set); None: no plan
-    perf_rating: float  # NoopPerfModel's rating of the plan (the slowest rank); NaN: no plan
-    proposals: int  # proposals the planner evaluated
-    seconds: float  # planning took
-    timed_out: bool  # the time limit cut a proposer short
-    note: str  # why there is no plan, else ""
-    proposer_s: float = math.nan  # of `seconds`, in the proposers' load, propose and feedback
-    partitioner_s: float = math.nan  # of `seconds`, in torchrec's GreedyPerfPartitioner
+    proposer: str
+    plan: list[ShardingOption] | None
+    perf_rating: float
+    proposals: int
+    seconds: float
+    timed_out: bool
+    note: str
+    proposer_s: float = math.nan
+    partitioner_s: float = math.nan
 
 
 def run_planner(
@@ -162,62 +163,46 @@ def run_planner(
     """Plan with torchrec's EmbeddingShardingPlanner and these proposers,
     under FixedPercentageStorageReservation(storage_reservation_percentage)."""
     proposers = proposer if isinstance(proposer, list) else [proposer]
-    timed = [_TimedProposer(p) for p in proposers]
-    partitioner = _TimedPartitioner()
-    keep = _KeepBestPlan()
+    timed, partitioner, keep = [_TimedProposer(p) for p in proposers], _TimedPartitioner(), _KeepBestPlan()
     planner = EmbeddingShardingPlanner(
-        topology=topology,
-        batch_size=batch_size,
-        enumerator=_Replay(enumerated.options),
+        topology=topology, batch_size=batch_size, enumerator=_Replay(enumerated.options),
         storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
-        proposer=timed,
-        partitioner=partitioner,
-        stats=[keep],
-        constraints=constraints,
-        debug=False,
+        proposer=timed, partitioner=partitioner, stats=[keep], constraints=constraints, debug=False,
         timeout_seconds=None if timeout_s is None else max(1, math.ceil(timeout_s)),
-    )
-    note = ""
-    watch = Stopwatch()
+    )  # fmt: skip
+    note, watch = "", Stopwatch()
     try:
         with watch:
             planner.plan(enumerated.module, enumerated.sharders)
     except PlannerError as error:  # a proposer's own reason says more than torchrec's summary
         reasons = [getattr(p, "no_plan_reason", None) for p in proposers]
-        reason = next(filter(None, reasons), None) or str(error).strip().splitlines()[0]
-        note = "no plan: " + reason[:200]
+        note = "no plan: " + (next(filter(None, reasons), None) or str(error).strip().splitlines()[0])[:200]
     except Exception as error:  # e.g. torchrec's DP divides by zero on CPU topologies
         note = f"failed: {type(error).__name__}: {str(error).strip()[:160]}"
-    seconds = watch.wall_s
     reset_shard_rank(enumerated.options)
     plan = keep.best_plan
-    rating = NoopPerfModel(topology).rate(plan) if plan else math.nan
     # The planner stops asking at its time limit; a proposer that still has a proposal was cut.
     timed_out = (
         timeout_s is not None
-        and seconds >= math.ceil(timeout_s)
+        and watch.wall_s >= math.ceil(timeout_s)
         and any(p.propose() is not None for p in proposers)
     )
     return PlanRun(
-        name or "+".join(type(p).__name__ for p in proposers),
-        plan,
-        rating,
-        num_proposals(planner),
-        seconds,
-        timed_out,
-        note,
-        sum(p.watch.total_s for p in timed),
-        partitioner.watch.total_s,
-    )
+        name or "+".join(type(p).__name__ for p in proposers), plan,
+        NoopPerfModel(topology).rate(plan) if plan else math.nan, num_proposals(planner), watch.wall_s,
+        timed_out, note, sum(p.watch.total_s for p in timed), partitioner.watch.total_s,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class EndToEnd:
-    """`create_planner(...).plan(module, sharders)` timed as a user calls it."""
+    """`create_planner(...).plan(module, sharders)` timed as a user calls it: create_planner's
+    enumerator ("embnb" or "torchrec"), every run's seconds (each from a fresh module and
+    planner), the DP's rating of its plan (inf: no plan) and whether every run rated alike."""
 
-    enumerator: str  # create_planner's enumerator ("embnb" or "torchrec")
-    seconds: list[float]  # every run's, each from a fresh module and planner
-    rating: float  # the DP's rating of its plan (inf: no plan)
+    enumerator: str
+    seconds: list[float]
+    rating: float
     same_rating_every_run: bool
 
     @property
@@ -235,17 +220,15 @@ def time_end_to_end(
     enumerator: str | None = None,
     storage_reservation: str | None = None,
 ) -> EndToEnd:
-    """From the model to the plan: an EmbeddingBagCollection of `tables` (on
-    meta) planned by `create_planner(topology, batch_size, constraints=...,
-    enumerator=..., storage_reservation=...)` (None: create_planner's
-    default), `repeats` times (the garbage of the run before collected
-    first, outside the timing). Each run needs a fresh module and planner,
-    so this is a loop of one-shot runs, not a repeated call for a timer."""
+    """From the model to the plan: an EmbeddingBagCollection of `tables` (on meta) planned by
+    `create_planner(topology, batch_size, constraints=..., enumerator=..., storage_reservation=...)`
+    (None: create_planner's default), `repeats` times, the garbage of the run before collected
+    first, outside the timing (each run needs a fresh module and planner)."""
     check_int("repeats", repeats, low=1)
     seconds, ratings = [], []
+    reserve = {} if storage_reservation is None else {"storage_reservation": storage_reservation}
     for _ in range(repeats):
         module = EmbeddingBagCollection(tables=list(tables), device=torch.device("meta"))
-        reserve = {} if storage_reservation is None else {"storage_reservation": storage_reservation}
         chosen = create_planner(
             topology, batch_size, constraints=constraints, enumerator=enumerator, **reserve
         )

@@ -12,7 +12,6 @@ from embnb.lab.planner.calibrated import (
     heldout_ranks,
     load_calibration_bench,
     measured_plans,
-    paired_plans,
     rank_repeat_gaps,
 )
 from embnb.lab.planner.figures import calibration_scatter
@@ -66,8 +65,7 @@ def results(tmp_path):
 
 def test_loads_the_newest_bench_of_the_device_kind(results):
     bench = load_calibration_bench("cpu", results)
-    assert bench.data["date"] == "2026-02-01" and bench.device_name == "test machine"
-    assert bench.calibration.device_kind == "cpu"  # the committed coefficients, loaded as they are
+    assert bench.data["date"] == "2026-02-01" and bench.machine == "test machine"
     with pytest.raises(FileNotFoundError, match="no calibrate bench measured on 'cuda'"):
         load_calibration_bench("cuda", results)
     with pytest.raises(ValueError, match="'gpu' is not one of"):
@@ -129,17 +127,20 @@ def test_paired_plans_name_a_side_only_where_the_interval_excludes_zero(tmp_path
     plans.append(poor)
     (tmp_path / "calibrate-2026-03-01-x.json").write_text(json.dumps(bench))
     loaded = load_calibration_bench("cpu", tmp_path)
-    table = paired_plans(loaded)
-    assert table[["plan", "poor", "verdict"]].values.tolist() == [
+    table = measured_plans(loaded)
+    assert table[["plan", "poor", "verdict"]].fillna("-").values.tolist() == [
         ["embnb DP", False, "slower"],
         ["Greedy", False, "not told apart"],
+        ["embnb DP (calibrated)", False, "-"],  # the reference
         ["all table-wise on 1 rank", True, "faster"],
     ]
     record = calibration_record(loaded)
-    assert [p["verdict"] for p in record["paired"]] == ["slower", "not told apart", "faster"]
+    assert [p["verdict"] for p in record["plans"]] == ["slower", "not told apart", None, "faster"]
+    assert record["plans"][1]["ci_low_ms"] == -0.9
     unpaired = _bench("2026-03-02")
     (tmp_path / "calibrate-2026-03-02-x.json").write_text(json.dumps(unpaired))
-    assert calibration_record(load_calibration_bench("cpu", tmp_path))["paired"] == []
+    plans = calibration_record(load_calibration_bench("cpu", tmp_path))["plans"]
+    assert [p["verdict"] for p in plans] == [None, None, None]
 
 
 def test_the_gpu_runs_of_the_uvm_regime_are_read_as_committed(tmp_path):
@@ -147,8 +148,8 @@ def test_the_gpu_runs_of_the_uvm_regime_are_read_as_committed(tmp_path):
     poor = {**plan, "plan": "all data-parallel", "note": "poor on purpose"}
     world = {"world_size": 8, "hbm_cap_gb": 0.06, "plans": [{**plan, "plan": "embnb DP"}, poor]}
     payload = {"device": "cuda", "machine": "H", "date": "2026-01-01", "repeats": 3, "worlds": [world]}
-    (tmp_path / "steptime_capped-x.json").write_text(json.dumps(payload))
-    (tmp_path / "steptime_capped-y.json").write_text(json.dumps({**payload, "device": "cpu"}))
+    (tmp_path / "steptime_capped-2026-01-01-x.json").write_text(json.dumps(payload))
+    (tmp_path / "steptime_capped-2026-01-01-y.json").write_text(json.dumps({**payload, "device": "cpu"}))
     (row,) = gpu_uvm_runs(tmp_path).to_dict(orient="records")
     assert (row["plan"], row["measured_ms"], row["rating_ms"]) == ("embnb DP", 5.0, 15.0)
     assert row["kernels"] == "3 fused_uvm" and row["date"] == "2026-01-01"
