@@ -1,57 +1,41 @@
-"""How evenly each routing mode spreads patterned keys over ranks (notebook 01).
+"""How evenly each routing mode spreads patterned keys over ranks (notebook 01 and appendix 01a).
 
 `continuous` cuts a table into blocks of `ceil(table_rows / W)` rows, as torchrec does; by default the
 table is sized to hold the stream's largest key, and `table_rows={pattern: rows}` gives a stream a
 table of its own, its ids mapped `into_table` first (`id % rows`), as a pipeline must (snowflake ids
 are timestamps near 2**60: no real table has that many rows). Keys `k * stride + offset` reach only
 `W / gcd(stride, W)` residues mod W, so `roundrobin` gives max/mean `gcd(stride, W)`. `hot_key_floor`
-is the bound no routing beats: one key is one row on one rank.
+is the bound no routing beats: one key is one row on one rank; `alpha_sweep` finds where it binds, next
+to `counted_placement`, a model of a placement that knows every key's count (not a mode of any system
+here). `pipeline_table` measures what is left once raw ids go into a table, `out_of_range_lookup` what
+the peers do with an id past it.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
 from embnb._checks import check_choice, check_int
+from embnb._stderr import native_stderr
 from embnb.data import make_keys
-from embnb.metrics import max_over_mean, spread_over_mean
-from embnb.rowwise.routing import KEY_MODES, DistType, hash_key, owner_rank
+from embnb.metrics import max_over_mean
+from embnb.rowwise.routing import DistType, hash_key, owner_rank
 
 __all__ = [
-    "KeyStreams",
-    "into_table",
-    "block_size_for",
-    "owners",
-    "rank_counts",
-    "hot_key_floor",
-    "worked_example",
-    "load_table",
-    "hash_noise",
-    "balls_into_bins",
-    "zipf_over_seeds",
-    "sign_test",
-    "hottest_key_counts",
-    "make_batches",
-]
+    "KeyStreams", "into_table", "block_size_for", "owners", "rank_counts", "hot_key_floor", "worked_example",
+    "load_table", "hash_noise", "balls_into_bins", "zipf_over_seeds", "sign_test", "hottest_key_counts",
+    "counted_placement", "alpha_sweep", "floor_stats", "COUNTED", "pipeline_table", "out_of_range_lookup",
+]  # fmt: skip
 
-LOAD_COLUMNS = [
-    "pattern",
-    "dist_type",
-    "world_size",
-    "num_keys",
-    "max_over_mean",
-    "spread_over_mean",
-    "busiest_rank",
-    "busiest_share",
-    "hot_key_floor",
-]
+COUNTED = "counted placement (LPT)"  # the dist_type column of the count-aware model
 
 
 @dataclass
@@ -80,12 +64,10 @@ class KeyStreams:
 
 
 def block_size_for(keys: torch.Tensor, world_size: int, table_rows: int | None = None) -> int:
-    """Continuous block size of a table of `table_rows` rows (default: sized
-    to hold the largest key): `ceil(table_rows / world_size)`."""
+    """Continuous block size of a table of `table_rows` rows (default: sized to hold the largest key):
+    `ceil(table_rows / world_size)`."""
     if table_rows is None:
-        if keys.numel() == 0:
-            return 1
-        largest = int(keys.max())
+        largest = int(keys.max()) if keys.numel() else 0
         if largest < 0:
             raise ValueError(f"continuous routing needs keys >= 0, got max {largest}")
         table_rows = largest + 1
@@ -95,13 +77,15 @@ def block_size_for(keys: torch.Tensor, world_size: int, table_rows: int | None =
 
 
 def into_table(keys: torch.Tensor, table_rows: int, how: str = "modulo") -> torch.Tensor:
-    """Raw ids as rows of a table of `table_rows` rows, what a pipeline does
-    before torchrec (which needs `0 <= id < num_embeddings`): `"modulo"` is
-    `id % table_rows`, `"hash"` is `fmix64(id) % table_rows` (both unsigned)."""
-    check_choice("how", how, ("modulo", "hash"))
-    table_rows = check_int("table_rows", table_rows, low=1)
-    mode = DistType.ROUNDROBIN if how == "modulo" else DistType.HASH_ROUNDROBIN
-    return owner_rank(keys, table_rows, mode)  # key % n and fmix64(key) % n, unsigned
+    """Raw ids as rows of a table of `table_rows` rows, what a pipeline does before torchrec (which
+    needs `0 <= id < num_embeddings`): `"modulo"` is `id % table_rows`, `"hash"` is
+    `fmix64(id) % table_rows` (both unsigned)."""
+    mode = (
+        DistType.ROUNDROBIN
+        if check_choice("how", how, ("modulo", "hash")) == "modulo"
+        else DistType.HASH_ROUNDROBIN
+    )
+    return owner_rank(keys, check_int("table_rows", table_rows, low=1), mode)  # key % n, fmix64(key) % n
 
 
 def owners(
@@ -111,22 +95,20 @@ def owners(
     block_size: int | None = None,
     table_rows: int | None = None,
 ) -> torch.Tensor:
-    """Owner rank of each key. Continuous defaults to `block_size_for`; with
-    `table_rows` the keys go `into_table` first and the blocks cut that table.
-    feistel_roundrobin permutes a table's ids: it needs `table_rows`."""
+    """Owner rank of each key (int64, the keys' shape). Continuous defaults to `block_size_for`; with
+    `table_rows` the keys go `into_table` first and the blocks cut that table. feistel_roundrobin
+    permutes a table's ids: it needs `table_rows`."""
     mode = DistType.parse(dist_type)
     if mode is DistType.FEISTEL_ROUNDROBIN:
         if table_rows is None:
             raise ValueError("feistel_roundrobin routes a table's ids: give table_rows")
         return owner_rank(into_table(keys, table_rows), world_size, mode, num_embeddings=table_rows)
-    if mode is DistType.CONTINUOUS:
-        if table_rows is not None:
-            if block_size is not None:
-                raise ValueError("give block_size or table_rows, not both")
-            keys = into_table(keys, table_rows)
-            block_size = block_size_for(keys, world_size, table_rows)
-        elif block_size is None:
-            block_size = block_size_for(keys, world_size)
+    if mode is DistType.CONTINUOUS and table_rows is not None:
+        if block_size is not None:
+            raise ValueError("give block_size or table_rows, not both")
+        keys, block_size = into_table(keys, table_rows), block_size_for(keys, world_size, table_rows)
+    elif mode is DistType.CONTINUOUS and block_size is None:
+        block_size = block_size_for(keys, world_size)
     return owner_rank(keys, world_size, mode, block_size)
 
 
@@ -137,51 +119,61 @@ def rank_counts(
     block_size: int | None = None,
     table_rows: int | None = None,
 ) -> torch.Tensor:
-    """Keys (repeats included) each rank receives: int64 `[world_size]`."""
-    ranks = owners(keys, world_size, dist_type, block_size, table_rows)
-    return torch.bincount(ranks, minlength=world_size)
+    """Keys (repeats included) each rank receives: int64 `[world_size]` (arguments as `owners`)."""
+    return torch.bincount(owners(keys, world_size, dist_type, block_size, table_rows), minlength=world_size)
+
+
+def _key_counts(keys: torch.Tensor) -> torch.Tensor:
+    """Lookups of each distinct key, in no particular order."""
+    if 0 <= int(keys.min()) and int(keys.max()) < 4 * keys.numel():
+        counts = torch.bincount(keys)  # small ids: counting beats sorting
+        return counts[counts > 0]
+    return torch.unique(keys, return_counts=True)[1]
 
 
 def hot_key_floor(keys: torch.Tensor, world_size: int) -> float:
-    """`world_size * (share of the most frequent key)`, at least 1.0.
-
-    No routing that keeps one key on one rank has max/mean below this.
-    """
+    """`world_size * (share of the most frequent key)`, at least 1.0: no routing that keeps one key on
+    one rank has max/mean below this."""
     if keys.numel() == 0:
         raise ValueError("keys is empty: no traffic to share")
-    top = int(torch.unique(keys, return_counts=True)[1].max())
-    return max(1.0, world_size * top / keys.numel())
+    return max(1.0, world_size * int(_key_counts(keys).max()) / keys.numel())
 
 
-def _low_bits(value: int, bits: int) -> str:
-    return format(value & ((1 << bits) - 1), f"0{bits}b")
+def hottest_key_counts(
+    keys: torch.Tensor, world_size: int, dist_type: DistType | str, table_rows: int | None = None
+) -> torch.Tensor:
+    """Lookups of the most frequent key only, per rank (int64 `[W]`): all on the one rank that owns it
+    in the table `rank_counts(keys, ...)` routes, whatever the dist_type."""
+    if keys.numel() == 0:
+        return torch.zeros(world_size, dtype=torch.int64)
+    values, counts = torch.unique(keys, return_counts=True)
+    continuous = DistType.parse(dist_type) is DistType.CONTINUOUS and table_rows is None
+    block = block_size_for(keys, world_size) if continuous else None  # the table's layout
+    hottest = values[counts.argmax()].repeat(int(counts.max()))
+    return rank_counts(hottest, world_size, dist_type, block, table_rows)
 
 
 def worked_example(
     keys: Sequence[int] | torch.Tensor,
     world_size: int,
-    dist_types: Iterable[DistType | str] = KEY_MODES,
-    block_size: int | None = None,
+    dist_types: Iterable[DistType | str],
     table_rows: int | None = None,
+    block_size: int | None = None,
 ) -> pd.DataFrame:
-    """One row per key: the key's and its fmix64 hash's low bits side by
-    side, `key % W`, `fmix64(key) % W` and the owner per mode.
-
-    With W a power of two the log2(W) low bits alone decide `% W`; for other
-    W the columns show the 8 low bits.
-    """
+    """One row per key: the key's and its fmix64 hash's low bits side by side, `key % W`,
+    `fmix64(key) % W` and the owner per mode (arguments as `owners`). With W a power of two the log2(W)
+    low bits alone decide `% W`; for other W the columns show the 8 low bits."""
     keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1)
     hashes = [h & (2**64 - 1) for h in hash_key(keys).tolist()]
     power_of_two = world_size > 1 and world_size & (world_size - 1) == 0
     bits = world_size.bit_length() - 1 if power_of_two else 8
     table: dict[str, Any] = {"key": keys.tolist()}
-    table[f"key, low {bits} bits"] = [_low_bits(k, bits) for k in keys.tolist()]
-    table[f"fmix64, low {bits} bits"] = [_low_bits(h, bits) for h in hashes]
+    table[f"key, low {bits} bits"] = [format(k % 2**bits, f"0{bits}b") for k in keys.tolist()]
+    table[f"fmix64, low {bits} bits"] = [format(h % 2**bits, f"0{bits}b") for h in hashes]
     table[f"key % {world_size}"] = torch.remainder(keys, world_size).tolist()
     table[f"fmix64 % {world_size}"] = [h % world_size for h in hashes]
     for mode in map(DistType.parse, dist_types):
-        owner = owners(keys, world_size, mode, block_size, table_rows)
-        table[f"owner: {mode.value}"] = owner.tolist()
+        table[f"owner: {mode.value}"] = owners(keys, world_size, mode, block_size, table_rows).tolist()
     return pd.DataFrame(table)
 
 
@@ -195,14 +187,11 @@ def load_table(
     table_rows: Mapping[str, int] | None = None,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Per-rank load of every (pattern, dist_type, world_size), one row each (`LOAD_COLUMNS`): keys
-    generated once per pattern (`KeyStreams`), routed under every dist_type and world size.
-    `progress` shows a tqdm.auto bar over the patterns."""
-    streams = KeyStreams(
-        list(patterns), seed, {k: dict(v) for k, v in (pattern_options or {}).items()}, dict(table_rows or {})
-    )
-    modes = [DistType.parse(d) for d in dist_types]
-    world_sizes = list(world_sizes)
+    """max/mean of keys per rank for every (pattern, dist_type, world_size), one row each (columns
+    pattern, dist_type, world_size, num_keys, max_over_mean, hot_key_floor): keys generated once per
+    pattern (`KeyStreams`), routed under every dist_type and world size. `progress`: a tqdm bar."""
+    options = {k: dict(v) for k, v in (pattern_options or {}).items()}
+    streams = KeyStreams(list(patterns), seed, options, dict(table_rows or {}))
     jobs = streams.patterns
     if progress:
         from tqdm.auto import tqdm
@@ -211,14 +200,12 @@ def load_table(
     rows = []
     for pattern in jobs:
         keys = streams.keys(pattern, num_keys)
-        for world_size, mode in itertools.product(world_sizes, modes):
+        for world_size, mode in itertools.product(world_sizes, map(DistType.parse, dist_types)):
             counts = rank_counts(keys, world_size, mode, table_rows=streams.rows_for(pattern, mode))
-            busiest = int(counts.argmax())
-            rows.append(
-                [pattern, mode.value, world_size, num_keys, max_over_mean(counts), spread_over_mean(counts)]
-                + [busiest, int(counts[busiest]) / num_keys, hot_key_floor(keys, world_size)]
-            )
-    return pd.DataFrame(rows, columns=LOAD_COLUMNS)
+            rows.append((pattern, mode.value, world_size, num_keys, max_over_mean(counts)))
+            rows[-1] += (hot_key_floor(keys, world_size),)
+    columns = ["pattern", "dist_type", "world_size", "num_keys", "max_over_mean", "hot_key_floor"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def hash_noise(
@@ -228,16 +215,13 @@ def hash_noise(
     pattern: str = "strided",
     pattern_options: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """`hash_roundrobin`'s max/mean on `world_size * n` distinct keys of
-    `pattern`, for each n of `keys_per_rank` and each seed: what one step
-    sends after deduplication. Columns: keys_per_rank, seed,
-    distinct_keys, max_over_mean."""
+    """`hash_roundrobin`'s max/mean on `world_size * n` distinct keys of `pattern`, for each n of
+    `keys_per_rank` and each seed: what one step sends after deduplication. Columns: keys_per_rank,
+    seed, distinct_keys, max_over_mean."""
     rows = []
-    for n in keys_per_rank:
-        for seed in seeds:
-            keys = make_keys(pattern, n * world_size, seed, **dict(pattern_options or {})).unique()
-            counts = rank_counts(keys, world_size, DistType.HASH_ROUNDROBIN)
-            rows.append((n, seed, keys.numel(), max_over_mean(counts)))
+    for n, seed in itertools.product(keys_per_rank, list(seeds)):
+        keys = make_keys(pattern, n * world_size, seed, **dict(pattern_options or {})).unique()
+        rows.append((n, seed, keys.numel(), max_over_mean(rank_counts(keys, world_size, "hash_roundrobin"))))
     return pd.DataFrame(rows, columns=["keys_per_rank", "seed", "distinct_keys", "max_over_mean"])
 
 
@@ -248,15 +232,11 @@ def balls_into_bins(
     quantiles: Sequence[float] = (0.05, 0.5, 0.95),
     seed: int = 0,
 ) -> dict[float, float]:
-    """Quantiles of max/mean when `world_size * keys_per_rank` keys each pick
-    a rank uniformly at random (multinomial counts from NumPy, no hashing):
-    the noise a perfect hash still has."""
-    import numpy as np
-
+    """Quantiles of max/mean when `world_size * keys_per_rank` keys each pick a rank uniformly at
+    random (multinomial counts from NumPy, no hashing): the noise a perfect hash still has."""
     total = keys_per_rank * world_size
     counts = np.random.default_rng(seed).multinomial(total, [1 / world_size] * world_size, size=trials)
-    ratios = counts.max(axis=1) * world_size / total
-    return {q: float(np.quantile(ratios, q)) for q in quantiles}
+    return {q: float(np.quantile(counts.max(axis=1) * world_size / total, q)) for q in quantiles}
 
 
 def zipf_over_seeds(
@@ -267,86 +247,158 @@ def zipf_over_seeds(
     keys_per_step: int,
     alpha: float,
 ) -> pd.DataFrame:
-    """Zipf(alpha) traffic per seed and dist_type: max/mean of all lookups,
-    and of the lookups left when each step of `keys_per_step` keys sends
-    every distinct key once (deduplication before the all-to-all).
-    Columns: seed, dist_type, traffic, max_over_mean, hot_key_floor."""
+    """Zipf(alpha) traffic per seed and dist_type: max/mean of all lookups, and of the lookups left when
+    each step of `keys_per_step` keys sends every distinct key once (deduplication before the
+    all-to-all). Columns: seed, dist_type, traffic, max_over_mean, hot_key_floor."""
     if not 1 <= keys_per_step <= num_keys:
         raise ValueError(f"keys_per_step must be in [1, num_keys={num_keys}], got {keys_per_step}")
-    modes = [DistType.parse(d) for d in dist_types]
     rows = []
     for seed in seeds:
         keys = make_keys("zipf", num_keys, seed, alpha=alpha)
-        steps = torch.arange(keys.numel()) // keys_per_step
         span = int(keys.max()) + 1
+        steps = torch.arange(keys.numel()) // keys_per_step
         deduplicated = torch.unique(steps * span + keys) % span  # distinct keys within each step
-        floor = hot_key_floor(keys, world_size)
-        block_size = block_size_for(keys, world_size)
-        for mode, (traffic, sent) in itertools.product(
-            modes, (("all lookups", keys), ("deduplicated per step", deduplicated))
-        ):
-            counts = rank_counts(sent, world_size, mode, block_size if mode is DistType.CONTINUOUS else None)
-            rows.append((seed, mode.value, traffic, max_over_mean(counts), floor))
+        block, floor = block_size_for(keys, world_size), hot_key_floor(keys, world_size)
+        for mode in map(DistType.parse, dist_types):
+            for traffic, sent in (("all lookups", keys), ("deduplicated per step", deduplicated)):
+                counts = rank_counts(sent, world_size, mode, block if mode is DistType.CONTINUOUS else None)
+                rows.append((seed, mode.value, traffic, max_over_mean(counts), floor))
     return pd.DataFrame(rows, columns=["seed", "dist_type", "traffic", "max_over_mean", "hot_key_floor"])
 
 
 def sign_test(runs: pd.DataFrame, first: str, second: str, traffic: str = "all lookups") -> dict[str, Any]:
-    """Is `first` below `second` on more seeds than chance? Pairs the seeds
-    of a `zipf_over_seeds` table; ties drop out. Under "neither is better"
-    each seed is a fair coin, so the two-sided p-value is the binomial
-    probability of a count at least as far from n/2."""
+    """Is `first` below `second` on more seeds than chance? Pairs the seeds of a `zipf_over_seeds`
+    table; ties drop out. Under "neither is better" each seed is a fair coin: the two-sided binomial
+    p-value (scipy's `binomtest`, p = 1/2: a count at least as far from n/2)."""
+    from scipy.stats import binomtest
+
     rows = runs[runs["traffic"] == traffic].pivot(index="seed", columns="dist_type", values="max_over_mean")
     missing = [d for d in (first, second) if d not in rows]
     if missing:
         raise ValueError(f"dist_types {missing} not in the runs; they have {list(rows.columns)}")
-    below = int((rows[first] < rows[second]).sum())
-    trials = int((rows[first] != rows[second]).sum())
-    tail = min(below, trials - below)
-    p_value = min(1.0, 2 * sum(math.comb(trials, k) for k in range(tail + 1)) / 2**trials) if trials else 1.0
+    below, trials = int((rows[first] < rows[second]).sum()), int((rows[first] != rows[second]).sum())
+    p_value = binomtest(below, trials).pvalue if trials else 1.0
     return {"first": first, "second": second, "first_below": below, "seeds": trials, "p_value": p_value}
 
 
-def hottest_key_counts(
+def counted_placement(keys: torch.Tensor, world_size: int) -> list[int]:
+    """Lookups per rank when keys go, by decreasing count, each to the rank with the fewest lookups so
+    far (greedy LPT over the keys' counts, as `embnb.balancing.partition.greedy_lpt` places samples; a
+    heap of loads here, 7x faster on 10^5 keys than its per-item parts)."""
+    heap = [(0, rank) for rank in range(world_size)]
+    for count in _key_counts(keys).sort(descending=True).values.tolist():
+        load, rank = heapq.heappop(heap)
+        heapq.heappush(heap, (load + count, rank))
+    return [load for load, _ in sorted(heap, key=lambda entry: entry[1])]
+
+
+def alpha_sweep(
+    alphas: Iterable[float], num_keys: int, world_size: int, dist_types: Sequence[str], seeds: Iterable[int]
+) -> pd.DataFrame:
+    """max/mean of all lookups of a Zipf(alpha) stream per alpha, seed and dist_type, with `COUNTED` (the
+    count-aware model) on every seed too. Columns: alpha, seed, dist_type, max_over_mean, hottest_share
+    (p1 as measured), w_times_p1, hot_key_floor (`max(1, W * p1)`, as `hot_key_floor`)."""
+    records = []
+    for alpha, seed in itertools.product(alphas, list(seeds)):
+        keys = make_keys("zipf", num_keys, seed, alpha=alpha)
+        p1 = int(_key_counts(keys).max()) / keys.numel()
+        loads = {d: rank_counts(keys, world_size, d) for d in dist_types}
+        loads[COUNTED] = counted_placement(keys, world_size)
+        for dist_type, per_rank in loads.items():
+            w_p1 = world_size * p1
+            records.append((float(alpha), seed, dist_type, max_over_mean(per_rank), p1, w_p1, max(1.0, w_p1)))
+    columns = ["alpha", "seed", "dist_type", "max_over_mean", "hottest_share", "w_times_p1", "hot_key_floor"]
+    return pd.DataFrame(records, columns=columns)
+
+
+def floor_stats(sweep: pd.DataFrame) -> pd.DataFrame:
+    """Per (alpha, dist_type) of an `alpha_sweep` over its seeds: max/mean's median, low and high, and
+    the median W * p1 and floor."""
+    if sweep.empty:
+        raise ValueError("sweep is empty: nothing to summarize")
+    return sweep.groupby(["alpha", "dist_type"]).agg(
+        median=("max_over_mean", "median"),
+        low=("max_over_mean", "min"),
+        high=("max_over_mean", "max"),
+        w_times_p1=("w_times_p1", "median"),
+        hot_key_floor=("hot_key_floor", "median"),
+    )
+
+
+def pipeline_table(
     keys: torch.Tensor,
-    world_size: int,
-    dist_type: DistType | str,
-    block_size: int | None = None,
-    table_rows: int | None = None,
-) -> torch.Tensor:
-    """Lookups of the most frequent key only, per rank (int64 `[W]`): all
-    on the one rank that owns it, whatever the dist_type."""
-    if keys.numel() == 0:
-        return torch.zeros(world_size, dtype=torch.int64)
-    values, counts = torch.unique(keys, return_counts=True)
-    hottest = values[counts.argmax()]
-    continuous = DistType.parse(dist_type) is DistType.CONTINUOUS
-    if continuous and block_size is None and table_rows is None:
-        block_size = block_size_for(keys, world_size)  # the table's layout
-    owner = int(owners(hottest.reshape(1), world_size, dist_type, block_size, table_rows)[0])
-    per_rank = torch.zeros(world_size, dtype=torch.int64)
-    per_rank[owner] = int(counts.max())
-    return per_rank
+    table_sizes: Iterable[int],
+    world_sizes: Iterable[int],
+    hows: Sequence[str] = ("modulo", "hash"),
+    dist_types: Sequence[str] = ("continuous", "roundrobin"),
+) -> pd.DataFrame:
+    """Map `keys` into tables of each size (`into_table`, each of `hows`) and route the rows under
+    `dist_types` (after the mapping a key is a row: `continuous` cuts the table into blocks,
+    `roundrobin` is `row % W`) at each world size. One row per (table_rows, into_table, world_size,
+    dist_type): max/mean of rows looked up per rank; distinct ids, distinct rows they use, the share of
+    the distinct ids whose row holds another id too, and that share had each id drawn its row at random
+    (`1 - (1 - 1/rows) ** (ids - 1)`)."""
+    distinct = torch.as_tensor(keys, dtype=torch.int64).unique()
+    records = []
+    for table_rows, how in itertools.product(table_sizes, hows):
+        rows = into_table(keys, table_rows, how)
+        used, ids_per_row = into_table(distinct, table_rows, how).unique(return_counts=True)
+        sharing = int(ids_per_row[ids_per_row > 1].sum()) / max(distinct.numel(), 1)
+        random_sharing = 1 - (1 - 1 / table_rows) ** (distinct.numel() - 1)
+        for world_size, dist_type in itertools.product(world_sizes, dist_types):
+            counts = rank_counts(rows, world_size, dist_type, table_rows=table_rows)
+            records.append(
+                (table_rows, how, world_size, dist_type, max_over_mean(counts), distinct.numel())
+                + (used.numel(), sharing, random_sharing)
+            )
+    columns = "table_rows into_table world_size dist_type max_over_mean distinct_ids rows_used"
+    columns += " ids_sharing_a_row ids_sharing_a_row_random"
+    return pd.DataFrame(records, columns=columns.split())
 
 
-def make_batches(
-    keys: torch.Tensor, world_size: int, keys_per_sample: int = 1, feature: str = "item_id"
-) -> list:
-    """Split `keys` into one KeyedJaggedTensor per rank (data-parallel
-    input: rank r looks up `batches[r]`), each sample holding
-    `keys_per_sample` keys of one feature."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+def _outcome(call) -> tuple[str, torch.Tensor | None]:
+    try:
+        return "returned", call()
+    except Exception as error:  # the peer's own refusal is the result
+        return f"raised {type(error).__name__}: {str(error).splitlines()[0][:120]}", None
 
-    keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1)
-    chunk = world_size * keys_per_sample
-    if keys_per_sample < 1 or keys.numel() == 0 or keys.numel() % chunk:
-        raise ValueError(
-            f"{keys.numel()} keys do not split into {world_size} ranks of "
-            f"samples with {keys_per_sample} keys each"
-        )
-    batches = []
-    for rank_keys in keys.chunk(world_size):
-        lengths = torch.full((rank_keys.numel() // keys_per_sample,), keys_per_sample, dtype=torch.int64)
-        batches.append(
-            KeyedJaggedTensor.from_lengths_sync(keys=[feature], values=rank_keys.clone(), lengths=lengths)
-        )
-    return batches
+
+def out_of_range_lookup(num_rows: int, bad_id: int, embedding_dim: int = 4) -> list[dict[str, str]]:
+    """Look up the ids `[1, bad_id]` (one per bag) in a table of `num_rows` rows with torchrec's
+    EmbeddingBagCollection and with FBGEMM's CPU TBE (under torchrec's fused tables) in both
+    bounds-check modes; one `{"peer", "outcome"}` per run. A TBE run that returns says whether the bad
+    id's bag equals row 0, and what it logged (C++ log lines without their "[E1125 ...] " prefix)."""
+    import fbgemm_gpu
+    import torchrec
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    if not 0 < num_rows <= bad_id:
+        raise ValueError(f"bad_id must be >= num_rows > 0, got num_rows={num_rows}, bad_id={bad_id}")
+    ids, offsets = torch.tensor([1, bad_id]), torch.tensor([0, 1, 2])
+    config = torchrec.EmbeddingBagConfig(
+        name="t", embedding_dim=embedding_dim, num_embeddings=num_rows, feature_names=["f"]
+    )
+    kjt = torchrec.KeyedJaggedTensor.from_offsets_sync(keys=["f"], values=ids, offsets=offsets)
+    collection = torchrec.EmbeddingBagCollection(tables=[config])
+    runs = [
+        {
+            "peer": f"torchrec {torchrec.__version__} EmbeddingBagCollection",
+            "outcome": _outcome(lambda: collection(kjt))[0],
+        }
+    ]
+    for mode in (BoundsCheckMode.FATAL, BoundsCheckMode.WARNING):
+        spec = [(num_rows, embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)]
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(spec, bounds_check_mode=mode)
+        with native_stderr() as logged:  # WARNING mode logs from C++ straight to stderr
+            outcome, pooled = _outcome(lambda tbe=tbe: tbe(ids, offsets))
+        if pooled is not None:
+            row_zero = tbe.split_embedding_weights()[0][0]
+            outcome += f"; the bad id's bag equals row 0: {bool(torch.equal(pooled[1], row_zero))}"
+        outcome += "".join(f"; logged: {line.split('] ', 1)[-1].strip()}" for line in logged)
+        peer = f"FBGEMM {fbgemm_gpu.__version__} TBE (CPU), bounds_check_mode={mode.name}"
+        runs.append({"peer": peer, "outcome": outcome})
+    return runs

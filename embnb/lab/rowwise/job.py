@@ -13,7 +13,7 @@ from embnb.lab.rowwise.routed_loads import TABLE, case_ids
 from embnb.metrics import max_over_mean
 from embnb.rowwise import TableLayout
 
-__all__ = ["TrainConfig", "shard_model", "train_rank", "received_by_layout", "training_rows"]
+__all__ = ["TrainConfig", "shard_model", "train_rank", "training_rows"]
 
 
 def shard_model(model: torch.nn.Module, routings: dict[str, str], world_size: int, fused_params: dict):
@@ -59,26 +59,23 @@ class TrainConfig:
     seed: int = 0
 
 
-def _local_batch(config: TrainConfig, rank: int, step: int):
-    from torchrec import KeyedJaggedTensor
-
+def _local_batch(config: TrainConfig, rank: int, step: int) -> torch.Tensor:
+    """Rank `rank`'s ids of step `step`: `batch_size` bags of `bag_size` frequency-numbered ids."""
     num = config.batch_size * config.bag_size
-    ids = case_ids("frequency", num, config.num_embeddings, 1, config.alpha, config.seed + 1000 * step + rank)
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=["f"], values=ids, lengths=torch.full((config.batch_size,), config.bag_size)
+    return case_ids(
+        "frequency", num, config.num_embeddings, 1, config.alpha, config.seed + 1000 * step + rank
     )
-    label = (ids.view(config.batch_size, -1) < 16).float().mean(1)  # a target that needs the rows
-    return ids, kjt, label
 
 
 def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) -> dict:
-    """On this rank: shard one EBC table row-wise with the routed sharder under DMP, train
-    `config.steps` steps (fused SGD on the table, SGD on the head) and count, per step, the ids
-    torchrec's input all-to-all delivers to this rank. Returns the losses, the ids
-    received, this rank's local rows, and its local batches' ids (for the parent's oracle)."""
+    """On this rank: shard one EBC table row-wise with the routed sharder under DMP, train `config.steps`
+    steps (fused SGD on the table, SGD on the head) and count, per step, the ids torchrec's input
+    all-to-all delivers to this rank (`ids_received`) and the ids the layout says this rank owns in the
+    step's global batch (`ids_by_layout`, from every rank's batch, which each rank can make). Returns
+    those, the losses, this rank's local rows, its state dict key and its local ids per step."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torch import nn
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
     from embnb.rowwise.sharded_rows import weight_key
 
@@ -104,67 +101,48 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
 
     fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": config.learning_rate}
     with warnings.catch_warnings():
-        # torchrec's own DDP wrapping passes DDP's deprecated `broadcast_buffers`:
-        # nothing a reader can act on, printed once per rank in `make run`
+        # torchrec's own DDP wrapping passes DDP's deprecated `broadcast_buffers`: nothing a reader
+        # can act on, printed once per rank in `make run`
         warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
         dmp = shard_model(Model(torch.device("meta")), {TABLE: routing}, world_size, fused)
-    received: list[int] = []
-    sharded = dmp.module.ebc
+    sharded, layout = dmp.module.ebc, TableLayout(config.num_embeddings, world_size, routing, config.seed)
     head = torch.optim.SGD([p for n, p in dmp.named_parameters() if "head" in n], lr=config.learning_rate)
-    losses, local_ids = [], []
+    out: dict = {"losses": [], "ids_received": [], "ids_by_layout": [], "local_ids": []}
     for step in range(config.steps):
-        ids, kjt, label = _local_batch(config, rank, step)
-        local_ids.append(ids)
-        # what torchrec's row-wise input all-to-all delivers to this rank for this batch (the
-        # sharder's public input_dist, run once more beside the step: every rank calls it in turn)
+        ids = _local_batch(config, rank, step)
+        lengths = torch.full((config.batch_size,), config.bag_size)
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f"], values=ids, lengths=lengths)
+        everyone = torch.cat([_local_batch(config, r, step) for r in range(world_size)])
+        out["ids_by_layout"].append(int((layout.owner(everyone) == rank).sum()))
+        # what torchrec's row-wise input all-to-all delivers to this rank for this batch (the sharder's
+        # public input_dist, run once more beside the step: every rank calls it in turn)
         with torch.no_grad():
             delivered = sharded.input_dist(sharded.create_context(), kjt).wait().wait()
-        received.append(_kjt_ids(delivered))
+        parts = [delivered] if hasattr(delivered, "values") else delivered  # a KJT, or torchrec's KJTList
+        out["ids_received"].append(sum(f.values().numel() for f in parts))
         head.zero_grad()
+        label = (ids.view(config.batch_size, -1) < 16).float().mean(1)  # a target that needs the rows
         loss = ((dmp(kjt) - label) ** 2).mean()
         loss.backward()
         head.step()
-        losses.append(float(loss.detach()))
+        out["losses"].append(float(loss.detach()))
+        out["local_ids"].append(ids.tolist())
     (shard,) = sharded.state_dict()[weight_key(sharded, TABLE)].local_shards()
-    return {
+    key = weight_key(sharded, TABLE)  # torchrec's key + the layout (docs/sharders.md)
+    return out | {
         "routing": str(sharded.routings[TABLE]),
-        "losses": losses,
-        "ids_received": received,
         "local_rows": int(shard.tensor.shape[0]),
-        "state_dict_key": weight_key(sharded, TABLE),  # torchrec's key + the layout (docs/sharders.md)
-        "local_ids": [i.tolist() for i in local_ids],
+        "state_dict_key": key,
     }
 
 
-def _kjt_ids(features) -> int:
-    """Ids in a KeyedJaggedTensor, or in a list of them (torchrec's KJTList)."""
-    if not hasattr(features, "values"):
-        return sum(_kjt_ids(f) for f in features)
-    return features.values().numel()
-
-
-def received_by_layout(
-    local_ids: list[list[list[int]]], routing: str, config: TrainConfig
-) -> list[list[int]]:
-    """Per step, per rank: the ids the layout says each rank owns in that step's global batch
-    (`local_ids[rank][step]`: a rank's local ids), the count each rank's lookup should receive."""
-    world_size = len(local_ids)
-    layout = TableLayout(config.num_embeddings, world_size, routing, config.seed)
-    steps = []
-    for step in range(len(local_ids[0])):
-        ids = torch.tensor([i for rank_ids in local_ids for i in rank_ids[step]], dtype=torch.int64)
-        steps.append(torch.bincount(layout.owner(ids), minlength=world_size).tolist())
-    return steps
-
-
-def training_rows(runs: dict[str, list[dict]], config: TrainConfig) -> list[dict]:
-    """Per routing of the DMP run: each rank's local rows and ids received over all steps, whether
-    they equal the layout's count, and the losses of rank 0 (first and last step)."""
+def training_rows(runs: dict[str, list[dict]]) -> list[dict]:
+    """Per routing of the DMP run (`runs[routing]`: `train_rank`'s result per rank): each rank's local
+    rows and ids received over all steps, whether every step's equal the layout's count, the state dict
+    key, and rank 0's losses at the first and last step."""
     rows = []
     for routing, ranks in runs.items():
-        expected = received_by_layout([r["local_ids"] for r in ranks], routing, config)
-        received = [[r["ids_received"][s] for r in ranks] for s in range(config.steps)]
-        totals = [sum(step[r] for step in received) for r in range(len(ranks))]
+        totals = [sum(r["ids_received"]) for r in ranks]
         rows.append(
             {
                 "routing": routing,
@@ -172,7 +150,8 @@ def training_rows(runs: dict[str, list[dict]], config: TrainConfig) -> list[dict
                 "local_rows": [r["local_rows"] for r in ranks],
                 "ids_received": totals,
                 "ids_max_over_mean": max_over_mean(totals),
-                "received_equals_layout": received == expected,
+                "received_equals_layout": all(r["ids_received"] == r["ids_by_layout"] for r in ranks),
+                "state_dict_key": ranks[0]["state_dict_key"],
                 "loss_first": ranks[0]["losses"][0],
                 "loss_last": ranks[0]["losses"][-1],
             }

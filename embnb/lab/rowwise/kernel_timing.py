@@ -218,15 +218,6 @@ def _cpu_model() -> str:
     return "unknown"
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _rounds(row: dict) -> str:
-    low, high = row.get("embnb_over_fbgemm_low"), row.get("embnb_over_fbgemm_high")
-    return "n/a" if low is None else f"{low:.2f}-{high:.2f}"
-
-
 def fbgemm_ratios(rows: list[dict]) -> list[dict]:
     """Per row FBGEMM timed: embnb's kernel over FBGEMM's (FBGEMM's time over embnb's), the ratio of
     medians and the range of the per-round ratios, the rounds and threads; `reaches_parity` where
@@ -249,24 +240,16 @@ def fbgemm_ratios(rows: list[dict]) -> list[dict]:
     ]
 
 
+TABLE_COLUMNS = ["num_keys", "world_size", "dist_type", "threads", "embnb_mkeys_s", "embnb_gbps"]
+TABLE_COLUMNS += ["fbgemm_mkeys_s", "reference_mkeys_s", "embnb_over_fbgemm", "embnb_over_fbgemm_low"]
+TABLE_COLUMNS += ["embnb_over_fbgemm_high", "embnb_over_fbgemm_min", "embnb_over_reference", "identical"]
+
+
 def format_table(rows: list[dict], header: bool = True) -> str:
-    lines = []
-    if header:
-        lines.append(
-            f"{'keys':>9} {'W':>3} {'dist_type':<15} {'threads':>7} {'embnb Mk/s':>10} "
-            f"{'GB/s':>6} {'fbgemm Mk/s':>11} {'GB/s':>6} {'ref Mk/s':>8} "
-            f"{'x fbgemm':>8} {'rounds':>11} {'(best)':>6} {'x ref':>6} same"
-        )
-    for r in rows:
-        lines.append(
-            f"{r['num_keys']:>9} {r['world_size']:>3} {r['dist_type']:<15} {r['threads']:>7} "
-            f"{_fmt(r['embnb_mkeys_s']):>10} {_fmt(r['embnb_gbps'], 2):>6} "
-            f"{_fmt(r['fbgemm_mkeys_s']):>11} {_fmt(r['fbgemm_gbps'], 2):>6} "
-            f"{_fmt(r['reference_mkeys_s'], 2):>8} "
-            f"{_fmt(r['embnb_over_fbgemm'], 2):>8} "
-            f"{_rounds(r):>11} "
-            f"{_fmt(r['embnb_over_fbgemm_min'], 2):>6} "
-            f"{_fmt(r['embnb_over_reference'], 0):>6} "
-            f"{'yes' if r['identical'] else 'NO'}"
-        )
-    return "\n".join(lines)
+    """`rows` as text: speeds (M keys/s, GB/s), FBGEMM's time over embnb's (median, per-round range,
+    best) and over the reference's, and whether the outputs were identical."""
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS).to_string(
+        index=False, header=header, float_format="{:.2f}".format
+    )

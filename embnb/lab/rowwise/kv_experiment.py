@@ -1,64 +1,41 @@
-"""Notebook 01's experiment on real ranks: a sharded KV table under every routing mode in one launch
-(`dist.launch_each`: the ranks start once), its checkpoint loaded into another world size and by
-dynamicemb's loader (as embnb replays it)."""
+"""Appendix 01a's experiment on real ranks: a sharded KV table under every routing mode in one launch
+(`dist.launch_each`: the ranks start once), its checkpoint loaded at the saved and at another world
+size by embnb's loader and by dynamicemb's (as embnb replays it)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from embnb.dist import device_plan, launch_each
-from embnb.lab.rowwise import reference
+from embnb.lab.rowwise.reference import MASK64, jump_bucket
 from embnb.metrics import max_over_mean
 from embnb.rowwise import checkpoint, kv
 from embnb.rowwise.routing import DistType, hash_key, owner_rank
 
 __all__ = [
-    "KVLookupRun",
-    "run_kv_lookups",
-    "ReshardReport",
-    "reshard",
-    "DYNAMICEMB_LOADER",
-    "DYNAMICEMB_COMMIT",
-    "dynamicemb_keys_loaded",
-    "compare_loaders",
-    "mismatch_message",
-]
+    "make_batches", "run_kv_lookups", "reload", "DYNAMICEMB_LOADER", "DYNAMICEMB_COMMIT",
+    "dynamicemb_keys_loaded", "mismatch_message",
+]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class KVLookupRun:
-    """Per dist_type, what every rank's lookup returned (rank order)."""
-
-    world_size: int
-    backend: str  # the process group's backend
-    rows: dict[str, list[torch.Tensor]]  # rows of each rank's batch, input order
-    stats: dict[str, list[dict[str, int]]]  # ShardedKVTable.stats() per rank
-    seconds: float  # the whole launch
-
-    def keys_served(self) -> dict[str, list[int]]:
-        return {d: [s["keys_served"] for s in stats] for d, stats in self.stats.items()}
-
-    def rows_held(self) -> dict[str, list[int]]:
-        return {d: [s["rows_held"] for s in stats] for d, stats in self.stats.items()}
-
-    def max_over_mean(self) -> dict[str, float]:
-        return {d: max_over_mean(served) for d, served in self.keys_served().items()}
-
-    def rows_match(self, batches: Sequence[kv.Batch], embedding_dim: int, seed: int) -> bool:
-        """Whether every lookup returned each key's initial row (a pure
-        function of key and seed) in input order, under every dist_type."""
-        expected = [kv.init_rows(batch.values(), embedding_dim, seed) for batch in batches]
-        return all(torch.equal(got, want) for rows in self.rows.values() for got, want in zip(rows, expected))
+def make_batches(keys: torch.Tensor, world_size: int, keys_per_sample: int = 1) -> list[kv.JaggedBatch]:
+    """Split `keys` into one batch per rank (data-parallel input: rank r looks up `batches[r]`), each
+    sample holding `keys_per_sample` keys of the feature "item_id"."""
+    keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1)
+    if keys_per_sample < 1 or keys.numel() == 0 or keys.numel() % (world_size * keys_per_sample):
+        raise ValueError(
+            f"{keys.numel()} keys do not split into {world_size} ranks of {keys_per_sample}-key samples"
+        )
+    lengths = torch.full((keys.numel() // world_size // keys_per_sample,), keys_per_sample)
+    return [kv.JaggedBatch(["item_id"], part.clone(), lengths) for part in keys.chunk(world_size)]
 
 
 def run_kv_lookups(
-    batches: Sequence[kv.Batch],
+    batches: Sequence[kv.JaggedBatch],
     dist_types: Sequence[DistType | str],
     embedding_dim: int,
     *,
@@ -67,110 +44,44 @@ def run_kv_lookups(
     dump_dir: str | None = None,
     dump_dist_type: DistType | str | None = None,
     device: str = "auto",
-) -> KVLookupRun:
-    """One rank per batch; per dist_type a fresh `ShardedKVTable` looks up
-    each rank's batch. With `dump_dir`, the `dump_dist_type` table saves its
-    shards there (table name `kv.TABLE_NAME`)."""
-    world_size = len(batches)
+) -> dict[str, Any]:
+    """One rank per batch; per dist_type a fresh `ShardedKVTable` looks up each rank's batch. With
+    `dump_dir`, the `dump_dist_type` table saves its shards there (table name `kv.TABLE_NAME`).
+
+    Returns world_size, backend, seconds (the whole launch), and per dist_type: `rows` (per rank, the
+    rows of its batch in input order), `keys_served` and `rows_held` per rank (`ShardedKVTable.stats`),
+    max_over_mean of keys served; `rows_match`: every lookup returned each key's initial row
+    (`kv.init_rows`, a pure function of key and seed) in input order, under every dist_type."""
+    world_size, modes = len(batches), [DistType.parse(d) for d in dist_types]
     plan = device_plan(device, world_size)
-    modes = [DistType.parse(d) for d in dist_types]
-    dump_mode = None if dump_dist_type is None else DistType.parse(dump_dist_type)
+    dump = None if dump_dist_type is None else DistType.parse(dump_dist_type)
     block_sizes = dict(block_sizes or {})
-    # JaggedBatches: unpickling KJTs would import torchrec on every rank.
-    plain = [kv.JaggedBatch.from_kjt(b) if not isinstance(b, kv.JaggedBatch) else b for b in batches]
+    specs = [kv.KVTableSpec(m, embedding_dim, block_sizes.get(m.value), seed) for m in modes]
     calls = [
-        (
-            kv.lookup_on_rank,
-            (
-                kv.KVTableSpec(mode, embedding_dim, block_sizes.get(mode.value), seed),
-                plain,
-                dump_dir if mode is dump_mode else None,
-            ),
-        )
-        for mode in modes
+        (kv.lookup_on_rank, (spec, list(batches), dump_dir if m is dump else None))
+        for m, spec in zip(modes, specs)
     ]
     start = time.perf_counter()
-    per_mode = launch_each(calls, world_size, backend=plan.backend)
-    seconds = time.perf_counter() - start
-    return KVLookupRun(
-        world_size=world_size,
-        backend=plan.backend,
-        rows={m.value: [r["rows"] for r in results] for m, results in zip(modes, per_mode)},
-        stats={m.value: [r["stats"] for r in results] for m, results in zip(modes, per_mode)},
-        seconds=seconds,
-    )
-
-
-@dataclass(frozen=True)
-class ReshardReport:
-    """A checkpoint written by W ranks, loaded into another world size."""
-
-    dist_type: str
-    saved_world_size: int
-    load_world_size: int
-    rows_saved: list[int]
-    rows_loaded: list[int]
-    distinct_keys_loaded: int
-    every_key_on_owner: bool  # each loaded key sits on its owner under the new W
-    rows_exact: bool  # loaded rows are bit-identical to the saved ones
-    rows_moved_fraction: float  # rows whose owner differs between the two world sizes
-    jump_hash_moved_fraction: float  # the same, had the owner been jump_bucket(fmix64(key), W)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def reshard(
-    directory: str,
-    dist_type: DistType | str,
-    rows_saved: Sequence[int],
-    load_world_size: int,
-    block_size: int | None,
-    embedding_dim: int,
-    seed: int,
-) -> ReshardReport:
-    """Load the saved KV table into `load_world_size` ranks and check it.
-
-    The table's rows are initial rows (looked up, never trained), so the
-    exact rows are `kv.init_rows(keys, embedding_dim, seed)`.
-    """
-    mode = DistType.parse(dist_type)
-    loaded = [
-        checkpoint.load(directory, kv.TABLE_NAME, rank, load_world_size, mode, block_size=block_size)
-        for rank in range(load_world_size)
-    ]
-    keys = torch.cat([k for k, _ in loaded])
-    saved_world_size = len(rows_saved)
-    old_owner = owner_rank(
-        keys, saved_world_size, mode, checkpoint.read_metadata(directory, kv.TABLE_NAME)["block_size"]
-    )
-    new_owner = owner_rank(keys, load_world_size, mode, block_size)
-    hashes = [h & reference.MASK64 for h in hash_key(keys).tolist()]
-    jump_moved = sum(
-        reference.jump_bucket(h, saved_world_size) != reference.jump_bucket(h, load_world_size)
-        for h in hashes
-    )
-    return ReshardReport(
-        dist_type=mode.value,
-        saved_world_size=saved_world_size,
-        load_world_size=load_world_size,
-        rows_saved=list(rows_saved),
-        rows_loaded=[len(k) for k, _ in loaded],
-        distinct_keys_loaded=keys.unique().numel(),
-        every_key_on_owner=all(
-            bool((owner_rank(k, load_world_size, mode, block_size) == rank).all())
-            for rank, (k, _) in enumerate(loaded)
+    per_mode = dict(zip((m.value for m in modes), launch_each(calls, world_size, backend=plan.backend)))
+    expected = [kv.init_rows(batch.values(), embedding_dim, seed) for batch in batches]
+    served = {d: [r["stats"]["keys_served"] for r in ranks] for d, ranks in per_mode.items()}
+    return {
+        "world_size": world_size,
+        "backend": plan.backend,
+        "seconds": time.perf_counter() - start,
+        "rows": {d: [r["rows"] for r in ranks] for d, ranks in per_mode.items()},
+        "keys_served": served,
+        "rows_held": {d: [r["stats"]["rows_held"] for r in ranks] for d, ranks in per_mode.items()},
+        "max_over_mean": {d: max_over_mean(counts) for d, counts in served.items()},
+        "rows_match": all(
+            torch.equal(r["rows"], want) for ranks in per_mode.values() for r, want in zip(ranks, expected)
         ),
-        rows_exact=all(torch.equal(rows, kv.init_rows(k, embedding_dim, seed)) for k, rows in loaded),
-        rows_moved_fraction=float((old_owner != new_owner).double().mean()),
-        jump_hash_moved_fraction=jump_moved / max(len(hashes), 1),
-    )
+    }
 
 
-# dynamicemb's loader, read at NVIDIA/recsys-examples e4fc876 (PR #367, the
-# commit that adds hash_roundrobin and the dist_type check); the same lines are
-# at 43465ae. At 5174c99, before hash_roundrobin, the same two steps sit in
-# get_loading_files and KeyValueTable.load.
+# dynamicemb's loader, read at NVIDIA/recsys-examples e4fc876 (PR #367, the commit that adds
+# hash_roundrobin and the dist_type check); the same lines are at 43465ae. At 5174c99, before
+# hash_roundrobin, the same two steps sit in get_loading_files and KeyValueTable.load.
 DYNAMICEMB_COMMIT = "e4fc876f5bf98b9478eae70b317c7d02ce954d3a"
 DYNAMICEMB_LOADER = {
     "commit": DYNAMICEMB_COMMIT,
@@ -190,66 +101,62 @@ DYNAMICEMB_LOADER = {
 
 
 def dynamicemb_keys_loaded(saved_by_rank: Sequence[torch.Tensor], rank: int, world_size: int) -> torch.Tensor:
-    """The keys `rank` of `world_size` loads under dynamicemb's two steps
-    (`DYNAMICEMB_LOADER`): which files it reads, then the `key % W` mask."""
-    same_world_size = world_size == len(saved_by_rank)  # the file count is the saved world size
-    files = [rank] if same_world_size else range(len(saved_by_rank))
+    """The keys `rank` of `world_size` loads under dynamicemb's two steps (`DYNAMICEMB_LOADER`): which
+    files it reads (the file count is the saved world size), then the `key % W` mask."""
+    files = [rank] if world_size == len(saved_by_rank) else range(len(saved_by_rank))
     keys = torch.cat([saved_by_rank[f] for f in files])
-    if world_size > 1:
-        keys = keys[torch.remainder(keys, world_size) == rank]
-    return keys
+    return keys[torch.remainder(keys, world_size) == rank] if world_size > 1 else keys
 
 
-def _placement(loaded: Sequence[torch.Tensor], saved: torch.Tensor, owner: torch.Tensor) -> dict[str, int]:
-    """Rows loaded, loaded on a rank that is not the key's owner, and dropped
-    (saved but loaded nowhere); `owner[i]` is the owner of `saved[i]`."""
-    owner_of = dict(zip(saved.tolist(), owner.tolist()))
-    keys = [k for part in loaded for k in part.tolist()]
-    off_owner = sum(owner_of[k] != rank for rank, part in enumerate(loaded) for k in part.tolist())
-    return {"loaded": len(keys), "off_owner": off_owner, "dropped": saved.numel() - len(set(keys))}
-
-
-def compare_loaders(
+def reload(
     directory: str,
     dist_type: DistType | str,
     world_sizes: Sequence[int],
+    embedding_dim: int,
+    seed: int,
     block_sizes: Mapping[int, int | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """For each world size, where the checkpoint's rows land under embnb's
-    loader (`checkpoint.load`: each row on the rank routing asks) and under
-    dynamicemb's (`dynamicemb_keys_loaded`), counted against the owner that
-    lookups go to. A dropped row is loaded nowhere; a row off its owner is
-    loaded where no lookup asks. Either way the lookup of its key starts
-    from a fresh row on the owner."""
-    mode = DistType.parse(dist_type)
-    block_sizes = dict(block_sizes or {})
-    saved_world_size = checkpoint.read_metadata(directory, kv.TABLE_NAME)["world_size"]
-    saved_by_rank = [  # the stored layout: each rank's own file
-        checkpoint.load(directory, kv.TABLE_NAME, r, saved_world_size, mode)[0]
-        for r in range(saved_world_size)
-    ]
+    """The KV checkpoint in `directory` loaded at each of `world_sizes` by embnb's loader
+    (`checkpoint.load`: each row on the rank routing asks) and by dynamicemb's as embnb replays it
+    (`dynamicemb_keys_loaded`), counted against the owner lookups go to at that W: rows loaded,
+    `off_owner` (loaded where no lookup asks) and `dropped` (loaded nowhere); either way the lookup of
+    its key starts from a fresh row. For embnb's also `rows_exact` (bit-identical to the saved rows: the
+    table's rows are `kv.init_rows`, looked up, never trained), and the share of rows whose owner differs
+    from the saved W's (`rows_moved_fraction`), against a jump consistent hash's,
+    `jump_bucket(fmix64(key), W)` (`jump_hash_moved_fraction`). One dict per world size."""
+    mode, block_sizes = DistType.parse(dist_type), dict(block_sizes or {})
+    meta = checkpoint.read_metadata(directory, kv.TABLE_NAME)
+    saved_w = meta["world_size"]
+    saved_by_rank = [checkpoint.load(directory, kv.TABLE_NAME, r, saved_w, mode)[0] for r in range(saved_w)]
     saved = torch.cat(saved_by_rank)
+    old_owner = owner_rank(saved, saved_w, mode, meta["block_size"])
+    hashes = [h & MASK64 for h in hash_key(saved).tolist()]
     rows = []
-    for world_size in world_sizes:
-        block_size = block_sizes.get(world_size)
+    for w in world_sizes:
+        block = block_sizes.get(w)
         embnb = [
-            checkpoint.load(directory, kv.TABLE_NAME, rank, world_size, mode, block_size=block_size)[0]
-            for rank in range(world_size)
+            checkpoint.load(directory, kv.TABLE_NAME, rank, w, mode, block_size=block) for rank in range(w)
         ]
-        dynamicemb = [dynamicemb_keys_loaded(saved_by_rank, rank, world_size) for rank in range(world_size)]
-        owner = owner_rank(saved, world_size, mode, block_size)
-        row: dict[str, Any] = {"world_size": world_size, "rows_saved": saved.numel()}
-        for name, loaded in (("embnb", embnb), ("dynamicemb", dynamicemb)):
-            counts = _placement(loaded, saved, owner)
-            row.update({f"{name}_rows_{what}": n for what, n in counts.items()})
-        row["dynamicemb_files_read_per_rank"] = 1 if world_size == saved_world_size else saved_world_size
+        dynamicemb = [dynamicemb_keys_loaded(saved_by_rank, rank, w) for rank in range(w)]
+        owner = dict(zip(saved.tolist(), owner_rank(saved, w, mode, block).tolist()))
+        row: dict[str, Any] = {"world_size": w, "rows_saved": saved.numel()}
+        for name, loaded in (("embnb", [keys for keys, _ in embnb]), ("dynamicemb", dynamicemb)):
+            keys = [(rank, k) for rank, part in enumerate(loaded) for k in part.tolist()]
+            row[f"{name}_rows_loaded"] = len(keys)
+            row[f"{name}_rows_off_owner"] = sum(owner[k] != rank for rank, k in keys)
+            row[f"{name}_rows_dropped"] = saved.numel() - len({k for _, k in keys})
+        row["dynamicemb_files_read_per_rank"] = 1 if w == saved_w else saved_w
+        row["embnb_rows_exact"] = all(torch.equal(r, kv.init_rows(k, embedding_dim, seed)) for k, r in embnb)
+        row["rows_moved_fraction"] = float((old_owner != owner_rank(saved, w, mode, block)).double().mean())
+        moved = sum(jump_bucket(h, saved_w) != jump_bucket(h, w) for h in hashes)
+        row["jump_hash_moved_fraction"] = moved / max(len(hashes), 1)
         rows.append(row)
     return rows
 
 
 def mismatch_message(directory: str, load_world_size: int, dist_type: DistType | str) -> str | None:
-    """The ValueError `checkpoint.load` raises when asked for another
-    dist_type than the one saved, or None if it (wrongly) loaded."""
+    """The ValueError `checkpoint.load` raises when asked for another dist_type than the one saved, or
+    None if it (wrongly) loaded."""
     try:
         checkpoint.load(directory, kv.TABLE_NAME, 0, load_world_size, dist_type)
     except ValueError as error:

@@ -1,4 +1,4 @@
-"""The routing rule in plain Python integers, the core notebook 01 shows.
+"""The routing rule in plain Python integers, the core notebook 01 shows (and checks its page against).
 
 `embnb.rowwise.routing` does the same on int64 tensors (and the native
 kernels on CPU and GPU), where multiplication wraps and `>>` drags the

@@ -1,4 +1,4 @@
-"""Notebook 01's measured section: torchrec row-wise tables under each routing of embnb's sharders.
+"""Appendix 01a's section 7: torchrec row-wise tables under each routing of embnb's sharders.
 
 Three id streams (`case_ids`) go into one table of `num_embeddings` rows: `frequency` (Zipf ranks as
 ids: id 0 the hottest), `strided` (`k * stride`; the stride does not know W), `hashed` (uniform raw
@@ -11,9 +11,9 @@ it).
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
+import pandas as pd
 import torch
 
 from embnb._checks import check_choice, check_int
@@ -25,17 +25,8 @@ from embnb.steptime import batch_from_keys
 from embnb.steptime.measure import StepOptions, measure_ranks
 from embnb.steptime.work import routing_work
 
-__all__ = [
-    "CASES",
-    "ROUTINGS",
-    "LoadsConfig",
-    "RoutedCase",
-    "RoutedLoads",
-    "case_ids",
-    "measure_loads",
-    "rank_spread",
-    "step_verdicts",
-]
+__all__ = ["CASES", "ROUTINGS", "LoadsConfig", "case_ids", "measure_loads", "case_table", "rank_spread",
+           "step_verdicts"]  # fmt: skip
 
 CASES = ("frequency", "strided", "hashed")
 ROUTINGS = tuple(r.value for r in Routing)
@@ -61,7 +52,7 @@ def case_ids(
 
 @dataclass(frozen=True)
 class LoadsConfig:
-    """What section 8's rank-by-rank replay measures (defaults: the notebook's)."""
+    """What section 7's rank-by-rank replay measures (defaults: the notebook's)."""
 
     world_sizes: tuple[int, ...] = (8, 64)
     cases: tuple[str, ...] = CASES
@@ -78,62 +69,18 @@ class LoadsConfig:
     seed: int = 0
 
 
-@dataclass(frozen=True)
-class RoutedCase:
-    """One (case, W, routing): per rank, its storage rows, the ids it owns (counted from the
-    layout), the ids the replayed lookup received, and the lookup's median time in ms
-    (forward + backward with the fused optimizer; thread CPU time and wall time)."""
-
-    case: str
-    world_size: int
-    routing: str
-    rows_per_rank: list[int]
-    ids_per_rank: list[int]
-    ids_replayed: list[int]
-    lookup_ms: list[float]
-    lookup_wall_ms: list[float]
-    lookup_ms_range: list[list[float]]  # per rank: [min, max] over repeats, thread CPU time
-
-    @property
-    def ids_max_over_mean(self) -> float:
-        return max_over_mean(self.ids_per_rank)
-
-    @property
-    def time_max_over_mean(self) -> float:
-        return max_over_mean(self.lookup_ms)
-
-    def to_json(self) -> dict:
-        return {
-            **asdict(self),
-            "ids_max_over_mean": self.ids_max_over_mean,
-            "time_max_over_mean": self.time_max_over_mean,
-            "busiest_rank": self.ids_per_rank.index(max(self.ids_per_rank)),
-            "slowest_rank": self.lookup_ms.index(max(self.lookup_ms)),
-        }
+RANK_COLUMNS = (
+    "case world_size routing rank rows ids ids_replayed lookup_ms lookup_wall_ms lookup_ms_low lookup_ms_high"
+).split()
+CASE_KEYS = ["case", "world_size", "routing"]
 
 
-@dataclass(frozen=True)
-class RoutedLoads:
-    config: LoadsConfig
-    cases: list[RoutedCase]
-    machine: str
-
-    def case(self, case: str, world_size: int, routing: str) -> RoutedCase:
-        return next(c for c in self.cases if (c.case, c.world_size, c.routing) == (case, world_size, routing))
-
-    def to_json(self) -> dict:
-        return {
-            "config": asdict(self.config),
-            "machine": self.machine,
-            "clock": "cpu",
-            "cases": [c.to_json() for c in self.cases],
-        }
-
-
-def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, case: str) -> RoutedCase:
+def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, case: str) -> list[tuple]:
     """Rank by rank, the lookups of the global batch `ids` (rank 0's local ids first) under `layout`:
     torchrec's blocks over the storage slots (each rank the local rows the sharder sends it); no
-    collectives counted."""
+    collectives counted. One `RANK_COLUMNS` row per rank: its storage rows, the ids it owns (counted
+    from the layout), the ids the replayed lookup received, the lookup's median ms (forward + backward
+    with the fused optimizer; thread CPU time and wall time) and its [min, max] over repeats (CPU)."""
     w = layout.world_size
     batch = batch_from_keys(list(layout.slots(ids).view(w, -1)), config.bag_size, table=TABLE)
     rows, dims, block = (
@@ -144,100 +91,87 @@ def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, ca
     times = measure_ranks(
         lambda rank: routing_work(batch, "continuous", rows, dims, rank, block),
         w,
+        # the dense part at its smallest: every rank has the same local batch
         options=StepOptions(
-            threads=config.threads,
-            warmup=config.warmup,
-            repeats=config.repeats,
-            hidden=(8,),  # the dense part at its smallest: every rank has the same local batch
+            threads=config.threads, warmup=config.warmup, repeats=config.repeats, hidden=(8,)
         ),
     )
-    return RoutedCase(
-        case,
-        w,
-        layout.routing.value,
-        layout.rows_per_rank(),
-        torch.bincount(layout.owner(ids), minlength=w).tolist(),
-        [r.num_ids for r in times.ranks],
-        [r.lookup.median_s("cpu") * 1e3 for r in times.ranks],
-        [r.lookup.median_s("wall") * 1e3 for r in times.ranks],
-        [[t * 1e3 for t in r.lookup.range_s("cpu")] for r in times.ranks],
-    )
+    owned = torch.bincount(layout.owner(ids), minlength=w).tolist()
+    return [
+        (case, w, layout.routing.value, r.rank, storage, n, r.num_ids)
+        + (r.lookup.median_s("cpu") * 1e3, r.lookup.median_s("wall") * 1e3)
+        + tuple(t * 1e3 for t in r.lookup.range_s("cpu"))
+        for r, storage, n in zip(times.ranks, layout.rows_per_rank(), owned)
+    ]
 
 
-def measure_loads(config: LoadsConfig, progress: bool = False) -> RoutedLoads:
-    """Every (case, W, routing) of `config`; one global batch per (case, W), the same for each routing."""
-    grid = [(case, w) for w in config.world_sizes for case in config.cases]
+def measure_loads(config: LoadsConfig, progress: bool = False) -> pd.DataFrame:
+    """Every (case, W, routing) of `config`, one `RANK_COLUMNS` row per rank; one global batch per
+    (case, W), the same for each routing."""
+    grid = [(case, w) for case in config.cases for w in config.world_sizes]
     if progress:
         from tqdm.auto import tqdm
 
         grid = tqdm(grid, desc="case, W", leave=False)
-    cases = []
+    rows = []
     for case, w in grid:
         check_int("world_size", w, low=2)
         ids = case_ids(
             case, w * config.ids_per_rank, config.num_embeddings, config.stride, config.alpha, config.seed
         )
         for routing in config.routings:
-            layout = TableLayout(config.num_embeddings, w, routing, config.seed)
-            cases.append(measure_case(ids, layout, config, case))
-    from embnb.timing import machine_name
+            rows += measure_case(
+                ids, TableLayout(config.num_embeddings, w, routing, config.seed), config, case
+            )
+    return pd.DataFrame(rows, columns=RANK_COLUMNS)
 
-    return RoutedLoads(config, cases, machine_name("cpu"))
 
-
-def summary_rows(loads: RoutedLoads) -> list[dict]:
-    """Per (case, W, routing): ids and time max/mean, and the slowest rank's ms."""
-    return [
-        {
-            "case": c.case,
-            "W": c.world_size,
-            "routing": c.routing,
-            "ids max/mean": c.ids_max_over_mean,
-            "time max/mean (cpu)": c.time_max_over_mean,
-            "slowest rank ms (cpu)": max(c.lookup_ms),
-            "median rank ms (cpu)": statistics.median(c.lookup_ms),
-        }
-        for c in loads.cases
-    ]
+def case_table(loads: pd.DataFrame) -> pd.DataFrame:
+    """Per (case, world_size, routing) of `measure_loads`' ranks: max/mean of the ids and of the lookup
+    time, and the slowest and the median rank's ms (CPU time)."""
+    ratio = lambda values: max_over_mean(values.tolist())  # noqa: E731
+    return loads.groupby(CASE_KEYS, sort=False).agg(
+        ids_max_over_mean=("ids", ratio),
+        time_max_over_mean=("lookup_ms", ratio),
+        slowest_ms=("lookup_ms", "max"),
+        median_ms=("lookup_ms", "median"),
+    )
 
 
 SAME = 1.1  # routings whose ids max/mean are within this factor balance a stream alike
 
 
-def rank_spread(loads: RoutedLoads, world_size: int) -> float | None:
-    """The replay's rank-to-rank spread at `world_size`: the largest lookup-time max/mean among the
-    cases whose ids are balanced (ids max/mean < SAME); None if no case is."""
-    spreads = [
-        c.time_max_over_mean for c in loads.cases if c.world_size == world_size and c.ids_max_over_mean < SAME
-    ]
-    return max(spreads) if spreads else None
+def rank_spread(cases: pd.DataFrame, world_size: int) -> float | None:
+    """The replay's rank-to-rank spread at `world_size` (`cases`: a `case_table`): the largest
+    lookup-time max/mean among the cases whose ids are balanced (ids max/mean < SAME); None if none is."""
+    at = cases.xs(world_size, level="world_size")
+    spreads = at.loc[at.ids_max_over_mean < SAME, "time_max_over_mean"]
+    return float(spreads.max()) if len(spreads) else None
 
 
-def step_verdicts(loads: RoutedLoads) -> list[dict]:
-    """Per (stream, W) whose routings' ids max/mean differ by SAME or more: the routing with the least
-    balanced ids, its slowest rank's lookup over the slowest rank of each other routing (the smallest
-    of those ratios), the rank-to-rank spread that balanced ids show at that W, and whether the ratio
-    exceeds it (`told_apart`): below it this replay cannot tell the routings' steps apart."""
+def step_verdicts(cases: pd.DataFrame) -> list[dict]:
+    """Per (stream, W) of a `case_table` whose routings' ids max/mean differ by SAME or more: the routing
+    with the least balanced ids, its slowest rank's lookup over the slowest rank of each other routing
+    (the smallest of those ratios), the rank-to-rank spread that balanced ids show at that W, and
+    whether the ratio exceeds it (`told_apart`): below it this replay cannot tell the routings' steps
+    apart."""
     verdicts = []
-    for case in loads.config.cases:
-        for w in loads.config.world_sizes:
-            cases = [loads.case(case, w, r) for r in loads.config.routings]
-            ratios = [c.ids_max_over_mean for c in cases]
-            if max(ratios) / min(ratios) < SAME:
-                continue
-            worst = max(cases, key=lambda c: c.ids_max_over_mean)
-            others = [max(c.lookup_ms) for c in cases if c is not worst]
-            ratio = max(worst.lookup_ms) / max(others)
-            spread = rank_spread(loads, w)
-            verdicts.append(
-                {
-                    "case": case,
-                    "world_size": w,
-                    "least_balanced": worst.routing,
-                    "ids_max_over_mean": worst.ids_max_over_mean,
-                    "slowest_over_others": ratio,
-                    "balanced_spread": spread,
-                    "told_apart": spread is not None and ratio > spread,
-                }
-            )
+    for (case, w), group in cases.groupby(level=["case", "world_size"], sort=False):
+        group = group.droplevel(["case", "world_size"])
+        if group.ids_max_over_mean.max() / group.ids_max_over_mean.min() < SAME:
+            continue
+        worst = group.ids_max_over_mean.idxmax()
+        ratio = group.slowest_ms[worst] / group.slowest_ms.drop(worst).max()
+        spread = rank_spread(cases, w)
+        verdicts.append(
+            {
+                "case": case,
+                "world_size": int(w),
+                "least_balanced": worst,
+                "ids_max_over_mean": float(group.ids_max_over_mean[worst]),
+                "slowest_over_others": float(ratio),
+                "balanced_spread": spread,
+                "told_apart": spread is not None and bool(ratio > spread),
+            }
+        )
     return verdicts

@@ -1,9 +1,9 @@
-"""embnb.lab.rowwise.aliasing: per-rank load of key streams under each routing mode."""
+"""embnb.lab.rowwise.aliasing: per-rank load of key streams under each routing mode, the hot-key
+floor's alpha sweep, ids into a table."""
 
 import pandas as pd
 import pytest
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embnb.data import make_keys, zipf_probs
 from embnb.lab.rowwise import aliasing
@@ -119,7 +119,14 @@ def test_load_table_covers_every_case_and_finds_aliasing():
     table = aliasing.load_table(
         patterns, MODES, [4, 8], num_keys=40_000, seed=0, pattern_options={"zipf": {"alpha": 1.5}}
     )
-    assert list(table.columns) == aliasing.LOAD_COLUMNS
+    assert list(table.columns) == [
+        "pattern",
+        "dist_type",
+        "world_size",
+        "num_keys",
+        "max_over_mean",
+        "hot_key_floor",
+    ]
     assert len(table) == len(patterns) * len(MODES) * 2
     assert set(table["dist_type"]) == set(MODES)
     at8 = table[table.world_size == 8]
@@ -129,7 +136,7 @@ def test_load_table_covers_every_case_and_finds_aliasing():
     for pattern in ("uniform", "strided", "tagged"):
         assert grid8[pattern]["hash_roundrobin"] < 1.1
     strided_rr = table[(table.pattern == "strided") & (table.dist_type == "roundrobin")]
-    assert strided_rr["busiest_share"].tolist() == [1.0, pytest.approx(0.5, abs=0.01)]  # W=4 divides 12
+    assert strided_rr["max_over_mean"].tolist() == [4.0, pytest.approx(4.0, rel=0.01)]  # W=4 divides 12
     # Zipf: every routing sits at or above the hot-key floor, near W * p1.
     zipf = table[(table.pattern == "zipf") & (table.world_size == 8)]
     p1 = float(zipf_probs(100_000, 1.5)[0])
@@ -193,18 +200,6 @@ def test_into_table_is_the_unsigned_modulo_or_the_hash_modulo():
         aliasing.owners(keys[:2], 2, "continuous", block_size=4, table_rows=8)
 
 
-def test_make_batches_splits_keys_into_one_kjt_per_rank():
-    keys = torch.arange(24)
-    batches = aliasing.make_batches(keys, 3, keys_per_sample=4)
-    assert len(batches) == 3
-    assert all(isinstance(b, KeyedJaggedTensor) for b in batches)
-    assert torch.equal(torch.cat([b.values() for b in batches]), keys)
-    assert batches[1].lengths().tolist() == [4, 4]
-    assert batches[0].keys() == ["item_id"]
-    with pytest.raises(ValueError, match="do not split"):
-        aliasing.make_batches(torch.arange(10), 3)
-
-
 def test_hash_noise_routes_distinct_keys_of_each_size_and_seed():
     noise = aliasing.hash_noise([10, 100], 4, [0, 1], "uniform")
     assert noise[["keys_per_rank", "seed"]].values.tolist() == [[10, 0], [10, 1], [100, 0], [100, 1]]
@@ -254,3 +249,27 @@ def test_sign_test_is_the_two_sided_binomial_tail(below, n, expected):
     assert result["p_value"] == pytest.approx(expected)
     with pytest.raises(ValueError, match=r"dist_types \['c'\] not in the runs"):
         aliasing.sign_test(runs, "a", "c")
+
+
+def test_counted_placement_is_greedy_largest_first():
+    keys = torch.tensor([7] * 5 + [3] * 4 + [9] * 3 + [1] * 3 + [2] * 2 + [4])  # counts 5 4 3 3 2 1
+    # by hand: 5->r0, 4->r1, 3->r1 (7), 3->r0 (8), 2->r1 (9), 1->r0 (9)
+    assert aliasing.counted_placement(keys, 2) == [9, 9]
+    assert aliasing.counted_placement(torch.tensor([10**12, 10**12, 5]), 3) == [2, 1, 0]  # big ids
+
+
+def test_alpha_sweep_rows_and_floor_against_counts():
+    sweep = aliasing.alpha_sweep([0.8, 1.5], 4000, 4, ["roundrobin", "hash_roundrobin"], [0, 1])
+    assert len(sweep) == 2 * 2 * 3
+    for row in sweep.itertuples():
+        keys = make_keys("zipf", 4000, row.seed, alpha=row.alpha)
+        top = max(torch.unique(keys, return_counts=True)[1].tolist())
+        assert row.hottest_share == top / 4000
+        assert row.hot_key_floor == max(1.0, 4 * top / 4000)
+        assert row.max_over_mean >= row.hot_key_floor - 1e-12  # no placement splits a key
+    stats = aliasing.floor_stats(sweep)
+    low, high = stats.loc[(1.5, "roundrobin"), ["low", "high"]]
+    seeds = sweep[(sweep.alpha == 1.5) & (sweep.dist_type == "roundrobin")].max_over_mean
+    assert (low, high) == (seeds.min(), seeds.max())
+    with pytest.raises(ValueError, match="empty"):
+        aliasing.floor_stats(sweep.iloc[:0])

@@ -1,11 +1,12 @@
-"""embnb.lab.rowwise.figures and the embnb.lab.rowwise.widgets controls that redraw them."""
+"""embnb.lab.rowwise.figures and the embnb.lab.rowwise.explore controls that redraw."""
 
 import io
 
+import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from embnb.lab.rowwise import aliasing, figures, widgets
+from embnb.lab.rowwise import aliasing, explore, figures
 
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]
 
@@ -27,10 +28,6 @@ def _png_bytes(fig):
     return buffer.getvalue()
 
 
-def _texts(ax):
-    return [t.get_text() for t in ax.texts]
-
-
 def test_load_heatmap_has_a_panel_per_world_size_and_one_colour_bar(table):
     fig = figures.load_heatmap(table)
     assert isinstance(fig, Figure)
@@ -40,38 +37,39 @@ def test_load_heatmap_has_a_panel_per_world_size_and_one_colour_bar(table):
     assert colorbar.get_ylabel() == "max/mean"
     assert [t.get_text() for t in panels[0].get_yticklabels()] == ["uniform", "strided", "zipf"]
     assert [t.get_text() for t in panels[2].get_xticklabels()] == MODES
-    # one annotation per cell; strided under roundrobin reads W
-    assert len(_texts(panels[2])) == 3 * 3
-    assert _texts(panels[2])[1 * 3 + 1] == "8.00"
+    texts = [t.get_text() for t in panels[2].texts]  # one annotation per cell; strided under roundrobin: W
+    assert len(texts) == 3 * 3 and texts[1 * 3 + 1] == "8.00"
     assert "1 = balanced" in fig._suptitle.get_text()
     assert _png_bytes(fig)[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_load_heatmap_selects_and_orders(table):
-    fig = figures.load_heatmap(
-        table,
-        world_sizes=[8],
-        patterns=["zipf", "strided"],
-        dist_types=["hash_roundrobin", "roundrobin"],
-        value="spread_over_mean",
-        title="custom",
-    )
-    assert len(fig.axes) == 2
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["zipf", "strided"]
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["hash_roundrobin", "roundrobin"]
-    assert fig._suptitle.get_text() == "custom"
-    assert fig.axes[1].get_ylabel() == "(max - min)/mean"
-
-
-def test_load_heatmap_rejects_missing_data(table):
-    with pytest.raises(ValueError, match="not in the data"):
-        figures.load_heatmap(table, patterns=["snowflake"])
     with pytest.raises(ValueError, match="empty"):
         figures.load_heatmap(table.iloc[0:0])
 
 
+def test_zipf_seeds_figure_has_a_panel_per_traffic_and_a_dot_per_seed():
+    zipf = aliasing.zipf_over_seeds(4000, 4, MODES, range(3), keys_per_step=1000, alpha=1.5)
+    fig = figures.zipf_seeds_figure(zipf)
+    assert [ax.get_title() for ax in fig.axes] == ["all lookups", "deduplicated per step"]
+    dots = sum(len(c.get_offsets()) for c in fig.axes[0].collections if len(c.get_offsets()) > 0)
+    assert dots >= 3 * len(MODES)  # a dot per seed and dist_type (the median markers add their own)
+    assert _png_bytes(fig)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_replay_figure_has_a_panel_per_stream_at_one_world_size_and_names_its_device():
+    rows = [
+        {"case": c, "world_size": w, "routing": r, "rank": k, "ids": 1, "lookup_ms": 1.0}
+        | {"lookup_ms_low": 0.5, "lookup_ms_high": 2.0}
+        for c in ("hashed", "strided")
+        for w in (2, 3)
+        for r in ("continuous", "roundrobin")
+        for k in range(w)
+    ]
+    fig = figures.routed_loads_figure(pd.DataFrame(rows), device="CPU (x)")
+    assert [ax.get_title() for ax in fig.axes] == ["hashed ids", "strided ids"]
+    assert fig._suptitle.get_text().startswith("W = 3,") and "CPU (x)" in fig._suptitle.get_text()
+
+
 def test_load_explorer_redraws_on_every_control():
-    explorer = widgets.LoadExplorer(
+    explorer = explore.LoadExplorer(
         aliasing.KeyStreams(["strided", "zipf"], pattern_options={"zipf": {"alpha": 1.5}}),
         MODES,
         world_size=8,
@@ -103,7 +101,7 @@ def test_load_explorer_redraws_on_every_control():
 
 
 def test_load_explorer_shows_a_bad_value_instead_of_raising():
-    explorer = widgets.LoadExplorer(aliasing.KeyStreams(["strided"]), MODES, world_size=8, num_keys=4000)
+    explorer = explore.LoadExplorer(aliasing.KeyStreams(["strided"]), MODES, world_size=8, num_keys=4000)
     before = explorer.figure
     # strided keys need offset < stride; an option the generator refuses
     explorer.streams.pattern_options["strided"] = {"stride": 5, "offset": 9}
@@ -114,9 +112,8 @@ def test_load_explorer_shows_a_bad_value_instead_of_raising():
 
 
 def test_load_explorer_widget_is_displayable_without_a_kernel():
-    explorer = widgets.LoadExplorer(aliasing.KeyStreams(["uniform"]), ["hash_roundrobin"], num_keys=1000)
-    bundle = explorer._repr_mimebundle_()
-    assert "application/vnd.jupyter.widget-view+json" in bundle
+    explorer = explore.LoadExplorer(aliasing.KeyStreams(["uniform"]), ["hash_roundrobin"], num_keys=1000)
+    assert "application/vnd.jupyter.widget-view+json" in explorer._repr_mimebundle_()
     assert explorer.widget.children[-1] is explorer.output
     with pytest.raises(ValueError, match="must not be empty"):
-        widgets.LoadExplorer(aliasing.KeyStreams([]), ["roundrobin"])
+        explore.LoadExplorer(aliasing.KeyStreams([]), ["roundrobin"])

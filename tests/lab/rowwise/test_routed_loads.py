@@ -3,12 +3,12 @@ promised rules in plain ints (tests/sharder_ranks.owner_local), a small replay w
 
 from collections import Counter
 
+import pandas as pd
 import pytest
-import torch
 
 from embnb.data import zipf_probs
 from embnb.lab.rowwise import job, routed_loads
-from embnb.lab.rowwise.routed_loads import LoadsConfig, RoutedCase, case_ids, measure_loads
+from embnb.lab.rowwise.routed_loads import LoadsConfig, case_ids, measure_loads
 from tests.sharder_ranks import owner_local
 
 
@@ -37,76 +37,51 @@ def test_a_small_replay_counts_each_rank_as_the_routings_promise_and_times_every
         world_sizes=(4,), ids_per_rank=64, bag_size=8, num_embeddings=1000, embedding_dim=8, repeats=2
     )
     loads = measure_loads(config)
-    assert len(loads.cases) == 3 * 3
-    for c in loads.cases:
-        ids = case_ids(c.case, 4 * 64, 1000, config.stride, config.alpha, config.seed).tolist()
-        owners = Counter(owner_local(c.routing, i, 1000, 4)[0] for i in ids)
-        assert c.ids_per_rank == [owners[r] for r in range(4)], (c.case, c.routing)
-        assert c.ids_replayed == c.ids_per_rank  # the replayed lookups got exactly those ids
-        assert len(c.lookup_ms) == 4 and min(c.lookup_ms) > 0
-        assert all(low <= t <= high for t, (low, high) in zip(c.lookup_ms, c.lookup_ms_range))
+    assert len(loads) == 3 * 3 * 4  # a row per (stream, routing, rank)
+    for (case, _, routing), ranks in loads.groupby(["case", "world_size", "routing"]):
+        ids = case_ids(case, 4 * 64, 1000, config.stride, config.alpha, config.seed).tolist()
+        owners = Counter(owner_local(routing, i, 1000, 4)[0] for i in ids)
+        assert ranks["rank"].tolist() == [0, 1, 2, 3]
+        assert ranks["ids"].tolist() == [owners[r] for r in range(4)], (case, routing)
+        assert ranks["ids_replayed"].tolist() == ranks["ids"].tolist()  # the lookups got exactly those ids
+        assert (ranks.lookup_ms > 0).all() and (ranks.lookup_ms_low <= ranks.lookup_ms).all()
+        assert (ranks.lookup_ms <= ranks.lookup_ms_high).all()
     # stride 8 over 4 ranks: roundrobin puts every id on rank 0
-    assert loads.case("strided", 4, "roundrobin").ids_per_rank == [256, 0, 0, 0]
-    assert loads.to_json()["cases"][0]["ids_max_over_mean"] == loads.cases[0].ids_max_over_mean
+    strided = loads[(loads.case == "strided") & (loads.routing == "roundrobin")]
+    assert strided["ids"].tolist() == [256, 0, 0, 0]
+    assert routed_loads.case_table(loads).loc[("strided", 4, "roundrobin"), "ids_max_over_mean"] == 4.0
 
 
-def _case(routing, ids, times):
-    n = len(ids)
-    return RoutedCase("hashed", n, routing, [1] * n, ids, ids, times, times, [[t, t] for t in times])
+def _cases(routings: dict[str, tuple[list[int], list[float]]]) -> pd.DataFrame:
+    """A case_table of the hashed stream at W = 2 from each routing's (ids, ms) per rank."""
+    rows = [
+        {"case": "hashed", "world_size": len(ids), "routing": r, "rank": k, "ids": ids[k], "lookup_ms": ms[k]}
+        for r, (ids, ms) in routings.items()
+        for k in range(len(ids))
+    ]
+    return routed_loads.case_table(pd.DataFrame(rows))
 
 
 def test_step_verdicts_tell_routings_apart_only_beyond_the_balanced_spread():
-    config = LoadsConfig(world_sizes=(2,), cases=("hashed",), routings=("continuous", "roundrobin"))
-    alike = routed_loads.RoutedLoads(
-        config,
-        [_case("continuous", [10, 10], [1.0, 1.0]), _case("roundrobin", [21, 19], [1.0, 1.1])],
-        "cpu",
-    )
+    alike = _cases({"continuous": ([10, 10], [1.0, 1.0]), "roundrobin": ([21, 19], [1.0, 1.1])})
     assert routed_loads.step_verdicts(alike) == []  # ids within 1.1x: nothing to tell apart
     assert routed_loads.rank_spread(alike, 2) == pytest.approx(1.1 / 1.05)
-    skewed = routed_loads.RoutedLoads(
-        config,
-        [_case("continuous", [10, 10], [1.0, 1.2]), _case("roundrobin", [20, 0], [2.0, 0.5])],
-        "cpu",
-    )
+    skewed = _cases({"continuous": ([10, 10], [1.0, 1.2]), "roundrobin": ([20, 0], [2.0, 0.5])})
     (verdict,) = routed_loads.step_verdicts(skewed)
     # roundrobin: least balanced ids; its slowest rank 2.0 ms over continuous's 1.2; spread 1.2 / 1.1
     assert verdict["least_balanced"] == "roundrobin" and verdict["ids_max_over_mean"] == 2.0
     assert verdict["slowest_over_others"] == pytest.approx(2.0 / 1.2)
     assert verdict["balanced_spread"] == pytest.approx(1.2 / 1.1)
     assert verdict["told_apart"] is True
-    noisy = routed_loads.RoutedLoads(
-        config,
-        [_case("continuous", [10, 10], [1.0, 3.0]), _case("roundrobin", [20, 0], [2.0, 0.5])],
-        "cpu",
-    )
+    noisy = _cases({"continuous": ([10, 10], [1.0, 3.0]), "roundrobin": ([20, 0], [2.0, 0.5])})
     assert routed_loads.step_verdicts(noisy)[0]["told_apart"] is False  # within the spread
 
 
 def test_training_rows_compare_received_ids_with_the_layout():
-    config = job.TrainConfig(num_embeddings=8, steps=1)
-    local = [[[0, 1, 2]], [[5, 6, 7]]]  # rank 0's and rank 1's ids of the one step
-    ok = {"ids_received": [3], "losses": [1.0], "routing": "continuous", "local_rows": 4}
-    runs = {"continuous": [{**ok, "local_ids": local[0]}, {**ok, "local_ids": local[1]}]}
-    (row,) = job.training_rows(runs, config)
-    assert row["received_equals_layout"] is True  # blocks of 4: ids 0-2 and 5-7 split 3 and 3
-    runs["continuous"][0]["ids_received"] = [4]
-    assert job.training_rows(runs, config)[0]["received_equals_layout"] is False
-    assert torch.equal(torch.tensor(row["ids_received"]), torch.tensor([3, 3]))
-
-
-def test_the_figure_has_a_panel_per_stream_at_one_world_size_and_names_its_device():
-    from embnb.lab.rowwise.figures import routed_loads_figure
-
-    config = LoadsConfig(
-        world_sizes=(2, 3), cases=("hashed", "strided"), routings=("continuous", "roundrobin")
-    )
-    cases = [
-        RoutedCase(c, w, r, [1] * w, [1] * w, [1] * w, [1.0] * w, [1.0] * w, [[0.5, 2.0]] * w)
-        for c in config.cases
-        for w in (2, 3)
-        for r in config.routings
-    ]
-    fig = routed_loads_figure(routed_loads.RoutedLoads(config, cases, "x"), device="CPU (x)")
-    assert [ax.get_title() for ax in fig.axes] == ["hashed ids", "strided ids"]
-    assert fig._suptitle.get_text().startswith("W = 3,") and "CPU (x)" in fig._suptitle.get_text()
+    ok = {"ids_received": [3], "ids_by_layout": [3], "losses": [1.0], "routing": "continuous"}
+    ok |= {"local_rows": 4, "state_dict_key": "k"}
+    runs = {"continuous": [ok, ok]}
+    (row,) = job.training_rows(runs)
+    assert row["received_equals_layout"] is True and row["ids_received"] == [3, 3]
+    runs["continuous"] = [ok, {**ok, "ids_received": [4]}]
+    assert job.training_rows(runs)[0]["received_equals_layout"] is False

@@ -1,4 +1,4 @@
-"""embnb.lab.rowwise.table_ids: raw ids into a torchrec table, run against the peers."""
+"""embnb.lab.rowwise.aliasing: raw ids into a torchrec table, run against the peers."""
 
 import math
 from collections import Counter
@@ -6,12 +6,12 @@ from collections import Counter
 import pytest
 
 from embnb.data import make_keys
-from embnb.lab.rowwise import table_ids
+from embnb.lab.rowwise import aliasing
 from embnb.lab.rowwise.reference import fmix64
 
 
 def test_the_peers_refuse_an_id_past_the_table_or_read_row_zero():
-    runs = table_ids.out_of_range_lookup(10, 2**60)
+    runs = aliasing.out_of_range_lookup(10, 2**60)
     assert [r["peer"].split(" ")[0] for r in runs] == ["torchrec", "FBGEMM", "FBGEMM"]
     outcomes = [r["outcome"] for r in runs]
     assert len(outcomes) == 3
@@ -23,12 +23,12 @@ def test_the_peers_refuse_an_id_past_the_table_or_read_row_zero():
     assert returned == "returned; the bad id's bag equals row 0: True"
     assert f"idx: {2**60}" in logged and "num_rows: 10" in logged
     with pytest.raises(ValueError, match="bad_id must be >= num_rows"):
-        table_ids.out_of_range_lookup(10, 9)
+        aliasing.out_of_range_lookup(10, 9)
 
 
 def test_pipeline_table_counts_rows_and_collisions_with_plain_ints():
     keys = make_keys("snowflake", 3000, seed=2)
-    table = table_ids.pipeline_table(keys, [2**20, 10**6], [4, 6])
+    table = aliasing.pipeline_table(keys, [2**20, 10**6], [4, 6])
     assert len(table) == 2 * 2 * 2 * 2  # sizes x mappings x world sizes x dist_types
     distinct = sorted(set(keys.tolist()))
     for row in table.itertuples():
