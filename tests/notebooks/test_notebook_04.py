@@ -60,54 +60,74 @@ def test_the_flop_formula_and_the_crossover(run):
         assert ratios["by length"] > ratios["by attention FLOPs"]
 
 
-def _worst(stats):
-    return stats["max_gap_to_lower_bound"]
+def _worst_gaps(results):
+    """(distribution, workload) -> method -> the worst gap over the batches, recounted from the raw rows."""
+    worst = {}
+    for r in results["imbalance_rows"]:
+        by_method = worst.setdefault((r["distribution"], r["workload"]), {})
+        by_method[r["method"]] = max(by_method.get(r["method"], 0.0), r["gap_to_lower_bound"])
+    return worst
 
 
 def test_every_method_on_both_distributions_against_the_bound(run):
-    imbalance, rows = run.results["imbalance"], run.results["imbalance_rows"]
-    assert list(imbalance) == ["zipf", "lognormal"]
+    results = run.results
+    rows, worst = results["imbalance_rows"], _worst_gaps(results)
     # 2 distributions x 3 sizes x 2 part counts x 3 seeds x 2 workloads
     assert len(rows) == 2 * 3 * 2 * 3 * 2 * len(METHODS)
-    for by_workload in imbalance.values():
-        assert sorted(by_workload) == ["flops", "tokens"]
-        for m in by_workload.values():
-            # the reading: plain KK tens of percent at worst, the swaps close it
-            assert _worst(m["karmarkar_karp"]) > 0.1
-            assert _worst(m["kk_swap"]) < _worst(m["karmarkar_karp"]) / 10
-            assert m["kk_swap"]["max_gap_to_equal_size_bound"] <= 0.01
-            assert _worst(m["contiguous"]) > 0.1
-            for stats in m.values():  # max/mean never below the bound's own max/mean
-                assert stats["mean_max_over_mean"] >= stats["mean_bound_over_mean"] - 1e-12
+    assert sorted(worst) == sorted((d, w) for d in ("zipf", "lognormal") for w in ("flops", "tokens"))
+    shown = {(r["distribution"], r["workload"]): r for r in results["worst_gaps"]}  # the table printed
+    for case, by_method in worst.items():
+        assert {m: shown[case][m] for m in METHODS} == by_method
+        # the reading: plain KK tens of percent at worst, the swaps close it
+        assert by_method["karmarkar_karp"] > 0.1 and by_method["contiguous"] > 0.1
+        assert by_method["kk_swap"] < by_method["karmarkar_karp"] / 10
+    for r in rows:
+        if r["method"] == "kk_swap":
+            assert r["gap_to_equal_size_bound"] <= 0.01
+        assert r["max_over_mean"] >= r["lower_bound"] / r["mean_load"] - 1e-12  # never below the bound
 
 
 def test_lpt_ties_kk_swap_but_on_lognormal_tokens_and_is_never_lighter(run):
     results = run.results
-    imbalance, counts = results["imbalance"], results["kk_swap_vs_lpt"]
+    worst = _worst_gaps(results)
     loads = {}  # recount from the raw rows: the largest part of each batch, per method
     for r in results["imbalance_rows"]:
         key = (r["distribution"], r["workload"], r["num_samples"], r["num_parts"], r["seed"])
         loads.setdefault(key, {})[r["method"]] = r["max_load"]
     for by_method in loads.values():
         assert by_method["kk_swap"] <= by_method["greedy_lpt"] * (1 + 1e-12)
-    for name, by_workload in counts.items():
-        for workload, tally in by_workload.items():
-            assert tally["greedy_lpt"] == 0 and tally["kk_swap"] > 0  # "often lighter, never heavier"
-            assert sum(tally.values()) == sum(1 for k in loads if k[:2] == (name, workload))
+    for tally in results["kk_swap_vs_lpt"]:
+        case = (tally["distribution"], tally["workload"])
+        assert tally["greedy_lpt"] == 0 and tally["kk_swap"] > 0  # "often lighter, never heavier"
+        lighter = sum(
+            1 for k, m in loads.items() if k[:2] == case and m["kk_swap"] < m["greedy_lpt"] * (1 - 1e-12)
+        )
+        assert tally["kk_swap"] == lighter
+        assert tally["kk_swap"] + tally["equal"] == sum(1 for k in loads if k[:2] == case)
     # equal worst gaps on the Zipf batches and on the log-normal FLOPs (what the shuffle balances)
-    for name, workload in (("zipf", "tokens"), ("zipf", "flops"), ("lognormal", "flops")):
-        m = imbalance[name][workload]
-        assert _worst(m["greedy_lpt"]) == pytest.approx(_worst(m["kk_swap"]), rel=1e-9)
-    lognormal = imbalance["lognormal"]["tokens"]
-    assert _worst(lognormal["greedy_lpt"]) > 10 * _worst(lognormal["kk_swap"])
+    for case in (("zipf", "tokens"), ("zipf", "flops"), ("lognormal", "flops")):
+        assert worst[case]["greedy_lpt"] == pytest.approx(worst[case]["kk_swap"], rel=1e-9)
+    lognormal = worst[("lognormal", "tokens")]
+    assert lognormal["greedy_lpt"] > 10 * lognormal["kk_swap"]
 
 
 def test_the_longest_sample_sets_the_bound_where_the_table_says(run):
-    for r in run.results["imbalance_rows"]:
+    rows = run.results["imbalance_rows"]
+    for r in rows:
         if r["largest_item_sets_bound"]:  # there the bound's max/mean is above 1
             assert r["lower_bound"] / r["mean_load"] > 1
-    shares = run.results["imbalance"]["zipf"]["flops"]["kk_swap"]["share_longest_sets_bound_by_parts"]
-    assert shares["64"] > 0
+    zipf_flops_64 = [
+        r["largest_item_sets_bound"]
+        for r in rows
+        if (r["distribution"], r["workload"], r["method"], r["num_parts"]) == ("zipf", "flops", "kk_swap", 64)
+    ]
+    assert any(zipf_flops_64)
+    shown = {(r["distribution"], r["workload"]): r["longest_sets_bound"] for r in run.results["worst_gaps"]}
+    for (name, workload), share in shown.items():
+        kk_swap = [
+            r for r in rows if (r["distribution"], r["workload"], r["method"]) == (name, workload, "kk_swap")
+        ]
+        assert share == pytest.approx(sum(r["largest_item_sets_bound"] for r in kk_swap) / len(kk_swap))
 
 
 def test_the_users_loop_receives_the_librarys_parts(run):
@@ -160,8 +180,11 @@ def test_the_real_run_times_every_mode_on_the_same_steps(run):
     assert difference["ci_low"] <= difference["mean"] <= difference["ci_high"]
 
 
-def test_figures_and_explorer(run):
+def test_figures_explorer_and_summary(run):
     figures = run.figures()
     assert len(figures) == 2  # the gap panels (the key figure) and the timeline
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
     assert run.widgets_shown_by("BalanceExplorer(") == 1
+    summary = run.results["summary"]
+    assert summary.startswith("Measured on ") and len(summary.split()) <= 120
+    assert run.results["device"]["backend"] == run.results["backend"] == "gloo"

@@ -1,13 +1,10 @@
-"""Notebook 04's step at the world sizes that matter, measured rank by rank
-(`embnb.steptime.measure_partition`): each rank runs forward and backward of
-`steptime.kernels.SequenceDense` on its own samples, one rank after another
-on one device; the step is the slowest rank. On a CPU the clock is per-thread
-CPU time at one intra-op thread (other processes on the shared cores stretch
-the wall clock, not it); on a GPU it is wall time synchronized at each phase's
-edges, and peak memory is `torch.cuda.max_memory_allocated`, reset per rank.
+"""Appendix 04a's step at W = 8 and 16, measured rank by rank (`embnb.steptime.measure_partition`:
+each rank's forward and backward of `SequenceDense` on its own samples, one rank after another; the
+step is the slowest rank), on thread CPU time at one thread on a CPU, synchronized wall time on a GPU.
 
     steps = measure_balanced_steps({"zipf": LengthDistribution()}, StepConfig([8, 16], 8))
-    steps.speedups()       # one row per (distribution, W, method)
+    steps.speedups()                                    # a row per (distribution, W, method)
+    measure_capped(steps, "zipf", 8, 1.02)              # KK + swaps under a cap on tokens per rank
 """
 
 from __future__ import annotations
@@ -15,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import torch
 
 from embnb._checks import check_int, check_number
-from embnb.balancing.capped import CAPPED_METHODS, balance_capped, minimum_cap
+from embnb.balancing.capped import CAPPED_METHODS, balance_capped, minimum_cap, part_tokens
 from embnb.balancing.kjt_alltoall import exchange_bytes
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.partition import balance
@@ -37,15 +34,16 @@ from embnb.timing import median_seconds
 __all__ = ["StepConfig", "RankStep", "BalancedSteps", "measure_balanced_steps", "CappedRun", "measure_capped"]
 
 MEASURED_METHODS = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
-# Bytes per id of each key a sample carries, as section 5's batch (`zipf_batch`):
-# two keys of int64 ids, two of int64 ids with fp32 weights; a float64 label row
+# Bytes per id of each key a sample carries, as `kjt_alltoall.zipf_batch`: two keys of int64 ids,
+# two of int64 ids with fp32 weights; a float64 label row
 EXCHANGE_ITEM_BYTES, EXCHANGE_DENSE_BYTES = (8, 8, 12, 12), 8
+MIB = 2**20
 
 
 def sequence_dense_flops(lengths: Any, width: int, hidden: Sequence[int]) -> torch.Tensor:
-    """Forward FLOPs of `SequenceDense` per sample of L tokens (float64): QKV
-    6*L*d^2, attention 4*L^2*d (the causal mask not subtracted, as torch's
-    FLOP counter counts it), the MLP 2*L*(d*h1 + ... + h_last*1)."""
+    """Forward FLOPs of `SequenceDense` per sample of L tokens (float64): QKV 6*L*d^2, attention
+    4*L^2*d (the causal mask not subtracted, as torch's FLOP counter counts it), the MLP
+    2*L*(d*h1 + ... + h_last*1). Raises ValueError on a width below 1."""
     check_int("width", width, low=1)
     length = torch.as_tensor(lengths, dtype=torch.float64)
     widths = [width, *hidden, 1]
@@ -60,9 +58,8 @@ def primary_clock(device: str) -> str:
 
 @dataclass(frozen=True)
 class RankStep:
-    """One partition measured rank by rank: per rank its median compute (ms,
-    both clocks), its repeats' range, its tokens and model FLOPs; `clock`
-    names the clock the step is read on."""
+    """One partition measured rank by rank: per rank its median compute (ms, both clocks), its
+    repeats' range, its tokens, model FLOPs and distinct lengths; `clock` names the step's clock."""
 
     cpu_ms: list[float]
     wall_ms: list[float]
@@ -70,39 +67,31 @@ class RankStep:
     cpu_high_ms: list[float]
     tokens: list[int]
     flops: list[float]
-    wall_low_ms: list[float] = dataclasses.field(default_factory=list)
-    wall_high_ms: list[float] = dataclasses.field(default_factory=list)
+    wall_low_ms: list[float] = field(default_factory=list)
+    wall_high_ms: list[float] = field(default_factory=list)
     clock: str = "cpu"
-    distinct_lengths: list[int] = dataclasses.field(default_factory=list)  # kernel groups per rank
+    distinct_lengths: list[int] = field(default_factory=list)  # kernel groups per rank
 
     @property
     def rank_ms(self) -> list[float]:
-        return self.cpu_ms if self.clock == "cpu" else self.wall_ms
-
-    @property
-    def rank_range_ms(self) -> tuple[list[float], list[float]]:
-        return (
-            (self.cpu_low_ms, self.cpu_high_ms)
-            if self.clock == "cpu"
-            else (self.wall_low_ms, self.wall_high_ms)
-        )
+        return getattr(self, f"{self.clock}_ms")
 
     @property
     def step_ms(self) -> float:
         """The step: the slowest rank (on `clock`)."""
         return max(self.rank_ms)
 
-    def cost_range(self, base: RankStep) -> tuple[float, float]:
-        """This step over `base`'s at the ends of their repeats' ranges (low over high, high over low)."""
-        (low, high), (base_low, base_high) = self.rank_range_ms, base.rank_range_ms
-        return max(low) / max(base_high), max(high) / max(base_low)
+    @property
+    def step_range_ms(self) -> tuple[float, float]:
+        """The slowest rank's low and high over repeats (on `clock`)."""
+        return max(getattr(self, f"{self.clock}_low_ms")), max(getattr(self, f"{self.clock}_high_ms"))
 
 
 @dataclass(frozen=True)
 class StepConfig:
-    """What `measure_balanced_steps` measures: per W of `world_sizes`, a batch of
-    W * local_batch_size lengths up to `max_length` through SequenceDense(width,
-    hidden), `repeats` timed after `warmup`, at one thread on `device`."""
+    """What `measure_balanced_steps` measures: per W of `world_sizes`, a batch of W *
+    local_batch_size lengths up to `max_length` through SequenceDense(width, hidden), `repeats`
+    timed after `warmup`, at one thread on `device`."""
 
     world_sizes: list[int]
     local_batch_size: int
@@ -121,17 +110,17 @@ class StepConfig:
         """`parts` (indices into `lengths`) measured rank by rank."""
         parts_lengths = [[lengths[i] for i in part] for part in parts]
         options = {"warmup": self.warmup, "repeats": self.repeats, "threads": 1, "device": self.device}
-        times = measure_partition(parts_lengths, self.width, hidden=tuple(self.hidden), **options)
-        per_rank = {
-            k: [(c.median_s(k), *c.range_s(k)) for c in (r.compute for r in times.ranks)]
-            for k in "cpu wall".split()
-        }
+        compute = [
+            r.compute
+            for r in measure_partition(parts_lengths, self.width, hidden=self.hidden, **options).ranks
+        ]
+        # per clock: the median and the repeats' low and high, each a list over ranks (ms)
         (cpu, cpu_low, cpu_high), (wall, wall_low, wall_high) = (
-            [[1e3 * s for s in column] for column in zip(*per_rank[k])] for k in ("cpu", "wall")
-        )  # each a list over ranks (ms): the median and the repeats' low and high
+            [[1e3 * s for s in col] for col in zip(*[(c.median_s(k), *c.range_s(k)) for c in compute])]
+            for k in ("cpu", "wall")
+        )
         tokens, flops = [sum(p) for p in parts_lengths], [float(self.flops(p).sum()) for p in parts_lengths]
-        distinct = [len(set(p)) for p in parts_lengths]
-        clock = primary_clock(self.device)
+        distinct, clock = [len(set(p)) for p in parts_lengths], primary_clock(self.device)
         return RankStep(cpu, wall, cpu_low, cpu_high, tokens, flops, wall_low, wall_high, clock, distinct)
 
     def peaks(self, lengths: list[int], parts: list[list[int]]) -> list[int]:
@@ -140,27 +129,42 @@ class StepConfig:
         return peak_memory_partition(parts_lengths, self.width, tuple(self.hidden), self.device)
 
     def record(self) -> dict[str, Any]:
-        return {
-            **dataclasses.asdict(self),
-            "hidden": list(self.hidden),
-            "threads": 1,
-            "clock": primary_clock(self.device),
-        }
+        clock = primary_clock(self.device)
+        return {**dataclasses.asdict(self), "hidden": list(self.hidden), "threads": 1, "clock": clock}
+
+
+def _canonical(parts: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(sorted(tuple(sorted(p)) for p in parts))
 
 
 @dataclass(frozen=True)
 class BalancedSteps:
-    """`measure_balanced_steps`' runs, (distribution, W, method) -> RankStep, and
-    per (distribution, W) the batch's FLOP bounds and its lengths (loader order)."""
+    """`measure_balanced_steps`' runs, (distribution, W, method) -> RankStep, and per (distribution,
+    W) the batch's FLOP bounds and its lengths (loader order). `measure` and `peaks` measure a
+    partition of one of these batches once: the same partition again reuses the measurement, not a
+    second draw of the clock's noise."""
 
     runs: dict[tuple[str, int, str], RankStep]
     bounds: dict[tuple[str, int], dict[str, float]]
     lengths: dict[tuple[str, int], list[int]]
     config: StepConfig
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def measure(self, distribution: str, world_size: int, parts: list[list[int]]) -> RankStep:
+        key = ("step", distribution, world_size, _canonical(parts))
+        if key not in self.cache:
+            self.cache[key] = self.config.measure(self.lengths[(distribution, world_size)], parts)
+        return self.cache[key]
+
+    def peaks(self, distribution: str, world_size: int, parts: list[list[int]]) -> list[int]:
+        key = ("peaks", distribution, world_size, _canonical(parts))
+        if key not in self.cache:
+            self.cache[key] = self.config.peaks(self.lengths[(distribution, world_size)], parts)
+        return self.cache[key]
 
     def speedups(self) -> pd.DataFrame:
-        """Per run: measured speed-up over the loader's cut, the FLOP model's (max FLOPs over
-        max FLOPs), the bound's (the cut's max FLOPs over the equal-count lower bound)."""
+        """Per run: measured speed-up over the loader's cut, the FLOP model's (max FLOPs over max
+        FLOPs), the bound's (the cut's max FLOPs over the equal-count lower bound)."""
         rows = []
         for (name, w, method), run in self.runs.items():
             cut, bound = self.runs[(name, w, "contiguous")], self.bounds[(name, w)]
@@ -175,46 +179,93 @@ class BalancedSteps:
     def records(self) -> list[dict[str, Any]]:
         """Every run with its raw per-rank numbers (for the results JSON)."""
         return [
-            {
-                "distribution": name,
-                "world_size": w,
-                "method": m,
-                **dataclasses.asdict(run),
-                **self.bounds[(name, w)],
-            }
-            for (name, w, m), run in self.runs.items()
+            {"distribution": d, "world_size": w, "method": m} | dataclasses.asdict(run) | self.bounds[(d, w)]
+            for (d, w, m), run in self.runs.items()
         ]
 
 
 def measure_balanced_steps(
     distributions: Mapping[str, LengthDistribution], config: StepConfig, progress: bool = False
 ) -> BalancedSteps:
-    """Per distribution and W: one global batch, cut as the loader cuts it and
-    balanced by each method on the model's FLOPs, every partition measured."""
+    """Per distribution and W: one global batch, cut as the loader cuts it and balanced by each
+    method on the model's FLOPs, every partition measured. Raises ValueError on a bad batch size."""
     check_int("local_batch_size", config.local_batch_size, low=1)
     config = dataclasses.replace(config, device=resolve_device(config.device), hidden=tuple(config.hidden))
+    steps = BalancedSteps({}, {}, {}, config)
     cases = [(name, spec, w) for name, spec in distributions.items() for w in config.world_sizes]
     if progress:
         from tqdm.auto import tqdm
 
         cases = tqdm(cases, desc="distribution x W", leave=False)
-    runs, bounds, batches = {}, {}, {}
     for name, spec, w in cases:
-        seed = config.seed * 1009 + w
-        lengths = batches[(name, w)] = spec.draw(
-            w * config.local_batch_size, config.max_length, seed
-        ).tolist()
+        lengths = spec.draw(w * config.local_batch_size, config.max_length, config.seed * 1009 + w).tolist()
         flops = config.flops(lengths).tolist()
-        bound = equal_size_lower_bound(flops, w)
-        bounds[(name, w)] = {"lower_bound": bound, "longest_sets_bound": max(flops) > sum(flops) / w}
+        steps.lengths[(name, w)] = lengths
+        steps.bounds[(name, w)] = {
+            "lower_bound": equal_size_lower_bound(flops, w),
+            "longest_sets_bound": max(flops) > sum(flops) / w,
+        }
         for method in MEASURED_METHODS:
-            runs[(name, w, method)] = config.measure(lengths, balance(flops, w, method))
-    return BalancedSteps(runs, bounds, batches, config)
+            steps.runs[(name, w, method)] = steps.measure(name, w, balance(flops, w, method))
+    return steps
+
+
+@dataclass(frozen=True)
+class CappedRun:
+    """One batch at one W balanced on FLOPs with at most `cap` of a per-sample `size` per rank
+    ("tokens", or "modelled bytes" of `memory_cap.ActivationModel`): per run ("uncapped" KK + swaps,
+    then each capped method) the measured step, each rank's peak bytes and its summed `size`."""
+
+    distribution: str
+    world_size: int
+    size: str
+    cap: float
+    mean: float  # of `size` per rank
+    asked_over_mean: float  # the cap asked for, before it was raised to fit
+    steps: dict[str, RankStep]
+    peak_bytes: dict[str, list[int]]
+    held: dict[str, list[float]]
+
+    def cost(self, label: str) -> float:
+        """A run's measured step over the uncapped one's (> 1: the cap costs time)."""
+        return self.steps[label].step_ms / self.steps["uncapped"].step_ms
+
+    def binds(self) -> bool:
+        """Whether the uncapped partition holds more than the cap on some rank."""
+        return max(self.held["uncapped"]) > self.cap
+
+    def lowers_peak(self, label: str) -> bool:
+        """Whether `label`'s largest measured peak is below the uncapped one's."""
+        return max(self.peak_bytes[label]) < max(self.peak_bytes["uncapped"])
+
+    def table(self) -> pd.DataFrame:
+        """A row per run: the cap over the mean, whether it binds, the largest tokens and measured peak
+        (MiB) of a rank, the step's cost against the uncapped KK + swaps with its repeats' range, and
+        `lowers_peak` credited only where the cap binds (another method may differ without a cap)."""
+        rows, (base_low, base_high) = [], self.steps["uncapped"].step_range_ms
+        for label, step in self.steps.items():
+            low, high = step.step_range_ms[0] / base_high, step.step_range_ms[1] / base_low
+            rows.append(
+                {"distribution": self.distribution, "cap on": self.size, "run": label,
+                 "cap_over_mean": self.cap / self.mean, "binds": self.binds(), "max_tokens": max(step.tokens),
+                 "peak_mib": max(self.peak_bytes[label]) / MIB, "cost": self.cost(label),
+                 "cost_low": low, "cost_high": high, "lowers_peak": self.binds() and self.lowers_peak(label)}
+            )  # fmt: skip
+        return pd.DataFrame(rows).set_index(["distribution", "cap on", "run"])
+
+    def as_dict(self) -> dict[str, Any]:
+        record = dataclasses.asdict(self)
+        record["runs"] = record.pop("steps")
+        labels = list(self.steps)
+        return {
+            **record, "binds": self.binds(), "cost": {label: self.cost(label) for label in labels},
+            "lowers_peak": {label: self.lowers_peak(label) for label in labels},
+        }  # fmt: skip
 
 
 def until_it_fits(split: Callable[[float], Any], cap: float) -> tuple[Any, float]:
-    """`split(cap)`, the cap raised by 1% at a time while it raises ValueError
-    (a repair that finds no swap; a cap above every rank's load always fits)."""
+    """`split(cap)`, the cap raised by 1% at a time while it raises ValueError (a repair that
+    finds no swap; a cap above every rank's load always fits)."""
     while True:
         try:
             return split(cap), cap
@@ -222,84 +273,45 @@ def until_it_fits(split: Callable[[float], Any], cap: float) -> tuple[Any, float
             cap *= 1.01
 
 
-def same_parts(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> bool:
-    return sorted(map(sorted, a)) == sorted(map(sorted, b))
-
-
-@dataclass(frozen=True)
-class CappedRun:
-    """One distribution at one W: the token cap per rank, and per run ("uncapped"
-    KK + swaps, then each capped method) the measured step and each rank's peak bytes."""
-
-    distribution: str
-    world_size: int
-    cap: float
-    mean_tokens: float
-    steps: dict[str, RankStep]
-    peak_bytes: dict[str, list[int]]
-    asked_over_mean: float | None = None  # the cap asked for, before it was raised to fit
-
-    def cost(self, label: str) -> float:
-        """A run's measured step over the uncapped one's (> 1: the cap costs time)."""
-        return self.steps[label].step_ms / self.steps["uncapped"].step_ms
-
-    def flop_cost(self, label: str) -> float:
-        return max(self.steps[label].flops) / max(self.steps["uncapped"].flops)
-
-    def binds(self) -> bool:
-        return max(self.steps["uncapped"].tokens) > self.cap
-
-    def lowers_peak(self, label: str) -> bool:
-        """Whether `label`'s largest measured peak is below the uncapped one's (only a binding cap can)."""
-        return max(self.peak_bytes[label]) < max(self.peak_bytes["uncapped"])
-
-    def as_dict(self) -> dict[str, Any]:
-        record = dataclasses.asdict(self)
-        record["runs"] = record.pop("steps")
-        return {
-            **record, "binds": self.binds(), "cost": {label: self.cost(label) for label in self.steps},
-            "flop_cost": {label: self.flop_cost(label) for label in self.steps},
-            "lowers_peak": {label: self.lowers_peak(label) for label in self.steps},
-        }  # fmt: skip
-
-
 def measure_capped(
-    steps: BalancedSteps, distribution: str, world_size: int, cap_over_mean: float
+    steps: BalancedSteps,
+    distribution: str,
+    world_size: int,
+    cap_over_mean: float,
+    sizes: Sequence[float] | None = None,
+    size: str = "tokens",
+    methods: Sequence[str] = CAPPED_METHODS,
 ) -> CappedRun:
-    """`distribution`'s batch at `world_size` in `steps`: KK + swaps uncapped (the run
-    `steps` measured), then each of `CAPPED_METHODS` under `cap_over_mean` times the
-    mean tokens per rank (raised to `capped.minimum_cap`, then 1% at a time while a
-    method finds no partition), each measured as `steps` was, with each rank's peak
-    bytes. A capped partition equal to the uncapped one reuses its measurement."""
+    """`distribution`'s batch at `world_size` in `steps`: KK + swaps uncapped (the run `steps`
+    measured), then each of `methods` (`capped.balance_capped`) under `cap_over_mean` times the mean
+    of `sizes` per rank (each sample's `size`; None: its tokens), raised to `capped.minimum_cap`, then
+    1% at a time while a method finds no partition. Each measured as `steps` was, with each rank's peak
+    bytes. Raises ValueError on a cap below the mean or a batch `steps` did not measure."""
     check_number("cap_over_mean", cap_over_mean, low=1)
     if (distribution, world_size) not in steps.lengths:
         raise ValueError(
             f"steps has no run of {distribution!r} at W={world_size}; runs: {sorted(steps.lengths)}"
         )
-    config, lengths = steps.config, steps.lengths[(distribution, world_size)]
-    flops, mean = config.flops(lengths).tolist(), sum(lengths) / world_size
-    uncapped = balance(flops, world_size, "kk_swap")
+    lengths = steps.lengths[(distribution, world_size)]
+    flops, sizes = steps.config.flops(lengths).tolist(), list(lengths if sizes is None else sizes)
+    mean = sum(sizes) / world_size
     capped, cap = until_it_fits(
-        lambda cap: {m: balance_capped(flops, lengths, world_size, cap, m) for m in CAPPED_METHODS},
-        max(cap_over_mean * mean, minimum_cap(lengths, world_size)),
+        lambda cap: {m: balance_capped(flops, sizes, world_size, cap, m) for m in methods},
+        max(cap_over_mean * mean, minimum_cap(sizes, world_size)),
     )
-    measured = {"uncapped": steps.runs[(distribution, world_size, "kk_swap")]}
-    peaks = {"uncapped": config.peaks(lengths, uncapped)}
-    for label, parts in capped.items():
-        same = same_parts(parts, uncapped)
-        measured[label] = measured["uncapped"] if same else config.measure(lengths, parts)
-        peaks[label] = peaks["uncapped"] if same else config.peaks(lengths, parts)
-    return CappedRun(distribution, world_size, cap, mean, measured, peaks, cap_over_mean)
+    partitions = {"uncapped": balance(flops, world_size, "kk_swap"), **capped}
+    measured = {label: steps.measure(distribution, world_size, p) for label, p in partitions.items()}
+    peaks = {label: steps.peaks(distribution, world_size, p) for label, p in partitions.items()}
+    held = {label: part_tokens(sizes, p) for label, p in partitions.items()}
+    return CappedRun(distribution, world_size, size, cap, mean, cap_over_mean, measured, peaks, held)
 
 
 def _link_ms(world_size: int, kind: str, link_bytes: float, local_world_size: int) -> float:
     """ms to move `link_bytes` over one rank's link at torchrec's bandwidth for `kind`."""
     from torchrec.distributed.planner.types import BasicCommsBandwidths, CollectiveType
 
-    bandwidth = BasicCommsBandwidths().get_bw(
-        min(local_world_size, world_size), world_size, getattr(CollectiveType, kind)
-    )
-    return link_bytes / bandwidth  # bandwidth in bytes per ms
+    local = min(local_world_size, world_size)
+    return link_bytes / BasicCommsBandwidths().get_bw(local, world_size, getattr(CollectiveType, kind))
 
 
 def _latency_s(rank: int, world_size: int, repeats: int) -> list[float]:
@@ -308,33 +320,32 @@ def _latency_s(rank: int, world_size: int, repeats: int) -> list[float]:
     return collective_seconds(lambda: all_gather_flat(one), repeats)
 
 
-def measure_latency_ms(world_size: int = 2, device: str = "auto", repeats: int = 20) -> float:
-    """The alpha-beta link model's latency, measured: the median over repeats of the slowest
-    rank's time for a one-float64 all-gather (all latency; torchrec's bandwidth-only
-    `BasicCommsBandwidths` prices it at nanoseconds), in ms, one launch of `world_size` ranks."""
-    check_int("world_size", world_size, low=2)
-    fn, args = latency_call(repeats)
-    return latency_ms(launch(fn, world_size, *args, device=device))
-
-
 def latency_call(repeats: int = 20) -> tuple[Callable, tuple]:
-    """`measure_latency_ms`' work on each rank, as a call for another launch (`latency_ms` reads it)."""
+    """The latency measurement on each rank, as a call for a launch (`latency_ms` reads its results)."""
     check_int("repeats", repeats, low=1)
     return _latency_s, (repeats,)
 
 
 def latency_ms(per_rank: list[list[float]]) -> float:
+    """The alpha-beta link model's latency: the median over repeats of the slowest rank's time for
+    a one-float64 all-gather (all latency; torchrec's `BasicCommsBandwidths` prices it at ns), ms."""
     return 1e3 * statistics.median(max(times) for times in zip(*per_rank))
+
+
+def measure_latency_ms(world_size: int = 2, device: str = "auto", repeats: int = 20) -> float:
+    """`latency_ms` in a launch of its own. Raises ValueError on fewer than 2 ranks."""
+    check_int("world_size", world_size, low=2)
+    fn, args = latency_call(repeats)
+    return latency_ms(launch(fn, world_size, *args, device=device))
 
 
 def worker_shares(
     steps: BalancedSteps, distribution: str, latency_ms: float, local_world_size: int = 8
 ) -> pd.DataFrame:
-    """Per W of `steps`: the shuffle's phases for `distribution`'s batch (both
-    collectives' bytes counted and their ms computed by an alpha-beta model: W - 1
-    ring steps of `latency_ms`, plus the bytes at torchrec's bandwidths; KK + swaps
-    timed here), the measured balanced compute, and the share of the shuffle a step
-    that long would hide (computed: min(1, compute / shuffle))."""
+    """Per W of `steps`: the shuffle's phases for `distribution`'s batch (both collectives' bytes
+    counted and their ms computed by an alpha-beta model: W - 1 ring steps of `latency_ms`, plus the
+    bytes at torchrec's bandwidths; KK + swaps timed here), the measured balanced compute, and the
+    share of the shuffle a step that long would hide (computed: min(1, compute / shuffle))."""
     check_number("latency_ms", latency_ms, low=0)
     rows, batch = [], steps.config.local_batch_size
     for w in sorted({w for name, w, _ in steps.runs if name == distribution}):
@@ -353,27 +364,22 @@ def worker_shares(
         rows.append(
             {"world_size": w, "latency_ms": latency_ms, "gather_bytes": gather_bytes,
              "gather_ms_computed": gather_ms, "kk_ms_measured": kk_ms, "exchange_bytes": moved,
-             "exchange_ms_computed": exchange_ms,
-             "shuffle_ms": shuffle_ms, "latency_share": 2 * latency / shuffle_ms,
-             "compute_ms_measured": compute_ms,
+             "exchange_ms_computed": exchange_ms, "shuffle_ms": shuffle_ms,
+             "latency_share": 2 * latency / shuffle_ms, "compute_ms_measured": compute_ms,
              "hidden_share_computed": min(1.0, compute_ms / shuffle_ms)}
         )  # fmt: skip
     return pd.DataFrame(rows)
 
 
-# recsys-examples' end-to-end benchmark, as its E2E_BENCHMARK.md states it at
-# commit a84ae588 (PR #411, "benchmark: update HSTU benchmark fixes and docs")
+# recsys-examples' end-to-end benchmark as its E2E_BENCHMARK.md states it at commit a84ae588 (PR #411)
 RECSYS_E2E = {
     "source": "NVIDIA/recsys-examples a84ae5885bb891640133fd39ab1d4bb0681ac872, "
     "examples/hstu/training/benchmark/E2E_BENCHMARK.md (run of commit bc40d89c)",
-    "baseline_tflops_per_gpu": 75.6,
-    "shuffler_tflops_per_gpu": 115.8,
-    "speedup": 1.53,
+    "baseline_tflops_per_gpu": 75.6, "shuffler_tflops_per_gpu": 115.8, "speedup": 1.53,
     "hardware": "2 nodes x 8 H100-SXM5-80GB (16 GPUs), bf16",
     "model": "HSTU, 8 layers, hidden 1024, 4 heads of 256, Triton attention, Adam; DynamicEmb tables",
-    "lengths": "Zipf(1.2) jagged, max 4096, 32 samples per GPU",
-    "max_length": 4096,
-}
+    "lengths": "Zipf(1.2) jagged, max 4096, 32 samples per GPU", "max_length": 4096,
+}  # fmt: skip
 
 
 def fitted(steps: BalancedSteps) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -382,10 +388,9 @@ def fitted(steps: BalancedSteps) -> tuple[pd.DataFrame, dict[str, Any]]:
     FLOPs; WORK_AND_LENGTHS: the per-length and per-token costs beside them)."""
     rows = rank_rows(steps.runs)
     fits = {"work": fit_rank_time(rows, WORK), "work_and_lengths": fit_rank_time(rows, WORK_AND_LENGTHS)}
-    fit = fits["work_and_lengths"]
 
     def slowest(key: tuple[str, int, str]) -> float:
-        return max(map(fit.predict, rank_rows({key: steps.runs[key]})))
+        return max(map(fits["work_and_lengths"].predict, rank_rows({key: steps.runs[key]})))
 
     table = steps.speedups()
     table["fitted_model"] = [
@@ -393,14 +398,14 @@ def fitted(steps: BalancedSteps) -> tuple[pd.DataFrame, dict[str, Any]]:
         / slowest((r.distribution, r.world_size, r.method))
         for r in table.itertuples()
     ]
-    return table, {name: f.asdict() for name, f in fits.items()}
+    return table, {name: dataclasses.asdict(f) for name, f in fits.items()}
 
 
 def results(
     steps: BalancedSteps, capped: Sequence[CappedRun], shares: Mapping[str, pd.DataFrame]
 ) -> dict[str, Any]:
-    """The rank-by-rank part of a results JSON (notebook 04a and the bench): raw per-rank
-    numbers with the derived ones, so a test can recompute them."""
+    """The rank-by-rank part of a results JSON (appendix 04a and the bench): raw per-rank numbers
+    with the derived ones, so a test can recompute them."""
     table, fits = fitted(steps)
     return {
         "measured_config": steps.config.record(),

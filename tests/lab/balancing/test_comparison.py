@@ -1,5 +1,5 @@
-"""embnb.balancing.lengths and comparison: the two length distributions and
-the per-distribution summaries of notebook 04's balancer comparison."""
+"""embnb.balancing.lengths and embnb.lab.balancing.comparison: the two length distributions and
+notebook 04's summaries of the balancer comparison, against counts made by hand."""
 
 import math
 
@@ -34,44 +34,52 @@ def test_length_distribution_draws_either_kind_and_names_bad_values():
 
 
 def test_percent_keeps_two_significant_digits():
-    assert [comparison.percent(x) for x in (0.25676, 0.0088452, 6.4e-5, 0.0, 1.49127)] == [
-        "26%",
-        "0.88%",
-        "0.0064%",
-        "0%",
-        "149%",
-    ]
+    shares = (0.25676, 0.0088452, 6.4e-5, 0.0, 1.49127)
+    assert [comparison.percent(x) for x in shares] == ["26%", "0.88%", "0.0064%", "0%", "149%"]
+
+
+def _row(dist, seed, method, max_load, gap=0.0, longest=False):
+    return {"distribution": dist, "workload": "tokens", "num_samples": 8, "num_parts": 2, "seed": seed,
+            "method": method, "max_load": max_load, "gap_to_lower_bound": gap,
+            "largest_item_sets_bound": longest}  # fmt: skip
 
 
 def test_kk_swap_vs_lpt_counts_each_batch_by_its_largest_part():
-    def row(dist, seed, method, max_load):
-        return {"distribution": dist, "workload": "tokens", "num_samples": 8, "num_parts": 2,
-                "seed": seed, "method": method, "max_load": max_load}  # fmt: skip
-
     table = pd.DataFrame(
         [
-            row("zipf", 0, "kk_swap", 10.0), row("zipf", 0, "greedy_lpt", 10.0),
-            row("zipf", 1, "kk_swap", 9.0), row("zipf", 1, "greedy_lpt", 11.0),
-            row("lognormal", 0, "kk_swap", 12.0), row("lognormal", 0, "greedy_lpt", 11.0),
+            _row("zipf", 0, "kk_swap", 10.0), _row("zipf", 0, "greedy_lpt", 10.0),
+            _row("zipf", 1, "kk_swap", 9.0), _row("zipf", 1, "greedy_lpt", 11.0),
+            _row("lognormal", 0, "kk_swap", 12.0), _row("lognormal", 0, "greedy_lpt", 11.0),
         ]
     )  # fmt: skip
     counts = comparison.kk_swap_vs_lpt(table)
-    assert list(counts) == ["zipf", "lognormal"]  # the table's order
-    assert counts["zipf"]["tokens"] == {"kk_swap": 1, "equal": 1, "greedy_lpt": 0}
-    assert counts["lognormal"]["tokens"] == {"kk_swap": 0, "equal": 0, "greedy_lpt": 1}
+    assert list(counts.index) == [("zipf", "tokens"), ("lognormal", "tokens")]  # the table's order
+    assert counts.loc[("zipf", "tokens")].to_dict() == {"kk_swap": 1, "equal": 1, "greedy_lpt": 0}
+    assert counts.loc[("lognormal", "tokens")].to_dict() == {"kk_swap": 0, "equal": 0, "greedy_lpt": 1}
+
+
+def test_worst_gaps_take_the_worst_batch_and_the_share_where_the_longest_sample_sets_the_bound():
+    table = pd.DataFrame(
+        [
+            _row("zipf", 0, "kk_swap", 0, gap=0.01, longest=True), _row("zipf", 1, "kk_swap", 0, gap=0.03),
+            _row("zipf", 0, "karmarkar_karp", 0, gap=0.2), _row("zipf", 1, "karmarkar_karp", 0, gap=0.1),
+        ]
+    )  # fmt: skip
+    worst = comparison.worst_gaps(table).loc[("zipf", "tokens")]
+    assert worst.to_dict() == {"karmarkar_karp": 0.2, "kk_swap": 0.03, "longest_sets_bound": 0.5}
 
 
 def test_comparison_table_has_a_row_per_distribution_batch_workload_and_method():
     specs = {"zipf": LengthDistribution("zipf"), "lognormal": LengthDistribution("lognormal", median=32)}
     table = comparison.comparison_table(specs, [256], [8], seeds=[0, 1], max_length=1024, flops_dims=(8, 16))
     assert len(table) == 2 * 2 * 2 * 4  # distributions x seeds x workloads x methods
-    summed = comparison.imbalance_by_method(table)
-    assert list(summed) == ["zipf", "lognormal"]
-    kk_swap = summed["lognormal"]["tokens"]["kk_swap"]
-    rows = table[
-        (table.distribution == "lognormal") & (table.workload == "tokens") & (table.method == "kk_swap")
-    ]
-    assert kk_swap["max_gap_to_lower_bound"] == rows["gap_to_lower_bound"].max()
-    assert kk_swap["share_longest_sets_bound_by_parts"] == {"8": rows["largest_item_sets_bound"].mean()}
+    assert table["num_samples"].eq(256).all() and table["max_over_mean"].ge(1).all()
     with pytest.raises(ValueError, match="distributions is empty"):
         comparison.comparison_table({}, [256], [8])
+
+
+def test_crossover_by_width_is_6d_at_f_4d_and_counts_the_samples_past_it():
+    table = comparison.crossover_by_width([32, 128], {"a": torch.tensor([1, 200, 800, 900])})
+    # 4dL^2 = L(8d^2 + 4df) at f = 4d: L = 6d, worked by hand
+    assert table["crossover_length"].tolist() == [192, 768]
+    assert table["longer, a"].tolist() == [0.75, 0.5]

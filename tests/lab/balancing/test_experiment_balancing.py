@@ -28,9 +28,9 @@ def test_repeats_run_interleaved_and_each_label_gets_its_own_runs():
         # the same global batches every repeat: the same losses
         assert repeats[0][0]["losses"] == pytest.approx(repeats[1][0]["losses"])
     assert runs.same_weights()
-    speedups = runs.speedups("plain")
-    assert speedups["plain"] == experiment.Speedup(1.0, 1.0, 1.0, 2)
-    assert speedups["balanced"].repeats == 2 and speedups["balanced"].ratio > 0
+    table = runs.table("plain")
+    assert table.loc["plain", ["speedup", "speedup_low", "speedup_high"]].tolist() == [1.0, 1.0, 1.0]
+    assert table.loc["balanced", "speedup"] > 0 and table.loc["plain", "flops_predict"] == 1.0
 
 
 def _ranks(*step_seconds):
@@ -40,7 +40,6 @@ def _ranks(*step_seconds):
 def test_speedups_compare_each_repeat_at_its_slowest_ranks_over_the_timed_steps():
     runs = experiment.TrainingRuns(
         backend="gloo",
-        seconds=0.0,
         gathers=[],
         per_repeat={
             # timed steps 1 and 2 (not the warm-up, not the last): repeat 0 takes 4 + 6 = 10 s, repeat 1 12 s
@@ -49,15 +48,11 @@ def test_speedups_compare_each_repeat_at_its_slowest_ranks_over_the_timed_steps(
             "kk": [_ranks([0, 2, 3, 1], [0, 1, 2, 1]), _ranks([0, 4, 1, 1], [0, 3, 4, 1])],
         },
     )
-    speedups = runs.speedups("none")
-    # the ratio of the mean step times (5.5 s and 3.25 s), with the per-repeat ratios' range
-    assert speedups["kk"] == experiment.Speedup(ratio=5.5 / 3.25, low=1.5, high=2.0, repeats=2)
     assert runs.step_ms("none") == [5000.0, 6000.0] and runs.step_ms("kk") == [2500.0, 4000.0]
-    assert runs.mean_step_ms("none") == 5500.0 and runs.mean_step_ms("kk") == 3250.0
     difference = runs.difference("kk", "none")
     assert (difference.mean, difference.low, difference.high) == (-2250.0, -2500.0, -2000.0)
     with pytest.raises(ValueError, match="reference 'sync' is not a run; runs: \\['none', 'kk'\\]"):
-        runs.speedups("sync")
+        runs.table("sync")
 
 
 def test_flops_speedups_divide_the_slowest_ranks_flops():
@@ -66,7 +61,6 @@ def test_flops_speedups_divide_the_slowest_ranks_flops():
 
     runs = experiment.TrainingRuns(
         backend="gloo",
-        seconds=0.0,
         gathers=[],
         per_repeat={"none": [ranks([0, 8, 6, 99], [0, 2, 2, 0])], "kk": [ranks([0, 5, 4, 0], [0, 5, 4, 99])]},
     )

@@ -1,6 +1,6 @@
-"""embnb.lab.balancing.memory_cap: the activation-bytes model, fitted to
-real peaks of `SequenceDense`, and the bytes cap measured beside the token
-cap on one small batch (real kernels on CPU, real profiler peaks)."""
+"""embnb.lab.balancing.memory_cap and measured.measure_capped: the activation-bytes model, fitted to
+real peaks of `SequenceDense`, and caps on tokens and on modelled bytes measured on one small batch
+(real kernels on CPU, real profiler peaks)."""
 
 import pytest
 
@@ -25,33 +25,42 @@ def test_the_model_is_its_formula_and_its_fit_follows_the_measured_peaks():
 
 
 @pytest.fixture(scope="module")
-def comparison():
+def capped():
     steps = measured.measure_balanced_steps(
         {"lognormal": LengthDistribution("lognormal", median=24, sigma=1.0)},
         measured.StepConfig([W], local_batch_size=4, max_length=64, width=WIDTH, hidden=HIDDEN, repeats=1),
     )
-    token_run = measured.measure_capped(steps, "lognormal", W, 1.0)
-    model = memory_cap.ActivationModel.fit([4, 16, 32, 64], WIDTH, HIDDEN, "cpu")
     lengths = steps.lengths[("lognormal", W)]
-    return lengths, token_run, memory_cap.compare_caps(lengths, token_run, model, steps.config, 1.0)
+    model = memory_cap.ActivationModel.fit([4, 16, 32, 64], WIDTH, HIDDEN, "cpu")
+    tokens = measured.measure_capped(steps, "lognormal", W, 1.0)
+    sizes = model.sample_bytes(lengths)
+    by_bytes = measured.measure_capped(steps, "lognormal", W, 1.0, sizes, "modelled bytes", ["kk_swap"])
+    return steps, lengths, sizes, tokens, by_bytes
 
 
-def test_the_bytes_cap_holds_on_the_model_and_reuses_the_token_caps_measurements(comparison):
-    lengths, token_run, c = comparison
-    per_sample = c.model.sample_bytes(lengths)
-    assert c.mean_bytes == pytest.approx(sum(per_sample) / W)
-    assert max(c.modelled_bytes["bytes cap"]) <= c.bytes_cap
-    assert c.bytes_cap >= c.mean_bytes
-    for label in c.steps:  # every partition holds every sample once: the same total
-        assert sum(c.modelled_bytes[label]) == pytest.approx(sum(per_sample))
-        assert sum(c.steps[label].tokens) == sum(lengths)
-    assert c.steps["uncapped"] is token_run.steps["uncapped"]
-    assert c.steps["token cap"] is token_run.steps["kk_swap"]
-    assert c.token_cap == token_run.cap
-    if not c.binds():
-        assert c.steps["bytes cap"] is c.steps["uncapped"]
-    low, high = c.cost_range("bytes cap")
-    assert low <= c.cost("bytes cap") <= high
-    table = memory_cap.cap_table([token_run], [c])
-    assert not (table["lowers_peak"] & ~table["binds"]).any()  # only a binding cap lowers a peak
-    assert table.loc[("lognormal", "none", "uncapped"), "peak_mib"] == c.largest_peak_mib("uncapped")
+def test_each_cap_holds_and_a_partition_measured_once_is_reused(capped):
+    steps, lengths, sizes, tokens, by_bytes = capped
+    for run, per_sample in ((tokens, lengths), (by_bytes, sizes)):
+        assert run.mean == pytest.approx(sum(per_sample) / W) and run.cap >= run.mean
+        for label, step in run.steps.items():
+            assert sum(step.tokens) == sum(lengths)  # every sample on exactly one rank
+            assert sum(run.held[label]) == pytest.approx(sum(per_sample))
+            assert label == "uncapped" or max(run.held[label]) <= run.cap * (1 + 1e-12)
+        assert run.binds() == (max(run.held["uncapped"]) > run.cap)
+        assert run.steps["uncapped"] is steps.runs[("lognormal", W, "kk_swap")]  # measured once
+        assert run.cost("uncapped") == 1.0
+    assert set(tokens.steps) == {"uncapped", "greedy_lpt", "karmarkar_karp", "kk_swap"}
+    assert set(by_bytes.steps) == {"uncapped", "kk_swap"}
+    if not by_bytes.binds():  # a cap that does not bind leaves KK + swaps' partition and its measurement
+        assert by_bytes.steps["kk_swap"] is by_bytes.steps["uncapped"]
+
+
+def test_the_table_credits_no_lower_peak_to_a_cap_that_does_not_bind(capped):
+    *_, tokens, by_bytes = capped
+    for run in (tokens, by_bytes):
+        table = run.table()
+        assert table["cost_low"].le(table["cost"]).all() and table["cost"].le(table["cost_high"]).all()
+        if not run.binds():
+            assert not table["lowers_peak"].any()
+    with pytest.raises(ValueError, match="no run of 'zipf' at W=2"):
+        measured.measure_capped(capped[0], "zipf", W, 1.0)

@@ -4,21 +4,19 @@ import pytest
 
 from embnb.balancing import partition
 from embnb.data import zipf_lengths
-from embnb.lab.balancing.widgets import BalanceExplorer
+from embnb.lab.balancing.explore import BalanceExplorer
 
 
 def test_every_control_redraws_with_its_setting():
     explorer = BalanceExplorer(alpha=1.5, num_parts=8, num_samples=256, max_length=512)
     controls = explorer.controls
     assert [ax.get_title().split("\n")[0] for ax in explorer.figure.axes] == list(partition.METHODS)
-    assert explorer.figure._suptitle.get_text() == "Zipf(1.50) lengths, 256 samples into 8 ranks"
-
+    assert all(len(ax.patches) == 8 for ax in explorer.figure.axes)
     controls["num_parts"].value = 4
     assert all(len(ax.patches) == 4 for ax in explorer.figure.axes)
     controls["num_samples"].value = 128
     controls["alpha"].value = 2.0
-    assert explorer.figure._suptitle.get_text() == "Zipf(2.00) lengths, 128 samples into 4 ranks"
-    # The bars hold every token of the batch, whatever the method.
+    # The bars hold every token of the batch the controls ask for, whatever the method.
     tokens = int(zipf_lengths(128, 2.0, 512, 0).sum())
     for ax in explorer.figure.axes:
         assert sum(p.get_height() for p in ax.patches) == pytest.approx(tokens)
