@@ -4,13 +4,16 @@ from how torchrec's and embnb's all-to-alls are described (ids and lengths once 
 per destination and ids once per owner rank, int64; rows fp32), written here as a byte formula of its
 own, and from torchrec's installed source."""
 
-import pathlib
+import importlib
+import inspect
 
+import nbformat
 import pytest
-import torchrec
 
-from embnb.lab.columnwise.cases import CWCase, TableSpec, make_batches
+from embnb.lab import harness
+from embnb.lab.columnwise.cases import CWCase, make_batches
 
+NOTEBOOK = harness.NOTEBOOKS_DIR / "02a_cw_bytes.ipynb"
 WORLD_SIZE = 2
 TRAFFIC_SHARDS = [2, 6]  # 2 shards on 2 ranks (each id twice either way) and 6 narrow ones
 TRAFFIC = {"traffic_batch_size": 32, "traffic_max_length": 80, "traffic_num_embeddings": 500}
@@ -35,11 +38,12 @@ def run(execute):
 
 def _traffic_batches(embedding_dim: int) -> tuple[list[int], int]:
     """(ids per rank, sequences of all ranks) in the notebook's byte count."""
-    table = (TableSpec("t0", TRAFFIC["traffic_num_embeddings"], ("f0",)),)
     sizes = {"batch_size": TRAFFIC["traffic_batch_size"], "max_length": TRAFFIC["traffic_max_length"]}
-    case = CWCase(WORLD_SIZE, embedding_dim, table, {"t0": [0, 1]}, **sizes)  # batches: not the layout's
-    batches = make_batches(case)
-    return [len(b["f0"][1]) for b in batches], sum(len(b["f0"][0]) for b in batches)
+    case = CWCase(
+        WORLD_SIZE, embedding_dim, [0, 1], num_embeddings=TRAFFIC["traffic_num_embeddings"], **sizes
+    )
+    batches = make_batches(case)  # batches: not the layout's
+    return [len(ids) for _, ids in batches], sum(len(lengths) for lengths, _ in batches)
 
 
 def test_the_byte_count_covers_the_teaching_and_the_planner_layouts(run):
@@ -128,38 +132,37 @@ def test_uneven_widths_work_in_embnb_and_are_unsupported_in_torchrec(run):
     assert "required to have same embedding dimension" in results["torchrec_mixed_dims_error"]
 
 
-def test_torchrec_places_name_lines_that_say_what_the_notebook_says(run):
-    site = pathlib.Path(torchrec.__file__).parent.parent
-    wanted = {
-        "EmbeddingCollection.__init__": "required to have same embedding dimension",
-        "_get_block_size_for_cw_shard": "MIN_CW_DIM",
-        "column_wise": "size_per_rank",
-        "ShardedEmbeddingCollection.__init__": "CW partition must be same",
-        "ShardedEmbeddingCollection.compute_and_output_dist": "view(-1, embedding_dim)",
-        "All2All_Seq_Req.forward": "* D",
-    }
-    places = run.results["torchrec_uneven_places"]
-    assert sorted(places) == sorted(wanted)
-    for function, where in places.items():
-        path, line = where.split(" ")[0].rsplit(":", 1)
-        assert where.endswith(f"({function})")
-        assert wanted[function] in (site / path).read_text().splitlines()[int(line) - 1], where
+# Each step the page's table names, as (module, function, text) of the installed torchrec: where its
+# EmbeddingCollection meets uneven column-wise widths, in order; then where the pooled path permutes.
+EC, PLAN, CW = (
+    "torchrec.distributed.embedding",
+    "torchrec.distributed.sharding_plan",
+    "torchrec.distributed.sharding.cw_sharding",
+)
+STEPS = [
+    ("torchrec.modules.embedding_modules", "EmbeddingCollection.__init__", "required to have same embedding"),
+    (PLAN, "_get_block_size_for_cw_shard", "_find_base_dim(MIN_CW_DIM, columns)"),
+    (PLAN, "column_wise", "for rank, cur_size in enumerate(size_per_rank):"),
+    (EC, "ShardedEmbeddingCollection.__init__", "CW partition must be same for all CW sharded parameters"),
+    (EC, "ShardedEmbeddingCollection.compute_and_output_dist", "odist(embs.view(-1, embedding_dim)"),
+    ("torchrec.distributed.comm_ops", "All2All_Seq_Req.forward", "input_splits = [i * D for i in a2ai"),
+    (CW, "BaseCwEmbeddingSharding._init_combined_embeddings", "embedding_order.extend("),
+    (CW, "CwPooledEmbeddingSharding.create_output_dist", "PermutePooledEmbeddingsSplit("),
+]
 
 
-def test_torchrecs_pooled_cw_path_permutes_too_and_matches_the_unsharded_bag_collection(run):
-    pooled = run.results["pooled"]
-    assert pooled["shard_ranks"] == PARAMETERS["shard_ranks"]  # permute [2, 0, 1, 3]: not the identity
-    assert len(pooled["max_abs_error"]) == WORLD_SIZE and max(pooled["max_abs_error"]) <= 1e-6
-    assert pooled["matches"] is True
-    places = {p["text"]: p for p in pooled["places"]}
-    assert all(p["path"] == "torchrec/distributed/sharding/cw_sharding.py" for p in places.values())
-    site = pathlib.Path(torchrec.__file__).parent.parent
-    for text, place in places.items():
-        assert text in (site / place["path"]).read_text().splitlines()[place["line"] - 1]
-    assert (
-        places["PermutePooledEmbeddingsSplit("]["function"] == "CwPooledEmbeddingSharding.create_output_dist"
+@pytest.mark.parametrize("module, function, text", STEPS)
+def test_each_torchrec_function_the_page_names_does_what_it_says(module, function, text):
+    obj = importlib.import_module(module)
+    for part in function.split("."):
+        obj = getattr(obj, part)
+    assert text in inspect.getsource(obj)
+    markdown = "".join(
+        c.source for c in nbformat.read(str(NOTEBOOK), as_version=4).cells if c.cell_type == "markdown"
     )
+    assert f"`{function.split('.')[-1]}" in markdown or f"`{function}`" in markdown
 
 
-def test_figures(run):
+def test_summary_and_figures(run):
+    assert run.results["summary"]  # the harness prints it
     assert len(run.figures()) == 2  # integer share per layout, uneven widths

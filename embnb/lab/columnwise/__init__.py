@@ -1,8 +1,9 @@
 """Notebook 02's layer over `embnb.columnwise`; notebooks 02 and 02a import it as `lab` and call what they
-use from here (each name loads only its module): `cases` (runs on real ranks, both paths, all-to-alls
-recorded), `experiment` (the teaching run and the appendix's, as data), `traffic` (the byte count),
-`torchrec_layouts` (what torchrec's planner and source do), `pooled`, `reference` (the page's core, checked),
-`figures` (the column order, the lookup error), `widgets`.
+use from here (each name loads only its module): `reference` (the page's core, checked), `cases` (runs on
+real ranks, both paths, all-to-alls recorded), `experiment` (the teaching run and the appendix's, as
+data), `traffic` (the byte count), `torchrec_layouts` (what torchrec's planner and source do), `figures`
+(the column order, the lookup error) and `explore`; and, under their own names, what the pages use from
+the rest of embnb.
 """
 
 from __future__ import annotations
@@ -10,19 +11,16 @@ from __future__ import annotations
 from embnb.lab.exports import lazy_exports
 
 _HOMES = {
+    "reference": ["all_placements", "page_core_agrees"],
+    "cases": ["CWCase"],
+    "experiment": ["run_seed", "error_panels", "run_appendix", "shard_table", "permute_derivation"],
+    "figures": ["column_order_figure", "lookup_error_figure"],
+    "explore": ["PlacementExplorer"],
+    # what the pages use from the rest of embnb, under the same names
     "embnb.dist": ["start_rank_server", "device_plan"],
     "embnb.lab.logs": ["quiet_torch_fx"],
-    "embnb.lab.source": ["show_source"],
     "embnb.columnwise.placement": ["check_shard_ranks", "check_widths", "equal_widths", "column_offsets",
                                    "rank_order", "cw_permute_indices", "rank_ordered_shard_outputs",
                                    "concat_in_rank_order", "stitch_cw", "check_permute_answer"],
-    "embnb.columnwise.torchrec_adapter": ["cw_sharding_plan"],
-    "experiment": ["SeedTable", "TrafficBatch", "run_seed", "run_appendix", "shard_table",
-                               "permute_derivation"],
-    "torchrec_layouts": ["torchrec_version", "source_places", "UNEVEN_EC_STEPS",
-                                     "POOLED_PERMUTE_STEPS"],
-    "reference": ["all_placements", "page_core_agrees"],
-    "figures": ["column_order_figure", "lookup_error_figure"],
-    "widgets": ["PlacementExplorer"],
 }  # fmt: skip
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -1,17 +1,20 @@
-"""Column-wise cases on real ranks: an EmbeddingCollection, a CW placement per table and a batch per rank,
-run through embnb's lookup and torchrec's ShardedEmbeddingCollection (also with torchrec's permute switched
-off for one forward) next to the unsharded EmbeddingCollection, with what each rank sent recorded.
+"""Column-wise cases on real ranks: one EmbeddingCollection table ("t0", feature "f0") cut into column
+shards on a placement, a batch per rank, run through embnb's lookup and torchrec's
+ShardedEmbeddingCollection (also with its permute switched off for one forward) next to the unsharded
+EmbeddingCollection, with what each rank sent recorded; torchrec's pooled path and its uneven
+`column_wise(size_per_rank=...)` on ranks too.
 
-    runs = run_cw_cases([CWCase(2, 12, (TableSpec("t0", 32, ("f0",)),), {"t0": [0, 1, 0]})])
-    runs[0].matches("torchrec"), runs[0].traffic("reference")
+    (run,) = run_cw_cases([CWCase(2, 12, [0, 1, 0])])
+    run.matches("torchrec"), run.traffic("reference")
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import traceback
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,37 +30,26 @@ from embnb.dist import launch_each, rank_device
 if TYPE_CHECKING:
     from torchrec import EmbeddingCollection, KeyedJaggedTensor
 
+TABLE, FEATURE = "t0", "f0"
 PATHS = ("reference", "torchrec")  # embnb's CW lookup, torchrec's ShardedEmbeddingCollection
 UNPERMUTED = ("torchrec_unpermuted",)  # torchrec's module with its permute switched off
-Outputs = dict[str, tuple[torch.Tensor, torch.Tensor]]  # output name -> (lengths, values), on the CPU
-Batch = dict[str, tuple[torch.Tensor, torch.Tensor]]  # feature -> (lengths, ids)
-
-
-@dataclass
-class Traffic:
-    """What one rank sent through all_to_all_single (its inputs, all destinations, itself included)."""
-
-    int_elements: int = 0  # ids, lengths, split counts
-    float_elements: int = 0  # embedding rows' values
-    int_bytes: int = 0
-    float_bytes: int = 0
-    calls: int = 0  # all_to_all_single calls: each a collective with its own latency
-
-    def add(self, sent: torch.Tensor) -> None:
-        self.calls += 1
-        kind = "float" if sent.is_floating_point() else "int"
-        setattr(self, f"{kind}_elements", getattr(self, f"{kind}_elements") + sent.numel())
-        setattr(self, f"{kind}_bytes", getattr(self, f"{kind}_bytes") + sent.numel() * sent.element_size())
+Output = tuple[torch.Tensor, torch.Tensor]  # (lengths, values) of one rank's lookup, on the CPU
 
 
 @contextlib.contextmanager
-def recorded_all_to_all() -> Iterator[Traffic]:
+def recorded_all_to_all() -> Iterator[dict[str, int]]:
     """Record every `torch.distributed.all_to_all_single` input while inside (torchrec's all-to-alls and
-    embnb's `exchange` both call it); the original function is back on exit, whatever happens."""
-    sent, original = Traffic(), dist.all_to_all_single
+    embnb's `exchange` both call it): `calls` (each a collective with its own latency), and elements
+    and bytes of integers (ids, lengths, split counts) and of floats (rows' values), all destinations
+    (itself included). The original function is back on exit, whatever happens."""
+    sent = dict.fromkeys(("calls", "int_elements", "float_elements", "int_bytes", "float_bytes"), 0)
+    original = dist.all_to_all_single
 
     def recording(output, input, *args, **kwargs):
-        sent.add(input)
+        kind = "float" if input.is_floating_point() else "int"
+        sent["calls"] += 1
+        sent[f"{kind}_elements"] += input.numel()
+        sent[f"{kind}_bytes"] += input.numel() * input.element_size()
         return original(output, input, *args, **kwargs)
 
     dist.all_to_all_single = recording
@@ -68,179 +60,132 @@ def recorded_all_to_all() -> Iterator[Traffic]:
 
 
 @dataclass(frozen=True)
-class TableSpec:
-    """One table of an EmbeddingCollection: rows and the features it serves."""
-
-    name: str
-    num_embeddings: int
-    feature_names: tuple[str, ...]
-
-
-@dataclass
 class CWCase:
-    """An EmbeddingCollection, a CW placement per table and a batch per rank; checked when built."""
+    """One table cut column-wise on `shard_ranks`, and a batch per rank; checked when built."""
 
     world_size: int
     embedding_dim: int
-    tables: tuple[TableSpec, ...]
-    placements: dict[str, list[int]]  # table -> rank of each shard, in column order
-    widths: dict[str, list[int]] = field(default_factory=dict)  # uneven widths (embnb's path); else equal
+    shard_ranks: Sequence[int]  # rank of each shard, in column order
+    widths: Sequence[int] | None = None  # uneven widths (embnb's path only); None: the equal split
+    num_embeddings: int = 32
     paths: tuple[str, ...] = PATHS  # what runs: "reference" (embnb's lookup) and/or "torchrec"
-    batch_size: int = 4
-    max_length: int = 3
+    batch_size: int = 4  # sequences per rank
+    max_length: int = 3  # ids per sequence, at most (uniform from 0)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        names = [t.name for t in self.tables]
-        if not names or len(set(names)) != len(names):
-            raise ValueError(f"tables must be non-empty with unique names, got {names}")
+        check_int("num_embeddings", self.num_embeddings, low=1)
         check_int("batch_size", self.batch_size, low=1)
         check_int("max_length", self.max_length, low=0)
-        if sorted(self.placements) != sorted(names):
-            raise ValueError(f"placements name tables {sorted(self.placements)}; tables are {names}")
-        if set(self.widths) - set(names):
-            raise ValueError(f"widths name unknown tables {sorted(set(self.widths) - set(names))}")
-        for table in self.tables:
-            check_int(f"{table.name}.num_embeddings", table.num_embeddings, low=1)
-            if not table.feature_names:
-                raise ValueError(f"table {table.name!r} has no feature_names")
-            cw.check_shard_ranks(self.placements[table.name], self.world_size)
-            self.shard_widths(table.name)  # raises on widths that do not fit
+        cw.check_shard_ranks(self.shard_ranks, self.world_size)
+        self.shard_widths()  # raises on widths that do not fit
         if not self.paths or set(self.paths) - set(PATHS):
             raise ValueError(f"paths {self.paths!r}: each must be 'reference' or 'torchrec'")
 
+    def shard_widths(self) -> list[int]:
+        if self.widths is not None:
+            return cw.check_widths(self.widths, self.embedding_dim, len(self.shard_ranks))
+        return cw.equal_widths(self.embedding_dim, len(self.shard_ranks))
+
     def torchrec_problem(self) -> str | None:
-        """Why torchrec's ShardedEmbeddingCollection cannot run this case (uneven, unaligned or mixed
-        shard widths: embnb's check), or None."""
+        """Why torchrec's ShardedEmbeddingCollection cannot take this case (uneven or unaligned shard
+        widths: embnb's check), or None."""
+        widths = {TABLE: list(self.widths)} if self.widths is not None else None
         try:
-            adapter.check_torchrec_placements(
-                self.embedding_dim, self.placements, self.world_size, self.widths
-            )
+            adapter.check_torchrec_placements(self.embedding_dim, self.placements(), self.world_size, widths)
         except ValueError as exc:
             return str(exc)
         return None
 
-    def shard_widths(self, table: str) -> list[int]:
-        num_shards = len(self.placements[table])
-        if table in self.widths:
-            return cw.check_widths(self.widths[table], self.embedding_dim, num_shards)
-        return cw.equal_widths(self.embedding_dim, num_shards)
-
-    def feature_names(self) -> list[str]:
-        """Every feature once, in the order tables name them (the KJT's keys)."""
-        return list(dict.fromkeys(f for t in self.tables for f in t.feature_names))
-
-    def output_tables(self) -> dict[str, str]:
-        """EmbeddingCollection's output names -> table: the feature, or feature@table when several tables
-        read the feature."""
-        readers = [f for t in self.tables for f in t.feature_names]
-        return {
-            (f if readers.count(f) == 1 else f"{f}@{t.name}"): t.name
-            for t in self.tables
-            for f in t.feature_names
-        }
+    def placements(self) -> dict[str, list[int]]:
+        return {TABLE: list(self.shard_ranks)}
 
 
 def make_embedding_collection(case: CWCase, device: torch.device | str = "cpu") -> EmbeddingCollection:
     """The unsharded EmbeddingCollection of `case`, its weights drawn from `case.seed` (same everywhere)."""
     from torchrec import EmbeddingCollection, EmbeddingConfig
 
-    configs = [
-        EmbeddingConfig(t.num_embeddings, case.embedding_dim, t.name, feature_names=list(t.feature_names))
-        for t in case.tables
-    ]
-    ec = EmbeddingCollection(tables=configs, device=torch.device("cpu"))
-    generator = torch.Generator().manual_seed(case.seed)
+    config = EmbeddingConfig(case.num_embeddings, case.embedding_dim, TABLE, feature_names=[FEATURE])
+    ec = EmbeddingCollection(tables=[config], device=torch.device("cpu"))
     with torch.no_grad():
-        for table in case.tables:
-            weight = ec.embeddings[table.name].weight
-            weight.copy_(torch.randn(weight.shape, generator=generator))
+        weight = ec.embeddings[TABLE].weight
+        weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(case.seed)))
     return ec.to(device)
 
 
-def make_batches(case: CWCase) -> list[Batch]:
-    """One batch per rank: per feature `batch_size` sequences of 0 to `max_length` ids, valid in every table
-    that reads the feature."""
-    features = case.feature_names()
-    rows = {f: min(t.num_embeddings for t in case.tables if f in t.feature_names) for f in features}
+def make_batches(case: CWCase) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(lengths, ids) per rank: `batch_size` sequences of 0 to `max_length` ids."""
     batches = []
     for rank in range(case.world_size):
         generator = torch.Generator().manual_seed(case.seed * 1000 + rank + 1)
-        batch = {}
-        for feature in features:
-            lengths = torch.randint(0, case.max_length + 1, (case.batch_size,), generator=generator)
-            ids = torch.randint(0, rows[feature], (int(lengths.sum()),), generator=generator)
-            batch[feature] = (lengths, ids)
-        batches.append(batch)
+        lengths = torch.randint(0, case.max_length + 1, (case.batch_size,), generator=generator)
+        batches.append(
+            (lengths, torch.randint(0, case.num_embeddings, (int(lengths.sum()),), generator=generator))
+        )
     return batches
 
 
-def to_kjt(batch: Batch, device: torch.device | str = "cpu") -> KeyedJaggedTensor:
+def to_kjt(lengths: torch.Tensor, ids: torch.Tensor, device: torch.device | str = "cpu") -> KeyedJaggedTensor:
     from torchrec import KeyedJaggedTensor
 
-    keys = list(batch)
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=keys,
-        values=torch.cat([batch[k][1] for k in keys]).to(device),
-        lengths=torch.cat([batch[k][0] for k in keys]).to(device),
+        keys=[FEATURE], values=ids.to(device), lengths=lengths.to(device)
     )
 
 
-def _plain(outputs) -> Outputs:  # JaggedTensors -> CPU tensors, so results pickle anywhere
-    return {name: (jt.lengths().cpu(), jt.values().detach().cpu()) for name, jt in outputs.items()}
+def _plain(outputs) -> Output:  # JaggedTensors -> CPU tensors, so results pickle anywhere
+    return outputs[FEATURE].lengths().cpu(), outputs[FEATURE].values().detach().cpu()
 
 
-def unsharded_outputs(case: CWCase) -> list[Outputs]:
+def unsharded_outputs(case: CWCase) -> list[Output]:
     """What the unsharded EmbeddingCollection returns for each rank's batch."""
     ec = make_embedding_collection(case)
     with torch.no_grad():
-        return [_plain(ec(to_kjt(batch))) for batch in make_batches(case)]
+        return [_plain(ec(to_kjt(*batch))) for batch in make_batches(case)]
 
 
 @dataclass
 class RankOutputs:
     """What one rank returned for a case; a path the case did not run is None."""
 
-    reference: Outputs | None = None  # embnb's CW lookup
-    rank_ordered: dict[str, list[torch.Tensor]] | None = None  # its shard outputs, in arrival order
-    torchrec: Outputs | None = None  # ShardedEmbeddingCollection
-    torchrec_unpermuted: Outputs | None = None  # the same, its permute switched off
-    torchrec_permute: dict[str, list[int]] | None = None  # the permute indices torchrec computed
+    reference: Output | None = None  # embnb's CW lookup
+    rank_ordered: list[torch.Tensor] | None = None  # its shard outputs, in arrival order
+    torchrec: Output | None = None  # ShardedEmbeddingCollection
+    torchrec_unpermuted: Output | None = None  # the same, its permute switched off
+    torchrec_permute: list[int] | None = None  # the permute indices torchrec computed
     compute_kernel: str | None = None  # torchrec's kernel
-    traffic: dict[str, dict[str, int]] = field(default_factory=dict)  # path -> asdict(Traffic)
+    traffic: dict[str, dict[str, int]] = field(default_factory=dict)  # path -> recorded_all_to_all's
 
 
-def _reference_forward(case: CWCase, ec, features, group, result: RankOutputs) -> None:
-    """embnb's CW forward: each rank keeps only its own column shards of `ec`'s weights."""
-    rank = dist.get_rank(group)
-    result.reference, result.rank_ordered = {}, {}
-    for name, table in case.output_tables().items():
-        weight = ec.embeddings[table].weight.detach()
-        ranks, widths = case.placements[table], case.shard_widths(table)
-        jt = features[name.split("@")[0]]
-        rows, shards = cw_sequence_lookup(
-            jt.values(), local_shards(weight, ranks, widths, rank), ranks, widths, group, weight.dtype
+def _forward(case: CWCase, ec, kjt, group, result: RankOutputs) -> None:
+    """embnb's CW forward (each rank keeps only its own column shards of `ec`'s weights), then
+    torchrec's sharded module: one step, a warm step recorded, then one with its permute (a private
+    field) emptied for that call and restored: the outputs in rank order, as before torchrec stitched."""
+    if "reference" in case.paths:
+        weight, ranks, widths = (
+            ec.embeddings[TABLE].weight.detach(),
+            list(case.shard_ranks),
+            case.shard_widths(),
         )
-        result.reference[name] = (jt.lengths().cpu(), rows.cpu())
-        result.rank_ordered[name] = [s.cpu() for s in shards]
-
-
-def _torchrec_forward(case: CWCase, ec, features, group, result: RankOutputs) -> None:
-    """torchrec's sharded module: one step, a warm step recorded, then one with its permute (a private
-    field) emptied for that call and restored: the outputs in rank order, as before torchrec stitched them."""
-    sharded = adapter.shard_cw(ec, case.placements, group)
-    result.torchrec = _plain(sharded(features).wait())
-    with recorded_all_to_all() as sent:
-        sharded(features).wait()
-    result.traffic["torchrec"] = asdict(sent)
-    saved = private.features_to_permute_indices(sharded)
-    private.set_features_to_permute_indices(sharded, {})
-    try:
-        result.torchrec_unpermuted = _plain(sharded(features).wait())
-    finally:
-        private.set_features_to_permute_indices(sharded, saved)
-    result.torchrec_permute = adapter.torchrec_permute_indices(sharded)
-    result.compute_kernel = adapter.compute_kernel_for(rank_device(group).type)
+        shards = local_shards(weight, ranks, widths, dist.get_rank(group))
+        with recorded_all_to_all() as sent:
+            rows, arrived = cw_sequence_lookup(kjt.values(), shards, ranks, widths, group, weight.dtype)
+        result.reference, result.rank_ordered = (kjt.lengths().cpu(), rows.cpu()), [s.cpu() for s in arrived]
+        result.traffic["reference"] = sent
+    if "torchrec" in case.paths:
+        sharded = adapter.shard_cw(ec, case.placements(), group)
+        result.torchrec = _plain(sharded(kjt).wait())
+        with recorded_all_to_all() as sent:
+            sharded(kjt).wait()
+        result.traffic["torchrec"] = sent
+        saved = private.features_to_permute_indices(sharded)
+        private.set_features_to_permute_indices(sharded, {})
+        try:
+            result.torchrec_unpermuted = _plain(sharded(kjt).wait())
+        finally:
+            private.set_features_to_permute_indices(sharded, saved)
+        result.torchrec_permute = adapter.torchrec_permute_indices(sharded)[FEATURE]
+        result.compute_kernel = adapter.compute_kernel_for(rank_device(group).type)
 
 
 def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | None:
@@ -253,16 +198,15 @@ def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | 
     result = None
     if rank < case.world_size:
         device = rank_device(group)
-        ec = make_embedding_collection(case, device)
-        features = to_kjt(make_batches(case)[rank], device)
         result = RankOutputs()
         with torch.no_grad():
-            if "reference" in case.paths:
-                with recorded_all_to_all() as sent:
-                    _reference_forward(case, ec, features, group, result)
-                result.traffic["reference"] = asdict(sent)
-            if "torchrec" in case.paths:
-                _torchrec_forward(case, ec, features, group, result)
+            _forward(
+                case,
+                make_embedding_collection(case, device),
+                to_kjt(*make_batches(case)[rank], device),
+                group,
+                result,
+            )
     dist.barrier()  # ranks outside the case wait here, not inside the next case's collectives
     return result
 
@@ -272,45 +216,41 @@ class CWRun:
     """A case's outputs on every rank (index = rank), next to the unsharded EmbeddingCollection's."""
 
     case: CWCase
-    expected: list[Outputs]
+    expected: list[Output]
     ranks: list[RankOutputs]
 
-    def _output(self, rank: RankOutputs, path: str, name: str) -> torch.Tensor:
+    def output(self, rank: int, path: str) -> Output | None:
+        """Rank `rank`'s (lengths, values) by `path`: "reference", "torchrec", "torchrec_unpermuted", or
+        "naive" (embnb's slices concatenated in rank order); None where the path did not run."""
+        got = self.ranks[rank]
         if check_choice("path", path, PATHS + UNPERMUTED + ("naive",)) == "naive":
-            return cw.concat_in_rank_order(rank.rank_ordered[name])
-        return getattr(rank, path)[name][1]
+            return (
+                None
+                if got.rank_ordered is None
+                else (got.reference[0], cw.concat_in_rank_order(got.rank_ordered))
+            )
+        return getattr(got, path)
 
     def matches(self, path: str) -> bool:
-        """`path` ("reference", "torchrec", "torchrec_unpermuted" or "naive": rank-order concatenation)
-        equals the unsharded EC on every rank, exactly (lengths too where the path returns them)."""
-        for want, rank in zip(self.expected, self.ranks):
-            got = want if path == "naive" else getattr(rank, check_choice("path", path, PATHS + UNPERMUTED))
-            if got is None or sorted(got) != sorted(want):
-                return False
-            for name, (lengths, values) in want.items():
-                if not torch.equal(got[name][0], lengths) or not torch.equal(
-                    self._output(rank, path, name), values
-                ):
-                    return False
-        return True
+        """`path` (as in `output`) equals the unsharded EC on every rank, exactly, lengths too."""
+        outputs = [self.output(r, path) for r in range(len(self.ranks))]
+        return all(
+            got is not None and all(torch.equal(g, w) for g, w in zip(got, want))
+            for got, want in zip(outputs, self.expected)
+        )
 
     def traffic(self, path: str) -> list[dict[str, int]]:
         """What each rank sent through all_to_all_single in one forward of `path`."""
         return [rank.traffic[check_choice("path", path, PATHS)] for rank in self.ranks]
 
-    def abs_errors(self, path: str, name: str) -> torch.Tensor:
-        """|output - unsharded| of output `name`: a row per looked-up id of every rank in rank order, a column
-        per embedding column (`path` as in `matches`)."""
-        return torch.cat(
-            [
-                (self._output(rank, path, name) - want[name][1]).abs()
-                for want, rank in zip(self.expected, self.ranks)
-            ]
-        )
+    def abs_errors(self, path: str) -> torch.Tensor:
+        """|output - unsharded|: a row per looked-up id of every rank in rank order, a column per embedding
+        column (`path` as in `output`)."""
+        return torch.cat([(self.output(r, path)[1] - want[1]).abs() for r, want in enumerate(self.expected)])
 
     def max_abs_error(self, path: str) -> float:
-        errors = [self.abs_errors(path, name) for name in self.expected[0]] if self.expected else []
-        return max([float(e.max()) for e in errors if e.numel()], default=0.0)
+        errors = self.abs_errors(path)
+        return float(errors.max()) if errors.numel() else 0.0
 
 
 def run_cw_cases(
@@ -319,7 +259,6 @@ def run_cw_cases(
     """Run `cases` on real ranks in one `launch_each` (gloo on CPU, nccl with a GPU per rank), each paired
     with the unsharded EC's outputs (a `CWRun`); a case torchrec cannot take is refused before any rank
     starts. `then`: more (fn, args) calls in the same launch, after the cases; their results follow."""
-    cases = list(cases)
     if not cases:
         raise ValueError("cases is empty: nothing to run")
     for case in cases:  # a case torchrec cannot take would fail on some ranks only
@@ -328,9 +267,7 @@ def run_cw_cases(
             raise ValueError(problem)
     calls = [(run_case_on_rank, (case,)) for case in cases] + list(then)
     per_call = launch_each(calls, max(c.world_size for c in cases), device=device, timeout_s=timeout_s)
-    runs = [
-        CWRun(case, unsharded_outputs(case), ranks[: case.world_size]) for case, ranks in zip(cases, per_call)
-    ]
+    runs = [CWRun(c, unsharded_outputs(c), ranks[: c.world_size]) for c, ranks in zip(cases, per_call)]
     return runs + per_call[len(cases) :]
 
 
@@ -352,37 +289,73 @@ def _torchrec_size_per_rank_on_rank(
 ) -> TorchrecOutcome:
     device = rank_device()
     ec = make_embedding_collection(case, device)
-    features = to_kjt(make_batches(case)[rank], device)
     own, local = (sizes[rank] if rank < len(sizes) else 0), None
     try:
         with torch.no_grad():
-            sharded = adapter.shard_cw(ec, case.placements, size_per_rank=sizes)
+            sharded = adapter.shard_cw(ec, case.placements(), size_per_rank=sizes)
             local = private.local_embedding_dim(sharded)
-            got = _plain(sharded(features).wait())
+            got = _plain(sharded(to_kjt(*make_batches(case)[rank], device)).wait())
     except Exception as error:  # torchrec's own failure is the result; the peer fails at the same step
-        frame = (
-            [f for f in traceback.extract_tb(error.__traceback__) if "/torchrec/" in f.filename] or [None]
-        )[-1]
-        where = frame and f"torchrec/{frame.filename.rsplit('/torchrec/', 1)[1]}:{frame.lineno}"
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torchrec/" in f.filename]
+        where = frames and f"torchrec/{frames[-1].filename.rsplit('/torchrec/', 1)[1]}:{frames[-1].lineno}"
         text = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
-        return TorchrecOutcome(text, None, None, where, own, local)
-    want = unsharded_outputs(case)[rank]
-    worst = max(float((got[n][1] - v).abs().max()) if v.numel() else 0.0 for n, (_, v) in want.items())
+        return TorchrecOutcome(text, None, None, where or None, own, local)
+    want = unsharded_outputs(case)[rank][1]
+    worst = float((got[1] - want).abs().max()) if want.numel() else 0.0
     return TorchrecOutcome(None, worst == 0.0, worst, None, own, local)
 
 
 def size_per_rank_call(case: CWCase, size_per_rank: Sequence[int]) -> tuple:
     """The (fn, args) call for `launch_each` that runs torchrec's `column_wise(size_per_rank=...)` (shard i
-    on rank i) on `case`'s one table as torchrec takes it (no embnb check first): each rank's
-    `TorchrecOutcome`. It may break the process group: the last call of a launch."""
+    on rank i) on `case`'s table as torchrec takes it (no embnb check first): each rank's `TorchrecOutcome`.
+    It may break the process group: the last call of a launch."""
     sizes = [check_int("size_per_rank entry", s, low=1) for s in size_per_rank]
-    if len(case.tables) != 1 or sum(sizes) != case.embedding_dim:
-        raise ValueError(
-            f"size_per_rank {sizes} must cover embedding_dim {case.embedding_dim} of one table, "
-            f"got {len(case.tables)} tables"
-        )
+    if sum(sizes) != case.embedding_dim:
+        raise ValueError(f"size_per_rank {sizes} must cover embedding_dim {case.embedding_dim}")
     if len(sizes) > case.world_size:
         raise ValueError(
             f"size_per_rank {sizes} puts shard i on rank i: needs {len(sizes)} ranks, has {case.world_size}"
         )
-    return (_torchrec_size_per_rank_on_rank, (case, sizes))
+    return (
+        _torchrec_size_per_rank_on_rank,
+        (dataclasses.replace(case, shard_ranks=list(range(len(sizes)))), sizes),
+    )
+
+
+def pooled_on_rank(
+    rank: int, world_size: int, shard_ranks: list[int], embedding_dim: int, seed: int
+) -> float:
+    """Per rank of a `launch_each` on CPU: torchrec's pooled column-wise path (an EmbeddingBagCollection,
+    one vector per bag) on `shard_ranks`, against the unsharded module on this rank's 8 bags of 0-5 ids
+    of a 50-row table: max |sharded - unsharded|. Its output all-to-all also returns shards in rank
+    order; torchrec puts them back with FBGEMM's `PermutePooledEmbeddingsSplit`."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingEnv
+
+    torch.manual_seed(seed)  # the same weights on every rank
+    ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(50, embedding_dim, TABLE, feature_names=[FEATURE])]
+    )
+    generator = torch.Generator().manual_seed(seed * 1000 + rank)  # each rank its own bags
+    lengths = torch.randint(0, 6, (8,), generator=generator)
+    ids = torch.randint(0, 50, (int(lengths.sum()),), generator=generator)
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[FEATURE], values=ids, lengths=lengths)
+    with torch.no_grad():
+        expected = ebc(kjt).values()
+    sharder = EmbeddingBagCollectionSharder()
+    plan = construct_module_sharding_plan(
+        ebc,
+        {TABLE: column_wise(ranks=shard_ranks, compute_kernel="fused")},
+        sharder=sharder,
+        local_size=world_size,
+        world_size=world_size,
+        device_type="cpu",
+    )
+    sharded = sharder.shard(
+        ebc, plan, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu")
+    )
+    sharded.load_state_dict(ebc.state_dict())
+    with torch.no_grad():
+        return float((sharded(kjt).wait().values() - expected).abs().max())

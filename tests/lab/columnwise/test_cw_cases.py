@@ -1,5 +1,5 @@
 """embnb.lab.columnwise.cases on real ranks: embnb's CW lookup and torchrec's
-ShardedEmbeddingCollection against the unsharded EmbeddingCollection.
+ShardedEmbeddingCollection against the unsharded EmbeddingCollection, on one table.
 
 The lookups run once, in one launch of 4 gloo ranks (subgroups give world
 sizes 1-3): embnb's reference path and torchrec's ShardedEmbeddingCollection
@@ -15,48 +15,39 @@ import torch
 from embnb.columnwise.placement import concat_in_rank_order, cw_permute_indices
 from embnb.dist import launch_each
 from embnb.lab.columnwise import cases
-from embnb.lab.columnwise.cases import CWCase, TableSpec
-
-T0 = (TableSpec("t0", 8, ("f0",)),)
+from embnb.lab.columnwise.cases import CWCase
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"placements": {"t0": [0, 2]}}, r"rank 2 >= world_size 2"),
-        ({"placements": {"t0": []}}, "shard_ranks is empty"),
-        ({"placements": {"t1": [0]}}, r"placements name tables \['t1'\]; tables are \['t0'\]"),
-        (
-            {"placements": {"t0": [0, 1]}, "widths": {"t0": [5, 6]}},
-            r"widths \[5, 6\] sum to 11, not the embedding_dim 12",
-        ),
-        ({"placements": {"t0": [0, 1, 0, 1, 0]}}, "embedding_dim 12 is not divisible into 5"),
-        ({"placements": {"t0": [0, 1]}, "paths": ("fast",)}, "each must be 'reference' or 'torchrec'"),
-        ({"placements": {"t0": [0, 1]}, "batch_size": 0}, "batch_size must be an int >= 1, got 0"),
-        ({"placements": {"t0": [0, 1]}, "max_length": -1}, "max_length must be an int >= 0, got -1"),
-        (
-            {"placements": {"t0": [0]}, "tables": (TableSpec("t0", 0, ("f0",)),)},
-            "t0.num_embeddings must be an int >= 1, got 0",
-        ),
+        ({"shard_ranks": [0, 2]}, r"rank 2 >= world_size 2"),
+        ({"shard_ranks": []}, "shard_ranks is empty"),
+        ({"shard_ranks": [0, 1], "widths": [5, 6]}, r"widths \[5, 6\] sum to 11, not the embedding_dim 12"),
+        ({"shard_ranks": [0, 1, 0, 1, 0]}, "embedding_dim 12 is not divisible into 5"),
+        ({"shard_ranks": [0, 1], "paths": ("fast",)}, "each must be 'reference' or 'torchrec'"),
+        ({"shard_ranks": [0, 1], "batch_size": 0}, "batch_size must be an int >= 1, got 0"),
+        ({"shard_ranks": [0, 1], "max_length": -1}, "max_length must be an int >= 0, got -1"),
+        ({"shard_ranks": [0], "num_embeddings": 0}, "num_embeddings must be an int >= 1, got 0"),
     ],
 )
 def test_bad_cases_are_refused_before_any_rank_starts(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        CWCase(**{"world_size": 2, "embedding_dim": 12, "tables": T0, **kwargs})
+        CWCase(**{"world_size": 2, "embedding_dim": 12, **kwargs})
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"placements": {"t0": [0, 1]}, "batch_size": 2.0}, "batch_size must be an int >= 1, got float 2.0"),
-        ({"placements": {"t0": [0, 1]}, "max_length": True}, "max_length must be an int >= 0, got bool True"),
-        ({"placements": {"t0": [0, 1]}, "world_size": "2"}, "world_size must be an int >= 1, got str '2'"),
-        ({"placements": {"t0": "01"}}, "shard_ranks must be a list with a rank per shard"),
+        ({"shard_ranks": [0, 1], "batch_size": 2.0}, "batch_size must be an int >= 1, got float 2.0"),
+        ({"shard_ranks": [0, 1], "max_length": True}, "max_length must be an int >= 0, got bool True"),
+        ({"shard_ranks": [0, 1], "world_size": "2"}, "world_size must be an int >= 1, got str '2'"),
+        ({"shard_ranks": "01"}, "shard_ranks must be a list with a rank per shard"),
     ],
 )
 def test_bad_types_in_cases_are_type_errors(kwargs, message):
     with pytest.raises(TypeError, match=message):
-        CWCase(**{"world_size": 2, "embedding_dim": 12, "tables": T0, **kwargs})
+        CWCase(**{"world_size": 2, "embedding_dim": 12, **kwargs})
 
 
 def test_nothing_to_run_is_refused():
@@ -64,26 +55,14 @@ def test_nothing_to_run_is_refused():
         cases.run_cw_cases([])
 
 
-T2 = (TableSpec("t0", 8, ("f0",)), TableSpec("t1", 8, ("f1",)))
-
-
 @pytest.mark.parametrize(
     "case, message",
     [
         (
-            CWCase(2, 12, T0, {"t0": [0, 1]}, widths={"t0": [4, 8]}),
+            CWCase(2, 12, [0, 1], widths=[4, 8]),
             r"uneven widths \{'t0': \[4, 8\]\}: embnb's check refuses them for torchrec",
         ),
-        # torchrec's EC views every CW lookup with the first table's shard width:
-        # other widths assert on some ranks and leave the others hanging.
-        (
-            CWCase(2, 24, T2, {"t0": [0, 1, 0], "t1": [1, 0]}),
-            r"one shard width for all column-wise tables; got widths \{'t0': 8, 't1': 12\}",
-        ),
-        (
-            CWCase(2, 12, T0, {"t0": [1, 0, 0, 1]}),
-            r"3 columns wide; torchrec's column_wise\(\) needs a multiple of 4",
-        ),
+        (CWCase(2, 12, [1, 0, 0, 1]), r"3 columns wide; torchrec's column_wise\(\) needs a multiple of 4"),
     ],
 )
 def test_what_torchrec_cannot_take_is_refused_before_any_rank_starts(case, message):
@@ -99,40 +78,31 @@ DIM = 48  # 1, 2, 3, 4, 6 shards: widths that are multiples of 4, as torchrec ne
 
 
 def _random_case(rng: random.Random, world_size: int) -> CWCase:
-    """1-3 tables, shared features sometimes, every table with the same shard
-    count (torchrec's EC needs one shard width), ranks with repeats and gaps."""
+    """Shard counts whose widths are multiples of 4 (as torchrec needs), ranks with repeats and gaps."""
     num_shards = rng.choice([1, 2, 3, 4, 6])
-    num_tables = rng.randint(1, 3)
-    features = [f"f{i}" for i in range(rng.randint(1, 3))]
-    tables = tuple(
-        TableSpec(f"t{i}", rng.randint(3, 20), tuple(rng.sample(features, rng.randint(1, len(features)))))
-        for i in range(num_tables)
+    ranks = [rng.randrange(world_size) for _ in range(num_shards)]
+    return CWCase(
+        world_size,
+        DIM,
+        ranks,
+        num_embeddings=rng.randint(3, 20),
+        batch_size=rng.randint(1, 4),
+        seed=rng.randrange(1000),
     )
-    placements = {t.name: [rng.randrange(world_size) for _ in range(num_shards)] for t in tables}
-    return CWCase(world_size, DIM, tables, placements, batch_size=rng.randint(1, 4), seed=rng.randrange(1000))
 
 
 def _cases() -> list[CWCase]:
-    tables2 = (TableSpec("t0", 10, ("f0", "f1")), TableSpec("t1", 7, ("f1", "f2")))
     hand = [
-        CWCase(2, DIM, T0, {"t0": [0, 1, 0]}),  # the seed example
-        CWCase(2, DIM, T0, {"t0": [1, 0, 0, 1]}),
-        CWCase(1, DIM, T0, {"t0": [0, 0, 0]}),
-        CWCase(4, DIM, T0, {"t0": [2]}),  # one shard, ranks 0, 1, 3 hold nothing
-        CWCase(4, DIM, T0, {"t0": [3, 3, 1, 0, 2, 0]}),
-        CWCase(3, 20, T0, {"t0": [2, 0, 2, 1, 0]}),  # five shards of 4 columns
-        CWCase(3, DIM, tables2, {"t0": [2, 0, 2], "t1": [1, 1, 0]}),  # gap: rank 1 in t0; f1 shared
-        CWCase(4, DIM, tables2, {"t0": [3, 0], "t1": [0, 3]}, max_length=0),  # no ids at all
-        # embnb's own path: uneven widths, a different shard count per table
-        CWCase(
-            3,
-            12,
-            tables2,
-            {"t0": [2, 0, 2], "t1": [1, 0]},
-            widths={"t0": [1, 8, 3], "t1": [5, 7]},
-            paths=("reference",),
-        ),
-        CWCase(4, 10, T0, {"t0": [3, 1, 3, 0, 1]}, widths={"t0": [3, 1, 2, 2, 2]}, paths=("reference",)),
+        CWCase(2, DIM, [0, 1, 0], num_embeddings=8),  # the seed example
+        CWCase(2, DIM, [1, 0, 0, 1], num_embeddings=8),
+        CWCase(1, DIM, [0, 0, 0], num_embeddings=8),
+        CWCase(4, DIM, [2], num_embeddings=8),  # one shard, ranks 0, 1, 3 hold nothing
+        CWCase(4, DIM, [3, 3, 1, 0, 2, 0], num_embeddings=8),
+        CWCase(3, 20, [2, 0, 2, 1, 0], num_embeddings=8),  # five shards of 4 columns
+        CWCase(4, DIM, [3, 0], max_length=0),  # no ids at all
+        # embnb's own path: uneven widths
+        CWCase(3, 12, [2, 0, 2], widths=[1, 8, 3], paths=("reference",)),
+        CWCase(4, 10, [3, 1, 3, 0, 1], widths=[3, 1, 2, 2, 2], paths=("reference",)),
     ]
     rng = random.Random(5)  # fixed draws: each spawn costs seconds, so no shrinking search here
     return hand + [_random_case(rng, w) for w in (1, 2, 2, 3, 3, 4, 4, 4)]
@@ -146,20 +116,16 @@ def runs():
 def test_cases_cover_the_issue(runs):
     cases = [r.case for r in runs]
     assert {c.world_size for c in cases} == {1, 2, 3, 4}
-    assert {len(p) for c in cases for p in c.placements.values()} == {1, 2, 3, 4, 5, 6}
-    assert any(len(set(p)) < len(p) for c in cases for p in c.placements.values())  # repeats
-    assert any(set(range(c.world_size)) - set(p) for c in cases for p in c.placements.values())  # gaps
-    assert any("@" in name for c in cases for name in c.output_tables())  # shared features
-    assert any(len(c.tables) > 1 for c in cases)
+    assert {len(c.shard_ranks) for c in cases} == {1, 2, 3, 4, 5, 6}
+    assert any(len(set(c.shard_ranks)) < len(c.shard_ranks) for c in cases)  # repeats
+    assert any(set(range(c.world_size)) - set(c.shard_ranks) for c in cases)  # gaps
 
 
 def test_unsharded_outputs_are_rows_of_the_weights(runs):
     run = runs[0]
-    ec = cases.make_embedding_collection(run.case)
-    weight = ec.embeddings["t0"].weight.detach()
-    for batch, expected in zip(cases.make_batches(run.case), run.expected):
-        lengths, ids = batch["f0"]
-        assert torch.equal(expected["f0"][0], lengths) and torch.equal(expected["f0"][1], weight[ids])
+    weight = cases.make_embedding_collection(run.case).embeddings["t0"].weight.detach()
+    for (lengths, ids), expected in zip(cases.make_batches(run.case), run.expected):
+        assert torch.equal(expected[0], lengths) and torch.equal(expected[1], weight[ids])
 
 
 def test_reference_path_equals_unsharded_exactly(runs):
@@ -175,39 +141,33 @@ def test_torchrec_sharded_collection_equals_unsharded_exactly(runs):
 
 def test_permute_indices_equal_torchrecs(runs):
     for run in runs:
-        if "torchrec" not in run.case.paths:
-            continue
-        ours = {
-            name: cw_permute_indices(run.case.placements[table])
-            for name, table in run.case.output_tables().items()
-        }
-        for rank in run.ranks:
-            assert rank.torchrec_permute == ours, run.case
+        if "torchrec" in run.case.paths:
+            ours = cw_permute_indices(list(run.case.shard_ranks))
+            assert all(rank.torchrec_permute == ours for rank in run.ranks), run.case
 
 
 def test_naive_concatenation_is_wrong_exactly_when_ranks_are_unsorted(runs):
     checked = 0
     for run in runs:
-        for name, table in run.case.output_tables().items():
-            ranks = run.case.placements[table]
-            for got, want in zip(run.ranks, run.expected):
-                if want[name][1].numel() == 0:
-                    continue  # no ids: every stitching is right
-                naive = concat_in_rank_order(got.rank_ordered[name])
-                assert torch.equal(naive, want[name][1]) == (ranks == sorted(ranks)), (run.case, name)
-                checked += 1
+        ranks = list(run.case.shard_ranks)
+        for got, want in zip(run.ranks, run.expected):
+            if want[1].numel() == 0:
+                continue  # no ids: every stitching is right
+            naive = concat_in_rank_order(got.rank_ordered)
+            assert torch.equal(naive, want[1]) == (ranks == sorted(ranks)), run.case
+            checked += 1
     assert checked > 20
     assert not runs[0].matches("naive") and runs[0].max_abs_error("naive") > 0
 
 
 def test_abs_errors_have_a_row_per_looked_up_id(runs):
     run = runs[1]  # shard_ranks [1, 0, 0, 1]: unsorted, so naive concatenation is wrong
-    naive = run.abs_errors("naive", "f0")
-    assert naive.shape == (sum(len(want["f0"][1]) for want in run.expected), DIM)
+    naive = run.abs_errors("naive")
+    assert naive.shape == (sum(len(want[1]) for want in run.expected), DIM)
     assert float(naive.max()) == run.max_abs_error("naive") > 0
-    assert not run.abs_errors("reference", "f0").any() and not run.abs_errors("torchrec", "f0").any()
+    assert not run.abs_errors("reference").any() and not run.abs_errors("torchrec").any()
     with pytest.raises(ValueError, match="path 'fast' is not one of"):
-        run.abs_errors("fast", "f0")
+        run.abs_errors("fast")
 
 
 def test_torchrec_without_its_permute_returns_the_rank_order_concatenation(runs):
@@ -215,15 +175,14 @@ def test_torchrec_without_its_permute_returns_the_rank_order_concatenation(runs)
     for run in runs:
         if run.case.paths != ("reference", "torchrec"):
             continue
-        for name, table in run.case.output_tables().items():
-            ranks = run.case.placements[table]
-            for got, want in zip(run.ranks, run.expected):
-                unpermuted = got.torchrec_unpermuted[name][1]
-                # embnb's stand-in for the bug and torchrec's own output without its fix agree exactly
-                assert torch.equal(unpermuted, concat_in_rank_order(got.rank_ordered[name])), run.case
-                if want[name][1].numel():
-                    assert torch.equal(unpermuted, want[name][1]) == (ranks == sorted(ranks)), run.case
-                    checked += 1
+        ranks = list(run.case.shard_ranks)
+        for got, want in zip(run.ranks, run.expected):
+            unpermuted = got.torchrec_unpermuted[1]
+            # embnb's stand-in for the bug and torchrec's own output without its fix agree exactly
+            assert torch.equal(unpermuted, concat_in_rank_order(got.rank_ordered)), run.case
+            if want[1].numel():
+                assert torch.equal(unpermuted, want[1]) == (ranks == sorted(ranks)), run.case
+                checked += 1
     assert checked > 20
     assert not runs[0].matches("torchrec_unpermuted") and runs[0].matches(
         "torchrec"
@@ -231,28 +190,21 @@ def test_torchrec_without_its_permute_returns_the_rank_order_concatenation(runs)
 
 
 def test_traffic_is_counted_from_the_batches(runs):
-    """One table: embnb sends each destination a count, then a rank's ids once
-    per owner rank; torchrec sends ids and lengths once per shard, plus split
-    counts per destination that grow with neither shards nor ids; both get
-    every looked-up id's full row back."""
+    """embnb sends each destination a count, then a rank's ids once per owner rank; torchrec sends ids
+    and lengths once per shard, plus split counts per destination that grow with neither shards nor
+    ids; both get every looked-up id's full row back."""
     checked, torchrec_splits = 0, set()
     for run in runs:
         case = run.case
-        if (
-            case.paths != ("reference", "torchrec")
-            or len(case.tables) != 1
-            or len(case.tables[0].feature_names) != 1
-        ):
+        if case.paths != ("reference", "torchrec"):
             continue
-        (feature,) = case.tables[0].feature_names
-        (ranks,) = case.placements.values()
-        ids = [len(batch[feature][1]) for batch in cases.make_batches(case)]
-        embnb, torchrec = run.traffic("reference"), run.traffic("torchrec")
-        world = case.world_size
-        assert [r["int_elements"] for r in embnb] == [world + len(set(ranks)) * n for n in ids], case
+        ids = [len(ids) for _, ids in cases.make_batches(case)]
+        embnb, torchrec, world = run.traffic("reference"), run.traffic("torchrec"), case.world_size
+        owners = len(set(case.shard_ranks))
+        assert [r["int_elements"] for r in embnb] == [world + owners * n for n in ids], case
         if world > 1:  # at one rank torchrec calls no collective
             for sent, n in zip(torchrec, ids):
-                ids_and_lengths = len(ranks) * (n + case.batch_size)
+                ids_and_lengths = len(case.shard_ranks) * (n + case.batch_size)
                 torchrec_splits.add((sent["int_elements"] - ids_and_lengths) / world)
         for sent in (embnb, torchrec) if world > 1 else (embnb,):
             assert sum(r["float_elements"] for r in sent) == sum(ids) * case.embedding_dim, case
@@ -278,7 +230,7 @@ def test_the_recorder_puts_all_to_all_back_whatever_happens():
 
 @pytest.fixture(scope="module")
 def size_per_rank_outcomes():
-    case, sizes = CWCase(2, 48, T0, {"t0": [0, 1]}), [(24, 24), (16, 32)]  # one launch, the failing one last
+    case, sizes = CWCase(2, 48, [0, 1]), [(24, 24), (16, 32)]  # one launch, the failing one last
     calls = [cases.size_per_rank_call(case, list(s)) for s in sizes]
     return dict(zip(sizes, launch_each(calls, 2, device="cpu", timeout_s=120)))
 
@@ -303,11 +255,11 @@ def test_torchrec_size_per_rank_uneven_widths_are_reported_as_torchrec_raises(si
 @pytest.mark.parametrize(
     "sizes, message",
     [
-        ([16, 16], r"size_per_rank \[16, 16\] must cover embedding_dim 48 of one table"),
+        ([16, 16], r"size_per_rank \[16, 16\] must cover embedding_dim 48"),
         ([16, 16, 16], r"size_per_rank \[16, 16, 16\] puts shard i on rank i: needs 3 ranks, has 2"),
         ([48, 0], "size_per_rank entry must be an int >= 1, got 0"),
     ],
 )
 def test_bad_size_per_rank_is_refused_before_any_rank_starts(sizes, message):
     with pytest.raises(ValueError, match=message):
-        cases.size_per_rank_call(CWCase(2, 48, T0, {"t0": [0, 1]}), sizes)
+        cases.size_per_rank_call(CWCase(2, 48, [0, 1]), sizes)

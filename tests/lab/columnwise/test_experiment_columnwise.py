@@ -3,6 +3,7 @@
 import pytest
 
 from embnb.lab.columnwise import experiment
+from embnb.lab.columnwise.cases import CWCase
 
 
 def test_shard_table_lists_columns_ranks_and_arrival():
@@ -22,20 +23,19 @@ def test_permute_derivation_adds_up_to_the_permute():
 
 def test_a_placement_torchrec_cannot_take_runs_on_embnbs_path_only():
     # 3 shards of 2 columns: torchrec's column_wise() needs multiples of 4
-    run = experiment.run_seed(experiment.SeedTable(3, 6, [2, 0, 2], num_embeddings=8), device="cpu")
-    results = run.results
-    assert "2 columns wide; torchrec's column_wise() needs a multiple of 4" in results.torchrec_skipped
-    assert (results.device, results.backend, results.widths) == ("cpu", "gloo", [2, 2, 2])
-    assert results.rank_order == [1, 0, 2] and results.permute_indices == [1, 0, 2]
-    assert results.torchrec_permute_indices is None
-    assert [c["path"] for c in results.checks] == ["naive", "reference"]
-    assert results.check("reference")["equals_unsharded"] and not results.check("naive")["equals_unsharded"]
-    assert results.check("torchrec") is None
-    assert list(run.error_panels()) == ["embnb: naive concatenation in rank order"]  # the exact one is zeros
+    results, run = experiment.run_seed(CWCase(3, 6, [2, 0, 2], num_embeddings=8), device="cpu")
+    assert "2 columns wide; torchrec's column_wise() needs a multiple of 4" in results["torchrec_skipped"]
+    assert (results["device"], results["backend"], results["widths"]) == ("cpu", "gloo", [2, 2, 2])
+    assert results["rank_order"] == [1, 0, 2] and results["permute_indices"] == [1, 0, 2]
+    assert results["torchrec_permute_indices"] is None
+    checks = {c["path"]: c["equals_unsharded"] for c in results["checks"]}
+    assert checks == {"naive": False, "reference": True}  # torchrec's paths did not run
+    panels = experiment.error_panels(results, run)
+    assert list(panels) == ["embnb: naive concatenation in rank order"]  # the exact one is zeros
 
 
 def test_bad_placements_are_refused_before_any_rank_starts():
     with pytest.raises(ValueError, match="embedding_dim 10 is not divisible into 3 equal shards"):
-        experiment.run_seed(experiment.SeedTable(2, 10, [0, 1, 0]), device="cpu")
+        experiment.run_seed(CWCase(2, 10, [0, 1, 0]), device="cpu")
     with pytest.raises(ValueError, match="device 'gpu' is not one of"):
-        experiment.run_seed(experiment.SeedTable(2, 12, [0, 1, 0]), device="gpu")
+        experiment.run_seed(CWCase(2, 12, [0, 1, 0]), device="gpu")

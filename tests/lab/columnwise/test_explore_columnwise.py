@@ -1,9 +1,9 @@
-"""embnb.lab.columnwise.widgets.PlacementExplorer, driven headlessly: every
+"""embnb.lab.columnwise.explore.PlacementExplorer, driven headlessly: every
 control redraws the figure for its new setting; bad values show their error."""
 
 import pytest
 
-from embnb.lab.columnwise.widgets import PlacementExplorer, parse_ints
+from embnb.lab.columnwise.explore import PlacementExplorer, parse_ints
 
 
 def title(explorer) -> str:
@@ -23,44 +23,24 @@ def test_the_first_draw_states_its_settings():
     assert strip(explorer, 1) == [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7]  # s0, s2, s1 as they arrive
 
 
-def test_shard_ranks_redraw_and_refit_the_embedding_dim():
+def test_shard_ranks_widths_and_the_embedding_dim_redraw():
     explorer = PlacementExplorer("0, 1, 0", world_size=2, embedding_dim=12)
-    slider = explorer.controls["embedding_dim"]
     explorer.controls["shard_ranks"].value = "1, 0, 0, 1"
     assert explorer.error is None and "permute [2, 0, 1, 3]" in title(explorer)
     # 4 shards of 3 columns; arrival: rank 0's s1, s2, then rank 1's s0, s3
     assert strip(explorer, 1) == [3, 4, 5, 6, 7, 8, 0, 1, 2, 9, 10, 11]
     assert strip(explorer, 2) == list(range(12))
-    explorer.controls["shard_ranks"].value = "0, 1, 0, 1, 0"  # 12 is no multiple of 5: the slider follows
-    assert (slider.value, slider.min, slider.step, slider.max) == (10, 5, 5, 45)
-    assert explorer.error is None and "embedding_dim 10, widths [2, 2, 2, 2, 2]" in title(explorer)
-
-
-def test_the_embedding_dim_slider_offers_only_valid_values():
-    explorer = PlacementExplorer("0, 1, 0", world_size=2, embedding_dim=12, max_embedding_dim=48)
-    slider = explorer.controls["embedding_dim"]
-    offered = range(slider.min, slider.max + 1, slider.step)
-    assert list(offered) == list(range(3, 49, 3))
-    for dim in (3, 27, 48):
-        slider.value = dim
-        assert explorer.error is None and f"embedding_dim {dim}," in title(explorer)
-        assert len(strip(explorer, 0)) == dim
-    assert slider.style.description_width == "initial"  # the label is never cut
-
-
-def test_widths_redraw_and_the_embedding_dim_follows_them():
-    explorer = PlacementExplorer("1, 0, 0, 1", world_size=2, embedding_dim=12)
-    slider = explorer.controls["embedding_dim"]
     explorer.controls["widths"].value = "1 3 2 6"
     assert explorer.error is None and "widths [1, 3, 2, 6]" in title(explorer)
-    assert slider.value == 12 and slider.disabled
     # arrival: rank 0's s1 (columns 1-3) and s2 (4-5), then rank 1's s0 (0) and s3 (6-11)
     assert strip(explorer, 1) == [1, 2, 3, 4, 5, 0, 6, 7, 8, 9, 10, 11]
-    explorer.controls["widths"].value = "2, 2, 2, 2"
-    assert slider.value == 8 and "embedding_dim 8, widths [2, 2, 2, 2]" in title(explorer)
     explorer.controls["widths"].value = ""
-    assert not slider.disabled and slider.step == 4 and slider.value == 8
-    assert "widths [2, 2, 2, 2]" in title(explorer)
+    explorer.controls["embedding_dim"].value = 8
+    assert explorer.error is None and "embedding_dim 8, widths [2, 2, 2, 2]" in title(explorer)
+    assert len(strip(explorer, 0)) == 8
+    explorer.controls["embedding_dim"].value = 10  # 10 columns do not split into 4 equal shards
+    assert explorer.error.startswith("ValueError: embedding_dim 10 is not divisible into 4")
+    assert explorer.controls["embedding_dim"].style.description_width == "initial"  # the label is never cut
 
 
 def test_world_size_redraws_and_a_rank_beyond_it_shows_the_error():
