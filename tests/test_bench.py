@@ -258,6 +258,31 @@ def test_enumerators_bench_covers_every_case_with_the_same_options(tmp_path, ben
     assert stdout.count("same options") == len(CASES)
 
 
+def test_the_enumerators_bench_clock_leaves_the_estimators_as_they_run():
+    """The clock times embnb's estimate step without touching torchrec's estimators: an
+    `estimate` wrapped on an estimator instance rode into embnb's copy of the perf estimator and
+    made the clocked enumeration run torchrec's slow path (3x the time, committed 2026-11-29)."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from embnb import planner
+    from embnb._torchrec_private import estimators_of
+    from embnb.bench.enumerators import _EstimateClock
+    from embnb.lab.planner.models import make_model
+    from embnb.planner.enumerator import DistinctShardEnumerator
+    from embnb.timing import Stopwatch
+
+    model = make_model(4, seed=0)
+    module = EmbeddingBagCollection(tables=model.tables, device=torch.device("meta"))
+    enumerator = DistinctShardEnumerator(planner.make_topology(2, "cpu"), 512, model.constraints)
+    clock = _EstimateClock(enumerator)
+    with Stopwatch() as watch:
+        enumerator.enumerate(module, [EmbeddingBagCollectionSharder()])
+    assert all("estimate" not in vars(estimator) for estimator in estimators_of(enumerator))
+    assert 0 < clock.seconds < watch.wall_s
+
+
 def test_end_to_end_bench_plans_in_fresh_processes_as_in_this_one(tmp_path, bench):
     stdout, _ = bench(
         "end_to_end",
