@@ -17,8 +17,12 @@
 //    - grid (torchrec's _multi_hosts_partition): shard i on device i of the
 //      first window of num_shards / host size consecutive hosts (by summed
 //      load) that holds it, hosts taken round and round when it needs all;
-// 3. the rating: per rank, the shards' perf totals added in plan order; the
-//    slowest rank's.
+// 3. the rating: per rank, the shards' perf totals added in plan order
+//    (NoopPerfModel's sums), plus kernel_call_ms times the rank's distinct TBE
+//    groups (shard_group); the slowest rank's, plus the pair_ms of each distinct
+//    (module, sharding type) id of the plan (option_pair), added in id order
+//    (embnb/planner/perf_model.py's KernelCallPerfModel and RatingTerms; empty
+//    arrays and 0: NoopPerfModel's rating).
 // A failed attempt leaves the ranks it set, as torchrec leaves them on the
 // shards. Python walks a heap of tuples per shard: milliseconds per plan at
 // 800 tables; this is microseconds. On many hosts what stays the same from
@@ -297,14 +301,16 @@ struct Placer {
   }
 };
 
-// Returns (status, loads, ranks): status 1 placed, 0 not placed, -1 a plan
-// this op does not model (left to Python); loads per rank (placed only);
-// every chosen shard's rank in plan order, -1 where none was set.
-std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
+// Returns (status, loads, ranks, rating): status 1 placed, 0 not placed, -1 a
+// plan this op does not model (left to Python); loads per rank (placed only:
+// the sums plus the kernel calls' cost); every chosen shard's rank in plan
+// order, -1 where none was set; the rating (placed only, else 0).
+std::tuple<int64_t, at::Tensor, at::Tensor, double> greedy_place_cpu(
     const at::Tensor& choice, const at::Tensor& kind, const at::Tensor& key, const at::Tensor& first_shard,
     const at::Tensor& num_shards, const at::Tensor& total_storage, const at::Tensor& slots,
     const at::Tensor& parts, const at::Tensor& totals, const at::Tensor& storage, const at::Tensor& device_storage,
-    const at::Tensor& device_parts, int64_t local_world_size, int64_t host_size) {
+    const at::Tensor& device_parts, int64_t local_world_size, int64_t host_size, const at::Tensor& shard_group,
+    const at::Tensor& option_pair, const at::Tensor& pair_ms, double kernel_call_ms) {
   const int64_t* chosen = data<int64_t>(choice, at::kLong, 1, "choice");
   const int64_t* option_kind = data<int64_t>(kind, at::kLong, 1, "kind");
   const int64_t* option_key = data<int64_t>(key, at::kLong, 1, "key");
@@ -320,6 +326,14 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
               ") must hold the same distinct values");
   EMBNB_CHECK(host_size >= 1 && world % host_size == 0, "greedy_place: host_size ", host_size,
               " must be >= 1 and divide the ", world, " devices");
+  const int64_t* group_of = data<int64_t>(shard_group, at::kLong, 1, "shard_group");
+  const int64_t* pair_of = data<int64_t>(option_pair, at::kLong, 1, "option_pair");
+  const double* ms_of_pair = data<double>(pair_ms, at::kDouble, 1, "pair_ms");
+  EMBNB_CHECK(kernel_call_ms == 0.0 || shard_group.numel() == slots.numel(), "greedy_place: shard_group (",
+              shard_group.numel(), ") must hold a group per shard (", slots.numel(), ") where kernel_call_ms (",
+              kernel_call_ms, ") is not 0");
+  EMBNB_CHECK(pair_ms.numel() == 0 || option_pair.numel() == num_options, "greedy_place: option_pair (",
+              option_pair.numel(), ") must hold a pair per option (", num_options, ") where pair_ms is given");
   Placer placer{data<int64_t>(first_shard, at::kLong, 1, "first_shard"),
                 data<int64_t>(num_shards, at::kLong, 1, "num_shards"),
                 data<int64_t>(slots, at::kLong, 1, "slots"),
@@ -333,7 +347,7 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
   const int64_t* option_shards = placer.shards;
 
   const auto none = [] { return at::empty({0}, at::TensorOptions().dtype(at::kDouble)); };
-  const auto unmodelled = [&] { return std::make_tuple(int64_t{-1}, none(), at::empty({0}, at::kLong)); };
+  const auto unmodelled = [&] { return std::make_tuple(int64_t{-1}, none(), at::empty({0}, at::kLong), 0.0); };
   // Where each table's shards go in the result; and whether this op models the plan.
   std::vector<int64_t> out_at(num_tables + 1, 0), keys;
   for (int64_t t = 0; t < num_tables; ++t) {
@@ -356,7 +370,7 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
     std::copy_n(start_parts + r * kParts, kParts, dev.load[r].begin());
   }
   placer.start();
-  const auto not_placed = [&] { return std::make_tuple(int64_t{0}, none(), ranks_out); };
+  const auto not_placed = [&] { return std::make_tuple(int64_t{0}, none(), ranks_out, 0.0); };
 
   // 1. Uniform options in plan order.
   std::vector<int64_t> rest, everyone(world);
@@ -407,7 +421,38 @@ std::tuple<int64_t, at::Tensor, at::Tensor> greedy_place_cpu(
       loads[ranks[out_at[t] + j]] += shard_total[placer.slot[placer.first[o] + j]];
     }
   }
-  return {1, loads_out, ranks_out};
+  // KernelCallPerfModel: each rank's distinct groups, then the plan's distinct pairs in id order.
+  if (kernel_call_ms != 0.0) {
+    int64_t num_groups = 1;
+    for (int64_t i = 0; i < shard_group.numel(); ++i) num_groups = std::max(num_groups, group_of[i] + 1);
+    std::vector<int64_t> pairs;
+    for (int64_t t = 0; t < num_tables; ++t) {
+      const int64_t o = chosen[t];
+      for (int64_t j = 0; j < option_shards[o]; ++j) {
+        pairs.push_back(ranks[out_at[t] + j] * num_groups + group_of[placer.first[o] + j]);
+      }
+    }
+    std::sort(pairs.begin(), pairs.end());
+    pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
+    std::vector<int64_t> calls(world, 0);
+    for (const int64_t pair : pairs) ++calls[pair / num_groups];
+    for (int64_t r = 0; r < world; ++r) {
+      // volatile: the product rounded on its own, as Python and numpy round it (no fused multiply-add)
+      const volatile double cost = kernel_call_ms * static_cast<double>(calls[r]);
+      loads[r] += cost;
+    }
+  }
+  double rating = *std::max_element(loads, loads + world);
+  if (pair_ms.numel() > 0) {
+    std::vector<int64_t> present;
+    for (int64_t t = 0; t < num_tables; ++t) present.push_back(pair_of[chosen[t]]);
+    std::sort(present.begin(), present.end());
+    present.erase(std::unique(present.begin(), present.end()), present.end());
+    double fixed = 0.0;
+    for (const int64_t pair : present) fixed += ms_of_pair[pair];
+    rating += fixed;
+  }
+  return {1, loads_out, ranks_out, rating};
 }
 
 }  // namespace
@@ -417,7 +462,8 @@ TORCH_LIBRARY_FRAGMENT(embnb, m) {
   m.def(
       "greedy_place(Tensor choice, Tensor kind, Tensor key, Tensor first_shard, Tensor num_shards, "
       "Tensor total_storage, Tensor slots, Tensor parts, Tensor totals, Tensor storage, Tensor device_storage, "
-      "Tensor device_parts, int local_world_size, int host_size) -> (int status, Tensor loads, Tensor ranks)");
+      "Tensor device_parts, int local_world_size, int host_size, Tensor shard_group, Tensor option_pair, "
+      "Tensor pair_ms, float kernel_call_ms) -> (int status, Tensor loads, Tensor ranks, float rating)");
 }
 
 TORCH_LIBRARY_IMPL(embnb, CPU, m) { m.impl("greedy_place", &embnb::greedy_place_cpu); }

@@ -14,6 +14,9 @@ The library (what this package exports; none of it imports pandas or matplotlib)
   distinct shard's perf estimated once (create_planner's default).
 - `calibration`: `Calibration`, torchrec's perf config fitted to measured
   ranks (`fit`, `shard_terms`); `create_planner(..., calibration=...)`.
+- `perf_model`: `KernelCallPerfModel`, a torchrec PerfModel: NoopPerfModel's
+  rating (ms) plus each rank's TBE calls and the plan's collectives
+  (`create_planner`'s with a calibration; `tbe_group_key`: torchrec's key).
 
 Notebook 03's models, brute force, studies, figures and widgets live in
 `embnb.lab.planner`.
@@ -25,6 +28,7 @@ from embnb.planner.calibration import Calibration
 from embnb.planner.enumerator import ENUMERATORS, DistinctShardEnumerator
 from embnb.planner.factory import EmbnbShardingPlanner, create_planner
 from embnb.planner.partitioner import HeapSearchPartitioner
+from embnb.planner.perf_model import KernelCallPerfModel, tbe_group_key
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology, topology_for_device
 
@@ -38,4 +42,6 @@ __all__ = [
     "ENUMERATORS",
     "Calibration",
     "HeapSearchPartitioner",
+    "KernelCallPerfModel",
+    "tbe_group_key",
 ]

@@ -53,6 +53,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, ShardEstima
 
 from embnb._checks import check_number
 from embnb._torchrec_private import forward_sizes, set_bwd_compute_multiplier, sharders_for_estimators
+from embnb.planner.perf_model import SHARDING_TYPES
 
 __all__ = [
     "TERMS",
@@ -91,8 +92,10 @@ TORCHREC_TERMS = (
 EMBNB_TERMS = ("cache_miss_lookup_multiplier", "shard_multiplier", "unique_rows_multiplier")
 TERMS = TORCHREC_TERMS + EMBNB_TERMS
 SHARD_BYTES = float(1 << 20)  # a shard term's bytes per unit of its coefficient
-FORMAT = 3  # the JSON layout's version; older ones are read with the terms they lack 0
-FORMAT_TERMS = {1: TORCHREC_TERMS, 2: TERMS[:6], 3: TERMS}  # the terms each format's JSON lists
+FORMAT = 4  # the JSON layout's version; older ones are read with the terms they lack 0
+FORMAT_TERMS = {1: TORCHREC_TERMS, 2: TERMS[:6], 3: TERMS, 4: TERMS}  # the terms each format's JSON lists
+# Format 4 adds the rating's terms outside torchrec's per-shard estimate (`KernelCallPerfModel`):
+# `kernel_call_ms` (per TBE call on a rank) and `collective_ms` (per sharding type); older: 0.
 FITTED = "a rank's measured lookups (its TBEs' fwd + bwd) against torchrec's estimated compute (fwd + bwd)"
 # torchrec's default config gives each of these families one set of coefficients
 # (estimator/config.py; PerfCoefficientConfig.get_coefficients maps table_column_wise to
@@ -201,7 +204,14 @@ class Calibration:
     """Forward coefficients (`TERMS`' order) per (sharding type, compute kernel), fitted on
     `device_kind` ("cpu", "cuda") named `device_name`; backward is `bwd_multiplier` times forward.
     `fit_errors`: each training rank's relative error of the fitted estimate against its measured
-    lookups. `cache_bytes`: the device cache the miss term measured tables against (None: none)."""
+    lookups. `cache_bytes`: the device cache the miss term measured tables against (None: none).
+
+    Two terms price a plan outside torchrec's per-shard estimate, in `KernelCallPerfModel`'s
+    rating (`embnb.planner.perf_model`; `create_planner` rates with it): `kernel_call_ms`, ms per
+    TBE call on a rank (fwd + bwd; one call per group of tables torchrec batches into one TBE), and
+    `collective_ms`, ms per sharding type for one module's input and output distributions of it
+    (every rank waits for them). Both 0 (a file of format 1-3): the rating is torchrec's
+    NoopPerfModel's."""
 
     device_kind: str
     device_name: str
@@ -209,6 +219,8 @@ class Calibration:
     bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER
     fit_errors: tuple[float, ...] = field(default=())
     cache_bytes: float | None = None
+    kernel_call_ms: float = 0.0
+    collective_ms: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("device_kind", "device_name"):
@@ -217,6 +229,13 @@ class Calibration:
         check_number("bwd_multiplier", self.bwd_multiplier, low=0)
         if self.cache_bytes is not None:
             check_number("cache_bytes", self.cache_bytes, low=0, low_open=True)
+        check_number("kernel_call_ms", self.kernel_call_ms, low=0)
+        for sharding_type, ms in self.collective_ms.items():
+            if sharding_type not in SHARDING_TYPES:
+                raise ValueError(
+                    f"collective_ms: the sharding type must be one of {SHARDING_TYPES}, got {sharding_type!r}"
+                )
+            check_number(f"collective_ms[{sharding_type!r}]", ms, low=0)
         for group, values in self.coefficients.items():
             if len(values) != len(TERMS) or not all(math.isfinite(v) and v >= 0 for v in values):
                 raise ValueError(
@@ -272,6 +291,8 @@ class Calibration:
             ],
             "fit_errors": list(self.fit_errors),
             "cache_bytes": self.cache_bytes,
+            "kernel_call_ms": self.kernel_call_ms,
+            "collective_ms": dict(sorted(self.collective_ms.items())),
         }
 
     @classmethod
@@ -294,6 +315,8 @@ class Calibration:
             bwd_multiplier=float(data["bwd_multiplier"]),
             fit_errors=tuple(float(v) for v in data.get("fit_errors", ())),
             cache_bytes=data.get("cache_bytes"),
+            kernel_call_ms=float(data.get("kernel_call_ms", 0.0)),
+            collective_ms={str(k): float(v) for k, v in data.get("collective_ms", {}).items()},
         )
 
     def save(self, path: str | Path) -> None:

@@ -37,6 +37,7 @@ from embnb._torchrec_private import best_plan
 from embnb.planner.calibration import Calibration, estimators
 from embnb.planner.enumerator import default_enumerator, make_enumerator
 from embnb.planner.partitioner import HeapSearchPartitioner
+from embnb.planner.perf_model import KernelCallPerfModel
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import topology_for_device
 
@@ -290,9 +291,10 @@ class EmbnbShardingPlanner(EmbeddingShardingPlanner):
 
     @property
     def rating(self) -> float:
-        """The chosen plan's rating (ms): its slowest rank's perf, as torchrec's
-        planner rates a plan (NoopPerfModel) to pick the best."""
-        return max(self.rank_perf)
+        """The chosen plan's rating (ms), as the planner rated it to pick the best: its slowest
+        rank's perf (NoopPerfModel), or its `dp_proposer.performance_model`'s rating."""
+        model = self.dp_proposer.performance_model
+        return max(self.rank_perf) if model is None else model.rate(self._chosen())
 
 
 def create_planner(
@@ -338,7 +340,9 @@ def create_planner(
     on the torchrec versions the two are tested equal on, else "torchrec"
     (`default_enumerator`). `calibration`: torchrec's perf estimator runs its
     fitted config (`embnb.planner.calibration`) instead of torchrec's default;
-    the enumerator's fast path stays on.
+    the enumerator's fast path stays on; and the planner rates plans with a
+    `KernelCallPerfModel` of its `kernel_call_ms` and `collective_ms` (the
+    DP's replica rates them alike; both 0: NoopPerfModel's ratings).
     """
     check_int("batch_size", batch_size, low=1)
     reservation = make_reservation(storage_reservation, storage_reservation_percentage)
@@ -355,7 +359,15 @@ def create_planner(
         if world_size is None:
             world_size = 1 if group_size is None else group_size
         topology = topology_for_device(topology, world_size, local_world_size, intra_host_bw, inter_host_bw)
-    proposer = DynamicProgrammingProposer(bins_per_device=bins_per_device)
+    calibrated = estimators(calibration, topology, constraints)  # checks `calibration`'s type
+    # With a calibration, plans are rated with its kernel-call and collective terms too, by the
+    # planner and by the DP's replica alike (at zero terms: NoopPerfModel's ratings).
+    performance_model = (
+        None if calibration is None else KernelCallPerfModel.from_calibration(topology, calibration)
+    )
+    proposer = DynamicProgrammingProposer(
+        bins_per_device=bins_per_device, performance_model=performance_model
+    )
     if not isinstance(storage_reservation, StorageReservation):  # made here: not the caller's
         reservation.proposer = proposer
     the_planner = EmbnbShardingPlanner(
@@ -369,7 +381,7 @@ def create_planner(
             topology,
             batch_size,
             constraints,
-            estimators(calibration, topology, constraints),
+            calibrated,
         ),
         constraints=constraints,
         storage_reservation=reservation,
@@ -377,6 +389,7 @@ def create_planner(
         proposer=[proposer, Fallback(proposer, UniformProposer())],
         timeout_seconds=timeout_seconds,
         debug=False,
+        performance_model=performance_model,
     )
     return the_planner
 

@@ -63,6 +63,7 @@ from torchrec.distributed.types import ModuleSharder
 from embnb._checks import check_bool, check_int
 from embnb._gc import collector_paused
 from embnb.planner.knapsack import FrontierSearch
+from embnb.planner.perf_model import KernelCallPerfModel
 from embnb.planner.refusals import Refusals, no_option_reason, table_name
 from embnb.planner.replica import GreedyPerfReplica, Placement
 from embnb.planner.search import HillClimb, KnapsackRuns, Start, slowest_rank_tables, unplaced_tables
@@ -107,6 +108,10 @@ class DynamicProgrammingProposer(Proposer):
             the planner partitions far fewer. Off by itself when the
             planner's answer differs from the replica's (another
             partitioner or perf model).
+        performance_model: the planner's `KernelCallPerfModel`, where it
+            rates with one (`create_planner` with a calibration): the
+            replica rates plans as it does (each rank's TBE calls, the
+            plan's collectives). None: torchrec's NoopPerfModel.
 
     Why each proposal went to the planner is in `feedback_reasons` (one per
     feedback: the first proposal, a plan the replica does not model, the
@@ -159,6 +164,7 @@ class DynamicProgrammingProposer(Proposer):
         bisect: bool = True,
         slack: bool = True,
         prune: bool = True,
+        performance_model: KernelCallPerfModel | None = None,
     ) -> None:
         self._bins_per_device = check_int("bins_per_device", bins_per_device, low=1)
         self._ddr_bins_per_device = check_int("ddr_bins_per_device", ddr_bins_per_device, low=1)
@@ -168,6 +174,12 @@ class DynamicProgrammingProposer(Proposer):
         self._bisect = check_bool("bisect", bisect)
         self._slack = check_bool("slack", slack)
         self._prune = check_bool("prune", prune)
+        if performance_model is not None and not isinstance(performance_model, KernelCallPerfModel):
+            raise TypeError(
+                "performance_model must be a KernelCallPerfModel or None (NoopPerfModel), "
+                f"got {type(performance_model).__name__}"
+            )
+        self.performance_model = performance_model
         self.load([])
 
     def load(
@@ -270,7 +282,8 @@ class DynamicProgrammingProposer(Proposer):
     @property
     def best_rating(self) -> float:
         """The best perf rating of the plans placed so far (the slowest rank's
-        perf, as torchrec's NoopPerfModel rates it; inf before any)."""
+        perf, as torchrec's NoopPerfModel rates it, or `performance_model`;
+        inf before any)."""
         return self._best_rating
 
     def propose(self) -> list[ShardingOption] | None:
@@ -340,7 +353,9 @@ class DynamicProgrammingProposer(Proposer):
             return False
         self._options = self._space.options
         if self._replay:
-            self._replica = GreedyPerfReplica(self._options, storage_constraint, self._values)
+            self._replica = GreedyPerfReplica(
+                self._options, storage_constraint, self._values, performance_model=self.performance_model
+            )
         self._current = _indices(first, self._options)  # onto the options kept
         self._runs = KnapsackRuns(
             self._space,

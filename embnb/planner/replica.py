@@ -3,7 +3,9 @@
 torchrec's planner places every proposal with `GreedyPerfPartitioner` (uniform
 options first, shard i on device i; then the others, largest storage first,
 each shard on the least loaded device it fits) and rates it with
-`NoopPerfModel` (the slowest rank's summed perf). On Python objects that costs
+`NoopPerfModel` (the slowest rank's summed perf), or, under `create_planner`
+with a calibration, `embnb.planner.perf_model.KernelCallPerfModel` (that, plus
+each rank's TBE calls and the plan's collectives: `RatingTerms`). On Python objects that costs
 milliseconds per proposal. `GreedyPerfReplica` does the same placement on
 plain floats and arrays, adding in the same order so its ratings equal
 torchrec's to the last bit; the proposer uses it to propose only plans that
@@ -34,6 +36,7 @@ from torchrec.distributed.planner.types import PartitionByType, ShardingOption, 
 from torchrec.distributed.types import ShardingType
 
 from embnb.cuda import loader
+from embnb.planner.perf_model import KernelCallPerfModel, RatingTerms
 from embnb.planner.space import ShardValues
 
 UNIFORM = PartitionByType.UNIFORM.value
@@ -62,7 +65,9 @@ class Placement:
 
     placed: bool
     rating: float | None
-    loads: np.ndarray | None  # [W] NoopPerfModel's per-rank sums; None if not placed
+    loads: (
+        np.ndarray | None
+    )  # [W] per rank: NoopPerfModel's sum (+ its kernel calls' cost); None if not placed
     shard_ranks: np.ndarray  # every shard's rank in plan order; -1 where torchrec set none
     num_shards: list[int]  # per table, how many of shard_ranks are its
 
@@ -135,7 +140,8 @@ class _Option:
 
 class GreedyPerfReplica:
     """GreedyPerfPartitioner (sort by storage, no module balancing) and
-    NoopPerfModel over `options[table][option]`, for `storage_constraint`."""
+    NoopPerfModel (or `performance_model`, a KernelCallPerfModel) over
+    `options[table][option]`, for `storage_constraint`."""
 
     def __init__(
         self,
@@ -143,11 +149,14 @@ class GreedyPerfReplica:
         storage_constraint: Topology,
         values: ShardValues | None = None,
         native: bool | None = None,
+        performance_model: KernelCallPerfModel | None = None,
     ) -> None:
         """`native`: place what it models with torch.ops.embnb.greedy_place;
         None: when embnb's native extension is built (`python -m embnb.cuda
         build`; the planner never compiles it) and loads, else here, after
-        one warning; False: here."""
+        one warning; False: here. `performance_model`: rate as it rates
+        (its kernel calls per rank and collectives; None or all coefficients
+        0: NoopPerfModel's ratings, the same to the bit)."""
         devices = storage_constraint.devices
         self.world_size = num = len(devices)
         self.local_world_size = storage_constraint.local_world_size
@@ -172,6 +181,9 @@ class GreedyPerfReplica:
                 if option.kind == UNIFORM and rows.stop - rows.start == num:
                     self.uniform_start[t, o] = rows.start
         self.uniform = self.uniform_start >= 0
+        self.table_start = np.cumsum([0] + [len(table) for table in options[:-1]]).astype(np.int64)
+        zero = performance_model is None or performance_model.is_zero
+        self.terms = None if zero else RatingTerms(performance_model, options, values)
         self._native = _NativeOptions(self, options, values) if loader.use(native, build=False) else None
 
     def place(self, choice: np.ndarray) -> Placement | None:
@@ -190,8 +202,13 @@ class GreedyPerfReplica:
         def answer(loads: np.ndarray | None) -> Placement:
             num_shards = [len(option.totals) for option in chosen]
             flat = np.fromiter(itertools.chain.from_iterable(ranks), dtype=np.int64, count=sum(num_shards))
-            rating = None if loads is None else float(max(loads.tolist()))
-            return Placement(loads is not None, rating, loads, flat, num_shards)
+            if loads is None or self.terms is None:
+                rating = None if loads is None else float(max(loads.tolist()))
+                return Placement(loads is not None, rating, loads, flat, num_shards)
+            rows = np.concatenate([np.arange(o._rows.start, o._rows.stop) for o in chosen])
+            loads = self.terms.rank_costs(loads, rows, flat)
+            rating = float(max(loads.tolist())) + self.terms.collectives_ms(self.table_start + choice)
+            return Placement(True, rating, loads, flat, num_shards)
 
         def failed() -> Placement:
             return answer(None)
@@ -437,7 +454,8 @@ class _NativeOptions:
         rows = [values.rows(o) for table in options for o in table]
         kept = [o for table in replica.options for o in table]  # the replica's _Option of each
         keys: dict[str, int] = {}
-        self.table_start = np.cumsum([0] + [len(table) for table in options[:-1]]).astype(np.int64)
+        self.table_start = replica.table_start
+        terms = replica.terms
         self.args = (
             torch.tensor([_native_kind(o) for o in kept], dtype=torch.long),
             torch.tensor([keys.setdefault(o.key, len(keys)) for o in kept], dtype=torch.long),
@@ -452,19 +470,22 @@ class _NativeOptions:
             torch.from_numpy(np.ascontiguousarray(replica.start_parts)),
             replica.local_world_size,
             replica.host_size,
+            torch.from_numpy(terms.shard_group if terms else np.zeros(0, dtype=np.int64)),
+            torch.from_numpy(terms.option_pair if terms else np.zeros(0, dtype=np.int64)),
+            torch.from_numpy(terms.pair_ms if terms else np.zeros(0)),
+            terms.kernel_call_ms if terms else 0.0,
         )
         self.num_shards = self.args[3].numpy()
 
     def place(self, choice: np.ndarray) -> Placement | None:
         flat = self.table_start + choice
-        status, loads, ranks = torch.ops.embnb.greedy_place(torch.from_numpy(flat), *self.args)
+        status, loads, ranks, rating = torch.ops.embnb.greedy_place(torch.from_numpy(flat), *self.args)
         if status < 0:
             return None
         num_shards = self.num_shards[flat].tolist()
         if not status:
             return Placement(False, None, None, ranks.numpy(), num_shards)
-        loads = loads.numpy()
-        return Placement(True, float(loads.max()), loads, ranks.numpy(), num_shards)
+        return Placement(True, rating, loads.numpy(), ranks.numpy(), num_shards)
 
 
 _NATIVE_KINDS = {

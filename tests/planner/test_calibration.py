@@ -326,12 +326,20 @@ def test_save_load_round_trip(tmp_path):
         bwd_multiplier=1.5,
         fit_errors=(0.01, -0.02),
         cache_bytes=2.0**21,
+        kernel_call_ms=0.46,
+        collective_ms={"table_wise": 0.1, "row_wise": 0.25},
     )
     path = tmp_path / "calibration.json"
     calibration.save(path)
     data = json.loads(path.read_text())
     assert data["device_kind"] == "cpu" and data["device_name"] == "AMD EPYC test"
+    assert data["format"] == 4 and data["kernel_call_ms"] == 0.46
     assert Calibration.load(path) == calibration
+    # format 3 (no rating terms: the committed files) reads with them 0
+    old = {k: v for k, v in data.items() if k not in ("kernel_call_ms", "collective_ms")}
+    read = Calibration.from_json({**old, "format": 3})
+    assert (read.kernel_call_ms, read.collective_ms) == (0.0, {})
+    assert read.coefficients == calibration.coefficients
     # format 1 (torchrec's terms only) reads with embnb's terms 0 and no cache
     old = {**data, "format": 1, "terms": list(TORCHREC_TERMS), "cache_bytes": None}
     old["coefficients"] = [{**row, "fwd": row["fwd"][:4]} for row in data["coefficients"]]
@@ -360,6 +368,12 @@ def test_bad_input_raises_naming_the_value():
         Calibration("cpu", "x", {("table_wise", "fused"): (1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0)})
     with pytest.raises(ValueError, match="cache_bytes .*-1"):
         Calibration("cpu", "x", {}, cache_bytes=-1)
+    with pytest.raises(ValueError, match=r"kernel_call_ms .*-0\.5"):
+        Calibration("cpu", "x", {}, kernel_call_ms=-0.5)
+    with pytest.raises(ValueError, match=r"sharding type must be one of .*'tw'"):
+        Calibration("cpu", "x", {}, collective_ms={"tw": 1.0})
+    with pytest.raises(ValueError, match=r"collective_ms\['row_wise'\] .*inf"):
+        Calibration("cpu", "x", {}, collective_ms={"row_wise": math.inf})
     with pytest.raises(ValueError, match="device_name .*''"):
         Calibration("cpu", "", {})
     with pytest.raises(ValueError, match="format"):

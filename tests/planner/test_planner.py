@@ -78,9 +78,10 @@ def by_table(options):
     return list(groups.values())
 
 
-def placed_rating(plan, devices):
+def placed_rating(plan, devices, costs=None):
     """The slowest rank's summed shard perf of a placed plan, or inf if some
-    device holds more shard storage than it has (HBM or DDR)."""
+    device holds more shard storage than it has (HBM or DDR). `costs`: the
+    rating's terms beyond the shards (`as_it_runs`), else none."""
     perf, hbm, ddr = ([0.0] * len(devices) for _ in range(3))
     for option in plan:
         for shard in option.shards:
@@ -88,12 +89,35 @@ def placed_rating(plan, devices):
             hbm[shard.rank] += shard.storage.hbm
             ddr[shard.rank] += shard.storage.ddr
     fits = all(hbm[r] <= d.storage.hbm and ddr[r] <= d.storage.ddr for r, d in enumerate(devices))
-    return max(perf) if fits else math.inf
+    if not fits:
+        return math.inf
+    return max(perf) if costs is None else costs(plan, perf)
 
 
-def brute_force(options, storage_constraint):
+def as_it_runs(kernel_call_ms, collective_ms):
+    """The rating's terms beyond the shards, counted here: each rank pays `kernel_call_ms` per
+    (sharding type, kernel type) it holds, every rank the `collective_ms` of each sharding type
+    in the plan. On these instances (one EmbeddingBagCollection, fp32 and sum pooling, no cache
+    parameters) that pair is torchrec's whole TBE key, its UVM kernels run as `fused`
+    (test_perf_model checks the key against torchrec's own grouping)."""
+
+    def costs(plan, perf):
+        groups = [set() for _ in perf]
+        for option in plan:
+            kernel = "fused" if option.compute_kernel.startswith("fused") else option.compute_kernel
+            for shard in option.shards:
+                groups[shard.rank].add((option.sharding_type, kernel))
+        fixed = sum(collective_ms.get(t, 0.0) for t in sorted({option.sharding_type for option in plan}))
+        return max(p + kernel_call_ms * len(g) for p, g in zip(perf, groups)) + fixed
+
+    return costs
+
+
+def brute_force(options, storage_constraint, costs=None):
     """The best rating over every combination of options, each placed by
-    torchrec's GreedyPerfPartitioner (inf: none can be placed)."""
+    torchrec's GreedyPerfPartitioner (inf: none can be placed). `costs`: as
+    `placed_rating`'s (a rating never below the summed perf's, so the cut
+    below holds)."""
     groups = by_table(options)
     devices = storage_constraint.devices
     world_size = len(devices)
@@ -109,7 +133,8 @@ def brute_force(options, storage_constraint):
         if table == len(groups):
             try:
                 best = min(
-                    best, placed_rating(partitioner.partition(list(chosen), storage_constraint), devices)
+                    best,
+                    placed_rating(partitioner.partition(list(chosen), storage_constraint), devices, costs),
                 )
             except PlannerError:  # the partitioner cannot place it
                 pass
@@ -169,9 +194,10 @@ class BestPlan(Stats):
             self.plan = best_plan
 
 
-def plan_with(proposer, tables, constraints, topology):
-    """torchrec's planner with only `proposer`: its best plan's rating (inf:
-    none), the storage constraint it planned under, the ShardingPlan."""
+def plan_with(proposer, tables, constraints, topology, performance_model=None):
+    """torchrec's planner with only `proposer` (and `performance_model`, else
+    NoopPerfModel): its best plan's rating (inf: none), the storage constraint
+    it planned under, the ShardingPlan."""
     module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
     reservation = FixedPercentageStorageReservation(RESERVATION)
@@ -184,10 +210,11 @@ def plan_with(proposer, tables, constraints, topology):
         constraints=constraints,
         stats=[best],
         debug=False,
+        performance_model=performance_model,
     )
     try:
         sharding_plan = the_planner.plan(module, sharders)
-        rating = NoopPerfModel(topology).rate(best.plan)
+        rating = (performance_model or NoopPerfModel(topology)).rate(best.plan)
     except PlannerError:
         sharding_plan, rating = None, math.inf
     constraint = reservation.reserve(topology, BATCH_SIZE, module, sharders, constraints)
@@ -288,6 +315,32 @@ def test_plans_within_two_percent_of_brute_force(instance):
         assert sum(o.total_storage.ddr for o in proposal) <= total[1]
         for option in proposal:
             assert all(any(s.storage.fits_in(d.storage) for d in devices) for s in option.shards)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(instances())
+def test_plans_rated_as_they_run_within_two_percent_of_brute_force(instance):
+    """The same check under KernelCallPerfModel's rating, its terms the size of a shard's perf:
+    a kernel call per (sharding type, kernel type) on a rank the median shard's perf, each
+    sharding type's collectives half of it; the proposer and the planner rate alike."""
+    tables, constraints, topology = instance
+    probe = enumerate_options(tables, topology, BATCH_SIZE, constraints).options
+    scale = float(np.median([shard.perf.total for option in probe for shard in option.shards]))
+    collective_ms = {t: scale / 2 for t in ["row_wise", *OTHER_TYPES, "data_parallel"]}
+    model = planner.KernelCallPerfModel(topology, kernel_call_ms=scale, collective_ms=collective_ms)
+    proposer = RecordingProposer(performance_model=model)
+    rating, constraint, _ = plan_with(proposer, tables, constraints, topology, model)
+    best = brute_force(proposer.search_space, constraint, as_it_runs(scale, collective_ms))
+    if math.isinf(best):
+        assert math.isinf(rating)
+        return
+    assert best * (1 - 1e-9) <= rating <= 1.02 * best, (rating, best)
+    assert proposer.num_disagreements == 0
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -155,12 +155,20 @@ def test_native_placement_names_bad_input():
     with pytest.raises(RuntimeError, match="choice must be a contiguous 1-D Long CPU tensor"):
         torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.int32), *args)
     with pytest.raises(RuntimeError, match="local_world_size 0 must be >= 1"):
-        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:-2], 0, 2)
+        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:11], 0, 2, *args[13:])
     with pytest.raises(RuntimeError, match="host_size 3 must be >= 1 and divide the 2 devices"):
-        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:-1], 3)
+        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:12], 3, *args[13:])
     parts, totals = args[6], args[7]  # per distinct value; one row short:
     with pytest.raises(RuntimeError, match=rf"parts \({len(parts) - 1} rows\), totals \({len(totals)}\)"):
         torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:6], parts[:-1], *args[7:])
+    # KernelCallPerfModel's terms (args[13:]: shard groups, option pairs, pair ms, kernel_call_ms): none here
+    assert args[13].numel() == args[14].numel() == args[15].numel() == 0 and args[16] == 0.0
+    with pytest.raises(RuntimeError, match=r"shard_group \(0\) must hold a group per shard \(\d+\)"):
+        torch.ops.embnb.greedy_place(torch.zeros(4, dtype=torch.long), *args[:16], 0.5)
+    with pytest.raises(RuntimeError, match=r"option_pair \(0\) must hold a pair per option"):
+        torch.ops.embnb.greedy_place(
+            torch.zeros(4, dtype=torch.long), *args[:15], torch.ones(2).double(), 0.0
+        )
 
 
 def test_replica_leaves_key_value_column_wise_to_torchrec():
