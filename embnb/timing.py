@@ -1,9 +1,20 @@
 """Timing, the one module the library, the notebooks and the benchmarks use:
 a block's wall and thread CPU time with the GPU synchronized (`Stopwatch`),
-medians after warm-up, interleaved rounds of several calls, paired ratios and
-differences with their spread, and the machine's name to print next to
-them. Speeds are only reported as ratios against a peer timed in the same
-run (see `python -m embnb.bench`)."""
+one call's device time and enqueue time (`time_phase`: CUDA events on a GPU),
+medians after warm-up, interleaved rounds of several calls (`interleaved_seconds`,
+`interleaved_phases`), paired ratios and differences with their spread, and
+the machine's name to print next to them. Speeds are only reported as ratios
+against a peer timed in the same run (see `python -m embnb.bench`).
+
+On a GPU, a synchronized block's thread CPU time is **not** the host's share of
+it: `torch.cuda.synchronize` (and an event's or stream's `synchronize`)
+spin-waits by default, so the waiting thread burns CPU until the GPU is done
+and `Stopwatch.cpu_s` comes out equal to `wall_s` whether the GPU or the host
+bounds the block; and autograd launches a backward's kernels from its own
+device thread, which no thread clock of the caller counts. What the host's
+share would mean, the time to launch a phase without waiting for it, is
+`PhaseTime.enqueue_s`; the GPU's own time of the phase is `PhaseTime.seconds`
+(CUDA events on the current stream)."""
 
 from __future__ import annotations
 
@@ -26,6 +37,9 @@ __all__ = [
     "synchronize",
     "median_seconds",
     "interleaved_seconds",
+    "PhaseTime",
+    "time_phase",
+    "interleaved_phases",
     "machine_name",
     "Ratio",
     "paired_ratio",
@@ -52,6 +66,8 @@ class Stopwatch:
     so a GPU's queued work counts until it ran (`stream_only`: this thread's
     stream alone, for a thread whose work is on its own stream). Used again,
     it times the new block; `total_s` sums the wall seconds of all of them.
+    On a GPU `cpu_s` includes the closing synchronize's spin-wait (module
+    docstring): it is no measure of the host's share there; `time_phase` is.
 
         with Stopwatch(device) as watch:
             step()
@@ -117,6 +133,21 @@ def interleaved_seconds(
     calls each, at `threads` torch threads (0: all cores), which is restored
     after. `first_rounds_only[name] = n` times that call in the first n
     rounds only (a slow reference). Returns the times and the thread count."""
+    return _rounds(
+        calls, repeats, warmup, threads, first_rounds_only, lambda fn: median_seconds(fn, 1, 0, device)
+    )
+
+
+def _rounds(
+    calls: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int,
+    threads: int,
+    first_rounds_only: dict[str, int] | None,
+    clock: Callable[[Callable[[], Any]], Any],
+) -> tuple[dict[str, list[Any]], int]:
+    """The interleaved rounds of `interleaved_seconds` and `interleaved_phases`, each call read by
+    `clock(fn)`."""
     limits = first_rounds_only or {}
     before = torch.get_num_threads()
     torch.set_num_threads(threads or os.cpu_count() or 1)
@@ -125,14 +156,84 @@ def interleaved_seconds(
         for fn in calls.values():
             for _ in range(warmup):
                 fn()
-        times: dict[str, list[float]] = {name: [] for name in calls}
+        times: dict[str, list[Any]] = {name: [] for name in calls}
         for round_ in range(repeats):
             for name, fn in calls.items():
                 if round_ < limits.get(name, repeats):
-                    times[name].append(median_seconds(fn, 1, 0, device))
+                    times[name].append(clock(fn))
     finally:
         torch.set_num_threads(before)
     return times, used_threads
+
+
+PHASE_CLOCKS = ("device", "enqueue", "thread")  # PhaseTime's clocks
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """One call of a phase, timed by `time_phase` (seconds):
+
+    - `seconds`: the phase's time on the device's clock: on a GPU the time between two CUDA
+      events recorded on the current stream before and after the call (the GPU's own time of
+      the work the call queued there, launch gaps included); on a CPU perf_counter's wall time.
+    - `enqueue_s`: wall time until the call returned, with nothing synchronized: on a GPU the
+      time to launch the phase (a backward's launches included: `backward()` returns once
+      autograd's device thread has queued them), what a "host's share" means; on a CPU the
+      work itself, so equal to `seconds` up to the clock's reads.
+    - `thread_s`: this thread's CPU time until the call returned (no synchronize inside it):
+      on a CPU at one torch thread, the phase's compute undisturbed by other processes; on a
+      GPU this thread's share of the launches only (autograd's device thread is not counted).
+    """
+
+    seconds: float
+    enqueue_s: float
+    thread_s: float
+
+    def value(self, clock: str) -> float:
+        """`clock`: "device" (`seconds`), "enqueue" or "thread". Raises ValueError on another."""
+        if clock not in PHASE_CLOCKS:
+            raise ValueError(f"clock must be one of {PHASE_CLOCKS}, got {clock!r}")
+        return self.seconds if clock == "device" else self.enqueue_s if clock == "enqueue" else self.thread_s
+
+
+def time_phase(fn: Callable[[], Any], device: torch.device | str | None = None) -> PhaseTime:
+    """One call of `fn` timed on `device`'s clock (`PhaseTime`). On a GPU the device is first
+    synchronized (nothing queued before counts, and the launches do not wait on a full queue),
+    then `fn` runs between two CUDA events (`torch.cuda.Event(enable_timing=True)`) on the current
+    stream, and the end event is waited for; work `fn` puts on other streams counts only where the
+    current stream waits for it. On a CPU, perf_counter and the thread's CPU clock around `fn`.
+    The caller builds `fn`'s inputs once, outside it, so that only the phase is timed."""
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    if not on_gpu:
+        cpu_ns, start = time.thread_time_ns(), time.perf_counter()
+        fn()
+        wall = time.perf_counter() - start
+        return PhaseTime(wall, wall, (time.thread_time_ns() - cpu_ns) / 1e9)
+    synchronize(device)
+    stream = torch.cuda.current_stream(device)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record(stream)
+    cpu_ns, start = time.thread_time_ns(), time.perf_counter()
+    fn()
+    enqueue = time.perf_counter() - start
+    thread = (time.thread_time_ns() - cpu_ns) / 1e9
+    end.record(stream)
+    end.synchronize()
+    return PhaseTime(begin.elapsed_time(end) / 1e3, enqueue, thread)
+
+
+def interleaved_phases(
+    calls: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 2,
+    device: torch.device | str = "cpu",
+    threads: int = 0,
+    first_rounds_only: dict[str, int] | None = None,
+) -> tuple[dict[str, list[PhaseTime]], int]:
+    """`interleaved_seconds`' rounds (the same arguments), each call read by `time_phase` on
+    `device`: CUDA events and enqueue time on a GPU. Pair the rounds with `paired_ratio` or
+    `paired_difference` on one clock, e.g. `[p.seconds for p in times["a"]]`."""
+    return _rounds(calls, repeats, warmup, threads, first_rounds_only, lambda fn: time_phase(fn, device))
 
 
 def _benchmark():

@@ -10,13 +10,16 @@ import pytest
 import torch
 
 from embnb.timing import (
+    PhaseTime,
     Ratio,
     Stopwatch,
+    interleaved_phases,
     interleaved_seconds,
     median_seconds,
     paired_difference,
     paired_ratio,
     t_quantile_975,
+    time_phase,
 )
 
 
@@ -133,3 +136,45 @@ def test_interleaved_seconds_runs_the_calls_in_turn_and_restores_the_threads():
     assert threads == 1 and torch.get_num_threads() == before
     assert order == ["a", "b", "ref"] + ["a", "b", "ref"] + ["a", "b"] * 2  # warm-up, then rounds
     assert [len(times[n]) for n in ("a", "b", "ref")] == [3, 3, 1]
+
+
+def test_time_phase_on_a_cpu_reads_wall_and_thread_time_around_the_call():
+    calls = []
+    slept = time_phase(lambda: (calls.append(1), time.sleep(0.03)))
+    assert calls == [1] and isinstance(slept, PhaseTime)
+    # a sleep passes wall time, not this thread's CPU time; nothing is queued on a CPU
+    assert slept.seconds >= 0.03 and slept.enqueue_s == slept.seconds and slept.thread_s < 0.02
+    busy = time_phase(lambda: sum(i * i for i in range(300_000)), device="cpu")
+    assert (
+        busy.thread_s > 0 and busy.value("thread") == busy.thread_s and busy.value("device") == busy.seconds
+    )
+    with pytest.raises(ValueError, match="clock must be one of .*'device'.*got 'wall'"):
+        busy.value("wall")
+
+
+def test_interleaved_phases_runs_the_rounds_of_interleaved_seconds_read_by_time_phase():
+    order = []
+    calls = {
+        "sleeps": lambda: (order.append("sleeps"), time.sleep(0.01)),
+        "ref": lambda: order.append("ref"),
+    }
+    times, threads = interleaved_phases(calls, repeats=3, warmup=1, threads=1, first_rounds_only={"ref": 2})
+    assert threads == 1 and order == ["sleeps", "ref"] * 3 + ["sleeps"]  # warm-up, then 3 rounds
+    assert [len(times["sleeps"]), len(times["ref"])] == [3, 2]
+    assert all(isinstance(t, PhaseTime) and t.seconds >= 0.01 for t in times["sleeps"])
+    # paired round by round, as the CPU benches pair interleaved_seconds' rounds
+    ratio = paired_ratio([t.seconds for t in times["sleeps"][:2]], [t.seconds for t in times["ref"]])
+    assert ratio.low > 1 and ratio.repeats == 2
+
+
+@pytest.mark.cuda
+def test_time_phase_on_a_gpu_times_the_queued_work_with_events_not_the_launch():
+    device = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=device)
+    time_phase(lambda: a @ a, device)  # cuBLAS' first call loads its kernels
+    timed = time_phase(lambda: [a @ a for _ in range(20)], device)
+    # 20 matmuls of 2 * 4096^3 FLOPs: launching them takes far less than running them
+    assert timed.enqueue_s < timed.seconds and timed.thread_s <= timed.enqueue_s + 1e-3
+    with Stopwatch(device) as watch:
+        [a @ a for _ in range(20)]
+    assert watch.wall_s >= timed.enqueue_s  # the synchronized block waits for the GPU
