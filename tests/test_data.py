@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -18,7 +19,9 @@ from embnb.data import (
     strided_ids,
     tagged_ids,
     uniform_ids,
+    zipf_cdf,
     zipf_ids,
+    zipf_lengths,
 )
 from embnb.metrics import max_over_mean
 
@@ -228,3 +231,44 @@ def test_load_errors_name_the_problem(tmp_path, ratings):
     weird.write_text("{}")
     with pytest.raises(ValueError, match=r"'\.json'.*\.csv, \.tsv, \.parquet, \.pq"):
         load_id_column(weird, "userId")
+
+
+def _inverse_cdf_draws(num, alpha, support, gen):
+    """The documented draw: uniforms from `gen`, each the first rank whose CDF reaches it (numpy's
+    cumulative sum and search, independent of torch's)."""
+    weights = np.arange(1, support + 1, dtype=np.float64) ** -alpha
+    cdf = np.cumsum(weights / weights.sum())
+    uniform = torch.rand(num, generator=gen, dtype=torch.float64).numpy()
+    return torch.from_numpy(np.minimum(np.searchsorted(cdf, uniform, side="left"), support - 1))
+
+
+def test_zipf_draws_are_the_inverse_cdf_draws_of_the_seed_and_reuse_the_tables_cdf():
+    vocab_size, alpha, seed = 5_000, 1.2, 11
+    gen = torch.Generator().manual_seed(seed)
+    ranks = _inverse_cdf_draws(4_000, alpha, vocab_size, gen)
+    names = torch.randperm(vocab_size, generator=gen)  # drawn after the ranks, from the same generator
+    before = zipf_cdf.cache_info()
+    first = zipf_ids(4_000, seed=seed, alpha=alpha, vocab_size=vocab_size)
+    assert torch.equal(first, names[ranks])
+    second = zipf_ids(4_000, seed=seed, alpha=alpha, vocab_size=vocab_size)
+    assert torch.equal(second, first)
+    after = zipf_cdf.cache_info()
+    assert after.hits >= before.hits + 1  # the second call reused the table's CDF
+    assert zipf_cdf(vocab_size, alpha) is zipf_cdf(vocab_size, alpha)
+    lengths = zipf_lengths(3_000, 1.5, max_length=700, seed=4)
+    assert torch.equal(lengths, _inverse_cdf_draws(3_000, 1.5, 700, torch.Generator().manual_seed(4)) + 1)
+
+
+def test_zipf_ids_with_a_table_seed_keep_the_tables_hot_ids_from_batch_to_batch():
+    vocab_size, alpha = 2_000, 1.2
+    table = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(99))
+    batches = [zipf_ids(3_000, seed=s, alpha=alpha, vocab_size=vocab_size, table_seed=99) for s in (1, 2)]
+    for seed, batch in zip((1, 2), batches):
+        ranks = _inverse_cdf_draws(3_000, alpha, vocab_size, torch.Generator().manual_seed(seed))
+        assert torch.equal(batch, table[ranks])
+    hottest = [int(torch.bincount(b, minlength=vocab_size).argmax()) for b in batches]
+    assert hottest == [int(table[0])] * 2  # the same hot id in both batches
+    plain = [zipf_ids(3_000, seed=s, alpha=alpha, vocab_size=vocab_size) for s in (1, 2)]
+    assert int(torch.bincount(plain[0]).argmax()) != int(torch.bincount(plain[1]).argmax())
+    with pytest.raises(ValueError, match="table_seed"):
+        zipf_ids(10, table_seed=-1)
