@@ -116,3 +116,9 @@ def test_the_key_figure_and_the_explorer_are_drawn(run):
     assert [p.name for p in run.figures()] == ["03_dp_planner_fig01.png"]  # the knapsack grid
     assert (run.out / "03_dp_planner_key.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run.widgets_shown_by("PlannerExplorer(") == 1
+
+
+def test_the_summary_names_the_machine_it_ran_on(run):
+    from embnb.timing import machine_name
+
+    assert run.results["machine"] == machine_name()

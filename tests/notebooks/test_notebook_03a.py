@@ -25,6 +25,7 @@ SMALL = {
     "measured_batch_size": 8,
     "measured_max_rows": 20000,
     "measured_repeats": 3,
+    "measured_poor": ["all table-wise on 1 rank", "all table-wise on 2 ranks", "all data-parallel"],
 }
 
 

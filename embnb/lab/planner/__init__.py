@@ -1,10 +1,10 @@
 """Notebook 03's layer over `embnb.planner`; the notebooks import it as `lab` and call what they
 use from here (each name loads only its module): `models` (random models, their options),
-`reference` (the knapsack the page writes, checked), `explain` (its options, DP table and
-frontier), `brute_force`, `pitfall` (least summed perf against the rating), `quality` (proposers
+`core` (the knapsack the page writes, checked), `explain` (its options, DP table and
+frontier, least summed perf against the rating), `brute_force`, `quality` (proposers
 against brute force), `planning`, `comparison` and `ablation` (runs in torchrec's planner),
 `candidates` (plans measured rank by rank), `calibrated` (committed bench results),
-`figures` and `widgets`.
+`figures` and `explore` (the explorer).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from embnb.lab.exports import lazy_exports
 
 _HOMES = {
     "models": ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options", "hosts_of"],
-    "reference": ["knapsack_choices", "backtrack", "least_perf_by_enumeration", "page_core_agrees",
+    "core": ["knapsack_choices", "backtrack", "least_perf_by_enumeration", "page_core_agrees",
                   "capped_runs_agree"],
     "explain": ["options_table", "SmallKnapsack", "small_knapsack", "memory_ratio", "knapsack_frontier",
-                "PlanExtremes", "plan_extremes"],
+                "PlanExtremes", "plan_extremes", "TINY_LIMITS", "SMALL_LIMITS", "tiny_instance",
+                "summed_vs_rated", "share_by_tightness"],
     "brute_force": ["PlanRater", "brute_force_rating", "rate_every_plan", "option_label"],
-    "pitfall": ["TINY_LIMITS", "SMALL_LIMITS", "tiny_instance", "summed_vs_rated", "share_by_tightness"],
     "quality": ["random_instance", "quality_study", "quality_summary"],
     "planning": ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads", "records", "plain",
                  "quiet_logs"],
@@ -30,6 +30,6 @@ _HOMES = {
                    "calibration_record", "gpu_uvm_runs"],
     "figures": ["option_code", "knapsack_choices_figure", "proposer_comparison", "planned_title",
                 "measured_figure", "calibration_scatter"],
-    "widgets": ["ExplorerStart", "PlannerExplorer"],
+    "explore": ["ExplorerStart", "PlannerExplorer"],
 }  # fmt: skip
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

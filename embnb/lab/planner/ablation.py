@@ -23,14 +23,10 @@ __all__ = ["LADDER", "ablation_table", "ablation_records"]
 
 _NOTHING = dict(bisect=False, slack=False, prune=False, max_caps=0, max_refinements=0, replay=False)
 _ADDED = [  # rung name, the proposer argument it turns back to its default
-    ("plain knapsack", None),
-    ("+ bisection", "bisect"),
-    ("+ memory slack", "slack"),
-    ("+ capped runs", "max_caps"),
-    ("+ local search", "max_refinements"),
-    ("+ lower-bound pruning", "prune"),
+    ("plain knapsack", None), ("+ bisection", "bisect"), ("+ memory slack", "slack"),
+    ("+ capped runs", "max_caps"), ("+ local search", "max_refinements"), ("+ lower-bound pruning", "prune"),
     ("+ the replica", "replay"),
-]
+]  # fmt: skip
 LADDER: dict[str, dict[str, Any]] = {  # rung -> DynamicProgrammingProposer arguments
     name: {k: v for k, v in _NOTHING.items() if k not in [a for _, a in _ADDED[: i + 1]]}
     for i, (name, _) in enumerate(_ADDED)
@@ -58,17 +54,11 @@ def ablation_table(
             raise RuntimeError(f"{name}: ratings differ between repeats: {[r.perf_rating for r in runs]}")
         seconds = [r.seconds for r in runs]
         rows.append(
-            {
-                "rung": name,
-                "perf_rating": runs[0].perf_rating,
-                "plans_considered": made[0].num_knapsack_proposals + made[0].num_refinements,
-                "proposals": runs[0].proposals,
-                "plan_s": statistics.median(seconds),
-                "plan_s_min": min(seconds),
-                "plan_s_max": max(seconds),
-                "timed_out": any(r.timed_out for r in runs),
-            }
-        )
+            {"rung": name, "perf_rating": runs[0].perf_rating, "proposals": runs[0].proposals,
+             "plans_considered": made[0].num_knapsack_proposals + made[0].num_refinements,
+             "plan_s": statistics.median(seconds), "plan_s_min": min(seconds), "plan_s_max": max(seconds),
+             "timed_out": any(r.timed_out for r in runs)}
+        )  # fmt: skip
     return pd.DataFrame(rows).set_index("rung")
 
 

@@ -1,8 +1,6 @@
-"""Brute force: every combination of options, placed by torchrec's
-GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest rank), as
-torchrec's planner would place and rate a proposal. Only for tiny models; the
-proposer is measured against it (the study, notebook 03 and the tests).
-"""
+"""Brute force: every combination of options, placed by torchrec's GreedyPerfPartitioner and rated
+by its NoopPerfModel (the slowest rank), as torchrec's planner would place and rate a proposal.
+Tiny models only; the proposer is checked against it."""
 
 from __future__ import annotations
 
@@ -45,22 +43,17 @@ class PlanRater:
 def brute_force_rating(
     enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
 ) -> float:
-    """The best rating over every combination of options (inf if none can be
-    placed). Combinations are tried by a lower bound (the mean rank load, or
-    the largest shard), stopping once no untried one can beat the best."""
+    """The best rating over every combination of options (inf if none can be placed), tried by a
+    lower bound (the mean rank load, or the largest shard) until no untried one can beat the best."""
     groups = by_table(enumerated.options)
     perf = [[o.total_perf for o in g] for g in groups]
     shard = [[max(s.perf.total for s in o.shards) for o in g] for g in groups]
+    combinations = itertools.product(*(range(len(g)) for g in groups))
     bounds = sorted(
-        (
-            max(
-                sum(perf[t][i] for t, i in enumerate(c)) / topology.world_size,
-                max(shard[t][i] for t, i in enumerate(c)),
-            ),
-            c,
-        )
-        for c in itertools.product(*(range(len(g)) for g in groups))
-    )
+        (max(sum(perf[t][i] for t, i in enumerate(c)) / topology.world_size,
+             max(shard[t][i] for t, i in enumerate(c))), c)
+        for c in combinations
+    )  # fmt: skip
     rate, best = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage), math.inf
     for bound, combination in bounds:
         if bound >= best:
@@ -78,9 +71,8 @@ def rate_every_plan(
     storage_reservation_percentage: float = 0.15,
     max_plans: int = 100_000,
 ) -> pd.DataFrame:
-    """Every combination of options, one row each: each table's option, the
-    plan's HBM and DDR in GiB, its summed perf and its rating (NaN where it
-    cannot be placed)."""
+    """Every combination of options, one row each: each table's option, the plan's HBM and DDR
+    (GiB), its summed perf and its rating (NaN where it cannot be placed)."""
     groups = by_table(enumerated.options)
     count = math.prod(len(g) for g in groups)
     if count > max_plans:
@@ -91,13 +83,7 @@ def rate_every_plan(
     for combination in itertools.product(*groups):
         proposal = list(combination)
         storage = sum((o.total_storage for o in proposal), Storage(0, 0))
-        rows.append(
-            {o.name: option_label(o) for o in proposal}
-            | dict(
-                hbm_gb=storage.hbm / GB,
-                ddr_gb=storage.ddr / GB,
-                summed_perf=sum(o.total_perf for o in proposal),
-                perf_rating=rate(proposal),
-            )
-        )
+        rows.append({o.name: option_label(o) for o in proposal} | {
+            "hbm_gb": storage.hbm / GB, "ddr_gb": storage.ddr / GB,
+            "summed_perf": sum(o.total_perf for o in proposal), "perf_rating": rate(proposal)})  # fmt: skip
     return pd.DataFrame(rows)

@@ -29,11 +29,8 @@ __all__ = [
     "heldout_ranks",
     "heldout_errors",
     "measured_plans",
-    "rank_repeat_gaps",
-    "rank_repeat_gap",
-    "calibration_record",
-    "gpu_uvm_runs",
 ]
+__all__ += ["rank_repeat_gaps", "rank_repeat_gap", "calibration_record", "gpu_uvm_runs"]
 
 GOAL = 0.10  # issue #46: median per-rank error of the calibrated estimate on a CPU
 ESTIMATES = {"torchrec_default": "torchrec_estimate_ms", "calibrated": "calibrated_estimate_ms"}
@@ -145,20 +142,13 @@ def calibration_record(bench: Run) -> dict[str, Any]:
     held-out errors (recomputed from its ranks) against the goal, the measured plans with their
     paired differences, and the same ranks measured twice (the measurement's own noise)."""
     errors = heldout_errors(heldout_ranks(bench))
-    return {
-        "file": bench.name,
-        "device": bench.data["device"],
-        "device_name": bench.machine,
-        "clock": bench.data["clock"],
-        "repeats": bench.data["repeats"],
-        "train_ranks": bench.data["train"]["ranks"],
-        "heldout_errors": errors,
-        "goal": GOAL,
-        "goal_met": errors["calibrated"]["median"] <= GOAL,
-        "paired_with": PAIRED_WITH,
-        "plans": records(measured_plans(bench), "records"),
-        "rank_repeat_gap": rank_repeat_gap(rank_repeat_gaps(bench.data["heldout"])),
-    }
+    data = bench.data
+    return {"file": bench.name, "device": data["device"], "device_name": bench.machine,
+            "clock": data["clock"], "repeats": data["repeats"], "train_ranks": data["train"]["ranks"],
+            "heldout_errors": errors,
+            "goal": GOAL, "goal_met": errors["calibrated"]["median"] <= GOAL, "paired_with": PAIRED_WITH,
+            "plans": records(measured_plans(bench), "records"),
+            "rank_repeat_gap": rank_repeat_gap(rank_repeat_gaps(data["heldout"]))}  # fmt: skip
 
 
 def gpu_uvm_runs(results_dir: pathlib.Path | None = None) -> pd.DataFrame:

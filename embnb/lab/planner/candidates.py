@@ -29,18 +29,8 @@ from embnb.lab.planner.planning import run_planner
 from embnb.planner.topology import make_topology
 from embnb.steptime import WorldTimes, kernel_device, make_batch, measure_world
 
-__all__ = [
-    "CandidatePlan",
-    "candidate_plans",
-    "one_kind_on",
-    "estimated_per_rank",
-    "plan_shape",
-    "PLANNERS",
-    "POOR",
-    "REFERENCE",
-    "MeasuredCandidates",
-    "measure_candidates",
-]
+__all__ = ["CandidatePlan", "candidate_plans", "one_kind_on", "estimated_per_rank", "plan_shape", "PLANNERS"]
+__all__ += ["POOR", "REFERENCE", "MeasuredCandidates", "measure_candidates"]
 
 PLANNERS = ("embnb DP", "torchrec DP", "Greedy", "torchrec default")
 POOR = "poor on purpose"  # the note of the plans built to be slow
@@ -50,9 +40,8 @@ PAIRED_FIELDS = ("mean", "ci_low", "ci_high")  # of its step minus embnb DP's, r
 
 @dataclass(frozen=True)
 class CandidatePlan:
-    """A placed plan (ShardingOptions with their shards' ranks and torchrec's
-    estimates), or None with the reason; torchrec's rating (NoopPerfModel:
-    the slowest rank's estimated total)."""
+    """A placed plan (ShardingOptions with their shards' ranks and torchrec's estimates), or None
+    with the reason; torchrec's rating (NoopPerfModel: the slowest rank's estimated total, ms)."""
 
     name: str
     options: list[ShardingOption] | None
@@ -76,19 +65,12 @@ def one_kind_on(enumerated: Enumerated, sharding_type: str, ranks: Sequence[int]
     missing = {o.name for o in enumerated.options} - set(chosen)
     if missing:
         raise ValueError(f"no {sharding_type!r} option for tables {sorted(missing)[:5]}")
-    placed = []
-    for i, option in enumerate(chosen.values()):
-        option = copy.deepcopy(option)
-        if sharding_type == "data_parallel":
-            for rank, shard in enumerate(option.shards):
-                shard.rank = rank
-        else:
-            if len(option.shards) != 1:
-                raise ValueError(
-                    f"{sharding_type!r} option of {option.name!r} has {len(option.shards)} shards"
-                )
-            option.shards[0].rank = ranks[i % len(ranks)]
-        placed.append(option)
+    placed = [copy.deepcopy(option) for option in chosen.values()]
+    for i, option in enumerate(placed):
+        if sharding_type != "data_parallel" and len(option.shards) != 1:
+            raise ValueError(f"{sharding_type!r} option of {option.name!r} has {len(option.shards)} shards")
+        for rank, shard in enumerate(option.shards):  # data-parallel: a shard on every rank
+            shard.rank = rank if sharding_type == "data_parallel" else ranks[i % len(ranks)]
     return placed
 
 
@@ -101,21 +83,17 @@ def candidate_plans(
     timeout_s: float = 120.0,
     enumerated: Enumerated | None = None,
 ) -> dict[str, CandidatePlan]:
-    """The planners' plans (`PLANNERS`, from embnb.lab.planner.comparison's
-    proposers over one enumeration) and poor ones: every table table-wise on
-    the first k ranks for each k in `few_ranks`, and every table
+    """The planners' plans (`PLANNERS`, from `default_proposers` over one enumeration) and poor
+    ones: every table table-wise on the first k ranks for each k in `few_ranks`, and every table
     data-parallel."""
     check_int("batch_size", batch_size, low=1)
     enumerated = enumerated or enumerate_options(
         model.tables, topology, batch_size, model.constraints, "embnb"
     )
-    proposers = default_proposers()
-    plans = {}
+    plans, proposers = {}, default_proposers()
     for name in PLANNERS:
-        run = run_planner(
-            proposers[name](), enumerated, topology, batch_size, name=name, constraints=model.constraints,
-            timeout_s=timeout_s,
-        )  # fmt: skip
+        run = run_planner(proposers[name](), enumerated, topology, batch_size, name=name,
+                          constraints=model.constraints, timeout_s=timeout_s)  # fmt: skip
         plans[name] = CandidatePlan(name, run.plan, run.perf_rating, run.note, run.seconds)
     rate = NoopPerfModel(topology).rate
     for k in few_ranks:
@@ -129,19 +107,15 @@ def candidate_plans(
 
 
 def estimated_per_rank(options: Sequence[ShardingOption], world_size: int) -> dict[str, list[float]]:
-    """torchrec's estimates summed per rank, in seconds: `total` (what its
-    rating takes the maximum of), `compute` (forward + backward compute) and
-    `comms` (forward + backward communication)."""
+    """torchrec's estimates summed per rank, in seconds: `total` (what its rating takes the maximum
+    of), `compute` (forward + backward compute) and `comms` (forward + backward communication)."""
     shards = [shard for option in options for shard in option.shards]
-    ms = {
-        "total": [s.perf.total for s in shards],
-        "compute": [s.perf.fwd_compute + s.perf.bwd_compute for s in shards],
-        "comms": [s.perf.fwd_comms + s.perf.bwd_comms for s in shards],
-    }
     ranks = np.array([shard.rank for shard in shards], dtype=np.int64)
+    ms = {"total": [s.perf.total for s in shards],
+          "compute": [s.perf.fwd_compute + s.perf.bwd_compute for s in shards],
+          "comms": [s.perf.fwd_comms + s.perf.bwd_comms for s in shards]}  # fmt: skip
     return {
-        key: np.bincount(ranks, np.divide(values, 1e3), minlength=world_size).tolist()
-        for key, values in ms.items()
+        key: np.bincount(ranks, np.divide(v, 1e3), minlength=world_size).tolist() for key, v in ms.items()
     }
 
 
@@ -167,7 +141,8 @@ class MeasuredCandidates:
         tables in UVM, then on the world's clock (ms) the slowest rank's step per round and their
         median, the slowest rank's lookups (median over rounds), each rank's median lookups, the
         communication per rank computed from the counted bytes (`steptime.comms.LINK_MODEL`, not
-        measured), and its step minus embnb DP's round by round (`minus_embnb_dp`, with its verdict)."""
+        measured), its step minus embnb DP's round by round (`minus_embnb_dp_mean`, `_ci_low`,
+        `_ci_high`: the 95% t-interval, ms) and its `verdict` (None: not paired)."""
         rows = []
         for name, candidate in self.candidates.items():
             plan = self.world.plans.get(name)
@@ -214,6 +189,7 @@ def measure_candidates(
     hbm_cap_gb: float | None = None,
     local_world_size: int | None = None,
     alone_repeats: int = 1,
+    poor: Sequence[str] | None = None,
     seed: int = 0,
     timeout_s: float = 120.0,
     **options: Any,
@@ -221,8 +197,8 @@ def measure_candidates(
     """`candidate_plans` of `model` on `world_size` devices of `compute_device` (default: where
     the kernels run, `kernel_device(device)`), each measured rank by rank on one global batch of
     `batch_size` samples per rank (seed `seed`): the planners' plans in `rounds` interleaved rounds,
-    each paired with embnb DP's, then the poor plans `alone_repeats` timed steps each.
-    `options`: `embnb.steptime.StepOptions`' fields (threads, warmup, hidden)."""
+    each paired with embnb DP's, then the poor plans named in `poor` (None: all) `alone_repeats`
+    timed steps each. `options`: `embnb.steptime.StepOptions`' fields (threads, warmup, hidden)."""
     check_int("world_size", world_size, low=2)
     device, note = kernel_device(device)
     topology = make_topology(world_size, compute_device or device, hbm_cap_gb=hbm_cap_gb,
@@ -233,7 +209,8 @@ def measure_candidates(
     planners = {n: plan for n, plan in placed.items() if candidates[n].note != POOR}
     world = measure_world(
         planners, model.tables, batch, rounds, reference=REFERENCE if REFERENCE in planners else None,
-        alone={n: plan for n, plan in placed.items() if n not in planners}, alone_repeats=alone_repeats,
+        alone={n: plan for n, plan in placed.items() if n not in planners and (poor is None or n in poor)},
+        alone_repeats=alone_repeats,
         device=device, **options,
     )  # fmt: skip
     return MeasuredCandidates(topology, candidates, world, note)

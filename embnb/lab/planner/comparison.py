@@ -1,7 +1,6 @@
-"""Proposers side by side in torchrec's planner: each over the same
-enumerated options with a fresh `EmbeddingShardingPlanner` (`run_planner`),
-under the same storage reservation, and again as the HBM budget shrinks.
-"""
+"""Proposers side by side in torchrec's planner: each over the same enumerated options with a
+fresh `EmbeddingShardingPlanner` (`run_planner`), under the same storage reservation, and again as
+the HBM budget shrinks."""
 
 from __future__ import annotations
 
@@ -31,14 +30,8 @@ from embnb.lab.planner.planning import rank_loads, run_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology
 
-__all__ = [
-    "Planning",
-    "ProposerFactory",
-    "default_proposers",
-    "compare_proposers",
-    "timing_breakdown",
-    "budget_sweep",
-]
+__all__ = ["Planning", "ProposerFactory", "default_proposers", "compare_proposers", "timing_breakdown"]
+__all__ += ["budget_sweep"]
 
 ProposerFactory = Callable[[], "Proposer | list[Proposer]"]
 UVM_KERNELS = ("fused_uvm", "fused_uvm_caching")  # rows in DDR: FBGEMM runs them only on a GPU
@@ -46,13 +39,15 @@ UVM_KERNELS = ("fused_uvm", "fused_uvm_caching")  # rows in DDR: FBGEMM runs the
 
 @dataclass(frozen=True)
 class Planning:
-    """How every proposer plans, alike for all of them."""
+    """How every proposer plans, alike for all of them: the batch size per rank torchrec's
+    estimators assume, FixedPercentageStorageReservation's share, each proposer's time limit and
+    the planning runs per proposer (seconds are their median and range)."""
 
-    batch_size: int = 512  # per rank, as torchrec's estimators assume
+    batch_size: int = 512
     constraints: dict[str, ParameterConstraints] | None = None
-    storage_reservation_percentage: float = 0.15  # FixedPercentageStorageReservation's
-    timeout_s: float | None = None  # each proposer's time limit
-    repeats: int = 1  # planning runs per proposer: seconds are their median and range
+    storage_reservation_percentage: float = 0.15
+    timeout_s: float | None = None
+    repeats: int = 1
 
     def run(self, proposer, enumerated: Enumerated, topology: Topology, name: str = ""):
         """`run_planner` with these settings."""
@@ -116,37 +111,25 @@ def compare_proposers(
         considered = sum(
             p.num_knapsack_proposals + p.num_refinements for p in last if hasattr(p, "num_refinements")
         )
-        loads = rank_loads(run.plan, topology.world_size) if run.plan else None
-        note = run.note
-        if name == "GridSearch" and combinations > MAX_PROPOSALS:  # torchrec skips it then
-            note = f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}"
-        rows.append(
-            {
-                "proposer": name,
-                "perf_rating": run.perf_rating,
-                "max_hbm_gb": loads["hbm_gb"].max() if loads is not None else math.nan,
-                "max_ddr_gb": loads["ddr_gb"].max() if loads is not None else math.nan,
-                "feasible": run.plan is not None,
-                "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in run.plan or []),
-                "plans_considered": considered or run.proposals,
-                "proposals": run.proposals,
-                "plan_s": statistics.median(seconds),
-                "plan_s_min": min(seconds),
-                "plan_s_max": max(seconds),
-                "end_to_end_s": enumerated.seconds + statistics.median(seconds),
-                "proposer_s": run.proposer_s,
-                "partitioner_s": run.partitioner_s,
-                "timed_out": any(r.timed_out for r in runs),
-                "note": note,
-            }
+        loads = (
+            rank_loads(run.plan, topology.world_size)
+            if run.plan
+            else pd.DataFrame({"hbm_gb": [], "ddr_gb": []})
         )
+        skipped = name == "GridSearch" and combinations > MAX_PROPOSALS  # torchrec skips it then
+        rows.append(
+            {"proposer": name, "perf_rating": run.perf_rating, "max_hbm_gb": loads.hbm_gb.max(),
+             "max_ddr_gb": loads.ddr_gb.max(), "feasible": run.plan is not None,
+             "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in run.plan or []),
+             "plans_considered": considered or run.proposals, "proposals": run.proposals,
+             "plan_s": statistics.median(seconds), "plan_s_min": min(seconds), "plan_s_max": max(seconds),
+             "end_to_end_s": enumerated.seconds + statistics.median(seconds), "proposer_s": run.proposer_s,
+             "partitioner_s": run.partitioner_s, "timed_out": any(r.timed_out for r in runs),
+             "note": f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}" if skipped else run.note}
+        )  # fmt: skip
     table = pd.DataFrame(rows).set_index("proposer")
-    table.attrs.update(
-        enumerate_s=enumerated.seconds,
-        num_options=len(enumerated.options),
-        combinations=combinations,
-        hosts=hosts_of(topology),
-    )
+    table.attrs.update(enumerate_s=enumerated.seconds, num_options=len(enumerated.options),
+                       combinations=combinations, hosts=hosts_of(topology))  # fmt: skip
     return table
 
 
@@ -154,19 +137,13 @@ def timing_breakdown(comparison: pd.DataFrame) -> pd.DataFrame:
     """Where each proposer's planning time went (a `compare_proposers` table): the shared
     enumeration, the proposer, torchrec's partitioner, the rest of torchrec's planner (rating,
     copying the best plan), end to end, and the plans considered and proposed."""
-    enumerate_s = comparison.attrs.get("enumerate_s", math.nan)
+    enumerate_s, c = comparison.attrs.get("enumerate_s", math.nan), comparison
     return pd.DataFrame(
-        {
-            "enumerate_s": enumerate_s,
-            "proposer_s": comparison.proposer_s,
-            "partitioner_s": comparison.partitioner_s,
-            "planner_rest_s": comparison.plan_s - comparison.proposer_s - comparison.partitioner_s,
-            "plan_s": comparison.plan_s,
-            "end_to_end_s": enumerate_s + comparison.plan_s,
-            "plans_considered": comparison.get("plans_considered", comparison.proposals),
-            "proposals": comparison.proposals,
-        }
-    )
+        {"enumerate_s": enumerate_s, "proposer_s": c.proposer_s, "partitioner_s": c.partitioner_s,
+         "planner_rest_s": c.plan_s - c.proposer_s - c.partitioner_s, "plan_s": c.plan_s,
+         "end_to_end_s": enumerate_s + c.plan_s, "plans_considered": c.get("plans_considered", c.proposals),
+         "proposals": c.proposals}
+    )  # fmt: skip
 
 
 def budget_sweep(
@@ -194,8 +171,6 @@ def budget_sweep(
         ratio = memory_ratio(
             enumerated, topology, planning.batch_size, planning.storage_reservation_percentage
         )
-        table = compare_proposers(enumerated, topology, planning, proposers)
-        frames.append(
-            table.reset_index().assign(hbm_cap_gb=cap, memory_ratio=ratio, hosts=hosts_of(topology))
-        )
+        table = compare_proposers(enumerated, topology, planning, proposers).reset_index()
+        frames.append(table.assign(hbm_cap_gb=cap, memory_ratio=ratio, hosts=hosts_of(topology)))
     return pd.concat(frames, ignore_index=True)

@@ -1,5 +1,9 @@
-"""Looking inside the proposer: its options, its DP table, its frontier, and
-what a brute-force table says about the least summed perf.
+"""Looking inside the proposer: its options, a knapsack small enough to work by hand, the plain
+knapsack's frontier, and why the least summed perf is not the plan to take (brute force over tiny
+instances, each plan placed and rated as torchrec's planner does).
+
+A tiny instance is three tables on two GPUs with four options each (table-wise or row-wise,
+`fused` or `fused_uvm_caching`): 64 plans.
 """
 
 from __future__ import annotations
@@ -10,70 +14,61 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_int
-from embnb.lab.planner.brute_force import PlanRater, option_label
-from embnb.lab.planner.models import Enumerated
-from embnb.lab.planner.reference import backtrack, knapsack_choices
+from embnb.lab.planner.brute_force import PlanRater, option_label, rate_every_plan
+from embnb.lab.planner.core import backtrack, knapsack_choices
+from embnb.lab.planner.models import Enumerated, enumerate_options, hosts_of
 from embnb.planner.knapsack import Knapsack, knapsack_axes
 from embnb.planner.space import AXES, GB, SearchSpace, by_table
-from embnb.planner.topology import reserved_topology
+from embnb.planner.topology import make_topology, reserved_topology
 
-__all__ = [
-    "options_table",
-    "SmallKnapsack",
-    "small_knapsack",
-    "memory_ratio",
-    "knapsack_frontier",
-    "PlanExtremes",
-    "plan_extremes",
-]
+__all__ = ["options_table", "SmallKnapsack", "small_knapsack", "memory_ratio", "knapsack_frontier"]
+__all__ += ["PlanExtremes", "plan_extremes", "TINY_LIMITS", "SMALL_LIMITS", "tiny_instance"]
+__all__ += ["summed_vs_rated", "share_by_tightness"]
+
+TINY_LIMITS = {
+    "sharding_types": ["table_wise", "row_wise"],
+    "compute_kernels": ["fused", "fused_uvm_caching"],
+}
+# The knapsack worked by hand: two options per table, one memory each (HBM).
+SMALL_LIMITS = {"sharding_types": ["table_wise"], "compute_kernels": ["fused", "fused_uvm_caching"]}
+_ROWS, _DIMS, _POOLING = (250_000, 500_000, 1_000_000, 2_000_000), (32, 64, 128), (1.0, 2.0, 5.0, 10.0, 20.0)
+_HBM_GB = (0.25, 0.5, 0.75, 1.0)
+TIGHTNESS_EDGES = (0.5, 1.0, 2.0)  # memory_ratio bins of share_by_tightness
 
 
-def _space_of(
-    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float
-) -> SearchSpace:
-    constraint = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
-    return SearchSpace(by_table(enumerated.options), constraint)
+def _space_of(enumerated: Enumerated, topology: Topology, batch_size: int, reservation: float) -> SearchSpace:
+    return SearchSpace(
+        by_table(enumerated.options), reserved_topology(topology, enumerated, batch_size, reservation)
+    )
 
 
 def options_table(
     enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
 ) -> pd.DataFrame:
-    """The options the knapsack chooses from, one row per table and option:
-    summed perf, memory (GiB), and the largest shard's perf and memory.
-    Options alike for the partitioner are shown once; options whose largest
-    shard fits on no device are left out."""
+    """The options the knapsack chooses from, one row per table and option: summed perf, memory
+    (GiB), and the largest shard's perf and memory. Options alike for the partitioner are shown
+    once; options whose largest shard fits on no device are left out."""
     space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
-    rows = []
-    for t, options in enumerate(space.options):
-        for o, option in enumerate(options):
-            shards = option.shards
-            rows.append(
-                {
-                    "table": option.name,
-                    "option": option_label(option),
-                    "shards": len(shards),
-                    "perf": space.perf[t, o],
-                    "hbm_gb": space.mem[t, o, 0] / GB,
-                    "ddr_gb": space.mem[t, o, 1] / GB,
-                    "shard_perf": max(s.perf.total for s in shards),
-                    "shard_hbm_gb": max(s.storage.hbm for s in shards) / GB,
-                    "sharding_option": option,
-                }
-            )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(
+        {"table": option.name, "option": option_label(option), "shards": len(option.shards),
+         "perf": space.perf[t, o], "hbm_gb": space.mem[t, o, 0] / GB, "ddr_gb": space.mem[t, o, 1] / GB,
+         "shard_perf": max(s.perf.total for s in option.shards),
+         "shard_hbm_gb": max(s.storage.hbm for s in option.shards) / GB, "sharding_option": option}
+        for t, options in enumerate(space.options)
+        for o, option in enumerate(options)
+    )  # fmt: skip
 
 
 def memory_ratio(
     enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
 ) -> float:
-    """How tight memory is: the devices' HBM after the storage reservation
-    over the HBM of the least summed perf plan (each table's option with the
-    least estimated perf). Below 1 memory binds in total: the fastest
-    options do not fit all devices together; at or above 1 they may still
-    not fit device by device."""
+    """How tight memory is: the devices' HBM after the storage reservation over the HBM of the
+    least summed perf plan (each table's option with the least estimated perf). Below 1 memory
+    binds in total; at or above 1 the fastest options may still not fit device by device."""
     need = sum(min(g, key=lambda o: o.total_perf).total_storage.hbm for g in by_table(enumerated.options))
     reserved = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
     return sum(d.storage.hbm for d in reserved.devices) / need if need else math.inf
@@ -81,47 +76,39 @@ def memory_ratio(
 
 @dataclass(frozen=True)
 class SmallKnapsack:
-    """A knapsack small enough to work by hand: each table's options with
-    torchrec's estimated perf and their HBM in whole bins (rounded up, so a
-    plan within `capacity` bins fits the devices' HBM together), the DP
-    table of `embnb.lab.planner.reference.knapsack_choices` and its best plan."""
+    """A knapsack small enough to work by hand: each table's options (labels) with torchrec's
+    estimated summed perf (ms) and HBM (GiB, and in whole bins rounded up, so a plan within
+    `capacity` bins fits the devices' HBM together), the DP table of
+    `core.knapsack_choices` (`rows[t][m]`: least summed perf of tables 0..t in exactly m
+    bins; `choices[t][m]`: the option that cell took, -1 none) and its best plan, ending in bin
+    `end`; each option's largest shard's perf and HBM, and torchrec's rating (`rate`, NaN:
+    cannot be placed)."""
 
     tables: list[str]
-    options: list[list[str]]  # option labels per table ("table_wise/fused", ...)
-    perfs: list[list[float]]  # estimated summed perf, ms
-    hbm_gb: list[list[float]]  # exact HBM, GiB
-    memories: list[list[int]]  # HBM in bins, rounded up
+    options: list[list[str]]
+    perfs: list[list[float]]
+    hbm_gb: list[list[float]]
+    memories: list[list[int]]
     bin_gb: float
-    capacity: int  # bins: the devices' HBM after the storage reservation
-    rows: list[list[float]]  # rows[t][m]: least summed perf of tables 0..t in exactly m bins
-    choices: list[list[int]]  # choices[t][m]: the option of table t that cell took (-1: none)
-    end: int  # the bin where the best plan ends (the last row's least perf)
-    plan: list[int]  # the best plan's option per table, backtracked from `end`
-    shard_perfs: list[list[float]] = field(default_factory=list)  # each option's largest shard's perf, ms
-    shard_hbm_gb: list[list[float]] = field(default_factory=list)  # each option's largest shard's HBM, GiB
-    rate: Callable[[Sequence[int]], float] | None = field(
-        default=None, repr=False
-    )  # torchrec's; NaN: unplaced
+    capacity: int
+    rows: list[list[float]]
+    choices: list[list[int]]
+    end: int
+    plan: list[int]
+    shard_perfs: list[list[float]] = field(default_factory=list)
+    shard_hbm_gb: list[list[float]] = field(default_factory=list)
+    rate: Callable[[Sequence[int]], float] | None = field(default=None, repr=False)
 
     def describe(self) -> pd.DataFrame:
-        """One row per table and option: perf, HBM (GiB and bins), and
-        whether the best plan takes it."""
+        """One row per table and option: perf, HBM (GiB and bins), and whether the best plan takes it."""
         return pd.DataFrame(
-            [
-                {
-                    "table": table,
-                    "option": label,
-                    "perf": perf,
-                    "hbm_gb": hbm,
-                    "bins": bins,
-                    "in best plan": o == self.plan[t],
-                }
-                for t, table in enumerate(self.tables)
-                for o, (label, perf, hbm, bins) in enumerate(
-                    zip(self.options[t], self.perfs[t], self.hbm_gb[t], self.memories[t])
-                )
-            ]
-        )
+            {"table": table, "option": label, "perf": perf, "hbm_gb": hbm, "bins": bins,
+             "in best plan": o == self.plan[t]}
+            for t, table in enumerate(self.tables)
+            for o, (label, perf, hbm, bins) in enumerate(
+                zip(self.options[t], self.perfs[t], self.hbm_gb[t], self.memories[t])
+            )
+        )  # fmt: skip
 
 
 def small_knapsack(
@@ -131,42 +118,30 @@ def small_knapsack(
     num_bins: int,
     storage_reservation_percentage: float = 0.15,
 ) -> SmallKnapsack:
-    """The options of `options_table` (one per label and table, sorted by
-    label), the devices' HBM cut into `num_bins` bins, and the DP table of
-    `knapsack_choices` over them with its best plan."""
+    """The options of `options_table` (one per label and table, sorted by label), the devices' HBM
+    cut into `num_bins` bins, and the DP table of `knapsack_choices` over them with its best plan.
+    Raises ValueError where no plan fits."""
     check_int("num_bins", num_bins, low=1, high=60)
     space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
-    capacity_gb = float(space.capacity[0]) / GB
     options = options_table(enumerated, topology, batch_size, storage_reservation_percentage)
     tables = list(dict.fromkeys(options.table))  # in the model's order
     options = options.drop_duplicates(["table", "option"]).sort_values("option", kind="stable")
     by_name = [options[options.table == name] for name in tables]
-    bin_gb = capacity_gb / num_bins
+    bin_gb = float(space.capacity[0]) / GB / num_bins
     memories = [[math.ceil(gb / bin_gb - 1e-9) for gb in rows.hbm_gb] for rows in by_name]
     perfs = [rows.perf.tolist() for rows in by_name]
     rows, choices = knapsack_choices(perfs, memories, num_bins)
+    end = min(range(num_bins + 1), key=lambda m: rows[-1][m])
+    if not math.isfinite(rows[-1][end]):
+        raise ValueError(f"no plan fits {num_bins} bins of {bin_gb:.4g} GiB: give more memory or bins")
     objects = [r.sharding_option.tolist() for r in by_name]
     rater = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage)
-    last = rows[-1]
-    end = min(range(num_bins + 1), key=lambda m: last[m])
-    if not math.isfinite(last[end]):
-        raise ValueError(f"no plan fits {num_bins} bins of {bin_gb:.4g} GiB: give more memory or bins")
     return SmallKnapsack(
-        tables=tables,
-        options=[r.option.tolist() for r in by_name],
-        perfs=perfs,
-        hbm_gb=[r.hbm_gb.tolist() for r in by_name],
-        memories=memories,
-        bin_gb=bin_gb,
-        capacity=num_bins,
-        rows=rows,
-        choices=choices,
-        end=end,
-        plan=backtrack(choices, memories, end),
-        shard_perfs=[r.shard_perf.tolist() for r in by_name],
-        shard_hbm_gb=[r.shard_hbm_gb.tolist() for r in by_name],
-        rate=lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
-    )
+        tables, [r.option.tolist() for r in by_name], perfs, [r.hbm_gb.tolist() for r in by_name], memories,
+        bin_gb, num_bins, rows, choices, end, backtrack(choices, memories, end),
+        [r.shard_perf.tolist() for r in by_name], [r.shard_hbm_gb.tolist() for r in by_name],
+        lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
+    )  # fmt: skip
 
 
 def knapsack_frontier(
@@ -177,10 +152,9 @@ def knapsack_frontier(
     ddr_bins_per_device: int = 10,
     storage_reservation_percentage: float = 0.15,
 ) -> pd.DataFrame:
-    """The plain knapsack's plans in the order the proposer takes them, from
-    the largest memory down: memory (GiB), summed perf and each table's
-    option; `.attrs["axes"]`: the memory axes the knapsack bins (those that
-    can bind)."""
+    """The plain knapsack's plans in the order the proposer takes them, from the largest memory
+    down: memory (GiB), summed perf and each table's option; `.attrs["axes"]`: the memory axes
+    the knapsack bins (those that can bind)."""
     space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
     axes, capacity, bins, weights = knapsack_axes(space, bins_per_device, ddr_bins_per_device)
     knapsack = Knapsack(capacity, bins)
@@ -197,20 +171,21 @@ def knapsack_frontier(
     )
     for t, options in enumerate(space.options):
         frame[options[0].name] = [option_label(options[o]) for o in plans[:, t]]
-    frame.attrs["axes"] = [AXES[a] for a in axes]  # those that can bind
+    frame.attrs["axes"] = [AXES[a] for a in axes]
     return frame
 
 
 @dataclass(frozen=True)
 class PlanExtremes:
-    """Three rows of a brute-force table (`rate_every_plan`): what the least
-    summed perf misses about the planner's rating (the slowest rank)."""
+    """Three rows of a brute-force table (`rate_every_plan`): the least summed perf (placeable or
+    not), the least summed perf the partitioner can place, and the best rating (ties: the least
+    summed perf); how many plans can be placed, of how many."""
 
-    least_sum: pd.Series  # the least summed perf, placeable or not
-    least_placed_sum: pd.Series  # the least summed perf the partitioner can place
-    best_rated: pd.Series  # the best perf rating (ties: the least summed perf)
-    placeable: int  # plans the partitioner can place
-    plans: int  # plans in all
+    least_sum: pd.Series
+    least_placed_sum: pd.Series
+    best_rated: pd.Series
+    placeable: int
+    plans: int
 
     def table(self) -> pd.DataFrame:
         """The three plans, one row each (summed perf, rating: NaN where it cannot be placed)."""
@@ -219,15 +194,80 @@ class PlanExtremes:
 
 
 def plan_extremes(every_plan: pd.DataFrame) -> PlanExtremes:
-    """The least summed perf, the least placeable one and the best rated of
-    `every_plan` (columns summed_perf and perf_rating, NaN: not placeable)."""
+    """`PlanExtremes` of `every_plan` (columns summed_perf and perf_rating, NaN: not placeable)."""
     placeable = every_plan.dropna(subset=["perf_rating"])
     if placeable.empty:
         raise ValueError(f"none of the {len(every_plan)} plans can be placed: no best plan")
     return PlanExtremes(
-        least_sum=every_plan.loc[every_plan.summed_perf.idxmin()],
-        least_placed_sum=placeable.loc[placeable.summed_perf.idxmin()],
-        best_rated=every_plan.sort_values(["perf_rating", "summed_perf"]).iloc[0],
-        placeable=len(placeable),
-        plans=len(every_plan),
+        every_plan.loc[every_plan.summed_perf.idxmin()], placeable.loc[placeable.summed_perf.idxmin()],
+        every_plan.sort_values(["perf_rating", "summed_perf"]).iloc[0], len(placeable), len(every_plan),
+    )  # fmt: skip
+
+
+def tiny_instance(
+    spec: Sequence[tuple[str, int, int, float]],
+    hbm_gb: float,
+    world_size: int = 2,
+    batch_size: int = 512,
+    ddr_gb: float = 128.0,
+    limits: dict[str, list[str]] | None = None,
+) -> tuple[Enumerated, Topology]:
+    """Tables `spec` (name, rows, dim, pooling factor) on `world_size` GPUs with `hbm_gb` GiB of HBM
+    each, their options enumerated by torchrec under `limits` (default `TINY_LIMITS`)."""
+    limits = TINY_LIMITS if limits is None else limits
+    tables = [
+        EmbeddingBagConfig(name=n, feature_names=[n], num_embeddings=r, embedding_dim=d)
+        for n, r, d, _ in spec
+    ]
+    constraints = {name: ParameterConstraints(pooling_factors=[pf], **limits) for name, _, _, pf in spec}
+    topology = make_topology(world_size, "cuda", hbm_cap_gb=hbm_gb, ddr_cap_gb=ddr_gb)
+    return enumerate_options(tables, topology, batch_size, constraints), topology
+
+
+def summed_vs_rated(
+    num_instances: int, seed: int = 0, batch_size: int = 512, storage_reservation_percentage: float = 0.15
+) -> pd.DataFrame:
+    """Random tiny instances (rows, dims, pooling factors and HBM drawn from a few round values),
+    one row each: its `world_size` and `hosts`, the rating of the least summed perf plan the
+    partitioner can place over the best rating (1: it is the best), whether the least summed perf
+    of all cannot be placed, and `memory_ratio`. Instances where no plan can be placed are left out."""
+    check_int("num_instances", num_instances, low=1)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for instance in range(num_instances):
+        spec = [(name, int(rng.choice(_ROWS)), int(rng.choice(_DIMS)), float(rng.choice(_POOLING)))
+                for name in ("user_id", "item_id", "ad_id")]  # fmt: skip
+        hbm_gb = float(rng.choice(_HBM_GB))
+        enumerated, topology = tiny_instance(spec, hbm_gb, batch_size=batch_size)
+        every_plan = rate_every_plan(enumerated, topology, batch_size, storage_reservation_percentage)
+        if every_plan.perf_rating.isna().all():
+            continue
+        extremes = plan_extremes(every_plan)
+        best, least = extremes.best_rated.perf_rating, extremes.least_placed_sum.perf_rating
+        rows.append(
+            {"instance": instance, "world_size": topology.world_size, "hosts": hosts_of(topology),
+             "hbm_gb": hbm_gb, "spec": spec,
+             "least_placed_sum_over_best": least / best,
+             "least_sum_unplaceable": bool(math.isnan(extremes.least_sum.perf_rating)),
+             "memory_ratio": memory_ratio(enumerated, topology, batch_size, storage_reservation_percentage)}
+        )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def share_by_tightness(pitfall: pd.DataFrame, edges: Sequence[float] = TIGHTNESS_EDGES) -> pd.DataFrame:
+    """`summed_vs_rated`'s instances grouped by `memory_ratio` (bins cut at `edges`), one row per
+    bin: instances, those where the least summed placeable plan rates worse than the best (beyond
+    rounding), and their share."""
+    if pitfall.empty:
+        raise ValueError("pitfall is empty: no instance had a plan")
+    bounds = [0.0, *edges, math.inf]
+    labels = [
+        f"< {hi:g}" if lo == 0 else (f">= {lo:g}" if hi == math.inf else f"{lo:g}-{hi:g}")
+        for lo, hi in zip(bounds, bounds[1:])
+    ]
+    worse = (pitfall.least_placed_sum_over_best > 1 + 1e-9).groupby(
+        pd.cut(pitfall.memory_ratio, bounds, right=False, labels=labels), observed=False
     )
+    table = pd.DataFrame({"instances": worse.size(), "worse": worse.sum()})
+    table["share"] = table.worse / table.instances.where(table.instances > 0)
+    return table.rename_axis("memory_ratio")

@@ -24,31 +24,26 @@ __all__ = [
     "proposer_comparison",
     "planned_title",
     "measured_figure",
-    "calibration_scatter",
 ]
-
+__all__ += ["calibration_scatter"]
 
 _KERNEL_CODES = {"fused": "F", "fused_uvm_caching": "C", "fused_uvm": "U"}  # compute kernel -> cell mark
 _KERNEL_COLORS = {"F": "#4c72b0", "C": "#dd8452", "U": "#8172b3"}
 
 
 def option_code(label: str) -> str:
-    """A one-letter mark of an option label ("table_wise/fused" -> "F"):
-    its compute kernel's, else the label's first letter, upper case."""
+    """A one-letter mark of an option label ("table_wise/fused" -> "F"): its compute kernel's,
+    else the label's first letter, upper case."""
     kernel = label.split("/")[-1]
     return _KERNEL_CODES.get(kernel, kernel[:1].upper())
 
 
 def knapsack_choices_figure(small: SmallKnapsack, title: str | None = None) -> Figure:
-    """The DP table of a `SmallKnapsack`, one row per table added (under a
-    start row: 0 ms in bin 0) and one column per memory bin. Each reachable
-    cell shows its least summed perf (ms) and is coloured by the option its
-    row's table took there; outlined cells and arrows: the best plan,
-    backtracked from its bin in the last row up to the start."""
+    """The DP table of a `SmallKnapsack`, one row per table added (under a start row: 0 ms in bin 0)
+    and one column per memory bin; each reachable cell shows its least summed perf (ms), coloured
+    by the option its row's table took there; outlined cells and arrows: the best plan, backtracked."""
     codes = [[option_code(label) for label in options] for options in small.options]
-    legend = list(
-        dict.fromkeys(zip((c for row in codes for c in row), (x for row in small.options for x in row)))
-    )
+    legend = list(dict.fromkeys(zip(sum(codes, []), sum(small.options, []))))
     shade = {code: _KERNEL_COLORS.get(code, color(label, i)) for i, (code, label) in enumerate(legend)}
     rows = [[0.0] + [math.inf] * small.capacity, *small.rows]
     fig = new_figure(1.6 + 0.5 * (small.capacity + 1), 1.4 + 0.48 * len(rows))
@@ -100,14 +95,16 @@ def proposer_comparison(table: pd.DataFrame, title: str | None = None) -> Figure
     if rows.perf_rating.isna().all():
         notes = "; ".join(f"{r.proposer}: {getattr(r, 'note', '') or 'no plan'}" for r in rows.itertuples())
         raise ValueError(f"no proposer found a plan, nothing to compare ({notes})")
-    y, colors = np.arange(len(rows)), [color(name, i) for i, name in enumerate(rows.proposer)]
+    y, colors = (
+        np.arange(len(rows))[::-1],
+        [color(name, i) for i, name in enumerate(rows.proposer)],
+    )  # top down
     fig = new_figure(10, 1.2 + 0.4 * len(rows))
     left, right = fig.subplots(1, 2, sharey=True)
     left.scatter(rows.perf_rating / rows.perf_rating.min(), y, c=colors, s=50)
     left.axvline(1.0, color="0.3", linewidth=1)
     left.set(xscale="log", xlabel="estimated perf rating / best (slowest rank, log)", yticks=y)
     left.set_yticklabels(rows.proposer)
-    left.invert_yaxis()
     low, high = rows.get("plan_s_min", rows.plan_s), rows.get("plan_s_max", rows.plan_s)
     right.hlines(y, low, high, colors=colors, linewidth=3, alpha=0.5)
     right.scatter(rows.plan_s, y, c=colors, s=50, label="planning")

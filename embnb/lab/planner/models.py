@@ -1,7 +1,5 @@
-"""Models to plan for and their sharding options: random tables like
-production ones (the notebook's and the bench's), enumerated once so every
-proposer plans over the same options.
-"""
+"""Models to plan for and their sharding options: random tables like production ones (the
+notebooks' and the benches'), enumerated once so every proposer plans over the same options."""
 
 from __future__ import annotations
 
@@ -21,14 +19,7 @@ from embnb.planner.enumerator import make_enumerator
 from embnb.planner.space import GB
 from embnb.timing import Stopwatch
 
-__all__ = [
-    "Model",
-    "make_model",
-    "fused_table_gb",
-    "Enumerated",
-    "enumerate_options",
-    "hosts_of",
-]
+__all__ = ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options", "hosts_of"]
 
 
 @dataclass(frozen=True)
@@ -40,9 +31,8 @@ class Model:
 
 
 def make_model(num_tables: int, seed: int = 0, max_rows: int = 10_000_000) -> Model:
-    """A model like production ones: row counts log-uniform from 1,000 to
-    `max_rows` (a few huge tables, many small), dims 16 to 256, pooling
-    factors 1 to 50."""
+    """A model like production ones: row counts log-uniform from 1,000 to `max_rows` (a few huge
+    tables, many small), dims 16 to 256, pooling factors 1 to 50."""
     check_int("num_tables", num_tables, low=1)
     check_int("max_rows", max_rows, low=1000)
     rng = np.random.default_rng(seed)
@@ -68,14 +58,13 @@ def fused_table_gb(tables: Sequence[EmbeddingBagConfig | EmbeddingConfig]) -> fl
 
 @dataclass(frozen=True)
 class Enumerated:
-    """An enumerator's output (torchrec's or embnb's: the same options), kept so
-    every proposer plans over the same options (enumerating is the slow part:
-    torchrec's estimators)."""
+    """An enumerator's output (torchrec's or embnb's: the same options) for a module on the meta
+    device, kept so every proposer plans over the same options, and the seconds it took."""
 
-    module: EmbeddingBagCollection  # on the meta device
+    module: EmbeddingBagCollection
     sharders: list[EmbeddingBagCollectionSharder]
     options: list[ShardingOption]
-    seconds: float  # enumerating took
+    seconds: float
 
 
 def enumerate_options(
@@ -85,9 +74,8 @@ def enumerate_options(
     constraints: dict[str, ParameterConstraints] | None = None,
     enumerator: str = "torchrec",
 ) -> Enumerated:
-    """Sharding options of an EmbeddingBagCollection of `tables` (on meta), from
-    torchrec's EmbeddingEnumerator (`enumerator="torchrec"`) or embnb's
-    `DistinctShardEnumerator` ("embnb": the same options, faster)."""
+    """Sharding options of an EmbeddingBagCollection of `tables` (on meta), from torchrec's
+    EmbeddingEnumerator (`enumerator="torchrec"`) or embnb's `DistinctShardEnumerator` ("embnb")."""
     if not tables:
         raise ValueError("no tables to plan: pass at least one EmbeddingBagConfig")
     check_int("batch_size", batch_size, low=1)

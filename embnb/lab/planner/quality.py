@@ -1,6 +1,5 @@
-"""Plan quality against brute force: each proposer's estimated rating over
-the best that brute force finds, on random small instances.
-"""
+"""Plan quality against brute force: each proposer's estimated rating over the best that brute
+force finds, on random small instances."""
 
 from __future__ import annotations
 
@@ -25,8 +24,8 @@ __all__ = ["random_instance", "quality_study", "quality_summary"]
 def random_instance(
     seed: int, num_tables: int = 3, world_size: int | None = None, compute_device: str = "cuda"
 ) -> tuple[Model, Topology]:
-    """A small model and a topology whose HBM (DDR on CPU) binds: per device,
-    15% to 120% of the fp32 rows of all tables spread evenly."""
+    """A small model and a topology whose HBM (DDR on CPU) binds: per device, 15% to 120% of the
+    fp32 rows of all tables spread evenly."""
     rng = np.random.default_rng(seed)
     world_size = int(rng.integers(2, 5)) if world_size is None else world_size
     model = make_model(num_tables, seed)
@@ -45,12 +44,10 @@ def quality_study(
     progress: bool = False,
     storage_reservation_percentage: float = 0.15,
 ) -> pd.DataFrame:
-    """Each proposer's rating over the brute-force best, on random small
-    instances: one row per instance and proposer, with the instance's devices
-    (`world_size`) and `hosts` (ratio inf: no plan where
-    brute force found one; NaN: GridSearch skipped, as torchrec skips it past
-    MAX_PROPOSALS combinations; instances without any plan are left out).
-    Brute force and every proposer keep the same storage reservation."""
+    """Each proposer's rating over the brute-force best on random small instances, one row per
+    instance and proposer with the instance's `world_size` and `hosts` (ratio inf: no plan where
+    brute force found one; NaN: GridSearch skipped, as torchrec skips it past MAX_PROPOSALS
+    combinations; instances without any plan left out), all under one storage reservation."""
     check_int("num_instances", num_instances, low=1)
     proposers = proposers or {k: v for k, v in default_proposers().items() if k != "torchrec default"}
     seeds = range(seed, seed + num_instances)
@@ -70,33 +67,19 @@ def quality_study(
             if name == "GridSearch" and combinations > MAX_PROPOSALS:
                 rating = math.nan
             else:
-                run = run_planner(
-                    make(),
-                    enumerated,
-                    topology,
-                    batch_size,
-                    name=name,
-                    constraints=model.constraints,
-                    storage_reservation_percentage=storage_reservation_percentage,
-                )
+                run = run_planner(make(), enumerated, topology, batch_size, name=name,
+                                  constraints=model.constraints,
+                                  storage_reservation_percentage=storage_reservation_percentage)  # fmt: skip
                 rating = run.perf_rating if run.plan else math.inf
-            rows.append(
-                {
-                    "instance": instance,
-                    "world_size": topology.world_size,
-                    "hosts": hosts_of(topology),
-                    "proposer": name,
-                    "perf_rating": rating,
-                    "brute_force": best,
-                    "ratio": rating / best,
-                }
-            )
+            rows.append({"instance": instance, "world_size": topology.world_size, "hosts": hosts_of(topology),
+                         "proposer": name, "perf_rating": rating, "brute_force": best,
+                         "ratio": rating / best})  # fmt: skip
     return pd.DataFrame(rows)
 
 
 def quality_summary(study: pd.DataFrame, tolerance: float = 1.02) -> pd.DataFrame:
-    """Per proposer of a `quality_study`: the worst (`max`) and `median` ratio
-    to brute force, and the share of instances within `tolerance`."""
+    """Per proposer of a `quality_study`: the worst (`max`) and `median` ratio to brute force, and
+    the share of instances within `tolerance`."""
     ratios = study.groupby("proposer", sort=False).ratio
     summary = ratios.agg(["max", "median"])
     within = f"within {round((tolerance - 1) * 100):g}%"

@@ -93,7 +93,7 @@ def test_comparison_draws_dots_from_1x_not_bars_and_times_end_to_end():
     left, right = fig.axes[:2]
     assert not [p for ax in (left, right) for p in ax.patches if isinstance(p, Rectangle)]
     (ratings,) = left.collections
-    assert ratings.get_offsets()[:2].tolist() == [[1.0, 0], [2.5, 1]]  # a: the best; b: 5 / 2
+    assert ratings.get_offsets()[:2].tolist() == [[1.0, 2], [2.5, 1]]  # a (top): the best; b: 5 / 2
     assert np.ma.is_masked(ratings.get_offsets()[2]) or np.isnan(ratings.get_offsets()[2][0])  # c: no plan
     ranges, median, end_to_end = right.collections
     assert [tuple(segment[:, 0]) for segment in ranges.get_segments()] == [
@@ -103,7 +103,11 @@ def test_comparison_draws_dots_from_1x_not_bars_and_times_end_to_end():
     ]
     assert median.get_offsets()[:, 0].tolist() == [0.1, 1.0, 0.01]
     assert end_to_end.get_offsets()[:, 0].tolist() == [1.1, 2.0, 1.01]
-    assert [t.get_text() for t in left.get_yticklabels()] == ["a", "b", "c"]
+    assert [(t.get_text(), t.get_position()[1]) for t in left.get_yticklabels()] == [
+        ("a", 2),
+        ("b", 1),
+        ("c", 0),
+    ]
 
 
 def test_empty_or_planless_input_is_refused():

@@ -1,4 +1,4 @@
-"""embnb.lab.planner.reference (the recurrence shown in notebook 03) against the
+"""embnb.lab.planner.core (the recurrence shown in notebook 03) against the
 vectorized Knapsack the proposer runs (on whole-bin memories the least perf
 at or below each memory is the same), and its table, each cell's choice and
 the backtracked plan against brute force over every combination."""
@@ -13,15 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embnb.lab import harness
-from embnb.lab.planner.explain import small_knapsack
-from embnb.lab.planner.pitfall import SMALL_LIMITS, tiny_instance
-from embnb.lab.planner.reference import (
+from embnb.lab.planner.core import (
     backtrack,
     capped_runs_agree,
     knapsack_choices,
     least_perf_by_enumeration,
     page_core_agrees,
 )
+from embnb.lab.planner.explain import SMALL_LIMITS, small_knapsack, tiny_instance
 from embnb.planner.knapsack import Knapsack
 
 INF = math.inf

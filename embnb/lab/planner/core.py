@@ -1,13 +1,9 @@
-"""The knapsack recurrence in plain Python, the core notebook 03 shows.
-
-`knapsack_choices` fills the DP table row by row and remembers which
-option each cell took; `backtrack` walks those choices up from a bin of the
-last row to the plan that ends there. `embnb.planner.knapsack.Knapsack`
-runs the same recurrence vectorized over a 2-D grid of HBM x DDR bins,
-keeps each state's exact memory and drops states another beats on every
-axis. On whole-bin memories its least perf at or below each bin equals
-this module's; the tests check that, and these functions against brute force.
-"""
+"""The knapsack recurrence in plain Python, the core notebook 03 shows: `knapsack_choices` fills the
+DP table row by row and remembers which option each cell took; `backtrack` walks those choices up
+from a bin of the last row. `embnb.planner.knapsack.Knapsack` runs the same recurrence vectorized
+over HBM x DDR bins, keeps each state's exact memory and drops states another beats on every axis;
+on whole-bin memories its least perf at or below each bin equals this module's (tested, and these
+functions against brute force)."""
 
 from __future__ import annotations
 
@@ -20,14 +16,8 @@ from embnb.lab.planner.planning import run_planner
 from embnb.planner.knapsack import Knapsack
 from embnb.planner.proposer import DynamicProgrammingProposer
 
-__all__ = [
-    "knapsack_choices",
-    "backtrack",
-    "least_perf_by_enumeration",
-    "page_core_agrees",
-    "CAPS_ONLY",
-    "capped_runs_agree",
-]
+__all__ = ["knapsack_choices", "backtrack", "least_perf_by_enumeration", "page_core_agrees", "CAPS_ONLY"]
+__all__ += ["capped_runs_agree"]
 
 # The proposer with its knapsack runs and nothing else: every frontier plan of each run proposed.
 CAPS_ONLY = dict(bisect=False, slack=False, prune=False, max_refinements=0, replay=False)
@@ -36,11 +26,10 @@ CAPS_ONLY = dict(bisect=False, slack=False, prune=False, max_refinements=0, repl
 def knapsack_choices(
     perfs: list[list[float]], memories: list[list[int]], capacity: int
 ) -> tuple[list[list[float]], list[list[int]]]:
-    """rows[t][m]: the least summed perf of one option for each of tables
-    0..t using exactly m memory bins (inf where no choice does);
-    choices[t][m]: the option of table t that cell took (-1: none). Table
-    t's option o costs perfs[t][o] and takes memories[t][o] bins; on a tie
-    the cell keeps the first (lowest bin above, then lowest option)."""
+    """rows[t][m]: the least summed perf of one option for each of tables 0..t in exactly m memory
+    bins (inf: none); choices[t][m]: the option of table t that cell took (-1: none). Option o of
+    table t costs perfs[t][o] and takes memories[t][o] bins; a tie keeps the first (lowest bin
+    above, then lowest option)."""
     best = [0.0] + [math.inf] * capacity  # no table yet: 0 perf in 0 bins
     rows, choices = [], []
     for table_perfs, table_memories in zip(perfs, memories):
@@ -49,10 +38,8 @@ def knapsack_choices(
             if perf == math.inf:
                 continue
             for option, (option_perf, option_memory) in enumerate(zip(table_perfs, table_memories)):
-                cell = used + option_memory
-                if (
-                    cell <= capacity and perf + option_perf < after[cell]
-                ):  # dp[t][m + w] = min(dp[t-1][m] + p)
+                cell = used + option_memory  # dp[t][m + w] = min(dp[t-1][m] + p)
+                if cell <= capacity and perf + option_perf < after[cell]:
                     after[cell], chosen[cell] = perf + option_perf, option
         rows.append(after)
         choices.append(chosen)
@@ -61,9 +48,8 @@ def knapsack_choices(
 
 
 def backtrack(choices: list[list[int]], memories: list[list[int]], end: int) -> list[int]:
-    """The option of each table in the plan that ends in bin `end` of the
-    last row: a cell's choice names its table's option, and that option's
-    memory says in which bin of the row above the plan was before it."""
+    """The option of each table in the plan that ends in bin `end` of the last row: a cell's choice
+    names its option, whose memory says in which bin of the row above the plan was."""
     plan = []
     for table in reversed(range(len(choices))):
         option = choices[table][end]
@@ -77,9 +63,7 @@ def backtrack(choices: list[list[int]], memories: list[list[int]], end: int) -> 
 def least_perf_by_enumeration(
     perfs: list[list[float]], memories: list[list[int]], capacity: int
 ) -> list[list[float]]:
-    """What `knapsack_choices`' rows must hold, by trying every combination:
-    for each table t, the least summed perf of tables 0..t per exact memory
-    in bins (inf where none lands). For a few tables only."""
+    """What `knapsack_choices`' rows must hold, by trying every combination of a few tables."""
     rows = []
     for t in range(len(perfs)):
         row = [math.inf] * (capacity + 1)
@@ -98,12 +82,9 @@ def page_core_agrees(
     perfs: list[list[float]],
     memories: list[list[int]],
 ) -> dict[str, bool]:
-    """Whether a recurrence written on notebook 03's page (its DP table,
-    choices and backtracked plan over `perfs` and `memories`) agrees with
-    the library on the same input: with this module's `knapsack_choices`
-    cell by cell, and with the proposer's vectorized `Knapsack` on the least
-    perf at or below each bin (it drops dominated states, so "exactly m bins"
-    is not comparable there)."""
+    """Whether a recurrence written on notebook 03's page (its DP table, choices and backtracked
+    plan over `perfs` and `memories`) agrees with `knapsack_choices` cell by cell, and with the
+    proposer's `Knapsack` on the least perf at or below each bin (it drops dominated states)."""
     capacity = len(rows[-1]) - 1
     want_rows, want_choices = knapsack_choices(perfs, memories, capacity)
     end = min(range(capacity + 1), key=lambda m: want_rows[-1][m])
@@ -124,17 +105,13 @@ def capped_runs_agree(page_best: dict[int, float], enumerated, topology, batch_s
     """Whether the capped runs written on notebook 03's page find the best rating the library's
     DynamicProgrammingProposer finds with its knapsack runs alone (`CAPS_ONLY`) in torchrec's
     planner, for each `max_caps` in `page_best` (max_caps -> the page's best rating)."""
+
+    def rating(caps: int) -> float:
+        proposer = DynamicProgrammingProposer(max_caps=caps, **CAPS_ONLY)
+        return run_planner(
+            proposer, enumerated, topology, batch_size, storage_reservation_percentage=reservation
+        ).perf_rating
+
     return {
-        f"max_caps={caps}": math.isclose(
-            best,
-            run_planner(
-                DynamicProgrammingProposer(max_caps=caps, **CAPS_ONLY),
-                enumerated,
-                topology,
-                batch_size,
-                storage_reservation_percentage=reservation,
-            ).perf_rating,
-            rel_tol=1e-9,
-        )
-        for caps, best in page_best.items()
+        f"max_caps={caps}": math.isclose(best, rating(caps), rel_tol=1e-9) for caps, best in page_best.items()
     }

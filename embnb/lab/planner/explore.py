@@ -60,29 +60,16 @@ class PlannerExplorer(Explorer):
             name: factories[check_choice("proposer", name, list(factories))] for name in start.proposers
         }
         check_int("batch_size", planning.batch_size, low=1)
-        check_number(
-            "storage_reservation_percentage",
-            planning.storage_reservation_percentage,
-            low=0,
-            high=1,
-            high_open=True,
-        )
+        reservation = planning.storage_reservation_percentage
+        check_number("storage_reservation_percentage", reservation, low=0, high=1, high_open=True)
         check_choice("compute_device", start.compute_device, ("cuda", "cpu"))
         self.start, self.planning = start, planning
+        world_size = check_int("world_size", start.world_size, low=2, high=32)
+        num_tables = check_int("num_tables", start.num_tables, low=3, high=120)
         controls = {
             "hbm_cap_gb": hbm_slider(start.hbm_cap_gb),
-            "world_size": widgets.IntSlider(
-                value=check_int("world_size", start.world_size, low=2, high=32),
-                min=2,
-                max=32,
-                description="world size",
-            ),
-            "num_tables": widgets.IntSlider(
-                value=check_int("num_tables", start.num_tables, low=3, high=120),
-                min=3,
-                max=120,
-                description="tables",
-            ),
+            "world_size": widgets.IntSlider(value=world_size, min=2, max=32, description="world size"),
+            "num_tables": widgets.IntSlider(value=num_tables, min=3, max=120, description="tables"),
         }
         super().__init__(controls, button="plan", draw_now=draw_now)
 
