@@ -247,9 +247,14 @@ TABLE_COLUMNS += ["embnb_over_fbgemm_high", "embnb_over_fbgemm_min", "embnb_over
 
 def format_table(rows: list[dict], header: bool = True) -> str:
     """`rows` as text: speeds (M keys/s, GB/s), FBGEMM's time over embnb's (median, per-round range,
-    best) and over the reference's, and whether the outputs were identical."""
-    import pandas as pd
-
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS).to_string(
-        index=False, header=header, float_format="{:.2f}".format
+    best) and over the reference's, and whether the outputs were identical; each column as wide as its
+    name (dist_type: the longest mode's), so that rows printed one by one line up."""
+    widths = [max(len(c), 18 if c == "dist_type" else 0) for c in TABLE_COLUMNS]
+    cells = [[_cell(row.get(c)) for c in TABLE_COLUMNS] for row in rows]
+    return "\n".join(
+        " ".join(f"{v:>{w}}" for v, w in zip(line, widths)) for line in [TABLE_COLUMNS] * header + cells
     )
+
+
+def _cell(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from embnb._checks import check_choice, check_int
-from embnb.data import make_keys, zipf_probs
+from embnb.data import make_keys, zipf_cdf
 from embnb.lab.rowwise.aliasing import into_table
 from embnb.metrics import max_over_mean
 from embnb.rowwise import Routing, TableLayout
@@ -40,10 +40,11 @@ def case_ids(
     check_choice("case", case, CASES)
     check_int("num_embeddings", num_embeddings, low=1)
     gen = torch.Generator().manual_seed(seed)
-    if case == "frequency":  # inverse CDF of Zipf(alpha) over the vocabulary: the rank is the id
-        cdf = torch.cumsum(zipf_probs(num_embeddings, alpha).to(torch.float64), 0)
-        ranks = torch.searchsorted(cdf, torch.rand(num_ids, generator=gen, dtype=torch.float64) * cdf[-1])
-        return ranks.clamp_(max=num_embeddings - 1)
+    if case == "frequency":  # embnb.data's Zipf sampler (inverse CDF), its rank as the id: no permutation
+        uniform = torch.rand(num_ids, generator=gen, dtype=torch.float64)
+        return torch.searchsorted(zipf_cdf(num_embeddings, float(alpha)), uniform).clamp_(
+            max=num_embeddings - 1
+        )
     if case == "strided":
         check_int("stride", stride, low=1, high=num_embeddings)
         return torch.randint(0, -(-num_embeddings // stride), (num_ids,), generator=gen) * stride
