@@ -10,7 +10,8 @@ data-parallel). Each plan is run rank by rank (`measure_candidates` over
 input dist would deliver, and the dense MLP on its local samples, forward
 and backward at `--threads` threads; the planners' plans in `--repeats`
 interleaved rounds (`--warmup` untimed steps, one timed, per round), each
-one's step minus embnb DP's paired round by round (`minus_embnb_dp`), the
+one's step minus embnb DP's paired round by round (`minus_embnb_dp_mean`,
+`_ci_low`, `_ci_high`, `verdict`: `MeasuredCandidates.rows`), the
 poor plans after them, `--repeats` times each. Per plan the JSON keeps each
 rank's measured phases (median, range; wall and thread CPU time),
 torchrec's estimate per rank, the bytes of every collective and a
@@ -45,7 +46,6 @@ from embnb.lab.planner.candidates import (
     CandidatePlan,
     estimated_per_rank,
     measure_candidates,
-    plan_shape,
 )
 from embnb.lab.planner.models import make_model
 from embnb.metrics import spearman
@@ -134,26 +134,23 @@ def _phases(times: StepTimes, estimate: dict[str, list[float]], topology) -> lis
     return ranks
 
 
-def _row(candidate: CandidatePlan, plan: PlanTimes | None, topology) -> dict[str, Any]:
-    row: dict[str, Any] = {"plan": candidate.name, "rating_s": candidate.rating / 1e3, "note": candidate.note,
-                           "planning_s": candidate.planning_s}  # fmt: skip
+def _row(row: dict[str, Any], candidate: CandidatePlan, plan: PlanTimes | None, topology) -> dict[str, Any]:
+    """`MeasuredCandidates.rows`' row with the bench's own keys: seconds, wall and CPU critical paths,
+    kernels, and every rank's phases."""
+    row = {**row, "rating_s": candidate.rating / 1e3, "planning_s": candidate.planning_s}
     if plan is None or not plan.measured:
-        return {**row, "measured": False, "note": candidate.note or (plan.error if plan else "")}
+        return {**row, "measured": False}
     times = plan.times
     ranks = _phases(times, estimated_per_rank(candidate.options, topology.world_size), topology)
-    paired = plan.minus_reference
     return {
         **row,
         "measured": True,
-        "shape": plan_shape(candidate.options),
         "kernels": dict(Counter(o.compute_kernel for o in candidate.options)),
         "critical_rank": times.critical_rank("wall"),
         "critical_path_s": times.critical_path_s("wall"),
         "critical_path_cpu_s": times.critical_path_s("cpu"),
         "lookup_critical_path_s": max(r.lookup.median_s("wall") for r in times.ranks),
         "with_computed_comms_s": max(r["compute"]["wall_s"] + r["computed_comms_s"] for r in ranks),
-        "step_ms_rounds": plan.step_ms,  # the slowest rank's step per round (per repeat: measured alone)
-        "minus_embnb_dp": None if paired is None else paired.as_dict(),  # round by round, ms
         "ranks": ranks,
     }
 
@@ -176,7 +173,8 @@ def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, 
         timeout_s=opts.timeout_s, threads=opts.threads, warmup=opts.warmup,
     )  # fmt: skip
     topology = measured.topology
-    rows = [_row(c, measured.world.plans.get(n), topology) for n, c in measured.candidates.items()]
+    plans, candidates = measured.world.plans, measured.candidates
+    rows = [_row(row, candidates[row["plan"]], plans.get(row["plan"]), topology) for row in measured.rows()]
     for row in rows:
         if row["measured"]:
             path, cpu = row["critical_path_s"] * 1e3, row["critical_path_cpu_s"] * 1e3
