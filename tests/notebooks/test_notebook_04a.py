@@ -55,7 +55,10 @@ def test_fused_gather_two_collectives_and_both_exchanges(run):
     # per key: lengths and values; the last KJT is weighted: + weights
     calls = {"fused": 2, "per_key": NUM_KJTS * KEYS_PER_KJT * 2 + KEYS_PER_KJT}
     assert results["gather_check"]["calls"] == calls
-    assert results["exchanges_identical"] is True
+    assert [(r["exchange"], r["identical"]) for r in results["exchanges"]] == [
+        ("allgather", True),
+        ("alltoall", True),
+    ]
     counted = results["exchange_bytes"]
     assert sorted(counted, key=int) == ["2", "8", "64"]
     # all-gather grows with W (every rank gets the whole batch), all-to-all does not
@@ -122,7 +125,6 @@ def test_measured_speedups_follow_from_the_per_rank_numbers(run):
         assert row["flop_model"] == pytest.approx(max(cut["flops"]) / max(mine["flops"]))
         assert row["bound"] == pytest.approx(max(cut["flops"]) / mine["lower_bound"])
         assert row["flop_model"] <= row["bound"] * (1 + 1e-9)
-    assert results["recsys_e2e"]["speedup"] == 1.53 and "a84ae588" in results["recsys_e2e"]["source"]
 
 
 def test_both_rank_time_fits_are_least_squares_with_their_residuals(run):

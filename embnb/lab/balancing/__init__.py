@@ -1,10 +1,7 @@
-"""Notebook 04's layer over `embnb.balancing`, and its appendix 04a's: a page imports this package
-alone (`import embnb.lab.balancing as lab`) and finds here what it uses.
-
-`core` (what the page's KK is checked against), `comparison` (the balancers over many batches),
-`experiment` (the runs on real ranks), `job` (the user's training loop), `measured`, `cost_fit` and
-`memory_cap` (the step rank by rank, whether time follows work, the memory caps), `gpu_runs` (the
-committed GPU runs), `figures`; the explorer is `explore`.
+"""Notebook 04's layer over `embnb.balancing`, and appendix 04a's: `import embnb.lab.balancing as lab`.
+`core` (the page's KK checked), `comparison` (balancers on many batches), `experiment` (runs on real
+ranks), `job` (the user's loop), `measured` (the step rank by rank, memory caps, the link model),
+`cost_fit` (does time follow work; the committed GPU runs), `figures`, `explore` (the explorer).
 """
 
 from embnb.lab.exports import lazy_exports

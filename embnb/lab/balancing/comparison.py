@@ -1,9 +1,7 @@
-"""Notebook 04, section 4: every balancer on seeded batches of each length distribution, against
-the lower bound max(mean, largest item).
+"""Notebook 04, sections 3-4: every balancer on seeded batches of each length distribution against
+the lower bound max(mean, largest item), and where attention's FLOPs pass the linear ones.
 
-    table = comparison_table({"zipf": LengthDistribution()}, [1024], [8])
-    worst_gaps(table).loc[("zipf", "tokens"), "kk_swap"]   # the worst gap over the batches
-    kk_swap_vs_lpt(table)                                   # batches where each wins, or they tie
+    worst_gaps(comparison_table({"zipf": LengthDistribution()}, [1024], [8]))
 """
 
 from __future__ import annotations
@@ -26,11 +24,8 @@ BATCH = [*CASE, "num_samples", "num_parts", "seed"]
 
 
 def percent(share: float) -> str:
-    """A share to two significant digits (0.88%, 0.0064%, 25%; gaps span five decades)."""
-    if share == 0:
-        return "0%"
-    digits = max(0, 1 - int(f"{abs(share) * 100:e}".split("e")[1]))
-    return f"{share * 100:.{digits}f}%"
+    """A share to two significant digits (0.88%, 0.0064%, 26%, 149%; gaps span five decades)."""
+    return f"{100 * share:.0f}%" if share >= 1 else f"{100 * share:.2g}%"
 
 
 def comparison_table(

@@ -1,8 +1,4 @@
-"""What notebook 04's page checks its own KK and swaps against, and the capped greedy the library's
-`capped.balance_capped(..., "greedy_lpt")` is tested against.
-
-    page_core_agrees(workloads, 8, page_kk, page_kk_swap, rank_samples)  # {"kk_partition": True, ...}
-"""
+"""What notebook 04's page checks its own KK and swaps against, and the table of their worked example."""
 
 from __future__ import annotations
 
@@ -11,7 +7,7 @@ import pandas as pd
 from embnb.balancing import partition
 from embnb.cuda import loader
 
-__all__ = ["greedy_capped", "page_core_agrees", "trace_table"]
+__all__ = ["page_core_agrees", "trace_table"]
 
 
 def trace_table(trace: list, workloads: list[float]) -> pd.DataFrame:
@@ -26,24 +22,6 @@ def trace_table(trace: list, workloads: list[float]) -> pd.DataFrame:
         for a, b, m in trace
     ]
     return pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="merge"))
-
-
-def greedy_capped(workloads: list[float], tokens: list[float], num_parts: int, cap: float) -> list[list[int]]:
-    """Equal-count greedy under a memory cap: the biggest workload first, to the lightest part that
-    still has room for one more sample and for its tokens under `cap`; `len(workloads)` must be a
-    multiple of `num_parts`. Raises ValueError where no part has room (the library then repairs)."""
-    per_part = len(workloads) // num_parts
-    parts = [[] for _ in range(num_parts)]
-    loads, held = [0.0] * num_parts, [0.0] * num_parts
-    for i in sorted(range(len(workloads)), key=lambda i: (-workloads[i], i)):
-        room = [p for p in range(num_parts) if len(parts[p]) < per_part and held[p] + tokens[i] <= cap]
-        if not room:
-            raise ValueError(f"no part has room for sample {i} ({tokens[i]} tokens) under cap {cap}")
-        p = min(room, key=lambda p: (loads[p], p))  # the lightest part with room
-        parts[p].append(i)
-        loads[p] += workloads[i]
-        held[p] += tokens[i]
-    return [sorted(part) for part in parts]
 
 
 def _as_parts(parts) -> list[tuple[int, ...]]:

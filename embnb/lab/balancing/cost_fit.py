@@ -1,18 +1,14 @@
-"""Does a rank's time follow its work? Least squares over measured ranks.
+"""Does a rank's time follow its work? Least squares of ms over GFLOPs and a constant per rank
+(`WORK`: issue 70's acceptance check; where the constant is most of a rank's time, the step is bound
+by fixed costs, not by the work a balancer moves), or also over distinct lengths and tokens
+(`WORK_AND_LENGTHS`: `SequenceDense` runs one group of kernels per distinct length).
 
-`fit_rank_time(rows, features)` fits ms = sum(coefficient * feature) over per-rank rows (dicts with
-"ms" and the features). `WORK` (GFLOPs and a constant per rank) is the acceptance check of issue 70:
-where the constant is most of a rank's time (`fixed_share`), the step is bound by fixed costs
-(launches), not by the work a balancer moves, and a speed-up measured there says nothing about
-balancing. `WORK_AND_LENGTHS` adds distinct lengths and tokens (`SequenceDense` runs one group of
-kernels per distinct length): what a rank pays beside its FLOPs.
-
-    fit = fit_rank_time(rank_rows(steps.runs), WORK)
-    fit.fixed_share, fit.max_relative_residual
+    time_vs_work(gpu_rank_rows())   # a row per committed GPU run (`embnb.results.load_runs`)
 """
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,17 +16,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["WORK", "WORK_AND_LENGTHS", "FIXED_SHARE_LIMIT", "RankTimeFit", "fit_rank_time", "rank_rows"]
+from embnb.results import load_runs
+
+__all__ = ["RankTimeFit", "fit_rank_time", "rank_rows", "time_vs_work", "gpu_rank_rows"]
 
 WORK = ("gflops", "per_rank")
 WORK_AND_LENGTHS = ("gflops", "distinct_lengths", "tokens", "per_rank")
 FIXED_SHARE_LIMIT = 0.10  # issue 70's acceptance check for a dense block: the fixed part at most 10%
+GPU_COLUMNS = ["source", "machine", "file", "bench", "world_size", "method", "ms", "gflops"]
 
 
 @dataclass(frozen=True)
 class RankTimeFit:
-    """Fitted ms per unit of each feature over `ranks` ranks; `r` the correlation of measured ms
-    with GFLOPs; `fixed_share` the constant over the mean measured ms."""
+    """ms per unit of each feature over `ranks` ranks; `r`: measured ms against GFLOPs; `fixed_share`:
+    the constant over the mean measured ms."""
 
     features: list[str]
     coefficients: dict[str, float]
@@ -82,3 +81,34 @@ def time_vs_work(ranks: pd.DataFrame) -> pd.DataFrame:
              "time_follows_work": fit.fixed_share <= FIXED_SHARE_LIMIT}
         )  # fmt: skip
     return pd.DataFrame(rows).set_index("source")
+
+
+def gpu_rank_rows(results_dir: str | pathlib.Path | None = None) -> pd.DataFrame:
+    """Every rank of every partition the committed GPU runs (device "cuda") measured: its source
+    (the GPU, the bench and the model width), file, bench, W, method, ms (median over repeats; the
+    run's clock) and GFLOPs. `results_dir`: None reads the committed results."""
+    rows = []
+    for run in [*load_runs("balancer", results_dir), *load_runs("hstu", results_dir)]:
+        if run.data.get("device") != "cuda":
+            continue
+        where = {"machine": run.machine, "file": run.name, "bench": run.benchmark}
+        if run.benchmark == "balancer":
+            width = run.data["rank_by_rank"]["measured_config"]["width"]
+            per_rank = [
+                (r["world_size"], r["method"], r[f"{r.get('clock', 'cpu')}_ms"], r["flops"])
+                for r in run.data["rank_by_rank"]["measured_runs"]
+            ]
+        else:
+            width = run.data["worlds"][0]["width"]
+            per_rank = [
+                (world["world_size"], r["method"], r["rank_ms_median"], r["rank_flops"])
+                for world in run.data["worlds"]
+                for r in world["runs"]
+            ]
+        source = f"{run.machine.removeprefix('NVIDIA ')}, {run.benchmark}, width {width}"
+        rows += [
+            {"source": source, **where, "world_size": w, "method": method, "ms": m, "gflops": f / 1e9}
+            for w, method, ms, flops in per_rank
+            for m, f in zip(ms, flops)
+        ]
+    return pd.DataFrame(rows, columns=GPU_COLUMNS)

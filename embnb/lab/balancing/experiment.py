@@ -1,8 +1,5 @@
-"""Notebook 04's experiments and appendix 04a's on real ranks: the FLOP model checked, KK timed, one
-launch that gathers KJTs and trains every mode, the two exchanges.
-
-    runs = run_training({"none": TrainConfig(mode="none"), "sync": TrainConfig(mode="sync")}, 2)
-    runs.table("none"), runs.difference("sync", "none")
+"""Notebook 04's experiments and appendix 04a's: the FLOP model checked, KK timed, and on real ranks
+one launch that trains every mode (`run_training(configs, 2).table("none")`), the two exchanges.
 """
 
 from __future__ import annotations
@@ -10,6 +7,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -18,33 +16,20 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from embnb._checks import check_int
+from embnb.balancing import training
 from embnb.balancing.kjt_alltoall import batch_exchange_bytes, compare_exchanges, zipf_batch
 from embnb.balancing.kjt_gather import compare_gathers
 from embnb.balancing.partition import balance
 from embnb.balancing.shuffle import EXCHANGES
 from embnb.balancing.timeline import phase_seconds
-from embnb.balancing.training import (
-    AttentionBlock,
-    RunSummary,
-    TrainConfig,
-    slowest_rank_seconds,
-    summarize_repeats,
-    timed_steps,
-    train,
-)
+from embnb.balancing.training import RunSummary, TrainConfig, timed_steps
 from embnb.balancing.workloads import attention_block_flops
 from embnb.cuda import loader
 from embnb.dist import device_plan, launch, launch_each
 from embnb.metrics import max_over_mean
 from embnb.timing import Difference, median_seconds, paired_difference
 
-__all__ = ["TrainingRuns", "run_training", "ExchangeRuns", "run_exchanges", "exchange_bytes_by_world_size"]
-
-
-def tail_share(lengths: torch.Tensor, fraction: float = 0.01) -> float:
-    """Share of all tokens held by the longest `fraction` of the samples."""
-    longest = lengths.sort(descending=True).values
-    return longest[: max(1, int(len(longest) * fraction))].sum().item() / longest.sum().item()
+__all__ = ["TrainingRuns", "run_training", "experiment_call", "run_exchanges", "exchange_bytes_by_world_size"]
 
 
 def time_kk(workloads: Sequence[float], num_parts: int) -> dict[str, Any]:
@@ -58,13 +43,11 @@ def time_kk(workloads: Sequence[float], num_parts: int) -> dict[str, Any]:
     return {"python_s": python_s, "native_s": native_s, "same_partition": same}
 
 
-def flop_model_check(
-    embedding_dim: int, ffn_dim: int, lengths: Sequence[int] = (1, 7, 64)
-) -> tuple[int, float]:
+def flop_model_check(embedding_dim: int, ffn_dim: int, lengths: Sequence[int] = (1, 7, 64)) -> tuple:
     """(torch's FLOP counter on one AttentionBlock forward, `attention_block_flops`). Counted under
     the math attention backend: on torch 2.14 a 3-D CPU scaled_dot_product_attention runs a flash
     kernel that FlopCounterMode counts as 0 FLOPs."""
-    block = AttentionBlock(embedding_dim, ffn_dim, num_heads=2)
+    block = training.AttentionBlock(embedding_dim, ffn_dim, num_heads=2)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
         block(torch.randn(sum(lengths), embedding_dim), list(lengths))
     formula = attention_block_flops(list(lengths), embedding_dim, ffn_dim).sum().item()
@@ -73,39 +56,38 @@ def flop_model_check(
 
 def flops_balance(lengths: torch.Tensor, flops: torch.Tensor, num_parts: int) -> dict[str, float]:
     """FLOPs max/mean per rank when KK + swaps balances the lengths, and when it balances the FLOPs."""
+    estimates = {"by length": lengths, "by attention FLOPs": flops}
     return {
-        f"by {name}": max_over_mean(
-            [sum(flops[i].item() for i in part) for part in balance(estimate, num_parts)]
-        )
-        for name, estimate in {"length": lengths, "attention FLOPs": flops}.items()
+        k: max_over_mean([flops[part].sum().item() for part in balance(v, num_parts)])
+        for k, v in estimates.items()
     }
 
 
 @dataclass(frozen=True)
 class TrainingRuns:
-    """One launch: the KJT gathers, `run_training`'s `also`, then every training run `repeats` times,
-    interleaved (a, b, c, a, b, c, ...) so that a slow moment of the machine hits every run alike."""
+    """One launch: `run_training`'s `also`, then every training run `repeats` times, interleaved
+    (a, b, c, a, b, c, ...) so that a slow moment of the machine hits every run alike."""
 
     backend: str
-    gathers: list[dict[str, Any]]  # compare_gathers per rank; empty when not run
     per_repeat: dict[str, list[list[dict[str, Any]]]]  # label -> per repeat -> train() per rank
     also: dict[str, list[Any]] = field(default_factory=dict)  # run_training's `also`, per rank
 
     def gather_check(self) -> dict[str, Any]:
-        """The fused gather against the per-key one: collective calls, identical KJTs, slowest rank's ms."""
-        calls = self.gathers[0]["calls"]
-        ms = {k: 1e3 * max(g["seconds"][k] for g in self.gathers) for k in calls}
-        return {"calls": calls, "identical": all(g["identical"] for g in self.gathers), "ms": ms}
+        """The fused gather against the per-key one (`also["gathers"]`): collective calls, identical
+        KJTs, the slowest rank's ms."""
+        gathers, calls = self.also["gathers"], self.also["gathers"][0]["calls"]
+        ms = {k: 1e3 * max(g["seconds"][k] for g in gathers) for k in calls}
+        return {"calls": calls, "identical": all(g["identical"] for g in gathers), "ms": ms}
 
     def summaries(self) -> dict[str, RunSummary]:
         """Each run over all its repeats (`training.summarize_repeats`)."""
-        return {label: summarize_repeats(repeats) for label, repeats in self.per_repeat.items()}
+        return {label: training.summarize_repeats(repeats) for label, repeats in self.per_repeat.items()}
 
     def step_ms(self, label: str) -> list[float]:
         """Per repeat: the mean step time (ms) over the timed steps, each at its slowest rank."""
         repeats = self.per_repeat[label]
         timed = len(timed_steps(len(repeats[0][0]["step_seconds"])))
-        return [1e3 * slowest_rank_seconds(ranks) / timed for ranks in repeats]
+        return [1e3 * training.slowest_rank_seconds(ranks) / timed for ranks in repeats]
 
     def difference(self, a: str, b: str) -> Difference:
         """Run a's step time minus run b's (ms per step), paired per repeat."""
@@ -173,71 +155,50 @@ class TrainingRuns:
 def run_training(
     configs: Mapping[str, TrainConfig],
     world_size: int,
-    gather_kwargs: Mapping[str, Any] | None = None,
     device: str = "auto",
     repeats: int = 1,
     timeout_s: float = 1800,
     also: Mapping[str, tuple[Callable, tuple]] | None = None,
 ) -> TrainingRuns:
-    """`compare_gathers(**gather_kwargs)` (unless None), then each of `also` (name -> (fn, args),
-    called as fn(rank, world_size, *args)), then `train` per config, `repeats` times over, all in one
-    launch (spawning ranks takes seconds each time). Raises ValueError on repeats < 1."""
+    """Each of `also` (name -> (fn, args), called as fn(rank, world_size, *args); `experiment_call`),
+    then `train` per config, `repeats` times over, all in one launch (spawning ranks takes seconds each
+    time). Raises ValueError on repeats < 1."""
     check_int("repeats", repeats, low=1)
     also = dict(also or {})
-    calls = [] if gather_kwargs is None else [(_gathers, (dict(gather_kwargs),))]
-    calls += list(also.values()) + [(train, (config,)) for _ in range(repeats) for config in configs.values()]
+    calls = list(also.values()) + [
+        (training.train, (config,)) for _ in range(repeats) for config in configs.values()
+    ]
     outcomes = launch_each(calls, world_size, device=device, timeout_s=timeout_s)
-    gathers = outcomes.pop(0) if gather_kwargs is not None else []
     also_results = {name: outcomes.pop(0) for name in also}
     per_repeat = {label: outcomes[i :: len(configs)] for i, label in enumerate(configs)}
-    return TrainingRuns(device_plan(device, world_size).backend, gathers, per_repeat, also_results)
+    return TrainingRuns(device_plan(device, world_size).backend, per_repeat, also_results)
 
 
-def _gathers(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, Any]:
-    return compare_gathers(rank, world_size, **kwargs)
-
-
-@dataclass(frozen=True)
-class ExchangeRuns:
-    """`kjt_alltoall.compare_exchanges` per world size (one launch each)."""
-
-    per_world_size: dict[int, list[dict[str, Any]]]  # world size -> per rank
-
-    def identical(self) -> bool:
-        return all(r["identical"] for ranks in self.per_world_size.values() for r in ranks)
-
-    def records(self) -> list[dict[str, Any]]:
-        """A row per (W, exchange): ms median, low and high, each the slowest rank's, and for the
-        all-to-all the most bytes a rank received."""
-        rows = []
-        for w, ranks in self.per_world_size.items():
-            for name in EXCHANGES:
-                row = {"world_size": w, "exchange": name}
-                row |= {
-                    f"ms_{k}": 1e3 * max(r["seconds"][name][k] for r in ranks)
-                    for k in ("median", "low", "high")
-                }
-                if name == "alltoall":
-                    row["measured_bytes_max"] = max(r["alltoall_bytes"] for r in ranks)
-                rows.append(row)
-        return rows
+def exchange_records(per_world_size: Mapping[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """`kjt_alltoall.compare_exchanges`' per-rank results per W: a row per (W, exchange) with ms median,
+    low and high (the slowest rank's), whether every rank received identical batches, and for the
+    all-to-all the most bytes a rank received."""
+    return [
+        {"world_size": w, "exchange": name, "identical": all(r["identical"] for r in ranks)}
+        | {f"ms_{k}": 1e3 * max(r["seconds"][name][k] for r in ranks) for k in ("median", "low", "high")}
+        | ({"measured_bytes_max": max(r["alltoall_bytes"] for r in ranks)} if name == "alltoall" else {})
+        for w, ranks in per_world_size.items()
+        for name in EXCHANGES
+    ]
 
 
 def run_exchanges(
     world_sizes: Sequence[int], device: str = "auto", timeout_s: float = 600, **kwargs: Any
-) -> ExchangeRuns:
-    """`compare_exchanges(**kwargs)` on each world size, one launch each."""
-    fn, args = exchange_call(**kwargs)
-    return ExchangeRuns({w: launch(fn, w, *args, device=device, timeout_s=timeout_s) for w in world_sizes})
+) -> list:
+    """`exchange_records` of `compare_exchanges(**kwargs)` on each world size, one launch each."""
+    fn = partial(compare_exchanges, **kwargs)
+    return exchange_records({w: launch(fn, w, device=device, timeout_s=timeout_s) for w in world_sizes})
 
 
-def exchange_call(**kwargs: Any) -> tuple[Callable, tuple]:
-    """`compare_exchanges(**kwargs)` as a call for `run_training`'s `also`."""
-    return _exchanges, (kwargs,)
-
-
-def _exchanges(rank: int, world_size: int, kwargs: dict[str, Any]) -> dict[str, Any]:
-    return compare_exchanges(rank, world_size, **kwargs)
+def experiment_call(name: str, **kwargs: Any) -> tuple[Callable, tuple]:
+    """`kjt_gather.compare_gathers(**kwargs)` ("gathers") or `kjt_alltoall.compare_exchanges(**kwargs)`
+    ("exchanges") as a call for `run_training`'s `also`."""
+    return partial({"gathers": compare_gathers, "exchanges": compare_exchanges}[name], **kwargs), ()
 
 
 def exchange_bytes_by_world_size(

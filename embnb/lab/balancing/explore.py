@@ -1,8 +1,5 @@
-"""Notebook 04's explorer: every balancer's tokens per rank on one Zipf batch, redrawn by the shared
-`plotting.rank_bars` as its controls move (the shared `embnb.lab.widgets.Explorer`).
-
-    explorer = BalanceExplorer(alpha=1.5, num_parts=8, num_samples=1024)
-    explorer.controls["num_parts"].value = 16      # redraws
+"""Notebook 04's explorer (`embnb.lab.widgets.Explorer`): every balancer's tokens per rank on one Zipf
+batch, redrawn by `plotting.rank_bars` as a control moves (`explorer.controls["num_parts"].value = 16`).
 """
 
 from __future__ import annotations

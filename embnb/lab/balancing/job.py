@@ -1,12 +1,10 @@
-"""The training loop a torchrec user writes around `BalancedShuffle`, as the README's job has it
-(an EmbeddingBagCollection under DDP instead of DMP, so it starts in a second), run by notebook 04
-on real ranks: `launch(balanced_job, 2, steps)` returns, per rank, each step's item ids before
-(the loader's cut) and after the shuffle.
+"""The training loop a torchrec user writes around `BalancedShuffle`, as the README's job has it (an
+EmbeddingBagCollection under DDP instead of DMP, so it starts in a second), run by notebook 04 on
+real ranks: `launch(balanced_job, 2, steps)` returns per rank each step's item ids before (the
+loader's cut) and after the shuffle.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,8 +24,7 @@ def loader(rank: int, steps: int, batch_size: int, seed: int):
         lengths[1] = (torch.rand(batch_size, generator=gen) ** 4 * 500).long() + 1
         values = torch.randint(0, ROWS, (int(lengths.sum()),), generator=gen)
         kjt = KeyedJaggedTensor.from_lengths_sync(FEATURES, values, lengths.reshape(-1))
-        yield Batch(dense_features=torch.randn(batch_size, 4, generator=gen), sparse_features=kjt,
-                    labels=torch.rand(batch_size, generator=gen))  # fmt: skip
+        yield Batch(torch.randn(batch_size, 4, generator=gen), kjt, torch.rand(batch_size, generator=gen))
 
 
 class Model(torch.nn.Module):
@@ -42,7 +39,7 @@ class Model(torch.nn.Module):
         return self.head(torch.cat([self.ebc(kjt).values(), dense], dim=1)).squeeze(1)
 
 
-def balanced_job(rank: int, world_size: int, steps: int = 4, batch_size: int = 32, seed: int = 0) -> Any:
+def balanced_job(rank: int, world_size: int, steps: int = 4, batch_size: int = 32, seed: int = 0) -> dict:
     torch.manual_seed(seed)  # the same weights on every rank
     model = torch.nn.parallel.DistributedDataParallel(Model())  # its all-reduce: the default group
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -1,43 +1,40 @@
-"""Appendix 04a's step at W = 8 and 16, measured rank by rank (`embnb.steptime.measure_partition`:
-each rank's forward and backward of `SequenceDense` on its own samples, one rank after another; the
-step is the slowest rank), on thread CPU time at one thread on a CPU, synchronized wall time on a GPU.
-
-    steps = measure_balanced_steps({"zipf": LengthDistribution()}, StepConfig([8, 16], 8))
-    steps.speedups()                                    # a row per (distribution, W, method)
-    measure_capped(steps, "zipf", 8, 1.02)              # KK + swaps under a cap on tokens per rank
+"""Appendix 04a's step at W = 8 and 16 measured rank by rank (`steptime.measure_partition`: each
+rank's forward and backward of `SequenceDense` on its samples, one rank after another; the step is
+the slowest rank), on thread CPU time at one thread on a CPU, synchronized wall time on a GPU; memory
+caps; a link model of the shuffle. `measure_balanced_steps(distributions, StepConfig([8, 16], 8))`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
+from scipy.optimize import nnls
+from tqdm.auto import tqdm
 
 from embnb._checks import check_int, check_number
 from embnb.balancing.capped import CAPPED_METHODS, balance_capped, minimum_cap, part_tokens
 from embnb.balancing.kjt_alltoall import exchange_bytes
 from embnb.balancing.lengths import LengthDistribution
-from embnb.balancing.partition import balance
+from embnb.balancing.partition import METHODS, balance
 from embnb.balancing.workloads import equal_size_lower_bound
 from embnb.collectives import all_gather_flat, collective_seconds
 from embnb.dist import launch, rank_device, resolve_device
 from embnb.lab.balancing.cost_fit import WORK, WORK_AND_LENGTHS, fit_rank_time, rank_rows
 from embnb.steptime import measure_partition
-from embnb.steptime.memory import peak_memory_partition
+from embnb.steptime.memory import peak_memory_partition, peak_step_bytes
 from embnb.timing import median_seconds
 
-__all__ = ["StepConfig", "RankStep", "BalancedSteps", "measure_balanced_steps", "CappedRun", "measure_capped"]
+__all__ = ["StepConfig", "BalancedSteps", "measure_balanced_steps", "ActivationModel", "measure_capped"]
 
-MEASURED_METHODS = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
-# Bytes per id of each key a sample carries, as `kjt_alltoall.zipf_batch`: two keys of int64 ids,
-# two of int64 ids with fp32 weights; a float64 label row
+# bytes per id of each key of `kjt_alltoall.zipf_batch` (int64 ids, two keys with fp32 weights), per label
 EXCHANGE_ITEM_BYTES, EXCHANGE_DENSE_BYTES = (8, 8, 12, 12), 8
-MIB = 2**20
 
 
 def sequence_dense_flops(lengths: Any, width: int, hidden: Sequence[int]) -> torch.Tensor:
@@ -89,9 +86,8 @@ class RankStep:
 
 @dataclass(frozen=True)
 class StepConfig:
-    """What `measure_balanced_steps` measures: per W of `world_sizes`, a batch of W *
-    local_batch_size lengths up to `max_length` through SequenceDense(width, hidden), `repeats`
-    timed after `warmup`, at one thread on `device`."""
+    """Per W of `world_sizes`, a batch of W * local_batch_size lengths up to `max_length` through
+    SequenceDense(width, hidden), `repeats` timed after `warmup`, at one thread on `device`."""
 
     world_sizes: list[int]
     local_batch_size: int
@@ -106,14 +102,11 @@ class StepConfig:
     def flops(self, lengths: Any) -> torch.Tensor:
         return sequence_dense_flops(lengths, self.width, self.hidden)
 
-    def measure(self, lengths: list[int], parts: list[list[int]]) -> RankStep:
-        """`parts` (indices into `lengths`) measured rank by rank."""
-        parts_lengths = [[lengths[i] for i in part] for part in parts]
+    def measure(self, parts_lengths: list[list[int]]) -> RankStep:
+        """A partition measured rank by rank (`parts_lengths[r]`: rank r's samples' lengths)."""
         options = {"warmup": self.warmup, "repeats": self.repeats, "threads": 1, "device": self.device}
-        compute = [
-            r.compute
-            for r in measure_partition(parts_lengths, self.width, hidden=self.hidden, **options).ranks
-        ]
+        times = measure_partition(parts_lengths, self.width, hidden=self.hidden, **options)
+        compute = [r.compute for r in times.ranks]
         # per clock: the median and the repeats' low and high, each a list over ranks (ms)
         (cpu, cpu_low, cpu_high), (wall, wall_low, wall_high) = (
             [[1e3 * s for s in col] for col in zip(*[(c.median_s(k), *c.range_s(k)) for c in compute])]
@@ -123,26 +116,12 @@ class StepConfig:
         distinct, clock = [len(set(p)) for p in parts_lengths], primary_clock(self.device)
         return RankStep(cpu, wall, cpu_low, cpu_high, tokens, flops, wall_low, wall_high, clock, distinct)
 
-    def peaks(self, lengths: list[int], parts: list[list[int]]) -> list[int]:
-        """Each rank's peak activation bytes (`steptime.memory`)."""
-        parts_lengths = [[lengths[i] for i in part] for part in parts]
-        return peak_memory_partition(parts_lengths, self.width, tuple(self.hidden), self.device)
-
-    def record(self) -> dict[str, Any]:
-        clock = primary_clock(self.device)
-        return {**dataclasses.asdict(self), "hidden": list(self.hidden), "threads": 1, "clock": clock}
-
-
-def _canonical(parts: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
-    return tuple(sorted(tuple(sorted(p)) for p in parts))
-
 
 @dataclass(frozen=True)
 class BalancedSteps:
     """`measure_balanced_steps`' runs, (distribution, W, method) -> RankStep, and per (distribution,
-    W) the batch's FLOP bounds and its lengths (loader order). `measure` and `peaks` measure a
-    partition of one of these batches once: the same partition again reuses the measurement, not a
-    second draw of the clock's noise."""
+    W) the batch's FLOP bounds and its lengths (loader order). `measure` measures a partition of one
+    of these batches once: the same partition again reuses it, not a second draw of the clock's noise."""
 
     runs: dict[tuple[str, int, str], RankStep]
     bounds: dict[tuple[str, int], dict[str, float]]
@@ -150,16 +129,18 @@ class BalancedSteps:
     config: StepConfig
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def measure(self, distribution: str, world_size: int, parts: list[list[int]]) -> RankStep:
-        key = ("step", distribution, world_size, _canonical(parts))
+    def measure(self, distribution: str, world_size: int, parts: list[list[int]], what: str = "step") -> Any:
+        """A partition `parts` (indices into the batch) measured: its RankStep ("step") or each rank's
+        peak activation bytes ("peaks", `steptime.memory`); a partition measured before is reused."""
+        key = (what, distribution, world_size, tuple(sorted(tuple(sorted(p)) for p in parts)))
         if key not in self.cache:
-            self.cache[key] = self.config.measure(self.lengths[(distribution, world_size)], parts)
-        return self.cache[key]
-
-    def peaks(self, distribution: str, world_size: int, parts: list[list[int]]) -> list[int]:
-        key = ("peaks", distribution, world_size, _canonical(parts))
-        if key not in self.cache:
-            self.cache[key] = self.config.peaks(self.lengths[(distribution, world_size)], parts)
+            on_ranks = [[self.lengths[(distribution, world_size)][i] for i in part] for part in parts]
+            c = self.config
+            self.cache[key] = (
+                c.measure(on_ranks)
+                if what == "step"
+                else peak_memory_partition(on_ranks, c.width, c.hidden, c.device)
+            )
         return self.cache[key]
 
     def speedups(self) -> pd.DataFrame:
@@ -176,13 +157,6 @@ class BalancedSteps:
             )  # fmt: skip
         return pd.DataFrame(rows)
 
-    def records(self) -> list[dict[str, Any]]:
-        """Every run with its raw per-rank numbers (for the results JSON)."""
-        return [
-            {"distribution": d, "world_size": w, "method": m} | dataclasses.asdict(run) | self.bounds[(d, w)]
-            for (d, w, m), run in self.runs.items()
-        ]
-
 
 def measure_balanced_steps(
     distributions: Mapping[str, LengthDistribution], config: StepConfig, progress: bool = False
@@ -193,11 +167,7 @@ def measure_balanced_steps(
     config = dataclasses.replace(config, device=resolve_device(config.device), hidden=tuple(config.hidden))
     steps = BalancedSteps({}, {}, {}, config)
     cases = [(name, spec, w) for name, spec in distributions.items() for w in config.world_sizes]
-    if progress:
-        from tqdm.auto import tqdm
-
-        cases = tqdm(cases, desc="distribution x W", leave=False)
-    for name, spec, w in cases:
+    for name, spec, w in tqdm(cases, desc="distribution x W", leave=False, disable=not progress):
         lengths = spec.draw(w * config.local_batch_size, config.max_length, config.seed * 1009 + w).tolist()
         flops = config.flops(lengths).tolist()
         steps.lengths[(name, w)] = lengths
@@ -205,16 +175,15 @@ def measure_balanced_steps(
             "lower_bound": equal_size_lower_bound(flops, w),
             "longest_sets_bound": max(flops) > sum(flops) / w,
         }
-        for method in MEASURED_METHODS:
+        for method in METHODS:
             steps.runs[(name, w, method)] = steps.measure(name, w, balance(flops, w, method))
     return steps
 
 
 @dataclass(frozen=True)
 class CappedRun:
-    """One batch at one W balanced on FLOPs with at most `cap` of a per-sample `size` per rank
-    ("tokens", or "modelled bytes" of `memory_cap.ActivationModel`): per run ("uncapped" KK + swaps,
-    then each capped method) the measured step, each rank's peak bytes and its summed `size`."""
+    """`measure_capped`'s runs ("uncapped", then each capped method) of one batch under a cap on a
+    per-sample `size` ("tokens" or "modelled bytes"): each step, its ranks' peak bytes and `size`s."""
 
     distribution: str
     world_size: int
@@ -231,7 +200,7 @@ class CappedRun:
         return self.steps[label].step_ms / self.steps["uncapped"].step_ms
 
     def binds(self) -> bool:
-        """Whether the uncapped partition holds more than the cap on some rank."""
+        """Whether the uncapped partition passes the cap on some rank."""
         return max(self.held["uncapped"]) > self.cap
 
     def lowers_peak(self, label: str) -> bool:
@@ -248,7 +217,7 @@ class CappedRun:
             rows.append(
                 {"distribution": self.distribution, "cap on": self.size, "run": label,
                  "cap_over_mean": self.cap / self.mean, "binds": self.binds(), "max_tokens": max(step.tokens),
-                 "peak_mib": max(self.peak_bytes[label]) / MIB, "cost": self.cost(label),
+                 "peak_mib": max(self.peak_bytes[label]) / 2**20, "cost": self.cost(label),
                  "cost_low": low, "cost_high": high, "lowers_peak": self.binds() and self.lowers_peak(label)}
             )  # fmt: skip
         return pd.DataFrame(rows).set_index(["distribution", "cap on", "run"])
@@ -263,14 +232,38 @@ class CappedRun:
         }  # fmt: skip
 
 
-def until_it_fits(split: Callable[[float], Any], cap: float) -> tuple[Any, float]:
-    """`split(cap)`, the cap raised by 1% at a time while it raises ValueError (a repair that
-    finds no swap; a cap above every rank's load always fits)."""
-    while True:
-        try:
-            return split(cap), cap
-        except ValueError:
-            cap *= 1.01
+@dataclass(frozen=True)
+class ActivationModel:
+    """Peak bytes of one sample of L tokens, fixed + per_token * L + per_token_squared * L**2 (attention
+    works on a whole sample at once), fitted by non-negative least squares to the measured peaks
+    (`steptime.memory`) of single samples (`lengths`, `measured`) of `SequenceDense` on `device`."""
+
+    fixed: float
+    per_token: float
+    per_token_squared: float
+    lengths: list[int]
+    measured: list[int]
+    device: str
+
+    @classmethod
+    def fit(cls, lengths: Sequence[int], width: int, hidden: Sequence[int], device: str) -> ActivationModel:
+        """Raises ValueError on fewer than 3 distinct lengths (3 terms)."""
+        if len(set(lengths)) < 3:
+            raise ValueError(f"need at least 3 distinct lengths to fit 3 terms, got {sorted(set(lengths))}")
+        measured = [peak_step_bytes([n], width, hidden, device) for n in lengths]
+        x = np.asarray(lengths, dtype=float)
+        # non-negative terms: a sample never frees more than it allocates
+        terms = nnls(np.stack([np.ones_like(x), x, x * x], axis=1), np.asarray(measured, dtype=float))[0]
+        return cls(*map(float, terms), list(lengths), measured, device)
+
+    def sample_bytes(self, lengths: Sequence[int]) -> list[float]:
+        """Each sample's modelled activation bytes (the constant left out: every rank pays it once)."""
+        return [self.per_token * n + self.per_token_squared * n * n for n in lengths]
+
+    def max_relative_residual(self) -> float:
+        """The fit's largest error on the lengths it was fitted to, relative to the measured peak."""
+        predicted = [self.fixed + b for b in self.sample_bytes(self.lengths)]
+        return max(abs(p - m) / m for p, m in zip(predicted, self.measured))
 
 
 def measure_capped(
@@ -282,11 +275,11 @@ def measure_capped(
     size: str = "tokens",
     methods: Sequence[str] = CAPPED_METHODS,
 ) -> CappedRun:
-    """`distribution`'s batch at `world_size` in `steps`: KK + swaps uncapped (the run `steps`
-    measured), then each of `methods` (`capped.balance_capped`) under `cap_over_mean` times the mean
-    of `sizes` per rank (each sample's `size`; None: its tokens), raised to `capped.minimum_cap`, then
-    1% at a time while a method finds no partition. Each measured as `steps` was, with each rank's peak
-    bytes. Raises ValueError on a cap below the mean or a batch `steps` did not measure."""
+    """`distribution`'s batch at `world_size` in `steps`, KK + swaps uncapped, then each of `methods`
+    (`capped.balance_capped`) under `cap_over_mean` times the mean per rank of `sizes` (each sample's
+    `size`; None: its tokens), raised to `capped.minimum_cap`, then by 1% while a method finds no
+    partition; each measured with its peaks. Raises ValueError on a cap below the mean or a batch
+    `steps` did not measure."""
     check_number("cap_over_mean", cap_over_mean, low=1)
     if (distribution, world_size) not in steps.lengths:
         raise ValueError(
@@ -295,13 +288,16 @@ def measure_capped(
     lengths = steps.lengths[(distribution, world_size)]
     flops, sizes = steps.config.flops(lengths).tolist(), list(lengths if sizes is None else sizes)
     mean = sum(sizes) / world_size
-    capped, cap = until_it_fits(
-        lambda cap: {m: balance_capped(flops, sizes, world_size, cap, m) for m in methods},
-        max(cap_over_mean * mean, minimum_cap(sizes, world_size)),
-    )
+    cap = max(cap_over_mean * mean, minimum_cap(sizes, world_size))
+    while True:  # a repair that finds no swap raises; a cap above every rank's load always fits
+        try:
+            capped = {m: balance_capped(flops, sizes, world_size, cap, m) for m in methods}
+            break
+        except ValueError:
+            cap *= 1.01
     partitions = {"uncapped": balance(flops, world_size, "kk_swap"), **capped}
     measured = {label: steps.measure(distribution, world_size, p) for label, p in partitions.items()}
-    peaks = {label: steps.peaks(distribution, world_size, p) for label, p in partitions.items()}
+    peaks = {label: steps.measure(distribution, world_size, p, "peaks") for label, p in partitions.items()}
     held = {label: part_tokens(sizes, p) for label, p in partitions.items()}
     return CappedRun(distribution, world_size, size, cap, mean, cap_over_mean, measured, peaks, held)
 
@@ -320,23 +316,14 @@ def _latency_s(rank: int, world_size: int, repeats: int) -> list[float]:
     return collective_seconds(lambda: all_gather_flat(one), repeats)
 
 
-def latency_call(repeats: int = 20) -> tuple[Callable, tuple]:
-    """The latency measurement on each rank, as a call for a launch (`latency_ms` reads its results)."""
-    check_int("repeats", repeats, low=1)
-    return _latency_s, (repeats,)
-
-
-def latency_ms(per_rank: list[list[float]]) -> float:
-    """The alpha-beta link model's latency: the median over repeats of the slowest rank's time for
-    a one-float64 all-gather (all latency; torchrec's `BasicCommsBandwidths` prices it at ns), ms."""
-    return 1e3 * statistics.median(max(times) for times in zip(*per_rank))
-
-
 def measure_latency_ms(world_size: int = 2, device: str = "auto", repeats: int = 20) -> float:
-    """`latency_ms` in a launch of its own. Raises ValueError on fewer than 2 ranks."""
+    """The alpha-beta link model's latency, in a launch of its own: the median over repeats of the
+    slowest rank's time for a one-float64 all-gather (all latency; torchrec's `BasicCommsBandwidths`
+    prices it at ns), ms. Raises ValueError on fewer than 2 ranks or repeats."""
     check_int("world_size", world_size, low=2)
-    fn, args = latency_call(repeats)
-    return latency_ms(launch(fn, world_size, *args, device=device))
+    check_int("repeats", repeats, low=1)
+    per_rank = launch(_latency_s, world_size, repeats, device=device)
+    return 1e3 * statistics.median(max(times) for times in zip(*per_rank))
 
 
 def worker_shares(
@@ -371,17 +358,6 @@ def worker_shares(
     return pd.DataFrame(rows)
 
 
-# recsys-examples' end-to-end benchmark as its E2E_BENCHMARK.md states it at commit a84ae588 (PR #411)
-RECSYS_E2E = {
-    "source": "NVIDIA/recsys-examples a84ae5885bb891640133fd39ab1d4bb0681ac872, "
-    "examples/hstu/training/benchmark/E2E_BENCHMARK.md (run of commit bc40d89c)",
-    "baseline_tflops_per_gpu": 75.6, "shuffler_tflops_per_gpu": 115.8, "speedup": 1.53,
-    "hardware": "2 nodes x 8 H100-SXM5-80GB (16 GPUs), bf16",
-    "model": "HSTU, 8 layers, hidden 1024, 4 heads of 256, Triton attention, Adam; DynamicEmb tables",
-    "lengths": "Zipf(1.2) jagged, max 4096, 32 samples per GPU", "max_length": 4096,
-}  # fmt: skip
-
-
 def fitted(steps: BalancedSteps) -> tuple[pd.DataFrame, dict[str, Any]]:
     """`steps.speedups()` with what a per-rank cost of FLOPs, distinct lengths and tokens predicts
     ("fitted_model"), and both fits of `cost_fit` over every measured rank (WORK: does time follow
@@ -389,34 +365,35 @@ def fitted(steps: BalancedSteps) -> tuple[pd.DataFrame, dict[str, Any]]:
     rows = rank_rows(steps.runs)
     fits = {"work": fit_rank_time(rows, WORK), "work_and_lengths": fit_rank_time(rows, WORK_AND_LENGTHS)}
 
-    def slowest(key: tuple[str, int, str]) -> float:
-        return max(map(fits["work_and_lengths"].predict, rank_rows({key: steps.runs[key]})))
-
+    slowest = {
+        key: max(map(fits["work_and_lengths"].predict, rank_rows({key: run})))
+        for key, run in steps.runs.items()
+    }
     table = steps.speedups()
     table["fitted_model"] = [
-        slowest((r.distribution, r.world_size, "contiguous"))
-        / slowest((r.distribution, r.world_size, r.method))
+        slowest[(r.distribution, r.world_size, "contiguous")]
+        / slowest[(r.distribution, r.world_size, r.method)]
         for r in table.itertuples()
     ]
     return table, {name: dataclasses.asdict(f) for name, f in fits.items()}
 
 
-def results(
-    steps: BalancedSteps, capped: Sequence[CappedRun], shares: Mapping[str, pd.DataFrame]
-) -> dict[str, Any]:
-    """The rank-by-rank part of a results JSON (appendix 04a and the bench): raw per-rank numbers
+def results(steps: BalancedSteps, capped: Sequence[CappedRun], shares: Mapping[str, pd.DataFrame]) -> dict:
+    """The rank-by-rank part of a results JSON (appendix 04a and the bench): the raw per-rank numbers
     with the derived ones, so a test can recompute them."""
     table, fits = fitted(steps)
+    config = dataclasses.asdict(steps.config) | {"threads": 1, "clock": primary_clock(steps.config.device)}
     return {
-        "measured_config": steps.config.record(),
+        "measured_config": config | {"hidden": list(steps.config.hidden)},
         "measured_batches": [
-            {"distribution": name, "world_size": w, "lengths": lengths}
-            for (name, w), lengths in steps.lengths.items()
+            {"distribution": d, "world_size": w, "lengths": n} for (d, w), n in steps.lengths.items()
         ],
-        "measured_runs": steps.records(),
+        "measured_runs": [
+            {"distribution": d, "world_size": w, "method": m} | dataclasses.asdict(run) | steps.bounds[(d, w)]
+            for (d, w, m), run in steps.runs.items()
+        ],
         "measured_speedups": table.to_dict(orient="records"),
         "rank_time_fits": fits,
         "capped": [run.as_dict() for run in capped],
         "worker_shares": {name: frame.to_dict(orient="records") for name, frame in shares.items()},
-        "recsys_e2e": RECSYS_E2E,
     }

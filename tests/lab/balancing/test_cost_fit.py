@@ -65,3 +65,4 @@ def test_fitted_speedups_are_the_fits_slowest_ranks():
 def test_the_latency_measurement_refuses_fewer_than_two_ranks():
     with pytest.raises(ValueError, match="world_size"):
         measured.measure_latency_ms(1)
+    assert measured.measure_latency_ms(2, "cpu", repeats=3) > 0

@@ -4,7 +4,7 @@ the step-time speed-ups computed from them."""
 import pytest
 
 from embnb.balancing.training import TrainConfig
-from embnb.lab.balancing import experiment, measured
+from embnb.lab.balancing import experiment
 
 TINY = TrainConfig(
     steps=2, batch_size=4, max_length=32, num_items=20, num_categories=4, embedding_dim=8, ffn_dim=8
@@ -13,11 +13,12 @@ TINY = TrainConfig(
 
 def test_repeats_run_interleaved_and_each_label_gets_its_own_runs():
     configs = {"plain": TINY.replace(mode="none"), "balanced": TINY.replace(mode="sync")}
-    also = {"latency": measured.latency_call(repeats=3)}  # run in the same launch, before training
+    also = {"exchanges": experiment.experiment_call("exchanges", batch_size=4)}  # before training
     runs = experiment.run_training(configs, 2, device="cpu", repeats=2, timeout_s=300, also=also)
-    assert runs.gathers == [] and runs.backend == "gloo"
-    assert [len(times) for times in runs.also["latency"]] == [3, 3]  # per rank, per repeat
-    assert measured.latency_ms(runs.also["latency"]) > 0
+    assert runs.backend == "gloo" and [r["identical"] for r in runs.also["exchanges"]] == [True, True]
+    records = experiment.exchange_records({2: runs.also["exchanges"]})
+    assert [(r["exchange"], r["identical"]) for r in records] == [("allgather", True), ("alltoall", True)]
+    assert all(0 < r["ms_low"] <= r["ms_median"] <= r["ms_high"] for r in records)
     assert list(runs.per_repeat) == ["plain", "balanced"]
     for label, config in configs.items():
         repeats = runs.per_repeat[label]
@@ -40,7 +41,6 @@ def _ranks(*step_seconds):
 def test_speedups_compare_each_repeat_at_its_slowest_ranks_over_the_timed_steps():
     runs = experiment.TrainingRuns(
         backend="gloo",
-        gathers=[],
         per_repeat={
             # timed steps 1 and 2 (not the warm-up, not the last): repeat 0 takes 4 + 6 = 10 s, repeat 1 12 s
             "none": [_ranks([9, 4, 6, 50], [1, 1, 5, 1]), _ranks([9, 6, 6, 1], [9, 2, 2, 1])],
@@ -61,7 +61,6 @@ def test_flops_speedups_divide_the_slowest_ranks_flops():
 
     runs = experiment.TrainingRuns(
         backend="gloo",
-        gathers=[],
         per_repeat={"none": [ranks([0, 8, 6, 99], [0, 2, 2, 0])], "kk": [ranks([0, 5, 4, 0], [0, 5, 4, 99])]},
     )
     # timed steps 1 and 2: (8 + 6) / (5 + 4)

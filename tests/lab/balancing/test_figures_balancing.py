@@ -43,7 +43,7 @@ def test_timeline_draws_a_bar_per_phase_span_and_names_an_empty_run():
         for r in (0, 1)
         for t in ("main", "worker")
     ]  # fmt: skip
-    fig = figures.timeline({"sync": spans})
+    fig = figures.timeline({"sync": spans}, steps=[1])
     assert len(fig.axes[0].collections) == 4
     with pytest.raises(ValueError, match="run 'sync' has no spans"):
         figures.timeline({"sync": spans}, steps=[2])

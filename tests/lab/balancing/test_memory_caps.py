@@ -1,11 +1,11 @@
-"""embnb.lab.balancing.memory_cap and measured.measure_capped: the activation-bytes model, fitted to
-real peaks of `SequenceDense`, and caps on tokens and on modelled bytes measured on one small batch
-(real kernels on CPU, real profiler peaks)."""
+"""embnb.lab.balancing.measured's memory caps: the activation-bytes model, fitted to real peaks of
+`SequenceDense`, and caps on tokens and on modelled bytes measured on one small batch (real kernels
+on CPU, real profiler peaks)."""
 
 import pytest
 
 from embnb.balancing.lengths import LengthDistribution
-from embnb.lab.balancing import measured, memory_cap
+from embnb.lab.balancing import measured
 from embnb.steptime.memory import peak_step_bytes
 
 WIDTH, HIDDEN = 8, (16,)
@@ -13,15 +13,15 @@ W = 2  # ranks of the capped batch
 
 
 def test_the_model_is_its_formula_and_its_fit_follows_the_measured_peaks():
-    model = memory_cap.ActivationModel(100.0, 3.0, 0.5, [1, 2, 4], [104, 108, 120], "cpu")
+    model = measured.ActivationModel(100.0, 3.0, 0.5, [1, 2, 4], [104, 108, 120], "cpu")
     assert model.sample_bytes([2, 10]) == [3 * 2 + 0.5 * 4, 3 * 10 + 0.5 * 100]
     # predicted 103.5, 108, 120 against 104, 108, 120
     assert model.max_relative_residual() == pytest.approx(0.5 / 104)
-    fitted = memory_cap.ActivationModel.fit([4, 16, 64], WIDTH, HIDDEN, "cpu")
+    fitted = measured.ActivationModel.fit([4, 16, 64], WIDTH, HIDDEN, "cpu")
     assert fitted.measured == [peak_step_bytes([n], WIDTH, HIDDEN) for n in (4, 16, 64)]
     assert fitted.per_token >= 0 and fitted.per_token_squared >= 0 and fitted.fixed >= 0
     with pytest.raises(ValueError, match=r"3 distinct lengths.*\[4, 16\]"):
-        memory_cap.ActivationModel.fit([4, 16, 16], WIDTH, HIDDEN, "cpu")
+        measured.ActivationModel.fit([4, 16, 16], WIDTH, HIDDEN, "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def capped():
         measured.StepConfig([W], local_batch_size=4, max_length=64, width=WIDTH, hidden=HIDDEN, repeats=1),
     )
     lengths = steps.lengths[("lognormal", W)]
-    model = memory_cap.ActivationModel.fit([4, 16, 32, 64], WIDTH, HIDDEN, "cpu")
+    model = measured.ActivationModel.fit([4, 16, 32, 64], WIDTH, HIDDEN, "cpu")
     tokens = measured.measure_capped(steps, "lognormal", W, 1.0)
     sizes = model.sample_bytes(lengths)
     by_bytes = measured.measure_capped(steps, "lognormal", W, 1.0, sizes, "modelled bytes", ["kk_swap"])
