@@ -21,12 +21,13 @@ bandwidth (`copy_bandwidth`, measured on the same device) as `reference_rate`.
     check = check_scaling([32, 128, 512], flops, seconds, "flops")
     check.chosen_batch            # None: overhead-bound
     check.verdict                 # "compared at batch 128" or NOT_COMPARED
+    check = measure_scaling({32: step_32, 128: step_128, 512: step_512}, flops, "flops", 3, "cuda")
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,8 @@ __all__ = [
     "fit_fixed_cost",
     "ScalingCheck",
     "check_scaling",
+    "measure_scaling",
+    "sweep_clock",
     "sweep_batches",
     "copy_bandwidth",
 ]
@@ -179,6 +182,36 @@ def check_scaling(
         share,
         reference_rate,
     )
+
+
+def sweep_clock(device: torch.device | str) -> str:
+    """The `PhaseTime` clock a sweep reads: "device" (CUDA events) on a GPU; "thread" (the thread's
+    CPU time; a bench at one torch thread) on a CPU, where other processes stretch wall time."""
+    return "device" if torch.device(device).type == "cuda" else "thread"
+
+
+def measure_scaling(
+    steps: Mapping[int, Callable[[], Any]],
+    work: Sequence[float],
+    unit: str,
+    repeats: int,
+    device: torch.device | str = "cpu",
+    max_fixed_share: float | None = None,
+    reference_rate: float | None = None,
+    warmup: int = 1,
+) -> ScalingCheck:
+    """`check_scaling` of one rank's step at each batch: `steps[batch]` runs it (inputs built
+    beforehand), the batches timed in `repeats` interleaved rounds after `warmup` calls each
+    (`embnb.timing.interleaved_phases`, at this thread's torch thread count) on `sweep_clock(device)`;
+    `work[i]` is the i-th batch's (ascending order)."""
+    check_int("repeats", repeats, low=1)
+    batches = sorted(steps)
+    times, _ = interleaved_phases(
+        {str(b): steps[b] for b in batches}, repeats, warmup, device, threads=torch.get_num_threads()
+    )
+    clock = sweep_clock(device)
+    seconds = [[t.value(clock) for t in times[str(b)]] for b in batches]
+    return check_scaling(batches, work, seconds, unit, max_fixed_share, reference_rate)
 
 
 def sweep_batches(base: int, factors: Sequence[int] = SWEEP_FACTORS) -> list[int]:

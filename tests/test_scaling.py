@@ -14,7 +14,9 @@ from embnb.scaling import (
     check_scaling,
     copy_bandwidth,
     fit_fixed_cost,
+    measure_scaling,
     sweep_batches,
+    sweep_clock,
 )
 
 BATCHES = sweep_batches(32)  # 32, 128, 512
@@ -109,3 +111,16 @@ def test_the_copy_bandwidth_of_this_cpu_is_a_positive_rate():
     assert math.isfinite(rate) and rate > 0
     with pytest.raises(ValueError, match="nbytes"):
         copy_bandwidth("cpu", nbytes=2)
+
+
+def test_measure_scaling_times_each_batchs_step_in_rounds_and_checks_them():
+    calls = []
+
+    def step(batch):
+        return lambda: (calls.append(batch), sum(i * i for i in range(2_000 * batch)))
+
+    check = measure_scaling({b: step(b) for b in (16, 1, 4)}, [1.0, 4.0, 16.0], "flops", repeats=2)
+    assert calls == [1, 4, 16] * 3  # a warm-up each, then two rounds in batch order
+    assert check.batches == [1, 4, 16] and [len(s) for s in check.seconds] == [2, 2, 2]
+    assert sweep_clock("cpu") == "thread" and sweep_clock("cuda") == "device"
+    assert check.verdict in (NOT_COMPARED, f"compared at batch {check.chosen_batch}")  # whatever it says

@@ -9,13 +9,21 @@ partition balancing `hstu_flops` (causal) of the samples:
 - at each --world-sizes W (then --more-world-sizes, where the deadline allows) at --width;
 - a width sweep at --sweep-world-size, to find where balancing starts to shorten the step.
 
+Before any comparison, each (W, width) passes issue #70's acceptance check (`embnb.scaling`): the
+cut's critical rank (the most FLOPs) at --samples-per-rank and at 4x and 16x it (--sweep-factors), its
+time fitted as fixed + per-FLOP x training FLOPs (3x `hstu_flops`); the methods are compared only at the
+smallest of those batches whose fixed share is at most --max-fixed-share (10%). Where none passes, the
+(W, width) records "overhead-bound: not compared" with the fit and the achieved TFLOPS, and no speed-up.
+
 Ranks are replayed one by one on one device (a rank's step does not depend on the others': in data
 parallelism they meet only at the gradient all-reduce, which waits for the slowest). The step of a
 partition is its slowest rank. Each repeat times every method's every rank in turn (interleaved, so load
 from other processes hits them alike), after one warm-up; a method's speed-up is the cut's step over its
-step in the same repeat, reported as median and range over repeats. On a GPU a rank's time is wall time
-with the GPU synchronized at its edges (bf16); on a CPU, the thread's CPU time at one intra-op thread
-(float32), which counts only the rank's own compute on a shared machine.
+step in the same repeat, reported as median and range over repeats. A rank's inputs are built once and
+reused. On a GPU a rank's time is the GPU's, between CUDA events around its step (bf16), with its
+enqueue time beside it (the launches, nothing synchronized; `embnb.timing.time_phase`); on a CPU, the
+thread's CPU time at one intra-op thread (float32), which counts only the rank's own compute on a
+shared machine.
 
 --deadline-s cuts what is left (recorded as `cut_by_deadline`) and the results are still written, to
 benchmarks/results/hstu-DATE-MACHINE.json, MACHINE being the device's (the GPU's name on a GPU).
@@ -36,7 +44,17 @@ from embnb.balancing.workloads import equal_size_lower_bound
 from embnb.bench.results import add_out_argument, write_results
 from embnb.data import zipf_lengths
 from embnb.dist import resolve_device
-from embnb.timing import Ratio, Stopwatch, machine_name, paired_ratio
+from embnb.scaling import (
+    MAX_FIXED_SHARE,
+    NOT_COMPARED,
+    SWEEP_FACTORS,
+    TRAINING_FLOPS_PER_FORWARD,
+    ScalingCheck,
+    measure_scaling,
+    sweep_batches,
+    sweep_clock,
+)
+from embnb.timing import Ratio, machine_name, paired_ratio, time_phase
 
 METHODS = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
 
@@ -65,16 +83,16 @@ def measure_world(
         m: [rank_step(model, [lengths[i] for i in part], device, dtype, seed=r) for r, part in enumerate(p)]
         for m, p in parts.items()
     }
-    clock = "wall_s" if torch.device(device).type == "cuda" else "cpu_s"
+    clock, on_gpu = sweep_clock(device), torch.device(device).type == "cuda"
     rank_s: dict[str, list[list[float]]] = {m: [[] for _ in range(world_size)] for m in METHODS}
-    watch = Stopwatch(device)
+    enqueue_s: dict[str, list[list[float]]] = {m: [[] for _ in range(world_size)] for m in METHODS}
     for round_ in range(repeats + 1):  # round 0 warms up
         for m in METHODS:
             for r, step in enumerate(steps[m]):
-                with watch:
-                    step()
+                timed = time_phase(step, device)
                 if round_:
-                    rank_s[m][r].append(getattr(watch, clock))
+                    rank_s[m][r].append(timed.value(clock))
+                    enqueue_s[m][r].append(timed.enqueue_s)
     cut = [max(times[k] for times in rank_s["contiguous"]) for k in range(repeats)]
     runs = []
     for m in METHODS:
@@ -89,6 +107,11 @@ def measure_world(
                 "flop_model_speedup": max(sum(flops[i] for i in p) for p in parts["contiguous"])
                 / max(rank_flops),
                 "rank_ms_median": [1e3 * statistics.median(t) for t in rank_s[m]],
+                # the launches' share on a GPU (a rank whose enqueue time nears its GPU time is
+                # launch-bound); on a CPU the work itself, so left out
+                "rank_enqueue_ms_median": [1e3 * statistics.median(t) for t in enqueue_s[m]]
+                if on_gpu
+                else None,
                 "rank_flops": rank_flops,
                 "rank_tokens": [sum(lengths[i] for i in part) for part in parts[m]],
             }
@@ -102,6 +125,45 @@ def measure_world(
         "bound_speedup": max(sum(flops[i] for i in p) for p in parts["contiguous"]) / bound,
         "longest_sample_sets_bound": bound > sum(flops) / world_size,  # not the mean: the longest sample
     }
+
+
+def critical_rank_sweep(
+    model: HSTUModel,
+    batches: dict[int, list[int]],
+    world_size: int,
+    opts: argparse.Namespace,
+    dtype: torch.dtype,
+) -> ScalingCheck:
+    """The acceptance check of one (W, width): for each samples-per-rank `b` of `batches` (b -> the
+    global batch's lengths), the loader's cut's rank with the most FLOPs, timed at every b in
+    interleaved rounds and fitted on its training FLOPs (`embnb.scaling.measure_scaling`)."""
+    width, layers = model[0].width, len(model)
+    steps, work = {}, []
+    for b in sorted(batches):
+        lengths = batches[b]
+        flops = hstu_flops(lengths, width, layers).tolist()
+        cut = balance(flops, world_size, "contiguous")
+        critical = max(cut, key=lambda part: sum(flops[i] for i in part))
+        steps[b] = rank_step(model, [lengths[i] for i in critical], opts.device, dtype, seed=b)
+        work.append(TRAINING_FLOPS_PER_FORWARD * sum(flops[i] for i in critical))
+    return measure_scaling(steps, work, "flops", opts.repeats, opts.device, opts.max_fixed_share)
+
+
+def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
+    """One (W, width): the acceptance check, then the methods compared at the chosen batch, or not
+    compared at all (`embnb.scaling.NOT_COMPARED`: no runs)."""
+    model = _model(width, opts, dtype)
+    batches = {
+        b: zipf_lengths(world_size * b, opts.alpha, opts.max_length, seed=world_size * f).tolist()
+        for f, b in zip(opts.sweep_factors, sweep_batches(opts.samples_per_rank, opts.sweep_factors))
+    }
+    check = critical_rank_sweep(model, batches, world_size, opts, dtype)
+    chosen = check.chosen_batch
+    if chosen is None:
+        world = {"world_size": world_size, "width": width, "runs": []}
+    else:
+        world = measure_world(model, batches[chosen], world_size, opts.repeats, opts.device, dtype)
+    return world | {"samples_per_rank": chosen, "verdict": check.verdict, "acceptance": check.as_dict()}
 
 
 def _model(width: int, opts: argparse.Namespace, dtype: torch.dtype) -> HSTUModel:
@@ -119,11 +181,12 @@ def _units(opts: argparse.Namespace) -> list[tuple[int, int]]:
 
 def first_width_shortened(sweep: list[dict[str, Any]], method: str = "kk_swap") -> int | None:
     """The smallest width from which on `method`'s slowest repeat beat the cut (low speed-up > 1) at
-    every larger width of the sweep; None if not even at the widest."""
+    every larger width of the sweep, each compared (past the acceptance check); None if not even at
+    the widest."""
     found = None
     for world in sorted(sweep, key=lambda w: -w["width"]):
-        run = next(r for r in world["runs"] if r["method"] == method)
-        if run["speedup_vs_cut"]["low"] <= 1:
+        run = next((r for r in world["runs"] if r["method"] == method), None)
+        if run is None or run["speedup_vs_cut"]["low"] <= 1:  # not compared (overhead-bound), or not beaten
             break
         found = world["width"]
     return found
@@ -142,29 +205,44 @@ def run(opts: argparse.Namespace, write: Any = None) -> dict[str, Any]:
         if time.perf_counter() - started > opts.deadline_s:
             cut.append({"world_size": world_size, "width": width})
             continue
-        lengths = zipf_lengths(
-            world_size * opts.samples_per_rank, opts.alpha, opts.max_length, seed=world_size
-        )
-        world = measure_world(
-            _model(width, opts, dtype), lengths.tolist(), world_size, opts.repeats, device, dtype
-        )
+        world = measure_unit(world_size, width, opts, dtype)
         worlds.append(world)
-        line = ", ".join(
-            f"{r['method']} {Ratio(**r['speedup_vs_cut'])} (FLOPs {r['flop_model_speedup']:.2f}x)"
-            for r in world["runs"][1:]
-        )
-        step = world["runs"][0]["step_ms_median"]
-        print(f"  W={world_size:>3} width {width:>5}: cut {step:.2f} ms/step; {line}", flush=True)
+        print(f"  W={world_size:>3} width {width:>5}: {_line(world)}", flush=True)
         if write is not None:
             write(_payload(opts, dtype, worlds, cut, started))
     if cut:
         print(f"  cut by the deadline ({opts.deadline_s:.0f} s): {cut}", flush=True)
     payload = _payload(opts, dtype, worlds, cut, started)
     shortened, measured = payload["first_width_shortened"], payload["sweep_widths_measured"]
+    compared = [
+        w
+        for w in payload["worlds"]
+        if w["runs"] and w["world_size"] == opts.sweep_world_size and w["width"] in measured
+    ]
     where = "at no width of the sweep" if shortened is None else f"from width {shortened} on"
-    print(f"  sweep at W={opts.sweep_world_size}, widths {measured} measured: KK + swaps shortens the step "
-          f"{where}", flush=True)  # fmt: skip
+    told = (
+        f"KK + swaps shortens the step {where}"
+        if compared
+        else f"{NOT_COMPARED} at any width (none passed the check)"
+    )
+    print(f"  sweep at W={opts.sweep_world_size}, widths {measured} measured: {told}", flush=True)
     return payload
+
+
+def _line(world: dict[str, Any]) -> str:
+    """What a (W, width) shows: its acceptance check, then the comparison if it passed."""
+    check = world["acceptance"]
+    shares = ", ".join(f"{100 * s:.0f}%" for s in check["fixed_share"])
+    tflops = ", ".join(f"{r / 1e12:.3g}" for r in check["achieved_rate"])
+    sweep = f"fixed share {shares} and TFLOPS {tflops} at {check['batches']} samples per rank"
+    if not world["runs"]:
+        return f"{world['verdict']} ({sweep})"
+    line = ", ".join(
+        f"{r['method']} {Ratio(**r['speedup_vs_cut'])} (FLOPs {r['flop_model_speedup']:.2f}x)"
+        for r in world["runs"][1:]
+    )
+    step = world["runs"][0]["step_ms_median"]
+    return f"{sweep}; at {world['samples_per_rank']}: cut {step:.2f} ms/step; {line}"
 
 
 def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: list, started: float) -> dict:
@@ -176,14 +254,17 @@ def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: li
         "machine": machine_name(device),
         "device": device,
         "dtype": str(dtype).removeprefix("torch."),
-        "clock": "synchronized wall time" if torch.device(device).type == "cuda" else "thread CPU time",
+        "clock": "GPU time between CUDA events" if torch.device(device).type == "cuda" else "thread CPU time",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "config": {
             "layers": opts.layers,
             "width": opts.width,
             "heads": list(head_layout(opts.width)),
-            "samples_per_rank": opts.samples_per_rank,
+            "samples_per_rank": opts.samples_per_rank,  # the sweep's base batch
+            "sweep_factors": opts.sweep_factors,
+            "max_fixed_share": opts.max_fixed_share,
+            "work": f"{TRAINING_FLOPS_PER_FORWARD} x hstu_flops(causal=True) of the cut's critical rank",
             "zipf_alpha": opts.alpha,
             "max_length": opts.max_length,
             "repeats": opts.repeats,
@@ -192,6 +273,9 @@ def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: li
             "attention": "softmax, torch SDPA on length-bucketed padded batches",
         },
         "worlds": worlds,
+        "not_compared": [
+            {"world_size": w["world_size"], "width": w["width"]} for w in worlds if not w["runs"]
+        ],
         "sweep_world_size": opts.sweep_world_size,
         "sweep_widths_measured": sorted(w["width"] for w in sweep),
         "first_width_shortened": first_width_shortened(sweep) if sweep else None,
@@ -211,14 +295,25 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sweep-widths", type=int, nargs="*", default=[16, 32], help="widths of the sweep")
     parser.add_argument("--sweep-world-size", type=int, default=4, help="W of the width sweep")
     parser.add_argument("--layers", type=int, default=2, help="HSTU layers (recsys-examples: 8)")
-    parser.add_argument("--samples-per-rank", type=int, default=4, help="recsys-examples: 32")
+    parser.add_argument(
+        "--samples-per-rank", type=int, default=4, help="the sweep's base batch (recsys-examples: 32)"
+    )
+    parser.add_argument(
+        "--sweep-factors", type=int, nargs="+", default=list(SWEEP_FACTORS), help="batches: base x each"
+    )
+    parser.add_argument(
+        "--max-fixed-share",
+        type=float,
+        default=MAX_FIXED_SHARE["flops"],
+        help="compare at the smallest batch whose fitted fixed share is at most this",
+    )
     parser.add_argument("--max-length", type=int, default=64, help="longest sequence (recsys-examples: 4096)")
     parser.add_argument("--alpha", type=float, default=1.2, help="Zipf exponent of the lengths")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (one warm-up before)")
     parser.add_argument("--deadline-s", type=float, default=600.0, help="start nothing new after this")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name in ("world_sizes", "more_world_sizes", "sweep_widths"):
+    for name in ("world_sizes", "more_world_sizes", "sweep_widths", "sweep_factors"):
         if any(v < 1 for v in getattr(opts, name)):
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
     for name in ("width", "sweep_world_size", "layers", "samples_per_rank", "max_length", "repeats"):
@@ -229,6 +324,11 @@ def _options(argv: list[str]) -> argparse.Namespace:
             head_layout(width)
         except ValueError as error:
             parser.error(f"--width/--sweep-widths: {error}")
+    if len(set(opts.sweep_factors)) < 2:
+        parser.error(f"--sweep-factors needs two different factors to fit a slope, got {opts.sweep_factors}")
+    opts.sweep_factors = sorted(set(opts.sweep_factors))
+    if not 0 < opts.max_fixed_share <= 1:
+        parser.error(f"--max-fixed-share must be in (0, 1], got {opts.max_fixed_share}")
     if opts.alpha <= 0 or opts.deadline_s <= 0:
         parser.error(f"--alpha and --deadline-s must be > 0, got {opts.alpha} and {opts.deadline_s}")
     try:
@@ -242,7 +342,7 @@ def main(argv: list[str]) -> int:
     opts = _options(argv)
     print(
         f"HSTU-like model rank by rank on {machine_name(opts.device)}: width {opts.width}, "
-        f"{opts.layers} layers, {opts.samples_per_rank} samples per rank, "
+        f"{opts.layers} layers, {opts.samples_per_rank} samples per rank x {opts.sweep_factors}, "
         f"Zipf({opts.alpha}) lengths up to {opts.max_length}",
         flush=True,
     )
