@@ -14,10 +14,10 @@ from embnb.lab.exports import lazy_exports
 _HOMES = {
     "reference": ["page_core_agrees"],
     "aliasing": ["KeyStreams", "block_size_for", "worked_example", "load_table", "hash_noise",
-                 "balls_into_bins", "zipf_over_seeds", "sign_test", "alpha_sweep", "floor_stats", "COUNTED",
+                 "balls_into_bins", "zipf_over_seeds", "sign_test", "alpha_sweep", "COUNTED",
                  "pipeline_table", "out_of_range_lookup"],
     "kv_experiment": ["make_batches", "run_kv_lookups", "reload", "DYNAMICEMB_LOADER", "mismatch_message"],
-    "kernel_timing": ["KernelCases", "fbgemm_ratios"],
+    "kernel_timing": ["KernelCases"],
     "routed_loads": ["ROUTINGS", "LoadsConfig", "measure_loads", "case_table", "rank_spread",
                      "step_verdicts"],
     "job": ["TrainConfig", "shard_model", "train_rank", "training_rows"],

@@ -32,7 +32,7 @@ from embnb.rowwise.routing import DistType, hash_key, owner_rank
 __all__ = [
     "KeyStreams", "into_table", "block_size_for", "owners", "rank_counts", "hot_key_floor", "worked_example",
     "load_table", "hash_noise", "balls_into_bins", "zipf_over_seeds", "sign_test", "hottest_key_counts",
-    "counted_placement", "alpha_sweep", "floor_stats", "COUNTED", "pipeline_table", "out_of_range_lookup",
+    "counted_placement", "alpha_sweep", "COUNTED", "pipeline_table", "out_of_range_lookup",
 ]  # fmt: skip
 
 COUNTED = "counted placement (LPT)"  # the dist_type column of the count-aware model
@@ -309,20 +309,6 @@ def alpha_sweep(
             records.append((float(alpha), seed, dist_type, max_over_mean(per_rank), p1, w_p1, max(1.0, w_p1)))
     columns = ["alpha", "seed", "dist_type", "max_over_mean", "hottest_share", "w_times_p1", "hot_key_floor"]
     return pd.DataFrame(records, columns=columns)
-
-
-def floor_stats(sweep: pd.DataFrame) -> pd.DataFrame:
-    """Per (alpha, dist_type) of an `alpha_sweep` over its seeds: max/mean's median, low and high, and
-    the median W * p1 and floor."""
-    if sweep.empty:
-        raise ValueError("sweep is empty: nothing to summarize")
-    return sweep.groupby(["alpha", "dist_type"]).agg(
-        median=("max_over_mean", "median"),
-        low=("max_over_mean", "min"),
-        high=("max_over_mean", "max"),
-        w_times_p1=("w_times_p1", "median"),
-        hot_key_floor=("hot_key_floor", "median"),
-    )
 
 
 def pipeline_table(

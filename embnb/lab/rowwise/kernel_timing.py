@@ -218,28 +218,6 @@ def _cpu_model() -> str:
     return "unknown"
 
 
-def fbgemm_ratios(rows: list[dict]) -> list[dict]:
-    """Per row FBGEMM timed: embnb's kernel over FBGEMM's (FBGEMM's time over embnb's), the ratio of
-    medians and the range of the per-round ratios, the rounds and threads; `reaches_parity` where
-    that range reaches 1 (this run does not show either kernel faster there)."""
-    return [
-        {
-            "num_keys": r["num_keys"],
-            "world_size": r["world_size"],
-            "threads": r["threads"],
-            "rounds": len(r["embnb_rounds_s"]),
-            "embnb_ms": r["embnb_s"] * 1e3,
-            "fbgemm_ms": r["fbgemm_s"] * 1e3,
-            "ratio": r["embnb_over_fbgemm"],
-            "ratio_low": r["embnb_over_fbgemm_low"],
-            "ratio_high": r["embnb_over_fbgemm_high"],
-            "reaches_parity": r["embnb_over_fbgemm_low"] <= 1 <= r["embnb_over_fbgemm_high"],
-        }
-        for r in rows
-        if r.get("embnb_over_fbgemm_low") is not None
-    ]
-
-
 TABLE_COLUMNS = ["num_keys", "world_size", "dist_type", "threads", "embnb_mkeys_s", "embnb_gbps"]
 TABLE_COLUMNS += ["fbgemm_mkeys_s", "reference_mkeys_s", "embnb_over_fbgemm", "embnb_over_fbgemm_low"]
 TABLE_COLUMNS += ["embnb_over_fbgemm_high", "embnb_over_fbgemm_min", "embnb_over_reference", "identical"]

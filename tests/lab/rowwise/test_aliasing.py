@@ -267,9 +267,3 @@ def test_alpha_sweep_rows_and_floor_against_counts():
         assert row.hottest_share == top / 4000
         assert row.hot_key_floor == max(1.0, 4 * top / 4000)
         assert row.max_over_mean >= row.hot_key_floor - 1e-12  # no placement splits a key
-    stats = aliasing.floor_stats(sweep)
-    low, high = stats.loc[(1.5, "roundrobin"), ["low", "high"]]
-    seeds = sweep[(sweep.alpha == 1.5) & (sweep.dist_type == "roundrobin")].max_over_mean
-    assert (low, high) == (seeds.min(), seeds.max())
-    with pytest.raises(ValueError, match="empty"):
-        aliasing.floor_stats(sweep.iloc[:0])
