@@ -13,6 +13,7 @@ from embnb.lab.exports import lazy_exports
 _HOMES = {
     "reference": ["all_placements", "page_core_agrees"],
     "cases": ["CWCase"],
+    "traffic": ["wire_bytes"],
     "experiment": ["run_seed", "error_panels", "run_appendix", "shard_table", "permute_derivation"],
     "figures": ["column_order_figure", "lookup_error_figure"],
     "explore": ["PlacementExplorer"],
