@@ -146,8 +146,10 @@ class MeasuredCandidates:
         rows = []
         for name, candidate in self.candidates.items():
             plan = self.world.plans.get(name)
-            row = {"plan": name, "poor": candidate.note == POOR, "rating_ms": candidate.rating,
-                   "note": candidate.note or (plan.error if plan else "")}  # fmt: skip
+            note = candidate.note or (plan.error if plan else "")
+            if plan is None and candidate.options is not None:
+                note += "; not measured here"
+            row = {"plan": name, "poor": candidate.note == POOR, "rating_ms": candidate.rating, "note": note}
             options = candidate.options
             if options is not None:
                 total = estimated_per_rank(options, self.topology.world_size)["total"]

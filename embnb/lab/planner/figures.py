@@ -11,6 +11,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import StrMethodFormatter
 
 from embnb.lab.planner.calibrated import ESTIMATES, GOAL, heldout_errors
 from embnb.lab.planner.candidates import MeasuredCandidates
@@ -140,14 +141,35 @@ def measured_figure(measured: MeasuredCandidates) -> Figure:
     left, right = fig.subplots(1, 2)
     by_round = rounds.pivot(index="plan", columns="round", values="step_ms_rounds").loc[planners.plan]
     left.plot(range(len(by_round)), by_round.to_numpy(), color="0.8", linewidth=0.8, zorder=1)
-    sns.stripplot(rounds, x="plan", y="step_ms_rounds", hue="plan", jitter=False, ax=left, zorder=2)
+    colors = dict(zip(planners.plan, sns.color_palette(n_colors=len(planners)))) | dict.fromkeys(
+        ran.plan[ran.poor], "0.5"
+    )
+    sns.stripplot(
+        rounds, x="plan", y="step_ms_rounds", hue="plan", palette=colors, jitter=False, ax=left, zorder=2
+    )
     left.set(xlabel="", ylabel=f"slowest rank's step, ms ({clock})")
     left.set_title(f"the planners' plans, {world.rounds} interleaved rounds", fontsize=9)
-    sns.scatterplot(ran, x="rating_ms", y="step_ms", hue="poor", style="poor", ax=right, s=50)
+    sns.scatterplot(
+        ran,
+        x="rating_ms",
+        y="step_ms",
+        hue="plan",
+        palette=colors,
+        style="poor",
+        s=50,
+        legend=False,
+        ax=right,
+    )
     for row in ran[ran.poor].itertuples():
         right.annotate(f" {row.plan}", (row.rating_ms, row.step_ms), fontsize=7, va="center")
     right.set(xscale="log", yscale="log", xlabel="torchrec's estimated rating, ms (log)")
-    right.set(ylabel=f"measured step, median, ms (log; {clock})", title="every plan (named: poor on purpose)")
+    right.set_xlim(right=ran.rating_ms.max() * 4)  # room for the names
+    right.set_ylabel(f"measured step, median, ms (log; {clock})")
+    right.set_title("every measured plan (coloured as on the left; grey, named: poor on purpose)", fontsize=9)
+    for axis in (right.xaxis, right.yaxis):
+        axis.set_major_formatter(StrMethodFormatter("{x:g}"))
+        axis.set_minor_formatter(StrMethodFormatter("{x:g}"))
+    right.tick_params(which="minor", labelsize=7)
     right.grid(True, which="major", alpha=0.3)
     name = f"{world.device.upper()} ({world.machine})"
     fig.suptitle(f"W = {measured.topology.world_size} measured rank by rank on {name}")
