@@ -105,3 +105,74 @@ def test_the_hstu_bench_refuses_a_sweep_it_cannot_fit(argv, message, capsys, tmp
     with pytest.raises(SystemExit):
         main(["hstu", *argv, "--out", str(tmp_path)])
     assert message in capsys.readouterr().err
+
+
+def _balancer(tmp_path, *extra):
+    argv = ["balancer", "--samples", "64", "--parts", "4", "--budget", "0.02", "--no-train"]
+    argv += ["--exchange-world-size", "--measured-world-size", "2", "3", "--measured-batch-size", "4"]
+    argv += ["--measured-max-length", "32", "--measured-width", "8", "--measured-repeats", "2"]
+    assert main([*argv, "--cap-world-size", "3", "--out", str(tmp_path), *extra]) == 0
+    (path,) = tmp_path.glob("balancer-*.json")
+    return json.loads(path.read_text())
+
+
+def _check_balancer_cases(checked: dict, limit: float, factors: tuple[int, ...]) -> None:
+    """Each (distribution, W) case's sweep recomputed; the W compared are those where every
+    distribution passed, at the largest batch they chose."""
+    from embnb.balancing.lengths import LengthDistribution
+    from embnb.lab.balancing.measured import sequence_dense_flops
+
+    spec = {"zipf": LengthDistribution("zipf", alpha=1.5), "lognormal": LengthDistribution("lognormal")}
+    assert checked["max_fixed_share"] == limit and checked["sweep_factors"] == list(factors)
+    assert sorted((c["distribution"], c["world_size"]) for c in checked["cases"]) == sorted(
+        (d, w) for d in ("zipf", "lognormal") for w in (2, 3)
+    )
+    for case in checked["cases"]:
+        _recheck(case, limit)
+        w = case["world_size"]
+        assert case["batches"] == [4 * f for f in factors]
+        for b, work in zip(case["batches"], case["work"]):
+            lengths = spec[case["distribution"]].draw(w * b, 32, w)  # seed 0 * 1009 + W, as measured draws
+            flops = sequence_dense_flops(lengths, 8, (64,)).reshape(w, b).sum(1)
+            assert work == pytest.approx(3 * float(flops.max()))
+    passed = {w: all(c["chosen_batch"] for c in checked["cases"] if c["world_size"] == w) for w in (2, 3)}
+    assert checked["compared_world_sizes"] == [w for w in (2, 3) if passed[w]]
+    chosen = [c["chosen_batch"] for c in checked["cases"] if passed[c["world_size"]]]
+    assert checked["samples_per_rank"] == (max(chosen) if chosen else None)
+
+
+def test_the_balancer_bench_checks_each_case_and_reports_no_comparison_where_none_passes(tmp_path):
+    payload = _balancer(tmp_path, "--sweep-factors", "1", "4", "16")
+    checked, measured = payload["rank_by_rank_acceptance"], payload["rank_by_rank"]
+    _check_balancer_cases(checked, 0.10, (1, 4, 16))
+    if checked["samples_per_rank"] is None:  # overhead-bound: nothing rank by rank is reported
+        assert checked["verdict"] == NOT_COMPARED and measured is None
+    else:
+        assert checked["verdict"] == f"compared at batch {checked['samples_per_rank']}"
+        assert measured["measured_config"]["local_batch_size"] == checked["samples_per_rank"]
+        assert {r["world_size"] for r in measured["measured_runs"]} == set(checked["compared_world_sizes"])
+
+
+def test_the_balancer_bench_compares_rank_by_rank_at_the_chosen_batch_only(tmp_path):
+    payload = _balancer(tmp_path, "--sweep-factors", "1", "2", "--max-fixed-share", "1")
+    checked, measured = payload["rank_by_rank_acceptance"], payload["rank_by_rank"]
+    _check_balancer_cases(checked, 1.0, (1, 2))
+    assert checked["compared_world_sizes"] == [2, 3], checked  # below 100% fixed: passes
+    config = measured["measured_config"]
+    assert config["local_batch_size"] == checked["samples_per_rank"] and config["world_sizes"] == [2, 3]
+    for batch in measured["measured_batches"]:  # each batch holds W x the chosen samples per rank
+        assert len(batch["lengths"]) == batch["world_size"] * checked["samples_per_rank"]
+    assert [c["world_size"] for c in measured["capped"]] == [3, 3]
+    assert all("cpu_ms" in r for r in measured["measured_runs"])  # the CPU's clock, kept on a CPU
+
+
+def test_a_gpu_runs_file_leaves_out_the_thread_cpu_times_at_any_depth():
+    from embnb.bench.balancer import _without_cpu_clock
+
+    record = {
+        "cpu_ms": [1.0],
+        "wall_ms": [1.0],
+        "runs": [{"cpu_low_ms": [1], "tokens": [3]}],
+        "clock": "wall",
+    }
+    assert _without_cpu_clock(record) == {"wall_ms": [1.0], "runs": [{"tokens": [3]}], "clock": "wall"}

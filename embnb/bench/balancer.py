@@ -21,11 +21,21 @@
    their 95% intervals, and the per-phase breakdown.
 4. Exchanges: all-gather vs all-to-all on real ranks (time, identical
    batches) and the bytes a rank receives, computed up to 64 ranks.
-5. Rank by rank (appendix 04a, `embnb.lab.balancing.measured`):
-   at each of --measured-world-size, for Zipf and log-normal lengths, every
+5. Rank by rank (appendix 04a, `embnb.lab.balancing.measured`), after
+   issue #70's acceptance check (`embnb.scaling`): for each of
+   --measured-world-size and each lengths' distribution, the loader's cut's
+   heaviest rank at --measured-batch-size samples per rank and at 4x and
+   16x it (--sweep-factors), its time fitted as fixed + per-FLOP x training
+   FLOPs; a case passes at the smallest batch whose fixed share is at most
+   --max-fixed-share (10%). Only the W at which every distribution passes
+   are compared, at the largest of their chosen batches; where none does,
+   the file records "overhead-bound: not compared" and no rank-by-rank
+   result. Compared: every
    rank's forward and backward on its own samples, one rank after another
    on --device (CPU: thread CPU time, one thread; GPU: every rank in turn
-   on the one GPU, synchronized wall time): the speed-up of KK + swaps, LPT
+   on the one GPU, synchronized wall time; the thread CPU time, which
+   synchronize's spin-wait makes equal to it there, is left out of the
+   file): the speed-up of KK + swaps, LPT
    and plain KK over the loader's cut beside the FLOP model and the bound;
    the memory-capped balance at --cap-world-size with each rank's peak
    memory (GPU: torch.cuda.max_memory_allocated, reset per rank); the
@@ -41,6 +51,7 @@ beside it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import threading
@@ -61,6 +72,16 @@ from embnb.data import zipf_lengths
 from embnb.dist import device_plan, resolve_device
 from embnb.lab.balancing import measured
 from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
+from embnb.scaling import (
+    MAX_FIXED_SHARE,
+    NOT_COMPARED,
+    SWEEP_FACTORS,
+    TRAINING_FLOPS_PER_FORWARD,
+    ScalingCheck,
+    measure_scaling,
+    sweep_batches,
+)
+from embnb.steptime.kernels import SequenceDense
 from embnb.timing import machine_name, median_seconds, paired_ratio
 
 PEER = "numberpartitioning_kk"
@@ -231,16 +252,97 @@ def bench_exchanges(
     }
 
 
-def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
-    """Sections 8-10 of notebook 04 at the bench's sizes, printed as they finish."""
+def dense_rank_step(lengths: list[int], config: measured.StepConfig) -> Callable[[], None]:
+    """One rank's forward and backward of `SequenceDense` on samples of `lengths`, as
+    `embnb.steptime.measure_partition` runs it, its model and tokens built once here."""
+    model = SequenceDense(config.width, config.hidden).to(config.device)
+    tokens = torch.randn(sum(lengths), config.width, device=config.device, requires_grad=True)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        tokens.grad = None
+        model(tokens, lengths).backward()
+
+    return step
+
+
+def sweep_case(
+    spec: LengthDistribution, world_size: int, config: measured.StepConfig, opts: argparse.Namespace
+) -> ScalingCheck:
+    """The acceptance check of one (distribution, W): the loader's cut's heaviest rank at each batch of
+    the sweep (the lengths drawn as `measured.measure_balanced_steps` draws them), timed in interleaved
+    rounds at one thread on a CPU and fitted on its training FLOPs."""
+    steps, work = {}, []
+    for batch in sweep_batches(config.local_batch_size, opts.sweep_factors):
+        lengths = spec.draw(world_size * batch, config.max_length, config.seed * 1009 + world_size).tolist()
+        flops = config.flops(lengths).tolist()
+        cut = balancer.balance(flops, world_size, "contiguous")
+        critical = max(cut, key=lambda part: sum(flops[i] for i in part))
+        steps[batch] = dense_rank_step([lengths[i] for i in critical], config)
+        work.append(TRAINING_FLOPS_PER_FORWARD * sum(flops[i] for i in critical))
+    threads = torch.get_num_threads()
+    if torch.device(config.device).type == "cpu":
+        torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread, as measured's
+    try:
+        return measure_scaling(steps, work, "flops", config.repeats, config.device, opts.max_fixed_share)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def acceptance(
+    distributions: dict[str, LengthDistribution], config: measured.StepConfig, opts: argparse.Namespace
+) -> dict[str, Any]:
+    """Every (distribution, W)'s check; the W at which all distributions pass, and the batch they are
+    compared at (the largest chosen: every compared case passes there, its fixed share falling with
+    the batch), or `NOT_COMPARED`."""
+    cases, compared, chosen = [], [], []
+    for w in config.world_sizes:
+        checks = {name: sweep_case(spec, w, config, opts) for name, spec in distributions.items()}
+        for name, check in checks.items():
+            cases.append({"distribution": name, "world_size": w} | check.as_dict())
+            print(f"  W={w} {name}: {_sweep_line(check)}", flush=True)
+        if all(c.chosen_batch is not None for c in checks.values()):
+            compared.append(w)
+            chosen += [c.chosen_batch for c in checks.values()]
+    batch = max(chosen) if chosen else None
+    return {
+        "sweep_factors": opts.sweep_factors,
+        "max_fixed_share": opts.max_fixed_share,
+        "work": f"{TRAINING_FLOPS_PER_FORWARD} x sequence_dense_flops of the cut's heaviest rank",
+        "cases": cases,
+        "compared_world_sizes": compared,
+        "samples_per_rank": batch,
+        "verdict": NOT_COMPARED if batch is None else f"compared at batch {batch}",
+    }
+
+
+def _sweep_line(check: ScalingCheck) -> str:
+    shares = ", ".join(f"{100 * s:.0f}%" for s in check.fixed_share)
+    tflops = ", ".join(f"{r / 1e12:.3g}" for r in check.achieved_rate)
+    return f"fixed share {shares}, TFLOPS {tflops} at {check.batches} samples per rank: {check.verdict}"
+
+
+def _without_cpu_clock(record: Any) -> Any:
+    """`record` without its thread CPU times (`cpu_*` keys, at any depth): on a GPU they equal the
+    synchronized wall times (synchronize spin-waits) and say nothing of the host's share."""
+    if isinstance(record, dict):
+        return {k: _without_cpu_clock(v) for k, v in record.items() if not k.startswith("cpu_")}
+    if isinstance(record, list):
+        return [_without_cpu_clock(v) for v in record]
+    return record
+
+
+def bench_rank_by_rank(opts: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Sections 8-10 of notebook 04 at the bench's sizes, printed as they finish, after the
+    acceptance check: (the results, or None where nothing passed; the check)."""
     distributions = {
         "zipf": LengthDistribution("zipf", alpha=1.5),
         "lognormal": LengthDistribution("lognormal", median=128, sigma=1.0),
     }
     clock = {"cpu": "thread CPU time", "wall": "synchronized wall time"}[measured.primary_clock(opts.device)]
     print(
-        f"rank by rank at W={opts.measured_world_size}, {opts.measured_batch_size} samples per rank, "
-        f"on {machine_name(opts.device)} ({clock}) ...",
+        f"rank by rank at W={opts.measured_world_size}, {opts.measured_batch_size} samples per rank "
+        f"x {opts.sweep_factors} (the acceptance check), on {machine_name(opts.device)} ({clock}) ...",
         flush=True,
     )
     config = measured.StepConfig(
@@ -251,6 +353,14 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
         repeats=opts.measured_repeats,
         device=opts.device,
     )
+    check = acceptance(distributions, config, opts)
+    if check["samples_per_rank"] is None:
+        print(f"  {NOT_COMPARED}: no W passed at every distribution", flush=True)
+        return None, check
+    config = dataclasses.replace(
+        config, world_sizes=check["compared_world_sizes"], local_batch_size=check["samples_per_rank"]
+    )
+    print(f"  compared at W={config.world_sizes}, {config.local_batch_size} samples per rank", flush=True)
     steps = measured.measure_balanced_steps(distributions, config)
     table = steps.speedups()
     shown = ["distribution", "world_size", "measured", "flop_model", "bound"]
@@ -258,7 +368,7 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
     capped = [
         measured.measure_capped(steps, name, opts.cap_world_size, opts.cap_over_mean)
         for name in distributions
-        if opts.cap_world_size is not None
+        if opts.cap_world_size in config.world_sizes
     ]
     for run in capped:
         costs = ", ".join(f"{label} {run.cost(label):.2f}x" for label in run.steps)
@@ -273,7 +383,8 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> dict[str, Any]:
             f"  {name}: share of the shuffle hidden (computed):",
             frame["hidden_share_computed"].round(3).tolist(),
         )
-    return measured.results(steps, capped, shares)
+    results = measured.results(steps, capped, shares)
+    return (_without_cpu_clock(results) if measured.primary_clock(opts.device) == "wall" else results), check
 
 
 def _options(argv: list[str]) -> argparse.Namespace:
@@ -325,6 +436,19 @@ def _options(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--measured-repeats", type=int, default=3, help="timed repeats per rank")
     parser.add_argument(
+        "--sweep-factors",
+        type=int,
+        nargs="+",
+        default=list(SWEEP_FACTORS),
+        help="the acceptance check's batches: --measured-batch-size x each",
+    )
+    parser.add_argument(
+        "--max-fixed-share",
+        type=float,
+        default=MAX_FIXED_SHARE["flops"],
+        help="compare rank by rank at the smallest batch whose fitted fixed share is at most this",
+    )
+    parser.add_argument(
         "--cap-world-size",
         type=int,
         default=16,
@@ -350,9 +474,15 @@ def _options(argv: list[str]) -> argparse.Namespace:
         ("--measured-max-length", [opts.measured_max_length]),
         ("--measured-width", [opts.measured_width]),
         ("--measured-repeats", [opts.measured_repeats]),
+        ("--sweep-factors", opts.sweep_factors),
     ):
         if any(v < 1 for v in values):
             parser.error(f"{name} must be >= 1, got {values if len(values) > 1 else values[0]}")
+    if len(set(opts.sweep_factors)) < 2:
+        parser.error(f"--sweep-factors needs two different factors to fit a slope, got {opts.sweep_factors}")
+    opts.sweep_factors = sorted(set(opts.sweep_factors))
+    if not 0 < opts.max_fixed_share <= 1:
+        parser.error(f"--max-fixed-share must be in (0, 1], got {opts.max_fixed_share}")
     if opts.measured_width % 4:  # SequenceDense's 4 attention heads
         parser.error(f"--measured-width must be a multiple of 4, got {opts.measured_width}")
     return _cap_and_device(parser, opts)
@@ -413,7 +543,7 @@ def main(argv: list[str]) -> int:
             )
         )
     exchanges = _run_exchanges(opts) if opts.exchange_world_size else None
-    rank_by_rank = bench_rank_by_rank(opts) if opts.measured_world_size else None
+    rank_by_rank, checked = bench_rank_by_rank(opts) if opts.measured_world_size else (None, None)
     payload = {
         "machine": machine_name(opts.device),
         "device": opts.device,
@@ -426,6 +556,7 @@ def main(argv: list[str]) -> int:
         "training": training,
         "exchanges": exchanges,
         "rank_by_rank": rank_by_rank,
+        "rank_by_rank_acceptance": checked,
         "training_config": {
             "steps": opts.steps,
             "batch_size": opts.batch_size,
