@@ -14,22 +14,28 @@ On the GPU machine, from the repository root, with that folder:
 Python; with `--fbgemm-cuda PARTS`, FBGEMM's slimmed CUDA build from
 scripts/fbgemm_cuda.py instead of fbgemm-gpu-cpu), builds the native
 extension for the local GPU, runs the CUDA parity and launcher tests (a
-process per file), every notebook with device="cuda" (small parameters),
-`python -m embnb.bench bucketize --device cuda`, `python -m embnb.bench
-steptime --device cuda` (STEPTIME_BENCH), `python -m embnb.bench hstu --device cuda` (HSTU_BENCH: the
-balancer at recsys-examples' shape, within HSTU_STEP_S) and `python -m embnb.bench
-balancer --device cuda` at BALANCER_BENCH's sizes (rank by rank at W = 8,
-16 and 64 on the one GPU, synchronized wall time; the memory-capped balance
-with each rank's torch.cuda.max_memory_allocated), and writes JSON results,
-pytest reports and executed notebooks under OUT; the benches' JSON files
-(named after the GPU) are the ones to commit to benchmarks/results. Each
-step is recorded in OUT/kit.json with its outcome and time; a failed step
-does not stop the others. Where a GPU is visible the run cannot pass unless
+process per file), then the benches in a GPU window's planned order (GROUPS):
+`python -m embnb.bench calibrate`, `steptime` (STEPTIME_BENCH, then at a capped
+HBM), `hstu` (HSTU_BENCH: the balancer at recsys-examples' shape, within
+HSTU_STEP_S) and `balancer` (BALANCER_BENCH: rank by rank at W = 8 and 16 on
+the one GPU; the memory-capped balance with each rank's
+torch.cuda.max_memory_allocated), all with `--device cuda`; the hstu and
+balancer benches compare methods only after issue 70's acceptance check
+(`embnb.scaling`: a batch sweep of the critical rank, "overhead-bound: not
+compared" where no batch passes). Then every notebook with device="cuda"
+(small parameters) and `python -m embnb.bench bucketize --device cuda`. It
+writes JSON results, pytest reports and executed notebooks under OUT; the
+benches' JSON files (named after the GPU) are the ones to commit to
+benchmarks/results. Each step has its own time limit and is recorded in
+OUT/steps.json as it ends and in OUT/kit.json at the end, with its outcome and
+time; a failed or cut step does not stop the others nor lose their files.
+Where a GPU is visible the run cannot pass unless
 CUDA really ran: the build fails without CUDA kernels, EMBNB_REQUIRE_GPU=1
 turns a skipped CUDA test into a failure, and kit.json records the CUDA
 kernels built and the CUDA tests run, skipped and failed. Without a GPU
 (the CPU test of the kit) it runs the same steps with device="cpu";
-`--short-bench` runs the benches at tiny sizes (BALANCER_BENCH_SHORT, HSTU_BENCH_SHORT).
+`--short-bench` runs the benches at tiny sizes (the *_SHORT sizes), the
+acceptance check included.
 """
 
 from __future__ import annotations
@@ -95,9 +101,11 @@ NOTEBOOK_PARAMETERS = {
     },
 }
 # `python -m embnb.bench balancer` on the GPU: every part of the bench, at
-# sizes that take minutes. Rank by rank at the bench's own W, lengths and
-# model (as its CPU runs in benchmarks/results measure them); partitioning
-# (CPU work) at two sizes; training and exchanges shortened.
+# sizes that take minutes. Rank by rank after the acceptance check (issue 70: each distribution's
+# and W's heaviest rank at 32, 128 and 512 samples per rank, compared only where the fitted fixed
+# share is at most 10%), at the bench's own lengths and model; W = 64 left out: compared at up to
+# 512 samples per rank it would take minutes alone. Partitioning (CPU work) at two sizes; training
+# and exchanges shortened.
 BALANCER_BENCH = {
     "--samples": [1024, 16384],
     "--parts": [8, 64],
@@ -106,12 +114,14 @@ BALANCER_BENCH = {
     "--steps": 8,
     "--repeats": 5,
     "--exchange-world-size": [2, 4],
-    "--measured-world-size": [8, 16, 64],
+    "--measured-world-size": [8, 16],
     "--measured-batch-size": 32,
     "--measured-max-length": 2048,
     "--measured-width": 256,  # width 32 was launch-bound on the H100 (2026-11-26)
     "--measured-repeats": 3,
     "--cap-world-size": 16,
+    "--sweep-factors": [1, 4, 16],
+    "--max-fixed-share": 0.1,
 }
 # `python -m embnb.bench steptime`: notebook 03's plans rank by rank, on the
 # device's own topology (torchrec's GPU estimates beside what was measured): one host of 8, then 2
@@ -157,26 +167,32 @@ STEPTIME_BENCH_SHORT = {  # 2 hosts of 2 on a CUDA topology: the host-level type
     "--repeats": 1,
 }
 # `python -m embnb.bench hstu` on the GPU: the balancer at recsys-examples' shape (an HSTU-like model of
-# width 1024, 8 layers, 4 heads of 256, bf16; 32 samples per rank, Zipf(1.2) lengths up to 4096), rank
-# by rank at W = 8, the width sweep at W = 8, then W = 16 and 64 while the bench's deadline allows (the
-# third GPU run measured W = 8 and 16 at width 1024 in 93 s, and its deadline cut the sweep: the sweep
-# now comes before W = 16). The step's own limit (HSTU_STEP_S) is above the bench's deadline by one
-# unit at width 1024 (about 55 s at W = 16 on the H200); the bench rewrites its JSON after each unit,
-# so a cut keeps them.
+# width 1024, 8 layers, 4 heads of 256, bf16; Zipf(1.2) lengths up to 4096), rank by rank at W = 8, then
+# W = 16 while the bench's deadline allows, each after the acceptance check (issue 70): the cut's
+# heaviest rank at 32, 128 and 512 samples per rank, the methods compared only at the smallest of
+# those whose fitted fixed share is at most 10%. The committed H200 run (2026-11-27, 32 samples per
+# rank) fits about 69 ms + 13.5 ms per TFLOP per rank: at 512 samples per rank, about 8 ms of forward
+# and backward per sample, a W = 8 comparison is about 4 methods x 8 ranks x 4 rounds x 0.25-0.5 s,
+# 30-65 s. The width sweep is left out (recsys-examples' width only). The step's own limit
+# (HSTU_STEP_S) is above the bench's deadline by one unit at 512 samples per rank; the bench rewrites
+# its JSON after each unit, so a cut keeps them.
 HSTU_BENCH = {
     "--world-sizes": [8],
-    "--more-world-sizes": [16, 64],
+    "--more-world-sizes": [16],
     "--width": 1024,
-    "--sweep-widths": [32, 64, 128, 256, 512, 1024],
+    "--sweep-widths": [],
     "--sweep-world-size": 8,
     "--layers": 8,
     "--samples-per-rank": 32,
+    "--sweep-factors": [1, 4, 16],
+    "--max-fixed-share": 0.1,
     "--max-length": 4096,
     "--alpha": 1.2,
     "--repeats": 3,
-    "--deadline-s": 100,
+    "--deadline-s": 90,
 }
-HSTU_STEP_S = 160
+HSTU_STEP_S = 240
+BALANCER_STEP_S = 600  # one command's limit: the balancer bench runs alone in its command's last minutes
 HSTU_BENCH_SHORT = {
     "--world-sizes": [2],
     "--more-world-sizes": [4],
@@ -185,6 +201,8 @@ HSTU_BENCH_SHORT = {
     "--sweep-world-size": 2,
     "--layers": 1,
     "--samples-per-rank": 4,
+    "--sweep-factors": [1, 4, 16],
+    "--max-fixed-share": 0.1,
     "--max-length": 64,
     "--alpha": 1.2,
     "--repeats": 1,
@@ -205,24 +223,33 @@ BALANCER_BENCH_SHORT = {
     "--measured-width": 8,
     "--measured-repeats": 1,
     "--cap-world-size": 4,
+    "--sweep-factors": [1, 4, 16],
+    "--max-fixed-share": 0.1,
 }
 
 
-# A lease is 15 minutes and one command at most 10, so the kit runs as two commands within 30 s of
-# each other (the machine and FBGEMM's unpacked store stay): `--only checks`, then `--only benches`.
-# Both carry the FBGEMM step and the build (the native library is built afresh by each command).
+# A GPU window, in the order of issue 70's plan (docs/testing.md, "The next GPU window"): the cheap
+# checks never rerun on a GPU since their fixes (the CUDA tests, among them a CUDA op's error on bad
+# data; the calibrate step's KeyError), then notebook 03's plans (steptime, uncapped and in the UVM
+# regime), then the balancing benches (notebook 04's question: HSTU, then the balancer), then the
+# notebooks and the rest. A lease is 15 minutes and one command at most 10, so a window is two or
+# three commands within 30 s of each other (the machine and FBGEMM's unpacked store stay), each
+# naming its groups (`--only cheap plans`, then `--only balancing`); every group carries the FBGEMM
+# step and the build (the native library is built afresh by each command).
 GROUPS = {
-    "checks": ["fbgemm-cuda", "build", "cuda-tests-*", "notebook-*", "bench-bucketize"],
-    "benches": ["fbgemm-cuda", "build", "bench-steptime*", "bench-calibrate", "bench-hstu", "bench-balancer",
-                "tests"],
-}  # fmt: skip
+    "cheap": ["fbgemm-cuda", "build", "cuda-tests-*", "bench-calibrate"],
+    "plans": ["fbgemm-cuda", "build", "bench-steptime*"],
+    "balancing": ["fbgemm-cuda", "build", "bench-hstu", "bench-balancer"],
+    "notebooks": ["fbgemm-cuda", "build", "notebook-*", "bench-bucketize", "tests"],
+}
+GROUP_ORDER = list(GROUPS)  # the planned order of a window
 
 
 def expand_groups(only: list[str] | None) -> list[str] | None:
     """`--only`'s step names and patterns, with GROUPS' names replaced by their steps."""
     if only is None:
         return None
-    return [step for name in only for step in GROUPS.get(name, [name])]
+    return list(dict.fromkeys(step for name in only for step in GROUPS.get(name, [name])))
 
 
 def bench_flags(options: dict[str, object]) -> list[str]:
@@ -406,6 +433,8 @@ class Steps:
                 "log": log.name,
             }
         )
+        # kit.json is written at the end: this record survives a command killed before it
+        (self.out / "steps.json").write_text(json.dumps(self.records, indent=2) + "\n")
         print(f"gpu kit: {name}: {'ok' if ok else f'FAILED ({code})'} in {seconds:.1f} s", flush=True)
         return ok
 
@@ -469,9 +498,30 @@ def gpu_arch_list() -> str | None:
     return ";".join(f"{major}.{minor}" for major, minor in caps)
 
 
-def run_notebooks_and_benches(steps: Steps, device: str, out: pathlib.Path, short_bench: bool) -> None:
-    """Every notebook with NOTEBOOK_PARAMETERS, then both benches, on `device`."""
+def run_benches_and_notebooks(steps: Steps, device: str, out: pathlib.Path, short_bench: bool) -> None:
+    """The benches in the window's planned order (GROUPS): the calibration (a cheap check), notebook
+    03's plans (steptime, then at a capped HBM), the balancing benches (HSTU, then the balancer); then
+    every notebook with NOTEBOOK_PARAMETERS and the bucketize bench, on `device`. Each step has its own
+    limit and writes its own files, so a failed or cut step loses no other step's results."""
     python = sys.executable
+    calibrate = [python, "-m", "embnb.bench", "calibrate", "--device", device, "--out", str(out)]
+    steps.run(
+        "bench-calibrate", calibrate + bench_flags(CALIBRATE_BENCH_SHORT if short_bench else CALIBRATE_BENCH)
+    )
+    # Each rank's step with FBGEMM's TBEs, notebook 03's plans, on the device's topology of one host.
+    steptime = [python, "-m", "embnb.bench", "steptime", "--device", device, "--out", str(out)]
+    steps.run(
+        "bench-steptime", steptime + bench_flags(STEPTIME_BENCH_SHORT if short_bench else STEPTIME_BENCH)
+    )
+    # The same at a capped HBM (UVM caching on a GPU): steptime_capped-*.json.
+    uvm_sizes = {**STEPTIME_BENCH_SHORT, "--hbm-gib": 1.0} if short_bench else STEPTIME_UVM_BENCH
+    steps.run("bench-steptime-uvm", steptime + bench_flags(uvm_sizes))
+    # The balancer at recsys-examples' shape, before the balancer bench (which a deadline cuts first).
+    hstu = [python, "-m", "embnb.bench", "hstu", "--device", device, "--out", str(out)]
+    steps.run("bench-hstu", hstu + bench_flags(HSTU_BENCH_SHORT if short_bench else HSTU_BENCH), HSTU_STEP_S)
+    balancer = [python, "-m", "embnb.bench", "balancer", "--device", device, "--out", str(out)]
+    sizes = BALANCER_BENCH_SHORT if short_bench else BALANCER_BENCH
+    steps.run("bench-balancer", balancer + bench_flags(sizes), timeout_s=BALANCER_STEP_S)
     for name, parameters in NOTEBOOK_PARAMETERS.items():
         pairs = [x for k, v in {**parameters, "device": device}.items() for x in ("-p", k, json.dumps(v))]
         notebook = f"notebooks/{name}.ipynb"
@@ -489,25 +539,6 @@ def run_notebooks_and_benches(steps: Steps, device: str, out: pathlib.Path, shor
             else ["--dist-types", "continuous,roundrobin,hash_roundrobin"]
         ),
     )
-    # Each rank's step with FBGEMM's TBEs, notebook 03's plans, on the device's topology of one host.
-    steptime = [python, "-m", "embnb.bench", "steptime", "--device", device, "--out", str(out)]
-    steps.run(
-        "bench-steptime", steptime + bench_flags(STEPTIME_BENCH_SHORT if short_bench else STEPTIME_BENCH)
-    )
-    # The same at a capped HBM (UVM caching on a GPU): steptime_capped-*.json.
-    uvm = [python, "-m", "embnb.bench", "steptime", "--device", device, "--out", str(out)]
-    uvm_sizes = {**STEPTIME_BENCH_SHORT, "--hbm-gib": 1.0} if short_bench else STEPTIME_UVM_BENCH
-    steps.run("bench-steptime-uvm", uvm + bench_flags(uvm_sizes))
-    calibrate = [python, "-m", "embnb.bench", "calibrate", "--device", device, "--out", str(out)]
-    steps.run(
-        "bench-calibrate", calibrate + bench_flags(CALIBRATE_BENCH_SHORT if short_bench else CALIBRATE_BENCH)
-    )
-    # The balancer at recsys-examples' shape, before the balancer bench (which a deadline cuts first).
-    hstu = [python, "-m", "embnb.bench", "hstu", "--device", device, "--out", str(out)]
-    steps.run("bench-hstu", hstu + bench_flags(HSTU_BENCH_SHORT if short_bench else HSTU_BENCH), HSTU_STEP_S)
-    balancer = [python, "-m", "embnb.bench", "balancer", "--device", device, "--out", str(out)]
-    sizes = BALANCER_BENCH_SHORT if short_bench else BALANCER_BENCH
-    steps.run("bench-balancer", balancer + bench_flags(sizes), timeout_s=1200)
 
 
 FBGEMM_PROBE = """
@@ -604,7 +635,7 @@ def run(
             junit = f"--junitxml={out / f'cuda-tests-{stem}.xml'}"
             # pytest exits 5 where a file has no CUDA test: nothing was selected, nothing failed
             steps.run(f"cuda-tests-{stem}", [*pytest, "-m", "cuda", junit, test_file], ok_codes=(0, 5))
-        run_notebooks_and_benches(steps, device, out, short_bench)
+        run_benches_and_notebooks(steps, device, out, short_bench)
         # CPU-only (CI runs them too): last, so a deadline cuts them first.
         steps.run("tests", [*pytest, "-m", "not cuda", f"--junitxml={out / 'tests.xml'}", *KIT_TESTS])
         return summarize(steps, device, out, short_bench)

@@ -72,23 +72,27 @@ def test_every_kit_notebook_parameter_exists_in_its_notebook():
         assert set(parameters) <= defined, (name, set(parameters) - defined)
 
 
-def test_the_balancer_bench_step_asks_for_the_measured_part_at_w_8_16_64_and_its_short_form_for_less():
+def _values(sizes: dict, flag: str) -> list:
+    return sizes[flag] if isinstance(sizes[flag], list) else [sizes[flag]]
+
+
+def test_the_balancer_bench_step_asks_for_the_checked_measured_part_at_w_8_16_and_its_short_form_for_less():
     from embnb.bench import balancer
 
     gpu, short = gpu_kit.BALANCER_BENCH, gpu_kit.BALANCER_BENCH_SHORT
     assert list(gpu) == list(short)  # the same flags, only the sizes differ
-    assert gpu["--measured-world-size"] == [8, 16, 64]  # issue 36: W = 8, 16 and 64
+    # W = 64 of issue 36 left out: compared at up to 16 x 32 samples per rank it would take minutes alone
+    assert gpu["--measured-world-size"] == [8, 16]
+    # issue 70's acceptance check: a base batch, 4x and 16x it; 10% fixed at most for a dense model
     for sizes in (gpu, short):
+        assert sizes["--sweep-factors"] == [1, 4, 16] and sizes["--max-fixed-share"] == 0.1
         # the bench's own parser takes them (argparse exits on a bad flag) and keeps the capped part
         opts = balancer._options([*gpu_kit.bench_flags(sizes), "--device", "cpu"])
         assert opts.measured_world_size == sizes["--measured-world-size"]
         assert opts.cap_world_size == sizes["--cap-world-size"] and opts.device == "cpu"
-
-    def values(sizes, flag):
-        return sizes[flag] if isinstance(sizes[flag], list) else [sizes[flag]]
-
-    for flag in short:  # every size of the short form at most the GPU form's smallest
-        assert max(values(short, flag)) <= min(values(gpu, flag)), flag
+        assert opts.sweep_factors == [1, 4, 16] and opts.max_fixed_share == 0.1
+    for flag in set(short) - {"--sweep-factors"}:  # every size of the short form at most the GPU's smallest
+        assert max(_values(short, flag)) <= min(_values(gpu, flag)), flag
 
 
 def test_the_hstu_bench_step_asks_for_recsys_examples_shape_and_its_short_form_for_less():
@@ -99,21 +103,19 @@ def test_the_hstu_bench_step_asks_for_recsys_examples_shape_and_its_short_form_f
     # recsys-examples' E2E benchmark (7cf45752): width 1024, 8 layers, 32 samples per GPU, Zipf(1.2) to 4096
     assert (gpu["--width"], gpu["--layers"], gpu["--samples-per-rank"]) == (1024, 8, 32)
     assert (gpu["--alpha"], gpu["--max-length"]) == (1.2, 4096)
-    assert gpu["--world-sizes"] == [8] and gpu["--more-world-sizes"] == [16, 64]
-    assert gpu["--sweep-world-size"] == 8 and min(gpu["--sweep-widths"]) == 32
-    assert max(gpu["--sweep-widths"]) == 1024
+    assert gpu["--world-sizes"] == [8] and gpu["--more-world-sizes"] == [16] and gpu["--sweep-widths"] == []
     assert gpu["--deadline-s"] < gpu_kit.HSTU_STEP_S  # the bench stops before the kit cuts it
     for sizes in (gpu, short):
+        assert sizes["--sweep-factors"] == [1, 4, 16] and sizes["--max-fixed-share"] == 0.1
         opts = hstu._options([*gpu_kit.bench_flags(sizes), "--device", "cpu"])
         assert opts.width == sizes["--width"] and opts.world_sizes == sizes["--world-sizes"]
+        assert opts.sweep_factors == [1, 4, 16] and opts.max_fixed_share == 0.1
     gpu_opts = hstu._options([*gpu_kit.bench_flags(gpu), "--device", "cpu"])
-    units = hstu._units(gpu_opts)  # W = 8 at width 1024, the sweep at W = 8, then W = 16 and 64
-    assert units[0] == (8, 1024) and units[1:6] == [(8, w) for w in (32, 64, 128, 256, 512)]
-    assert units[6:] == [(16, 1024), (64, 1024)]
-    for flag, value in short.items():
-        values = value if isinstance(value, list) else [value]
-        limit = gpu[flag] if isinstance(gpu[flag], list) else [gpu[flag]]
-        assert max(values) <= min(limit) or flag == "--alpha", flag
+    assert hstu._units(gpu_opts) == [(8, 1024), (16, 1024)]  # W = 8, then W = 16 if the deadline allows
+    for flag in set(short) - {"--sweep-factors"}:
+        if gpu[flag] == []:  # the GPU run leaves the width sweep out
+            continue
+        assert max(_values(short, flag)) <= min(_values(gpu, flag)) or flag == "--alpha", flag
 
 
 def test_the_steptime_bench_step_and_its_short_form_parse_with_the_benchs_own_options():
@@ -312,7 +314,10 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
 
 
 def _check_hstu_results(payload: dict, sizes: dict) -> None:
-    """The kit's HSTU JSON on CPU: every (W, width) of the short sizes, every method, W ranks each."""
+    """The kit's HSTU JSON on CPU: every (W, width) of the short sizes with its acceptance check (a
+    sweep of the base batch, 4x and 16x, whatever its verdict), every method, W ranks each, where the
+    check passed, and no comparison where it did not."""
+    from embnb.scaling import NOT_COMPARED
     from embnb.timing import machine_name
 
     assert payload["device"] == "cpu" and payload["machine"] == machine_name("cpu")
@@ -322,7 +327,16 @@ def _check_hstu_results(payload: dict, sizes: dict) -> None:
     expected += [(sizes["--sweep-world-size"], x) for x in sizes["--sweep-widths"]]
     expected += [(w, width) for w in sizes["--more-world-sizes"]]
     assert [(w["world_size"], w["width"]) for w in payload["worlds"]] == list(dict.fromkeys(expected))
+    base = sizes["--samples-per-rank"]
     for world in payload["worlds"]:
+        check = world["acceptance"]
+        assert check["batches"] == [base * f for f in sizes["--sweep-factors"]]
+        assert check["max_fixed_share"] == sizes["--max-fixed-share"] and check["unit"] == "flops"
+        assert len(check["achieved_rate"]) == len(check["fixed_share"]) == len(check["batches"])
+        if check["chosen_batch"] is None:
+            assert world["verdict"] == NOT_COMPARED and world["runs"] == []
+            continue
+        assert world["samples_per_rank"] == check["chosen_batch"]
         assert [r["method"] for r in world["runs"]] == [
             "contiguous",
             "greedy_lpt",
@@ -341,7 +355,16 @@ def _check_balancer_results(payload: dict, sizes: dict) -> None:
 
     assert payload["device"] == "cpu" and payload["machine"] == machine_name("cpu")
     assert payload["torch"].startswith("2.11.0") and payload["training"] and payload["exchanges"]["identical"]
-    measured = payload["rank_by_rank"]
+    checked, measured = payload["rank_by_rank_acceptance"], payload["rank_by_rank"]
+    base = sizes["--measured-batch-size"]
+    assert len(checked["cases"]) == 2 * len(sizes["--measured-world-size"])  # zipf and lognormal at each W
+    for case in checked["cases"]:
+        assert case["batches"] == [base * f for f in sizes["--sweep-factors"]]
+        assert case["max_fixed_share"] == sizes["--max-fixed-share"]
+    if measured is None:  # no W passed the acceptance check at every distribution: nothing compared
+        assert checked["samples_per_rank"] is None and checked["compared_world_sizes"] == []
+        return
+    sizes = {**sizes, "--measured-world-size": checked["compared_world_sizes"]}
     assert measured["measured_config"]["device"] == "cpu" and measured["measured_config"]["clock"] == "cpu"
     world_sizes = sizes["--measured-world-size"]
     methods = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
@@ -358,6 +381,9 @@ def _check_balancer_results(payload: dict, sizes: dict) -> None:
         assert row["measured"] == pytest.approx(max(cut["cpu_ms"]) / max(mine["cpu_ms"]))
     cap_world_size = sizes["--cap-world-size"]
     capped = measured["capped"]
+    if cap_world_size not in checked["compared_world_sizes"]:
+        assert capped == []
+        return
     assert [(c["distribution"], c["world_size"]) for c in capped] == [
         ("zipf", cap_world_size),
         ("lognormal", cap_world_size),
@@ -370,35 +396,46 @@ def _check_balancer_results(payload: dict, sizes: dict) -> None:
 
 
 def kit_steps() -> list[str]:
-    """The whole kit's steps in their order (but FBGEMM's, which runs only with --fbgemm-cuda)."""
+    """The whole kit's steps in their order (but FBGEMM's, which runs only with --fbgemm-cuda): a GPU
+    window's planned order (issue 70), the cheap checks first."""
     return [
         "build",
         *[f"cuda-tests-{pathlib.Path(f).stem}" for f in gpu_kit.KIT_TESTS],  # a process each
-        *[f"notebook-{name}" for name in gpu_kit.NOTEBOOK_PARAMETERS],
-        "bench-bucketize",
+        "bench-calibrate",
         "bench-steptime",
         "bench-steptime-uvm",
-        "bench-calibrate",
         "bench-hstu",
         "bench-balancer",
+        *[f"notebook-{name}" for name in gpu_kit.NOTEBOOK_PARAMETERS],
+        "bench-bucketize",
         "tests",  # CPU-only, last: a deadline cuts them first
     ]
 
 
-def test_the_two_commands_of_a_lease_run_every_step_once_but_the_fbgemm_and_build_steps(tmp_path):
-    """`--only checks` then `--only benches`: each step of the whole kit runs in one of them, and
-    both bring FBGEMM's package and build the native library (each command builds afresh)."""
+def test_the_groups_of_a_window_run_every_step_once_in_the_planned_order(tmp_path):
+    """`--only cheap plans`, then `--only balancing`, then `--only notebooks`: each step of the whole
+    kit runs in one group, in the kit's order, and every command brings FBGEMM's package and builds
+    the native library (each command builds afresh)."""
+    assert gpu_kit.GROUP_ORDER == ["cheap", "plans", "balancing", "notebooks"]
     every = ["fbgemm-cuda", *kit_steps()]
-    ran = {}
-    for group in ("checks", "benches"):
-        steps = gpu_kit.Steps(tmp_path, dict(os.environ), only=[group])
+    ran, order = {}, []
+    for command in (["cheap", "plans"], ["balancing"], ["notebooks"]):
+        steps = gpu_kit.Steps(tmp_path, dict(os.environ), only=command)
         for name in every:
             steps.run(name, [sys.executable, "-c", "pass"])  # a step left out is neither run nor recorded
         for record in steps.records:
-            ran.setdefault(record["step"], []).append(group)
-    assert ran.pop("fbgemm-cuda") == ran.pop("build") == ["checks", "benches"]
+            ran.setdefault(record["step"], []).append(command[-1])
+            order.append(record["step"])
+    assert ran.pop("fbgemm-cuda") == ran.pop("build") == ["plans", "balancing", "notebooks"]
     assert sorted(ran) == sorted(every[2:]) and all(len(groups) == 1 for groups in ran.values())
-    assert ran["notebook-03_dp_planner"] == ["checks"] and ran["bench-hstu"] == ["benches"]
+    assert ran["bench-calibrate"] == ran["bench-steptime"] == ["plans"]  # the first command
+    assert ran["bench-hstu"] == ran["bench-balancer"] == ["balancing"]
+    assert ran["notebook-03_dp_planner"] == ["notebooks"]
+    assert [s for s in order if s not in ("fbgemm-cuda", "build")] == every[2:]  # the kit's order
+    # each step's record is on disk as soon as it ends: a command killed later keeps them
+    assert [r["step"] for r in json.loads((tmp_path / "steps.json").read_text())] == [
+        "fbgemm-cuda", "build", *[n for n in every[2:] if ran[n] == ["notebooks"]]
+    ]  # fmt: skip
 
 
 def test_steps_past_the_deadline_are_cut_and_recorded(tmp_path):
