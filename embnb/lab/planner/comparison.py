@@ -88,9 +88,8 @@ def compare_proposers(
     planning seconds (median, min, max over `planning.repeats`), end to end with the enumeration,
     whether the time limit cut it short, and a note. `source`: the options enumerated for this
     topology, or the tables to enumerate now; `.attrs`: enumerate_s, num_options, combinations, hosts."""
-    if isinstance(source, Enumerated):
-        enumerated = source
-    else:
+    enumerated = source
+    if not isinstance(source, Enumerated):
         enumerated = enumerate_options(source, topology, planning.batch_size, planning.constraints)
     proposers = default_proposers() if proposers is None else proposers
     if not proposers:
@@ -107,19 +106,14 @@ def compare_proposers(
         made = [proposers[name]() for _ in range(planning.repeats)]
         runs = [planning.run(p, enumerated, topology, name) for p in made]
         run, seconds, last = runs[0], [r.seconds for r in runs], made[-1]
-        last = last if isinstance(last, list) else [last]
-        considered = sum(
-            p.num_knapsack_proposals + p.num_refinements for p in last if hasattr(p, "num_refinements")
-        )
-        loads = (
-            rank_loads(run.plan, topology.world_size)
-            if run.plan
-            else pd.DataFrame({"hbm_gb": [], "ddr_gb": []})
-        )
+        ours = [p for p in (last if isinstance(last, list) else [last]) if hasattr(p, "num_refinements")]
+        considered = sum(p.num_knapsack_proposals + p.num_refinements for p in ours)
+        nothing = {"hbm_gb": math.nan, "ddr_gb": math.nan}  # no plan
+        peak = rank_loads(run.plan, topology.world_size).max() if run.plan else nothing
         skipped = name == "GridSearch" and combinations > MAX_PROPOSALS  # torchrec skips it then
         rows.append(
-            {"proposer": name, "perf_rating": run.perf_rating, "max_hbm_gb": loads.hbm_gb.max(),
-             "max_ddr_gb": loads.ddr_gb.max(), "feasible": run.plan is not None,
+            {"proposer": name, "perf_rating": run.perf_rating, "max_hbm_gb": peak["hbm_gb"],
+             "max_ddr_gb": peak["ddr_gb"], "feasible": run.plan is not None,
              "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in run.plan or []),
              "plans_considered": considered or run.proposals, "proposals": run.proposals,
              "plan_s": statistics.median(seconds), "plan_s_min": min(seconds), "plan_s_max": max(seconds),

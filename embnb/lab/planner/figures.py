@@ -141,25 +141,13 @@ def measured_figure(measured: MeasuredCandidates) -> Figure:
     left, right = fig.subplots(1, 2)
     by_round = rounds.pivot(index="plan", columns="round", values="step_ms_rounds").loc[planners.plan]
     left.plot(range(len(by_round)), by_round.to_numpy(), color="0.8", linewidth=0.8, zorder=1)
-    colors = dict(zip(planners.plan, sns.color_palette(n_colors=len(planners)))) | dict.fromkeys(
-        ran.plan[ran.poor], "0.5"
-    )
-    sns.stripplot(
-        rounds, x="plan", y="step_ms_rounds", hue="plan", palette=colors, jitter=False, ax=left, zorder=2
-    )
+    colors = dict(zip(planners.plan, sns.color_palette(n_colors=len(planners))))
+    colors |= dict.fromkeys(ran.plan[ran.poor], "0.5")
+    sns.stripplot(rounds, x="plan", y="step_ms_rounds", hue="plan", palette=colors, jitter=False, ax=left)
     left.set(xlabel="", ylabel=f"slowest rank's step, ms ({clock})")
     left.set_title(f"the planners' plans, {world.rounds} interleaved rounds", fontsize=9)
-    sns.scatterplot(
-        ran,
-        x="rating_ms",
-        y="step_ms",
-        hue="plan",
-        palette=colors,
-        style="poor",
-        s=50,
-        legend=False,
-        ax=right,
-    )
+    style = dict(hue="plan", palette=colors, style="poor", s=50, legend=False)
+    sns.scatterplot(ran, x="rating_ms", y="step_ms", ax=right, **style)
     for row in ran[ran.poor].itertuples():
         right.annotate(f" {row.plan}", (row.rating_ms, row.step_ms), fontsize=7, va="center")
     right.set(xscale="log", yscale="log", xlabel="torchrec's estimated rating, ms (log)")
