@@ -105,7 +105,7 @@ def gpu_rank_rows(results_dir: str | pathlib.Path | None = None) -> pd.DataFrame
                 for world in run.data["worlds"]
                 for r in world["runs"]
             ]
-        source = f"{run.machine.removeprefix('NVIDIA ')}, {run.benchmark}, width {width}"
+        source = f"{run.machine.removeprefix('NVIDIA ')} {run.date}, {run.benchmark}, width {width}"
         rows += [
             {"source": source, **where, "world_size": w, "method": method, "ms": m, "gflops": f / 1e9}
             for w, method, ms, flops in per_rank

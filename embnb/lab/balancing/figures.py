@@ -100,15 +100,14 @@ def timeline(spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]], steps: Seq
 
 
 def time_vs_work_figure(ranks: pd.DataFrame, fits: pd.DataFrame) -> Figure:
-    """A panel per source (at most 4): each measured rank's ms against its GFLOPs with the least
+    """A panel per source, 4 to a row: each measured rank's ms against its GFLOPs with the least
     squares line, and the fitted fixed part dashed (where it is most of a rank's time, the step
     follows overhead, not work). `ranks`: rows of source, ms, gflops; `fits`: `cost_fit.time_vs_work`
-    of them. Raises ValueError past 4 sources."""
-    if not 0 < len(fits) <= 4:
-        raise ValueError(f"need 1 to 4 sources, got {len(fits)}")
+    of them."""
     grid = sns.lmplot(
-        ranks, x="gflops", y="ms", col="source", hue="source", col_order=list(fits.index), ci=None,
-        truncate=False, height=3.3, facet_kws={"sharex": False, "sharey": False}, scatter_kws={"s": 8},
+        ranks, x="gflops", y="ms", col="source", hue="source", col_order=list(fits.index), col_wrap=4,
+        ci=None, truncate=False, height=3.3, facet_kws={"sharex": False, "sharey": False},
+        scatter_kws={"s": 8},
     )  # fmt: skip
     for ax, (source, fit) in zip(grid.axes.flat, fits.iterrows()):
         ax.axhline(fit["fixed_ms"], **MEAN_STYLE)

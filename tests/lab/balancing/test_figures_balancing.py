@@ -63,3 +63,6 @@ def test_time_vs_work_draws_each_source_with_its_fit():
     assert len(fig.axes) == 2
     for ax, source in zip(fig.axes, ["a", "b"]):  # the dashed line: the fitted fixed ms
         assert ax.lines[-1].get_ydata()[0] == pytest.approx(fits.loc[source, "fixed_ms"], abs=1e-9)
+    # a fifth committed run wraps to a second row instead of failing the appendix
+    many = pd.DataFrame([{"source": f"s{i}", "ms": 1.0 + g, "gflops": g} for i in range(5) for g in (1, 2)])
+    assert len(figures.time_vs_work_figure(many, cost_fit.time_vs_work(many)).axes) == 5

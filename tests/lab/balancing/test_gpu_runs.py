@@ -28,7 +28,10 @@ def test_only_cuda_runs_are_read_and_the_fit_says_what_bounds_them(tmp_path):
     assert len(ranks) == 2 * 2 * 2  # 2 files x 2 methods x 2 ranks: not the CPU run, not another bench
     assert ranks["ms"].tolist() == [10.0, 10.5] * 2 + [1.0, 3.0] * 2  # the wall clock, as the run says
     fits = cost_fit.time_vs_work(ranks)
-    assert list(fits.index) == ["GPU B, balancer, width 32", "GPU C, balancer, width 32"]
+    assert list(fits.index) == [
+        "GPU B 2026-11-26, balancer, width 32",
+        "GPU C 2026-11-26, balancer, width 32",
+    ]
     b, c = fits.iloc[0], fits.iloc[1]
     assert b["fixed_ms"] == pytest.approx(9.75) and not b["time_follows_work"]  # 10 = fixed + 0.25 x 1
     assert c["fixed_share"] == pytest.approx(0, abs=1e-9) and c["time_follows_work"]
