@@ -176,3 +176,15 @@ def test_a_gpu_runs_file_leaves_out_the_thread_cpu_times_at_any_depth():
         "clock": "wall",
     }
     assert _without_cpu_clock(record) == {"wall_ms": [1.0], "runs": [{"tokens": [3]}], "clock": "wall"}
+
+
+def test_a_unit_out_of_memory_prints_its_verdict():
+    from embnb.bench.hstu import _line
+
+    world = {
+        "world_size": 8,
+        "width": 1024,
+        "runs": [],
+        "verdict": "out of memory in the sweep: not compared",
+    }
+    assert _line(world | {"acceptance": None}) == "out of memory in the sweep: not compared"

@@ -151,18 +151,29 @@ def critical_rank_sweep(
 
 def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
     """One (W, width): the acceptance check, then the methods compared at the chosen batch, or not
-    compared at all (`embnb.scaling.NOT_COMPARED`: no runs)."""
+    compared at all (`embnb.scaling.NOT_COMPARED`, or out of memory on the device: no runs)."""
     model = _model(width, opts, dtype)
     batches = {
         b: zipf_lengths(world_size * b, opts.alpha, opts.max_length, seed=world_size * f).tolist()
         for f, b in zip(opts.sweep_factors, sweep_batches(opts.samples_per_rank, opts.sweep_factors))
     }
-    check = critical_rank_sweep(model, batches, world_size, opts, dtype)
+    empty = {"world_size": world_size, "width": width, "runs": []}
+    try:
+        check = critical_rank_sweep(model, batches, world_size, opts, dtype)
+    except torch.cuda.OutOfMemoryError as error:  # the 16x batch may not fit: the next unit still runs
+        torch.cuda.empty_cache()
+        verdict = "out of memory in the sweep: not compared"
+        return empty | {"samples_per_rank": None, "verdict": verdict, "acceptance": None, "error": str(error)}
     chosen = check.chosen_batch
-    if chosen is None:
-        world = {"world_size": world_size, "width": width, "runs": []}
-    else:
-        world = measure_world(model, batches[chosen], world_size, opts.repeats, opts.device, dtype)
+    world = empty
+    if chosen is not None:
+        try:
+            world = measure_world(model, batches[chosen], world_size, opts.repeats, opts.device, dtype)
+        except torch.cuda.OutOfMemoryError as error:
+            torch.cuda.empty_cache()
+            verdict = f"out of memory at batch {chosen}: not compared"
+            return empty | {"samples_per_rank": None, "verdict": verdict, "acceptance": check.as_dict(),
+                            "error": str(error)}  # fmt: skip
     return world | {"samples_per_rank": chosen, "verdict": check.verdict, "acceptance": check.as_dict()}
 
 
@@ -232,6 +243,8 @@ def run(opts: argparse.Namespace, write: Any = None) -> dict[str, Any]:
 def _line(world: dict[str, Any]) -> str:
     """What a (W, width) shows: its acceptance check, then the comparison if it passed."""
     check = world["acceptance"]
+    if check is None:
+        return world["verdict"]
     shares = ", ".join(f"{100 * s:.0f}%" for s in check["fixed_share"])
     tflops = ", ".join(f"{r / 1e12:.3g}" for r in check["achieved_rate"])
     sweep = f"fixed share {shares} and TFLOPS {tflops} at {check['batches']} samples per rank"
