@@ -252,7 +252,7 @@ def _rank_by_rank_tables(measured: dict[str, Any]) -> list[str]:
         [
             c["distribution"],
             str(c["world_size"]),
-            f"{c['cap']:.0f} ({sig(c['cap'] / c['mean_tokens'])}x mean)",
+            f"{c['cap']:.0f} ({sig(c['cap'] / c.get('mean', c.get('mean_tokens')))}x mean)",
             "yes" if c["binds"] else "no",
         ]
         + [f"{sig(c['cost'][m])}x, {sig(max(c['peak_bytes'][m]) / 2**20)} MiB" for m in c["cost"]]

@@ -25,7 +25,7 @@ from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.distributed.types import ShardingPlan
 
-from embnb.lab.rowwise.reference import fmix64
+from embnb.lab.rowwise.core import fmix64
 from embnb.rowwise import (
     RoutedEmbeddingBagCollectionSharder,
     RoutedEmbeddingCollectionSharder,

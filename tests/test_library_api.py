@@ -20,6 +20,9 @@ PACKAGE = pathlib.Path(embnb.__file__).parent
 LIBRARY = ("rowwise", "columnwise", "planner", "balancing")
 # What a notebook layer holds; none of it may sit in a library subpackage.
 NOTEBOOK_ROLES = {
+    "core",
+    "explore",
+    "figures",
     "experiment",
     "experiments",
     "study",

@@ -241,11 +241,11 @@ def bench_exchanges(
     world_sizes: list[int], bytes_world_sizes: list[int], batch_size: int, repeats: int, device: str
 ) -> dict[str, Any]:
     """Both exchanges on real ranks (time, identical batches) and their bytes per rank up to 64 ranks."""
-    runs = run_exchanges(world_sizes, device=device, batch_size=batch_size, repeats=repeats)
+    rows = run_exchanges(world_sizes, device=device, batch_size=batch_size, repeats=repeats)
     return {
         "batch_size": batch_size,
-        "measured": runs.records(),
-        "identical": runs.identical(),
+        "measured": rows,
+        "identical": all(row["identical"] for row in rows),
         "bytes_per_rank": {
             str(w): b for w, b in exchange_bytes_by_world_size(bytes_world_sizes, batch_size).items()
         },

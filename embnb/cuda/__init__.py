@@ -20,8 +20,9 @@ never compiles. `embnb.rowwise.routing.bucketize` calls it for you. Ops:
 - `torch.ops.embnb.knapsack_step(...)` and `knapsack_run(...)`: the DP
   proposer's knapsack on one memory axis (`embnb.planner.knapsack.Knapsack`),
   the same states as its numpy version.
-- `torch.ops.embnb.greedy_place(choice, ...) -> (status, loads, ranks)`:
-  torchrec's GreedyPerfPartitioner and NoopPerfModel for one plan of uniform
-  and device-placed options (`embnb.planner.replica.GreedyPerfReplica`),
-  ratings equal to torchrec's to the bit.
+- `torch.ops.embnb.greedy_place(choice, ...) -> (status, loads, ranks, rating)`:
+  torchrec's GreedyPerfPartitioner and NoopPerfModel (or embnb's
+  KernelCallPerfModel) for one plan of uniform and device-placed options
+  (`embnb.planner.replica.GreedyPerfReplica`), ratings equal to the model's
+  to the bit.
 """

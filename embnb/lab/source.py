@@ -2,7 +2,7 @@
 of the technique it teaches on the page, taken from the package (where the
 tests check it) rather than copied into a cell.
 
-    display(show_source(embnb.lab.rowwise.reference.fmix64))
+    display(show_source(embnb.lab.rowwise.core.fmix64))
 """
 
 from __future__ import annotations

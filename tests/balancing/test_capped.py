@@ -11,7 +11,6 @@ from embnb.balancing.capped import CAPPED_METHODS, balance_capped, minimum_cap
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.partition import greedy_lpt, karmarkar_karp, kk_swap
 from embnb.balancing.workloads import attention_block_flops
-from embnb.lab.balancing.reference import greedy_capped
 
 UNCAPPED = {"greedy_lpt": greedy_lpt, "karmarkar_karp": karmarkar_karp, "kk_swap": kk_swap}
 
@@ -19,6 +18,24 @@ UNCAPPED = {"greedy_lpt": greedy_lpt, "karmarkar_karp": karmarkar_karp, "kk_swap
 def _batch(kind, num_samples, seed):
     lengths = LengthDistribution(kind).draw(num_samples, max_length=2048, seed=seed)
     return attention_block_flops(lengths, 16, 32).tolist(), lengths.tolist()
+
+
+def greedy_capped(workloads, tokens, num_parts, cap):
+    """The oracle of the library's capped greedy, written here: equal counts, the biggest workload
+    first, to the lightest part that still has room for one more sample and for its tokens under
+    `cap`; ValueError where no part has room (the library then repairs)."""
+    per_part = len(workloads) // num_parts
+    parts = [[] for _ in range(num_parts)]
+    loads, held = [0.0] * num_parts, [0.0] * num_parts
+    for i in sorted(range(len(workloads)), key=lambda i: (-workloads[i], i)):
+        room = [p for p in range(num_parts) if len(parts[p]) < per_part and held[p] + tokens[i] <= cap]
+        if not room:
+            raise ValueError(f"no part has room for sample {i} ({tokens[i]} tokens) under cap {cap}")
+        p = min(room, key=lambda p: (loads[p], p))  # the lightest part with room
+        parts[p].append(i)
+        loads[p] += workloads[i]
+        held[p] += tokens[i]
+    return [sorted(part) for part in parts]
 
 
 def _max_sum(values, parts):

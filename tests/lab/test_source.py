@@ -4,8 +4,8 @@ import inspect
 
 import pytest
 
-from embnb.lab.balancing.reference import kk_equal_count
-from embnb.lab.rowwise import reference
+from embnb.lab.balancing.job import balanced_job
+from embnb.lab.rowwise import core as reference
 from embnb.lab.source import show_source
 
 
@@ -16,7 +16,7 @@ def test_shows_each_function_whole_in_order():
     for fn in (reference.fmix64, reference.owner_of):
         assert inspect.getsource(fn).strip() in text
     assert "0xFF51AFD7ED558CCD" in text
-    assert "<div" in code._repr_html_() and "kk_equal_count" in show_source(kk_equal_count)._repr_html_()
+    assert "<div" in code._repr_html_() and "balanced_job" in show_source(balanced_job)._repr_html_()
 
 
 def test_bad_input_is_named():

@@ -1,5 +1,5 @@
 """Notebook 02's layer over `embnb.columnwise`; notebooks 02 and 02a import it as `lab` and call what they
-use from here (each name loads only its module): `reference` (the page's core, checked), `cases` (runs on
+use from here (each name loads only its module): `core` (the page's core, checked), `cases` (runs on
 real ranks, both paths, all-to-alls recorded), `experiment` (the teaching run and the appendix's, as
 data), `traffic` (the byte count), `torchrec_layouts` (what torchrec's planner and source do), `figures`
 (the column order, the lookup error) and `explore`; and, under their own names, what the pages use from
@@ -11,7 +11,7 @@ from __future__ import annotations
 from embnb.lab.exports import lazy_exports
 
 _HOMES = {
-    "reference": ["all_placements", "page_core_agrees"],
+    "core": ["all_placements", "page_core_agrees"],
     "cases": ["CWCase"],
     "traffic": ["wire_bytes"],
     "experiment": ["run_seed", "error_panels", "run_appendix", "shard_table", "permute_derivation"],

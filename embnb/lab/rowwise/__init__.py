@@ -1,5 +1,5 @@
 """Notebook 01's layer over `embnb.rowwise`; notebooks 01 and 01a import it as `lab` and call what
-they use from here (each name loads only its module): `reference` (the routing rule in plain ints, checked),
+they use from here (each name loads only its module): `core` (the routing rule in plain ints, checked),
 `aliasing` (keys per rank under each mode, the hot-key floor, ids into a table), `kv_experiment` (the
 sharded KV table on real ranks, its checkpoint and dynamicemb's loader as embnb replays it),
 `kernel_timing` (bucketize against FBGEMM), `routed_loads` (torchrec row-wise tables replayed rank
@@ -12,7 +12,7 @@ from __future__ import annotations
 from embnb.lab.exports import lazy_exports
 
 _HOMES = {
-    "reference": ["page_core_agrees"],
+    "core": ["page_core_agrees"],
     "aliasing": ["KeyStreams", "block_size_for", "worked_example", "load_table", "hash_noise",
                  "balls_into_bins", "zipf_over_seeds", "sign_test", "alpha_sweep", "COUNTED",
                  "pipeline_table", "out_of_range_lookup"],

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from embnb.dist import device_plan, launch_each
-from embnb.lab.rowwise.reference import MASK64, jump_bucket
+from embnb.lab.rowwise.core import MASK64, jump_bucket
 from embnb.metrics import max_over_mean
 from embnb.rowwise import checkpoint, kv
 from embnb.rowwise.routing import DistType, hash_key, owner_rank

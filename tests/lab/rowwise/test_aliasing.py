@@ -7,7 +7,7 @@ import torch
 
 from embnb.data import make_keys, zipf_probs
 from embnb.lab.rowwise import aliasing
-from embnb.lab.rowwise.reference import fmix64
+from embnb.lab.rowwise.core import fmix64
 from embnb.rowwise.routing import hash_key, owner_rank
 
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]

@@ -9,7 +9,7 @@ import torch
 
 from embnb.data import make_keys
 from embnb.lab.rowwise import aliasing, kv_experiment
-from embnb.lab.rowwise.reference import fmix64, jump_bucket
+from embnb.lab.rowwise.core import fmix64, jump_bucket
 from embnb.rowwise import kv
 from embnb.rowwise.routing import owner_rank
 

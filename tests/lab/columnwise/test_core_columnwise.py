@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from embnb.lab.columnwise import reference
+from embnb.lab.columnwise import core as reference
 
 
 def by_counting(shard_ranks):

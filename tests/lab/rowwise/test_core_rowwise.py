@@ -1,4 +1,4 @@
-"""embnb.lab.rowwise.reference (plain-int routing, shown in notebook 01) against
+"""embnb.lab.rowwise.core (plain-int routing, shown in notebook 01) against
 the tensor fast path embnb.rowwise.routing uses."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embnb.lab.rowwise import reference
+from embnb.lab.rowwise import core as reference
 from embnb.rowwise.routing import bucketize, hash_key, owner_rank
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
