@@ -1,57 +1,33 @@
 """`python -m embnb.bench balancer`: KK speed and balance, and overlapped training.
 
-1. Partitioning: for each (samples, parts) of Zipf(1.5) lengths, the time and
-   the gap to the lower bound max(mean, largest item) of: our Python KK, the
-   native KK, the default balancer (native KK + swaps), equal-count LPT, and
-   the PyPI `numberpartitioning` package's `karmarkar_karp` and `greedy`.
-   numberpartitioning has no equal-count mode, so our KK also runs with
-   `equal_size=False` next to it. Speed-ups are ratios to
+1. Partitioning: time and gap to max(mean, largest item) of our Python and native KK, KK + swaps,
+   equal-count LPT and PyPI `numberpartitioning`'s karmarkar_karp and greedy (no equal-count mode:
+   our KK also runs with `equal_size=False`) on Zipf(1.5) lengths; speed-ups are ratios to
    numberpartitioning.karmarkar_karp on the same input in the same run.
-2. GIL: how fast the main thread's Python runs while KK runs in a thread
-   (native releases the GIL, Python holds it), relative to no KK at all.
-3. Training: step time of a small sequence model on 2 ranks (one core each
-   on a 2-core machine, so the slowest rank sets the step) with no
-   balancing, the shuffle on the loop (sync), and the shuffle in a worker
-   under compute (overlap; all-gather and all-to-all exchange; and the
-   caller-thread design, recsys-examples': the collectives on the loop's
-   thread, KK alone in the worker), each repeated, interleaved, timed over
-   the same steady-state steps: step time per mode (median, range), the
-   speed-up over no balancing and what the slowest rank's FLOPs predict,
-   the paired overlap - sync and caller-thread - worker differences with
-   their 95% intervals, and the per-phase breakdown.
-4. Exchanges: all-gather vs all-to-all on real ranks (time, identical
-   batches) and the bytes a rank receives, computed up to 64 ranks.
-5. Rank by rank (appendix 04a, `embnb.lab.balancing.measured`), after
-   issue #70's acceptance check (`embnb.scaling`): for each of
-   --measured-world-size and each lengths' distribution, the loader's cut's
-   heaviest rank at --measured-batch-size samples per rank and at 4x and
-   16x it (--sweep-factors), its time fitted as fixed + per-FLOP x training
-   FLOPs; a case passes at the smallest batch whose fixed share is at most
-   --max-fixed-share (10%). Only the W at which every distribution passes
-   are compared, at the largest of their chosen batches; where none does,
-   the file records "overhead-bound: not compared" and no rank-by-rank
-   result. Compared: every
-   rank's forward and backward on its own samples, one rank after another
-   on --device (CPU: thread CPU time, one thread; GPU: every rank in turn
-   on the one GPU, synchronized wall time; the thread CPU time, which
-   synchronize's spin-wait makes equal to it there, is left out of the
-   file): the speed-up of KK + swaps, LPT
-   and plain KK over the loader's cut beside the FLOP model and the bound;
-   the memory-capped balance at --cap-world-size with each rank's peak
-   memory (GPU: torch.cuda.max_memory_allocated, reset per rank); the
-   shuffle's phases and the share a step of the measured length would hide
-   (computed).
+2. GIL: the main thread's Python speed while KK runs in a thread (native releases the GIL).
+3. Training on real ranks: no balancing, the shuffle on the loop (sync), in a worker (overlap; with
+   the all-gather or the all-to-all exchange) and recsys-examples' caller-thread design, interleaved
+   repeats over the same steady-state steps: step time, speed-up over no balancing beside what the
+   slowest rank's FLOPs predict, the paired differences with 95% intervals, the phase breakdown.
+4. Exchanges: all-gather vs all-to-all on real ranks, and the bytes a rank receives up to 64 ranks.
+5. Rank by rank (appendix 04a, `embnb.lab.balancing.measured`) after issue #70's acceptance check
+   (`embnb.scaling`): per W and distribution, the loader's cut's heaviest rank at --measured-batch-size
+   x --sweep-factors, fitted as fixed + per-FLOP x training FLOPs; only the W where every distribution
+   passes (fixed share <= --max-fixed-share) are compared, at the largest chosen batch, else the file
+   records "overhead-bound: not compared". Compared: KK + swaps, LPT and KK against the loader's cut
+   (thread CPU time at one thread on a CPU; synchronized wall time on a GPU, its spin-waiting CPU
+   times left out), the memory-capped balance at --cap-world-size with each rank's peak memory, and
+   the shuffle's computed phases.
 
-Parts 1 and 2 run on the CPU whatever --device says. Writes
-benchmarks/results/balancer-DATE-MACHINE.json, MACHINE being --device's
-(`embnb.timing.machine_name`: the GPU's name on a GPU), with the host CPU
-beside it.
+Parts 1 and 2 run on the CPU whatever --device says. Writes benchmarks/results/balancer-DATE-MACHINE.json
+(MACHINE: --device's `embnb.timing.machine_name`), with the host CPU beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import statistics
 import sys
 import threading
@@ -66,6 +42,7 @@ from embnb.balancing import partition as balancer
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
+from embnb.bench.hstu import add_sweep_options, check_sweep_options, critical_rank_check, sweep_text
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.cuda import loader
 from embnb.data import zipf_lengths
@@ -73,12 +50,9 @@ from embnb.dist import device_plan, resolve_device
 from embnb.lab.balancing import measured
 from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
 from embnb.scaling import (
-    MAX_FIXED_SHARE,
     NOT_COMPARED,
-    SWEEP_FACTORS,
     TRAINING_FLOPS_PER_FORWARD,
     ScalingCheck,
-    measure_scaling,
     sweep_batches,
 )
 from embnb.steptime.kernels import SequenceDense
@@ -114,36 +88,21 @@ def bench_partitioning(
     sample_counts: list[int], part_counts: list[int], budget_s: float, native: bool
 ) -> list[dict[str, Any]]:
     rows = []
-    for num_samples in sample_counts:
+    for num_samples, num_parts in itertools.product(sample_counts, part_counts):
         lengths = zipf_lengths(num_samples, 1.5, seed=num_samples).tolist()
-        for num_parts in part_counts:
-            for name, fn in partitioners(lengths, num_parts, native).items():
-                parts = fn()
-                seconds = median_seconds(fn, warmup=0, budget_s=budget_s)
-                gaps = imbalance(lengths, [sorted(p) for p in parts])
-                rows.append(
-                    {
-                        "num_samples": num_samples,
-                        "num_parts": num_parts,
-                        "method": name,
-                        "seconds": seconds,
-                        "gap_to_lower_bound": gaps["gap_to_lower_bound"],
-                        "equal_size": "free_size" not in name and not name.startswith("numberpartitioning"),
-                    }
-                )
-                print(
-                    f"  {num_samples:>6} into {num_parts:>3}  {name:<26} {seconds * 1e3:10.3f} ms  "
-                    f"gap {gaps['gap_to_lower_bound']:8.3%}",
-                    flush=True,
-                )
-            peer = next(
-                r["seconds"]
-                for r in rows
-                if r["num_samples"] == num_samples and r["num_parts"] == num_parts and r["method"] == PEER
-            )
-            for r in rows:
-                if r["num_samples"] == num_samples and r["num_parts"] == num_parts:
-                    r["speedup_vs_numberpartitioning_kk"] = peer / r["seconds"]
+        timed = {}
+        for name, fn in partitioners(lengths, num_parts, native).items():
+            gap = imbalance(lengths, [sorted(p) for p in fn()])["gap_to_lower_bound"]
+            timed[name] = (median_seconds(fn, warmup=0, budget_s=budget_s), gap)
+            print(f"  {num_samples:>6} into {num_parts:>3}  {name:<26} {timed[name][0] * 1e3:10.3f} ms  "
+                  f"gap {gap:8.3%}", flush=True)  # fmt: skip
+        rows += [
+            {"num_samples": num_samples, "num_parts": num_parts, "method": name, "seconds": seconds,
+             "gap_to_lower_bound": gap,
+             "equal_size": "free_size" not in name and not name.startswith("numberpartitioning"),
+             "speedup_vs_numberpartitioning_kk": timed[PEER][0] / seconds}
+            for name, (seconds, gap) in timed.items()
+        ]  # fmt: skip
     return rows
 
 
@@ -269,22 +228,21 @@ def dense_rank_step(lengths: list[int], config: measured.StepConfig) -> Callable
 def sweep_case(
     spec: LengthDistribution, world_size: int, config: measured.StepConfig, opts: argparse.Namespace
 ) -> ScalingCheck:
-    """The acceptance check of one (distribution, W): the loader's cut's heaviest rank at each batch of
-    the sweep (the lengths drawn as `measured.measure_balanced_steps` draws them), timed in interleaved
-    rounds at one thread on a CPU and fitted on its training FLOPs."""
-    steps, work = {}, []
-    for batch in sweep_batches(config.local_batch_size, opts.sweep_factors):
-        lengths = spec.draw(world_size * batch, config.max_length, config.seed * 1009 + world_size).tolist()
-        flops = config.flops(lengths).tolist()
-        cut = balancer.balance(flops, world_size, "contiguous")
-        critical = max(cut, key=lambda part: sum(flops[i] for i in part))
-        steps[batch] = dense_rank_step([lengths[i] for i in critical], config)
-        work.append(TRAINING_FLOPS_PER_FORWARD * sum(flops[i] for i in critical))
+    """The acceptance check of one (distribution, W) (`hstu.critical_rank_check`), its lengths drawn as
+    `measured.measure_balanced_steps` draws them, at one thread on a CPU."""
+    seed = config.seed * 1009 + world_size
+    batches = {
+        b: spec.draw(world_size * b, config.max_length, seed).tolist()
+        for b in sweep_batches(config.local_batch_size, opts.sweep_factors)
+    }
     threads = torch.get_num_threads()
     if torch.device(config.device).type == "cpu":
         torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread, as measured's
     try:
-        return measure_scaling(steps, work, "flops", config.repeats, config.device, opts.max_fixed_share)
+        return critical_rank_check(
+            batches, world_size, config.flops, lambda lengths, b: dense_rank_step(lengths, config),
+            config.repeats, config.device, opts.max_fixed_share,
+        )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
 
@@ -300,7 +258,7 @@ def acceptance(
         checks = {name: sweep_case(spec, w, config, opts) for name, spec in distributions.items()}
         for name, check in checks.items():
             cases.append({"distribution": name, "world_size": w} | check.as_dict())
-            print(f"  W={w} {name}: {_sweep_line(check)}", flush=True)
+            print(f"  W={w} {name}: {sweep_text(check.as_dict())}: {check.verdict}", flush=True)
         if all(c.chosen_batch is not None for c in checks.values()):
             compared.append(w)
             chosen += [c.chosen_batch for c in checks.values()]
@@ -314,12 +272,6 @@ def acceptance(
         "samples_per_rank": batch,
         "verdict": NOT_COMPARED if batch is None else f"compared at batch {batch}",
     }
-
-
-def _sweep_line(check: ScalingCheck) -> str:
-    shares = ", ".join(f"{100 * s:.0f}%" for s in check.fixed_share)
-    tflops = ", ".join(f"{r / 1e12:.3g}" for r in check.achieved_rate)
-    return f"fixed share {shares}, TFLOPS {tflops} at {check.batches} samples per rank: {check.verdict}"
 
 
 def _without_cpu_clock(record: Any) -> Any:
@@ -392,97 +344,41 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench balancer", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--samples", type=int, nargs="+", default=[256, 1024, 4096, 16384])
-    parser.add_argument("--parts", type=int, nargs="+", default=[8, 64])
-    parser.add_argument("--budget", type=float, default=0.4, help="seconds of timing per method and size")
-    parser.add_argument(
-        "--world-size",
-        type=int,
-        nargs="+",
-        default=[2],
-        help="one training run per value (2: one core per rank on a 2-core machine)",
-    )
-    parser.add_argument(
-        "--steps", type=int, default=12, help="steps per run; the first and last are not timed"
-    )
-    parser.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
-    parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=10, help="interleaved repeats of each training run")
-    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="where ranks train")
-    parser.add_argument("--no-train", action="store_true", help="skip the multi-rank training part")
-    parser.add_argument(
-        "--exchange-world-size",
-        type=int,
-        nargs="*",
-        default=[2, 4],
-        help="ranks both exchanges run on (none: skip)",
-    )
-    parser.add_argument(
-        "--bytes-world-size",
-        type=int,
-        nargs="+",
-        default=[2, 4, 8, 16, 32, 64],
-        help="ranks bytes are computed for",
-    )
-    parser.add_argument(
-        "--measured-world-size", type=int, nargs="*", default=[8, 16, 64], help="rank by rank (none: skip)"
-    )
-    parser.add_argument("--measured-batch-size", type=int, default=32, help="samples per rank, rank by rank")
-    parser.add_argument(
-        "--measured-max-length", type=int, default=2048, help="longest sequence, rank by rank"
-    )
-    parser.add_argument(
-        "--measured-width", type=int, default=32, help="width of the measured model, rank by rank"
-    )
-    parser.add_argument("--measured-repeats", type=int, default=3, help="timed repeats per rank")
-    parser.add_argument(
-        "--sweep-factors",
-        type=int,
-        nargs="+",
-        default=list(SWEEP_FACTORS),
-        help="the acceptance check's batches: --measured-batch-size x each",
-    )
-    parser.add_argument(
-        "--max-fixed-share",
-        type=float,
-        default=MAX_FIXED_SHARE["flops"],
-        help="compare rank by rank at the smallest batch whose fitted fixed share is at most this",
-    )
-    parser.add_argument(
-        "--cap-world-size",
-        type=int,
-        default=16,
-        help="ranks of the memory-capped balance: one of --measured-world-size (0: skip it)",
-    )
-    parser.add_argument("--cap-over-mean", type=float, default=1.02, help="token cap / mean tokens per rank")
+    add, ints = parser.add_argument, {"type": int, "nargs": "+"}
+    # fmt: off
+    add("--samples", **ints, default=[256, 1024, 4096, 16384])
+    add("--parts", **ints, default=[8, 64])
+    add("--budget", type=float, default=0.4, help="seconds of timing per method and size")
+    add("--world-size", **ints, default=[2], help="one training run per value (2: a core per rank)")
+    add("--steps", type=int, default=12, help="steps per run; the first and last are not timed")
+    add("--batch-size", type=int, default=64, help="samples per rank per step")
+    add("--max-length", type=int, default=2048)
+    add("--repeats", type=int, default=10, help="interleaved repeats of each training run")
+    add("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="where ranks train")
+    add("--no-train", action="store_true", help="skip the multi-rank training part")
+    add("--exchange-world-size", type=int, nargs="*", default=[2, 4], help="ranks of exchanges (none: skip)")
+    add("--bytes-world-size", **ints, default=[2, 4, 8, 16, 32, 64], help="ranks bytes are computed for")
+    add("--measured-world-size", type=int, nargs="*", default=[8, 16, 64], help="rank by rank (none: skip)")
+    add("--measured-batch-size", type=int, default=32, help="samples per rank, rank by rank")
+    add("--measured-max-length", type=int, default=2048, help="longest sequence, rank by rank")
+    add("--measured-width", type=int, default=32, help="width of the measured model, rank by rank")
+    add("--measured-repeats", type=int, default=3, help="timed repeats per rank")
+    add("--cap-world-size", type=int, default=16, help="ranks of the memory-capped balance: one of "
+        "--measured-world-size (0: skip it)")
+    add("--cap-over-mean", type=float, default=1.02, help="token cap / mean tokens per rank")
+    # fmt: on
+    add_sweep_options(parser, "--measured-batch-size")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    if opts.measured_batch_size is None:
-        opts.measured_batch_size = opts.batch_size
-    if opts.measured_max_length is None:
-        opts.measured_max_length = opts.max_length
-    for name, values in (
-        ("--world-size", opts.world_size),
-        ("--exchange-world-size", opts.exchange_world_size or [1]),
-        ("--bytes-world-size", opts.bytes_world_size),
-        ("--steps", [opts.steps]),
-        ("--repeats", [opts.repeats]),
-        ("--batch-size", [opts.batch_size]),
-        ("--max-length", [opts.max_length]),
-        ("--measured-world-size", opts.measured_world_size or [1]),
-        ("--measured-batch-size", [opts.measured_batch_size]),
-        ("--measured-max-length", [opts.measured_max_length]),
-        ("--measured-width", [opts.measured_width]),
-        ("--measured-repeats", [opts.measured_repeats]),
-        ("--sweep-factors", opts.sweep_factors),
-    ):
+    for name in ("world_size", "exchange_world_size", "bytes_world_size", "steps", "repeats", "batch_size",
+                 "max_length", "measured_world_size", "measured_batch_size", "measured_max_length",
+                 "measured_width", "measured_repeats"):  # fmt: skip
+        values = getattr(opts, name) if isinstance(getattr(opts, name), list) else [getattr(opts, name)]
         if any(v < 1 for v in values):
-            parser.error(f"{name} must be >= 1, got {values if len(values) > 1 else values[0]}")
-    if len(set(opts.sweep_factors)) < 2:
-        parser.error(f"--sweep-factors needs two different factors to fit a slope, got {opts.sweep_factors}")
-    opts.sweep_factors = sorted(set(opts.sweep_factors))
-    if not 0 < opts.max_fixed_share <= 1:
-        parser.error(f"--max-fixed-share must be in (0, 1], got {opts.max_fixed_share}")
+            parser.error(
+                f"--{name.replace('_', '-')} must be >= 1, got {values if len(values) > 1 else values[0]}"
+            )
+    check_sweep_options(parser, opts)
     if opts.measured_width % 4:  # SequenceDense's 4 attention heads
         parser.error(f"--measured-width must be a multiple of 4, got {opts.measured_width}")
     return _cap_and_device(parser, opts)

@@ -1,36 +1,20 @@
 """From the model to the plan in a fresh process: `python -m embnb.bench end_to_end`.
 
-A training script plans once, in a process that has only imported its
-libraries and built its model. This bench times exactly that:
-`--processes` new Python processes per case, each building the planner
-bench's model (`make_model(tables, seed=0)`, HBM for half its fp32 rows)
-and timing one `create_planner(topology, 512, constraints=...).plan(module,
-sharders)` (imports timed apart; the process's peak RSS beside it). Beside
-it, the same call repeated in this process after those runs
-(`embnb.lab.planner.planning.time_end_to_end`, the garbage of the run before
-collected first), as the planner bench measures it; and, in one more fresh
-process, torchrec's own EmbeddingShardingPlanner with its
-DynamicProgrammingProposer and its enumerator, cut at
-`--torchrec-dp-timeout-s` (its planner checks the limit between proposals;
-the best plan found by then is rated). Its enumeration comes before that
-limit and is not cut by it: a process still running `ENUMERATION_GRACE_S`
-past the limit is stopped and its row says so (`stopped_after_s`, no plan), as is one whose
-resident memory passes `--torchrec-dp-memory-gib` (`stopped_for_memory_gib`: not run, memory).
-Both plan each case under one storage reservation, by default torchrec's
-(HeuristicalStorageReservation(0.15), create_planner's default).
+A training script plans once, in a process that has only imported its libraries and built its model.
+This bench times exactly that: `--processes` new Python processes per case, each building the planner
+bench's model (`make_model(tables, seed=0)`) and timing one `create_planner(topology, 512,
+constraints=...).plan(module, sharders)` (imports timed apart; the peak RSS beside it); the same call
+repeated in this process (`embnb.lab.planner.planning.time_end_to_end`); and, in one more fresh
+process, torchrec's EmbeddingShardingPlanner with its DynamicProgrammingProposer and enumerator, cut at
+`--torchrec-dp-timeout-s` (checked between proposals; its enumeration comes first and is not cut: a
+process still running `ENUMERATION_GRACE_S` past the limit is stopped, `stopped_after_s`, no plan; so
+is one whose resident memory passes `--torchrec-dp-memory-gib`, `stopped_for_memory_gib`). Both plan
+under one storage reservation, by default torchrec's (HeuristicalStorageReservation(0.15)).
 
-A case is TABLESxDEVICES, or TABLESxDEVICES/PER_HOST for hosts of PER_HOST
-devices (torchrec's local_world_size; host-level sharding types appear),
-and may end in :RESERVATION (heuristical or fixed) to plan that case under
-another reservation than `--storage-reservation` (each row names its own),
-then in @HBM to give each device HBM for that fraction of the tables' fp32
-rows spread evenly, instead of half (each row names its own). On 1,024
-devices half leaves the model no plan (docs/planner.md, "No plan at 1,024
-devices"): that case gives HBM for all of its rows.
-
-    python -m embnb.bench end_to_end [--cases 200x8 800x64 800x64/8 5000x128/8:fixed 1000x512/8:fixed
-        5000x512/8:fixed 5000x1024/8:fixed@1] [--processes 5] [--torchrec-dp-timeout-s 300]
-        [--torchrec-dp-memory-gib 8] [--out DIR]
+A case is TABLESxDEVICES, or TABLESxDEVICES/PER_HOST for hosts of PER_HOST devices (torchrec's
+local_world_size), then optionally :RESERVATION (heuristical or fixed) and @HBM (each device's HBM
+holds that fraction of the tables' fp32 rows spread evenly; default half). On 1,024 devices half leaves
+no plan (docs/planner.md, "No plan at 1,024 devices"): that case holds all its rows.
 """
 
 from __future__ import annotations
@@ -179,19 +163,13 @@ def _plan_in_a_new_process(
                 process.wait()
                 break
             time.sleep(MEMORY_POLL_S)
-        out.seek(0)
-        err.seek(0)
-        output, errors = out.read(), err.read()
+        output, errors = (out.seek(0), out.read())[1], (err.seek(0), err.read())[1]
     if stopped is not None:
         if not timeout_s:
             raise RuntimeError(f"create_planner ran past {limit_s} s")
-        no_plan = {
-            "plan_s": stopped["stopped_after_s"],
-            "rating": math.inf,
-            "proposals": None,
-            "timed_out": "stopped_for_memory_gib" not in stopped,  # a memory stop is no time-out
-        }
-        return {**no_plan, "import_s": None, "peak_rss_gib": None, **stopped}
+        timed_out = "stopped_for_memory_gib" not in stopped  # a memory stop is no time-out
+        return {"plan_s": stopped["stopped_after_s"], "rating": math.inf, "proposals": None,
+                "timed_out": timed_out, "import_s": None, "peak_rss_gib": None, **stopped}  # fmt: skip
     if process.returncode:
         raise RuntimeError(f"the planning process failed ({process.returncode}): {errors[-2000:]}")
     return json.loads(output.strip().splitlines()[-1])
@@ -226,12 +204,8 @@ def bench_case(
         for _ in range(processes)
     ]
     model = make_model(num_tables, seed=0)
-    topology = planner.make_topology(
-        world_size,
-        "cuda",
-        hbm_cap_gb=fused_table_gb(model.tables) / world_size * hbm_fraction,
-        local_world_size=local,
-    )
+    hbm_cap_gb = fused_table_gb(model.tables) / world_size * hbm_fraction
+    topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb, local_world_size=local)
     warm = time_end_to_end(
         model.tables,
         topology,
@@ -241,33 +215,22 @@ def bench_case(
         storage_reservation=reservation,
     )
     plan_runs = [run["plan_s"] for run in fresh]
-    peer = (
-        _plan_in_a_new_process(
-            num_tables, world_size, local, timeout_s, reservation, torchrec_memory_gib, hbm_fraction
-        )
-        if timeout_s
-        else None
+    peer = timeout_s and _plan_in_a_new_process(
+        num_tables, world_size, local, timeout_s, reservation, torchrec_memory_gib, hbm_fraction
     )
     row = {
-        "num_tables": num_tables,
-        "world_size": world_size,
-        "local_world_size": local or world_size,
-        "hosts": _hosts(world_size, local),
-        "storage_reservation": RESERVATIONS[reservation],
-        "hbm_fraction": hbm_fraction,
-        "fresh_process_s": statistics.median(plan_runs),
-        "fresh_process_s_runs": plan_runs,
-        "import_s_runs": [run["import_s"] for run in fresh],
+        "num_tables": num_tables, "world_size": world_size, "local_world_size": local or world_size,
+        "hosts": _hosts(world_size, local), "storage_reservation": RESERVATIONS[reservation],
+        "hbm_fraction": hbm_fraction, "fresh_process_s": statistics.median(plan_runs),
+        "fresh_process_s_runs": plan_runs, "import_s_runs": [run["import_s"] for run in fresh],
         "fresh_ratings": [run["rating"] for run in fresh],
         "fresh_proposals": [run["proposals"] for run in fresh],
         "fresh_peak_rss_gib_runs": [run["peak_rss_gib"] for run in fresh],
-        "in_process_s": warm.median_s,
-        "in_process_s_runs": warm.seconds,
-        "in_process_rating": warm.rating,
+        "in_process_s": warm.median_s, "in_process_s_runs": warm.seconds, "in_process_rating": warm.rating,
         "same_rating_everywhere": len({*(run["rating"] for run in fresh), warm.rating}) == 1,
-        "torchrec_dp": peer,  # torchrec's planner with its DP proposer and enumerator, in a fresh process
-    }
-    if peer is not None:
+        "torchrec_dp": peer or None,  # torchrec's planner, DP proposer and enumerator, in a fresh process
+    }  # fmt: skip
+    if peer:
         finite = math.isfinite(peer["rating"]) and math.isfinite(warm.rating)
         peer["rating_vs_embnb"] = peer["rating"] / warm.rating if finite else None
         peer["time_vs_embnb"] = peer["plan_s"] / row["fresh_process_s"]
@@ -309,44 +272,23 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench end_to_end", description=__doc__.split("\n")[0]
     )
-    parser.add_argument(
-        "--cases",
-        type=_case,
-        nargs="+",
-        default=[
-            (200, 8, None, None, HBM_FRACTION),
-            (800, 64, None, None, HBM_FRACTION),
-            (800, 64, 8, None, HBM_FRACTION),
-            (5000, 128, 8, "fixed", HBM_FRACTION),  # torchrec's KJT reservation leaves these two no plan
-            (1000, 512, 8, "fixed", HBM_FRACTION),
-            (5000, 512, 8, "fixed", HBM_FRACTION),  # 64 hosts
-            (5000, 1024, 8, "fixed", 1.0),  # 128 hosts: half the rows in HBM leaves no plan
-        ],
-        help="TABLESxDEVICES or TABLESxDEVICES/PER_HOST, then :heuristical or :fixed, then @HBM (the "
-        f"fraction of the tables' fp32 rows each device's HBM holds, spread evenly; default {HBM_FRACTION})",
-    )
-    parser.add_argument(
-        "--torchrec-dp-timeout-s",
-        type=float,
-        default=300,
-        help="torchrec's planner with its DP proposer beside each case, cut at this (0: skip)",
-    )
-    parser.add_argument(
-        "--torchrec-dp-memory-gib",
-        type=float,
-        default=8,
-        help="torchrec's planner is stopped once its resident memory passes this (its row: not run: memory)",
-    )
-    parser.add_argument(
-        "--storage-reservation",
-        choices=list(RESERVATIONS),
-        default="heuristical",
-        help="what both planners reserve where a case names none: torchrec's default (heuristical) "
-        "or a fixed 15%%",
-    )
-    parser.add_argument(
-        "--processes", type=int, default=5, help="fresh processes per case (and runs in this one)"
-    )
+    half = HBM_FRACTION
+    # fmt: off
+    parser.add_argument("--cases", type=_case, nargs="+", default=[
+        (200, 8, None, None, half), (800, 64, None, None, half), (800, 64, 8, None, half),
+        (5000, 128, 8, "fixed", half), (1000, 512, 8, "fixed", half),  # torchrec's KJT reservation: no plan
+        (5000, 512, 8, "fixed", half),  # 64 hosts
+        (5000, 1024, 8, "fixed", 1.0),  # 128 hosts: half the rows in HBM leaves no plan
+    ], help="TABLESxDEVICES or TABLESxDEVICES/PER_HOST, then :heuristical or :fixed, then @HBM (the "
+            f"fraction of the tables' fp32 rows each device's HBM holds, spread evenly; default {half})")
+    parser.add_argument("--torchrec-dp-timeout-s", type=float, default=300,
+                        help="torchrec's planner with its DP proposer beside each case, cut here (0: skip)")
+    parser.add_argument("--torchrec-dp-memory-gib", type=float, default=8,
+                        help="torchrec's planner is stopped once its resident memory passes this")
+    parser.add_argument("--storage-reservation", choices=list(RESERVATIONS), default="heuristical",
+                        help="what both planners reserve where a case names none")
+    parser.add_argument("--processes", type=int, default=5, help="fresh processes per case (and runs here)")
+    # fmt: on
     add_out_argument(parser)
     opts = parser.parse_args(argv)
     if opts.processes < 1:
@@ -358,18 +300,11 @@ def main(argv: list[str]) -> int:
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
     for num_tables, world_size, local, reservation, hbm_fraction in opts.cases:
+        reservation = reservation or opts.storage_reservation
         rows.append(
-            bench_case(
-                num_tables,
-                world_size,
-                opts.processes,
-                local,
-                opts.torchrec_dp_timeout_s,
-                reservation or opts.storage_reservation,
-                opts.torchrec_dp_memory_gib,
-                hbm_fraction,
-            )
-        )
+            bench_case(num_tables, world_size, opts.processes, local, opts.torchrec_dp_timeout_s, reservation,
+                       opts.torchrec_dp_memory_gib, hbm_fraction)
+        )  # fmt: skip
         print(_line(rows[-1]), flush=True)
     payload = {
         "benchmark": "end_to_end",

@@ -1,32 +1,22 @@
 """`python -m embnb.bench hstu`: the balancer measured where recsys-examples measured it.
 
 recsys-examples reports 1.53x from its balanced shuffle on an HSTU of width 1024, 8 layers, 4 heads of
-256, 32 samples per GPU, Zipf(1.2) lengths up to 4096 (2 x 8 H100). This bench measures each rank's
-training step (forward + backward of `embnb.balancing.hstu.HSTUModel` on the rank's samples) with real
-kernels, for the loader's cut (`contiguous`), greedy LPT, plain Karmarkar-Karp and KK + swaps, each
-partition balancing `hstu_flops` (causal) of the samples:
+256, 32 samples per GPU, Zipf(1.2) lengths up to 4096 (2 x 8 H100). This bench times each rank's
+training step (forward + backward of `embnb.balancing.hstu.HSTUModel` on its samples) for the loader's
+cut (`contiguous`), greedy LPT, Karmarkar-Karp and KK + swaps, each balancing `hstu_flops` (causal):
+at each --world-sizes W (then --more-world-sizes, as the deadline allows) at --width, and a width sweep
+at --sweep-world-size. Each (W, width) first passes issue #70's acceptance check (`embnb.scaling`): the
+cut's critical rank at --samples-per-rank x --sweep-factors, fitted as fixed + per-FLOP x training FLOPs
+(3x `hstu_flops`); the methods are compared at the smallest batch whose fixed share is at most
+--max-fixed-share, else the unit records "overhead-bound: not compared" with the fit and its TFLOPS.
 
-- at each --world-sizes W (then --more-world-sizes, where the deadline allows) at --width;
-- a width sweep at --sweep-world-size, to find where balancing starts to shorten the step.
-
-Before any comparison, each (W, width) passes issue #70's acceptance check (`embnb.scaling`): the
-cut's critical rank (the most FLOPs) at --samples-per-rank and at 4x and 16x it (--sweep-factors), its
-time fitted as fixed + per-FLOP x training FLOPs (3x `hstu_flops`); the methods are compared only at the
-smallest of those batches whose fixed share is at most --max-fixed-share (10%). Where none passes, the
-(W, width) records "overhead-bound: not compared" with the fit and the achieved TFLOPS, and no speed-up.
-
-Ranks are replayed one by one on one device (a rank's step does not depend on the others': in data
-parallelism they meet only at the gradient all-reduce, which waits for the slowest). The step of a
-partition is its slowest rank. Each repeat times every method's every rank in turn (interleaved, so load
-from other processes hits them alike), after one warm-up; a method's speed-up is the cut's step over its
-step in the same repeat, reported as median and range over repeats. A rank's inputs are built once and
-reused. On a GPU a rank's time is the GPU's, between CUDA events around its step (bf16), with its
-enqueue time beside it (the launches, nothing synchronized; `embnb.timing.time_phase`); on a CPU, the
-thread's CPU time at one intra-op thread (float32), which counts only the rank's own compute on a
-shared machine.
-
---deadline-s cuts what is left (recorded as `cut_by_deadline`) and the results are still written, to
-benchmarks/results/hstu-DATE-MACHINE.json, MACHINE being the device's (the GPU's name on a GPU).
+Ranks are replayed one by one on one device (in data parallelism they meet only at the gradient
+all-reduce, which waits for the slowest): a partition's step is its slowest rank. Each repeat times
+every method's every rank in turn (interleaved), after one warm-up; a speed-up is the cut's step over
+the method's in the same repeat, as median and range. On a GPU a rank's time is between CUDA events
+(bf16), its enqueue time beside it (`embnb.timing.time_phase`); on a CPU, thread CPU time at one
+intra-op thread (float32). --deadline-s cuts what is left (`cut_by_deadline`); the results are written
+to benchmarks/results/hstu-DATE-MACHINE.json (MACHINE: the device's name) after each unit.
 """
 
 from __future__ import annotations
@@ -94,59 +84,75 @@ def measure_world(
                     rank_s[m][r].append(timed.value(clock))
                     enqueue_s[m][r].append(timed.enqueue_s)
     cut = [max(times[k] for times in rank_s["contiguous"]) for k in range(repeats)]
+    cut_flops = max(sum(flops[i] for i in p) for p in parts["contiguous"])
     runs = []
     for m in METHODS:
         step_s = [max(times[k] for times in rank_s[m]) for k in range(repeats)]
         rank_flops = [sum(flops[i] for i in part) for part in parts[m]]
+        # rank_enqueue_ms_median: the launches' share on a GPU (a rank whose enqueue time nears its GPU
+        # time is launch-bound); on a CPU the work itself, so left out
         runs.append(
-            {
-                "method": m,
-                "step_ms": [1e3 * s for s in step_s],
-                "step_ms_median": 1e3 * statistics.median(step_s),
-                "speedup_vs_cut": paired_ratio(cut, step_s).as_dict(),
-                "flop_model_speedup": max(sum(flops[i] for i in p) for p in parts["contiguous"])
-                / max(rank_flops),
-                "rank_ms_median": [1e3 * statistics.median(t) for t in rank_s[m]],
-                # the launches' share on a GPU (a rank whose enqueue time nears its GPU time is
-                # launch-bound); on a CPU the work itself, so left out
-                "rank_enqueue_ms_median": [1e3 * statistics.median(t) for t in enqueue_s[m]]
-                if on_gpu
-                else None,
-                "rank_flops": rank_flops,
-                "rank_tokens": [sum(lengths[i] for i in part) for part in parts[m]],
-            }
-        )
+            {"method": m,
+             "step_ms": [1e3 * s for s in step_s], "step_ms_median": 1e3 * statistics.median(step_s),
+             "speedup_vs_cut": paired_ratio(cut, step_s).as_dict(),
+             "flop_model_speedup": cut_flops / max(rank_flops),
+             "rank_ms_median": [1e3 * statistics.median(t) for t in rank_s[m]],
+             "rank_enqueue_ms_median": [1e3 * statistics.median(t) for t in enqueue_s[m]] if on_gpu else None,
+             "rank_flops": rank_flops, "rank_tokens": [sum(lengths[i] for i in part) for part in parts[m]]}
+        )  # fmt: skip
     bound = equal_size_lower_bound(flops, world_size)
     return {
         "world_size": world_size,
         "width": width,
         "runs": runs,
         # the FLOP model's best case: the cut's largest rank over the equal-count lower bound
-        "bound_speedup": max(sum(flops[i] for i in p) for p in parts["contiguous"]) / bound,
+        "bound_speedup": cut_flops / bound,
         "longest_sample_sets_bound": bound > sum(flops) / world_size,  # not the mean: the longest sample
     }
 
 
-def critical_rank_sweep(
-    model: HSTUModel,
-    batches: dict[int, list[int]],
-    world_size: int,
-    opts: argparse.Namespace,
-    dtype: torch.dtype,
+def critical_rank_check(
+    batches: dict[int, list[int]], world_size: int, flops_of, step_of, repeats: int, device: str, limit: float
 ) -> ScalingCheck:
-    """The acceptance check of one (W, width): for each samples-per-rank `b` of `batches` (b -> the
-    global batch's lengths), the loader's cut's rank with the most FLOPs, timed at every b in
-    interleaved rounds and fitted on its training FLOPs (`embnb.scaling.measure_scaling`)."""
-    width, layers = model[0].width, len(model)
+    """Issue #70's acceptance check of one case (this bench's and `balancer`'s): for each samples per rank
+    `b` of `batches` (b -> the global batch's lengths), the loader's cut's rank with the most FLOPs
+    (`flops_of(lengths)`: a tensor, per sample), its step `step_of(its lengths, b)` timed at every b in
+    interleaved rounds and fitted on its training FLOPs (`embnb.scaling.measure_scaling`, fixed share
+    at most `limit`)."""
     steps, work = {}, []
     for b in sorted(batches):
         lengths = batches[b]
-        flops = hstu_flops(lengths, width, layers).tolist()
-        cut = balance(flops, world_size, "contiguous")
-        critical = max(cut, key=lambda part: sum(flops[i] for i in part))
-        steps[b] = rank_step(model, [lengths[i] for i in critical], opts.device, dtype, seed=b)
+        flops = flops_of(lengths).tolist()
+        critical = max(balance(flops, world_size, "contiguous"), key=lambda part: sum(flops[i] for i in part))
+        steps[b] = step_of([lengths[i] for i in critical], b)
         work.append(TRAINING_FLOPS_PER_FORWARD * sum(flops[i] for i in critical))
-    return measure_scaling(steps, work, "flops", opts.repeats, opts.device, opts.max_fixed_share)
+    return measure_scaling(steps, work, "flops", repeats, device, limit)
+
+
+def sweep_text(check: dict[str, Any]) -> str:
+    """A check's (`ScalingCheck.as_dict()`) fixed shares and achieved TFLOPS at its batches."""
+    shares = ", ".join(f"{100 * s:.0f}%" for s in check["fixed_share"])
+    tflops = ", ".join(f"{r / 1e12:.3g}" for r in check["achieved_rate"])
+    return f"fixed share {shares}, TFLOPS {tflops} at {check['batches']} samples per rank"
+
+
+def add_sweep_options(parser: argparse.ArgumentParser, base: str) -> None:
+    """--sweep-factors and --max-fixed-share (the acceptance check's), `base` naming the base batch."""
+    parser.add_argument("--sweep-factors", type=int, nargs="+", default=list(SWEEP_FACTORS),
+                        help=f"the acceptance check's batches: {base} x each")  # fmt: skip
+    parser.add_argument("--max-fixed-share", type=float, default=MAX_FIXED_SHARE["flops"],
+                        help="compare at the smallest batch whose fixed share is at most this")  # fmt: skip
+
+
+def check_sweep_options(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
+    """Refuse a sweep that cannot fit a slope or a share outside (0, 1]; sort the factors."""
+    if any(f < 1 for f in opts.sweep_factors):
+        parser.error(f"--sweep-factors must be >= 1, got {opts.sweep_factors}")
+    if len(set(opts.sweep_factors)) < 2:
+        parser.error(f"--sweep-factors needs two different factors to fit a slope, got {opts.sweep_factors}")
+    opts.sweep_factors = sorted(set(opts.sweep_factors))
+    if not 0 < opts.max_fixed_share <= 1:
+        parser.error(f"--max-fixed-share must be in (0, 1], got {opts.max_fixed_share}")
 
 
 def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
@@ -159,7 +165,11 @@ def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: t
     }
     empty = {"world_size": world_size, "width": width, "runs": []}
     try:
-        check = critical_rank_sweep(model, batches, world_size, opts, dtype)
+        check = critical_rank_check(
+            batches, world_size, lambda n: hstu_flops(n, width, opts.layers),
+            lambda n, b: rank_step(model, n, opts.device, dtype, seed=b), opts.repeats, opts.device,
+            opts.max_fixed_share,
+        )  # fmt: skip
     except torch.cuda.OutOfMemoryError as error:  # the 16x batch may not fit: the next unit still runs
         torch.cuda.empty_cache()
         verdict = "out of memory in the sweep: not compared"
@@ -242,20 +252,18 @@ def run(opts: argparse.Namespace, write: Any = None) -> dict[str, Any]:
 
 def _line(world: dict[str, Any]) -> str:
     """What a (W, width) shows: its acceptance check, then the comparison if it passed."""
-    check = world["acceptance"]
-    if check is None:
+    if world["acceptance"] is None:
         return world["verdict"]
-    shares = ", ".join(f"{100 * s:.0f}%" for s in check["fixed_share"])
-    tflops = ", ".join(f"{r / 1e12:.3g}" for r in check["achieved_rate"])
-    sweep = f"fixed share {shares} and TFLOPS {tflops} at {check['batches']} samples per rank"
     if not world["runs"]:
-        return f"{world['verdict']} ({sweep})"
+        return f"{world['verdict']} ({sweep_text(world['acceptance'])})"
     line = ", ".join(
         f"{r['method']} {Ratio(**r['speedup_vs_cut'])} (FLOPs {r['flop_model_speedup']:.2f}x)"
         for r in world["runs"][1:]
     )
     step = world["runs"][0]["step_ms_median"]
-    return f"{sweep}; at {world['samples_per_rank']}: cut {step:.2f} ms/step; {line}"
+    return (
+        f"{sweep_text(world['acceptance'])}; at {world['samples_per_rank']}: cut {step:.2f} ms/step; {line}"
+    )
 
 
 def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: list, started: float) -> dict:
@@ -299,34 +307,25 @@ def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: li
 
 def _options(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m embnb.bench hstu", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--world-sizes", type=int, nargs="*", default=[2, 4], help="W at --width")
-    parser.add_argument(
-        "--more-world-sizes", type=int, nargs="*", default=[], help="W run last, if time allows"
-    )
-    parser.add_argument("--width", type=int, default=64, help="model width (recsys-examples: 1024)")
-    parser.add_argument("--sweep-widths", type=int, nargs="*", default=[16, 32], help="widths of the sweep")
-    parser.add_argument("--sweep-world-size", type=int, default=4, help="W of the width sweep")
-    parser.add_argument("--layers", type=int, default=2, help="HSTU layers (recsys-examples: 8)")
-    parser.add_argument(
-        "--samples-per-rank", type=int, default=4, help="the sweep's base batch (recsys-examples: 32)"
-    )
-    parser.add_argument(
-        "--sweep-factors", type=int, nargs="+", default=list(SWEEP_FACTORS), help="batches: base x each"
-    )
-    parser.add_argument(
-        "--max-fixed-share",
-        type=float,
-        default=MAX_FIXED_SHARE["flops"],
-        help="compare at the smallest batch whose fitted fixed share is at most this",
-    )
-    parser.add_argument("--max-length", type=int, default=64, help="longest sequence (recsys-examples: 4096)")
-    parser.add_argument("--alpha", type=float, default=1.2, help="Zipf exponent of the lengths")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats (one warm-up before)")
-    parser.add_argument("--deadline-s", type=float, default=600.0, help="start nothing new after this")
+    add = parser.add_argument
+    # fmt: off
+    add("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    add("--world-sizes", type=int, nargs="*", default=[2, 4], help="W at --width")
+    add("--more-world-sizes", type=int, nargs="*", default=[], help="W run last, if time allows")
+    add("--width", type=int, default=64, help="model width (recsys-examples: 1024)")
+    add("--sweep-widths", type=int, nargs="*", default=[16, 32], help="widths of the sweep")
+    add("--sweep-world-size", type=int, default=4, help="W of the width sweep")
+    add("--layers", type=int, default=2, help="HSTU layers (recsys-examples: 8)")
+    add("--samples-per-rank", type=int, default=4, help="the sweep's base batch (recsys-examples: 32)")
+    add("--max-length", type=int, default=64, help="longest sequence (recsys-examples: 4096)")
+    add("--alpha", type=float, default=1.2, help="Zipf exponent of the lengths")
+    add("--repeats", type=int, default=3, help="timed repeats (one warm-up before)")
+    add("--deadline-s", type=float, default=600.0, help="start nothing new after this")
+    # fmt: on
+    add_sweep_options(parser, "--samples-per-rank")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name in ("world_sizes", "more_world_sizes", "sweep_widths", "sweep_factors"):
+    for name in ("world_sizes", "more_world_sizes", "sweep_widths"):
         if any(v < 1 for v in getattr(opts, name)):
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
     for name in ("width", "sweep_world_size", "layers", "samples_per_rank", "max_length", "repeats"):
@@ -337,11 +336,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
             head_layout(width)
         except ValueError as error:
             parser.error(f"--width/--sweep-widths: {error}")
-    if len(set(opts.sweep_factors)) < 2:
-        parser.error(f"--sweep-factors needs two different factors to fit a slope, got {opts.sweep_factors}")
-    opts.sweep_factors = sorted(set(opts.sweep_factors))
-    if not 0 < opts.max_fixed_share <= 1:
-        parser.error(f"--max-fixed-share must be in (0, 1], got {opts.max_fixed_share}")
+    check_sweep_options(parser, opts)
     if opts.alpha <= 0 or opts.deadline_s <= 0:
         parser.error(f"--alpha and --deadline-s must be > 0, got {opts.alpha} and {opts.deadline_s}")
     try:

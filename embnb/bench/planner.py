@@ -1,47 +1,28 @@
 """Planning time and plan quality at scale: `python -m embnb.bench planner`.
 
-Plans models of 50, 200 and 800 random tables (`embnb.planner.make_model`)
-on GPU topologies of 8 and 64 devices whose HBM holds a fraction of the
-tables' fp32 rows, with torchrec's EmbeddingShardingPlanner and, in turn,
-this DP proposer, torchrec's DynamicProgrammingProposer and torchrec's
-default proposers (GridSearch, Greedy x2, Uniform). Options are enumerated
-`--enumerate-repeats` times per model and topology by torchrec's
-EmbeddingEnumerator and by embnb's DistinctShardEnumerator (medians and
-ranges; their first options checked equal, option by option), and each
-proposer plans over torchrec's. Every proposer runs under the same time
-limit, checked by torchrec's planner between proposals.
+Plans random models (`make_model`: --tables) on GPU topologies (--world-sizes) whose HBM holds
+--hbm-fraction of the tables' fp32 rows, with torchrec's EmbeddingShardingPlanner and, in turn, this
+DP proposer, torchrec's DynamicProgrammingProposer and torchrec's default proposers, each under the same
+time limit (checked by torchrec's planner between proposals) over torchrec's enumeration. Options are
+enumerated --enumerate-repeats times by torchrec's EmbeddingEnumerator and embnb's
+DistinctShardEnumerator (medians and ranges; their options checked equal). Per peer, ratios against
+this DP in the same run: perf rating (slowest rank; > 1: this DP's plan is faster) and planning time
+(> 1: this DP plans faster); this DP plans --repeats times (its times: the median run's, `plan_s_runs`).
 
-Reported per peer, as ratios against this DP in the same run: its perf
-rating (slowest rank; > 1: this DP's plan is faster) and its planning time
-(> 1: this DP plans faster). This DP plans `--repeats` times per row (it
-takes seconds where the peers take minutes): its times are the median run's,
-with every run's time (`plan_s_runs`) for the spread.
-
-End to end, from the model to the plan: for embnb, `create_planner(topology,
-batch_size, constraints, storage_reservation="fixed").plan(module, sharders)`
-as a user calls it (embnb's enumerator and DP; every proposer here plans
-under FixedPercentageStorageReservation(0.15)), timed `--repeats` times from a fresh module
-(`end_to_end_s`, `end_to_end_s_runs`, and the plan's rating); for torchrec's
-proposers, torchrec's enumeration (median) plus their planning time, as
-measured apart.
-
-Plan quality: on random small instances (`embnb.planner.quality_study`:
-3-4 tables, 2-4 devices, HBM that binds) each proposer's rating over the
-brute-force optimum; reported per proposer as the worst ratio, the share
-within 2% and the instances where it found no plan.
-
-    python -m embnb.bench planner [--tables 50 200 800] [--world-sizes 8 64] [--devices-per-host 8]
-        [--hbm-fraction 0.5] [--timeout-s 120] [--repeats 5] [--enumerate-repeats 3]
-        [--quality-instances 50] [--quality-tables 3 4] [--out DIR]
-
-`--tables` with no value skips the scale part; `--quality-instances 0`
-skips the quality part.
+End to end, for embnb: `create_planner(topology, batch_size, constraints, storage_reservation="fixed")
+.plan(module, sharders)` as a user calls it (every proposer here plans under
+FixedPercentageStorageReservation(0.15)), --repeats times from a fresh module; for torchrec's proposers,
+torchrec's enumeration (median) plus their planning time. Plan quality (`quality_study`: random small
+instances, HBM that binds): each proposer's rating over the brute-force optimum, as the worst ratio,
+the share within 2% and the instances without a plan. `--tables` with no value skips the scale part;
+`--quality-instances 0` the quality part.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import math
 import statistics
 import time
@@ -86,31 +67,21 @@ def bench_one(
     )
     ours = table.loc[OURS]
     row = {
-        "num_tables": num_tables,
-        "world_size": world_size,
-        "local_world_size": local or world_size,
-        "hosts": world_size // (local or world_size),
-        "hbm_cap_gb": hbm_cap_gb,
+        "num_tables": num_tables, "world_size": world_size, "local_world_size": local or world_size,
+        "hosts": world_size // (local or world_size), "hbm_cap_gb": hbm_cap_gb,
         "num_options": len(enumerated.options),
-        "enumerate_s": statistics.median(enumerate_runs),  # torchrec's EmbeddingEnumerator
-        "enumerate_s_runs": enumerate_runs,
+        "enumerate_s": statistics.median(enumerate_runs), "enumerate_s_runs": enumerate_runs,  # torchrec's
         "enumerate_embnb_s": statistics.median(ours_enumerate_runs),  # embnb's DistinctShardEnumerator
-        "enumerate_embnb_s_runs": ours_enumerate_runs,
-        "enumerate_same_options": alike,
-        "proposers": {},
-    }
+        "enumerate_embnb_s_runs": ours_enumerate_runs, "enumerate_same_options": alike,
+        "proposers": {
+            name: {"perf_rating": None if math.isnan(r.perf_rating) else float(r.perf_rating),
+                   "plan_s": float(r.plan_s), "proposer_s": float(r.proposer_s),
+                   "partitioner_s": float(r.partitioner_s), "proposals": int(r.proposals),
+                   "timed_out": bool(r.timed_out), "note": r.note}
+            for name, r in table.iterrows()
+        },
+    }  # fmt: skip
     row["enumerate_speedup"] = row["enumerate_s"] / row["enumerate_embnb_s"]
-    for name, result in table.iterrows():
-        entry = {
-            "perf_rating": None if math.isnan(result.perf_rating) else float(result.perf_rating),
-            "plan_s": float(result.plan_s),
-            "proposer_s": float(result.proposer_s),
-            "partitioner_s": float(result.partitioner_s),
-            "proposals": int(result.proposals),
-            "timed_out": bool(result.timed_out),
-            "note": result.note,
-        }
-        row["proposers"][name] = entry
     plan_s = _repeat_ours(
         row["proposers"][OURS], repeats, proposers[OURS], enumerated, topology, batch_size, model
     )
@@ -142,15 +113,11 @@ def _enumerate(
     model, topology, batch_size: int, enumerator: str, repeats: int
 ) -> tuple[Enumerated, list[float]]:
     """The first of `repeats` enumerations, and each one's seconds."""
-    first = enumerate_options(model.tables, topology, batch_size, model.constraints, enumerator=enumerator)
-    seconds = [first.seconds]
-    for _ in range(repeats - 1):
+    first, seconds = None, []
+    for _ in range(repeats):
         gc.collect()  # each run starts from a heap without the last run's garbage
-        seconds.append(
-            enumerate_options(
-                model.tables, topology, batch_size, model.constraints, enumerator=enumerator
-            ).seconds
-        )
+        run = enumerate_options(model.tables, topology, batch_size, model.constraints, enumerator=enumerator)
+        first, seconds = run if first is None else first, [*seconds, run.seconds]
     return first, seconds
 
 
@@ -185,16 +152,11 @@ def quality(num_instances: int, table_counts: list[int], seed: int, batch_size: 
             ratios = ratios.dropna()
             found = ratios[np.isfinite(ratios)]
             rows.append(
-                {
-                    "num_tables": num_tables,
-                    "proposer": name,
-                    "instances": int(len(ratios)),
-                    "skipped": skipped,
-                    "worst_ratio": float(found.max()) if len(found) else None,
-                    "within_2pct": float((ratios <= 1.02).mean()) if len(ratios) else None,
-                    "no_plan": int(np.isinf(ratios).sum()),
-                }
-            )
+                {"num_tables": num_tables, "proposer": name, "instances": len(ratios), "skipped": skipped,
+                 "worst_ratio": float(found.max()) if len(found) else None,
+                 "within_2pct": float((ratios <= 1.02).mean()) if len(ratios) else None,
+                 "no_plan": int(np.isinf(ratios).sum())}
+            )  # fmt: skip
     return rows
 
 
@@ -247,56 +209,28 @@ def _rating(value: float | None) -> str:
 def _options(argv: list[str]) -> argparse.Namespace:
     """The command line, checked."""
     parser = argparse.ArgumentParser(prog="python -m embnb.bench planner", description=__doc__.split("\n")[0])
-    parser.add_argument("--tables", type=int, nargs="*", default=[50, 200, 800])
-    parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
-    parser.add_argument(
-        "--hbm-fraction",
-        type=float,
-        default=0.5,
-        help="HBM per device as a fraction of the tables' fp32 rows spread evenly",
-    )
-    parser.add_argument("--timeout-s", type=float, default=120, help="planning time limit per proposer")
-    parser.add_argument(
-        "--repeats", type=int, default=5, help="plans with embnb DP per row (median and range reported)"
-    )
-    parser.add_argument(
-        "--enumerate-repeats",
-        type=int,
-        default=3,
-        help="enumerations per enumerator and row (median and range reported)",
-    )
-    parser.add_argument(
-        "--devices-per-host",
-        type=int,
-        default=None,
-        help="devices per host (torchrec's local_world_size); default: every topology on one host",
-    )
-    parser.add_argument("--batch-size", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--quality-instances",
-        type=int,
-        default=50,
-        help="random small instances per table count rated against brute force (0: skip)",
-    )
-    parser.add_argument(
-        "--quality-tables",
-        type=int,
-        nargs="+",
-        default=[3, 4],
-        help="table counts of the quality instances (brute force grows as 16^tables)",
-    )
+    add, ints = parser.add_argument, {"type": int, "nargs": "+"}
+    # fmt: off
+    add("--tables", type=int, nargs="*", default=[50, 200, 800])
+    add("--world-sizes", **ints, default=[8, 64])
+    add("--hbm-fraction", type=float, default=0.5, help="HBM per device, a fraction of the tables' fp32 rows")
+    add("--timeout-s", type=float, default=120, help="planning time limit per proposer")
+    add("--repeats", type=int, default=5, help="plans with embnb DP per row (median and range reported)")
+    add("--enumerate-repeats", type=int, default=3, help="enumerations per enumerator and row")
+    add("--devices-per-host", type=int, default=None, help="torchrec's local_world_size (default: one host)")
+    add("--batch-size", type=int, default=512)
+    add("--seed", type=int, default=0)
+    add("--quality-instances", type=int, default=50, help="random small instances per table count (0: skip)")
+    add("--quality-tables", **ints, default=[3, 4], help="their table counts (brute force: 16^tables plans)")
+    # fmt: on
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name, values in (
-        ("--tables", opts.tables),
-        ("--world-sizes", opts.world_sizes),
-        ("--quality-tables", opts.quality_tables),
-    ):
-        if any(v < 1 for v in values):
-            parser.error(f"{name} must all be >= 1, got {values}")
-    if opts.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {opts.repeats}")
+    for name in ("tables", "world_sizes", "quality_tables"):
+        if any(v < 1 for v in getattr(opts, name)):
+            parser.error(f"--{name.replace('_', '-')} must all be >= 1, got {getattr(opts, name)}")
+    for name in ("repeats", "enumerate_repeats"):
+        if getattr(opts, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
     if opts.devices_per_host is not None and (
         opts.devices_per_host < 1
         or any(w % opts.devices_per_host for w in opts.world_sizes if w > opts.devices_per_host)
@@ -304,8 +238,6 @@ def _options(argv: list[str]) -> argparse.Namespace:
         parser.error(
             f"--devices-per-host must be >= 1 and divide the larger world sizes, got {opts.devices_per_host}"
         )
-    if opts.enumerate_repeats < 1:
-        parser.error(f"--enumerate-repeats must be >= 1, got {opts.enumerate_repeats}")
     if opts.quality_instances < 0:
         parser.error(f"--quality-instances must be >= 0, got {opts.quality_instances}")
     if not 0 < opts.hbm_fraction:
@@ -317,22 +249,12 @@ def main(argv: list[str]) -> int:
     opts = _options(argv)
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
-    for world_size in opts.world_sizes:
-        for num_tables in opts.tables:
-            rows.append(
-                bench_one(
-                    num_tables,
-                    world_size,
-                    opts.hbm_fraction,
-                    opts.timeout_s,
-                    opts.seed,
-                    opts.batch_size,
-                    opts.repeats,
-                    opts.enumerate_repeats,
-                    opts.devices_per_host,
-                )
-            )
-            print(_line(rows[-1]), flush=True)
+    for world_size, num_tables in itertools.product(opts.world_sizes, opts.tables):
+        rows.append(
+            bench_one(num_tables, world_size, opts.hbm_fraction, opts.timeout_s, opts.seed, opts.batch_size,
+                      opts.repeats, opts.enumerate_repeats, opts.devices_per_host)
+        )  # fmt: skip
+        print(_line(rows[-1]), flush=True)
     quality_rows = []
     if opts.quality_instances:
         print(f"plan quality on {opts.quality_instances} random instances per table count:", flush=True)

@@ -55,19 +55,15 @@ def run_notebook(
 ) -> dict[str, Any]:
     """Execute `path` with papermill into `out_dir` and return its results JSON.
 
-    Writes `out_dir/NAME.ipynb` (executed), `out_dir/NAME.json` (results) and
-    `out_dir/NAME_figNN.png` (each PNG the notebook displayed). Parameters
-    default to `interactive=False` and `results_path` in `out_dir`; the
-    working directory defaults to the notebook's own folder. The kernel runs
-    with PYTHONHASHSEED=0 unless it is set: numbers repeat run to run. Each
-    notebook quiets torch.fx's deprecation log itself (`embnb.lab.logs`), so
-    this process's logging and TORCH_LOGS stay as they are.
+    Writes `out_dir/NAME.ipynb` (executed), `NAME.json` (results) and `NAME_figNN.png` (each PNG
+    shown). Parameters default to `interactive=False` and `results_path` in `out_dir`; the working
+    directory to the notebook's folder. Raises FileNotFoundError for a missing notebook, NotebookError
+    for a failed cell or a missing results JSON.
     """
     import papermill
 
     _prefer_this_environment_kernel()
-    # The kernel inherits this: a fixed string-hash seed makes set and dict
-    # orders (and so torchrec's tie-breaks in planning) the same every run.
+    # the kernel inherits a fixed string-hash seed: set orders (torchrec's tie-breaks) repeat run to run
     os.environ.setdefault("PYTHONHASHSEED", "0")
     path = pathlib.Path(path).resolve()
     if not path.is_file():
@@ -107,21 +103,16 @@ def run_notebook(
 
 
 def _kernel_config(socket_dir: str):
-    # The kernel talks over Unix sockets in a private folder instead of TCP on
-    # localhost: ipykernel then has no reason to warn that its traffic is
-    # unencrypted (one warning line per notebook in `make run`). The client
-    # reads the kernel's replies through `PolledChannel`s.
+    # Unix sockets in a private folder, not TCP on localhost: ipykernel then does not warn that its
+    # traffic is unencrypted; the client reads the kernel's replies through `PolledChannel`s.
     from traitlets.config import Config
 
-    return Config(
-        {
-            "KernelManager": {
-                "transport": "ipc",
-                "ip": os.path.join(socket_dir, "kernel"),
-                "client_factory": PolledKernelClient,
-            }
-        }
-    )
+    manager = {
+        "transport": "ipc",
+        "ip": os.path.join(socket_dir, "kernel"),
+        "client_factory": PolledKernelClient,
+    }
+    return Config({"KernelManager": manager})
 
 
 POLL_S = 1.0
@@ -284,10 +275,6 @@ def strip_outputs(path: str | pathlib.Path) -> None:
     nbformat.write(notebook, str(path))
 
 
-def _summary(results: dict[str, Any]) -> str:
-    return str(results.get("summary", "(no summary in results JSON)"))
-
-
 def _main(argv: list[str]) -> int:
     import argparse
 
@@ -295,15 +282,8 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("command", choices=["run", "check", "strip"])
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebooks")
-    parser.add_argument(
-        "-p",
-        "--param",
-        nargs=2,
-        action="append",
-        default=[],
-        metavar=("NAME", "VALUE"),
-        help="a parameter for every notebook; VALUE is read as YAML like papermill -p",
-    )
+    parser.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="a parameter for every notebook (VALUE: YAML, as papermill -p)")  # fmt: skip
     opts = parser.parse_args(argv)
     notebooks = opts.notebooks or list_notebooks()
     if not notebooks:
@@ -327,14 +307,13 @@ def _main(argv: list[str]) -> int:
     for nb in notebooks:
         start = time.perf_counter()
         try:
-            line, ok = _summary(run_notebook(nb, opts.out, params)), True
+            results = run_notebook(nb, opts.out, params)
+            line, ok = str(results.get("summary", "(no summary in results JSON)")), True
         except Exception as exc:  # report and go on with the next notebook
             line, ok = f"FAILED: {str(exc).splitlines()[0]}", False
         seconds = time.perf_counter() - start
-        figure = f"{nb.stem}_key.png"
-        entries.append(
-            ReportEntry(nb.stem, seconds, line, ok, figure if (opts.out / figure).is_file() else None)
-        )
+        figure = f"{nb.stem}_key.png" if (opts.out / f"{nb.stem}_key.png").is_file() else None
+        entries.append(ReportEntry(nb.stem, seconds, line, ok, figure))
         print(f"{nb.stem:<28} {seconds:7.1f} s  {line}", flush=True)
     print(f"outputs in {opts.out}; report: {write_report(opts.out, entries)}")
     return 0 if all(e.ok for e in entries) else 1

@@ -1,14 +1,7 @@
 """The figure style every notebook shares: one palette, rank ticks, rank bars.
 
-Figures are `matplotlib.figure.Figure`s, not pyplot figures, so nothing
-lingers in pyplot's global list: a notebook shows one with `display(fig)`,
-a widget redraws into its Output, a test counts axes. Every plot function in
-the technique subpackages takes data and returns a Figure, using these
-helpers for what the figures have in common.
-
-    fig = rank_bars({"roundrobin": counts, "hash_roundrobin": counts2})
-    ax.bar(ranks, loads, color=color("kk_swap", 0))
-    rank_ticks(ax, world_size)
+Figures are `matplotlib.figure.Figure`s, not pyplot's (nothing lingers in pyplot's global list): a
+notebook shows one with `display(fig)`, a widget redraws into its Output, a test counts axes.
 """
 
 from __future__ import annotations
@@ -61,10 +54,7 @@ def new_figure(width: float, height: float) -> Figure:
 
 def values_of(data: Sequence[float] | torch.Tensor, what: str) -> list[float]:
     """`data` as a list of floats; raise ValueError naming `what` if empty."""
-    if isinstance(data, torch.Tensor):
-        values = [float(v) for v in data.reshape(-1).tolist()]
-    else:
-        values = [float(v) for v in data]
+    values = torch.as_tensor(data, dtype=torch.float64).reshape(-1).tolist()
     if not values:
         raise ValueError(f"{what} is empty: nothing to plot")
     return values
@@ -89,15 +79,10 @@ def rank_bars(
     ylabel: str = "load per rank",
     title: str | None = None,
 ) -> Figure:
-    """Bars of each rank's load, one panel per name, sharing the y axis.
-
-    Each panel dashes the mean and gives max/mean in its title: a synchronous
-    step waits for the tallest bar. `highlight[name]` (per-rank values, a
-    part of the totals such as the hottest key's lookups) is drawn over the
-    bars in black. `floor` (a max/mean no layout can go below) is drawn at
-    `floor * mean`. The legend sits below the panels, so it never hides a
-    bar; its "all" patch is grey, since each panel has its own colour.
-    """
+    """Bars of each rank's load, one panel per name, sharing the y axis; the mean dashed and max/mean
+    in the title. `highlight[name]` (per-rank values, a part of the totals such as the hottest key's
+    lookups) is drawn over the bars in black; `floor` (a max/mean no layout can go below) at
+    `floor * mean`. The legend sits below the panels, so it never hides a bar."""
     if not loads_by_name:
         raise ValueError("loads_by_name is empty: nothing to plot")
     names = list(loads_by_name)
@@ -109,13 +94,8 @@ def rank_bars(
         mean = sum(loads) / len(loads)
         ax.bar(ranks, loads, color=color(name, i), label="all")
         if highlight is not None and name in highlight:
-            ax.bar(
-                ranks,
-                values_of(highlight[name], f"highlight of {name!r}"),
-                color="black",
-                width=0.4,
-                label=highlight_label,
-            )
+            part = values_of(highlight[name], f"highlight of {name!r}")
+            ax.bar(ranks, part, color="black", width=0.4, label=highlight_label)
         ax.axhline(mean, **MEAN_STYLE, label="mean")
         if floor is not None:
             ax.axhline(floor * mean, color="#c44e52", linestyle=":", linewidth=1.5, label=floor_label)

@@ -1,8 +1,6 @@
-"""The browsable report of a `make run`: each executed notebook rendered to
-HTML (nbconvert) and one index page linking them: per notebook its key
-figure as a thumbnail (the image of the cell tagged "key-figure", else its
-first figure), a one-line headline (the summary's first clause), the run
-time, and the full summary line folded under it.
+"""The browsable report of a `make run`: each executed notebook rendered to HTML (nbconvert) and an
+index page linking them, per notebook its key figure as a thumbnail, the summary's first clause, the
+run time and the rest of the summary folded under it.
 
     write_report(out_dir, [ReportEntry("01_modulo_aliasing", 17.2, "strided W=8: ...")])
 """
@@ -13,6 +11,7 @@ import html
 import pathlib
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from embnb.results import COMMITTED_RESULTS  # noqa: F401  (its readers move to embnb.results.load_runs)
 
@@ -33,19 +32,14 @@ class ReportEntry:
         return self.summary.split("; ", 1)[0]
 
 
-def _render(executed: pathlib.Path) -> pathlib.Path | None:
-    """executed/NAME.ipynb -> NAME.html beside it; the executed copy itself
-    where nbconvert is missing (the GPU kit has none); None when there is no
-    executed copy."""
-    if not executed.is_file():
-        return None
-    try:
-        from nbconvert import HTMLExporter
-    except ImportError:
-        return executed
+def _render(executed: pathlib.Path, exporter: Any) -> pathlib.Path | None:
+    """executed/NAME.ipynb -> NAME.html beside it; the executed copy itself without an `exporter`
+    (nbconvert is missing: the GPU kit has none); None when there is no executed copy."""
+    if not executed.is_file() or exporter is None:
+        return executed if executed.is_file() else None
     import nbformat
 
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+    body, _ = exporter.from_notebook_node(nbformat.read(str(executed), as_version=4))
     page = executed.with_suffix(".html")
     page.write_text(body, encoding="utf-8")
     return page
@@ -55,15 +49,16 @@ def write_report(out_dir: str | pathlib.Path, entries: list[ReportEntry]) -> pat
     """Render every entry's executed notebook and write out_dir/index.html
     (without nbconvert, the index links the executed notebooks themselves)."""
     out_dir = pathlib.Path(out_dir)
-    rows = []
+    rows, note = [], ""
     try:
-        import nbconvert  # noqa: F401
+        from nbconvert import HTMLExporter
+
+        exporter = HTMLExporter()
     except ImportError:
+        exporter = None
         note = "<p>nbconvert is not installed here: the notebooks are linked as executed .ipynb files.</p>"
-    else:
-        note = ""
     for entry in entries:
-        page = _render(out_dir / f"{entry.name}.ipynb")
+        page = _render(out_dir / f"{entry.name}.ipynb", exporter)
         name = html.escape(entry.name)
         link = f'<a href="{html.escape(page.name)}">{name}</a>' if page else name
         status = "" if entry.ok else '<b class="failed">FAILED</b> '

@@ -1,24 +1,11 @@
-"""The one widget pattern of the notebooks: controls plus an output that a
-package function redraws.
+"""The one widget pattern of the notebooks: controls plus an output that a package function redraws.
 
-A technique's explorer subclasses `Explorer`, names its controls and
-implements `draw(**values) -> Figure` by calling the same package functions
-the notebook's static figures use, so what a reader sees while dragging a
-slider is what the tests check. Nothing here needs a display:
-
-    explorer = SomeExplorer(...)
-    display(explorer)                 # in a notebook
-    explorer.controls["world_size"].value = 16   # redraws
-    explorer.figure                   # the last Figure drawn
-    explorer.error                    # the last bad value's message, or None
-
-A bad value never raises out of a callback: `draw`'s ValueError or TypeError
-is shown as text in the output (and kept in `error`). Slow work sits behind
-a button (`button=` a label): changing a control then only marks the figure
-stale; a click disables the button, shows a busy label while `draw` runs and
-ignores further clicks until it is done. A `draw` with steps calls
-`progress_step(done, total, what)` between them: a progress bar beside the
-button shows how far it is.
+A technique's explorer subclasses `Explorer`, names its controls and implements `draw(**values) ->
+Figure` with the package functions the static figures use, so what a reader sees while dragging a
+slider is what the tests check (`explorer.controls["world_size"].value = 16` redraws; `explorer.figure`,
+`explorer.error`). `draw`'s ValueError or TypeError is shown as text, never raised out of a callback.
+Slow work sits behind a button (`button=` a label): a change then marks the figure stale, a click
+disables the button while `draw` runs, and `progress_step(done, total, what)` moves a bar beside it.
 """
 
 from __future__ import annotations
@@ -67,12 +54,9 @@ class Explorer:
         if self.button is not None:
             self.button.on_click(self._on_click)
             self._hide_progress()
-        parts = [widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap"))]
-        if self.button is not None:
-            parts += [widgets.HBox([self.button, self.progress, self.status])]
-        else:
-            parts += [self.status]
-        self.widget = widgets.VBox([*parts, self.output])
+        row = widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
+        under = self.status if button is None else widgets.HBox([self.button, self.progress, self.status])
+        self.widget = widgets.VBox([row, under, self.output])
         if self.button is None or draw_now:
             self.redraw()
         else:
