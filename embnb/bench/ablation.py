@@ -19,9 +19,10 @@ import time
 
 from embnb import planner
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
-from embnb.lab.planner.ablation import LADDER, ablation_records, ablation_table
+from embnb.lab.planner.ablation import LADDER, ablation_table
 from embnb.lab.planner.comparison import Planning
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
+from embnb.lab.planner.planning import records
 from embnb.timing import machine_name
 
 
@@ -38,7 +39,7 @@ def ablate(num_tables: int, world_size: int, hbm_fraction: float, repeats: int, 
         "world_size": world_size,
         "hbm_cap_gb": hbm_cap_gb,
         "enumerate_s": enumerated.seconds,
-        "rungs": ablation_records(table),
+        "rungs": records(table),  # by rung; a rating of None: no plan
     }
 
 

@@ -11,9 +11,11 @@ import argparse
 import os
 import sys
 
+import pandas as pd
+
 from embnb.bench.results import add_out_argument, write_results
 from embnb.dist import resolve_device
-from embnb.lab.rowwise.kernel_timing import QUICK_SIZES, SIZES, WORLD_SIZES, KernelCases, run
+from embnb.lab.rowwise.kernel_timing import QUICK_SIZES, SIZES, TABLE_COLUMNS, WORLD_SIZES, KernelCases, run
 from embnb.rowwise.routing import DistType
 
 
@@ -21,57 +23,35 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench bucketize", description=__doc__.splitlines()[0]
     )
-    parser.add_argument(
-        "--sizes",
-        type=lambda s: [int(float(x)) for x in s.split(",")],
-        default=None,
-        help="numbers of keys, e.g. 1e5,1e6",
-    )
-    parser.add_argument("--world-sizes", type=lambda s: [int(x) for x in s.split(",")], default=WORLD_SIZES)
-    parser.add_argument(
-        "--dist-types", default="continuous", help="comma-separated; FBGEMM runs only continuous"
-    )
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument(
-        "--threads",
-        type=lambda s: [int(x) for x in s.split(",")],
-        default=[1, 0],
-        help="torch threads for every implementation, one row each (0: all cores; CPU only)",
-    )
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--reference-repeats", type=int, default=3)
-    parser.add_argument(
-        "--quick", action="store_true", help=f"sizes {QUICK_SIZES}, 5 repeats, no JSON written"
-    )
-    parser.add_argument("--no-write", action="store_true")
+    add, ints = parser.add_argument, lambda text: [int(float(x)) for x in text.split(",")]
+    add("--sizes", type=ints, default=None, help="numbers of keys, e.g. 1e5,1e6")
+    add("--world-sizes", type=ints, default=WORLD_SIZES)
+    add("--dist-types", default="continuous", help="comma-separated; FBGEMM runs only continuous")
+    add("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add("--threads", type=ints, default=[1, 0], help="torch threads, one row each (0: all cores; CPU only)")
+    add("--repeats", type=int, default=15)
+    add("--warmup", type=int, default=3)
+    add("--reference-repeats", type=int, default=3)
+    add("--quick", action="store_true", help=f"sizes {QUICK_SIZES}, 5 repeats, no JSON written")
+    add("--no-write", action="store_true")
     add_out_argument(parser)
     args = parser.parse_args(argv)
-
     try:
         device = resolve_device(args.device)
     except ValueError as error:  # --device cuda without a GPU
         print(f"bucketize bench: {error}", file=sys.stderr)
         return 2
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
-    repeats = 5 if args.quick else args.repeats
-    dist_types = [DistType.parse(d).value for d in args.dist_types.split(",")]
-
+    dist_types = tuple(DistType.parse(d).value for d in args.dist_types.split(","))
     cases = KernelCases(
-        tuple(sizes),
-        tuple(args.world_sizes),
-        tuple(dist_types),
-        device,
-        tuple(args.threads),
-        repeats,
-        args.warmup,
-        args.reference_repeats,
-    )
+        tuple(sizes), tuple(args.world_sizes), dist_types, device, tuple(args.threads),
+        5 if args.quick else args.repeats, args.warmup, args.reference_repeats,
+    )  # fmt: skip
     payload = run(cases)
+    print(pd.DataFrame(payload["rows"])[TABLE_COLUMNS].to_string(index=False, float_format="{:.2f}".format))
     print(
-        f"machine: {payload['machine']} ({payload['cpu_model']}), "
-        f"{os.cpu_count()} cores, copy {payload['copy_gbps']:.1f} GB/s, "
-        f"load average {payload['load_average_before'][0]:.1f} -> "
+        f"machine: {payload['machine']} ({payload['cpu_model']}), {os.cpu_count()} cores, copy "
+        f"{payload['copy_gbps']:.1f} GB/s, load average {payload['load_average_before'][0]:.1f} -> "
         f"{payload['load_average_after'][0]:.1f}"
     )
     if not (args.quick or args.no_write):

@@ -17,15 +17,9 @@ __all__ = ["lazy_exports"]
 def lazy_exports(
     package: str, homes: Mapping[str, Sequence[str]]
 ) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
-    """(`__all__`, `__getattr__`, `__dir__`) for `package`.
-
-    Args:
-        package: the package's `__name__`.
-        homes: module -> the names it exports. A module is one of the package's own (`"figures"`,
-            also exported itself: `lab.figures`) or a full path (`"embnb.dist"`).
-
-    Raises (from `__getattr__`): AttributeError for a name no home exports.
-    """
+    """(`__all__`, `__getattr__`, `__dir__`) for `package` (its `__name__`); `homes`: module -> the names
+    it exports, a module of the package's own (`"figures"`, exported itself too) or a full path
+    (`"embnb.dist"`). `__getattr__` raises AttributeError for a name no home exports."""
     home_of = {name: module for module, names in homes.items() for name in names}
     own = {module for module in homes if "." not in module}
     exported = sorted({*home_of, *own})

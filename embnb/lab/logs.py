@@ -1,12 +1,6 @@
-"""Log lines that say nothing about a notebook's run, quieted by the
-notebooks, the bench and the harness themselves: importing embnb changes no
-logger (a library leaves logging to its user).
-
-torch.fx's `is_fx_tracing` logs a deprecation once per process, and every
-KeyedJaggedTensor torchrec builds calls it (through torch.fx's
-`ProxyableClassMeta`): in a notebook it shows as a red box.
-
-    quiet_torch_fx()  # in the imports cell, before any rank is launched
+"""torch.fx's `is_fx_tracing` logs a deprecation once per process, and every KeyedJaggedTensor calls
+it (through torch.fx's `ProxyableClassMeta`): a red box in a notebook. The notebooks, the bench and the
+harness quiet it themselves (`quiet_torch_fx()`); importing embnb changes no logger.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Show a function's source in a notebook: how each notebook puts the core
-of the technique it teaches on the page, taken from the package (where the
-tests check it) rather than copied into a cell.
-
-    display(show_source(embnb.lab.rowwise.core.fmix64))
-"""
+"""Show a function's source in a notebook, taken from the package (where the tests check it) rather than
+copied into a cell: `display(show_source(lab.shard_model))`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Notebook 04's layer over `embnb.balancing`, and appendix 04a's: `import embnb.lab.balancing as lab`.
-`core` (the page's KK checked), `comparison` (balancers on many batches), `experiment` (runs on real
-ranks), `job` (the user's loop), `measured` (the step rank by rank, memory caps, the link model),
-`cost_fit` (does time follow work; the committed GPU runs), `figures`, `explore` (the explorer).
+"""Notebook 04's layer over `embnb.balancing`, and appendix 04a's: `import embnb.lab.balancing as lab`
+(`_HOMES`: each name loads only its module; `lab.measured`, `lab.figures`, ... the modules themselves).
 """
 
 from embnb.lab.exports import lazy_exports

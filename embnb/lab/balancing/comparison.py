@@ -41,14 +41,12 @@ def comparison_table(
     (embedding_dim, ffn_dim) adds FLOP workloads beside the tokens. Raises ValueError on no distribution."""
     if not distributions:
         raise ValueError("distributions is empty: need at least one LengthDistribution")
-    rows = [
+    options = {"max_length": max_length, "flops_dims": flops_dims}
+    return pd.DataFrame(
         {"distribution": name, **row}
         for (name, spec), n, k in itertools.product(distributions.items(), sample_counts, part_counts)
-        for row in compare_methods(
-            [n], [k], seeds, max_length=max_length, flops_dims=flops_dims, distribution=spec
-        )
-    ]
-    return pd.DataFrame(rows)
+        for row in compare_methods([n], [k], seeds, distribution=spec, **options)
+    )
 
 
 def worst_gaps(table: pd.DataFrame) -> pd.DataFrame:
@@ -81,8 +79,8 @@ def crossover_by_width(
     for d in widths:
         crossover = crossover_length(d, ffn_over_width * d)
         shares = {
-            f"longer, {name}": float((torch.as_tensor(s) > crossover).double().mean())
-            for name, s in samples.items()
+            f"longer, {k}": float((torch.as_tensor(s) > crossover).double().mean())
+            for k, s in samples.items()
         }
         rows.append({"width": d, "ffn_dim": ffn_over_width * d, "crossover_length": crossover, **shares})
     return pd.DataFrame(rows)

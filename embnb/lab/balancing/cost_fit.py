@@ -53,9 +53,8 @@ def fit_rank_time(rows: Sequence[Mapping[str, float]], features: Sequence[str] =
     r = float(np.corrcoef(gflops, y)[0, 1]) if gflops.std() > 0 and y.std() > 0 else 0.0
     coefficients = dict(zip(features, beta.tolist()))
     fixed_share = coefficients.get("per_rank", 0.0) / float(y.mean())
-    return RankTimeFit(
-        list(features), coefficients, len(rows), r, fixed_share, float((abs(y - x @ beta) / y).max())
-    )
+    residual = float((abs(y - x @ beta) / y).max())
+    return RankTimeFit(list(features), coefficients, len(rows), r, fixed_share, residual)
 
 
 def rank_rows(runs: Mapping[Any, Any]) -> list[dict[str, float]]:
@@ -93,18 +92,14 @@ def gpu_rank_rows(results_dir: str | pathlib.Path | None = None) -> pd.DataFrame
             continue
         where = {"machine": run.machine, "file": run.name, "bench": run.benchmark}
         if run.benchmark == "balancer":
-            width = run.data["rank_by_rank"]["measured_config"]["width"]
-            per_rank = [
-                (r["world_size"], r["method"], r[f"{r.get('clock', 'cpu')}_ms"], r["flops"])
-                for r in run.data["rank_by_rank"]["measured_runs"]
-            ]
+            measured = run.data["rank_by_rank"]
+            width = measured["measured_config"]["width"]
+            per_rank = [(r["world_size"], r["method"], r[f"{r.get('clock', 'cpu')}_ms"], r["flops"])
+                        for r in measured["measured_runs"]]  # fmt: skip
         else:
-            width = run.data["worlds"][0]["width"]
-            per_rank = [
-                (world["world_size"], r["method"], r["rank_ms_median"], r["rank_flops"])
-                for world in run.data["worlds"]
-                for r in world["runs"]
-            ]
+            width, worlds = run.data["worlds"][0]["width"], run.data["worlds"]
+            per_rank = [(w["world_size"], r["method"], r["rank_ms_median"], r["rank_flops"])
+                        for w in worlds for r in w["runs"]]  # fmt: skip
         source = f"{run.machine.removeprefix('NVIDIA ')} {run.date}, {run.benchmark}, width {width}"
         rows += [
             {"source": source, **where, "world_size": w, "method": method, "ms": m, "gflops": f / 1e9}

@@ -47,9 +47,7 @@ def gap_figure(table: pd.DataFrame, methods: Sequence[str]) -> Figure:
     grid.set_titles("{row_name}, {col_name}").set_axis_labels("", "worst gap over seeds to the bound")
     for ax in grid.axes.flat:
         ax.annotate("at the bound", (-0.45, AT_THE_BOUND), fontsize=7, va="bottom")
-        ax.yaxis.set_major_formatter(
-            FuncFormatter(lambda y, _: f"{100 * y:.3g}%" if y >= AT_THE_BOUND else "")
-        )
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{100 * y:.3g}%" * (y >= AT_THE_BOUND)))
     plt.close(grid.figure)  # drawn where it is displayed, not by pyplot at the end of the cell
     return grid.figure
 
@@ -74,24 +72,17 @@ def timeline(spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]], steps: Seq
                 ax.plot([x, x + width], [row - 0.42] * 2, color="0.4", linewidth=0.8)
             else:
                 y, h = (row + 0.3, 0.22) if s.get("thread") == "worker" else (row - 0.1, 0.5)
-                ax.broken_barh(
-                    [(x, max(width, 1e-3))], (y - h / 2, h), color=PHASE_COLORS.get(s["phase"], "0.5")
-                )
-        ticks = {
-            r + dy: f"rank {rank} {what}"
-            for r, rank in enumerate(ranks)
-            for dy, what in ((-0.1, "loop"), (0.3, "worker"))
-        }
+                shade = PHASE_COLORS.get(s["phase"], "0.5")
+                ax.broken_barh([(x, max(width, 1e-3))], (y - h / 2, h), color=shade)
+        rows = ((-0.1, "loop"), (0.3, "worker"))
+        ticks = {r + dy: f"rank {rank} {what}" for r, rank in enumerate(ranks) for dy, what in rows}
         ax.set_yticks(list(ticks), list(ticks.values()), fontsize=8)
         ax.set(ylim=(len(ranks) - 0.4, -0.6), xlabel="ms")
         ax.set_title(name, loc="left", fontsize=10)
         ms = {}  # phase -> its ms per drawn step in each thread it ran in
-        for (thread, phase), seconds in phase_seconds(
-            [dict(s, warmup=False) for s in spans], steps, len(ranks)
-        ).items():
-            ms.setdefault(phase, []).append(
-                f"{1e3 * seconds:.1f}" + (" (worker)" if thread == "worker" else "")
-            )
+        phases = phase_seconds([dict(s, warmup=False) for s in spans], steps, len(ranks))
+        for (thread, phase), seconds in phases.items():
+            ms.setdefault(phase, []).append(f"{1e3 * seconds:.1f}" + " (worker)" * (thread == "worker"))
         handles = [Patch(color=PHASE_COLORS.get(p, "0.5"), label=f"{p}: {', '.join(ms.get(p, []))} ms")
                    for p in dict.fromkeys(s["phase"] for s in spans if s["phase"] != "step")]  # fmt: skip
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),

@@ -1,9 +1,5 @@
-"""Notebook 02's layer over `embnb.columnwise`; notebooks 02 and 02a import it as `lab` and call what they
-use from here (each name loads only its module): `core` (the page's core, checked), `cases` (runs on
-real ranks, both paths, all-to-alls recorded), `experiment` (the teaching run and the appendix's, as
-data), `traffic` (the byte count), `torchrec_layouts` (what torchrec's planner and source do), `figures`
-(the column order, the lookup error) and `explore`; and, under their own names, what the pages use from
-the rest of embnb.
+"""Notebook 02's layer over `embnb.columnwise`: notebooks 02 and 02a import it as `lab` and call what they
+use from here (`_HOMES`: each name loads only its module), what they use from the rest of embnb too.
 """
 
 from __future__ import annotations

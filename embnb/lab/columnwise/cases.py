@@ -119,18 +119,15 @@ def make_batches(case: CWCase) -> list[tuple[torch.Tensor, torch.Tensor]]:
     for rank in range(case.world_size):
         generator = torch.Generator().manual_seed(case.seed * 1000 + rank + 1)
         lengths = torch.randint(0, case.max_length + 1, (case.batch_size,), generator=generator)
-        batches.append(
-            (lengths, torch.randint(0, case.num_embeddings, (int(lengths.sum()),), generator=generator))
-        )
+        ids = torch.randint(0, case.num_embeddings, (int(lengths.sum()),), generator=generator)
+        batches.append((lengths, ids))
     return batches
 
 
 def to_kjt(lengths: torch.Tensor, ids: torch.Tensor, device: torch.device | str = "cpu") -> KeyedJaggedTensor:
     from torchrec import KeyedJaggedTensor
 
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=[FEATURE], values=ids.to(device), lengths=lengths.to(device)
-    )
+    return KeyedJaggedTensor.from_lengths_sync([FEATURE], ids.to(device), lengths=lengths.to(device))
 
 
 def _plain(outputs) -> Output:  # JaggedTensors -> CPU tensors, so results pickle anywhere
@@ -162,11 +159,8 @@ def _forward(case: CWCase, ec, kjt, group, result: RankOutputs) -> None:
     torchrec's sharded module: one step, a warm step recorded, then one with its permute (a private
     field) emptied for that call and restored: the outputs in rank order, as before torchrec stitched."""
     if "reference" in case.paths:
-        weight, ranks, widths = (
-            ec.embeddings[TABLE].weight.detach(),
-            list(case.shard_ranks),
-            case.shard_widths(),
-        )
+        weight = ec.embeddings[TABLE].weight.detach()
+        ranks, widths = list(case.shard_ranks), case.shard_widths()
         shards = local_shards(weight, ranks, widths, dist.get_rank(group))
         with recorded_all_to_all() as sent:
             rows, arrived = cw_sequence_lookup(kjt.values(), shards, ranks, widths, group, weight.dtype)
@@ -192,21 +186,13 @@ def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | 
     """Per-rank function for `launch_each`: `case` on ranks 0..case.world_size-1 (a subgroup when the launch
     has more ranks, so one launch serves many world sizes); None on the other ranks."""
     # new_group is collective over the whole world, members or not.
-    group = (
-        dist.group.WORLD if case.world_size == world_size else dist.new_group(list(range(case.world_size)))
-    )
-    result = None
+    whole = case.world_size == world_size
+    group, result = dist.group.WORLD if whole else dist.new_group(list(range(case.world_size))), None
     if rank < case.world_size:
-        device = rank_device(group)
-        result = RankOutputs()
+        device, result = rank_device(group), RankOutputs()
         with torch.no_grad():
-            _forward(
-                case,
-                make_embedding_collection(case, device),
-                to_kjt(*make_batches(case)[rank], device),
-                group,
-                result,
-            )
+            ec, kjt = make_embedding_collection(case, device), to_kjt(*make_batches(case)[rank], device)
+            _forward(case, ec, kjt, group, result)
     dist.barrier()  # ranks outside the case wait here, not inside the next case's collectives
     return result
 
@@ -223,13 +209,10 @@ class CWRun:
         """Rank `rank`'s (lengths, values) by `path`: "reference", "torchrec", "torchrec_unpermuted", or
         "naive" (embnb's slices concatenated in rank order); None where the path did not run."""
         got = self.ranks[rank]
-        if check_choice("path", path, PATHS + UNPERMUTED + ("naive",)) == "naive":
-            return (
-                None
-                if got.rank_ordered is None
-                else (got.reference[0], cw.concat_in_rank_order(got.rank_ordered))
-            )
-        return getattr(got, path)
+        if check_choice("path", path, PATHS + UNPERMUTED + ("naive",)) != "naive":
+            return getattr(got, path)
+        arrived = got.rank_ordered
+        return None if arrived is None else (got.reference[0], cw.concat_in_rank_order(arrived))
 
     def matches(self, path: str) -> bool:
         """`path` (as in `output`) equals the unsharded EC on every rank, exactly, lengths too."""
@@ -316,10 +299,8 @@ def size_per_rank_call(case: CWCase, size_per_rank: Sequence[int]) -> tuple:
         raise ValueError(
             f"size_per_rank {sizes} puts shard i on rank i: needs {len(sizes)} ranks, has {case.world_size}"
         )
-    return (
-        _torchrec_size_per_rank_on_rank,
-        (dataclasses.replace(case, shard_ranks=list(range(len(sizes)))), sizes),
-    )
+    on_ranks = dataclasses.replace(case, shard_ranks=list(range(len(sizes))))
+    return _torchrec_size_per_rank_on_rank, (on_ranks, sizes)
 
 
 def pooled_on_rank(
@@ -335,9 +316,7 @@ def pooled_on_rank(
     from torchrec.distributed.types import ShardingEnv
 
     torch.manual_seed(seed)  # the same weights on every rank
-    ebc = EmbeddingBagCollection(
-        tables=[EmbeddingBagConfig(50, embedding_dim, TABLE, feature_names=[FEATURE])]
-    )
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(50, embedding_dim, TABLE, feature_names=[FEATURE])])
     generator = torch.Generator().manual_seed(seed * 1000 + rank)  # each rank its own bags
     lengths = torch.randint(0, 6, (8,), generator=generator)
     ids = torch.randint(0, 50, (int(lengths.sum()),), generator=generator)
@@ -346,16 +325,11 @@ def pooled_on_rank(
         expected = ebc(kjt).values()
     sharder = EmbeddingBagCollectionSharder()
     plan = construct_module_sharding_plan(
-        ebc,
-        {TABLE: column_wise(ranks=shard_ranks, compute_kernel="fused")},
-        sharder=sharder,
-        local_size=world_size,
-        world_size=world_size,
-        device_type="cpu",
-    )
-    sharded = sharder.shard(
-        ebc, plan, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu")
-    )
+        ebc, {TABLE: column_wise(ranks=shard_ranks, compute_kernel="fused")}, sharder=sharder,
+        local_size=world_size, world_size=world_size, device_type="cpu",
+    )  # fmt: skip
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    sharded = sharder.shard(ebc, plan, env=env, device=torch.device("cpu"))
     sharded.load_state_dict(ebc.state_dict())
     with torch.no_grad():
         return float((sharded(kjt).wait().values() - expected).abs().max())

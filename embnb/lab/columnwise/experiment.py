@@ -13,10 +13,9 @@ JSON is made of them).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pandas as pd
 import torch
@@ -76,39 +75,30 @@ def run_seed(case: CWCase, device: str = "auto", timeout_s: float = 300.0) -> tu
     cw.equal_widths(case.embedding_dim, len(case.shard_ranks))  # refuse before any rank starts
     skipped = case.torchrec_problem()
     if skipped is not None:
-        case = dataclasses.replace(case, paths=("reference",))
+        case = replace(case, paths=("reference",))
     note = fbgemm_cuda_problem() if plan.device == "cuda" and skipped is None else None
     start = time.perf_counter()
     (run,) = run_cw_cases([case], "cpu" if note else device, timeout_s)
     ranks, torchrec_device = list(case.shard_ranks), "cpu" if note else plan.device
     paths = ["naive", "reference"] + ([] if skipped else ["torchrec", "torchrec_unpermuted"])
+    checks = [
+        {"path": p, "title": PATH_TITLES[p], "equals_unsharded": run.matches(p),
+         "max_abs_error": run.max_abs_error(p)}
+        for p in paths
+    ]  # fmt: skip
     return {
-        "world_size": case.world_size,
-        "embedding_dim": case.embedding_dim,
-        "shard_ranks": ranks,
-        "widths": case.shard_widths(),
-        "device": plan.device,
-        "backend": plan.backend,
+        "world_size": case.world_size, "embedding_dim": case.embedding_dim, "shard_ranks": ranks,
+        "widths": case.shard_widths(), "device": plan.device, "backend": plan.backend,
         "compute_kernel": compute_kernel_for(torchrec_device),  # torchrec's, where its path ran
         "torchrec_device": torchrec_device,
         "torchrec_device_note": note and f"torchrec's path ran on the CPU: {note}",
-        "torchrec_version": layouts.torchrec_version(),
-        "rank_order": cw.rank_order(ranks),
+        "torchrec_version": layouts.torchrec_version(), "rank_order": cw.rank_order(ranks),
         "permute_indices": cw.cw_permute_indices(ranks),  # embnb's
-        "ids_per_rank": [len(ids) for _, ids in make_batches(case)],
-        "torchrec_skipped": skipped,
+        "ids_per_rank": [len(ids) for _, ids in make_batches(case)], "torchrec_skipped": skipped,
         "torchrec_permute_indices": None if skipped else [r.torchrec_permute for r in run.ranks],
-        "checks": [
-            {
-                "path": p,
-                "title": PATH_TITLES[p],
-                "equals_unsharded": run.matches(p),
-                "max_abs_error": run.max_abs_error(p),
-            }
-            for p in paths
-        ],
+        "checks": checks,
         "run_seconds": round(time.perf_counter() - start, 2),  # the launch, including process start
-    }, run
+    }, run  # fmt: skip
 
 
 def error_panels(results: dict, run: CWRun) -> dict[str, torch.Tensor]:
@@ -136,18 +126,15 @@ def run_appendix(
     from torchrec.distributed.planner.constants import MIN_CW_DIM
 
     w, ranks = case.world_size, cw.check_shard_ranks(case.shard_ranks, case.world_size)
-    uneven = dataclasses.replace(case, widths=list(uneven_widths), paths=("reference",))
+    uneven = replace(case, widths=list(uneven_widths), paths=("reference",))
     planned = [layouts.planner_cw_layout(d, traffic_case.num_embeddings, w) for d in planner_dims]
     for layout in planned:  # torchrec's planner cuts equal blocks; column_wise(ranks=...) makes the same
         if layout.widths != cw.equal_widths(layout.embedding_dim, len(layout.ranks)):
             raise ValueError(f"torchrec's planner made uneven widths {layout.widths}: not a case this runs")
-    placements = [
-        (traffic_case.embedding_dim, [s % w for s in range(n)], "teaching") for n in teaching_shards
-    ]
+    dim = traffic_case.embedding_dim
+    placements = [(dim, [s % w for s in range(n)], "teaching") for n in teaching_shards]
     placements += [(p.embedding_dim, p.ranks, "torchrec planner") for p in planned]
-    traffic_cases = [
-        dataclasses.replace(traffic_case, embedding_dim=d, shard_ranks=r) for d, r, _ in placements
-    ]
+    traffic_cases = [replace(traffic_case, embedding_dim=d, shard_ranks=r) for d, r, _ in placements]
     for traffic in traffic_cases:
         if traffic.torchrec_problem():
             raise ValueError(traffic.torchrec_problem())  # before any rank starts
@@ -159,6 +146,7 @@ def run_appendix(
     traffic_runs, pooled = runs[: len(traffic_cases)], runs[len(traffic_cases)]
     table = traffic_table(traffic_runs, [source for *_, source in placements])
     ids = [len(b[1]) for b in make_batches(traffic_case)]
+    mean_ids = round(sum(ids) / len(ids))
     results = {
         "torchrec_version": layouts.torchrec_version(),
         "torchrec_min_cw_dim": MIN_CW_DIM,
@@ -167,11 +155,7 @@ def run_appendix(
         "traffic": table.reset_index().to_dict("records"),
         "traffic_counts_equal_model": table["equals the count"].tolist(),
         "planner_bytes_at": planner_bytes_at(
-            count_world_size,
-            planner_dims,
-            traffic_case.num_embeddings,
-            round(sum(ids) / len(ids)),
-            traffic_case.batch_size,
+            count_world_size, planner_dims, traffic_case.num_embeddings, mean_ids, traffic_case.batch_size
         ),
         "uneven_widths": uneven.shard_widths(),
         "uneven_reference_matches_unsharded": uneven_run.matches("reference"),

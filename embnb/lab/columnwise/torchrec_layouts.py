@@ -38,11 +38,8 @@ def planner_cw_layout(embedding_dim: int, num_embeddings: int, world_size: int) 
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 
-    for name, value in (
-        ("embedding_dim", embedding_dim),
-        ("num_embeddings", num_embeddings),
-        ("world_size", world_size),
-    ):
+    sizes = {"embedding_dim": embedding_dim, "num_embeddings": num_embeddings, "world_size": world_size}
+    for name, value in sizes.items():
         check_int(name, value, low=1)
     config = EmbeddingConfig(num_embeddings, embedding_dim, "t0", feature_names=["f0"])
     ec = EmbeddingCollection(tables=[config], device=torch.device("meta"))
@@ -54,16 +51,14 @@ def planner_cw_layout(embedding_dim: int, num_embeddings: int, world_size: int) 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            planner = EmbeddingShardingPlanner(
-                Topology(world_size=world_size, compute_device="cpu"), constraints=constraints
-            )
+            topology = Topology(world_size=world_size, compute_device="cpu")
+            planner = EmbeddingShardingPlanner(topology, constraints=constraints)
             plan = planner.plan(ec, [EmbeddingCollectionSharder()])
     finally:
         logger.setLevel(level)
     shards = sorted(plan.plan[""]["t0"].sharding_spec.shards, key=lambda s: s.shard_offsets[1])
-    return PlannerLayout(
-        embedding_dim, [s.placement.rank() for s in shards], [s.shard_sizes[1] for s in shards]
-    )
+    ranks, widths = [s.placement.rank() for s in shards], [s.shard_sizes[1] for s in shards]
+    return PlannerLayout(embedding_dim, ranks, widths)
 
 
 def mixed_dims_error(dims: tuple[int, int] = (4, 8)) -> str:

@@ -29,16 +29,10 @@ def wire_bytes(
     if owner_ranks > min(shards, world_size):
         raise ValueError(f"owner_ranks {owner_ranks} > min(shards {shards}, world_size {world_size})")
     pairs = world_size * world_size  # (sender, destination)
-    counts = {
-        "torchrec_ints": 8 * (shards * (ids + sequences) + 3 * pairs),
-        "embnb_ints": 8 * (owner_ranks * ids + pairs),
-    }
+    torchrec, embnb = 8 * (shards * (ids + sequences) + 3 * pairs), 8 * (owner_ranks * ids + pairs)
     rows = 4 * ids * embedding_dim
-    return counts | {
-        "rows": rows,
-        "torchrec": counts["torchrec_ints"] + rows,
-        "embnb": counts["embnb_ints"] + rows,
-    }
+    totals = {"torchrec": torchrec + rows, "embnb": embnb + rows}
+    return {"torchrec_ints": torchrec, "embnb_ints": embnb, "rows": rows} | totals
 
 
 def _layout_row(run: CWRun, source: str) -> dict:
@@ -59,18 +53,12 @@ def _layout_row(run: CWRun, source: str) -> dict:
     row["rows B/id"] = row["embnb rows B"] / ids
     row["torchrec int / rows"] = row["torchrec int B"] / row["torchrec rows B"]
     row["2 / shard width"] = 2 / width
-    count = wire_bytes(
-        len(ranks), len(set(ranks)), run.case.embedding_dim, ids, sequences, run.case.world_size
-    )
+    case = run.case
+    count = wire_bytes(len(ranks), len(set(ranks)), case.embedding_dim, ids, sequences, case.world_size)
     row |= {"torchrec int B, counted": count["torchrec_ints"], "embnb int B, counted": count["embnb_ints"]}
     row["rows B, counted"] = count["rows"]
     counted = (row["torchrec int B"], row["embnb int B"], row["torchrec rows B"], row["embnb rows B"])
-    row["equals the count"] = counted == (
-        count["torchrec_ints"],
-        count["embnb_ints"],
-        count["rows"],
-        count["rows"],
-    )
+    row["equals the count"] = counted == (count["torchrec_ints"], count["embnb_ints"], *[count["rows"]] * 2)
     row["both exact"] = run.matches("torchrec") and run.matches("reference")
     return row
 
@@ -86,12 +74,9 @@ def traffic_table(runs: Sequence[CWRun], sources: Sequence[str]) -> pd.DataFrame
 
 
 def planner_bytes_at(
-    world_size: int,
-    embedding_dims: Sequence[int],
-    num_embeddings: int,
-    ids_per_rank: int,
+    world_size: int, embedding_dims: Sequence[int], num_embeddings: int, ids_per_rank: int,
     sequences_per_rank: int,
-) -> dict:
+) -> dict:  # fmt: skip
     """Per table width: the CW shards torchrec's planner makes at `world_size` ranks (`planner_cw_layout`)
     and what each path would put on the wire (`wire_bytes`) for the given batch on every rank: a count,
     no ranks run. `rows`: one dict per width."""
@@ -99,30 +84,13 @@ def planner_bytes_at(
     for dim in embedding_dims:
         layout = planner_cw_layout(dim, num_embeddings, world_size)
         owners = len(set(layout.ranks))
-        count = wire_bytes(
-            len(layout.ranks),
-            owners,
-            dim,
-            ids_per_rank * world_size,
-            sequences_per_rank * world_size,
-            world_size,
-        )
+        count = wire_bytes(len(layout.ranks), owners, dim, ids_per_rank * world_size,
+                           sequences_per_rank * world_size, world_size)  # fmt: skip
         rows.append(
-            {
-                "embedding_dim": dim,
-                "shard widths": layout.widths,
-                "shard ranks": layout.ranks,
-                "owner ranks": owners,
-            }
-            | {
-                "torchrec B": count["torchrec"],
-                "embnb B": count["embnb"],
-                "torchrec / embnb": count["torchrec"] / count["embnb"],
-            }
-        )
-    return {
-        "world_size": world_size,
-        "ids_per_rank": ids_per_rank,
-        "sequences_per_rank": sequences_per_rank,
-        "rows": rows,
-    }
+            {"embedding_dim": dim, "shard widths": layout.widths, "shard ranks": layout.ranks,
+             "owner ranks": owners,
+             "torchrec B": count["torchrec"], "embnb B": count["embnb"],
+             "torchrec / embnb": count["torchrec"] / count["embnb"]}
+        )  # fmt: skip
+    return {"world_size": world_size, "ids_per_rank": ids_per_rank, "sequences_per_rank": sequences_per_rank,
+            "rows": rows}  # fmt: skip

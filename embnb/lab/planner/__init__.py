@@ -1,10 +1,5 @@
-"""Notebook 03's layer over `embnb.planner`; the notebooks import it as `lab` and call what they
-use from here (each name loads only its module): `models` (random models, their options),
-`core` (the knapsack the page writes, checked), `explain` (its options, DP table and
-frontier, least summed perf against the rating), `brute_force`, `quality` (proposers
-against brute force), `planning`, `comparison` and `ablation` (runs in torchrec's planner),
-`candidates` (plans measured rank by rank), `calibrated` (committed bench results),
-`figures` and `explore` (the explorer).
+"""Notebook 03's layer over `embnb.planner`: notebooks 03 and 03a import it as `lab` and call what they
+use from here (`_HOMES`: each name loads only its module).
 """
 
 from __future__ import annotations

@@ -16,10 +16,9 @@ from torchrec.distributed.planner.types import Topology
 from embnb._checks import check_int
 from embnb.lab.planner.comparison import Planning
 from embnb.lab.planner.models import Enumerated
-from embnb.lab.planner.planning import records
 from embnb.planner.proposer import DynamicProgrammingProposer
 
-__all__ = ["LADDER", "ablation_table", "ablation_records"]
+__all__ = ["LADDER", "ablation_table"]
 
 _NOTHING = dict(bisect=False, slack=False, prune=False, max_caps=0, max_refinements=0, replay=False)
 _ADDED = [  # rung name, the proposer argument it turns back to its default
@@ -42,13 +41,9 @@ def ablation_table(
     """One row per rung: the plan's perf rating (the same every repeat: the search is
     deterministic), the plans the proposer considered, the proposals torchrec's partitioner
     placed, and planning seconds (median, min, max over `planning.repeats`; no enumeration)."""
-    check_int("repeats", planning.repeats, low=1)
-    rows = []
+    runs_of, rows = range(check_int("repeats", planning.repeats, low=1)), []
     for name, arguments in LADDER.items():
-        made = [
-            DynamicProgrammingProposer(bins_per_device=bins_per_device, **arguments)
-            for _ in range(planning.repeats)
-        ]
+        made = [DynamicProgrammingProposer(bins_per_device=bins_per_device, **arguments) for _ in runs_of]
         runs = [planning.run(proposer, enumerated, topology) for proposer in made]
         if len({r.perf_rating for r in runs}) > 1:  # a change is a bug
             raise RuntimeError(f"{name}: ratings differ between repeats: {[r.perf_rating for r in runs]}")
@@ -60,8 +55,3 @@ def ablation_table(
              "timed_out": any(r.timed_out for r in runs)}
         )  # fmt: skip
     return pd.DataFrame(rows).set_index("rung")
-
-
-def ablation_records(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """`ablation_table`'s rows as plain numbers, by rung (a rating of None: no plan)."""
-    return records(table)

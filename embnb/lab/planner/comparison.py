@@ -4,28 +4,26 @@ the HBM budget shrinks."""
 
 from __future__ import annotations
 
-import collections
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+from torchrec.distributed.planner import proposers as torchrec_proposers
 from torchrec.distributed.planner.proposers import (
     MAX_PROPOSALS,
     GreedyProposer,
     GridSearchProposer,
     UniformProposer,
 )
-from torchrec.distributed.planner.proposers import (
-    DynamicProgrammingProposer as TorchrecDynamicProgrammingProposer,
-)
 from torchrec.distributed.planner.types import ParameterConstraints, Proposer, Topology
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from tqdm.auto import tqdm
 
 from embnb._checks import check_int
 from embnb.lab.planner.explain import memory_ratio
-from embnb.lab.planner.models import Enumerated, enumerate_options, hosts_of
+from embnb.lab.planner.models import Enumerated, combinations_of, enumerate_options, hosts_of
 from embnb.lab.planner.planning import rank_loads, run_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology
@@ -62,7 +60,9 @@ def default_proposers(bins_per_device: int = 100) -> dict[str, ProposerFactory]:
     check_int("bins_per_device", bins_per_device, low=1)
     return {
         "embnb DP": lambda: DynamicProgrammingProposer(bins_per_device=bins_per_device),
-        "torchrec DP": lambda: TorchrecDynamicProgrammingProposer(hbm_bins_per_device=bins_per_device),
+        "torchrec DP": lambda: torchrec_proposers.DynamicProgrammingProposer(
+            hbm_bins_per_device=bins_per_device
+        ),
         "Greedy": lambda: GreedyProposer(),
         "Uniform": lambda: UniformProposer(),
         "GridSearch": lambda: GridSearchProposer(),
@@ -71,7 +71,7 @@ def default_proposers(bins_per_device: int = 100) -> dict[str, ProposerFactory]:
             GreedyProposer(),
             GreedyProposer(use_depth=False),
             UniformProposer(),
-        ],
+        ],  # fmt: skip
     }
 
 
@@ -95,14 +95,8 @@ def compare_proposers(
     if not proposers:
         raise ValueError("proposers is empty: pass at least one name -> proposer factory")
     check_int("repeats", planning.repeats, low=1)
-    combinations = math.prod(collections.Counter(o.fqn for o in enumerated.options).values())
-    names = list(proposers)
-    if progress:
-        from tqdm.auto import tqdm
-
-        names = tqdm(names, desc="proposers")
-    rows = []
-    for name in names:
+    combinations, rows = combinations_of(enumerated), []
+    for name in tqdm(list(proposers), desc="proposers", disable=not progress):
         made = [proposers[name]() for _ in range(planning.repeats)]
         runs = [planning.run(p, enumerated, topology, name) for p in made]
         run, seconds, last = runs[0], [r.seconds for r in runs], made[-1]
@@ -154,13 +148,8 @@ def budget_sweep(
     binds in total) and the topology's `hosts`."""
     if not hbm_caps_gb:
         raise ValueError("hbm_caps_gb is empty: give at least one HBM budget per device")
-    caps = list(hbm_caps_gb)
-    if progress:
-        from tqdm.auto import tqdm
-
-        caps = tqdm(caps, desc="budgets")
     frames = []
-    for cap in caps:
+    for cap in tqdm(list(hbm_caps_gb), desc="budgets", disable=not progress):
         topology = make_topology(world_size, "cuda", hbm_cap_gb=cap, ddr_cap_gb=ddr_cap_gb)
         ratio = memory_ratio(
             enumerated, topology, planning.batch_size, planning.storage_reservation_percentage

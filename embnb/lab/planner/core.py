@@ -108,9 +108,10 @@ def capped_runs_agree(page_best: dict[int, float], enumerated, topology, batch_s
 
     def rating(caps: int) -> float:
         proposer = DynamicProgrammingProposer(max_caps=caps, **CAPS_ONLY)
-        return run_planner(
+        run = run_planner(
             proposer, enumerated, topology, batch_size, storage_reservation_percentage=reservation
-        ).perf_rating
+        )
+        return run.perf_rating
 
     return {
         f"max_caps={caps}": math.isclose(best, rating(caps), rel_tol=1e-9) for caps, best in page_best.items()

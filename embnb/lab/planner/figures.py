@@ -56,9 +56,8 @@ def knapsack_choices_figure(small: SmallKnapsack, title: str | None = None) -> F
                 continue
             code = codes[r - 1][small.choices[r - 1][m]] if r else ""
             ax.add_patch(Rectangle((m - 0.5, r - 0.5), 1, 1, color=shade.get(code, "white"), alpha=0.55))
-            ax.text(
-                m, r, f"{code}\n{perf:.3f}" if code else f"{perf:.0f}", ha="center", va="center", fontsize=6.5
-            )
+            text = f"{code}\n{perf:.3f}" if code else f"{perf:.0f}"
+            ax.text(m, r, text, ha="center", va="center", fontsize=6.5)
     path = [small.end]
     for t in reversed(range(len(small.plan))):  # the bin each row's plan ends in, bottom up
         path.append(path[-1] - small.memories[t][small.plan[t]])

@@ -3,6 +3,7 @@ notebooks' and the benches'), enumerated once so every proposer plans over the s
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from embnb.planner.enumerator import make_enumerator
 from embnb.planner.space import GB
 from embnb.timing import Stopwatch
 
-__all__ = ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options", "hosts_of"]
+__all__ = ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options", "combinations_of"]
+__all__ += ["hosts_of"]
 
 
 @dataclass(frozen=True)
@@ -39,14 +41,8 @@ def make_model(num_tables: int, seed: int = 0, max_rows: int = 10_000_000) -> Mo
     tables, constraints = [], {}
     for i in range(num_tables):
         name = f"table_{i}"
-        tables.append(
-            EmbeddingBagConfig(
-                name=name,
-                feature_names=[f"feature_{i}"],
-                num_embeddings=int(10 ** rng.uniform(3, math.log10(max_rows))),
-                embedding_dim=int(rng.choice([16, 32, 64, 128, 256])),
-            )
-        )
+        rows, dim = int(10 ** rng.uniform(3, math.log10(max_rows))), int(rng.choice([16, 32, 64, 128, 256]))
+        tables.append(EmbeddingBagConfig(rows, dim, name, feature_names=[f"feature_{i}"]))
         constraints[name] = ParameterConstraints(pooling_factors=[float(rng.choice([1, 2, 5, 10, 20, 50]))])
     return Model(tables, constraints)
 
@@ -85,6 +81,11 @@ def enumerate_options(
     with Stopwatch() as watch:
         options = chosen.enumerate(module, sharders)
     return Enumerated(module, sharders, options, watch.wall_s)
+
+
+def combinations_of(enumerated: Enumerated) -> int:
+    """Plans of one option per table (torchrec's GridSearchProposer skips past `MAX_PROPOSALS`)."""
+    return math.prod(collections.Counter(o.fqn for o in enumerated.options).values())
 
 
 def hosts_of(topology: Topology) -> int:

@@ -3,18 +3,25 @@ force finds, on random small instances."""
 
 from __future__ import annotations
 
-import collections
 import math
 
 import numpy as np
 import pandas as pd
 from torchrec.distributed.planner.proposers import MAX_PROPOSALS
 from torchrec.distributed.planner.types import Topology
+from tqdm.auto import tqdm
 
 from embnb._checks import check_int
 from embnb.lab.planner.brute_force import brute_force_rating
 from embnb.lab.planner.comparison import ProposerFactory, default_proposers
-from embnb.lab.planner.models import Model, enumerate_options, fused_table_gb, hosts_of, make_model
+from embnb.lab.planner.models import (
+    Model,
+    combinations_of,
+    enumerate_options,
+    fused_table_gb,
+    hosts_of,
+    make_model,
+)
 from embnb.lab.planner.planning import run_planner
 from embnb.planner.topology import make_topology
 
@@ -50,21 +57,15 @@ def quality_study(
     combinations; instances without any plan left out), all under one storage reservation."""
     check_int("num_instances", num_instances, low=1)
     proposers = proposers or {k: v for k, v in default_proposers().items() if k != "torchrec default"}
-    seeds = range(seed, seed + num_instances)
-    if progress:
-        from tqdm.auto import tqdm
-
-        seeds = tqdm(seeds, desc="instances")
     rows = []
-    for instance in seeds:
+    for instance in tqdm(range(seed, seed + num_instances), desc="instances", disable=not progress):
         model, topology = random_instance(instance, num_tables)
         enumerated = enumerate_options(model.tables, topology, batch_size, model.constraints)
         best = brute_force_rating(enumerated, topology, batch_size, storage_reservation_percentage)
         if not math.isfinite(best):
             continue
-        combinations = math.prod(collections.Counter(o.fqn for o in enumerated.options).values())
         for name, make in proposers.items():
-            if name == "GridSearch" and combinations > MAX_PROPOSALS:
+            if name == "GridSearch" and combinations_of(enumerated) > MAX_PROPOSALS:
                 rating = math.nan
             else:
                 run = run_planner(make(), enumerated, topology, batch_size, name=name,

@@ -1,10 +1,5 @@
-"""Notebook 01's layer over `embnb.rowwise`; notebooks 01 and 01a import it as `lab` and call what
-they use from here (each name loads only its module): `core` (the routing rule in plain ints, checked),
-`aliasing` (keys per rank under each mode, the hot-key floor, ids into a table), `kv_experiment` (the
-sharded KV table on real ranks, its checkpoint and dynamicemb's loader as embnb replays it),
-`kernel_timing` (bucketize against FBGEMM), `routed_loads` (torchrec row-wise tables replayed rank
-by rank), `job` (the torchrec call a training job writes, run on gloo ranks), `figures` and
-`explore`; and, under their own names, what the pages use from the rest of embnb.
+"""Notebook 01's layer over `embnb.rowwise`: notebooks 01 and 01a import it as `lab` and call what they
+use from here (`_HOMES`: each name loads only its module), what they use from the rest of embnb too.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """How evenly each routing mode spreads patterned keys over ranks (notebook 01 and appendix 01a).
 
-`continuous` cuts a table into blocks of `ceil(table_rows / W)` rows, as torchrec does; by default the
-table is sized to hold the stream's largest key, and `table_rows={pattern: rows}` gives a stream a
-table of its own, its ids mapped `into_table` first (`id % rows`), as a pipeline must (snowflake ids
-are timestamps near 2**60: no real table has that many rows). Keys `k * stride + offset` reach only
-`W / gcd(stride, W)` residues mod W, so `roundrobin` gives max/mean `gcd(stride, W)`. `hot_key_floor`
-is the bound no routing beats: one key is one row on one rank; `alpha_sweep` finds where it binds, next
-to `counted_placement`, a model of a placement that knows every key's count (not a mode of any system
-here). `pipeline_table` measures what is left once raw ids go into a table, `out_of_range_lookup` what
-the peers do with an id past it.
+`continuous` cuts a table into blocks of `ceil(table_rows / W)` rows, as torchrec does; the table holds
+the stream's largest key unless `table_rows={pattern: rows}` maps its ids `into_table` first, as a
+pipeline must (snowflake ids are near 2**60). Keys `k * stride + offset` reach only `W / gcd(stride, W)`
+residues mod W: `roundrobin` gives max/mean `gcd(stride, W)`. `hot_key_floor` is the bound no routing
+beats (one key is one row on one rank); `counted_placement` models a placement that knows every key's
+count (not a mode of any system here).
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from embnb._checks import check_choice, check_int
 from embnb._stderr import native_stderr
@@ -80,21 +78,15 @@ def into_table(keys: torch.Tensor, table_rows: int, how: str = "modulo") -> torc
     """Raw ids as rows of a table of `table_rows` rows, what a pipeline does before torchrec (which
     needs `0 <= id < num_embeddings`): `"modulo"` is `id % table_rows`, `"hash"` is
     `fmix64(id) % table_rows` (both unsigned)."""
-    mode = (
-        DistType.ROUNDROBIN
-        if check_choice("how", how, ("modulo", "hash")) == "modulo"
-        else DistType.HASH_ROUNDROBIN
-    )
-    return owner_rank(keys, check_int("table_rows", table_rows, low=1), mode)  # key % n, fmix64(key) % n
+    modulo = check_choice("how", how, ("modulo", "hash")) == "modulo"
+    mode = DistType.ROUNDROBIN if modulo else DistType.HASH_ROUNDROBIN  # key % n, fmix64(key) % n
+    return owner_rank(keys, check_int("table_rows", table_rows, low=1), mode)
 
 
 def owners(
-    keys: torch.Tensor,
-    world_size: int,
-    dist_type: DistType | str,
-    block_size: int | None = None,
+    keys: torch.Tensor, world_size: int, dist_type: DistType | str, block_size: int | None = None,
     table_rows: int | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Owner rank of each key (int64, the keys' shape). Continuous defaults to `block_size_for`; with
     `table_rows` the keys go `into_table` first and the blocks cut that table. feistel_roundrobin
     permutes a table's ids: it needs `table_rows`."""
@@ -113,12 +105,9 @@ def owners(
 
 
 def rank_counts(
-    keys: torch.Tensor,
-    world_size: int,
-    dist_type: DistType | str,
-    block_size: int | None = None,
+    keys: torch.Tensor, world_size: int, dist_type: DistType | str, block_size: int | None = None,
     table_rows: int | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Keys (repeats included) each rank receives: int64 `[world_size]` (arguments as `owners`)."""
     return torch.bincount(owners(keys, world_size, dist_type, block_size, table_rows), minlength=world_size)
 
@@ -192,18 +181,13 @@ def load_table(
     pattern (`KeyStreams`), routed under every dist_type and world size. `progress`: a tqdm bar."""
     options = {k: dict(v) for k, v in (pattern_options or {}).items()}
     streams = KeyStreams(list(patterns), seed, options, dict(table_rows or {}))
-    jobs = streams.patterns
-    if progress:
-        from tqdm.auto import tqdm
-
-        jobs = tqdm(jobs, desc="patterns")
     rows = []
-    for pattern in jobs:
+    for pattern in tqdm(streams.patterns, desc="patterns", disable=not progress):
         keys = streams.keys(pattern, num_keys)
         for world_size, mode in itertools.product(world_sizes, map(DistType.parse, dist_types)):
             counts = rank_counts(keys, world_size, mode, table_rows=streams.rows_for(pattern, mode))
-            rows.append((pattern, mode.value, world_size, num_keys, max_over_mean(counts)))
-            rows[-1] += (hot_key_floor(keys, world_size),)
+            floor = hot_key_floor(keys, world_size)
+            rows.append((pattern, mode.value, world_size, num_keys, max_over_mean(counts), floor))
     columns = ["pattern", "dist_type", "world_size", "num_keys", "max_over_mean", "hot_key_floor"]
     return pd.DataFrame(rows, columns=columns)
 
@@ -365,17 +349,11 @@ def out_of_range_lookup(num_rows: int, bad_id: int, embedding_dim: int = 4) -> l
     if not 0 < num_rows <= bad_id:
         raise ValueError(f"bad_id must be >= num_rows > 0, got num_rows={num_rows}, bad_id={bad_id}")
     ids, offsets = torch.tensor([1, bad_id]), torch.tensor([0, 1, 2])
-    config = torchrec.EmbeddingBagConfig(
-        name="t", embedding_dim=embedding_dim, num_embeddings=num_rows, feature_names=["f"]
-    )
+    config = torchrec.EmbeddingBagConfig(num_rows, embedding_dim, "t", feature_names=["f"])
     kjt = torchrec.KeyedJaggedTensor.from_offsets_sync(keys=["f"], values=ids, offsets=offsets)
     collection = torchrec.EmbeddingBagCollection(tables=[config])
-    runs = [
-        {
-            "peer": f"torchrec {torchrec.__version__} EmbeddingBagCollection",
-            "outcome": _outcome(lambda: collection(kjt))[0],
-        }
-    ]
+    peer = f"torchrec {torchrec.__version__} EmbeddingBagCollection"
+    runs = [{"peer": peer, "outcome": _outcome(lambda: collection(kjt))[0]}]
     for mode in (BoundsCheckMode.FATAL, BoundsCheckMode.WARNING):
         spec = [(num_rows, embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)]
         tbe = SplitTableBatchedEmbeddingBagsCodegen(spec, bounds_check_mode=mode)

@@ -1,14 +1,11 @@
-"""The routing rule in plain Python integers, the core notebook 01 shows (and checks its page against).
-
-`embnb.rowwise.routing` does the same on int64 tensors (and the native
-kernels on CPU and GPU), where multiplication wraps and `>>` drags the
-sign bit along; here Python's unbounded ints make the uint64 arithmetic
-explicit. The tests check one against the other.
+"""The routing rule's hash in plain Python integers (`fmix64`: Python's unbounded ints make the uint64
+arithmetic explicit that `embnb.rowwise.routing` does on wrapping int64 tensors), notebook 01's check of
+the rule its page writes (`page_core_agrees`), and a jump consistent hash to contrast with `% W`.
 """
 
 from __future__ import annotations
 
-__all__ = ["MASK64", "fmix64", "owner_of", "jump_bucket", "page_core_agrees"]
+__all__ = ["MASK64", "fmix64", "jump_bucket", "page_core_agrees"]
 
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 
@@ -24,18 +21,6 @@ def fmix64(key: int) -> int:
     x = (x * 0xC4CEB9FE1A85EC53) & MASK64
     x ^= x >> 33
     return x
-
-
-def owner_of(key: int, world_size: int, dist_type: str, block_size: int = 0) -> int:
-    """The rank that stores `key`'s row."""
-    if dist_type == "roundrobin":
-        return (key & MASK64) % world_size
-    if dist_type == "hash_roundrobin":
-        return fmix64(key) % world_size
-    if dist_type == "continuous":  # torchrec/FBGEMM blocks; keys past the last block wrap
-        block = key // block_size
-        return block if block < world_size else key % world_size
-    raise ValueError(f"dist_type {dist_type!r} is not one of roundrobin, hash_roundrobin, continuous")
 
 
 def jump_bucket(key: int, num_buckets: int) -> int:

@@ -28,20 +28,12 @@ def shard_model(model: torch.nn.Module, routings: dict[str, str], world_size: in
 
     sharder = RoutedEmbeddingBagCollectionSharder(routings, fused_params=fused_params)
     plan = construct_module_sharding_plan(
-        model.ebc,
-        {table: row_wise(compute_kernel="fused") for table in routings},
-        sharder=sharder,
-        local_size=world_size,
-        world_size=world_size,
-        device_type="cpu",
-    )
-    return DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=torch.device("cpu"),
-        plan=ShardingPlan({"ebc": plan}),
-        sharders=[sharder],
-    )
+        model.ebc, {table: row_wise(compute_kernel="fused") for table in routings}, sharder=sharder,
+        local_size=world_size, world_size=world_size, device_type="cpu",
+    )  # fmt: skip
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    plan = ShardingPlan({"ebc": plan})
+    return DistributedModelParallel(model, env=env, device=torch.device("cpu"), plan=plan, sharders=[sharder])
 
 
 @dataclass(frozen=True)
@@ -61,10 +53,8 @@ class TrainConfig:
 
 def _local_batch(config: TrainConfig, rank: int, step: int) -> torch.Tensor:
     """Rank `rank`'s ids of step `step`: `batch_size` bags of `bag_size` frequency-numbered ids."""
-    num = config.batch_size * config.bag_size
-    return case_ids(
-        "frequency", num, config.num_embeddings, 1, config.alpha, config.seed + 1000 * step + rank
-    )
+    num, seed = config.batch_size * config.bag_size, config.seed + 1000 * step + rank
+    return case_ids("frequency", num, config.num_embeddings, 1, config.alpha, seed)
 
 
 def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) -> dict:
@@ -83,12 +73,7 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
     # all_gather_into_tensor: a FutureWarning per rank that a user of torchrec cannot act on
     warnings.filterwarnings("ignore", r".*is deprecated\. Please use .*", FutureWarning)
     torch.manual_seed(config.seed)
-    table = EmbeddingBagConfig(
-        name=TABLE,
-        embedding_dim=config.embedding_dim,
-        num_embeddings=config.num_embeddings,
-        feature_names=["f"],
-    )
+    table = EmbeddingBagConfig(config.num_embeddings, config.embedding_dim, TABLE, feature_names=["f"])
 
     class Model(nn.Module):
         def __init__(self, device: torch.device) -> None:
@@ -129,11 +114,8 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
         out["local_ids"].append(ids.tolist())
     (shard,) = sharded.state_dict()[weight_key(sharded, TABLE)].local_shards()
     key = weight_key(sharded, TABLE)  # torchrec's key + the layout (docs/sharders.md)
-    return out | {
-        "routing": str(sharded.routings[TABLE]),
-        "local_rows": int(shard.tensor.shape[0]),
-        "state_dict_key": key,
-    }
+    routing = str(sharded.routings[TABLE])
+    return out | {"routing": routing, "local_rows": int(shard.tensor.shape[0]), "state_dict_key": key}
 
 
 def training_rows(runs: dict[str, list[dict]]) -> list[dict]:
@@ -144,16 +126,11 @@ def training_rows(runs: dict[str, list[dict]]) -> list[dict]:
     for routing, ranks in runs.items():
         totals = [sum(r["ids_received"]) for r in ranks]
         rows.append(
-            {
-                "routing": routing,
-                "routing_on_module": ranks[0]["routing"],
-                "local_rows": [r["local_rows"] for r in ranks],
-                "ids_received": totals,
-                "ids_max_over_mean": max_over_mean(totals),
-                "received_equals_layout": all(r["ids_received"] == r["ids_by_layout"] for r in ranks),
-                "state_dict_key": ranks[0]["state_dict_key"],
-                "loss_first": ranks[0]["losses"][0],
-                "loss_last": ranks[0]["losses"][-1],
-            }
-        )
+            {"routing": routing, "routing_on_module": ranks[0]["routing"],
+             "local_rows": [r["local_rows"] for r in ranks], "ids_received": totals,
+             "ids_max_over_mean": max_over_mean(totals),
+             "received_equals_layout": all(r["ids_received"] == r["ids_by_layout"] for r in ranks),
+             "state_dict_key": ranks[0]["state_dict_key"], "loss_first": ranks[0]["losses"][0],
+             "loss_last": ranks[0]["losses"][-1]}
+        )  # fmt: skip
     return rows

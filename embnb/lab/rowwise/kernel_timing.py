@@ -1,20 +1,14 @@
-"""Timing of the bucketize kernels: embnb's against FBGEMM's and the reference
-(notebook 01a's kernel table and `python -m embnb.bench bucketize`).
+"""Timing of the bucketize kernels: embnb's against FBGEMM's and the reference (notebook 01a's kernel
+table and `python -m embnb.bench bucketize`).
 
-Per (dist_type, num_keys, W, threads), on the same inputs in the same run:
-embnb's op (`torch.ops.embnb.bucketize`), FBGEMM's
-`block_bucketize_sparse_features(sequence=True)` (continuous only; on a GPU
-only with a CUDA FBGEMM) and the pure-torch reference (on a GPU too: the
-torch-native peer). Outputs are compared bit for bit first, then the calls
-are interleaved round by round (load from other processes hits all alike);
-figures are medians after warm-up, with the best round and per-round ratios.
-On CPU `threads` (0: all cores) is set for all alike: embnb's kernel uses
-`at::parallel_for`, FBGEMM's CPU op one thread, so only the one-thread ratio
-compares the kernels themselves. Bandwidth counts the bytes any
-implementation must move, against the device's copy bandwidth.
-Input: `num_features` features, lengths uniform on [0, 2 * avg_length]
-scaled to exactly `num_keys` keys, keys uniform over `rows` rows, FBGEMM's
-block size ceil(rows / W).
+Per (dist_type, num_keys, W, threads), on the same inputs in the same run: embnb's op
+(`torch.ops.embnb.bucketize`), FBGEMM's `block_bucketize_sparse_features(sequence=True)` (continuous only;
+on a GPU only with a CUDA FBGEMM) and the pure-torch reference. Outputs are compared bit for bit first,
+then the calls are interleaved round by round; figures are medians after warm-up, with the best round and
+per-round ratios. On CPU, embnb's kernel uses `at::parallel_for` and FBGEMM's CPU op one thread, so only
+the one-thread ratio compares the kernels themselves. Bandwidth counts the bytes any implementation must
+move, against the device's copy bandwidth. Input: 8 features, lengths uniform on [0, 64] scaled to
+exactly `num_keys` keys, keys uniform over 10**8 rows, FBGEMM's block size ceil(rows / W).
 """
 
 from __future__ import annotations
@@ -29,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from embnb.cuda import loader
 from embnb.rowwise.routing import DIST_CODES, DistType, bucketize, feistel_round_keys
@@ -144,14 +139,9 @@ def measure_case(
     )
     moved = bytes_moved(lengths, indices, world_size)
     row: dict[str, Any] = dict(
-        num_keys=indices.numel(),
-        world_size=world_size,
-        dist_type=mode.value,
-        threads=used_threads,
-        num_segments=lengths.numel(),
-        bytes_moved=moved,
-        identical=bool(identical),
-    )
+        num_keys=indices.numel(), world_size=world_size, dist_type=mode.value, threads=used_threads,
+        num_segments=lengths.numel(), bytes_moved=moved, identical=bool(identical),
+    )  # fmt: skip
     for name in PEERS:  # seconds (median, best), keys/s and GB/s; None where not timed
         seconds = statistics.median(times[name]) if name in times else None
         row[f"{name}_s"] = seconds
@@ -170,7 +160,8 @@ def measure_case(
 
 
 def run(cases: KernelCases, progress: bool = True) -> dict:
-    """Every case of `cases` at each thread count; the JSON payload (rows plus context)."""
+    """Every case of `cases` at each thread count (`progress`: a tqdm bar); the JSON payload (rows plus
+    context). Raises ValueError on a bad thread count."""
     threads = cases.threads
     bad = [t for t in threads if not isinstance(t, int) or isinstance(t, bool) or t < 0]
     if not threads or bad:
@@ -179,60 +170,34 @@ def run(cases: KernelCases, progress: bool = True) -> dict:
         threads = threads[:1]  # the host threads only launch the kernels
     fbgemm = fbgemm_peer(cases.device)
     load_before = os.getloadavg()
-    rows = []
-    for dist_type, num_keys, world_size, thread_count in itertools.product(
-        cases.dist_types, cases.sizes, cases.world_sizes, threads
-    ):
-        rows.append(measure_case(num_keys, world_size, dist_type, thread_count, cases, fbgemm))
-        if progress:
-            print(format_table(rows[-1:], header=len(rows) == 1), flush=True)
+    grid = list(itertools.product(cases.dist_types, cases.sizes, cases.world_sizes, threads))
+    rows = [
+        measure_case(num_keys, world_size, dist_type, thread_count, cases, fbgemm)
+        for dist_type, num_keys, world_size, thread_count in tqdm(grid, desc="cases", disable=not progress)
+    ]
     copy = copy_gbps(cases.device)
     for row in rows:
         row["embnb_fraction_of_copy"] = row["embnb_gbps"] / copy
     timing = {k: v for k, v in asdict(cases).items() if k in ("repeats", "warmup", "reference_repeats")}
+    inputs = dict(num_features=8, avg_length=32, rows=10**8, lengths_dtype="int32", indices_dtype="int64")
     return dict(
-        benchmark="bucketize",
-        device=cases.device,
-        machine=machine_name(cases.device),
-        cpu_model=_cpu_model(),
-        cores=os.cpu_count(),
-        threads=list(threads),
-        torch=torch.__version__,
-        fbgemm="available" if fbgemm else "not available on this device",
-        copy_gbps=copy,
-        load_average_before=load_before,
-        load_average_after=os.getloadavg(),
-        input=dict(num_features=8, avg_length=32, rows=10**8, lengths_dtype="int32", indices_dtype="int64")
-        | timing,
-        rows=rows,
-    )
+        benchmark="bucketize", device=cases.device, machine=machine_name(cases.device),
+        cpu_model=_cpu_model(), cores=os.cpu_count(), threads=list(threads), torch=torch.__version__,
+        fbgemm="available" if fbgemm else "not available on this device", copy_gbps=copy,
+        load_average_before=load_before, load_average_after=os.getloadavg(), input=inputs | timing, rows=rows,
+    )  # fmt: skip
 
 
 def _cpu_model() -> str:
     try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
 
 
+# the bench's printed table: speeds (M keys/s, GB/s), FBGEMM's time over embnb's (median, per-round range,
+# best) and over the reference's, and whether the outputs were identical
 TABLE_COLUMNS = ["num_keys", "world_size", "dist_type", "threads", "embnb_mkeys_s", "embnb_gbps"]
 TABLE_COLUMNS += ["fbgemm_mkeys_s", "reference_mkeys_s", "embnb_over_fbgemm", "embnb_over_fbgemm_low"]
 TABLE_COLUMNS += ["embnb_over_fbgemm_high", "embnb_over_fbgemm_min", "embnb_over_reference", "identical"]
-
-
-def format_table(rows: list[dict], header: bool = True) -> str:
-    """`rows` as text: speeds (M keys/s, GB/s), FBGEMM's time over embnb's (median, per-round range,
-    best) and over the reference's, and whether the outputs were identical; each column as wide as its
-    name (dist_type: the longest mode's), so that rows printed one by one line up."""
-    widths = [max(len(c), 18 if c == "dist_type" else 0) for c in TABLE_COLUMNS]
-    cells = [[_cell(row.get(c)) for c in TABLE_COLUMNS] for row in rows]
-    return "\n".join(
-        " ".join(f"{v:>{w}}" for v, w in zip(line, widths)) for line in [TABLE_COLUMNS] * header + cells
-    )
-
-
-def _cell(value: Any) -> str:
-    return "n/a" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)

@@ -57,26 +57,19 @@ def run_kv_lookups(
     dump = None if dump_dist_type is None else DistType.parse(dump_dist_type)
     block_sizes = dict(block_sizes or {})
     specs = [kv.KVTableSpec(m, embedding_dim, block_sizes.get(m.value), seed) for m in modes]
-    calls = [
-        (kv.lookup_on_rank, (spec, list(batches), dump_dir if m is dump else None))
-        for m, spec in zip(modes, specs)
-    ]
+    dumps = [dump_dir if m is dump else None for m in modes]
+    calls = [(kv.lookup_on_rank, (spec, list(batches), d)) for spec, d in zip(specs, dumps)]
     start = time.perf_counter()
     per_mode = dict(zip((m.value for m in modes), launch_each(calls, world_size, backend=plan.backend)))
     expected = [kv.init_rows(batch.values(), embedding_dim, seed) for batch in batches]
     served = {d: [r["stats"]["keys_served"] for r in ranks] for d, ranks in per_mode.items()}
+    match = all(torch.equal(r["rows"], e) for ranks in per_mode.values() for r, e in zip(ranks, expected))
     return {
-        "world_size": world_size,
-        "backend": plan.backend,
-        "seconds": time.perf_counter() - start,
-        "rows": {d: [r["rows"] for r in ranks] for d, ranks in per_mode.items()},
-        "keys_served": served,
+        "world_size": world_size, "backend": plan.backend, "seconds": time.perf_counter() - start,
+        "rows": {d: [r["rows"] for r in ranks] for d, ranks in per_mode.items()}, "keys_served": served,
         "rows_held": {d: [r["stats"]["rows_held"] for r in ranks] for d, ranks in per_mode.items()},
-        "max_over_mean": {d: max_over_mean(counts) for d, counts in served.items()},
-        "rows_match": all(
-            torch.equal(r["rows"], want) for ranks in per_mode.values() for r, want in zip(ranks, expected)
-        ),
-    }
+        "max_over_mean": {d: max_over_mean(counts) for d, counts in served.items()}, "rows_match": match,
+    }  # fmt: skip
 
 
 # dynamicemb's loader, read at NVIDIA/recsys-examples e4fc876 (PR #367, the commit that adds
@@ -134,9 +127,7 @@ def reload(
     rows = []
     for w in world_sizes:
         block = block_sizes.get(w)
-        embnb = [
-            checkpoint.load(directory, kv.TABLE_NAME, rank, w, mode, block_size=block) for rank in range(w)
-        ]
+        embnb = [checkpoint.load(directory, kv.TABLE_NAME, r, w, mode, block_size=block) for r in range(w)]
         dynamicemb = [dynamicemb_keys_loaded(saved_by_rank, rank, w) for rank in range(w)]
         owner = dict(zip(saved.tolist(), owner_rank(saved, w, mode, block).tolist()))
         row: dict[str, Any] = {"world_size": w, "rows_saved": saved.numel()}

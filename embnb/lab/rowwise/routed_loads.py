@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from embnb._checks import check_choice, check_int
 from embnb.data import make_keys, zipf_cdf
@@ -25,8 +26,8 @@ from embnb.steptime import batch_from_keys
 from embnb.steptime.measure import StepOptions, measure_ranks
 from embnb.steptime.work import routing_work
 
-__all__ = ["CASES", "ROUTINGS", "LoadsConfig", "case_ids", "measure_loads", "case_table", "rank_spread",
-           "step_verdicts"]  # fmt: skip
+__all__ = ["CASES", "ROUTINGS", "LoadsConfig", "case_ids", "measure_loads", "case_table", "rank_spread"]
+__all__ += ["step_verdicts"]
 
 CASES = ("frequency", "strided", "hashed")
 ROUTINGS = tuple(r.value for r in Routing)
@@ -42,9 +43,8 @@ def case_ids(
     gen = torch.Generator().manual_seed(seed)
     if case == "frequency":  # embnb.data's Zipf sampler (inverse CDF), its rank as the id: no permutation
         uniform = torch.rand(num_ids, generator=gen, dtype=torch.float64)
-        return torch.searchsorted(zipf_cdf(num_embeddings, float(alpha)), uniform).clamp_(
-            max=num_embeddings - 1
-        )
+        ranks = torch.searchsorted(zipf_cdf(num_embeddings, float(alpha)), uniform)
+        return ranks.clamp_(max=num_embeddings - 1)
     if case == "strided":
         check_int("stride", stride, low=1, high=num_embeddings)
         return torch.randint(0, -(-num_embeddings // stride), (num_ids,), generator=gen) * stride
@@ -84,19 +84,11 @@ def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, ca
     with the fused optimizer; thread CPU time and wall time) and its [min, max] over repeats (CPU)."""
     w = layout.world_size
     batch = batch_from_keys(list(layout.slots(ids).view(w, -1)), config.bag_size, table=TABLE)
-    rows, dims, block = (
-        {TABLE: layout.storage_rows},
-        {TABLE: config.embedding_dim},
-        {TABLE: layout.block_size},
-    )
-    times = measure_ranks(
-        lambda rank: routing_work(batch, "continuous", rows, dims, rank, block),
-        w,
-        # the dense part at its smallest: every rank has the same local batch
-        options=StepOptions(
-            threads=config.threads, warmup=config.warmup, repeats=config.repeats, hidden=(8,)
-        ),
-    )
+    rows, dims = {TABLE: layout.storage_rows}, {TABLE: config.embedding_dim}
+    block = {TABLE: layout.block_size}
+    # the dense part at its smallest: every rank has the same local batch
+    opts = StepOptions(threads=config.threads, warmup=config.warmup, repeats=config.repeats, hidden=(8,))
+    times = measure_ranks(lambda r: routing_work(batch, "continuous", rows, dims, r, block), w, options=opts)
     owned = torch.bincount(layout.owner(ids), minlength=w).tolist()
     return [
         (case, w, layout.routing.value, r.rank, storage, n, r.num_ids)
@@ -109,21 +101,12 @@ def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, ca
 def measure_loads(config: LoadsConfig, progress: bool = False) -> pd.DataFrame:
     """Every (case, W, routing) of `config`, one `RANK_COLUMNS` row per rank; one global batch per
     (case, W), the same for each routing."""
-    grid = [(case, w) for case in config.cases for w in config.world_sizes]
-    if progress:
-        from tqdm.auto import tqdm
-
-        grid = tqdm(grid, desc="case, W", leave=False)
-    rows = []
-    for case, w in grid:
+    grid, rows, c = [(case, w) for case in config.cases for w in config.world_sizes], [], config
+    for case, w in tqdm(grid, desc="case, W", leave=False, disable=not progress):
         check_int("world_size", w, low=2)
-        ids = case_ids(
-            case, w * config.ids_per_rank, config.num_embeddings, config.stride, config.alpha, config.seed
-        )
-        for routing in config.routings:
-            rows += measure_case(
-                ids, TableLayout(config.num_embeddings, w, routing, config.seed), config, case
-            )
+        ids = case_ids(case, w * c.ids_per_rank, c.num_embeddings, c.stride, c.alpha, c.seed)
+        for routing in c.routings:
+            rows += measure_case(ids, TableLayout(c.num_embeddings, w, routing, c.seed), c, case)
     return pd.DataFrame(rows, columns=RANK_COLUMNS)
 
 
@@ -165,14 +148,8 @@ def step_verdicts(cases: pd.DataFrame) -> list[dict]:
         ratio = group.slowest_ms[worst] / group.slowest_ms.drop(worst).max()
         spread = rank_spread(cases, w)
         verdicts.append(
-            {
-                "case": case,
-                "world_size": int(w),
-                "least_balanced": worst,
-                "ids_max_over_mean": float(group.ids_max_over_mean[worst]),
-                "slowest_over_others": float(ratio),
-                "balanced_spread": spread,
-                "told_apart": spread is not None and bool(ratio > spread),
-            }
-        )
+            {"case": case, "world_size": int(w), "least_balanced": worst,
+             "ids_max_over_mean": float(group.ids_max_over_mean[worst]), "slowest_over_others": float(ratio),
+             "balanced_spread": spread, "told_apart": spread is not None and bool(ratio > spread)}
+        )  # fmt: skip
     return verdicts

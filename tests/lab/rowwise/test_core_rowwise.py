@@ -1,5 +1,5 @@
-"""embnb.lab.rowwise.core (plain-int routing, shown in notebook 01) against
-the tensor fast path embnb.rowwise.routing uses."""
+"""embnb.lab.rowwise.core (plain-int fmix64 and jump hash, notebook 01's page check) and the tests'
+plain-int owner (tests/lab/rowwise/plain_routing.py) against the tensor path embnb.rowwise.routing uses."""
 
 import pytest
 import torch
@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from embnb.lab.rowwise import core as reference
 from embnb.rowwise.routing import bucketize, hash_key, owner_rank
+from tests.lab.rowwise.plain_routing import owner_of
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
@@ -20,7 +21,7 @@ def test_plain_int_routing_matches_the_tensor_path(keys, world_size):
     assert [reference.fmix64(k) for k in keys] == [h & reference.MASK64 for h in hashes]
     for mode in ("roundrobin", "hash_roundrobin"):
         want = owner_rank(tensor, world_size, mode).tolist()
-        assert [reference.owner_of(k, world_size, mode) for k in keys] == want, mode
+        assert [owner_of(k, world_size, mode) for k in keys] == want, mode
 
 
 @settings(max_examples=100, deadline=None)
@@ -31,7 +32,7 @@ def test_plain_int_routing_matches_the_tensor_path(keys, world_size):
 )
 def test_plain_int_continuous_routing_matches_the_tensor_path(keys, world_size, block_size):
     want = owner_rank(torch.tensor(keys), world_size, "continuous", block_size).tolist()
-    assert [reference.owner_of(k, world_size, "continuous", block_size) for k in keys] == want
+    assert [owner_of(k, world_size, "continuous", block_size) for k in keys] == want
 
 
 def test_fmix64_spreads_the_bits_of_small_keys():
@@ -44,7 +45,7 @@ def test_unknown_dist_type_is_named():
     import pytest
 
     with pytest.raises(ValueError, match="dist_type 'modulo' is not one of"):
-        reference.owner_of(5, 4, "modulo")
+        owner_of(5, 4, "modulo")
 
 
 # fmix64 of each key, computed outside this project: with mmh3 5.3.1 (PyPI, a
@@ -133,7 +134,7 @@ def test_the_page_core_check_agrees_with_the_reference_and_fails_for_a_changed_r
     """page_core_agrees: the reference's own rule passes; a hash shifted by 32 instead of 33, or an
     owner off by one rank, fails the check it breaks (what notebook 01's assert relies on)."""
     args = (PAGE_KEYS, [3, 8, 64], 1 << 60)
-    assert reference.page_core_agrees(reference.fmix64, reference.owner_of, *args) == dict.fromkeys(
+    assert reference.page_core_agrees(reference.fmix64, owner_of, *args) == dict.fromkeys(
         ("fmix64", "continuous", "roundrobin", "hash_roundrobin"), True
     )
 
@@ -148,13 +149,13 @@ def test_the_page_core_check_agrees_with_the_reference_and_fails_for_a_changed_r
     def hashed_owner(key, world_size, dist_type, block_size):
         if dist_type == "hash_roundrobin":
             return shifted_fmix64(key) % world_size
-        return reference.owner_of(key, world_size, dist_type, block_size)
+        return owner_of(key, world_size, dist_type, block_size)
 
     bad = reference.page_core_agrees(shifted_fmix64, hashed_owner, *args)
     assert bad == {"fmix64": False, "continuous": True, "roundrobin": True, "hash_roundrobin": False}
 
     def off_by_one(key, world_size, dist_type, block_size):
-        return (reference.owner_of(key, world_size, dist_type, block_size) + 1) % world_size
+        return (owner_of(key, world_size, dist_type, block_size) + 1) % world_size
 
     bad = reference.page_core_agrees(reference.fmix64, off_by_one, *args)
     assert bad == {"fmix64": True, "continuous": False, "roundrobin": False, "hash_roundrobin": False}
@@ -162,4 +163,4 @@ def test_the_page_core_check_agrees_with_the_reference_and_fails_for_a_changed_r
 
 def test_the_page_core_check_names_keys_it_cannot_take():
     with pytest.raises(ValueError, match=r"\[0, 2\*\*63\)"):
-        reference.page_core_agrees(reference.fmix64, reference.owner_of, [-1], [2], 1)
+        reference.page_core_agrees(reference.fmix64, owner_of, [-1], [2], 1)
