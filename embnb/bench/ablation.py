@@ -34,27 +34,10 @@ def ablate(num_tables: int, world_size: int, hbm_fraction: float, repeats: int, 
     table = ablation_table(
         enumerated, topology, Planning(512, model.constraints, timeout_s=timeout_s, repeats=repeats)
     )
-    return {
-        "num_tables": num_tables,
-        "world_size": world_size,
-        "hbm_cap_gb": hbm_cap_gb,
-        "enumerate_s": enumerated.seconds,
-        "rungs": records(table),  # by rung; a rating of None: no plan
-    }
-
-
-def _lines(row: dict) -> list[str]:
-    head = f"{row['num_tables']} tables x {row['world_size']} devices ({row['hbm_cap_gb']:.3g} GiB HBM each):"
-    lines = [head]
-    for rung, r in row["rungs"].items():
-        rating = "no plan" if r["perf_rating"] is None else f"{r['perf_rating']:9.3f} ms"
-        lines.append(
-            f"  {rung:<22} {rating}  {r['plans_considered']:5d} plans considered, "
-            f"{r['proposals']:5d} proposals, "
-            f"{r['plan_s']:7.3f} s ({r['plan_s_min']:.3f}-{r['plan_s_max']:.3f})"
-            + (" TIMED OUT" if r["timed_out"] else "")
-        )
-    return lines
+    print(f"{num_tables} tables x {world_size} devices ({hbm_cap_gb:.3g} GiB HBM each):\n{table}", flush=True)
+    rungs = records(table)  # by rung; a rating of None: no plan
+    return {"num_tables": num_tables, "world_size": world_size, "hbm_cap_gb": hbm_cap_gb,
+            "enumerate_s": enumerated.seconds, "rungs": rungs}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
@@ -82,16 +65,11 @@ def main(argv: list[str]) -> int:
     for world_size in opts.world_sizes:
         for num_tables in opts.tables:
             rows.append(ablate(num_tables, world_size, opts.hbm_fraction, opts.repeats, opts.timeout_s))
-            print("\n".join(_lines(rows[-1])), flush=True)
     payload = {
-        "benchmark": "ablation",
-        "machine": machine_name(),
-        "hbm_fraction": opts.hbm_fraction,
-        "repeats": opts.repeats,
-        "timeout_s": opts.timeout_s,
-        "ladder": {rung: dict(arguments) for rung, arguments in LADDER.items()},
-        "rows": rows,
+        "benchmark": "ablation", "machine": machine_name(), "hbm_fraction": opts.hbm_fraction,
+        "repeats": opts.repeats, "timeout_s": opts.timeout_s,
+        "ladder": {rung: dict(arguments) for rung, arguments in LADDER.items()}, "rows": rows,
         "bench_s": time.perf_counter() - start,
-    }
+    }  # fmt: skip
     print(f"wrote {write_results('ablation', payload, opts.out)}")
     return 0

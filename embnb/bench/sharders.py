@@ -53,13 +53,9 @@ def _sharded(world_size: int, rows: int, dim: int, routing: str | None):
     # torchrec's sharder offers row_wise on CUDA only, so the plan comes from the routed sharder;
     # the plan is the same (continuous blocks), the sharded module torchrec's own.
     plan = construct_module_sharding_plan(
-        module,
-        {t: row_wise(compute_kernel="fused") for t in TABLES},
-        sharder=routed,
-        local_size=world_size,
-        world_size=world_size,
-        device_type="cpu",
-    )
+        module, {t: row_wise(compute_kernel="fused") for t in TABLES}, sharder=routed, local_size=world_size,
+        world_size=world_size, device_type="cpu",
+    )  # fmt: skip
     env = ShardingEnv.from_process_group(torch.distributed.group.WORLD)
     sharder = routed if routing else EmbeddingBagCollectionSharder()
     return sharder.shard(module, plan, env, torch.device("cpu"))
@@ -73,11 +69,8 @@ def _batch(rank: int, rows: int, batch: int, pooling: int, alpha: float):
     weights = torch.arange(1, rows + 1, dtype=torch.float64).pow(-alpha)
     n = batch * pooling * len(TABLES)
     ids = torch.multinomial(weights, n, replacement=True, generator=gen)
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"f_{t}" for t in TABLES],
-        values=ids,
-        lengths=torch.full((batch * len(TABLES),), pooling, dtype=torch.int64),
-    )
+    lengths = torch.full((batch * len(TABLES),), pooling, dtype=torch.int64)
+    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{t}" for t in TABLES], values=ids, lengths=lengths)
 
 
 def _input_dist(module, kjt) -> None:
@@ -87,9 +80,9 @@ def _input_dist(module, kjt) -> None:
 def rank_seconds(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, list[float]]:
     """On each rank: seconds per input distribution of each module, round by round."""
     quiet_torchrec_logs()
-    modules = {"torchrec": _sharded(world_size, config["rows"], config["dim"], None)}
-    for routing in ROUTINGS:
-        modules[routing] = _sharded(world_size, config["rows"], config["dim"], routing)
+    modules = {
+        r or "torchrec": _sharded(world_size, config["rows"], config["dim"], r) for r in [None, *ROUTINGS]
+    }
     kjt = _batch(rank, config["rows"], config["batch"], config["pooling"], config["alpha"])
     calls = {name: partial(_input_dist, module, kjt) for name, module in modules.items()}
     times, _ = interleaved_seconds(calls, config["repeats"], config["warmup"], threads=1)
@@ -104,24 +97,17 @@ def run(world_size: int, config: dict[str, Any]) -> dict[str, Any]:
     }
     ratios = {r: paired_ratio(slowest[r], slowest["torchrec"]) for r in ROUTINGS}
     return {
-        "world_size": world_size,
-        "backend": "gloo",
-        "device": "cpu",
-        "cores": os.cpu_count(),
-        "config": config,
-        "ids_per_rank": config["batch"] * config["pooling"] * len(TABLES),
-        "seconds": slowest,
-        "ratio_to_torchrec": {r: ratio.as_dict() for r, ratio in ratios.items()},
-        "load_average_before": list(load_before),
-        "load_average_after": list(os.getloadavg()),
-        "torch": torch.__version__,
-        "bench_s": time.perf_counter() - start,
-    }
+        "world_size": world_size, "backend": "gloo", "device": "cpu", "cores": os.cpu_count(),
+        "config": config, "ids_per_rank": config["batch"] * config["pooling"] * len(TABLES),
+        "seconds": slowest, "ratio_to_torchrec": {r: ratio.as_dict() for r, ratio in ratios.items()},
+        "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
+        "torch": torch.__version__, "bench_s": time.perf_counter() - start,
+    }  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m embnb.bench sharders", description=__doc__.splitlines()[0]
+        prog="python -m embnb.bench sharders", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows per table")

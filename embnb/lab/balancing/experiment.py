@@ -98,9 +98,8 @@ class TrainingRuns:
 
         def max_flops(label: str) -> float:
             ranks = self.per_repeat[label][0]
-            return sum(
-                max(r["step_flops"][s] for r in ranks) for s in timed_steps(len(ranks[0]["step_flops"]))
-            )
+            steps = timed_steps(len(ranks[0]["step_flops"]))
+            return sum(max(r["step_flops"][s] for r in ranks) for s in steps)
 
         return {label: max_flops(reference) / max_flops(label) for label in self.per_repeat}
 
@@ -110,9 +109,8 @@ class TrainingRuns:
         rows = []
         for label, repeats in self.per_repeat.items():
             steps = timed_steps(len(repeats[0][0]["step_seconds"]))
-            each = [
-                phase_seconds((s for r in ranks for s in r["spans"]), steps, len(ranks)) for ranks in repeats
-            ]
+            spans = [[s for r in ranks for s in r["spans"]] for ranks in repeats]
+            each = [phase_seconds(s, steps, len(ranks)) for s, ranks in zip(spans, repeats)]
             for key in dict.fromkeys(k for phases in each for k in phases if k[1] != "step"):
                 ms = statistics.fmean(1e3 * phases.get(key, 0.0) for phases in each)
                 rows.append({"run": label, "thread": key[0], "phase": key[1], "ms": ms})
@@ -140,12 +138,8 @@ class TrainingRuns:
 
     def same_weights(self, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
         """Whether every run trained rank 0 to the first run's weights."""
-        first = next(iter(self.per_repeat.values()))[0][0]["weights"]
-        return all(
-            torch.allclose(repeat[0]["weights"], first, rtol=rtol, atol=atol)
-            for repeats in self.per_repeat.values()
-            for repeat in repeats
-        )
+        first, runs = next(iter(self.per_repeat.values()))[0][0]["weights"], self.per_repeat.values()
+        return all(torch.allclose(r[0]["weights"], first, rtol=rtol, atol=atol) for rs in runs for r in rs)
 
     def spans(self, label: str) -> list[dict[str, Any]]:
         """Every span of run `label`'s first repeat, all ranks (for `figures.timeline`)."""
@@ -165,9 +159,7 @@ def run_training(
     time). Raises ValueError on repeats < 1."""
     check_int("repeats", repeats, low=1)
     also = dict(also or {})
-    calls = list(also.values()) + [
-        (training.train, (config,)) for _ in range(repeats) for config in configs.values()
-    ]
+    calls = [*also.values(), *[(training.train, (c,)) for _ in range(repeats) for c in configs.values()]]
     outcomes = launch_each(calls, world_size, device=device, timeout_s=timeout_s)
     also_results = {name: outcomes.pop(0) for name in also}
     per_repeat = {label: outcomes[i :: len(configs)] for i, label in enumerate(configs)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import pandas as pd
@@ -162,13 +163,9 @@ def knapsack_frontier(
         knapsack.add_table(t, weights[t], space.perf[t])
     plans = knapsack.frontier(len(space.options))
     tables = np.arange(len(space.options))
-    frame = pd.DataFrame(
-        {
-            "hbm_gb": space.mem[tables, plans, 0].sum(-1) / GB,
-            "ddr_gb": space.mem[tables, plans, 1].sum(-1) / GB,
-            "summed_perf": space.perf[tables, plans].sum(-1),
-        }
-    )
+    frame = pd.DataFrame({"hbm_gb": space.mem[tables, plans, 0].sum(-1) / GB,
+                          "ddr_gb": space.mem[tables, plans, 1].sum(-1) / GB,
+                          "summed_perf": space.perf[tables, plans].sum(-1)})  # fmt: skip
     for t, options in enumerate(space.options):
         frame[options[0].name] = [option_label(options[o]) for o in plans[:, t]]
     frame.attrs["axes"] = [AXES[a] for a in axes]
@@ -215,10 +212,7 @@ def tiny_instance(
     """Tables `spec` (name, rows, dim, pooling factor) on `world_size` GPUs with `hbm_gb` GiB of HBM
     each, their options enumerated by torchrec under `limits` (default `TINY_LIMITS`)."""
     limits = TINY_LIMITS if limits is None else limits
-    tables = [
-        EmbeddingBagConfig(name=n, feature_names=[n], num_embeddings=r, embedding_dim=d)
-        for n, r, d, _ in spec
-    ]
+    tables = [EmbeddingBagConfig(r, d, n, feature_names=[n]) for n, r, d, _ in spec]
     constraints = {name: ParameterConstraints(pooling_factors=[pf], **limits) for name, _, _, pf in spec}
     topology = make_topology(world_size, "cuda", hbm_cap_gb=hbm_gb, ddr_cap_gb=ddr_gb)
     return enumerate_options(tables, topology, batch_size, constraints), topology
@@ -263,7 +257,7 @@ def share_by_tightness(pitfall: pd.DataFrame, edges: Sequence[float] = TIGHTNESS
     bounds = [0.0, *edges, math.inf]
     labels = [
         f"< {hi:g}" if lo == 0 else (f">= {lo:g}" if hi == math.inf else f"{lo:g}-{hi:g}")
-        for lo, hi in zip(bounds, bounds[1:])
+        for lo, hi in pairwise(bounds)
     ]
     worse = (pitfall.least_placed_sum_over_best > 1 + 1e-9).groupby(
         pd.cut(pitfall.memory_ratio, bounds, right=False, labels=labels), observed=False
