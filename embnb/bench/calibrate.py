@@ -60,6 +60,8 @@ from embnb.planner.calibration import (
     torchrec_default_estimate,
 )
 from embnb.planner.enumerator import make_enumerator
+from embnb.planner.perf_model import KernelCallPerfModel
+from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology
 from embnb.steptime import CLOCKS, StepTimes, make_batch, measure_plan, measure_world
 from embnb.steptime.work import HOST_LEVEL_SHARDING_TYPES
@@ -202,8 +204,15 @@ def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
                     opts.cache_bytes,
                 )  # fmt: skip
                 ranks += measured
+                calls = KernelCallPerfModel(topology).kernel_calls(options)
+                held = [
+                    {"rank": r.rank, "lookup_ms": r.lookup.median_s(opts.clock) * 1e3,
+                     "kernel_calls": calls[r.rank], "tbe_groups": list(r.groups)}
+                    for r in times.ranks if r.groups
+                ]  # fmt: skip
                 rows.append({"seed": seed, "world_size": world_size, "plan": index,
-                             "shape": plan_shape(options), "ranks": len(measured)})  # fmt: skip
+                             "shape": plan_shape(options), "ranks": len(measured),
+                             "measured_ranks": held})  # fmt: skip
                 print(f"train seed={seed} W={world_size:>2} plan {index}: {plan_shape(options)}", flush=True)
     return ranks, rows
 
@@ -220,6 +229,10 @@ def _calibrated_plans(
     calibrated = Enumerated(enumerated.module, enumerated.sharders, options, 0.0)
     proposers = default_proposers()  # the same proposers as the plans on torchrec's default estimator
     proposers = {f"{name} (calibrated)": proposers[name] for name in ("embnb DP", "torchrec default")}
+    # embnb's DP rates its plans as create_planner's does with a calibration: with its kernel calls
+    # (KernelCallPerfModel); torchrec's proposers rate nothing themselves.
+    model_of = KernelCallPerfModel.from_calibration(topology, calibration)
+    proposers["embnb DP (calibrated)"] = lambda: DynamicProgrammingProposer(performance_model=model_of)
     return {
         name: run_planner(make(), calibrated, topology, opts.batch_size, name=name,
                           constraints=model.constraints, timeout_s=opts.timeout_s)
@@ -227,8 +240,11 @@ def _calibrated_plans(
     }  # fmt: skip
 
 
-def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) -> dict[str, Any]:
-    """Items 2 and 3 for one held-out model at one world size."""
+def heldout_world(
+    calibration: Calibration, seed: int, world_size: int, opts, per_shard: Calibration | None = None
+) -> dict[str, Any]:
+    """Items 2 and 3 for one held-out model at one world size; `per_shard`: the fit without the
+    kernel-call term, whose estimate each rank records beside (the error before the term)."""
     model = make_model(opts.tables, seed=seed, max_rows=opts.max_rows)
     topology = make_topology(world_size, opts.device)
     enumerated = enumerate_options(model.tables, topology, opts.batch_size, model.constraints, "embnb")
@@ -264,6 +280,7 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
         per_rank = rank_terms(
             options, topology, enumerated.sharders, model.constraints, calibration.cache_bytes
         )
+        calls = KernelCallPerfModel(topology).kernel_calls(options)
         ranks = [
             {
                 "rank": r.rank,
@@ -271,8 +288,11 @@ def heldout_world(calibration: Calibration, seed: int, world_size: int, opts) ->
                 "lookup_ms_range": [v * 1e3 for v in r.lookup.range_s(opts.clock)],
                 "step_ms": r.compute.median_s(opts.clock) * 1e3,
                 "torchrec_estimate_ms": torchrec_default_estimate(per_rank[r.rank]),
-                "calibrated_estimate_ms": calibration.estimate(per_rank[r.rank]),
+                "calibrated_estimate_ms": calibration.estimate(per_rank[r.rank], calls[r.rank]),
+                **({"per_shard_estimate_ms": per_shard.estimate(per_rank[r.rank])} if per_shard else {}),
                 "shards": len(per_rank[r.rank]),
+                "kernel_calls": calls[r.rank],
+                "tbe_groups": list(r.groups),
             }
             for r in measured.times.ranks
         ]
@@ -306,11 +326,22 @@ def _unfitted(calibration: Calibration, per_rank: list[list[Any]]) -> dict[str, 
     }
 
 
+# Each rank's estimates in the JSON, and the name its error goes by: torchrec's default, the fit
+# with the kernel-call term (the calibration), the same fit without it (per shard only).
+ESTIMATES = (
+    ("torchrec_estimate_ms", "torchrec_default"),
+    ("calibrated_estimate_ms", "calibrated"),
+    ("per_shard_estimate_ms", "calibrated_per_shard"),
+)
+
+
 def errors(ranks: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """|estimate / measured - 1| over ranks holding a shard: median and worst, per estimator."""
     held = [r for r in ranks if r["shards"]]
     out = {}
-    for key, name in (("torchrec_estimate_ms", "torchrec_default"), ("calibrated_estimate_ms", "calibrated")):
+    for key, name in ESTIMATES:
+        if not held or key not in held[0]:
+            continue
         values = [abs(r[key] / r["lookup_ms"] - 1) for r in held]
         out[name] = {"median": statistics.median(values), "worst": max(values), "ranks": len(values)}
     return out
@@ -337,10 +368,17 @@ def main(argv: list[str]) -> int:
         calibration = fit(
             ranks, opts.device, machine_name(opts.device), terms=opts.terms, cache_bytes=opts.cache_bytes
         )
+        # the same fit without the kernel-call term: the held-out error before it
+        per_shard = fit(
+            ranks, opts.device, machine_name(opts.device), terms=opts.terms, cache_bytes=opts.cache_bytes,
+            kernel_calls=False,
+        )  # fmt: skip
         fit_abs = [abs(e) for e in calibration.fit_errors]
-        print(f"fit on {len(ranks)} ranks: |error| median {statistics.median(fit_abs):.3f}, "
-              f"worst {max(fit_abs):.3f}", flush=True)  # fmt: skip
-        worlds = [heldout_world(calibration, seed, world_size, opts) for seed, world_size in opts.heldout]
+        print(f"fit on {len(ranks)} ranks: |error| median {statistics.median(fit_abs):.3f}, worst "
+              f"{max(fit_abs):.3f}; kernel_call_ms {calibration.kernel_call_ms:.3f}", flush=True)  # fmt: skip
+        worlds = [
+            heldout_world(calibration, seed, world_size, opts, per_shard) for seed, world_size in opts.heldout
+        ]
     heldout = errors([rank for w in worlds for p in w["plans"] if p["measured"] for rank in p["ranks"]])
     for name, e in heldout.items():
         print(f"held out, {name}: per-rank |error| median {e['median']:.3f}, worst {e['worst']:.3f} "
@@ -367,6 +405,7 @@ def main(argv: list[str]) -> int:
             "ranks": len(ranks),
         },  # fmt: skip
         "calibration": calibration.to_json(),
+        "calibration_per_shard": per_shard.to_json(),  # the same fit without the kernel-call term
         "heldout_errors": heldout,
         "rank_repeat_gap": floor,  # one placement measured twice, rank by rank: the noise under the errors
         "heldout": worlds,

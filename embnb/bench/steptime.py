@@ -109,7 +109,7 @@ def _check(opts: argparse.Namespace) -> str | None:
 def _phases(times: StepTimes, estimate: dict[str, list[float]], topology) -> list[dict[str, Any]]:
     ranks = []
     for rank, comms in zip(times.ranks, times.comms):
-        entry: dict[str, Any] = {"rank": rank.rank, "num_ids": rank.num_ids}
+        entry: dict[str, Any] = {"rank": rank.rank, "num_ids": rank.num_ids, "tbe_groups": list(rank.groups)}
         for name, timing in [*rank.phases.items(), ("lookup", rank.lookup), ("compute", rank.compute)]:
             entry[name] = {
                 "wall_s": timing.median_s("wall"),

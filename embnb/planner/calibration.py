@@ -2,8 +2,12 @@
 
 The fitted quantity, stated once: for each measured rank, **the rank's measured lookups (its TBEs'
 forward and backward, in ms) against torchrec's estimated compute for that rank (the sum over the
-shards it holds of `fwd_compute + bwd_compute`)**. Communication is not fitted (torchrec's formulas
-for it are kept as they are).
+shards it holds of `fwd_compute + bwd_compute`)**, plus a cost per kernel call: `fit` fits
+`kernel_call_ms` (ms per TBE call, whatever its ids) on each rank's count of the TBE groups torchrec
+batches its shards into (`KernelCallPerfModel.kernel_calls`, which `embnb.steptime` runs as its
+TBEs), the term `KernelCallPerfModel` adds to a plan's rating. Communication is not fitted: a rank's
+measured lookups hold no collective (torchrec's formulas for it are kept as they are, and
+`collective_ms` stays 0 in a fit; it can be set by hand).
 
 torchrec's `EmbeddingPerfEstimator` (torchrec/distributed/planner/estimator/, 1.6.1 and 1.8)
 computes a shard's forward compute as `(a * input_read_size + b * lookup_size + c *
@@ -53,7 +57,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, ShardEstima
 
 from embnb._checks import check_number
 from embnb._torchrec_private import forward_sizes, set_bwd_compute_multiplier, sharders_for_estimators
-from embnb.planner.perf_model import SHARDING_TYPES
+from embnb.planner.perf_model import SHARDING_TYPES, KernelCallPerfModel
 
 __all__ = [
     "TERMS",
@@ -128,10 +132,13 @@ class ShardTerms:
 
 @dataclass(frozen=True)
 class MeasuredRank:
-    """A rank's measured lookups (its TBEs' forward + backward, ms) and the shards it holds."""
+    """A rank's measured lookups (its TBEs' forward + backward, ms), the shards it holds and its
+    kernel calls (the TBE groups torchrec batches its shards into: `KernelCallPerfModel.kernel_calls`;
+    0: not counted, then `fit` fits no `kernel_call_ms`)."""
 
     lookups_ms: float
     shards: tuple[ShardTerms, ...]
+    kernel_calls: int = 0
 
 
 class CalibratedPerfConfig(EmbeddingPerfEstimatorConfig):
@@ -272,10 +279,12 @@ class Calibration:
         name = f"embnb calibration: {self.device_kind} {self.device_name}"
         return CalibratedPerfConfig(by_kernel, self.bwd_multiplier, name, self.cache_bytes)
 
-    def estimate(self, shards: tuple[ShardTerms, ...] | list[ShardTerms]) -> float:
+    def estimate(self, shards: tuple[ShardTerms, ...] | list[ShardTerms], kernel_calls: int = 0) -> float:
         """The calibrated compute (fwd + bwd, ms) of `shards`, e.g. one rank's, each priced as
-        `coefficients_for` its group."""
-        return sum(float(np.dot(self.coefficients_for(shard.group), shard.terms)) for shard in shards)
+        `coefficients_for` its group, plus `kernel_call_ms` x the rank's `kernel_calls` (its TBE
+        groups; 0: the per-shard part alone, torchrec's estimate)."""
+        per_shard = sum(float(np.dot(self.coefficients_for(shard.group), shard.terms)) for shard in shards)
+        return per_shard + self.kernel_call_ms * kernel_calls
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -414,8 +423,9 @@ def measured_ranks(
 ) -> list[MeasuredRank]:
     """A plan measured rank by rank (`times`: `embnb.steptime.StepTimes` of `measure_plan` on this
     plan) as `MeasuredRank`s: each rank's measured lookups (its TBEs' forward + backward, median over
-    the repeats by `clock`, "cpu" or "wall", in ms) with the terms of the shards it holds. Ranks that
-    hold no shard are left out (nothing to fit)."""
+    the repeats by `clock`, "cpu" or "wall", in ms) with the terms of the shards it holds and its
+    kernel calls (`KernelCallPerfModel.kernel_calls`: torchrec's TBE groups, the TBEs
+    `embnb.steptime` ran). Ranks that hold no shard are left out (nothing to fit)."""
     if clock not in ("cpu", "wall"):
         raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
     if len(times.ranks) != topology.world_size:
@@ -424,8 +434,9 @@ def measured_ranks(
             "on this topology's world size"
         )
     per_rank = rank_terms(options, topology, sharders, constraints, cache_bytes)
+    calls = KernelCallPerfModel(topology).kernel_calls(options)
     return [
-        MeasuredRank(rank.lookup.median_s(clock) * 1e3, tuple(per_rank[rank.rank]))
+        MeasuredRank(rank.lookup.median_s(clock) * 1e3, tuple(per_rank[rank.rank]), calls[rank.rank])
         for rank in times.ranks
         if per_rank[rank.rank]
     ]
@@ -459,11 +470,17 @@ def fit(
     bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER,
     terms: tuple[str, ...] | list[str] | None = None,
     cache_bytes: float | None = None,
+    kernel_calls: bool | None = None,
 ) -> Calibration:
     """The non-negative least-squares coefficients of each (sharding type, compute kernel) in
     `ranks`: minimize, over the ranks, (measured lookups - calibrated estimate) / measured lookups,
     squared (each rank weighs by its relative error, so small ranks count). Raises ValueError where
     a measurement is not a positive finite time or the ranks do not determine every coefficient.
+
+    `kernel_calls`: fit `kernel_call_ms` too, one coefficient for every group, whose regressor is
+    each rank's `MeasuredRank.kernel_calls` (the cost of a TBE call, whatever its ids: issue #69);
+    None: where any rank's calls are counted. `collective_ms` is not fitted here: a rank's
+    measured lookups hold no collective (it stays 0).
 
     `terms`: which of `TERMS` to fit; the others are 0. Why: torchrec's terms can be collinear in a
     training set, and then the ranks do not determine them: input reads and lookups both grow with
@@ -496,15 +513,22 @@ def fit(
     width = len(columns)
     groups = sorted({shard.group for rank in ranks for shard in rank.shards})
     slot = {group: g * width for g, group in enumerate(groups)}
-    design = np.zeros((len(ranks), len(groups) * width))
+    if kernel_calls is None:
+        kernel_calls = any(rank.kernel_calls for rank in ranks)
+    calls_column = len(groups) * width  # the last column, where fitted
+    design = np.zeros((len(ranks), len(groups) * width + int(bool(kernel_calls))))
     for r, rank in enumerate(ranks):
         for shard in rank.shards:
             design[r, slot[shard.group] : slot[shard.group] + width] += [shard.terms[c] for c in columns]
+        if kernel_calls:
+            design[r, calls_column] = rank.kernel_calls
     measured = np.array([rank.lookups_ms for rank in ranks])
     weighted = design / measured[:, None]
     scale = np.linalg.norm(weighted, axis=0)
     undetermined = [
-        f"{groups[c // width]} {chosen[c % width]}" for c in range(design.shape[1]) if scale[c] == 0
+        f"{groups[c // width]} {chosen[c % width]}" if c < calls_column else "kernel_call_ms"
+        for c in range(design.shape[1])
+        if scale[c] == 0
     ]
     scale[scale == 0] = 1.0
     normalized = weighted / scale
@@ -531,4 +555,5 @@ def fit(
             values[c] = float(value)
         coefficients[group] = tuple(values)
     errors = tuple(float(e) for e in design @ solution / measured - 1.0)
-    return Calibration(device_kind, device_name, coefficients, bwd_multiplier, errors, cache_bytes)
+    call_ms = float(solution[calls_column]) if kernel_calls else 0.0
+    return Calibration(device_kind, device_name, coefficients, bwd_multiplier, errors, cache_bytes, call_ms)

@@ -40,7 +40,13 @@ from torchrec.distributed.types import ShardingType
 from embnb._checks import check_number
 from embnb.planner.layout import deferred
 
-__all__ = ["KernelCallPerfModel", "tbe_group_key", "SHARDING_TYPES"]
+__all__ = [
+    "KernelCallPerfModel",
+    "tbe_group_key",
+    "tbe_group_keys",
+    "parameter_sharding_group_keys",
+    "SHARDING_TYPES",
+]
 
 SHARDING_TYPES = tuple(t.value for t in ShardingType)
 
@@ -90,7 +96,7 @@ def _table_configs(module: nn.Module) -> dict[str, Any]:
     return found
 
 
-def _fused_key(option: ShardingOption) -> tuple:
+def _fused_key(option: Any) -> tuple:
     """The fused parameters torchrec's `add_params_from_parameter_sharding` takes from the plan
     (less `cache_load_factor`, which `_get_grouping_fused_params` drops), with the table's
     optimizer kwargs (`merge_fused_params` with the parameter's `_optimizer_kwargs`). A sharder's
@@ -124,7 +130,7 @@ def _fused_key(option: ShardingOption) -> tuple:
     return _frozen(params)
 
 
-def _prefetch_and_cached(option: ShardingOption) -> bool:
+def _prefetch_and_cached(option: Any) -> bool:
     if option.compute_kernel in _PREFETCH_KERNELS:
         return True
     cache = option.cache_params
@@ -156,31 +162,50 @@ def tbe_group_keys(option: ShardingOption, configs: dict[str, Any] | None = None
     path, module = option.module
     if configs is None:
         configs = _table_configs(module)
-    config = configs.get(option.name)
-    data_type = getattr(config, "data_type", None)
-    inference = option.compute_kernel == EmbeddingComputeKernel.QUANT.value
     pooled = getattr(option, "is_pooled", True) is not False
+    return _group_keys(path, option, configs.get(option.name), pooled, _shard_columns(option))
+
+
+def parameter_sharding_group_keys(
+    sharding: Any, config: Any, columns: list[int], path: str = ""
+) -> list[tuple]:
+    """`tbe_group_keys` from a plan's `ParameterSharding` (its sharding type, compute kernel, cache
+    parameters and fused flags, which it names as a `ShardingOption` does) and the table's
+    `EmbeddingBagConfig`, for shards of `columns` columns each (pooled: an EmbeddingBagCollection's).
+    Per-parameter optimizer arguments are not in a plan, so not in this key."""
+    return _group_keys(path, sharding, config, True, columns)
+
+
+def _group_keys(path: str, source: Any, config: Any, pooled: bool, columns: list[int]) -> list[tuple]:
+    """The keys of `tbe_group_keys`; `source` a ShardingOption or ParameterSharding."""
+    data_type = getattr(config, "data_type", None)
+    inference = source.compute_kernel == EmbeddingComputeKernel.QUANT.value
     base = (
         path,
-        option.sharding_type,
+        source.sharding_type,
         None if inference else data_type,
         getattr(config, "pooling", None) if pooled else None,
         False,
-        _fused_key(option),
-        _KERNEL_TYPE.get(option.compute_kernel, option.compute_kernel),
+        _fused_key(source),
+        _KERNEL_TYPE.get(source.compute_kernel, source.compute_kernel),
     )
-    prefetched = _prefetch_and_cached(option)
+    prefetched = _prefetch_and_cached(source)
     tail = (
         prefetched,
         getattr(config, "use_virtual_table", None) if inference else None,
         bool(getattr(config, "enable_embedding_update", False)) if not pooled else False,
-        bool(getattr(option, "stash_weights", False) or getattr(config, "stash_weights", False)),
+        bool(getattr(source, "stash_weights", False) or getattr(config, "stash_weights", False)),
     )
     if not prefetched:
-        key = (*base, 0, *tail)
-        return [key] * len(_shard_columns(option)) if deferred(option) else [key] * len(option.shards)
+        return [(*base, 0, *tail)] * len(columns)
     bits = _BITS.get(getattr(data_type, "name", None), 32)
-    return [(*base, columns * bits // 8, *tail) for columns in _shard_columns(option)]
+    return [(*base, cols * bits // 8, *tail) for cols in columns]
+
+
+def kernel_type(compute_kernel: str) -> str:
+    """torchrec's `_get_compute_kernel_type`: the kernel a TBE group is keyed by (`fused_uvm` and
+    `fused_uvm_caching` as `fused`, the `quant_uvm*` as `quant`, others as themselves)."""
+    return _KERNEL_TYPE.get(compute_kernel, compute_kernel)
 
 
 def tbe_group_key(option: ShardingOption, shard: int = 0) -> tuple:

@@ -108,11 +108,18 @@ def lookup_module(
         allowed = ", ".join(repr(k) for k in ("dense", *FUSED_LOCATIONS))
         raise ValueError(f"compute kernel {group.compute_kernel!r} is not one of {allowed}")
     on_gpu = device.type == "cuda"
-    # On a CPU every fused table is in host memory, as torchrec places it there.
-    location = EmbeddingLocation[FUSED_LOCATIONS[group.compute_kernel]] if on_gpu else EmbeddingLocation.HOST
+    unknown = sorted({s.compute_kernel for s in group.shards} - set(FUSED_LOCATIONS))
+    if unknown:
+        raise ValueError(f"compute kernels {unknown} in one fused TBE; allowed: {list(FUSED_LOCATIONS)}")
+
+    # Each shard at its kernel's location (one TBE may mix fused and UVM shards, as torchrec's
+    # group does); on a CPU every fused table is in host memory, as torchrec places it there.
+    def location(kernel: str) -> EmbeddingLocation:
+        return EmbeddingLocation[FUSED_LOCATIONS[kernel]] if on_gpu else EmbeddingLocation.HOST
+
     compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
     return SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(s.rows, s.cols, location, compute) for s in group.shards],
+        embedding_specs=[(s.rows, s.cols, location(s.compute_kernel), compute) for s in group.shards],
         feature_table_map=list(group.feature_shard),
         pooling_mode=PoolingMode.SUM,
         weights_precision=SparseType.FP32,

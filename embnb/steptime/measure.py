@@ -65,12 +65,14 @@ class Timing:
 
 @dataclass(frozen=True)
 class RankTime:
-    """One rank's phases; `compute` is their sum per repeat."""
+    """One rank's phases; `compute` is their sum per repeat. `groups`: its TBEs, one
+    `LookupGroup.describe()` each (sharding type, kernel type, shards), in the order they ran."""
 
     rank: int
     phases: dict[str, Timing]
     num_ids: int  # ids its lookups read
     dense_samples: int
+    groups: tuple[dict, ...] = ()
 
     @property
     def compute(self) -> Timing:
@@ -191,7 +193,8 @@ def measure_rank(work: RankWork, options: StepOptions = StepOptions(), seed: int
         clock.run("dense_backward", loss.backward, keep)
         dense.zero_grad(set_to_none=True)
         dense_input.grad = None
-    return RankTime(work.rank, clock.record, work.num_ids, work.dense_samples)
+    groups = tuple(group.describe() for group in work.groups)
+    return RankTime(work.rank, clock.record, work.num_ids, work.dense_samples, groups)
 
 
 def _backward(modules, outputs, grads) -> None:
@@ -264,7 +267,7 @@ def join_rounds(rounds: Sequence[StepTimes]) -> StepTimes:
             )
             for phase in rank.phases
         }
-        ranks.append(RankTime(rank.rank, phases, rank.num_ids, rank.dense_samples))
+        ranks.append(RankTime(rank.rank, phases, rank.num_ids, rank.dense_samples, rank.groups))
     notes = [*first.notes, f"{len(rounds)} rounds, interleaved with other plans' (join_rounds)"]
     repeats = sum(times.repeats for times in rounds)
     return StepTimes(

@@ -30,6 +30,7 @@ from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_int
+from embnb.planner.perf_model import kernel_type, parameter_sharding_group_keys
 from embnb.rowwise.routing import DistType, hash_key, owner_rank
 from embnb.steptime.batch import GlobalBatch
 
@@ -66,7 +67,9 @@ HOST_LEVEL_SHARDING_TYPES = (ShardingType.TABLE_ROW_WISE.value, ShardingType.GRI
 @dataclass(frozen=True)
 class Shard:
     """One table shard on one rank: rows [row_offset, row_offset + rows),
-    columns [col_offset, col_offset + cols)."""
+    columns [col_offset, col_offset + cols); `tbe_key`: torchrec's TBE grouping key
+    (`embnb.planner.perf_model.parameter_sharding_group_keys`; empty: one group per
+    sharding type and kernel)."""
 
     table: str
     sharding_type: str
@@ -77,14 +80,29 @@ class Shard:
     col_offset: int
     cols: int
     features: tuple[str, ...]
+    tbe_key: tuple = ()
+
+    def describe(self) -> dict[str, object]:
+        """The shard as the results JSON records it."""
+        return {
+            "table": self.table,
+            "compute_kernel": self.compute_kernel,
+            "row_offset": self.row_offset,
+            "rows": self.rows,
+            "col_offset": self.col_offset,
+            "cols": self.cols,
+        }
 
 
 @dataclass(frozen=True)
 class LookupGroup:
     """The shards one lookup kernel (one FBGEMM TBE) serves on a rank, as
-    torchrec groups them (one per sharding type and compute kernel), and its
-    input: `lengths` and `ids` feature by feature (features in shard order),
-    `batch_size` bags per feature."""
+    torchrec groups them (one per distinct `Shard.tbe_key`, torchrec's
+    `group_tables` key within each sharding type: `fused`, `fused_uvm` and
+    `fused_uvm_caching` shards share one TBE, each at its own location), and
+    its input: `lengths` and `ids` feature by feature (features in shard
+    order), `batch_size` bags per feature. `compute_kernel`: the group's
+    kernel type (`fused` for the UVM kernels)."""
 
     sharding_type: str
     compute_kernel: str
@@ -97,6 +115,14 @@ class LookupGroup:
     @property
     def pooled_dim(self) -> int:
         return sum(self.shards[s].cols for s in self.feature_shard)
+
+    def describe(self) -> dict[str, object]:
+        """The TBE as the results JSON records it: sharding type, kernel type, its shards."""
+        return {
+            "sharding_type": self.sharding_type,
+            "compute_kernel": self.compute_kernel,
+            "shards": [shard.describe() for shard in self.shards],
+        }
 
 
 @dataclass(frozen=True)
@@ -147,6 +173,7 @@ def plan_shards(
             )
         features = tuple(table.feature_names)
         if kind == ShardingType.DATA_PARALLEL.value:
+            key = parameter_sharding_group_keys(sharding, table, [table.embedding_dim])[0]
             shards += [
                 Shard(
                     name,
@@ -158,18 +185,23 @@ def plan_shards(
                     0,
                     table.embedding_dim,
                     features,
+                    key,
                 )
                 for r in range(world_size)
             ]
             continue
-        for meta in sharding.sharding_spec.shards:
+        metas = sharding.sharding_spec.shards
+        keys = parameter_sharding_group_keys(sharding, table, [m.shard_sizes[1] for m in metas])
+        for meta, key in zip(metas, keys):
             rank = meta.placement.rank()
             if not 0 <= rank < world_size:
                 raise ValueError(
                     f"table {name!r} has a shard on rank {rank}, outside world_size {world_size}"
                 )
             (row, col), (rows, cols) = meta.shard_offsets, meta.shard_sizes
-            shards.append(Shard(name, kind, sharding.compute_kernel, rank, row, rows, col, cols, features))
+            shards.append(
+                Shard(name, kind, sharding.compute_kernel, rank, row, rows, col, cols, features, key)
+            )
     missing = set(by_name) - {s.table for s in shards}
     if missing:
         raise ValueError(f"the plan places no shard of tables {sorted(missing)}")
@@ -241,12 +273,15 @@ def plan_work(shards: Sequence[Shard], batch: GlobalBatch, rank: int) -> RankWor
     world_size = batch.world_size
     check_int("rank", rank, low=0, high=world_size - 1)
     feature_index = {f: i for i, f in enumerate(batch.feature_names)}
-    groups: dict[tuple[str, str], list[Shard]] = {}
+    groups: dict[tuple, list[Shard]] = {}
     for shard in shards:
         if shard.rank == rank:
-            groups.setdefault((shard.sharding_type, shard.compute_kernel), []).append(shard)
+            key = shard.tbe_key or (shard.sharding_type, shard.compute_kernel)
+            groups.setdefault(key, []).append(shard)
     built = []
-    for (kind, kernel), mine in groups.items():
+    for mine in groups.values():
+        kind = mine[0].sharding_type
+        kernel = kernel_type(mine[0].compute_kernel)
         local = kind == ShardingType.DATA_PARALLEL.value
         inputs = []
         for s, shard in enumerate(mine):

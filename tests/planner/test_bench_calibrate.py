@@ -78,7 +78,20 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
         assert got["excludes_zero"] == (mean - half > 0 or mean + half < 0)
         assert f"{plan['plan']:<30} minus embnb DP (calibrated), round by round" in out
     held = [r for p in measured for r in p["ranks"] if r["shards"]]
-    for name, key in (("torchrec_default", "torchrec_estimate_ms"), ("calibrated", "calibrated_estimate_ms")):
+    trained = [r for row in payload["train"]["plans"] for r in row["measured_ranks"]]
+    assert len(trained) == payload["train"]["ranks"]
+    for rank in held + trained:
+        # the planner's count of TBE groups (KernelCallPerfModel) is the TBEs the replay ran
+        assert rank["kernel_calls"] == len(rank["tbe_groups"]) > 0
+    for rank in held:
+        assert sum(len(group["shards"]) for group in rank["tbe_groups"]) == rank["shards"]
+    # the fit with the kernel-call term, and the same fit without it (the error before the term)
+    assert payload["calibration_per_shard"]["kernel_call_ms"] == 0 <= calibration.kernel_call_ms
+    for name, key in (
+        ("torchrec_default", "torchrec_estimate_ms"),
+        ("calibrated", "calibrated_estimate_ms"),
+        ("calibrated_per_shard", "per_shard_estimate_ms"),
+    ):
         errors = [abs(r[key] / r["lookup_ms"] - 1) for r in held]
         assert payload["heldout_errors"][name]["median"] == pytest.approx(statistics.median(errors))
         assert payload["heldout_errors"][name]["worst"] == pytest.approx(max(errors))

@@ -169,6 +169,42 @@ def test_fit_recovers_known_coefficients_from_torchrecs_estimates():
         assert math.isclose(calibration.estimate(rank.shards), rank.lookups_ms, rel_tol=1e-9)
 
 
+def test_fit_recovers_a_known_cost_per_kernel_call():
+    """Ranks priced at known coefficients plus 0.46 ms per kernel call (issue #69: a TBE call's
+    cost whatever its ids), each rank with 1 to 3 calls: `fit` recovers both, its estimate adds the
+    calls, and the same ranks fitted without the term (`kernel_calls=False`) fit worse."""
+    topology, constraints, sharders, options = enumerated()
+    two = {group: (values[0], values[1], 0.0, 0.0) for group, values in KNOWN.items()}
+    options = [o for o in options if (o.sharding_type, o.compute_kernel) in two]
+    measured = oracle_compute(options, topology, constraints, sharders, two)
+    terms = shard_terms(options, topology, sharders, constraints)
+    pool = [(terms[i][s], measured[i][s]) for i, o in enumerate(options) for s in range(len(o.shards))]
+    rng, per_call = np.random.default_rng(1), 0.46
+    ranks = []
+    for _ in range(60):
+        picked = [pool[j] for j in rng.choice(len(pool), size=3, replace=False)]
+        calls = int(rng.integers(1, 4))
+        compute = sum(ms for _, ms in picked) + per_call * calls
+        ranks.append(MeasuredRank(compute, tuple(t for t, _ in picked), calls))
+    calibration = fit(ranks, "cuda", "synthetic", terms=TERMS[:2])
+    assert calibration.kernel_call_ms == pytest.approx(per_call, rel=1e-6)
+    for group, values in two.items():
+        np.testing.assert_allclose(calibration.coefficients[group], extended(values), rtol=1e-6)
+    for rank in ranks[:5]:
+        assert calibration.estimate(rank.shards, rank.kernel_calls) == pytest.approx(
+            rank.lookups_ms, rel=1e-9
+        )
+        assert calibration.estimate(rank.shards) == pytest.approx(
+            rank.lookups_ms - per_call * rank.kernel_calls
+        )
+    without = fit(ranks, "cuda", "synthetic", terms=TERMS[:2], kernel_calls=False)
+    assert without.kernel_call_ms == 0
+    assert max(map(abs, without.fit_errors)) > 100 * max(map(abs, calibration.fit_errors))
+    # uncounted calls (0, the default): no kernel-call term is fitted
+    uncounted = [MeasuredRank(r.lookups_ms, r.shards) for r in ranks]
+    assert fit(uncounted, "cuda", "synthetic", terms=TERMS[:2]).kernel_call_ms == 0
+
+
 def test_fit_of_some_terms_recovers_them_and_leaves_the_others_zero():
     """`terms=`: coefficients known to be 0 outside the fitted terms are recovered as the others."""
     topology, constraints, sharders, options = enumerated()

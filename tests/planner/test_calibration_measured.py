@@ -77,7 +77,9 @@ def test_measured_ranks_fit_with_the_terms_they_determine(setup):
     ranks: list[MeasuredRank] = []
     for name, options in plans.items():
         ranks += measured_ranks(options, measured[name], topology, enumerated.sharders, model.constraints)
-    with pytest.raises(ValueError, match="determine .* of the 12 coefficients.*fewer `terms`"):
+    assert all(rank.kernel_calls == 1 for rank in ranks)  # one TBE per rank in each of these plans
+    # 6 terms x 2 groups, and the cost per kernel call
+    with pytest.raises(ValueError, match="determine .* of the 13 coefficients.*fewer `terms`"):
         fit(ranks, "cpu", "test")
     calibration = fit(ranks, "cpu", "test", terms=("lookup_size_multiplier",))
     assert set(calibration.coefficients) == {("table_wise", "fused"), ("data_parallel", "dense")}

@@ -25,6 +25,7 @@ import functools
 import pytest
 import torch
 from concurrent_ranks import kernel_signature, sharded_rank
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import CacheAlgorithm
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.sharding_plan import (
     column_wise,
@@ -34,6 +35,7 @@ from torchrec.distributed.sharding_plan import (
     table_row_wise,
     table_wise,
 )
+from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -69,16 +71,20 @@ HOST_CONSTRAINTS = {
 
 def plan_for(world_size: int, heavy_rank: int):
     """t0-t2 table-wise on `heavy_rank`, t3 on the next rank, t4 row-wise,
-    t5 column-wise in four shards, two on each of the last two ranks: loads far apart."""
+    t5 column-wise in four shards, two on each of the last two ranks: loads far apart.
+    t2's LFU cache algorithm (a fused parameter in torchrec's grouping key) puts it
+    in a TBE of its own beside t0 and t1's, as the job's sharded module runs it."""
     ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))
     light, last = (heavy_rank + 1) % world_size, world_size - 1
     shardings = {f"t{i}": table_wise(rank=heavy_rank, compute_kernel="fused") for i in range(3)}
     shardings["t3"] = table_wise(rank=light, compute_kernel="fused")
     shardings["t4"] = row_wise(compute_kernel="fused")
     shardings["t5"] = column_wise(ranks=[last - 1, last, last - 1, last], compute_kernel="fused")
-    return construct_module_sharding_plan(
+    plan = construct_module_sharding_plan(
         ebc, shardings, local_size=world_size, world_size=world_size, device_type="cpu"
     )
+    plan["t2"] = dataclasses.replace(plan["t2"], cache_params=CacheParams(algorithm=CacheAlgorithm.LFU))
+    return plan
 
 
 def host_plan(world_size: int):
@@ -149,7 +155,10 @@ def check_same_work(
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_rank_by_rank_runs_the_concurrent_jobs_kernels_on_its_ids(world_size):
-    check_same_work(concurrent(world_size)[0], plan_for(world_size, 0), TABLES, CONSTRAINTS, LOCAL_BATCH)
+    job = concurrent(world_size)[0]
+    # torchrec's own grouping ran t2 apart from t0 and t1 (its cache algorithm): so does the replay
+    assert {("t0", "t1"), ("t2",)} <= set(sorted_keys(job[0].lookup_kernels))
+    check_same_work(job, plan_for(world_size, 0), TABLES, CONSTRAINTS, LOCAL_BATCH)
 
 
 def test_the_check_fails_when_the_rank_by_rank_run_has_another_plan():

@@ -51,6 +51,8 @@ def test_steptime_bench_rows_agree_with_their_ranks(tmp_path, capsys):
             # torchrec's rating is its slowest rank's estimated total
             assert plan["rating_s"] == pytest.approx(max(r["estimated_s"]["total"] for r in ranks))
             assert sum(r["sent_bytes"] for r in ranks) > 0 or plan["shape"].get("data_parallel")
+            # each rank's TBEs with their shards: every shard of the plan on exactly one TBE
+            assert sum(len(g["shards"]) for r in ranks for g in r["tbe_groups"]) == plan["shape"]["shards"]
         got = world["spearman_vs_rating"]["critical_path_s"]
         want = spearman([p["critical_path_s"] for p in measured], [p["rating_s"] for p in measured])
         assert got == pytest.approx(want, nan_ok=True)
