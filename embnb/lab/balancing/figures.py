@@ -47,7 +47,9 @@ def gap_figure(table: pd.DataFrame, methods: Sequence[str]) -> Figure:
     grid.set_titles("{row_name}, {col_name}").set_axis_labels("", "worst gap over seeds to the bound")
     for ax in grid.axes.flat:
         ax.annotate("at the bound", (-0.45, AT_THE_BOUND), fontsize=7, va="bottom")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{100 * y:.3g}%" * (y >= AT_THE_BOUND)))
+        ax.yaxis.set_major_formatter(
+            FuncFormatter(lambda y, _: f"{100 * y:.3g}%" if y >= AT_THE_BOUND else "")
+        )
     plt.close(grid.figure)  # drawn where it is displayed, not by pyplot at the end of the cell
     return grid.figure
 

@@ -1,8 +1,6 @@
-"""Appendix 04a's step at W = 8 and 16 measured rank by rank (`steptime.measure_partition`: each
-rank's forward and backward of `SequenceDense` on its samples, one rank after another; the step is
-the slowest rank), on thread CPU time at one thread on a CPU, synchronized wall time on a GPU; memory
-caps; a link model of the shuffle. `measure_balanced_steps(distributions, StepConfig([8, 16], 8))`.
-"""
+"""Appendix 04a's step measured rank by rank (`steptime.measure_partition`: each rank's forward and
+backward of `SequenceDense` on its samples, one rank after another; the step is the slowest rank) on
+thread CPU time at one thread on a CPU, synchronized wall time on a GPU; memory caps; a link model."""
 
 from __future__ import annotations
 
@@ -365,10 +363,8 @@ def fitted(steps: BalancedSteps) -> tuple[pd.DataFrame, dict[str, Any]]:
     rows = rank_rows(steps.runs)
     fits = {"work": fit_rank_time(rows, WORK), "work_and_lengths": fit_rank_time(rows, WORK_AND_LENGTHS)}
 
-    slowest = {
-        key: max(map(fits["work_and_lengths"].predict, rank_rows({key: run})))
-        for key, run in steps.runs.items()
-    }
+    predict = fits["work_and_lengths"].predict
+    slowest = {key: max(map(predict, rank_rows({key: run}))) for key, run in steps.runs.items()}
     table = steps.speedups()
     table["fitted_model"] = [
         slowest[(r.distribution, r.world_size, "contiguous")]

@@ -66,19 +66,17 @@ class PlannerExplorer(Explorer):
         self.start, self.planning = start, planning
         world_size = check_int("world_size", start.world_size, low=2, high=32)
         num_tables = check_int("num_tables", start.num_tables, low=3, high=120)
-        controls = {
+        super().__init__({
             "hbm_cap_gb": hbm_slider(start.hbm_cap_gb),
             "world_size": widgets.IntSlider(value=world_size, min=2, max=32, description="world size"),
             "num_tables": widgets.IntSlider(value=num_tables, min=3, max=120, description="tables"),
-        }
-        super().__init__(controls, button="plan", draw_now=draw_now)
+        }, button="plan", draw_now=draw_now)  # fmt: skip
 
     def draw(self, hbm_cap_gb: float, world_size: int, num_tables: int) -> Figure:
         start = self.start
         model = make_model(num_tables, start.seed)
-        topology = make_topology(
-            world_size, start.compute_device, hbm_cap_gb=hbm_cap_gb, ddr_cap_gb=start.ddr_cap_gb
-        )
+        caps = {"hbm_cap_gb": hbm_cap_gb, "ddr_cap_gb": start.ddr_cap_gb}
+        topology = make_topology(world_size, start.compute_device, **caps)
         steps = 1 + len(self.proposers)  # enumerate once, then each proposer plans
         self.progress_step(0, steps, "enumerating options")
         enumerated = enumerate_options(model.tables, topology, self.planning.batch_size, model.constraints)

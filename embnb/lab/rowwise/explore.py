@@ -1,10 +1,5 @@
 """Notebook 01's explorer: the per-rank load of one key stream under one routing mode, drawn by
-`embnb.lab.plotting.rank_bars` from the same counts as the notebook's sweep.
-
-    explorer = LoadExplorer(KeyStreams(["strided", "zipf"]), ["roundrobin", "hash_roundrobin"])
-    display(explorer)                              # in a notebook
-    explorer.controls["world_size"].value = 16     # redraws
-"""
+`embnb.lab.plotting.rank_bars` from the same counts as the notebook's sweep."""
 
 from __future__ import annotations
 
@@ -22,41 +17,24 @@ __all__ = ["LoadExplorer"]
 
 
 class LoadExplorer(Explorer):
-    """Keys per rank (bars) and the hottest key's share (black) of one stream under one dist_type, and
-    the hot-key floor (red).
+    """Keys per rank (bars) and the hottest key's share (black) of one of `streams` (as the notebook's
+    sweep generates them) under one of `dist_types` (the last shown first), and the hot-key floor (red);
+    `world_size` and `num_keys` start the sliders, `max_world_size` and `max_num_keys` end them."""
 
-    Args:
-        streams: the key streams to offer (patterns, seed, generator options, continuous tables), as
-            the notebook's sweep generates them.
-        dist_types: routing modes to offer; the last one is shown first.
-        world_size, num_keys: the starting values; max_world_size, max_num_keys: the sliders' ends.
-    """
-
-    def __init__(
-        self,
-        streams: KeyStreams,
-        dist_types: Sequence[DistType | str],
-        world_size: int = 8,
-        num_keys: int = 100_000,
-        max_world_size: int = 64,
-        max_num_keys: int = 1_000_000,
-    ):
+    def __init__(self, streams: KeyStreams, dist_types: Sequence[DistType | str], world_size: int = 8,
+                 num_keys: int = 100_000, max_world_size: int = 64, max_num_keys: int = 10**6):  # fmt: skip
         if not streams.patterns or not dist_types:
             raise ValueError("patterns and dist_types must not be empty")
         names = [DistType.parse(d).value for d in dist_types]
         self.streams, self._stream = streams, (None, None)
-        step = max(1, max_num_keys // 1000)
-        top = max(max_num_keys, num_keys)
-        super().__init__(
-            {
-                "pattern": widgets.Dropdown(options=list(streams.patterns), description="pattern"),
-                "dist_type": widgets.ToggleButtons(options=names, value=names[-1], description="dist_type"),
-                "world_size": world_size_slider(world_size, max_world_size),
-                "num_keys": widgets.IntSlider(
-                    num_keys, min=step, max=top, step=step, description="num_keys", continuous_update=False
-                ),
-            }
-        )
+        step, top = max(1, max_num_keys // 1000), max(max_num_keys, num_keys)
+        super().__init__({
+            "pattern": widgets.Dropdown(options=list(streams.patterns), description="pattern"),
+            "dist_type": widgets.ToggleButtons(options=names, value=names[-1], description="dist_type"),
+            "world_size": world_size_slider(world_size, max_world_size),
+            "num_keys": widgets.IntSlider(num_keys, min=step, max=top, step=step, description="num_keys",
+                                          continuous_update=False),
+        })  # fmt: skip
 
     def draw(self, pattern: str, dist_type: str, world_size: int, num_keys: int) -> Figure:
         if self._stream[0] != (pattern, num_keys):  # one stream: toggling dist_type or W reuses it
