@@ -36,8 +36,13 @@ def ablate(num_tables: int, world_size: int, hbm_fraction: float, repeats: int, 
     )
     print(f"{num_tables} tables x {world_size} devices ({hbm_cap_gb:.3g} GiB HBM each):\n{table}", flush=True)
     rungs = records(table)  # by rung; a rating of None: no plan
-    return {"num_tables": num_tables, "world_size": world_size, "hbm_cap_gb": hbm_cap_gb,
-            "enumerate_s": enumerated.seconds, "rungs": rungs}  # fmt: skip
+    return {
+        "num_tables": num_tables,
+        "world_size": world_size,
+        "hbm_cap_gb": hbm_cap_gb,
+        "enumerate_s": enumerated.seconds,
+        "rungs": rungs,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -66,10 +71,14 @@ def main(argv: list[str]) -> int:
         for num_tables in opts.tables:
             rows.append(ablate(num_tables, world_size, opts.hbm_fraction, opts.repeats, opts.timeout_s))
     payload = {
-        "benchmark": "ablation", "machine": machine_name(), "hbm_fraction": opts.hbm_fraction,
-        "repeats": opts.repeats, "timeout_s": opts.timeout_s,
-        "ladder": {rung: dict(arguments) for rung, arguments in LADDER.items()}, "rows": rows,
+        "benchmark": "ablation",
+        "machine": machine_name(),
+        "hbm_fraction": opts.hbm_fraction,
+        "repeats": opts.repeats,
+        "timeout_s": opts.timeout_s,
+        "ladder": {rung: dict(arguments) for rung, arguments in LADDER.items()},
+        "rows": rows,
         "bench_s": time.perf_counter() - start,
-    }  # fmt: skip
+    }
     print(f"wrote {write_results('ablation', payload, opts.out)}")
     return 0

@@ -94,15 +94,23 @@ def bench_partitioning(
         for name, fn in partitioners(lengths, num_parts, native).items():
             gap = imbalance(lengths, [sorted(p) for p in fn()])["gap_to_lower_bound"]
             timed[name] = (median_seconds(fn, warmup=0, budget_s=budget_s), gap)
-            print(f"  {num_samples:>6} into {num_parts:>3}  {name:<26} {timed[name][0] * 1e3:10.3f} ms  "
-                  f"gap {gap:8.3%}", flush=True)  # fmt: skip
+            print(
+                f"  {num_samples:>6} into {num_parts:>3}  {name:<26} {timed[name][0] * 1e3:10.3f} ms  "
+                f"gap {gap:8.3%}",
+                flush=True,
+            )
         rows += [
-            {"num_samples": num_samples, "num_parts": num_parts, "method": name, "seconds": seconds,
-             "gap_to_lower_bound": gap,
-             "equal_size": "free_size" not in name and not name.startswith("numberpartitioning"),
-             "speedup_vs_numberpartitioning_kk": timed[PEER][0] / seconds}
+            {
+                "num_samples": num_samples,
+                "num_parts": num_parts,
+                "method": name,
+                "seconds": seconds,
+                "gap_to_lower_bound": gap,
+                "equal_size": "free_size" not in name and not name.startswith("numberpartitioning"),
+                "speedup_vs_numberpartitioning_kk": timed[PEER][0] / seconds,
+            }
             for name, (seconds, gap) in timed.items()
-        ]  # fmt: skip
+        ]
     return rows
 
 
@@ -240,9 +248,14 @@ def sweep_case(
         torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread, as measured's
     try:
         return critical_rank_check(
-            batches, world_size, config.flops, lambda lengths, b: dense_rank_step(lengths, config),
-            config.repeats, config.device, opts.max_fixed_share,
-        )  # fmt: skip
+            batches,
+            world_size,
+            config.flops,
+            lambda lengths, b: dense_rank_step(lengths, config),
+            config.repeats,
+            config.device,
+            opts.max_fixed_share,
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -345,7 +358,6 @@ def _options(argv: list[str]) -> argparse.Namespace:
         prog="python -m embnb.bench balancer", description=__doc__.splitlines()[0]
     )
     add, ints = parser.add_argument, {"type": int, "nargs": "+"}
-    # fmt: off
     add("--samples", **ints, default=[256, 1024, 4096, 16384])
     add("--parts", **ints, default=[8, 64])
     add("--budget", type=float, default=0.4, help="seconds of timing per method and size")
@@ -363,16 +375,30 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add("--measured-max-length", type=int, default=2048, help="longest sequence, rank by rank")
     add("--measured-width", type=int, default=32, help="width of the measured model, rank by rank")
     add("--measured-repeats", type=int, default=3, help="timed repeats per rank")
-    add("--cap-world-size", type=int, default=16, help="ranks of the memory-capped balance: one of "
-        "--measured-world-size (0: skip it)")
+    add(
+        "--cap-world-size",
+        type=int,
+        default=16,
+        help="ranks of the memory-capped balance: one of --measured-world-size (0: skip it)",
+    )
     add("--cap-over-mean", type=float, default=1.02, help="token cap / mean tokens per rank")
-    # fmt: on
     add_sweep_options(parser, "--measured-batch-size")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name in ("world_size", "exchange_world_size", "bytes_world_size", "steps", "repeats", "batch_size",
-                 "max_length", "measured_world_size", "measured_batch_size", "measured_max_length",
-                 "measured_width", "measured_repeats"):  # fmt: skip
+    for name in (
+        "world_size",
+        "exchange_world_size",
+        "bytes_world_size",
+        "steps",
+        "repeats",
+        "batch_size",
+        "max_length",
+        "measured_world_size",
+        "measured_batch_size",
+        "measured_max_length",
+        "measured_width",
+        "measured_repeats",
+    ):
         values = getattr(opts, name) if isinstance(getattr(opts, name), list) else [getattr(opts, name)]
         if any(v < 1 for v in values):
             parser.error(

@@ -44,9 +44,15 @@ def main(argv: list[str]) -> int:
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     dist_types = tuple(DistType.parse(d).value for d in args.dist_types.split(","))
     cases = KernelCases(
-        tuple(sizes), tuple(args.world_sizes), dist_types, device, tuple(args.threads),
-        5 if args.quick else args.repeats, args.warmup, args.reference_repeats,
-    )  # fmt: skip
+        tuple(sizes),
+        tuple(args.world_sizes),
+        dist_types,
+        device,
+        tuple(args.threads),
+        5 if args.quick else args.repeats,
+        args.warmup,
+        args.reference_repeats,
+    )
     payload = run(cases)
     print(pd.DataFrame(payload["rows"])[TABLE_COLUMNS].to_string(index=False, float_format="{:.2f}".format))
     print(

@@ -168,8 +168,15 @@ def _plan_in_a_new_process(
         if not timeout_s:
             raise RuntimeError(f"create_planner ran past {limit_s} s")
         timed_out = "stopped_for_memory_gib" not in stopped  # a memory stop is no time-out
-        return {"plan_s": stopped["stopped_after_s"], "rating": math.inf, "proposals": None,
-                "timed_out": timed_out, "import_s": None, "peak_rss_gib": None, **stopped}  # fmt: skip
+        return {
+            "plan_s": stopped["stopped_after_s"],
+            "rating": math.inf,
+            "proposals": None,
+            "timed_out": timed_out,
+            "import_s": None,
+            "peak_rss_gib": None,
+            **stopped,
+        }
     if process.returncode:
         raise RuntimeError(f"the planning process failed ({process.returncode}): {errors[-2000:]}")
     return json.loads(output.strip().splitlines()[-1])
@@ -219,17 +226,24 @@ def bench_case(
         num_tables, world_size, local, timeout_s, reservation, torchrec_memory_gib, hbm_fraction
     )
     row = {
-        "num_tables": num_tables, "world_size": world_size, "local_world_size": local or world_size,
-        "hosts": _hosts(world_size, local), "storage_reservation": RESERVATIONS[reservation],
-        "hbm_fraction": hbm_fraction, "fresh_process_s": statistics.median(plan_runs),
-        "fresh_process_s_runs": plan_runs, "import_s_runs": [run["import_s"] for run in fresh],
+        "num_tables": num_tables,
+        "world_size": world_size,
+        "local_world_size": local or world_size,
+        "hosts": _hosts(world_size, local),
+        "storage_reservation": RESERVATIONS[reservation],
+        "hbm_fraction": hbm_fraction,
+        "fresh_process_s": statistics.median(plan_runs),
+        "fresh_process_s_runs": plan_runs,
+        "import_s_runs": [run["import_s"] for run in fresh],
         "fresh_ratings": [run["rating"] for run in fresh],
         "fresh_proposals": [run["proposals"] for run in fresh],
         "fresh_peak_rss_gib_runs": [run["peak_rss_gib"] for run in fresh],
-        "in_process_s": warm.median_s, "in_process_s_runs": warm.seconds, "in_process_rating": warm.rating,
+        "in_process_s": warm.median_s,
+        "in_process_s_runs": warm.seconds,
+        "in_process_rating": warm.rating,
         "same_rating_everywhere": len({*(run["rating"] for run in fresh), warm.rating}) == 1,
         "torchrec_dp": peer or None,  # torchrec's planner, DP proposer and enumerator, in a fresh process
-    }  # fmt: skip
+    }
     if peer:
         finite = math.isfinite(peer["rating"]) and math.isfinite(warm.rating)
         peer["rating_vs_embnb"] = peer["rating"] / warm.rating if finite else None
@@ -273,22 +287,41 @@ def main(argv: list[str]) -> int:
         prog="python -m embnb.bench end_to_end", description=__doc__.split("\n")[0]
     )
     half = HBM_FRACTION
-    # fmt: off
-    parser.add_argument("--cases", type=_case, nargs="+", default=[
-        (200, 8, None, None, half), (800, 64, None, None, half), (800, 64, 8, None, half),
-        (5000, 128, 8, "fixed", half), (1000, 512, 8, "fixed", half),  # torchrec's KJT reservation: no plan
-        (5000, 512, 8, "fixed", half),  # 64 hosts
-        (5000, 1024, 8, "fixed", 1.0),  # 128 hosts: half the rows in HBM leaves no plan
-    ], help="TABLESxDEVICES or TABLESxDEVICES/PER_HOST, then :heuristical or :fixed, then @HBM (the "
-            f"fraction of the tables' fp32 rows each device's HBM holds, spread evenly; default {half})")
-    parser.add_argument("--torchrec-dp-timeout-s", type=float, default=300,
-                        help="torchrec's planner with its DP proposer beside each case, cut here (0: skip)")
-    parser.add_argument("--torchrec-dp-memory-gib", type=float, default=8,
-                        help="torchrec's planner is stopped once its resident memory passes this")
-    parser.add_argument("--storage-reservation", choices=list(RESERVATIONS), default="heuristical",
-                        help="what both planners reserve where a case names none")
+    parser.add_argument(
+        "--cases",
+        type=_case,
+        nargs="+",
+        default=[
+            (200, 8, None, None, half),
+            (800, 64, None, None, half),
+            (800, 64, 8, None, half),
+            (5000, 128, 8, "fixed", half),
+            (1000, 512, 8, "fixed", half),  # torchrec's KJT reservation: no plan
+            (5000, 512, 8, "fixed", half),  # 64 hosts
+            (5000, 1024, 8, "fixed", 1.0),  # 128 hosts: half the rows in HBM leaves no plan
+        ],
+        help="TABLESxDEVICES or TABLESxDEVICES/PER_HOST, then :heuristical or :fixed, then @HBM (the "
+        f"fraction of the tables' fp32 rows each device's HBM holds, spread evenly; default {half})",
+    )
+    parser.add_argument(
+        "--torchrec-dp-timeout-s",
+        type=float,
+        default=300,
+        help="torchrec's planner with its DP proposer beside each case, cut here (0: skip)",
+    )
+    parser.add_argument(
+        "--torchrec-dp-memory-gib",
+        type=float,
+        default=8,
+        help="torchrec's planner is stopped once its resident memory passes this",
+    )
+    parser.add_argument(
+        "--storage-reservation",
+        choices=list(RESERVATIONS),
+        default="heuristical",
+        help="what both planners reserve where a case names none",
+    )
     parser.add_argument("--processes", type=int, default=5, help="fresh processes per case (and runs here)")
-    # fmt: on
     add_out_argument(parser)
     opts = parser.parse_args(argv)
     if opts.processes < 1:
@@ -302,9 +335,17 @@ def main(argv: list[str]) -> int:
     for num_tables, world_size, local, reservation, hbm_fraction in opts.cases:
         reservation = reservation or opts.storage_reservation
         rows.append(
-            bench_case(num_tables, world_size, opts.processes, local, opts.torchrec_dp_timeout_s, reservation,
-                       opts.torchrec_dp_memory_gib, hbm_fraction)
-        )  # fmt: skip
+            bench_case(
+                num_tables,
+                world_size,
+                opts.processes,
+                local,
+                opts.torchrec_dp_timeout_s,
+                reservation,
+                opts.torchrec_dp_memory_gib,
+                hbm_fraction,
+            )
+        )
         print(_line(rows[-1]), flush=True)
     payload = {
         "benchmark": "end_to_end",

@@ -194,19 +194,27 @@ def bench_case(case: Case, num_tables: int, repeats: int) -> dict:
     options = first["torchrec"]
     torchrec_s, embnb_s = statistics.median(runs["torchrec"]), statistics.median(runs["embnb"])
     return {
-        "model": case.model, "num_tables": len(model.tables), "device": case.device,
-        "world_size": case.world_size, "local_world_size": topology.local_world_size,
-        "num_options": len(options), "num_shards": sum(len(o.shards) for o in options),
+        "model": case.model,
+        "num_tables": len(model.tables),
+        "device": case.device,
+        "world_size": case.world_size,
+        "local_world_size": topology.local_world_size,
+        "num_options": len(options),
+        "num_shards": sum(len(o.shards) for o in options),
         "distinct_shards": sum(len({tuple(s.size) for s in o.shards}) for o in options),
         "uvm_caching_options": sum(o.compute_kernel == "fused_uvm_caching" for o in options),
         "cache_statistics_options": sum(bool(o.cache_params and o.cache_params.stats) for o in options),
         "multi_feature_options": sum(len(o.input_lengths) > 1 for o in options),
         "same_options": same_options(options, first["embnb"]),
-        "torchrec_s": torchrec_s, "torchrec_s_runs": runs["torchrec"],
-        "embnb_s": embnb_s, "embnb_s_runs": runs["embnb"],
-        "embnb_estimators_s": statistics.median(estimators_s), "embnb_estimators_s_runs": estimators_s,
-        "speedup": torchrec_s / embnb_s, "speedup_ceiling": torchrec_s / statistics.median(estimators_s),
-    }  # fmt: skip
+        "torchrec_s": torchrec_s,
+        "torchrec_s_runs": runs["torchrec"],
+        "embnb_s": embnb_s,
+        "embnb_s_runs": runs["embnb"],
+        "embnb_estimators_s": statistics.median(estimators_s),
+        "embnb_estimators_s_runs": estimators_s,
+        "speedup": torchrec_s / embnb_s,
+        "speedup_ceiling": torchrec_s / statistics.median(estimators_s),
+    }
 
 
 def _line(row: dict) -> str:
@@ -239,7 +247,13 @@ def main(argv: list[str]) -> int:
     for case in CASES:
         rows.append(bench_case(case, opts.tables, opts.repeats))
         print(_line(rows[-1]), flush=True)
-    payload = {"benchmark": "enumerators", "machine": machine_name(), "batch_size": BATCH_SIZE,
-               "repeats": opts.repeats, "rows": rows, "bench_s": time.perf_counter() - start}  # fmt: skip
+    payload = {
+        "benchmark": "enumerators",
+        "machine": machine_name(),
+        "batch_size": BATCH_SIZE,
+        "repeats": opts.repeats,
+        "rows": rows,
+        "bench_s": time.perf_counter() - start,
+    }
     print(f"wrote {write_results('enumerators', payload, opts.out)}")
     return 0

@@ -92,14 +92,20 @@ def measure_world(
         # rank_enqueue_ms_median: the launches' share on a GPU (a rank whose enqueue time nears its GPU
         # time is launch-bound); on a CPU the work itself, so left out
         runs.append(
-            {"method": m,
-             "step_ms": [1e3 * s for s in step_s], "step_ms_median": 1e3 * statistics.median(step_s),
-             "speedup_vs_cut": paired_ratio(cut, step_s).as_dict(),
-             "flop_model_speedup": cut_flops / max(rank_flops),
-             "rank_ms_median": [1e3 * statistics.median(t) for t in rank_s[m]],
-             "rank_enqueue_ms_median": [1e3 * statistics.median(t) for t in enqueue_s[m]] if on_gpu else None,
-             "rank_flops": rank_flops, "rank_tokens": [sum(lengths[i] for i in part) for part in parts[m]]}
-        )  # fmt: skip
+            {
+                "method": m,
+                "step_ms": [1e3 * s for s in step_s],
+                "step_ms_median": 1e3 * statistics.median(step_s),
+                "speedup_vs_cut": paired_ratio(cut, step_s).as_dict(),
+                "flop_model_speedup": cut_flops / max(rank_flops),
+                "rank_ms_median": [1e3 * statistics.median(t) for t in rank_s[m]],
+                "rank_enqueue_ms_median": [1e3 * statistics.median(t) for t in enqueue_s[m]]
+                if on_gpu
+                else None,
+                "rank_flops": rank_flops,
+                "rank_tokens": [sum(lengths[i] for i in part) for part in parts[m]],
+            }
+        )
     bound = equal_size_lower_bound(flops, world_size)
     return {
         "world_size": world_size,
@@ -138,10 +144,19 @@ def sweep_text(check: dict[str, Any]) -> str:
 
 def add_sweep_options(parser: argparse.ArgumentParser, base: str) -> None:
     """--sweep-factors and --max-fixed-share (the acceptance check's), `base` naming the base batch."""
-    parser.add_argument("--sweep-factors", type=int, nargs="+", default=list(SWEEP_FACTORS),
-                        help=f"the acceptance check's batches: {base} x each")  # fmt: skip
-    parser.add_argument("--max-fixed-share", type=float, default=MAX_FIXED_SHARE["flops"],
-                        help="compare at the smallest batch whose fixed share is at most this")  # fmt: skip
+    parser.add_argument(
+        "--sweep-factors",
+        type=int,
+        nargs="+",
+        default=list(SWEEP_FACTORS),
+        help=f"the acceptance check's batches: {base} x each",
+    )
+    parser.add_argument(
+        "--max-fixed-share",
+        type=float,
+        default=MAX_FIXED_SHARE["flops"],
+        help="compare at the smallest batch whose fixed share is at most this",
+    )
 
 
 def check_sweep_options(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
@@ -166,10 +181,14 @@ def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: t
     empty = {"world_size": world_size, "width": width, "runs": []}
     try:
         check = critical_rank_check(
-            batches, world_size, lambda n: hstu_flops(n, width, opts.layers),
-            lambda n, b: rank_step(model, n, opts.device, dtype, seed=b), opts.repeats, opts.device,
+            batches,
+            world_size,
+            lambda n: hstu_flops(n, width, opts.layers),
+            lambda n, b: rank_step(model, n, opts.device, dtype, seed=b),
+            opts.repeats,
+            opts.device,
             opts.max_fixed_share,
-        )  # fmt: skip
+        )
     except torch.cuda.OutOfMemoryError as error:  # the 16x batch may not fit: the next unit still runs
         torch.cuda.empty_cache()
         verdict = "out of memory in the sweep: not compared"
@@ -308,7 +327,6 @@ def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: li
 def _options(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m embnb.bench hstu", description=__doc__.splitlines()[0])
     add = parser.add_argument
-    # fmt: off
     add("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     add("--world-sizes", type=int, nargs="*", default=[2, 4], help="W at --width")
     add("--more-world-sizes", type=int, nargs="*", default=[], help="W run last, if time allows")
@@ -321,7 +339,6 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add("--alpha", type=float, default=1.2, help="Zipf exponent of the lengths")
     add("--repeats", type=int, default=3, help="timed repeats (one warm-up before)")
     add("--deadline-s", type=float, default=600.0, help="start nothing new after this")
-    # fmt: on
     add_sweep_options(parser, "--samples-per-rank")
     add_out_argument(parser)
     opts = parser.parse_args(argv)

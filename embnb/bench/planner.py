@@ -67,20 +67,30 @@ def bench_one(
     )
     ours = table.loc[OURS]
     row = {
-        "num_tables": num_tables, "world_size": world_size, "local_world_size": local or world_size,
-        "hosts": world_size // (local or world_size), "hbm_cap_gb": hbm_cap_gb,
+        "num_tables": num_tables,
+        "world_size": world_size,
+        "local_world_size": local or world_size,
+        "hosts": world_size // (local or world_size),
+        "hbm_cap_gb": hbm_cap_gb,
         "num_options": len(enumerated.options),
-        "enumerate_s": statistics.median(enumerate_runs), "enumerate_s_runs": enumerate_runs,  # torchrec's
+        "enumerate_s": statistics.median(enumerate_runs),
+        "enumerate_s_runs": enumerate_runs,  # torchrec's
         "enumerate_embnb_s": statistics.median(ours_enumerate_runs),  # embnb's DistinctShardEnumerator
-        "enumerate_embnb_s_runs": ours_enumerate_runs, "enumerate_same_options": alike,
+        "enumerate_embnb_s_runs": ours_enumerate_runs,
+        "enumerate_same_options": alike,
         "proposers": {
-            name: {"perf_rating": None if math.isnan(r.perf_rating) else float(r.perf_rating),
-                   "plan_s": float(r.plan_s), "proposer_s": float(r.proposer_s),
-                   "partitioner_s": float(r.partitioner_s), "proposals": int(r.proposals),
-                   "timed_out": bool(r.timed_out), "note": r.note}
+            name: {
+                "perf_rating": None if math.isnan(r.perf_rating) else float(r.perf_rating),
+                "plan_s": float(r.plan_s),
+                "proposer_s": float(r.proposer_s),
+                "partitioner_s": float(r.partitioner_s),
+                "proposals": int(r.proposals),
+                "timed_out": bool(r.timed_out),
+                "note": r.note,
+            }
             for name, r in table.iterrows()
         },
-    }  # fmt: skip
+    }
     row["enumerate_speedup"] = row["enumerate_s"] / row["enumerate_embnb_s"]
     plan_s = _repeat_ours(
         row["proposers"][OURS], repeats, proposers[OURS], enumerated, topology, batch_size, model
@@ -152,11 +162,16 @@ def quality(num_instances: int, table_counts: list[int], seed: int, batch_size: 
             ratios = ratios.dropna()
             found = ratios[np.isfinite(ratios)]
             rows.append(
-                {"num_tables": num_tables, "proposer": name, "instances": len(ratios), "skipped": skipped,
-                 "worst_ratio": float(found.max()) if len(found) else None,
-                 "within_2pct": float((ratios <= 1.02).mean()) if len(ratios) else None,
-                 "no_plan": int(np.isinf(ratios).sum())}
-            )  # fmt: skip
+                {
+                    "num_tables": num_tables,
+                    "proposer": name,
+                    "instances": len(ratios),
+                    "skipped": skipped,
+                    "worst_ratio": float(found.max()) if len(found) else None,
+                    "within_2pct": float((ratios <= 1.02).mean()) if len(ratios) else None,
+                    "no_plan": int(np.isinf(ratios).sum()),
+                }
+            )
     return rows
 
 
@@ -210,7 +225,6 @@ def _options(argv: list[str]) -> argparse.Namespace:
     """The command line, checked."""
     parser = argparse.ArgumentParser(prog="python -m embnb.bench planner", description=__doc__.split("\n")[0])
     add, ints = parser.add_argument, {"type": int, "nargs": "+"}
-    # fmt: off
     add("--tables", type=int, nargs="*", default=[50, 200, 800])
     add("--world-sizes", **ints, default=[8, 64])
     add("--hbm-fraction", type=float, default=0.5, help="HBM per device, a fraction of the tables' fp32 rows")
@@ -222,7 +236,6 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add("--seed", type=int, default=0)
     add("--quality-instances", type=int, default=50, help="random small instances per table count (0: skip)")
     add("--quality-tables", **ints, default=[3, 4], help="their table counts (brute force: 16^tables plans)")
-    # fmt: on
     add_out_argument(parser)
     opts = parser.parse_args(argv)
     for name in ("tables", "world_sizes", "quality_tables"):
@@ -251,9 +264,18 @@ def main(argv: list[str]) -> int:
     start, rows = time.perf_counter(), []
     for world_size, num_tables in itertools.product(opts.world_sizes, opts.tables):
         rows.append(
-            bench_one(num_tables, world_size, opts.hbm_fraction, opts.timeout_s, opts.seed, opts.batch_size,
-                      opts.repeats, opts.enumerate_repeats, opts.devices_per_host)
-        )  # fmt: skip
+            bench_one(
+                num_tables,
+                world_size,
+                opts.hbm_fraction,
+                opts.timeout_s,
+                opts.seed,
+                opts.batch_size,
+                opts.repeats,
+                opts.enumerate_repeats,
+                opts.devices_per_host,
+            )
+        )
         print(_line(rows[-1]), flush=True)
     quality_rows = []
     if opts.quality_instances:

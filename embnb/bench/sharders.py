@@ -53,9 +53,13 @@ def _sharded(world_size: int, rows: int, dim: int, routing: str | None):
     # torchrec's sharder offers row_wise on CUDA only, so the plan comes from the routed sharder;
     # the plan is the same (continuous blocks), the sharded module torchrec's own.
     plan = construct_module_sharding_plan(
-        module, {t: row_wise(compute_kernel="fused") for t in TABLES}, sharder=routed, local_size=world_size,
-        world_size=world_size, device_type="cpu",
-    )  # fmt: skip
+        module,
+        {t: row_wise(compute_kernel="fused") for t in TABLES},
+        sharder=routed,
+        local_size=world_size,
+        world_size=world_size,
+        device_type="cpu",
+    )
     env = ShardingEnv.from_process_group(torch.distributed.group.WORLD)
     sharder = routed if routing else EmbeddingBagCollectionSharder()
     return sharder.shard(module, plan, env, torch.device("cpu"))
@@ -97,12 +101,19 @@ def run(world_size: int, config: dict[str, Any]) -> dict[str, Any]:
     }
     ratios = {r: paired_ratio(slowest[r], slowest["torchrec"]) for r in ROUTINGS}
     return {
-        "world_size": world_size, "backend": "gloo", "device": "cpu", "cores": os.cpu_count(),
-        "config": config, "ids_per_rank": config["batch"] * config["pooling"] * len(TABLES),
-        "seconds": slowest, "ratio_to_torchrec": {r: ratio.as_dict() for r, ratio in ratios.items()},
-        "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
-        "torch": torch.__version__, "bench_s": time.perf_counter() - start,
-    }  # fmt: skip
+        "world_size": world_size,
+        "backend": "gloo",
+        "device": "cpu",
+        "cores": os.cpu_count(),
+        "config": config,
+        "ids_per_rank": config["batch"] * config["pooling"] * len(TABLES),
+        "seconds": slowest,
+        "ratio_to_torchrec": {r: ratio.as_dict() for r, ratio in ratios.items()},
+        "load_average_before": list(load_before),
+        "load_average_after": list(os.getloadavg()),
+        "torch": torch.__version__,
+        "bench_s": time.perf_counter() - start,
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -282,8 +282,15 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("command", choices=["run", "check", "strip"])
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebooks")
-    parser.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                        help="a parameter for every notebook (VALUE: YAML, as papermill -p)")  # fmt: skip
+    parser.add_argument(
+        "-p",
+        "--param",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="a parameter for every notebook (VALUE: YAML, as papermill -p)",
+    )
     opts = parser.parse_args(argv)
     notebooks = opts.notebooks or list_notebooks()
     if not notebooks:

@@ -94,12 +94,17 @@ def gpu_rank_rows(results_dir: str | pathlib.Path | None = None) -> pd.DataFrame
         if run.benchmark == "balancer":
             measured = run.data["rank_by_rank"]
             width = measured["measured_config"]["width"]
-            per_rank = [(r["world_size"], r["method"], r[f"{r.get('clock', 'cpu')}_ms"], r["flops"])
-                        for r in measured["measured_runs"]]  # fmt: skip
+            per_rank = [
+                (r["world_size"], r["method"], r[f"{r.get('clock', 'cpu')}_ms"], r["flops"])
+                for r in measured["measured_runs"]
+            ]
         else:
             width, worlds = run.data["worlds"][0]["width"], run.data["worlds"]
-            per_rank = [(w["world_size"], r["method"], r["rank_ms_median"], r["rank_flops"])
-                        for w in worlds for r in w["runs"]]  # fmt: skip
+            per_rank = [
+                (w["world_size"], r["method"], r["rank_ms_median"], r["rank_flops"])
+                for w in worlds
+                for r in w["runs"]
+            ]
         source = f"{run.machine.removeprefix('NVIDIA ')} {run.date}, {run.benchmark}, width {width}"
         rows += [
             {"source": source, **where, "world_size": w, "method": method, "ms": m, "gflops": f / 1e9}

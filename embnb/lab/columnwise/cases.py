@@ -325,9 +325,13 @@ def pooled_on_rank(
         expected = ebc(kjt).values()
     sharder = EmbeddingBagCollectionSharder()
     plan = construct_module_sharding_plan(
-        ebc, {TABLE: column_wise(ranks=shard_ranks, compute_kernel="fused")}, sharder=sharder,
-        local_size=world_size, world_size=world_size, device_type="cpu",
-    )  # fmt: skip
+        ebc,
+        {TABLE: column_wise(ranks=shard_ranks, compute_kernel="fused")},
+        sharder=sharder,
+        local_size=world_size,
+        world_size=world_size,
+        device_type="cpu",
+    )
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     sharded = sharder.shard(ebc, plan, env=env, device=torch.device("cpu"))
     sharded.load_state_dict(ebc.state_dict())

@@ -82,23 +82,33 @@ def run_seed(case: CWCase, device: str = "auto", timeout_s: float = 300.0) -> tu
     ranks, torchrec_device = list(case.shard_ranks), "cpu" if note else plan.device
     paths = ["naive", "reference"] + ([] if skipped else ["torchrec", "torchrec_unpermuted"])
     checks = [
-        {"path": p, "title": PATH_TITLES[p], "equals_unsharded": run.matches(p),
-         "max_abs_error": run.max_abs_error(p)}
+        {
+            "path": p,
+            "title": PATH_TITLES[p],
+            "equals_unsharded": run.matches(p),
+            "max_abs_error": run.max_abs_error(p),
+        }
         for p in paths
-    ]  # fmt: skip
+    ]
     return {
-        "world_size": case.world_size, "embedding_dim": case.embedding_dim, "shard_ranks": ranks,
-        "widths": case.shard_widths(), "device": plan.device, "backend": plan.backend,
+        "world_size": case.world_size,
+        "embedding_dim": case.embedding_dim,
+        "shard_ranks": ranks,
+        "widths": case.shard_widths(),
+        "device": plan.device,
+        "backend": plan.backend,
         "compute_kernel": compute_kernel_for(torchrec_device),  # torchrec's, where its path ran
         "torchrec_device": torchrec_device,
         "torchrec_device_note": note and f"torchrec's path ran on the CPU: {note}",
-        "torchrec_version": layouts.torchrec_version(), "rank_order": cw.rank_order(ranks),
+        "torchrec_version": layouts.torchrec_version(),
+        "rank_order": cw.rank_order(ranks),
         "permute_indices": cw.cw_permute_indices(ranks),  # embnb's
-        "ids_per_rank": [len(ids) for _, ids in make_batches(case)], "torchrec_skipped": skipped,
+        "ids_per_rank": [len(ids) for _, ids in make_batches(case)],
+        "torchrec_skipped": skipped,
         "torchrec_permute_indices": None if skipped else [r.torchrec_permute for r in run.ranks],
         "checks": checks,
         "run_seconds": round(time.perf_counter() - start, 2),  # the launch, including process start
-    }, run  # fmt: skip
+    }, run
 
 
 def error_panels(results: dict, run: CWRun) -> dict[str, torch.Tensor]:

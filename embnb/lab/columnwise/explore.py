@@ -26,16 +26,26 @@ class PlacementExplorer(Explorer):
     """Controls `shard_ranks`, `widths` (text; empty = torchrec's equal split), `world_size` and
     `embedding_dim` (1 to `max_embedding_dim`)."""
 
-    def __init__(self, shard_ranks: str = "0, 1, 0", world_size: int = 2, embedding_dim: int = 12,
-                 widths: str = "", max_world_size: int = 8, max_embedding_dim: int = 48):  # fmt: skip
+    def __init__(
+        self,
+        shard_ranks: str = "0, 1, 0",
+        world_size: int = 2,
+        embedding_dim: int = 12,
+        widths: str = "",
+        max_world_size: int = 8,
+        max_embedding_dim: int = 48,
+    ):
         text, top = {"continuous_update": False}, max(max_embedding_dim, embedding_dim)
-        super().__init__({
-            "shard_ranks": widgets.Text(value=shard_ranks, description="shard_ranks", **text),
-            "widths": widgets.Text(value=widths, description="widths", placeholder="equal split", **text),
-            "world_size": world_size_slider(world_size, max_world_size),
-            "embedding_dim": widgets.IntSlider(embedding_dim, min=1, max=top, description="embedding_dim",
-                                               **text),
-        })  # fmt: skip
+        super().__init__(
+            {
+                "shard_ranks": widgets.Text(value=shard_ranks, description="shard_ranks", **text),
+                "widths": widgets.Text(value=widths, description="widths", placeholder="equal split", **text),
+                "world_size": world_size_slider(world_size, max_world_size),
+                "embedding_dim": widgets.IntSlider(
+                    embedding_dim, min=1, max=top, description="embedding_dim", **text
+                ),
+            }
+        )
 
     def draw(self, shard_ranks: str, widths: str, world_size: int, embedding_dim: int) -> Figure:
         ranks = placement.check_shard_ranks(parse_ints(shard_ranks, "shard_ranks"), world_size)

@@ -54,11 +54,19 @@ def column_order_figure(
     verdict = "right only because the ranks are sorted" if naive_right else "WRONG"
     strips = [
         ("unsharded EmbeddingCollection (column order)", columns, in_order, "black"),
-        (f"naive: concatenate in arrival (rank) order {order} — {verdict}", naive, order,
-         (WRONG, RIGHT)[naive_right]),
-        (f"permute {cw.cw_permute_indices(ranks)}, then concatenate — right", cw.stitch_cw(arrived, ranks),
-         in_order, RIGHT),
-    ]  # fmt: skip
+        (
+            f"naive: concatenate in arrival (rank) order {order} — {verdict}",
+            naive,
+            order,
+            (WRONG, RIGHT)[naive_right],
+        ),
+        (
+            f"permute {cw.cw_permute_indices(ranks)}, then concatenate — right",
+            cw.stitch_cw(arrived, ranks),
+            in_order,
+            RIGHT,
+        ),
+    ]
     fig = new_figure(min(max(7.0, 2.4 + 0.42 * dim), 16), 4.2)
     for ax, (text, row, shards, text_color) in zip(fig.subplots(3, 1), strips):
         _draw_strip(ax, row[0], shards, ranks, widths)

@@ -74,9 +74,12 @@ def traffic_table(runs: Sequence[CWRun], sources: Sequence[str]) -> pd.DataFrame
 
 
 def planner_bytes_at(
-    world_size: int, embedding_dims: Sequence[int], num_embeddings: int, ids_per_rank: int,
+    world_size: int,
+    embedding_dims: Sequence[int],
+    num_embeddings: int,
+    ids_per_rank: int,
     sequences_per_rank: int,
-) -> dict:  # fmt: skip
+) -> dict:
     """Per table width: the CW shards torchrec's planner makes at `world_size` ranks (`planner_cw_layout`)
     and what each path would put on the wire (`wire_bytes`) for the given batch on every rank: a count,
     no ranks run. `rows`: one dict per width."""
@@ -84,13 +87,28 @@ def planner_bytes_at(
     for dim in embedding_dims:
         layout = planner_cw_layout(dim, num_embeddings, world_size)
         owners = len(set(layout.ranks))
-        count = wire_bytes(len(layout.ranks), owners, dim, ids_per_rank * world_size,
-                           sequences_per_rank * world_size, world_size)  # fmt: skip
+        count = wire_bytes(
+            len(layout.ranks),
+            owners,
+            dim,
+            ids_per_rank * world_size,
+            sequences_per_rank * world_size,
+            world_size,
+        )
         rows.append(
-            {"embedding_dim": dim, "shard widths": layout.widths, "shard ranks": layout.ranks,
-             "owner ranks": owners,
-             "torchrec B": count["torchrec"], "embnb B": count["embnb"],
-             "torchrec / embnb": count["torchrec"] / count["embnb"]}
-        )  # fmt: skip
-    return {"world_size": world_size, "ids_per_rank": ids_per_rank, "sequences_per_rank": sequences_per_rank,
-            "rows": rows}  # fmt: skip
+            {
+                "embedding_dim": dim,
+                "shard widths": layout.widths,
+                "shard ranks": layout.ranks,
+                "owner ranks": owners,
+                "torchrec B": count["torchrec"],
+                "embnb B": count["embnb"],
+                "torchrec / embnb": count["torchrec"] / count["embnb"],
+            }
+        )
+    return {
+        "world_size": world_size,
+        "ids_per_rank": ids_per_rank,
+        "sequences_per_rank": sequences_per_rank,
+        "rows": rows,
+    }

@@ -71,7 +71,7 @@ def default_proposers(bins_per_device: int = 100) -> dict[str, ProposerFactory]:
             GreedyProposer(),
             GreedyProposer(use_depth=False),
             UniformProposer(),
-        ],  # fmt: skip
+        ],
     }
 
 

@@ -163,9 +163,13 @@ def knapsack_frontier(
         knapsack.add_table(t, weights[t], space.perf[t])
     plans = knapsack.frontier(len(space.options))
     tables = np.arange(len(space.options))
-    frame = pd.DataFrame({"hbm_gb": space.mem[tables, plans, 0].sum(-1) / GB,
-                          "ddr_gb": space.mem[tables, plans, 1].sum(-1) / GB,
-                          "summed_perf": space.perf[tables, plans].sum(-1)})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "hbm_gb": space.mem[tables, plans, 0].sum(-1) / GB,
+            "ddr_gb": space.mem[tables, plans, 1].sum(-1) / GB,
+            "summed_perf": space.perf[tables, plans].sum(-1),
+        }
+    )
     for t, options in enumerate(space.options):
         frame[options[0].name] = [option_label(options[o]) for o in plans[:, t]]
     frame.attrs["axes"] = [AXES[a] for a in axes]

@@ -66,11 +66,15 @@ class PlannerExplorer(Explorer):
         self.start, self.planning = start, planning
         world_size = check_int("world_size", start.world_size, low=2, high=32)
         num_tables = check_int("num_tables", start.num_tables, low=3, high=120)
-        super().__init__({
-            "hbm_cap_gb": hbm_slider(start.hbm_cap_gb),
-            "world_size": widgets.IntSlider(value=world_size, min=2, max=32, description="world size"),
-            "num_tables": widgets.IntSlider(value=num_tables, min=3, max=120, description="tables"),
-        }, button="plan", draw_now=draw_now)  # fmt: skip
+        super().__init__(
+            {
+                "hbm_cap_gb": hbm_slider(start.hbm_cap_gb),
+                "world_size": widgets.IntSlider(value=world_size, min=2, max=32, description="world size"),
+                "num_tables": widgets.IntSlider(value=num_tables, min=3, max=120, description="tables"),
+            },
+            button="plan",
+            draw_now=draw_now,
+        )
 
     def draw(self, hbm_cap_gb: float, world_size: int, num_tables: int) -> Figure:
         start = self.start

@@ -246,7 +246,10 @@ def rank_loads(plan: list[ShardingOption], world_size: int) -> pd.DataFrame:
     """Perf and memory (GiB) of a placed plan, one row per rank."""
     shards = [shard for option in plan for shard in option.shards]
     ranks = np.array([shard.rank for shard in shards], dtype=np.int64)
-    columns = {"perf": [s.perf.total for s in shards], "hbm_gb": [s.storage.hbm / GB for s in shards],
-               "ddr_gb": [s.storage.ddr / GB for s in shards]}  # fmt: skip
+    columns = {
+        "perf": [s.perf.total for s in shards],
+        "hbm_gb": [s.storage.hbm / GB for s in shards],
+        "ddr_gb": [s.storage.ddr / GB for s in shards],
+    }
     loads = {name: np.bincount(ranks, values, minlength=world_size) for name, values in columns.items()}
     return pd.DataFrame(loads).rename_axis("rank")

@@ -84,9 +84,12 @@ def into_table(keys: torch.Tensor, table_rows: int, how: str = "modulo") -> torc
 
 
 def owners(
-    keys: torch.Tensor, world_size: int, dist_type: DistType | str, block_size: int | None = None,
+    keys: torch.Tensor,
+    world_size: int,
+    dist_type: DistType | str,
+    block_size: int | None = None,
     table_rows: int | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Owner rank of each key (int64, the keys' shape). Continuous defaults to `block_size_for`; with
     `table_rows` the keys go `into_table` first and the blocks cut that table. feistel_roundrobin
     permutes a table's ids: it needs `table_rows`."""
@@ -105,9 +108,12 @@ def owners(
 
 
 def rank_counts(
-    keys: torch.Tensor, world_size: int, dist_type: DistType | str, block_size: int | None = None,
+    keys: torch.Tensor,
+    world_size: int,
+    dist_type: DistType | str,
+    block_size: int | None = None,
     table_rows: int | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Keys (repeats included) each rank receives: int64 `[world_size]` (arguments as `owners`)."""
     return torch.bincount(owners(keys, world_size, dist_type, block_size, table_rows), minlength=world_size)
 

@@ -21,20 +21,30 @@ class LoadExplorer(Explorer):
     sweep generates them) under one of `dist_types` (the last shown first), and the hot-key floor (red);
     `world_size` and `num_keys` start the sliders, `max_world_size` and `max_num_keys` end them."""
 
-    def __init__(self, streams: KeyStreams, dist_types: Sequence[DistType | str], world_size: int = 8,
-                 num_keys: int = 100_000, max_world_size: int = 64, max_num_keys: int = 10**6):  # fmt: skip
+    def __init__(
+        self,
+        streams: KeyStreams,
+        dist_types: Sequence[DistType | str],
+        world_size: int = 8,
+        num_keys: int = 100_000,
+        max_world_size: int = 64,
+        max_num_keys: int = 10**6,
+    ):
         if not streams.patterns or not dist_types:
             raise ValueError("patterns and dist_types must not be empty")
         names = [DistType.parse(d).value for d in dist_types]
         self.streams, self._stream = streams, (None, None)
         step, top = max(1, max_num_keys // 1000), max(max_num_keys, num_keys)
-        super().__init__({
-            "pattern": widgets.Dropdown(options=list(streams.patterns), description="pattern"),
-            "dist_type": widgets.ToggleButtons(options=names, value=names[-1], description="dist_type"),
-            "world_size": world_size_slider(world_size, max_world_size),
-            "num_keys": widgets.IntSlider(num_keys, min=step, max=top, step=step, description="num_keys",
-                                          continuous_update=False),
-        })  # fmt: skip
+        super().__init__(
+            {
+                "pattern": widgets.Dropdown(options=list(streams.patterns), description="pattern"),
+                "dist_type": widgets.ToggleButtons(options=names, value=names[-1], description="dist_type"),
+                "world_size": world_size_slider(world_size, max_world_size),
+                "num_keys": widgets.IntSlider(
+                    num_keys, min=step, max=top, step=step, description="num_keys", continuous_update=False
+                ),
+            }
+        )
 
     def draw(self, pattern: str, dist_type: str, world_size: int, num_keys: int) -> Figure:
         if self._stream[0] != (pattern, num_keys):  # one stream: toggling dist_type or W reuses it

@@ -28,9 +28,13 @@ def shard_model(model: torch.nn.Module, routings: dict[str, str], world_size: in
 
     sharder = RoutedEmbeddingBagCollectionSharder(routings, fused_params=fused_params)
     plan = construct_module_sharding_plan(
-        model.ebc, {table: row_wise(compute_kernel="fused") for table in routings}, sharder=sharder,
-        local_size=world_size, world_size=world_size, device_type="cpu",
-    )  # fmt: skip
+        model.ebc,
+        {table: row_wise(compute_kernel="fused") for table in routings},
+        sharder=sharder,
+        local_size=world_size,
+        world_size=world_size,
+        device_type="cpu",
+    )
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     plan = ShardingPlan({"ebc": plan})
     return DistributedModelParallel(model, env=env, device=torch.device("cpu"), plan=plan, sharders=[sharder])
@@ -126,11 +130,16 @@ def training_rows(runs: dict[str, list[dict]]) -> list[dict]:
     for routing, ranks in runs.items():
         totals = [sum(r["ids_received"]) for r in ranks]
         rows.append(
-            {"routing": routing, "routing_on_module": ranks[0]["routing"],
-             "local_rows": [r["local_rows"] for r in ranks], "ids_received": totals,
-             "ids_max_over_mean": max_over_mean(totals),
-             "received_equals_layout": all(r["ids_received"] == r["ids_by_layout"] for r in ranks),
-             "state_dict_key": ranks[0]["state_dict_key"], "loss_first": ranks[0]["losses"][0],
-             "loss_last": ranks[0]["losses"][-1]}
-        )  # fmt: skip
+            {
+                "routing": routing,
+                "routing_on_module": ranks[0]["routing"],
+                "local_rows": [r["local_rows"] for r in ranks],
+                "ids_received": totals,
+                "ids_max_over_mean": max_over_mean(totals),
+                "received_equals_layout": all(r["ids_received"] == r["ids_by_layout"] for r in ranks),
+                "state_dict_key": ranks[0]["state_dict_key"],
+                "loss_first": ranks[0]["losses"][0],
+                "loss_last": ranks[0]["losses"][-1],
+            }
+        )
     return rows

@@ -139,9 +139,14 @@ def measure_case(
     )
     moved = bytes_moved(lengths, indices, world_size)
     row: dict[str, Any] = dict(
-        num_keys=indices.numel(), world_size=world_size, dist_type=mode.value, threads=used_threads,
-        num_segments=lengths.numel(), bytes_moved=moved, identical=bool(identical),
-    )  # fmt: skip
+        num_keys=indices.numel(),
+        world_size=world_size,
+        dist_type=mode.value,
+        threads=used_threads,
+        num_segments=lengths.numel(),
+        bytes_moved=moved,
+        identical=bool(identical),
+    )
     for name in PEERS:  # seconds (median, best), keys/s and GB/s; None where not timed
         seconds = statistics.median(times[name]) if name in times else None
         row[f"{name}_s"] = seconds
@@ -181,11 +186,20 @@ def run(cases: KernelCases, progress: bool = True) -> dict:
     timing = {k: v for k, v in asdict(cases).items() if k in ("repeats", "warmup", "reference_repeats")}
     inputs = dict(num_features=8, avg_length=32, rows=10**8, lengths_dtype="int32", indices_dtype="int64")
     return dict(
-        benchmark="bucketize", device=cases.device, machine=machine_name(cases.device),
-        cpu_model=_cpu_model(), cores=os.cpu_count(), threads=list(threads), torch=torch.__version__,
-        fbgemm="available" if fbgemm else "not available on this device", copy_gbps=copy,
-        load_average_before=load_before, load_average_after=os.getloadavg(), input=inputs | timing, rows=rows,
-    )  # fmt: skip
+        benchmark="bucketize",
+        device=cases.device,
+        machine=machine_name(cases.device),
+        cpu_model=_cpu_model(),
+        cores=os.cpu_count(),
+        threads=list(threads),
+        torch=torch.__version__,
+        fbgemm="available" if fbgemm else "not available on this device",
+        copy_gbps=copy,
+        load_average_before=load_before,
+        load_average_after=os.getloadavg(),
+        input=inputs | timing,
+        rows=rows,
+    )
 
 
 def _cpu_model() -> str:

@@ -65,11 +65,15 @@ def run_kv_lookups(
     served = {d: [r["stats"]["keys_served"] for r in ranks] for d, ranks in per_mode.items()}
     match = all(torch.equal(r["rows"], e) for ranks in per_mode.values() for r, e in zip(ranks, expected))
     return {
-        "world_size": world_size, "backend": plan.backend, "seconds": time.perf_counter() - start,
-        "rows": {d: [r["rows"] for r in ranks] for d, ranks in per_mode.items()}, "keys_served": served,
+        "world_size": world_size,
+        "backend": plan.backend,
+        "seconds": time.perf_counter() - start,
+        "rows": {d: [r["rows"] for r in ranks] for d, ranks in per_mode.items()},
+        "keys_served": served,
         "rows_held": {d: [r["stats"]["rows_held"] for r in ranks] for d, ranks in per_mode.items()},
-        "max_over_mean": {d: max_over_mean(counts) for d, counts in served.items()}, "rows_match": match,
-    }  # fmt: skip
+        "max_over_mean": {d: max_over_mean(counts) for d, counts in served.items()},
+        "rows_match": match,
+    }
 
 
 # dynamicemb's loader, read at NVIDIA/recsys-examples e4fc876 (PR #367, the commit that adds

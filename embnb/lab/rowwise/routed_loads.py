@@ -148,8 +148,14 @@ def step_verdicts(cases: pd.DataFrame) -> list[dict]:
         ratio = group.slowest_ms[worst] / group.slowest_ms.drop(worst).max()
         spread = rank_spread(cases, w)
         verdicts.append(
-            {"case": case, "world_size": int(w), "least_balanced": worst,
-             "ids_max_over_mean": float(group.ids_max_over_mean[worst]), "slowest_over_others": float(ratio),
-             "balanced_spread": spread, "told_apart": spread is not None and bool(ratio > spread)}
-        )  # fmt: skip
+            {
+                "case": case,
+                "world_size": int(w),
+                "least_balanced": worst,
+                "ids_max_over_mean": float(group.ids_max_over_mean[worst]),
+                "slowest_over_others": float(ratio),
+                "balanced_spread": spread,
+                "told_apart": spread is not None and bool(ratio > spread),
+            }
+        )
     return verdicts
