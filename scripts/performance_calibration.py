@@ -32,12 +32,18 @@ def calibrate_section(run: Run) -> str:
         f"{train['seeds']} at W = {train['world_sizes']}, {train['ranks']} measured ranks. Forward "
         f"coefficients fitted (backward {sig(calibration['bwd_multiplier'])} x forward):",
         table(["sharding type, kernel", *calibration["terms"]], coefficients),
+        kernel_call_terms(calibration),
     ]
     fit_errors = {"median": statistics.median(fit_abs), "worst": max(fit_abs)}
     rows = [["training set, calibrated (the fit)", percent_pair(fit_errors), str(len(fit_abs))]]
-    for name, label in (("torchrec_default", "torchrec's default"), ("calibrated", "calibrated")):
-        errors = data["heldout_errors"][name]
-        rows.append([f"held out, {label}", percent_pair(errors), str(errors["ranks"])])
+    for name, label in (
+        ("torchrec_default", "torchrec's default"),
+        ("calibrated_per_shard", "calibrated per shard only (the same fit without the kernel-call term)"),
+        ("calibrated", "calibrated"),
+    ):
+        errors = data["heldout_errors"].get(name)  # the per-shard fit: benches since issue #69
+        if errors is not None:
+            rows.append([f"held out, {label}", percent_pair(errors), str(errors["ranks"])])
     floor = data.get("rank_repeat_gap")  # written by the bench since 2026-11-28
     if floor is not None:
         rows.append(["one placement measured twice: the gap between its runs (the noise)",
@@ -47,6 +53,16 @@ def calibrate_section(run: Run) -> str:
         "plans below, none fitted on):",
         table(["ranks", "median / worst", "ranks compared"], rows),
     ]
+    repeated = data.get("repeated_runs")  # this file's bench and its repeats, each with its own seed
+    if repeated:
+        medians = [run_["heldout_median"] for run_ in repeated]
+        seeds = ", ".join(str(r["seed"]) for r in repeated)
+        parts.append(
+            f"The same bench run {len(repeated)} times (`--seed` {seeds}, "
+            f"this file one of them): held-out median per-rank error "
+            f"{', '.join(f'{100 * m:.1f}%' for m in medians)}; their median "
+            f"{100 * statistics.median(medians):.1f}%."
+        )
     for world in data["heldout"]:
         plans = []
         for plan in world["plans"]:
@@ -102,7 +118,77 @@ def calibrate_section(run: Run) -> str:
                 else "; no other plan's range overlaps its range."
             ),
         ]
+    gpu = gpu_refit_section()
+    return "\n\n".join([*parts, gpu] if gpu else parts)
+
+
+def kernel_call_terms(calibration: dict) -> str:
+    """The rating's terms outside torchrec's per-shard estimate (`KernelCallPerfModel`)."""
+    collectives = calibration.get("collective_ms") or {}
+    fixed = ", ".join(f"{kind} {sig(ms)} ms" for kind, ms in collectives.items()) or "0 (not fitted)"
+    return (
+        "Outside torchrec's per-shard estimate, in the planner's rating (`KernelCallPerfModel`): "
+        f"`kernel_call_ms` = {sig(calibration.get('kernel_call_ms', 0.0))} ms per TBE call on a rank, "
+        "fitted with the coefficients on each rank's count of torchrec's TBE groups; `collective_ms` = "
+        f"{fixed} (a rank's measured lookups hold no collective)."
+    )
+
+
+def gpu_refit_section() -> str:
+    """The committed H200 runs refitted with the kernel-call term (issue #69), where committed."""
+    from embnb.results import load_runs
+
+    runs = load_runs("calibrate_gpu_refit")
+    if not runs:
+        return ""
+    run = runs[-1]
+    data = run.data
+    # not a bench: the refit is `python -m embnb.lab.planner.calibrated` on the committed runs
+    made_by = source(run).replace("embnb.bench calibrate_gpu_refit", "embnb.lab.planner.calibrated")
+    parts = ["### The committed GPU runs refitted", made_by]
+    if not data["fitted"]:
+        return "\n\n".join([*parts, f"Not fitted: {data['why']}."])
+    rows = [
+        [label, percent_pair(data["heldout_errors"][name]), str(data["heldout_errors"][name]["ranks"])]
+        for name, label in (
+            ("torchrec_default", "torchrec's default"),
+            ("calibrated_per_shard", "refitted per shard only"),
+            ("calibrated", "refitted with the kernel-call term"),
+        )
+    ]
+    proposed = [
+        [f"W = {p['world_size']}" + (f", {p['hbm_cap_gb']} GiB HBM" if p["hbm_cap_gb"] else ""),
+         groups_cell(p["uncalibrated"]), groups_cell(p)]
+        for p in distinct_topologies(data["proposed"])
+    ]  # fmt: skip
+    parts += [
+        f"{data['scale']['label']} ({data['machine']}). {data['rebuildable_plans']} of "
+        f"{data['plans_in_files']} measured plans of {len(data['runs'])} runs planned again here with the "
+        f"same per-rank estimates; on their {data['ranks']} ranks, {' + '.join(data['terms'])} per (sharding "
+        f"type, kernel) and `kernel_call_ms` = {sig(data['calibration']['kernel_call_ms'])} ms. Per-rank "
+        "error, each run held out of the fit in turn (median / worst):",
+        table(["estimate", "median / worst", "ranks"], rows),
+        "embnb's DP on each planned topology, before (torchrec's estimates) and under the refit: TBE groups "
+        "per rank",
+        table(["topology", "embnb DP", "embnb DP (GPU refit)"], proposed),
+    ]
     return "\n\n".join(parts)
+
+
+def distinct_topologies(proposed: list[dict]) -> list[dict]:
+    """The proposals, one per topology (runs that planned one topology alike give one plan)."""
+    seen: dict[tuple, dict] = {}
+    for p in proposed:
+        seen.setdefault((p["world_size"], p["hbm_cap_gb"], p.get("local_world_size")), p)
+    return list(seen.values())
+
+
+def groups_cell(plan: dict) -> str:
+    groups = plan.get("tbe_groups_per_rank")
+    if not groups:
+        return "no plan"
+    shape = ", ".join(f"{n} {kind}" for kind, n in plan["shape"].items() if kind != "shards")
+    return f"{shape}; groups per rank {groups} (at most {max(groups)})"
 
 
 def paired_cell(difference: dict[str, float] | None) -> str:

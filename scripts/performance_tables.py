@@ -410,6 +410,8 @@ def steptime_section(run: Run) -> str:
             shards = ", ".join(f"{n} {kind}" for kind, n in plan["shape"].items() if kind != "shards")
             if plan.get("kernels"):
                 shards += "; kernels: " + ", ".join(f"{n} {k}" for k, n in plan["kernels"].items())
+            if "tbe_groups" in plan["ranks"][0]:  # recorded since issue #69: each rank's TBEs
+                shards += f"; TBEs per rank up to {max(len(r['tbe_groups']) for r in plan['ranks'])}"
             rows.append(
                 [
                     plan["plan"],

@@ -205,7 +205,14 @@ def test_the_committed_calibration_as_the_file_has_it(run):
         assert got["ranks"] == len(errors) and got["worst"] == pytest.approx(errors[-1])
         assert got["median"] == pytest.approx(statistics.median(errors))
     median = record["heldout_errors"]["calibrated"]["median"]
-    assert record["goal"] == 0.10 and record["goal_met"] == (median <= 0.10)
+    assert record["goal"] == 0.08 and record["goal_met"] == (median <= 0.08)
+    # the rating's added terms (issue #69): the fitted kernel-call term, and the fit without it
+    assert record["kernel_call_ms"] == committed["calibration"].get("kernel_call_ms", 0.0)
+    if "calibrated_per_shard" in committed["heldout_errors"]:
+        before = sorted(abs(rank["per_shard_estimate_ms"] / rank["lookup_ms"] - 1) for rank in held)
+        assert record["heldout_errors"]["calibrated_per_shard"]["median"] == pytest.approx(
+            statistics.median(before)
+        )
     expected, gaps = {}, []
     for world in committed["heldout"]:
         measured = {p["plan"]: p for p in world["plans"] if p["measured"]}
@@ -230,6 +237,34 @@ def test_the_committed_calibration_as_the_file_has_it(run):
     assert paired == expected
     got_gaps = [p["gap_to_same_as"] for p in record["plans"] if p["gap_to_same_as"] is not None]
     assert sorted(got_gaps) == pytest.approx(sorted(gaps))
+
+
+def test_the_gpu_refit_as_the_committed_file_has_it(run):
+    """Section 7: the committed GPU refit (issue #69) as its file has it: plans rebuilt, the fitted
+    kernel-call term, the leave-one-run-out errors, and embnb DP's TBE groups per rank."""
+    record = run.results["gpu_refit"]
+    committed = json.loads((RESULTS_DIR / record["file"]).read_text())
+    assert (
+        (record["device"], record["device_name"]) == ("cuda", committed["machine"]) == ("cuda", "NVIDIA H200")
+    )
+    assert record["rebuildable_plans"] == sum(p["rebuilt"] for p in committed["plans"])
+    assert record["plans_in_files"] == len(committed["plans"])
+    assert "overhead-bound" in record["scale"]["label"]
+    if not committed["fitted"]:
+        return
+    assert record["kernel_call_ms"] == committed["calibration"]["kernel_call_ms"]
+    assert record["heldout_errors"] == committed["heldout_errors"]
+    topologies = {(p["world_size"], p["hbm_cap_gb"], p["local_world_size"]) for p in committed["proposed"]}
+    assert len(record["proposed"]) == len(topologies)  # one row per topology planned
+    for want in committed["proposed"]:
+        (got,) = [
+            p
+            for p in record["proposed"]
+            if (p["world_size"], p["hbm_cap_gb"]) == (want["world_size"], want["hbm_cap_gb"])
+        ]
+        assert got["tbe_groups_per_rank_refit"] == want["tbe_groups_per_rank"]
+        assert got["most_groups_refit"] == max(want["tbe_groups_per_rank"])
+        assert got["most_groups_before"] == max(want["uncalibrated"]["tbe_groups_per_rank"])
 
 
 def test_figures_are_drawn(run):
