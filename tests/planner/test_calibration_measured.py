@@ -81,11 +81,14 @@ def test_measured_ranks_fit_with_the_terms_they_determine(setup):
     # 6 terms x 2 groups, and the cost per kernel call
     with pytest.raises(ValueError, match="determine .* of the 13 coefficients.*fewer `terms`"):
         fit(ranks, "cpu", "test")
-    calibration = fit(ranks, "cpu", "test", terms=("lookup_size_multiplier",))
+    # one term, without the per-call cost (which, fitted too, may take a group's whole cost: nnls)
+    calibration = fit(ranks, "cpu", "test", terms=("lookup_size_multiplier",), kernel_calls=False)
     assert set(calibration.coefficients) == {("table_wise", "fused"), ("data_parallel", "dense")}
     for values in calibration.coefficients.values():
         assert values[1] > 0 and [v for i, v in enumerate(values) if i != 1] == [0.0] * 6
-    assert len(calibration.fit_errors) == len(ranks)
+    assert len(calibration.fit_errors) == len(ranks) and calibration.kernel_call_ms == 0
+    with_calls = fit(ranks, "cpu", "test", terms=("lookup_size_multiplier",))
+    assert with_calls.kernel_call_ms >= 0 and len(with_calls.fit_errors) == len(ranks)
 
 
 def test_measured_ranks_bad_input(setup):
