@@ -287,6 +287,8 @@ SECTIONS = {
     "calibrate": calibrate_section,
     "sharders": sharders_section,
 }
+# Results a section above reads beside its own bench's (the calibration section shows the GPU refit).
+READ_BY_A_SECTION = {"calibrate_gpu_refit"}
 
 
 def newest_per_machine(group: list[Run]) -> list[Run]:
@@ -316,7 +318,12 @@ def render(results_dir: pathlib.Path = RESULTS_DIR) -> str:
     earlier = [
         run for name, group in runs.items() for run in group if run not in tabled.get(name, group[-1:])
     ]
-    untabled = [run for name, group in runs.items() if name not in SECTIONS for run in group[-1:]]
+    untabled = [
+        run
+        for name, group in runs.items()
+        if name not in SECTIONS and name not in READ_BY_A_SECTION
+        for run in group[-1:]
+    ]
     if earlier or untabled:
         lines = [f"- `{r.name}`: {r.benchmark}, machine `{r.machine}`, {r.date}" for r in earlier + untabled]
         parts += [
