@@ -252,8 +252,10 @@ def load(build: bool = True) -> Native:
                 f"has no {library.name}); build it once per host with `{BUILD_COMMAND}` "
                 f"(`make setup` runs it)"
             )
+        # Exclusive only where this process may build: ranks loading a built library share the
+        # lock (they waited on each other before, each announcing "waiting for ... building").
         try:
-            with build_lock(directory, exclusive=build):
+            with build_lock(directory, exclusive=build and not library.exists()):
                 if library.exists():
                     torch.ops.load_library(str(library))
                 else:

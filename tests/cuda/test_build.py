@@ -141,3 +141,20 @@ def test_a_process_waits_for_the_one_building_then_loads_its_library():
     reader.join()
     assert "native extension ready" in out and str(native.library) in out
     assert "compiling" not in "".join(rest)  # it loaded what was built
+
+
+def test_processes_loading_a_built_library_do_not_wait_on_each_other():
+    """A built library is loaded under the shared lock: ranks starting together each load it at
+    once (under the exclusive lock they queued, each printing that it waited for a build)."""
+    native = loader.load()
+    with loader.build_lock(native.library.parent, exclusive=False):  # as a rank that is loading
+        done = subprocess.run(
+            [sys.executable, "-m", "embnb.cuda", "build"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,  # under the old exclusive lock it waited for us: a TimeoutExpired
+        )
+    assert done.returncode == 0, done.stderr
+    assert "native extension ready" in done.stdout
+    assert "waiting for another process" not in done.stderr
