@@ -7,7 +7,7 @@ checked on models and plans it was not fitted on.
    then a random option of it, its shards on random ranks). Every plan is measured rank by rank
    (`embnb.steptime.measure_plan`: real FBGEMM TBEs, forward + backward with the fused optimizer; on a
    CPU thread CPU time at one thread, on a GPU wall time with the GPU synchronized) and each rank
-   becomes a `MeasuredRank` (`calibration.measured_ranks`); `calibration.fit` fits torchrec's forward
+   becomes a `MeasuredRank` (`calibration.measured_ranks`); `fitting.fit` fits torchrec's forward
    coefficients per (sharding type, compute kernel).
 2. Held-out check: other seeds' models at `--heldout-world-sizes` (notebook 03's seed is the first),
    planned by torchrec's planner with embnb's DP, torchrec's DP, Greedy and torchrec's default
@@ -54,12 +54,12 @@ from embnb.planner.calibration import (
     TERMS,
     Calibration,
     estimators,
-    fit,
     measured_ranks,
     rank_terms,
     torchrec_default_estimate,
 )
 from embnb.planner.enumerator import make_enumerator
+from embnb.planner.fitting import fit
 from embnb.planner.perf_model import KernelCallPerfModel
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology

@@ -31,7 +31,7 @@ it runs its default, and embnb's enumerator keeps its fast path on
     terms = shard_terms(options, topology, sharders, cache_bytes=device_cache_bytes("cpu"))
     times = embnb.steptime.measure_plan(to_sharding_plan(options, topology), tables, batch)
     ranks = measured_ranks(options, times, topology, sharders, cache_bytes=...)  # one per rank with shards
-    calibration = fit(ranks, device_kind="cpu", device_name="...", cache_bytes=...)
+    calibration = fit(ranks, device_kind="cpu", device_name="...", cache_bytes=...)  # embnb.planner.fitting
     planner = create_planner(topology, batch_size, calibration=calibration)
 """
 
@@ -70,7 +70,6 @@ __all__ = [
     "Calibration",
     "CalibratedPerfConfig",
     "shard_terms",
-    "fit",
     "estimators",
     "rank_terms",
     "measured_ranks",
@@ -456,104 +455,3 @@ def _default_forward(sharding_type: str, compute_kernel: str) -> tuple[float, ..
 
 def _compute(shard: Any) -> float:
     return shard.perf.fwd_compute + shard.perf.bwd_compute
-
-
-def _check_terms(terms: tuple[str, ...] | list[str]) -> None:
-    if not terms or any(term not in TERMS for term in terms) or len(set(terms)) != len(tuple(terms)):
-        raise ValueError(f"terms must be distinct names from {TERMS}, got {terms!r}")
-
-
-def fit(
-    ranks: list[MeasuredRank],
-    device_kind: str,
-    device_name: str,
-    bwd_multiplier: float = BWD_COMPUTE_MULTIPLIER,
-    terms: tuple[str, ...] | list[str] | None = None,
-    cache_bytes: float | None = None,
-    kernel_calls: bool | None = None,
-) -> Calibration:
-    """The non-negative least-squares coefficients of each (sharding type, compute kernel) in
-    `ranks`: minimize, over the ranks, (measured lookups - calibrated estimate) / measured lookups,
-    squared (each rank weighs by its relative error, so small ranks count). Raises ValueError where
-    a measurement is not a positive finite time or the ranks do not determine every coefficient.
-
-    `kernel_calls`: fit `kernel_call_ms` too, one coefficient for every group, whose regressor is
-    each rank's `MeasuredRank.kernel_calls` (the cost of a TBE call, whatever its ids: issue #69);
-    None: where any rank's calls are counted. `collective_ms` is not fitted here: a rank's
-    measured lookups hold no collective (it stays 0).
-
-    `terms`: which of `TERMS` to fit; the others are 0. Why: torchrec's terms can be collinear in a
-    training set, and then the ranks do not determine them: input reads and lookups both grow with
-    the ids a shard reads (lookups times its width), so shards of one width cannot tell them apart,
-    and data-parallel ranks all hold the same shards (one distinct row per plan). Fitting fewer
-    terms gives a determined fit there, e.g. `terms=("lookup_size_multiplier",)` for a scale alone.
-    Default: every term, less the miss term where no shard's table outgrows the cache (or no
-    `cache_bytes` is given: the cache the ranks' terms were computed against, `shard_terms`; kept in
-    the calibration so that it prices shards alike)."""
-    if terms is not None:
-        _check_terms(terms)
-    if not ranks:
-        raise ValueError("ranks must hold at least one MeasuredRank, got none")
-    for index, rank in enumerate(ranks):
-        if not isinstance(rank, MeasuredRank):
-            raise TypeError(f"ranks[{index}] must be a MeasuredRank, got {type(rank).__name__}")
-        check_number(f"ranks[{index}].lookups_ms", rank.lookups_ms, low=0, low_open=True)
-        for shard in rank.shards:
-            if len(shard.terms) != len(TERMS) or not all(math.isfinite(t) and t >= 0 for t in shard.terms):
-                raise ValueError(
-                    f"ranks[{index}]: a shard's terms must be {len(TERMS)} finite numbers >= 0, "
-                    f"got {shard.terms!r}"
-                )
-    if terms is None:
-        miss = TERMS.index("cache_miss_lookup_multiplier")
-        spills = any(shard.terms[miss] > 0 for rank in ranks for shard in rank.shards)
-        terms = tuple(t for t in TERMS if t != TERMS[miss] or spills)
-    chosen = tuple(terms)
-    columns = [TERMS.index(term) for term in chosen]
-    width = len(columns)
-    groups = sorted({shard.group for rank in ranks for shard in rank.shards})
-    slot = {group: g * width for g, group in enumerate(groups)}
-    if kernel_calls is None:
-        kernel_calls = any(rank.kernel_calls for rank in ranks)
-    calls_column = len(groups) * width  # the last column, where fitted
-    design = np.zeros((len(ranks), len(groups) * width + int(bool(kernel_calls))))
-    for r, rank in enumerate(ranks):
-        for shard in rank.shards:
-            design[r, slot[shard.group] : slot[shard.group] + width] += [shard.terms[c] for c in columns]
-        if kernel_calls:
-            design[r, calls_column] = rank.kernel_calls
-    measured = np.array([rank.lookups_ms for rank in ranks])
-    weighted = design / measured[:, None]
-    scale = np.linalg.norm(weighted, axis=0)
-    undetermined = [
-        f"{groups[c // width]} {chosen[c % width]}" if c < calls_column else "kernel_call_ms"
-        for c in range(design.shape[1])
-        if scale[c] == 0
-    ]
-    scale[scale == 0] = 1.0
-    normalized = weighted / scale
-    if undetermined or np.linalg.matrix_rank(normalized) < design.shape[1]:
-        raise ValueError(
-            f"the {len(ranks)} measured ranks determine {np.linalg.matrix_rank(normalized)} of the "
-            f"{design.shape[1]} coefficients of {groups}"
-            + (f" (no shard has a term for: {', '.join(undetermined)})" if undetermined else "")
-            + ": measure more distinct shards (rows, widths, pooling factors, batch sizes) "
-            + "or fit fewer `terms`"
-        )
-    try:  # only fitting needs scipy (the notebooks extra has it); loading and planning do not
-        from scipy.optimize import nnls
-    except ImportError as missing:
-        raise ImportError(
-            "fitting a calibration needs scipy (pip install scipy, or embnb[notebooks])"
-        ) from missing
-    solution, _ = nnls(normalized, np.ones(len(ranks)))
-    solution = solution / scale
-    coefficients = {}
-    for group in groups:
-        values = [0.0] * len(TERMS)
-        for c, value in zip(columns, solution[slot[group] : slot[group] + width]):
-            values[c] = float(value)
-        coefficients[group] = tuple(values)
-    errors = tuple(float(e) for e in design @ solution / measured - 1.0)
-    call_ms = float(solution[calls_column]) if kernel_calls else 0.0
-    return Calibration(device_kind, device_name, coefficients, bwd_multiplier, errors, cache_bytes, call_ms)

@@ -32,10 +32,10 @@ from embnb.planner.calibration import (
     Calibration,
     MeasuredRank,
     estimators,
-    fit,
     shard_terms,
 )
 from embnb.planner.estimates import covers
+from embnb.planner.fitting import fit
 from embnb.planner.topology import make_topology
 
 BATCH = 64

@@ -12,7 +12,8 @@ from torchrec.distributed.planner.planners import to_sharding_plan
 
 from embnb.lab.planner.candidates import estimated_per_rank, one_kind_on
 from embnb.lab.planner.models import enumerate_options, make_model
-from embnb.planner.calibration import MeasuredRank, fit, measured_ranks, rank_terms, torchrec_default_estimate
+from embnb.planner.calibration import MeasuredRank, measured_ranks, rank_terms, torchrec_default_estimate
+from embnb.planner.fitting import fit
 from embnb.planner.topology import make_topology
 from embnb.steptime import make_batch, measure_plan
 

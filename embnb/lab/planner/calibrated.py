@@ -310,7 +310,7 @@ def _plan_groups(name: str, options: list | None, topology: Any) -> dict[str, An
 
 
 def fit_determined(ranks: list[Any], *args: Any, **kwargs: Any) -> tuple[Any, dict[str, str]]:
-    """`calibration.fit`; where the ranks do not determine every group's coefficients (a group's
+    """`embnb.planner.fitting.fit`; where the ranks do not determine every group's coefficients (a group's
     columns a combination of others': e.g. two kernels of one sharding type that every plan holds
     in one proportion), the group of fewest shards among those of the combination is fitted as one
     with another of them (same sharding type first) and given its coefficients, until the ranks
@@ -319,7 +319,8 @@ def fit_determined(ranks: list[Any], *args: Any, **kwargs: Any) -> tuple[Any, di
     from collections import Counter
     from dataclasses import replace
 
-    from embnb.planner.calibration import TERMS, MeasuredRank, fit
+    from embnb.planner.calibration import TERMS, MeasuredRank
+    from embnb.planner.fitting import fit
 
     columns = [TERMS.index(t) for t in (kwargs.get("terms") or TERMS)]
     merged: dict[tuple[str, str], tuple[str, str]] = {}

@@ -162,7 +162,8 @@ def test_groups_the_ranks_cannot_tell_apart_are_fitted_as_one():
     coefficients the ranks were made from (both kernels priced alike) and the cost per call; a group
     whose terms are the kernel calls' alone cannot be merged, and the fit's error stands."""
     from embnb.lab.planner.calibrated import fit_determined
-    from embnb.planner.calibration import MeasuredRank, ShardTerms, fit
+    from embnb.planner.calibration import MeasuredRank, ShardTerms
+    from embnb.planner.fitting import fit
 
     def shard(kernel, lookups, kind="row_wise"):
         return ShardTerms(kind, kernel, (0.0, lookups, 0.0, 0.0, 0.0, 0.0, 0.0))
