@@ -1,11 +1,13 @@
-"""The one widget pattern of the notebooks: controls plus an output that a package function redraws.
+"""The one widget pattern of the notebooks: ipywidgets' own `interactive_output`, or for slow work
+its manual form (`interactive` with `manual=True`: a button runs the function), around a package
+function that draws.
 
 A technique's explorer subclasses `Explorer`, names its controls and implements `draw(**values) ->
 Figure` with the package functions the static figures use, so what a reader sees while dragging a
 slider is what the tests check (`explorer.controls["world_size"].value = 16` redraws; `explorer.figure`,
 `explorer.error`). `draw`'s ValueError or TypeError is shown as text, never raised out of a callback.
-Slow work sits behind a button (`button=` a label): a change then marks the figure stale, a click
-disables the button while `draw` runs, and `progress_step(done, total, what)` moves a bar beside it.
+Behind a button (`button=` a label) a change marks the figure stale, the button is disabled while
+`draw` runs, and `progress_step(done, total, what)` moves a bar beside it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import ipywidgets as widgets
+from IPython.display import display
 from matplotlib.figure import Figure
 
 __all__ = ["Explorer", "world_size_slider"]
@@ -40,24 +43,32 @@ class Explorer:
         self.controls = dict(controls)
         for control in self.controls.values():
             control.style = LABEL_STYLE
-            control.observe(self._on_change, names="value")
-        self.output = widgets.Output()
         self.status = widgets.HTML()
         self.figure: Figure | None = None
         self.error: str | None = None
         self.busy = False
         self.draws = 0  # how many times draw ran, for tests and the busy state
-        self.button_label = button
-        self.button = None if button is None else widgets.Button(description=button, button_style="primary")
-        self.progress = None if button is None else widgets.IntProgress(style=LABEL_STYLE)
         self.progress_steps: list[tuple[int, int, str]] = []  # this draw's steps, as shown
-        if self.button is not None:
-            self.button.on_click(self._on_click)
-            self._hide_progress()
+        self.button_label = button
         row = widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
-        under = self.status if button is None else widgets.HBox([self.button, self.progress, self.status])
-        self.widget = widgets.VBox([row, under, self.output])
-        if self.button is None or draw_now:
+        if button is None:
+            self.button = self.progress = None
+            self.output = widgets.interactive_output(self._show, self.controls)  # draws once now
+            self.widget = widgets.VBox([row, self.status, self.output])
+            return
+        self._interactive = widgets.interactive(
+            self._show, {"manual": True, "manual_name": button}, **self.controls
+        )
+        self.output, self.button = self._interactive.out, self._interactive.manual_button
+        self.button.button_style = "primary"
+        self.progress = widgets.IntProgress(style=LABEL_STYLE)
+        self._hide_progress()
+        for control in self.controls.values():
+            control.observe(self._mark_stale, names="value")
+        self.widget = widgets.VBox(
+            [row, widgets.HBox([self.button, self.progress, self.status]), self.output]
+        )
+        if draw_now:
             self.redraw()
         else:
             self.status.value = f"click <b>{html.escape(button)}</b> to draw"
@@ -82,46 +93,45 @@ class Explorer:
     def values(self) -> dict[str, Any]:
         return {name: control.value for name, control in self.controls.items()}
 
-    def redraw(self) -> Figure | None:
-        """Run `draw` for the current values and show the figure, or the
-        error text of a bad value. Returns the figure, or None on an error."""
-        self.busy = True
-        self.progress_steps = []
+    def _show(self, **values: Any) -> None:
+        """ipywidgets' callback, run inside `output` (cleared before it): the figure, or the error
+        text of a bad value in `status`."""
+        if self.busy:  # a click while drawing is ignored, not queued
+            return
+        self.busy, self.progress_steps = True, []
+        if self.button is not None:
+            self.button.description, self.button.icon = BUSY_LABEL, "spinner"
         try:
-            figure = self.draw(**self.values())
+            figure = self.draw(**values)
         except (ValueError, TypeError) as error:
             self.error = f"{type(error).__name__}: {error}"
             self.status.value = f'<span style="color:#c44e52">{html.escape(self.error)}</span>'
-            self.output.clear_output()
-            return None
+            self.output.clear_output()  # the caller's clear waits for new output: none comes
+            return
         finally:
             self.busy = False
             self.draws += 1
-            if self.progress is not None:
+            if self.button is not None:
+                self.button.description, self.button.icon = self.button_label, ""
                 self._hide_progress()
         self.error, self.figure = None, figure
         self.status.value = ""
-        self.output.clear_output(wait=True)
-        with self.output:
-            from IPython.display import display
+        display(figure)
 
-            display(figure)
-        return figure
-
-    def _on_change(self, change: dict) -> None:
-        if self.button is None:
-            self.redraw()
-        elif not self.busy:
+    def _mark_stale(self, change: dict) -> None:
+        if not self.busy:
             self.button.description = self.button_label + STALE_SUFFIX
 
-    def _on_click(self, button: widgets.Button) -> None:
-        if self.busy:  # a click while drawing is ignored, not queued
-            return
-        button.disabled, button.description, button.icon = True, BUSY_LABEL, "spinner"
-        try:
-            self.redraw()
-        finally:
-            button.disabled, button.description, button.icon = False, self.button_label, ""
+    def redraw(self) -> Figure | None:
+        """Run `draw` for the current values (as a change or a click does) and show the figure, or
+        the error text of a bad value. Returns the figure, or None on an error."""
+        if self.button is None:
+            self.output.clear_output(wait=True)
+            with self.output:
+                self._show(**self.values())
+        else:
+            self._interactive.update()
+        return None if self.error else self.figure
 
     def click(self) -> Figure | None:
         """Press the button (what a test or a script does)."""
