@@ -248,6 +248,10 @@ class KernelCallPerfModel(PerfModel):
         """The model with a `Calibration`'s `kernel_call_ms` and `collective_ms`."""
         return cls(topology, calibration.kernel_call_ms, calibration.collective_ms)
 
+    def __repr__(self) -> str:
+        terms = f"kernel_call_ms={self.kernel_call_ms!r}, collective_ms={self.collective_ms!r}"
+        return f"KernelCallPerfModel({terms})"
+
     @property
     def is_zero(self) -> bool:
         """Whether every coefficient is 0 (then the ratings are NoopPerfModel's)."""

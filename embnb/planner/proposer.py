@@ -324,9 +324,10 @@ class DynamicProgrammingProposer(Proposer):
             else:  # the planner's partitioner or perf model is not torchrec's default
                 said = f"rated it {perf_rating!r}" if placed else "could not place it"
                 thought = f"rated {predicted.rating!r}" if predicted.placed else "not placed"
+                rating = "NoopPerfModel" if self.performance_model is None else repr(self.performance_model)
                 self.disagreements.append(
-                    f"the planner {said}; the replica of GreedyPerfPartitioner and NoopPerfModel predicted "
-                    f"{thought} (the planner's partitioner or perf model is not torchrec's default)"
+                    f"the planner {said}; the replica of GreedyPerfPartitioner and {rating} predicted "
+                    f"{thought} (the planner's partitioner or perf model is not the one the replica replays)"
                 )
                 logger.warning(
                     "DynamicProgrammingProposer: %s; searching again without the replica",

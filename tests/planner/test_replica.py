@@ -286,9 +286,25 @@ def test_a_perf_model_unlike_the_replica_turns_replay_off():
     predicted = float(checked.split("rated ")[1].split(")")[0])
     assert proposer.disagreements == [
         f"the planner rated it {2 * predicted!r}; the replica of GreedyPerfPartitioner and NoopPerfModel "
-        f"predicted rated {predicted!r} (the planner's partitioner or perf model is not torchrec's default)"
+        f"predicted rated {predicted!r} (the planner's partitioner or perf model is not the one the "
+        "replica replays)"
     ]
     assert proposer.feedback_reasons[2] == FIRST_REASON  # searched again from the start
+
+
+def test_a_disagreement_names_the_rating_the_replica_replays():
+    """With a KernelCallPerfModel, the replica rates as that model does, and a planner rating
+    otherwise (here torchrec's NoopPerfModel, blind to the kernel calls) is told by its name."""
+    model = make_model(10, seed=4)
+    topology = planner.make_topology(4, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / 8)
+    enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
+    rating = planner.KernelCallPerfModel(topology, kernel_call_ms=0.5)
+    proposer = planner.DynamicProgrammingProposer(performance_model=rating)
+    plan_with(proposer, enumerated, topology, perf_model=NoopPerfModel(topology))
+    assert proposer.num_disagreements == 1
+    (said,) = proposer.disagreements
+    assert "the replica of GreedyPerfPartitioner and KernelCallPerfModel(kernel_call_ms=0.5, " in said
+    assert "NoopPerfModel" not in said
 
 
 def test_timing_breakdown_parts_add_up_to_the_planning_time():
