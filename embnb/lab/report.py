@@ -13,8 +13,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from embnb.results import COMMITTED_RESULTS  # noqa: F401  (its readers move to embnb.results.load_runs)
-
 __all__ = ["ReportEntry", "write_report"]
 
 

@@ -15,7 +15,7 @@ from embnb.lab.planner.calibrated import (
     rank_repeat_gaps,
 )
 from embnb.lab.planner.figures import calibration_scatter
-from embnb.lab.report import COMMITTED_RESULTS
+from embnb.results import COMMITTED_RESULTS
 
 
 def _plan(name, same_as, steps, ranks):
