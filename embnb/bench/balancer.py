@@ -15,12 +15,13 @@
    x --sweep-factors, fitted as fixed + per-FLOP x training FLOPs; only the W where every distribution
    passes (fixed share <= --max-fixed-share) are compared, at the largest chosen batch, else the file
    records "overhead-bound: not compared". Compared: KK + swaps, LPT and KK against the loader's cut
-   (thread CPU time at one thread on a CPU; synchronized wall time on a GPU, its spin-waiting CPU
-   times left out), the memory-capped balance at --cap-world-size with each rank's peak memory, and
-   the shuffle's computed phases.
+   (a partition's ranks in interleaved rounds, `embnb.timing.interleaved_phases`: thread CPU time at
+   one thread on a CPU; CUDA events on a GPU, the enqueue time beside them), the memory-capped
+   balance at --cap-world-size with each rank's peak memory, and the shuffle's computed phases.
 
 Parts 1 and 2 run on the CPU whatever --device says. Writes benchmarks/results/balancer-DATE-MACHINE.json
-(MACHINE: --device's `embnb.timing.machine_name`), with the host CPU beside it.
+(MACHINE: --device's `embnb.timing.machine_name`), with the host CPU beside it, after each part: a run
+cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from embnb.scaling import (
     TRAINING_FLOPS_PER_FORWARD,
     ScalingCheck,
     sweep_batches,
+    sweep_clock,
 )
 from embnb.steptime.kernels import SequenceDense
 from embnb.timing import machine_name, median_seconds, paired_ratio
@@ -219,20 +221,6 @@ def bench_exchanges(
     }
 
 
-def dense_rank_step(lengths: list[int], config: measured.StepConfig) -> Callable[[], None]:
-    """One rank's forward and backward of `SequenceDense` on samples of `lengths`, as
-    `embnb.steptime.measure_partition` runs it, its model and tokens built once here."""
-    model = SequenceDense(config.width, config.hidden).to(config.device)
-    tokens = torch.randn(sum(lengths), config.width, device=config.device, requires_grad=True)
-
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        tokens.grad = None
-        model(tokens, lengths).backward()
-
-    return step
-
-
 def sweep_case(
     spec: LengthDistribution, world_size: int, config: measured.StepConfig, opts: argparse.Namespace
 ) -> ScalingCheck:
@@ -243,6 +231,7 @@ def sweep_case(
         b: spec.draw(world_size * b, config.max_length, seed).tolist()
         for b in sweep_batches(config.local_batch_size, opts.sweep_factors)
     }
+    model = SequenceDense(config.width, config.hidden).to(config.device)
     threads = torch.get_num_threads()
     if torch.device(config.device).type == "cpu":
         torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread, as measured's
@@ -251,7 +240,7 @@ def sweep_case(
             batches,
             world_size,
             config.flops,
-            lambda lengths, b: dense_rank_step(lengths, config),
+            lambda lengths, b: measured.dense_rank_step(model, lengths, config.width, config.device),
             config.repeats,
             config.device,
             opts.max_fixed_share,
@@ -287,24 +276,15 @@ def acceptance(
     }
 
 
-def _without_cpu_clock(record: Any) -> Any:
-    """`record` without its thread CPU times (`cpu_*` keys, at any depth): on a GPU they equal the
-    synchronized wall times (synchronize spin-waits) and say nothing of the host's share."""
-    if isinstance(record, dict):
-        return {k: _without_cpu_clock(v) for k, v in record.items() if not k.startswith("cpu_")}
-    if isinstance(record, list):
-        return [_without_cpu_clock(v) for v in record]
-    return record
-
-
-def bench_rank_by_rank(opts: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """Sections 8-10 of notebook 04 at the bench's sizes, printed as they finish, after the
-    acceptance check: (the results, or None where nothing passed; the check)."""
+def bench_rank_by_rank(opts: argparse.Namespace, save: Callable[[str, Any], None]) -> None:
+    """Sections 4-6 of appendix 04a at the bench's sizes, printed as they finish, after the
+    acceptance check, each `save`d: the check ("rank_by_rank_acceptance"), then the results
+    ("rank_by_rank"; left None where nothing passed)."""
     distributions = {
         "zipf": LengthDistribution("zipf", alpha=1.5),
         "lognormal": LengthDistribution("lognormal", median=128, sigma=1.0),
     }
-    clock = {"cpu": "thread CPU time", "wall": "synchronized wall time"}[measured.primary_clock(opts.device)]
+    clock = {"thread": "thread CPU time", "device": "CUDA events"}[sweep_clock(opts.device)]
     print(
         f"rank by rank at W={opts.measured_world_size}, {opts.measured_batch_size} samples per rank "
         f"x {opts.sweep_factors} (the acceptance check), on {machine_name(opts.device)} ({clock}) ...",
@@ -319,9 +299,10 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> tuple[dict[str, Any] | None,
         device=opts.device,
     )
     check = acceptance(distributions, config, opts)
+    save("rank_by_rank_acceptance", check)
     if check["samples_per_rank"] is None:
         print(f"  {NOT_COMPARED}: no W passed at every distribution", flush=True)
-        return None, check
+        return
     config = dataclasses.replace(
         config, world_sizes=check["compared_world_sizes"], local_batch_size=check["samples_per_rank"]
     )
@@ -348,8 +329,7 @@ def bench_rank_by_rank(opts: argparse.Namespace) -> tuple[dict[str, Any] | None,
             f"  {name}: share of the shuffle hidden (computed):",
             frame["hidden_share_computed"].round(3).tolist(),
         )
-    results = measured.results(steps, capped, shares)
-    return (_without_cpu_clock(results) if measured.primary_clock(opts.device) == "wall" else results), check
+    save("rank_by_rank", measured.results(steps, capped, shares))
 
 
 def _options(argv: list[str]) -> argparse.Namespace:
@@ -448,37 +428,13 @@ def main(argv: list[str]) -> int:
     native = loader.available()
     if not native:
         print(f"native KK unavailable: {loader.failure()}", file=sys.stderr)
-    print("partitioning (Zipf(1.5) lengths, max 8192):", flush=True)
-    partitioning = bench_partitioning(opts.samples, opts.parts, opts.budget, native)
-    gil = bench_gil(native)
-    print(
-        "main-thread Python speed while KK runs in a thread (1 = unaffected):",
-        {k: round(v, 2) for k, v in gil.items()},
-        flush=True,
-    )
-    training = []
-    for world_size in [] if opts.no_train else opts.world_size:
-        print(f"training on {world_size} ranks ({opts.device}), {opts.repeats} repeats ...", flush=True)
-        training.append(
-            bench_training(
-                world_size, opts.steps, opts.batch_size, opts.max_length, opts.repeats, opts.device
-            )
-        )
-    exchanges = _run_exchanges(opts) if opts.exchange_world_size else None
-    rank_by_rank, checked = bench_rank_by_rank(opts) if opts.measured_world_size else (None, None)
-    payload = {
+    payload: dict[str, Any] = {
         "machine": machine_name(opts.device),
         "device": opts.device,
         "host": machine_name("cpu"),
         "torch": torch.__version__,
         "native_kk": native,
         "peer": "numberpartitioning.karmarkar_karp " + numberpartitioning.__version__,
-        "partitioning": partitioning,
-        "gil_main_thread_speed": gil,
-        "training": training,
-        "exchanges": exchanges,
-        "rank_by_rank": rank_by_rank,
-        "rank_by_rank_acceptance": checked,
         "training_config": {
             "steps": opts.steps,
             "batch_size": opts.batch_size,
@@ -487,6 +443,34 @@ def main(argv: list[str]) -> int:
             "device": opts.device,
             "model": {k: getattr(TrainConfig(), k) for k in ("embedding_dim", "ffn_dim", "num_heads")},
         },
+        "training": [],
+        "exchanges": None,
+        "rank_by_rank": None,
+        "rank_by_rank_acceptance": None,
     }
+
+    def save(key: str, value: Any) -> None:
+        """Each part written as it ends: a run cut short keeps what it measured."""
+        payload[key] = value
+        write_results("balancer", payload, opts.out)
+
+    print("partitioning (Zipf(1.5) lengths, max 8192):", flush=True)
+    save("partitioning", bench_partitioning(opts.samples, opts.parts, opts.budget, native))
+    save("gil_main_thread_speed", bench_gil(native))
+    print(
+        "main-thread Python speed while KK runs in a thread (1 = unaffected):",
+        {k: round(v, 2) for k, v in payload["gil_main_thread_speed"].items()},
+        flush=True,
+    )
+    for world_size in [] if opts.no_train else opts.world_size:
+        print(f"training on {world_size} ranks ({opts.device}), {opts.repeats} repeats ...", flush=True)
+        trained = bench_training(
+            world_size, opts.steps, opts.batch_size, opts.max_length, opts.repeats, opts.device
+        )
+        save("training", [*payload["training"], trained])
+    if opts.exchange_world_size:
+        save("exchanges", _run_exchanges(opts))
+    if opts.measured_world_size:
+        bench_rank_by_rank(opts, save)
     print(f"wrote {write_results('balancer', payload, opts.out)}")
     return 0

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from embnb.bench.__main__ import main
-from embnb.lab.balancing.measured import RankStep
 from embnb.timing import machine_name
 
 
@@ -34,29 +33,23 @@ def test_balancer_bench_measures_rank_by_rank_with_the_notebooks_fields(tmp_path
     )
     measured = payload["rank_by_rank"]
     assert {r["world_size"] for r in measured["measured_speedups"]} == {2, 4}
-    assert measured["measured_config"]["device"] == "cpu" and measured["measured_config"]["clock"] == "cpu"
+    assert measured["measured_config"]["device"] == "cpu" and measured["measured_config"]["clock"] == "thread"
     runs = {(r["distribution"], r["world_size"], r["method"]): r for r in measured["measured_runs"]}
     for r in runs.values():
-        assert r["clock"] == "cpu"
-        for low, median, high in zip(r["wall_low_ms"], r["wall_ms"], r["wall_high_ms"]):
+        # thread CPU time at one thread; no enqueue time on a CPU (there it is the work itself)
+        assert r["clock"] == "thread" and r["enqueue_ms"] is None
+        assert len(r["ms"]) == r["world_size"] and not any(k.startswith(("cpu_", "wall_")) for k in r)
+        for low, median, high in zip(r["low_ms"], r["ms"], r["high_ms"]):
             assert 0 < low <= median <= high
     for row in measured["measured_speedups"]:
         cut = runs[(row["distribution"], row["world_size"], "contiguous")]
         mine = runs[(row["distribution"], row["world_size"], row["method"])]
-        assert row["measured"] == pytest.approx(max(cut["cpu_ms"]) / max(mine["cpu_ms"]))
+        assert row["measured"] == pytest.approx(max(cut["ms"]) / max(mine["ms"]))
     assert [c["world_size"] for c in measured["capped"]] == [4, 4]
     for c in measured["capped"]:
         for label, step in c["runs"].items():
             assert label == "uncapped" or max(step["tokens"]) <= c["cap"]
     assert sorted(measured["worker_shares"]) == ["lognormal", "zipf"]
-
-
-def test_a_step_is_read_on_its_clock():
-    common = {"cpu_low_ms": [1.0, 1.0], "cpu_high_ms": [9.0, 9.0], "tokens": [3, 4], "flops": [1.0, 2.0]}
-    on_cpu = RankStep(cpu_ms=[2.0, 5.0], wall_ms=[7.0, 3.0], **common)
-    on_gpu = RankStep(cpu_ms=[2.0, 5.0], wall_ms=[7.0, 3.0], clock="wall", **common)
-    assert on_cpu.step_ms == 5.0  # the slowest rank by thread CPU time (CPU runs)
-    assert on_gpu.step_ms == 7.0  # the slowest rank by synchronized wall time (GPU runs)
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,7 @@ def rank_rows(runs: Mapping[Any, Any]) -> list[dict[str, float]]:
     return [
         {"ms": ms, "gflops": f / 1e9, "distinct_lengths": n, "tokens": t, "per_rank": 1.0}
         for step in runs.values()
-        for ms, f, n, t in zip(step.rank_ms, step.flops, step.distinct_lengths, step.tokens)
+        for ms, f, n, t in zip(step.ms, step.flops, step.distinct_lengths, step.tokens)
     ]
 
 
@@ -94,8 +94,8 @@ def gpu_rank_rows(results_dir: str | pathlib.Path | None = None) -> pd.DataFrame
         if run.benchmark == "balancer":
             measured = run.data["rank_by_rank"]
             width = measured["measured_config"]["width"]
-            per_rank = [
-                (r["world_size"], r["method"], r[f"{r.get('clock', 'cpu')}_ms"], r["flops"])
+            per_rank = [  # files before the interleaved rounds named each rank's ms by its clock
+                (r["world_size"], r["method"], r["ms"] if "ms" in r else r[f"{r['clock']}_ms"], r["flops"])
                 for r in measured["measured_runs"]
             ]
         else:

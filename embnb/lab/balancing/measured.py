@@ -1,12 +1,13 @@
-"""Appendix 04a's step measured rank by rank (`steptime.measure_partition`: each rank's forward and
-backward of `SequenceDense` on its samples, one rank after another; the step is the slowest rank) on
-thread CPU time at one thread on a CPU, synchronized wall time on a GPU; memory caps; a link model."""
+"""Appendix 04a's step measured rank by rank (each rank's forward and backward of `SequenceDense` on
+its samples, every rank of a partition timed in turn in interleaved rounds by
+`embnb.timing.interleaved_phases`; the step is the slowest rank) on thread CPU time at one thread on a
+CPU, CUDA events on a GPU (its enqueue time beside it); memory caps; a link model."""
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +26,10 @@ from embnb.balancing.workloads import equal_size_lower_bound
 from embnb.collectives import all_gather_flat, collective_seconds
 from embnb.dist import launch, rank_device, resolve_device
 from embnb.lab.balancing.cost_fit import WORK, WORK_AND_LENGTHS, fit_rank_time, rank_rows
-from embnb.steptime import measure_partition
+from embnb.scaling import sweep_clock
+from embnb.steptime.kernels import SequenceDense
 from embnb.steptime.memory import peak_memory_partition, peak_step_bytes
-from embnb.timing import median_seconds
+from embnb.timing import interleaved_phases, median_seconds
 
 __all__ = ["StepConfig", "BalancedSteps", "measure_balanced_steps", "ActivationModel", "measure_capped"]
 
@@ -46,46 +48,50 @@ def sequence_dense_flops(lengths: Any, width: int, hidden: Sequence[int]) -> tor
     return 6 * length * width * width + 4 * length * length * width + 2 * length * mlp
 
 
-def primary_clock(device: str) -> str:
-    """The clock a step is read on: "cpu" (thread CPU time) on a CPU, "wall" (synchronized) on a GPU."""
-    return "wall" if torch.device(device).type == "cuda" else "cpu"
+def dense_rank_step(model: SequenceDense, lengths: list[int], width: int, device: str) -> Callable[[], None]:
+    """One rank's forward and backward of `model` on samples of `lengths` (tokens of `width` features,
+    built once here, so that only the step is timed)."""
+    tokens = torch.randn(sum(lengths), width, device=device, requires_grad=True)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        tokens.grad = None
+        model(tokens, lengths).backward()
+
+    return step
 
 
 @dataclass(frozen=True)
 class RankStep:
-    """One partition measured rank by rank: per rank its median compute (ms, both clocks), its
-    repeats' range, its tokens, model FLOPs and distinct lengths; `clock` names the step's clock."""
+    """One partition measured rank by rank: per rank its median ms over the repeats on `clock`
+    (`embnb.scaling.sweep_clock`: "thread", thread CPU time at one torch thread on a CPU; "device",
+    CUDA events on a GPU) with the repeats' low and high, its tokens, model FLOPs and distinct lengths
+    (kernel groups); on a GPU `enqueue_ms`, the median time to launch its step (`PhaseTime.enqueue_s`)."""
 
-    cpu_ms: list[float]
-    wall_ms: list[float]
-    cpu_low_ms: list[float]
-    cpu_high_ms: list[float]
+    ms: list[float]
+    low_ms: list[float]
+    high_ms: list[float]
     tokens: list[int]
     flops: list[float]
-    wall_low_ms: list[float] = field(default_factory=list)
-    wall_high_ms: list[float] = field(default_factory=list)
-    clock: str = "cpu"
-    distinct_lengths: list[int] = field(default_factory=list)  # kernel groups per rank
-
-    @property
-    def rank_ms(self) -> list[float]:
-        return getattr(self, f"{self.clock}_ms")
+    distinct_lengths: list[int]
+    clock: str
+    enqueue_ms: list[float] | None = None
 
     @property
     def step_ms(self) -> float:
-        """The step: the slowest rank (on `clock`)."""
-        return max(self.rank_ms)
+        """The step: the slowest rank."""
+        return max(self.ms)
 
     @property
     def step_range_ms(self) -> tuple[float, float]:
-        """The slowest rank's low and high over repeats (on `clock`)."""
-        return max(getattr(self, f"{self.clock}_low_ms")), max(getattr(self, f"{self.clock}_high_ms"))
+        """The slowest rank's low and high over repeats."""
+        return max(self.low_ms), max(self.high_ms)
 
 
 @dataclass(frozen=True)
 class StepConfig:
     """Per W of `world_sizes`, a batch of W * local_batch_size lengths up to `max_length` through
-    SequenceDense(width, hidden), `repeats` timed after `warmup`, at one thread on `device`."""
+    SequenceDense(width, hidden), `repeats` interleaved rounds after `warmup`, at one thread on `device`."""
 
     world_sizes: list[int]
     local_batch_size: int
@@ -101,18 +107,25 @@ class StepConfig:
         return sequence_dense_flops(lengths, self.width, self.hidden)
 
     def measure(self, parts_lengths: list[list[int]]) -> RankStep:
-        """A partition measured rank by rank (`parts_lengths[r]`: rank r's samples' lengths)."""
-        options = {"warmup": self.warmup, "repeats": self.repeats, "threads": 1, "device": self.device}
-        times = measure_partition(parts_lengths, self.width, hidden=self.hidden, **options)
-        compute = [r.compute for r in times.ranks]
-        # per clock: the median and the repeats' low and high, each a list over ranks (ms)
-        (cpu, cpu_low, cpu_high), (wall, wall_low, wall_high) = (
-            [[1e3 * s for s in col] for col in zip(*[(c.median_s(k), *c.range_s(k)) for c in compute])]
-            for k in ("cpu", "wall")
+        """A partition measured rank by rank (`parts_lengths[r]`: rank r's samples' lengths), every
+        rank once per round; one model for all ranks (data parallelism: each holds the same)."""
+        torch.manual_seed(self.seed)
+        model = SequenceDense(self.width, self.hidden).to(self.device)
+        steps = {r: dense_rank_step(model, p, self.width, self.device) for r, p in enumerate(parts_lengths)}
+        times, _ = interleaved_phases(steps, self.repeats, self.warmup, self.device, threads=1)
+        clock = sweep_clock(self.device)
+        ms = [[1e3 * t.value(clock) for t in times[r]] for r in steps]
+        enqueue = [statistics.median(1e3 * t.enqueue_s for t in times[r]) for r in steps]
+        return RankStep(
+            ms=[statistics.median(m) for m in ms],
+            low_ms=[min(m) for m in ms],
+            high_ms=[max(m) for m in ms],
+            tokens=[sum(p) for p in parts_lengths],
+            flops=[float(self.flops(p).sum()) for p in parts_lengths],
+            distinct_lengths=[len(set(p)) for p in parts_lengths],
+            clock=clock,
+            enqueue_ms=enqueue if clock == "device" else None,
         )
-        tokens, flops = [sum(p) for p in parts_lengths], [float(self.flops(p).sum()) for p in parts_lengths]
-        distinct, clock = [len(set(p)) for p in parts_lengths], primary_clock(self.device)
-        return RankStep(cpu, wall, cpu_low, cpu_high, tokens, flops, wall_low, wall_high, clock, distinct)
 
 
 @dataclass(frozen=True)
@@ -378,7 +391,7 @@ def results(steps: BalancedSteps, capped: Sequence[CappedRun], shares: Mapping[s
     """The rank-by-rank part of a results JSON (appendix 04a and the bench): the raw per-rank numbers
     with the derived ones, so a test can recompute them."""
     table, fits = fitted(steps)
-    config = dataclasses.asdict(steps.config) | {"threads": 1, "clock": primary_clock(steps.config.device)}
+    config = dataclasses.asdict(steps.config) | {"threads": 1, "clock": sweep_clock(steps.config.device)}
     return {
         "measured_config": config | {"hidden": list(steps.config.hidden)},
         "measured_batches": [

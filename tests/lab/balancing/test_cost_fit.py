@@ -16,7 +16,7 @@ def _step(flops, distinct, tokens):
         COST["gflops"] * f / 1e9 + COST["distinct_lengths"] * n + COST["tokens"] * t + COST["per_rank"]
         for f, n, t in zip(flops, distinct, tokens)
     ]
-    return RankStep(ms, ms, ms, ms, tokens, flops, ms, ms, "cpu", distinct)
+    return RankStep(ms, ms, ms, tokens, flops, distinct, "thread")
 
 
 def _runs():

@@ -8,12 +8,18 @@ import pytest
 from embnb.lab.balancing import cost_fit
 
 
-def _balancer(path, machine, device, ms, flops):
+def _balancer(path, machine, device, ms, flops, interleaved=False):
+    # interleaved: a file of the interleaved rounds (ms on the "device" clock); else an earlier one's
+    # fields (wall_ms read, cpu_ms a decoy)
+    times = (
+        {"ms": ms, "clock": "device"}
+        if interleaved
+        else {"wall_ms": ms, "cpu_ms": [0.0] * len(ms), "clock": "wall"}
+    )
     runs = [
-        {"distribution": "zipf", "world_size": 2, "method": m, "wall_ms": ms, "cpu_ms": [0.0] * len(ms),
-         "flops": flops, "clock": "wall"}
+        {"distribution": "zipf", "world_size": 2, "method": m, "flops": flops, **times}
         for m in ("contiguous", "kk_swap")
-    ]  # fmt: skip
+    ]
     payload = {"machine": machine, "date": "2026-11-26", "device": device,
                "rank_by_rank": {"measured_config": {"width": 32}, "measured_runs": runs}}  # fmt: skip
     path.write_text(json.dumps(payload))
@@ -22,7 +28,7 @@ def _balancer(path, machine, device, ms, flops):
 def test_only_cuda_runs_are_read_and_the_fit_says_what_bounds_them(tmp_path):
     _balancer(tmp_path / "balancer-a-cpu.json", "x86_64 x2 cores", "cpu", [1.0, 2.0], [1e9, 2e9])
     _balancer(tmp_path / "balancer-b-gpu.json", "GPU B", "cuda", [10.0, 10.5], [1e9, 3e9])  # flat: overhead
-    _balancer(tmp_path / "balancer-c-gpu.json", "GPU C", "cuda", [1.0, 3.0], [1e9, 3e9])  # follows work
+    _balancer(tmp_path / "balancer-c-gpu.json", "GPU C", "cuda", [1.0, 3.0], [1e9, 3e9], True)  # follows work
     (tmp_path / "bucketize-d-gpu.json").write_text(json.dumps({"machine": "GPU D", "date": "2026-11-26"}))
     ranks = cost_fit.gpu_rank_rows(tmp_path)
     assert len(ranks) == 2 * 2 * 2  # 2 files x 2 methods x 2 ranks: not the CPU run, not another bench
