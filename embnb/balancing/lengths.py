@@ -64,8 +64,3 @@ class LengthDistribution:
         if self.kind == "zipf":
             return zipf_lengths(num_samples, self.alpha, max_length, seed)
         return lognormal_lengths(num_samples, self.median, self.sigma, max_length, seed)
-
-    def describe(self) -> str:
-        if self.kind == "zipf":
-            return f"Zipf({self.alpha:g})"
-        return f"log-normal(median {self.median:g}, sigma {self.sigma:g})"

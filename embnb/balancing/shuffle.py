@@ -8,85 +8,26 @@ For one batch, `BalancedShuffle` runs three phases:
 2. kk: every rank computes the same parts from the same workloads (so no
    broadcast is needed);
 3. exchange: "allgather" all-gathers the KJTs in two collectives
-   (`kjt_gather.allgather_kjt`, every rank receives the whole global batch)
-   and keeps this rank's samples; "alltoall" sends each rank only the
-   samples it receives, in two all-to-alls (`kjt_alltoall.alltoall_kjt`).
+   (`kjt_gather.allgather_kjt`) and keeps this rank's samples; "alltoall"
+   sends each rank only its own samples, in two all-to-alls
+   (`kjt_alltoall.alltoall_kjt`).
 
-With `overlap` all three run in one background worker thread, for batch
-s+1 while step s computes; the training loop only waits for the finished
-batch. Without it they run on the caller's thread, on the critical path.
-This is embnb's design, not NVIDIA recsys-examples'. There (PR #308, merged
-as commit 7cf45752, unchanged in this respect at 43465aea),
-`BaseTaskBalancedBatchShuffler.start_shuffle_async` all-gathers the
-workloads on the main thread and submits only `_run_kk` (KK, pure CPU) to
-its one-thread executor; `finish_shuffle` waits for KK and all-gathers (or
-all-to-alls) the batch on the main thread, called by
-`JaggedMegatronTrainPipelineSparseDist.progress` after the forward pass:
-every collective stays on the main thread, and KK alone is hidden.
+With `overlap` they run in a background worker for batch s+1 while step s
+computes; without it, on the caller's thread. Gloo and NCCL pair the
+collectives of one process group by the order each rank issues them, so
+where the worker issues them ("worker", the default on gloo) the shuffle
+refuses the default group, on which a torchrec step issues its own (DMP's
+all-to-alls, DDP's all-reduce: tried on 2 gloo ranks, gloo aborted at step
+0), and an NCCL group (NCCL 2.29's "Thread Safety": communicators of one
+device driven from several threads at once are not safe). "caller" (the
+default on NCCL; NVIDIA recsys-examples' design, commit 7cf45752) issues the
+collectives on the caller's thread and hides KK alone on gloo.
 
-One process group, one rule. Collectives on a group must be issued in the
-same order on every rank: gloo and NCCL pair them by the order each rank
-issues them, so two threads issuing on one group at once interleave
-differently on different ranks, mismatch or deadlock. NCCL's documentation
-(2.29, "Thread Safety") allows a communicator to be used from several
-threads "as long as ... only one thread operates the communicator at a
-time". So between `start()` and `finish()` the worker owns the group and
-the caller issues no collective on it; the training loop calls `finish()`
-after its backward pass, before the gradient all-reduce. The risk: any
-collective the loop issues in between (DDP's bucketed all-reduce during
-backward, torchrec's input all-to-all during forward, a SyncBatchNorm)
-breaks the rule and can hang the job; a worker error leaves the other ranks
-waiting in a collective until its timeout.
-
-A torchrec step breaks that rule by itself: DistributedModelParallel issues
-its input and output all-to-alls in forward and backward and DDP's gradient
-all-reduce during backward, on the default (world) group. Tried on 2 gloo
-ranks, the worker's collectives interleaved with them and gloo aborted (or hung) at
-step 0 (`gloo::EnforceNotMet ... op.preamble.length <= op.nbytes`). So with
-`overlap=True` the shuffle refuses the default group (`group=None` or
-`dist.group.WORLD`) with a ValueError, unless the caller states
-`step_collectives=False`: its step issues no collective between `start()`
-and `finish()` (as `training.train`'s "shared" mode, which waits for the
-worker before its own all-reduce). The synchronous shuffle may use any group.
-
-Two ways for a torchrec job, chosen by `collective_thread`:
-
-- "worker" (the default on gloo): all three phases in the worker, on a
-  group of its own, made once on every rank and passed as
-  `group=dist.new_group(backend="gloo")`. The loop may issue collectives
-  meanwhile, and the whole shuffle, exchange included, runs under the step.
-  On gloo that is safe (each group has its own connections). On NCCL a
-  second communicator driven from another thread is not: NCCL's
-  documentation says operations issued in parallel to independent
-  communicators of one device from several threads are not safe (their
-  kernels can wait on each other), so "worker" refuses an NCCL group while
-  the step issues collectives. A gloo group beside an NCCL job is safe (its
-  collectives go through host memory, `embnb.collectives`).
-- "caller" (the default on NCCL): recsys-examples' design. `start()`
-  gathers the workloads on the caller's thread, the worker runs KK alone,
-  and `finish()` exchanges the samples on the caller's thread. Every
-  collective is issued in program order on the caller's thread, so any
-  group is safe, the default one included. On a GPU they go on a side
-  stream, so the device runs them under the compute queued before; on gloo
-  they block the caller and only KK is hidden.
-
-Every rank must pass the same batch: the same number of samples, the same
-KJT keys and dtypes, the same dense width. Each shuffle starts with one
-small all-gather of that signature (batch size and a checksum: 2 int64 per
-rank), so a rank that differs (a partial last batch) makes every rank raise
-the same ValueError instead of aborting the process in a mismatched
-collective. Every rank sees the same gathered values, so every rank fails
-the check alike; in every mode its error comes from `finish()` (in the
-worker's mode the check runs in the worker; the others keep their error for
-`finish()` too).
-
-End of data rides on the same gather: in `batches()` a rank whose batches
-ended sends the batch size -1 ("no batch") where the others' next shuffle
-sends its size, from the same thread. So, where the shortest loader has n
-batches, every rank yields n batches and, asked for batch n, raises the same
-ValueError naming the ranks that ran out and batch n: no rank starts a step
-the others would not join. No collective is added per step; after the last
-batch one more such gather ends the iteration.
+Every shuffle first all-gathers the batch's signature (its size and a
+checksum of keys, dtypes and dense width), so where the ranks' batches
+differ, or some rank's loader has ended (`batches()`), every rank raises the
+same ValueError from `finish()` instead of aborting in a mismatched
+collective. docs/balancing.md gives these rules with their sources.
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@
 - `lower_bound` (max(mean, largest item)), `equal_size_lower_bound` (what
   equal counts leave unavoidable) and `imbalance` (a partition's max/mean
   and gaps to both bounds).
-- `compare_methods` / `loads_by_method`: every balancer of
-  `embnb.balancing.partition.METHODS` on Zipf batches, for notebook 04.
 """
 
 from __future__ import annotations
@@ -18,15 +16,7 @@ from typing import Any
 import torch
 
 from embnb._checks import check_int
-from embnb.balancing.lengths import LengthDistribution
-from embnb.balancing.partition import (
-    METHODS,
-    NATIVE_METHODS,
-    as_workloads,
-    balance,
-    check_partition,
-    padded_weights,
-)
+from embnb.balancing.partition import as_workloads, check_partition, padded_weights
 
 __all__ = [
     "attention_block_flops",
@@ -34,8 +24,6 @@ __all__ = [
     "lower_bound",
     "equal_size_lower_bound",
     "imbalance",
-    "compare_methods",
-    "loads_by_method",
 ]
 
 
@@ -123,66 +111,4 @@ def imbalance(workloads: Any, parts: Sequence[Sequence[int]]) -> dict[str, float
         eq_bound = equal_size_lower_bound(weights, len(parts))
         result["equal_size_lower_bound"] = eq_bound
         result["gap_to_equal_size_bound"] = max(loads) / eq_bound - 1 if eq_bound > 0 else 0.0
-    return result
-
-
-# --- every method on Zipf batches -------------------------------------------
-
-
-def compare_methods(
-    sample_counts: Sequence[int],
-    part_counts: Sequence[int],
-    seeds: Sequence[int] = (0,),
-    alpha: float = 1.5,
-    max_length: int = 8192,
-    methods: Sequence[str] | None = None,
-    native: bool | None = None,
-    flops_dims: tuple[int, int] | None = None,
-    distribution: LengthDistribution | None = None,
-) -> list[dict[str, Any]]:
-    """Imbalance of each method on batches of `distribution` (default Zipf(alpha))
-    sequence lengths: one row per (num_samples, num_parts, seed, workload,
-    method) with the `imbalance` numbers. Workloads are the tokens (lengths)
-    and, with `flops_dims` (embedding_dim, ffn_dim), also
-    `attention_block_flops`."""
-    methods = list(methods or METHODS)
-    spec = LengthDistribution("zipf", alpha=alpha) if distribution is None else distribution
-    rows = []
-    for num_samples in sample_counts:
-        for seed in seeds:
-            lengths = spec.draw(num_samples, max_length, seed)
-            estimates = {"tokens": lengths.tolist()}
-            if flops_dims is not None:
-                estimates["flops"] = attention_block_flops(lengths, *flops_dims).tolist()
-            for num_parts in part_counts:
-                for workload, weights in estimates.items():
-                    for method in methods:
-                        parts = balance(weights, num_parts, method, native=_native_for(method, native))
-                        rows.append(
-                            {
-                                "num_samples": num_samples,
-                                "num_parts": num_parts,
-                                "seed": seed,
-                                "workload": workload,
-                                "method": method,
-                                **imbalance(weights, parts),
-                            }
-                        )
-    return rows
-
-
-def _native_for(method: str, native: bool | None) -> bool | None:
-    """`native` for the methods that have a native version, the reference for the rest."""
-    return native if method in NATIVE_METHODS else False
-
-
-def loads_by_method(
-    workloads: Any, num_parts: int, methods: Sequence[str] | None = None, native: bool | None = None
-) -> dict[str, list[float]]:
-    """Each method's part loads (heaviest part first for the KK family)."""
-    weights = as_workloads(workloads)
-    result = {}
-    for method in methods or METHODS:
-        parts = balance(weights, num_parts, method, native=_native_for(method, native))
-        result[method] = [sum(weights[i] for i in part) for part in parts]
     return result

@@ -14,7 +14,7 @@ Ranks are replayed one by one on one device (in data parallelism they meet only 
 all-reduce, which waits for the slowest): a partition's step is its slowest rank. Each repeat times
 every method's every rank in turn (interleaved), after one warm-up; a speed-up is the cut's step over
 the method's in the same repeat, as median and range. On a GPU a rank's time is between CUDA events
-(bf16), its enqueue time beside it (`embnb.timing.time_phase`); on a CPU, thread CPU time at one
+(bf16), its enqueue time beside it (`embnb.timing.interleaved_phases`); on a CPU, thread CPU time at one
 intra-op thread (float32). --deadline-s cuts what is left (`cut_by_deadline`); the results are written
 to benchmarks/results/hstu-DATE-MACHINE.json (MACHINE: the device's name) after each unit.
 """
@@ -36,7 +36,6 @@ from embnb.data import zipf_lengths
 from embnb.dist import resolve_device
 from embnb.scaling import (
     MAX_FIXED_SHARE,
-    NOT_COMPARED,
     SWEEP_FACTORS,
     TRAINING_FLOPS_PER_FORWARD,
     ScalingCheck,
@@ -44,7 +43,7 @@ from embnb.scaling import (
     sweep_batches,
     sweep_clock,
 )
-from embnb.timing import Ratio, machine_name, paired_ratio, time_phase
+from embnb.timing import Ratio, interleaved_phases, machine_name, paired_ratio
 
 METHODS = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
 
@@ -74,15 +73,11 @@ def measure_world(
         for m, p in parts.items()
     }
     clock, on_gpu = sweep_clock(device), torch.device(device).type == "cuda"
-    rank_s: dict[str, list[list[float]]] = {m: [[] for _ in range(world_size)] for m in METHODS}
-    enqueue_s: dict[str, list[list[float]]] = {m: [[] for _ in range(world_size)] for m in METHODS}
-    for round_ in range(repeats + 1):  # round 0 warms up
-        for m in METHODS:
-            for r, step in enumerate(steps[m]):
-                timed = time_phase(step, device)
-                if round_:
-                    rank_s[m][r].append(timed.value(clock))
-                    enqueue_s[m][r].append(timed.enqueue_s)
+    calls = {(m, r): step for m in METHODS for r, step in enumerate(steps[m])}
+    # one warm-up each, then every method's every rank once per round, at the caller's thread count
+    timed, _ = interleaved_phases(calls, repeats, 1, device, threads=torch.get_num_threads())
+    rank_s = {m: [[t.value(clock) for t in timed[(m, r)]] for r in range(world_size)] for m in METHODS}
+    enqueue_s = {m: [[t.enqueue_s for t in timed[(m, r)]] for r in range(world_size)] for m in METHODS}
     cut = [max(times[k] for times in rank_s["contiguous"]) for k in range(repeats)]
     cut_flops = max(sum(flops[i] for i in p) for p in parts["contiguous"])
     runs = []
@@ -253,19 +248,12 @@ def run(opts: argparse.Namespace, write: Any = None) -> dict[str, Any]:
     if cut:
         print(f"  cut by the deadline ({opts.deadline_s:.0f} s): {cut}", flush=True)
     payload = _payload(opts, dtype, worlds, cut, started)
-    shortened, measured = payload["first_width_shortened"], payload["sweep_widths_measured"]
-    compared = [
-        w
-        for w in payload["worlds"]
-        if w["runs"] and w["world_size"] == opts.sweep_world_size and w["width"] in measured
-    ]
-    where = "at no width of the sweep" if shortened is None else f"from width {shortened} on"
-    told = (
-        f"KK + swaps shortens the step {where}"
-        if compared
-        else f"{NOT_COMPARED} at any width (none passed the check)"
+    print(
+        f"  sweep at W={opts.sweep_world_size}, widths {payload['sweep_widths_measured']} measured (not "
+        f"compared: {payload['not_compared']}): KK + swaps shortens the step from width "
+        f"{payload['first_width_shortened']} on (None: from none)",
+        flush=True,
     )
-    print(f"  sweep at W={opts.sweep_world_size}, widths {measured} measured: {told}", flush=True)
     return payload
 
 

@@ -14,8 +14,8 @@ import pandas as pd
 import torch
 
 from embnb.balancing.lengths import LengthDistribution
-from embnb.balancing.partition import METHODS
-from embnb.balancing.workloads import compare_methods, crossover_length
+from embnb.balancing.partition import METHODS, balance
+from embnb.balancing.workloads import attention_block_flops, crossover_length, imbalance
 
 __all__ = ["comparison_table", "worst_gaps", "kk_swap_vs_lpt", "percent", "crossover_by_width"]
 
@@ -36,17 +36,31 @@ def comparison_table(
     max_length: int = 8192,
     flops_dims: tuple[int, int] | None = None,
 ) -> pd.DataFrame:
-    """`workloads.compare_methods` over every (distribution, samples, parts): a row per (distribution,
-    workload, samples, parts, seed, method) with `workloads.imbalance`'s numbers; `flops_dims`
-    (embedding_dim, ffn_dim) adds FLOP workloads beside the tokens. Raises ValueError on no distribution."""
+    """Every method of `partition.METHODS` (native where it has a native form and the op loads) on a
+    seeded batch of each distribution's lengths per (samples, parts, seed): a row per (distribution,
+    workload, samples, parts, seed, method) with `workloads.imbalance`'s numbers. Workloads: the
+    tokens and, with `flops_dims` (embedding_dim, ffn_dim), `attention_block_flops`. Raises
+    ValueError on no distribution."""
     if not distributions:
         raise ValueError("distributions is empty: need at least one LengthDistribution")
-    options = {"max_length": max_length, "flops_dims": flops_dims}
-    return pd.DataFrame(
-        {"distribution": name, **row}
-        for (name, spec), n, k in itertools.product(distributions.items(), sample_counts, part_counts)
-        for row in compare_methods([n], [k], seeds, distribution=spec, **options)
-    )
+    rows = []
+    for (name, spec), n, k, seed in itertools.product(
+        distributions.items(), sample_counts, part_counts, seeds
+    ):
+        lengths = spec.draw(n, max_length, seed)
+        estimates = {"tokens": lengths.tolist()}
+        if flops_dims is not None:
+            estimates["flops"] = attention_block_flops(lengths, *flops_dims).tolist()
+        for (workload, weights), method in itertools.product(estimates.items(), METHODS):
+            batch = {
+                "distribution": name,
+                "num_samples": n,
+                "num_parts": k,
+                "seed": seed,
+                "workload": workload,
+            }
+            rows.append(batch | {"method": method} | imbalance(weights, balance(weights, k, method)))
+    return pd.DataFrame(rows)
 
 
 def worst_gaps(table: pd.DataFrame) -> pd.DataFrame:

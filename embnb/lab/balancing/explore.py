@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from embnb.balancing.workloads import loads_by_method
+from embnb.balancing.partition import METHODS, balance
 from embnb.data import zipf_lengths
 from embnb.lab.plotting import rank_bars
 from embnb.lab.widgets import Explorer
@@ -32,4 +32,5 @@ class BalanceExplorer(Explorer):
     def draw(self, alpha: float, num_parts: int, num_samples: int) -> Figure:
         lengths = zipf_lengths(num_samples, alpha, self.max_length, self.seed)
         title = f"Zipf({alpha:.2f}) lengths, {num_samples} samples into {num_parts} ranks"
-        return rank_bars(loads_by_method(lengths, num_parts), ylabel="tokens per rank", title=title)
+        loads = {m: [int(lengths[p].sum()) for p in balance(lengths, num_parts, m)] for m in METHODS}
+        return rank_bars(loads, ylabel="tokens per rank", title=title)

@@ -26,7 +26,6 @@ def test_length_distribution_draws_either_kind_and_names_bad_values():
     zipf = LengthDistribution("zipf", alpha=1.5).draw(4096, max_length=8192)
     lognormal = LengthDistribution("lognormal", median=64).draw(4096, max_length=8192)
     assert zipf.median().item() <= 3 and 50 <= lognormal.median().item() <= 80
-    assert LengthDistribution("lognormal", median=64).describe() == "log-normal(median 64, sigma 1)"
     with pytest.raises(ValueError, match="kind 'pareto' is not one of 'zipf', 'lognormal'"):
         LengthDistribution("pareto")
     with pytest.raises(ValueError, match="median"):
