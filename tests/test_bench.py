@@ -132,7 +132,6 @@ def test_planner_bench_ratios_and_quality(tmp_path, bench):
     for key in ("enumerate_s", "enumerate_embnb_s"):  # medians of the runs beside them
         runs = row[f"{key}_runs"]
         assert len(runs) == 2 and min(runs) > 0 and row[key] == pytest.approx(sum(runs) / 2)
-    assert row["enumerate_speedup"] == pytest.approx(row["enumerate_s"] / row["enumerate_embnb_s"])
     ours = row["proposers"]["embnb DP"]
     assert ours["perf_rating"] > 0 and not ours["timed_out"]
     # three runs, the same plan each time; the entry's times are the median run's
@@ -147,13 +146,10 @@ def test_planner_bench_ratios_and_quality(tmp_path, bench):
         len(ours["end_to_end_s_runs"]) == 3 and ours["end_to_end_s"] == sorted(ours["end_to_end_s_runs"])[1]
     )
     assert ours["end_to_end_rating"] == ours["perf_rating"] and ours["end_to_end_same_rating_every_run"]
-    for name in ("torchrec DP", "torchrec default"):
+    for name in ("torchrec DP", "torchrec default"):  # planned once, end to end after torchrec's enumeration
         peer = row["proposers"][name]
-        assert peer["time_vs_embnb"] == pytest.approx(peer["plan_s"] / ours["plan_s"])
+        assert peer["plan_s_runs"] == [peer["plan_s"]] and peer["same_rating_every_run"]
         assert peer["end_to_end_s"] == pytest.approx(row["enumerate_s"] + peer["plan_s"])
-        assert peer["end_to_end_vs_embnb"] == pytest.approx(peer["end_to_end_s"] / ours["end_to_end_s"])
-        if peer["perf_rating"] is not None:
-            assert peer["rating_vs_embnb"] == pytest.approx(peer["perf_rating"] / ours["perf_rating"])
     quality = {q["proposer"]: q for q in payload["quality_vs_brute_force"]}
     assert set(quality) == {"embnb DP", "torchrec DP", "Greedy", "Uniform", "GridSearch"}
     for q in quality.values():
@@ -164,7 +160,7 @@ def test_planner_bench_ratios_and_quality(tmp_path, bench):
     # quality 1.000 (docs/performance.md): equal to brute force up to float rounding
     assert quality["embnb DP"]["worst_ratio"] == pytest.approx(1.0, rel=1e-9)
     assert quality["embnb DP"]["no_plan"] == 0
-    assert "embnb DP" in stdout and "of brute force" in stdout and "end to end" in stdout
+    assert "embnb DP" in stdout and "brute force's best" in stdout and "end_to_end_s" in stdout
 
 
 def test_balancer_bench_ratios_are_against_the_peer_and_the_unbalanced_run_in_the_same_run(tmp_path, bench):

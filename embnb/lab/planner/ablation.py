@@ -7,14 +7,13 @@ torchrec's partitioner (the default proposer).
 
 from __future__ import annotations
 
-import statistics
+import functools
 from typing import Any
 
 import pandas as pd
 from torchrec.distributed.planner.types import Topology
 
-from embnb._checks import check_int
-from embnb.lab.planner.comparison import Planning
+from embnb.lab.planner.comparison import Planning, compare_proposers
 from embnb.lab.planner.models import Enumerated
 from embnb.planner.proposer import DynamicProgrammingProposer
 
@@ -30,6 +29,8 @@ LADDER: dict[str, dict[str, Any]] = {  # rung -> DynamicProgrammingProposer argu
     name: {k: v for k, v in _NOTHING.items() if k not in [a for _, a in _ADDED[: i + 1]]}
     for i, (name, _) in enumerate(_ADDED)
 }
+_COLUMNS = ("perf_rating", "same_rating_every_run", "plans_considered", "proposals", "plan_s")
+_COLUMNS += ("plan_s_min", "plan_s_max", "timed_out")  # of compare_proposers' table
 
 
 def ablation_table(
@@ -38,20 +39,13 @@ def ablation_table(
     planning: Planning = Planning(repeats=3),
     bins_per_device: int = 100,
 ) -> pd.DataFrame:
-    """One row per rung: the plan's perf rating (the same every repeat: the search is
-    deterministic), the plans the proposer considered, the proposals torchrec's partitioner
-    placed, and planning seconds (median, min, max over `planning.repeats`; no enumeration)."""
-    runs_of, rows = range(check_int("repeats", planning.repeats, low=1)), []
-    for name, arguments in LADDER.items():
-        made = [DynamicProgrammingProposer(bins_per_device=bins_per_device, **arguments) for _ in runs_of]
-        runs = [planning.run(proposer, enumerated, topology) for proposer in made]
-        if len({r.perf_rating for r in runs}) > 1:  # a change is a bug
-            raise RuntimeError(f"{name}: ratings differ between repeats: {[r.perf_rating for r in runs]}")
-        seconds = [r.seconds for r in runs]
-        rows.append(
-            {"rung": name, "perf_rating": runs[0].perf_rating, "proposals": runs[0].proposals,
-             "plans_considered": made[0].num_knapsack_proposals + made[0].num_refinements,
-             "plan_s": statistics.median(seconds), "plan_s_min": min(seconds), "plan_s_max": max(seconds),
-             "timed_out": any(r.timed_out for r in runs)}
-        )  # fmt: skip
-    return pd.DataFrame(rows).set_index("rung")
+    """One row per rung (`compare_proposers`' columns, by rung): the plan's perf rating (the search
+    is deterministic: `same_rating_every_run`), the plans the proposer considered, the proposals
+    torchrec's partitioner placed, and planning seconds (the median run's, min, max over
+    `planning.repeats`; no enumeration)."""
+    proposers = {
+        name: functools.partial(DynamicProgrammingProposer, bins_per_device=bins_per_device, **arguments)
+        for name, arguments in LADDER.items()
+    }
+    table = compare_proposers(enumerated, topology, planning, proposers).rename_axis("rung")
+    return table[list(_COLUMNS)]

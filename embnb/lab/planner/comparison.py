@@ -5,7 +5,6 @@ the HBM budget shrinks."""
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -82,25 +81,29 @@ def compare_proposers(
     proposers: dict[str, ProposerFactory] | None = None,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """One row per proposer (default: all of `default_proposers`): the best plan's perf rating
+    """One row per proposer (default: all of `default_proposers`), from its median run of
+    `planning.repeats` (the lower middle one for an even count): the best plan's perf rating
     (slowest rank), its largest HBM and DDR per device, its tables in UVM, the plans the proposer
     considered (embnb's DP also places plans itself) and the proposals torchrec's partitioner placed,
-    planning seconds (median, min, max over `planning.repeats`), end to end with the enumeration,
-    whether the time limit cut it short, and a note. `source`: the options enumerated for this
+    planning seconds (that run's, of them in the proposer and the partitioner; min, max and every
+    run's beside them), end to end with the enumeration, whether every run rated its plan alike,
+    whether the time limit cut a run short, and a note. `source`: the options enumerated for this
     topology, or the tables to enumerate now; `.attrs`: enumerate_s, num_options, combinations, hosts."""
+    check_int("repeats", planning.repeats, low=1)
     enumerated = source
     if not isinstance(source, Enumerated):
         enumerated = enumerate_options(source, topology, planning.batch_size, planning.constraints)
     proposers = default_proposers() if proposers is None else proposers
     if not proposers:
         raise ValueError("proposers is empty: pass at least one name -> proposer factory")
-    check_int("repeats", planning.repeats, low=1)
     combinations, rows = combinations_of(enumerated), []
     for name in tqdm(list(proposers), desc="proposers", disable=not progress):
         made = [proposers[name]() for _ in range(planning.repeats)]
         runs = [planning.run(p, enumerated, topology, name) for p in made]
-        run, seconds, last = runs[0], [r.seconds for r in runs], made[-1]
-        ours = [p for p in (last if isinstance(last, list) else [last]) if hasattr(p, "num_refinements")]
+        seconds = [r.seconds for r in runs]
+        median = sorted(range(len(runs)), key=seconds.__getitem__)[(len(runs) - 1) // 2]
+        run, used = runs[median], made[median]
+        ours = [p for p in (used if isinstance(used, list) else [used]) if hasattr(p, "num_refinements")]
         considered = sum(p.num_knapsack_proposals + p.num_refinements for p in ours)
         nothing = {"hbm_gb": math.nan, "ddr_gb": math.nan}  # no plan
         peak = rank_loads(run.plan, topology.world_size).max() if run.plan else nothing
@@ -110,9 +113,11 @@ def compare_proposers(
              "max_ddr_gb": peak["ddr_gb"], "feasible": run.plan is not None,
              "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in run.plan or []),
              "plans_considered": considered or run.proposals, "proposals": run.proposals,
-             "plan_s": statistics.median(seconds), "plan_s_min": min(seconds), "plan_s_max": max(seconds),
-             "end_to_end_s": enumerated.seconds + statistics.median(seconds), "proposer_s": run.proposer_s,
-             "partitioner_s": run.partitioner_s, "timed_out": any(r.timed_out for r in runs),
+             "plan_s": run.seconds, "plan_s_min": min(seconds), "plan_s_max": max(seconds),
+             "plan_s_runs": seconds, "end_to_end_s": enumerated.seconds + run.seconds,
+             "proposer_s": run.proposer_s, "partitioner_s": run.partitioner_s,
+             "timed_out": any(r.timed_out for r in runs),
+             "same_rating_every_run": len({str(r.perf_rating) for r in runs}) == 1,  # str: nan == nan
              "note": f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}" if skipped else run.note}
         )  # fmt: skip
     table = pd.DataFrame(rows).set_index("proposer")

@@ -27,7 +27,6 @@ from torchrec.distributed.planner.types import (
     PlannerError,
     Proposer,
     ShardingOption,
-    Stats,
     Topology,
 )
 from torchrec.distributed.planner.utils import reset_shard_rank
@@ -35,7 +34,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._checks import check_int
-from embnb._torchrec_private import num_proposals, planner_proposers
+from embnb._torchrec_private import best_plan, num_proposals, planner_proposers
 from embnb.lab.planner.models import Enumerated
 from embnb.planner.enumerator import default_enumerator
 from embnb.planner.factory import create_planner
@@ -121,16 +120,6 @@ class _TimedProposer(Proposer):
             self.proposer.feedback(partitionable, plan, perf_rating, storage_constraint)
 
 
-class _KeepBestPlan(Stats):
-    """torchrec calls Stats.log with the best plan (keywords); keep it."""
-
-    best_plan: list[ShardingOption] | None = None
-
-    def log(self, sharding_plan, *args, best_plan=None, **kwargs) -> None:
-        if sharding_plan.plan:  # on failure torchrec logs its last proposal, ranks -1
-            self.best_plan = best_plan
-
-
 @dataclass(frozen=True)
 class PlanRun:
     """One EmbeddingShardingPlanner.plan: its best plan (placed; None: no plan, `note` says why),
@@ -163,11 +152,11 @@ def run_planner(
     """Plan with torchrec's EmbeddingShardingPlanner and these proposers,
     under FixedPercentageStorageReservation(storage_reservation_percentage)."""
     proposers = proposer if isinstance(proposer, list) else [proposer]
-    timed, partitioner, keep = [_TimedProposer(p) for p in proposers], _TimedPartitioner(), _KeepBestPlan()
-    planner = EmbeddingShardingPlanner(
+    timed, partitioner = [_TimedProposer(p) for p in proposers], _TimedPartitioner()
+    planner = EmbeddingShardingPlanner(  # stats=[]: torchrec's default stats would format every plan
         topology=topology, batch_size=batch_size, enumerator=_Replay(enumerated.options),
         storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
-        proposer=timed, partitioner=partitioner, stats=[keep], constraints=constraints, debug=False,
+        proposer=timed, partitioner=partitioner, stats=[], constraints=constraints, debug=False,
         timeout_seconds=None if timeout_s is None else max(1, math.ceil(timeout_s)),
     )  # fmt: skip
     note, watch = "", Stopwatch()
@@ -180,7 +169,7 @@ def run_planner(
     except Exception as error:  # e.g. torchrec's DP divides by zero on CPU topologies
         note = f"failed: {type(error).__name__}: {str(error).strip()[:160]}"
     reset_shard_rank(enumerated.options)
-    plan = keep.best_plan
+    plan = best_plan(planner)  # a placed copy; None where no plan fit
     # The planner stops asking at its time limit; a proposer that still has a proposal was cut.
     timed_out = (
         timeout_s is not None
@@ -218,19 +207,22 @@ def time_end_to_end(
     *,
     repeats: int = 1,
     enumerator: str | None = None,
-    storage_reservation: str | None = None,
+    storage_reservation: str = "heuristical",
 ) -> EndToEnd:
     """From the model to the plan: an EmbeddingBagCollection of `tables` (on meta) planned by
     `create_planner(topology, batch_size, constraints=..., enumerator=..., storage_reservation=...)`
-    (None: create_planner's default), `repeats` times, the garbage of the run before collected
+    (enumerator None: create_planner's default), `repeats` times, the garbage of the run before collected
     first, outside the timing (each run needs a fresh module and planner)."""
     check_int("repeats", repeats, low=1)
     seconds, ratings = [], []
-    reserve = {} if storage_reservation is None else {"storage_reservation": storage_reservation}
     for _ in range(repeats):
         module = EmbeddingBagCollection(tables=list(tables), device=torch.device("meta"))
         chosen = create_planner(
-            topology, batch_size, constraints=constraints, enumerator=enumerator, **reserve
+            topology,
+            batch_size,
+            constraints=constraints,
+            enumerator=enumerator,
+            storage_reservation=storage_reservation,
         )
         gc.collect()
         with Stopwatch() as watch:
