@@ -15,8 +15,18 @@ import pandas as pd
 
 from embnb.bench.results import add_out_argument, write_results
 from embnb.dist import resolve_device
-from embnb.lab.rowwise.kernel_timing import QUICK_SIZES, SIZES, TABLE_COLUMNS, WORLD_SIZES, KernelCases, run
+from embnb.lab.rowwise.kernel_timing import KernelCases, run
 from embnb.rowwise.routing import DistType
+
+SIZES = [10**5, 10**6, 10**7]
+QUICK_SIZES = [10**4, 10**5]
+WORLD_SIZES = [8, 64]
+
+# the bench's printed table: speeds (M keys/s, GB/s), FBGEMM's time over embnb's (median, per-round range,
+# best) and over the reference's, and whether the outputs were identical
+TABLE_COLUMNS = ["num_keys", "world_size", "dist_type", "threads", "embnb_mkeys_s", "embnb_gbps"]
+TABLE_COLUMNS += ["fbgemm_mkeys_s", "reference_mkeys_s", "embnb_over_fbgemm", "embnb_over_fbgemm_low"]
+TABLE_COLUMNS += ["embnb_over_fbgemm_high", "embnb_over_fbgemm_min", "embnb_over_reference", "identical"]
 
 
 def main(argv: list[str]) -> int:

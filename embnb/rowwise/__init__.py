@@ -25,6 +25,8 @@ Notebook 01's experiments, figures and widgets live in `embnb.lab.rowwise`.
     from embnb.rowwise import RoutedEmbeddingBagCollectionSharder
 """
 
+import importlib
+
 from embnb.rowwise.kv import ShardedKVTable
 from embnb.rowwise.layout import Routing, TableLayout, convert_rows
 from embnb.rowwise.routing import Bucketized, DistType, bucketize, hash_key, owner_rank
@@ -60,23 +62,19 @@ _SHARDERS = (
     "RoutingMismatch",
 )
 
+_LAZY = {  # name -> the module that defines it
+    **dict.fromkeys(_SHARDERS, "sharders"),
+    "gather_rows": "sharded_rows",
+    "load_rows": "sharded_rows",
+    "load_resharded": "dcp_rows",
+    "read_rows": "dcp_rows",
+    "RoutedFeaturesDist": "input_dist",
+}
+
 
 def __getattr__(name: str):
-    """The sharders import torchrec: loaded on first use, so `embnb.rowwise` stays light."""
-    if name in _SHARDERS:
-        from embnb.rowwise import sharders
-
-        return getattr(sharders, name)
-    if name in ("gather_rows", "load_rows"):
-        from embnb.rowwise import sharded_rows
-
-        return getattr(sharded_rows, name)
-    if name in ("load_resharded", "read_rows"):
-        from embnb.rowwise import dcp_rows
-
-        return getattr(dcp_rows, name)
-    if name == "RoutedFeaturesDist":
-        from embnb.rowwise import input_dist
-
-        return input_dist.RoutedFeaturesDist
-    raise AttributeError(f"module 'embnb.rowwise' has no attribute {name!r}")
+    """The `_LAZY` names import torchrec: each loads its module on first use, so `embnb.rowwise` stays
+    light."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'embnb.rowwise' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"embnb.rowwise.{_LAZY[name]}"), name)

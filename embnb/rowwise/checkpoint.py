@@ -90,20 +90,16 @@ def _check_layout(rank: int, world_size: int, dist: DistType, block_size: int | 
 
 def _check_shard(keys: torch.Tensor, rows: torch.Tensor, where: str) -> None:
     """Shape, dtype and uniqueness checks shared by dump and load."""
+
+    def got(t: object) -> str:
+        return (
+            f"dtype {t.dtype} and shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        )
+
     if not isinstance(keys, torch.Tensor) or keys.dim() != 1 or keys.dtype != torch.int64:
-        got = (
-            f"dtype {keys.dtype} and shape {tuple(keys.shape)}"
-            if isinstance(keys, torch.Tensor)
-            else type(keys).__name__
-        )
-        raise ValueError(f"{where}: keys must be a 1-D int64 tensor, got {got}")
+        raise ValueError(f"{where}: keys must be a 1-D int64 tensor, got {got(keys)}")
     if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or not rows.is_floating_point():
-        got = (
-            f"dtype {rows.dtype} and shape {tuple(rows.shape)}"
-            if isinstance(rows, torch.Tensor)
-            else type(rows).__name__
-        )
-        raise ValueError(f"{where}: rows must be a 2-D float tensor, got {got}")
+        raise ValueError(f"{where}: rows must be a 2-D float tensor, got {got(rows)}")
     if len(keys) != len(rows):
         raise ValueError(f"{where}: {len(keys)} keys but {len(rows)} rows")
     ordered = keys.sort().values
@@ -160,46 +156,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _prepared(
-    keys: torch.Tensor, rows: torch.Tensor, rank: int, world_size: int, dist: DistType, block_size: int | None
-) -> Shard:
-    """Validate one shard and return it as contiguous CPU tensors."""
-    _check_shard(keys, rows, f"rank {rank}'s shard")
-    keys = keys.detach().cpu().contiguous()
-    rows = rows.detach().cpu().contiguous()
-    _check_owned(keys, rank, world_size, dist, block_size, f"rank {rank}'s shard")
-    return keys, rows
-
-
-def _write(
-    directory: Path,
-    table_name: str,
-    rank: int,
-    world_size: int,
-    shard: Shard,
-    dist: DistType,
-    block_size: int | None,
-    init_seed: int | None,
-) -> Path:
-    keys, rows = shard
-    path = shard_path(directory, table_name, rank, world_size)
-    header = {"table_name": table_name, "rank": str(rank), "world_size": str(world_size)}
-    _atomic_write(path, safetensors_bytes({"keys": keys, "rows": rows}, metadata=header))
-    # Every rank writes the same metadata: no rank has to go first.
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "table_name": table_name,
-        "dist_type": dist.value,
-        "world_size": world_size,
-        "embedding_dim": rows.shape[1],
-        "block_size": block_size if dist == _CONTINUOUS else None,
-        # Rows of keys first seen after loading come from this seed.
-        "init_seed": init_seed,
-    }
-    _atomic_write(meta_path(directory, table_name), (json.dumps(meta, indent=2) + "\n").encode())
-    return path
-
-
 def dump(
     directory: str | os.PathLike,
     table_name: str,
@@ -220,10 +176,27 @@ def dump(
     _check_table_name(table_name)
     dist = DistType.parse(dist_type)
     _check_layout(rank, world_size, dist, block_size)
-    shard = _prepared(keys, rows, rank, world_size, dist, block_size)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    return _write(directory, table_name, rank, world_size, shard, dist, block_size, init_seed)
+    _check_shard(keys, rows, f"rank {rank}'s shard")
+    keys = keys.detach().cpu().contiguous()
+    rows = rows.detach().cpu().contiguous()
+    _check_owned(keys, rank, world_size, dist, block_size, f"rank {rank}'s shard")
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    path = shard_path(directory, table_name, rank, world_size)
+    header = {"table_name": table_name, "rank": str(rank), "world_size": str(world_size)}
+    _atomic_write(path, safetensors_bytes({"keys": keys, "rows": rows}, metadata=header))
+    # Every rank writes the same metadata: no rank has to go first.
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "table_name": table_name,
+        "dist_type": dist.value,
+        "world_size": world_size,
+        "embedding_dim": rows.shape[1],
+        "block_size": block_size if dist == _CONTINUOUS else None,
+        # Rows of keys first seen after loading come from this seed.
+        "init_seed": init_seed,
+    }
+    _atomic_write(meta_path(directory, table_name), (json.dumps(meta, indent=2) + "\n").encode())
+    return path
 
 
 # -------------------------------------------------------------------- reading

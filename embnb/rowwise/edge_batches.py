@@ -25,6 +25,7 @@ import copy
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
 from torchrec.distributed.types import Awaitable
@@ -92,12 +93,7 @@ class EvenRwPooledEmbeddingDist(RwPooledEmbeddingDist):
             return super().forward(local_embs, sharding_ctx)
         largest = max(sizes)
         blocks = local_embs.split(sizes)
-        padded = torch.cat(
-            [
-                torch.cat([block, block.new_zeros(largest - block.shape[0], block.shape[1])])
-                for block in blocks
-            ]
-        )
+        padded = torch.cat([F.pad(block, (0, 0, 0, largest - block.shape[0])) for block in blocks])
         even = copy.copy(sharding_ctx)
         even.batch_size_per_rank = [largest] * len(sizes)
         awaitable = super().forward(padded, even)

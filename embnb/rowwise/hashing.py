@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
@@ -78,11 +77,9 @@ def _feistel(x: torch.Tensor, half_bits: int, keys: torch.Tensor) -> torch.Tenso
 
 
 def feistel_half_bits(n: int) -> int:
-    """The least h >= 1 with 4 ** h >= n: the network's domain."""
-    half_bits = max(1, math.ceil(math.log2(n) / 2)) if n > 1 else 1
-    while 4**half_bits < n:  # guard float rounding in log2
-        half_bits += 1
-    return half_bits
+    """The least h >= 1 with 4 ** h >= n: the network's domain (`(n - 1).bit_length()` is
+    ceil(log2(n)), exactly)."""
+    return max(1, ((n - 1).bit_length() + 1) // 2)
 
 
 def feistel_permutation(ids: torch.Tensor, num_embeddings: int, seed: int = 0) -> torch.Tensor:

@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 from embnb._checks import check_int, check_int_tensor, check_number
 from embnb.collectives import exchange
-from embnb.dist import launch, rank_device
+from embnb.dist import rank_device
 from embnb.rowwise import checkpoint
 from embnb.rowwise.routing import KEY_MODES, DistType, bucketize, hash_key
 
@@ -64,7 +64,6 @@ __all__ = [
     "KVTableSpec",
     "lookup_on_rank",
     "train_on_rank",
-    "sharded_lookup",
 ]
 
 INIT_SCALE = 0.05  # initial rows are uniform in [-INIT_SCALE, INIT_SCALE)
@@ -112,10 +111,6 @@ class JaggedBatch:
 
     def lengths(self) -> torch.Tensor:
         return self._lengths
-
-    @classmethod
-    def from_kjt(cls, kjt: KeyedJaggedTensor) -> JaggedBatch:
-        return cls(kjt.keys(), kjt.values(), kjt.lengths())
 
     def to_kjt(self) -> KeyedJaggedTensor:
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -454,28 +449,3 @@ def train_on_rank(
     if dump_dir is not None:
         table.dump(dump_dir)
     return {"rows": rows, "rows_after": rows_after, "stats": table.stats()}
-
-
-def _picklable(batches: list[Batch]) -> list[JaggedBatch]:
-    # KJTs become JaggedBatches, so the spawned ranks never import torchrec.
-    return [b if isinstance(b, JaggedBatch) else JaggedBatch.from_kjt(b) for b in batches]
-
-
-# Takes lookup_on_rank's parameters, which it runs on spawned ranks.
-def sharded_lookup(
-    world_size: int,
-    dist_type: DistType | str,
-    batches: list[Batch],
-    embedding_dim: int,
-    block_size: int | None = None,
-    seed: int = 0,
-    device: str = "auto",
-    timeout_s: float = 300.0,
-) -> list[dict[str, Any]]:
-    """Spawn ``world_size`` ranks running :func:`lookup_on_rank`; returns
-    their results in rank order (tensors on the CPU). ``device`` picks
-    where the ranks run by ``embnb.dist.device_plan``."""
-    if len(batches) != world_size:
-        raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
-    spec = KVTableSpec(dist_type, embedding_dim, block_size, seed)
-    return launch(lookup_on_rank, world_size, spec, _picklable(batches), device=device, timeout_s=timeout_s)

@@ -43,6 +43,7 @@ import torch
 from embnb._checks import check_int, check_int_tensor
 from embnb.cuda import loader
 from embnb.rowwise.hashing import feistel_half_bits, feistel_permutation, feistel_round_keys
+from embnb.rowwise.routing import parse_mode
 
 __all__ = ["Routing", "TableLayout", "feistel_permutation", "convert_rows"]
 
@@ -60,15 +61,7 @@ class Routing(str, enum.Enum):
     @classmethod
     def parse(cls, value: Routing | str) -> Routing:
         """The Routing for `value`; raise naming the valid values."""
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, str):
-            raise TypeError(f"routing must be a Routing or str, got {type(value).__name__} {value!r}")
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(m.value for m in cls)
-            raise ValueError(f"routing {value!r} is not one of {valid}") from None
+        return parse_mode(cls, "routing", value)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import enum
 import warnings
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -68,6 +68,20 @@ __all__ = [
 ]
 
 
+def parse_mode(kind: type[enum.Enum], name: str, value: Any) -> Any:
+    """The member of the str enum `kind` whose value is `value` (a member passes as it is); a TypeError
+    for a non-str, a ValueError naming the valid values (`name`: the argument's)."""
+    if isinstance(value, kind):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a {kind.__name__} or str, got {type(value).__name__} {value!r}")
+    try:
+        return kind(value)
+    except ValueError:
+        valid = ", ".join(m.value for m in kind)
+        raise ValueError(f"{name} {value!r} is not one of {valid}") from None
+
+
 class DistType(str, enum.Enum):
     """Row-wise routing mode; the value is what a checkpoint stores."""
 
@@ -82,15 +96,7 @@ class DistType(str, enum.Enum):
     @classmethod
     def parse(cls, value: DistType | str) -> DistType:
         """Return the DistType for `value`; raise naming the valid values."""
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, str):
-            raise TypeError(f"dist_type must be a DistType or str, got {type(value).__name__} {value!r}")
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(m.value for m in cls)
-            raise ValueError(f"dist_type {value!r} is not one of {valid}") from None
+        return parse_mode(cls, "dist_type", value)
 
 
 # The modes that route keys of an unbounded space (a KV table's, dynamicemb's):

@@ -225,7 +225,7 @@ def test_bad_inputs_raise_naming_the_value(tmp_path):
     with pytest.raises(ValueError, match="no process group"):
         two.lookup(bad_batch([1]))
     with pytest.raises(ValueError, match="3 entries.*world_size=2"):
-        kv.sharded_lookup(2, "roundrobin", [bad_batch([1])] * 3, 4)
+        kv.lookup_on_rank(0, 2, spec(DistType.ROUNDROBIN), [bad_batch([1])] * 3)
 
     table.lookup(bad_batch([1, 2, 100]))
     table.dump(tmp_path)
@@ -245,13 +245,3 @@ def test_loaded_table_makes_new_rows_with_the_saved_seed(tmp_path):
     assert loaded.seed == 7
     new_keys = bad_batch([1, 99])
     assert torch.equal(loaded.lookup(new_keys), table.lookup(new_keys))
-
-
-def test_sharded_lookup_takes_kjts():
-    # KJTs are converted to JaggedBatches before spawning (no torchrec there).
-    batches = [b.to_kjt() for b in make_batches(2, DistType.HASH_ROUNDROBIN, seed=40)]
-    results = kv.sharded_lookup(2, "hash_roundrobin", batches, DIM, seed=SEED, device="cpu")
-    ref = reference(DistType.HASH_ROUNDROBIN)
-    for batch, result in zip(batches, results):
-        assert torch.equal(result["rows"], ref.lookup(batch))
-        assert result["stats"]["lookups"] == 1

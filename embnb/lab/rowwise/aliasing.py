@@ -10,7 +10,6 @@ count (not a mode of any system here).
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from tqdm.auto import tqdm
 
 from embnb._checks import check_choice, check_int
 from embnb._stderr import native_stderr
+from embnb.balancing.partition import greedy_lpt
 from embnb.data import make_keys
 from embnb.metrics import max_over_mean
 from embnb.rowwise.routing import DistType, hash_key, owner_rank
@@ -108,14 +108,11 @@ def owners(
 
 
 def rank_counts(
-    keys: torch.Tensor,
-    world_size: int,
-    dist_type: DistType | str,
-    block_size: int | None = None,
-    table_rows: int | None = None,
+    keys: torch.Tensor, world_size: int, dist_type: DistType | str, **layout: int | None
 ) -> torch.Tensor:
-    """Keys (repeats included) each rank receives: int64 `[world_size]` (arguments as `owners`)."""
-    return torch.bincount(owners(keys, world_size, dist_type, block_size, table_rows), minlength=world_size)
+    """Keys (repeats included) each rank receives: int64 `[world_size]`; `layout`: `owners`' block_size
+    or table_rows."""
+    return torch.bincount(owners(keys, world_size, dist_type, **layout), minlength=world_size)
 
 
 def _key_counts(keys: torch.Tensor) -> torch.Tensor:
@@ -145,7 +142,7 @@ def hottest_key_counts(
     continuous = DistType.parse(dist_type) is DistType.CONTINUOUS and table_rows is None
     block = block_size_for(keys, world_size) if continuous else None  # the table's layout
     hottest = values[counts.argmax()].repeat(int(counts.max()))
-    return rank_counts(hottest, world_size, dist_type, block, table_rows)
+    return rank_counts(hottest, world_size, dist_type, block_size=block, table_rows=table_rows)
 
 
 def worked_example(
@@ -251,7 +248,7 @@ def zipf_over_seeds(
         block, floor = block_size_for(keys, world_size), hot_key_floor(keys, world_size)
         for mode in map(DistType.parse, dist_types):
             for traffic, sent in (("all lookups", keys), ("deduplicated per step", deduplicated)):
-                counts = rank_counts(sent, world_size, mode, block if mode is DistType.CONTINUOUS else None)
+                counts = rank_counts(sent, world_size, mode, block_size=block)  # only continuous reads it
                 rows.append((seed, mode.value, traffic, max_over_mean(counts), floor))
     return pd.DataFrame(rows, columns=["seed", "dist_type", "traffic", "max_over_mean", "hot_key_floor"])
 
@@ -273,13 +270,9 @@ def sign_test(runs: pd.DataFrame, first: str, second: str, traffic: str = "all l
 
 def counted_placement(keys: torch.Tensor, world_size: int) -> list[int]:
     """Lookups per rank when keys go, by decreasing count, each to the rank with the fewest lookups so
-    far (greedy LPT over the keys' counts, as `embnb.balancing.partition.greedy_lpt` places samples; a
-    heap of loads here, 7x faster on 10^5 keys than its per-item parts)."""
-    heap = [(0, rank) for rank in range(world_size)]
-    for count in _key_counts(keys).sort(descending=True).values.tolist():
-        load, rank = heapq.heappop(heap)
-        heapq.heappush(heap, (load + count, rank))
-    return [load for load, _ in sorted(heap, key=lambda entry: entry[1])]
+    far (`embnb.balancing.partition.greedy_lpt` over the keys' counts, as it places samples)."""
+    counts = _key_counts(keys).tolist()
+    return [sum(counts[i] for i in part) for part in greedy_lpt(counts, world_size, equal_size=False)]
 
 
 def alpha_sweep(

@@ -29,18 +29,15 @@ from embnb.cuda import loader
 from embnb.rowwise.routing import DIST_CODES, DistType, bucketize, feistel_round_keys
 from embnb.timing import interleaved_seconds, machine_name, median_seconds
 
-SIZES = [10**5, 10**6, 10**7]
-QUICK_SIZES = [10**4, 10**5]
-WORLD_SIZES = [8, 64]
 PEERS = ("embnb", "fbgemm", "reference")
 
 
 @dataclass(frozen=True)
 class KernelCases:
-    """The cases `run` times and how (defaults: the bench's full run)."""
+    """The cases `run` times and how."""
 
-    sizes: tuple[int, ...] = tuple(SIZES)  # keys per call
-    world_sizes: tuple[int, ...] = tuple(WORLD_SIZES)
+    sizes: tuple[int, ...]  # keys per call
+    world_sizes: tuple[int, ...]
     dist_types: tuple[str, ...] = ("continuous",)
     device: str = "cpu"
     threads: tuple[int, ...] = (1, 0)  # torch threads, a row each (0: all cores; CUDA: the first only)
@@ -208,10 +205,3 @@ def _cpu_model() -> str:
         return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
     except (OSError, StopIteration):
         return "unknown"
-
-
-# the bench's printed table: speeds (M keys/s, GB/s), FBGEMM's time over embnb's (median, per-round range,
-# best) and over the reference's, and whether the outputs were identical
-TABLE_COLUMNS = ["num_keys", "world_size", "dist_type", "threads", "embnb_mkeys_s", "embnb_gbps"]
-TABLE_COLUMNS += ["fbgemm_mkeys_s", "reference_mkeys_s", "embnb_over_fbgemm", "embnb_over_fbgemm_low"]
-TABLE_COLUMNS += ["embnb_over_fbgemm_high", "embnb_over_fbgemm_min", "embnb_over_reference", "identical"]
