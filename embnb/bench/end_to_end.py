@@ -136,18 +136,13 @@ def _case(text: str) -> tuple[int, int, int | None, str | None, float]:
 
 
 def _plan_in_a_new_process(
-    num_tables: int,
-    world_size: int,
-    local: int | None,
-    timeout_s: float,
-    reservation: str,
-    memory_gib: float = math.inf,
-    hbm_fraction: float = HBM_FRACTION,
+    shape: list, reservation: str, timeout_s: float = 0, memory_gib: float = math.inf
 ) -> dict:
-    """One plan in a fresh process (torchrec's DP when `timeout_s`, else create_planner). torchrec's
-    DP is stopped once its resident memory passes `memory_gib` (its enumerator keeps a deep copy of
-    every option, one Shard per device each for row-wise and data-parallel ones)."""
-    args = [num_tables, world_size, local or 0, BATCH_SIZE, hbm_fraction, timeout_s, reservation]
+    """One plan in a fresh process of `shape` (tables, devices, devices per host or 0, batch size,
+    HBM fraction): torchrec's DP when `timeout_s`, else create_planner. torchrec's DP is stopped
+    once its resident memory passes `memory_gib` (its enumerator keeps a deep copy of every option,
+    one Shard per device each for row-wise and data-parallel ones)."""
+    args = [*shape, timeout_s, reservation]
     limit_s = timeout_s + ENUMERATION_GRACE_S if timeout_s else 3600
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # no pipe to fill
         process = subprocess.Popen([sys.executable, "-c", _ONE_PLAN, *map(str, args)], stdout=out, stderr=err)
@@ -196,20 +191,13 @@ def _hosts(world_size: int, local: int | None) -> str:
     return f"{hosts} host{'s' if hosts > 1 else ''} of {local or world_size}"
 
 
-def bench_case(
-    num_tables: int,
-    world_size: int,
-    processes: int,
-    local: int | None = None,
-    timeout_s: float = 0,
-    reservation: str = "heuristical",
-    torchrec_memory_gib: float = math.inf,
-    hbm_fraction: float = HBM_FRACTION,
-) -> dict:
-    fresh = [
-        _plan_in_a_new_process(num_tables, world_size, local, 0, reservation, hbm_fraction=hbm_fraction)
-        for _ in range(processes)
-    ]
+def bench_case(case: tuple, opts: argparse.Namespace) -> dict:
+    """One case (`_case`'s tuple; no reservation: --storage-reservation): create_planner in
+    --processes fresh processes and as often here, and torchrec's DP in one more fresh process."""
+    num_tables, world_size, local, reservation, hbm_fraction = case
+    reservation = reservation or opts.storage_reservation
+    shape = [num_tables, world_size, local or 0, BATCH_SIZE, hbm_fraction]
+    fresh = [_plan_in_a_new_process(shape, reservation) for _ in range(opts.processes)]
     model = make_model(num_tables, seed=0)
     hbm_cap_gb = fused_table_gb(model.tables) / world_size * hbm_fraction
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb, local_world_size=local)
@@ -218,14 +206,14 @@ def bench_case(
         topology,
         BATCH_SIZE,
         model.constraints,
-        repeats=processes,
+        repeats=opts.processes,
         storage_reservation=reservation,
     )
     plan_runs = [run["plan_s"] for run in fresh]
-    peer = timeout_s and _plan_in_a_new_process(
-        num_tables, world_size, local, timeout_s, reservation, torchrec_memory_gib, hbm_fraction
+    peer = opts.torchrec_dp_timeout_s and _plan_in_a_new_process(
+        shape, reservation, opts.torchrec_dp_timeout_s, opts.torchrec_dp_memory_gib
     )
-    row = {
+    return {
         "num_tables": num_tables,
         "world_size": world_size,
         "local_world_size": local or world_size,
@@ -244,11 +232,6 @@ def bench_case(
         "same_rating_everywhere": len({*(run["rating"] for run in fresh), warm.rating}) == 1,
         "torchrec_dp": peer or None,  # torchrec's planner, DP proposer and enumerator, in a fresh process
     }
-    if peer:
-        finite = math.isfinite(peer["rating"]) and math.isfinite(warm.rating)
-        peer["rating_vs_embnb"] = peer["rating"] / warm.rating if finite else None
-        peer["time_vs_embnb"] = peer["plan_s"] / row["fresh_process_s"]
-    return row
 
 
 def _line(row: dict) -> str:
@@ -263,23 +246,18 @@ def _line(row: dict) -> str:
         f"{'' if row['same_rating_everywhere'] else ', RATINGS DIFFER'}"
     )
     peer = row["torchrec_dp"]
-    if peer is not None:
-        ratio = (
-            "no plan" if peer["rating_vs_embnb"] is None else f"{peer['rating_vs_embnb']:.3f}x embnb's rating"
-        )
-        if peer.get("stopped_for_memory_gib"):
-            line += (
-                f" | torchrec DP not run: memory (stopped past {peer['stopped_for_memory_gib']:g} GiB "
-                f"after {peer['stopped_after_s']:.0f} s)"
-            )
-        elif peer.get("stopped_after_s"):
-            line += f" | torchrec DP stopped after {peer['stopped_after_s']:.0f} s, no plan by then"
-        else:
-            line += (
-                f" | torchrec DP {peer['plan_s']:.1f} s{' (CUT)' if peer['timed_out'] else ''}, {ratio}, "
-                f"{peer['proposals']} proposals, peak RSS {peer['peak_rss_gib']:.2f} GiB"
-            )
-    return line
+    if peer is None:
+        return line
+    if peer.get("stopped_for_memory_gib"):
+        stop = f"stopped past {peer['stopped_for_memory_gib']:g} GiB after {peer['stopped_after_s']:.0f} s"
+        return f"{line} | torchrec DP not run: memory ({stop})"
+    if peer.get("stopped_after_s"):
+        return f"{line} | torchrec DP stopped after {peer['stopped_after_s']:.0f} s, no plan by then"
+    rating = f"rating {peer['rating']:.3f} ms" if math.isfinite(peer["rating"]) else "no plan"
+    return (
+        f"{line} | torchrec DP {peer['plan_s']:.1f} s{' (CUT)' if peer['timed_out'] else ''}, {rating}, "
+        f"{peer['proposals']} proposals, peak RSS {peer['peak_rss_gib']:.2f} GiB"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -332,20 +310,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"--torchrec-dp-memory-gib must be > 0, got {opts.torchrec_dp_memory_gib}")
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
-    for num_tables, world_size, local, reservation, hbm_fraction in opts.cases:
-        reservation = reservation or opts.storage_reservation
-        rows.append(
-            bench_case(
-                num_tables,
-                world_size,
-                opts.processes,
-                local,
-                opts.torchrec_dp_timeout_s,
-                reservation,
-                opts.torchrec_dp_memory_gib,
-                hbm_fraction,
-            )
-        )
+    for case in opts.cases:
+        rows.append(bench_case(case, opts))
         print(_line(rows[-1]), flush=True)
     payload = {
         "benchmark": "end_to_end",
