@@ -30,7 +30,9 @@ from embnb.balancing.kjt_gather import (
     _as_bytes,
     _check_kjts,
     _from_bytes,
+    _item_bytes,
     allgather_kjt,
+    random_kjts,
     same_kjt,
     select_samples,
 )
@@ -75,15 +77,6 @@ def owners(parts: Sequence[Sequence[int]], num_samples: int) -> torch.Tensor:
 def _keys_by_sample(kjts: Sequence[KeyedJaggedTensor]) -> torch.Tensor:
     """(stride, total keys) int64: the length of every key of every KJT, per sample."""
     return torch.cat([kjt.lengths().to(torch.int64).view(len(kjt.keys()), -1).t() for kjt in kjts], dim=1)
-
-
-def _item_bytes(kjts: Sequence[KeyedJaggedTensor]) -> list[int]:
-    """Bytes per value of each KJT: its value plus its weight, if weighted."""
-    return [
-        kjt.values().element_size()
-        + (kjt.weights().element_size() if kjt.weights_or_none() is not None else 0)
-        for kjt in kjts
-    ]
 
 
 def alltoall_kjt(
@@ -278,17 +271,8 @@ def zipf_batch(
     (B, 1) float64 labels, workloads = L_j as float64)."""
     check_int("batch_size", batch_size, low=1)
     lengths = zipf_lengths(batch_size, 1.5, max_length, seed * 100_003 + rank)
+    kjts = random_kjts(rank, num_kjts, keys_per_kjt, batch_size, seed=seed, lengths=lengths)
     gen = torch.Generator().manual_seed(seed * 100_003 + rank)
-    num_values = int(lengths.sum()) * keys_per_kjt
-    kjts = [
-        KeyedJaggedTensor.from_lengths_sync(
-            keys=[f"f{j}_{k}" for k in range(keys_per_kjt)],
-            values=torch.randint(0, 2**40, (num_values,), generator=gen),
-            lengths=lengths.repeat(keys_per_kjt),
-            weights=torch.rand(num_values, generator=gen) if j == num_kjts - 1 else None,
-        )
-        for j in range(num_kjts)
-    ]
     labels = torch.rand(batch_size, 1, generator=gen, dtype=torch.float64)
     return kjts, labels, lengths.to(torch.float64)
 

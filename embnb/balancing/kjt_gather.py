@@ -71,6 +71,15 @@ def _from_bytes(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return buffer.clone().view(dtype)  # clone: aligned storage for the wider dtype
 
 
+def _item_bytes(kjts: Sequence[KeyedJaggedTensor]) -> list[int]:
+    """Bytes per value of each KJT: its value plus its weight, if weighted."""
+    return [
+        kjt.values().element_size()
+        + (kjt.weights().element_size() if kjt.weights_or_none() is not None else 0)
+        for kjt in kjts
+    ]
+
+
 def allgather_kjt(
     kjts: Sequence[KeyedJaggedTensor], group: dist.ProcessGroup | None = None
 ) -> list[KeyedJaggedTensor]:
@@ -93,11 +102,7 @@ def allgather_kjt(
     value_counts = torch.stack(
         [lengths.sum(dim=1) for lengths in per_kjt_lengths], dim=1
     ).tolist()  # [rank][kjt]
-    item_bytes = [
-        kjt.values().element_size()
-        + (kjt.weights().element_size() if kjt.weights_or_none() is not None else 0)
-        for kjt in kjts
-    ]
+    item_bytes = _item_bytes(kjts)
     rank_bytes = [sum(c * b for c, b in zip(counts, item_bytes)) for counts in value_counts]
     device = kjts[0].values().device
     local = torch.zeros(max(rank_bytes), dtype=torch.uint8, device=device)
@@ -283,19 +288,25 @@ def random_kjts(
     max_length: int = 8,
     seed: int = 0,
     weighted: bool = True,
+    lengths: torch.Tensor | None = None,
 ) -> list[KeyedJaggedTensor]:
     """A batch of `num_kjts` KJTs with `keys_per_kjt` keys each, random
-    lengths in [0, max_length], the last KJT weighted (when `weighted`)."""
+    lengths in [0, max_length] (or, given `lengths`, one per sample, those
+    of every key), random int64 ids below 2**40, the last KJT weighted
+    (float32 in [0, 1)) when `weighted`."""
     gen = torch.Generator().manual_seed(seed * 100_003 + rank)
     kjts = []
     for j in range(num_kjts):
-        lengths = torch.randint(0, max_length + 1, (keys_per_kjt * batch_size,), generator=gen)
-        num_values = int(lengths.sum())
+        if lengths is None:
+            key_lengths = torch.randint(0, max_length + 1, (keys_per_kjt * batch_size,), generator=gen)
+        else:
+            key_lengths = lengths.repeat(keys_per_kjt)
+        num_values = int(key_lengths.sum())
         kjts.append(
             KeyedJaggedTensor.from_lengths_sync(
                 keys=[f"f{j}_{k}" for k in range(keys_per_kjt)],
                 values=torch.randint(0, 2**40, (num_values,), generator=gen),
-                lengths=lengths,
+                lengths=key_lengths,
                 weights=torch.rand(num_values, generator=gen) if weighted and j == num_kjts - 1 else None,
             )
         )

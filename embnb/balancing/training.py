@@ -98,18 +98,9 @@ class TrainConfig:
         check_choice("workload", self.workload, WORKLOADS)
         check_choice("exchange", self.exchange, EXCHANGES)
         check_choice("shuffle_group", self.shuffle_group, SHUFFLE_GROUPS)
-        for name in (
-            "steps",
-            "batch_size",
-            "max_length",
-            "num_items",
-            "num_categories",
-            "embedding_dim",
-            "ffn_dim",
-            "num_heads",
-        ):
-            check_int(name, getattr(self, name), low=1)
-        check_int("seed", self.seed)
+        for f in dataclasses.fields(self):
+            if f.type in ("int", int):  # the sizes at least 1; the seed any int
+                check_int(f.name, getattr(self, f.name), low=None if f.name == "seed" else 1)
         check_number("zipf_alpha", self.zipf_alpha, low=0, low_open=True)
         check_number("lr", self.lr, low=0, low_open=True)
 
@@ -286,7 +277,23 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
             losses.append(float(total_loss))
     for span in timeline.spans:
         span["rank"] = rank
-    return _rank_result(rank, config, model, timeline, step_seconds, step_flops, losses)
+    return {
+        "rank": rank,
+        "mode": config.mode,
+        "native_kk": config.native_kk,
+        "exchange": config.exchange,
+        "shuffle_group": config.shuffle_group,
+        "spans": timeline.spans,
+        "step_seconds": step_seconds,
+        "step_flops": step_flops,
+        "losses": losses,
+        "weights": torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]),
+        "hidden_fraction": hidden_fraction(timeline.spans),
+        "kk_seconds": [
+            s["end"] - s["start"] for s in timeline.spans if s["phase"] == "kk" and not s["warmup"]
+        ],
+        "ran_native_kk": loader.use(config.native_kk, "native_kk"),
+    }
 
 
 def _worker_group() -> dist.ProcessGroup:
@@ -324,35 +331,6 @@ def _all_reduce_and_step(
             p.grad.copy_(grad.view_as(p))
         optimizer.step()
     return total_loss
-
-
-def _rank_result(
-    rank: int,
-    config: TrainConfig,
-    model: nn.Module,
-    timeline: Timeline,
-    step_seconds: list[float],
-    step_flops: list[float],
-    losses: list[float],
-) -> dict[str, Any]:
-    """What `train` returns for this rank."""
-    return {
-        "rank": rank,
-        "mode": config.mode,
-        "native_kk": config.native_kk,
-        "exchange": config.exchange,
-        "shuffle_group": config.shuffle_group,
-        "spans": timeline.spans,
-        "step_seconds": step_seconds,
-        "step_flops": step_flops,
-        "losses": losses,
-        "weights": torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]),
-        "hidden_fraction": hidden_fraction(timeline.spans),
-        "kk_seconds": [
-            s["end"] - s["start"] for s in timeline.spans if s["phase"] == "kk" and not s["warmup"]
-        ],
-        "ran_native_kk": loader.use(config.native_kk, "native_kk"),
-    }
 
 
 def timed_steps(steps: int, skip_first: int = 1) -> range:
