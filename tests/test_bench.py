@@ -243,8 +243,6 @@ def test_enumerators_bench_covers_every_case_with_the_same_options(tmp_path, ben
             assert len(runs) == 2 and min(runs) > 0 and row[key] == pytest.approx(sum(runs) / 2)
         # torchrec's estimators run inside embnb's enumeration: a part of each run
         assert all(e < t for e, t in zip(row["embnb_estimators_s_runs"], row["embnb_s_runs"]))
-        assert row["speedup"] == pytest.approx(row["torchrec_s"] / row["embnb_s"])
-        assert row["speedup_ceiling"] == pytest.approx(row["torchrec_s"] / row["embnb_estimators_s"])
         mixed = row["model"] == "mixed"
         assert (row["multi_feature_options"] > 0) == mixed  # make_model's tables have one feature
         assert (row["uvm_caching_options"] > 0) == (row["device"] == "cuda")  # CPUs have no UVM
