@@ -26,22 +26,20 @@ from embnb.lab.planner.planning import records
 from embnb.timing import machine_name
 
 
-def ablate(num_tables: int, world_size: int, hbm_fraction: float, repeats: int, timeout_s: float) -> dict:
+def ablate(num_tables: int, world_size: int, opts: argparse.Namespace) -> dict:
     model = make_model(num_tables, seed=0)
-    hbm_cap_gb = fused_table_gb(model.tables) / world_size * hbm_fraction
+    hbm_cap_gb = fused_table_gb(model.tables) / world_size * opts.hbm_fraction
     topology = planner.make_topology(world_size, "cuda", hbm_cap_gb=hbm_cap_gb)
     enumerated = enumerate_options(model.tables, topology, 512, model.constraints)
-    table = ablation_table(
-        enumerated, topology, Planning(512, model.constraints, timeout_s=timeout_s, repeats=repeats)
-    )
+    planning = Planning(512, model.constraints, timeout_s=opts.timeout_s, repeats=opts.repeats)
+    table = ablation_table(enumerated, topology, planning)
     print(f"{num_tables} tables x {world_size} devices ({hbm_cap_gb:.3g} GiB HBM each):\n{table}", flush=True)
-    rungs = records(table)  # by rung; a rating of None: no plan
     return {
         "num_tables": num_tables,
         "world_size": world_size,
         "hbm_cap_gb": hbm_cap_gb,
         "enumerate_s": enumerated.seconds,
-        "rungs": rungs,
+        "rungs": records(table),  # by rung; a rating of None: no plan
     }
 
 
@@ -69,7 +67,7 @@ def main(argv: list[str]) -> int:
     start, rows = time.perf_counter(), []
     for world_size in opts.world_sizes:
         for num_tables in opts.tables:
-            rows.append(ablate(num_tables, world_size, opts.hbm_fraction, opts.repeats, opts.timeout_s))
+            rows.append(ablate(num_tables, world_size, opts))
     payload = {
         "benchmark": "ablation",
         "machine": machine_name(),

@@ -89,6 +89,5 @@ class PlannerExplorer(Explorer):
         for done, (name, factory) in enumerate(self.proposers.items(), start=1):
             self.progress_step(done, steps, name)
             rows.append(compare_proposers(enumerated, topology, planning, {name: factory}))
-        table = pd.concat(rows)
-        table.attrs = dict(rows[0].attrs)
-        return proposer_comparison(table, title=planned_title(num_tables, world_size, hbm_cap_gb))
+        title = planned_title(num_tables, world_size, hbm_cap_gb)
+        return proposer_comparison(pd.concat(rows), title=title)

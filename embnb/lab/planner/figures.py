@@ -89,29 +89,23 @@ def knapsack_choices_figure(small: SmallKnapsack, title: str | None = None) -> F
 def proposer_comparison(table: pd.DataFrame, title: str | None = None) -> Figure:
     """Per proposer (a `compare_proposers` table, one row each): left, its best plan's perf rating
     over the best of all (log; no dot: no plan, its note is in the table); right, planning seconds
-    (log): the median (filled), the range over the repeats (a bar, where the table has
-    `plan_s_min`/`plan_s_max`) and end to end with the enumeration (hollow, `end_to_end_s`)."""
+    (log): the median run's (filled), the range over the repeats (a bar) and end to end with the
+    enumeration (hollow)."""
     rows = table.reset_index()
     if rows.perf_rating.isna().all():
         notes = "; ".join(f"{r.proposer}: {getattr(r, 'note', '') or 'no plan'}" for r in rows.itertuples())
         raise ValueError(f"no proposer found a plan, nothing to compare ({notes})")
-    y, colors = (
-        np.arange(len(rows))[::-1],
-        [color(name, i) for i, name in enumerate(rows.proposer)],
-    )  # top down
+    y = np.arange(len(rows))[::-1]  # top down
+    colors = [color(name, i) for i, name in enumerate(rows.proposer)]
     fig = new_figure(10, 1.2 + 0.4 * len(rows))
     left, right = fig.subplots(1, 2, sharey=True)
     left.scatter(rows.perf_rating / rows.perf_rating.min(), y, c=colors, s=50)
     left.axvline(1.0, color="0.3", linewidth=1)
     left.set(xscale="log", xlabel="estimated perf rating / best (slowest rank, log)", yticks=y)
     left.set_yticklabels(rows.proposer)
-    low, high = rows.get("plan_s_min", rows.plan_s), rows.get("plan_s_max", rows.plan_s)
-    right.hlines(y, low, high, colors=colors, linewidth=3, alpha=0.5)
+    right.hlines(y, rows.plan_s_min, rows.plan_s_max, colors=colors, linewidth=3, alpha=0.5)
     right.scatter(rows.plan_s, y, c=colors, s=50, label="planning")
-    if "end_to_end_s" in rows:
-        right.scatter(
-            rows.end_to_end_s, y, s=80, facecolors="none", edgecolors=colors, label="with enumeration"
-        )
+    right.scatter(rows.end_to_end_s, y, s=80, facecolors="none", edgecolors=colors, label="with enumeration")
     right.set(xscale="log", xlabel="seconds (log)")
     right.legend(fontsize=8)
     fig.suptitle(title or "torchrec's planner with each proposer")
