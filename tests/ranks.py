@@ -53,6 +53,17 @@ def kv_load_and_lookup(rank, world_size, directory, dist_type, seed, batches):
     return {"keys": keys, "rows": rows, "lookup": table.lookup(batches[rank])}
 
 
+def kv_train(rank, world_size, spec, batches, grads, lr, directory):
+    """One SGD step on a fresh table of embnb.rowwise.kv (`spec.table`): look up batches[rank], apply
+    grads[rank], look up again, save the table in `directory`; the stats count both lookups."""
+    table = spec.table(rank, world_size)
+    rows = table.lookup(batches[rank])
+    table.apply_gradients(batches[rank], grads[rank], lr)
+    rows_after = table.lookup(batches[rank])
+    table.dump(directory)
+    return {"rows": rows, "rows_after": rows_after, "stats": table.stats()}
+
+
 def kv_rank_mismatch(rank, world_size):
     """Error messages of tables whose layout contradicts the process group."""
     from embnb.rowwise import kv

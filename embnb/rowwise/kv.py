@@ -33,7 +33,7 @@ reference: the same code runs, with the all-to-alls skipped.
 
 A batch is a torchrec ``KeyedJaggedTensor`` or a :class:`JaggedBatch`, its
 torch-only stand-in with the same ``keys()``/``lengths()``/``values()``.
-The per-rank functions take JaggedBatches: unpickling a KeyedJaggedTensor
+`lookup_on_rank` takes JaggedBatches: unpickling a KeyedJaggedTensor
 imports torchrec, which costs each spawned rank seconds.
 """
 
@@ -63,11 +63,10 @@ __all__ = [
     "TABLE_NAME",
     "KVTableSpec",
     "lookup_on_rank",
-    "train_on_rank",
 ]
 
 INIT_SCALE = 0.05  # initial rows are uniform in [-INIT_SCALE, INIT_SCALE)
-TABLE_NAME = "kv"  # the table name the per-rank functions use
+TABLE_NAME = "kv"  # the table name `KVTableSpec.table` uses
 # 2**64 / golden ratio, as int64 bits: spreads column indices before hashing.
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -111,11 +110,6 @@ class JaggedBatch:
 
     def lengths(self) -> torch.Tensor:
         return self._lengths
-
-    def to_kjt(self) -> KeyedJaggedTensor:
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-        return KeyedJaggedTensor(keys=self._keys, values=self._values, lengths=self._lengths)
 
     def __repr__(self) -> str:
         return f"JaggedBatch(keys={self._keys}, values={self._values}, lengths={self._lengths})"
@@ -376,7 +370,7 @@ class ShardedKVTable:
         return table
 
 
-# ------------------------------------------------- per-rank functions
+# ------------------------------------------------- on spawned ranks
 
 
 @dataclass(frozen=True)
@@ -402,15 +396,6 @@ class KVTableSpec:
         return table
 
 
-def _batch_and_table(
-    rank: int, world_size: int, spec: KVTableSpec, batches: list[Batch]
-) -> tuple[Batch, ShardedKVTable]:
-    """This rank's batch and a fresh table: what every per-rank function starts with."""
-    if len(batches) != world_size:
-        raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
-    return batches[rank], spec.table(rank, world_size)
-
-
 def lookup_on_rank(
     rank: int, world_size: int, spec: KVTableSpec, batches: list[Batch], dump_dir: str | None = None
 ) -> dict[str, Any]:
@@ -420,32 +405,10 @@ def lookup_on_rank(
     Returns ``{"rows": [num_keys, dim] in batches[rank]'s key order,
     "stats": table.stats()}``.
     """
-    batch, table = _batch_and_table(rank, world_size, spec, batches)
-    rows = table.lookup(batch)
+    if len(batches) != world_size:
+        raise ValueError(f"batches has {len(batches)} entries, need one per rank (world_size={world_size})")
+    table = spec.table(rank, world_size)
+    rows = table.lookup(batches[rank])
     if dump_dir is not None:
         table.dump(dump_dir)
     return {"rows": rows, "stats": table.stats()}
-
-
-def train_on_rank(
-    rank: int,
-    world_size: int,
-    spec: KVTableSpec,
-    batches: list[Batch],
-    grads: list[torch.Tensor],
-    lr: float,
-    dump_dir: str | None = None,
-) -> dict[str, Any]:
-    """For ``launch``: one SGD step on a fresh table.
-
-    Looks up ``batches[rank]``, applies ``grads[rank]``, looks up again and,
-    with ``dump_dir``, saves the table there as :data:`TABLE_NAME`. Returns
-    ``{"rows", "rows_after", "stats"}`` (stats count both lookups).
-    """
-    batch, table = _batch_and_table(rank, world_size, spec, batches)
-    rows = table.lookup(batch)
-    table.apply_gradients(batch, grads[rank], lr)
-    rows_after = table.lookup(batch)
-    if dump_dir is not None:
-        table.dump(dump_dir)
-    return {"rows": rows, "rows_after": rows_after, "stats": table.stats()}
