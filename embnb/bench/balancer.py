@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import statistics
 import sys
@@ -37,9 +38,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numberpartitioning
+import pandas as pd
 import torch
 
 from embnb.balancing import partition as balancer
+from embnb.balancing.kjt_alltoall import compare_exchanges
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
@@ -47,9 +50,9 @@ from embnb.bench.hstu import add_sweep_options, check_sweep_options, critical_ra
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.cuda import loader
 from embnb.data import zipf_lengths
-from embnb.dist import device_plan, resolve_device
+from embnb.dist import device_plan, launch, resolve_device
 from embnb.lab.balancing import measured
-from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, run_exchanges, run_training
+from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, exchange_records, run_training
 from embnb.scaling import (
     NOT_COMPARED,
     TRAINING_FLOPS_PER_FORWARD,
@@ -206,18 +209,20 @@ def bench_training(
     }
 
 
-def bench_exchanges(
-    world_sizes: list[int], bytes_world_sizes: list[int], batch_size: int, repeats: int, device: str
-) -> dict[str, Any]:
-    """Both exchanges on real ranks (time, identical batches) and their bytes per rank up to 64 ranks."""
-    rows = run_exchanges(world_sizes, device=device, batch_size=batch_size, repeats=repeats)
+def bench_exchanges(opts: argparse.Namespace) -> dict[str, Any]:
+    """Both exchanges on real ranks, one launch per W (time, identical batches: `compare_exchanges`),
+    and their bytes per rank up to 64 ranks, printed as they finish."""
+    print(f"exchanges on {opts.exchange_world_size} ranks ({opts.device}) ...", flush=True)
+    fn = functools.partial(compare_exchanges, batch_size=opts.batch_size, repeats=opts.repeats)
+    rows = exchange_records({w: launch(fn, w, device=opts.device) for w in opts.exchange_world_size})
+    print(pd.DataFrame(rows).round(3).to_string(index=False), flush=True)
+    counted = exchange_bytes_by_world_size(opts.bytes_world_size, opts.batch_size)
+    print("  bytes received per rank (max):", counted, flush=True)
     return {
-        "batch_size": batch_size,
+        "batch_size": opts.batch_size,
         "measured": rows,
         "identical": all(row["identical"] for row in rows),
-        "bytes_per_rank": {
-            str(w): b for w, b in exchange_bytes_by_world_size(bytes_world_sizes, batch_size).items()
-        },
+        "bytes_per_rank": {str(w): b for w, b in counted.items()},
     }
 
 
@@ -406,22 +411,6 @@ def _cap_and_device(parser: argparse.ArgumentParser, opts: argparse.Namespace) -
     return opts
 
 
-def _run_exchanges(opts: argparse.Namespace) -> dict[str, Any]:
-    """Both exchanges on real ranks, printed as they finish."""
-    print(f"exchanges on {opts.exchange_world_size} ranks ({opts.device}) ...", flush=True)
-    exchanges = bench_exchanges(
-        opts.exchange_world_size, opts.bytes_world_size, opts.batch_size, opts.repeats, opts.device
-    )
-    for row in exchanges["measured"]:
-        print(
-            f"  W={row['world_size']} {row['exchange']:<9} {row['ms_median']:.2f} ms "
-            f"({row['ms_low']:.2f}-{row['ms_high']:.2f})",
-            flush=True,
-        )
-    print("  bytes received per rank (max):", exchanges["bytes_per_rank"], flush=True)
-    return exchanges
-
-
 def main(argv: list[str]) -> int:
     opts = _options(argv)
     quiet_torchrec_logs()  # and torch.fx's log on every rank that builds a KeyedJaggedTensor
@@ -469,7 +458,7 @@ def main(argv: list[str]) -> int:
         )
         save("training", [*payload["training"], trained])
     if opts.exchange_world_size:
-        save("exchanges", _run_exchanges(opts))
+        save("exchanges", bench_exchanges(opts))
     if opts.measured_world_size:
         bench_rank_by_rank(opts, save)
     print(f"wrote {write_results('balancer', payload, opts.out)}")

@@ -173,8 +173,8 @@ def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: t
         b: zipf_lengths(world_size * b, opts.alpha, opts.max_length, seed=world_size * f).tolist()
         for f, b in zip(opts.sweep_factors, sweep_batches(opts.samples_per_rank, opts.sweep_factors))
     }
-    empty = {"world_size": world_size, "width": width, "runs": []}
-    try:
+    empty, check = {"world_size": world_size, "width": width, "runs": []}, None
+    try:  # the 16x batch may not fit the device: the unit says so and the next one still runs
         check = critical_rank_check(
             batches,
             world_size,
@@ -184,20 +184,21 @@ def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: t
             opts.device,
             opts.max_fixed_share,
         )
-    except torch.cuda.OutOfMemoryError as error:  # the 16x batch may not fit: the next unit still runs
-        torch.cuda.empty_cache()
-        verdict = "out of memory in the sweep: not compared"
-        return empty | {"samples_per_rank": None, "verdict": verdict, "acceptance": None, "error": str(error)}
-    chosen = check.chosen_batch
-    world = empty
-    if chosen is not None:
-        try:
+        chosen = check.chosen_batch
+        world = empty
+        if chosen is not None:
             world = measure_world(model, batches[chosen], world_size, opts.repeats, opts.device, dtype)
-        except torch.cuda.OutOfMemoryError as error:
-            torch.cuda.empty_cache()
-            verdict = f"out of memory at batch {chosen}: not compared"
-            return empty | {"samples_per_rank": None, "verdict": verdict, "acceptance": check.as_dict(),
-                            "error": str(error)}  # fmt: skip
+    except torch.cuda.OutOfMemoryError as error:
+        torch.cuda.empty_cache()
+        where = "in the sweep" if check is None else f"at batch {check.chosen_batch}"
+        acceptance = None if check is None else check.as_dict()
+        verdict = f"out of memory {where}: not compared"
+        return empty | {
+            "samples_per_rank": None,
+            "verdict": verdict,
+            "acceptance": acceptance,
+            "error": str(error),
+        }
     return world | {"samples_per_rank": chosen, "verdict": check.verdict, "acceptance": check.as_dict()}
 
 

@@ -25,11 +25,11 @@ from embnb.balancing.timeline import phase_seconds
 from embnb.balancing.training import RunSummary, TrainConfig, timed_steps
 from embnb.balancing.workloads import attention_block_flops
 from embnb.cuda import loader
-from embnb.dist import device_plan, launch, launch_each
+from embnb.dist import device_plan, launch_each
 from embnb.metrics import max_over_mean
 from embnb.timing import Difference, median_seconds, paired_difference
 
-__all__ = ["TrainingRuns", "run_training", "experiment_call", "run_exchanges", "exchange_bytes_by_world_size"]
+__all__ = ["TrainingRuns", "run_training", "experiment_call", "exchange_bytes_by_world_size"]
 
 
 def time_kk(workloads: Sequence[float], num_parts: int) -> dict[str, Any]:
@@ -177,14 +177,6 @@ def exchange_records(per_world_size: Mapping[int, list[dict[str, Any]]]) -> list
         for w, ranks in per_world_size.items()
         for name in EXCHANGES
     ]
-
-
-def run_exchanges(
-    world_sizes: Sequence[int], device: str = "auto", timeout_s: float = 600, **kwargs: Any
-) -> list:
-    """`exchange_records` of `compare_exchanges(**kwargs)` on each world size, one launch each."""
-    fn = partial(compare_exchanges, **kwargs)
-    return exchange_records({w: launch(fn, w, device=device, timeout_s=timeout_s) for w in world_sizes})
 
 
 def experiment_call(name: str, **kwargs: Any) -> tuple[Callable, tuple]:
