@@ -51,14 +51,8 @@ def _saved(metadata: dict[str, Any], key: str, num_embeddings: int) -> tuple[str
         raise KeyError(
             f"the checkpoint holds {len(found)} keys for {key!r} (with any layout); similar: {near}"
         )
-    described = saved_layout(found[0][len(key) :])
-    layout = (
-        TableLayout(num_embeddings, 1)
-        if described is None
-        else TableLayout(
-            num_embeddings, described["world_size"], described["routing"], described.get("seed", 0)
-        )
-    )
+    # no suffix: torchrec's continuous rows, in id order whatever W saved them
+    layout = TableLayout(num_embeddings, **(saved_layout(found[0][len(key) :]) or {"world_size": 1}))
     rows = metadata[found[0]].size[0]
     if rows != layout.storage_rows:
         raise RoutingMismatch(

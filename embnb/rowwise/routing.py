@@ -221,14 +221,8 @@ def _block_size_list(
     if block_sizes is None:
         return None
     if isinstance(block_sizes, torch.Tensor):
-        if block_sizes.is_floating_point() or block_sizes.is_complex() or block_sizes.dtype == torch.bool:
-            raise TypeError(f"{name} must be an integer tensor, got {block_sizes.dtype}")
-        return [int(b) for b in block_sizes.reshape(-1).tolist()]
-    sizes = list(block_sizes)
-    for b in sizes:
-        if not isinstance(b, int) or isinstance(b, bool):
-            raise TypeError(f"{name} must hold ints, got {type(b).__name__} {b!r}")
-    return sizes
+        block_sizes = check_int_tensor(name, block_sizes, dim=None).reshape(-1).tolist()
+    return [check_int(f"{name}[{i}]", b) for i, b in enumerate(block_sizes)]
 
 
 def _resolve_num_features(

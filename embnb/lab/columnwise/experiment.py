@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
+from importlib.metadata import version
 
 import pandas as pd
 import torch
@@ -100,7 +101,7 @@ def run_seed(case: CWCase, device: str = "auto", timeout_s: float = 300.0) -> tu
         "compute_kernel": compute_kernel_for(torchrec_device),  # torchrec's, where its path ran
         "torchrec_device": torchrec_device,
         "torchrec_device_note": note and f"torchrec's path ran on the CPU: {note}",
-        "torchrec_version": layouts.torchrec_version(),
+        "torchrec_version": version("torchrec"),
         "rank_order": cw.rank_order(ranks),
         "permute_indices": cw.cw_permute_indices(ranks),  # embnb's
         "ids_per_rank": [len(ids) for _, ids in make_batches(case)],
@@ -158,7 +159,7 @@ def run_appendix(
     ids = [len(b[1]) for b in make_batches(traffic_case)]
     mean_ids = round(sum(ids) / len(ids))
     results = {
-        "torchrec_version": layouts.torchrec_version(),
+        "torchrec_version": version("torchrec"),
         "torchrec_min_cw_dim": MIN_CW_DIM,
         "planner_layouts": [asdict(p) for p in planned],  # torchrec planner's CW shards at world_size
         "traffic_ids_per_rank": ids,

@@ -15,13 +15,6 @@ import torch
 from embnb._checks import check_int
 
 
-def torchrec_version() -> str:
-    """The installed torchrec's version: what the notebook's torchrec claims are about."""
-    from importlib.metadata import version
-
-    return version("torchrec")
-
-
 @dataclass(frozen=True)
 class PlannerLayout:
     """One table's column-wise shards as torchrec's planner placed them, in column order."""

@@ -83,32 +83,13 @@ def planner_bytes_at(
     """Per table width: the CW shards torchrec's planner makes at `world_size` ranks (`planner_cw_layout`)
     and what each path would put on the wire (`wire_bytes`) for the given batch on every rank: a count,
     no ranks run. `rows`: one dict per width."""
-    rows = []
+    rows, ids, sequences = [], ids_per_rank * world_size, sequences_per_rank * world_size
     for dim in embedding_dims:
         layout = planner_cw_layout(dim, num_embeddings, world_size)
         owners = len(set(layout.ranks))
-        count = wire_bytes(
-            len(layout.ranks),
-            owners,
-            dim,
-            ids_per_rank * world_size,
-            sequences_per_rank * world_size,
-            world_size,
-        )
-        rows.append(
-            {
-                "embedding_dim": dim,
-                "shard widths": layout.widths,
-                "shard ranks": layout.ranks,
-                "owner ranks": owners,
-                "torchrec B": count["torchrec"],
-                "embnb B": count["embnb"],
-                "torchrec / embnb": count["torchrec"] / count["embnb"],
-            }
-        )
-    return {
-        "world_size": world_size,
-        "ids_per_rank": ids_per_rank,
-        "sequences_per_rank": sequences_per_rank,
-        "rows": rows,
-    }
+        count = wire_bytes(len(layout.ranks), owners, dim, ids, sequences, world_size)
+        row = {"embedding_dim": dim, "shard widths": layout.widths, "shard ranks": layout.ranks}
+        row |= {"owner ranks": owners, "torchrec B": count["torchrec"], "embnb B": count["embnb"]}
+        rows.append(row | {"torchrec / embnb": count["torchrec"] / count["embnb"]})
+    sizes = {"world_size": world_size, "ids_per_rank": ids_per_rank, "sequences_per_rank": sequences_per_rank}
+    return sizes | {"rows": rows}
