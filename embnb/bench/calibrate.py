@@ -20,7 +20,10 @@ checked on models and plans it was not fitted on.
    held-out set: notebook 03's seed at W = 8 and 32, and two other models. Where two planners
    return one placement it is measured twice: rank by rank, how far apart the two came is the
    noise under those errors (`rank_repeat_gap`).
-3. Which plan measured fastest: per held-out model, each plan's measured critical path (the slowest
+3. `collective_ms`: each sharding type's collectives (their fixed latency, payloads of one element)
+   timed on `--collective-world-size` real ranks (`embnb.planner.latency`), before the held-out
+   worlds are planned: the calibrated DP rates plans with it.
+4. Which plan measured fastest: per held-out model, each plan's measured critical path (the slowest
    rank's step, lookups + dense part, per repeat: median and range), and round by round its step
    minus embnb DP (calibrated)'s (`measure_world`'s paired difference: the mean with its 95%
    t-interval).
@@ -37,14 +40,17 @@ import math
 import os
 import statistics
 import sys
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 import torch
 from torchrec.distributed.planner.planners import to_sharding_plan
+from torchrec.distributed.planner.types import PlannerError
 
+from embnb._torchrec_private import best_plan
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
-from embnb.devices import device_cache_bytes
+from embnb.devices import device_cache_bytes, visible_gpus
 from embnb.lab.planner.calibrated import PAIRED_WITH, rank_repeat_gap, rank_repeat_gaps
 from embnb.lab.planner.candidates import candidate_plans, plan_shape
 from embnb.lab.planner.comparison import default_proposers
@@ -59,9 +65,10 @@ from embnb.planner.calibration import (
     torchrec_default_estimate,
 )
 from embnb.planner.enumerator import make_enumerator
+from embnb.planner.factory import create_planner
 from embnb.planner.fitting import fit
+from embnb.planner.latency import CollectiveLatency, measure_collective_ms
 from embnb.planner.perf_model import KernelCallPerfModel
-from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology
 from embnb.steptime import CLOCKS, StepTimes, make_batch, measure_plan, measure_world
 from embnb.steptime.work import HOST_LEVEL_SHARDING_TYPES
@@ -103,6 +110,14 @@ def _parser() -> argparse.ArgumentParser:
         "--device", default="cpu", choices=("auto", "cpu", "cuda"),
         help="where ranks run; the topology is of this device's kind (cuda: UVM kernels among the options)",
     )  # fmt: skip
+    parser.add_argument(
+        "--collective-world-size",
+        type=int,
+        default=None,
+        help="ranks each sharding type's collectives are timed on for collective_ms (default: the "
+        "machine's cores, at least 2, each rank on a core of its own as the replay measures a rank; "
+        "on CUDA its GPUs, one per rank, else not measured)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
@@ -128,6 +143,8 @@ def _check(opts: argparse.Namespace) -> str | None:
     if set(opts.train_seeds) & {s for s, _ in opts.heldout}:
         both = sorted(set(opts.train_seeds) & {s for s, _ in opts.heldout})
         return f"--train-seeds and the --heldout seeds must differ (held out: not fitted on), both: {both}"
+    if opts.collective_world_size is not None and opts.collective_world_size < 2:
+        return f"--collective-world-size must be >= 2, got {opts.collective_world_size}"
     if opts.cache_bytes is not None and opts.cache_bytes < 1:
         return f"--cache-bytes must be >= 1, got {opts.cache_bytes}"
     if opts.warmup < 0 or opts.max_rows < 1000 or opts.timeout_s <= 0:
@@ -219,27 +236,43 @@ def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
     return ranks, rows
 
 
+def calibrated_dp(
+    calibration: Calibration, enumerated: Enumerated, topology, batch_size: int, constraints, timeout_s: float
+) -> tuple[list | None, float, str]:
+    """embnb's DP as a torchrec user plans with a calibration: `create_planner(...,
+    calibration=calibration)`, over the calibrated estimates, the planner and the DP's replica both
+    rating with its `KernelCallPerfModel`; memory reserved as `run_planner` reserves it (a fixed
+    15%). Returns the placed plan (None: none placed), its rating (ms; NaN: none) and a note (why
+    no plan, or where the planner and the replica disagreed)."""
+    the_planner = create_planner(
+        topology, batch_size, constraints=constraints, calibration=calibration, progress=False,
+        storage_reservation="fixed", timeout_seconds=max(1, math.ceil(timeout_s)),
+    )  # fmt: skip
+    try:
+        the_planner.plan(enumerated.module, enumerated.sharders)
+    except PlannerError as error:
+        return None, math.nan, "no plan: " + str(error).strip().splitlines()[0][:200]
+    return best_plan(the_planner), the_planner.rating, "; ".join(the_planner.dp_proposer.disagreements)
+
+
 def _calibrated_plans(
     calibration: Calibration, model: Model, enumerated: Enumerated, topology, opts
-) -> dict[str, Any]:
-    """embnb's DP and torchrec's default proposers planning over the calibrated estimates."""
+) -> dict[str, tuple[list | None, float, str]]:
+    """embnb's DP (`calibrated_dp`) and torchrec's default proposers planning over the calibrated
+    estimates: per plan name, the placed plan, its rating (ms) and a note."""
     chosen = make_enumerator(
         "embnb", topology, opts.batch_size, model.constraints,
         estimator=estimators(calibration, topology, model.constraints),
     )  # fmt: skip
     options = chosen.enumerate(enumerated.module, enumerated.sharders)
     calibrated = Enumerated(enumerated.module, enumerated.sharders, options, 0.0)
-    proposers = default_proposers()  # the same proposers as the plans on torchrec's default estimator
-    proposers = {f"{name} (calibrated)": proposers[name] for name in ("embnb DP", "torchrec default")}
-    # embnb's DP rates its plans as create_planner's does with a calibration: with its kernel calls
-    # (KernelCallPerfModel); torchrec's proposers rate nothing themselves.
-    model_of = KernelCallPerfModel.from_calibration(topology, calibration)
-    proposers["embnb DP (calibrated)"] = lambda: DynamicProgrammingProposer(performance_model=model_of)
-    return {
-        name: run_planner(make(), calibrated, topology, opts.batch_size, name=name,
-                          constraints=model.constraints, timeout_s=opts.timeout_s)
-        for name, make in proposers.items()
-    }  # fmt: skip
+    # torchrec's proposers rate nothing themselves: the planner's NoopPerfModel rates their plans
+    default = run_planner(
+        default_proposers()["torchrec default"](), calibrated, topology, opts.batch_size,
+        name="torchrec default (calibrated)", constraints=model.constraints, timeout_s=opts.timeout_s,
+    )  # fmt: skip
+    dp = calibrated_dp(calibration, enumerated, topology, opts.batch_size, model.constraints, opts.timeout_s)
+    return {"embnb DP (calibrated)": dp, default.proposer: (default.plan, default.perf_rating, default.note)}
 
 
 def heldout_world(
@@ -257,8 +290,10 @@ def heldout_world(
         ).items()
         if name not in SKIPPED
     }
-    for name, run in _calibrated_plans(calibration, model, enumerated, topology, opts).items():
-        plans[name] = (run.plan, run.perf_rating, run.note, "calibrated")
+    for name, (options, rating, note) in _calibrated_plans(
+        calibration, model, enumerated, topology, opts
+    ).items():
+        plans[name] = (options, rating, note, "calibrated")
     batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
     world = measure_world(
         {name: to_sharding_plan(plan[0], topology) for name, plan in plans.items() if plan[0] is not None},
@@ -349,6 +384,17 @@ def errors(ranks: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def collective_latency(opts: argparse.Namespace) -> CollectiveLatency:
+    """The calibration's `collective_ms`: each sharding type's collectives timed on real ranks
+    (`measure_collective_ms`; why as many ranks as cores by default: its module's docstring)."""
+    world_size = opts.collective_world_size
+    if world_size is None:
+        world_size = max(2, visible_gpus() if opts.device == "cuda" else len(os.sched_getaffinity(0)))
+    latency = measure_collective_ms(world_size, opts.device)
+    print(f"collective_ms on {world_size} ranks: {latency.collective_ms or latency.why}", flush=True)
+    return latency
+
+
 def main(argv: list[str]) -> int:
     opts = _parser().parse_args(argv)
     problem = _check(opts)
@@ -375,6 +421,8 @@ def main(argv: list[str]) -> int:
             ranks, opts.device, machine_name(opts.device), terms=opts.terms, cache_bytes=opts.cache_bytes,
             kernel_calls=False,
         )  # fmt: skip
+        latency = collective_latency(opts)
+        calibration = replace(calibration, collective_ms=latency.collective_ms)
         fit_abs = [abs(e) for e in calibration.fit_errors]
         print(f"fit on {len(ranks)} ranks: |error| median {statistics.median(fit_abs):.3f}, worst "
               f"{max(fit_abs):.3f}; kernel_call_ms {calibration.kernel_call_ms:.3f}", flush=True)  # fmt: skip
@@ -406,6 +454,7 @@ def main(argv: list[str]) -> int:
             "plans": train_rows,
             "ranks": len(ranks),
         },  # fmt: skip
+        "collectives": asdict(latency),  # how collective_ms was measured, or why it was not
         "calibration": calibration.to_json(),
         "calibration_per_shard": per_shard.to_json(),  # the same fit without the kernel-call term
         "heldout_errors": heldout,

@@ -6,8 +6,9 @@ shards it holds of `fwd_compute + bwd_compute`)**, plus a cost per kernel call: 
 `kernel_call_ms` (ms per TBE call, whatever its ids) on each rank's count of the TBE groups torchrec
 batches its shards into (`KernelCallPerfModel.kernel_calls`, which `embnb.steptime` runs as its
 TBEs), the term `KernelCallPerfModel` adds to a plan's rating. Communication is not fitted: a rank's
-measured lookups hold no collective (torchrec's formulas for it are kept as they are, and
-`collective_ms` stays 0 in a fit; it can be set by hand).
+measured lookups hold no collective (torchrec's formulas for its bytes are kept as they are); the
+fixed latency of each sharding type's collectives, `collective_ms`, is measured apart
+(`embnb.planner.latency`, which `python -m embnb.bench calibrate` runs).
 
 torchrec's `EmbeddingPerfEstimator` (torchrec/distributed/planner/estimator/, 1.6.1 and 1.8)
 computes a shard's forward compute as `(a * input_read_size + b * lookup_size + c *

@@ -40,7 +40,7 @@ def fit(
     `kernel_calls`: fit `kernel_call_ms` too, one coefficient for every group, whose regressor is
     each rank's `MeasuredRank.kernel_calls` (the cost of a TBE call, whatever its ids: issue #69);
     None: where any rank's calls are counted. `collective_ms` is not fitted here: a rank's
-    measured lookups hold no collective (it stays 0).
+    measured lookups hold no collective (it is measured apart: `embnb.planner.latency`).
 
     `terms`: which of `TERMS` to fit; the others are 0. Why: torchrec's terms can be collinear in a
     training set, and then the ranks do not determine them: input reads and lookups both grow with

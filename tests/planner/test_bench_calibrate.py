@@ -29,6 +29,7 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
         *("--tables", "5", "--max-rows", "2000", "--batch-size", "8", "--train-seeds", "1"),
         *("--train-world-sizes", "2", "3", "--train-plans", "3", "--heldout", "0:2", "--timeout-s", "5"),
         *("--terms", "lookup_size_multiplier", "--warmup", "0", "--repeats", "2", "--out", str(tmp_path)),
+        *("--collective-world-size", "2"),
     )
     assert code == 0, out + err
     (path,) = tmp_path.glob("calibrate-*.json")
@@ -36,8 +37,18 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
     calibration = Calibration.from_json(payload["calibration"])
     assert calibration.device_kind == "cpu" and calibration.device_name == payload["machine"]
     assert len(calibration.fit_errors) == payload["train"]["ranks"] > 0
+    # collective_ms: measured on 2 gloo ranks, positive for every type with collectives of its own
+    collectives = payload["collectives"]
+    assert (collectives["world_size"], collectives["backend"], collectives["why"]) == (2, "gloo", "")
+    assert calibration.collective_ms == collectives["collective_ms"]
+    assert all(ms > 0 for t, ms in calibration.collective_ms.items() if t != "data_parallel")
     (world,) = payload["heldout"]
     measured = [p for p in world["plans"] if p["measured"]]
+    # the calibrated DP's rating holds the collectives of each sharding type its plan uses
+    dp = next(p for p in measured if p["plan"] == "embnb DP (calibrated)")
+    assert dp["note"] == ""  # the planner rated the DP's plan as its replica did: no disagreement
+    used = [t for t in dp["shape"] if t != "shards"]
+    assert dp["rating_ms"] > sum(calibration.collective_ms[t] for t in used) > 0
     assert {"embnb DP", "torchrec default", "embnb DP (calibrated)"} <= {p["plan"] for p in measured}
     for plan in measured:
         assert len(plan["ranks"]) == world["world_size"]
@@ -120,6 +131,7 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
         (["--train-seeds", "0", "1"], "--train-seeds and the --heldout seeds must differ"),
         (["--heldout", "0-8"], "--heldout takes SEED:WORLD_SIZE pairs of integers"),
         (["--train-world-sizes", "1"], "world sizes must all be >= 2, got [1"),
+        (["--collective-world-size", "1"], "--collective-world-size must be >= 2, got 1"),
     ],
 )
 def test_bad_calibrate_arguments_are_named(tmp_path, capsys, args, message):
