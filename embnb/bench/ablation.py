@@ -71,9 +71,7 @@ def main(argv: list[str]) -> int:
     payload = {
         "benchmark": "ablation",
         "machine": machine_name(),
-        "hbm_fraction": opts.hbm_fraction,
-        "repeats": opts.repeats,
-        "timeout_s": opts.timeout_s,
+        **{k: v for k, v in vars(opts).items() if k != "out"},  # the command line, as run
         "ladder": {rung: dict(arguments) for rung, arguments in LADDER.items()},
         "rows": rows,
         "bench_s": time.perf_counter() - start,

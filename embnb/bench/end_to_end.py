@@ -316,12 +316,10 @@ def main(argv: list[str]) -> int:
     payload = {
         "benchmark": "end_to_end",
         "machine": machine_name(),
+        **{k: v for k, v in vars(opts).items() if k != "out"},  # the command line, as run
         "batch_size": BATCH_SIZE,
         "hbm_fraction": HBM_FRACTION,
-        "processes": opts.processes,
         "storage_reservation": RESERVATIONS[opts.storage_reservation],
-        "torchrec_dp_timeout_s": opts.torchrec_dp_timeout_s,
-        "torchrec_dp_memory_gib": opts.torchrec_dp_memory_gib,
         "rows": rows,
         "bench_s": time.perf_counter() - start,
     }

@@ -58,13 +58,6 @@ class MixedModel:
     tables: list[EmbeddingBagConfig | EmbeddingConfig]  # pooled, then sequence
 
 
-class _PooledAndSequence(nn.Module):
-    def __init__(self, pooled: EmbeddingBagCollection, sequence: EmbeddingCollection) -> None:
-        super().__init__()
-        self.pooled = pooled
-        self.sequence = sequence
-
-
 def make_mixed_model(num_tables: int, seed: int = 0, uvm_caching: bool = True) -> MixedModel:
     """`num_tables` pooled tables in a weighted EmbeddingBagCollection, each read
     by 1 to 4 features with a pooling factor each (1 to 50), beside a quarter as
@@ -110,9 +103,11 @@ def make_mixed_model(num_tables: int, seed: int = 0, uvm_caching: bool = True) -
                 compute_kernels=["fused_uvm_caching", "fused"],
             )
     meta = torch.device("meta")
-    module = _PooledAndSequence(
-        EmbeddingBagCollection(tables=pooled, is_weighted=True, device=meta),
-        EmbeddingCollection(tables=sequence, device=meta),
+    module = nn.ModuleDict(
+        {
+            "pooled": EmbeddingBagCollection(tables=pooled, is_weighted=True, device=meta),
+            "sequence": EmbeddingCollection(tables=sequence, device=meta),
+        }
     )
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
     return MixedModel(module, sharders, constraints, pooled + sequence)

@@ -197,15 +197,11 @@ def main(argv: list[str]) -> int:
     payload = {
         "benchmark": "planner",
         "machine": machine_name(),
-        "hbm_fraction": opts.hbm_fraction,
-        "timeout_s": opts.timeout_s,
-        "batch_size": opts.batch_size,
-        "devices_per_host": opts.devices_per_host,
+        **{k: v for k, v in vars(opts).items() if k != "out"},  # the command line, as run
         "storage_reservation": (
             "FixedPercentageStorageReservation(0.15) for every proposer, end to end too "
             "(create_planner(storage_reservation='fixed'))"
         ),
-        "seed": opts.seed,
         "rows": rows,
         "quality_vs_brute_force": quality_rows,
         "bench_s": time.perf_counter() - start,
