@@ -60,10 +60,6 @@ Parts = list[list[int]]
 # --- input checks -----------------------------------------------------------
 
 
-def _check_num_parts(num_parts: Any) -> int:
-    return check_int("num_parts", num_parts, low=1)
-
-
 def _workload_tensor(workloads: Any) -> torch.Tensor:
     """A 1-D CPU float64 tensor (through numpy, which converts a list faster than torch)."""
     try:
@@ -126,7 +122,7 @@ def contiguous(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts
     (the first `n % num_parts` parts get the extra sample). `equal_size` is
     there for the common signature of METHODS: this cut always is."""
     num_items = len(as_workloads(workloads))
-    num_parts = _check_num_parts(num_parts)
+    num_parts = check_int("num_parts", num_parts, low=1)
     base, extra = divmod(num_items, num_parts)
     bounds = list(itertools.accumulate([base + (p < extra) for p in range(num_parts)], initial=0))
     return [list(range(bounds[p], bounds[p + 1])) for p in range(num_parts)]
@@ -138,7 +134,7 @@ def greedy_lpt(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts
     the parts that are not full when equal_size. With equal_size the last
     parts hold one padding item each, so they take one sample fewer."""
     weights = as_workloads(workloads)
-    num_parts = _check_num_parts(num_parts)
+    num_parts = check_int("num_parts", num_parts, low=1)
     num_items = len(weights)
     pads = len(padded_weights(weights, num_parts, equal_size)) - num_items
     per_part = (num_items + pads) // num_parts
@@ -214,7 +210,7 @@ def karmarkar_karp(workloads: Any, num_parts: int, equal_size: bool = True) -> P
     heaviest first, indices ascending.
     """
     weights = as_workloads(workloads)
-    num_parts = _check_num_parts(num_parts)
+    num_parts = check_int("num_parts", num_parts, low=1)
     sets = _kk_sets(padded_weights(weights, num_parts, equal_size), num_parts, equal_size, len(weights))
     return _drop_padding([items for _, items in sets], len(weights))
 
@@ -305,7 +301,7 @@ def kk_swap(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts:
     it, one item per part at most). Pure Python; `balance` runs the native
     one, which gives the same parts."""
     weights = as_workloads(workloads)
-    num_parts = _check_num_parts(num_parts)
+    num_parts = check_int("num_parts", num_parts, low=1)
     padded = padded_weights(weights, num_parts, equal_size)
     sets = _kk_sets(padded, num_parts, equal_size, len(weights))
     refined = _refine(padded, [items for _, items in sets], _default_max_swaps(len(padded)), len(weights))
@@ -334,7 +330,9 @@ def _native_kk(workloads: Any, num_parts: int, equal_size: bool, refine: bool) -
     """torch.ops.embnb.karmarkar_karp: the same parts as the Python version.
     The op itself rejects negative and non-finite workloads."""
     tensor = _workload_tensor(workloads)
-    order, sizes = torch.ops.embnb.karmarkar_karp(tensor, _check_num_parts(num_parts), equal_size, refine)
+    order, sizes = torch.ops.embnb.karmarkar_karp(
+        tensor, check_int("num_parts", num_parts, low=1), equal_size, refine
+    )
     order = order.tolist()
     bounds = list(itertools.accumulate(sizes.tolist(), initial=0))
     return [order[bounds[p] : bounds[p + 1]] for p in range(num_parts)]

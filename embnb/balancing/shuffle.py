@@ -314,12 +314,16 @@ class BalancedShuffle:
     def _start_next(
         self, batch: Any, workloads: Callable[[TorchrecBatch], torch.Tensor], step: int
     ) -> tuple[int, torch.dtype, tuple[int, ...], torch.dtype] | None:
-        """Start the shuffle of batch `step`, or, where this rank's batches
-        ended (`_END`), its end-of-data check (the layout is then None)."""
+        """Start the shuffle of batch `step` and return its layout, or, where
+        this rank's batches ended (`_END`), its end-of-data check (None)."""
         if batch is _END:
             self._start_end(step)
             return None
-        return self._start_batch(batch, workloads, step)
+        dense, labels = batch.dense_features, batch.labels
+        size = batch.sparse_features.stride()
+        rows = torch.cat([t.reshape(size, -1).to(torch.float64) for t in (dense, labels)], dim=1)
+        self.start(batch.sparse_features, rows, workloads(batch).reshape(-1), step)
+        return dense.reshape(size, -1).shape[1], dense.dtype, tuple(labels.shape[1:]), labels.dtype
 
     def _start_end(self, step: int) -> None:
         """This rank has no batch `step`: its "no batch" in the signature gather
@@ -342,15 +346,6 @@ class BalancedShuffle:
         if device.type == "cuda":
             torch.cuda.set_device(device)  # in the worker too
         self._check_sizes(self._gather_sizes(_NO_BATCH, device=device), step)
-
-    def _start_batch(
-        self, batch: TorchrecBatch, workloads: Callable[[TorchrecBatch], torch.Tensor], step: int
-    ) -> tuple[int, torch.dtype, tuple[int, ...], torch.dtype]:
-        dense, labels = batch.dense_features, batch.labels
-        size = batch.sparse_features.stride()
-        rows = torch.cat([t.reshape(size, -1).to(torch.float64) for t in (dense, labels)], dim=1)
-        self.start(batch.sparse_features, rows, workloads(batch).reshape(-1), step)
-        return dense.reshape(size, -1).shape[1], dense.dtype, tuple(labels.shape[1:]), labels.dtype
 
     def _gather_sizes(self, size: int, checksum: int = 0, device: torch.device | None = None) -> torch.Tensor:
         """Every rank's (batch size, signature checksum): one small all-gather."""

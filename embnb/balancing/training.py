@@ -1,21 +1,13 @@
-"""Balanced data-parallel training of a small sequence model, with the
-balancer hidden behind compute.
-
-`train(rank, world_size, config)` runs the model (item and category
-embeddings, one attention block, mean pooling, a regression head) for a few
-steps in one of three modes of `TrainConfig.mode`: "none" (no balancing),
-"sync" (shuffle each batch before computing it) and "overlap" (shuffle the
-next batch in a worker thread while this one computes, then wait for it
-before the gradient all-reduce: `embnb.balancing.shuffle.BalancedShuffle`),
-recording a `Timeline` per rank and step. Several configs run in one launch
-with `embnb.dist.launch_each`:
+"""Balanced data-parallel training of a small sequence model (item and
+category embeddings, one attention block, mean pooling, a regression head),
+the balancer hidden behind compute: `train(rank, world_size, config)` in one
+of the modes of `TrainConfig.mode` (see `train`), recording a `Timeline` per
+rank and step; `summarize` turns one mode's per-rank results into a
+`RunSummary` over the `timed_steps`. On a GPU the model runs on the rank's
+device and KK on the CPU. Several configs run in one launch:
 
     launch_each([(train, (TrainConfig(mode="none"),)),
                  (train, (TrainConfig(mode="overlap"),))], 4, device="cpu")
-
-`summarize` turns one mode's per-rank results into a `RunSummary` over the
-`timed_steps`. On a GPU the model runs on the rank's device while KK runs
-on the CPU in the worker.
 """
 
 from __future__ import annotations

@@ -185,15 +185,8 @@ def bench_training(
                 "flops_ideal_speedup": ideal[label],
             }
         )
-    for r in rows:
-        hidden = "" if r["hidden_fraction"] is None else f"  shuffle hidden {r['hidden_fraction']:.1%}"
-        step = r["step_ms"]
-        print(
-            f"  {r['label']:<20} {step['median']:7.1f} ms/step ({step['low']:.1f}-{step['high']:.1f})  "
-            f"speed-up {speedups[r['label']]}  FLOPs predict {r['flops_ideal_speedup']:.2f}x  "
-            f"shuffle {r['shuffle_seconds'] * 1e3:.2f} ms{hidden}",
-            flush=True,
-        )
+    shown = r"^(step_ms|speedup_vs_no_balancing)\.(median|low|high)$|flops_ideal|shuffle_seconds|hidden"
+    print(pd.json_normalize(rows).set_index("label").filter(regex=shown).round(3).to_string(), flush=True)
     difference = trained.difference("overlap", "sync")
     designs = trained.difference("overlap, caller thread", "overlap")
     print(f"  overlap - sync, ms/step: {difference}", flush=True)
@@ -370,25 +363,11 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add_sweep_options(parser, "--measured-batch-size")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name in (
-        "world_size",
-        "exchange_world_size",
-        "bytes_world_size",
-        "steps",
-        "repeats",
-        "batch_size",
-        "max_length",
-        "measured_world_size",
-        "measured_batch_size",
-        "measured_max_length",
-        "measured_width",
-        "measured_repeats",
-    ):
-        values = getattr(opts, name) if isinstance(getattr(opts, name), list) else [getattr(opts, name)]
-        if any(v < 1 for v in values):
-            parser.error(
-                f"--{name.replace('_', '-')} must be >= 1, got {values if len(values) > 1 else values[0]}"
-            )
+    for name, value in vars(opts).items():  # every count at least 1 (--cap-world-size 0: no capped balance)
+        if name != "cap_world_size" and any(
+            type(v) is int and v < 1 for v in (value if isinstance(value, list) else [value])
+        ):
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     check_sweep_options(parser, opts)
     if opts.measured_width % 4:  # SequenceDense's 4 attention heads
         parser.error(f"--measured-width must be a multiple of 4, got {opts.measured_width}")

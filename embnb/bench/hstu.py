@@ -331,12 +331,9 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add_sweep_options(parser, "--samples-per-rank")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name in ("world_sizes", "more_world_sizes", "sweep_widths"):
-        if any(v < 1 for v in getattr(opts, name)):
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
-    for name in ("width", "sweep_world_size", "layers", "samples_per_rank", "max_length", "repeats"):
-        if getattr(opts, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    for name, value in vars(opts).items():  # every count at least 1
+        if any(type(v) is int and v < 1 for v in (value if isinstance(value, list) else [value])):
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     for width in [opts.width, *opts.sweep_widths]:
         try:
             head_layout(width)
