@@ -76,7 +76,7 @@ def test_the_least_summed_perf_is_not_the_best_rated_plan(run):
     assert results["tiny_plans"]["plans"] == 64 and 0 < results["tiny_plans"]["placeable"] < 64
     instances = results["pitfall"]
     assert 8 <= len(instances) <= SMALL["pitfall_instances"]  # those with a plan
-    bins = {"< 0.5": (0, 0.5), "0.5-1": (0.5, 1), "1-2": (1, 2), ">= 2": (2, math.inf)}
+    bins = {"[0.0, 0.5)": (0, 0.5), "[0.5, 1.0)": (0.5, 1), "[1.0, 2.0)": (1, 2), "[2.0, inf)": (2, math.inf)}
     by_ratio = {b["memory_ratio"]: b for b in results["pitfall_by_memory_ratio"]}
     assert list(by_ratio) == list(bins)
     for label, (low, high) in bins.items():

@@ -4,6 +4,7 @@ the HBM budget shrinks."""
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from tqdm.auto import tqdm
 
 from embnb._checks import check_int
 from embnb.lab.planner.explain import memory_ratio
-from embnb.lab.planner.models import Enumerated, combinations_of, enumerate_options, hosts_of
+from embnb.lab.planner.models import Enumerated, enumerate_options, hosts_of
 from embnb.lab.planner.planning import rank_loads, run_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology
@@ -96,7 +97,9 @@ def compare_proposers(
     proposers = default_proposers() if proposers is None else proposers
     if not proposers:
         raise ValueError("proposers is empty: pass at least one name -> proposer factory")
-    combinations, rows = combinations_of(enumerated), []
+    # plans of one option per table: torchrec's GridSearchProposer skips past MAX_PROPOSALS
+    combinations = math.prod(collections.Counter(o.fqn for o in enumerated.options).values())
+    rows = []
     for name in tqdm(list(proposers), desc="proposers", disable=not progress):
         made = [proposers[name]() for _ in range(planning.repeats)]
         runs = [planning.run(p, enumerated, topology, name) for p in made]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 import numpy as np
 import pandas as pd
@@ -101,15 +100,14 @@ class SmallKnapsack:
     rate: Callable[[Sequence[int]], float] | None = field(default=None, repr=False)
 
     def describe(self) -> pd.DataFrame:
-        """One row per table and option: perf, HBM (GiB and bins), and whether the best plan takes it."""
+        """One row per table and option: perf and HBM (GiB and bins)."""
         return pd.DataFrame(
-            {"table": table, "option": label, "perf": perf, "hbm_gb": hbm, "bins": bins,
-             "in best plan": o == self.plan[t]}
+            {"table": table, "option": label, "perf": perf, "hbm_gb": hbm, "bins": bins}
             for t, table in enumerate(self.tables)
-            for o, (label, perf, hbm, bins) in enumerate(
-                zip(self.options[t], self.perfs[t], self.hbm_gb[t], self.memories[t])
+            for label, perf, hbm, bins in zip(
+                self.options[t], self.perfs[t], self.hbm_gb[t], self.memories[t]
             )
-        )  # fmt: skip
+        )
 
 
 def small_knapsack(
@@ -258,14 +256,8 @@ def share_by_tightness(pitfall: pd.DataFrame, edges: Sequence[float] = TIGHTNESS
     rounding), and their share."""
     if pitfall.empty:
         raise ValueError("pitfall is empty: no instance had a plan")
-    bounds = [0.0, *edges, math.inf]
-    labels = [
-        f"< {hi:g}" if lo == 0 else (f">= {lo:g}" if hi == math.inf else f"{lo:g}-{hi:g}")
-        for lo, hi in pairwise(bounds)
-    ]
-    worse = (pitfall.least_placed_sum_over_best > 1 + 1e-9).groupby(
-        pd.cut(pitfall.memory_ratio, bounds, right=False, labels=labels), observed=False
-    )
+    bins = pd.cut(pitfall.memory_ratio, [0.0, *edges, math.inf], right=False)
+    worse = (pitfall.least_placed_sum_over_best > 1 + 1e-9).groupby(bins, observed=False)
     table = pd.DataFrame({"instances": worse.size(), "worse": worse.sum()})
     table["share"] = table.worse / table.instances.where(table.instances > 0)
-    return table.rename_axis("memory_ratio")
+    return table.set_axis(table.index.astype(str)).rename_axis("memory_ratio")  # "[0.5, 1.0)"

@@ -44,7 +44,6 @@ class ExplorerStart:
     seed: int = 0
     compute_device: str = "cuda"  # the topology's
     ddr_cap_gb: float = 128.0  # per rank
-    bins_per_device: int = 100  # of the DPs (`default_proposers`)
     proposers: tuple[str, ...] = ("embnb DP", "torchrec DP", "Greedy", "Uniform")
 
 
@@ -55,7 +54,7 @@ class PlannerExplorer(Explorer):
     def __init__(
         self, start: ExplorerStart, planning: Planning = Planning(timeout_s=20), draw_now: bool = False
     ):
-        factories = default_proposers(start.bins_per_device)
+        factories = default_proposers()
         self.proposers = {
             name: factories[check_choice("proposer", name, list(factories))] for name in start.proposers
         }

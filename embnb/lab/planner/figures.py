@@ -4,6 +4,7 @@ Figure."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -58,10 +59,8 @@ def knapsack_choices_figure(small: SmallKnapsack, title: str | None = None) -> F
             ax.add_patch(Rectangle((m - 0.5, r - 0.5), 1, 1, color=shade.get(code, "white"), alpha=0.55))
             text = f"{code}\n{perf:.3f}" if code else f"{perf:.0f}"
             ax.text(m, r, text, ha="center", va="center", fontsize=6.5)
-    path = [small.end]
-    for t in reversed(range(len(small.plan))):  # the bin each row's plan ends in, bottom up
-        path.append(path[-1] - small.memories[t][small.plan[t]])
-    path = path[::-1]  # path[r]: bin of row r (row 0: the start)
+    # path[r]: the bin the best plan is in after row r (row 0: the start, bin 0)
+    path = [0, *itertools.accumulate(small.memories[t][o] for t, o in enumerate(small.plan))]
     for r, m in enumerate(path):
         ax.add_patch(Rectangle((m - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
         if r:

@@ -3,7 +3,6 @@ notebooks' and the benches'), enumerated once so every proposer plans over the s
 
 from __future__ import annotations
 
-import collections
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,8 +19,7 @@ from embnb.planner.enumerator import make_enumerator
 from embnb.planner.space import GB
 from embnb.timing import Stopwatch
 
-__all__ = ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options", "combinations_of"]
-__all__ += ["hosts_of"]
+__all__ = ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options", "hosts_of"]
 
 
 @dataclass(frozen=True)
@@ -81,11 +79,6 @@ def enumerate_options(
     with Stopwatch() as watch:
         options = chosen.enumerate(module, sharders)
     return Enumerated(module, sharders, options, watch.wall_s)
-
-
-def combinations_of(enumerated: Enumerated) -> int:
-    """Plans of one option per table (torchrec's GridSearchProposer skips past `MAX_PROPOSALS`)."""
-    return math.prod(collections.Counter(o.fqn for o in enumerated.options).values())
 
 
 def hosts_of(topology: Topology) -> int:
