@@ -295,26 +295,22 @@ def alpha_sweep(
 
 
 def pipeline_table(
-    keys: torch.Tensor,
-    table_sizes: Iterable[int],
-    world_sizes: Iterable[int],
-    hows: Sequence[str] = ("modulo", "hash"),
-    dist_types: Sequence[str] = ("continuous", "roundrobin"),
+    keys: torch.Tensor, table_sizes: Iterable[int], world_sizes: Iterable[int]
 ) -> pd.DataFrame:
-    """Map `keys` into tables of each size (`into_table`, each of `hows`) and route the rows under
-    `dist_types` (after the mapping a key is a row: `continuous` cuts the table into blocks,
-    `roundrobin` is `row % W`) at each world size. One row per (table_rows, into_table, world_size,
+    """Map `keys` into tables of each size (`into_table`, modulo and hash) and route the rows under
+    `continuous` and `roundrobin` (after the mapping a key is a row: `continuous` cuts the table into
+    blocks, `roundrobin` is `row % W`) at each world size. One row per (table_rows, into_table, world_size,
     dist_type): max/mean of rows looked up per rank; distinct ids, distinct rows they use, the share of
     the distinct ids whose row holds another id too, and that share had each id drawn its row at random
     (`1 - (1 - 1/rows) ** (ids - 1)`)."""
     distinct = torch.as_tensor(keys, dtype=torch.int64).unique()
     records = []
-    for table_rows, how in itertools.product(table_sizes, hows):
+    for table_rows, how in itertools.product(table_sizes, ("modulo", "hash")):
         rows = into_table(keys, table_rows, how)
         used, ids_per_row = into_table(distinct, table_rows, how).unique(return_counts=True)
         sharing = int(ids_per_row[ids_per_row > 1].sum()) / max(distinct.numel(), 1)
         random_sharing = 1 - (1 - 1 / table_rows) ** (distinct.numel() - 1)
-        for world_size, dist_type in itertools.product(world_sizes, dist_types):
+        for world_size, dist_type in itertools.product(world_sizes, ("continuous", "roundrobin")):
             counts = rank_counts(rows, world_size, dist_type, table_rows=table_rows)
             records.append(
                 (table_rows, how, world_size, dist_type, max_over_mean(counts), distinct.numel())

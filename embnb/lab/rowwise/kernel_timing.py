@@ -46,25 +46,27 @@ class KernelCases:
     reference_repeats: int = 3  # rounds the slow pure-torch reference is timed in
 
 
-def make_inputs(
-    num_keys: int,
-    device: str,
-    *,
-    num_features: int = 8,
-    avg_length: int = 32,
-    rows: int = 10**8,
-    seed: int = 0,
-    lengths_dtype: torch.dtype = torch.int32,
-    indices_dtype: torch.dtype = torch.int64,
-):
-    """(lengths, indices) with exactly `num_keys` keys (the remainder one key each to the first segments)."""
+# the input of every case (the module docstring), recorded with the results
+INPUT = {
+    "num_features": 8,
+    "avg_length": 32,
+    "rows": 10**8,
+    "lengths_dtype": "int32",
+    "indices_dtype": "int64",
+}
+
+
+def make_inputs(num_keys: int, device: str, rows: int = INPUT["rows"], seed: int = 0):
+    """(lengths int32, indices int64) of `INPUT`'s features with exactly `num_keys` keys (the remainder
+    one key each to the first segments), ids uniform in [0, rows)."""
+    num_features, avg_length = INPUT["num_features"], INPUT["avg_length"]
     gen = torch.Generator().manual_seed(seed)
     batch = max(1, round(num_keys / (num_features * avg_length)))
     drawn = torch.randint(0, 2 * avg_length + 1, (num_features * batch,), generator=gen)
     lengths = drawn * num_keys // max(int(drawn.sum()), 1)
     lengths[: num_keys - int(lengths.sum())] += 1
     indices = torch.randint(0, rows, (num_keys,), generator=gen)
-    return (lengths.to(device, lengths_dtype), indices.to(device, indices_dtype))
+    return (lengths.to(device, torch.int32), indices.to(device, torch.int64))
 
 
 def bytes_moved(lengths: torch.Tensor, indices: torch.Tensor, world_size: int) -> int:
@@ -101,9 +103,8 @@ def measure_case(
     num_keys: int, world_size: int, dist_type: str, threads: int, cases: KernelCases, fbgemm: Callable | None
 ) -> dict:
     """One row of the table: outputs compared, then every implementation timed interleaved."""
-    device, num_features = cases.device, 8
-    rows = 10**8  # each feature's table; make_inputs draws ids below it
-    lengths, indices = make_inputs(num_keys, device, num_features=num_features, rows=rows)
+    device, num_features, rows = cases.device, INPUT["num_features"], INPUT["rows"]  # each feature's rows
+    lengths, indices = make_inputs(num_keys, device)
     block = math.ceil(rows / world_size)
     mode = DistType.parse(dist_type)
     feistel = mode is DistType.FEISTEL_ROUNDROBIN
@@ -181,7 +182,6 @@ def run(cases: KernelCases, progress: bool = True) -> dict:
     for row in rows:
         row["embnb_fraction_of_copy"] = row["embnb_gbps"] / copy
     timing = {k: v for k, v in asdict(cases).items() if k in ("repeats", "warmup", "reference_repeats")}
-    inputs = dict(num_features=8, avg_length=32, rows=10**8, lengths_dtype="int32", indices_dtype="int64")
     return dict(
         benchmark="bucketize",
         device=cases.device,
@@ -194,7 +194,7 @@ def run(cases: KernelCases, progress: bool = True) -> dict:
         copy_gbps=copy,
         load_average_before=load_before,
         load_average_after=os.getloadavg(),
-        input=inputs | timing,
+        input=INPUT | timing,
         rows=rows,
     )
 
