@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.data import zipf_probs
 from embnb.dist import launch
 from embnb.timing import interleaved_seconds, paired_ratio
 
@@ -70,9 +71,8 @@ def _batch(rank: int, rows: int, batch: int, pooling: int, alpha: float):
     from torchrec import KeyedJaggedTensor
 
     gen = torch.Generator().manual_seed(rank)
-    weights = torch.arange(1, rows + 1, dtype=torch.float64).pow(-alpha)
     n = batch * pooling * len(TABLES)
-    ids = torch.multinomial(weights, n, replacement=True, generator=gen)
+    ids = torch.multinomial(zipf_probs(rows, alpha), n, replacement=True, generator=gen)
     lengths = torch.full((batch * len(TABLES),), pooling, dtype=torch.int64)
     return KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{t}" for t in TABLES], values=ids, lengths=lengths)
 
