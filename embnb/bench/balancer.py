@@ -56,7 +56,6 @@ from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, exchang
 from embnb.scaling import (
     NOT_COMPARED,
     TRAINING_FLOPS_PER_FORWARD,
-    ScalingCheck,
     sweep_batches,
     sweep_clock,
 )
@@ -219,49 +218,40 @@ def bench_exchanges(opts: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def sweep_case(
-    spec: LengthDistribution, world_size: int, config: measured.StepConfig, opts: argparse.Namespace
-) -> ScalingCheck:
-    """The acceptance check of one (distribution, W) (`hstu.critical_rank_check`), its lengths drawn as
-    `measured.measure_balanced_steps` draws them, at one thread on a CPU."""
-    seed = config.seed * 1009 + world_size
-    batches = {
-        b: spec.draw(world_size * b, config.max_length, seed).tolist()
-        for b in sweep_batches(config.local_batch_size, opts.sweep_factors)
-    }
-    model = SequenceDense(config.width, config.hidden).to(config.device)
-    threads = torch.get_num_threads()
-    if torch.device(config.device).type == "cpu":
-        torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread, as measured's
-    try:
-        return critical_rank_check(
-            batches,
-            world_size,
-            config.flops,
-            lambda lengths, b: measured.dense_rank_step(model, lengths, config.width, config.device),
-            config.repeats,
-            config.device,
-            opts.max_fixed_share,
-        )
-    finally:
-        torch.set_num_threads(threads)
-
-
 def acceptance(
     distributions: dict[str, LengthDistribution], config: measured.StepConfig, opts: argparse.Namespace
 ) -> dict[str, Any]:
-    """Every (distribution, W)'s check; the W at which all distributions pass, and the batch they are
-    compared at (the largest chosen: every compared case passes there, its fixed share falling with
-    the batch), or `NOT_COMPARED`."""
-    cases, compared, chosen = [], [], []
-    for w in config.world_sizes:
-        checks = {name: sweep_case(spec, w, config, opts) for name, spec in distributions.items()}
-        for name, check in checks.items():
-            cases.append({"distribution": name, "world_size": w} | check.as_dict())
-            print(f"  W={w} {name}: {sweep_text(check.as_dict())}: {check.verdict}", flush=True)
-        if all(c.chosen_batch is not None for c in checks.values()):
-            compared.append(w)
-            chosen += [c.chosen_batch for c in checks.values()]
+    """Every (distribution, W)'s check (`hstu.critical_rank_check`, its lengths drawn as
+    `measured.measure_balanced_steps` draws them, at one thread on a CPU); the W at which all
+    distributions pass, and the batch they are compared at (the largest chosen: every compared case
+    passes there, its fixed share falling with the batch), or `NOT_COMPARED`."""
+    model = SequenceDense(config.width, config.hidden).to(config.device)
+
+    def step_of(lengths: list[int], batch: int) -> Callable[[], None]:
+        return measured.dense_rank_step(model, lengths, config.width, config.device)
+
+    batch_sizes = sweep_batches(config.local_batch_size, opts.sweep_factors)
+    cases, compared, chosen, threads = [], [], [], torch.get_num_threads()
+    if torch.device(config.device).type == "cpu":
+        torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread, as measured's
+    try:
+        for w in config.world_sizes:
+            checks = {}
+            for name, spec in distributions.items():
+                batches = {
+                    b: spec.draw(w * b, config.max_length, config.seed * 1009 + w).tolist()
+                    for b in batch_sizes
+                }
+                checks[name] = critical_rank_check(
+                    batches, w, config.flops, step_of, config.repeats, config.device, opts.max_fixed_share
+                )
+                cases.append({"distribution": name, "world_size": w} | checks[name].as_dict())
+                print(f"  W={w} {name}: {sweep_text(cases[-1])}: {checks[name].verdict}", flush=True)
+            if all(c.chosen_batch is not None for c in checks.values()):
+                compared.append(w)
+                chosen += [c.chosen_batch for c in checks.values()]
+    finally:
+        torch.set_num_threads(threads)
     batch = max(chosen) if chosen else None
     return {
         "sweep_factors": opts.sweep_factors,
@@ -331,7 +321,8 @@ def bench_rank_by_rank(opts: argparse.Namespace, save: Callable[[str, Any], None
 
 
 def _options(argv: list[str]) -> argparse.Namespace:
-    """The command line, checked."""
+    """The command line, checked: --cap-world-size one of the measured ones (None: skip), --device
+    resolved."""
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench balancer", description=__doc__.splitlines()[0]
     )
@@ -371,11 +362,6 @@ def _options(argv: list[str]) -> argparse.Namespace:
     check_sweep_options(parser, opts)
     if opts.measured_width % 4:  # SequenceDense's 4 attention heads
         parser.error(f"--measured-width must be a multiple of 4, got {opts.measured_width}")
-    return _cap_and_device(parser, opts)
-
-
-def _cap_and_device(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> argparse.Namespace:
-    """--cap-world-size among the measured ones (None: skip), --device resolved ("auto": a GPU if any)."""
     if opts.cap_world_size == 0 or not opts.measured_world_size:
         opts.cap_world_size = None
     elif opts.cap_world_size not in opts.measured_world_size:
@@ -383,7 +369,7 @@ def _cap_and_device(parser: argparse.ArgumentParser, opts: argparse.Namespace) -
             f"--cap-world-size must be one of --measured-world-size {opts.measured_world_size} "
             f"(or 0: skip the capped balance), got {opts.cap_world_size}"
         )
-    try:
+    try:  # "auto": a GPU if any
         opts.device = resolve_device(opts.device)
     except ValueError as error:  # --device cuda without a GPU
         parser.error(f"--device: {error}")

@@ -168,7 +168,8 @@ def check_sweep_options(parser: argparse.ArgumentParser, opts: argparse.Namespac
 def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
     """One (W, width): the acceptance check, then the methods compared at the chosen batch, or not
     compared at all (`embnb.scaling.NOT_COMPARED`, or out of memory on the device: no runs)."""
-    model = _model(width, opts, dtype)
+    torch.manual_seed(width)
+    model = HSTUModel(width, opts.layers).to(opts.device, dtype)
     batches = {
         b: zipf_lengths(world_size * b, opts.alpha, opts.max_length, seed=world_size * f).tolist()
         for f, b in zip(opts.sweep_factors, sweep_batches(opts.samples_per_rank, opts.sweep_factors))
@@ -200,11 +201,6 @@ def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: t
             "error": str(error),
         }
     return world | {"samples_per_rank": chosen, "verdict": check.verdict, "acceptance": check.as_dict()}
-
-
-def _model(width: int, opts: argparse.Namespace, dtype: torch.dtype) -> HSTUModel:
-    torch.manual_seed(width)
-    return HSTUModel(width, opts.layers).to(opts.device, dtype)
 
 
 def _units(opts: argparse.Namespace) -> list[tuple[int, int]]:

@@ -5,8 +5,7 @@
 from embnb.lab.exports import lazy_exports
 
 _HOMES = {
-    **dict.fromkeys(["comparison", "cost_fit", "experiment", "figures", "gpu_runs", "job", "measured",
-                     "memory_cap"], []),  # modules of their own: lab.measured.fitted
+    **dict.fromkeys(["comparison", "cost_fit", "experiment", "figures", "job", "measured"], []),  # modules
     "core": ["page_core_agrees", "trace_table"],
     "explore": ["BalanceExplorer"],
     "embnb.dist": ["device_plan", "launch", "resolve_device", "start_rank_server"],
