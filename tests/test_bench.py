@@ -422,7 +422,8 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
         (["end_to_end", "--processes", "0"], "--processes must be >= 1, got 0"),
         (
             ["end_to_end", "--cases", "800by64"],
-            "a case is TABLESxDEVICES or TABLESxDEVICES/PER_HOST, e.g. 800x64 or 800x64/8; got '800by64'",
+            "a case is TABLESxDEVICES[/PER_HOST][:RESERVATION][@HBM], e.g. 800x64 or 800x64/8:fixed@1; "
+            "got '800by64'",
         ),
         (["end_to_end", "--cases", "800x64/3"], "PER_HOST must divide the devices, got '800x64/3'"),
         (

@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,7 @@ BATCH_SIZE = 512
 ENUMERATION_GRACE_S = 300  # torchrec's planner past its limit (its enumeration) before it is stopped
 HBM_FRACTION = 0.5  # as the planner bench's default, where a case names none
 MEMORY_POLL_S = 0.5  # how often torchrec's planner's resident memory is read
+_CASE = re.compile(r"(\d+)x(\d+)(?:/(\d+))?(?::([a-z]+))?(?:@(\d*\.?\d+))?")  # see _case
 
 # torchrec's default (HeuristicalStorageReservation(0.15): the percentage, dense parameters and KJTs),
 # create_planner's; "fixed" reserves the 15% alone (FixedPercentageStorageReservation), where torchrec's
@@ -106,33 +108,28 @@ def _case(text: str) -> tuple[int, int, int | None, str | None, float]:
     """'800x64' -> (800, 64, None, None, HBM_FRACTION): one host; '800x64/8' -> (800, 64, 8, None,
     HBM_FRACTION): hosts of 8 devices; '800x64/8:fixed' -> (800, 64, 8, 'fixed', HBM_FRACTION): under
     that reservation; '800x64/8:fixed@1' -> (800, 64, 8, 'fixed', 1.0): HBM for all the rows."""
-    case, _, hbm = text.lower().partition("@")
-    try:
-        hbm_fraction = float(hbm) if hbm else HBM_FRACTION
-    except ValueError:
-        hbm_fraction = math.nan
-    if not hbm_fraction > 0 or math.isinf(hbm_fraction):
+    match = _CASE.fullmatch(text.lower())
+    if match is None:
         raise argparse.ArgumentTypeError(
-            f"a case's @HBM must be a fraction > 0, e.g. @1; got {hbm!r} in {text!r}"
+            f"a case is TABLESxDEVICES[/PER_HOST][:RESERVATION][@HBM], e.g. 800x64 or 800x64/8:fixed@1; "
+            f"got {text!r}"
         )
-    shape, _, reservation = case.partition(":")
-    if reservation and reservation not in RESERVATIONS:
+    tables, devices, per_host, reservation, hbm = match.groups()
+    tables, devices, local = int(tables), int(devices), int(per_host) if per_host else None
+    if reservation is not None and reservation not in RESERVATIONS:
         raise argparse.ArgumentTypeError(
             f"a case's reservation must be one of {', '.join(RESERVATIONS)}, got {reservation!r} in {text!r}"
         )
-    try:
-        size, _, per_host = shape.partition("/")
-        tables, devices = (int(part) for part in size.split("x"))
-        local = int(per_host) if per_host else None
-    except ValueError:
+    hbm_fraction = HBM_FRACTION if hbm is None else float(hbm)
+    if not hbm_fraction > 0:
         raise argparse.ArgumentTypeError(
-            f"a case is TABLESxDEVICES or TABLESxDEVICES/PER_HOST, e.g. 800x64 or 800x64/8; got {text!r}"
-        ) from None
+            f"a case's @HBM must be a fraction > 0, e.g. @1; got {hbm!r} in {text!r}"
+        )
     if tables < 1 or devices < 1 or (local is not None and (local < 1 or devices % local)):
         raise argparse.ArgumentTypeError(
             f"tables and devices must be >= 1 and PER_HOST must divide the devices, got {text!r}"
         )
-    return tables, devices, local, reservation or None, hbm_fraction
+    return tables, devices, local, reservation, hbm_fraction
 
 
 def _plan_in_a_new_process(
@@ -162,14 +159,11 @@ def _plan_in_a_new_process(
     if stopped is not None:
         if not timeout_s:
             raise RuntimeError(f"create_planner ran past {limit_s} s")
-        timed_out = "stopped_for_memory_gib" not in stopped  # a memory stop is no time-out
         return {
             "plan_s": stopped["stopped_after_s"],
             "rating": math.inf,
-            "proposals": None,
-            "timed_out": timed_out,
-            "import_s": None,
-            "peak_rss_gib": None,
+            "timed_out": "stopped_for_memory_gib" not in stopped,  # a memory stop is no time-out
+            **dict.fromkeys(["proposals", "import_s", "peak_rss_gib"]),  # not measured: stopped
             **stopped,
         }
     if process.returncode:
