@@ -20,17 +20,15 @@ from embnb.planner.topology import make_topology
 
 __all__ = ["ExplorerStart", "PlannerExplorer", "hbm_slider"]
 
-HBM_STEPS_PER_DOUBLING = 4  # the HBM slider's grid: 2**(1/4) apart
-HBM_DOUBLINGS = 4  # the slider spans the start value / 2**4 to * 2**4
 
-
-def hbm_slider(value: float, description: str = "HBM GiB") -> widgets.FloatLogSlider:
-    """A log slider for HBM per device whose grid passes through `value`, so it starts at exactly
-    `value` (a grid from a fixed minimum would snap 1.2 to 2**0.25 = 1.19)."""
+def hbm_slider(value: float) -> widgets.FloatLogSlider:
+    """A log slider for HBM per device from `value` / 16 to `value` * 16, 2**(1/4) apart, whose grid
+    passes through `value`, so it starts at exactly `value` (a grid from a fixed minimum would snap
+    1.2 to 2**0.25 = 1.19)."""
     exponent = math.log2(check_number("hbm_cap_gb", value, low=0, low_open=True))
     return widgets.FloatLogSlider(
-        value=value, base=2, min=exponent - HBM_DOUBLINGS, max=exponent + HBM_DOUBLINGS,
-        step=1 / HBM_STEPS_PER_DOUBLING, readout_format=".3g", description=description,
+        value=value, base=2, min=exponent - 4, max=exponent + 4, step=0.25, readout_format=".3g",
+        description="HBM GiB",
     )  # fmt: skip
 
 
