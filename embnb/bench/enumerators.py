@@ -140,25 +140,19 @@ def _model(case: Case, num_tables: int) -> MixedModel:
     return MixedModel(module, [EmbeddingBagCollectionSharder()], model.constraints, model.tables)
 
 
-class _EstimateClock:
-    """Wall seconds of a DistinctShardEnumerator's estimate step (torchrec's estimators on its
-    distinct shards). It wraps the enumerator's own `_estimate` on the instance and leaves the
+def _clock_estimates(enumerator: DistinctShardEnumerator) -> Stopwatch:
+    """A Stopwatch summing the wall seconds of the enumerator's estimate step (torchrec's estimators
+    on its distinct shards). It wraps the enumerator's own `_estimate` on the instance and leaves the
     estimators alone: a wrapped estimator would ride into embnb's copy of torchrec's perf estimator
     (`estimates._quick_lookups`) and send it down torchrec's slow path."""
+    watch, estimate = Stopwatch(), enumerator._estimate
 
-    def __init__(self, enumerator: DistinctShardEnumerator) -> None:
-        self.watch = Stopwatch()
-        estimate = enumerator._estimate
+    def timed(*args, **kwargs):
+        with watch:
+            return estimate(*args, **kwargs)
 
-        def timed(*args, **kwargs):
-            with self.watch:
-                return estimate(*args, **kwargs)
-
-        enumerator._estimate = timed
-
-    @property
-    def seconds(self) -> float:
-        return self.watch.total_s
+    enumerator._estimate = timed
+    return watch
 
 
 def bench_case(case: Case, num_tables: int, repeats: int) -> dict:
@@ -177,12 +171,12 @@ def bench_case(case: Case, num_tables: int, repeats: int) -> dict:
         for _ in range(repeats):
             gc.collect()  # each run starts from a heap without the last run's garbage
             enumerator = kind(topology, BATCH_SIZE, model.constraints)
-            clock = _EstimateClock(enumerator) if name == "embnb" else None
+            clock = _clock_estimates(enumerator) if name == "embnb" else None
             with Stopwatch() as watch:
                 options = enumerator.enumerate(model.module, model.sharders)
             runs[name].append(watch.wall_s)
             if clock:
-                estimators_s.append(clock.seconds)
+                estimators_s.append(clock.total_s)
             first.setdefault(name, options)
             del enumerator, options
     options = first["torchrec"]
