@@ -26,6 +26,7 @@ the feed-forward run on the packed tokens, without padding.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,13 +96,8 @@ class Buckets:
     num_tokens: int
 
     def to(self, device: torch.device | str) -> Buckets:
-        return Buckets(
-            [g.to(device) for g in self.gather],
-            [k.to(device) for k in self.keep],
-            self.shapes,
-            self.restore.to(device),
-            self.num_tokens,
-        )
+        gather, keep = [g.to(device) for g in self.gather], [k.to(device) for k in self.keep]
+        return Buckets(gather, keep, self.shapes, self.restore.to(device), self.num_tokens)
 
 
 def bucket_by_length(lengths: Sequence[int]) -> Buckets:
@@ -109,9 +105,7 @@ def bucket_by_length(lengths: Sequence[int]) -> Buckets:
     lengths = [check_int(f"lengths[{i}]", n, low=1) for i, n in enumerate(lengths)]
     if not lengths:
         raise ValueError("lengths is empty: a batch needs at least one sample")
-    starts = [0]
-    for n in lengths:
-        starts.append(starts[-1] + n)
+    starts = list(itertools.accumulate(lengths, initial=0))
     groups: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
         groups.setdefault(1 << (n - 1).bit_length(), []).append(i)

@@ -149,12 +149,8 @@ def _rebuild(
     source_starts = (torch.cumsum(block_lengths.reshape(-1), 0) - block_lengths.reshape(-1)).view_as(
         block_lengths
     )
-    to_starts = source_starts.t().reshape(-1)  # blocks in key-major order
-    to_lengths = block_lengths.t().reshape(-1)
-    dest_starts = torch.cumsum(to_lengths, 0) - to_lengths
-    source = torch.repeat_interleave(to_starts - dest_starts, to_lengths) + torch.arange(
-        int(to_lengths.sum()), device=lengths.device
-    )
+    # blocks in key-major order
+    source = _segments(source_starts.t().reshape(-1), block_lengths.t().reshape(-1))
     return KeyedJaggedTensor.from_lengths_sync(
         keys=keys,
         values=torch.cat(values)[source],
@@ -212,6 +208,15 @@ def same_kjt(a: KeyedJaggedTensor, b: KeyedJaggedTensor) -> bool:
     )
 
 
+def _segments(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The indices of segments, one after another: segment s is starts[s], ..., starts[s] +
+    lengths[s] - 1 (int64; an output index i of segment s reads starts[s] + i - its output start)."""
+    lengths = lengths.to(torch.int64)
+    out_starts = torch.cumsum(lengths, 0) - lengths
+    offsets = torch.arange(int(lengths.sum()), device=lengths.device)
+    return torch.repeat_interleave(starts - out_starts, lengths) + offsets
+
+
 def select_samples(kjt: KeyedJaggedTensor, indices: torch.Tensor | Sequence[int]) -> KeyedJaggedTensor:
     """The samples `indices` of `kjt` (every key), in that order."""
     stride, num_keys = kjt.stride(), len(kjt.keys())
@@ -224,15 +229,7 @@ def select_samples(kjt: KeyedJaggedTensor, indices: torch.Tensor | Sequence[int]
     flat = kjt.lengths().to(torch.int64)
     starts = (torch.cumsum(flat, 0) - flat).view(num_keys, stride)
     picked_lengths = lengths[:, indices].reshape(-1)
-    picked_starts = starts[:, indices].reshape(-1)
-    # Output value v belongs to segment s: its source is start[s] + (v - out_start[s]).
-    segment = torch.repeat_interleave(
-        torch.arange(picked_lengths.numel(), device=indices.device), picked_lengths.to(torch.int64)
-    )
-    out_starts = torch.cumsum(picked_lengths.to(torch.int64), 0) - picked_lengths
-    source = (
-        picked_starts[segment] + torch.arange(segment.numel(), device=indices.device) - out_starts[segment]
-    )
+    source = _segments(starts[:, indices].reshape(-1), picked_lengths)
     weights = kjt.weights_or_none()
     return KeyedJaggedTensor.from_lengths_sync(
         keys=kjt.keys(),

@@ -305,9 +305,9 @@ def bench_rank_by_rank(opts: argparse.Namespace, save: Callable[[str, Any], None
         if opts.cap_world_size in config.world_sizes
     ]
     for run in capped:
-        costs = ", ".join(f"{label} {run.cost(label):.2f}x" for label in run.steps)
-        print(f"  cap {run.cap:.0f} tokens, {run.distribution}: binds {run.binds()}; measured cost {costs}")
-        peaks = ", ".join(f"{label} {max(run.peak_bytes[label]) / 2**20:.2f}" for label in run.steps)
+        costs = ", ".join(f"{label} {cost:.2f}x" for label, cost in run.cost.items())
+        print(f"  cap {run.cap:.0f} tokens, {run.distribution}: binds {run.binds}; measured cost {costs}")
+        peaks = ", ".join(f"{label} {max(run.peak_bytes[label]) / 2**20:.2f}" for label in run.runs)
         print(f"    largest peak memory of a rank, MiB: {peaks}", flush=True)
     latency_ms = measured.measure_latency_ms(2, device=opts.device)  # the link model's alpha, measured
     print(f"  link latency (one-float64 all-gather, 2 ranks): {latency_ms:.3f} ms", flush=True)

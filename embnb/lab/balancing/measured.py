@@ -194,7 +194,10 @@ def measure_balanced_steps(
 @dataclass(frozen=True)
 class CappedRun:
     """`measure_capped`'s runs ("uncapped", then each capped method) of one batch under a cap on a
-    per-sample `size` ("tokens" or "modelled bytes"): each step, its ranks' peak bytes and `size`s."""
+    per-sample `size` ("tokens" or "modelled bytes"): each step, its ranks' peak bytes and `size`s;
+    whether the uncapped partition passes the cap on some rank (`binds`), each run's measured step over
+    the uncapped one's (`cost`, > 1: the cap costs time), and whether its largest measured peak is
+    below the uncapped one's (`lowers_peak`)."""
 
     distribution: str
     world_size: int
@@ -202,45 +205,27 @@ class CappedRun:
     cap: float
     mean: float  # of `size` per rank
     asked_over_mean: float  # the cap asked for, before it was raised to fit
-    steps: dict[str, RankStep]
+    runs: dict[str, RankStep]
     peak_bytes: dict[str, list[int]]
     held: dict[str, list[float]]
-
-    def cost(self, label: str) -> float:
-        """A run's measured step over the uncapped one's (> 1: the cap costs time)."""
-        return self.steps[label].step_ms / self.steps["uncapped"].step_ms
-
-    def binds(self) -> bool:
-        """Whether the uncapped partition passes the cap on some rank."""
-        return max(self.held["uncapped"]) > self.cap
-
-    def lowers_peak(self, label: str) -> bool:
-        """Whether `label`'s largest measured peak is below the uncapped one's."""
-        return max(self.peak_bytes[label]) < max(self.peak_bytes["uncapped"])
+    binds: bool
+    cost: dict[str, float]
+    lowers_peak: dict[str, bool]
 
     def table(self) -> pd.DataFrame:
         """A row per run: the cap over the mean, whether it binds, the largest tokens and measured peak
         (MiB) of a rank, the step's cost against the uncapped KK + swaps with its repeats' range, and
         `lowers_peak` credited only where the cap binds (another method may differ without a cap)."""
-        rows, (base_low, base_high) = [], self.steps["uncapped"].step_range_ms
-        for label, step in self.steps.items():
+        rows, (base_low, base_high) = [], self.runs["uncapped"].step_range_ms
+        for label, step in self.runs.items():
             low, high = step.step_range_ms[0] / base_high, step.step_range_ms[1] / base_low
             rows.append(
                 {"distribution": self.distribution, "cap on": self.size, "run": label,
-                 "cap_over_mean": self.cap / self.mean, "binds": self.binds(), "max_tokens": max(step.tokens),
-                 "peak_mib": max(self.peak_bytes[label]) / 2**20, "cost": self.cost(label),
-                 "cost_low": low, "cost_high": high, "lowers_peak": self.binds() and self.lowers_peak(label)}
+                 "cap_over_mean": self.cap / self.mean, "binds": self.binds, "max_tokens": max(step.tokens),
+                 "peak_mib": max(self.peak_bytes[label]) / 2**20, "cost": self.cost[label],
+                 "cost_low": low, "cost_high": high, "lowers_peak": self.binds and self.lowers_peak[label]}
             )  # fmt: skip
         return pd.DataFrame(rows).set_index(["distribution", "cap on", "run"])
-
-    def as_dict(self) -> dict[str, Any]:
-        record = dataclasses.asdict(self)
-        record["runs"] = record.pop("steps")
-        labels = list(self.steps)
-        return {
-            **record, "binds": self.binds(), "cost": {label: self.cost(label) for label in labels},
-            "lowers_peak": {label: self.lowers_peak(label) for label in labels},
-        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -310,7 +295,12 @@ def measure_capped(
     measured = {label: steps.measure(distribution, world_size, p) for label, p in partitions.items()}
     peaks = {label: steps.measure(distribution, world_size, p, "peaks") for label, p in partitions.items()}
     held = {label: part_tokens(sizes, p) for label, p in partitions.items()}
-    return CappedRun(distribution, world_size, size, cap, mean, cap_over_mean, measured, peaks, held)
+    cost = {label: step.step_ms / measured["uncapped"].step_ms for label, step in measured.items()}
+    lowers = {label: max(p) < max(peaks["uncapped"]) for label, p in peaks.items()}
+    binds = max(held["uncapped"]) > cap
+    return CappedRun(
+        distribution, world_size, size, cap, mean, cap_over_mean, measured, peaks, held, binds, cost, lowers
+    )
 
 
 def _link_ms(world_size: int, kind: str, link_bytes: float, local_world_size: int) -> float:
@@ -403,6 +393,6 @@ def results(steps: BalancedSteps, capped: Sequence[CappedRun], shares: Mapping[s
         ],
         "measured_speedups": table.to_dict(orient="records"),
         "rank_time_fits": fits,
-        "capped": [run.as_dict() for run in capped],
+        "capped": [dataclasses.asdict(run) for run in capped],
         "worker_shares": {name: frame.to_dict(orient="records") for name, frame in shares.items()},
     }

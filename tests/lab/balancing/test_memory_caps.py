@@ -42,17 +42,17 @@ def test_each_cap_holds_and_a_partition_measured_once_is_reused(capped):
     steps, lengths, sizes, tokens, by_bytes = capped
     for run, per_sample in ((tokens, lengths), (by_bytes, sizes)):
         assert run.mean == pytest.approx(sum(per_sample) / W) and run.cap >= run.mean
-        for label, step in run.steps.items():
+        for label, step in run.runs.items():
             assert sum(step.tokens) == sum(lengths)  # every sample on exactly one rank
             assert sum(run.held[label]) == pytest.approx(sum(per_sample))
             assert label == "uncapped" or max(run.held[label]) <= run.cap * (1 + 1e-12)
-        assert run.binds() == (max(run.held["uncapped"]) > run.cap)
-        assert run.steps["uncapped"] is steps.runs[("lognormal", W, "kk_swap")]  # measured once
-        assert run.cost("uncapped") == 1.0
-    assert set(tokens.steps) == {"uncapped", "greedy_lpt", "karmarkar_karp", "kk_swap"}
-    assert set(by_bytes.steps) == {"uncapped", "kk_swap"}
-    if not by_bytes.binds():  # a cap that does not bind leaves KK + swaps' partition and its measurement
-        assert by_bytes.steps["kk_swap"] is by_bytes.steps["uncapped"]
+        assert run.binds == (max(run.held["uncapped"]) > run.cap)
+        assert run.runs["uncapped"] is steps.runs[("lognormal", W, "kk_swap")]  # measured once
+        assert run.cost["uncapped"] == 1.0
+    assert set(tokens.runs) == {"uncapped", "greedy_lpt", "karmarkar_karp", "kk_swap"}
+    assert set(by_bytes.runs) == {"uncapped", "kk_swap"}
+    if not by_bytes.binds:  # a cap that does not bind leaves KK + swaps' partition and its measurement
+        assert by_bytes.runs["kk_swap"] is by_bytes.runs["uncapped"]
 
 
 def test_the_table_credits_no_lower_peak_to_a_cap_that_does_not_bind(capped):
@@ -60,7 +60,7 @@ def test_the_table_credits_no_lower_peak_to_a_cap_that_does_not_bind(capped):
     for run in (tokens, by_bytes):
         table = run.table()
         assert table["cost_low"].le(table["cost"]).all() and table["cost"].le(table["cost_high"]).all()
-        if not run.binds():
+        if not run.binds:
             assert not table["lowers_peak"].any()
     with pytest.raises(ValueError, match="no run of 'zipf' at W=2"):
         measured.measure_capped(capped[0], "zipf", W, 1.0)
