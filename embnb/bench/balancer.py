@@ -98,11 +98,6 @@ def bench_partitioning(
         for name, fn in partitioners(lengths, num_parts, native).items():
             gap = imbalance(lengths, [sorted(p) for p in fn()])["gap_to_lower_bound"]
             timed[name] = (median_seconds(fn, warmup=0, budget_s=budget_s), gap)
-            print(
-                f"  {num_samples:>6} into {num_parts:>3}  {name:<26} {timed[name][0] * 1e3:10.3f} ms  "
-                f"gap {gap:8.3%}",
-                flush=True,
-            )
         rows += [
             {
                 "num_samples": num_samples,
@@ -115,6 +110,7 @@ def bench_partitioning(
             }
             for name, (seconds, gap) in timed.items()
         ]
+        print(pd.DataFrame(rows[-len(timed) :]).set_index(["num_samples", "num_parts", "method"]), flush=True)
     return rows
 
 
@@ -304,19 +300,13 @@ def bench_rank_by_rank(opts: argparse.Namespace, save: Callable[[str, Any], None
         for name in distributions
         if opts.cap_world_size in config.world_sizes
     ]
-    for run in capped:
-        costs = ", ".join(f"{label} {cost:.2f}x" for label, cost in run.cost.items())
-        print(f"  cap {run.cap:.0f} tokens, {run.distribution}: binds {run.binds}; measured cost {costs}")
-        peaks = ", ".join(f"{label} {max(run.peak_bytes[label]) / 2**20:.2f}" for label in run.runs)
-        print(f"    largest peak memory of a rank, MiB: {peaks}", flush=True)
+    if capped:
+        print(pd.concat([run.table() for run in capped]).round(3).to_string(), flush=True)
     latency_ms = measured.measure_latency_ms(2, device=opts.device)  # the link model's alpha, measured
     print(f"  link latency (one-float64 all-gather, 2 ranks): {latency_ms:.3f} ms", flush=True)
     shares = {name: measured.worker_shares(steps, name, latency_ms=latency_ms) for name in distributions}
-    for name, frame in shares.items():
-        print(
-            f"  {name}: share of the shuffle hidden (computed):",
-            frame["hidden_share_computed"].round(3).tolist(),
-        )
+    shown = ["world_size", "shuffle_ms", "compute_ms_measured", "hidden_share_computed"]
+    print(pd.concat(shares, names=["distribution"])[shown].round(3).to_string(), flush=True)
     save("rank_by_rank", measured.results(steps, capped, shares))
 
 
@@ -390,13 +380,9 @@ def main(argv: list[str]) -> int:
         "native_kk": native,
         "peer": "numberpartitioning.karmarkar_karp " + numberpartitioning.__version__,
         "training_config": {
-            "steps": opts.steps,
-            "batch_size": opts.batch_size,
-            "max_length": opts.max_length,
-            "repeats": opts.repeats,
-            "device": opts.device,
-            "model": {k: getattr(TrainConfig(), k) for k in ("embedding_dim", "ffn_dim", "num_heads")},
-        },
+            k: getattr(opts, k) for k in ("steps", "batch_size", "max_length", "repeats", "device")
+        }
+        | {"model": {k: getattr(TrainConfig(), k) for k in ("embedding_dim", "ffn_dim", "num_heads")}},
         "training": [],
         "exchanges": None,
         "rank_by_rank": None,
