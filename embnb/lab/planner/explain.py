@@ -124,22 +124,21 @@ def small_knapsack(
     space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
     options = options_table(enumerated, topology, batch_size, storage_reservation_percentage)
     tables = list(dict.fromkeys(options.table))  # in the model's order
-    options = options.drop_duplicates(["table", "option"]).sort_values("option", kind="stable")
-    by_name = [options[options.table == name] for name in tables]
     bin_gb = float(space.capacity[0]) / GB / num_bins
-    memories = [[math.ceil(gb / bin_gb - 1e-9) for gb in rows.hbm_gb] for rows in by_name]
-    perfs = [rows.perf.tolist() for rows in by_name]
+    options["bins"] = [math.ceil(gb / bin_gb - 1e-9) for gb in options.hbm_gb]  # rounded up
+    options = options.drop_duplicates(["table", "option"]).sort_values("option", kind="stable")
+    per_table = options.groupby("table").agg(list).loc[tables]  # each column: a list per table
+    perfs, memories = per_table.perf.tolist(), per_table.bins.tolist()
     rows, choices = knapsack_choices(perfs, memories, num_bins)
     end = min(range(num_bins + 1), key=lambda m: rows[-1][m])
     if not math.isfinite(rows[-1][end]):
         raise ValueError(f"no plan fits {num_bins} bins of {bin_gb:.4g} GiB: give more memory or bins")
-    objects = [r.sharding_option.tolist() for r in by_name]
+    objects = per_table.sharding_option.tolist()
     rater = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage)
     return SmallKnapsack(
-        tables, [r.option.tolist() for r in by_name], perfs, [r.hbm_gb.tolist() for r in by_name], memories,
-        bin_gb, num_bins, rows, choices, end, backtrack(choices, memories, end),
-        [r.shard_perf.tolist() for r in by_name], [r.shard_hbm_gb.tolist() for r in by_name],
-        lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
+        tables, per_table.option.tolist(), perfs, per_table.hbm_gb.tolist(), memories, bin_gb, num_bins,
+        rows, choices, end, backtrack(choices, memories, end), per_table.shard_perf.tolist(),
+        per_table.shard_hbm_gb.tolist(), lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
     )  # fmt: skip
 
 
