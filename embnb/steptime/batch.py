@@ -3,8 +3,11 @@
 Each rank holds `local_batch_size` samples. A feature's bag length per
 sample is drawn uniform on [0, 2 * pooling_factor] (rounded), so its mean is
 the pooling factor torchrec's planner was told (`ParameterConstraints`);
-ids are uniform over the table's rows. The same seed gives the same batch
-in the rank-by-rank measurement and in a real job.
+ids are uniform over the table's rows, or Zipf(`zipf_alpha`) over them
+(`ids="zipf"`: `embnb.data.zipf_ids`, each table's hot rows fixed by its
+position in `tables`, as a table's traffic keeps its hot rows from step to
+step). The same seed gives the same batch in the rank-by-rank measurement
+and in a real job.
 
     batch = make_batch(model.tables, model.constraints, world_size=8, local_batch_size=256)
     kjt = batch.kjt(rank)           # what rank `rank` feeds its sharded module
@@ -20,9 +23,12 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embnb._checks import check_int
+from embnb._checks import check_choice, check_int
+from embnb.data import zipf_ids
 
-__all__ = ["GlobalBatch", "make_batch", "batch_from_keys", "feature_pooling_factors"]
+__all__ = ["GlobalBatch", "make_batch", "batch_from_keys", "feature_pooling_factors", "ID_DISTRIBUTIONS"]
+
+ID_DISTRIBUTIONS = ("uniform", "zipf")
 
 
 @dataclass(frozen=True)
@@ -78,9 +84,14 @@ def make_batch(
     world_size: int,
     local_batch_size: int,
     seed: int = 0,
+    ids: str = "uniform",
+    zipf_alpha: float = 1.2,
 ) -> GlobalBatch:
     """A global batch of `world_size` local batches of `local_batch_size`
-    samples for the features of `tables` (module docstring)."""
+    samples for the features of `tables`, ids "uniform" or "zipf" with
+    exponent `zipf_alpha` (module docstring). Raises ValueError on another
+    `ids`, a size below 1, or Zipf ids of `zipf_alpha` <= 0."""
+    check_choice("ids", ids, ID_DISTRIBUTIONS)
     check_int("world_size", world_size, low=1)
     check_int("local_batch_size", local_batch_size, low=1)
     if not tables:
@@ -91,17 +102,31 @@ def make_batch(
     rows = {t.name: t.num_embeddings for t in tables}
     gen = torch.Generator().manual_seed(seed)
     lengths: list[list[torch.Tensor]] = []
-    ids: list[list[torch.Tensor]] = []
+    drawn: list[list[torch.Tensor]] = []
     for _ in range(world_size):
         rank_lengths, rank_ids = [], []
         for name, table in zip(names, owners):
             high = int(round(2 * factors[name]))
             bag = torch.randint(0, high + 1, (local_batch_size,), generator=gen)
             rank_lengths.append(bag)
-            rank_ids.append(torch.randint(0, rows[table], (int(bag.sum()),), generator=gen))
+            if ids == "uniform":
+                rank_ids.append(torch.randint(0, rows[table], (int(bag.sum()),), generator=gen))
         lengths.append(rank_lengths)
-        ids.append(rank_ids)
-    return GlobalBatch(names, owners, local_batch_size, lengths, ids)
+        drawn.append(rank_ids)
+    position = {t.name: i for i, t in enumerate(tables)}
+    for f, table in enumerate(owners if ids == "zipf" else []):
+        # one draw per feature over all ranks: the table's cached CDF and hot rows built once
+        counts = [int(lengths[r][f].sum()) for r in range(world_size)]
+        keys = zipf_ids(
+            sum(counts),
+            seed=seed * len(names) + f,
+            alpha=zipf_alpha,
+            vocab_size=rows[table],
+            table_seed=position[table],
+        )
+        for r, part in enumerate(keys.split(counts)):
+            drawn[r].append(part)
+    return GlobalBatch(names, owners, local_batch_size, lengths, drawn)
 
 
 def batch_from_keys(

@@ -20,6 +20,7 @@ import statistics
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -36,6 +37,7 @@ __all__ = [
     "StepTimes",
     "StepOptions",
     "measure_rank",
+    "lookup_steps",
     "measure_ranks",
     "join_rounds",
     "DEFAULT_HIDDEN",
@@ -73,6 +75,7 @@ class RankTime:
     num_ids: int  # ids its lookups read
     dense_samples: int
     groups: tuple[dict, ...] = ()
+    bytes_read: int = 0  # of table rows its lookups' forward gathers (`RankWork.bytes_read`)
 
     @property
     def compute(self) -> Timing:
@@ -164,6 +167,35 @@ class StepOptions:
         check_int("repeats", self.repeats, low=1)
 
 
+def _output_grads(work: RankWork, device: torch.device) -> list[torch.Tensor]:
+    """A gradient of each TBE's pooled output (bags x pooled dim), as the dense part would send back."""
+    return [
+        torch.randn(len(g.lengths) // len(g.feature_shard), g.pooled_dim, device=device) for g in work.groups
+    ]
+
+
+def lookup_steps(
+    works: Sequence[RankWork], options: StepOptions = StepOptions(), seed: int = 0
+) -> list[Callable[[], None]]:
+    """One rank's lookups, forward and backward (the fused optimizer inside), as one call per work
+    of `works`: the same shards (one plan's rank) fed each its own ids, e.g. at several batch sizes.
+    The TBEs are built once, from `works[0]`, and shared; every input is built here, so a call runs
+    only the kernels. Raises ValueError unless every work has the same TBE groups."""
+    if not works:
+        raise ValueError("works is empty: pass one RankWork per batch")
+    shapes = [[(g.sharding_type, g.compute_kernel, g.shards) for g in w.groups] for w in works]
+    if any(shape != shapes[0] for shape in shapes):
+        raise ValueError("the works hold different TBE groups: pass one plan's rank at several batches")
+    device = torch.device(options.device)
+    torch.manual_seed(seed)
+    modules = [lookup_module(g, device, options.optimizer, options.learning_rate) for g in works[0].groups]
+
+    def step(inputs, grads) -> None:
+        _backward(modules, [m(*x) for m, x in zip(modules, inputs)], grads)
+
+    return [partial(step, _lookup_inputs(w, device), _output_grads(w, device)) for w in works]
+
+
 def measure_rank(work: RankWork, options: StepOptions = StepOptions(), seed: int = 0) -> RankTime:
     """Time one rank's work (module docstring); its modules are built here
     and freed on return, so ranks measured one after another share memory."""
@@ -178,9 +210,7 @@ def measure_rank(work: RankWork, options: StepOptions = StepOptions(), seed: int
         dense = make_mlp(work.dense_width, options.hidden).to(device)
         dense_input = torch.randn(work.dense_samples, work.dense_width, device=device)
     dense_input.requires_grad_(True)
-    grads = [
-        torch.randn(len(g.lengths) // len(g.feature_shard), g.pooled_dim, device=device) for g in work.groups
-    ]
+    grads = _output_grads(work, device)
     clock = _Clock(device)
     for step in range(options.warmup + options.repeats):
         keep = step >= options.warmup
@@ -194,7 +224,7 @@ def measure_rank(work: RankWork, options: StepOptions = StepOptions(), seed: int
         dense.zero_grad(set_to_none=True)
         dense_input.grad = None
     groups = tuple(group.describe() for group in work.groups)
-    return RankTime(work.rank, clock.record, work.num_ids, work.dense_samples, groups)
+    return RankTime(work.rank, clock.record, work.num_ids, work.dense_samples, groups, work.bytes_read)
 
 
 def _backward(modules, outputs, grads) -> None:
@@ -267,7 +297,9 @@ def join_rounds(rounds: Sequence[StepTimes]) -> StepTimes:
             )
             for phase in rank.phases
         }
-        ranks.append(RankTime(rank.rank, phases, rank.num_ids, rank.dense_samples, rank.groups))
+        ranks.append(
+            RankTime(rank.rank, phases, rank.num_ids, rank.dense_samples, rank.groups, rank.bytes_read)
+        )
     notes = [*first.notes, f"{len(rounds)} rounds, interleaved with other plans' (join_rounds)"]
     repeats = sum(times.repeats for times in rounds)
     return StepTimes(

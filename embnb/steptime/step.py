@@ -8,7 +8,8 @@ measured step out (`StepTimes`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
@@ -16,11 +17,11 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb.rowwise.routing import DistType
 from embnb.steptime.batch import GlobalBatch
-from embnb.steptime.comms import plan_comms, routing_comms
+from embnb.steptime.comms import RankComms, plan_comms, routing_comms
 from embnb.steptime.measure import StepOptions, StepTimes, measure_ranks
-from embnb.steptime.work import partition_work, plan_shards, plan_work, routing_work
+from embnb.steptime.work import RankWork, partition_work, plan_shards, plan_work, routing_work
 
-__all__ = ["measure_plan", "measure_routing", "measure_partition"]
+__all__ = ["measure_plan", "plan_ranks", "measure_routing", "measure_partition"]
 
 
 def measure_plan(
@@ -33,13 +34,19 @@ def measure_plan(
     EmbeddingBagCollection of `tables`, on `batch` (`make_batch`); its
     collectives counted. `options` are `StepOptions`' fields (device, threads,
     warmup, repeats, optimizer, learning_rate, hidden, progress)."""
+    return measure_ranks(*plan_ranks(plan, tables, batch), options=StepOptions(**options))
+
+
+def plan_ranks(
+    plan: ShardingPlan | EmbeddingModuleShardingPlan, tables: Sequence[EmbeddingBagConfig], batch: GlobalBatch
+) -> tuple[Callable[[int], RankWork], int, Callable[[int, int], RankComms]]:
+    """`measure_ranks`' first three arguments for a plan on `batch`: each rank's work and collectives
+    built on first use and kept, so a plan measured in several rounds builds them once (at a
+    production batch, the ids each rank receives take longer to select than its step to run)."""
     shards = plan_shards(plan, tables, batch.world_size)
-    return measure_ranks(
-        lambda rank: plan_work(shards, batch, rank),
-        batch.world_size,
-        comms_of=lambda rank, dense: plan_comms(shards, batch, rank, dense),
-        options=StepOptions(**options),
-    )
+    works = functools.cache(lambda rank: plan_work(shards, batch, rank))
+    comms = functools.cache(lambda rank, dense: plan_comms(shards, batch, rank, dense))
+    return works, batch.world_size, comms
 
 
 def measure_routing(

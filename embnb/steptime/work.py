@@ -52,6 +52,7 @@ __all__ = [
 # (torchrec 1.8.0's pooled EmbeddingBagCollection shardings; the last two
 # place a table, or each of its column blocks, row-wise over one host's devices).
 _LOW_63 = (1 << 63) - 1
+WEIGHT_BYTES = 4  # fp32 table rows, as `kernels.lookup_module` builds every TBE
 SUPPORTED_SHARDING_TYPES = (
     ShardingType.DATA_PARALLEL.value,
     ShardingType.TABLE_WISE.value,
@@ -62,6 +63,12 @@ SUPPORTED_SHARDING_TYPES = (
     ShardingType.GRID_SHARD.value,
 )
 HOST_LEVEL_SHARDING_TYPES = (ShardingType.TABLE_ROW_WISE.value, ShardingType.GRID_SHARD.value)
+# the types whose every shard holds all the table's rows (a table, or a column block of it)
+WHOLE_ROWS = (
+    ShardingType.TABLE_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+    ShardingType.TABLE_COLUMN_WISE.value,
+)
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,14 @@ class LookupGroup:
     def pooled_dim(self) -> int:
         return sum(self.shards[s].cols for s in self.feature_shard)
 
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of table rows the forward gathers: each id's row, its shard's `cols` fp32 values
+        (`kernels.lookup_module`'s weights); ids and offsets not counted."""
+        ids_per_feature = self.lengths.view(len(self.feature_shard), -1).sum(1)
+        cols = torch.tensor([self.shards[s].cols for s in self.feature_shard])
+        return int((ids_per_feature * cols).sum()) * WEIGHT_BYTES
+
     def describe(self) -> dict[str, object]:
         """The TBE as the results JSON records it: sharding type, kernel type, its shards."""
         return {
@@ -141,6 +156,11 @@ class RankWork:
     @property
     def num_ids(self) -> int:
         return sum(int(g.ids.numel()) for g in self.groups)
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of table rows its lookups' forward gathers (`LookupGroup.bytes_read`)."""
+        return sum(g.bytes_read for g in self.groups)
 
 
 def module_plan(plan: ShardingPlan | EmbeddingModuleShardingPlan) -> EmbeddingModuleShardingPlan:
@@ -241,9 +261,10 @@ def _deliver(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bags kept to the ids `select` keeps (a mask and their local rows)."""
     mask, local = select(ids)
-    sample = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-    kept = torch.bincount(sample[mask], minlength=lengths.numel())
-    return kept, local[mask]
+    kept_before = torch.zeros(ids.numel() + 1, dtype=torch.int64)  # ids kept before each position
+    torch.cumsum(mask, 0, out=kept_before[1:])
+    ends = torch.cumsum(lengths, 0)
+    return kept_before[ends] - kept_before[ends - lengths], local[mask]
 
 
 def _rows_in(first: int, count: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -289,6 +310,8 @@ def plan_work(shards: Sequence[Shard], batch: GlobalBatch, rank: int) -> RankWor
                 f = feature_index[feature]
                 if local:  # data-parallel: the rank's own samples, every id
                     inputs.append((s, batch.lengths[rank][f], batch.ids[rank][f]))
+                elif kind in WHOLE_ROWS:  # every row's block: every bag of the global batch as it is
+                    inputs.append((s, *batch.global_bags(f)))
                 else:
                     lengths, ids = _deliver(*batch.global_bags(f), _rows_in(shard.row_offset, shard.rows))
                     inputs.append((s, lengths, ids))

@@ -14,6 +14,7 @@ t-interval). Plans of `alone` (slow ones, e.g. built to be slow) run after the r
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,8 +27,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from embnb._checks import check_choice, check_int
 from embnb.steptime.batch import GlobalBatch
 from embnb.steptime.kernels import fbgemm_cuda_available
-from embnb.steptime.measure import StepTimes, join_rounds
-from embnb.steptime.step import measure_plan
+from embnb.steptime.measure import StepOptions, StepTimes, join_rounds, measure_ranks
+from embnb.steptime.step import plan_ranks
 from embnb.timing import Difference, Stopwatch, machine_name, paired_difference, verdict
 
 __all__ = ["CLOCKS", "PlanTimes", "WorldTimes", "measure_world", "kernel_device"]
@@ -97,9 +98,10 @@ def kernel_device(asked: str) -> tuple[str, str]:
     return "cpu", f"device={asked!r}: {why}, so the CUDA measurement is skipped and the plans run on the CPU"
 
 
-def _measure(plan, tables, batch, **options) -> StepTimes | str:
+def _measure(ranks, **options) -> StepTimes | str:
+    """`measure_ranks` of `ranks` (a thunk of `plan_ranks`' result, kept over rounds by the caller)."""
     try:
-        return measure_plan(plan, tables, batch, **options)
+        return measure_ranks(*ranks(), options=StepOptions(**options))
     except (RuntimeError, ValueError) as error:  # one plan that cannot run must not lose the others
         return f"not measured: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
 
@@ -143,15 +145,19 @@ def measure_world(
         raise ValueError(f"reference {reference!r} is not one of the plans {list(plans)}")
     device = str(torch.device(options.get("device", "cpu")))
     clock = CLOCKS[torch.device(device).type]
+    # each plan's ranks (works, collectives) built once over the rounds
+    ranks = {n: functools.cache(functools.partial(plan_ranks, p, tables, batch)) for n, p in plans.items()}
     with Stopwatch() as watch:
         got: dict[str, Any] = {name: [] for name in plans}
         for _ in range(rounds):
-            for name, plan in plans.items():
+            for name in plans:
                 if not isinstance(got[name], str):
-                    times = _measure(plan, tables, batch, repeats=1, **options)
+                    times = _measure(ranks[name], repeats=1, **options)
                     got[name] = times if isinstance(times, str) else [*got[name], times]
+        ranks.clear()
         alone_got = {
-            n: _measure(p, tables, batch, repeats=alone_repeats, **options) for n, p in (alone or {}).items()
+            n: _measure(functools.partial(plan_ranks, p, tables, batch), repeats=alone_repeats, **options)
+            for n, p in (alone or {}).items()
         }
     measured = {
         n: _plan_times(n, g if isinstance(g, str) else join_rounds(g), clock, True) for n, g in got.items()

@@ -22,11 +22,12 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from embnb.data import zipf_probs
 from embnb.planner.topology import make_topology
 from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_batch
 from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
 from embnb.steptime.kernels import fbgemm_cuda_available
-from embnb.steptime.measure import join_rounds
+from embnb.steptime.measure import StepOptions, join_rounds, lookup_steps
 from embnb.steptime.step import measure_partition, measure_routing
 from embnb.steptime.work import devices_per_host, plan_shards, plan_work, routing_work
 from embnb.steptime.world import kernel_device, measure_world
@@ -95,7 +96,56 @@ def test_plan_work_feeds_each_shard_what_torchrecs_input_dist_delivers():
             continue
         assert [(s.col_offset, s.cols) for s in cw.shards] == [(8 * c, 8) for c in mine]
         assert (cw.lengths.tolist(), cw.ids.tolist()) == flatten(everyone * len(mine))
+        # bytes read: every id's row of its shard, fp32: b's 32 columns, each column block's 8
+        own = sum(len(b) for f in ("fb", "fb2") for b in bags(batch, rank, f))
+        assert work.bytes_read == 4 * (32 * own + 8 * len(mine) * sum(len(b) for b in everyone))
         assert work.dense_width == 24 + 32 + 32  # every feature's pooled width, on every rank
+
+
+def test_zipf_batches_keep_each_tables_hot_row_at_its_zipf_share():
+    """ids="zipf": every table's ids in its rows, its hottest row the same in batches of other seeds
+    and on both of its features (the table's hot rows fixed), carrying Zipf's top share."""
+    top = {}
+    for seed in (1, 2):
+        batch = make_batch(TABLES, CONSTRAINTS, 2, 2000, seed=seed, ids="zipf", zipf_alpha=1.2)
+        for f, (feature, table) in enumerate(zip(batch.feature_names, batch.feature_tables)):
+            ids = torch.cat([batch.ids[r][f] for r in range(2)])
+            assert ids.numel() == int(torch.cat([batch.lengths[r][f] for r in range(2)]).sum())
+            rows = {"a": 97, "b": 50}[table]
+            assert 0 <= int(ids.min()) and int(ids.max()) < rows
+            counts = torch.bincount(ids, minlength=rows)
+            top.setdefault(table, set()).add(int(counts.argmax()))
+            share = float(counts.max()) / ids.numel()
+            assert share == pytest.approx(float(zipf_probs(rows, 1.2)[0]), abs=0.03), (feature, seed)
+    assert all(len(hot) == 1 for hot in top.values())
+    with pytest.raises(ValueError, match="ids .pareto. is not one of .uniform., .zipf."):
+        make_batch(TABLES, CONSTRAINTS, 2, 4, ids="pareto")
+
+
+def test_lookup_steps_share_one_ranks_tbes_over_batches():
+    """lookup_steps: one call per work (its ids at its batch), in any order, through one set of
+    TBEs; works of other TBE groups refused."""
+    shards = plan_shards(
+        construct_module_sharding_plan(
+            EmbeddingBagCollection(tables=TABLES, device=torch.device("meta")),
+            {
+                "a": table_wise(rank=0, compute_kernel="fused"),
+                "b": table_wise(rank=1, compute_kernel="fused"),
+            },
+            local_size=2,
+            world_size=2,
+            device_type="cpu",
+        ),
+        TABLES,
+        2,
+    )
+    works = [plan_work(shards, make_batch(TABLES, CONSTRAINTS, 2, b, seed=b), 0) for b in (4, 16)]
+    assert works[1].bytes_read > works[0].bytes_read
+    steps = lookup_steps(works, StepOptions(optimizer="exact_sgd", learning_rate=1.0))
+    for step in steps + steps:
+        step()
+    with pytest.raises(ValueError, match="different TBE groups"):
+        lookup_steps([works[0], plan_work(shards, make_batch(TABLES, CONSTRAINTS, 2, 4), 1)])
 
 
 @pytest.mark.parametrize("dist_type", ["continuous", "roundrobin", "hash_roundrobin"])
