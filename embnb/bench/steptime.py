@@ -5,7 +5,7 @@ on a topology of that many devices of `--compute-device` (default: the
 measuring device's kind, so torchrec's estimator models this hardware) by
 embnb's DP, torchrec's DP, Greedy and torchrec's default proposers, beside
 poor plans (every table table-wise on 1 and 2 ranks, every table
-data-parallel). Each plan is run rank by rank (`measure_candidates` over
+data-parallel). Each plan is run rank by rank (`measure_placed` over
 `embnb.steptime.measure_world`): the rank's own TBEs fed the ids torchrec's
 input dist would deliver, and the dense MLP on its local samples, forward
 and backward at `--threads` threads; the planners' plans in `--repeats`
@@ -25,6 +25,29 @@ rows over one host's devices; a reduce-scatter within the host, then an
 all-to-all across hosts, timed by the link model at torchrec's intra- and
 cross-host bandwidths).
 
+Ids are uniform over each table's rows, or Zipf (`--ids zipf --zipf-alpha A`,
+`embnb.steptime.make_batch`; the exponent is in the JSON).
+
+Before any comparison, issue #70's acceptance check (`embnb.scaling`): each
+planner's plan's critical rank (the largest of torchrec's estimated totals)
+runs its lookups (forward and backward, the fused optimizer inside) at
+--batch-size times each of --sweep-factors samples per rank in interleaved
+rounds, fitted as fixed + per-byte x the bytes of table rows they read
+(`RankWork.bytes_read`), with the achieved bytes/s against the device's copy
+bandwidth (`embnb.scaling.copy_bandwidth`, measured in the same run). The
+plans are compared at the smallest batch at which every plan's fixed share
+is at most --max-fixed-share; where some plan has none, the world says
+"overhead-bound: not compared" and holds no comparison.
+
+`--write-plans FILE` plans each world and writes the plans (torchrec's
+default, Greedy, embnb's DP and, on a CUDA topology, embnb's DP over the
+committed GPU calibration, `load_gpu_refit`) as plain data
+(`candidates_to_json`), measuring nothing; `--plans FILE` measures a file's
+plans on its model and topologies (they replace --tables, --max-rows, --seed,
+--world-sizes, --devices-per-host, --hbm-gib and --compute-device) and runs
+no planner, so a GPU's time goes to the measurement. Results: steptime-DATE-MACHINE.json;
+steptime_capped-* with --hbm-gib, steptime_scale-* with --plans (each a regime of its own).
+
 On a GPU (`--device cuda`), the ranks run one after another on the one
 card; FBGEMM's CUDA TBE is needed (the fbgemm-gpu-cpu wheel has none): the
 bench says so and exits 2 without it.
@@ -33,6 +56,8 @@ bench says so and exits 2 without it.
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
 import sys
 import time
 from collections import Counter
@@ -40,18 +65,31 @@ from typing import Any
 
 import torch
 
+from embnb.bench.hstu import add_sweep_options, check_sweep_options
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
+from embnb.lab.planner.calibrated import load_gpu_refit
 from embnb.lab.planner.candidates import (
+    POOR,
     REFERENCE,
     CandidatePlan,
+    candidate_plans,
+    candidates_from_json,
+    candidates_to_json,
     estimated_per_rank,
-    measure_candidates,
+    measure_placed,
+    plan_row,
 )
 from embnb.lab.planner.models import make_model
 from embnb.metrics import spearman
-from embnb.steptime import LINK_MODEL, PlanTimes, StepTimes
+from embnb.planner.calibration import Calibration
+from embnb.planner.topology import make_topology
+from embnb.results import stack_versions
+from embnb.scaling import MAX_FIXED_SHARE, NOT_COMPARED, copy_bandwidth, measure_scaling, sweep_batches
+from embnb.steptime import LINK_MODEL, PlanTimes, StepTimes, make_batch
+from embnb.steptime.batch import ID_DISTRIBUTIONS
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER
-from embnb.steptime.measure import DEFAULT_HIDDEN
+from embnb.steptime.measure import DEFAULT_HIDDEN, StepOptions, lookup_steps
+from embnb.steptime.work import plan_shards, plan_work
 from embnb.timing import machine_name
 
 
@@ -84,6 +122,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=120.0, help="each planner's time limit")
+    parser.add_argument("--ids", default="uniform", choices=ID_DISTRIBUTIONS, help="the ids' distribution")
+    parser.add_argument("--zipf-alpha", type=float, default=1.2, help="the Zipf ids' exponent")
+    add_sweep_options(parser, "--batch-size")
+    parser.set_defaults(max_fixed_share=MAX_FIXED_SHARE["bytes"])
+    parser.add_argument(
+        "--plans", type=pathlib.Path, help="measure this file's plans (--write-plans'); plan nothing"
+    )
+    parser.add_argument(
+        "--write-plans", type=pathlib.Path, help="plan, write the plans here, measure nothing"
+    )
     add_out_argument(parser)
     return parser
 
@@ -103,6 +151,12 @@ def _check(opts: argparse.Namespace) -> str | None:
     if opts.warmup < 0 or opts.max_rows < 1000 or opts.timeout_s <= 0:
         got = f"{opts.warmup}, {opts.max_rows}, {opts.timeout_s}"
         return f"--warmup >= 0, --max-rows >= 1000, --timeout-s > 0; got {got}"
+    if not opts.zipf_alpha > 0:
+        return f"--zipf-alpha must be > 0, got {opts.zipf_alpha}"
+    if opts.plans and opts.write_plans:
+        return "--plans and --write-plans exclude each other: measure a file's plans, or write them"
+    if opts.plans and not opts.plans.is_file():
+        return f"--plans {opts.plans}: no such file"
     return None
 
 
@@ -117,6 +171,7 @@ def _phases(times: StepTimes, estimate: dict[str, list[float]], topology) -> lis
                 "cpu_s": timing.median_s("cpu"),
                 "cpu_s_range": list(timing.range_s("cpu")),
             }
+        entry["bytes_read"] = rank.bytes_read
         entry["sent_bytes"], entry["received_bytes"] = comms.sent_bytes, comms.received_bytes
         entry["collectives"] = [
             {
@@ -164,16 +219,106 @@ def _correlations(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     return {key: spearman([r[key] for r in measured], rating) for key in keys}
 
 
-def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, Any]:
-    model = make_model(opts.tables, seed=opts.seed, max_rows=opts.max_rows)
+def _topology(world_size: int, opts: argparse.Namespace, device: str):
     per_host = opts.devices_per_host if opts.devices_per_host and opts.devices_per_host < world_size else None
-    measured = measure_candidates(
-        model, world_size, opts.batch_size, opts.repeats, device=device, compute_device=opts.compute_device,
-        hbm_cap_gb=opts.hbm_gib, local_world_size=per_host, alone_repeats=opts.repeats, seed=opts.seed,
-        timeout_s=opts.timeout_s, threads=opts.threads, warmup=opts.warmup,
-    )  # fmt: skip
-    topology = measured.topology
-    plans, candidates = measured.world.plans, measured.candidates
+    return make_topology(
+        world_size, opts.compute_device or device, hbm_cap_gb=opts.hbm_gib, local_world_size=per_host
+    )
+
+
+def _acceptance(
+    candidate: CandidatePlan, topology, model, batches, opts, device, bandwidth
+) -> dict[str, Any]:
+    """Issue #70's check of one plan (module docstring): its critical rank by torchrec's estimate,
+    its lookups at every batch of `batches` (samples per rank -> GlobalBatch), `embnb.scaling`'s
+    fit on the bytes they read. A plan that cannot run says why (`error`; no `fit`)."""
+    estimate = estimated_per_rank(candidate.options, topology.world_size)["total"]
+    rank = max(range(topology.world_size), key=estimate.__getitem__)
+    head = {"plan": candidate.name, "critical_rank": rank}
+    sizes = sorted(batches)
+    try:
+        shards = plan_shards(candidate.sharding_plan(topology), model.tables, topology.world_size)
+        works = [plan_work(shards, batches[b], rank) for b in sizes]
+        head["num_ids"] = [w.num_ids for w in works]
+        steps = dict(zip(sizes, lookup_steps(works, StepOptions(device=device))))
+        # at least one untimed call per batch: a TBE's first one sets up its state, slow at any size
+        warmup = max(opts.warmup, 1)
+        check = measure_scaling(
+            steps,
+            [w.bytes_read for w in works],
+            "bytes",
+            opts.repeats,
+            device,
+            opts.max_fixed_share,
+            bandwidth,
+            warmup,
+        )
+    except (RuntimeError, ValueError) as error:  # out of memory at the largest batch, among others
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return head | {"chosen_batch": None, "error": f"{type(error).__name__}: {str(error)[:300]}"}
+    return head | check.as_dict()
+
+
+def _sweep_text(check: dict[str, Any]) -> str:
+    if "fit" not in check:
+        return f"not measured: {check['error']}"
+    shares = ", ".join(f"{100 * s:.0f}%" for s in check["fixed_share"])
+    rates = ", ".join(f"{r / 1e9:.3g}" for r in check["achieved_rate"])
+    copy = f"{check['reference_rate'] / 1e9:.3g}"
+    return f"fixed share {shares}, GB/s {rates} (copy {copy}) at {check['batches']} samples per rank"
+
+
+def _world(world_size: int, opts: argparse.Namespace, device: str, bandwidth: float, save, planned=None):
+    """One world: its plans (planned here, or `planned`: (topology, candidates) from --plans), the
+    acceptance check, then the plans compared at the batch it chose, or not compared. `save(record)`
+    writes the results with this world's record so far: the check's, before the comparison starts
+    (a run cut during the comparison keeps it)."""
+    model = make_model(opts.tables, seed=opts.seed, max_rows=opts.max_rows)
+    if planned is None:
+        topology = _topology(world_size, opts, device)
+        candidates = candidate_plans(model, topology, opts.batch_size, timeout_s=opts.timeout_s)
+    else:
+        topology, candidates = planned
+    batches = {
+        b: make_batch(model.tables, model.constraints, world_size, b, opts.seed, opts.ids, opts.zipf_alpha)
+        for b in sweep_batches(opts.batch_size, opts.sweep_factors)
+    }
+    checks = [
+        _acceptance(c, topology, model, batches, opts, device, bandwidth)
+        for c in candidates.values()
+        if c.note != POOR and c.options is not None
+    ]
+    for check in checks:
+        print(f"W={world_size:>3} {check['plan']:<26} rank {check['critical_rank']}: {_sweep_text(check)}")
+    chosen = [c["chosen_batch"] for c in checks if "fit" in c]
+    batch_size = max(chosen) if chosen and None not in chosen else None
+    record = {
+        "world_size": world_size,
+        "compute_device": topology.compute_device,
+        "hbm_cap_gb": opts.hbm_gib,
+        "local_world_size": topology.local_world_size,
+        "acceptance": checks,
+        "batch_size": batch_size,
+        "verdict": NOT_COMPARED if batch_size is None else f"compared at batch {batch_size}",
+    }
+    record["plans"] = [_row(plan_row(c, topology), c, None, topology) for c in candidates.values()]
+    if batch_size is None:
+        print(f"W={world_size:>3} {NOT_COMPARED}", flush=True)
+        return record
+    save(record | {"comparison": "not finished"})
+    measured = measure_placed(
+        topology,
+        candidates,
+        model.tables,
+        batches[batch_size],
+        opts.repeats,
+        device=device,
+        alone_repeats=opts.repeats,
+        threads=opts.threads,
+        warmup=opts.warmup,
+    )
+    plans = measured.world.plans
     rows = [_row(row, candidates[row["plan"]], plans.get(row["plan"]), topology) for row in measured.rows()]
     for row in rows:
         if row["measured"]:
@@ -190,14 +335,88 @@ def _world(world_size: int, opts: argparse.Namespace, device: str) -> dict[str, 
     print(f"W={world_size:>3} Spearman(measured critical path, torchrec rating): {correlations}", flush=True)
     told = measured.world.told_apart() or "none (this machine cannot tell these plans apart)"
     print(f"W={world_size:>3} told apart from {REFERENCE}, round by round: {told}", flush=True)
-    return {"world_size": world_size, "compute_device": topology.compute_device, "hbm_cap_gb": opts.hbm_gib,
-            "local_world_size": topology.local_world_size, "plans": rows, "clock": measured.world.clock,
-            "spearman_vs_rating": correlations, "told_apart": measured.world.told_apart()}  # fmt: skip
+    return record | {
+        "plans": rows,
+        "clock": measured.world.clock,
+        "spearman_vs_rating": correlations,
+        "told_apart": measured.world.told_apart(),
+    }
+
+
+# --write-plans: issue #70's planners' plans, beside embnb's DP over the GPU calibration (CALIBRATED)
+WRITTEN_PLANNERS = ("embnb DP", "Greedy", "torchrec default")
+
+
+def write_plans(opts: argparse.Namespace, device: str) -> int:
+    """Plan each world of --world-sizes and write the plans to --write-plans (module docstring)."""
+    model = make_model(opts.tables, seed=opts.seed, max_rows=opts.max_rows)
+    worlds, refit = [], None
+    for world_size in opts.world_sizes:
+        topology = _topology(world_size, opts, device)
+        calibration = None
+        if topology.compute_device == "cuda":
+            refit = load_gpu_refit()
+            calibration = Calibration.from_json(refit.data["calibration"])
+        candidates = candidate_plans(
+            model,
+            topology,
+            opts.batch_size,
+            timeout_s=opts.timeout_s,
+            planners=WRITTEN_PLANNERS,
+            poor=False,
+            calibration=calibration,
+        )
+        for c in candidates.values():
+            print(
+                f"W={world_size:>3} {c.name:<26} rating {c.rating:8.2f} ms in {c.planning_s:6.1f} s {c.note}"
+            )
+        worlds.append(
+            {
+                "world_size": world_size,
+                "compute_device": topology.compute_device,
+                "local_world_size": topology.local_world_size,
+                "devices_per_host": opts.devices_per_host,
+                "hbm_cap_gb": opts.hbm_gib,
+                "batch_size": opts.batch_size,
+                "plans": candidates_to_json(candidates),
+            }
+        )
+    payload = {
+        "model": {"tables": opts.tables, "max_rows": opts.max_rows, "seed": opts.seed},
+        "planned_on": stack_versions(),
+        "calibration": refit and refit.path.name,
+        "worlds": worlds,
+    }
+    opts.write_plans.parent.mkdir(parents=True, exist_ok=True)
+    opts.write_plans.write_text(json.dumps(payload) + "\n")
+    print(f"wrote {opts.write_plans}")
+    return 0
+
+
+def load_plans(opts: argparse.Namespace) -> list:
+    """--plans' worlds as (world size, (topology, candidates)); the file's model and topologies
+    replace the options' (module docstring)."""
+    data = json.loads(opts.plans.read_text())
+    opts.tables, opts.max_rows, opts.seed = (data["model"][k] for k in ("tables", "max_rows", "seed"))
+    model = make_model(opts.tables, seed=opts.seed, max_rows=opts.max_rows)
+    first = data["worlds"][0]  # --write-plans gives every world the same device, HBM and hosts
+    opts.compute_device, opts.hbm_gib, opts.devices_per_host = (
+        first[k] for k in ("compute_device", "hbm_cap_gb", "devices_per_host")
+    )
+    opts.world_sizes = [w["world_size"] for w in data["worlds"]]
+    return [
+        (
+            w["world_size"],
+            (_topology(w["world_size"], opts, opts.compute_device), candidates_from_json(w["plans"], model)),
+        )
+        for w in data["worlds"]
+    ]
 
 
 def main(argv: list[str]) -> int:
     parser = _parser()
     opts = parser.parse_args(argv)
+    check_sweep_options(parser, opts)
     problem = _check(opts)
     if problem:
         print(problem, file=sys.stderr)
@@ -208,24 +427,48 @@ def main(argv: list[str]) -> int:
         print(error, file=sys.stderr)
         return 2
     quiet_torchrec_logs()
+    if opts.write_plans:
+        return write_plans(opts, device)
+    planned = dict(load_plans(opts)) if opts.plans else {}
     start = time.perf_counter()
-    worlds = [_world(w, opts, device) for w in opts.world_sizes]
-    payload = {
-        "device": device,
-        "machine": machine_name(device),
-        "threads": opts.threads,
-        "torch_threads_before": torch.get_num_threads(),
-        "model": {"tables": opts.tables, "max_rows": opts.max_rows, "seed": opts.seed},
-        "batch_size": opts.batch_size,
-        "warmup": opts.warmup,
-        "repeats": opts.repeats,
-        "optimizer": DEFAULT_OPTIMIZER,
-        "dense_hidden": list(DEFAULT_HIDDEN),
-        "link_model": LINK_MODEL,
-        "worlds": worlds,
-        "seconds": time.perf_counter() - start,
-    }
-    # a capped HBM is a regime of its own (UVM on a GPU): its own file, beside the uncapped one
-    path = write_results("steptime_capped" if opts.hbm_gib else "steptime", payload, opts.out)
-    print(f"wrote {path} in {payload['seconds']:.0f} s")
+    before = torch.get_num_threads()
+    worlds: list[dict[str, Any]] = []
+
+    def save(partial: dict[str, Any] | None = None) -> pathlib.Path:
+        payload = {
+            "device": device,
+            "machine": machine_name(device),
+            "threads": opts.threads,
+            "torch_threads_before": before,
+            "model": {"tables": opts.tables, "max_rows": opts.max_rows, "seed": opts.seed},
+            "plans_file": opts.plans and opts.plans.name,
+            "ids": opts.ids,
+            "zipf_alpha": opts.zipf_alpha if opts.ids == "zipf" else None,
+            "batch_size": opts.batch_size,
+            "sweep_factors": opts.sweep_factors,
+            "max_fixed_share": opts.max_fixed_share,
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "warmup": opts.warmup,
+            "repeats": opts.repeats,
+            "optimizer": DEFAULT_OPTIMIZER,
+            "dense_hidden": list(DEFAULT_HIDDEN),
+            "link_model": LINK_MODEL,
+            "worlds": worlds + ([partial] if partial else []),
+            "seconds": time.perf_counter() - start,
+        }
+        # a capped HBM is a regime of its own (UVM on a GPU), and so are plans made beforehand (the
+        # production-scale run): each its own file, beside the uncapped one
+        name = "steptime_capped" if opts.hbm_gib else "steptime_scale" if opts.plans else "steptime"
+        return write_results(name, payload, opts.out)
+
+    torch.set_num_threads(opts.threads)  # the sweep's and the copy's clock: this thread count
+    try:
+        bandwidth = copy_bandwidth(device)
+        print(f"copy bandwidth on {machine_name(device)}: {bandwidth / 1e9:.3g} GB/s", flush=True)
+        for world_size in opts.world_sizes:
+            worlds.append(_world(world_size, opts, device, bandwidth, save, planned.get(world_size)))
+            path = save()
+    finally:
+        torch.set_num_threads(before)
+    print(f"wrote {path} in {time.perf_counter() - start:.0f} s")
     return 0

@@ -9,32 +9,42 @@ Notebook 03a and `python -m embnb.bench steptime` run it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import to_sharding_plan
-from torchrec.distributed.planner.types import ShardingOption, Topology
+from torchrec.distributed.planner.types import Perf, Shard, ShardingOption, Storage, Topology
 from torchrec.distributed.types import ShardingPlan
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from embnb._checks import check_int
+from embnb._checks import check_choice, check_int
 from embnb.lab.planner.comparison import UVM_KERNELS, default_proposers
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options, hosts_of
 from embnb.lab.planner.planning import run_planner
+from embnb.planner.calibration import Calibration, estimators
+from embnb.planner.enumerator import make_enumerator
+from embnb.planner.perf_model import KernelCallPerfModel
+from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology
-from embnb.steptime import WorldTimes, kernel_device, make_batch, measure_world
+from embnb.steptime import GlobalBatch, WorldTimes, kernel_device, make_batch, measure_world
 
 __all__ = ["CandidatePlan", "candidate_plans", "one_kind_on", "estimated_per_rank", "plan_shape", "PLANNERS"]
-__all__ += ["POOR", "REFERENCE", "MeasuredCandidates", "measure_candidates"]
+__all__ += ["POOR", "REFERENCE", "CALIBRATED", "MeasuredCandidates", "measure_candidates", "measure_placed"]
+__all__ += ["candidates_to_json", "candidates_from_json", "plan_row"]
 
 PLANNERS = ("embnb DP", "torchrec DP", "Greedy", "torchrec default")
 POOR = "poor on purpose"  # the note of the plans built to be slow
 REFERENCE = "embnb DP"  # every other planner's measured step is paired with its, round by round
+CALIBRATED = "embnb DP (calibrated)"  # embnb's DP over a calibration's estimates (`candidate_plans`)
 PAIRED_FIELDS = ("mean", "ci_low", "ci_high")  # of its step minus embnb DP's, round by round (ms)
 
 
@@ -82,19 +92,37 @@ def candidate_plans(
     few_ranks: Sequence[int] = (1, 2),
     timeout_s: float = 120.0,
     enumerated: Enumerated | None = None,
+    planners: Sequence[str] = PLANNERS,
+    poor: bool = True,
+    calibration: Calibration | None = None,
 ) -> dict[str, CandidatePlan]:
-    """The planners' plans (`PLANNERS`, from `default_proposers` over one enumeration) and poor
-    ones: every table table-wise on the first k ranks for each k in `few_ranks`, and every table
-    data-parallel."""
+    """The plans of `planners` (names of `default_proposers`, over one enumeration); with a
+    `calibration`, embnb's DP planning over its estimates (`CALIBRATED`: the enumeration's estimates
+    calibrated, plans rated with its kernel calls, as `embnb.planner.create_planner(calibration=...)`
+    plans); with `poor`, poor ones: every table table-wise on the first k ranks for each k in
+    `few_ranks`, and every table data-parallel."""
     check_int("batch_size", batch_size, low=1)
     enumerated = enumerated or enumerate_options(
         model.tables, topology, batch_size, model.constraints, "embnb"
     )
-    plans, proposers = {}, default_proposers()
-    for name in PLANNERS:
-        run = run_planner(proposers[name](), enumerated, topology, batch_size, name=name,
+    proposers = default_proposers()
+    runs = [
+        (name, proposers[check_choice("planner", name, tuple(proposers))](), enumerated) for name in planners
+    ]
+    if calibration is not None:
+        estimator = estimators(calibration, topology, model.constraints)
+        chosen = make_enumerator("embnb", topology, batch_size, model.constraints, estimator=estimator)
+        options = chosen.enumerate(enumerated.module, enumerated.sharders)
+        rating = KernelCallPerfModel.from_calibration(topology, calibration)
+        calibrated = Enumerated(enumerated.module, enumerated.sharders, options, 0.0)
+        runs.append((CALIBRATED, DynamicProgrammingProposer(performance_model=rating), calibrated))
+    plans = {}
+    for name, proposer, over in runs:
+        run = run_planner(proposer, over, topology, batch_size, name=name,
                           constraints=model.constraints, timeout_s=timeout_s)  # fmt: skip
         plans[name] = CandidatePlan(name, run.plan, run.perf_rating, run.note, run.seconds)
+    if not poor:
+        return plans
     rate = NoopPerfModel(topology).rate
     for k in few_ranks:
         check_int("few_ranks", k, low=1, high=topology.world_size)
@@ -126,6 +154,94 @@ def plan_shape(options: Sequence[ShardingOption]) -> dict[str, int]:
     return shape
 
 
+# What a plan file keeps of a ShardingOption (beside its module path and shards), and what it refuses:
+# the options of `candidate_plans` leave the latter None
+KEPT = ("name", "sharding_type", "partition_by", "compute_kernel", "input_lengths", "batch_size")
+NOT_KEPT = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype")
+
+
+def _option_record(option: ShardingOption) -> dict[str, Any]:
+    refused = [name for name in (*NOT_KEPT, "key_value_params") if getattr(option, name, None) is not None]
+    if refused:
+        raise ValueError(
+            f"the option of table {option.name!r} sets {refused}, which a plan file does not keep"
+        )
+    shards = [dataclasses.asdict(shard) for shard in option.shards]  # size, offset, storage, perf, rank
+    return {name: getattr(option, name) for name in KEPT} | {"path": option.path, "shards": shards}
+
+
+def candidates_to_json(candidates: Mapping[str, CandidatePlan]) -> list[dict[str, Any]]:
+    """Plans as plain data (JSON), one record per plan: its name, torchrec's rating (ms), note,
+    planning seconds and its placed ShardingOptions (None: no plan), each with `KEPT`, its module
+    path and its shards (size, offset, rank, torchrec's Perf and Storage in its units: ms, bytes):
+    what `candidates_from_json` rebuilds the plan from, its estimates included. Raises ValueError on
+    an option that sets one of `NOT_KEPT` or key-value parameters."""
+    return [
+        {
+            "name": c.name,
+            "rating": c.rating,
+            "note": c.note,
+            "planning_s": c.planning_s,
+            "options": None if c.options is None else [_option_record(o) for o in c.options],
+        }
+        for c in candidates.values()
+    ]
+
+
+def _shard(record: dict[str, Any]) -> Shard:
+    return Shard(**record | {"storage": Storage(**record["storage"]), "perf": Perf(**record["perf"])})
+
+
+def candidates_from_json(records: Sequence[dict[str, Any]], model: Model) -> dict[str, CandidatePlan]:
+    """`candidates_to_json`'s records as CandidatePlans of `model`'s tables (their ShardingOptions
+    over an EmbeddingBagCollection on the meta device), no planner run. Raises ValueError on a
+    table the model does not have."""
+    module = EmbeddingBagCollection(tables=list(model.tables), device=torch.device("meta"))
+    plans = {}
+    for record in records:
+        options = None
+        if record["options"] is not None:
+            unknown = sorted({o["name"] for o in record["options"]} - set(module.embedding_bags))
+            if unknown:
+                raise ValueError(
+                    f"plan {record['name']!r} shards tables {unknown[:5]} the model does not have"
+                )
+            options = [
+                ShardingOption(
+                    tensor=module.embedding_bags[o["name"]].weight,
+                    module=(o["path"], module),
+                    shards=[_shard(s) for s in o["shards"]],
+                    is_pooled=True,
+                    **{name: o[name] for name in KEPT},
+                )
+                for o in record["options"]
+            ]
+        plans[record["name"]] = CandidatePlan(
+            record["name"], options, record["rating"], record["note"], record["planning_s"]
+        )
+    return plans
+
+
+def plan_row(candidate: CandidatePlan, topology: Topology) -> dict[str, Any]:
+    """A candidate before any measurement: its name, whether poor on purpose, torchrec's rating and
+    its total per rank (ms), its shape and tables in UVM (the last three where it has a plan)."""
+    row = {
+        "plan": candidate.name,
+        "poor": candidate.note == POOR,
+        "rating_ms": candidate.rating,
+        "note": candidate.note,
+    }
+    options = candidate.options
+    if options is not None:
+        total = estimated_per_rank(options, topology.world_size)["total"]
+        row |= {
+            "estimated_per_rank_ms": [s * 1e3 for s in total],
+            "shape": plan_shape(options),
+            "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in options),
+        }
+    return row
+
+
 @dataclass(frozen=True)
 class MeasuredCandidates:
     """`candidate_plans` of one model on `topology`, measured (`world`); `device_note`: why the
@@ -149,12 +265,7 @@ class MeasuredCandidates:
             note = candidate.note or (plan.error if plan else "")
             if plan is None and candidate.options is not None:
                 note += "; not measured here"
-            row = {"plan": name, "poor": candidate.note == POOR, "rating_ms": candidate.rating, "note": note}
-            options = candidate.options
-            if options is not None:
-                total = estimated_per_rank(options, self.topology.world_size)["total"]
-                row |= {"estimated_per_rank_ms": [s * 1e3 for s in total], "shape": plan_shape(options),
-                        "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in options)}  # fmt: skip
+            row = plan_row(candidate, self.topology) | {"note": note}
             if plan is not None and plan.measured:
                 clock, times = self.world.clock, plan.times
                 paired = plan.minus_reference
@@ -197,22 +308,41 @@ def measure_candidates(
     **options: Any,
 ) -> MeasuredCandidates:
     """`candidate_plans` of `model` on `world_size` devices of `compute_device` (default: where
-    the kernels run, `kernel_device(device)`), each measured rank by rank on one global batch of
-    `batch_size` samples per rank (seed `seed`): the planners' plans in `rounds` interleaved rounds,
-    each paired with embnb DP's, then the poor plans named in `poor` (None: all) `alone_repeats`
-    timed steps each. `options`: `embnb.steptime.StepOptions`' fields (threads, warmup, hidden)."""
+    the kernels run, `kernel_device(device)`), measured (`measure_placed`) on one global batch of
+    `batch_size` samples per rank (seed `seed`)."""
     check_int("world_size", world_size, low=2)
-    device, note = kernel_device(device)
-    topology = make_topology(world_size, compute_device or device, hbm_cap_gb=hbm_cap_gb,
+    topology = make_topology(world_size, compute_device or kernel_device(device)[0], hbm_cap_gb=hbm_cap_gb,
                              local_world_size=local_world_size)  # fmt: skip
     candidates = candidate_plans(model, topology, batch_size, timeout_s=timeout_s)
     batch = make_batch(model.tables, model.constraints, world_size, batch_size, seed)
+    return measure_placed(topology, candidates, model.tables, batch, rounds, device=device,
+                          alone_repeats=alone_repeats, poor=poor, **options)  # fmt: skip
+
+
+def measure_placed(
+    topology: Topology,
+    candidates: Mapping[str, CandidatePlan],
+    tables: Sequence[EmbeddingBagConfig],
+    batch: GlobalBatch,
+    rounds: int,
+    *,
+    device: str = "cpu",
+    alone_repeats: int = 1,
+    poor: Sequence[str] | None = None,
+    **options: Any,
+) -> MeasuredCandidates:
+    """Plans placed on `topology` (`candidate_plans`, or `candidates_from_json`) measured rank by
+    rank on `batch` where the kernels run (`kernel_device(device)`): the planners' plans in `rounds`
+    interleaved rounds, each paired with embnb DP's, then the poor plans named in `poor` (None: all)
+    `alone_repeats` timed steps each. `options`: `embnb.steptime.StepOptions`' fields (threads,
+    warmup, hidden)."""
+    device, note = kernel_device(device)
     placed = {n: c.sharding_plan(topology) for n, c in candidates.items() if c.options is not None}
     planners = {n: plan for n, plan in placed.items() if candidates[n].note != POOR}
     world = measure_world(
-        planners, model.tables, batch, rounds, reference=REFERENCE if REFERENCE in planners else None,
+        planners, tables, batch, rounds, reference=REFERENCE if REFERENCE in planners else None,
         alone={n: plan for n, plan in placed.items() if n not in planners and (poor is None or n in poor)},
         alone_repeats=alone_repeats,
         device=device, **options,
     )  # fmt: skip
-    return MeasuredCandidates(topology, candidates, world, note)
+    return MeasuredCandidates(topology, dict(candidates), world, note)
