@@ -248,10 +248,7 @@ def _best_swap(weights: list[float], heavy: list[int], light: list[int], gap: fl
 
 def _refine(weights: list[float], parts: Parts, max_swaps: int, num_real: int) -> Parts:
     parts = [sorted(part) for part in parts]
-    loads = [0.0] * len(parts)
-    for p, part in enumerate(parts):
-        for i in part:
-            loads[p] = loads[p] + weights[i]
+    loads = [sum(weights[i] for i in part) for part in parts]  # in index order, as the native op adds
     for _ in range(max_swaps):
         heavy = min(range(len(parts)), key=lambda p: (-loads[p], p))
         swap = None

@@ -30,7 +30,6 @@ from embnb.balancing.shuffle import EXCHANGES, BalancedShuffle
 from embnb.balancing.timeline import SHUFFLE_PHASES, Timeline, hidden_fraction, phase_seconds
 from embnb.balancing.workloads import attention_block_flops
 from embnb.collectives import all_reduce_
-from embnb.cuda import loader
 from embnb.data import zipf_lengths
 from embnb.dist import rank_device
 from embnb.metrics import max_over_mean
@@ -269,22 +268,14 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
             losses.append(float(total_loss))
     for span in timeline.spans:
         span["rank"] = rank
-    return {
+    return {k: getattr(config, k) for k in ("mode", "native_kk", "exchange", "shuffle_group")} | {
         "rank": rank,
-        "mode": config.mode,
-        "native_kk": config.native_kk,
-        "exchange": config.exchange,
-        "shuffle_group": config.shuffle_group,
         "spans": timeline.spans,
         "step_seconds": step_seconds,
         "step_flops": step_flops,
         "losses": losses,
         "weights": torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]),
         "hidden_fraction": hidden_fraction(timeline.spans),
-        "kk_seconds": [
-            s["end"] - s["start"] for s in timeline.spans if s["phase"] == "kk" and not s["warmup"]
-        ],
-        "ran_native_kk": loader.use(config.native_kk, "native_kk"),
     }
 
 

@@ -68,12 +68,12 @@ def measure_world(
     width, layers = model[0].width, len(model)
     flops = hstu_flops(lengths, width, layers).tolist()
     parts = {m: balance(flops, world_size, m) for m in METHODS}
-    steps = {
-        m: [rank_step(model, [lengths[i] for i in part], device, dtype, seed=r) for r, part in enumerate(p)]
+    calls = {
+        (m, r): rank_step(model, [lengths[i] for i in part], device, dtype, seed=r)
         for m, p in parts.items()
+        for r, part in enumerate(p)
     }
     clock, on_gpu = sweep_clock(device), torch.device(device).type == "cuda"
-    calls = {(m, r): step for m in METHODS for r, step in enumerate(steps[m])}
     # one warm-up each, then every method's every rank once per round, at the caller's thread count
     timed, _ = interleaved_phases(calls, repeats, 1, device, threads=torch.get_num_threads())
     rank_s = {m: [[t.value(clock) for t in timed[(m, r)]] for r in range(world_size)] for m in METHODS}
