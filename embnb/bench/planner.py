@@ -162,18 +162,12 @@ def _options(argv: list[str]) -> argparse.Namespace:
     for name in ("tables", "world_sizes", "quality_tables"):
         if any(v < 1 for v in getattr(opts, name)):
             parser.error(f"--{name.replace('_', '-')} must all be >= 1, got {getattr(opts, name)}")
-    for name in ("repeats", "enumerate_repeats"):
-        if getattr(opts, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
-    if opts.devices_per_host is not None and (
-        opts.devices_per_host < 1
-        or any(w % opts.devices_per_host for w in opts.world_sizes if w > opts.devices_per_host)
-    ):
-        parser.error(
-            f"--devices-per-host must be >= 1 and divide the larger world sizes, got {opts.devices_per_host}"
-        )
-    if opts.quality_instances < 0:
-        parser.error(f"--quality-instances must be >= 0, got {opts.quality_instances}")
+    for name, low in (("repeats", 1), ("enumerate_repeats", 1), ("quality_instances", 0)):
+        if getattr(opts, name) < low:
+            parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(opts, name)}")
+    per_host = opts.devices_per_host
+    if per_host is not None and (per_host < 1 or any(w % per_host for w in opts.world_sizes if w > per_host)):
+        parser.error(f"--devices-per-host must be >= 1 and divide the larger world sizes, got {per_host}")
     if not 0 < opts.hbm_fraction:
         parser.error(f"--hbm-fraction must be > 0, got {opts.hbm_fraction}")
     return opts

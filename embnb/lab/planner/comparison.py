@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from embnb._checks import check_int
 from embnb.lab.planner.explain import memory_ratio
-from embnb.lab.planner.models import Enumerated, enumerate_options, hosts_of
+from embnb.lab.planner.models import Enumerated, enumerate_options
 from embnb.lab.planner.planning import rank_loads, run_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology
@@ -89,7 +89,7 @@ def compare_proposers(
     planning seconds (that run's, of them in the proposer and the partitioner; min, max and every
     run's beside them), end to end with the enumeration, whether every run rated its plan alike,
     whether the time limit cut a run short, and a note. `source`: the options enumerated for this
-    topology, or the tables to enumerate now; `.attrs`: enumerate_s, num_options, combinations, hosts."""
+    topology, or the tables to enumerate now; `.attrs`: enumerate_s, combinations."""
     check_int("repeats", planning.repeats, low=1)
     enumerated = source
     if not isinstance(source, Enumerated):
@@ -124,8 +124,7 @@ def compare_proposers(
              "note": f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}" if skipped else run.note}
         )  # fmt: skip
     table = pd.DataFrame(rows).set_index("proposer")
-    table.attrs.update(enumerate_s=enumerated.seconds, num_options=len(enumerated.options),
-                       combinations=combinations, hosts=hosts_of(topology))  # fmt: skip
+    table.attrs.update(enumerate_s=enumerated.seconds, combinations=combinations)
     return table
 
 
@@ -153,7 +152,7 @@ def budget_sweep(
 ) -> pd.DataFrame:
     """`compare_proposers` at each HBM budget per device of a GPU topology (the options do not
     depend on it: one enumeration serves all), with `memory_ratio` at that budget (below 1 memory
-    binds in total) and the topology's `hosts`."""
+    binds in total)."""
     if not hbm_caps_gb:
         raise ValueError("hbm_caps_gb is empty: give at least one HBM budget per device")
     frames = []
@@ -163,5 +162,5 @@ def budget_sweep(
             enumerated, topology, planning.batch_size, planning.storage_reservation_percentage
         )
         table = compare_proposers(enumerated, topology, planning, proposers).reset_index()
-        frames.append(table.assign(hbm_cap_gb=cap, memory_ratio=ratio, hosts=hosts_of(topology)))
+        frames.append(table.assign(hbm_cap_gb=cap, memory_ratio=ratio))
     return pd.concat(frames, ignore_index=True)
