@@ -65,20 +65,21 @@ def _overlap(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 def hidden_fraction(spans: Sequence[dict[str, Any]]) -> float:
     """Share of the shuffle's time (`SHUFFLE_PHASES`) the main thread did
-    not wait for, over one rank's spans.
+    not wait for, over the spans of one rank or of several (by their "rank").
 
     A shuffle span in the main thread (sync mode) is fully exposed; one in
-    the worker is exposed where it overlaps the main thread's "wait" span
-    for the same batch. Warm-up spans (the first batch of an overlapped run,
-    with no step to hide behind) are left out. NaN when there is no shuffle.
+    the worker is exposed where it overlaps its rank's main thread's "wait"
+    span for the same batch. Warm-up spans (the first batch of an overlapped
+    run, with no step to hide behind) are left out. NaN when there is no
+    shuffle.
     """
-    waits = {s["step"]: s for s in spans if s["phase"] == "wait"}
+    waits = {(s.get("rank"), s["step"]): s for s in spans if s["phase"] == "wait"}
     shuffles = [s for s in spans if s["phase"] in SHUFFLE_PHASES and not s.get("warmup")]
     total = sum(s["end"] - s["start"] for s in shuffles)
     exposed = sum(
         s["end"] - s["start"]
-        if s.get("thread") == "main" or waits.get(s["step"]) is None
-        else _overlap(s, waits[s["step"]])
+        if s.get("thread") == "main" or (s.get("rank"), s["step"]) not in waits
+        else _overlap(s, waits[(s.get("rank"), s["step"])])
         for s in shuffles
     )
     return 1.0 - exposed / total if total > 0 else float("nan")

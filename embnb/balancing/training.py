@@ -13,6 +13,7 @@ device and KK on the CPU. Several configs run in one launch:
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -354,9 +355,9 @@ def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary
     kept = timed_steps(len(per_rank[0]["step_seconds"]), skip_first)
     slowest = [max(r["step_seconds"][s] for r in per_rank) for s in kept]
     flops_ratio = [max_over_mean([r["step_flops"][s] for r in per_rank]) for s in kept]
-    phases = phase_seconds(
-        (dict(s, rank=r["rank"]) for r in per_rank for s in r["spans"]), kept, len(per_rank)
-    )
+    spans = [dict(s, rank=r["rank"]) for r in per_rank for s in r["spans"]]
+    phases = phase_seconds(spans, kept, len(per_rank))
+    hidden = hidden_fraction(spans)  # every rank's: weighted by each rank's shuffle time
     return RunSummary(
         mode=per_rank[0]["mode"],
         native_kk=per_rank[0]["native_kk"],
@@ -364,7 +365,7 @@ def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary
         shuffle_group=per_rank[0].get("shuffle_group", "shared"),
         step_seconds=statistics.fmean(slowest),
         flops_max_over_mean=statistics.fmean(flops_ratio),
-        hidden_fraction=_hidden_over_ranks(per_rank),
+        hidden_fraction=None if math.isnan(hidden) else hidden,
         kk_seconds=sum(v for (_, phase), v in phases.items() if phase == "kk"),
         shuffle_seconds=sum(v for (_, phase), v in phases.items() if phase in SHUFFLE_PHASES),
         num_spans=sum(len(r["spans"]) for r in per_rank),
@@ -396,14 +397,3 @@ def slowest_rank_seconds(per_rank: list[dict[str, Any]], skip_first: int = 1) ->
     the `timed_steps`."""
     kept = timed_steps(len(per_rank[0]["step_seconds"]), skip_first)
     return sum(max(r["step_seconds"][s] for r in per_rank) for s in kept)
-
-
-def _hidden_over_ranks(per_rank: list[dict[str, Any]]) -> float | None:
-    """Shuffle-time-weighted hidden fraction over ranks; None without a shuffle."""
-    shuffles = [
-        sum(s["end"] - s["start"] for s in r["spans"] if s["phase"] in SHUFFLE_PHASES and not s["warmup"])
-        for r in per_rank
-    ]
-    total = sum(shuffle for shuffle in shuffles if shuffle > 0)
-    hidden = sum(r["hidden_fraction"] * shuffle for r, shuffle in zip(per_rank, shuffles) if shuffle > 0)
-    return hidden / total if total > 0 else None

@@ -327,11 +327,15 @@ def test_summarize_takes_each_timed_step_at_its_slowest_rank():
     assert summary.kk_seconds == pytest.approx(0.75 / 4)
     assert summary.shuffle_seconds == pytest.approx((1.0 + 3.25) / 4)
     # two repeats: means, the hidden fraction weighted by shuffle time
-    other = [dict(rank, step_seconds=[9.0, 4.0, 4.0, 7.0], hidden_fraction=1.0) for rank in ranks]
+    # the same phases in the worker, done before the loop waits for them: all hidden
+    hidden = [
+        [dict(s, thread="worker") for s in rank["spans"]] + [_span("wait", 1, 5.0, 5.1)] for rank in ranks
+    ]
+    other = [dict(rank, step_seconds=[9.0, 4.0, 4.0, 7.0], spans=s) for rank, s in zip(ranks, hidden)]
     both = training.summarize_repeats([ranks, other])
     assert both.step_seconds == pytest.approx((2.5 + 4.0) / 2)
     assert both.shuffle_seconds == pytest.approx(summary.shuffle_seconds)
-    assert both.hidden_fraction == pytest.approx(0.5) and both.num_spans == 10
+    assert both.hidden_fraction == pytest.approx(0.5) and both.num_spans == 5 + 7
 
 
 def test_slowest_rank_seconds_sums_each_timed_steps_slowest_rank():
