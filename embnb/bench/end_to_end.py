@@ -30,8 +30,10 @@ import sys
 import tempfile
 import time
 
+import pandas as pd
+
 from embnb import planner
-from embnb.bench.results import add_out_argument, quiet_torchrec_logs, spread, write_results
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.lab.planner.models import fused_table_gb, make_model
 from embnb.lab.planner.planning import time_end_to_end
 from embnb.timing import machine_name
@@ -40,6 +42,9 @@ BATCH_SIZE = 512
 ENUMERATION_GRACE_S = 300  # torchrec's planner past its limit (its enumeration) before it is stopped
 HBM_FRACTION = 0.5  # as the planner bench's default, where a case names none
 MEMORY_POLL_S = 0.5  # how often torchrec's planner's resident memory is read
+SHOWN = ["num_tables", "world_size", "hosts", "fresh_process_s", "in_process_s", "in_process_rating"]
+SHOWN += ["same_rating_everywhere", "torchrec_dp.plan_s", "torchrec_dp.rating", "torchrec_dp.timed_out"]
+SHOWN += ["torchrec_dp.stopped_after_s", "torchrec_dp.stopped_for_memory_gib"]  # printed per case
 _CASE = re.compile(r"(\d+)x(\d+)(?:/(\d+))?(?::([a-z]+))?(?:@(\d*\.?\d+))?")  # see _case
 
 # torchrec's default (HeuristicalStorageReservation(0.15): the percentage, dense parameters and KJTs),
@@ -228,32 +233,6 @@ def bench_case(case: tuple, opts: argparse.Namespace) -> dict:
     }
 
 
-def _line(row: dict) -> str:
-    line = (
-        f"{row['num_tables']:4d} tables x {row['world_size']:2d} devices ({row['hosts']}; "
-        f"{row['storage_reservation'].split(',')[0]}): "
-        f"one plan in a fresh process {spread(row['fresh_process_s_runs'], 2)} "
-        f"(imports {spread(row['import_s_runs'], 2)}, "
-        f"peak RSS {max(row['fresh_peak_rss_gib_runs']):.2f} GiB, {max(row['fresh_proposals'])} proposals), "
-        f"repeated in this process {spread(row['in_process_s_runs'], 2)}, "
-        f"rating {row['in_process_rating']:.3f} ms"
-        f"{'' if row['same_rating_everywhere'] else ', RATINGS DIFFER'}"
-    )
-    peer = row["torchrec_dp"]
-    if peer is None:
-        return line
-    if peer.get("stopped_for_memory_gib"):
-        stop = f"stopped past {peer['stopped_for_memory_gib']:g} GiB after {peer['stopped_after_s']:.0f} s"
-        return f"{line} | torchrec DP not run: memory ({stop})"
-    if peer.get("stopped_after_s"):
-        return f"{line} | torchrec DP stopped after {peer['stopped_after_s']:.0f} s, no plan by then"
-    rating = f"rating {peer['rating']:.3f} ms" if math.isfinite(peer["rating"]) else "no plan"
-    return (
-        f"{line} | torchrec DP {peer['plan_s']:.1f} s{' (CUT)' if peer['timed_out'] else ''}, {rating}, "
-        f"{peer['proposals']} proposals, peak RSS {peer['peak_rss_gib']:.2f} GiB"
-    )
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench end_to_end", description=__doc__.split("\n")[0]
@@ -306,7 +285,7 @@ def main(argv: list[str]) -> int:
     start, rows = time.perf_counter(), []
     for case in opts.cases:
         rows.append(bench_case(case, opts))
-        print(_line(rows[-1]), flush=True)
+        print(pd.json_normalize(rows[-1]).reindex(columns=SHOWN).to_string(index=False), flush=True)
     payload = {
         "benchmark": "end_to_end",
         "machine": machine_name(),

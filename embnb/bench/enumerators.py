@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
@@ -39,12 +40,14 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from embnb import planner
 from embnb._checks import check_int
-from embnb.bench.results import add_out_argument, quiet_torchrec_logs, spread, write_results
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
 from embnb.lab.planner.models import fused_table_gb, make_model
 from embnb.planner.enumerator import DistinctShardEnumerator, same_options
 from embnb.timing import Stopwatch, machine_name
 
 BATCH_SIZE = 512
+SHOWN = ["model", "num_tables", "device", "world_size", "local_world_size", "num_options", "distinct_shards"]
+SHOWN += ["torchrec_s", "embnb_s", "embnb_estimators_s", "same_options"]  # printed per case
 
 
 @dataclass(frozen=True)
@@ -202,20 +205,6 @@ def bench_case(case: Case, num_tables: int, repeats: int) -> dict:
     }
 
 
-def _line(row: dict) -> str:
-    hosts = row["world_size"] // row["local_world_size"]
-    return (
-        f"{row['model']:5s} {row['num_tables']:4d} tables, {row['device']:4s} x {row['world_size']:2d} "
-        f"({hosts} host{'s' if hosts > 1 else ''}), {row['num_options']} options, "
-        f"{row['distinct_shards']}/{row['num_shards']} distinct shards: "
-        f"torchrec {spread(row['torchrec_s_runs'], 3)}, "
-        f"embnb {spread(row['embnb_s_runs'], 3)} (torchrec's estimators {row['embnb_estimators_s']:.3f} s), "
-        f"{row['torchrec_s'] / row['embnb_s']:.1f}x "
-        f"(ceiling {row['torchrec_s'] / row['embnb_estimators_s']:.1f}x), "
-        f"{'same options' if row['same_options'] else 'OPTIONS DIFFER'}"
-    )
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench enumerators", description=__doc__.split("\n")[0]
@@ -232,7 +221,7 @@ def main(argv: list[str]) -> int:
     start, rows = time.perf_counter(), []
     for case in CASES:
         rows.append(bench_case(case, opts.tables, opts.repeats))
-        print(_line(rows[-1]), flush=True)
+        print(pd.DataFrame([rows[-1]])[SHOWN].to_string(index=False), flush=True)
     payload = {
         "benchmark": "enumerators",
         "machine": machine_name(),
