@@ -15,6 +15,7 @@ seconds (median and range; the enumeration, shared, is reported apart).
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 from embnb import planner
@@ -65,9 +66,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"--hbm-fraction and --timeout-s must be > 0, got {opts.hbm_fraction}, {opts.timeout_s}")
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
-    for world_size in opts.world_sizes:
-        for num_tables in opts.tables:
-            rows.append(ablate(num_tables, world_size, opts))
+    for world_size, num_tables in itertools.product(opts.world_sizes, opts.tables):
+        rows.append(ablate(num_tables, world_size, opts))
     payload = {
         "benchmark": "ablation",
         "machine": machine_name(),

@@ -275,10 +275,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--processes", type=int, default=5, help="fresh processes per case (and runs here)")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    if opts.processes < 1:
-        parser.error(f"--processes must be >= 1, got {opts.processes}")
-    if opts.torchrec_dp_timeout_s < 0:
-        parser.error(f"--torchrec-dp-timeout-s must be >= 0, got {opts.torchrec_dp_timeout_s}")
+    for name, low in (("processes", 1), ("torchrec_dp_timeout_s", 0)):
+        if getattr(opts, name) < low:
+            parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(opts, name)}")
     if not opts.torchrec_dp_memory_gib > 0:
         parser.error(f"--torchrec-dp-memory-gib must be > 0, got {opts.torchrec_dp_memory_gib}")
     quiet_torchrec_logs()

@@ -11,12 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 from torchrec.distributed.planner import proposers as torchrec_proposers
-from torchrec.distributed.planner.proposers import (
-    MAX_PROPOSALS,
-    GreedyProposer,
-    GridSearchProposer,
-    UniformProposer,
-)
+from torchrec.distributed.planner.proposers import MAX_PROPOSALS
 from torchrec.distributed.planner.types import ParameterConstraints, Proposer, Topology
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm.auto import tqdm
@@ -63,14 +58,14 @@ def default_proposers(bins_per_device: int = 100) -> dict[str, ProposerFactory]:
         "torchrec DP": lambda: torchrec_proposers.DynamicProgrammingProposer(
             hbm_bins_per_device=bins_per_device
         ),
-        "Greedy": lambda: GreedyProposer(),
-        "Uniform": lambda: UniformProposer(),
-        "GridSearch": lambda: GridSearchProposer(),
-        "torchrec default": lambda: [
-            GridSearchProposer(),
-            GreedyProposer(),
-            GreedyProposer(use_depth=False),
-            UniformProposer(),
+        "Greedy": torchrec_proposers.GreedyProposer,
+        "Uniform": torchrec_proposers.UniformProposer,
+        "GridSearch": torchrec_proposers.GridSearchProposer,
+        "torchrec default": lambda: [  # EmbeddingShardingPlanner's proposers when given none
+            torchrec_proposers.GridSearchProposer(),
+            torchrec_proposers.GreedyProposer(),
+            torchrec_proposers.GreedyProposer(use_depth=False),
+            torchrec_proposers.UniformProposer(),
         ],
     }
 

@@ -64,8 +64,6 @@ def quality_study(
 def quality_summary(study: pd.DataFrame, tolerance: float = 1.02) -> pd.DataFrame:
     """Per proposer of a `quality_study`: the worst (`max`) and `median` ratio to brute force, and
     the share of instances within `tolerance`."""
-    ratios = study.groupby("proposer", sort=False).ratio
-    summary = ratios.agg(["max", "median"])
-    within = f"within {round((tolerance - 1) * 100):g}%"
-    summary[within] = study.assign(ok=study.ratio <= tolerance).groupby("proposer", sort=False).ok.mean()
-    return summary
+    summary = study.groupby("proposer", sort=False).ratio.agg(["max", "median"])
+    within = (study.ratio <= tolerance).groupby(study.proposer, sort=False).mean()
+    return summary.assign(**{f"within {round((tolerance - 1) * 100):g}%": within})
