@@ -4,11 +4,8 @@ samples of its own part (O(B) bytes), where the all-gather exchange
 whole global batch (O(W x B), padded to the largest rank).
 
 Every rank knows every part (they all ran the same KK), so each knows how
-many of its samples go where. `alltoall_kjt` then needs two collectives:
-
-1. the lengths (every key of every KJT) of the samples sent to each rank;
-2. their bytes as one buffer per destination: per KJT its values, then its
-   weights, key by key; then the dense rows. Sizes follow from step 1.
+many of its samples go where, and `alltoall_kjt` needs two all-to-alls: the
+samples' lengths, then their bytes (sized by those lengths).
 
 `exchange_bytes` computes what either exchange puts in a rank's receive
 buffers from sizes alone, so it can be evaluated for W = 64 without 64
