@@ -110,7 +110,8 @@ def bench_partitioning(
             }
             for name, (seconds, gap) in timed.items()
         ]
-        print(pd.DataFrame(rows[-len(timed) :]).set_index(["num_samples", "num_parts", "method"]), flush=True)
+        shown = pd.DataFrame(rows[-len(timed) :]).set_index(["num_samples", "num_parts", "method"])
+        print(shown.to_string(), flush=True)
     return rows
 
 
