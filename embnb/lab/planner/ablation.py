@@ -21,10 +21,14 @@ __all__ = ["LADDER", "ablation_table"]
 
 _NOTHING = dict(bisect=False, slack=False, prune=False, max_caps=0, max_refinements=0, replay=False)
 _ADDED = [  # rung name, the proposer argument it turns back to its default
-    ("plain knapsack", None), ("+ bisection", "bisect"), ("+ memory slack", "slack"),
-    ("+ capped runs", "max_caps"), ("+ local search", "max_refinements"), ("+ lower-bound pruning", "prune"),
+    ("plain knapsack", None),
+    ("+ bisection", "bisect"),
+    ("+ memory slack", "slack"),
+    ("+ capped runs", "max_caps"),
+    ("+ local search", "max_refinements"),
+    ("+ lower-bound pruning", "prune"),
     ("+ the replica", "replay"),
-]  # fmt: skip
+]
 LADDER: dict[str, dict[str, Any]] = {  # rung -> DynamicProgrammingProposer arguments
     name: {k: v for k, v in _NOTHING.items() if k not in [a for _, a in _ADDED[: i + 1]]}
     for i, (name, _) in enumerate(_ADDED)

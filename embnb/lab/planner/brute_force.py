@@ -50,10 +50,15 @@ def brute_force_rating(
     shard = [[max(s.perf.total for s in o.shards) for o in g] for g in groups]
     combinations = itertools.product(*(range(len(g)) for g in groups))
     bounds = sorted(
-        (max(sum(perf[t][i] for t, i in enumerate(c)) / topology.world_size,
-             max(shard[t][i] for t, i in enumerate(c))), c)
+        (
+            max(
+                sum(perf[t][i] for t, i in enumerate(c)) / topology.world_size,
+                max(shard[t][i] for t, i in enumerate(c)),
+            ),
+            c,
+        )
         for c in combinations
-    )  # fmt: skip
+    )
     rate, best = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage), math.inf
     for bound, combination in bounds:
         if bound >= best:
@@ -83,7 +88,13 @@ def rate_every_plan(
     for combination in itertools.product(*groups):
         proposal = list(combination)
         storage = sum((o.total_storage for o in proposal), Storage(0, 0))
-        rows.append({o.name: option_label(o) for o in proposal} | {
-            "hbm_gb": storage.hbm / GB, "ddr_gb": storage.ddr / GB,
-            "summed_perf": sum(o.total_perf for o in proposal), "perf_rating": rate(proposal)})  # fmt: skip
+        rows.append(
+            {o.name: option_label(o) for o in proposal}
+            | {
+                "hbm_gb": storage.hbm / GB,
+                "ddr_gb": storage.ddr / GB,
+                "summed_perf": sum(o.total_perf for o in proposal),
+                "perf_rating": rate(proposal),
+            }
+        )
     return pd.DataFrame(rows)

@@ -45,9 +45,15 @@ class Planning:
     def run(self, proposer, enumerated: Enumerated, topology: Topology, name: str = ""):
         """`run_planner` with these settings."""
         return run_planner(
-            proposer, enumerated, topology, self.batch_size, name=name, constraints=self.constraints,
-            storage_reservation_percentage=self.storage_reservation_percentage, timeout_s=self.timeout_s,
-        )  # fmt: skip
+            proposer,
+            enumerated,
+            topology,
+            self.batch_size,
+            name=name,
+            constraints=self.constraints,
+            storage_reservation_percentage=self.storage_reservation_percentage,
+            timeout_s=self.timeout_s,
+        )
 
 
 def default_proposers(bins_per_device: int = 100) -> dict[str, ProposerFactory]:
@@ -107,17 +113,29 @@ def compare_proposers(
         peak = rank_loads(run.plan, topology.world_size).max() if run.plan else nothing
         skipped = name == "GridSearch" and combinations > MAX_PROPOSALS  # torchrec skips it then
         rows.append(
-            {"proposer": name, "perf_rating": run.perf_rating, "max_hbm_gb": peak["hbm_gb"],
-             "max_ddr_gb": peak["ddr_gb"], "feasible": run.plan is not None,
-             "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in run.plan or []),
-             "plans_considered": considered or run.proposals, "proposals": run.proposals,
-             "plan_s": run.seconds, "plan_s_min": min(seconds), "plan_s_max": max(seconds),
-             "plan_s_runs": seconds, "end_to_end_s": enumerated.seconds + run.seconds,
-             "proposer_s": run.proposer_s, "partitioner_s": run.partitioner_s,
-             "timed_out": any(r.timed_out for r in runs),
-             "same_rating_every_run": len({str(r.perf_rating) for r in runs}) == 1,  # str: nan == nan
-             "note": f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}" if skipped else run.note}
-        )  # fmt: skip
+            {
+                "proposer": name,
+                "perf_rating": run.perf_rating,
+                "max_hbm_gb": peak["hbm_gb"],
+                "max_ddr_gb": peak["ddr_gb"],
+                "feasible": run.plan is not None,
+                "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in run.plan or []),
+                "plans_considered": considered or run.proposals,
+                "proposals": run.proposals,
+                "plan_s": run.seconds,
+                "plan_s_min": min(seconds),
+                "plan_s_max": max(seconds),
+                "plan_s_runs": seconds,
+                "end_to_end_s": enumerated.seconds + run.seconds,
+                "proposer_s": run.proposer_s,
+                "partitioner_s": run.partitioner_s,
+                "timed_out": any(r.timed_out for r in runs),
+                "same_rating_every_run": len({str(r.perf_rating) for r in runs}) == 1,  # str: nan == nan
+                "note": f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}"
+                if skipped
+                else run.note,
+            }
+        )
     table = pd.DataFrame(rows).set_index("proposer")
     table.attrs.update(enumerate_s=enumerated.seconds, combinations=combinations)
     return table
@@ -129,11 +147,17 @@ def timing_breakdown(comparison: pd.DataFrame) -> pd.DataFrame:
     copying the best plan), end to end, and the plans considered and proposed."""
     enumerate_s, c = comparison.attrs.get("enumerate_s", math.nan), comparison
     return pd.DataFrame(
-        {"enumerate_s": enumerate_s, "proposer_s": c.proposer_s, "partitioner_s": c.partitioner_s,
-         "planner_rest_s": c.plan_s - c.proposer_s - c.partitioner_s, "plan_s": c.plan_s,
-         "end_to_end_s": enumerate_s + c.plan_s, "plans_considered": c.get("plans_considered", c.proposals),
-         "proposals": c.proposals}
-    )  # fmt: skip
+        {
+            "enumerate_s": enumerate_s,
+            "proposer_s": c.proposer_s,
+            "partitioner_s": c.partitioner_s,
+            "planner_rest_s": c.plan_s - c.proposer_s - c.partitioner_s,
+            "plan_s": c.plan_s,
+            "end_to_end_s": enumerate_s + c.plan_s,
+            "plans_considered": c.get("plans_considered", c.proposals),
+            "proposals": c.proposals,
+        }
+    )
 
 
 def budget_sweep(

@@ -54,13 +54,20 @@ def options_table(
     once; options whose largest shard fits on no device are left out."""
     space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
     return pd.DataFrame(
-        {"table": option.name, "option": option_label(option), "shards": len(option.shards),
-         "perf": space.perf[t, o], "hbm_gb": space.mem[t, o, 0] / GB, "ddr_gb": space.mem[t, o, 1] / GB,
-         "shard_perf": max(s.perf.total for s in option.shards),
-         "shard_hbm_gb": max(s.storage.hbm for s in option.shards) / GB, "sharding_option": option}
+        {
+            "table": option.name,
+            "option": option_label(option),
+            "shards": len(option.shards),
+            "perf": space.perf[t, o],
+            "hbm_gb": space.mem[t, o, 0] / GB,
+            "ddr_gb": space.mem[t, o, 1] / GB,
+            "shard_perf": max(s.perf.total for s in option.shards),
+            "shard_hbm_gb": max(s.storage.hbm for s in option.shards) / GB,
+            "sharding_option": option,
+        }
         for t, options in enumerate(space.options)
         for o, option in enumerate(options)
-    )  # fmt: skip
+    )
 
 
 def memory_ratio(
@@ -136,10 +143,21 @@ def small_knapsack(
     objects = per_table.sharding_option.tolist()
     rater = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage)
     return SmallKnapsack(
-        tables, per_table.option.tolist(), perfs, per_table.hbm_gb.tolist(), memories, bin_gb, num_bins,
-        rows, choices, end, backtrack(choices, memories, end), per_table.shard_perf.tolist(),
-        per_table.shard_hbm_gb.tolist(), lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
-    )  # fmt: skip
+        tables,
+        per_table.option.tolist(),
+        perfs,
+        per_table.hbm_gb.tolist(),
+        memories,
+        bin_gb,
+        num_bins,
+        rows,
+        choices,
+        end,
+        backtrack(choices, memories, end),
+        per_table.shard_perf.tolist(),
+        per_table.shard_hbm_gb.tolist(),
+        lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
+    )
 
 
 def knapsack_frontier(
@@ -197,9 +215,12 @@ def plan_extremes(every_plan: pd.DataFrame) -> PlanExtremes:
     if placeable.empty:
         raise ValueError(f"none of the {len(every_plan)} plans can be placed: no best plan")
     return PlanExtremes(
-        every_plan.loc[every_plan.summed_perf.idxmin()], placeable.loc[placeable.summed_perf.idxmin()],
-        every_plan.sort_values(["perf_rating", "summed_perf"]).iloc[0], len(placeable), len(every_plan),
-    )  # fmt: skip
+        every_plan.loc[every_plan.summed_perf.idxmin()],
+        placeable.loc[placeable.summed_perf.idxmin()],
+        every_plan.sort_values(["perf_rating", "summed_perf"]).iloc[0],
+        len(placeable),
+        len(every_plan),
+    )
 
 
 def tiny_instance(
@@ -230,8 +251,10 @@ def summed_vs_rated(
     rng = np.random.default_rng(seed)
     rows = []
     for instance in range(num_instances):
-        spec = [(name, int(rng.choice(_ROWS)), int(rng.choice(_DIMS)), float(rng.choice(_POOLING)))
-                for name in ("user_id", "item_id", "ad_id")]  # fmt: skip
+        spec = [
+            (name, int(rng.choice(_ROWS)), int(rng.choice(_DIMS)), float(rng.choice(_POOLING)))
+            for name in ("user_id", "item_id", "ad_id")
+        ]
         hbm_gb = float(rng.choice(_HBM_GB))
         enumerated, topology = tiny_instance(spec, hbm_gb, batch_size=batch_size)
         every_plan = rate_every_plan(enumerated, topology, batch_size, storage_reservation_percentage)
@@ -240,12 +263,19 @@ def summed_vs_rated(
         extremes = plan_extremes(every_plan)
         best, least = extremes.best_rated.perf_rating, extremes.least_placed_sum.perf_rating
         rows.append(
-            {"instance": instance, "world_size": topology.world_size, "hosts": hosts_of(topology),
-             "hbm_gb": hbm_gb, "spec": spec,
-             "least_placed_sum_over_best": least / best,
-             "least_sum_unplaceable": bool(math.isnan(extremes.least_sum.perf_rating)),
-             "memory_ratio": memory_ratio(enumerated, topology, batch_size, storage_reservation_percentage)}
-        )  # fmt: skip
+            {
+                "instance": instance,
+                "world_size": topology.world_size,
+                "hosts": hosts_of(topology),
+                "hbm_gb": hbm_gb,
+                "spec": spec,
+                "least_placed_sum_over_best": least / best,
+                "least_sum_unplaceable": bool(math.isnan(extremes.least_sum.perf_rating)),
+                "memory_ratio": memory_ratio(
+                    enumerated, topology, batch_size, storage_reservation_percentage
+                ),
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -27,9 +27,14 @@ def hbm_slider(value: float) -> widgets.FloatLogSlider:
     1.2 to 2**0.25 = 1.19)."""
     exponent = math.log2(check_number("hbm_cap_gb", value, low=0, low_open=True))
     return widgets.FloatLogSlider(
-        value=value, base=2, min=exponent - 4, max=exponent + 4, step=0.25, readout_format=".3g",
+        value=value,
+        base=2,
+        min=exponent - 4,
+        max=exponent + 4,
+        step=0.25,
+        readout_format=".3g",
         description="HBM GiB",
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)

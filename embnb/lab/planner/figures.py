@@ -163,8 +163,17 @@ def calibration_scatter(ranks: pd.DataFrame, bench: Run) -> Figure:
     fig = new_figure(10, 4.6)
     axes = fig.subplots(1, 2, sharex=True, sharey=True)
     for ax, name in zip(axes, ESTIMATES):
-        sns.scatterplot(ranks, x=name, y="measured_ms", hue="world_size", palette="deep", s=12, alpha=0.6,
-                        ax=ax, legend=name == "calibrated")  # fmt: skip
+        sns.scatterplot(
+            ranks,
+            x=name,
+            y="measured_ms",
+            hue="world_size",
+            palette="deep",
+            s=12,
+            alpha=0.6,
+            ax=ax,
+            legend=name == "calibrated",
+        )
         for factor, style in ((1, "-"), (1 - GOAL, ":"), (1 + GOAL, ":")):
             ax.axline((1, factor), (10, 10 * factor), color="0.3", linewidth=0.8, linestyle=style)
         label = "torchrec's default estimate" if name == "torchrec_default" else "calibrated estimate"
@@ -173,6 +182,9 @@ def calibration_scatter(ranks: pd.DataFrame, bench: Run) -> Figure:
         ax.set_title(f"{label}: |error| median {e['median']:.1%}, worst {e['worst']:.0%}", fontsize=9)
     clock = "thread CPU time" if bench.data["clock"] == "cpu" else "wall time"
     axes[0].set_ylabel(f"measured lookups of the rank, ms ({clock})")
-    fig.suptitle(f"{len(ranks)} held-out ranks measured on {bench.data['device'].upper()} ({bench.machine}); "
-                 f"dotted: the {GOAL:.0%} goal", fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"{len(ranks)} held-out ranks measured on {bench.data['device'].upper()} ({bench.machine}); "
+        f"dotted: the {GOAL:.0%} goal",
+        fontsize=10,
+    )
     return fig

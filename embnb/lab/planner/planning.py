@@ -154,11 +154,17 @@ def run_planner(
     proposers = proposer if isinstance(proposer, list) else [proposer]
     timed, partitioner = [_TimedProposer(p) for p in proposers], _TimedPartitioner()
     planner = EmbeddingShardingPlanner(  # stats=[]: torchrec's default stats would format every plan
-        topology=topology, batch_size=batch_size, enumerator=_Replay(enumerated.options),
+        topology=topology,
+        batch_size=batch_size,
+        enumerator=_Replay(enumerated.options),
         storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
-        proposer=timed, partitioner=partitioner, stats=[], constraints=constraints, debug=False,
+        proposer=timed,
+        partitioner=partitioner,
+        stats=[],
+        constraints=constraints,
+        debug=False,
         timeout_seconds=None if timeout_s is None else max(1, math.ceil(timeout_s)),
-    )  # fmt: skip
+    )
     note, watch = "", Stopwatch()
     try:
         with watch:
@@ -177,10 +183,16 @@ def run_planner(
         and any(p.propose() is not None for p in proposers)
     )
     return PlanRun(
-        name or "+".join(type(p).__name__ for p in proposers), plan,
-        NoopPerfModel(topology).rate(plan) if plan else math.nan, num_proposals(planner), watch.wall_s,
-        timed_out, note, sum(p.watch.total_s for p in timed), partitioner.watch.total_s,
-    )  # fmt: skip
+        name or "+".join(type(p).__name__ for p in proposers),
+        plan,
+        NoopPerfModel(topology).rate(plan) if plan else math.nan,
+        num_proposals(planner),
+        watch.wall_s,
+        timed_out,
+        note,
+        sum(p.watch.total_s for p in timed),
+        partitioner.watch.total_s,
+    )
 
 
 @dataclass(frozen=True)
