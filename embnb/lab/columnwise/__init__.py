@@ -16,8 +16,17 @@ _HOMES = {
     # what the pages use from the rest of embnb, under the same names
     "embnb.dist": ["start_rank_server", "device_plan"],
     "embnb.lab.logs": ["quiet_torch_fx"],
-    "embnb.columnwise.placement": ["check_shard_ranks", "check_widths", "equal_widths", "column_offsets",
-                                   "rank_order", "cw_permute_indices", "rank_ordered_shard_outputs",
-                                   "concat_in_rank_order", "stitch_cw", "check_permute_answer"],
-}  # fmt: skip
+    "embnb.columnwise.placement": [
+        "check_shard_ranks",
+        "check_widths",
+        "equal_widths",
+        "column_offsets",
+        "rank_order",
+        "cw_permute_indices",
+        "rank_ordered_shard_outputs",
+        "concat_in_rank_order",
+        "stitch_cw",
+        "check_permute_answer",
+    ],
+}
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

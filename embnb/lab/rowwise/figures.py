@@ -61,9 +61,18 @@ def zipf_seeds_figure(zipf: pd.DataFrame) -> Figure:
             rows, x="dist_type", y="max_over_mean", hue="dist_type", palette=palette, ax=ax, alpha=0.6
         )
         sns.pointplot(
-            rows, x="dist_type", y="max_over_mean", estimator="median", errorbar=None, color="black",
-            marker="_", markersize=24, linestyle="none", ax=ax, label="median over seeds",
-        )  # fmt: skip
+            rows,
+            x="dist_type",
+            y="max_over_mean",
+            estimator="median",
+            errorbar=None,
+            color="black",
+            marker="_",
+            markersize=24,
+            linestyle="none",
+            ax=ax,
+            label="median over seeds",
+        )
         ax.set(title=kind, xlabel="", ylabel="max/mean keys per rank", ylim=(1.0, None))
         ax.legend(fontsize=8)
     fig.suptitle("zipf over seeds: max/mean per dist_type")

@@ -17,9 +17,14 @@ from embnb.rowwise import checkpoint, kv
 from embnb.rowwise.routing import DistType, hash_key, owner_rank
 
 __all__ = [
-    "make_batches", "run_kv_lookups", "reload", "DYNAMICEMB_LOADER", "DYNAMICEMB_COMMIT",
-    "dynamicemb_keys_loaded", "mismatch_message",
-]  # fmt: skip
+    "make_batches",
+    "run_kv_lookups",
+    "reload",
+    "DYNAMICEMB_LOADER",
+    "DYNAMICEMB_COMMIT",
+    "dynamicemb_keys_loaded",
+    "mismatch_message",
+]
 
 
 def make_batches(keys: torch.Tensor, world_size: int, keys_per_sample: int = 1) -> list[kv.JaggedBatch]:
