@@ -263,7 +263,9 @@ def _rank_by_rank_tables(measured: dict[str, Any]) -> list[str]:
         f"**Rank by rank** ({config['local_batch_size']} samples per rank, lengths up to "
         f"{config['max_length']}, {config['threads']} thread, median of {config['repeats']} repeats of each "
         "rank's forward and backward, one rank after another; the step is the slowest rank, by "
-        + ("synchronized wall time" if config.get("clock") == "wall" else "thread CPU time")
+        + {"wall": "synchronized wall time", "device": "CUDA events"}.get(
+            config.get("clock"), "thread CPU time"
+        )
         + f" on {config.get('device', 'cpu')}): "
         "speed-up over the loader's contiguous cut, measured (the FLOP model's prediction in brackets), "
         "and the FLOP model's bound (max(mean, longest sample) per rank):",
