@@ -11,5 +11,5 @@ _HOMES = {
     "embnb.dist": ["device_plan", "launch", "resolve_device", "start_rank_server"],
     "embnb.lab.logs": ["quiet_torch_fx"],
     "embnb.lab.source": ["show_source"],
-}  # fmt: skip
+}
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

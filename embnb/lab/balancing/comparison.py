@@ -70,7 +70,7 @@ def worst_gaps(table: pd.DataFrame) -> pd.DataFrame:
         index=CASE, columns="method", values="gap_to_lower_bound", aggfunc="max", sort=False
     )
     longest = table[table["method"] == "kk_swap"].groupby(CASE, sort=False)["largest_item_sets_bound"].mean()
-    return worst[[m for m in METHODS if m in worst]].assign(longest_sets_bound=longest)  # fmt: skip
+    return worst[[m for m in METHODS if m in worst]].assign(longest_sets_bound=longest)
 
 
 def kk_swap_vs_lpt(table: pd.DataFrame, rtol: float = 1e-12) -> pd.DataFrame:

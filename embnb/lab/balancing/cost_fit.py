@@ -74,11 +74,17 @@ def time_vs_work(ranks: pd.DataFrame) -> pd.DataFrame:
     for source, group in ranks.groupby("source", sort=False):
         fit = fit_rank_time(group.to_dict("records"), WORK)
         rows.append(
-            {"source": source, "ranks": fit.ranks, "r": fit.r, "fixed_ms": fit.coefficients["per_rank"],
-             "ms_per_gflop": fit.coefficients["gflops"], "fixed_share": fit.fixed_share,
-             "tflops": group["gflops"].sum() / group["ms"].sum(),  # GFLOP per ms = TFLOP per s
-             "time_follows_work": fit.fixed_share <= FIXED_SHARE_LIMIT}
-        )  # fmt: skip
+            {
+                "source": source,
+                "ranks": fit.ranks,
+                "r": fit.r,
+                "fixed_ms": fit.coefficients["per_rank"],
+                "ms_per_gflop": fit.coefficients["gflops"],
+                "fixed_share": fit.fixed_share,
+                "tflops": group["gflops"].sum() / group["ms"].sum(),  # GFLOP per ms = TFLOP per s
+                "time_follows_work": fit.fixed_share <= FIXED_SHARE_LIMIT,
+            }
+        )
     return pd.DataFrame(rows).set_index("source")
 
 

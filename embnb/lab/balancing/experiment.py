@@ -129,11 +129,17 @@ class TrainingRuns:
             ms = self.step_ms(label)
             ratios, mean = [b / m for b, m in zip(base, ms)], statistics.fmean(ms)
             rows.append(
-                {"run": label, "ms_per_step": mean, "speedup": statistics.fmean(base) / mean,
-                 "speedup_low": min(ratios), "speedup_high": max(ratios), "flops_predict": flops[label],
-                 "shuffle_ms": 1e3 * summaries[label].shuffle_seconds,
-                 "hidden_fraction": summaries[label].hidden_fraction}
-            )  # fmt: skip
+                {
+                    "run": label,
+                    "ms_per_step": mean,
+                    "speedup": statistics.fmean(base) / mean,
+                    "speedup_low": min(ratios),
+                    "speedup_high": max(ratios),
+                    "flops_predict": flops[label],
+                    "shuffle_ms": 1e3 * summaries[label].shuffle_seconds,
+                    "hidden_fraction": summaries[label].hidden_fraction,
+                }
+            )
         return pd.DataFrame(rows).set_index("run")
 
     def same_weights(self, rtol: float = 1e-4, atol: float = 1e-5) -> bool:

@@ -22,12 +22,15 @@ class BalanceExplorer(Explorer):
     def __init__(self, alpha=1.5, num_parts=8, num_samples=1024, max_length=8192, seed=0):
         self.max_length, self.seed = max_length, seed
         once = {"continuous_update": False}  # redraw when released, not at every step of a drag
-        super().__init__({
-            "alpha": widgets.FloatSlider(alpha, min=1.05, max=3, step=0.05, description="skew α", **once),
-            "num_parts": widgets.IntSlider(num_parts, min=2, max=64, description="ranks", **once),
-            "num_samples": widgets.IntSlider(num_samples, min=64, max=8192, step=64, description="batch size",
-                                             **once),
-        })  # fmt: skip
+        super().__init__(
+            {
+                "alpha": widgets.FloatSlider(alpha, min=1.05, max=3, step=0.05, description="skew α", **once),
+                "num_parts": widgets.IntSlider(num_parts, min=2, max=64, description="ranks", **once),
+                "num_samples": widgets.IntSlider(
+                    num_samples, min=64, max=8192, step=64, description="batch size", **once
+                ),
+            }
+        )
 
     def draw(self, alpha: float, num_parts: int, num_samples: int) -> Figure:
         lengths = zipf_lengths(num_samples, alpha, self.max_length, self.seed)

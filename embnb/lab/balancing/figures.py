@@ -20,10 +20,16 @@ from embnb.lab.plotting import MEAN_STYLE, color, new_figure
 __all__ = ["gap_figure", "timeline", "time_vs_work_figure"]
 
 PHASE_COLORS = {
-    "load": "#c7c7c7", "gather_workloads": "#8172b3", "kk": "#c44e52", "exchange": "#937860",
-    "forward": "#4c72b0", "backward": "#55a868", "wait": "#000000", "all_reduce": "#dd8452",
+    "load": "#c7c7c7",
+    "gather_workloads": "#8172b3",
+    "kk": "#c44e52",
+    "exchange": "#937860",
+    "forward": "#4c72b0",
+    "backward": "#55a868",
+    "wait": "#000000",
+    "all_reduce": "#dd8452",
     "optimizer": "#da8bc3",
-}  # fmt: skip
+}
 AT_THE_BOUND = 1e-5  # a gap of 0 drawn here, on its own labelled line of the log axis
 MARKERS = "osD^v"  # a method each: as many methods as markers at most
 
@@ -39,10 +45,23 @@ def gap_figure(table: pd.DataFrame, methods: Sequence[str]) -> Figure:
     if not 0 < len(worst.groupby(["distribution", "workload"])) <= 4:
         raise ValueError(f"need 1 to 4 (distribution, workload) pairs, got {len(worst.groupby(keys[:2]))}")
     grid = sns.catplot(
-        worst, x="batch", y="gap_to_lower_bound", hue="method", hue_order=methods, row="distribution",
-        col="workload", kind="point", dodge=0.6, linestyle="none", errorbar=None, markers=list(MARKERS),
-        palette=[color(m, i) for i, m in enumerate(methods)], log_scale=(False, True), height=3, aspect=1.45,
-    )  # fmt: skip
+        worst,
+        x="batch",
+        y="gap_to_lower_bound",
+        hue="method",
+        hue_order=methods,
+        row="distribution",
+        col="workload",
+        kind="point",
+        dodge=0.6,
+        linestyle="none",
+        errorbar=None,
+        markers=list(MARKERS),
+        palette=[color(m, i) for i, m in enumerate(methods)],
+        log_scale=(False, True),
+        height=3,
+        aspect=1.45,
+    )
     grid.refline(y=AT_THE_BOUND, color="0.6", linestyle="-", linewidth=0.8)
     grid.set_titles("{row_name}, {col_name}").set_axis_labels("", "worst gap over seeds to the bound")
     for ax in grid.axes.flat:
@@ -85,10 +104,18 @@ def timeline(spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]], steps: Seq
         phases = phase_seconds([dict(s, warmup=False) for s in spans], steps, len(ranks))
         for (thread, phase), seconds in phases.items():
             ms.setdefault(phase, []).append(f"{1e3 * seconds:.1f}" + " (worker)" * (thread == "worker"))
-        handles = [Patch(color=PHASE_COLORS.get(p, "0.5"), label=f"{p}: {', '.join(ms.get(p, []))} ms")
-                   for p in dict.fromkeys(s["phase"] for s in spans if s["phase"] != "step")]  # fmt: skip
-        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                  title="ms per drawn step", title_fontsize=7)  # fmt: skip
+        handles = [
+            Patch(color=PHASE_COLORS.get(p, "0.5"), label=f"{p}: {', '.join(ms.get(p, []))} ms")
+            for p in dict.fromkeys(s["phase"] for s in spans if s["phase"] != "step")
+        ]
+        ax.legend(
+            handles=handles,
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            title="ms per drawn step",
+            title_fontsize=7,
+        )
     return fig
 
 
@@ -98,10 +125,19 @@ def time_vs_work_figure(ranks: pd.DataFrame, fits: pd.DataFrame) -> Figure:
     follows overhead, not work). `ranks`: rows of source, ms, gflops; `fits`: `cost_fit.time_vs_work`
     of them."""
     grid = sns.lmplot(
-        ranks, x="gflops", y="ms", col="source", hue="source", col_order=list(fits.index), col_wrap=4,
-        ci=None, truncate=False, height=3.3, facet_kws={"sharex": False, "sharey": False},
+        ranks,
+        x="gflops",
+        y="ms",
+        col="source",
+        hue="source",
+        col_order=list(fits.index),
+        col_wrap=4,
+        ci=None,
+        truncate=False,
+        height=3.3,
+        facet_kws={"sharex": False, "sharey": False},
         scatter_kws={"s": 8},
-    )  # fmt: skip
+    )
     for ax, (source, fit) in zip(grid.axes.flat, fits.iterrows()):
         ax.axhline(fit["fixed_ms"], **MEAN_STYLE)
         ax.set(xlim=(0, None), ylim=(0, None), xlabel="GFLOPs of the rank", ylabel="ms of the rank")

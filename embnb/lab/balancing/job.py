@@ -30,8 +30,10 @@ def loader(rank: int, steps: int, batch_size: int, seed: int):
 class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        tables = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=DIM, num_embeddings=ROWS, feature_names=[f])
-                  for f in FEATURES]  # fmt: skip
+        tables = [
+            EmbeddingBagConfig(name=f"t_{f}", embedding_dim=DIM, num_embeddings=ROWS, feature_names=[f])
+            for f in FEATURES
+        ]
         self.ebc = EmbeddingBagCollection(tables=tables)
         self.head = torch.nn.Linear(DIM * len(FEATURES) + 4, 1)
 

@@ -161,11 +161,18 @@ class BalancedSteps:
         for (name, w, method), run in self.runs.items():
             cut, bound = self.runs[(name, w, "contiguous")], self.bounds[(name, w)]
             rows.append(
-                {"distribution": name, "world_size": w, "method": method, "step_ms": run.step_ms,
-                 "measured": cut.step_ms / run.step_ms, "flop_model": max(cut.flops) / max(run.flops),
-                 "bound": max(cut.flops) / bound["lower_bound"],
-                 "longest_sets_bound": bound["longest_sets_bound"], "clock": run.clock}
-            )  # fmt: skip
+                {
+                    "distribution": name,
+                    "world_size": w,
+                    "method": method,
+                    "step_ms": run.step_ms,
+                    "measured": cut.step_ms / run.step_ms,
+                    "flop_model": max(cut.flops) / max(run.flops),
+                    "bound": max(cut.flops) / bound["lower_bound"],
+                    "longest_sets_bound": bound["longest_sets_bound"],
+                    "clock": run.clock,
+                }
+            )
         return pd.DataFrame(rows)
 
 
@@ -220,11 +227,20 @@ class CappedRun:
         for label, step in self.runs.items():
             low, high = step.step_range_ms[0] / base_high, step.step_range_ms[1] / base_low
             rows.append(
-                {"distribution": self.distribution, "cap on": self.size, "run": label,
-                 "cap_over_mean": self.cap / self.mean, "binds": self.binds, "max_tokens": max(step.tokens),
-                 "peak_mib": max(self.peak_bytes[label]) / 2**20, "cost": self.cost[label],
-                 "cost_low": low, "cost_high": high, "lowers_peak": self.binds and self.lowers_peak[label]}
-            )  # fmt: skip
+                {
+                    "distribution": self.distribution,
+                    "cap on": self.size,
+                    "run": label,
+                    "cap_over_mean": self.cap / self.mean,
+                    "binds": self.binds,
+                    "max_tokens": max(step.tokens),
+                    "peak_mib": max(self.peak_bytes[label]) / 2**20,
+                    "cost": self.cost[label],
+                    "cost_low": low,
+                    "cost_high": high,
+                    "lowers_peak": self.binds and self.lowers_peak[label],
+                }
+            )
         return pd.DataFrame(rows).set_index(["distribution", "cap on", "run"])
 
 
@@ -350,12 +366,20 @@ def worker_shares(
         shuffle_ms = gather_ms + kk_ms + exchange_ms
         compute_ms = steps.runs[(distribution, w, "kk_swap")].step_ms
         rows.append(
-            {"world_size": w, "latency_ms": latency_ms, "gather_bytes": gather_bytes,
-             "gather_ms_computed": gather_ms, "kk_ms_measured": kk_ms, "exchange_bytes": moved,
-             "exchange_ms_computed": exchange_ms, "shuffle_ms": shuffle_ms,
-             "latency_share": 2 * latency / shuffle_ms, "compute_ms_measured": compute_ms,
-             "hidden_share_computed": min(1.0, compute_ms / shuffle_ms)}
-        )  # fmt: skip
+            {
+                "world_size": w,
+                "latency_ms": latency_ms,
+                "gather_bytes": gather_bytes,
+                "gather_ms_computed": gather_ms,
+                "kk_ms_measured": kk_ms,
+                "exchange_bytes": moved,
+                "exchange_ms_computed": exchange_ms,
+                "shuffle_ms": shuffle_ms,
+                "latency_share": 2 * latency / shuffle_ms,
+                "compute_ms_measured": compute_ms,
+                "hidden_share_computed": min(1.0, compute_ms / shuffle_ms),
+            }
+        )
     return pd.DataFrame(rows)
 
 
