@@ -14,7 +14,10 @@ best. `DynamicProgrammingProposer` proposes, in this order:
 2. the same knapsack with the largest partitioned shard capped on perf (the
    slowest rank carries at least its largest shard: balance) or on memory
    (packing), each cap just below the last run's largest;
-3. changes of one or two tables around the best plans so far, guided by the
+3. with a `KernelCallPerfModel` that prices TBE groups, the knapsack without
+   each TBE group of the best uncapped plan (its tables join the others'
+   groups: a summed perf cannot see a group's cost);
+4. changes of one or two tables around the best plans so far, guided by the
    ratings the planner feeds back (`embnb.planner.search.HillClimb`).
 
 Within a run, plans the partitioner cannot place are bisected past, and below
@@ -111,7 +114,9 @@ class DynamicProgrammingProposer(Proposer):
         performance_model: the planner's `KernelCallPerfModel`, where it
             rates with one (`create_planner` with a calibration): the
             replica rates plans as it does (each rank's TBE calls, the
-            plan's collectives). None: torchrec's NoopPerfModel.
+            plan's collectives), and with nonzero terms options of other
+            TBE groups are kept apart and the knapsack also runs without
+            TBE groups. None: torchrec's NoopPerfModel.
 
     Why each proposal went to the planner is in `feedback_reasons` (one per
     feedback: the first proposal, a plan the replica does not model, the
@@ -348,7 +353,7 @@ class DynamicProgrammingProposer(Proposer):
         False when no plan can fit (and nothing more is proposed)."""
         first = [opts[o] for opts, o in zip(self._options, self._current)]
         try:
-            self._space = SearchSpace(self._options, storage_constraint, self._values)
+            self._space = SearchSpace(self._options, storage_constraint, self._values, self._rated_apart())
         except PlannerError as error:  # a table fits on no device
             self._propose_nothing(str(error), error.error_type)
             return False
@@ -365,11 +370,35 @@ class DynamicProgrammingProposer(Proposer):
             self._max_caps,
             self._bisect,
             self._slack,
+            self._option_groups(),
         )
         self._run_iter = iter(self._runs)
         best_rating = lambda: self._best_rating  # noqa: E731 (read as the climb goes)
         self._climb = HillClimb(self._space, self._max_refinements, best_rating, self._prune)
         return True
+
+    def _rated_apart(self) -> Callable[[ShardingOption], tuple] | None:
+        """What the rating tells options apart by beyond their shards: with a `performance_model`
+        that prices them, each option's TBE groups (its shards' keys, with its module and sharding
+        type); None: NoopPerfModel's rating, shards alone."""
+        model = self.performance_model
+        if model is None or model.is_zero:
+            return None
+        return lambda option: tuple(dict.fromkeys(model.keys(option)))
+
+    def _option_groups(self) -> np.ndarray | None:
+        """Per (table, option) of the search space, the id of its TBE group (its first shard's
+        `tbe_group_keys`, with the module and sharding type), -1 where no option; None where the
+        rating prices no group (no `performance_model`, or all its terms 0)."""
+        model = self.performance_model
+        if model is None or model.is_zero:
+            return None
+        ids: dict[tuple, int] = {}
+        groups = np.full(self._space.perf.shape, -1, dtype=np.int64)
+        for t, table in enumerate(self._options):
+            for o, option in enumerate(table):
+                groups[t, o] = ids.setdefault(model.keys(option)[0], len(ids))
+        return groups
 
     def _next_proposal(self, choice: np.ndarray | None = None) -> np.ndarray | None:
         """The next plan for the planner, from `choice` if given. With the

@@ -1,7 +1,8 @@
 """The DP proposer's two searches, on the options as arrays (`SearchSpace`):
 
 - `KnapsackRuns`: the knapsack runs, uncapped first, then with the largest
-  partitioned shard capped on perf (balance) or on memory (packing); each
+  partitioned shard capped on perf (balance) or on memory (packing), then
+  (given each option's TBE group) without each group of the best plan; each
   run is a `FrontierSearch` over its frontier of least-perf plans.
 - `HillClimb`: changes of one or two tables around the best plans so far
   (`Start`s), taking the first improvement, while refinements are left.
@@ -35,8 +36,10 @@ class KnapsackRuns:
     """Least-perf plans per memory bin, largest memory first: uncapped, then
     with the largest partitioned shard capped, on perf (just below the largest
     in the run before's best rated plan: balance), then on memory (just below
-    the largest in the run before's first plan: packing). A run is made when
-    the one before is done. When no plan fits at all, iterating yields nothing
+    the largest in the run before's first plan: packing), then, given
+    `groups` (each option's TBE group id, [tables, options]), without each
+    group of the uncapped run's best rated plan. A run is made when the one
+    before is done. When no plan fits at all, iterating yields nothing
     and `no_fit_reason` says why."""
 
     def __init__(
@@ -47,8 +50,10 @@ class KnapsackRuns:
         max_caps: int,
         bisect: bool = True,
         slack: bool = True,
+        groups: np.ndarray | None = None,
     ) -> None:
         self.space, self.max_caps, self.bisect, self.slack = space, max_caps, bisect, slack
+        self.groups = groups
         self.axes, self.capacity, self.bins, self.weights = knapsack_axes(
             space, bins_per_device, ddr_bins_per_device
         )
@@ -109,6 +114,56 @@ class KnapsackRuns:
                 if not len(search.plans):
                     break
                 yield search
+        if self.groups is not None:
+            yield from self._without_groups(uncapped)
+
+    def _without_groups(self, uncapped: FrontierSearch) -> Iterator[FrontierSearch]:
+        """The knapsack sums perf; a rating that prices each TBE group on a rank (and each sharding
+        type's collectives) sees what it cannot, and options alike but for their group (one-shard
+        table-wise and column-wise) tie in the sum. So: a run of each group alone that covers every
+        table; then greedily, from the uncapped run's best plan, a run without each group of the
+        current plan (its tables join the other groups), and the run that did best (its best
+        rating, or its least lower bound where the proposer skipped its plans as unable to win:
+        one more group left out may still win) becomes the current plan with its group left out
+        from then on, until the plan has one group. A run's ratings are known when the next is
+        made: the proposer rates a run's plans before asking for the next."""
+        for group in sorted(set(self.groups[self.valid].tolist())):
+            search = self._run_if_covered(self.valid & (self.groups == group))
+            if search is not None:
+                yield search
+        removed: list[int] = []
+        plan = uncapped.plans[uncapped.best_index()]
+        while True:
+            groups = sorted(set(self.groups[self.rows, plan].tolist()) - set(removed))
+            if len(groups) < 2:
+                return
+            runs = []
+            for group in groups:
+                search = self._run_if_covered(self.valid & ~np.isin(self.groups, [*removed, group]))
+                if search is not None:
+                    yield search
+                    runs.append((*_best(search), group))
+            if not runs:
+                return
+            _, plan, group = min(runs, key=lambda run: run[0])
+            removed.append(group)
+
+    def _run_if_covered(self, allowed: np.ndarray) -> FrontierSearch | None:
+        """`run(allowed)` where every table has an allowed option and the run has new plans."""
+        if not allowed.any(axis=1).all():
+            return None
+        search = self.run(allowed)
+        return search if len(search.plans) else None
+
+
+def _best(search: FrontierSearch) -> tuple[float, np.ndarray]:
+    """A run's best rating and plan, or, where none of its plans was rated, its least lower bound
+    and that plan."""
+    if search.ratings:
+        index = search.best_index()
+        return search.ratings[index], search.plans[index]
+    index = int(np.argmin(search.bound))
+    return float(search.bound[index]), search.plans[index]
 
 
 def _row_bytes(rows: np.ndarray) -> list[bytes]:

@@ -10,6 +10,8 @@ proposer prunes by (`screen`: for a whole run of plans at once).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+
 import numpy as np
 from torchrec.distributed.planner.types import (
     PartitionByType,
@@ -148,6 +150,7 @@ class SearchSpace:
         options: list[list[ShardingOption]],
         storage_constraint: Topology,
         values: ShardValues | None = None,
+        rated_apart: Callable[[ShardingOption], Hashable] | None = None,
     ):
         devices = storage_constraint.devices
         self.world_size = len(devices)
@@ -161,7 +164,9 @@ class SearchSpace:
         self.capacity = self.device_mem.sum(0)
         one_host = storage_constraint.intra_group_size >= self.world_size
         # An option whose largest shard fits on no device can never be placed.
-        distinct = [distinct_options(table_options, one_host, values) for table_options in options]
+        distinct = [
+            distinct_options(table_options, one_host, values, rated_apart) for table_options in options
+        ]
         self.options = [[o for o in table if shard_fits[values.rows(o)].all()] for table in distinct]
         unfit = [table for table, fitting in zip(distinct, self.options) if not fitting]
         if unfit:
@@ -396,13 +401,18 @@ def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
 
 
 def distinct_options(
-    options: list[ShardingOption], one_host: bool, values: ShardValues
+    options: list[ShardingOption],
+    one_host: bool,
+    values: ShardValues,
+    rated_apart: Callable[[ShardingOption], Hashable] | None = None,
 ) -> list[ShardingOption]:
     """Drop options the partitioner and perf model treat alike; the first
     enumerated stays. Table-wise and one-shard column-wise are alike; on one
     host, so are table-column-wise and column-wise (both placed shard by shard
     on the least loaded device), and table-row-wise and row-wise (shard i on
-    device i)."""
+    device i). `rated_apart`: what else the rating tells options apart by
+    (a `KernelCallPerfModel` prices each TBE group and sharding type: options
+    of other groups are kept)."""
     seen, kept = set(), []
     for option in options:
         rows = values.rows(option)
@@ -412,6 +422,7 @@ def distinct_options(
             option.compute_kernel == "key_value",
             values.storage[rows].tobytes(),  # each shard's storage and perf total, as equal as ==
             values.totals[rows].tobytes(),
+            None if rated_apart is None else rated_apart(option),
         )
         if key not in seen:
             seen.add(key)

@@ -317,9 +317,11 @@ def test_torchrecs_planner_runs_the_model_and_the_dp_keeps_its_fast_path():
     assert replayed.num_disagreements == 0 and replayed.best_rating == rating
     torchrec_rating, _ = plan(None)  # torchrec's default proposers, rated by the model
     assert math.isfinite(torchrec_rating)
-    # a DP not told of the model predicts NoopPerfModel's ratings: the check fails, replay goes off
+    # a DP not told of the model predicts NoopPerfModel's ratings: the check fails, replay goes off;
+    # proposing every plan of its search, which neither keeps options alike but for their TBE group
+    # nor runs the knapsack without groups, it finds a plan the model rates worse here
     blind = planner.DynamicProgrammingProposer()
-    assert plan(blind)[0] == rating_all and blind.num_disagreements == 1
+    assert plan(blind)[0] > rating_all and blind.num_disagreements == 1
 
 
 def test_create_planner_rates_with_the_calibrations_terms():
