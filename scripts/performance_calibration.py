@@ -125,12 +125,13 @@ def calibrate_section(run: Run) -> str:
 def kernel_call_terms(calibration: dict) -> str:
     """The rating's terms outside torchrec's per-shard estimate (`KernelCallPerfModel`)."""
     collectives = calibration.get("collective_ms") or {}
-    fixed = ", ".join(f"{kind} {sig(ms)} ms" for kind, ms in collectives.items()) or "0 (not fitted)"
+    fixed = ", ".join(f"{kind} {sig(ms)} ms" for kind, ms in collectives.items() if ms)
+    fixed = f"{fixed} (each sharding type's collectives timed on real ranks)" if fixed else "0 (not measured)"
     return (
         "Outside torchrec's per-shard estimate, in the planner's rating (`KernelCallPerfModel`): "
         f"`kernel_call_ms` = {sig(calibration.get('kernel_call_ms', 0.0))} ms per TBE call on a rank, "
-        "fitted with the coefficients on each rank's count of torchrec's TBE groups; `collective_ms` = "
-        f"{fixed} (a rank's measured lookups hold no collective)."
+        "fitted with the coefficients on each rank's count of torchrec's TBE groups; "
+        f"`collective_ms` = {fixed}."
     )
 
 
@@ -143,9 +144,7 @@ def gpu_refit_section() -> str:
         return ""
     run = runs[-1]
     data = run.data
-    # not a bench: the refit is `python -m embnb.lab.planner.calibrated` on the committed runs
-    made_by = source(run).replace("embnb.bench calibrate_gpu_refit", "embnb.lab.planner.calibrated")
-    parts = ["### The committed GPU runs refitted", made_by]
+    parts = ["### The committed GPU runs refitted", source(run)]
     if not data["fitted"]:
         return "\n\n".join([*parts, f"Not fitted: {data['why']}."])
     rows = [

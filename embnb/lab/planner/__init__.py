@@ -22,7 +22,7 @@ _HOMES = {
     "candidates": ["PLANNERS", "POOR", "candidate_plans", "plan_shape", "MeasuredCandidates",
                    "measure_candidates"],
     "calibrated": ["GOAL", "load_calibration_bench", "heldout_ranks", "heldout_errors", "measured_plans",
-                   "calibration_record", "gpu_uvm_runs"],
+                   "calibration_record", "gpu_uvm_runs", "load_gpu_refit", "gpu_refit_record"],
     "figures": ["option_code", "knapsack_choices_figure", "proposer_comparison", "planned_title",
                 "measured_figure", "calibration_scatter"],
     "explore": ["ExplorerStart", "PlannerExplorer"],

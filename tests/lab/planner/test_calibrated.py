@@ -153,39 +153,3 @@ def test_the_gpu_runs_of_the_uvm_regime_are_read_as_committed(tmp_path):
     (row,) = gpu_uvm_runs(tmp_path).to_dict(orient="records")
     assert (row["plan"], row["measured_ms"], row["rating_ms"]) == ("embnb DP", 5.0, 15.0)
     assert row["kernels"] == "3 fused_uvm" and row["date"] == "2026-01-01"
-
-
-def test_groups_the_ranks_cannot_tell_apart_are_fitted_as_one():
-    """Every rank holds row-wise shards on fused_uvm and on fused_uvm_caching in one proportion (as the
-    H200 runs' plans do): the ranks cannot tell the two kernels' coefficients apart. `fit_determined`
-    fits the one with fewer shards as the other and gives it its coefficients, then recovers the
-    coefficients the ranks were made from (both kernels priced alike) and the cost per call; a group
-    whose terms are the kernel calls' alone cannot be merged, and the fit's error stands."""
-    from embnb.lab.planner.calibrated import fit_determined
-    from embnb.planner.calibration import MeasuredRank, ShardTerms
-    from embnb.planner.fitting import fit
-
-    def shard(kernel, lookups, kind="row_wise"):
-        return ShardTerms(kind, kernel, (0.0, lookups, 0.0, 0.0, 0.0, 0.0, 0.0))
-
-    per_lookup = {"fused": 2.0, "fused_uvm_caching": 5.0}
-    per_call, ranks = 0.5, []
-    for fused, uvm, calls in [(1.0, 0.0, 1), (2.0, 1.0, 2), (0.5, 3.0, 2), (4.0, 2.0, 3), (1.5, 0.5, 1)]:
-        shards = (shard("fused", fused), shard("fused_uvm_caching", uvm), shard("fused_uvm", uvm / 2))
-        measured = (
-            per_lookup["fused"] * fused + per_lookup["fused_uvm_caching"] * 1.5 * uvm + per_call * calls
-        )
-        ranks.append(MeasuredRank(measured, shards, kernel_calls=calls))
-    with pytest.raises(ValueError, match="determine 3 of the 4 coefficients"):
-        fit(ranks, "cuda", "x", terms=("lookup_size_multiplier",))
-    calibration, merged = fit_determined(ranks, "cuda", "x", terms=("lookup_size_multiplier",))
-    assert merged == {"row_wise/fused_uvm": "row_wise/fused_uvm_caching"}
-    for kernel in ("fused", "fused_uvm_caching", "fused_uvm"):
-        want = per_lookup.get(kernel, per_lookup["fused_uvm_caching"])
-        assert calibration.coefficients[("row_wise", kernel)][1] == pytest.approx(want)
-    assert calibration.kernel_call_ms == pytest.approx(per_call)
-    for rank in ranks:  # the original ranks, each kernel priced by its own coefficients
-        assert calibration.estimate(rank.shards, rank.kernel_calls) == pytest.approx(rank.lookups_ms)
-    alone = [MeasuredRank(r.lookups_ms, (shard("fused", 1.0, "table_wise"),), 1) for r in ranks]
-    with pytest.raises(ValueError, match="determine 1 of the 2 coefficients"):
-        fit_determined(alone, "cuda", "x", terms=("lookup_size_multiplier",))
