@@ -99,17 +99,24 @@ def _parser() -> argparse.ArgumentParser:
         help="held-out models as SEED:WORLD_SIZE (seed 0: notebook 03's model seed)",
     )
     parser.add_argument(
-        "--terms", nargs="+", default=None, choices=TERMS,
+        "--terms",
+        nargs="+",
+        default=None,
+        choices=TERMS,
         help="the coefficients to fit (fit's terms; default: all, less the miss term without a cache size)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--cache-bytes", type=int, default=None,
+        "--cache-bytes",
+        type=int,
+        default=None,
         help="the cache the miss term measures tables against (default: the device's, device_cache_bytes)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--device", default="cpu", choices=("auto", "cpu", "cuda"),
+        "--device",
+        default="cpu",
+        choices=("auto", "cpu", "cuda"),
         help="where ranks run; the topology is of this device's kind (cuda: UVM kernels among the options)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--collective-world-size",
         type=int,
@@ -198,9 +205,14 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def _measure(options, model: Model, topology, batch, opts) -> StepTimes:
     return measure_plan(
-        to_sharding_plan(options, topology), model.tables, batch, device=opts.device,
-        threads=opts.threads, warmup=opts.warmup, repeats=opts.repeats,
-    )  # fmt: skip
+        to_sharding_plan(options, topology),
+        model.tables,
+        batch,
+        device=opts.device,
+        threads=opts.threads,
+        warmup=opts.warmup,
+        repeats=opts.repeats,
+    )
 
 
 def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
@@ -219,19 +231,36 @@ def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
                 options = random_plan(enumerated, world_size, rng)
                 times = _measure(options, model, topology, batch, opts)
                 measured = measured_ranks(
-                    options, times, topology, enumerated.sharders, model.constraints, opts.clock,
+                    options,
+                    times,
+                    topology,
+                    enumerated.sharders,
+                    model.constraints,
+                    opts.clock,
                     opts.cache_bytes,
-                )  # fmt: skip
+                )
                 ranks += measured
                 calls = KernelCallPerfModel(topology).kernel_calls(options)
                 held = [
-                    {"rank": r.rank, "lookup_ms": r.lookup.median_s(opts.clock) * 1e3,
-                     "kernel_calls": calls[r.rank], "tbe_groups": list(r.groups)}
-                    for r in times.ranks if r.groups
-                ]  # fmt: skip
-                rows.append({"seed": seed, "world_size": world_size, "plan": index,
-                             "shape": plan_shape(options), "ranks": len(measured),
-                             "measured_ranks": held})  # fmt: skip
+                    {
+                        "rank": r.rank,
+                        "lookup_ms": r.lookup.median_s(opts.clock) * 1e3,
+                        "kernel_calls": calls[r.rank],
+                        "tbe_groups": list(r.groups),
+                    }
+                    for r in times.ranks
+                    if r.groups
+                ]
+                rows.append(
+                    {
+                        "seed": seed,
+                        "world_size": world_size,
+                        "plan": index,
+                        "shape": plan_shape(options),
+                        "ranks": len(measured),
+                        "measured_ranks": held,
+                    }
+                )
                 print(f"train seed={seed} W={world_size:>2} plan {index}: {plan_shape(options)}", flush=True)
     return ranks, rows
 
@@ -245,9 +274,14 @@ def calibrated_dp(
     15%). Returns the placed plan (None: none placed), its rating (ms; NaN: none) and a note (why
     no plan, or where the planner and the replica disagreed)."""
     the_planner = create_planner(
-        topology, batch_size, constraints=constraints, calibration=calibration, progress=False,
-        storage_reservation="fixed", timeout_seconds=max(1, math.ceil(timeout_s)),
-    )  # fmt: skip
+        topology,
+        batch_size,
+        constraints=constraints,
+        calibration=calibration,
+        progress=False,
+        storage_reservation="fixed",
+        timeout_seconds=max(1, math.ceil(timeout_s)),
+    )
     try:
         the_planner.plan(enumerated.module, enumerated.sharders)
     except PlannerError as error:
@@ -261,16 +295,24 @@ def _calibrated_plans(
     """embnb's DP (`calibrated_dp`) and torchrec's default proposers planning over the calibrated
     estimates: per plan name, the placed plan, its rating (ms) and a note."""
     chosen = make_enumerator(
-        "embnb", topology, opts.batch_size, model.constraints,
+        "embnb",
+        topology,
+        opts.batch_size,
+        model.constraints,
         estimator=estimators(calibration, topology, model.constraints),
-    )  # fmt: skip
+    )
     options = chosen.enumerate(enumerated.module, enumerated.sharders)
     calibrated = Enumerated(enumerated.module, enumerated.sharders, options, 0.0)
     # torchrec's proposers rate nothing themselves: the planner's NoopPerfModel rates their plans
     default = run_planner(
-        default_proposers()["torchrec default"](), calibrated, topology, opts.batch_size,
-        name="torchrec default (calibrated)", constraints=model.constraints, timeout_s=opts.timeout_s,
-    )  # fmt: skip
+        default_proposers()["torchrec default"](),
+        calibrated,
+        topology,
+        opts.batch_size,
+        name="torchrec default (calibrated)",
+        constraints=model.constraints,
+        timeout_s=opts.timeout_s,
+    )
     dp = calibrated_dp(calibration, enumerated, topology, opts.batch_size, model.constraints, opts.timeout_s)
     return {"embnb DP (calibrated)": dp, default.proposer: (default.plan, default.perf_rating, default.note)}
 
@@ -297,9 +339,14 @@ def heldout_world(
     batch = make_batch(model.tables, model.constraints, world_size, opts.batch_size, opts.seed)
     world = measure_world(
         {name: to_sharding_plan(plan[0], topology) for name, plan in plans.items() if plan[0] is not None},
-        model.tables, batch, opts.repeats, reference=PAIRED_WITH if plans[PAIRED_WITH][0] else None,
-        device=opts.device, threads=opts.threads, warmup=opts.warmup,
-    )  # fmt: skip
+        model.tables,
+        batch,
+        opts.repeats,
+        reference=PAIRED_WITH if plans[PAIRED_WITH][0] else None,
+        device=opts.device,
+        threads=opts.threads,
+        warmup=opts.warmup,
+    )
     rows, placements = [], {}
     for name, (options, rating, note, estimator) in plans.items():
         rating = None if math.isnan(rating) else rating  # no plan: strict JSON has no NaN
@@ -335,8 +382,14 @@ def heldout_world(
         ]
         step = _spread(measured.step_ms)
         row["priced_without_own_fit"] = _unfitted(calibration, per_rank)
-        row |= {"measured": True, "shape": plan_shape(options), "step_ms": step, "ranks": ranks,
-                "lookup_ms": _spread(measured.lookup_ms), "step_ms_rounds": measured.step_ms}  # fmt: skip
+        row |= {
+            "measured": True,
+            "shape": plan_shape(options),
+            "step_ms": step,
+            "ranks": ranks,
+            "lookup_ms": _spread(measured.lookup_ms),
+            "step_ms_rounds": measured.step_ms,
+        }
         print(
             f"heldout seed={seed} W={world_size:>2} {name:<30} critical path {step['median']:7.1f} ms "
             f"({step['low']:.1f}-{step['high']:.1f}, {opts.clock} time) {plan_shape(options)}",
@@ -344,13 +397,21 @@ def heldout_world(
         )
         if measured.minus_reference is not None:
             row["minus_" + PAIRED_WITH] = measured.minus_reference.as_dict()
-            print(f"heldout seed={seed} W={world_size:>2} {name:<30} minus {PAIRED_WITH}, round by "
-                  f"round: {measured.minus_reference} ms", flush=True)  # fmt: skip
+            print(
+                f"heldout seed={seed} W={world_size:>2} {name:<30} minus {PAIRED_WITH}, round by "
+                f"round: {measured.minus_reference} ms",
+                flush=True,
+            )
         rows.append(row)
     measured = [r for r in rows if r["measured"]]
     fastest = min(measured, key=lambda r: r["step_ms"]["median"])
-    return {"seed": seed, "world_size": world_size, "plans": rows, "fastest": fastest["plan"],
-            "errors": errors([rank for r in measured for rank in r["ranks"]])}  # fmt: skip
+    return {
+        "seed": seed,
+        "world_size": world_size,
+        "plans": rows,
+        "fastest": fastest["plan"],
+        "errors": errors([rank for r in measured for rank in r["ranks"]]),
+    }
 
 
 def _unfitted(calibration: Calibration, per_rank: list[list[Any]]) -> dict[str, str]:
@@ -418,21 +479,31 @@ def main(argv: list[str]) -> int:
         )
         # the same fit without the kernel-call term: the held-out error before it
         per_shard = fit(
-            ranks, opts.device, machine_name(opts.device), terms=opts.terms, cache_bytes=opts.cache_bytes,
+            ranks,
+            opts.device,
+            machine_name(opts.device),
+            terms=opts.terms,
+            cache_bytes=opts.cache_bytes,
             kernel_calls=False,
-        )  # fmt: skip
+        )
         latency = collective_latency(opts)
         calibration = replace(calibration, collective_ms=latency.collective_ms)
         fit_abs = [abs(e) for e in calibration.fit_errors]
-        print(f"fit on {len(ranks)} ranks: |error| median {statistics.median(fit_abs):.3f}, worst "
-              f"{max(fit_abs):.3f}; kernel_call_ms {calibration.kernel_call_ms:.3f}", flush=True)  # fmt: skip
+        print(
+            f"fit on {len(ranks)} ranks: |error| median {statistics.median(fit_abs):.3f}, worst "
+            f"{max(fit_abs):.3f}; kernel_call_ms {calibration.kernel_call_ms:.3f}",
+            flush=True,
+        )
         worlds = [
             heldout_world(calibration, seed, world_size, opts, per_shard) for seed, world_size in opts.heldout
         ]
     heldout = errors([rank for w in worlds for p in w["plans"] if p["measured"] for rank in p["ranks"]])
     for name, e in heldout.items():
-        print(f"held out, {name}: per-rank |error| median {e['median']:.3f}, worst {e['worst']:.3f} "
-              f"over {e['ranks']} ranks", flush=True)  # fmt: skip
+        print(
+            f"held out, {name}: per-rank |error| median {e['median']:.3f}, worst {e['worst']:.3f} "
+            f"over {e['ranks']} ranks",
+            flush=True,
+        )
     floor = rank_repeat_gap(rank_repeat_gaps(worlds))
     if floor is not None:
         print(f"the same ranks measured twice: |gap| median {floor['median']:.3f} over {floor['ranks']}")
@@ -453,7 +524,7 @@ def main(argv: list[str]) -> int:
             "world_sizes": opts.train_world_sizes,
             "plans": train_rows,
             "ranks": len(ranks),
-        },  # fmt: skip
+        },
         "collectives": asdict(latency),  # how collective_ms was measured, or why it was not
         "calibration": calibration.to_json(),
         "calibration_per_shard": per_shard.to_json(),  # the same fit without the kernel-call term

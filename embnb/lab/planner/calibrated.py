@@ -66,13 +66,19 @@ def heldout_ranks(bench: Run) -> pd.DataFrame:
     (columns `error_<estimator>`); `kernel_calls`: the rank's TBEs, where recorded."""
     estimates = {**ESTIMATES, **BEFORE}
     table = pd.DataFrame(
-        {"seed": world["seed"], "world_size": world["world_size"], "plan": plan["plan"], "rank": rank["rank"],
-         "measured_ms": rank["lookup_ms"], "kernel_calls": rank.get("kernel_calls"),
-         **{name: rank[key] for name, key in estimates.items() if key in rank}}
+        {
+            "seed": world["seed"],
+            "world_size": world["world_size"],
+            "plan": plan["plan"],
+            "rank": rank["rank"],
+            "measured_ms": rank["lookup_ms"],
+            "kernel_calls": rank.get("kernel_calls"),
+            **{name: rank[key] for name, key in estimates.items() if key in rank},
+        }
         for world, plan in _measured(bench)
         for rank in plan["ranks"]
         if rank["shards"]
-    )  # fmt: skip
+    )
     for name in estimates:
         if name in table:
             table[f"error_{name}"] = table[name] / table.measured_ms - 1
@@ -100,13 +106,20 @@ def measured_plans(bench: Run) -> pd.DataFrame:
     where the interval excludes 0, else "not told apart" (None: not paired)."""
     key = "minus_" + PAIRED_WITH
     table = pd.DataFrame(
-        {"seed": world["seed"], "world_size": world["world_size"], "plan": plan["plan"],
-         "estimator": plan["estimator"], "poor": plan.get("note") == POOR, "same_as": plan["same_as"],
-         "step_ms": plan["step_ms"]["median"], "step_low_ms": plan["step_ms"]["low"],
-         "step_high_ms": plan["step_ms"]["high"],
-         **{f"{k}_ms": plan.get(key, {}).get(k) for k in ("mean", "ci_low", "ci_high")}}
+        {
+            "seed": world["seed"],
+            "world_size": world["world_size"],
+            "plan": plan["plan"],
+            "estimator": plan["estimator"],
+            "poor": plan.get("note") == POOR,
+            "same_as": plan["same_as"],
+            "step_ms": plan["step_ms"]["median"],
+            "step_low_ms": plan["step_ms"]["low"],
+            "step_high_ms": plan["step_ms"]["high"],
+            **{f"{k}_ms": plan.get(key, {}).get(k) for k in ("mean", "ci_low", "ci_high")},
+        }
         for world, plan in _measured(bench)
-    )  # fmt: skip
+    )
     table["spread"] = table.step_high_ms / table.step_low_ms - 1
     table["over_fastest"] = table.step_ms / table.groupby(["seed", "world_size"]).step_ms.transform("min")
     first = table.set_index(["seed", "world_size", "plan"]).step_ms  # the same placement, measured before
@@ -130,12 +143,18 @@ def rank_repeat_gaps(heldout: list[dict[str, Any]]) -> pd.DataFrame:
             first = by_name.get(plan["same_as"])
             earlier = {} if first in (None, plan) else {r["rank"]: r for r in first["ranks"] if r["shards"]}
             rows += [
-                {"seed": world["seed"], "world_size": world["world_size"], "plan": plan["plan"],
-                 "same_as": plan["same_as"], "rank": rank["rank"], "lookup_ms": rank["lookup_ms"],
-                 "lookup_ms_first": earlier[rank["rank"]]["lookup_ms"]}
+                {
+                    "seed": world["seed"],
+                    "world_size": world["world_size"],
+                    "plan": plan["plan"],
+                    "same_as": plan["same_as"],
+                    "rank": rank["rank"],
+                    "lookup_ms": rank["lookup_ms"],
+                    "lookup_ms_first": earlier[rank["rank"]]["lookup_ms"],
+                }
                 for rank in plan["ranks"]
                 if rank["shards"] and rank["rank"] in earlier
-            ]  # fmt: skip
+            ]
     columns = ["seed", "world_size", "plan", "same_as", "rank", "lookup_ms", "lookup_ms_first"]
     table = pd.DataFrame(rows, columns=columns)
     return table.assign(gap=(table.lookup_ms / table.lookup_ms_first - 1).abs())
@@ -153,16 +172,24 @@ def calibration_record(bench: Run) -> dict[str, Any]:
     errors = heldout_errors(heldout_ranks(bench))
     data = bench.data
     fitted = data["calibration"]
-    return {"file": bench.name, "device": data["device"], "device_name": bench.machine,
-            "clock": data["clock"], "repeats": data["repeats"], "train_ranks": data["train"]["ranks"],
-            "scale": {"max_rows": data["model"]["max_rows"], "samples_per_rank": data["batch_size"]},
-            "kernel_call_ms": fitted.get("kernel_call_ms", 0.0),
-            "collective_ms": fitted.get("collective_ms", {}),
-            "repeated_runs": data.get("repeated_runs"),
-            "heldout_errors": errors,
-            "goal": GOAL, "goal_met": errors["calibrated"]["median"] <= GOAL, "paired_with": PAIRED_WITH,
-            "plans": records(measured_plans(bench), "records"),
-            "rank_repeat_gap": rank_repeat_gap(rank_repeat_gaps(data["heldout"]))}  # fmt: skip
+    return {
+        "file": bench.name,
+        "device": data["device"],
+        "device_name": bench.machine,
+        "clock": data["clock"],
+        "repeats": data["repeats"],
+        "train_ranks": data["train"]["ranks"],
+        "scale": {"max_rows": data["model"]["max_rows"], "samples_per_rank": data["batch_size"]},
+        "kernel_call_ms": fitted.get("kernel_call_ms", 0.0),
+        "collective_ms": fitted.get("collective_ms", {}),
+        "repeated_runs": data.get("repeated_runs"),
+        "heldout_errors": errors,
+        "goal": GOAL,
+        "goal_met": errors["calibrated"]["median"] <= GOAL,
+        "paired_with": PAIRED_WITH,
+        "plans": records(measured_plans(bench), "records"),
+        "rank_repeat_gap": rank_repeat_gap(rank_repeat_gaps(data["heldout"])),
+    }
 
 
 def gpu_uvm_runs(results_dir: pathlib.Path | None = None) -> pd.DataFrame:
@@ -171,16 +198,24 @@ def gpu_uvm_runs(results_dir: pathlib.Path | None = None) -> pd.DataFrame:
     only on a GPU), one row per run and plan: date, measured critical path (the slowest rank's
     step, median of `repeats`, synchronized wall time), torchrec's rating, the plan's kernels."""
     return pd.DataFrame(
-        {"machine": run.machine, "file": run.name, "date": run.date, "repeats": run.data["repeats"],
-         "world_size": world["world_size"], "hbm_cap_gb": world["hbm_cap_gb"], "plan": plan["plan"],
-         "measured_ms": plan["critical_path_s"] * 1e3, "rating_ms": plan["rating_s"] * 1e3,
-         "kernels": ", ".join(f"{n} {k}" for k, n in (plan.get("kernels") or {}).items())}
+        {
+            "machine": run.machine,
+            "file": run.name,
+            "date": run.date,
+            "repeats": run.data["repeats"],
+            "world_size": world["world_size"],
+            "hbm_cap_gb": world["hbm_cap_gb"],
+            "plan": plan["plan"],
+            "measured_ms": plan["critical_path_s"] * 1e3,
+            "rating_ms": plan["rating_s"] * 1e3,
+            "kernels": ", ".join(f"{n} {k}" for k, n in (plan.get("kernels") or {}).items()),
+        }
         for run in load_runs("steptime_capped", results_dir)
         if run.data["device"] == "cuda"
         for world in run.data["worlds"]
         for plan in world["plans"]
         if plan["measured"] and plan.get("note") != POOR
-    )  # fmt: skip
+    )
 
 
 # Issue #69, item 5: the committed H200 steptime runs refitted (`python -m embnb.bench gpu_refit`).
@@ -204,9 +239,15 @@ def gpu_refit_record(run: Run) -> dict[str, Any]:
     rebuilt, the fitted kernel-call term, each estimate's leave-one-run-out error, and embnb DP's
     plan before and under the refit with its TBE groups per rank (the most on one rank)."""
     data = run.data
-    record = {"file": run.path.name, "device": data["device"], "device_name": run.machine,
-              "scale": data["scale"], "rebuildable_plans": data["rebuildable_plans"],
-              "plans_in_files": data["plans_in_files"], "fitted": data["fitted"]}  # fmt: skip
+    record = {
+        "file": run.path.name,
+        "device": data["device"],
+        "device_name": run.machine,
+        "scale": data["scale"],
+        "rebuildable_plans": data["rebuildable_plans"],
+        "plans_in_files": data["plans_in_files"],
+        "fitted": data["fitted"],
+    }
     if not data["fitted"]:
         return {**record, "why": data["why"]}
     proposed = [
@@ -224,7 +265,14 @@ def gpu_refit_record(run: Run) -> dict[str, Any]:
         for p in {
             (p["world_size"], p["hbm_cap_gb"], p.get("local_world_size")): p for p in data["proposed"]
         }.values()
-    ]  # fmt: skip  (one proposal per topology: runs that planned one topology alike give one plan)
-    return {**record, "runs": data["runs"], "ranks": data["ranks"], "terms": data["terms"],
-            "kernel_call_ms": data["calibration"]["kernel_call_ms"], "heldout_errors": data["heldout_errors"],
-            "leave_one_run_out": data["leave_one_run_out"], "proposed": proposed}  # fmt: skip
+    ]  # one proposal per topology: runs that planned one topology alike give one plan
+    return {
+        **record,
+        "runs": data["runs"],
+        "ranks": data["ranks"],
+        "terms": data["terms"],
+        "kernel_call_ms": data["calibration"]["kernel_call_ms"],
+        "heldout_errors": data["heldout_errors"],
+        "leave_one_run_out": data["leave_one_run_out"],
+        "proposed": proposed,
+    }
