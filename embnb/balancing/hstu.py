@@ -14,12 +14,18 @@ attention is softmax attention through torch's fused `scaled_dot_product_attenti
 pointwise SiLU(Q K^T) / n (no fused kernel in torch); and the feed-forward of 4x width is added (HSTU's
 layer has none; `ffn_multiple=0` drops it). The FLOPs of either attention are the same two matmuls.
 
-Attention runs on **length-bucketed, padded batches**: samples are grouped by the power of two at or
-above their length, each group padded to its longest sample and run as one SDPA call. torch 2.13's
-nested-tensor (jagged) SDPA has no CPU backend that takes `is_causal`, so the same code runs on CPU and
-GPU this way. Padding goes at the end of each sample: with a causal mask no real token attends to a pad,
-so no mask is needed and the fused (flash) kernel applies; pad rows are dropped after. Projections and
-the feed-forward run on the packed tokens, without padding.
+Attention runs one of two ways (`attention_kind`), the same function of the same weights:
+- **jagged** (CUDA, bf16 or fp16): one call on the packed tokens themselves, no padding:
+  `torch.nn.attention.varlen.varlen_attn` (docs.pytorch.org/docs/main/nn.attention.varlen.html),
+  flash attention's variable-length kernel, with the samples' offsets as its `cu_seq_q`/`cu_seq_k` and
+  `window_size=(-1, 0)`, its causal mask (torch 2.11 to 2.14 spell it so; 2.10 had `is_causal`). The
+  kernel is CUDA's only; on a CPU no jagged SDPA takes a causal mask either (torch's nested-tensor
+  SDPA leaves it to the math backend, which refuses `is_causal` for nested tensors).
+- **bucketed** (any device): samples grouped by the power of two at or above their length, each group
+  padded to its longest sample and run as one SDPA call. Padding goes at the end of each sample: with a
+  causal mask no real token attends to a pad, so no mask is needed and the fused (flash) kernel applies;
+  pad rows are dropped after.
+Projections and the feed-forward run on the packed tokens, without padding, either way.
 
 `hstu_flops` is each sample's forward FLOPs (what the balancer balances); see its docstring.
 """
@@ -34,12 +40,26 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.varlen import varlen_attn
 
-from embnb._checks import check_int
+from embnb._checks import check_choice, check_int
 
-__all__ = ["HEAD_DIM", "head_layout", "hstu_flops", "Buckets", "bucket_by_length", "HSTUBlock", "HSTUModel"]
+__all__ = [
+    "HEAD_DIM",
+    "ATTENTION",
+    "head_layout",
+    "hstu_flops",
+    "attention_kind",
+    "Buckets",
+    "bucket_by_length",
+    "Jagged",
+    "jagged_by_length",
+    "HSTUBlock",
+    "HSTUModel",
+]
 
 HEAD_DIM = 256  # recsys-examples' heads: 4 of 256 at width 1024
+ATTENTION = ("bucketed", "jagged", "auto")
 
 
 def head_layout(width: int, head_dim: int = HEAD_DIM) -> tuple[int, int]:
@@ -83,6 +103,48 @@ def hstu_flops(
     return num_layers * (length * d * d * (10 + 4 * ffn_multiple) + quadratic * length * length * d)
 
 
+def attention_kind(attention: str, device: torch.device | str) -> str:
+    """The attention run for option `attention` on `device`, "bucketed" or "jagged" (module
+    docstring): "auto" is "jagged" on CUDA, else "bucketed". Raises ValueError on an `attention`
+    outside ATTENTION, or "jagged" on a device other than CUDA."""
+    check_choice("attention", attention, ATTENTION)
+    on_cuda = torch.device(device).type == "cuda"
+    if attention == "jagged" and not on_cuda:
+        raise ValueError(
+            f"attention='jagged' needs a CUDA device (flash attention's variable-length kernel); on "
+            f"{device} use 'bucketed' or 'auto'"
+        )
+    if attention == "auto":
+        return "jagged" if on_cuda else "bucketed"
+    return attention
+
+
+def _check_lengths(lengths: Sequence[int]) -> list[int]:
+    """`lengths` as a list, each at least 1 (no kernel takes an empty sample); not empty."""
+    lengths = [check_int(f"lengths[{i}]", n, low=1) for i, n in enumerate(lengths)]
+    if not lengths:
+        raise ValueError("lengths is empty: a batch needs at least one sample")
+    return lengths
+
+
+@dataclass(frozen=True)
+class Jagged:
+    """The packed tokens' samples for the jagged attention: `offsets` ([samples + 1], int32, as
+    `varlen_attn` takes them) where each starts, and the longest sample's length."""
+
+    offsets: torch.Tensor
+    longest: int
+
+    def to(self, device: torch.device | str) -> Jagged:
+        return Jagged(self.offsets.to(device), self.longest)
+
+
+def jagged_by_length(lengths: Sequence[int]) -> Jagged:
+    """The `Jagged` batch of samples of `lengths` tokens, packed in that order."""
+    lengths = _check_lengths(lengths)
+    return Jagged(torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32), max(lengths))
+
+
 @dataclass(frozen=True)
 class Buckets:
     """Where each sample's tokens go in the padded batches: per bucket, `gather[b]` ([samples * longest])
@@ -102,9 +164,7 @@ class Buckets:
 
 def bucket_by_length(lengths: Sequence[int]) -> Buckets:
     """Group samples by the power of two at or above their length; pad each group to its longest."""
-    lengths = [check_int(f"lengths[{i}]", n, low=1) for i, n in enumerate(lengths)]
-    if not lengths:
-        raise ValueError("lengths is empty: a batch needs at least one sample")
+    lengths = _check_lengths(lengths)
     starts = list(itertools.accumulate(lengths, initial=0))
     groups: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
@@ -144,33 +204,41 @@ class HSTUBlock(nn.Module):
             else None
         )
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, buckets: Buckets) -> torch.Tensor:
-        """Causal softmax attention of each sample over its own tokens, bucket by bucket."""
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Buckets | Jagged
+    ) -> torch.Tensor:
+        """Causal softmax attention of each sample over its own tokens [num_tokens, width]: on the
+        jagged batch itself (`Jagged`, CUDA) or bucket by bucket (`Buckets`)."""
+        if isinstance(batch, Jagged):
+            q, k, v = (t.view(-1, self.heads, self.head_dim) for t in (q, k, v))
+            offsets, longest = batch.offsets, batch.longest
+            attended = varlen_attn(q, k, v, offsets, offsets, longest, longest, window_size=(-1, 0))
+            return attended.reshape(-1, self.width)
         pad = q.new_zeros(1, self.width)
         q, k, v = (torch.cat([t, pad]) for t in (q, k, v))
         outputs = []
-        for index, keep, (samples, longest) in zip(buckets.gather, buckets.keep, buckets.shapes):
+        for index, keep, (samples, longest) in zip(batch.gather, batch.keep, batch.shapes):
             shape = (samples, longest, self.heads, self.head_dim)
             q_b, k_b, v_b = (t[index].view(shape).transpose(1, 2) for t in (q, k, v))
             attended = F.scaled_dot_product_attention(q_b, k_b, v_b, is_causal=True)
             outputs.append(attended.transpose(1, 2).reshape(samples * longest, self.width)[keep])
-        return torch.cat(outputs)[buckets.restore]
+        return torch.cat(outputs)[batch.restore]
 
-    def forward(self, x: torch.Tensor, buckets: Buckets) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: Buckets | Jagged) -> torch.Tensor:
         u, v, q, k = F.silu(self.uvqk(self.norm_in(x))).chunk(4, dim=-1)
-        attended = self.attention(q, k, v, buckets)
+        attended = self.attention(q, k, v, batch)
         x = x + self.out(self.norm_attention(attended) * u)
         return x + self.ffn(x) if self.ffn is not None else x
 
 
 class HSTUModel(nn.Sequential):
-    """`num_layers` HSTUBlocks, each called with the batch's buckets."""
+    """`num_layers` HSTUBlocks, each called with the batch (`Buckets` or `Jagged`)."""
 
     def __init__(self, width: int, num_layers: int, ffn_multiple: int = 4, head_dim: int = HEAD_DIM) -> None:
         check_int("num_layers", num_layers, low=1)
         super().__init__(*(HSTUBlock(width, ffn_multiple, head_dim) for _ in range(num_layers)))
 
-    def forward(self, x: torch.Tensor, buckets: Buckets) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, x: torch.Tensor, batch: Buckets | Jagged) -> torch.Tensor:  # type: ignore[override]
         for block in self:
-            x = block(x, buckets)
+            x = block(x, batch)
         return x

@@ -13,7 +13,9 @@ cut's critical rank at --samples-per-rank x --sweep-factors, fitted as fixed + p
 Ranks are replayed one by one on one device (in data parallelism they meet only at the gradient
 all-reduce, which waits for the slowest): a partition's step is its slowest rank. Each repeat times
 every method's every rank in turn (interleaved), after one warm-up; a speed-up is the cut's step over
-the method's in the same repeat, as median and range. On a GPU a rank's time is between CUDA events
+the method's in the same repeat, as median and range. --attention picks the block's attention
+(`embnb.balancing.hstu.attention_kind`: "auto", the default, runs it on the jagged batch on CUDA, on
+length-buckets elsewhere); the JSON records which ran. On a GPU a rank's time is between CUDA events
 (bf16), its enqueue time beside it (`embnb.timing.interleaved_phases`); on a CPU, thread CPU time at one
 intra-op thread (float32). --deadline-s cuts what is left (`cut_by_deadline`); the results are written
 to benchmarks/results/hstu-DATE-MACHINE.json (MACHINE: the device's name) after each unit.
@@ -28,7 +30,15 @@ from typing import Any
 
 import torch
 
-from embnb.balancing.hstu import HSTUModel, bucket_by_length, head_layout, hstu_flops
+from embnb.balancing.hstu import (
+    ATTENTION,
+    HSTUModel,
+    attention_kind,
+    bucket_by_length,
+    head_layout,
+    hstu_flops,
+    jagged_by_length,
+)
 from embnb.balancing.partition import balance
 from embnb.balancing.workloads import equal_size_lower_bound
 from embnb.bench.results import add_out_argument, write_results
@@ -48,30 +58,32 @@ from embnb.timing import Ratio, interleaved_phases, machine_name, paired_ratio
 METHODS = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
 
 
-def rank_step(model: HSTUModel, lengths: list[int], device: str, dtype: torch.dtype, seed: int):
-    """A callable running one rank's forward and backward on samples of `lengths`."""
-    buckets = bucket_by_length(lengths).to(device)
+def rank_step(
+    model: HSTUModel, lengths: list[int], device: str, dtype: torch.dtype, seed: int, attention: str
+):
+    """A callable running one rank's forward and backward on samples of `lengths`, its attention
+    "jagged" or "bucketed" (`attention_kind`)."""
+    batch = (jagged_by_length if attention == "jagged" else bucket_by_length)(lengths).to(device)
     gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randn(buckets.num_tokens, model[0].width, generator=gen).to(device, dtype)
+    tokens = torch.randn(sum(lengths), model[0].width, generator=gen).to(device, dtype)
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        model(tokens, buckets).float().square().mean().backward()
+        model(tokens, batch).float().square().mean().backward()
 
     return step
 
 
 def measure_world(
-    model: HSTUModel, lengths: list[int], world_size: int, repeats: int, device: str, dtype: torch.dtype
+    model: HSTUModel, lengths: list[int], world_size: int, step_of, repeats: int, device: str
 ) -> dict[str, Any]:
-    """Every method's partition of `lengths`, every rank timed in each repeat."""
+    """Every method's partition of `lengths`, every rank (`step_of(its lengths, its rank)`, a callable
+    running its step) timed in each repeat."""
     width, layers = model[0].width, len(model)
     flops = hstu_flops(lengths, width, layers).tolist()
     parts = {m: balance(flops, world_size, m) for m in METHODS}
     calls = {
-        (m, r): rank_step(model, [lengths[i] for i in part], device, dtype, seed=r)
-        for m, p in parts.items()
-        for r, part in enumerate(p)
+        (m, r): step_of([lengths[i] for i in part], r) for m, p in parts.items() for r, part in enumerate(p)
     }
     clock, on_gpu = sweep_clock(device), torch.device(device).type == "cuda"
     # one warm-up each, then every method's every rank once per round, at the caller's thread count
@@ -175,12 +187,16 @@ def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: t
         for f, b in zip(opts.sweep_factors, sweep_batches(opts.samples_per_rank, opts.sweep_factors))
     }
     empty, check = {"world_size": world_size, "width": width, "runs": []}, None
+
+    def step_of(lengths: list[int], seed: int):
+        return rank_step(model, lengths, opts.device, dtype, seed, opts.attention)
+
     try:  # the 16x batch may not fit the device: the unit says so and the next one still runs
         check = critical_rank_check(
             batches,
             world_size,
             lambda n: hstu_flops(n, width, opts.layers),
-            lambda n, b: rank_step(model, n, opts.device, dtype, seed=b),
+            step_of,
             opts.repeats,
             opts.device,
             opts.max_fixed_share,
@@ -188,7 +204,7 @@ def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: t
         chosen = check.chosen_batch
         world = empty
         if chosen is not None:
-            world = measure_world(model, batches[chosen], world_size, opts.repeats, opts.device, dtype)
+            world = measure_world(model, batches[chosen], world_size, step_of, opts.repeats, opts.device)
     except torch.cuda.OutOfMemoryError as error:
         torch.cuda.empty_cache()
         where = "in the sweep" if check is None else f"at batch {check.chosen_batch}"
@@ -295,7 +311,7 @@ def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: li
             "repeats": opts.repeats,
             "replay": "ranks one by one on one device",
             "workload": "hstu_flops(causal=True)",
-            "attention": "softmax, torch SDPA on length-bucketed padded batches",
+            "attention": opts.attention,  # what ran: "jagged" (varlen_attn) or "bucketed" (padded SDPA)
         },
         "worlds": worlds,
         "not_compared": [
@@ -324,6 +340,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add("--alpha", type=float, default=1.2, help="Zipf exponent of the lengths")
     add("--repeats", type=int, default=3, help="timed repeats (one warm-up before)")
     add("--deadline-s", type=float, default=600.0, help="start nothing new after this")
+    add("--attention", default="auto", choices=ATTENTION, help="auto: jagged on CUDA, else bucketed")
     add_sweep_options(parser, "--samples-per-rank")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
@@ -342,6 +359,10 @@ def _options(argv: list[str]) -> argparse.Namespace:
         opts.device = resolve_device(opts.device)
     except ValueError as error:
         parser.error(f"--device: {error}")
+    try:
+        opts.attention = attention_kind(opts.attention, opts.device)
+    except ValueError as error:
+        parser.error(f"--attention: {error}")
     return opts
 
 
@@ -350,7 +371,7 @@ def main(argv: list[str]) -> int:
     print(
         f"HSTU-like model rank by rank on {machine_name(opts.device)}: width {opts.width}, "
         f"{opts.layers} layers, {opts.samples_per_rank} samples per rank x {opts.sweep_factors}, "
-        f"Zipf({opts.alpha}) lengths up to {opts.max_length}",
+        f"Zipf({opts.alpha}) lengths up to {opts.max_length}, {opts.attention} attention",
         flush=True,
     )
     threads = torch.get_num_threads()

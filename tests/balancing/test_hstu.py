@@ -1,6 +1,7 @@
 """embnb.balancing.hstu and `python -m embnb.bench hstu`: the bucketed block against a per-sample
-reference written with plain matmuls, causality, the FLOP formula against torch's FLOP counter, and
-the bench's JSON at tiny sizes on CPU (no timed assertion)."""
+reference written with plain matmuls, causality, the FLOP formula against torch's FLOP counter, the
+attention option's choice, the jagged path's shapes and gradients on the meta device (its numbers:
+tests/cuda/test_hstu.py), and the bench's JSON at tiny sizes on CPU (no timed assertion)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from embnb.balancing.hstu import HSTUBlock, HSTUModel, bucket_by_length, head_layout, hstu_flops
+from embnb.balancing.hstu import (
+    HSTUBlock,
+    HSTUModel,
+    attention_kind,
+    bucket_by_length,
+    head_layout,
+    hstu_flops,
+    jagged_by_length,
+)
 from embnb.bench import hstu as bench
 
 LENGTHS = [5, 1, 17, 3, 33, 8, 16, 2]
@@ -113,6 +122,35 @@ def test_bad_input_is_refused_naming_the_value():
         bucket_by_length([])
     with pytest.raises(ValueError, match=r"lengths\[0\]"):
         bucket_by_length([0, 3])
+    with pytest.raises(ValueError, match=r"lengths\[1\]"):
+        jagged_by_length([2, 0])
+
+
+def test_auto_attention_is_jagged_on_cuda_only_and_jagged_elsewhere_is_refused_naming_the_device():
+    assert [attention_kind(a, "cpu") for a in ("auto", "bucketed")] == ["bucketed", "bucketed"]
+    # a device name, not a GPU: the choice needs none
+    assert [attention_kind(a, "cuda:0") for a in ("auto", "jagged", "bucketed")] == [
+        "jagged",
+        "jagged",
+        "bucketed",
+    ]
+    with pytest.raises(ValueError, match="needs a CUDA device .*; on cpu use 'bucketed' or 'auto'"):
+        attention_kind("jagged", "cpu")
+    with pytest.raises(ValueError, match="attention 'flash' is not one of 'bucketed', 'jagged', 'auto'"):
+        attention_kind("flash", "cuda")
+
+
+def test_jagged_batch_offsets_and_the_jagged_path_reaches_every_weight_on_the_meta_device():
+    batch = jagged_by_length(LENGTHS)
+    assert batch.offsets.dtype == torch.int32 and batch.longest == 33
+    assert batch.offsets.tolist() == [0, *torch.tensor(LENGTHS).cumsum(0).tolist()]
+    # shapes and autograd only: varlen_attn's fake kernel (the numbers need CUDA: tests/cuda/test_hstu.py)
+    model = HSTUModel(512, 2).to("meta", torch.bfloat16)
+    x = torch.randn(sum(LENGTHS), 512, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    out = model(x, batch.to("meta"))
+    assert out.shape == x.shape and out.dtype == torch.bfloat16
+    out.float().square().mean().backward()
+    assert x.grad.shape == x.shape and all(p.grad.shape == p.shape for p in model.parameters())
 
 
 def test_the_bench_writes_every_method_at_every_size_and_its_numbers_add_up(tmp_path, capsys):
@@ -124,6 +162,7 @@ def test_the_bench_writes_every_method_at_every_size_and_its_numbers_add_up(tmp_
     (path,) = tmp_path.glob("hstu-*.json")
     payload = json.loads(path.read_text())
     assert payload["device"] == "cpu" and payload["dtype"] == "float32" and payload["cut_by_deadline"] == []
+    assert payload["config"]["attention"] == "bucketed"  # "auto" on a CPU
     assert [(w["world_size"], w["width"]) for w in payload["worlds"]] == [(2, 64), (2, 16), (2, 32)]
     for world in payload["worlds"]:
         runs = {r["method"]: r for r in world["runs"]}
@@ -165,7 +204,11 @@ def test_first_width_shortened_needs_every_wider_width_shortened_too():
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--width", "384"], "multiple of it, got 384"), (["--world-sizes", "0"], "--world-sizes must be >= 1")],
+    [
+        (["--width", "384"], "multiple of it, got 384"),
+        (["--world-sizes", "0"], "--world-sizes must be >= 1"),
+        (["--attention", "jagged"], "--attention: attention='jagged' needs a CUDA device"),
+    ],
 )
 def test_the_bench_refuses_bad_sizes(argv, message, capsys):
     with pytest.raises(SystemExit):
