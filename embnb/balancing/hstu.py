@@ -15,12 +15,13 @@ pointwise SiLU(Q K^T) / n (no fused kernel in torch); and the feed-forward of 4x
 layer has none; `ffn_multiple=0` drops it). The FLOPs of either attention are the same two matmuls.
 
 Attention runs one of two ways (`attention_kind`), the same function of the same weights:
-- **jagged** (CUDA, bf16 or fp16): one call on the packed tokens themselves, no padding:
-  `torch.nn.attention.varlen.varlen_attn` (docs.pytorch.org/docs/main/nn.attention.varlen.html),
-  flash attention's variable-length kernel, with the samples' offsets as its `cu_seq_q`/`cu_seq_k` and
-  `window_size=(-1, 0)`, its causal mask (torch 2.11 to 2.14 spell it so; 2.10 had `is_causal`). The
-  kernel is CUDA's only; on a CPU no jagged SDPA takes a causal mask either (torch's nested-tensor
-  SDPA leaves it to the math backend, which refuses `is_causal` for nested tensors).
+- **jagged** (CUDA; bf16 or fp16 and heads of a multiple of 8, flash attention's limits): one call on
+  the packed tokens themselves, no padding: `torch.nn.attention.varlen.varlen_attn`
+  (docs.pytorch.org/docs/main/nn.attention.varlen.html), flash attention's variable-length kernel,
+  with the samples' offsets as its `cu_seq_q`/`cu_seq_k` and `window_size=(-1, 0)`, its causal mask
+  (torch 2.11 to 2.14 spell it so; 2.10 had `is_causal`). The kernel is CUDA's only; on a CPU no jagged
+  SDPA takes a causal mask either (torch's nested-tensor SDPA leaves it to the math backend, which
+  refuses `is_causal` for nested tensors).
 - **bucketed** (any device): samples grouped by the power of two at or above their length, each group
   padded to its longest sample and run as one SDPA call. Padding goes at the end of each sample: with a
   causal mask no real token attends to a pad, so no mask is needed and the fused (flash) kernel applies;
