@@ -14,11 +14,11 @@ best. `DynamicProgrammingProposer` proposes, in this order:
 2. the same knapsack with the largest partitioned shard capped on perf (the
    slowest rank carries at least its largest shard: balance) or on memory
    (packing), each cap just below the last run's largest;
-3. with a `KernelCallPerfModel` that prices TBE groups, the knapsack without
-   each TBE group of the best uncapped plan (its tables join the others'
-   groups: a summed perf cannot see a group's cost);
-4. changes of one or two tables around the best plans so far, guided by the
-   ratings the planner feeds back (`embnb.planner.search.HillClimb`).
+3. changes of one or two tables around the best plans so far, guided by the
+   ratings the planner feeds back (`embnb.planner.search.HillClimb`);
+4. with a `KernelCallPerfModel` that prices TBE groups, knapsack runs with
+   fewer groups (`KnapsackRuns.fewer_groups`: a summed perf cannot see a
+   group's cost), last, so that they only add plans to what the rest found.
 
 Within a run, plans the partitioner cannot place are bisected past, and below
 the first placed one plans with 1%, 2%, 4% ... less memory are tried: slack
@@ -114,9 +114,8 @@ class DynamicProgrammingProposer(Proposer):
         performance_model: the planner's `KernelCallPerfModel`, where it
             rates with one (`create_planner` with a calibration): the
             replica rates plans as it does (each rank's TBE calls, the
-            plan's collectives), and with nonzero terms options of other
-            TBE groups are kept apart and the knapsack also runs without
-            TBE groups. None: torchrec's NoopPerfModel.
+            plan's collectives), and with nonzero terms the knapsack also
+            runs with fewer TBE groups. None: torchrec's NoopPerfModel.
 
     Why each proposal went to the planner is in `feedback_reasons` (one per
     feedback: the first proposal, a plan the replica does not model, the
@@ -252,6 +251,7 @@ class DynamicProgrammingProposer(Proposer):
         self._placed: dict[bytes, bool] = {}  # what the partitioner said per plan
         self._runs: KnapsackRuns | None = None  # the knapsack runs, made once the space is known
         self._run_iter: Iterator[FrontierSearch] = iter(())
+        self._fewer_groups: Iterator[FrontierSearch] | None = None  # runs left to last (KnapsackRuns)
         self._search: FrontierSearch | None = None  # the run being proposed from
         self._pending: Iterator[int] = iter(())  # its plans still to consider
         self._index: int | None = None  # the current proposal's place in it
@@ -353,7 +353,7 @@ class DynamicProgrammingProposer(Proposer):
         False when no plan can fit (and nothing more is proposed)."""
         first = [opts[o] for opts, o in zip(self._options, self._current)]
         try:
-            self._space = SearchSpace(self._options, storage_constraint, self._values, self._rated_apart())
+            self._space = SearchSpace(self._options, storage_constraint, self._values)
         except PlannerError as error:  # a table fits on no device
             self._propose_nothing(str(error), error.error_type)
             return False
@@ -373,18 +373,10 @@ class DynamicProgrammingProposer(Proposer):
             self._option_groups(),
         )
         self._run_iter = iter(self._runs)
+        self._fewer_groups = self._runs.fewer_groups()
         best_rating = lambda: self._best_rating  # noqa: E731 (read as the climb goes)
         self._climb = HillClimb(self._space, self._max_refinements, best_rating, self._prune)
         return True
-
-    def _rated_apart(self) -> Callable[[ShardingOption], tuple] | None:
-        """What the rating tells options apart by beyond their shards: with a `performance_model`
-        that prices them, each option's TBE groups (its shards' keys, with its module and sharding
-        type); None: NoopPerfModel's rating, shards alone."""
-        model = self.performance_model
-        if model is None or model.is_zero:
-            return None
-        return lambda option: tuple(dict.fromkeys(model.keys(option)))
 
     def _option_groups(self) -> np.ndarray | None:
         """Per (table, option) of the search space, the id of its TBE group (its first shard's
@@ -474,7 +466,11 @@ class DynamicProgrammingProposer(Proposer):
         choice = None if self._climb is None else self._climb.next(lambda c: c.tobytes() in self._placed)
         if choice is not None:
             self.num_refinements += 1
-        return choice
+            return choice
+        if self._fewer_groups is not None:  # last, so they only add plans to what the rest found
+            self._run_iter, self._fewer_groups = self._fewer_groups, None
+            return self._next()
+        return None
 
     def _next_knapsack(self) -> np.ndarray | None:
         self._index = None

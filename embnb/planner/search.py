@@ -1,9 +1,9 @@
 """The DP proposer's two searches, on the options as arrays (`SearchSpace`):
 
 - `KnapsackRuns`: the knapsack runs, uncapped first, then with the largest
-  partitioned shard capped on perf (balance) or on memory (packing), then
-  (given each option's TBE group) without each group of the best plan; each
-  run is a `FrontierSearch` over its frontier of least-perf plans.
+  partitioned shard capped on perf (balance) or on memory (packing), and
+  (given each option's TBE group, `fewer_groups`) runs with fewer groups;
+  each run is a `FrontierSearch` over its frontier of least-perf plans.
 - `HillClimb`: changes of one or two tables around the best plans so far
   (`Start`s), taking the first improvement, while refinements are left.
 
@@ -36,10 +36,10 @@ class KnapsackRuns:
     """Least-perf plans per memory bin, largest memory first: uncapped, then
     with the largest partitioned shard capped, on perf (just below the largest
     in the run before's best rated plan: balance), then on memory (just below
-    the largest in the run before's first plan: packing), then, given
-    `groups` (each option's TBE group id, [tables, options]), without each
-    group of the uncapped run's best rated plan. A run is made when the one
-    before is done. When no plan fits at all, iterating yields nothing
+    the largest in the run before's first plan: packing). Given `groups`
+    (each option's TBE group id, [tables, options]), `fewer_groups` makes
+    runs with fewer groups afterwards. A run is made when the one before is
+    done. When no plan fits at all, iterating yields nothing
     and `no_fit_reason` says why."""
 
     def __init__(
@@ -54,6 +54,7 @@ class KnapsackRuns:
     ) -> None:
         self.space, self.max_caps, self.bisect, self.slack = space, max_caps, bisect, slack
         self.groups = groups
+        self._uncapped: FrontierSearch | None = None
         self.axes, self.capacity, self.bins, self.weights = knapsack_axes(
             space, bins_per_device, ddr_bins_per_device
         )
@@ -114,13 +115,17 @@ class KnapsackRuns:
                 if not len(search.plans):
                     break
                 yield search
-        if self.groups is not None:
-            yield from self._without_groups(uncapped)
+        self._uncapped = uncapped
+
+    def fewer_groups(self) -> Iterator[FrontierSearch]:
+        """Given `groups`, after the runs of `iter(self)`: runs that leave TBE groups out
+        (`_without_groups`); nothing without `groups` or before the uncapped run."""
+        if self.groups is not None and self._uncapped is not None:
+            yield from self._without_groups(self._uncapped)
 
     def _without_groups(self, uncapped: FrontierSearch) -> Iterator[FrontierSearch]:
         """The knapsack sums perf; a rating that prices each TBE group on a rank (and each sharding
-        type's collectives) sees what it cannot, and options alike but for their group (one-shard
-        table-wise and column-wise) tie in the sum. So: a run of each group alone that covers every
+        type's collectives) sees what it cannot. So: a run of each group alone that covers every
         table; then greedily, from the uncapped run's best plan, a run without each group of the
         current plan (its tables join the other groups), and the run that did best (its best
         rating, or its least lower bound where the proposer skipped its plans as unable to win:

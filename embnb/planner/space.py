@@ -10,8 +10,6 @@ proposer prunes by (`screen`: for a whole run of plans at once).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-
 import numpy as np
 from torchrec.distributed.planner.types import (
     PartitionByType,
@@ -150,7 +148,6 @@ class SearchSpace:
         options: list[list[ShardingOption]],
         storage_constraint: Topology,
         values: ShardValues | None = None,
-        rated_apart: Callable[[ShardingOption], Hashable] | None = None,
     ):
         devices = storage_constraint.devices
         self.world_size = len(devices)
@@ -164,9 +161,7 @@ class SearchSpace:
         self.capacity = self.device_mem.sum(0)
         one_host = storage_constraint.intra_group_size >= self.world_size
         # An option whose largest shard fits on no device can never be placed.
-        distinct = [
-            distinct_options(table_options, one_host, values, rated_apart) for table_options in options
-        ]
+        distinct = [distinct_options(table_options, one_host, values) for table_options in options]
         self.options = [[o for o in table if shard_fits[values.rows(o)].all()] for table in distinct]
         unfit = [table for table, fitting in zip(distinct, self.options) if not fitting]
         if unfit:
@@ -401,18 +396,13 @@ def by_table(options: list[ShardingOption]) -> list[list[ShardingOption]]:
 
 
 def distinct_options(
-    options: list[ShardingOption],
-    one_host: bool,
-    values: ShardValues,
-    rated_apart: Callable[[ShardingOption], Hashable] | None = None,
+    options: list[ShardingOption], one_host: bool, values: ShardValues
 ) -> list[ShardingOption]:
     """Drop options the partitioner and perf model treat alike; the first
     enumerated stays. Table-wise and one-shard column-wise are alike; on one
     host, so are table-column-wise and column-wise (both placed shard by shard
     on the least loaded device), and table-row-wise and row-wise (shard i on
-    device i). `rated_apart`: what else the rating tells options apart by
-    (a `KernelCallPerfModel` prices each TBE group and sharding type: options
-    of other groups are kept)."""
+    device i)."""
     seen, kept = set(), []
     for option in options:
         rows = values.rows(option)
@@ -422,7 +412,6 @@ def distinct_options(
             option.compute_kernel == "key_value",
             values.storage[rows].tobytes(),  # each shard's storage and perf total, as equal as ==
             values.totals[rows].tobytes(),
-            None if rated_apart is None else rated_apart(option),
         )
         if key not in seen:
             seen.add(key)
