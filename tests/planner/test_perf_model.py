@@ -318,8 +318,8 @@ def test_torchrecs_planner_runs_the_model_and_the_dp_keeps_its_fast_path():
     torchrec_rating, _ = plan(None)  # torchrec's default proposers, rated by the model
     assert math.isfinite(torchrec_rating)
     # a DP not told of the model predicts NoopPerfModel's ratings: the check fails, replay goes off;
-    # proposing every plan of its search, which neither keeps options alike but for their TBE group
-    # nor runs the knapsack without groups, it finds a plan the model rates worse here
+    # proposing every plan of its search, which makes no knapsack runs with fewer TBE groups, it
+    # finds a plan the model rates worse here
     blind = planner.DynamicProgrammingProposer()
     assert plan(blind)[0] > rating_all and blind.num_disagreements == 1
 
