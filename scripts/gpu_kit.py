@@ -16,7 +16,8 @@ scripts/fbgemm_cuda.py instead of fbgemm-gpu-cpu), builds the native
 extension for the local GPU, runs the CUDA parity and launcher tests (a
 process per file), then the benches in a GPU window's planned order (GROUPS):
 `python -m embnb.bench calibrate`, `steptime` (STEPTIME_BENCH, then at a capped
-HBM), `hstu` (HSTU_BENCH: the balancer at recsys-examples' shape, within
+HBM; STEPTIME_SCALE_BENCH before them: plans made beforehand, production-scale
+tables, Zipf ids), `hstu` (HSTU_BENCH: the balancer at recsys-examples' shape, within
 HSTU_STEP_S) and `balancer` (BALANCER_BENCH: rank by rank at W = 8 and 16 on
 the one GPU; the memory-capped balance with each rank's
 torch.cuda.max_memory_allocated), all with `--device cuda`; the hstu and
@@ -123,6 +124,42 @@ BALANCER_BENCH = {
     "--sweep-factors": [1, 4, 16],
     "--max-fixed-share": 0.1,
 }
+# `python -m embnb.bench steptime --plans`: notebook 03's plans at production scale (issue 70, item 3),
+# first in the "plans" group: the bench's 100 tables of 1,000 to 10 M rows (54 GiB of fp32 rows),
+# planned beforehand here on the CPU for a CUDA topology of one host of 8 (torchrec 1.6.1, the machine's;
+# `python -m embnb.bench steptime --tables 100 --max-rows 10000000 --world-sizes 8 --compute-device cuda
+# --batch-size 256 --write-plans benchmarks/plans/steptime-scale-cuda-1x8.json`: torchrec's default,
+# Greedy, embnb DP, and embnb DP on the committed GPU refit), so no planner runs there; Zipf ids of
+# exponent 1.2 (the HSTU step's); the acceptance check on each plan's critical rank at 256, 1,024 and
+# 4,096 samples per rank (fixed share of its lookups at most 20% of their time), then the plans compared
+# at the chosen batch, W = 8, 3 rounds. GPU time, from the committed H200 runs (2026-11-28, 256 samples
+# per rank): a rank's lookups took about 5.5 ns per id (19.5 ms for 3.5 M ids) plus about 0.45 ms per
+# TBE; at 4,096 samples per rank the critical rank reads about 7 M ids, about 40 ms a step, so the
+# sweep (4 plans x 3 batches x 4 calls) and the comparison (4 plans x 8 ranks x 3 rounds x 2 steps) are
+# about 10 s of kernels; the rest is the host's: the Zipf batches (74 M ids over the three batches, each
+# table's CDF built once), the ids each rank receives (selected once per plan and rank) and the TBEs
+# built for each rank of each round, about 2-3 minutes in all; the step's limit is 300 s and the bench
+# writes its JSON after the check, so a cut keeps the check. Memory: the ranks run one after another on
+# the one GPU; the largest rank holds 9.7 GiB of table rows (torchrec's storage estimate, every plan
+# under 10 GiB), and with its inputs at the three batches and the backward's buffers the peak is under
+# 20 GiB.
+STEPTIME_SCALE_BENCH = {
+    "--plans": "benchmarks/plans/steptime-scale-cuda-1x8.json",
+    "--batch-size": 256,
+    "--sweep-factors": [1, 4, 16],
+    "--max-fixed-share": 0.2,
+    "--ids": "zipf",
+    "--zipf-alpha": 1.2,
+    "--repeats": 3,
+}
+STEPTIME_SCALE_STEP_S = 300
+# the same flags on a tiny plans file beside it (6 tables of at most 2,000 rows, one host of 4)
+STEPTIME_SCALE_BENCH_SHORT = {
+    **STEPTIME_SCALE_BENCH,
+    "--plans": "benchmarks/plans/steptime-scale-tiny.json",
+    "--batch-size": 8,
+    "--repeats": 1,
+}
 # `python -m embnb.bench steptime`: notebook 03's plans rank by rank, on the
 # device's own topology (torchrec's GPU estimates beside what was measured): one host of 8, then 2
 # hosts of 8 (table_row_wise and grid_shard across hosts).
@@ -165,6 +202,10 @@ STEPTIME_BENCH_SHORT = {  # 2 hosts of 2 on a CUDA topology: the host-level type
     "--max-rows": 2000,
     "--batch-size": 16,
     "--repeats": 1,
+    # the check at tiny sizes on a CPU says overhead-bound at 20%: at 100% over 8x the work it passes
+    # wherever the fitted fixed cost is below the time, so the comparison's code runs too
+    "--sweep-factors": [1, 8],
+    "--max-fixed-share": 1.0,
 }
 # `python -m embnb.bench hstu` on the GPU: the balancer at recsys-examples' shape (an HSTU-like model of
 # width 1024, 8 layers, 4 heads of 256, bf16; Zipf(1.2) lengths up to 4096), rank by rank at W = 8, then
@@ -271,7 +312,7 @@ KIT_TESTS = [
     "tests/rowwise/test_sharders_cuda.py",
 ]
 # the benches the kit runs; their JSON files go to benchmarks/results
-BENCHES = ("bucketize", "steptime", "steptime_capped", "calibrate", "hstu", "balancer")
+BENCHES = ("bucketize", "steptime", "steptime_capped", "steptime_scale", "calibrate", "hstu", "balancer")
 REQUIRE_GPU = "EMBNB_REQUIRE_GPU"  # tests/conftest.py: a CUDA test that cannot run fails
 # The build step: load (build) the library, say whether it has CUDA kernels,
 # and fail where a GPU is visible but it has none.
@@ -508,8 +549,11 @@ def run_benches_and_notebooks(steps: Steps, device: str, out: pathlib.Path, shor
     steps.run(
         "bench-calibrate", calibrate + bench_flags(CALIBRATE_BENCH_SHORT if short_bench else CALIBRATE_BENCH)
     )
-    # Each rank's step with FBGEMM's TBEs, notebook 03's plans, on the device's topology of one host.
+    # Each rank's step with FBGEMM's TBEs, notebook 03's plans: first at production scale, from plans
+    # made beforehand (steptime_scale-*.json), then planned there at the committed runs' sizes.
     steptime = [python, "-m", "embnb.bench", "steptime", "--device", device, "--out", str(out)]
+    scale = STEPTIME_SCALE_BENCH_SHORT if short_bench else STEPTIME_SCALE_BENCH
+    steps.run("bench-steptime-scale", steptime + bench_flags(scale), STEPTIME_SCALE_STEP_S)
     steps.run(
         "bench-steptime", steptime + bench_flags(STEPTIME_BENCH_SHORT if short_bench else STEPTIME_BENCH)
     )

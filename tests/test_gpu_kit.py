@@ -130,6 +130,34 @@ def test_the_steptime_bench_step_and_its_short_form_parse_with_the_benchs_own_op
         assert opts.world_sizes == sizes["--world-sizes"]
 
 
+def test_the_scale_step_measures_plans_made_beforehand_at_production_scale_and_its_short_form_tiny_ones():
+    """bench-steptime-scale (issue 70, item 3): the committed plans of the bench's 100 tables of up to 10 M
+    rows for one host of 8 CUDA devices, the four planners' plans (no poor ones); Zipf ids, the
+    acceptance sweep over three batches, 3 rounds; its short form the same flags on a tiny plans file."""
+    from embnb.bench import steptime
+    from embnb.lab.planner.candidates import CALIBRATED
+
+    gpu, short = gpu_kit.STEPTIME_SCALE_BENCH, gpu_kit.STEPTIME_SCALE_BENCH_SHORT
+    assert set(short) == set(gpu) and short["--plans"] != gpu["--plans"]
+    for sizes in (gpu, short):
+        opts = steptime._parser().parse_args(gpu_kit.bench_flags(sizes))
+        assert (
+            steptime._check(opts) is None and opts.ids == "zipf" and opts.zipf_alpha == sizes["--zipf-alpha"]
+        )
+        assert len(set(opts.sweep_factors)) >= 3 and opts.max_fixed_share == 0.2
+    assert gpu["--repeats"] >= 3 and short["--batch-size"] < gpu["--batch-size"]
+    big, tiny = (json.loads((ROOT / sizes["--plans"]).read_text()) for sizes in (gpu, short))
+    assert big["model"] == {"tables": 100, "max_rows": 10_000_000, "seed": 0}
+    assert big["planned_on"]["torchrec"] == "1.6.1"  # the machine's torchrec (scripts/gpu_kit.txt)
+    assert tiny["model"]["tables"] < 10 and tiny["model"]["max_rows"] <= 2000
+    for plans in (big, tiny):
+        (world,) = plans["worlds"]
+        assert world["compute_device"] == "cuda" and world["local_world_size"] == world["world_size"]
+        assert [p["name"] for p in world["plans"]] == [*steptime.WRITTEN_PLANNERS, CALIBRATED]
+        assert all(p["options"] for p in world["plans"])
+    assert big["worlds"][0]["world_size"] == 8
+
+
 def test_a_gpu_run_without_cuda_kernels_or_cuda_tests_cannot_pass():
     ran = {"run": 12, "passed": 12, "skipped": 0, "failed": 0}
     assert gpu_kit.cuda_problems(True, {"cuda": True}, ran) == []
@@ -299,18 +327,47 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     (hstu,) = out.glob("hstu-*.json")
     (calibrate,) = out.glob("calibrate-*.json")
     (capped,) = out.glob("steptime_capped-*.json")
-    names = [bench.name, balancer.name, steptime.name, hstu.name, calibrate.name, capped.name]
+    (scale,) = out.glob("steptime_scale-*.json")
+    names = [bench.name, balancer.name, steptime.name, hstu.name, calibrate.name, capped.name, scale.name]
     assert summary["bench_results"] == sorted(names)
+    _check_scale_results(json.loads(scale.read_text()), gpu_kit.STEPTIME_SCALE_BENCH_SHORT)
     assert [w["hbm_cap_gb"] for w in json.loads(capped.read_text())["worlds"]] == [1.0]
     assert json.loads(calibrate.read_text())["calibration"]["device_kind"] == "cpu"
     _check_hstu_results(json.loads(hstu.read_text()), gpu_kit.HSTU_BENCH_SHORT)
     worlds = json.loads(steptime.read_text())["worlds"]
     assert [w["world_size"] for w in worlds] == gpu_kit.STEPTIME_BENCH_SHORT["--world-sizes"]
+    assert worlds[0]["verdict"] == f"compared at batch {worlds[0]['batch_size']}"  # at a 100% share
     assert any(plan["measured"] for plan in worlds[0]["plans"])
     assert worlds[0]["local_world_size"] == gpu_kit.STEPTIME_BENCH_SHORT["--devices-per-host"]
     assert any(plan["measured"] and "table_row_wise" in plan["shape"] for plan in worlds[0]["plans"])
     assert summary["fbgemm"]["cuda_kernels"] is False  # the kit's fbgemm-gpu-cpu, no GPU
     _check_balancer_results(json.loads(balancer.read_text()), gpu_kit.BALANCER_BENCH_SHORT)
+
+
+def _check_scale_results(payload: dict, sizes: dict) -> None:
+    """The kit's production-scale steptime JSON on CPU (at tiny sizes): the plans file's plans, Zipf ids
+    with their exponent, each plan's acceptance sweep whatever its verdict, and a comparison only where
+    every plan passed."""
+    from embnb.scaling import NOT_COMPARED
+
+    assert payload["plans_file"] == pathlib.Path(sizes["--plans"]).name
+    assert (payload["ids"], payload["zipf_alpha"]) == ("zipf", sizes["--zipf-alpha"])
+    (world,) = payload["worlds"]
+    plans = json.loads((ROOT / sizes["--plans"]).read_text())["worlds"][0]["plans"]
+    assert (
+        [p["plan"] for p in world["plans"]]
+        == [c["plan"] for c in world["acceptance"]]
+        == [p["name"] for p in plans]
+    )
+    base = sizes["--batch-size"]
+    for check in world["acceptance"]:
+        assert check["unit"] == "bytes" and check["batches"] == [base * f for f in sizes["--sweep-factors"]]
+    chosen = [c["chosen_batch"] for c in world["acceptance"]]
+    if None in chosen:
+        assert world["verdict"] == NOT_COMPARED and not any(p["measured"] for p in world["plans"])
+    else:
+        assert world["batch_size"] == max(chosen) and all(p["measured"] for p in world["plans"])
+        assert all(r["bytes_read"] > 0 for p in world["plans"] for r in p["ranks"] if r["tbe_groups"])
 
 
 def _check_hstu_results(payload: dict, sizes: dict) -> None:
@@ -365,7 +422,7 @@ def _check_balancer_results(payload: dict, sizes: dict) -> None:
         assert checked["samples_per_rank"] is None and checked["compared_world_sizes"] == []
         return
     sizes = {**sizes, "--measured-world-size": checked["compared_world_sizes"]}
-    assert measured["measured_config"]["device"] == "cpu" and measured["measured_config"]["clock"] == "cpu"
+    assert measured["measured_config"]["device"] == "cpu" and measured["measured_config"]["clock"] == "thread"
     world_sizes = sizes["--measured-world-size"]
     methods = ("contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap")
     runs = {(r["distribution"], r["world_size"], r["method"]): r for r in measured["measured_runs"]}
@@ -373,12 +430,12 @@ def _check_balancer_results(payload: dict, sizes: dict) -> None:
         (d, w, m) for d in ("zipf", "lognormal") for w in world_sizes for m in methods
     )
     for (_, w, _), r in runs.items():
-        assert r["clock"] == "cpu" and len(r["cpu_ms"]) == len(r["wall_low_ms"]) == w
+        assert r["clock"] == "thread" and len(r["ms"]) == len(r["low_ms"]) == w and r["enqueue_ms"] is None
     for row in measured["measured_speedups"]:
         cut = runs[(row["distribution"], row["world_size"], "contiguous")]
         mine = runs[(row["distribution"], row["world_size"], row["method"])]
-        assert row["step_ms"] == max(mine["cpu_ms"])
-        assert row["measured"] == pytest.approx(max(cut["cpu_ms"]) / max(mine["cpu_ms"]))
+        assert row["step_ms"] == max(mine["ms"])
+        assert row["measured"] == pytest.approx(max(cut["ms"]) / max(mine["ms"]))
     cap_world_size = sizes["--cap-world-size"]
     capped = measured["capped"]
     if cap_world_size not in checked["compared_world_sizes"]:
@@ -402,6 +459,7 @@ def kit_steps() -> list[str]:
         "build",
         *[f"cuda-tests-{pathlib.Path(f).stem}" for f in gpu_kit.KIT_TESTS],  # a process each
         "bench-calibrate",
+        "bench-steptime-scale",  # first of the plans group: plans made beforehand, production scale
         "bench-steptime",
         "bench-steptime-uvm",
         "bench-hstu",
@@ -429,6 +487,7 @@ def test_the_groups_of_a_window_run_every_step_once_in_the_planned_order(tmp_pat
     assert ran.pop("fbgemm-cuda") == ran.pop("build") == ["plans", "balancing", "notebooks"]
     assert sorted(ran) == sorted(every[2:]) and all(len(groups) == 1 for groups in ran.values())
     assert ran["bench-calibrate"] == ran["bench-steptime"] == ["plans"]  # the first command
+    assert order[order.index("bench-calibrate") + 1] == "bench-steptime-scale"  # the plans' first step
     assert ran["bench-hstu"] == ran["bench-balancer"] == ["balancing"]
     assert ran["notebook-03_dp_planner"] == ["notebooks"]
     assert [s for s in order if s not in ("fbgemm-cuda", "build")] == every[2:]  # the kit's order
