@@ -152,6 +152,8 @@ def run_planner(
     """Plan with torchrec's EmbeddingShardingPlanner and these proposers,
     under FixedPercentageStorageReservation(storage_reservation_percentage)."""
     proposers = proposer if isinstance(proposer, list) else [proposer]
+    # a DP proposer's rating (KernelCallPerfModel) is the planner's too: else its check of its replica fails
+    rating = next((p.performance_model for p in proposers if getattr(p, "performance_model", None)), None)
     timed, partitioner = [_TimedProposer(p) for p in proposers], _TimedPartitioner()
     planner = EmbeddingShardingPlanner(  # stats=[]: torchrec's default stats would format every plan
         topology=topology,
@@ -164,6 +166,7 @@ def run_planner(
         constraints=constraints,
         debug=False,
         timeout_seconds=None if timeout_s is None else max(1, math.ceil(timeout_s)),
+        performance_model=rating,
     )
     note, watch = "", Stopwatch()
     try:
@@ -185,7 +188,7 @@ def run_planner(
     return PlanRun(
         name or "+".join(type(p).__name__ for p in proposers),
         plan,
-        NoopPerfModel(topology).rate(plan) if plan else math.nan,
+        (rating or NoopPerfModel(topology)).rate(plan) if plan else math.nan,
         num_proposals(planner),
         watch.wall_s,
         timed_out,
