@@ -23,7 +23,8 @@ the one GPU; the memory-capped balance with each rank's
 torch.cuda.max_memory_allocated), all with `--device cuda`; the hstu and
 balancer benches compare methods only after issue 70's acceptance check
 (`embnb.scaling`: a batch sweep of the critical rank, "overhead-bound: not
-compared" where no batch passes). Then every notebook with device="cuda"
+compared" where no batch passes), then `routing` (ROUTING_BENCH: notebook 01's streams and routings on
+one table of 9.5 GiB, W = 8 rank by rank, within ROUTING_STEP_S). Then every notebook with device="cuda"
 (small parameters) and `python -m embnb.bench bucketize --device cuda`. It
 writes JSON results, pytest reports and executed notebooks under OUT; the
 benches' JSON files (named after the GPU) are the ones to commit to
@@ -181,6 +182,9 @@ CALIBRATE_BENCH = {
     "--timeout-s": 20,
     "--repeats": 3,
 }
+# calibrate has never finished on a GPU: its limit keeps the production-scale steptime step after it
+# (at most 300 s) inside the first command's 500 s deadline with the cheap group's 170 s.
+CALIBRATE_STEP_S = 120
 CALIBRATE_BENCH_SHORT = {
     "--tables": 5,
     "--max-rows": 2000,
@@ -231,6 +235,7 @@ HSTU_BENCH = {
     "--alpha": 1.2,
     "--repeats": 3,
     "--deadline-s": 90,
+    "--attention": "auto",  # on the jagged batch itself on CUDA (varlen_attn), not padded buckets
 }
 HSTU_STEP_S = 240
 BALANCER_STEP_S = 600  # one command's limit: the balancer bench runs alone in its command's last minutes
@@ -248,6 +253,7 @@ HSTU_BENCH_SHORT = {
     "--alpha": 1.2,
     "--repeats": 1,
     "--deadline-s": 60,
+    "--attention": "auto",  # bucketed on a CPU
 }
 # The same flags at tiny sizes (`--short-bench`, the kit's CPU test).
 BALANCER_BENCH_SHORT = {
@@ -267,6 +273,44 @@ BALANCER_BENCH_SHORT = {
     "--sweep-factors": [1, 4, 16],
     "--max-fixed-share": 0.1,
 }
+# `python -m embnb.bench routing` on the GPU (issue 70, item 5: notebook 01 at scale): one row-wise table
+# of 20 M rows x 128 fp32 (9.5 GiB; 1.19 GiB per rank at W = 8), the frequency (Zipf 1.05), strided
+# (stride 8) and hashed streams under continuous, roundrobin and feistel_roundrobin; per case the
+# busiest rank's acceptance check at 2,048, 8,192 and 32,768 bags of 16 ids per rank (fixed share of
+# its lookups at most 20%), then every rank at the chosen batch in 3 interleaved rounds: does the
+# busiest rank's time follow its ids, its distinct rows, or neither? GPU time: at about 5.5 ns per id
+# plus 0.45 ms per TBE call (the committed H200 steptime runs), the kernels of all 9 cases take a few
+# seconds (the largest call: the frequency stream's rank 0 under continuous, 3.9 M ids, about 20 ms);
+# the step is host-bound: each case draws 4.6 M ids over its three batches, lays them out and selects
+# each rank's (15-25 s a case on the 2-core CPU machine, estimated 5-8 s on the GPU host's 16 cores),
+# about 1-1.5 minutes in all; the bench starts no case after 150 s and writes its JSON after each, the
+# step is cut at 240 s. Memory: the 8 ranks' TBEs at once (9.5 GiB) with their inputs and pooled
+# gradients at 32,768 bags per rank (128 MiB each), under 12 GiB.
+ROUTING_BENCH = {
+    "--rows": 20_000_000,
+    "--dim": 128,
+    "--world-size": 8,
+    "--zipf-alpha": 1.05,
+    "--stride": 8,
+    "--bag-size": 16,
+    "--batch-size": 2048,
+    "--sweep-factors": [1, 4, 16],
+    "--max-fixed-share": 0.2,
+    "--repeats": 3,
+    "--deadline-s": 150,
+}
+ROUTING_STEP_S = 240
+# The same flags at tiny sizes (about 10 s on the 2-core CPU machine).
+ROUTING_BENCH_SHORT = {
+    **ROUTING_BENCH,
+    "--rows": 4096,
+    "--dim": 16,
+    "--world-size": 4,
+    "--bag-size": 8,
+    "--batch-size": 16,
+    "--repeats": 1,
+    "--deadline-s": 60,
+}
 
 
 # A GPU window, in the order of issue 70's plan (docs/testing.md, "The next GPU window"): the cheap
@@ -281,6 +325,7 @@ GROUPS = {
     "cheap": ["fbgemm-cuda", "build", "cuda-tests-*", "bench-calibrate"],
     "plans": ["fbgemm-cuda", "build", "bench-steptime*"],
     "balancing": ["fbgemm-cuda", "build", "bench-hstu", "bench-balancer"],
+    "routing": ["fbgemm-cuda", "build", "bench-routing"],
     "notebooks": ["fbgemm-cuda", "build", "notebook-*", "bench-bucketize", "tests"],
 }
 GROUP_ORDER = list(GROUPS)  # the planned order of a window
@@ -305,6 +350,7 @@ def bench_flags(options: dict[str, object]) -> list[str]:
 # the launcher on GPU backends); CPU-only suites are `make test`'s job.
 KIT_TESTS = [
     "tests/cuda/test_native.py",
+    "tests/cuda/test_hstu.py",
     "tests/balancing/test_partition.py",
     "tests/test_dist.py",
     "tests/steptime/test_tbe_cuda.py",
@@ -312,7 +358,16 @@ KIT_TESTS = [
     "tests/rowwise/test_sharders_cuda.py",
 ]
 # the benches the kit runs; their JSON files go to benchmarks/results
-BENCHES = ("bucketize", "steptime", "steptime_capped", "steptime_scale", "calibrate", "hstu", "balancer")
+BENCHES = (
+    "bucketize",
+    "steptime",
+    "steptime_capped",
+    "steptime_scale",
+    "calibrate",
+    "hstu",
+    "balancer",
+    "routing",
+)
 REQUIRE_GPU = "EMBNB_REQUIRE_GPU"  # tests/conftest.py: a CUDA test that cannot run fails
 # The build step: load (build) the library, say whether it has CUDA kernels,
 # and fail where a GPU is visible but it has none.
@@ -547,7 +602,9 @@ def run_benches_and_notebooks(steps: Steps, device: str, out: pathlib.Path, shor
     python = sys.executable
     calibrate = [python, "-m", "embnb.bench", "calibrate", "--device", device, "--out", str(out)]
     steps.run(
-        "bench-calibrate", calibrate + bench_flags(CALIBRATE_BENCH_SHORT if short_bench else CALIBRATE_BENCH)
+        "bench-calibrate",
+        calibrate + bench_flags(CALIBRATE_BENCH_SHORT if short_bench else CALIBRATE_BENCH),
+        timeout_s=CALIBRATE_STEP_S,
     )
     # Each rank's step with FBGEMM's TBEs, notebook 03's plans: first at production scale, from plans
     # made beforehand (steptime_scale-*.json), then planned there at the committed runs' sizes.
@@ -566,6 +623,10 @@ def run_benches_and_notebooks(steps: Steps, device: str, out: pathlib.Path, shor
     balancer = [python, "-m", "embnb.bench", "balancer", "--device", device, "--out", str(out)]
     sizes = BALANCER_BENCH_SHORT if short_bench else BALANCER_BENCH
     steps.run("bench-balancer", balancer + bench_flags(sizes), timeout_s=BALANCER_STEP_S)
+    # Notebook 01's routings at scale (issue 70, item 5), after the balancing group.
+    routing = [python, "-m", "embnb.bench", "routing", "--device", device, "--out", str(out)]
+    sizes = ROUTING_BENCH_SHORT if short_bench else ROUTING_BENCH
+    steps.run("bench-routing", routing + bench_flags(sizes), timeout_s=ROUTING_STEP_S)
     for name, parameters in NOTEBOOK_PARAMETERS.items():
         pairs = [x for k, v in {**parameters, "device": device}.items() for x in ("-p", k, json.dumps(v))]
         notebook = f"notebooks/{name}.ipynb"

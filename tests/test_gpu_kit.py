@@ -105,6 +105,7 @@ def test_the_hstu_bench_step_asks_for_recsys_examples_shape_and_its_short_form_f
     assert (gpu["--alpha"], gpu["--max-length"]) == (1.2, 4096)
     assert gpu["--world-sizes"] == [8] and gpu["--more-world-sizes"] == [16] and gpu["--sweep-widths"] == []
     assert gpu["--deadline-s"] < gpu_kit.HSTU_STEP_S  # the bench stops before the kit cuts it
+    assert gpu["--attention"] == short["--attention"] == "auto"  # jagged on the GPU, bucketed on a CPU
     for sizes in (gpu, short):
         assert sizes["--sweep-factors"] == [1, 4, 16] and sizes["--max-fixed-share"] == 0.1
         opts = hstu._options([*gpu_kit.bench_flags(sizes), "--device", "cpu"])
@@ -328,8 +329,9 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     (calibrate,) = out.glob("calibrate-*.json")
     (capped,) = out.glob("steptime_capped-*.json")
     (scale,) = out.glob("steptime_scale-*.json")
-    names = [bench.name, balancer.name, steptime.name, hstu.name, calibrate.name, capped.name, scale.name]
-    assert summary["bench_results"] == sorted(names)
+    (routing,) = out.glob("routing-*.json")
+    names = [bench, balancer, steptime, hstu, calibrate, capped, scale, routing]
+    assert summary["bench_results"] == sorted(path.name for path in names)
     _check_scale_results(json.loads(scale.read_text()), gpu_kit.STEPTIME_SCALE_BENCH_SHORT)
     assert [w["hbm_cap_gb"] for w in json.loads(capped.read_text())["worlds"]] == [1.0]
     assert json.loads(calibrate.read_text())["calibration"]["device_kind"] == "cpu"
@@ -342,6 +344,9 @@ def test_the_kit_command_runs_end_to_end_on_cpu(tmp_path):
     assert any(plan["measured"] and "table_row_wise" in plan["shape"] for plan in worlds[0]["plans"])
     assert summary["fbgemm"]["cuda_kernels"] is False  # the kit's fbgemm-gpu-cpu, no GPU
     _check_balancer_results(json.loads(balancer.read_text()), gpu_kit.BALANCER_BENCH_SHORT)
+    cases = json.loads(routing.read_text())["cases"]  # every (stream, routing) checked, whatever the verdict
+    assert len(cases) == 9 and all(c["acceptance"]["batches"] == [16, 64, 256] for c in cases)
+    assert all((c["ranks"] == []) == (c["chosen_batch"] is None) for c in cases)
 
 
 def _check_scale_results(payload: dict, sizes: dict) -> None:
@@ -379,6 +384,7 @@ def _check_hstu_results(payload: dict, sizes: dict) -> None:
 
     assert payload["device"] == "cpu" and payload["machine"] == machine_name("cpu")
     assert payload["dtype"] == "float32" and payload["cut_by_deadline"] == []
+    assert payload["config"]["attention"] == "bucketed"  # "auto" off CUDA
     width = sizes["--width"]
     expected = [(w, width) for w in sizes["--world-sizes"]]
     expected += [(sizes["--sweep-world-size"], x) for x in sizes["--sweep-widths"]]
@@ -464,6 +470,7 @@ def kit_steps() -> list[str]:
         "bench-steptime-uvm",
         "bench-hstu",
         "bench-balancer",
+        "bench-routing",  # notebook 01 at scale (issue 70, item 5), its own group
         *[f"notebook-{name}" for name in gpu_kit.NOTEBOOK_PARAMETERS],
         "bench-bucketize",
         "tests",  # CPU-only, last: a deadline cuts them first
@@ -474,21 +481,22 @@ def test_the_groups_of_a_window_run_every_step_once_in_the_planned_order(tmp_pat
     """`--only cheap plans`, then `--only balancing`, then `--only notebooks`: each step of the whole
     kit runs in one group, in the kit's order, and every command brings FBGEMM's package and builds
     the native library (each command builds afresh)."""
-    assert gpu_kit.GROUP_ORDER == ["cheap", "plans", "balancing", "notebooks"]
+    assert gpu_kit.GROUP_ORDER == ["cheap", "plans", "balancing", "routing", "notebooks"]
     every = ["fbgemm-cuda", *kit_steps()]
     ran, order = {}, []
-    for command in (["cheap", "plans"], ["balancing"], ["notebooks"]):
+    for command in (["cheap", "plans"], ["balancing"], ["routing"], ["notebooks"]):
         steps = gpu_kit.Steps(tmp_path, dict(os.environ), only=command)
         for name in every:
             steps.run(name, [sys.executable, "-c", "pass"])  # a step left out is neither run nor recorded
         for record in steps.records:
             ran.setdefault(record["step"], []).append(command[-1])
             order.append(record["step"])
-    assert ran.pop("fbgemm-cuda") == ran.pop("build") == ["plans", "balancing", "notebooks"]
+    assert ran.pop("fbgemm-cuda") == ran.pop("build") == ["plans", "balancing", "routing", "notebooks"]
     assert sorted(ran) == sorted(every[2:]) and all(len(groups) == 1 for groups in ran.values())
     assert ran["bench-calibrate"] == ran["bench-steptime"] == ["plans"]  # the first command
     assert order[order.index("bench-calibrate") + 1] == "bench-steptime-scale"  # the plans' first step
     assert ran["bench-hstu"] == ran["bench-balancer"] == ["balancing"]
+    assert ran["bench-routing"] == ["routing"]
     assert ran["notebook-03_dp_planner"] == ["notebooks"]
     assert [s for s in order if s not in ("fbgemm-cuda", "build")] == every[2:]  # the kit's order
     # each step's record is on disk as soon as it ends: a command killed later keeps them
