@@ -26,7 +26,7 @@ setup:
 	@bash scripts/setup_env.sh
 
 run: setup
-	$(PY) -m embnb.lab.harness run
+	$(PY) -m embnb.harness run
 
 test: setup
 	@bash scripts/run_tests.sh $(PYTEST_ARGS)
@@ -45,10 +45,10 @@ lab: setup
 	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(VENV)/bin/jupyter lab notebooks
 
 check-notebooks: setup
-	$(PY) -m embnb.lab.harness check
+	$(PY) -m embnb.harness check
 
 strip-notebooks: setup
-	$(PY) -m embnb.lab.harness strip notebooks/*.ipynb
+	$(PY) -m embnb.harness strip notebooks/*.ipynb
 
 clean:
 	rm -rf build .pytest_cache .hypothesis

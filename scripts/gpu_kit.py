@@ -632,7 +632,7 @@ def run_benches_and_notebooks(steps: Steps, device: str, out: pathlib.Path, shor
         notebook = f"notebooks/{name}.ipynb"
         steps.run(
             f"notebook-{name}",
-            [python, "-m", "embnb.lab.harness", "run", notebook, "--out", str(out / "notebooks"), *pairs],
+            [python, "-m", "embnb.harness", "run", notebook, "--out", str(out / "notebooks"), *pairs],
         )
     bench = [python, "-m", "embnb.bench", "bucketize", "--device", device, "--out", str(out)]
     steps.run(

@@ -38,9 +38,8 @@ NOTEBOOK_ROLES = {
     "explain",
     "models",
 }
-# Besides the lab itself, only the tools may import the lab: the bench CLI and
-# the harness that runs the notebooks.
-MAY_IMPORT_LAB = ("lab", "bench", "harness.py")
+# Besides the lab itself, only the bench CLI may import the lab.
+MAY_IMPORT_LAB = ("lab", "bench")
 HEAVY = ("pandas", "matplotlib", "ipywidgets", "seaborn", "IPython")
 
 LIBRARY_IMPORTS = [

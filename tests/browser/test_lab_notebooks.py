@@ -11,7 +11,7 @@ import re
 import papermill
 import pytest
 
-from embnb.lab import harness
+from embnb import harness
 from tests.browser.conftest import shutdown_kernels
 
 SMALL = {  # the smallest runs that still touch every section

@@ -11,7 +11,7 @@ import re
 import nbformat
 import pytest
 
-from embnb.lab import harness
+from embnb import harness
 
 # fbgemm-gpu 1.6.0 (the min stack) logs at every import, in the kernel and in
 # each rank, that its own compatibility table has no entry for 1.6.0: a fact

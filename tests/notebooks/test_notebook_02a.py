@@ -10,7 +10,7 @@ import inspect
 import nbformat
 import pytest
 
-from embnb.lab import harness
+from embnb import harness
 from embnb.lab.columnwise.cases import CWCase, make_batches
 
 NOTEBOOK = harness.NOTEBOOKS_DIR / "02a_cw_bytes.ipynb"

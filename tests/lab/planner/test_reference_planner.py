@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embnb.lab import harness
+from embnb import harness
 from embnb.lab.planner.core import (
     backtrack,
     capped_runs_agree,

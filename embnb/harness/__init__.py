@@ -5,9 +5,9 @@ with parameters, saves the executed copy, its figures as PNG and its results
 JSON under an output folder, and returns the results. `notebook_problems`
 lists what breaks the notebook conventions (docs/architecture.md, "Notebook conventions").
 
-    python -m embnb.lab.harness run [NOTEBOOK ...] [--out build/notebooks]
-    python -m embnb.lab.harness check [NOTEBOOK ...]
-    python -m embnb.lab.harness strip NOTEBOOK ...
+    python -m embnb.harness run [NOTEBOOK ...] [--out build/notebooks]
+    python -m embnb.harness check [NOTEBOOK ...]
+    python -m embnb.harness strip NOTEBOOK ...
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from traitlets import Type
 
 __all__ = ["run_notebook", "notebook_problems", "strip_outputs", "list_notebooks", "NotebookError"]
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository: embnb/lab/harness.py
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository: embnb/harness/__init__.py
 NOTEBOOKS_DIR = ROOT / "notebooks"
 REQUIRED_PARAMETERS = ("device", "interactive", "results_path")
 
@@ -180,7 +180,7 @@ def notebook_problems(path: str | pathlib.Path) -> list[str]:
     problems = []
     code_cells = [c for c in notebook.cells if c.cell_type == "code"]
     if any(c.get("outputs") for c in code_cells):
-        problems.append("has outputs (run `python -m embnb.lab.harness strip`)")
+        problems.append("has outputs (run `python -m embnb.harness strip`)")
     if any(c.get("execution_count") for c in code_cells):
         problems.append("has execution counts")
     if "widgets" in notebook.metadata:
@@ -273,58 +273,3 @@ def strip_outputs(path: str | pathlib.Path) -> None:
             cell.execution_count = None
     notebook.metadata.pop("widgets", None)
     nbformat.write(notebook, str(path))
-
-
-def _main(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m embnb.lab.harness")
-    parser.add_argument("command", choices=["run", "check", "strip"])
-    parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
-    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "notebooks")
-    parser.add_argument(
-        "-p",
-        "--param",
-        nargs=2,
-        action="append",
-        default=[],
-        metavar=("NAME", "VALUE"),
-        help="a parameter for every notebook (VALUE: YAML, as papermill -p)",
-    )
-    opts = parser.parse_args(argv)
-    notebooks = opts.notebooks or list_notebooks()
-    if not notebooks:
-        print("no notebooks yet under notebooks/")
-        return 0
-    if opts.command == "strip":
-        for nb in notebooks:
-            strip_outputs(nb)
-        return 0
-    if opts.command == "check":
-        bad = {nb: notebook_problems(nb) for nb in notebooks}
-        for nb, problems in bad.items():
-            print(f"{nb}: {'; '.join(problems) or 'ok'}")
-        return 1 if any(bad.values()) else 0
-    import yaml
-
-    from embnb.lab.report import ReportEntry, write_report
-
-    params = {name: yaml.safe_load(value) for name, value in opts.param}
-    entries = []
-    for nb in notebooks:
-        start = time.perf_counter()
-        try:
-            results = run_notebook(nb, opts.out, params)
-            line, ok = str(results.get("summary", "(no summary in results JSON)")), True
-        except Exception as exc:  # report and go on with the next notebook
-            line, ok = f"FAILED: {str(exc).splitlines()[0]}", False
-        seconds = time.perf_counter() - start
-        figure = f"{nb.stem}_key.png" if (opts.out / f"{nb.stem}_key.png").is_file() else None
-        entries.append(ReportEntry(nb.stem, seconds, line, ok, figure))
-        print(f"{nb.stem:<28} {seconds:7.1f} s  {line}", flush=True)
-    print(f"outputs in {opts.out}; report: {write_report(opts.out, entries)}")
-    return 0 if all(e.ok for e in entries) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

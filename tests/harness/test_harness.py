@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from embnb.lab import harness
+from embnb import harness
 
 PARAMETERS = """device = "auto"  # "auto", "cpu" or "cuda"
 interactive = True  # False in CI: no widgets
@@ -156,7 +156,7 @@ def test_command_line_run_prints_one_summary_line_per_notebook(tmp_path):
         [
             sys.executable,
             "-m",
-            "embnb.lab.harness",
+            "embnb.harness",
             "run",
             str(nb),
             "--out",
@@ -190,7 +190,7 @@ def test_command_line_check_fails_on_a_dirty_notebook(tmp_path):
 
     nb = _write_notebook(tmp_path / "x.ipynb", tags=())
     out = subprocess.run(
-        [sys.executable, "-m", "embnb.lab.harness", "check", str(nb)],
+        [sys.executable, "-m", "embnb.harness", "check", str(nb)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,11 +1,11 @@
-"""embnb.lab.report: make run's index page, with and without nbconvert."""
+"""embnb.harness.report: make run's index page, with and without nbconvert."""
 
 import sys
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from embnb.lab.report import ReportEntry, write_report
+from embnb.harness.report import ReportEntry, write_report
 
 
 def _executed(path):
@@ -46,7 +46,7 @@ def test_each_row_shows_the_key_figure_linking_to_its_page_a_headline_and_the_re
 def test_the_key_figure_is_the_tagged_cells_first_image_else_the_first_image(tmp_path):
     import base64
 
-    from embnb.lab import harness
+    from embnb import harness
 
     def image_cell(payload, tags=()):
         cell = new_code_cell("plot()", execution_count=1)
@@ -64,7 +64,7 @@ def test_the_key_figure_is_the_tagged_cells_first_image_else_the_first_image(tmp
 
 
 def test_every_notebook_tags_exactly_one_cell_that_draws_its_key_figure():
-    from embnb.lab import harness
+    from embnb import harness
 
     for path in harness.list_notebooks():
         nb = nbformat.read(str(path), as_version=4)
