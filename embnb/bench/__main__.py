@@ -8,7 +8,7 @@ import embnb.bench
 
 
 def _names() -> list[str]:
-    skip = {"results", "__main__"}  # results: what the benches share, not a bench
+    skip = {"results", "plans", "__main__"}  # what the benches share, not benches
     return sorted(m.name for m in pkgutil.iter_modules(embnb.bench.__path__) if m.name not in skip)
 
 

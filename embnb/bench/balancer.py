@@ -46,8 +46,15 @@ from embnb.balancing.kjt_alltoall import compare_exchanges
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
-from embnb.bench.hstu import add_sweep_options, check_sweep_options, critical_rank_check, sweep_text
-from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.bench.hstu import critical_rank_check
+from embnb.bench.results import (
+    add_out_argument,
+    add_sweep_options,
+    check_sweep_options,
+    quiet_torchrec_logs,
+    sweep_text,
+    write_results,
+)
 from embnb.cuda import loader
 from embnb.data import zipf_lengths
 from embnb.dist import device_plan, launch, resolve_device
@@ -339,7 +346,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
         help="ranks of the memory-capped balance: one of --measured-world-size (0: skip it)",
     )
     add("--cap-over-mean", type=float, default=1.02, help="token cap / mean tokens per rank")
-    add_sweep_options(parser, "--measured-batch-size")
+    add_sweep_options(parser, "--measured-batch-size", "flops")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
     for name, value in vars(opts).items():  # every count at least 1 (--cap-world-size 0: no capped balance)

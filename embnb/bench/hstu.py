@@ -41,12 +41,16 @@ from embnb.balancing.hstu import (
 )
 from embnb.balancing.partition import balance
 from embnb.balancing.workloads import equal_size_lower_bound
-from embnb.bench.results import add_out_argument, write_results
+from embnb.bench.results import (
+    add_out_argument,
+    add_sweep_options,
+    check_sweep_options,
+    sweep_text,
+    write_results,
+)
 from embnb.data import zipf_lengths
 from embnb.dist import resolve_device
 from embnb.scaling import (
-    MAX_FIXED_SHARE,
-    SWEEP_FACTORS,
     TRAINING_FLOPS_PER_FORWARD,
     ScalingCheck,
     measure_scaling,
@@ -140,41 +144,6 @@ def critical_rank_check(
         steps[b] = step_of([lengths[i] for i in critical], b)
         work.append(TRAINING_FLOPS_PER_FORWARD * sum(flops[i] for i in critical))
     return measure_scaling(steps, work, "flops", repeats, device, limit)
-
-
-def sweep_text(check: dict[str, Any]) -> str:
-    """A check's (`ScalingCheck.as_dict()`) fixed shares and achieved TFLOPS at its batches."""
-    shares = ", ".join(f"{100 * s:.0f}%" for s in check["fixed_share"])
-    tflops = ", ".join(f"{r / 1e12:.3g}" for r in check["achieved_rate"])
-    return f"fixed share {shares}, TFLOPS {tflops} at {check['batches']} samples per rank"
-
-
-def add_sweep_options(parser: argparse.ArgumentParser, base: str) -> None:
-    """--sweep-factors and --max-fixed-share (the acceptance check's), `base` naming the base batch."""
-    parser.add_argument(
-        "--sweep-factors",
-        type=int,
-        nargs="+",
-        default=list(SWEEP_FACTORS),
-        help=f"the acceptance check's batches: {base} x each",
-    )
-    parser.add_argument(
-        "--max-fixed-share",
-        type=float,
-        default=MAX_FIXED_SHARE["flops"],
-        help="compare at the smallest batch whose fixed share is at most this",
-    )
-
-
-def check_sweep_options(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
-    """Refuse a sweep that cannot fit a slope or a share outside (0, 1]; sort the factors."""
-    if any(f < 1 for f in opts.sweep_factors):
-        parser.error(f"--sweep-factors must be >= 1, got {opts.sweep_factors}")
-    if len(set(opts.sweep_factors)) < 2:
-        parser.error(f"--sweep-factors needs two different factors to fit a slope, got {opts.sweep_factors}")
-    opts.sweep_factors = sorted(set(opts.sweep_factors))
-    if not 0 < opts.max_fixed_share <= 1:
-        parser.error(f"--max-fixed-share must be in (0, 1], got {opts.max_fixed_share}")
 
 
 def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
@@ -341,7 +310,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add("--repeats", type=int, default=3, help="timed repeats (one warm-up before)")
     add("--deadline-s", type=float, default=600.0, help="start nothing new after this")
     add("--attention", default="auto", choices=ATTENTION, help="auto: jagged on CUDA, else bucketed")
-    add_sweep_options(parser, "--samples-per-rank")
+    add_sweep_options(parser, "--samples-per-rank", "flops")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
     for name, value in vars(opts).items():  # every count at least 1

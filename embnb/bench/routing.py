@@ -42,12 +42,17 @@ from typing import Any
 
 import torch
 
-from embnb.bench.hstu import add_sweep_options, check_sweep_options
-from embnb.bench.results import add_out_argument, tbe_device, write_results
-from embnb.bench.steptime import _sweep_text
+from embnb.bench.results import (
+    add_out_argument,
+    add_sweep_options,
+    check_sweep_options,
+    sweep_text,
+    tbe_device,
+    write_results,
+)
 from embnb.lab.rowwise.routed_loads import CASES, ROUTINGS, TABLE, case_ids
 from embnb.rowwise import TableLayout
-from embnb.scaling import MAX_FIXED_SHARE, copy_bandwidth, measure_scaling, sweep_batches, sweep_clock
+from embnb.scaling import copy_bandwidth, measure_scaling, sweep_batches, sweep_clock
 from embnb.steptime import GlobalBatch, batch_from_keys
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER
 from embnb.steptime.measure import StepOptions, lookup_steps
@@ -104,7 +109,7 @@ def measure_case(stream: str, routing: str, opts: argparse.Namespace, bandwidth:
     case = {"stream": stream, "routing": routing, "busiest_rank": busiest}
     case |= {"acceptance": check.as_dict() | {"num_ids": [work.num_ids for work in works]}}
     case |= {"chosen_batch": check.chosen_batch, "verdict": check.verdict, "ranks": []}
-    print(f"{stream:>9} {routing:<18} rank {busiest}: {_sweep_text(case['acceptance'])}", flush=True)
+    print(f"{stream:>9} {routing:<18} rank {busiest}: {sweep_text(case['acceptance'])}", flush=True)
     if check.chosen_batch is None:
         return case
     del steps  # the sweep's TBE: free before every rank's is built
@@ -151,8 +156,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add("--batch-size", type=int, default=2048, help="bags per rank: the sweep's base batch")
     add("--repeats", type=int, default=3, help="interleaved rounds, after one warm-up")
     add("--deadline-s", type=float, default=600.0, help="start no case after this")
-    add_sweep_options(parser, "--batch-size")
-    parser.set_defaults(max_fixed_share=MAX_FIXED_SHARE["bytes"])
+    add_sweep_options(parser, "--batch-size", "bytes")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
     check_sweep_options(parser, opts)

@@ -65,16 +65,22 @@ from typing import Any
 
 import torch
 
-from embnb.bench.hstu import add_sweep_options, check_sweep_options
-from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
+from embnb.bench.plans import candidates_from_json, candidates_to_json
+from embnb.bench.results import (
+    add_out_argument,
+    add_sweep_options,
+    check_sweep_options,
+    quiet_torchrec_logs,
+    sweep_text,
+    tbe_device,
+    write_results,
+)
 from embnb.lab.planner.calibrated import load_gpu_refit
 from embnb.lab.planner.candidates import (
     POOR,
     REFERENCE,
     CandidatePlan,
     candidate_plans,
-    candidates_from_json,
-    candidates_to_json,
     estimated_per_rank,
     measure_placed,
     plan_row,
@@ -84,7 +90,7 @@ from embnb.metrics import spearman
 from embnb.planner.calibration import Calibration
 from embnb.planner.topology import make_topology
 from embnb.results import stack_versions
-from embnb.scaling import MAX_FIXED_SHARE, NOT_COMPARED, copy_bandwidth, measure_scaling, sweep_batches
+from embnb.scaling import NOT_COMPARED, copy_bandwidth, measure_scaling, sweep_batches
 from embnb.steptime import LINK_MODEL, PlanTimes, StepTimes, make_batch
 from embnb.steptime.batch import ID_DISTRIBUTIONS
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER
@@ -124,8 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout-s", type=float, default=120.0, help="each planner's time limit")
     parser.add_argument("--ids", default="uniform", choices=ID_DISTRIBUTIONS, help="the ids' distribution")
     parser.add_argument("--zipf-alpha", type=float, default=1.2, help="the Zipf ids' exponent")
-    add_sweep_options(parser, "--batch-size")
-    parser.set_defaults(max_fixed_share=MAX_FIXED_SHARE["bytes"])
+    add_sweep_options(parser, "--batch-size", "bytes")
     parser.add_argument(
         "--plans", type=pathlib.Path, help="measure this file's plans (--write-plans'); plan nothing"
     )
@@ -260,15 +265,6 @@ def _acceptance(
     return head | check.as_dict()
 
 
-def _sweep_text(check: dict[str, Any]) -> str:
-    if "fit" not in check:
-        return f"not measured: {check['error']}"
-    shares = ", ".join(f"{100 * s:.0f}%" for s in check["fixed_share"])
-    rates = ", ".join(f"{r / 1e9:.3g}" for r in check["achieved_rate"])
-    copy = f"{check['reference_rate'] / 1e9:.3g}"
-    return f"fixed share {shares}, GB/s {rates} (copy {copy}) at {check['batches']} samples per rank"
-
-
 def _world(world_size: int, opts: argparse.Namespace, device: str, bandwidth: float, save, planned=None):
     """One world: its plans (planned here, or `planned`: (topology, candidates) from --plans), the
     acceptance check, then the plans compared at the batch it chose, or not compared. `save(record)`
@@ -290,7 +286,7 @@ def _world(world_size: int, opts: argparse.Namespace, device: str, bandwidth: fl
         if c.note != POOR and c.options is not None
     ]
     for check in checks:
-        print(f"W={world_size:>3} {check['plan']:<26} rank {check['critical_rank']}: {_sweep_text(check)}")
+        print(f"W={world_size:>3} {check['plan']:<26} rank {check['critical_rank']}: {sweep_text(check)}")
     chosen = [c["chosen_batch"] for c in checks if "fit" in c]
     batch_size = max(chosen) if chosen and None not in chosen else None
     record = {

@@ -12,14 +12,13 @@ import pytest
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 
 import embnb.bench.steptime as steptime_bench
+from embnb.bench.plans import candidates_from_json, candidates_to_json
 from embnb.lab.planner.candidates import (
     CALIBRATED,
     PLANNERS,
     POOR,
     CandidatePlan,
     candidate_plans,
-    candidates_from_json,
-    candidates_to_json,
     estimated_per_rank,
     one_kind_on,
     plan_shape,

@@ -9,7 +9,6 @@ Notebook 03a and `python -m embnb.bench steptime` run it.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import statistics
 from collections import Counter
@@ -18,13 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import to_sharding_plan
-from torchrec.distributed.planner.types import Perf, Shard, ShardingOption, Storage, Topology
+from torchrec.distributed.planner.types import ShardingOption, Topology
 from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._checks import check_choice, check_int
 from embnb.lab.planner.comparison import UVM_KERNELS, default_proposers
@@ -39,7 +36,7 @@ from embnb.steptime import GlobalBatch, WorldTimes, kernel_device, make_batch, m
 
 __all__ = ["CandidatePlan", "candidate_plans", "one_kind_on", "estimated_per_rank", "plan_shape", "PLANNERS"]
 __all__ += ["POOR", "REFERENCE", "CALIBRATED", "MeasuredCandidates", "measure_candidates", "measure_placed"]
-__all__ += ["candidates_to_json", "candidates_from_json", "plan_row"]
+__all__ += ["plan_row"]
 
 PLANNERS = ("embnb DP", "torchrec DP", "Greedy", "torchrec default")
 POOR = "poor on purpose"  # the note of the plans built to be slow
@@ -152,74 +149,6 @@ def plan_shape(options: Sequence[ShardingOption]) -> dict[str, int]:
     shape = dict(Counter(o.sharding_type for o in options))
     shape["shards"] = sum(len(o.shards) for o in options)
     return shape
-
-
-# What a plan file keeps of a ShardingOption (beside its module path and shards), and what it refuses:
-# the options of `candidate_plans` leave the latter None
-KEPT = ("name", "sharding_type", "partition_by", "compute_kernel", "input_lengths", "batch_size")
-NOT_KEPT = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype")
-
-
-def _option_record(option: ShardingOption) -> dict[str, Any]:
-    refused = [name for name in (*NOT_KEPT, "key_value_params") if getattr(option, name, None) is not None]
-    if refused:
-        raise ValueError(
-            f"the option of table {option.name!r} sets {refused}, which a plan file does not keep"
-        )
-    shards = [dataclasses.asdict(shard) for shard in option.shards]  # size, offset, storage, perf, rank
-    return {name: getattr(option, name) for name in KEPT} | {"path": option.path, "shards": shards}
-
-
-def candidates_to_json(candidates: Mapping[str, CandidatePlan]) -> list[dict[str, Any]]:
-    """Plans as plain data (JSON), one record per plan: its name, torchrec's rating (ms), note,
-    planning seconds and its placed ShardingOptions (None: no plan), each with `KEPT`, its module
-    path and its shards (size, offset, rank, torchrec's Perf and Storage in its units: ms, bytes):
-    what `candidates_from_json` rebuilds the plan from, its estimates included. Raises ValueError on
-    an option that sets one of `NOT_KEPT` or key-value parameters."""
-    return [
-        {
-            "name": c.name,
-            "rating": c.rating,
-            "note": c.note,
-            "planning_s": c.planning_s,
-            "options": None if c.options is None else [_option_record(o) for o in c.options],
-        }
-        for c in candidates.values()
-    ]
-
-
-def _shard(record: dict[str, Any]) -> Shard:
-    return Shard(**record | {"storage": Storage(**record["storage"]), "perf": Perf(**record["perf"])})
-
-
-def candidates_from_json(records: Sequence[dict[str, Any]], model: Model) -> dict[str, CandidatePlan]:
-    """`candidates_to_json`'s records as CandidatePlans of `model`'s tables (their ShardingOptions
-    over an EmbeddingBagCollection on the meta device), no planner run. Raises ValueError on a
-    table the model does not have."""
-    module = EmbeddingBagCollection(tables=list(model.tables), device=torch.device("meta"))
-    plans = {}
-    for record in records:
-        options = None
-        if record["options"] is not None:
-            unknown = sorted({o["name"] for o in record["options"]} - set(module.embedding_bags))
-            if unknown:
-                raise ValueError(
-                    f"plan {record['name']!r} shards tables {unknown[:5]} the model does not have"
-                )
-            options = [
-                ShardingOption(
-                    tensor=module.embedding_bags[o["name"]].weight,
-                    module=(o["path"], module),
-                    shards=[_shard(s) for s in o["shards"]],
-                    is_pooled=True,
-                    **{name: o[name] for name in KEPT},
-                )
-                for o in record["options"]
-            ]
-        plans[record["name"]] = CandidatePlan(
-            record["name"], options, record["rating"], record["note"], record["planning_s"]
-        )
-    return plans
 
 
 def plan_row(candidate: CandidatePlan, topology: Topology) -> dict[str, Any]:
