@@ -376,13 +376,17 @@ def _hosts(world: dict[str, Any]) -> str:
 def steptime_section(run: Run) -> str:
     data = run.data
     topologies = " and ".join(sorted({w["compute_device"].upper() for w in data["worlds"]}))
-    clocks = (
-        "wall time, the GPU synchronized at each phase's edges, is the measure; the rank thread's CPU "
-        "time beside it is the host's share (launches)"
-        if data["device"] == "cuda"
-        else "the rank thread's CPU time is the clock other jobs on the machine do not stretch, wall "
-        "time is beside it"
-    )
+    # On CUDA before CUDA events, "cpu" was a synchronized thread's CPU time: synchronize spin-waits,
+    # so it equalled the wall time whatever bound the phase, and it is left out.
+    cpu_clock = data.get("cpu_clock") or ("spin" if data["device"] == "cuda" else "thread")
+    clocks = {
+        "thread": "the rank thread's CPU time is the clock other jobs on the machine do not stretch, wall "
+        "time is beside it",
+        "enqueue": "each phase's time between CUDA events is the measure (the wall columns); the CPU "
+        "time column is the time to enqueue it, nothing synchronized (the launches)",
+        "spin": "wall time, the GPU synchronized at each phase's edges, is the measure; no CPU time is "
+        "shown: the run timed the synchronized thread, whose spin-wait made it equal the wall time",
+    }[cpu_clock]
     caps = {w.get("hbm_cap_gb") for w in data["worlds"]} - {None}
     capped = (
         f" The topology's HBM is capped at {' and '.join(f'{c:g}' for c in sorted(caps))} GiB per device, "
@@ -406,7 +410,9 @@ def steptime_section(run: Run) -> str:
         rows = []
         for plan in world["plans"]:
             if not plan.get("measured"):
-                rows.append([plan["plan"], "-", "-", "-", "-", plan.get("note") or "no plan"])
+                rows.append(
+                    [plan["plan"], *["-"] * (3 if cpu_clock == "spin" else 4), plan.get("note") or "no plan"]
+                )
                 continue
             shards = ", ".join(f"{n} {kind}" for kind, n in plan["shape"].items() if kind != "shards")
             if plan.get("kernels"):
@@ -416,7 +422,7 @@ def steptime_section(run: Run) -> str:
             rows.append(
                 [
                     plan["plan"],
-                    f"{sig(plan['critical_path_cpu_s'] * 1e3)} ms",
+                    *([] if cpu_clock == "spin" else [f"{sig(plan['critical_path_cpu_s'] * 1e3)} ms"]),
                     f"{sig(plan['critical_path_s'] * 1e3)} ms",
                     f"{sig(plan['lookup_critical_path_s'] * 1e3)} ms",
                     f"{sig(plan['rating_s'] * 1e3)} ms",
@@ -424,15 +430,15 @@ def steptime_section(run: Run) -> str:
                 ]
             )
         header = cells(
-            "plan | critical path, CPU time | critical path, wall | slowest lookups, wall | "
-            "torchrec's estimated rating | shape"
+            "plan | "
+            + ("" if cpu_clock == "spin" else "critical path, CPU time | ")
+            + "critical path, wall | slowest lookups, wall | torchrec's estimated rating | shape"
         )
         spearman = world["spearman_vs_rating"]
+        by_cpu = "" if cpu_clock == "spin" else f"{sig(spearman['critical_path_cpu_s'], 2)} by CPU time, "
         parts += [
             f"W = {world['world_size']} ({world['compute_device']} topology, {_hosts(world)}): "
-            "Spearman against the rating "
-            f"{sig(spearman['critical_path_cpu_s'], 2)} by CPU time, {sig(spearman['critical_path_s'], 2)} "
-            "by wall time.",
+            f"Spearman against the rating {by_cpu}{sig(spearman['critical_path_s'], 2)} by wall time.",
             table(header, rows),
         ]
     return "\n\n".join(parts)

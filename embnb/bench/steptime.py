@@ -94,7 +94,7 @@ from embnb.scaling import NOT_COMPARED, copy_bandwidth, measure_scaling, sweep_b
 from embnb.steptime import LINK_MODEL, PlanTimes, StepTimes, make_batch
 from embnb.steptime.batch import ID_DISTRIBUTIONS
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER
-from embnb.steptime.measure import DEFAULT_HIDDEN, StepOptions, lookup_steps
+from embnb.steptime.measure import CPU_CLOCK, DEFAULT_HIDDEN, StepOptions, lookup_steps
 from embnb.steptime.work import plan_shards, plan_work
 from embnb.timing import machine_name
 
@@ -435,6 +435,7 @@ def main(argv: list[str]) -> int:
             "device": device,
             "machine": machine_name(device),
             "threads": opts.threads,
+            "cpu_clock": CPU_CLOCK[device],  # what the "cpu" times are: thread CPU time, or enqueue time
             "torch_threads_before": before,
             "model": {"tables": opts.tables, "max_rows": opts.max_rows, "seed": opts.seed},
             "plans_file": opts.plans and opts.plans.name,

@@ -4,10 +4,13 @@ one rank after another, warmed up and repeated.
 Per rank and repeat, four phases are timed: the lookups' forward (every
 TBE of the rank), their backward (FBGEMM's fused optimizer runs inside it;
 the dense kernel's SGD step after it), the dense part's forward and its
-backward. Each phase records wall time (CUDA: synchronized) and the calling
-thread's CPU time (`time.thread_time_ns`); at `threads=1` on a CPU the
-thread's CPU time is all of the kernels' compute, and other processes
-sharing the cores stretch the wall time, not it.
+backward, by `embnb.timing.time_phase`. On a CPU each phase records wall
+time and the calling thread's CPU time (`time.thread_time_ns`); at
+`threads=1` the thread's CPU time is all of the kernels' compute, and other
+processes sharing the cores stretch the wall time, not it. On a GPU the
+"wall" clock is the phase's time between two CUDA events and the "cpu" clock
+the time to enqueue it, nothing synchronized (the launches): a synchronized
+thread's CPU time would count synchronize's spin-wait (`CPU_CLOCK`).
 
     times = measure_plan(plan, model.tables, batch, threads=1)
     times.critical_rank()          # the slowest rank (median compute)
@@ -28,10 +31,11 @@ from embnb._checks import check_choice, check_int
 from embnb.steptime.comms import RankComms
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER, DenseLookup, SequenceDense, lookup_module, make_mlp
 from embnb.steptime.work import RankWork
-from embnb.timing import Stopwatch, machine_name
+from embnb.timing import machine_name, time_phase
 
 __all__ = [
     "PHASES",
+    "CPU_CLOCK",
     "Timing",
     "RankTime",
     "StepTimes",
@@ -44,12 +48,14 @@ __all__ = [
 ]
 
 PHASES = ("lookup_forward", "lookup_backward", "dense_forward", "dense_backward")
+CPU_CLOCK = {"cpu": "thread", "cuda": "enqueue"}  # what Timing.cpu_s holds on each device type
 DEFAULT_HIDDEN = (512, 256)  # the dense MLP's hidden widths
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per repeat: wall and the calling thread's CPU time."""
+    """Seconds per repeat: wall (CUDA events on a GPU) and the calling thread's CPU time (the
+    enqueue time on a GPU: `CPU_CLOCK`)."""
 
     wall_s: list[float]
     cpu_s: list[float]
@@ -122,19 +128,21 @@ class StepTimes:
 
 
 class _Clock:
-    """Wall and thread CPU time of phases, with the device synchronized at each edge."""
+    """The phases' times by `time_phase`: wall and thread CPU time on a CPU, CUDA events and
+    enqueue time on a GPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.on_gpu = torch.device(device).type == "cuda"
         self.record: dict[str, Timing] = {p: Timing([], []) for p in PHASES}
 
     def run(self, phase: str, fn: Callable[[], object], keep: bool):
-        with Stopwatch(self.device) as watch:
-            out = fn()
+        out = []
+        timed = time_phase(lambda: out.append(fn()), self.device)
         if keep:
-            self.record[phase].wall_s.append(watch.wall_s)
-            self.record[phase].cpu_s.append(watch.cpu_s)
-        return out
+            self.record[phase].wall_s.append(timed.seconds)
+            self.record[phase].cpu_s.append(timed.enqueue_s if self.on_gpu else timed.thread_s)
+        return out[0]
 
 
 def _lookup_inputs(work: RankWork, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:

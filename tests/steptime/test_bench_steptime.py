@@ -57,6 +57,7 @@ def test_steptime_bench_rows_agree_with_their_ranks(tmp_path, capsys):
     payload = json.loads(path.read_text())
     assert payload["threads"] == 1 and "computed, not measured" in payload["link_model"]
     assert payload["ids"] == "uniform" and payload["zipf_alpha"] is None
+    assert payload["cpu_clock"] == "thread"  # on a CPU the "cpu" times are the rank thread's CPU time
     assert [w["world_size"] for w in payload["worlds"]] == [2, 3]
     for world in payload["worlds"]:
         assert world["batch_size"] == max(c["chosen_batch"] for c in world["acceptance"]) == 16
