@@ -41,7 +41,7 @@ SLOWEST_FILES = (
     "test_readme.py",
     "test_wheel.py",
     "test_gpu_kit.py",
-    "lab/test_harness.py",
+    "harness/test_harness.py",
     "cuda/test_native.py",
     "notebooks/test_notebook_01.py",
     "notebooks/test_notebook_01a.py",
