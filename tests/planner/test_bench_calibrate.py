@@ -48,7 +48,8 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
     dp = next(p for p in measured if p["plan"] == "embnb DP (calibrated)")
     assert dp["note"] == ""  # the planner rated the DP's plan as its replica did: no disagreement
     used = [t for t in dp["shape"] if t != "shards"]
-    assert dp["rating_ms"] > sum(calibration.collective_ms[t] for t in used) > 0
+    # (its plan may be all data-parallel on this tiny model: no collectives of its own, a term of 0)
+    assert dp["rating_ms"] > sum(calibration.collective_ms[t] for t in used)
     assert {"embnb DP", "torchrec default", "embnb DP (calibrated)"} <= {p["plan"] for p in measured}
     for plan in measured:
         assert len(plan["ranks"]) == world["world_size"]
