@@ -161,8 +161,10 @@ def check_scaling(
     mismatched batches, an empty repeat list, a non-positive time or a share outside (0, 1]."""
     check_choice("unit", unit, tuple(MAX_FIXED_SHARE))
     if not len(batches) == len(work) == len(seconds):
-        raise ValueError(f"need one work and one list of seconds per batch, got {len(batches)}, "
-                         f"{len(work)} and {len(seconds)}")  # fmt: skip
+        raise ValueError(
+            f"need one work and one list of seconds per batch, got {len(batches)}, "
+            f"{len(work)} and {len(seconds)}"
+        )
     batches = [check_int(f"batches[{i}]", b, low=1) for i, b in enumerate(batches)]
     if batches != sorted(set(batches)):
         raise ValueError(f"batches must be ascending and distinct, got {batches}")

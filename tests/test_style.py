@@ -29,6 +29,18 @@ def test_ruff_finds_nothing(command):
     )
 
 
+def test_the_formatter_is_never_turned_off():
+    """One formatter: no statement of the package is packed by hand under `# fmt: skip` or
+    `# fmt: off` (ruff would then keep it as written, and line counts would hide it)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "embnb").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if "fmt: skip" in line or "fmt: off" in line
+    ]
+    assert found == []
+
+
 def test_no_public_signature_carries_a_test_hook():
     """Faults are injected by the tests (tests/ranks.py), never through a
     parameter of the library's public functions, classes or methods."""

@@ -119,10 +119,12 @@ def _parser() -> argparse.ArgumentParser:
         "default: one host",
     )
     parser.add_argument(
-        "--hbm-gib", type=float, default=None,
+        "--hbm-gib",
+        type=float,
+        default=None,
         help="HBM per device of the topology (default: torchrec's); below the model's share, the "
         "planners choose UVM caching (a CUDA topology)",
-    )  # fmt: skip
+    )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)

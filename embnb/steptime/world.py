@@ -165,9 +165,10 @@ def measure_world(
     base = measured.get(reference)
     if base is not None and base.measured:
         measured = {
-            n: p if n == reference or not p.measured
+            n: p
+            if n == reference or not p.measured
             else replace(p, minus_reference=paired_difference(p.step_ms, base.step_ms))
             for n, p in measured.items()
-        }  # fmt: skip
+        }
     measured |= {n: _plan_times(n, g, clock, False) for n, g in alone_got.items()}
     return WorldTimes(measured, reference, rounds, clock, device, machine_name(device), watch.wall_s)

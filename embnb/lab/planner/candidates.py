@@ -115,8 +115,15 @@ def candidate_plans(
         runs.append((CALIBRATED, DynamicProgrammingProposer(performance_model=rating), calibrated))
     plans = {}
     for name, proposer, over in runs:
-        run = run_planner(proposer, over, topology, batch_size, name=name,
-                          constraints=model.constraints, timeout_s=timeout_s)  # fmt: skip
+        run = run_planner(
+            proposer,
+            over,
+            topology,
+            batch_size,
+            name=name,
+            constraints=model.constraints,
+            timeout_s=timeout_s,
+        )
         plans[name] = CandidatePlan(name, run.plan, run.perf_rating, run.note, run.seconds)
     if not poor:
         return plans
@@ -136,9 +143,11 @@ def estimated_per_rank(options: Sequence[ShardingOption], world_size: int) -> di
     of), `compute` (forward + backward compute) and `comms` (forward + backward communication)."""
     shards = [shard for option in options for shard in option.shards]
     ranks = np.array([shard.rank for shard in shards], dtype=np.int64)
-    ms = {"total": [s.perf.total for s in shards],
-          "compute": [s.perf.fwd_compute + s.perf.bwd_compute for s in shards],
-          "comms": [s.perf.fwd_comms + s.perf.bwd_comms for s in shards]}  # fmt: skip
+    ms = {
+        "total": [s.perf.total for s in shards],
+        "compute": [s.perf.fwd_compute + s.perf.bwd_compute for s in shards],
+        "comms": [s.perf.fwd_comms + s.perf.bwd_comms for s in shards],
+    }
     return {
         key: np.bincount(ranks, np.divide(v, 1e3), minlength=world_size).tolist() for key, v in ms.items()
     }
@@ -214,10 +223,18 @@ class MeasuredCandidates:
     def record(self) -> dict[str, Any]:
         """What a results JSON keeps: the world, where and how it was measured, and `rows`."""
         world = self.world
-        return {"world_size": self.topology.world_size, "hosts": hosts_of(self.topology),
-                "device": world.device, "device_name": world.machine, "clock": world.clock,
-                "device_note": self.device_note, "rounds": world.rounds, "seconds": world.seconds,
-                "plans": self.rows(), "told_apart": world.told_apart()}  # fmt: skip
+        return {
+            "world_size": self.topology.world_size,
+            "hosts": hosts_of(self.topology),
+            "device": world.device,
+            "device_name": world.machine,
+            "clock": world.clock,
+            "device_note": self.device_note,
+            "rounds": world.rounds,
+            "seconds": world.seconds,
+            "plans": self.rows(),
+            "told_apart": world.told_apart(),
+        }
 
 
 def measure_candidates(
@@ -240,12 +257,25 @@ def measure_candidates(
     the kernels run, `kernel_device(device)`), measured (`measure_placed`) on one global batch of
     `batch_size` samples per rank (seed `seed`)."""
     check_int("world_size", world_size, low=2)
-    topology = make_topology(world_size, compute_device or kernel_device(device)[0], hbm_cap_gb=hbm_cap_gb,
-                             local_world_size=local_world_size)  # fmt: skip
+    topology = make_topology(
+        world_size,
+        compute_device or kernel_device(device)[0],
+        hbm_cap_gb=hbm_cap_gb,
+        local_world_size=local_world_size,
+    )
     candidates = candidate_plans(model, topology, batch_size, timeout_s=timeout_s)
     batch = make_batch(model.tables, model.constraints, world_size, batch_size, seed)
-    return measure_placed(topology, candidates, model.tables, batch, rounds, device=device,
-                          alone_repeats=alone_repeats, poor=poor, **options)  # fmt: skip
+    return measure_placed(
+        topology,
+        candidates,
+        model.tables,
+        batch,
+        rounds,
+        device=device,
+        alone_repeats=alone_repeats,
+        poor=poor,
+        **options,
+    )
 
 
 def measure_placed(
@@ -269,9 +299,14 @@ def measure_placed(
     placed = {n: c.sharding_plan(topology) for n, c in candidates.items() if c.options is not None}
     planners = {n: plan for n, plan in placed.items() if candidates[n].note != POOR}
     world = measure_world(
-        planners, tables, batch, rounds, reference=REFERENCE if REFERENCE in planners else None,
+        planners,
+        tables,
+        batch,
+        rounds,
+        reference=REFERENCE if REFERENCE in planners else None,
         alone={n: plan for n, plan in placed.items() if n not in planners and (poor is None or n in poor)},
         alone_repeats=alone_repeats,
-        device=device, **options,
-    )  # fmt: skip
+        device=device,
+        **options,
+    )
     return MeasuredCandidates(topology, dict(candidates), world, note)
