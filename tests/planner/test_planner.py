@@ -317,6 +317,20 @@ def test_plans_within_two_percent_of_brute_force(instance):
             assert all(any(s.storage.fits_in(d.storage) for d in devices) for s in option.shards)
 
 
+def _rated_as_it_runs(tables, constraints, topology):
+    """Plan under KernelCallPerfModel (a kernel call four times the median shard's perf, each
+    sharding type's collectives half of it) and brute-force the same search space under that
+    rating: (the planner's rating, brute force's best, the proposer)."""
+    probe = enumerate_options(tables, topology, BATCH_SIZE, constraints).options
+    scale = 4 * float(np.median([shard.perf.total for option in probe for shard in option.shards]))
+    collective_ms = {t: scale / 2 for t in ["row_wise", *OTHER_TYPES, "data_parallel"]}
+    model = planner.KernelCallPerfModel(topology, kernel_call_ms=scale, collective_ms=collective_ms)
+    proposer = RecordingProposer(performance_model=model)
+    rating, constraint, _ = plan_with(proposer, tables, constraints, topology, model)
+    best = brute_force(proposer.search_space, constraint, as_it_runs(scale, collective_ms))
+    return rating, best, proposer
+
+
 @settings(
     max_examples=40,
     deadline=None,
@@ -329,14 +343,7 @@ def test_plans_rated_as_they_run_within_two_percent_of_brute_force(instance):
     on a GPU, where a TBE call costs more than most shards' lookups): a kernel call per (sharding
     type, kernel type) on a rank four times the median shard's perf, each sharding type's
     collectives half of it; the proposer and the planner rate alike."""
-    tables, constraints, topology = instance
-    probe = enumerate_options(tables, topology, BATCH_SIZE, constraints).options
-    scale = 4 * float(np.median([shard.perf.total for option in probe for shard in option.shards]))
-    collective_ms = {t: scale / 2 for t in ["row_wise", *OTHER_TYPES, "data_parallel"]}
-    model = planner.KernelCallPerfModel(topology, kernel_call_ms=scale, collective_ms=collective_ms)
-    proposer = RecordingProposer(performance_model=model)
-    rating, constraint, _ = plan_with(proposer, tables, constraints, topology, model)
-    best = brute_force(proposer.search_space, constraint, as_it_runs(scale, collective_ms))
+    rating, best, proposer = _rated_as_it_runs(*instance)
     if math.isinf(best):
         assert math.isinf(rating)
         return
@@ -359,13 +366,7 @@ def test_a_plan_of_fewer_tbe_groups_is_found():
         f"table_{i}": ParameterConstraints(pooling_factors=[p]) for i, p in enumerate([1.0, 1.0, 80.0])
     }
     topology = budget_topology(tables, constraints, 3, "cuda", 0.1, None)
-    probe = enumerate_options(tables, topology, BATCH_SIZE, constraints).options
-    scale = 4 * float(np.median([shard.perf.total for option in probe for shard in option.shards]))
-    collective_ms = {t: scale / 2 for t in ["row_wise", *OTHER_TYPES, "data_parallel"]}
-    model = planner.KernelCallPerfModel(topology, kernel_call_ms=scale, collective_ms=collective_ms)
-    proposer = RecordingProposer(performance_model=model)
-    rating, constraint, _ = plan_with(proposer, tables, constraints, topology, model)
-    best = brute_force(proposer.search_space, constraint, as_it_runs(scale, collective_ms))
+    rating, best, proposer = _rated_as_it_runs(tables, constraints, topology)
     assert best * (1 - 1e-9) <= rating <= 1.02 * best, (rating, best)
     assert proposer.num_disagreements == 0
 
