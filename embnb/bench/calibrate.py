@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="ranks each sharding type's collectives are timed on for collective_ms (default: the "
-        "machine's cores, at least 2, each rank on a core of its own as the replay measures a rank; "
+        "machine's cores, at least 2, each rank on a core of its own, even where the bench is pinned; "
         "on CUDA its GPUs, one per rank, else not measured)",
     )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads while measuring")
@@ -450,7 +450,7 @@ def collective_latency(opts: argparse.Namespace) -> CollectiveLatency:
     (`measure_collective_ms`; why as many ranks as cores by default: its module's docstring)."""
     world_size = opts.collective_world_size
     if world_size is None:
-        world_size = max(2, visible_gpus() if opts.device == "cuda" else len(os.sched_getaffinity(0)))
+        world_size = max(2, visible_gpus() if opts.device == "cuda" else os.cpu_count() or 1)
     latency = measure_collective_ms(world_size, opts.device)
     print(f"collective_ms on {world_size} ranks: {latency.collective_ms or latency.why}", flush=True)
     return latency

@@ -18,6 +18,8 @@ scheduler (on the 2-core machine, 8 gloo ranks took 17-46 ms a type, 2 ranks 0.5
 from __future__ import annotations
 
 import functools
+import os
+import pathlib
 import statistics
 import warnings
 from dataclasses import dataclass
@@ -109,8 +111,14 @@ def measure_collective_ms(
 
 
 def _rank_times(rank: int, world_size: int, warmup: int, repeats: int) -> list[list[float]]:
-    """On one rank: per sequence of `_sequences`, the wall time (s) of each repeat."""
+    """On one rank: per sequence of `_sequences`, the wall time (s) of each repeat. On a CPU each
+    rank's threads (gloo's too) run on a core of their own, rank modulo the machine's cores, as a
+    job's rank does, even where the launching process is pinned to fewer (Linux)."""
     device = collective_device()
+    if device.type == "cpu" and pathlib.Path("/proc/self/task").is_dir():
+        core = {rank % (os.cpu_count() or 1)}
+        for thread in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(thread), core)
     # one host of all the ranks: the group across hosts holds this rank alone (every rank makes
     # every group, in one order, as torch.distributed requires)
     alone = [dist.new_group([r]) for r in range(world_size)][rank]
