@@ -164,3 +164,14 @@ def torchrec_loaded(rank, world_size):
     import sys
 
     return "torchrec" in sys.modules
+
+
+def collective_latency_affinity(rank, world_size):
+    """A rank of `embnb.planner.latency`'s measurement, then the cores each of its threads may
+    run on (gloo's threads included)."""
+    import os
+
+    from embnb.planner import latency
+
+    latency._rank_times(rank, world_size, 0, 1)
+    return [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")]

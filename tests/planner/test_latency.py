@@ -6,13 +6,16 @@ own NoopPerfModel for the rating without them. No speed is asserted, only that a
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
+import ranks
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.utils import reset_shard_rank
 
 from embnb import planner
+from embnb.dist import launch
 from embnb.lab.planner.models import enumerate_options, make_model
 from embnb.planner.latency import COLLECTIVES, measure_collective_ms
 from embnb.planner.perf_model import SHARDING_TYPES
@@ -95,3 +98,18 @@ def test_a_plan_with_one_more_sharding_type_is_rated_higher_by_its_term(latency)
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         measure_collective_ms(**kwargs)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
+def test_each_rank_has_a_core_of_its_own_even_when_the_launcher_is_pinned():
+    """A calibrate run pinned to one core still times ranks that each have a core (rank modulo the
+    machine's cores), every one of their threads: ranks taking turns on one core time the scheduler."""
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        threads = launch(ranks.collective_latency_affinity, 2)
+    finally:
+        os.sched_setaffinity(0, pinned)
+    cores = os.cpu_count()
+    for rank, affinities in enumerate(threads):
+        assert affinities and all(a == [rank % cores] for a in affinities), (rank, affinities)
