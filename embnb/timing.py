@@ -1,20 +1,13 @@
-"""Timing, the one module the library, the notebooks and the benchmarks use:
-a block's wall and thread CPU time with the GPU synchronized (`Stopwatch`),
-one call's device time and enqueue time (`time_phase`: CUDA events on a GPU),
-medians after warm-up, interleaved rounds of several calls (`interleaved_seconds`,
-`interleaved_phases`), paired ratios and differences with their spread, and
-the machine's name to print next to them. Speeds are only reported as ratios
-against a peer timed in the same run (see `python -m embnb.bench`).
+"""Timing, the one module the library, the notebooks and the benchmarks use: a block's wall and
+thread CPU time (`Stopwatch`), one call's device and enqueue time (`time_phase`: CUDA events on a GPU),
+medians after warm-up, interleaved rounds of several calls, paired ratios and differences with their
+spread, and the machine's name to print next to them. Speeds are only reported as ratios against a peer
+timed in the same run (see `python -m embnb.bench`).
 
-On a GPU, a synchronized block's thread CPU time is **not** the host's share of
-it: `torch.cuda.synchronize` (and an event's or stream's `synchronize`)
-spin-waits by default, so the waiting thread burns CPU until the GPU is done
-and `Stopwatch.cpu_s` comes out equal to `wall_s` whether the GPU or the host
-bounds the block; and autograd launches a backward's kernels from its own
-device thread, which no thread clock of the caller counts. What the host's
-share would mean, the time to launch a phase without waiting for it, is
-`PhaseTime.enqueue_s`; the GPU's own time of the phase is `PhaseTime.seconds`
-(CUDA events on the current stream)."""
+On a GPU a synchronized block's thread CPU time is **not** the host's share of it:
+`torch.cuda.synchronize` spin-waits, so `Stopwatch.cpu_s` equals `wall_s` whether the GPU or the host
+bounds the block, and autograd launches a backward's kernels from its own thread, which no clock of the
+caller counts. The host's share is `PhaseTime.enqueue_s`; the GPU's own time `PhaseTime.seconds`."""
 
 from __future__ import annotations
 
@@ -36,10 +29,10 @@ __all__ = [
     "Stopwatch",
     "synchronize",
     "median_seconds",
-    "interleaved_seconds",
     "PhaseTime",
     "time_phase",
     "interleaved_phases",
+    "interleaved_seconds",
     "machine_name",
     "Ratio",
     "paired_ratio",
@@ -128,42 +121,10 @@ def interleaved_seconds(
     threads: int = 0,
     first_rounds_only: dict[str, int] | None = None,
 ) -> tuple[dict[str, list[float]], int]:
-    """Each call's seconds over `repeats` rounds in which every call runs once
-    in turn (so load from other processes hits them alike), after `warmup`
-    calls each, at `threads` torch threads (0: all cores), which is restored
-    after. `first_rounds_only[name] = n` times that call in the first n
-    rounds only (a slow reference). Returns the times and the thread count."""
-    return _rounds(
-        calls, repeats, warmup, threads, first_rounds_only, lambda fn: median_seconds(fn, 1, 0, device)
-    )
-
-
-def _rounds(
-    calls: dict[str, Callable[[], Any]],
-    repeats: int,
-    warmup: int,
-    threads: int,
-    first_rounds_only: dict[str, int] | None,
-    clock: Callable[[Callable[[], Any]], Any],
-) -> tuple[dict[str, list[Any]], int]:
-    """The interleaved rounds of `interleaved_seconds` and `interleaved_phases`, each call read by
-    `clock(fn)`."""
-    limits = first_rounds_only or {}
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or os.cpu_count() or 1)
-    try:
-        used_threads = torch.get_num_threads()
-        for fn in calls.values():
-            for _ in range(warmup):
-                fn()
-        times: dict[str, list[Any]] = {name: [] for name in calls}
-        for round_ in range(repeats):
-            for name, fn in calls.items():
-                if round_ < limits.get(name, repeats):
-                    times[name].append(clock(fn))
-    finally:
-        torch.set_num_threads(before)
-    return times, used_threads
+    """`interleaved_phases` (the same arguments) on the device's clock alone: each call's seconds per
+    round (`PhaseTime.seconds`: CUDA events on a GPU, wall time on a CPU), and the thread count."""
+    times, used_threads = interleaved_phases(calls, repeats, warmup, device, threads, first_rounds_only)
+    return {name: [phase.seconds for phase in phases] for name, phases in times.items()}, used_threads
 
 
 PHASE_CLOCKS = ("device", "enqueue", "thread")  # PhaseTime's clocks
@@ -230,10 +191,27 @@ def interleaved_phases(
     threads: int = 0,
     first_rounds_only: dict[str, int] | None = None,
 ) -> tuple[dict[str, list[PhaseTime]], int]:
-    """`interleaved_seconds`' rounds (the same arguments), each call read by `time_phase` on
-    `device`: CUDA events and enqueue time on a GPU. Pair the rounds with `paired_ratio` or
-    `paired_difference` on one clock, e.g. `[p.seconds for p in times["a"]]`."""
-    return _rounds(calls, repeats, warmup, threads, first_rounds_only, lambda fn: time_phase(fn, device))
+    """Each call's `time_phase` on `device` over `repeats` rounds in which every call runs once in turn
+    (so load from other processes hits them alike), after `warmup` calls each, at `threads` torch
+    threads (0: all cores), which is restored after; `first_rounds_only[name] = n` times that call in
+    the first n rounds only (a slow reference). Returns the times and the thread count. Pair the rounds
+    with `paired_ratio` or `paired_difference` on one clock, e.g. `[p.seconds for p in times["a"]]`."""
+    limits = first_rounds_only or {}
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    try:
+        used_threads = torch.get_num_threads()
+        for fn in calls.values():
+            for _ in range(warmup):
+                fn()
+        times: dict[str, list[PhaseTime]] = {name: [] for name in calls}
+        for round_ in range(repeats):
+            for name, fn in calls.items():
+                if round_ < limits.get(name, repeats):
+                    times[name].append(time_phase(fn, device))
+    finally:
+        torch.set_num_threads(before)
+    return times, used_threads
 
 
 def _benchmark():
