@@ -12,7 +12,7 @@ experiment fails loudly instead of plotting a blank point.
 
 from __future__ import annotations
 
-import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -46,23 +46,13 @@ def spread_over_mean(counts: torch.Tensor | Sequence[float]) -> float:
     return float(tensor.max() - tensor.min()) / mean
 
 
-def _ranks(values: Sequence[float]) -> torch.Tensor:
-    """Ranks 1..n, ties sharing their mean rank."""
-    values = torch.as_tensor(values, dtype=torch.float64)
-    ranks = torch.empty_like(values)
-    ranks[torch.argsort(values, stable=True)] = torch.arange(1, len(values) + 1, dtype=torch.float64)
-    for value in torch.unique(values):
-        tied = values == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation: Pearson's correlation of the ranks
-    (ties at their mean rank); NaN when either side is constant."""
+    """Spearman's rank correlation (ties at their mean rank): scipy's `spearmanr` (the `notebooks`
+    extra, imported here so that `import embnb` stays light); NaN when either side is constant."""
     if len(x) != len(y) or len(x) < 2:
         raise ValueError(f"need two sequences of the same length >= 2, got {len(x)} and {len(y)}")
-    a, b = _ranks(x), _ranks(y)
-    a, b = a - a.mean(), b - b.mean()
-    denominator = math.sqrt(float((a * a).sum() * (b * b).sum()))
-    return float((a * b).sum() / denominator) if denominator else math.nan
+    from scipy.stats import spearmanr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns on a constant side, then returns NaN
+        return float(spearmanr(x, y).statistic)
