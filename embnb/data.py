@@ -1,26 +1,10 @@
-"""Key streams that alias under `key % world_size`, and a loader for real ids.
+"""Key streams that alias under `key % world_size` (`PATTERNS`, by name through `make_keys`), Zipf
+sequence lengths from the same sampler, and a loader for real ids.
 
-Every generator has the form `fn(num_keys, *, seed=0, ...)` and returns a
-1-D torch.int64 tensor, the same for the same arguments. No stream knows the
-world size it will be routed to: whatever aliasing `key % W` shows is found
-in the stream, not built into it. Patterns:
-
-- uniform:    ids drawn uniformly from [0, 2**40): the easy case.
-- sequential: start, start+1, ...: balanced by `%`, bunched by blocks.
-- strided:    k*stride + offset for random k (one of `stride` interleaved id
-              allocators): `key % W` reaches only W / gcd(stride, W) ranks.
-- tagged:     low `tag_bits` bits hold a type tag from a small set.
-- snowflake:  Twitter-style (ms << 22 | worker << 12 | sequence); few ids per
-              ms, so the sequence is mostly 0 and ids are multiples of 4096.
-- zipf:       hot keys; ids scattered by a random permutation. Hashing spreads
-              distinct keys but cannot split one hot key, so it does NOT fix
-              this skew (notebooks 01 and 01a).
-
-`zipf_lengths` draws heavy-tailed sequence lengths from the same Zipf
-sampler (the balancing notebook's batches).
-
-`load_id_column` reads an id column from a CSV/TSV/Parquet file such as
-MovieLens `ratings.csv` (userId, movieId) or KuaiRand (user_id, video_id).
+Every generator has the form `fn(num_keys, *, seed=0, ...)` and returns a 1-D torch.int64 tensor, the
+same for the same arguments. No stream knows the world size it will be routed to: whatever aliasing
+`key % W` shows is found in the stream, not built into it. Hashing spreads distinct keys but cannot
+split one hot key, so it does NOT fix Zipf's skew (notebooks 01 and 01a).
 """
 
 from __future__ import annotations
@@ -39,24 +23,19 @@ TWITTER_EPOCH_MS = 1_288_834_974_657
 SNOWFLAKE_START_MS = 1_700_000_000_000 - TWITTER_EPOCH_MS  # ids minted 1.7e12 ms after the Unix epoch
 
 
-def _check_sizes(num_keys: int) -> None:
-    if num_keys < 0:
-        raise ValueError(f"num_keys must be >= 0, got {num_keys}")
-
-
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
 def uniform_ids(num_keys: int, *, seed: int = 0, id_space: int = ID_SPACE) -> torch.Tensor:
     """Ids uniform over [0, id_space)."""
-    _check_sizes(num_keys)
+    check_int("num_keys", num_keys, low=0)
     return torch.randint(0, id_space, (num_keys,), generator=_generator(seed), dtype=torch.int64)
 
 
 def sequential_ids(num_keys: int, *, seed: int = 0, start: int = 0) -> torch.Tensor:
     """start, start+1, ...; `seed` is accepted for a uniform signature only."""
-    _check_sizes(num_keys)
+    check_int("num_keys", num_keys, low=0)
     return torch.arange(start, start + num_keys, dtype=torch.int64)
 
 
@@ -71,11 +50,9 @@ def strided_ids(
     """k*stride + offset for random k: the ids one of `stride` interleaved
     allocators hands out (allocator `offset`), e.g. auto-increment with
     `auto_increment_increment = stride` in a multi-writer database."""
-    _check_sizes(num_keys)
-    if stride < 1:
-        raise ValueError(f"stride must be >= 1, got {stride}")
-    if not 0 <= offset < stride:
-        raise ValueError(f"offset must be in [0, {stride}), got {offset}")
+    check_int("num_keys", num_keys, low=0)
+    check_int("stride", stride, low=1)
+    check_int("offset", offset, low=0, high=stride - 1)
     k = torch.randint(0, id_space // stride, (num_keys,), generator=_generator(seed), dtype=torch.int64)
     return k * stride + offset
 
@@ -93,7 +70,7 @@ def tagged_ids(
     With W a power of two <= 2**tag_bits, `key % W` sees only the tag, so at
     most len(tags) ranks get any key.
     """
-    _check_sizes(num_keys)
+    check_int("num_keys", num_keys, low=0)
     if not tags:
         raise ValueError("tags must not be empty")
     bad = [t for t in tags if not 0 <= t < 2**tag_bits]
@@ -119,25 +96,19 @@ def snowflake_ids(
     `num_workers` workers; the 12-bit sequence counts ids made by one worker
     within one ms, so at low rates it is almost always 0.
     """
-    _check_sizes(num_keys)
-    if not 0 < ids_per_ms <= 1:
-        raise ValueError(f"ids_per_ms must be in (0, 1], got {ids_per_ms}")
-    if not 1 <= num_workers <= 1024:
-        raise ValueError(f"num_workers must be in [1, 1024], got {num_workers}")
+    check_int("num_keys", num_keys, low=0)
+    check_number("ids_per_ms", ids_per_ms, low=0, high=1, low_open=True)
+    check_int("num_workers", num_workers, low=1, high=1024)
     gen = _generator(seed)
     gaps = torch.empty(num_keys, dtype=torch.float64).exponential_(ids_per_ms, generator=gen)
     ms = start_ms + torch.cumsum(gaps, 0).floor().to(torch.int64)
     worker = torch.randint(0, num_workers, (num_keys,), generator=gen)
-    # Sequence = position among earlier ids of the same (ms, worker).
-    group = ms * 1024 + worker
-    order = torch.sort(group, stable=True).indices
-    sorted_group = group[order]
-    new_run = torch.ones(num_keys, dtype=torch.bool)
-    new_run[1:] = sorted_group[1:] != sorted_group[:-1]
-    position = torch.arange(num_keys)
-    run_start = torch.cummax(torch.where(new_run, position, 0), 0).values
+    # Sequence = position among earlier ids of the same (ms, worker): a run of the stably sorted groups.
+    sorted_group, order = torch.sort(ms * 1024 + worker, stable=True)
+    runs = torch.unique_consecutive(sorted_group, return_counts=True)[1]
+    run_start = torch.repeat_interleave(torch.cumsum(runs, 0) - runs, runs)
     sequence = torch.empty(num_keys, dtype=torch.int64)
-    sequence[order] = position - run_start
+    sequence[order] = torch.arange(num_keys) - run_start
     # ids_per_ms <= 1 makes > 4096 ids in one ms practically impossible.
     return (ms << 22) | (worker << 12) | sequence
 
@@ -194,11 +165,9 @@ def zipf_ids(
     same hot ids, as a table's traffic has from step to step (what a cache of
     its rows sees). The CDF is kept per (vocab_size, alpha) (`zipf_cdf`).
     """
-    _check_sizes(num_keys)
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-    if alpha <= 0:
-        raise ValueError(f"alpha must be > 0, got {alpha}")
+    check_int("num_keys", num_keys, low=0)
+    check_int("vocab_size", vocab_size, low=1)
+    check_number("alpha", alpha, low=0, low_open=True)
     gen = _generator(seed)
     popularity_rank = _zipf_ranks(num_keys, alpha, vocab_size, gen)
     if table_seed is None:
@@ -232,7 +201,6 @@ def make_keys(pattern: str, num_keys: int, seed: int = 0, **options) -> torch.Te
     """Keys of a named pattern; `options` go to the generator."""
     if pattern not in PATTERNS:
         raise ValueError(f"unknown pattern {pattern!r}; valid patterns: {', '.join(PATTERNS)}")
-    _check_sizes(num_keys)
     return PATTERNS[pattern](num_keys, seed=seed, **options)
 
 

@@ -54,9 +54,9 @@ def test_different_seeds_differ(pattern):
 def test_make_keys_errors_name_the_value():
     with pytest.raises(ValueError, match="'nope'.*uniform, sequential, strided"):
         make_keys("nope", 10)
-    with pytest.raises(ValueError, match="num_keys must be >= 0, got -3"):
+    with pytest.raises(ValueError, match="num_keys must be an int >= 0, got -3"):
         make_keys("uniform", -3)
-    with pytest.raises(ValueError, match="stride must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="stride must be an int >= 1, got 0"):
         make_keys("strided", 10, stride=0)
 
 
@@ -102,7 +102,7 @@ def test_strided_has_one_residue_and_random_multiples(stride, offset):
 
 
 def test_strided_rejects_offset_outside_stride():
-    with pytest.raises(ValueError, match=r"offset must be in \[0, 4\), got 4"):
+    with pytest.raises(ValueError, match=r"offset must be an int in \[0, 3\], got 4"):
         strided_ids(10, stride=4, offset=4)
 
 
