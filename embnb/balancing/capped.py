@@ -1,26 +1,15 @@
-"""Balance compute under a memory cap: equal-count parts by workload (FLOPs)
-with at most `cap` tokens on every part.
+"""Balance compute under a memory cap: equal-count parts by workload (FLOPs) with at most `cap`
+tokens on every part.
 
-Activation memory grows with a rank's tokens, attention compute with their
-square, so a partition that balances FLOPs puts many short samples (many
-tokens) beside the rank that holds the longest one. A cap on tokens per
-rank bounds its activations. Every method here places the samples its
-own way, then repairs what exceeds the cap:
-
-- `greedy_lpt`: biggest workload first, to the lightest part that has
-  room in count and in tokens (a part over the cap only when no part has
-  room, then repaired);
-- `karmarkar_karp`: the library's KK, then the repair;
-- `kk_swap`: KK + swaps, then the repair, then swaps that keep both parts
-  within the cap (`refine_by_swaps`' rule under the cap).
-
-The repair takes the part furthest over the cap and swaps one of its
-samples with a sample of fewer tokens on a part that stays within the cap,
-the pair that leaves the larger of the two parts' workloads least; every
-swap lowers the tokens over the cap, so it ends; it raises ValueError when
-no swap is left. Where the uncapped partition already meets the cap, every
-method returns it unchanged (what the tests check), so a cap changes a
-partition only where it binds.
+A partition that balances FLOPs puts many short samples (many tokens, so much activation memory)
+beside the rank that holds the longest one. Each method places the samples its own way (`greedy_lpt`:
+into the lightest part with room in count and tokens; `karmarkar_karp`, `kk_swap`: the library's),
+then the repair takes the part furthest over the cap and swaps one of its samples with a sample of
+fewer tokens on a part that stays within the cap, the pair that leaves the larger of the two parts'
+workloads least; every swap lowers the tokens over the cap, so it ends, or raises ValueError when no
+swap is left. `kk_swap` then swaps as `refine_by_swaps` does, within the cap. Where the uncapped
+partition already meets the cap, every method returns it unchanged: a cap changes a partition only
+where it binds.
 
     parts = balance_capped(flops, tokens, num_parts=8, cap=1.2 * sum(tokens) / 8)
 """

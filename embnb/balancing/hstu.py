@@ -1,34 +1,17 @@
-"""An HSTU-like block, the model the balancer is measured on at recsys-examples' shape.
-
-recsys-examples measured its balanced shuffle (1.53x) on an HSTU of width 1024, 8 layers, 4 heads of
-256. `HSTUBlock` is one layer of that kind, on a jagged batch (each sample's tokens packed one after
-another, `offsets` marking where each starts):
+"""An HSTU-like block, the model the balancer is measured on at recsys-examples' shape (width 1024,
+8 layers, 4 heads of 256, where it reports 1.53x). Per layer of width d, on a jagged batch (each
+sample's tokens packed one after another):
 
     U, V, Q, K = split(SiLU(X_n @ W_uvqk))       width d -> 4d, X_n = LayerNorm(X)
     A          = causal attention(Q, K, V)        heads of `head_dim` (256; one head of d when d < 256)
     X          = X + (LayerNorm(A) * U) @ W_o     d -> d
     X          = X + FFN(LayerNorm(X))            d -> ffn_multiple * d -> d (GELU); 0: none
 
-Two differences from HSTU (Zhai et al., 2024), said here so nobody mistakes it for HSTU itself: the
-attention is softmax attention through torch's fused `scaled_dot_product_attention`, where HSTU uses
-pointwise SiLU(Q K^T) / n (no fused kernel in torch); and the feed-forward of 4x width is added (HSTU's
-layer has none; `ffn_multiple=0` drops it). The FLOPs of either attention are the same two matmuls.
-
-Attention runs one of two ways (`attention_kind`), the same function of the same weights:
-- **jagged** (CUDA; bf16 or fp16 and heads of a multiple of 8, flash attention's limits): one call on
-  the packed tokens themselves, no padding: `torch.nn.attention.varlen.varlen_attn`
-  (docs.pytorch.org/docs/main/nn.attention.varlen.html), flash attention's variable-length kernel,
-  with the samples' offsets as its `cu_seq_q`/`cu_seq_k` and `window_size=(-1, 0)`, its causal mask
-  (torch 2.11 to 2.14 spell it so; 2.10 had `is_causal`). The kernel is CUDA's only; on a CPU no jagged
-  SDPA takes a causal mask either (torch's nested-tensor SDPA leaves it to the math backend, which
-  refuses `is_causal` for nested tensors).
-- **bucketed** (any device): samples grouped by the power of two at or above their length, each group
-  padded to its longest sample and run as one SDPA call. Padding goes at the end of each sample: with a
-  causal mask no real token attends to a pad, so no mask is needed and the fused (flash) kernel applies;
-  pad rows are dropped after.
-Projections and the feed-forward run on the packed tokens, without padding, either way.
-
-`hstu_flops` is each sample's forward FLOPs (what the balancer balances); see its docstring.
+It is not HSTU (Zhai et al., 2024): the attention is softmax attention where HSTU's is pointwise
+SiLU(Q K^T) / n (the same two matmuls' FLOPs), and the feed-forward is added. Attention runs
+"jagged" (CUDA: flash attention's variable-length kernel on the packed tokens) or "bucketed" (any
+device: padded length buckets), the same function of the same weights (`attention_kind`,
+`HSTUBlock.attention`); docs/balancing.md gives both designs and their sources.
 """
 
 from __future__ import annotations
@@ -209,7 +192,11 @@ class HSTUBlock(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Buckets | Jagged
     ) -> torch.Tensor:
         """Causal softmax attention of each sample over its own tokens [num_tokens, width]: on the
-        jagged batch itself (`Jagged`, CUDA) or bucket by bucket (`Buckets`)."""
+        jagged batch itself (`Jagged`, CUDA: `torch.nn.attention.varlen.varlen_attn` with the samples'
+        offsets as `cu_seq_q`/`cu_seq_k`; `window_size=(-1, 0)` is its causal mask in torch 2.11 to
+        2.14, 2.10 spelled it `is_causal`; on a CPU no jagged SDPA takes a causal mask) or bucket by
+        bucket (`Buckets`: each padded at the end of its samples, so under the causal mask no real
+        token attends to a pad and no mask is passed)."""
         if isinstance(batch, Jagged):
             q, k, v = (t.view(-1, self.heads, self.head_dim) for t in (q, k, v))
             offsets, longest = batch.offsets, batch.longest

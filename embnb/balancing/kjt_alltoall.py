@@ -1,15 +1,8 @@
-"""Exchange a balanced batch with all-to-alls: each rank receives only the
-samples of its own part (O(B) bytes), where the all-gather exchange
-(`kjt_gather.allgather_kjt`, then `select_samples`) hands every rank the
-whole global batch (O(W x B), padded to the largest rank).
-
-Every rank knows every part (they all ran the same KK), so each knows how
-many of its samples go where, and `alltoall_kjt` needs two all-to-alls: the
-samples' lengths, then their bytes (sized by those lengths).
-
-`exchange_bytes` computes what either exchange puts in a rank's receive
-buffers from sizes alone, so it can be evaluated for W = 64 without 64
-ranks; `compare_exchanges` runs both on real ranks and times them.
+"""Exchange a balanced batch with all-to-alls: each rank receives only the samples of its own part
+(O(B) bytes), where the all-gather exchange (`allgather_kjt`, then `select_samples`) hands every rank
+the whole global batch (O(W x B)). Every rank knows every part (they all ran the same KK), so
+`alltoall_kjt` needs two all-to-alls: the samples' lengths, then their bytes. `exchange_bytes`
+counts either exchange's bytes from sizes alone, for W = 64 without 64 ranks.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from embnb.balancing.kjt_gather import (
     same_kjt,
     select_samples,
 )
-from embnb.balancing.partition import balance
+from embnb.balancing.partition import balance, check_partition
 from embnb.collectives import all_gather_flat, collective_seconds, exchange
 from embnb.data import zipf_lengths
 from embnb.dist import rank_device
@@ -51,23 +44,12 @@ LENGTH_BYTES = 8  # lengths travel as int64
 
 
 def owners(parts: Sequence[Sequence[int]], num_samples: int) -> torch.Tensor:
-    """The part of each global sample (int64, `num_samples` long); raises
-    unless `parts` is a partition of range(num_samples)."""
-    owner = torch.full((num_samples,), -1, dtype=torch.int64)
-    for d, part in enumerate(parts):
-        index = torch.as_tensor(list(part), dtype=torch.int64)
-        if index.numel() and (index.min() < 0 or index.max() >= num_samples):
-            bad = index[(index < 0) | (index >= num_samples)][0].item()
-            raise ValueError(
-                f"parts[{d}] holds sample {bad}, outside the global batch range(0, {num_samples})"
-            )
-        if (owner[index] >= 0).any() or index.unique().numel() != index.numel():
-            bad = next(i for i in index.tolist() if owner[i] >= 0 or index.tolist().count(i) > 1)
-            raise ValueError(f"sample {bad} is in more than one part (again in parts[{d}])")
-        owner[index] = d
-    if (owner < 0).any():
-        missing = (owner < 0).nonzero()[0].item()
-        raise ValueError(f"sample {missing} is in no part: parts must cover range(0, {num_samples})")
+    """The part of each global sample (int64, `num_samples` long). Raises ValueError unless `parts`
+    is a partition of range(num_samples) (`partition.check_partition`)."""
+    check_partition(parts, num_samples)
+    index = torch.as_tensor([i for part in parts for i in part], dtype=torch.int64)
+    owner = torch.empty(num_samples, dtype=torch.int64)
+    owner[index] = torch.repeat_interleave(torch.arange(len(parts)), torch.tensor([len(p) for p in parts]))
     return owner
 
 

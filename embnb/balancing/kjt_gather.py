@@ -1,19 +1,10 @@
-"""Gather the KeyedJaggedTensors of a batch from every rank, in two collectives.
+"""Gather the KeyedJaggedTensors of a batch from every rank in two collectives.
 
-A batch often has several KeyedJaggedTensors (user features, item history),
-each with several keys. Gathering them key by key costs two or three
-collectives per key (lengths, values, weights); every collective has a fixed
-latency, which dominates for small per-key payloads. `allgather_kjt` sends
-
-1. the lengths of every key of every KJT, concatenated (one all-gather);
-2. the values and weights of every KJT as one byte buffer, padded to the
-   largest rank's size (one all-gather): step 1 told every rank how many
-   values each rank sends, so the padding can be cut off again.
-
-and rebuilds each KJT with the global batch: sample j of rank r becomes
-sample r * stride + j, exactly as `allgather_kjt_per_key` (the naive
-reference) returns it. `select_samples` then keeps the samples a rank owns,
-and `count_collectives` counts the collectives that ran (from the profiler).
+Gathering key by key costs two or three collectives per key (lengths, values, weights), each with a
+fixed latency that dominates small payloads. `allgather_kjt` sends every key's lengths in one
+all-gather, then every KJT's values and weights as one byte buffer padded to the largest rank's (the
+lengths say where each rank's bytes end), and returns what `allgather_kjt_per_key`, the naive
+reference, returns.
 """
 
 from __future__ import annotations

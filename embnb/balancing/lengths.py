@@ -23,24 +23,9 @@ import torch
 from embnb._checks import check_choice, check_int, check_number
 from embnb.data import zipf_lengths
 
-__all__ = ["KINDS", "LengthDistribution", "lognormal_lengths"]
+__all__ = ["KINDS", "LengthDistribution"]
 
 KINDS = ("zipf", "lognormal")
-
-
-def lognormal_lengths(
-    num_samples: int, median: float = 128.0, sigma: float = 1.0, max_length: int = 8192, seed: int = 0
-) -> torch.Tensor:
-    """int64 lengths with log L ~ Normal(log median, sigma), rounded and
-    clipped to [1, max_length]; the same for the same arguments."""
-    check_int("num_samples", num_samples, low=0)
-    check_int("max_length", max_length, low=1)
-    check_number("median", median, low=1)
-    check_number("sigma", sigma, low=0)
-    gen = torch.Generator().manual_seed(seed)
-    normal = torch.randn(num_samples, generator=gen, dtype=torch.float64)
-    lengths = torch.exp(math.log(median) + sigma * normal).round()
-    return lengths.clamp(1, max_length).to(torch.int64)
 
 
 @dataclass(frozen=True)
@@ -60,7 +45,13 @@ class LengthDistribution:
         check_number("sigma", self.sigma, low=0)
 
     def draw(self, num_samples: int, max_length: int = 8192, seed: int = 0) -> torch.Tensor:
-        """`num_samples` int64 lengths in [1, max_length]."""
+        """`num_samples` int64 lengths in [1, max_length], the same for the same arguments;
+        lognormal: exp(log median + sigma * Normal(0, 1)), rounded and clipped."""
         if self.kind == "zipf":
             return zipf_lengths(num_samples, self.alpha, max_length, seed)
-        return lognormal_lengths(num_samples, self.median, self.sigma, max_length, seed)
+        check_int("num_samples", num_samples, low=0)
+        check_int("max_length", max_length, low=1)
+        gen = torch.Generator().manual_seed(seed)
+        normal = torch.randn(num_samples, generator=gen, dtype=torch.float64)
+        lengths = torch.exp(math.log(self.median) + self.sigma * normal).round()
+        return lengths.clamp(1, max_length).to(torch.int64)

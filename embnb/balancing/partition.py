@@ -1,32 +1,16 @@
 """Split one global batch's per-sample workloads into W balanced parts.
 
-Data-parallel ranks wait for the slowest one at every gradient all-reduce,
-so a step costs the *largest* part's workload. With heavy-tailed sequence
-lengths the data loader's cut (`contiguous`) leaves one rank with far more
-work than the mean. Balancers here, all returning `parts`: one list of sample
-indices per rank (ascending), heaviest part first for the KK family:
+Data-parallel ranks wait for the slowest one at every gradient all-reduce, so a step costs the
+*largest* part's workload; with heavy-tailed lengths the data loader's cut (`contiguous`) leaves one
+rank far above the mean. Every balancer (`METHODS`) returns `parts`: one list of sample indices per
+rank (ascending), heaviest part first for the KK family. `balance`'s default, KK then swaps, lands
+within 1% of the lower bound max(mean, largest item) on Zipf(1.5) batches of 1024-4096 samples into
+8-64 parts, where plain KK lands up to ~25% above it (notebook 04 shows every method's gap).
 
-- `contiguous`:      the batch as the data loader cut it.
-- `greedy_lpt`:      longest processing time first: biggest item to the
-                     lightest part (that still has room, when equal_size).
-- `karmarkar_karp`:  largest differencing with k-way states (as verl and
-                     NVIDIA's balancer do).
-- `refine_by_swaps`: improve any partition by swapping one item of the
-                     heaviest part with one of a lighter part.
-- `balance`:         the default: KK then swaps, native (GIL-free) when the
-                     embnb extension loads. Within 1% of the lower bound
-                     max(mean, largest item) on Zipf(1.5) batches of 1024-4096
-                     samples into 8-64 parts, where plain KK lands up to
-                     ~25% above it (notebook 04 shows every method's gap).
-
-What to balance and how to measure a partition is `embnb.balancing.workloads`;
-heavy-tailed lengths come from `embnb.data.zipf_lengths`.
-
-Equal-size parts pad the batch with zero-workload items up to a multiple of
-W, as real trainers do, at most one per part, and drop them from the result:
-part sizes then differ by at most one. Every function is deterministic
-(ties broken by index), so all ranks compute the same partition from the same all-gathered workloads
-without a broadcast.
+Equal-size parts pad the batch with zero-workload items up to a multiple of W, as real trainers do,
+at most one per part, and drop them from the result: part sizes then differ by at most one. Every
+function is deterministic (ties broken by index), so all ranks compute the same partition from the
+same all-gathered workloads without a broadcast.
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
-"""The balanced shuffle: move every sample of the global batch to the rank
-that Karmarkar-Karp (`embnb.balancing.partition.balance`) assigns it to.
+"""The balanced shuffle: move every sample of the global batch to the rank that Karmarkar-Karp
+(`embnb.balancing.partition.balance`) assigns it to, in three phases: gather_workloads (one
+all-gather of every rank's per-sample workloads; with the "allgather" exchange the dense rows ride
+along), kk (every rank computes the same parts, so nothing is broadcast) and exchange (`allgather_kjt`
+then this rank's samples, or `alltoall_kjt`). With `overlap` they run in a background worker for
+batch s+1 while step s computes.
 
-For one batch, `BalancedShuffle` runs three phases:
-
-1. gather_workloads: one all-gather of every rank's per-sample workloads
-   (with the "allgather" exchange, the dense rows ride along);
-2. kk: every rank computes the same parts from the same workloads (so no
-   broadcast is needed);
-3. exchange: "allgather" all-gathers the KJTs in two collectives
-   (`kjt_gather.allgather_kjt`) and keeps this rank's samples; "alltoall"
-   sends each rank only its own samples, in two all-to-alls
-   (`kjt_alltoall.alltoall_kjt`).
-
-With `overlap` they run in a background worker for batch s+1 while step s
-computes; without it, on the caller's thread. Gloo and NCCL pair the
-collectives of one process group by the order each rank issues them, so
-where the worker issues them ("worker", the default on gloo) the shuffle
-refuses the default group, on which a torchrec step issues its own (DMP's
-all-to-alls, DDP's all-reduce: tried on 2 gloo ranks, gloo aborted at step
-0), and an NCCL group (NCCL 2.29's "Thread Safety": communicators of one
-device driven from several threads at once are not safe). "caller" (the
-default on NCCL; NVIDIA recsys-examples' design, commit 7cf45752) issues the
-collectives on the caller's thread and hides KK alone on gloo.
-
-Every shuffle first all-gathers the batch's signature (its size and a
-checksum of keys, dtypes and dense width), so where the ranks' batches
-differ, or some rank's loader has ended (`batches()`), every rank raises the
-same ValueError from `finish()` instead of aborting in a mismatched
-collective. docs/balancing.md gives these rules with their sources.
+docs/balancing.md gives, with their sources, the rules the class enforces: where the collectives may
+be issued (`collective_thread`: a worker on the default group aborts gloo, NCCL refuses two threads;
+"caller" is NVIDIA recsys-examples' design, commit 7cf45752), and the signature gather that makes
+every rank raise the same ValueError from `finish()` where the ranks' batches differ or a loader ends.
 """
 
 from __future__ import annotations

@@ -7,11 +7,14 @@ import pandas as pd
 import pytest
 import torch
 
-from embnb.balancing.lengths import LengthDistribution, lognormal_lengths
+from embnb.balancing.lengths import LengthDistribution
 from embnb.lab.balancing import comparison
 
 
 def test_lognormal_lengths_have_the_median_and_spread_asked_for():
+    def lognormal_lengths(num_samples, median, sigma, max_length, seed=0):
+        return LengthDistribution("lognormal", median=median, sigma=sigma).draw(num_samples, max_length, seed)
+
     lengths = lognormal_lengths(20_000, median=128, sigma=1.0, max_length=100_000, seed=1)
     assert lengths.dtype == torch.int64 and lengths.min() >= 1
     assert abs(lengths.median().item() - 128) <= 4
