@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torchrec.distributed.planner.types import CollectiveType, Topology
 
 from embnb.rowwise.routing import DistType, owner_rank
@@ -117,8 +118,23 @@ def _splits_count() -> int:
     return 3 + int(validate_collectives_enabled())
 
 
-def _entries(shards: Sequence[Shard], kind: str) -> list[tuple[Shard, str]]:
-    return [(s, f) for s in shards if s.sharding_type == kind for f in s.features]
+def _kjt_all_to_all(
+    kind: str, batch: GlobalBatch, lengths: tuple[int, int, int], ids: tuple[int, int, int]
+) -> list[Collective]:
+    """A KJTAllToAll's three all-to-alls: the splits, then the lengths and the ids, each of
+    `lengths` and `ids` the (sent, received, kept) counts."""
+    world, a2a = batch.world_size, "all_to_all_single"
+    splits = world * _splits_count() * _INT64
+    length_bytes, id_bytes = batch.lengths[0][0].element_size(), batch.ids[0][0].element_size()
+    return [
+        Collective(f"{kind} input splits", a2a, "forward", splits, splits, splits // world),
+        Collective(f"{kind} input lengths", a2a, "forward", *(n * length_bytes for n in lengths)),
+        Collective(f"{kind} input ids", a2a, "forward", *(n * id_bytes for n in ids)),
+    ]
+
+
+def _in_block(ids: torch.Tensor, first: int, count: int) -> int:
+    return int(((ids >= first) & (ids < first + count)).sum())
 
 
 def _input_dist(
@@ -127,61 +143,36 @@ def _input_dist(
     """The KJTAllToAll of one sharding type: splits, lengths, ids (hosts of `local` devices)."""
     world, size = batch.world_size, batch.local_batch_size
     index = {f: i for i, f in enumerate(batch.feature_names)}
-    entries = _entries(shards, kind)
-    splits = world * _splits_count() * _INT64
-    length_bytes = batch.lengths[0][0].element_size()
-    id_bytes = batch.ids[0][0].element_size()
-    if kind in HOST_LEVEL_SHARDING_TYPES:
-        # each block's features, bucketed into its host's `local` row blocks
-        blocks = list(dict.fromkeys((s.table, s.col_offset, f) for s, f in entries))
-        sent_lengths = len(blocks) * local * size
-        sent_ids = sum(batch.ids[rank][index[f]].numel() for _, _, f in blocks)
-        mine = [(s, f) for s, f in entries if s.rank == rank]
-        got_lengths, kept_lengths = len(mine) * world * size, len(mine) * size
-        got_ids = sum(_in_block(batch, index[f], s.row_offset, s.rows) for s, f in mine)
-        kept_ids = sum(_own_in_block(batch, rank, index[f], s.row_offset, s.rows) for s, f in mine)
-    elif kind == "row_wise":
-        features = list(dict.fromkeys(f for s, f in entries))
-        sent_lengths = world * len(features) * size
-        sent_ids = sum(batch.ids[rank][index[f]].numel() for f in features)
-        mine = [(s, f) for s, f in entries if s.rank == rank]
-        got_ids = sum(_in_block(batch, index[f], s.row_offset, s.rows) for s, f in mine)
+    entries = [(s, f) for s in shards if s.sharding_type == kind for f in s.features]
+    mine = [(s, f) for s, f in entries if s.rank == rank]
+    if kind in HOST_LEVEL_SHARDING_TYPES or kind == "row_wise":
+        # each feature to every rank (on hosts: each block's feature to its host's `local` devices),
+        # its ids bucketed by row block
+        host = kind in HOST_LEVEL_SHARDING_TYPES
+        units = {(s.table, s.col_offset, f) if host else f: f for s, f in entries}
+        devices, kept = (local, len(mine)) if host else (world, len(units))
+        lengths = (len(units) * devices * size, len(mine) * world * size, kept * size)
+        ids = (
+            sum(batch.ids[rank][index[f]].numel() for f in units.values()),
+            sum(_in_block(batch.global_bags(index[f])[1], s.row_offset, s.rows) for s, f in mine),
+            sum(_in_block(batch.ids[rank][index[f]], s.row_offset, s.rows) for s, f in mine),
+        )
+    else:  # each (shard, feature) gets every sender's whole local bag of the feature
+        own = [batch.ids[rank][index[f]].numel() for _, f in entries]
+        received = [batch.global_bags(index[f])[1].numel() for s, f in mine]
+        kept = [batch.ids[rank][index[f]].numel() for s, f in mine]
+        lengths = (len(entries) * size, len(mine) * world * size, len(mine) * size)
+        ids = (sum(own), sum(received), sum(kept))
+    return _kjt_all_to_all(kind, batch, lengths, ids)
 
-        kept_lengths = len(features) * size
-        kept_ids = sum(_own_in_block(batch, rank, index[f], s.row_offset, s.rows) for s, f in mine)
-        got_lengths = len(mine) * world * size
-    else:
-        sent_lengths = len(entries) * size
-        sent_ids = sum(batch.ids[rank][index[f]].numel() for _, f in entries)
-        mine = [f for s, f in entries if s.rank == rank]
-        got_lengths = len(mine) * world * size
-        got_ids = sum(batch.ids[r][index[f]].numel() for f in mine for r in range(world))
-        kept_lengths, kept_ids = len(mine) * size, sum(batch.ids[rank][index[f]].numel() for f in mine)
-    a2a = "all_to_all_single"
+
+def _row_wise_output(kind: str, batch: GlobalBatch, width: int) -> tuple[list[Collective], list[Collective]]:
+    """Row-wise pooled embeddings of `width` columns: reduce-scatter forward, all-gather backward."""
+    part = batch.local_batch_size * width * _FP32
+    full = batch.world_size * part
     return [
-        Collective(f"{kind} input splits", a2a, "forward", splits, splits, splits // world),
-        Collective(
-            f"{kind} input lengths",
-            a2a,
-            "forward",
-            sent_lengths * length_bytes,
-            got_lengths * length_bytes,
-            kept_lengths * length_bytes,
-        ),
-        Collective(
-            f"{kind} input ids", a2a, "forward", sent_ids * id_bytes, got_ids * id_bytes, kept_ids * id_bytes
-        ),
-    ]
-
-
-def _in_block(batch: GlobalBatch, feature: int, first: int, count: int) -> int:
-    _, ids = batch.global_bags(feature)
-    return int(((ids >= first) & (ids < first + count)).sum())
-
-
-def _own_in_block(batch: GlobalBatch, rank: int, feature: int, first: int, count: int) -> int:
-    ids = batch.ids[rank][feature]
-    return int(((ids >= first) & (ids < first + count)).sum())
+        Collective(f"{kind} pooled reduce-scatter", "reduce_scatter_tensor", "forward", full, part, part)
+    ], [Collective(f"{kind} gradient all-gather", "all_gather_into_tensor", "backward", part, full, part)]
 
 
 def _output_dist(
@@ -189,7 +180,7 @@ def _output_dist(
 ) -> tuple[list[Collective], list[Collective]]:
     """The output dist's collectives of one sharding type: (forward, backward), each in call order."""
     world, size = batch.world_size, batch.local_batch_size
-    entries = _entries(shards, kind)
+    entries = [(s, f) for s in shards if s.sharding_type == kind for f in s.features]
     if kind in HOST_LEVEL_SHARDING_TYPES:
         hosts = world // local
         # each host's pooled width: its first device's blocks (torchrec's _dim_sum_per_node)
@@ -206,17 +197,21 @@ def _output_dist(
             Collective(f"{kind} gradient all-gather", gather, "backward", part, full, part, **host),
         ]
     if kind == "row_wise":
-        width = sum(s.cols for s, f in entries if s.rank == rank)
-        full, part = world * size * width * _FP32, size * width * _FP32
-        return [
-            Collective(f"{kind} pooled reduce-scatter", "reduce_scatter_tensor", "forward", full, part, part)
-        ], [Collective(f"{kind} gradient all-gather", "all_gather_into_tensor", "backward", part, full, part)]
+        return _row_wise_output(kind, batch, sum(s.cols for s, f in entries if s.rank == rank))
     mine = sum(s.cols for s, f in entries if s.rank == rank)
     everyone = sum(s.cols for s, f in entries)
     sent, received, kept = world * size * mine * _FP32, size * everyone * _FP32, size * mine * _FP32
     return [Collective(f"{kind} pooled all-to-all", "all_to_all_single", "forward", sent, received, kept)], [
         Collective(f"{kind} gradient all-to-all", "all_to_all_single", "backward", received, sent, kept)
     ]
+
+
+def _all_reduce(name: str, parameters: int, world: int) -> Collective:
+    """DistributedDataParallel's all-reduce of `parameters` fp32 gradients, outside the sharded module."""
+    total = parameters * _FP32
+    return Collective(
+        f"{name} gradient all-reduce", "all_reduce", "backward", total, total, total // world, False
+    )
 
 
 def plan_comms(
@@ -242,18 +237,7 @@ def plan_comms(
     replicated = {s.table: s.rows * s.cols for s in shards if s.sharding_type == "data_parallel"}
     for name, size in (("data_parallel tables", sum(replicated.values())), ("dense", dense_parameters)):
         if size:
-            total = size * _FP32
-            collectives.append(
-                Collective(
-                    f"{name} gradient all-reduce",
-                    "all_reduce",
-                    "backward",
-                    total,
-                    total,
-                    total // world,
-                    False,
-                )
-            )
+            collectives.append(_all_reduce(name, size, world))
     return RankComms(rank, collectives)
 
 
@@ -280,35 +264,11 @@ def routing_comms(
             for ids, block in zip(batch.ids[source], blocks)
         )
 
-    length_bytes, id_bytes = batch.lengths[0][0].element_size(), batch.ids[0][0].element_size()
-    splits = world * _splits_count() * _INT64
-    sent_ids = sum(int(batch.ids[rank][f].numel()) for f in range(features))
-    got_ids = sum(owned_by(source, rank) for source in range(world))
-    kept_ids = owned_by(rank, rank)
-    width = sum(dims[t] for t in batch.feature_tables)
-    full, part = world * size * width * _FP32, size * width * _FP32
-    a2a = "all_to_all_single"
-    collectives = [
-        Collective("row_wise input splits", a2a, "forward", splits, splits, splits // world),
-        Collective(
-            "row_wise input lengths",
-            a2a,
-            "forward",
-            world * features * size * length_bytes,
-            world * features * size * length_bytes,
-            features * size * length_bytes,
-        ),
-        Collective(
-            "row_wise input ids", a2a, "forward", sent_ids * id_bytes, got_ids * id_bytes, kept_ids * id_bytes
-        ),
-        Collective("row_wise pooled reduce-scatter", "reduce_scatter_tensor", "forward", full, part, part),
-        Collective("row_wise gradient all-gather", "all_gather_into_tensor", "backward", part, full, part),
-    ]
+    lengths = (world * features * size, world * features * size, features * size)
+    sent = sum(int(ids.numel()) for ids in batch.ids[rank])
+    ids = (sent, sum(owned_by(source, rank) for source in range(world)), owned_by(rank, rank))
+    forward, backward = _row_wise_output("row_wise", batch, sum(dims[t] for t in batch.feature_tables))
+    collectives = _kjt_all_to_all("row_wise", batch, lengths, ids) + forward + backward
     if dense_parameters:
-        total = dense_parameters * _FP32
-        collectives.append(
-            Collective(
-                "dense gradient all-reduce", "all_reduce", "backward", total, total, total // world, False
-            )
-        )
+        collectives.append(_all_reduce("dense", dense_parameters, world))
     return RankComms(rank, collectives)

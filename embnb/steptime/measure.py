@@ -29,7 +29,7 @@ import torch
 
 from embnb._checks import check_choice, check_int
 from embnb.steptime.comms import RankComms
-from embnb.steptime.kernels import DEFAULT_OPTIMIZER, DenseLookup, SequenceDense, lookup_module, make_mlp
+from embnb.steptime.kernels import DEFAULT_OPTIMIZER, DenseLookup, lookup_module, make_mlp
 from embnb.steptime.work import RankWork
 from embnb.timing import machine_name, time_phase
 
@@ -70,6 +70,14 @@ class Timing:
         values = self.values(clock)
         return min(values), max(values)
 
+    @staticmethod
+    def added(timings: Sequence[Timing]) -> Timing:
+        """Repeat by repeat, the sum of `timings` (phases of one step)."""
+        return Timing(
+            [sum(v) for v in zip(*(t.wall_s for t in timings))],
+            [sum(v) for v in zip(*(t.cpu_s for t in timings))],
+        )
+
 
 @dataclass(frozen=True)
 class RankTime:
@@ -79,24 +87,16 @@ class RankTime:
     rank: int
     phases: dict[str, Timing]
     num_ids: int  # ids its lookups read
-    dense_samples: int
     groups: tuple[dict, ...] = ()
     bytes_read: int = 0  # of table rows its lookups' forward gathers (`RankWork.bytes_read`)
 
     @property
     def compute(self) -> Timing:
-        timings = list(self.phases.values())
-        wall = [sum(t.wall_s[i] for t in timings) for i in range(len(timings[0].wall_s))]
-        cpu = [sum(t.cpu_s[i] for t in timings) for i in range(len(timings[0].cpu_s))]
-        return Timing(wall, cpu)
+        return Timing.added(list(self.phases.values()))
 
     @property
     def lookup(self) -> Timing:
-        forward, backward = self.phases["lookup_forward"], self.phases["lookup_backward"]
-        return Timing(
-            [a + b for a, b in zip(forward.wall_s, backward.wall_s)],
-            [a + b for a, b in zip(forward.cpu_s, backward.cpu_s)],
-        )
+        return Timing.added([self.phases["lookup_forward"], self.phases["lookup_backward"]])
 
 
 @dataclass(frozen=True)
@@ -211,28 +211,20 @@ def measure_rank(work: RankWork, options: StepOptions = StepOptions(), seed: int
     torch.manual_seed(seed)
     modules = [lookup_module(g, device, options.optimizer, options.learning_rate) for g in work.groups]
     inputs = _lookup_inputs(work, device)
-    if work.sequence_lengths:
-        dense = SequenceDense(work.dense_width, options.hidden).to(device)
-        dense_input = torch.randn(sum(work.sequence_lengths), work.dense_width, device=device)
-    else:
-        dense = make_mlp(work.dense_width, options.hidden).to(device)
-        dense_input = torch.randn(work.dense_samples, work.dense_width, device=device)
-    dense_input.requires_grad_(True)
+    dense = make_mlp(work.dense_width, options.hidden).to(device)
+    dense_input = torch.randn(work.dense_samples, work.dense_width, device=device, requires_grad=True)
     grads = _output_grads(work, device)
     clock = _Clock(device)
     for step in range(options.warmup + options.repeats):
         keep = step >= options.warmup
         outputs = clock.run("lookup_forward", lambda: [m(*x) for m, x in zip(modules, inputs)], keep)
         clock.run("lookup_backward", lambda out=outputs: _backward(modules, out, grads), keep)
-        if work.sequence_lengths:
-            loss = clock.run("dense_forward", lambda: dense(dense_input, work.sequence_lengths), keep)
-        else:
-            loss = clock.run("dense_forward", lambda: dense(dense_input).sum(), keep)
+        loss = clock.run("dense_forward", lambda: dense(dense_input).sum(), keep)
         clock.run("dense_backward", loss.backward, keep)
         dense.zero_grad(set_to_none=True)
         dense_input.grad = None
     groups = tuple(group.describe() for group in work.groups)
-    return RankTime(work.rank, clock.record, work.num_ids, work.dense_samples, groups, work.bytes_read)
+    return RankTime(work.rank, clock.record, work.num_ids, groups, work.bytes_read)
 
 
 def _backward(modules, outputs, grads) -> None:
@@ -298,16 +290,12 @@ def join_rounds(rounds: Sequence[StepTimes]) -> StepTimes:
             )
     ranks = []
     for position, rank in enumerate(first.ranks):
+        parts = {phase: [times.ranks[position].phases[phase] for times in rounds] for phase in rank.phases}
         phases = {
-            phase: Timing(
-                [v for times in rounds for v in times.ranks[position].phases[phase].wall_s],
-                [v for times in rounds for v in times.ranks[position].phases[phase].cpu_s],
-            )
-            for phase in rank.phases
+            phase: Timing([v for t in timings for v in t.wall_s], [v for t in timings for v in t.cpu_s])
+            for phase, timings in parts.items()
         }
-        ranks.append(
-            RankTime(rank.rank, phases, rank.num_ids, rank.dense_samples, rank.groups, rank.bytes_read)
-        )
+        ranks.append(RankTime(rank.rank, phases, rank.num_ids, rank.groups, rank.bytes_read))
     notes = [*first.notes, f"{len(rounds)} rounds, interleaved with other plans' (join_rounds)"]
     repeats = sum(times.repeats for times in rounds)
     return StepTimes(

@@ -25,7 +25,6 @@ from embnb._checks import check_int
 from embnb._stderr import native_stderr
 from embnb.steptime.kernels import SequenceDense
 from embnb.steptime.measure import DEFAULT_HIDDEN
-from embnb.steptime.work import partition_work
 
 __all__ = ["peak_memory_partition", "peak_step_bytes"]
 
@@ -110,6 +109,6 @@ def peak_memory_partition(
     if not sequence_lengths:
         raise ValueError("sequence_lengths is empty: pass one list of lengths per rank")
     return [
-        peak_step_bytes(partition_work(sequence_lengths, rank, width).sequence_lengths, width, hidden, device)
-        for rank in range(len(sequence_lengths))
+        peak_step_bytes([check_int("sequence length", int(n), low=1) for n in lengths], width, hidden, device)
+        for lengths in sequence_lengths
     ]

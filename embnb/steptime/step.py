@@ -3,7 +3,6 @@ measured step out (`StepTimes`).
 
     times = measure_plan(plan, model.tables, batch)                  # a torchrec ShardingPlan
     times = measure_routing(batch, "hash_roundrobin", rows, dims)    # a routing mode, a key stream
-    times = measure_partition([[512, 64], [128, 128, 200]], width=64) # a batch partition
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ from embnb.rowwise.routing import DistType
 from embnb.steptime.batch import GlobalBatch
 from embnb.steptime.comms import RankComms, plan_comms, routing_comms
 from embnb.steptime.measure import StepOptions, StepTimes, measure_ranks
-from embnb.steptime.work import RankWork, partition_work, plan_shards, plan_work, routing_work
+from embnb.steptime.work import RankWork, plan_shards, plan_work, routing_work
 
-__all__ = ["measure_plan", "plan_ranks", "measure_routing", "measure_partition"]
+__all__ = ["measure_plan", "plan_ranks", "measure_routing"]
 
 
 def measure_plan(
@@ -65,20 +64,5 @@ def measure_routing(
         lambda rank: routing_work(batch, dist_type, rows, dims, rank, block_size),
         batch.world_size,
         comms_of=lambda rank, dense: routing_comms(batch, dist_type, rows, dims, rank, block_size, dense),
-        options=StepOptions(**options),
-    )
-
-
-def measure_partition(
-    sequence_lengths: Sequence[Sequence[int]], width: int = 64, **options: Any
-) -> StepTimes:
-    """Every rank's dense step over its samples of a batch partition
-    (`sequence_lengths[r]`: rank r's samples' lengths): attention within each
-    sample and an MLP per token (`kernels.SequenceDense`)."""
-    if not sequence_lengths:
-        raise ValueError("sequence_lengths is empty: pass one list of lengths per rank")
-    return measure_ranks(
-        lambda rank: partition_work(sequence_lengths, rank, width),
-        len(sequence_lengths),
         options=StepOptions(**options),
     )

@@ -1,7 +1,7 @@
 """Each rank's own work in a W-rank step, built from a configuration: which
 shards it looks up and exactly which ids each receives.
 
-Three configurations:
+Two configurations:
 
 - a torchrec sharding plan (`plan_work`): the rank's shards of every table,
   fed the ids torchrec's input distribution delivers to it from the global
@@ -13,8 +13,6 @@ Three configurations:
   table gets the rank's local batch only.
 - a routing mode with a key stream (`routing_work`): every feature's table
   row-wise over all ranks with `embnb.rowwise`'s owner rule.
-- a batch partition (`partition_work`): each rank's samples (their
-  sequence lengths) for the dense part; no lookups.
 
     shards = plan_shards(plan, model.tables)
     work = plan_work(shards, batch, rank=3)
@@ -23,7 +21,7 @@ Three configurations:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan, ShardingType
@@ -42,7 +40,6 @@ __all__ = [
     "plan_shards",
     "plan_work",
     "routing_work",
-    "partition_work",
     "SUPPORTED_SHARDING_TYPES",
     "HOST_LEVEL_SHARDING_TYPES",
     "devices_per_host",
@@ -91,14 +88,8 @@ class Shard:
 
     def describe(self) -> dict[str, object]:
         """The shard as the results JSON records it."""
-        return {
-            "table": self.table,
-            "compute_kernel": self.compute_kernel,
-            "row_offset": self.row_offset,
-            "rows": self.rows,
-            "col_offset": self.col_offset,
-            "cols": self.cols,
-        }
+        keys = ("table", "compute_kernel", "row_offset", "rows", "col_offset", "cols")
+        return {key: getattr(self, key) for key in keys}
 
 
 @dataclass(frozen=True)
@@ -143,15 +134,13 @@ class LookupGroup:
 @dataclass(frozen=True)
 class RankWork:
     """Rank `rank`'s lookups and its dense part's input: `dense_samples`
-    samples of width `dense_width` (its pooled embeddings), or sequence
-    samples of `sequence_lengths` tokens (a batch partition)."""
+    samples of width `dense_width` (its pooled embeddings)."""
 
     rank: int
     world_size: int
     groups: list[LookupGroup]
     dense_samples: int
     dense_width: int
-    sequence_lengths: list[int] = field(default_factory=list)
 
     @property
     def num_ids(self) -> int:
@@ -191,37 +180,18 @@ def plan_shards(
             raise ValueError(
                 f"table {name!r}: sharding type {kind!r} is not one of {SUPPORTED_SHARDING_TYPES}"
             )
-        features = tuple(table.feature_names)
-        if kind == ShardingType.DATA_PARALLEL.value:
-            key = parameter_sharding_group_keys(sharding, table, [table.embedding_dim])[0]
-            shards += [
-                Shard(
-                    name,
-                    kind,
-                    sharding.compute_kernel,
-                    r,
-                    0,
-                    table.num_embeddings,
-                    0,
-                    table.embedding_dim,
-                    features,
-                    key,
-                )
-                for r in range(world_size)
+        if kind == ShardingType.DATA_PARALLEL.value:  # the whole table on every rank
+            blocks = [(r, (0, 0), (table.num_embeddings, table.embedding_dim)) for r in range(world_size)]
+        else:
+            blocks = [
+                (m.placement.rank(), m.shard_offsets, m.shard_sizes) for m in sharding.sharding_spec.shards
             ]
-            continue
-        metas = sharding.sharding_spec.shards
-        keys = parameter_sharding_group_keys(sharding, table, [m.shard_sizes[1] for m in metas])
-        for meta, key in zip(metas, keys):
-            rank = meta.placement.rank()
+        keys = parameter_sharding_group_keys(sharding, table, [cols for _, _, (_, cols) in blocks])
+        features, kernel = tuple(table.feature_names), sharding.compute_kernel
+        for (rank, (row, col), (rows, cols)), key in zip(blocks, keys):
             if not 0 <= rank < world_size:
-                raise ValueError(
-                    f"table {name!r} has a shard on rank {rank}, outside world_size {world_size}"
-                )
-            (row, col), (rows, cols) = meta.shard_offsets, meta.shard_sizes
-            shards.append(
-                Shard(name, kind, sharding.compute_kernel, rank, row, rows, col, cols, features, key)
-            )
+                raise ValueError(f"table {name!r}: a shard on rank {rank}, outside world_size {world_size}")
+            shards.append(Shard(name, kind, kernel, rank, row, rows, col, cols, features, key))
     missing = set(by_name) - {s.table for s in shards}
     if missing:
         raise ValueError(f"the plan places no shard of tables {sorted(missing)}")
@@ -362,14 +332,3 @@ def routing_work(
     group = _group("row_wise", "fused", shards, inputs, batch.local_batch_size * world_size)
     width = sum(dims[t] for t in batch.feature_tables)
     return RankWork(rank, world_size, [group], batch.local_batch_size, width)
-
-
-def partition_work(sequence_lengths: Sequence[Sequence[int]], rank: int, width: int) -> RankWork:
-    """Rank `rank`'s samples of a batch partition (`sequence_lengths[r]`: the
-    sequence length of each sample rank r holds), for the dense part only:
-    tokens of `width` features."""
-    world_size = len(sequence_lengths)
-    check_int("rank", rank, low=0, high=world_size - 1)
-    check_int("width", width, low=1)
-    lengths = [check_int("sequence length", int(n), low=1) for n in sequence_lengths[rank]]
-    return RankWork(rank, world_size, [], len(lengths), width, lengths)

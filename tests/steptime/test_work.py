@@ -28,7 +28,7 @@ from embnb.steptime.batch import batch_from_keys, feature_pooling_factors, make_
 from embnb.steptime.comms import Collective, RankComms, plan_comms, routing_comms
 from embnb.steptime.kernels import fbgemm_cuda_available
 from embnb.steptime.measure import StepOptions, join_rounds, lookup_steps
-from embnb.steptime.step import measure_partition, measure_routing
+from embnb.steptime.step import measure_routing
 from embnb.steptime.work import devices_per_host, plan_shards, plan_work, routing_work
 from embnb.steptime.world import kernel_device, measure_world
 
@@ -180,22 +180,20 @@ def test_routing_work_feeds_each_rank_the_keys_it_owns(dist_type):
         assert group.shards[0].rows == block and all(i < block for i in group.ids.tolist())
 
 
-def test_measure_routing_and_partition_time_every_rank_and_phase():
+def test_measure_routing_times_every_rank_and_phase():
     batch = make_batch([TABLES[0]], None, 2, 8, seed=0)
-    times = measure_routing(batch, "roundrobin", {"a": 97}, {"a": 24}, warmup=0, repeats=2, hidden=(8,))
+    times = measure_routing(batch, "roundrobin", {"a": 97}, {"a": 24}, warmup=1, repeats=3, hidden=(8,))
     assert [r.rank for r in times.ranks] == [0, 1] and times.threads == 1 and len(times.comms) == 2
     assert sum(r.num_ids for r in times.ranks) == int(torch.cat(batch.lengths[0] + batch.lengths[1]).sum())
-    partition = measure_partition([[5, 3, 5], [12]], width=8, warmup=1, repeats=3, hidden=(8,))
-    for rank in partition.ranks:
-        assert rank.num_ids == 0 and set(rank.phases) == {
-            "lookup_forward",
-            "lookup_backward",
-            "dense_forward",
-            "dense_backward",
-        }
+    for rank in times.ranks:
+        assert set(rank.phases) == {"lookup_forward", "lookup_backward", "dense_forward", "dense_backward"}
         assert all(len(t.wall_s) == len(t.cpu_s) == 3 for t in rank.phases.values())
+        # the step is the sum of its phases, repeat by repeat; the lookups of the first two
+        assert rank.compute.cpu_s == [sum(v) for v in zip(*(t.cpu_s for t in rank.phases.values()))]
+        forward, backward = rank.phases["lookup_forward"], rank.phases["lookup_backward"]
+        assert rank.lookup.wall_s == [a + b for a, b in zip(forward.wall_s, backward.wall_s)]
         assert rank.compute.median_s("cpu") > 0
-    assert partition.ranks[0].dense_samples == 3 and partition.critical_rank() in (0, 1)
+    assert times.critical_rank() in (0, 1)
 
 
 def test_rounds_join_into_one_measurement_repeat_by_repeat():
@@ -214,7 +212,9 @@ def test_rounds_join_into_one_measurement_repeat_by_repeat():
             assert timing.wall_s == parts[0].wall_s + parts[1].wall_s
             assert timing.cpu_s == parts[0].cpu_s + parts[1].cpu_s
         assert rank.lookup.cpu_s == [v for t in rounds for v in t.ranks[position].lookup.cpu_s]
-    three = measure_partition([[5], [3], [2]], width=8, warmup=0, repeats=1, hidden=(8,))
+    three = measure_routing(
+        make_batch([TABLES[0]], None, 3, 2), "roundrobin", {"a": 97}, {"a": 24}, repeats=1
+    )
     with pytest.raises(ValueError, match=r"rounds\[1\] has \(ranks, device, threads, warmup\) \(3,"):
         join_rounds([rounds[0], three])
     with pytest.raises(ValueError, match="rounds is empty"):
@@ -311,12 +311,13 @@ def test_bad_configurations_are_named():
     with pytest.raises(ValueError, match="a world of 3"):
         devices_per_host(split, 3)
     # the measuring options, as every measure_* call passes them
+    routed = (make_batch([TABLES[0]], None, 2, 2), "roundrobin", {"a": 97}, {"a": 24})
     with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
-        measure_partition([[4]], repeats=0)
+        measure_routing(*routed, repeats=0)
     with pytest.raises(ValueError, match="warmup must be an int >= 0, got -1"):
-        measure_partition([[4]], warmup=-1)
+        measure_routing(*routed, warmup=-1)
     with pytest.raises(TypeError, match="unexpected keyword argument 'repeat'"):
-        measure_partition([[4]], repeat=3)
+        measure_routing(*routed, repeat=3)
     if not torch.cuda.is_available():
         batch = make_batch(TABLES, None, 2, 2)
         with pytest.raises(ValueError, match="no CUDA kernels"):
