@@ -47,7 +47,7 @@ __all__ = [
     "summarize",
     "summarize_repeats",
     "timed_steps",
-    "slowest_rank_seconds",
+    "slowest_rank",
 ]
 
 MODES = ("none", "sync", "overlap")
@@ -344,16 +344,12 @@ class RunSummary:
     shuffle_seconds: float  # gather + KK + exchange time per timed step (either thread), mean over ranks
     num_spans: int
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary:
     """One mode's per-rank `train` results over its `timed_steps`. Phase
     times are per loop iteration (whichever batch they worked on), as in
     `timeline.phase_seconds`."""
     kept = timed_steps(len(per_rank[0]["step_seconds"]), skip_first)
-    slowest = [max(r["step_seconds"][s] for r in per_rank) for s in kept]
     flops_ratio = [max_over_mean([r["step_flops"][s] for r in per_rank]) for s in kept]
     spans = [dict(s, rank=r["rank"]) for r in per_rank for s in r["spans"]]
     phases = phase_seconds(spans, kept, len(per_rank))
@@ -363,7 +359,7 @@ def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary
         native_kk=per_rank[0]["native_kk"],
         exchange=per_rank[0]["exchange"],
         shuffle_group=per_rank[0].get("shuffle_group", "shared"),
-        step_seconds=statistics.fmean(slowest),
+        step_seconds=statistics.fmean(slowest_rank(per_rank, skip_first=skip_first)),
         flops_max_over_mean=statistics.fmean(flops_ratio),
         hidden_fraction=None if math.isnan(hidden) else hidden,
         kk_seconds=sum(v for (_, phase), v in phases.items() if phase == "kk"),
@@ -391,9 +387,10 @@ def summarize_repeats(repeats: list[list[dict[str, Any]]], skip_first: int = 1) 
     )
 
 
-def slowest_rank_seconds(per_rank: list[dict[str, Any]], skip_first: int = 1) -> float:
-    """Wall time of one run's steps as the ranks lived them: each step lasts
-    as long as its slowest rank (they meet at the all-reduce), summed over
-    the `timed_steps`."""
-    kept = timed_steps(len(per_rank[0]["step_seconds"]), skip_first)
-    return sum(max(r["step_seconds"][s] for r in per_rank) for s in kept)
+def slowest_rank(
+    per_rank: list[dict[str, Any]], key: str = "step_seconds", skip_first: int = 1
+) -> list[float]:
+    """Per timed step (`timed_steps`), the largest of the ranks' `key` ("step_seconds" or
+    "step_flops"): the ranks meet at the all-reduce, so a step lasts as long as its slowest rank."""
+    kept = timed_steps(len(per_rank[0][key]), skip_first)
+    return [max(r[key][s] for r in per_rank) for s in kept]

@@ -338,10 +338,10 @@ def test_summarize_takes_each_timed_step_at_its_slowest_rank():
     assert both.hidden_fraction == pytest.approx(0.5) and both.num_spans == 5 + 7
 
 
-def test_slowest_rank_seconds_sums_each_timed_steps_slowest_rank():
+def test_slowest_rank_takes_each_timed_steps_slowest_rank():
     ranks = [{"step_seconds": [9.0, 1.0, 3.0, 2.0]}, {"step_seconds": [8.0, 2.0, 1.0, 2.5]}]
-    assert training.slowest_rank_seconds(ranks) == 2.0 + 3.0
-    assert training.slowest_rank_seconds(ranks, skip_first=0) == 9.0 + 2.0 + 3.0
-    one_step = [{"step_seconds": [4.0]}, {"step_seconds": [5.0]}]
-    assert training.slowest_rank_seconds(one_step) == 5.0  # never skips every step
+    assert training.slowest_rank(ranks) == [2.0, 3.0]
+    assert training.slowest_rank(ranks, skip_first=0) == [9.0, 2.0, 3.0]
+    one_step = [{"step_flops": [4.0]}, {"step_flops": [5.0]}]
+    assert training.slowest_rank(one_step, "step_flops") == [5.0]  # never skips every step
     assert list(training.timed_steps(2)) == [1] and list(training.timed_steps(6, 2)) == [2, 3, 4]

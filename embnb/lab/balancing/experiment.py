@@ -7,7 +7,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -17,8 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from embnb._checks import check_int
 from embnb.balancing import training
-from embnb.balancing.kjt_alltoall import batch_exchange_bytes, compare_exchanges, zipf_batch
-from embnb.balancing.kjt_gather import compare_gathers
+from embnb.balancing.kjt_alltoall import batch_exchange_bytes, zipf_batch
 from embnb.balancing.partition import balance
 from embnb.balancing.shuffle import EXCHANGES
 from embnb.balancing.timeline import phase_seconds
@@ -29,7 +27,7 @@ from embnb.dist import device_plan, launch_each
 from embnb.metrics import max_over_mean
 from embnb.timing import Difference, median_seconds, paired_difference
 
-__all__ = ["TrainingRuns", "run_training", "experiment_call", "exchange_bytes_by_world_size"]
+__all__ = ["TrainingRuns", "run_training", "exchange_bytes_by_world_size"]
 
 
 def time_kk(workloads: Sequence[float], num_parts: int) -> dict[str, Any]:
@@ -85,9 +83,7 @@ class TrainingRuns:
 
     def step_ms(self, label: str) -> list[float]:
         """Per repeat: the mean step time (ms) over the timed steps, each at its slowest rank."""
-        repeats = self.per_repeat[label]
-        timed = len(timed_steps(len(repeats[0][0]["step_seconds"])))
-        return [1e3 * training.slowest_rank_seconds(ranks) / timed for ranks in repeats]
+        return [1e3 * statistics.fmean(training.slowest_rank(ranks)) for ranks in self.per_repeat[label]]
 
     def difference(self, a: str, b: str) -> Difference:
         """Run a's step time minus run b's (ms per step), paired per repeat."""
@@ -97,9 +93,7 @@ class TrainingRuns:
         """The speed-up each run would get if a step took its slowest rank's FLOPs (first repeat)."""
 
         def max_flops(label: str) -> float:
-            ranks = self.per_repeat[label][0]
-            steps = timed_steps(len(ranks[0]["step_flops"]))
-            return sum(max(r["step_flops"][s] for r in ranks) for s in steps)
+            return sum(training.slowest_rank(self.per_repeat[label][0], "step_flops"))
 
         return {label: max_flops(reference) / max_flops(label) for label in self.per_repeat}
 
@@ -158,14 +152,15 @@ def run_training(
     device: str = "auto",
     repeats: int = 1,
     timeout_s: float = 1800,
-    also: Mapping[str, tuple[Callable, tuple]] | None = None,
+    also: Mapping[str, Callable] | None = None,
 ) -> TrainingRuns:
-    """Each of `also` (name -> (fn, args), called as fn(rank, world_size, *args); `experiment_call`),
-    then `train` per config, `repeats` times over, all in one launch (spawning ranks takes seconds each
-    time). Raises ValueError on repeats < 1."""
+    """Each of `also` (name -> fn, called as fn(rank, world_size): e.g. a `functools.partial` of
+    `kjt_gather.compare_gathers`), then `train` per config, `repeats` times over, all in one launch
+    (spawning ranks takes seconds each time). Raises ValueError on repeats < 1."""
     check_int("repeats", repeats, low=1)
     also = dict(also or {})
-    calls = [*also.values(), *[(training.train, (c,)) for _ in range(repeats) for c in configs.values()]]
+    calls = [(fn, ()) for fn in also.values()]
+    calls += [(training.train, (c,)) for _ in range(repeats) for c in configs.values()]
     outcomes = launch_each(calls, world_size, device=device, timeout_s=timeout_s)
     also_results = {name: outcomes.pop(0) for name in also}
     per_repeat = {label: outcomes[i :: len(configs)] for i, label in enumerate(configs)}
@@ -183,12 +178,6 @@ def exchange_records(per_world_size: Mapping[int, list[dict[str, Any]]]) -> list
         for w, ranks in per_world_size.items()
         for name in EXCHANGES
     ]
-
-
-def experiment_call(name: str, **kwargs: Any) -> tuple[Callable, tuple]:
-    """`kjt_gather.compare_gathers(**kwargs)` ("gathers") or `kjt_alltoall.compare_exchanges(**kwargs)`
-    ("exchanges") as a call for `run_training`'s `also`."""
-    return partial({"gathers": compare_gathers, "exchanges": compare_exchanges}[name], **kwargs), ()
 
 
 def exchange_bytes_by_world_size(

@@ -1,8 +1,11 @@
 """embnb.lab.balancing.experiment: repeated training runs in one launch, and
 the step-time speed-ups computed from them."""
 
+import functools
+
 import pytest
 
+from embnb.balancing.kjt_alltoall import compare_exchanges
 from embnb.balancing.training import TrainConfig
 from embnb.lab.balancing import experiment
 
@@ -13,7 +16,7 @@ TINY = TrainConfig(
 
 def test_repeats_run_interleaved_and_each_label_gets_its_own_runs():
     configs = {"plain": TINY.replace(mode="none"), "balanced": TINY.replace(mode="sync")}
-    also = {"exchanges": experiment.experiment_call("exchanges", batch_size=4)}  # before training
+    also = {"exchanges": functools.partial(compare_exchanges, batch_size=4)}  # before training
     runs = experiment.run_training(configs, 2, device="cpu", repeats=2, timeout_s=300, also=also)
     assert runs.backend == "gloo" and [r["identical"] for r in runs.also["exchanges"]] == [True, True]
     records = experiment.exchange_records({2: runs.also["exchanges"]})
