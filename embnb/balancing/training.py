@@ -2,9 +2,9 @@
 category embeddings, one attention block, mean pooling, a regression head),
 the balancer hidden behind compute: `train(rank, world_size, config)` in one
 of the modes of `TrainConfig.mode` (see `train`), recording a `Timeline` per
-rank and step; `summarize` turns one mode's per-rank results into a
-`RunSummary` over the `timed_steps`. On a GPU the model runs on the rank's
-device and KK on the CPU. Several configs run in one launch:
+rank and step (`embnb.lab.balancing.experiment.TrainingRuns` sums them up
+over the `timed_steps`). On a GPU the model runs on the rank's device and KK
+on the CPU. Several configs run in one launch:
 
     launch_each([(train, (TrainConfig(mode="none"),)),
                  (train, (TrainConfig(mode="overlap"),))], 4, device="cpu")
@@ -13,8 +13,6 @@ device and KK on the CPU. Several configs run in one launch:
 from __future__ import annotations
 
 import dataclasses
-import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,12 +26,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from embnb._checks import check_choice, check_int, check_native, check_number
 from embnb.balancing.partition import METHODS
 from embnb.balancing.shuffle import EXCHANGES, BalancedShuffle
-from embnb.balancing.timeline import SHUFFLE_PHASES, Timeline, hidden_fraction, phase_seconds
+from embnb.balancing.timeline import Timeline, hidden_fraction
 from embnb.balancing.workloads import attention_block_flops
 from embnb.collectives import all_reduce_
 from embnb.data import zipf_lengths
 from embnb.dist import rank_device
-from embnb.metrics import max_over_mean
 
 __all__ = [
     "MODES",
@@ -43,9 +40,6 @@ __all__ = [
     "make_local_batch",
     "sample_workloads",
     "train",
-    "RunSummary",
-    "summarize",
-    "summarize_repeats",
     "timed_steps",
     "slowest_rank",
 ]
@@ -209,7 +203,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
     model = SequenceModel(
         config.num_items, config.num_categories, config.embedding_dim, config.ffn_dim, config.num_heads
     ).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(params, lr=config.lr)
     global_batch = world_size * config.batch_size
     timeline = Timeline()
     mode = config.mode
@@ -256,10 +251,17 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
             with timeline.span("backward", step, device):
                 optimizer.zero_grad()
                 loss.backward()
-                grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+                grads = torch.cat([p.grad.reshape(-1) for p in params])
             if shuffling_next and not own_group:  # the worker owns the group until finish()
                 current = shuffle.finish()
-            total_loss = _all_reduce_and_step(model, optimizer, grads, loss, timeline, step, device)
+            with timeline.span("all_reduce", step, device):
+                all_reduce_(grads)
+                total_loss = loss.detach().clone()
+                all_reduce_(total_loss)
+            with timeline.span("optimizer", step, device):  # on the summed gradients
+                for p, grad in zip(params, grads.split([p.numel() for p in params])):
+                    p.grad.copy_(grad.view_as(p))
+                optimizer.step()
             if shuffling_next and own_group:  # its own group: it may run under the all-reduce too
                 current = shuffle.finish()
             step_end = time.perf_counter()
@@ -275,7 +277,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
         "step_seconds": step_seconds,
         "step_flops": step_flops,
         "losses": losses,
-        "weights": torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]),
+        "weights": torch.cat([p.detach().reshape(-1).cpu() for p in params]),
         "hidden_fraction": hidden_fraction(timeline.spans),
     }
 
@@ -294,29 +296,6 @@ def _worker_group() -> dist.ProcessGroup:
     return dist.new_group(backend="gloo")
 
 
-def _all_reduce_and_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    grads: torch.Tensor,
-    loss: torch.Tensor,
-    timeline: Timeline,
-    step: int,
-    device: torch.device,
-) -> torch.Tensor:
-    """The flat gradients and the loss all-reduced, then the optimizer's
-    step on the summed gradients; returns the global loss."""
-    with timeline.span("all_reduce", step, device):
-        all_reduce_(grads)
-        total_loss = loss.detach().clone()
-        all_reduce_(total_loss)
-    with timeline.span("optimizer", step, device):
-        params = list(model.parameters())
-        for p, grad in zip(params, grads.split([p.numel() for p in params])):
-            p.grad.copy_(grad.view_as(p))
-        optimizer.step()
-    return total_loss
-
-
 def timed_steps(steps: int, skip_first: int = 1) -> range:
     """The steady-state iterations every mode is timed on: after `skip_first`
     warm-up iterations and before the last one. In each of them every mode
@@ -326,65 +305,6 @@ def timed_steps(steps: int, skip_first: int = 1) -> range:
     check_int("steps", steps, low=1)
     kept = range(min(skip_first, steps - 1), steps - 1)
     return kept if len(kept) else range(steps - 1, steps)
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """One mode's numbers across its ranks, over its `timed_steps`: each a
-    mean, so that they add up (the shuffle's phases to `shuffle_seconds`)."""
-
-    mode: str
-    native_kk: bool | None  # as asked (TrainConfig.native_kk)
-    exchange: str
-    shuffle_group: str
-    step_seconds: float  # mean over timed steps of the slowest rank's step time
-    flops_max_over_mean: float  # mean over timed steps of the ranks' FLOPs max/mean
-    hidden_fraction: float | None  # shuffle time the main thread never waited for; None without one
-    kk_seconds: float  # KK time per timed step, mean over ranks
-    shuffle_seconds: float  # gather + KK + exchange time per timed step (either thread), mean over ranks
-    num_spans: int
-
-
-def summarize(per_rank: list[dict[str, Any]], skip_first: int = 1) -> RunSummary:
-    """One mode's per-rank `train` results over its `timed_steps`. Phase
-    times are per loop iteration (whichever batch they worked on), as in
-    `timeline.phase_seconds`."""
-    kept = timed_steps(len(per_rank[0]["step_seconds"]), skip_first)
-    flops_ratio = [max_over_mean([r["step_flops"][s] for r in per_rank]) for s in kept]
-    spans = [dict(s, rank=r["rank"]) for r in per_rank for s in r["spans"]]
-    phases = phase_seconds(spans, kept, len(per_rank))
-    hidden = hidden_fraction(spans)  # every rank's: weighted by each rank's shuffle time
-    return RunSummary(
-        mode=per_rank[0]["mode"],
-        native_kk=per_rank[0]["native_kk"],
-        exchange=per_rank[0]["exchange"],
-        shuffle_group=per_rank[0].get("shuffle_group", "shared"),
-        step_seconds=statistics.fmean(slowest_rank(per_rank, skip_first=skip_first)),
-        flops_max_over_mean=statistics.fmean(flops_ratio),
-        hidden_fraction=None if math.isnan(hidden) else hidden,
-        kk_seconds=sum(v for (_, phase), v in phases.items() if phase == "kk"),
-        shuffle_seconds=sum(v for (_, phase), v in phases.items() if phase in SHUFFLE_PHASES),
-        num_spans=sum(len(r["spans"]) for r in per_rank),
-    )
-
-
-def summarize_repeats(repeats: list[list[dict[str, Any]]], skip_first: int = 1) -> RunSummary:
-    """`summarize` of each repeat, averaged (the hidden fraction weighted by
-    each repeat's shuffle time)."""
-    if not repeats:
-        raise ValueError("repeats is empty: nothing to summarize")
-    each = [summarize(per_rank, skip_first) for per_rank in repeats]
-    shuffled = [(s.hidden_fraction, s.shuffle_seconds) for s in each if s.hidden_fraction is not None]
-    weight = sum(w for _, w in shuffled)
-    return dataclasses.replace(
-        each[0],
-        step_seconds=statistics.fmean(s.step_seconds for s in each),
-        flops_max_over_mean=statistics.fmean(s.flops_max_over_mean for s in each),
-        hidden_fraction=sum(h * w for h, w in shuffled) / weight if weight > 0 else None,
-        kk_seconds=statistics.fmean(s.kk_seconds for s in each),
-        shuffle_seconds=statistics.fmean(s.shuffle_seconds for s in each),
-        num_spans=sum(s.num_spans for s in each),
-    )
 
 
 def slowest_rank(

@@ -179,7 +179,7 @@ def bench_training(
         rows.append(
             {
                 "label": label,
-                **dataclasses.asdict(summary),
+                **summary,
                 "step_ms": {"median": statistics.median(ms), "low": min(ms), "high": max(ms), "repeats": ms},
                 "speedup_vs_no_balancing": paired_ratio(reference_ms, ms).as_dict(),
                 "flops_ideal_speedup": ideal[label],

@@ -291,53 +291,6 @@ def test_bad_config_is_named():
         training.AttentionBlock(10, 16, 4)
 
 
-def _span(phase, step, start, end, thread="main"):
-    return {"phase": phase, "step": step, "start": start, "end": end, "thread": thread, "warmup": False}
-
-
-def test_summarize_takes_each_timed_step_at_its_slowest_rank():
-    # 4 steps: the first is warm-up, the last shuffles nothing when overlapped: steps 1 and 2 count
-    ranks = [
-        {
-            "mode": "sync",
-            "native_kk": False,
-            "exchange": "allgather",
-            "step_seconds": [9.0, 1.0, 3.0, 7.0],
-            "step_flops": [1, 2, 2, 1],
-            "spans": [_span("kk", 1, 0.0, 0.5), _span("exchange", 1, 0.5, 1.0), _span("forward", 1, 1, 9)],
-            "hidden_fraction": 0.0,
-        },
-        {
-            "mode": "sync",
-            "native_kk": False,
-            "exchange": "allgather",
-            "step_seconds": [9.0, 2.0, 1.0, 7.0],
-            "step_flops": [1, 2, 6, 1],
-            "spans": [_span("kk", 1, 0.0, 0.25), _span("gather_workloads", 1, 0.0, 3.0)],
-            "hidden_fraction": 0.0,
-        },
-    ]
-    for r, rank in enumerate(ranks):
-        rank["rank"] = r
-    summary = training.summarize(ranks)
-    assert summary.step_seconds == 2.5  # mean of the slowest ranks: 2.0 and 3.0
-    assert summary.flops_max_over_mean == pytest.approx((1.0 + 6 / 4) / 2)
-    assert summary.num_spans == 5 and summary.hidden_fraction == 0.0
-    # per timed step (2) and rank (2): kk 0.5 + 0.25; shuffle 0.5 + 0.5 and 0.25 + 3
-    assert summary.kk_seconds == pytest.approx(0.75 / 4)
-    assert summary.shuffle_seconds == pytest.approx((1.0 + 3.25) / 4)
-    # two repeats: means, the hidden fraction weighted by shuffle time
-    # the same phases in the worker, done before the loop waits for them: all hidden
-    hidden = [
-        [dict(s, thread="worker") for s in rank["spans"]] + [_span("wait", 1, 5.0, 5.1)] for rank in ranks
-    ]
-    other = [dict(rank, step_seconds=[9.0, 4.0, 4.0, 7.0], spans=s) for rank, s in zip(ranks, hidden)]
-    both = training.summarize_repeats([ranks, other])
-    assert both.step_seconds == pytest.approx((2.5 + 4.0) / 2)
-    assert both.shuffle_seconds == pytest.approx(summary.shuffle_seconds)
-    assert both.hidden_fraction == pytest.approx(0.5) and both.num_spans == 5 + 7
-
-
 def test_slowest_rank_takes_each_timed_steps_slowest_rank():
     ranks = [{"step_seconds": [9.0, 1.0, 3.0, 2.0]}, {"step_seconds": [8.0, 2.0, 1.0, 2.5]}]
     assert training.slowest_rank(ranks) == [2.0, 3.0]

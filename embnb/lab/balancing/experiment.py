@@ -4,6 +4,7 @@ one launch that trains every mode (`run_training(configs, 2).table("none")`), th
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +20,8 @@ from embnb.balancing import training
 from embnb.balancing.kjt_alltoall import batch_exchange_bytes, zipf_batch
 from embnb.balancing.partition import balance
 from embnb.balancing.shuffle import EXCHANGES
-from embnb.balancing.timeline import phase_seconds
-from embnb.balancing.training import RunSummary, TrainConfig, timed_steps
+from embnb.balancing.timeline import SHUFFLE_PHASES, hidden_fraction, phase_seconds
+from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import attention_block_flops
 from embnb.cuda import loader
 from embnb.dist import device_plan, launch_each
@@ -77,9 +78,29 @@ class TrainingRuns:
         ms = {k: 1e3 * max(g["seconds"][k] for g in gathers) for k in calls}
         return {"calls": calls, "identical": all(g["identical"] for g in gathers), "ms": ms}
 
-    def summaries(self) -> dict[str, RunSummary]:
-        """Each run over all its repeats (`training.summarize_repeats`)."""
-        return {label: training.summarize_repeats(repeats) for label, repeats in self.per_repeat.items()}
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        """Per run: its config's mode, native_kk, exchange and shuffle_group; the shuffle's seconds per
+        timed step and rank (gather + KK + exchange in either thread, the mean over repeats: the sum of
+        `phase_breakdown`'s), and the share of the shuffle's time the loop never waited for over every
+        repeat (`timeline.hidden_fraction`; None without a shuffle)."""
+        breakdown = self.phase_breakdown()
+        shuffle_ms = breakdown[breakdown["phase"].isin(SHUFFLE_PHASES)].groupby("run")["ms"].sum()
+        result = {}
+        for label, repeats in self.per_repeat.items():
+            spans = [
+                dict(s, rank=(i, r["rank"]))
+                for i, ranks in enumerate(repeats)
+                for r in ranks
+                for s in r["spans"]
+            ]
+            hidden = hidden_fraction(spans)
+            result[label] = {
+                k: repeats[0][0][k] for k in ("mode", "native_kk", "exchange", "shuffle_group")
+            } | {
+                "shuffle_seconds": shuffle_ms.get(label, 0.0) / 1e3,
+                "hidden_fraction": None if math.isnan(hidden) else hidden,
+            }
+        return result
 
     def step_ms(self, label: str) -> list[float]:
         """Per repeat: the mean step time (ms) over the timed steps, each at its slowest rank."""
@@ -130,8 +151,8 @@ class TrainingRuns:
                     "speedup_low": min(ratios),
                     "speedup_high": max(ratios),
                     "flops_predict": flops[label],
-                    "shuffle_ms": 1e3 * summaries[label].shuffle_seconds,
-                    "hidden_fraction": summaries[label].hidden_fraction,
+                    "shuffle_ms": 1e3 * summaries[label]["shuffle_seconds"],
+                    "hidden_fraction": summaries[label]["hidden_fraction"],
                 }
             )
         return pd.DataFrame(rows).set_index("run")

@@ -73,3 +73,30 @@ def test_flops_speedups_divide_the_slowest_ranks_flops():
 def test_bad_repeats_is_named():
     with pytest.raises(ValueError, match="repeats"):
         experiment.run_training({"plain": TINY}, 2, device="cpu", repeats=0)
+
+
+def test_summaries_add_up_the_shuffle_and_pool_the_hidden_time_over_repeats():
+    def span(phase, step, start, end, thread="main"):
+        return {"phase": phase, "step": step, "start": start, "end": end, "thread": thread, "warmup": False}
+
+    config = {"mode": "sync", "native_kk": False, "exchange": "allgather", "shuffle_group": "shared"}
+
+    def rank(r, spans):
+        return config | {"rank": r, "step_seconds": [1.0] * 4, "spans": spans}
+
+    # repeat 0: the shuffle on the loop's thread (all exposed), step 1: 0.5 + 0.5 on rank 0, 3 on rank 1
+    exposed = [
+        rank(0, [span("kk", 1, 0.0, 0.5), span("exchange", 1, 0.5, 1.0), span("forward", 1, 1, 9)]),
+        rank(1, [span("gather_workloads", 1, 0.0, 3.0)]),
+    ]
+    # repeat 1: the same phases in the worker, done before the loop waits for them: all hidden
+    hidden = [
+        dict(r, spans=[dict(s, thread="worker") for s in r["spans"]] + [span("wait", 1, 5.0, 5.1)])
+        for r in exposed
+    ]
+    plain = [rank(r, [span("forward", 1, 0.0, 1.0)]) for r in range(2)]
+    runs = experiment.TrainingRuns("gloo", {"balanced": [exposed, hidden], "none": [plain]})
+    summaries = runs.summaries()
+    # per timed step (4 steps: 1 and 2) and rank (2): (0.5 + 0.5 + 3) / 4, in either repeat
+    assert summaries["balanced"] == config | {"shuffle_seconds": pytest.approx(1.0), "hidden_fraction": 0.5}
+    assert summaries["none"] == config | {"shuffle_seconds": 0.0, "hidden_fraction": None}
