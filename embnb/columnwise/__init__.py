@@ -25,7 +25,7 @@ from embnb.columnwise.placement import (
     stitch_cw,
 )
 from embnb.columnwise.torchrec_adapter import (
-    compute_kernel_for,
+    compute_kernels,
     cw_sharding_plan,
     shard_cw,
     torchrec_permute_indices,
@@ -44,6 +44,6 @@ __all__ = [
     "local_shards",
     "cw_sharding_plan",
     "shard_cw",
-    "compute_kernel_for",
+    "compute_kernels",
     "torchrec_permute_indices",
 ]

@@ -1,6 +1,6 @@
 """torchrec's side of column-wise sharding: a real ShardedEmbeddingCollection.
 
-- `compute_kernel_for`: a kernel that runs ShardedEmbeddingCollection on a device;
+- `COMPUTE_KERNEL`, the kernel its plans ask for, and `compute_kernels`, the ones torchrec built;
 - `check_torchrec_placements`: what torchrec's column_wise() and EC can take
   (equal widths, multiples of 4, one shard width for all tables), checked in
   the parent before any rank starts, with a message that says why;
@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from torchrec.distributed.types import EmbeddingModuleShardingPlan
 
 __all__ = [
-    "COMPUTE_KERNELS",
+    "COMPUTE_KERNEL",
     "TORCHREC_CW_ALIGNMENT",
-    "compute_kernel_for",
+    "compute_kernels",
     "fbgemm_cuda_problem",
     "torchrec_num_shards",
     "check_torchrec_placements",
@@ -43,12 +43,10 @@ __all__ = [
 ]
 
 
-# On CPU/gloo torchrec 1.8's default "dense" kernel corrupts the heap in
-# ShardedEmbeddingCollection ("Split sizes doesn't match", heap corruption);
-# "fused" (FBGEMM's table-batched
-# kernel with the optimizer fused into backward) runs. On CUDA "fused" is
-# torchrec's usual choice for sharded tables.
-COMPUTE_KERNELS = {"cpu": "fused", "cuda": "fused"}
+# On CPU/gloo torchrec 1.8's default "dense" kernel corrupts the heap in ShardedEmbeddingCollection
+# ("Split sizes doesn't match", heap corruption); "fused" (FBGEMM's table-batched kernel with the
+# optimizer fused into backward) runs. On CUDA "fused" is torchrec's usual choice for sharded tables.
+COMPUTE_KERNEL = "fused"
 
 
 def fbgemm_cuda_problem(gpu_visible: bool | None = None) -> str | None:
@@ -68,9 +66,17 @@ def fbgemm_cuda_problem(gpu_visible: bool | None = None) -> str | None:
     return None
 
 
-def compute_kernel_for(device_type: str) -> str:
-    """A compute kernel that runs ShardedEmbeddingCollection on `device_type`."""
-    return COMPUTE_KERNELS[check_choice("device_type", device_type, COMPUTE_KERNELS)]
+def compute_kernels(sharded: ShardedEmbeddingCollection) -> list[str]:
+    """The compute kernels (torchrec's `EmbeddingComputeKernel` values, e.g. "fused") of the
+    table-batched modules torchrec built in the lookups of a sharded module, as their `config` says,
+    sorted; empty on a rank that holds no shard. Its lookups are a private field."""
+    from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbedding, BaseBatchedEmbeddingBag
+
+    from embnb._torchrec_private import lookups
+
+    batched = [m for lookup in lookups(sharded) for m in lookup.modules()]
+    kinds = (BaseBatchedEmbedding, BaseBatchedEmbeddingBag)
+    return sorted({m.config.compute_kernel.value for m in batched if isinstance(m, kinds)})
 
 
 TORCHREC_CW_ALIGNMENT = 4  # column_wise() makes shards whose width is a multiple of this
@@ -152,17 +158,19 @@ def cw_sharding_plan(
     tables = [config.name for config in ec.embedding_configs()]
     if sorted(placements) != sorted(tables):
         raise ValueError(f"placements name tables {sorted(placements)}; the collection has {tables}")
-    kernel = compute_kernel_for(device_type)
+    check_choice("device_type", device_type, ("cpu", "cuda"))
     if size_per_rank is None:
         check_torchrec_placements(ec.embedding_dim(), placements, world_size)
-        generators = {t: column_wise(ranks=list(placements[t]), compute_kernel=kernel) for t in tables}
+        generators = {
+            t: column_wise(ranks=list(placements[t]), compute_kernel=COMPUTE_KERNEL) for t in tables
+        }
     else:
         sizes = list(size_per_rank)
         if len(sizes) > world_size:
             raise ValueError(
                 f"size_per_rank {sizes} puts shard i on rank i: needs {len(sizes)} ranks, has {world_size}"
             )
-        generators = {t: column_wise(size_per_rank=sizes, compute_kernel=kernel) for t in tables}
+        generators = {t: column_wise(size_per_rank=sizes, compute_kernel=COMPUTE_KERNEL) for t in tables}
     plan = construct_module_sharding_plan(
         ec,
         generators,

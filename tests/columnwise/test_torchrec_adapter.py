@@ -28,14 +28,10 @@ def test_torchrec_column_wise_helper_drops_shards_we_refuse():
         r"torchrec's column_wise\(\) needs a multiple of 4 \(it would make 3 shards",
     ):
         torchrec_adapter.cw_sharding_plan(ec, {"t0": [1, 0, 0, 1]}, 2, "cpu")
+    # "fused": "dense" crashes ShardedEmbeddingCollection on CPU/gloo (the module's comment says how)
     assert torchrec_adapter.cw_sharding_plan(ec, {"t0": [1, 0, 1]}, 2, "cpu")["t0"].compute_kernel == "fused"
-
-
-def test_kernel_per_device():
-    # "dense" crashes ShardedEmbeddingCollection on CPU/gloo (the module's comment says how).
-    assert torchrec_adapter.compute_kernel_for("cpu") == "fused"
     with pytest.raises(ValueError, match="device_type 'tpu' is not one of"):
-        torchrec_adapter.compute_kernel_for("tpu")
+        torchrec_adapter.cw_sharding_plan(ec, {"t0": [1, 0, 1]}, 2, "tpu")
 
 
 def test_torchrec_num_shards_follows_torchrecs_rounding():

@@ -150,7 +150,7 @@ class RankOutputs:
     torchrec: Output | None = None  # ShardedEmbeddingCollection
     torchrec_unpermuted: Output | None = None  # the same, its permute switched off
     torchrec_permute: list[int] | None = None  # the permute indices torchrec computed
-    compute_kernel: str | None = None  # torchrec's kernel
+    compute_kernels: list[str] | None = None  # of the kernel modules torchrec built here (none: no shard)
     traffic: dict[str, dict[str, int]] = field(default_factory=dict)  # path -> recorded_all_to_all's
 
 
@@ -179,7 +179,7 @@ def _forward(case: CWCase, ec, kjt, group, result: RankOutputs) -> None:
         finally:
             private.set_features_to_permute_indices(sharded, saved)
         result.torchrec_permute = adapter.torchrec_permute_indices(sharded)[FEATURE]
-        result.compute_kernel = adapter.compute_kernel_for(rank_device(group).type)
+        result.compute_kernels = adapter.compute_kernels(sharded)
 
 
 def run_case_on_rank(rank: int, world_size: int, case: CWCase) -> RankOutputs | None:

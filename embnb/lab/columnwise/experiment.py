@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from embnb.columnwise import placement as cw
-from embnb.columnwise.torchrec_adapter import compute_kernel_for, fbgemm_cuda_problem
+from embnb.columnwise.torchrec_adapter import fbgemm_cuda_problem
 from embnb.dist import device_plan
 from embnb.lab.columnwise import torchrec_layouts as layouts
 from embnb.lab.columnwise.cases import (
@@ -91,6 +91,7 @@ def run_seed(case: CWCase, device: str = "auto", timeout_s: float = 300.0) -> tu
         }
         for p in paths
     ]
+    kernels = None if skipped else ", ".join(sorted({k for r in run.ranks for k in r.compute_kernels}))
     return {
         "world_size": case.world_size,
         "embedding_dim": case.embedding_dim,
@@ -98,7 +99,7 @@ def run_seed(case: CWCase, device: str = "auto", timeout_s: float = 300.0) -> tu
         "widths": case.shard_widths(),
         "device": plan.device,
         "backend": plan.backend,
-        "compute_kernel": compute_kernel_for(torchrec_device),  # torchrec's, where its path ran
+        "compute_kernel": kernels,  # what torchrec's sharded module built on the ranks, where its path ran
         "torchrec_device": torchrec_device,
         "torchrec_device_note": note and f"torchrec's path ran on the CPU: {note}",
         "torchrec_version": version("torchrec"),
