@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -81,12 +81,10 @@ def fit_fixed_cost(work: Sequence[float], seconds: Sequence[float]) -> LinearFit
     for name, values in (("work", work), ("seconds", seconds)):
         for i, v in enumerate(values):
             check_number(f"{name}[{i}]", float(v))
-    mean_w, mean_t = statistics.fmean(work), statistics.fmean(seconds)
-    var = sum((w - mean_w) ** 2 for w in work)
-    if var == 0:
+    if len(set(work)) < 2:
         raise ValueError(f"work must hold at least two different values to fit a slope, got {list(work)}")
-    slope = sum((w - mean_w) * (t - mean_t) for w, t in zip(work, seconds)) / var
-    return LinearFit(mean_t - slope * mean_w, slope)
+    slope, intercept = statistics.linear_regression(work, seconds)
+    return LinearFit(intercept, slope)
 
 
 @dataclass(frozen=True)
@@ -128,20 +126,15 @@ class ScalingCheck:
         return NOT_COMPARED if chosen is None else f"compared at batch {chosen}"
 
     def as_dict(self) -> dict[str, Any]:
-        rate = self.achieved_rate
-        return {
-            "unit": self.unit,
-            "batches": self.batches,
-            "work": self.work,
-            "seconds": self.seconds,
+        """The fields (`fit` as {fixed_s, per_work_s}) and every property, with the rate's unit and
+        the achieved rate over `reference_rate` (None if not measured)."""
+        rate, reference = self.achieved_rate, self.reference_rate
+        return asdict(self) | {
             "median_s": self.median_s,
-            "fit": {"fixed_s": self.fit.fixed_s, "per_work_s": self.fit.per_work_s},
             "fixed_share": self.fixed_share,
             "achieved_rate": rate,
             "rate_unit": "FLOP/s" if self.unit == "flops" else "bytes/s",
-            "reference_rate": self.reference_rate,
-            "of_reference": None if self.reference_rate is None else [r / self.reference_rate for r in rate],
-            "max_fixed_share": self.max_fixed_share,
+            "of_reference": None if reference is None else [r / reference for r in rate],
             "chosen_batch": self.chosen_batch,
             "verdict": self.verdict,
         }
@@ -173,17 +166,10 @@ def check_scaling(
             raise ValueError(f"seconds[{i}] must hold at least one time > 0, got {list(repeats)}")
     share = MAX_FIXED_SHARE[unit] if max_fixed_share is None else max_fixed_share
     check_number("max_fixed_share", share, low=0, high=1, low_open=True)
-    medians = [statistics.median(s) for s in seconds]
-    fit = fit_fixed_cost([float(w) for w in work], medians)
-    return ScalingCheck(
-        unit,
-        batches,
-        [float(w) for w in work],
-        [list(map(float, s)) for s in seconds],
-        fit,
-        share,
-        reference_rate,
-    )
+    work = [float(w) for w in work]
+    fit = fit_fixed_cost(work, [statistics.median(s) for s in seconds])
+    seconds = [list(map(float, s)) for s in seconds]
+    return ScalingCheck(unit, batches, work, seconds, fit, share, reference_rate)
 
 
 def sweep_clock(device: torch.device | str) -> str:

@@ -20,15 +20,16 @@ from __future__ import annotations
 import argparse
 import copy
 import pathlib
+import statistics
 import sys
 from collections import Counter
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from embnb.bench.calibrate import calibrated_dp
+from embnb.bench.results import add_out_argument
 from embnb.lab.planner.calibrated import GPU_REFIT
 from embnb.lab.planner.candidates import POOR, candidate_plans, estimated_per_rank, plan_shape
 from embnb.lab.planner.models import Enumerated, enumerate_options, make_model
@@ -45,18 +46,11 @@ REBUILT_REL_TOL = 1e-6  # a rebuilt plan's per-rank estimates must equal the fil
 
 
 def _gpu_world_key(data: dict[str, Any], world: dict[str, Any]) -> tuple:
-    model = data["model"]
+    """What plans a committed world: its model, batch size and topology."""
     local = world.get("local_world_size") or world["world_size"]  # unrecorded: one host of all ranks
-    return (
-        model["tables"],
-        model["max_rows"],
-        model["seed"],
-        data["batch_size"],
-        world["world_size"],
-        world["compute_device"],
-        world.get("hbm_cap_gb"),
-        local,
-    )
+    model = tuple(data["model"][k] for k in ("tables", "max_rows", "seed"))
+    topology = (world["world_size"], world["compute_device"], world.get("hbm_cap_gb"), local)
+    return (*model, data["batch_size"], *topology)
 
 
 def kernel_variants(options: list, enumerated: Enumerated) -> list[list]:
@@ -188,7 +182,7 @@ def _abs_errors(calibration: Calibration, ranks: list[MeasuredRank], with_calls:
 def _summary(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
-    return {"median": float(pd.Series(values).median()), "worst": max(values), "ranks": len(values)}
+    return {"median": statistics.median(values), "worst": max(values), "ranks": len(values)}
 
 
 def _gpu_scale(worlds: Any) -> dict[str, Any]:
@@ -345,9 +339,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench gpu_refit", description=__doc__.split("\n")[0]
     )
-    parser.add_argument(
-        "--out", default=None, help="folder of the results file (default: benchmarks/results)"
-    )
+    add_out_argument(parser)
     parser.add_argument("--timeout-s", type=float, default=120.0, help="each planner's time limit")
     opts = parser.parse_args(argv)
     if not opts.timeout_s > 0:

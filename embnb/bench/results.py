@@ -48,14 +48,10 @@ def tbe_device(device: str) -> str:
     """`--device` of a bench that runs FBGEMM's TBEs, resolved ("auto": cuda where a GPU is); a
     ValueError says why it cannot run there (no GPU, or an fbgemm_gpu without CUDA kernels)."""
     from embnb.devices import resolve_device
-    from embnb.steptime.kernels import fbgemm_cuda_available
+    from embnb.steptime.kernels import check_tbe_device
 
     resolved = resolve_device(device)
-    if resolved == "cuda" and not fbgemm_cuda_available():
-        raise ValueError(
-            "device 'cuda': this fbgemm_gpu has no CUDA kernels (the fbgemm-gpu-cpu build); "
-            "the TBEs need the fbgemm-gpu CUDA wheel"
-        )
+    check_tbe_device(resolved)
     return resolved
 
 

@@ -1,56 +1,28 @@
 """`python -m embnb.bench steptime`: plans measured rank by rank against torchrec's estimates.
 
-For each world size, a model of `--tables` tables (`make_model`) is planned
-on a topology of that many devices of `--compute-device` (default: the
-measuring device's kind, so torchrec's estimator models this hardware) by
-embnb's DP, torchrec's DP, Greedy and torchrec's default proposers, beside
-poor plans (every table table-wise on 1 and 2 ranks, every table
-data-parallel). Each plan is run rank by rank (`measure_placed` over
-`embnb.steptime.measure_world`): the rank's own TBEs fed the ids torchrec's
-input dist would deliver, and the dense MLP on its local samples, forward
-and backward at `--threads` threads; the planners' plans in `--repeats`
-interleaved rounds (`--warmup` untimed steps, one timed, per round), each
-one's step minus embnb DP's paired round by round (`minus_embnb_dp_mean`,
-`_ci_low`, `_ci_high`, `verdict`: `MeasuredCandidates.rows`), the
-poor plans after them, `--repeats` times each. Per plan the JSON keeps each
-rank's measured phases (median, range; wall and thread CPU time),
-torchrec's estimate per rank, the bytes of every collective and a
-communication time computed from them with torchrec's bandwidths (not
-measured), the critical path (slowest rank) and the rating; across plans,
-Spearman's rank correlation of measured critical path and rating.
+For each world size, a model of `--tables` tables (`make_model`) is planned on a topology of that
+many devices of `--compute-device` (default: the measuring device's kind, so torchrec's estimator
+models this hardware) by embnb's DP, torchrec's DP, Greedy and torchrec's default, beside poor plans
+(`candidate_plans`). `--devices-per-host` makes hosts of that many devices (torchrec then offers
+table_row_wise and grid_shard); `--hbm-gib` caps each device's HBM (the planners choose UVM caching).
+Ids are uniform over each table's rows, or Zipf (`--ids zipf --zipf-alpha A`).
 
-`--devices-per-host` makes hosts of that many devices: torchrec then offers
-table_row_wise and grid_shard, replayed as torchrec runs them (each block's
-rows over one host's devices; a reduce-scatter within the host, then an
-all-to-all across hosts, timed by the link model at torchrec's intra- and
-cross-host bandwidths).
+Before any comparison, issue #70's acceptance check (`embnb.scaling`): each planner's plan's critical
+rank (torchrec's largest estimated total) runs its lookups at --batch-size times each of
+--sweep-factors samples per rank, fitted on the bytes of table rows they read, beside the device's
+copy bandwidth measured in the same run. The plans are compared at the smallest batch at which every
+plan's fixed share is at most --max-fixed-share (`measure_placed`: the planners' plans in --repeats
+interleaved rounds, each paired with embnb DP's; the poor plans after them); where some plan has no
+such batch, the world says "overhead-bound: not compared". Per plan the JSON keeps each rank's
+measured phases, torchrec's estimate per rank, the bytes of every collective with a communication
+time computed from them (not measured), the critical path and the rating; across plans, Spearman's
+rank correlation of measured critical path and rating.
 
-Ids are uniform over each table's rows, or Zipf (`--ids zipf --zipf-alpha A`,
-`embnb.steptime.make_batch`; the exponent is in the JSON).
-
-Before any comparison, issue #70's acceptance check (`embnb.scaling`): each
-planner's plan's critical rank (the largest of torchrec's estimated totals)
-runs its lookups (forward and backward, the fused optimizer inside) at
---batch-size times each of --sweep-factors samples per rank in interleaved
-rounds, fitted as fixed + per-byte x the bytes of table rows they read
-(`RankWork.bytes_read`), with the achieved bytes/s against the device's copy
-bandwidth (`embnb.scaling.copy_bandwidth`, measured in the same run). The
-plans are compared at the smallest batch at which every plan's fixed share
-is at most --max-fixed-share; where some plan has none, the world says
-"overhead-bound: not compared" and holds no comparison.
-
-`--write-plans FILE` plans each world and writes the plans (torchrec's
-default, Greedy, embnb's DP and, on a CUDA topology, embnb's DP over the
-committed GPU calibration, `load_gpu_refit`) as plain data
-(`candidates_to_json`), measuring nothing; `--plans FILE` measures a file's
-plans on its model and topologies (they replace --tables, --max-rows, --seed,
---world-sizes, --devices-per-host, --hbm-gib and --compute-device) and runs
-no planner, so a GPU's time goes to the measurement. Results: steptime-DATE-MACHINE.json;
-steptime_capped-* with --hbm-gib, steptime_scale-* with --plans (each a regime of its own).
-
-On a GPU (`--device cuda`), the ranks run one after another on the one
-card; FBGEMM's CUDA TBE is needed (the fbgemm-gpu-cpu wheel has none): the
-bench says so and exits 2 without it.
+`--write-plans FILE` plans each world and writes the plans (on a CUDA topology, with embnb's DP over
+the committed GPU calibration) as plain data, measuring nothing; `--plans FILE` measures a file's
+plans on its model and topologies and runs no planner, so a GPU's time goes to the measurement.
+Results: steptime-DATE-MACHINE.json; steptime_capped-* with --hbm-gib, steptime_scale-* with --plans.
+On a GPU the ranks run one after another on the one card, on FBGEMM's CUDA TBEs (exit 2 without).
 """
 
 from __future__ import annotations
@@ -172,26 +144,25 @@ def _phases(times: StepTimes, estimate: dict[str, list[float]], topology) -> lis
     for rank, comms in zip(times.ranks, times.comms):
         entry: dict[str, Any] = {"rank": rank.rank, "num_ids": rank.num_ids, "tbe_groups": list(rank.groups)}
         for name, timing in [*rank.phases.items(), ("lookup", rank.lookup), ("compute", rank.compute)]:
-            entry[name] = {
-                "wall_s": timing.median_s("wall"),
-                "wall_s_range": list(timing.range_s("wall")),
-                "cpu_s": timing.median_s("cpu"),
-                "cpu_s_range": list(timing.range_s("cpu")),
-            }
-        entry["bytes_read"] = rank.bytes_read
-        entry["sent_bytes"], entry["received_bytes"] = comms.sent_bytes, comms.received_bytes
-        entry["collectives"] = [
-            {
-                "name": c.name,
-                "kind": c.kind,
-                "phase": c.phase,
-                "sent": c.sent_bytes,
-                "received": c.received_bytes,
-            }
-            for c in comms.collectives
-        ]
-        entry["estimated_s"] = {key: values[rank.rank] for key, values in estimate.items()}
-        entry["computed_comms_s"] = comms.computed_seconds(topology)
+            entry[name] = {f"{clock}_s": timing.median_s(clock) for clock in ("wall", "cpu")}
+            entry[name] |= {f"{clock}_s_range": list(timing.range_s(clock)) for clock in ("wall", "cpu")}
+        entry |= {
+            "bytes_read": rank.bytes_read,
+            "sent_bytes": comms.sent_bytes,
+            "received_bytes": comms.received_bytes,
+            "collectives": [
+                {
+                    "name": c.name,
+                    "kind": c.kind,
+                    "phase": c.phase,
+                    "sent": c.sent_bytes,
+                    "received": c.received_bytes,
+                }
+                for c in comms.collectives
+            ],
+            "estimated_s": {key: values[rank.rank] for key, values in estimate.items()},
+            "computed_comms_s": comms.computed_seconds(topology),
+        }
         ranks.append(entry)
     return ranks
 

@@ -141,12 +141,6 @@ def batch_from_keys(
         raise ValueError("keys is empty: pass one tensor of keys per rank")
     streams = [torch.as_tensor(k, dtype=torch.int64).flatten() for k in keys]
     size = max(1, max(-(-s.numel() // bag_size) for s in streams))
-    lengths = []
-    for stream in streams:
-        bags = torch.full((size,), bag_size, dtype=torch.int64)
-        full, rest = divmod(stream.numel(), bag_size)
-        bags[full:] = 0
-        if rest:
-            bags[full] = rest
-        lengths.append([bags])
+    # bag i holds the keys from i * bag_size on, at most bag_size of them
+    lengths = [[(s.numel() - torch.arange(size) * bag_size).clamp(0, bag_size)] for s in streams]
     return GlobalBatch([feature], [table], size, lengths, [[s] for s in streams])

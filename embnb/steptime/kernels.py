@@ -23,6 +23,7 @@ from embnb.steptime.work import LookupGroup
 
 __all__ = [
     "fbgemm_cuda_available",
+    "check_tbe_device",
     "lookup_module",
     "DenseLookup",
     "make_mlp",
@@ -51,8 +52,9 @@ def fbgemm_cuda_available() -> bool:
     return True
 
 
-def _check_device(device: torch.device) -> None:
-    if device.type == "cuda" and not fbgemm_cuda_available():
+def check_tbe_device(device: torch.device | str) -> None:
+    """Raises ValueError where FBGEMM's TBEs cannot run on `device` (`fbgemm_cuda_available`)."""
+    if torch.device(device).type == "cuda" and not fbgemm_cuda_available():
         raise ValueError(
             f"device {device} asked for, but this fbgemm_gpu has no CUDA kernels (the CPU build, "
             "fbgemm-gpu-cpu, or no GPU): install the fbgemm-gpu CUDA wheel, or measure on device='cpu'"
@@ -101,7 +103,7 @@ def lookup_module(
     )
 
     device = torch.device(device)
-    _check_device(device)
+    check_tbe_device(device)
     if group.compute_kernel == "dense":
         return DenseLookup(group, device, learning_rate)
     if group.compute_kernel not in FUSED_LOCATIONS:

@@ -127,24 +127,6 @@ class StepTimes:
         return [max(getattr(r, phase).values(clock)[i] for r in self.ranks) for i in range(self.repeats)]
 
 
-class _Clock:
-    """The phases' times by `time_phase`: wall and thread CPU time on a CPU, CUDA events and
-    enqueue time on a GPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.on_gpu = torch.device(device).type == "cuda"
-        self.record: dict[str, Timing] = {p: Timing([], []) for p in PHASES}
-
-    def run(self, phase: str, fn: Callable[[], object], keep: bool):
-        out = []
-        timed = time_phase(lambda: out.append(fn()), self.device)
-        if keep:
-            self.record[phase].wall_s.append(timed.seconds)
-            self.record[phase].cpu_s.append(timed.enqueue_s if self.on_gpu else timed.thread_s)
-        return out[0]
-
-
 def _lookup_inputs(work: RankWork, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     inputs = []
     for group in work.groups:
@@ -214,17 +196,26 @@ def measure_rank(work: RankWork, options: StepOptions = StepOptions(), seed: int
     dense = make_mlp(work.dense_width, options.hidden).to(device)
     dense_input = torch.randn(work.dense_samples, work.dense_width, device=device, requires_grad=True)
     grads = _output_grads(work, device)
-    clock = _Clock(device)
+    record = {phase: Timing([], []) for phase in PHASES}
+
+    def run(phase: str, fn: Callable[[], object], keep: bool):
+        out = []
+        timed = time_phase(lambda: out.append(fn()), device)  # CUDA events on a GPU
+        if keep:
+            record[phase].wall_s.append(timed.seconds)
+            record[phase].cpu_s.append(timed.enqueue_s if device.type == "cuda" else timed.thread_s)
+        return out[0]
+
     for step in range(options.warmup + options.repeats):
         keep = step >= options.warmup
-        outputs = clock.run("lookup_forward", lambda: [m(*x) for m, x in zip(modules, inputs)], keep)
-        clock.run("lookup_backward", lambda out=outputs: _backward(modules, out, grads), keep)
-        loss = clock.run("dense_forward", lambda: dense(dense_input).sum(), keep)
-        clock.run("dense_backward", loss.backward, keep)
+        outputs = run("lookup_forward", lambda: [m(*x) for m, x in zip(modules, inputs)], keep)
+        run("lookup_backward", lambda out=outputs: _backward(modules, out, grads), keep)
+        loss = run("dense_forward", lambda: dense(dense_input).sum(), keep)
+        run("dense_backward", loss.backward, keep)
         dense.zero_grad(set_to_none=True)
         dense_input.grad = None
     groups = tuple(group.describe() for group in work.groups)
-    return RankTime(work.rank, clock.record, work.num_ids, groups, work.bytes_read)
+    return RankTime(work.rank, record, work.num_ids, groups, work.bytes_read)
 
 
 def _backward(modules, outputs, grads) -> None:

@@ -39,10 +39,6 @@ KINETO_NOISE = (
 )
 
 
-def _profiler_noise(line: str) -> bool:
-    return any(noise in line for noise in KINETO_NOISE)
-
-
 def _cpu_peak(step) -> int:
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
@@ -52,7 +48,7 @@ def _cpu_peak(step) -> int:
         warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             step()
-    kept = [line for line in lines if not _profiler_noise(line)]
+    kept = [line for line in lines if not any(noise in line for noise in KINETO_NOISE)]
     if kept:
         sys.stderr.write("".join(kept))
 

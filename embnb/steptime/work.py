@@ -248,14 +248,9 @@ def _group(
     inputs: list[tuple[int, torch.Tensor, torch.Tensor]],
     batch_size: int,
 ) -> LookupGroup:
+    feature_shard, lengths, ids = zip(*inputs)
     return LookupGroup(
-        kind,
-        kernel,
-        shards,
-        [s for s, _, _ in inputs],
-        batch_size,
-        torch.cat([lengths for _, lengths, _ in inputs]),
-        torch.cat([ids for _, _, ids in inputs]),
+        kind, kernel, shards, list(feature_shard), batch_size, torch.cat(lengths), torch.cat(ids)
     )
 
 
