@@ -1,27 +1,16 @@
 """`python -m embnb.bench balancer`: KK speed and balance, and overlapped training.
 
 1. Partitioning: time and gap to max(mean, largest item) of our Python and native KK, KK + swaps,
-   equal-count LPT and PyPI `numberpartitioning`'s karmarkar_karp and greedy (no equal-count mode:
-   our KK also runs with `equal_size=False`) on Zipf(1.5) lengths; speed-ups are ratios to
-   numberpartitioning.karmarkar_karp on the same input in the same run.
+   LPT and PyPI `numberpartitioning`'s karmarkar_karp and greedy on Zipf(1.5) lengths; speed-ups
+   are ratios to numberpartitioning.karmarkar_karp on the same input in the same run.
 2. GIL: the main thread's Python speed while KK runs in a thread (native releases the GIL).
-3. Training on real ranks: no balancing, the shuffle on the loop (sync), in a worker (overlap; with
-   the all-gather or the all-to-all exchange) and recsys-examples' caller-thread design, interleaved
-   repeats over the same steady-state steps: step time, speed-up over no balancing beside what the
-   slowest rank's FLOPs predict, the paired differences with 95% intervals, the phase breakdown.
+3. Training on real ranks: every mode and design (`bench_training`), interleaved repeats.
 4. Exchanges: all-gather vs all-to-all on real ranks, and the bytes a rank receives up to 64 ranks.
-5. Rank by rank (appendix 04a, `embnb.lab.balancing.measured`) after issue #70's acceptance check
-   (`embnb.scaling`): per W and distribution, the loader's cut's heaviest rank at --measured-batch-size
-   x --sweep-factors, fitted as fixed + per-FLOP x training FLOPs; only the W where every distribution
-   passes (fixed share <= --max-fixed-share) are compared, at the largest chosen batch, else the file
-   records "overhead-bound: not compared". Compared: KK + swaps, LPT and KK against the loader's cut
-   (a partition's ranks in interleaved rounds, `embnb.timing.interleaved_phases`: thread CPU time at
-   one thread on a CPU; CUDA events on a GPU, the enqueue time beside them), the memory-capped
-   balance at --cap-world-size with each rank's peak memory, and the shuffle's computed phases.
+5. Rank by rank (appendix 04a's `embnb.lab.balancing.measured`), only at the W where issue #70's
+   acceptance check (`acceptance`) passes for every distribution, else "overhead-bound: not compared".
 
 Parts 1 and 2 run on the CPU whatever --device says. Writes benchmarks/results/balancer-DATE-MACHINE.json
-(MACHINE: --device's `embnb.timing.machine_name`), with the host CPU beside it, after each part: a run
-cut short keeps what it measured.
+after each part: a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -46,18 +35,17 @@ from embnb.balancing.kjt_alltoall import compare_exchanges
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.training import TrainConfig, timed_steps
 from embnb.balancing.workloads import imbalance
-from embnb.bench.hstu import critical_rank_check
+from embnb.bench.hstu import check_options, critical_rank_check
 from embnb.bench.results import (
     add_out_argument,
     add_sweep_options,
-    check_sweep_options,
     quiet_torchrec_logs,
     sweep_text,
     write_results,
 )
 from embnb.cuda import loader
 from embnb.data import zipf_lengths
-from embnb.dist import device_plan, launch, resolve_device
+from embnb.dist import device_plan, launch
 from embnb.lab.balancing import measured
 from embnb.lab.balancing.experiment import exchange_bytes_by_world_size, exchange_records, run_training
 from embnb.scaling import (
@@ -158,8 +146,10 @@ def bench_gil(native: bool, seconds: float = 1.0) -> dict[str, float]:
 def bench_training(
     world_size: int, steps: int, batch_size: int, max_length: int, repeats: int, device: str
 ) -> dict[str, Any]:
-    """Every mode on the same batches, interleaved repeats, timed over the
-    same steady-state steps (`training.timed_steps`)."""
+    """No balancing, the shuffle on the loop (sync), in a worker (overlap; with the all-gather or the
+    all-to-all exchange) and recsys-examples' caller-thread design, on the same batches, interleaved
+    repeats over the same steady-state steps (`training.timed_steps`): step time, speed-up over no
+    balancing beside what the slowest rank's FLOPs predict, paired differences, phase breakdown."""
     base = TrainConfig(steps=steps, batch_size=batch_size, max_length=max_length)
     runs = {
         "no balancing": base.replace(mode="none"),
@@ -316,8 +306,8 @@ def bench_rank_by_rank(opts: argparse.Namespace, save: Callable[[str, Any], None
 
 
 def _options(argv: list[str]) -> argparse.Namespace:
-    """The command line, checked: --cap-world-size one of the measured ones (None: skip), --device
-    resolved."""
+    """The command line, checked (`hstu.check_options`): --cap-world-size one of the measured ones
+    (None: skip)."""
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench balancer", description=__doc__.splitlines()[0]
     )
@@ -349,12 +339,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add_sweep_options(parser, "--measured-batch-size", "flops")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name, value in vars(opts).items():  # every count at least 1 (--cap-world-size 0: no capped balance)
-        if name != "cap_world_size" and any(
-            type(v) is int and v < 1 for v in (value if isinstance(value, list) else [value])
-        ):
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    check_sweep_options(parser, opts)
+    check_options(parser, opts, may_be_zero="cap_world_size")  # 0: no capped balance
     if opts.measured_width % 4:  # SequenceDense's 4 attention heads
         parser.error(f"--measured-width must be a multiple of 4, got {opts.measured_width}")
     if opts.cap_world_size == 0 or not opts.measured_world_size:
@@ -364,10 +349,6 @@ def _options(argv: list[str]) -> argparse.Namespace:
             f"--cap-world-size must be one of --measured-world-size {opts.measured_world_size} "
             f"(or 0: skip the capped balance), got {opts.cap_world_size}"
         )
-    try:  # "auto": a GPU if any
-        opts.device = resolve_device(opts.device)
-    except ValueError as error:  # --device cuda without a GPU
-        parser.error(f"--device: {error}")
     return opts
 
 

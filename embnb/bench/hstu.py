@@ -1,24 +1,14 @@
 """`python -m embnb.bench hstu`: the balancer measured where recsys-examples measured it.
 
-recsys-examples reports 1.53x from its balanced shuffle on an HSTU of width 1024, 8 layers, 4 heads of
-256, 32 samples per GPU, Zipf(1.2) lengths up to 4096 (2 x 8 H100). This bench times each rank's
-training step (forward + backward of `embnb.balancing.hstu.HSTUModel` on its samples) for the loader's
-cut (`contiguous`), greedy LPT, Karmarkar-Karp and KK + swaps, each balancing `hstu_flops` (causal):
-at each --world-sizes W (then --more-world-sizes, as the deadline allows) at --width, and a width sweep
-at --sweep-world-size. Each (W, width) first passes issue #70's acceptance check (`embnb.scaling`): the
-cut's critical rank at --samples-per-rank x --sweep-factors, fitted as fixed + per-FLOP x training FLOPs
-(3x `hstu_flops`); the methods are compared at the smallest batch whose fixed share is at most
---max-fixed-share, else the unit records "overhead-bound: not compared" with the fit and its TFLOPS.
-
-Ranks are replayed one by one on one device (in data parallelism they meet only at the gradient
-all-reduce, which waits for the slowest): a partition's step is its slowest rank. Each repeat times
-every method's every rank in turn (interleaved), after one warm-up; a speed-up is the cut's step over
-the method's in the same repeat, as median and range. --attention picks the block's attention
-(`embnb.balancing.hstu.attention_kind`: "auto", the default, runs it on the jagged batch on CUDA, on
-length-buckets elsewhere); the JSON records which ran. On a GPU a rank's time is between CUDA events
-(bf16), its enqueue time beside it (`embnb.timing.interleaved_phases`); on a CPU, thread CPU time at one
-intra-op thread (float32). --deadline-s cuts what is left (`cut_by_deadline`); the results are written
-to benchmarks/results/hstu-DATE-MACHINE.json (MACHINE: the device's name) after each unit.
+Each rank's training step (forward + backward of `embnb.balancing.hstu.HSTUModel` on its samples) for
+the loader's cut, greedy LPT, KK and KK + swaps, each balancing `hstu_flops` (causal), ranks replayed
+one by one on one device in interleaved repeats (a partition's step is its slowest rank; a speed-up is
+the cut's step over the method's in the same repeat): at each --world-sizes W (then
+--more-world-sizes, as --deadline-s allows) at --width, and a width sweep at --sweep-world-size. Each
+(W, width) first passes issue #70's acceptance check (`critical_rank_check`), else records
+"overhead-bound: not compared". On a GPU a rank's time is between CUDA events (bf16), its enqueue time
+beside it; on a CPU, thread CPU time at one intra-op thread (float32). docs/balancing.md describes the
+model and the bench; the results go to benchmarks/results/hstu-DATE-MACHINE.json after each unit.
 """
 
 from __future__ import annotations
@@ -294,6 +284,21 @@ def _payload(opts: argparse.Namespace, dtype: torch.dtype, worlds: list, cut: li
     }
 
 
+def check_options(parser: argparse.ArgumentParser, opts: argparse.Namespace, may_be_zero: str = "") -> None:
+    """What this bench and `balancer` check: every int option (each of a list) at least 1 but
+    `may_be_zero`, the sweep's options, --device resolved ("auto": a GPU if any), by `parser.error`."""
+    for name, value in vars(opts).items():
+        if name != may_be_zero and any(
+            type(v) is int and v < 1 for v in (value if isinstance(value, list) else [value])
+        ):
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    check_sweep_options(parser, opts)
+    try:
+        opts.device = resolve_device(opts.device)
+    except ValueError as error:  # --device cuda without a GPU
+        parser.error(f"--device: {error}")
+
+
 def _options(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m embnb.bench hstu", description=__doc__.splitlines()[0])
     add = parser.add_argument
@@ -313,21 +318,14 @@ def _options(argv: list[str]) -> argparse.Namespace:
     add_sweep_options(parser, "--samples-per-rank", "flops")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name, value in vars(opts).items():  # every count at least 1
-        if any(type(v) is int and v < 1 for v in (value if isinstance(value, list) else [value])):
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    check_options(parser, opts)
     for width in [opts.width, *opts.sweep_widths]:
         try:
             head_layout(width)
         except ValueError as error:
             parser.error(f"--width/--sweep-widths: {error}")
-    check_sweep_options(parser, opts)
     if opts.alpha <= 0 or opts.deadline_s <= 0:
         parser.error(f"--alpha and --deadline-s must be > 0, got {opts.alpha} and {opts.deadline_s}")
-    try:
-        opts.device = resolve_device(opts.device)
-    except ValueError as error:
-        parser.error(f"--device: {error}")
     try:
         opts.attention = attention_kind(opts.attention, opts.device)
     except ValueError as error:
