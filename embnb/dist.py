@@ -1,18 +1,7 @@
-"""Run one function on several ranks, each with a real process group.
-
-`launch(fn, world_size, *args)` starts `world_size` processes, gives each an
-initialized default process group (gloo on CPU, nccl on GPUs), calls
-`fn(rank, world_size, *args)` and returns the per-rank results in rank order.
-A rank that raises, dies or hangs ends the whole launch with an error that
-names the rank; every spawned process is gone when `launch` returns or raises.
-
-Under torchrun (or any caller that already initialized a process group),
-`launch` runs `fn` in the calling process only and all-gathers the results,
-so the same per-rank functions work on one machine or several.
-
-`end_process()` ends a rank's process without the interpreter's teardown, which
-can abort a job that used gloo (its docstring says why): a torchrun job calls it
-last, and so does every rank `launch` starts.
+"""Run one function on several ranks, each with a real process group (`launch`, `launch_each`);
+under torchrun (or any caller that already initialized a process group) the same per-rank functions
+run in the calling process and their results are all-gathered. `end_process()` ends a rank's process
+without the interpreter's teardown, which can abort a job that used gloo (its docstring says why).
 """
 
 from __future__ import annotations
@@ -110,6 +99,8 @@ def launch(
     `fn` and `args` must be picklable and `fn` importable (a module-level
     function, not one defined in a notebook cell): spawned processes import it.
     Return values are pickled by value; CUDA tensors come back on the CPU.
+    Raises `RankError` naming a rank that raised or died, `LaunchTimeout` past
+    `timeout_s`; every spawned process is gone when `launch` returns or raises.
     """
     if dist.is_available() and dist.is_initialized():
         return _run_in_existing_group(fn, world_size, args)

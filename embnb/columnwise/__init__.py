@@ -1,14 +1,7 @@
-"""Technique 2: column-wise sharding of sequence embeddings and its permute indices.
-
-The library (what this package exports; none of it imports pandas or matplotlib):
-
-- `placement`: pure torch maths of a placement: arrival (rank) order,
-  `cw_permute_indices`, shard widths and their checks, stitching;
-- `lookup`: embnb's own CW lookup over a process group (any shard widths);
-- `torchrec_adapter`: torchrec's ShardedEmbeddingCollection: compute kernel,
-  what torchrec's column_wise() can take, plans, the sharded module.
-
-Notebook 02's experiments, figures and widgets live in `embnb.lab.columnwise`.
+"""Technique 2: column-wise sharding of sequence embeddings and its permute indices: the placement
+maths (`placement`, pure torch), embnb's own lookup over a process group (`lookup`, any shard widths)
+and torchrec's ShardedEmbeddingCollection (`torchrec_adapter`). Notebook 02's experiments, figures
+and widgets live in `embnb.lab.columnwise`.
 
     from embnb.columnwise import cw_permute_indices, cw_sharding_plan, shard_cw
 """

@@ -15,7 +15,6 @@ A table's columns are cut into shards, shard `s` placed on rank
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict, deque
 from collections.abc import Sequence
 
 import torch
@@ -81,11 +80,8 @@ def cw_permute_indices(shard_ranks: Sequence[int], world_size: int | None = None
     order, of the rank there. It is the inverse of `rank_order`; the two
     coincide for [0, 1, 0] but not for [1, 0, 0, 1] ([2, 0, 1, 3] vs [1, 2, 0, 3]).
     """
-    ranks = check_shard_ranks(shard_ranks, world_size)
-    positions: dict[int, deque[int]] = defaultdict(deque)
-    for position, rank in enumerate(sorted(ranks)):
-        positions[rank].append(position)
-    return [positions[rank].popleft() for rank in ranks]
+    order = rank_order(check_shard_ranks(shard_ranks, world_size))
+    return [order.index(s) for s in range(len(order))]
 
 
 def check_permute_answer(shard_ranks: Sequence[int], answer: Sequence[int] | None) -> str:

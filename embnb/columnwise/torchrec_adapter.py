@@ -1,14 +1,8 @@
-"""torchrec's side of column-wise sharding: a real ShardedEmbeddingCollection.
-
-- `COMPUTE_KERNEL`, the kernel its plans ask for, and `compute_kernels`, the ones torchrec built;
-- `check_torchrec_placements`: what torchrec's column_wise() and EC can take
-  (equal widths, multiples of 4, one shard width for all tables), checked in
-  the parent before any rank starts, with a message that says why;
-- `cw_sharding_plan`, `shard_cw`: torchrec's plan and the sharded module
-  (`place_on_devices`: each shard on its rank's real device, for ranks that share a GPU);
-- `torchrec_permute_indices`: the permute indices torchrec computed.
-
-torchrec is imported where used, so importing this module stays light.
+"""torchrec's side of column-wise sharding: the plan (`cw_sharding_plan`, checked first by
+`check_torchrec_placements`: what torchrec's column_wise() and EC can take, with a message that says
+why, in the parent before any rank starts), the sharded module (`shard_cw`), the permute indices and
+the compute kernels torchrec built in it. torchrec is imported where used, so importing this module
+stays light.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Notebook 02's runs on real ranks and its teaching tables, recorded as plain data (dicts; the results
-JSON is made of them).
-
-- `run_seed`: the teaching page's experiment: one placement with equal widths through torchrec's
-  ShardedEmbeddingCollection (also with its permute switched off), embnb's lookup and its naive
-  concatenation, each against the unsharded EmbeddingCollection;
-- `run_appendix`: appendix 02a's, in one launch on CPU gloo ranks (bytes do not depend on the device):
-  the byte count's layouts, uneven widths in embnb's path, torchrec's pooled CW path and, last,
-  torchrec's own `column_wise(size_per_rank=...)` (it fails).
+"""Notebook 02's runs on real ranks and its teaching tables, as plain data (dicts and DataFrames; the
+results JSON is made of them): `run_seed` for the teaching page, `run_appendix` for appendix 02a.
 
     results, run = run_seed(CWCase(2, 12, [0, 1, 0]), "cpu"); pd.DataFrame(results["checks"])
 """
@@ -126,14 +119,14 @@ def run_appendix(
     teaching_shards: Sequence[int],
     planner_dims: Sequence[int],
     count_world_size: int,
-    size_per_rank: Sequence[int] | None = None,
+    size_per_rank: Sequence[int],
     timeout_s: float = 300.0,
 ) -> tuple[dict, pd.DataFrame]:
     """Appendix 02a's runs in one launch of `case.world_size` CPU gloo ranks: the byte count (both paths,
     traffic recorded) on `traffic_case`'s batches at the teaching layouts (`teaching_shards` equal shards
     of `traffic_case.embedding_dim` columns dealt round-robin) and at the layouts torchrec's planner makes
     of tables `planner_dims` wide; `case` with `uneven_widths` (embnb's path); torchrec's pooled path on
-    `case.shard_ranks`; and, with `size_per_rank`, torchrec's uneven column_wise plan, last (it breaks
+    `case.shard_ranks`; and torchrec's column_wise plan of `size_per_rank` columns a rank, last (it breaks
     the process group). Returns the results as plain data and the byte count's `traffic_table`."""
     from torchrec.distributed.planner.constants import MIN_CW_DIM
 
@@ -147,11 +140,10 @@ def run_appendix(
     placements = [(dim, [s % w for s in range(n)], "teaching") for n in teaching_shards]
     placements += [(p.embedding_dim, p.ranks, "torchrec planner") for p in planned]
     traffic_cases = [replace(traffic_case, embedding_dim=d, shard_ranks=r) for d, r, _ in placements]
-    for traffic in traffic_cases:
-        if traffic.torchrec_problem():
-            raise ValueError(traffic.torchrec_problem())  # before any rank starts
-    calls = [(pooled_on_rank, (ranks, case.embedding_dim, case.seed))]
-    calls += [] if size_per_rank is None else [size_per_rank_call(case, size_per_rank)]
+    calls = [
+        (pooled_on_rank, (ranks, case.embedding_dim, case.seed)),
+        size_per_rank_call(case, size_per_rank),
+    ]
     start = time.perf_counter()
     uneven_run, *runs = run_cw_cases([uneven, *traffic_cases], "cpu", timeout_s, calls)
     seconds = time.perf_counter() - start
@@ -174,8 +166,8 @@ def run_appendix(
         "uneven_naive_matches_unsharded": uneven_run.matches("naive"),
         "uneven_max_abs_error": uneven_run.max_abs_error("reference"),
         "embnb_uneven_check": uneven.torchrec_problem(),  # embnb's own check, before torchrec
-        "torchrec_size_per_rank": None if size_per_rank is None else list(size_per_rank),
-        "torchrec_size_per_rank_outcomes": [asdict(o) for o in runs[-1]] if size_per_rank else [],
+        "torchrec_size_per_rank": list(size_per_rank),
+        "torchrec_size_per_rank_outcomes": [asdict(o) for o in runs[-1]],
         "torchrec_mixed_dims_error": layouts.mixed_dims_error(),
         "pooled": {
             "shard_ranks": ranks,
