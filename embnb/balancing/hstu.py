@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.attention.varlen import varlen_attn
 
 from embnb._checks import check_choice, check_int
+from embnb.balancing.workloads import lengths_tensor
 
 __all__ = [
     "HEAD_DIM",
@@ -77,11 +78,7 @@ def hstu_flops(
     check_int("width", width, low=1)
     check_int("num_layers", num_layers, low=1)
     check_int("ffn_multiple", ffn_multiple, low=0)
-    length = torch.as_tensor(lengths, dtype=torch.float64)
-    bad = (length < 0) | ~torch.isfinite(length)
-    if bad.any():
-        i = int(bad.flatten().nonzero()[0])
-        raise ValueError(f"lengths must be finite and >= 0; lengths[{i}] = {length.flatten()[i].item()!r}")
+    length = lengths_tensor(lengths)
     d = float(width)
     quadratic = 2.0 if causal else 4.0
     return num_layers * (length * d * d * (10 + 4 * ffn_multiple) + quadratic * length * length * d)

@@ -181,29 +181,26 @@ class BalancedShuffle:
         pending, self._pending = self._pending, None
         assert pending is not None
         try:
-            return self._finished(pending)
+            if pending.error is not None:
+                raise pending.error
+            if pending.ended:
+                if pending.future is not None:
+                    pending.future.result()
+                return None
+            if pending.done is None:
+                with self.timeline.span("wait", pending.step):
+                    result = pending.future.result()
         except _RanksDiffer as error:
             raise ValueError(str(error)) from None
-
-    def _finished(self, pending: _Pending) -> Batch | None:
-        if pending.error is not None:
-            raise pending.error
-        if pending.ended:
-            if pending.future is not None:
-                pending.future.result()
-            return None
         if pending.done is not None:
             kjt, dense, made = pending.done
-        else:
-            with self.timeline.span("wait", pending.step):
-                result = pending.future.result()
-            if pending.inputs is None:
-                kjt, dense, made = result
-            else:  # result: the parts from KK; the exchange here, on the caller's thread
-                kjt, dense, gathered = pending.inputs
-                with self._side_stream(dense.device, _recorded_event(dense.device)):
-                    kjt, dense = self._exchange(kjt, dense, gathered, result, pending.step)
-                    made = _recorded_event(dense.device)
+        elif pending.inputs is None:
+            kjt, dense, made = result
+        else:  # result: the parts from KK; the exchange here, on the caller's thread
+            kjt, dense, gathered = pending.inputs
+            with self._side_stream(dense.device, _recorded_event(dense.device)):
+                kjt, dense = self._exchange(kjt, dense, gathered, result, pending.step)
+                made = _recorded_event(dense.device)
         if made is not None:  # made on a side stream, used on this one
             stream = torch.cuda.current_stream(dense.device)
             stream.wait_event(made)

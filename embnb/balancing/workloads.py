@@ -19,12 +19,24 @@ from embnb._checks import check_int
 from embnb.balancing.partition import as_workloads, check_partition, padded_weights
 
 __all__ = [
+    "lengths_tensor",
     "attention_block_flops",
     "crossover_length",
     "lower_bound",
     "equal_size_lower_bound",
     "imbalance",
 ]
+
+
+def lengths_tensor(lengths: Any) -> torch.Tensor:
+    """`lengths` as float64 for a FLOP formula; raises ValueError naming the first negative or
+    non-finite one."""
+    length = torch.as_tensor(lengths, dtype=torch.float64)
+    bad = ((length < 0) | ~torch.isfinite(length)).flatten()
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"lengths must be finite and >= 0; lengths[{i}] = {length.flatten()[i].item()!r}")
+    return length
 
 
 def attention_block_flops(lengths: Any, embedding_dim: int, ffn_dim: int) -> torch.Tensor:
@@ -47,10 +59,7 @@ def attention_block_flops(lengths: Any, embedding_dim: int, ffn_dim: int) -> tor
     """
     check_int("embedding_dim", embedding_dim, low=1)
     check_int("ffn_dim", ffn_dim, low=1)
-    length = torch.as_tensor(lengths, dtype=torch.float64)
-    if length.numel() and ((length < 0) | ~torch.isfinite(length)).any():
-        i = int(((length < 0) | ~torch.isfinite(length)).flatten().nonzero()[0])
-        raise ValueError(f"lengths must be finite and >= 0; lengths[{i}] = {length.flatten()[i].item()!r}")
+    length = lengths_tensor(lengths)
     d, f = float(embedding_dim), float(ffn_dim)
     return length * (8 * d * d + 4 * d * f) + 4 * d * length * length
 

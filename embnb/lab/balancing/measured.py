@@ -22,7 +22,7 @@ from embnb.balancing.capped import CAPPED_METHODS, balance_capped, minimum_cap, 
 from embnb.balancing.kjt_alltoall import exchange_bytes
 from embnb.balancing.lengths import LengthDistribution
 from embnb.balancing.partition import METHODS, balance
-from embnb.balancing.workloads import equal_size_lower_bound
+from embnb.balancing.workloads import equal_size_lower_bound, lengths_tensor
 from embnb.collectives import all_gather_flat, collective_seconds
 from embnb.dist import launch, rank_device, resolve_device
 from embnb.lab.balancing.cost_fit import WORK, WORK_AND_LENGTHS, fit_rank_time, rank_rows
@@ -40,9 +40,9 @@ EXCHANGE_ITEM_BYTES, EXCHANGE_DENSE_BYTES = (8, 8, 12, 12), 8
 def sequence_dense_flops(lengths: Any, width: int, hidden: Sequence[int]) -> torch.Tensor:
     """Forward FLOPs of `SequenceDense` per sample of L tokens (float64): QKV 6*L*d^2, attention
     4*L^2*d (the causal mask not subtracted, as torch's FLOP counter counts it), the MLP
-    2*L*(d*h1 + ... + h_last*1). Raises ValueError on a width below 1."""
+    2*L*(d*h1 + ... + h_last*1). Raises ValueError on a width below 1 or a negative length."""
     check_int("width", width, low=1)
-    length = torch.as_tensor(lengths, dtype=torch.float64)
+    length = lengths_tensor(lengths)
     widths = [width, *hidden, 1]
     mlp = sum(a * b for a, b in zip(widths, widths[1:]))
     return 6 * length * width * width + 4 * length * length * width + 2 * length * mlp
