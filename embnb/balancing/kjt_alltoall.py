@@ -21,6 +21,7 @@ from embnb.balancing.kjt_gather import (
     _check_kjts,
     _from_bytes,
     _item_bytes,
+    _unpack_kjt,
     allgather_kjt,
     random_kjts,
     same_kjt,
@@ -156,43 +157,6 @@ def _pack(
         chunk_sizes.append(sum(p.numel() for p in pieces) + samples.numel() * dense_bytes)
     send = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8, device=dense.device)
     return send, chunk_sizes
-
-
-def _unpack_kjt(
-    kjt: KeyedJaggedTensor,
-    blocks: Sequence[torch.Tensor],
-    sources: Sequence[torch.Tensor],
-    offsets: list[int],
-    stride: int,
-    device: torch.device,
-) -> KeyedJaggedTensor:
-    """One KJT of the received samples: `blocks[s]` holds the lengths (samples
-    from source s, keys) and `sources[s]` the bytes, read from `offsets[s]` on
-    (advanced past this KJT's values and weights)."""
-    values, weights, key_lengths = [], [], []
-    for s, block in enumerate(blocks):
-        count, per_key = int(block.sum()), block.sum(0).tolist()
-        start = offsets[s]
-        end = start + count * kjt.values().element_size()
-        values.append(_from_bytes(sources[s][start:end], kjt.values().dtype).split(per_key))
-        if kjt.weights_or_none() is not None:
-            w_end = end + count * kjt.weights().element_size()
-            weights.append(_from_bytes(sources[s][end:w_end], kjt.weights().dtype).split(per_key))
-            end = w_end
-        offsets[s] = end
-        key_lengths.append(block.t())
-    keys = range(len(kjt.keys()))
-
-    def by_key(per_source: list) -> torch.Tensor:  # key-major, then source
-        return torch.cat([per_source[s][f] for f in keys for s in range(len(blocks))])
-
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=kjt.keys(),
-        values=by_key(values),
-        lengths=by_key(key_lengths).to(kjt.lengths().dtype).to(device),
-        weights=by_key(weights) if weights else None,
-        stride=stride,
-    )
 
 
 def exchange_bytes(

@@ -88,66 +88,68 @@ def allgather_kjt(
     all_lengths = _all_gather(lengths, group)  # (world_size, total lengths)
     # 2. Values and weights of every KJT as bytes: rank r's chunk holds, per
     # KJT, its values then its weights; sizes follow from the lengths.
-    sizes = [kjt.lengths().numel() for kjt in kjts]
-    per_kjt_lengths = all_lengths.split(sizes, dim=1)
-    value_counts = torch.stack(
-        [lengths.sum(dim=1) for lengths in per_kjt_lengths], dim=1
-    ).tolist()  # [rank][kjt]
+    per_kjt_lengths = all_lengths.split([kjt.lengths().numel() for kjt in kjts], dim=1)
     item_bytes = _item_bytes(kjts)
-    rank_bytes = [sum(c * b for c, b in zip(counts, item_bytes)) for counts in value_counts]
-    device = kjts[0].values().device
-    local = torch.zeros(max(rank_bytes), dtype=torch.uint8, device=device)
+    rank_bytes = [
+        sum(int(lengths[rank].sum()) * b for lengths, b in zip(per_kjt_lengths, item_bytes))
+        for rank in range(world_size)
+    ]
+    local = torch.zeros(max(rank_bytes), dtype=torch.uint8, device=kjts[0].values().device)
     pieces = [_as_bytes(t) for kjt in kjts for t in (kjt.values(), kjt.weights_or_none()) if t is not None]
     if pieces:
         local_bytes = torch.cat(pieces)
         local[: local_bytes.numel()] = local_bytes
-    all_bytes = _all_gather(local, group)  # (world_size, max bytes)
-    return [
-        _rebuild(kjt, j, per_kjt_lengths[j], all_bytes, value_counts, item_bytes, world_size)
-        for j, kjt in enumerate(kjts)
+    sources = list(_all_gather(local, group))  # (world_size, max bytes): rank r's chunk
+    offsets = [0] * world_size
+    return [  # every rank's samples of a key in rank order: the global batch
+        _unpack_kjt(
+            kjt,
+            [rank_lengths.view(len(kjt.keys()), -1).t() for rank_lengths in lengths],
+            sources,
+            offsets,
+            world_size * kjt.stride(),
+            local.device,
+        )
+        for kjt, lengths in zip(kjts, per_kjt_lengths)
     ]
 
 
-def _rebuild(
+def _unpack_kjt(
     kjt: KeyedJaggedTensor,
-    j: int,
-    lengths: torch.Tensor,
-    all_bytes: torch.Tensor,
-    value_counts: list[list[int]],
-    item_bytes: list[int],
-    world_size: int,
+    blocks: Sequence[torch.Tensor],
+    sources: Sequence[torch.Tensor],
+    offsets: list[int],
+    stride: int,
+    device: torch.device,
 ) -> KeyedJaggedTensor:
-    """KJT j of the global batch from every rank's lengths and bytes."""
-    keys, stride = kjt.keys(), kjt.stride()
-    value_size = kjt.values().element_size()
-    has_weights = kjt.weights_or_none() is not None
-    values, weights = [], []
-    for rank in range(world_size):
-        start = sum(c * b for c, b in zip(value_counts[rank][:j], item_bytes[:j]))
-        count = value_counts[rank][j]
-        end = start + count * value_size
-        values.append(_from_bytes(all_bytes[rank, start:end], kjt.values().dtype))
-        if has_weights:
+    """One KJT of the samples every source sent, key by key in source order (plain
+    torch, so any device: torchrec's KJT.permute needs fbgemm's kernels there):
+    `blocks[s]` holds the lengths (samples from source s, keys) and `sources[s]`
+    the bytes, read from `offsets[s]` on (advanced past this KJT's values and
+    weights)."""
+    values, weights, key_lengths = [], [], []
+    for s, block in enumerate(blocks):
+        count, per_key = int(block.sum()), block.sum(0).tolist()
+        start = offsets[s]
+        end = start + count * kjt.values().element_size()
+        values.append(_from_bytes(sources[s][start:end], kjt.values().dtype).split(per_key))
+        if kjt.weights_or_none() is not None:
             w_end = end + count * kjt.weights().element_size()
-            weights.append(_from_bytes(all_bytes[rank, end:w_end], kjt.weights().dtype))
-    # Every rank's lengths are key-major ([rank][key][sample]); the global
-    # KJT wants [key][rank][sample]. The reorder is plain torch, so it runs
-    # on any device: torchrec's KJT.permute needs fbgemm's kernels there.
-    num_keys = len(keys)
-    rank_key_lengths = lengths.reshape(world_size, num_keys, stride).to(torch.int64)
-    key_rank_lengths = rank_key_lengths.transpose(0, 1)
-    block_lengths = rank_key_lengths.sum(dim=2)  # [rank][key], values per block
-    source_starts = (torch.cumsum(block_lengths.reshape(-1), 0) - block_lengths.reshape(-1)).view_as(
-        block_lengths
-    )
-    # blocks in key-major order
-    source = _segments(source_starts.t().reshape(-1), block_lengths.t().reshape(-1))
+            weights.append(_from_bytes(sources[s][end:w_end], kjt.weights().dtype).split(per_key))
+            end = w_end
+        offsets[s] = end
+        key_lengths.append(block.t())
+    keys = range(len(kjt.keys()))
+
+    def by_key(per_source: list) -> torch.Tensor:  # key-major, then source
+        return torch.cat([per_source[s][f] for f in keys for s in range(len(blocks))])
+
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=keys,
-        values=torch.cat(values)[source],
-        lengths=key_rank_lengths.reshape(-1).to(kjt.lengths().dtype),
-        weights=torch.cat(weights)[source] if has_weights else None,
-        stride=stride * world_size,
+        keys=kjt.keys(),
+        values=by_key(values),
+        lengths=by_key(key_lengths).to(kjt.lengths().dtype).to(device),
+        weights=by_key(weights) if weights else None,
+        stride=stride,
     )
 
 
