@@ -137,15 +137,11 @@ def cw_sharding_plan(
     placements: Mapping[str, Sequence[int]],
     world_size: int,
     device_type: str,
-    size_per_rank: Sequence[int] | None = None,
 ) -> EmbeddingModuleShardingPlan:
     """torchrec's EmbeddingModuleShardingPlan: each table of `ec` column-wise on
     `placements[table]` (a rank per shard), with a kernel that runs on `device_type`.
-
-    With `size_per_rank` the plan is torchrec's `column_wise(size_per_rank=...)`
-    as torchrec makes it, unchecked by embnb: shard i, `size_per_rank[i]`
-    columns wide, on rank i (`placements` must then be `0, 1, ...`).
-    """
+    Raises ValueError where torchrec's column_wise() would not make these shards
+    (`check_torchrec_placements`) or did not."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
 
@@ -153,18 +149,8 @@ def cw_sharding_plan(
     if sorted(placements) != sorted(tables):
         raise ValueError(f"placements name tables {sorted(placements)}; the collection has {tables}")
     check_choice("device_type", device_type, ("cpu", "cuda"))
-    if size_per_rank is None:
-        check_torchrec_placements(ec.embedding_dim(), placements, world_size)
-        generators = {
-            t: column_wise(ranks=list(placements[t]), compute_kernel=COMPUTE_KERNEL) for t in tables
-        }
-    else:
-        sizes = list(size_per_rank)
-        if len(sizes) > world_size:
-            raise ValueError(
-                f"size_per_rank {sizes} puts shard i on rank i: needs {len(sizes)} ranks, has {world_size}"
-            )
-        generators = {t: column_wise(size_per_rank=sizes, compute_kernel=COMPUTE_KERNEL) for t in tables}
+    check_torchrec_placements(ec.embedding_dim(), placements, world_size)
+    generators = {t: column_wise(ranks=list(placements[t]), compute_kernel=COMPUTE_KERNEL) for t in tables}
     plan = construct_module_sharding_plan(
         ec,
         generators,
@@ -199,17 +185,15 @@ def shard_cw(
     ec: EmbeddingCollection,
     placements: Mapping[str, Sequence[int]],
     group: dist.ProcessGroup | None = None,
-    size_per_rank: Sequence[int] | None = None,
 ) -> ShardedEmbeddingCollection:
     """A real ShardedEmbeddingCollection of `ec` over `group` (default: the
-    world), holding `ec`'s weights (`size_per_rank`: see `cw_sharding_plan`).
-    Collective: every rank of `group` calls it."""
+    world), holding `ec`'s weights. Collective: every rank of `group` calls it."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.types import ShardingEnv
 
     group = group or dist.group.WORLD
     device = rank_device(group)
-    plan = cw_sharding_plan(ec, placements, dist.get_world_size(group), device.type, size_per_rank)
+    plan = cw_sharding_plan(ec, placements, dist.get_world_size(group), device.type)
     if device.type == "cuda":  # ranks may share a GPU: each shard placed on its rank's real device
         devices: list[str | None] = [None] * dist.get_world_size(group)
         dist.all_gather_object(devices, str(device), group=group)

@@ -83,7 +83,7 @@ def test_counted_bytes_equal_the_per_id_formula(run):
         assert 2 * shards / dim <= row["torchrec int / rows"] < 2 * shards / dim * 1.1
         # embnb's counts travel in an all-to-all of their own: counts, ids, rows
         assert row["embnb all-to-alls"] == 3 and row["torchrec all-to-alls"] >= 2
-    assert run.results["traffic_counts_equal_model"] == [True] * len(traffic)
+    assert [row["equals the count"] for row in traffic] == [True] * len(traffic)
     # 2 shards on 2 ranks: both paths send each id twice; the gap is lengths and counts only
     first = traffic[0]
     _, sequences = _traffic_batches(48)
@@ -165,4 +165,6 @@ def test_each_torchrec_function_the_page_names_does_what_it_says(module, functio
 
 def test_summary_and_figures(run):
     assert run.results["summary"]  # the harness prints it
+    # torchrec's pooled path puts its rank-ordered shards back itself: equal to the unsharded module
+    assert run.results["pooled"]["matches"] is True and run.results["pooled"]["shard_ranks"] == [1, 0, 0, 1]
     assert len(run.figures()) == 2  # integer share per layout, uneven widths

@@ -267,17 +267,43 @@ class TorchrecOutcome:
     local_embedding_dim: int | None = None  # the width torchrec views this rank's lookups as (private field)
 
 
+def torchrec_column_wise(module: torch.nn.Module, generator) -> torch.nn.Module:
+    """`module`'s table sharded over the world's CPU ranks by torchrec's own `generator` (a
+    `column_wise(...)` of torchrec's, unchecked by embnb), holding `module`'s weights: an
+    EmbeddingBagCollection through torchrec's pooled sharder, an EmbeddingCollection through its
+    sequence one. Collective: every rank calls it."""
+    from torchrec import EmbeddingBagCollection
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingEnv
+
+    pooled = isinstance(module, EmbeddingBagCollection)
+    sharder = EmbeddingBagCollectionSharder() if pooled else EmbeddingCollectionSharder()
+    world = {"local_size": dist.get_world_size(), "world_size": dist.get_world_size()}  # one host
+    plan = construct_module_sharding_plan(
+        module, {TABLE: generator}, sharder=sharder, device_type="cpu", **world
+    )
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    sharded = sharder.shard(module, plan, env=env, device=torch.device("cpu"))
+    sharded.load_state_dict(module.state_dict())
+    return sharded
+
+
 def _torchrec_size_per_rank_on_rank(
     rank: int, world_size: int, case: CWCase, sizes: list[int]
 ) -> TorchrecOutcome:
-    device = rank_device()
-    ec = make_embedding_collection(case, device)
+    from torchrec.distributed.sharding_plan import column_wise
+
+    ec = make_embedding_collection(case)
     own, local = (sizes[rank] if rank < len(sizes) else 0), None
     try:
         with torch.no_grad():
-            sharded = adapter.shard_cw(ec, case.placements(), size_per_rank=sizes)
+            sharded = torchrec_column_wise(
+                ec, column_wise(size_per_rank=sizes, compute_kernel=adapter.COMPUTE_KERNEL)
+            )
             local = private.local_embedding_dim(sharded)
-            got = _plain(sharded(to_kjt(*make_batches(case)[rank], device)).wait())
+            got = _plain(sharded(to_kjt(*make_batches(case)[rank])).wait())
     except Exception as error:  # torchrec's own failure is the result; the peer fails at the same step
         frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torchrec/" in f.filename]
         where = frames and f"torchrec/{frames[-1].filename.rsplit('/torchrec/', 1)[1]}:{frames[-1].lineno}"
@@ -289,9 +315,9 @@ def _torchrec_size_per_rank_on_rank(
 
 
 def size_per_rank_call(case: CWCase, size_per_rank: Sequence[int]) -> tuple:
-    """The (fn, args) call for `launch_each` that runs torchrec's `column_wise(size_per_rank=...)` (shard i
-    on rank i) on `case`'s table as torchrec takes it (no embnb check first): each rank's `TorchrecOutcome`.
-    It may break the process group: the last call of a launch."""
+    """The (fn, args) call for `launch_each` on CPU ranks that runs torchrec's
+    `column_wise(size_per_rank=...)` (shard i on rank i) on `case`'s table as torchrec takes it (no embnb
+    check first): each rank's `TorchrecOutcome`. It may break the process group: the last call of a launch."""
     sizes = [check_int("size_per_rank entry", s, low=1) for s in size_per_rank]
     if sum(sizes) != case.embedding_dim:
         raise ValueError(f"size_per_rank {sizes} must cover embedding_dim {case.embedding_dim}")
@@ -303,37 +329,20 @@ def size_per_rank_call(case: CWCase, size_per_rank: Sequence[int]) -> tuple:
     return _torchrec_size_per_rank_on_rank, (on_ranks, sizes)
 
 
-def pooled_on_rank(
-    rank: int, world_size: int, shard_ranks: list[int], embedding_dim: int, seed: int
-) -> float:
-    """Per rank of a `launch_each` on CPU: torchrec's pooled column-wise path (an EmbeddingBagCollection,
-    one vector per bag) on `shard_ranks`, against the unsharded module on this rank's 8 bags of 0-5 ids
-    of a 50-row table: max |sharded - unsharded|. Its output all-to-all also returns shards in rank
-    order; torchrec puts them back with FBGEMM's `PermutePooledEmbeddingsSplit`."""
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
-    from torchrec.distributed.types import ShardingEnv
+def pooled_on_rank(rank: int, world_size: int, case: CWCase) -> float:
+    """Per rank of a `launch_each` on CPU: torchrec's pooled column-wise path (an EmbeddingBagCollection
+    with `case`'s table and weights, a bag per sequence of this rank's batch, one vector per bag) on
+    `case.shard_ranks`, against the unsharded module: max |sharded - unsharded|. Its output all-to-all
+    also returns shards in rank order; torchrec puts them back with FBGEMM's
+    `PermutePooledEmbeddingsSplit`."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.sharding_plan import column_wise
 
-    torch.manual_seed(seed)  # the same weights on every rank
-    ebc = EmbeddingBagCollection([EmbeddingBagConfig(50, embedding_dim, TABLE, feature_names=[FEATURE])])
-    generator = torch.Generator().manual_seed(seed * 1000 + rank)  # each rank its own bags
-    lengths = torch.randint(0, 6, (8,), generator=generator)
-    ids = torch.randint(0, 50, (int(lengths.sum()),), generator=generator)
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[FEATURE], values=ids, lengths=lengths)
+    config = EmbeddingBagConfig(case.num_embeddings, case.embedding_dim, TABLE, feature_names=[FEATURE])
+    ebc = EmbeddingBagCollection([config])
+    kjt = to_kjt(*make_batches(case)[rank])
     with torch.no_grad():
+        ebc.embedding_bags[TABLE].weight.copy_(make_embedding_collection(case).embeddings[TABLE].weight)
         expected = ebc(kjt).values()
-    sharder = EmbeddingBagCollectionSharder()
-    plan = construct_module_sharding_plan(
-        ebc,
-        {TABLE: column_wise(ranks=shard_ranks, compute_kernel="fused")},
-        sharder=sharder,
-        local_size=world_size,
-        world_size=world_size,
-        device_type="cpu",
-    )
-    env = ShardingEnv.from_process_group(dist.group.WORLD)
-    sharded = sharder.shard(ebc, plan, env=env, device=torch.device("cpu"))
-    sharded.load_state_dict(ebc.state_dict())
-    with torch.no_grad():
-        return float((sharded(kjt).wait().values() - expected).abs().max())
+        generator = column_wise(ranks=list(case.shard_ranks), compute_kernel=adapter.COMPUTE_KERNEL)
+        return float((torchrec_column_wise(ebc, generator)(kjt).wait().values() - expected).abs().max())

@@ -140,10 +140,7 @@ def run_appendix(
     placements = [(dim, [s % w for s in range(n)], "teaching") for n in teaching_shards]
     placements += [(p.embedding_dim, p.ranks, "torchrec planner") for p in planned]
     traffic_cases = [replace(traffic_case, embedding_dim=d, shard_ranks=r) for d, r, _ in placements]
-    calls = [
-        (pooled_on_rank, (ranks, case.embedding_dim, case.seed)),
-        size_per_rank_call(case, size_per_rank),
-    ]
+    calls = [(pooled_on_rank, (case,)), size_per_rank_call(case, size_per_rank)]
     start = time.perf_counter()
     uneven_run, *runs = run_cw_cases([uneven, *traffic_cases], "cpu", timeout_s, calls)
     seconds = time.perf_counter() - start
@@ -157,7 +154,6 @@ def run_appendix(
         "planner_layouts": [asdict(p) for p in planned],  # torchrec planner's CW shards at world_size
         "traffic_ids_per_rank": ids,
         "traffic": table.reset_index().to_dict("records"),
-        "traffic_counts_equal_model": table["equals the count"].tolist(),
         "planner_bytes_at": planner_bytes_at(
             count_world_size, planner_dims, traffic_case.num_embeddings, mean_ids, traffic_case.batch_size
         ),
