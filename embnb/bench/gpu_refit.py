@@ -87,9 +87,8 @@ def _same_estimates(options: list, ranks: list[dict[str, Any]], world_size: int)
 
 def _plan_world(data: dict[str, Any], world: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """The model, topology, enumeration and candidate plans of one committed world."""
-    model = make_model(
-        data["model"]["tables"], seed=data["model"]["seed"], max_rows=data["model"]["max_rows"]
-    )
+    given = data["model"]
+    model = make_model(given["tables"], seed=given["seed"], max_rows=given["max_rows"])
     topology = make_topology(
         world["world_size"],
         world["compute_device"],
@@ -149,24 +148,17 @@ def rebuild_gpu_ranks(results_dir: pathlib.Path | None = None, timeout_s: float 
                 tried = [candidate.options]
                 if candidate.note == POOR:
                     tried = kernel_variants(candidate.options, enumerated)
-                gaps = []
-                for options in tried:
-                    same, gap = _same_estimates(options, plan["ranks"], world["world_size"])
-                    if same:
-                        break
-                    gaps.append(gap)
-                else:
-                    why = f"per-rank estimates differ (up to {min(gaps):.2%})"
+                results = [(o, *_same_estimates(o, plan["ranks"], world["world_size"])) for o in tried]
+                options = next((o for o, same, _ in results if same), None)
+                if options is None:
+                    why = f"per-rank estimates differ (up to {min(gap for *_, gap in results):.2%})"
                     rows.append({**row, "rebuilt": False, "why": why})
                     continue
                 terms = rank_terms(options, topology, enumerated.sharders, model.constraints)
                 calls = KernelCallPerfModel(topology).kernel_calls(options)
+                lookups_ms = {rank["rank"]: rank["lookup"]["wall_s"] * 1e3 for rank in plan["ranks"]}
                 ranks = [
-                    MeasuredRank(
-                        rank["lookup"]["wall_s"] * 1e3, tuple(terms[rank["rank"]]), calls[rank["rank"]]
-                    )
-                    for rank in plan["ranks"]
-                    if terms[rank["rank"]]
+                    MeasuredRank(ms, tuple(terms[r]), calls[r]) for r, ms in lookups_ms.items() if terms[r]
                 ]
                 rows.append({**row, "rebuilt": True, "why": "", "ranks": ranks})
     return {"runs": rows, "candidates": planned}
@@ -234,17 +226,11 @@ def fit_determined(
             group = min(support, key=lambda g: (counts[g], g))
             into = min((g for g in support if g != group), key=lambda g: (g[0] != group[0], -counts[g], g))
             merged[group] = into
-            ranks = [
-                MeasuredRank(
-                    r.lookups_ms,
-                    tuple(
-                        replace(t, sharding_type=into[0], compute_kernel=into[1]) if t.group == group else t
-                        for t in r.shards
-                    ),
-                    r.kernel_calls,
-                )
-                for r in ranks
+            as_into = {"sharding_type": into[0], "compute_kernel": into[1]}
+            regrouped = [
+                tuple(replace(t, **as_into) if t.group == group else t for t in r.shards) for r in ranks
             ]
+            ranks = [replace(r, shards=shards) for r, shards in zip(ranks, regrouped)]
             continue
         coefficients = dict(calibration.coefficients)
         for group in merged:  # a merged group is priced as the group it was fitted with

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 import time
 from collections import Counter
 from typing import Any
@@ -204,6 +203,12 @@ def _topology(world_size: int, opts: argparse.Namespace, device: str):
     )
 
 
+def _world_record(topology, opts: argparse.Namespace) -> dict[str, Any]:
+    """A world's topology as the results and the plans files record it."""
+    keys = ("world_size", "compute_device", "local_world_size")
+    return {key: getattr(topology, key) for key in keys} | {"hbm_cap_gb": opts.hbm_gib}
+
+
 def _acceptance(
     candidate: CandidatePlan, topology, model, batches, opts, device, bandwidth
 ) -> dict[str, Any]:
@@ -220,17 +225,8 @@ def _acceptance(
         head["num_ids"] = [w.num_ids for w in works]
         steps = dict(zip(sizes, lookup_steps(works, StepOptions(device=device))))
         # at least one untimed call per batch: a TBE's first one sets up its state, slow at any size
-        warmup = max(opts.warmup, 1)
-        check = measure_scaling(
-            steps,
-            [w.bytes_read for w in works],
-            "bytes",
-            opts.repeats,
-            device,
-            opts.max_fixed_share,
-            bandwidth,
-            warmup,
-        )
+        work, share, warmup = [w.bytes_read for w in works], opts.max_fixed_share, max(opts.warmup, 1)
+        check = measure_scaling(steps, work, "bytes", opts.repeats, device, share, bandwidth, warmup)
     except (RuntimeError, ValueError) as error:  # out of memory at the largest batch, among others
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -262,11 +258,7 @@ def _world(world_size: int, opts: argparse.Namespace, device: str, bandwidth: fl
         print(f"W={world_size:>3} {check['plan']:<26} rank {check['critical_rank']}: {sweep_text(check)}")
     chosen = [c["chosen_batch"] for c in checks if "fit" in c]
     batch_size = max(chosen) if chosen and None not in chosen else None
-    record = {
-        "world_size": world_size,
-        "compute_device": topology.compute_device,
-        "hbm_cap_gb": opts.hbm_gib,
-        "local_world_size": topology.local_world_size,
+    record = _world_record(topology, opts) | {
         "acceptance": checks,
         "batch_size": batch_size,
         "verdict": NOT_COMPARED if batch_size is None else f"compared at batch {batch_size}",
@@ -339,17 +331,8 @@ def write_plans(opts: argparse.Namespace, device: str) -> int:
             print(
                 f"W={world_size:>3} {c.name:<26} rating {c.rating:8.2f} ms in {c.planning_s:6.1f} s {c.note}"
             )
-        worlds.append(
-            {
-                "world_size": world_size,
-                "compute_device": topology.compute_device,
-                "local_world_size": topology.local_world_size,
-                "devices_per_host": opts.devices_per_host,
-                "hbm_cap_gb": opts.hbm_gib,
-                "batch_size": opts.batch_size,
-                "plans": candidates_to_json(candidates),
-            }
-        )
+        given = {"devices_per_host": opts.devices_per_host, "batch_size": opts.batch_size}
+        worlds.append(_world_record(topology, opts) | given | {"plans": candidates_to_json(candidates)})
     payload = {
         "model": {"tables": opts.tables, "max_rows": opts.max_rows, "seed": opts.seed},
         "planned_on": stack_versions(),
@@ -388,13 +371,11 @@ def main(argv: list[str]) -> int:
     check_sweep_options(parser, opts)
     problem = _check(opts)
     if problem:
-        print(problem, file=sys.stderr)
-        return 2
+        parser.error(problem)
     try:
         device = tbe_device(opts.device)
     except ValueError as error:
-        print(error, file=sys.stderr)
-        return 2
+        parser.error(str(error))
     quiet_torchrec_logs()
     if opts.write_plans:
         return write_plans(opts, device)

@@ -106,13 +106,11 @@ def lookup_module(
     check_tbe_device(device)
     if group.compute_kernel == "dense":
         return DenseLookup(group, device, learning_rate)
-    if group.compute_kernel not in FUSED_LOCATIONS:
-        allowed = ", ".join(repr(k) for k in ("dense", *FUSED_LOCATIONS))
-        raise ValueError(f"compute kernel {group.compute_kernel!r} is not one of {allowed}")
-    on_gpu = device.type == "cuda"
+    # a group of another kernel type (e.g. quant) holds shards of no fused kernel
     unknown = sorted({s.compute_kernel for s in group.shards} - set(FUSED_LOCATIONS))
     if unknown:
-        raise ValueError(f"compute kernels {unknown} in one fused TBE; allowed: {list(FUSED_LOCATIONS)}")
+        raise ValueError(f"compute kernels {unknown} are not one of {['dense', *FUSED_LOCATIONS]}")
+    on_gpu = device.type == "cuda"
 
     # Each shard at its kernel's location (one TBE may mix fused and UVM shards, as torchrec's
     # group does); on a CPU every fused table is in host memory, as torchrec places it there.

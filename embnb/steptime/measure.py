@@ -1,16 +1,13 @@
 """Rank by rank: each rank's own work run with real kernels on this device,
 one rank after another, warmed up and repeated.
 
-Per rank and repeat, four phases are timed: the lookups' forward (every
-TBE of the rank), their backward (FBGEMM's fused optimizer runs inside it;
-the dense kernel's SGD step after it), the dense part's forward and its
-backward, by `embnb.timing.time_phase`. On a CPU each phase records wall
-time and the calling thread's CPU time (`time.thread_time_ns`); at
-`threads=1` the thread's CPU time is all of the kernels' compute, and other
-processes sharing the cores stretch the wall time, not it. On a GPU the
-"wall" clock is the phase's time between two CUDA events and the "cpu" clock
-the time to enqueue it, nothing synchronized (the launches): a synchronized
-thread's CPU time would count synchronize's spin-wait (`CPU_CLOCK`).
+Per rank and repeat, four phases are timed by `embnb.timing.time_phase`: the lookups' forward
+(every TBE of the rank), their backward (FBGEMM's fused optimizer runs inside it; the dense
+kernel's SGD step after it), the dense part's forward and its backward. On a CPU each phase records
+wall time and the calling thread's CPU time: at `threads=1` all of the kernels' compute, which other
+processes sharing the cores do not stretch. On a GPU the "wall" clock is the phase's time between
+two CUDA events and the "cpu" clock the time to enqueue it (a synchronized thread's CPU time would
+count synchronize's spin-wait).
 
     times = measure_plan(plan, model.tables, batch, threads=1)
     times.critical_rank()          # the slowest rank (median compute)
@@ -26,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
+from torch import nn
 
 from embnb._checks import check_choice, check_int
 from embnb.steptime.comms import RankComms
@@ -128,12 +126,9 @@ class StepTimes:
 
 
 def _lookup_inputs(work: RankWork, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    inputs = []
-    for group in work.groups:
-        offsets = torch.zeros(group.lengths.numel() + 1, dtype=torch.int64)
-        torch.cumsum(group.lengths, 0, out=offsets[1:])
-        inputs.append((group.ids.to(device), offsets.to(device)))
-    return inputs
+    """Each TBE's (indices, offsets): its ids, and where each bag starts, then the end."""
+    offsets = [nn.functional.pad(g.lengths.cumsum(0), (1, 0)) for g in work.groups]
+    return [(g.ids.to(device), o.to(device)) for g, o in zip(work.groups, offsets)]
 
 
 @dataclass(frozen=True)
@@ -149,7 +144,6 @@ class StepOptions:
     optimizer: str = DEFAULT_OPTIMIZER
     learning_rate: float = 0.01
     hidden: Sequence[int] = DEFAULT_HIDDEN
-    progress: bool = False
 
     def __post_init__(self) -> None:
         check_int("threads", self.threads, low=1)
@@ -229,10 +223,6 @@ def _backward(modules, outputs, grads) -> None:
                 module.step()
 
 
-def dense_parameters(width: int, hidden: Sequence[int]) -> int:
-    return sum(p.numel() for p in make_mlp(width, hidden).parameters())
-
-
 def measure_ranks(
     works: Callable[[int], RankWork],
     world_size: int,
@@ -246,17 +236,13 @@ def measure_ranks(
     before = torch.get_num_threads()
     torch.set_num_threads(options.threads)
     ranks, comms = [], []
-    order = range(world_size)
-    if options.progress:
-        from tqdm.auto import tqdm
-
-        order = tqdm(order, desc="ranks", leave=False)
     try:
-        for rank in order:
+        for rank in range(world_size):
             work = works(rank)
             ranks.append(measure_rank(work, options))
             if comms_of is not None:
-                comms.append(comms_of(rank, dense_parameters(work.dense_width, options.hidden)))
+                dense = sum(p.numel() for p in make_mlp(work.dense_width, options.hidden).parameters())
+                comms.append(comms_of(rank, dense))
     finally:
         torch.set_num_threads(before)
     device = str(torch.device(options.device))
@@ -272,12 +258,12 @@ def join_rounds(rounds: Sequence[StepTimes]) -> StepTimes:
     if not rounds:
         raise ValueError("rounds is empty: pass one StepTimes per round")
     first = rounds[0]
-    for index, times in enumerate(rounds):
-        same = (len(times.ranks), times.device, times.threads, times.warmup)
-        if same != (len(first.ranks), first.device, first.threads, first.warmup):
+    shapes = [(len(times.ranks), times.device, times.threads, times.warmup) for times in rounds]
+    for index, shape in enumerate(shapes):
+        if shape != shapes[0]:
             raise ValueError(
-                f"rounds[{index}] has (ranks, device, threads, warmup) {same}, rounds[0] "
-                f"{(len(first.ranks), first.device, first.threads, first.warmup)}: rounds of one plan only"
+                f"rounds[{index}] has (ranks, device, threads, warmup) {shape}, rounds[0] {shapes[0]}: "
+                "rounds of one plan only"
             )
     ranks = []
     for position, rank in enumerate(first.ranks):

@@ -32,7 +32,7 @@ def measure_plan(
     """Every rank's step under a torchrec sharding plan of an
     EmbeddingBagCollection of `tables`, on `batch` (`make_batch`); its
     collectives counted. `options` are `StepOptions`' fields (device, threads,
-    warmup, repeats, optimizer, learning_rate, hidden, progress)."""
+    warmup, repeats, optimizer, learning_rate, hidden)."""
     return measure_ranks(*plan_ranks(plan, tables, batch), options=StepOptions(**options))
 
 

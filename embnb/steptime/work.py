@@ -45,26 +45,21 @@ __all__ = [
     "devices_per_host",
 ]
 
-# Sharding types whose input and output distribution this package replays
-# (torchrec 1.8.0's pooled EmbeddingBagCollection shardings; the last two
-# place a table, or each of its column blocks, row-wise over one host's devices).
 _LOW_63 = (1 << 63) - 1
 WEIGHT_BYTES = 4  # fp32 table rows, as `kernels.lookup_module` builds every TBE
+# the types whose every shard holds all the table's rows (a table, or a column block of it)
+WHOLE_ROWS = tuple(
+    t.value for t in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
+)
+# the types that place a table, or each of its column blocks, row-wise over one host's devices
+HOST_LEVEL_SHARDING_TYPES = (ShardingType.TABLE_ROW_WISE.value, ShardingType.GRID_SHARD.value)
+# Sharding types whose input and output distribution this package replays (torchrec 1.8.0's pooled
+# EmbeddingBagCollection shardings)
 SUPPORTED_SHARDING_TYPES = (
     ShardingType.DATA_PARALLEL.value,
-    ShardingType.TABLE_WISE.value,
-    ShardingType.COLUMN_WISE.value,
-    ShardingType.TABLE_COLUMN_WISE.value,
+    *WHOLE_ROWS,
     ShardingType.ROW_WISE.value,
-    ShardingType.TABLE_ROW_WISE.value,
-    ShardingType.GRID_SHARD.value,
-)
-HOST_LEVEL_SHARDING_TYPES = (ShardingType.TABLE_ROW_WISE.value, ShardingType.GRID_SHARD.value)
-# the types whose every shard holds all the table's rows (a table, or a column block of it)
-WHOLE_ROWS = (
-    ShardingType.TABLE_WISE.value,
-    ShardingType.COLUMN_WISE.value,
-    ShardingType.TABLE_COLUMN_WISE.value,
+    *HOST_LEVEL_SHARDING_TYPES,
 )
 
 
@@ -231,8 +226,7 @@ def _deliver(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bags kept to the ids `select` keeps (a mask and their local rows)."""
     mask, local = select(ids)
-    kept_before = torch.zeros(ids.numel() + 1, dtype=torch.int64)  # ids kept before each position
-    torch.cumsum(mask, 0, out=kept_before[1:])
+    kept_before = torch.nn.functional.pad(mask.cumsum(0), (1, 0))  # ids kept before each position
     ends = torch.cumsum(lengths, 0)
     return kept_before[ends] - kept_before[ends - lengths], local[mask]
 

@@ -34,8 +34,7 @@ from embnb.timing import Difference, Stopwatch, machine_name, paired_difference,
 __all__ = ["CLOCKS", "PlanTimes", "WorldTimes", "measure_world", "kernel_device"]
 
 # The clock a device's kernels are read on: on a CPU the rank thread's CPU time at one thread (other
-# processes on a shared machine stretch wall time, not it); on a GPU wall time, synchronized at
-# each phase's edges (kernels run asynchronously).
+# processes on a shared machine stretch wall time, not it); on a GPU the time between CUDA events.
 CLOCKS = {"cpu": "cpu", "cuda": "wall"}
 
 

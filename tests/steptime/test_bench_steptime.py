@@ -223,24 +223,9 @@ def test_a_plans_file_is_measured_with_zipf_ids_and_no_planner(tmp_path, capsys,
 
     monkeypatch.setattr(EmbeddingShardingPlanner, "plan", no_planner)
     monkeypatch.setattr(steptime_bench, "candidate_plans", no_planner)
-    code, out, err = run(
-        capsys,
-        "--plans",
-        str(file),
-        "--batch-size",
-        "16",
-        "--warmup",
-        "0",
-        "--repeats",
-        "1",
-        *COMPARE,
-        "--ids",
-        "zipf",
-        "--zipf-alpha",
-        "1.1",
-        "--out",
-        str(tmp_path),
-    )
+    sizes = ("--batch-size", "16", "--warmup", "0", "--repeats", "1", *COMPARE)
+    zipf = ("--ids", "zipf", "--zipf-alpha", "1.1")
+    code, out, err = run(capsys, "--plans", str(file), *sizes, *zipf, "--out", str(tmp_path))
     assert code == 0, out + err
     (path,) = tmp_path.glob("steptime_scale-*.json")
     payload = json.loads(path.read_text())
