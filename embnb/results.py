@@ -56,11 +56,6 @@ class Run:
         """The file's name, e.g. calibrate-2026-11-29-x86-64-x2-cores.json."""
         return self.path.name
 
-    @property
-    def on_gpu(self) -> bool:
-        """Whether the machine is a GPU (`machine_name` names a CPU "<arch> x<N> cores")."""
-        return not self.machine.endswith(" cores")
-
 
 def load_runs(benchmark: str | None = None, results_dir: str | pathlib.Path | None = None) -> list[Run]:
     """Every results file of `benchmark` (None: of every bench) in `results_dir`

@@ -103,7 +103,9 @@ def median_seconds(
     about that long instead: it warms up while it picks how many calls to
     time together, and reports their median per call.
     """
-    benchmark = _benchmark()
+    quiet_cpp_extension()  # torch.utils.benchmark imports torch.utils.cpp_extension: its import log held back
+    from torch.utils import benchmark
+
     for _ in range(warmup):
         fn()
     if budget_s is not None:
@@ -212,15 +214,6 @@ def interleaved_phases(
     finally:
         torch.set_num_threads(before)
     return times, used_threads
-
-
-def _benchmark():
-    """torch.utils.benchmark, which imports torch.utils.cpp_extension: that
-    module is imported first with its import-time log held back."""
-    quiet_cpp_extension()
-    from torch.utils import benchmark
-
-    return benchmark
 
 
 def machine_name(device: torch.device | str = "cpu") -> str:
