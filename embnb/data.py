@@ -1,5 +1,5 @@
-"""Key streams that alias under `key % world_size` (`PATTERNS`, by name through `make_keys`), Zipf
-sequence lengths from the same sampler, and a loader for real ids.
+"""Key streams that alias under `key % world_size` (`PATTERNS`, by name through `make_keys`), and Zipf
+sequence lengths from the same sampler.
 
 Every generator has the form `fn(num_keys, *, seed=0, ...)` and returns a 1-D torch.int64 tensor, the
 same for the same arguments. No stream knows the world size it will be routed to: whatever aliasing
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 
-import numpy as np
 import torch
 
 from embnb._checks import check_int, check_number
@@ -202,46 +200,3 @@ def make_keys(pattern: str, num_keys: int, seed: int = 0, **options) -> torch.Te
     if pattern not in PATTERNS:
         raise ValueError(f"unknown pattern {pattern!r}; valid patterns: {', '.join(PATTERNS)}")
     return PATTERNS[pattern](num_keys, seed=seed, **options)
-
-
-_CSV_SEPARATORS = {".csv": ",", ".tsv": "\t"}
-_PARQUET_SUFFIXES = (".parquet", ".pq")
-SUPPORTED_SUFFIXES = (*_CSV_SEPARATORS, *_PARQUET_SUFFIXES)
-
-
-def load_id_column(path: str | Path, column: str) -> torch.Tensor:
-    """Read one integer id column of a .csv, .tsv, .parquet or .pq file."""
-    import pandas as pd  # only for reading files: the library imports stay light
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    suffix = path.suffix.lower()
-    # Read the header first, so a missing column gets our message, not pandas'.
-    if suffix in _CSV_SEPARATORS:
-        sep = _CSV_SEPARATORS[suffix]
-        available = list(pd.read_csv(path, sep=sep, nrows=0).columns)
-    elif suffix in _PARQUET_SUFFIXES:
-        import pyarrow.parquet as pq
-
-        available = list(pq.read_schema(path).names)
-    else:
-        raise ValueError(
-            f"unsupported file suffix {path.suffix!r} for {path}; supported: {', '.join(SUPPORTED_SUFFIXES)}"
-        )
-    if column not in available:
-        raise ValueError(f"column {column!r} not in {path}; available columns: {available}")
-    if suffix in _CSV_SEPARATORS:
-        series = pd.read_csv(path, sep=sep, usecols=[column])[column]
-    else:
-        series = pd.read_parquet(path, columns=[column])[column]
-    if len(series) == 0:
-        return torch.empty(0, dtype=torch.int64)
-    missing = int(series.isna().sum())
-    if missing:
-        raise ValueError(f"column {column!r} has {missing} missing values")
-    if not pd.api.types.is_integer_dtype(series.dtype):
-        raise ValueError(f"column {column!r} is not integer (dtype {series.dtype})")
-    if pd.api.types.is_unsigned_integer_dtype(series.dtype) and (int(series.max()) > np.iinfo(np.int64).max):
-        raise ValueError(f"column {column!r} has ids beyond int64")
-    return torch.from_numpy(series.to_numpy(dtype=np.int64, copy=True))

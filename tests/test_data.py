@@ -1,19 +1,16 @@
 """Tests for embnb.data: each key pattern's statistical property against an
-expectation computed here from first principles, and the id-column loader on
-files written to tmp_path."""
+expectation computed here from first principles."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from embnb.data import (
     PATTERNS,
-    load_id_column,
     make_keys,
     snowflake_ids,
     strided_ids,
@@ -172,65 +169,6 @@ def test_zipf_hot_key_defeats_any_routing():
     bound = zipf_share(1, vocab_size, alpha) * world_size
     assert bound > 1.5
     assert max_over_mean(counts) >= 0.95 * bound
-
-
-# --- load_id_column -----------------------------------------------------------
-
-
-@pytest.fixture
-def ratings() -> pd.DataFrame:
-    # MovieLens ratings.csv columns.
-    return pd.DataFrame(
-        {
-            "userId": [1, 1, 7, 42],
-            "movieId": [31, 1029, 31, 2**40 + 3],
-            "rating": [2.5, 3.0, 4.5, 1.0],
-            "timestamp": [1260759144, 1260759179, 1260759182, 1260759185],
-        }
-    )
-
-
-def test_load_csv_and_tsv(tmp_path, ratings):
-    csv = tmp_path / "ratings.csv"
-    ratings.to_csv(csv, index=False)
-    ids = load_id_column(csv, "movieId")
-    assert ids.dtype == torch.int64
-    assert ids.tolist() == ratings["movieId"].tolist()
-    tsv = tmp_path / "ratings.tsv"
-    ratings.to_csv(tsv, sep="\t", index=False)
-    assert load_id_column(str(tsv), "userId").tolist() == [1, 1, 7, 42]
-
-
-@pytest.mark.parametrize("suffix", [".parquet", ".pq"])
-def test_load_parquet(tmp_path, suffix):
-    # KuaiRand-style columns.
-    frame = pd.DataFrame({"user_id": [5, 6, 5], "video_id": [10, 20, 2**35]})
-    path = tmp_path / f"log{suffix}"
-    frame.to_parquet(path)
-    assert load_id_column(path, "video_id").tolist() == [10, 20, 2**35]
-
-
-def test_load_errors_name_the_problem(tmp_path, ratings):
-    missing = tmp_path / "absent.csv"
-    with pytest.raises(FileNotFoundError, match="absent.csv"):
-        load_id_column(missing, "userId")
-
-    csv = tmp_path / "ratings.csv"
-    ratings.to_csv(csv, index=False)
-    with pytest.raises(ValueError, match="'itemId'.*'userId', 'movieId'"):
-        load_id_column(csv, "itemId")
-    with pytest.raises(ValueError, match="'rating' is not integer"):
-        load_id_column(csv, "rating")
-
-    holes = tmp_path / "holes.parquet"
-    pd.DataFrame({"userId": [1, None, 3]}).to_parquet(holes)
-    with pytest.raises(ValueError, match="'userId' has 1 missing values"):
-        load_id_column(holes, "userId")
-
-    weird = tmp_path / "ratings.json"
-    weird.write_text("{}")
-    with pytest.raises(ValueError, match=r"'\.json'.*\.csv, \.tsv, \.parquet, \.pq"):
-        load_id_column(weird, "userId")
 
 
 def _inverse_cdf_draws(num, alpha, support, gen):
