@@ -2,12 +2,7 @@
 computes its imbalance (keys per rank, tokens per rank, plan load per rank).
 
     max_over_mean(counts)     # 1.0 is perfect, W is "all on one"
-    spread_over_mean(counts)  # (max - min) / mean, 0.0 is perfect
     spearman(measured, estimated)  # do two per-rank or per-plan orders agree?
-
-An empty load (no ranks, or every count 0) has no meaningful ratio: both
-summaries raise ValueError rather than return nan or inf, so a broken
-experiment fails loudly instead of plotting a blank point.
 """
 
 from __future__ import annotations
@@ -18,7 +13,11 @@ from collections.abc import Sequence
 import torch
 
 
-def _mean_checked(counts: torch.Tensor | Sequence[float]) -> tuple[torch.Tensor, float]:
+def max_over_mean(counts: torch.Tensor | Sequence[float]) -> float:
+    """max(counts) / mean(counts) of a 1-D load: 1.0 when balanced, len(counts) when all load is on one
+    rank. An empty load (no ranks, or every count 0) has no meaningful ratio: it raises ValueError
+    rather than return nan or inf, so a broken experiment fails loudly instead of plotting a blank point.
+    """
     tensor = torch.as_tensor(counts, dtype=torch.float64)
     if tensor.dim() != 1:
         raise ValueError(f"counts must be 1-D, got shape {tuple(tensor.shape)}")
@@ -27,23 +26,7 @@ def _mean_checked(counts: torch.Tensor | Sequence[float]) -> tuple[torch.Tensor,
     mean = float(tensor.mean())
     if mean == 0.0:
         raise ValueError("mean of counts is 0 (no keys): the ratio is undefined")
-    return tensor, mean
-
-
-def max_over_mean(counts: torch.Tensor | Sequence[float]) -> float:
-    """max(counts) / mean(counts): 1.0 when balanced, len(counts) when all
-    load is on one rank. Raises ValueError if counts is empty or its mean is 0.
-    """
-    tensor, mean = _mean_checked(counts)
     return float(tensor.max()) / mean
-
-
-def spread_over_mean(counts: torch.Tensor | Sequence[float]) -> float:
-    """(max(counts) - min(counts)) / mean(counts): 0.0 when balanced.
-    Raises ValueError if counts is empty or its mean is 0.
-    """
-    tensor, mean = _mean_checked(counts)
-    return float(tensor.max() - tensor.min()) / mean
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
