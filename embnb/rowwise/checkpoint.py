@@ -1,41 +1,22 @@
-"""Checkpoints of a sharded key-value embedding table that keep the routing.
-
-A table sharded row-wise over ``world_size`` ranks is saved as one file per
-rank plus one metadata file, all in one directory::
+"""Checkpoints of a sharded key-value embedding table that keep the routing: one safetensors file per rank
+and one metadata file, in one directory::
 
     {table}.rank{r}-of-{W}.safetensors   keys (int64 [n]) and rows ([n, dim])
-    {table}.meta.json                    format_version, table_name,
-                                         dist_type, world_size,
-                                         embedding_dim, block_size,
-                                         init_seed (how new rows are made)
+    {table}.meta.json                    format_version, table_name, dist_type, world_size,
+                                         embedding_dim, block_size, init_seed (how new rows are made)
 
-Why the routing is saved: which rank owns a key depends on the dist_type
-(``continuous``, ``roundrobin``, ``hash_roundrobin``, see
-:mod:`embnb.rowwise.routing`). Loading with another dist_type than the one the table
-was trained with would put rows on ranks that lookups never ask, so
-:func:`load` checks it and raises on a mismatch. Metadata without a
-``dist_type`` field loads as ``roundrobin``, as NVIDIA dynamicemb does for
-its older checkpoints.
+The owner of a key depends on the dist_type, so loading under another one would put rows on ranks that
+lookups never ask: `load` raises on a mismatch. Metadata without a `dist_type` loads as `roundrobin`, as
+NVIDIA dynamicemb does for its older checkpoints. `load` at another world size reads every stored shard
+and keeps the keys whose `owner_rank` under the new layout is this rank, so no row is lost or
+duplicated. dynamicemb's loader keeps `key % world_size == rank` whatever the dist_type; under
+`hash_roundrobin` most rows then land on a rank that does not own them (or are dropped): the mistake
+this module avoids.
 
-Resharding: :func:`load` may ask for another world size. It then reads every
-stored shard and keeps the keys whose ``owner_rank`` under the *new* world
-size is this rank, so across the new ranks no row is lost or duplicated.
-dynamicemb's loader instead keeps ``key % world_size == rank`` whatever the
-dist_type; under ``hash_roundrobin`` most rows then land on a rank that does
-not own them (or are dropped), which is the mistake this module avoids.
-
-Continuous mode stores global keys, so resharding re-routes the global keys
-with the ``block_size`` the caller gives for the new layout (by default the
-stored one, which still partitions the keys, since keys past
-``block_size * world_size`` fall back to ``key % world_size``, but usually
-not the block size the new layout wants, e.g. ``ceil(num_rows / W)``).
-
-Tensors are stored with safetensors (no pickle, so loading runs no code).
-Every file is written to a temporary name in the same directory, fsynced and
-then ``os.replace``'d, so a crash never leaves a half-written file under a
-final name. Shards are written before the metadata; every shard read back is
-checked against the metadata (dim, rank, ownership), so a crash between the
-two that left an inconsistent checkpoint is reported, not silently loaded.
+safetensors: no pickle, so loading runs no code. Each file is written to a temporary name beside it,
+fsynced and renamed, shards before the metadata, and every shard read back is checked against the
+metadata (dim, rank, ownership): a crash never leaves a half-written file under a final name, and one
+between the two writes is reported, not silently loaded.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
-"""Routed tables in torch.distributed.checkpoint (DCP): resharded into any world size and routing,
-or read in id order for serving.
-
-A routed table's state dict keys end with its layout (`TableLayout.key_suffix`, e.g.
-`embedding_bags.t.weight@roundrobin(world_size=2)`, and the fused optimizer's state under that key),
-so DCP refuses to load them into a module of another layout: its load planning finds no such key,
-before any tensor is written. These are the two explicit ways across:
-
-- `load_resharded(module, checkpoint_id, prefix, optimizer_prefix)`: every row-wise table of a routed
-  sharded module, and its fused optimizer's state, read from a DCP checkpoint saved under any world
-  size and routing (a routed module's or torchrec's own), moved to this module's slots with
-  `convert_rows` and loaded. Each rank reads whole tables: for tables that fit in one rank's memory.
-- `read_rows(checkpoint_id, key, num_embeddings)`: one table's `[num_embeddings, dim]` rows in id
-  order, what an unsharded module (serving) loads. No process group needed.
+"""Routed tables in torch.distributed.checkpoint (DCP): `load_resharded` loads a checkpoint saved under any
+world size and routing into a routed sharded module, `read_rows` reads one table in id order for serving
+(docs/sharders.md, "Checkpoints"). A routed table's keys end with its layout (`TableLayout.key_suffix`),
+so DCP itself refuses to load them into a module of another layout: these are the two explicit ways
+across. Each reads whole tables: for tables that fit in one rank's memory.
 
     dcp.save({"model": model.state_dict(), "optim": model.fused_optimizer.state_dict()}, checkpoint_id=path)
     # later, any W and routings:
     load_resharded(new_model.module.sparse.ebc, path, prefix="model.sparse.ebc.",
                    optimizer_prefix="optim.state.sparse.ebc.")
     rows = read_rows(path, "model.sparse.ebc.embedding_bags.t.weight", num_embeddings=1000)
-    serving_ebc.embedding_bags["t"].weight.data.copy_(rows)
 """
 
 from __future__ import annotations

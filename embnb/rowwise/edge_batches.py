@@ -1,22 +1,14 @@
 """Batches a real loader produces that torchrec's row-wise modules stop on, and what the routed modules
-do with them instead (torchrec 1.8.0 and 1.6.1, fbgemm-gpu-cpu 1.8.0, gloo on CPU):
+do with them instead (docs/sharders.md, "Edge batches"; torchrec 1.8.0 and 1.6.1, gloo on CPU):
 
-- **A rank with no samples** (a KeyedJaggedTensor of stride 0, the end of an epoch cut over the
-  ranks): torchrec fails on it on that rank alone, unsharded too (`KeyedJaggedTensor.to_dict`:
-  "IndexError: tuple index out of range"). A sharded EmbeddingBagCollection with a mean-pooled table
-  raises before its input all-to-all (`_create_mean_pooling_divisor`: "cannot reshape tensor of 0
-  elements into shape [-1, 0]"), so the other ranks wait in that all-to-all until the failed rank's
-  process ends; a sharded EmbeddingCollection raises the same way after its collectives, in its
-  output. The routed modules send such a batch as one sample with no ids (`one_empty_sample`) and
-  cut the output back to 0 samples (`no_samples`): every rank gets its right value.
-- **Ranks of different batch sizes, an EmbeddingBagCollection's backward on gloo**: torchrec's
-  row-wise output distribution reduce-scatters the pooled rows by the ranks' batch sizes, and the
-  backward of that is an all-gather of blocks of different sizes, which gloo refuses on every rank
-  ("ProcessGroupGloo::allgather: invalid tensor size"). `EvenRwPooledEmbeddingDist` pads each rank's
-  block to the largest batch, reduce-scatters equal blocks (torchrec's own path for equal batches)
-  and keeps the rank's rows: the right gradients, at the cost of the padding rows (copied and sent)
-  in a step whose batches differ. NCCL gathers blocks of different sizes; other backends keep
-  torchrec's path.
+- **A rank with no samples** (a KeyedJaggedTensor of stride 0): torchrec fails on it on that rank alone
+  (`KeyedJaggedTensor.to_dict`: "IndexError: tuple index out of range"; an EBC with a mean-pooled table
+  before its input all-to-all, so the other ranks wait there). The routed modules send it as one sample
+  with no ids (`one_empty_sample`) and cut the output back to 0 samples (`no_samples`).
+- **Ranks of different batch sizes, an EmbeddingBagCollection's backward on gloo**: the backward of
+  torchrec's row-wise reduce-scatter all-gathers blocks of each rank's batch size, which gloo refuses
+  ("ProcessGroupGloo::allgather: invalid tensor size"). `EvenRwPooledEmbeddingDist` pads each block to
+  the largest batch first (the padding rows are copied and sent); other backends keep torchrec's path.
 """
 
 from __future__ import annotations

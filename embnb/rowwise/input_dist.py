@@ -1,20 +1,10 @@
-"""The routed sharders' input distribution: embnb's bucketize, then torchrec's one KJT all-to-all.
-
-torchrec's row-wise input distribution (`RwSparseFeaturesDist`) buckets ids with FBGEMM's
-`block_bucketize_sparse_features` (continuous blocks only) and sends them in one `KJTAllToAll`.
-`RoutedFeaturesDist` is that class with the bucketing replaced: `embnb.rowwise.bucketize` (the
-native kernel, CPU or CUDA) routes each feature by its table's layout in one pass and sends the
-local row each rank looks up: `continuous` as torchrec, `roundrobin` a dense table's `id // W`,
-`feistel_roundrobin` `p(id) // W`. The all-to-all, and for sequence tables the unbucketize
-permute torchrec's output distribution reads, are torchrec's.
-
-Ids outside their table's rows: `RoutedFeaturesDist` reads each feature's smallest and largest id
-before bucketing (two reductions per feature, one pass over the ids); a rank that holds an id
-outside `[0, num_embeddings)` sends its feature and value in the splits all-to-all torchrec's
-`KJTAllToAll` makes first anyway (`IdCheckedAllToAll`: four more int64 to each rank), so every rank
-raises the same ValueError, naming the feature, table, id and rank, before any id is sent.
-torchrec's own row-wise sharding looks such an id up in another id's row, silently (FBGEMM's
-bounds check logs on the owner and reads its local row 0; torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0).
+"""The routed sharders' input distribution (`RoutedFeaturesDist`): torchrec's row-wise one
+(`RwSparseFeaturesDist`) with FBGEMM's `block_bucketize_sparse_features` (continuous blocks only)
+replaced by `embnb.rowwise.bucketize`, which routes each feature by its table's layout in one pass and
+sends the local row each rank looks up; then torchrec's one `KJTAllToAll`. Its splits carry the first id
+outside its table a rank found (`IdCheckedAllToAll`), so every rank raises before any id is sent, where
+torchrec's own row-wise sharding looks such an id up in another id's row, silently (docs/sharders.md,
+"Edge batches").
 """
 
 from __future__ import annotations
@@ -35,12 +25,6 @@ from embnb.rowwise.layout import Routing, TableLayout
 from embnb.rowwise.routing import Bucketized, DistType, bucketize
 
 __all__ = ["RoutedFeaturesDist", "IdCheckedAllToAll", "OutsideId"]
-
-_DIST_TYPE = {  # the bucketize mode that sends each routing's local rows (num_embeddings given)
-    Routing.CONTINUOUS: DistType.CONTINUOUS,
-    Routing.ROUNDROBIN: DistType.ROUNDROBIN,
-    Routing.FEISTEL_ROUNDROBIN: DistType.FEISTEL_ROUNDROBIN,
-}
 
 
 class OutsideId(NamedTuple):
@@ -183,7 +167,8 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
         self._features = list(features)
         self._tables = list(tables) if tables is not None else None
         self.layouts = tuple(layouts)
-        self._modes = [_DIST_TYPE[layout.routing] for layout in layouts]
+        # each routing's bucketize mode of one name: given num_embeddings, it sends the local rows
+        self._modes = [DistType(layout.routing.value) for layout in layouts]
         self._block_sizes = [layout.block_size for layout in layouts]
         self._num_embeddings = [layout.num_embeddings for layout in layouts]
         self._seed = seeds.pop() if seeds else 0
@@ -261,37 +246,34 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
         its splits carrying the first id outside its table, if any (then the ids bucketed are in
         range, and every rank raises when it waits for the splits)."""
         outside = self.outside_id(sparse_features)
-        if outside is not None:
-            sparse_features = self._in_range(sparse_features)
+        if outside is not None:  # each id outside its table bucketed as 0: none is sent
+            values, counts = sparse_features.values(), sparse_features.length_per_key()
+            rows = torch.tensor(self._num_embeddings, device=values.device)
+            bound = torch.repeat_interleave(rows, torch.tensor(counts, device=rows.device))
+            inside = torch.where((values < 0) | (values >= bound), 0, values)
+            sparse_features = _like(sparse_features, inside, sparse_features.weights_or_none())
         out = self.bucketize_features(sparse_features)
         self.unbucketize_permute_tensor = out.unbucketize_permute if self._sequence else None
-        variable = sparse_features.variable_stride_per_key()
-        bucketized = KeyedJaggedTensor(  # as torchrec's bucketize_kjt_before_all2all builds it
-            keys=sparse_features.keys() * self._world,
-            values=out.indices,
-            weights=out.weights,
-            lengths=out.lengths,
-            stride=None if variable else sparse_features.stride(),
-            stride_per_key_per_rank=sparse_features.stride_per_key_per_rank() * self._world
-            if variable
-            else None,
-        )
+        bucketized = _like(sparse_features, out.indices, out.weights, out.lengths, self._world)
         return self._all_to_all(bucketized, outside)
 
-    def _in_range(self, sparse_features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """`sparse_features` with every id outside its table replaced by 0 (what is bucketed, and
-        sent in no all-to-all, when a rank raises)."""
-        counts = sparse_features.length_per_key()
-        rows = torch.tensor(self._num_embeddings, device=sparse_features.values().device)
-        bound = torch.repeat_interleave(rows, torch.tensor(counts, device=rows.device))
-        values = sparse_features.values()
-        return KeyedJaggedTensor(
-            keys=sparse_features.keys(),
-            values=torch.where((values < 0) | (values >= bound), 0, values),
-            weights=sparse_features.weights_or_none(),
-            lengths=sparse_features.lengths(),
-            stride=None if sparse_features.variable_stride_per_key() else sparse_features.stride(),
-            stride_per_key_per_rank=sparse_features.stride_per_key_per_rank()
-            if sparse_features.variable_stride_per_key()
-            else None,
-        )
+
+def _like(
+    features: KeyedJaggedTensor,
+    values: torch.Tensor,
+    weights: torch.Tensor | None,
+    lengths: torch.Tensor | None = None,
+    copies: int = 1,
+) -> KeyedJaggedTensor:
+    """A KJT of `features`' keys and batch sizes, `copies` times over (one per rank, as torchrec's
+    bucketize_kjt_before_all2all builds it), holding `values`, `weights` and `lengths` (default:
+    `features`' lengths)."""
+    variable = features.variable_stride_per_key()
+    return KeyedJaggedTensor(
+        keys=features.keys() * copies,
+        values=values,
+        weights=weights,
+        lengths=features.lengths() if lengths is None else lengths,
+        stride=None if variable else features.stride(),
+        stride_per_key_per_rank=features.stride_per_key_per_rank() * copies if variable else None,
+    )

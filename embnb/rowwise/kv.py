@@ -1,40 +1,23 @@
-"""A sharded key-value embedding table over a real process group.
+"""A sharded key-value embedding table over a real process group (`ShardedKVTable`), like NVIDIA
+dynamicemb's hash tables, taught simply: each rank holds the rows of the keys it owns
+(`embnb.rowwise.routing`) as a sorted tensor of unique global keys and a tensor of rows. A key seen for
+the first time gets `init_rows`, a pure function of key and seed, so every rank, every world size and
+the single-process table (no process group, or `world_size=1`: the all-to-alls skipped) give a key the
+same initial row.
 
-Like NVIDIA dynamicemb's hash tables, taught simply: each rank holds the rows
-of the keys it owns (see :mod:`embnb.rowwise.routing` for who owns a key), as a
-sorted tensor of unique global keys plus a tensor of rows. A key seen for the
-first time is inserted with :func:`init_rows`, a pure function of the key and
-a seed, so every rank, every world size and the single-process table give a
-key the same initial row.
+A lookup has the ids-out, rows-back shape of torchrec's row-wise sharding, in three
+`all_to_all_single` calls with uneven splits: `bucketize` groups the keys by owner rank, the ranks
+exchange the counts, then the ids; each owner finds (or inserts) the rows and sends them back, and
+`unbucketize_permute` puts them in input order. `apply_gradients` routes per-key gradient rows the same
+way and applies plain SGD (`row -= lr * grad`, duplicates summed).
 
-One lookup of a KeyedJaggedTensor (data-parallel input: every rank looks up
-its own batch) is three ``all_to_all_single`` calls (counts, ids, rows), the
-ids-out, rows-back shape of torchrec's row-wise sharding:
+Keys are stored as global keys in every mode, so storage, initial rows and checkpoints agree across
+layouts. `continuous` sends the owner a local row id, which it turns back into the key: an in-block id
+`l < block_size` is `rank * block_size + l`; past the blocks the id is `key // world_size` (always
+`>= block_size` there) and `key % world_size == rank`, so the key is `l * world_size + rank`.
 
-1. ``bucketize`` groups the keys by owner rank; the ranks exchange how many
-   keys each sends to each, then the keys (``all_to_all_single`` with uneven
-   splits).
-2. Each owner finds (or inserts) the rows and sends them back the same way,
-   reversed; ``unbucketize_permute`` puts them back in input order.
-
-``apply_gradients`` routes per-key gradient rows to the owners the same way
-and applies plain SGD (``row -= lr * grad``, duplicates summed).
-
-Keys are stored as *global* keys in every mode, so storage, initial rows and
-checkpoints agree across layouts. ``continuous`` sends the owner a local row
-id, which the owner turns back into the global key:
-
-- in-block id ``l < block_size``: ``key = rank * block_size + l``;
-- past the blocks the id is ``key // world_size`` (always ``>= block_size``
-  there) and ``key % world_size == rank``: ``key = l * world_size + rank``.
-
-With no process group (or ``world_size=1``) the table is the single-process
-reference: the same code runs, with the all-to-alls skipped.
-
-A batch is a torchrec ``KeyedJaggedTensor`` or a :class:`JaggedBatch`, its
-torch-only stand-in with the same ``keys()``/``lengths()``/``values()``.
-`lookup_on_rank` takes JaggedBatches: unpickling a KeyedJaggedTensor
-imports torchrec, which costs each spawned rank seconds.
+A batch is a torchrec `KeyedJaggedTensor` or a `JaggedBatch`, the same accessors without torchrec
+(`lookup_on_rank` takes these: unpickling a KJT imports torchrec, which costs each spawned rank seconds).
 """
 
 from __future__ import annotations

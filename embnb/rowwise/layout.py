@@ -1,36 +1,18 @@
-"""Where each row of a row-wise sharded torchrec table lives, per routing.
+"""Where each row of a row-wise sharded torchrec table lives, per routing (`TableLayout`), and a table's
+rows moved from one layout to another (`convert_rows`).
 
-torchrec's row-wise sharding stores a table of `R` rows in contiguous
-blocks: with `block = ceil(R / W)`, rank r holds storage rows
-`[r * block, min((r + 1) * block, R))`, and its input distribution sends
-id `i` to rank `i // block` as local row `i % block`. That is the
-`continuous` routing. embnb's sharders keep that machinery (the FBGEMM
-table-batched kernels, the one all-to-all) and choose the routing by
-renumbering ids first: id `i` becomes the storage slot
-`owner(i) * block + local(i)`, so torchrec's blocks put it on `owner(i)`.
-`local(i)` is i's position among its owner's ids, so storage stays dense.
-
-Routings (`Routing`):
-
-- `continuous`: slot = id (torchrec's own layout, unchanged).
-- `roundrobin`: owner `id % W`, local `id // W`. Rank counts differ by at
-  most one, while torchrec's blocks of `ceil(N / W)` leave the last ranks
-  short (or empty) when W does not divide N, so the table is stored with
-  `W * ceil(N / W)` rows: at most `W - 1` padding rows that no id reaches.
-- `feistel_roundrobin`: a keyed bijection `p` of `[0, N)` (a 4-round
-  Feistel permutation on the smallest even number of bits covering N,
-  cycle-walked back into range), then round-robin on `p(id)`: owner
-  `p(id) % W`, local `p(id) // W`. Dense (a bijection: no hash table, the
-  padding of roundrobin) and balanced (rank row counts differ by at most
-  one; ids spread pseudo-randomly, so strided or frequency-ordered ids do
-  not pile onto one rank). It differs from dynamicemb's `hash_roundrobin`
-  (`fmix64(key) % W` on unbounded keys, a hash table per rank): the owner of
-  an id is not `fmix64(id) % W`, ids must lie in `[0, N)`, and the row
-  counts are balanced exactly, not in expectation only. Like any hash it
-  does not spread one hot id.
-
-A layout's storage order depends on W for both round-robin routings, not
-for continuous (torchrec reshards continuous rows itself).
+torchrec stores a table of `R` rows in contiguous blocks of `block = ceil(R / W)` rows, and its input
+distribution sends id `i` to rank `i // block` as local row `i % block`: the `continuous` routing.
+embnb's sharders keep that machinery (the FBGEMM table-batched kernels, the one all-to-all) and choose
+the routing by renumbering ids first: id `i` becomes the storage slot `owner(i) * block + local(i)`, so
+torchrec's blocks put it on `owner(i)`; `local(i)` is i's position among its owner's ids, so storage
+stays dense. `roundrobin` is owner `id % W`, local `id // W`; `feistel_roundrobin` the same on `p(id)`,
+a keyed bijection of `[0, N)` (`embnb.rowwise.hashing.feistel_permutation`): dense and balanced (rank
+row counts differ by at most one) however the ids are numbered, but like any hash it does not spread
+one hot id. Both round-robin routings store `W * ceil(N / W)` rows (at most `W - 1` padding rows that no
+id reaches; torchrec's blocks of `ceil(N / W)` would leave the last ranks short), in an order that
+depends on W; continuous rows do not (torchrec reshards them itself). The table of owners and local rows:
+docs/sharders.md.
 """
 
 from __future__ import annotations
@@ -45,7 +27,7 @@ from embnb.cuda import loader
 from embnb.rowwise.hashing import feistel_half_bits, feistel_permutation, feistel_round_keys
 from embnb.rowwise.routing import parse_mode
 
-__all__ = ["Routing", "TableLayout", "feistel_permutation", "convert_rows"]
+__all__ = ["Routing", "TableLayout", "convert_rows"]
 
 
 class Routing(str, enum.Enum):

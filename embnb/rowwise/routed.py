@@ -140,7 +140,6 @@ def check_compatible(table: str, saved: Mapping[str, Any] | None, layout: TableL
     """
     saved = dict(saved) if saved else {"routing": Routing.CONTINUOUS.value, "seed": 0}
     routing = Routing.parse(saved.get("routing", Routing.CONTINUOUS.value))
-    ours = layout.describe()
     same = routing is layout.routing
     if same and routing is Routing.FEISTEL_ROUNDROBIN:
         same = int(saved.get("seed", 0)) == layout.seed
@@ -150,8 +149,8 @@ def check_compatible(table: str, saved: Mapping[str, Any] | None, layout: TableL
         where = ", ".join(f"{k}={saved[k]!r}" for k in ("routing", "world_size", "seed") if k in saved)
         raise RoutingMismatch(
             f"table {table!r}: the state dict was saved with routing {routing.value!r} ({where}) but this "
-            f"module has routing {layout.routing.value!r} (world_size={ours['world_size']}, "
-            f"seed={ours['seed']}); convert the rows with embnb.rowwise.convert_rows first"
+            f"module has routing {layout.routing.value!r} (world_size={layout.world_size}, "
+            f"seed={layout.seed}); convert the rows with embnb.rowwise.convert_rows first"
         )
 
 
@@ -183,20 +182,13 @@ class RoutedIds:
             been sharded): the sharder's check that its routings name tables of the model.
         **kwargs: passed to torchrec's sharded module (fused_params, device, ...).
 
-    torchrec shards a copy of the module on the meta device, with each padded table's
-    `storage_rows`; unless `module` is on meta, the sharded module then loads its rows, each at
-    the slot its routing names (so it starts equal to `module`, on CPU as on GPU).
-
-    A routed table's rows (in the state dict) and its fused optimizer's state (in
-    `fused_optimizer`'s keys) sit under torchrec's key plus `TableLayout.key_suffix`, e.g.
-    `embedding_bags.t.weight@roundrobin(world_size=2)`: a module of another layout, a plain one
-    included, asks for another key, so DCP's load fails in its planning step and `load_state_dict`
-    raises `RoutingMismatch` naming both layouts before any rows load.
-
-    Edge batches (`embnb.rowwise.edge_batches`): a batch of no samples runs as one sample with no
-    ids and returns an output of 0 samples (torchrec fails on it on that rank alone); an id outside
-    its table raises a ValueError on every rank before any id is sent (`RoutedFeaturesDist`,
-    every routing, continuous included).
+    torchrec shards a copy of the module on the meta device with each table's `storage_rows`; unless
+    `module` is on meta, the rows are then loaded, each at the slot its routing names (so the sharded
+    module starts equal to `module`). A routed table's rows and its fused optimizer's state sit under
+    torchrec's key plus `TableLayout.key_suffix`: DCP's load into a module of another layout (a plain
+    one included) fails in its planning step, and `load_state_dict` raises `RoutingMismatch` naming
+    both layouts before any rows load. A batch of no samples gets an output of 0 samples; an id
+    outside its table raises a ValueError on every rank before any id is sent (docs/sharders.md).
     """
 
     layout_type: type[TableLayout] = TableLayout  # a subclass may lay rows out otherwise (a test's bug)

@@ -1,40 +1,26 @@
-"""Which rank owns a key, and how a KeyedJaggedTensor's keys are bucketed.
+"""Which rank owns a key (`owner_rank`), and a KeyedJaggedTensor's keys grouped by owner rank for the
+row-wise all-to-all (`bucketize`). Row-wise sharding splits a table's rows over `world_size` (W) ranks;
+the routing modes (`DistType`):
 
-Row-wise sharding splits an embedding table's rows over `world_size` ranks.
-Four routing modes (`DistType`) decide the owner of a key:
+- `continuous`: torchrec/FBGEMM's blocks: rank r owns `[r * block_size, (r + 1) * block_size)`, keys
+  past the last block go to `key % W`; the owner receives the local row.
+- `roundrobin`: `key % W`: patterned ids (all multiples of W, tag bits in the low bits) alias onto one
+  rank. Unbounded keys are sent as they are; a dense table's ids (in `[0, N)`: embnb's routed
+  sharders) as the local row `key // W`.
+- `hash_roundrobin`: `fmix64(key) % W`, the hash NVIDIA dynamicemb uses, so results compare; the key is
+  sent.
+- `feistel_roundrobin`: `p(key) % W` for a keyed bijection `p` of a table's `[0, N)`
+  (`feistel_permutation`); the local row `p(key) // W` is sent (`embnb.rowwise.layout`).
 
-- `continuous`: torchrec/FBGEMM's block layout. Rank r owns rows
-  `[r * block_size, (r + 1) * block_size)`; keys past the last block go to
-  `key % world_size`. The rank receives the local row, not the key.
-- `roundrobin`: `key % world_size`. Patterned ids (all multiples of W, tag
-  bits in the low bits) alias onto one rank. On unbounded keys it sends the
-  raw key; given its table's rows N (a dense table, embnb's routed
-  sharders), ids must lie in `[0, N)` and the rank receives the local row
-  `key // W`.
-- `hash_roundrobin`: `fmix64(key) % world_size`, the hash NVIDIA dynamicemb
-  uses, so results compare. It sends the raw key.
-- `feistel_roundrobin`: for a table of N rows, a keyed bijection `p` of
-  `[0, N)` (`feistel_permutation`), then round-robin: owner `p(key) % W`,
-  local row `p(key) // W` (what the rank receives). Dense and balanced (rank
-  row counts differ by at most one) where hash_roundrobin needs a hash table
-  per rank; ids must lie in `[0, N)`. embnb's routed sharders store tables
-  in this layout (`embnb.rowwise.layout`).
+The round-robin modes read a key as its unsigned 64-bit pattern, as dynamicemb does for int64 keys
+(-1 is 2**64 - 1). int32 keys are sign-extended to int64 first, while dynamicemb's kernels (and FBGEMM)
+read an int32 key as uint32, so NEGATIVE int32 keys route differently: `owner_rank` of int32 -1 at
+W=7 is `(2**64 - 1) % 7 == 1` here and `(2**32 - 1) % 7 == 3` in dynamicemb. Use int64 keys (what
+torchrec's KJTs carry) to compare with dynamicemb. `continuous` rejects negative keys.
 
-Keys are treated as unsigned 64-bit patterns in the round-robin modes. For
-int64 keys that is what dynamicemb does: an int64 key -1 is 2**64 - 1.
-int32 keys are first sign-extended to int64, so an int32 -1 is also
-2**64 - 1. dynamicemb's kernels (and FBGEMM) read an int32 key as uint32
-instead, so for NEGATIVE int32 keys the two disagree: `owner_rank` of int32
--1 at W=7 is `(2**64 - 1) % 7 == 1` here and `(2**32 - 1) % 7 == 3` in
-dynamicemb. Non-negative int32 keys route identically. Use int64 keys (what
-torchrec's KJTs carry) to compare with dynamicemb. `continuous` rejects
-negative keys.
-
-`bucketize` builds the all-to-all input with the native kernels in
-embnb/cuda (CPU and CUDA); `bucketize(..., native=False)` is the
-pure-torch reference they match bit for bit. For `continuous` both are
-bit-identical to FBGEMM's `block_bucketize_sparse_features(...,
-sequence=True)`.
+`bucketize` runs the native kernels of embnb/cuda (CPU and CUDA); `bucketize(..., native=False)` is the
+pure-torch reference they match bit for bit. For `continuous` both are bit-identical to FBGEMM's
+`block_bucketize_sparse_features(..., sequence=True)`.
 """
 
 from __future__ import annotations
@@ -256,24 +242,20 @@ def _resolve_num_features(
 def _route_by_feature(
     keys: torch.Tensor, feature: torch.Tensor, args: _Args
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(owner, id sent) per key, each key routed by its feature's mode."""
+    """(owner, id sent) per key, each key routed by its feature's mode: one pass when every feature has
+    one mode and reads no table's rows, else one pass per feature."""
     modes, world_size = args.modes, args.world_size
-    block_size = None
-    if DistType.CONTINUOUS in modes:
-        # Entries of non-continuous features are never read; clamp them.
-        block_size = torch.tensor([max(s, 1) for s in args.sizes], device=feature.device)[feature]
-    per_table = [f for f, m in enumerate(modes) if m in _TABLE_MODES and args.tables and args.tables[f]]
-    if len(set(modes)) == 1 and not per_table:  # no masking
+    tables = args.tables or [0] * len(modes)
+    if len(set(modes)) == 1 and not (modes[0] in _TABLE_MODES and any(tables)):
+        block_size = None
+        if modes[0] is DistType.CONTINUOUS:
+            block_size = torch.tensor(args.sizes, device=feature.device)[feature]
         return _route(keys, world_size, modes[0], block_size)
     owner, local = torch.empty_like(keys), torch.empty_like(keys)
-    shared = torch.tensor([f not in per_table for f in range(len(modes))], device=feature.device)[feature]
-    for mode in {m for f, m in enumerate(modes) if f not in per_table}:  # one pass per mode, tables aside
-        mask = shared & torch.tensor([m is mode for m in modes], device=feature.device)[feature]
-        mode_block = block_size[mask] if mode is DistType.CONTINUOUS else None
-        owner[mask], local[mask] = _route(keys[mask], world_size, mode, mode_block)
-    for f in per_table:  # a table's rows (and a permutation): one pass per such feature
+    for f, mode in enumerate(modes):
         mask = feature == f
-        owner[mask], local[mask] = _route(keys[mask], world_size, modes[f], args.tables[f], args.seed)
+        entry = args.sizes[f] if mode is DistType.CONTINUOUS else tables[f]  # 0: unbounded keys
+        owner[mask], local[mask] = _route(keys[mask], world_size, mode, entry, args.seed)
     return owner, local
 
 

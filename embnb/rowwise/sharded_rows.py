@@ -1,16 +1,8 @@
-"""A row-wise sharded table's storage rows, whole: gathered from the ranks or loaded onto them.
-
-torchrec holds a row-wise table as a ShardedTensor whose rank r shard is the
-contiguous block of storage rows `[r * block, r * block + rows_r)`. These
-two collectives move the whole `[storage_rows, dim]` tensor (what
-`embnb.rowwise.convert_rows` converts) between that and one tensor:
-
-- `gather_rows(module, table)`: every rank gets the table's storage rows;
-- `load_rows(module, table, rows)`: each rank loads its block of `rows`
-  through the module's `load_state_dict` (so a routing check still runs).
-
-For tests, examples and checkpoint conversion of tables that fit in one
-rank's memory; DCP is the path for big tables.
+"""A row-wise sharded table's `[storage_rows, dim]` rows, whole (what `embnb.rowwise.convert_rows`
+converts), gathered from the ranks (`gather_rows`) or loaded onto them (`load_rows`, through the module's
+`load_state_dict`, so its routing check runs). torchrec holds such a table as a ShardedTensor whose rank r
+shard is a contiguous block of storage rows. For tests, examples and checkpoint conversion of tables that
+fit in one rank's memory; DCP is the path for big tables.
 """
 
 from __future__ import annotations

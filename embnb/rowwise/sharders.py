@@ -1,26 +1,15 @@
-"""Row-wise sharders for torchrec's EmbeddingBagCollection and EmbeddingCollection, a routing per table.
+"""Row-wise sharders for torchrec's EmbeddingBagCollection and EmbeddingCollection, a routing per table
+(docs/sharders.md: the layouts, edge batches, checkpoints, cost).
 
     sharder = RoutedEmbeddingBagCollectionSharder({"t_items": "feistel_roundrobin", "t_users": "roundrobin"})
     plan = construct_module_sharding_plan(ebc, {name: row_wise() ...}, sharder=sharder, ...)
     model = DistributedModelParallel(model, sharders=[sharder], plan=ModuleShardingPlan...)
 
-The sharded modules are torchrec's own `ShardedEmbeddingBagCollection` and
-`ShardedEmbeddingCollection` (their all-to-all, FBGEMM's table-batched
-kernels, their output distribution) with `embnb.rowwise.routed.RoutedIds` in
-front: its row-wise input distribution buckets ids with embnb's bucketize
-kernel by each table's routing and sends each rank the local rows it holds in
-torchrec's contiguous blocks (`embnb.rowwise.layout`,
-`embnb.rowwise.input_dist`). A round-robin table whose N is not a multiple of
-W is sharded as `W * ceil(N / W)` rows (torchrec's shards for it are rewritten
-to W equal blocks). The routing of each table is on the module
-(`table_layouts`) and in its state dict keys (`TableLayout.key_suffix`): loading
-rows saved under another layout raises naming both, and DCP finds no key to load
-(convert them with `embnb.rowwise.load_resharded` or `convert_rows`); torchrec's
-own keys (its row-wise module's, an unsharded module's) load as continuous.
-
-torchrec 1.8's EmbeddingBagCollectionSharder offers row_wise only for CUDA;
-these sharders offer it on CPU as well (DESIGN.md: torchrec's row-wise path
-runs on gloo with the fused kernel).
+The sharded modules are torchrec's own `ShardedEmbeddingBagCollection` and `ShardedEmbeddingCollection`
+(their all-to-all, FBGEMM's table-batched kernels, their output distribution) with
+`embnb.rowwise.routed.RoutedIds` in front. torchrec 1.8's EmbeddingBagCollectionSharder offers row_wise
+only for CUDA; these sharders offer it on CPU as well (DESIGN.md: torchrec's row-wise path runs on gloo
+with the fused kernel).
 """
 
 from __future__ import annotations
@@ -104,11 +93,8 @@ class RoutedShardedEmbeddingCollection(RoutedIds, ShardedEmbeddingCollection):
 class RoutedEmbeddingBagCollectionSharder(RoutedSharder, EmbeddingBagCollectionSharder):
     """EmbeddingBagCollectionSharder with row_wise on CPU too and a routing per row-wise table.
 
-    Args:
-        routings: table name -> routing ("continuous", "roundrobin", "feistel_roundrobin").
-        others: the routing of row-wise tables not in `routings`.
-        seed: the key of feistel_roundrobin's bijection.
-        fused_params, qcomm_codecs_registry: as for EmbeddingBagCollectionSharder (by keyword).
+    Args: routings, others, seed as `embnb.rowwise.routed.RoutedSharder`'s; fused_params and
+    qcomm_codecs_registry as EmbeddingBagCollectionSharder's (by keyword).
     """
 
     @property
@@ -119,12 +105,8 @@ class RoutedEmbeddingBagCollectionSharder(RoutedSharder, EmbeddingBagCollectionS
 class RoutedEmbeddingCollectionSharder(RoutedSharder, EmbeddingCollectionSharder):
     """EmbeddingCollectionSharder with a routing per row-wise table.
 
-    Args:
-        routings: table name -> routing ("continuous", "roundrobin", "feistel_roundrobin").
-        others: the routing of row-wise tables not in `routings`.
-        seed: the key of feistel_roundrobin's bijection.
-        fused_params, qcomm_codecs_registry, use_index_dedup: as for EmbeddingCollectionSharder
-            (by keyword).
+    Args: routings, others, seed as `embnb.rowwise.routed.RoutedSharder`'s; fused_params,
+    qcomm_codecs_registry and use_index_dedup as EmbeddingCollectionSharder's (by keyword).
     """
 
     def _sharded_kwargs(self) -> dict[str, Any]:
