@@ -1,30 +1,17 @@
 """`python -m embnb.bench routing`: notebook 01's routings at scale (issue #70, item 5): does the busiest
 rank's time follow its ids, its distinct rows, or neither?
 
-One row-wise sharded table of --rows rows of --dim fp32 columns (default on a GPU 20 M x 128, 9.5 GiB;
-on a CPU 2**20 rows) over W = --world-size ranks, replayed one rank after another on one device, as
-appendix 01a's section 7 does on a CPU (`embnb.lab.rowwise.routed_loads`): each rank's TBE holds its
-block of the table's storage rows (`embnb.rowwise.TableLayout`) and looks up the local rows the routed
-sharder's input distribution sends it, forward and backward with FBGEMM's fused optimizer
-(`embnb.steptime.measure.lookup_steps`); no collective runs. The id streams are 01a's (`case_ids`):
-`frequency` (Zipf ranks as ids, exponent --zipf-alpha), `strided` (multiples of --stride) and `hashed`
-(uniform keys through fmix64), in bags of --bag-size ids, --batch-size bags per rank; the routings
-continuous, roundrobin and feistel_roundrobin.
-
-Per (stream, routing), first issue #70's acceptance check (`embnb.scaling`): the busiest rank (the most
-ids at the sweep's largest batch) at --batch-size x each of --sweep-factors, fitted as fixed + per-byte
-x the bytes of table rows it reads (`RankWork.bytes_read`), its GB/s beside the copy bandwidth measured
-in the same run. A case with no batch whose fixed share is at most --max-fixed-share says
-"overhead-bound: not compared" and measures no ranks. Else, at the chosen batch, every rank's lookups
-in --repeats interleaved rounds after one warm-up (`embnb.timing.interleaved_phases`: CUDA events on a
-GPU; the thread's CPU time at one thread on a CPU), with each rank's ids and distinct rows, and the
-answer (`follows`):
-
-    Pearson's r over the ranks between their median time and their ids, and between it and their
-    distinct rows (None where either side is constant). A quantity explains the time where r > 0 and
-    r**2 >= FOLLOWS (0.8). Neither does: "neither"; one does: it ("ids" or "distinct rows"); both do:
-    the one whose unexplained share 1 - r**2 is at most half the other's, else "not told apart" (the
-    ranks' ids and distinct rows rise together, so these ranks cannot separate them).
+One row-wise table of --rows rows of --dim fp32 columns (default on a GPU 20 M x 128, 9.5 GiB; on a CPU
+2**20 rows) over W = --world-size ranks, replayed one rank after another on one device with FBGEMM's
+fused forward and backward, as appendix 01a's section 7 does on a CPU (`embnb.lab.rowwise.routed_loads`:
+its id streams, routings and layouts); no collective runs. Per (stream, routing), first issue #70's
+acceptance check (`embnb.scaling`) on the busiest rank (the most ids at the sweep's largest batch) at
+--batch-size x each of --sweep-factors bags of --bag-size ids: fixed + per-byte x the bytes of table rows
+it reads (`RankWork.bytes_read`), its GB/s beside the copy bandwidth measured in the same run. A case
+with no batch whose fixed share is at most --max-fixed-share says "overhead-bound: not compared" and
+measures no ranks. Else, at the chosen batch, every rank's lookups in --repeats interleaved rounds after
+one warm-up (CUDA events on a GPU; the thread's CPU time at one thread on a CPU), with each rank's ids
+and distinct rows, and the answer (`follows`).
 
 --deadline-s starts no case after that many seconds (`cut_by_deadline`). The results,
 routing-DATE-MACHINE.json with a one-line `summary`, are written after each case, so a run cut from
@@ -50,19 +37,17 @@ from embnb.bench.results import (
     tbe_device,
     write_results,
 )
-from embnb.lab.rowwise.routed_loads import CASES, ROUTINGS, TABLE, case_ids
+from embnb.lab.rowwise.routed_loads import CASES, ROUTINGS, case_ids, layout_batch, rank_work
 from embnb.rowwise import TableLayout
 from embnb.scaling import copy_bandwidth, measure_scaling, sweep_batches, sweep_clock
-from embnb.steptime import GlobalBatch, batch_from_keys
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER
 from embnb.steptime.measure import StepOptions, lookup_steps
-from embnb.steptime.work import RankWork, routing_work
 from embnb.timing import interleaved_phases, machine_name
 
 __all__ = ["FOLLOWS", "pearson", "follows", "main"]
 
 ROWS = {"cuda": 20_000_000, "cpu": 1 << 20}  # --rows' default per device type
-FOLLOWS = 0.8  # r**2 from which a quantity explains the ranks' time (module docstring)
+FOLLOWS = 0.8  # r**2 from which a quantity explains the ranks' time (`follows`)
 
 
 def pearson(x: list[float], y: list[float]) -> float | None:
@@ -74,8 +59,11 @@ def pearson(x: list[float], y: list[float]) -> float | None:
 
 
 def follows(seconds: list[float], ids: list[int], distinct_rows: list[int]) -> dict[str, Any]:
-    """One case's answer (module docstring) from its ranks' median seconds, ids and distinct rows (one
-    value per rank each): both Pearson's r and "ids", "distinct rows", "neither" or "not told apart"."""
+    """One case's answer from its ranks' median seconds, ids and distinct rows (one value per rank each):
+    Pearson's r of the time with each (None where either side is constant), and which explains it. A
+    quantity does where r > 0 and r**2 >= FOLLOWS; none: "neither"; one: it ("ids" or "distinct rows");
+    both: the one whose unexplained share 1 - r**2 is at most half the other's, else "not told apart"
+    (the ranks' ids and distinct rows rise together, so these ranks cannot separate them)."""
     r = {"ids": pearson(seconds, ids), "distinct rows": pearson(seconds, distinct_rows)}
     unexplained = {k: 1 - v**2 for k, v in r.items() if v is not None and v > 0 and v**2 >= FOLLOWS}
     answer = "neither" if not unexplained else next(iter(unexplained))
@@ -83,12 +71,6 @@ def follows(seconds: list[float], ids: list[int], distinct_rows: list[int]) -> d
         (first, low), (_, high) = sorted(unexplained.items(), key=lambda item: item[1])
         answer = first if low <= high / 2 and low < high else "not told apart"
     return {"pearson_time_ids": r["ids"], "pearson_time_distinct_rows": r["distinct rows"], "follows": answer}
-
-
-def _work(batch: GlobalBatch, layout: TableLayout, dim: int, rank: int) -> RankWork:
-    """Rank `rank`'s lookups: torchrec's blocks over the layout's storage slots (`batch` holds slots)."""
-    rows, block = {TABLE: layout.storage_rows}, {TABLE: layout.block_size}
-    return routing_work(batch, "continuous", rows, {TABLE: dim}, rank, block)
 
 
 def measure_case(stream: str, routing: str, opts: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
@@ -99,10 +81,10 @@ def measure_case(stream: str, routing: str, opts: argparse.Namespace, bandwidth:
     batches = {}
     for b in sweep_batches(opts.batch_size, opts.sweep_factors):
         ids = case_ids(stream, w * b * opts.bag_size, opts.rows, opts.stride, opts.zipf_alpha, seed=0)
-        batches[b] = batch_from_keys(list(layout.slots(ids).view(w, -1)), opts.bag_size, table=TABLE)
+        batches[b] = layout_batch(ids, layout, opts.bag_size)
     slots = torch.cat([ids[0] for ids in batches[max(batches)].ids])
     busiest = int(torch.bincount(slots // layout.block_size, minlength=w).argmax())
-    works = [_work(batch, layout, opts.dim, busiest) for batch in batches.values()]
+    works = [rank_work(batch, layout, opts.dim, busiest) for batch in batches.values()]
     steps = dict(zip(batches, lookup_steps(works, StepOptions(device=device))))
     bytes_read = [work.bytes_read for work in works]
     check = measure_scaling(steps, bytes_read, "bytes", opts.repeats, device, opts.max_fixed_share, bandwidth)
@@ -113,7 +95,7 @@ def measure_case(stream: str, routing: str, opts: argparse.Namespace, bandwidth:
     if check.chosen_batch is None:
         return case
     del steps  # the sweep's TBE: free before every rank's is built
-    works = [_work(batches[check.chosen_batch], layout, opts.dim, r) for r in range(w)]
+    works = [rank_work(batches[check.chosen_batch], layout, opts.dim, r) for r in range(w)]
     calls = {str(r): lookup_steps([work], StepOptions(device=device))[0] for r, work in enumerate(works)}
     times, _ = interleaved_phases(calls, opts.repeats, 1, device, threads=torch.get_num_threads())
     for work in works:

@@ -22,9 +22,9 @@ from embnb.data import make_keys, zipf_cdf
 from embnb.lab.rowwise.aliasing import into_table
 from embnb.metrics import max_over_mean
 from embnb.rowwise import Routing, TableLayout
-from embnb.steptime import batch_from_keys
+from embnb.steptime import GlobalBatch, batch_from_keys
 from embnb.steptime.measure import StepOptions, measure_ranks
-from embnb.steptime.work import routing_work
+from embnb.steptime.work import RankWork, routing_work
 
 __all__ = ["CASES", "ROUTINGS", "LoadsConfig", "case_ids", "measure_loads", "case_table", "rank_spread"]
 __all__ += ["step_verdicts"]
@@ -76,19 +76,29 @@ RANK_COLUMNS = (
 CASE_KEYS = ["case", "world_size", "routing"]
 
 
+def layout_batch(ids: torch.Tensor, layout: TableLayout, bag_size: int) -> GlobalBatch:
+    """The global batch `ids` (int64 `[W * ids per rank]`, rank 0's local ids first) as `layout`'s
+    storage slots, in bags of `bag_size` ids."""
+    return batch_from_keys(list(layout.slots(ids).view(layout.world_size, -1)), bag_size, table=TABLE)
+
+
+def rank_work(batch: GlobalBatch, layout: TableLayout, dim: int, rank: int) -> RankWork:
+    """Rank `rank`'s lookups of a `layout_batch`: torchrec's contiguous blocks over the layout's storage
+    rows, so each rank looks up the local rows the routed sharder's input distribution sends it."""
+    rows, block = {TABLE: layout.storage_rows}, {TABLE: layout.block_size}
+    return routing_work(batch, "continuous", rows, {TABLE: dim}, rank, block)
+
+
 def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, case: str) -> list[tuple]:
     """Rank by rank, the lookups of the global batch `ids` (rank 0's local ids first) under `layout`:
     torchrec's blocks over the storage slots (each rank the local rows the sharder sends it); no
     collectives counted. One `RANK_COLUMNS` row per rank: its storage rows, the ids it owns (counted
     from the layout), the ids the replayed lookup received, the lookup's median ms (forward + backward
     with the fused optimizer; thread CPU time and wall time) and its [min, max] over repeats (CPU)."""
-    w = layout.world_size
-    batch = batch_from_keys(list(layout.slots(ids).view(w, -1)), config.bag_size, table=TABLE)
-    rows, dims = {TABLE: layout.storage_rows}, {TABLE: config.embedding_dim}
-    block = {TABLE: layout.block_size}
+    w, batch = layout.world_size, layout_batch(ids, layout, config.bag_size)
     # the dense part at its smallest: every rank has the same local batch
     opts = StepOptions(threads=config.threads, warmup=config.warmup, repeats=config.repeats, hidden=(8,))
-    times = measure_ranks(lambda r: routing_work(batch, "continuous", rows, dims, r, block), w, options=opts)
+    times = measure_ranks(lambda r: rank_work(batch, layout, config.embedding_dim, r), w, options=opts)
     owned = torch.bincount(layout.owner(ids), minlength=w).tolist()
     return [
         (case, w, layout.routing.value, r.rank, storage, n, r.num_ids)
