@@ -1,17 +1,7 @@
-"""Technique 4 (notebook 04): Karmarkar-Karp batch balancing hidden behind compute.
-
-- `partition`: the balancers (contiguous, LPT, KK, KK + swaps) and `balance`.
-- `workloads`: what to balance (attention FLOPs) and how far from the bound.
-- `kjt_gather`: all KeyedJaggedTensors of a batch in two collectives.
-- `kjt_alltoall`: each rank's part of the batch in two all-to-alls, and the
-  bytes either exchange moves.
-- `shuffle`: `BalancedShuffle`: workload gather, KK and exchange, in a
-  background worker under the step's compute when overlapped.
-- `timeline`: when each phase ran, in which thread; how much of the
-  shuffle was hidden.
-- `training`: `TrainConfig`, the model and `train` on real ranks.
-
-Notebook 04's experiments, figures and widgets live in `embnb.lab.balancing`.
+"""Technique 4 (notebook 04): Karmarkar-Karp batch balancing hidden behind compute: the balancers
+(`partition`), what to balance (`workloads`), the KJT exchanges (`kjt_gather`, `kjt_alltoall`),
+`BalancedShuffle` (`shuffle`) and its training run (`training`). Notebook 04's experiments, figures
+and widgets live in `embnb.lab.balancing`.
 """
 
 from embnb.balancing.kjt_alltoall import alltoall_kjt

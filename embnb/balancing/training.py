@@ -1,13 +1,9 @@
-"""Balanced data-parallel training of a small sequence model (item and
-category embeddings, one attention block, mean pooling, a regression head),
-the balancer hidden behind compute: `train(rank, world_size, config)` in one
-of the modes of `TrainConfig.mode` (see `train`), recording a `Timeline` per
-rank and step (`embnb.lab.balancing.experiment.TrainingRuns` sums them up
-over the `timed_steps`). On a GPU the model runs on the rank's device and KK
-on the CPU. Several configs run in one launch:
+"""Balanced data-parallel training of a small sequence model (item and category embeddings, one
+attention block, mean pooling, a regression head), the balancer hidden behind compute: `train(rank,
+world_size, config)` in one of the modes of `TrainConfig.mode`, recording a `Timeline` per rank and
+step. On a GPU the model runs on the rank's device and KK on the CPU.
 
-    launch_each([(train, (TrainConfig(mode="none"),)),
-                 (train, (TrainConfig(mode="overlap"),))], 4, device="cpu")
+    launch_each([(train, (TrainConfig(mode="none"),)), (train, (TrainConfig(mode="overlap"),))], 2)
 """
 
 from __future__ import annotations

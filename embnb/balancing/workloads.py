@@ -1,11 +1,5 @@
-"""What to balance, and how far a partition is from the best possible.
-
-- `attention_block_flops`: the forward FLOPs of one transformer block per
-  sample; its quadratic term makes long samples cost more than their share
-  of tokens, so this, not the raw length, is what to balance.
-- `lower_bound` (max(mean, largest item)), `equal_size_lower_bound` (what
-  equal counts leave unavoidable) and `imbalance` (a partition's max/mean
-  and gaps to both bounds).
+"""What to balance (attention FLOPs: their quadratic term makes long samples cost more than their
+share of tokens), and how far a partition is from the best possible (its bounds and `imbalance`).
 """
 
 from __future__ import annotations

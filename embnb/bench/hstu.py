@@ -84,11 +84,11 @@ def measure_world(
     timed, _ = interleaved_phases(calls, repeats, 1, device, threads=torch.get_num_threads())
     rank_s = {m: [[t.value(clock) for t in timed[(m, r)]] for r in range(world_size)] for m in METHODS}
     enqueue_s = {m: [[t.enqueue_s for t in timed[(m, r)]] for r in range(world_size)] for m in METHODS}
-    cut = [max(times[k] for times in rank_s["contiguous"]) for k in range(repeats)]
+    cut = [max(rank) for rank in zip(*rank_s["contiguous"])]  # per repeat, the slowest rank
     cut_flops = max(sum(flops[i] for i in p) for p in parts["contiguous"])
     runs = []
     for m in METHODS:
-        step_s = [max(times[k] for times in rank_s[m]) for k in range(repeats)]
+        step_s = [max(rank) for rank in zip(*rank_s[m])]
         rank_flops = [sum(flops[i] for i in part) for part in parts[m]]
         # rank_enqueue_ms_median: the launches' share on a GPU (a rank whose enqueue time nears its GPU
         # time is launch-bound); on a CPU the work itself, so left out
