@@ -60,30 +60,26 @@ from embnb.timing import machine_name, median_seconds, paired_ratio
 PEER = "numberpartitioning_kk"
 
 
-# name -> (method, native, equal_size); "default" is `balance`'s default, native KK + swaps
-OURS = {
-    "python_kk": ("karmarkar_karp", False, True),
-    "python_kk_swap": ("kk_swap", False, True),
-    "greedy_lpt": ("greedy_lpt", False, True),
-    "python_kk_free_size": ("karmarkar_karp", False, False),
-    "native_kk": ("karmarkar_karp", True, True),
-    "default": ("kk_swap", True, True),
-    "native_kk_free_size": ("karmarkar_karp", True, False),
-}
-
-
 def partitioners(lengths: list[float], num_parts: int, native: bool) -> dict[str, Callable[[], Any]]:
-    """Each of `OURS` (the native ones where the op loads), then the peer's two, as calls."""
     ints = [int(x) for x in lengths]
     runs: dict[str, Callable[[], Any]] = {
-        name: functools.partial(balancer.balance, lengths, num_parts, method, native=on, equal_size=equal)
-        for name, (method, on, equal) in OURS.items()
-        if native or not on
+        "python_kk": lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", native=False),
+        "python_kk_swap": lambda: balancer.balance(lengths, num_parts, "kk_swap", native=False),
+        "greedy_lpt": lambda: balancer.balance(lengths, num_parts, "greedy_lpt", native=False),
+        "python_kk_free_size": lambda: balancer.balance(
+            lengths, num_parts, "karmarkar_karp", native=False, equal_size=False
+        ),
+        PEER: lambda: numberpartitioning.karmarkar_karp(ints, num_parts, return_indices=True).partition,
+        "numberpartitioning_greedy": lambda: (
+            numberpartitioning.greedy(ints, num_parts, return_indices=True).partition
+        ),
     }
-    runs[PEER] = lambda: numberpartitioning.karmarkar_karp(ints, num_parts, return_indices=True).partition
-    runs["numberpartitioning_greedy"] = lambda: (
-        numberpartitioning.greedy(ints, num_parts, return_indices=True).partition
-    )
+    if native:
+        runs["native_kk"] = lambda: balancer.balance(lengths, num_parts, "karmarkar_karp", native=True)
+        runs["default"] = lambda: balancer.balance(lengths, num_parts, "kk_swap", native=True)
+        runs["native_kk_free_size"] = lambda: balancer.balance(
+            lengths, num_parts, "karmarkar_karp", native=True, equal_size=False
+        )
     return runs
 
 
