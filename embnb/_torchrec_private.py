@@ -37,52 +37,6 @@ from torchrec.distributed.planner.types import ParameterConstraints, ShardEstima
 from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 
-__all__ = [
-    "OPTION_FIELDS",
-    "STASH_WEIGHTS",
-    "SHARDER_DATA",
-    "PRIVATE_FUNCTIONS",
-    "PRIVATE_ATTRIBUTES",
-    "OPTION_SHARED_ATTRIBUTES",
-    "ParamConstraints",
-    "EnumeratorSettings",
-    "enumerator_missing",
-    "param_constraints",
-    "tower_index",
-    "enumerator_settings",
-    "estimators_of",
-    "set_sharders",
-    "estimator_sharders",
-    "sharders_for_estimators",
-    "is_last_stored",
-    "store_last",
-    "num_buckets",
-    "stash_weights",
-    "filter_sharding_types",
-    "filter_compute_kernels",
-    "set_perf_config",
-    "ForwardSizes",
-    "forward_sizes",
-    "set_bwd_compute_multiplier",
-    "planner_enumerator",
-    "planner_proposers",
-    "planner_storage_reservation",
-    "num_proposals",
-    "best_plan",
-    "features_to_permute_indices",
-    "set_features_to_permute_indices",
-    "generate_permute_indices",
-    "local_embedding_dim",
-    "lookups",
-    "create_input_dist",
-    "input_dists",
-    "shardings",
-    "sharding_env",
-    "row_wise_dist_parts",
-    "received_splits",
-    "output_dists",
-]
-
 # ShardingOption's fields that embnb's enumerator fills as torchrec's does (or, num_poolings, leaves
 # at the default as torchrec's does); stash_weights from torchrec 1.9 on.
 OPTION_FIELDS = (

@@ -3,36 +3,17 @@
     enumerator = DistinctShardEnumerator(topology, batch_size=512, constraints=model.constraints)
     options = enumerator.enumerate(module, sharders)   # the same options as EmbeddingEnumerator's
 
-torchrec's enumerator deep-copies every option it keeps as its cache
-(`last_stored_search_space`) and runs its default estimators once per shard,
-where the perf estimator scans `dir(config)` for annotated formulas several
-times per shard. docs/planner.md says where its time goes, and
-docs/performance.md what this enumerator saves.
-
-This enumerator walks the module as torchrec's does (same options in the same
-order, built by torchrec's own helpers and constructors; constraints, filters
-and shard sizes are torchrec's code) and differs in four ways:
-- torchrec's default estimators run once per distinct shard size of an option
-  (`embnb.planner.estimates`), with the reflection narrowed to the names that
-  can match; shards of one size share the result;
-- what torchrec computes again for every table from the same arguments is
-  computed once per enumeration: the sharder's sharding types and kernels,
-  each sharding type's partition type, the kernel filter of tables without
-  kernel constraints, and a table's shard sizes per sharding type (torchrec
-  computes them per kernel);
-- its options are `LayoutOption`s (`embnb.planner.layout`): torchrec's
-  ShardingOption making its shards when first read, so the shards of
-  options nobody proposes are never made;
-- its cache is a compact record of the options (`_Record`), made without
-  deep-copying them; a repeated `enumerate` or `last_stored_search_space`
-  rebuilds fresh options from it, as torchrec hands out a deep copy;
-- the cyclic garbage collector is paused while it allocates (`collector_paused`).
-
-The enumeration loop is torchrec's and reads torchrec's private helpers and
-state (through `embnb._torchrec_private`), which change between versions, so
-`create_planner` takes it only where this torchrec has every piece it needs
-(`default_enumerator`); its equality with torchrec's enumerator, field by
-field, is tested on every stack CI runs (torchrec 1.6.1, 1.8.0 and 1.9.2).
+It walks the module with torchrec's own loop, helpers and constructors, and
+differs in what it computes once: torchrec's default estimators per distinct
+shard size (`embnb.planner.estimates`), per-table results torchrec computes
+again from the same arguments, shards made only when read (`LayoutOption`s,
+`embnb.planner.layout`) and a cache kept as a compact record (`_Record`), not
+a deep copy. docs/planner.md ("The enumerator") says where torchrec's time
+goes and what each difference saves. The loop reads torchrec's private
+helpers and state (`embnb._torchrec_private`), which change between versions,
+so `create_planner` takes it only where this torchrec has every piece it
+needs (`default_enumerator`); its equality with torchrec's enumerator, field
+by field, is tested on every stack CI runs (torchrec 1.6.1, 1.8.0 and 1.9.2).
 """
 
 from __future__ import annotations
@@ -363,7 +344,13 @@ def same_options(expected: list, actual: list) -> bool:
 
     def record(option) -> tuple:
         shards = [
-            (shard.size, shard.offset, shard.storage, shard.rank, *map(_bits, _perf_values(shard.perf)))
+            (
+                shard.size,
+                shard.offset,
+                shard.storage,
+                shard.rank,
+                *map(_bits, (*dataclasses.astuple(shard.perf), shard.perf.total)),
+            )
             for shard in option.shards
         ]
         fields = {k: v for k, v in vars(option).items() if k not in _NOT_COMPARED}
@@ -376,18 +363,6 @@ def same_options(expected: list, actual: list) -> bool:
 
 def _bits(value: float) -> object:
     return value.hex() if isinstance(value, float) else value  # -0.0 apart from 0.0, NaN equal to NaN
-
-
-def _perf_values(perf) -> tuple[float, ...]:
-    return (
-        perf.fwd_compute,
-        perf.fwd_comms,
-        perf.bwd_compute,
-        perf.bwd_comms,
-        perf.input_dist_comms,
-        perf.prefetch_compute,
-        perf.total,
-    )
 
 
 ENUMERATORS = ("torchrec", "embnb")  # torchrec's EmbeddingEnumerator, DistinctShardEnumerator

@@ -1,30 +1,17 @@
 """torchrec's default estimators run once per distinct shard of an option.
 
-The shards of an option mostly look alike: a row-wise option over 64 devices
-has at most two distinct shard sizes, a data-parallel one a single one. In
-torchrec's default estimators a shard's estimate follows from its option and
-its own size alone: the perf estimator builds one context per shard
-(`ShardPerfContext`: the option's fields and the shard's [rows, columns]) and
-computes its Perf from that context and the estimator's config; the storage
-estimator maps each shard size to a Storage (data-parallel: the same for
-every shard). So `estimate_distinct` hands those estimators each option with
-its shards narrowed to the first of each size, then restores them, and every
-shard of that size gets the result.
-
-Shards of one size in one option share their Perf and Storage objects (equal
-field by field to what torchrec gives each of them). torchrec treats both as
-values: no code in torchrec 1.6.1 or 1.8.0 changes a shard's Perf or Storage
-in place (the planner adds them into new ones), and a copy per shard costs
-time from model to plan (the copies, and the garbage collector walking
-them). Code that changes one shard's
-estimate in place would change its siblings'; torchrec's enumerator
-(`enumerator="torchrec"`) gives each shard its own.
-
-That premise is torchrec's code, not a contract: the tests compare the result
-with torchrec's own estimate field by field, floats to the bit, on both
-supported torchrec versions. Estimators it does not cover (another type, or
-a perf config that post-processes perfs across shards) run as torchrec runs
-them, on every shard.
+In torchrec's default estimators a shard's estimate follows from its option
+and its own size alone (the perf estimator's `ShardPerfContext` is the
+option's fields and the shard's [rows, columns]; the storage estimator maps
+each size to a Storage), and an option's shards mostly look alike (a
+row-wise option over 64 devices has at most two sizes). So
+`estimate_distinct` hands those estimators each option narrowed to the first
+shard of each size, and every shard of that size gets the result: the same
+Perf and Storage objects, which torchrec treats as values (docs/planner.md,
+"The enumerator"). That premise is torchrec's code, not a contract: the tests
+compare the result with torchrec's own estimate field by field, floats to the
+bit, on every supported torchrec version. Estimators it does not cover run as
+torchrec runs them, on every shard.
 """
 
 from __future__ import annotations

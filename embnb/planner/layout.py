@@ -1,17 +1,10 @@
-"""Options whose shards are made only when read: planning in memory that
-grows with the options, not with their shards.
+"""Options whose shards are made only when read: planning in memory that grows with the options.
 
-torchrec's `ShardingOption` holds a list of `Shard` objects: one per device
-for row-wise and data-parallel options. 5,000 tables on 1,024 devices make
-about 25 million of them (about 400 bytes each), though the partitioner only
-ever places the options proposed. A `LayoutOption` is torchrec's
-`ShardingOption` (a subclass: torchrec's planner, partitioner and perf model
-use it as they use theirs) holding its shards' sizes and offsets as one
-array (`Layout`) and each distinct shard size's estimates; reading `shards`
-makes the `Shard` objects then, shards of one size sharing their Perf and
-Storage as the enumerator's do (`embnb.planner.estimates`). What the DP
-proposer reads from every option (`embnb.planner.space.ShardValues`) it
-reads from the layout and the estimates, without making shards.
+5,000 tables on 1,024 devices make about 25 million torchrec `Shard`s (a row-wise or data-parallel
+option has one per device), though the partitioner only places the options proposed. A
+`LayoutOption` is torchrec's `ShardingOption` (a subclass) holding its shards' sizes and offsets as
+one array (`Layout`) and each distinct size's estimates; reading `shards` makes the `Shard`s then.
+The DP proposer reads the layout and estimates without making shards (`space.ShardValues`).
 """
 
 from __future__ import annotations
@@ -133,7 +126,7 @@ class LayoutOption(ShardingOption):
     def shards(self) -> list[Shard]:
         made = self.__dict__["_made"]
         if made is None:
-            made = self.__dict__["_made"] = self._make()
+            made = self.__dict__["_made"] = self.layout.shards(self.estimates, self.slot_of)
         return made
 
     @shards.setter
@@ -156,9 +149,6 @@ class LayoutOption(ShardingOption):
     @property
     def estimates(self) -> list[tuple[Perf, Storage]] | None:
         return self.__dict__["_estimates"]
-
-    def _make(self) -> list[Shard]:
-        return self.layout.shards(self.estimates, self.slot_of)
 
     def __deepcopy__(self, memo: dict[int, Any] | None) -> LayoutOption:
         # torchrec's deep copy, sharing the read-only layout and slots

@@ -1,44 +1,14 @@
 """A dynamic-programming sharding Proposer for torchrec's planner.
 
-torchrec's `EmbeddingShardingPlanner` asks its proposers for plans (one
-`ShardingOption` per table), places each on ranks with `GreedyPerfPartitioner`,
-rates it with `NoopPerfModel` (the slowest rank's summed perf) and keeps the
-best. `DynamicProgrammingProposer` proposes, in this order:
-
-1. a knapsack over discretized memory bins (`embnb.planner.knapsack`, run by
-   `embnb.planner.search.KnapsackRuns`): for
-   each memory total, the options with the least summed perf, from the largest
-   total down. Unlike torchrec's own DP proposer it plans on DDR where HBM is
-   zero (CPU), drops options whose largest shard fits on no device, and bins
-   HBM x DDR where both can bind;
-2. the same knapsack with the largest partitioned shard capped on perf (the
-   slowest rank carries at least its largest shard: balance) or on memory
-   (packing), each cap just below the last run's largest;
-3. changes of one or two tables around the best plans so far, guided by the
-   ratings the planner feeds back (`embnb.planner.search.HillClimb`);
-4. with a `KernelCallPerfModel` that prices TBE groups, knapsack runs with
-   fewer groups (`KnapsackRuns.fewer_groups`: a summed perf cannot see a
-   group's cost), last, so that they only add plans to what the rest found.
-
-Within a run, plans the partitioner cannot place are bisected past, and below
-the first placed one plans with 1%, 2%, 4% ... less memory are tried: slack
-lets the partitioner balance ranks. A proposal is skipped when a lower bound on
-its slowest rank cannot beat the best rating so far, or when its memory cannot
-fit the devices.
-
-Every plan considered is placed and rated here by a replica of torchrec's
-GreedyPerfPartitioner and NoopPerfModel (`embnb.planner.replica`, equal to the
-bit), so the planner's partitioner sees two proposals: the first (each table's
-smallest option: it brings the devices' memory) and the best plan found, which
-checks the replica; one (the best) when the memory is handed over before
-(`expect_storage_constraint`, as `create_planner` does). The replica models
-torchrec's placement on one host and on several (host-level types host by
-host, grid sharding over hosts); plans it does not model (key-value
-column-wise) go to the planner. If the planner rates the replica's plan
-otherwise (another partitioner or perf model), the search starts again
-without the replica, proposing every plan as before.
-`feedback_reasons` says why each plan went to the planner, `disagreements`
-where the planner and the replica disagreed.
+`DynamicProgrammingProposer` proposes, in order: knapsack runs over memory
+bins (`embnb.planner.knapsack`, run by `embnb.planner.search.KnapsackRuns`),
+the same with the largest partitioned shard capped, changes of one or two
+tables around the best plans (`embnb.planner.search.HillClimb`), and, with a
+`KernelCallPerfModel` that prices TBE groups, runs with fewer groups (last:
+a summed perf cannot see a group's cost). It places and rates each plan with
+a replica of torchrec's partitioner and perf model (`embnb.planner.replica`)
+and hands the planner only the plans the replica does not model and its best
+one, which checks it. docs/planner.md ("What the proposer computes") says how.
 
     planner = create_planner(topology, batch_size=512)    # this proposer first
     plan = planner.plan(module, sharders)                 # (the class docstring: a full example)
@@ -186,15 +156,7 @@ class DynamicProgrammingProposer(Proposer):
         self.performance_model = performance_model
         self.load([])
 
-    def load(
-        self,
-        search_space: list[ShardingOption],
-        enumerator: Enumerator | None = None,
-        *,
-        replay: bool | None = None,
-    ) -> None:
-        if replay is not None:
-            self._replay = check_bool("replay", replay)
+    def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
         # Why each plan went to the planner (one per feedback), and where the
         # planner's answer differed from the replica's.
         self.feedback_reasons: list[str] = []
@@ -303,49 +265,44 @@ class DynamicProgrammingProposer(Proposer):
         perf_rating: float | None = None,
         storage_constraint: Topology | None = None,
     ) -> None:
-        with collector_paused():
-            self._feedback(partitionable, plan, perf_rating, storage_constraint)
-
-    def _feedback(
-        self,
-        partitionable: bool,
-        plan: list[ShardingOption] | None,
-        perf_rating: float | None,
-        storage_constraint: Topology | None,
-    ) -> None:
         if self._current is None:
             return
-        self.feedback_reasons.append(self._reason)
-        if self._space is None:
-            if storage_constraint is None:
-                raise ValueError("feedback needs the storage_constraint (torchrec's planner passes it)")
-            if not self._begin_search(storage_constraint):
+        with collector_paused():
+            self.feedback_reasons.append(self._reason)
+            if self._space is None:
+                if storage_constraint is None:
+                    raise ValueError("feedback needs the storage_constraint (torchrec's planner passes it)")
+                if not self._begin_search(storage_constraint):
+                    return
+            choice, predicted, self._predicted = self._current, self._predicted, None
+            placed = partitionable and perf_rating is not None
+            if predicted is not None:  # the replica's best, proposed last: check it
+                self._check_replica(predicted, placed, perf_rating)
                 return
-        choice, predicted, self._predicted = self._current, self._predicted, None
-        placed = partitionable and perf_rating is not None
-        if predicted is not None:  # the replica's best, proposed last: check it
-            if (predicted.placed, predicted.rating) == (placed, perf_rating):
-                self._current = None
-            else:  # the planner's partitioner or perf model is not torchrec's default
-                said = f"rated it {perf_rating!r}" if placed else "could not place it"
-                thought = f"rated {predicted.rating!r}" if predicted.placed else "not placed"
-                rating = "NoopPerfModel" if self.performance_model is None else repr(self.performance_model)
-                self.disagreements.append(
-                    f"the planner {said}; the replica of GreedyPerfPartitioner and {rating} predicted "
-                    f"{thought} (the planner's partitioner or perf model is not the one the replica replays)"
-                )
-                logger.warning(
-                    "DynamicProgrammingProposer: %s; searching again without the replica",
-                    self.disagreements[-1],
-                )
-                self._replay = False
-                with collector_paused():
-                    self._load(self._search_space)
+            if choice is not None:
+                ranks = [[s.rank for s in o.shards] for o in plan or []]
+                self._record(choice, placed, perf_rating, ranks, None)
+            self._current = self._next_proposal()
+
+    def _check_replica(self, predicted: Placement, placed: bool, perf_rating: float | None) -> None:
+        """The planner's answer on the replica's best plan: the search is done where it is the
+        replica's, else (the planner's partitioner or perf model is not the one the replica
+        replays) it starts again without the replica."""
+        if (predicted.placed, predicted.rating) == (placed, perf_rating):
+            self._current = None
             return
-        if choice is not None:
-            ranks = [[s.rank for s in o.shards] for o in plan or []]
-            self._record(choice, placed, perf_rating, ranks, None)
-        self._current = self._next_proposal()
+        said = f"rated it {perf_rating!r}" if placed else "could not place it"
+        thought = f"rated {predicted.rating!r}" if predicted.placed else "not placed"
+        rating = "NoopPerfModel" if self.performance_model is None else repr(self.performance_model)
+        self.disagreements.append(
+            f"the planner {said}; the replica of GreedyPerfPartitioner and {rating} predicted "
+            f"{thought} (the planner's partitioner or perf model is not the one the replica replays)"
+        )
+        logger.warning(
+            "DynamicProgrammingProposer: %s; searching again without the replica", self.disagreements[-1]
+        )
+        self._replay = False
+        self._load(self._search_space)
 
     def _begin_search(self, storage_constraint: Topology) -> bool:
         """The search space, the replica and the searches, once the devices'

@@ -1,26 +1,16 @@
 """torchrec's GreedyPerfPartitioner and NoopPerfModel, replayed on arrays.
 
-torchrec's planner places every proposal with `GreedyPerfPartitioner` (uniform
-options first, shard i on device i; then the others, largest storage first,
-each shard on the least loaded device it fits) and rates it with
-`NoopPerfModel` (the slowest rank's summed perf), or, under `create_planner`
-with a calibration, `embnb.planner.perf_model.KernelCallPerfModel` (that, plus
-each rank's TBE calls and the plan's collectives: `RatingTerms`). On Python objects that costs
-milliseconds per proposal. `GreedyPerfReplica` does the same placement on
-plain floats and arrays, adding in the same order so its ratings equal
-torchrec's to the last bit; the proposer uses it to propose only plans that
-beat the best so far (and checks every prediction against the planner's
-answer, falling back to proposing everything on a mismatch).
-
-Supported: uniform, device, host (table-row-wise, table-column-wise: torchrec's
-`_cohost_partition`, the group on the first host by summed load that holds it)
-and multi-host (grid sharding: `_multi_hosts_partition`) placement, on one
-host or several. Key-value column-wise (torchrec's
-`_column_wise_device_partition`) is left to torchrec: `place` returns None.
-Plans whose dependency groups hold one table each (the common case) are
-placed natively (torch.ops.embnb.greedy_place,
-embnb/cuda/greedy_place.cpp: the same answers, without a heap of Python
-tuples per shard); the rest, or all without the native extension, here.
+`GreedyPerfReplica` places a proposal as torchrec's planner does (uniform
+options first, shard i on device i; then the others, largest storage first:
+device by device, host by host or over host windows) and rates it as
+`NoopPerfModel` (or a `KernelCallPerfModel`) does, on plain floats and arrays
+in torchrec's order of additions, so its ratings equal torchrec's to the bit
+at a fraction of the cost of torchrec's objects. Key-value column-wise
+placement is left to torchrec (`place` returns None). Plans whose dependency
+groups hold one table each are placed natively (torch.ops.embnb.greedy_place,
+embnb/cuda/greedy_place.cpp), the rest, or all without the native extension,
+here. docs/planner.md ("The replica", "Several hosts") says how the proposer
+uses it and how it is tested.
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ from torchrec.distributed.types import ShardingType
 
 from embnb.cuda import loader
 from embnb.planner.perf_model import KernelCallPerfModel, RatingTerms
-from embnb.planner.space import ShardValues
+from embnb.planner.space import ShardValues, perf_parts, storage_of
 
 UNIFORM = PartitionByType.UNIFORM.value
 DEVICE = PartitionByType.DEVICE.value
@@ -45,17 +35,20 @@ HOST = PartitionByType.HOST.value
 MULTI_HOST = PartitionByType.MULTI_HOST.value
 
 
-def perf_parts(perf) -> tuple[float, ...]:
-    """A torchrec Perf's parts in the order `Perf.total` adds them."""
-    return (perf.fwd_compute, perf.bwd_compute, perf.fwd_comms, perf.bwd_comms, perf.prefetch_compute)
-
-
 def total_of(parts) -> float:
     return parts[0] + parts[1] + parts[2] + parts[3] + parts[4]
 
 
-def storage_of(storage) -> tuple[int, int, int]:
-    return (storage.hbm, storage.ddr, storage.ssd)
+def _fits(need, have) -> bool:
+    return need[0] <= have[0] and need[1] <= have[1] and need[2] <= have[2]
+
+
+def _put(r: int, need, add, parts, storage) -> None:
+    """A shard on rank `r`: its storage `need` taken from the rank's, its perf parts `add` added
+    to the rank's in `Perf.total`'s order."""
+    have, now = storage[r], parts[r]
+    storage[r] = [have[0] - need[0], have[1] - need[1], have[2] - need[2]]
+    parts[r] = [now[0] + add[0], now[1] + add[1], now[2] + add[2], now[3] + add[3], now[4] + add[4]]
 
 
 @dataclass(frozen=True)
@@ -83,18 +76,6 @@ class _Option:
     """One option as the replica reads it; its shards' values are read from
     `ShardValues` when first asked (the native op reads the arrays itself)."""
 
-    __slots__ = (
-        "kind",
-        "name",
-        "sharding_type",
-        "compute_kernel",
-        "key",
-        "total_storage",
-        "_values",
-        "_rows",
-        "_shards",
-    )
-
     def __init__(self, option: ShardingOption, values: ShardValues) -> None:
         kind = option.partition_by
         key_value_cw = (
@@ -102,40 +83,26 @@ class _Option:
         )
         modelled = kind in (UNIFORM, DEVICE, HOST, MULTI_HOST) and not key_value_cw
         self.kind = kind if modelled else None
-        self.name, self.sharding_type, self.compute_kernel = (
-            option.name,
-            option.sharding_type,
-            option.compute_kernel,
-        )
+        self.unmodelled = None if modelled else f"{option.sharding_type} with {option.compute_kernel}"
+        self.name, self.sharding_type = option.name, option.sharding_type
         self.key = option.dependency or option.fqn
         self._values, self._rows = values, values.rows(option)
         self.total_storage = values.memory(option)  # whole bytes: exact
-        self._shards: tuple | None = None
 
-    def _read(self) -> tuple:
-        if self._shards is None:
-            values, rows = self._values, self._rows
-            self._shards = (
-                [tuple(p) for p in values.parts[rows].tolist()],
-                values.totals[rows].tolist(),
-                [tuple(s) for s in values.storage[rows].tolist()],
-            )
-        return self._shards
-
-    @property
+    @functools.cached_property
     def parts(self) -> list[tuple[float, ...]]:
         """Per shard, its perf parts in the order `Perf.total` adds them."""
-        return self._read()[0]
+        return [tuple(p) for p in self._values.parts[self._rows].tolist()]
 
-    @property
+    @functools.cached_property
     def totals(self) -> list[float]:
         """Per shard, `Perf.total` as torchrec computed it."""
-        return self._read()[1]
+        return self._values.totals[self._rows].tolist()
 
-    @property
+    @functools.cached_property
     def storages(self) -> list[tuple[int, int, int]]:
         """Per shard, its (HBM, DDR, SSD)."""
-        return self._read()[2]
+        return [tuple(s) for s in self._values.storage[self._rows].tolist()]
 
 
 class GreedyPerfReplica:
@@ -210,9 +177,6 @@ class GreedyPerfReplica:
             rating = float(max(loads.tolist())) + self.terms.collectives_ms(self.table_start + choice)
             return Placement(True, rating, loads, flat, num_shards)
 
-        def failed() -> Placement:
-            return answer(None)
-
         # 1. Uniform options, in proposal order: shard i on device i.
         tables = np.arange(len(chosen))
         uniform = [t for t, option in enumerate(chosen) if option.kind == UNIFORM]
@@ -220,7 +184,7 @@ class GreedyPerfReplica:
             bad = next(t for t in uniform if len(chosen[t].totals) != num)
             for t in uniform[: uniform.index(bad)]:
                 ranks[t] = list(range(num))
-            return failed()
+            return answer(None)
         shard_rows = self.uniform_start[tables[uniform], choice[uniform], None] + np.arange(num)  # [U, W]
         used = self.values.storage[shard_rows]  # [U, W, 3]
         left = self.start_storage[None] - np.cumsum(used, axis=0)
@@ -232,7 +196,7 @@ class GreedyPerfReplica:
             before = left[k - 1] if k else self.start_storage
             fits = (used[k] <= before).all(1)
             ranks[uniform[k]][: int(np.argmin(fits))] = list(range(int(np.argmin(fits))))
-            return failed()
+            return answer(None)
         for t in uniform:
             ranks[t] = list(range(num))
         parts_sum = np.concatenate([self.start_parts[None], self.values.parts[shard_rows]])
@@ -259,7 +223,7 @@ class GreedyPerfReplica:
         chosen = [self.options[t][o] for t, o in enumerate(choice.tolist())]
         for option in chosen:
             if option.kind is None:
-                return f"table {option.name!r}: {option.sharding_type} with {option.compute_kernel}"
+                return f"table {option.name!r}: {option.unmodelled}"
         keys = [option.key for option in chosen if option.kind == DEVICE]
         if len(set(keys)) < len(keys):
             return "a dependency group of several tables placed device by device"
@@ -307,19 +271,9 @@ class GreedyPerfReplica:
             skipped = []
             while heap:
                 _total, tie, r = heap[0]
-                have = storage[r]
-                if need[0] <= have[0] and need[1] <= have[1] and need[2] <= have[2]:
+                if _fits(need, storage[r]):
                     ranks[j] = r
-                    storage[r] = [have[0] - need[0], have[1] - need[1], have[2] - need[2]]
-                    add = option.parts[j]
-                    now = parts[r]
-                    parts[r] = [
-                        now[0] + add[0],
-                        now[1] + add[1],
-                        now[2] + add[2],
-                        now[3] + add[3],
-                        now[4] + add[4],
-                    ]
+                    _put(r, need, option.parts[j], parts, storage)
                     heapq.heapreplace(heap, (total_of(parts[r]), tie, r))
                     break
                 skipped.append(heapq.heappop(heap))
@@ -336,18 +290,14 @@ class GreedyPerfReplica:
         if len(option.storages) != len(devices):
             return False
         for j, (r, want, add) in enumerate(zip(devices, option.storages, option.parts)):
-            got = storage[r]
-            if not (want[0] <= got[0] and want[1] <= got[1] and want[2] <= got[2]):
+            if not _fits(want, storage[r]):
                 return False
             ranks[j] = r
-            storage[r] = [got[0] - want[0], got[1] - want[1], got[2] - want[2]]
-            now = parts[r]
-            parts[r] = [now[0] + add[0], now[1] + add[1], now[2] + add[2], now[3] + add[3], now[4] + add[4]]
+            _put(r, want, add, parts, storage)
         return True
 
     def _sorted_hosts(self, parts: list) -> list[list[int]]:
         """The hosts by summed load, stable (torchrec's _sort_devices_by_perf)."""
-
         return sorted(self.hosts, key=lambda host: sum(total_of(parts[r]) for r in host))
 
     def _cohost_place(
@@ -360,10 +310,7 @@ class GreedyPerfReplica:
         assignments stay until overwritten, as torchrec leaves them."""
         need = tuple(sum(o.total_storage[i] for o in group) for i in range(3))
         for host in self._sorted_hosts(parts):
-            have = [0, 0, 0]
-            for r in host:
-                have = [have[0] + storage[r][0], have[1] + storage[r][1], have[2] + storage[r][2]]
-            if not (need[0] <= have[0] and need[1] <= have[1] and need[2] <= have[2]):
+            if not _fits(need, [sum(storage[r][i] for r in host) for i in range(3)]):
                 continue
             host_parts = {r: parts[r] for r in host}
             host_storage = {r: storage[r] for r in host}

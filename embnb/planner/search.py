@@ -118,20 +118,18 @@ class KnapsackRuns:
         self._uncapped = uncapped
 
     def fewer_groups(self) -> Iterator[FrontierSearch]:
-        """Given `groups`, after the runs of `iter(self)`: runs that leave TBE groups out
-        (`_without_groups`); nothing without `groups` or before the uncapped run."""
-        if self.groups is not None and self._uncapped is not None:
-            yield from self._without_groups(self._uncapped)
-
-    def _without_groups(self, uncapped: FrontierSearch) -> Iterator[FrontierSearch]:
-        """The knapsack sums perf; a rating that prices each TBE group on a rank (and each sharding
-        type's collectives) sees what it cannot. So: a run of each group alone that covers every
-        table; then greedily, from the uncapped run's best plan, a run without each group of the
-        current plan (its tables join the other groups), and the run that did best (its best
-        rating, or its least lower bound where the proposer skipped its plans as unable to win:
-        one more group left out may still win) becomes the current plan with its group left out
-        from then on, until the plan has one group. A run's ratings are known when the next is
-        made: the proposer rates a run's plans before asking for the next."""
+        """Given `groups`, after the runs of `iter(self)`: runs that leave TBE groups out (nothing without
+        `groups` or before the uncapped run). The knapsack sums perf; a rating that prices each TBE group
+        on a rank (and each sharding type's collectives) sees what it cannot. So: a run of each group alone
+        that covers every table; then greedily, from the uncapped run's best plan, a run without each group
+        of the current plan (its tables join the other groups), and the run that did best (its best rating,
+        or its least lower bound where the proposer skipped its plans as unable to win: one more group left
+        out may still win) becomes the current plan with its group left out from then on, until the plan
+        has one group. A run's ratings are known when the next is made: the proposer rates a run's plans
+        before asking for the next."""
+        uncapped = self._uncapped
+        if self.groups is None or uncapped is None:
+            return
         for group in sorted(set(self.groups[self.valid].tolist())):
             search = self._run_if_covered(self.valid & (self.groups == group))
             if search is not None:

@@ -33,6 +33,15 @@ def gib_text(num_bytes: float) -> str:
     return f"{num_bytes / GB:.3g} GiB"
 
 
+def perf_parts(perf: Perf) -> tuple[float, ...]:
+    """A torchrec Perf's parts in the order `Perf.total` adds them."""
+    return (perf.fwd_compute, perf.bwd_compute, perf.fwd_comms, perf.bwd_comms, perf.prefetch_compute)
+
+
+def storage_of(storage: Storage) -> tuple[int, int, int]:
+    return (storage.hbm, storage.ddr, storage.ssd)
+
+
 class ShardValues:
     """Every shard's storage and perf, read once from torchrec's objects.
 
@@ -43,14 +52,10 @@ class ShardValues:
     """
 
     def __init__(self, options: list[ShardingOption]):
-        # Shards of one size in an option mostly share their Storage and Perf
-        # objects (`embnb.planner.estimates`): each pair is read once, and
-        # every shard gets the slot of its pair. The ids name objects the
-        # shards hold, alive while they are used. Nothing per shard is kept
-        # but the slots (tens of millions of shards at 1,024 devices: a
-        # Python object per shard would cost gigabytes).
-        # A LayoutOption whose shards are not made gives its estimates per size and each shard's
-        # slot among them (`embnb.planner.layout`): read so, without making its shards.
+        # Shards of one size in an option mostly share their Storage and Perf objects
+        # (`embnb.planner.estimates`): each pair is read once, each shard keeps only its slot (ids
+        # of objects the shards hold, alive while used). A LayoutOption whose shards are not made
+        # gives its estimates per size and each shard's slot among them: read without making them.
         lazy_ones = [deferred(o) and o.estimates is not None for o in options]
         counts = np.fromiter(
             (len(o.layout) if lazy else len(o.shards) for o, lazy in zip(options, lazy_ones)),
@@ -66,10 +71,7 @@ class ShardValues:
             found = slot_of.get(pair)
             if found is None:
                 found = slot_of[pair] = len(read)
-                read.append(
-                    (storage.hbm, storage.ddr, storage.ssd, perf.fwd_compute, perf.bwd_compute)
-                    + (perf.fwd_comms, perf.bwd_comms, perf.prefetch_compute, perf.total)
-                )
+                read.append((*storage_of(storage), *perf_parts(perf), perf.total))
             return found
 
         position = 0
@@ -81,8 +83,7 @@ class ShardValues:
                 slots[position : position + count] = [slot(s.storage, s.perf) for s in option.shards]
             position += count
         distinct = np.array(read, dtype=float).reshape(-1, 9)  # storage: whole bytes, exact below 2**53
-        # Per shard only its slot: the 20 M shards of 5,000 tables on 1,024 devices would take
-        # 1.4 GB as values, and seconds to write.
+        # Per shard only its slot: as values, 5,000 tables' shards on 1,024 devices took 1.4 GB.
         self.slots = slots
         self.storage = PerShard(distinct[:, :3].astype(np.int64), slots)  # HBM, DDR, SSD
         self.parts = PerShard(np.ascontiguousarray(distinct[:, 3:8]), slots)  # as Perf.total adds them
@@ -152,7 +153,7 @@ class SearchSpace:
         devices = storage_constraint.devices
         self.world_size = len(devices)
         self.values = values = values or ShardValues([o for table in options for o in table])
-        device_storage = np.array([(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in devices])
+        device_storage = np.array([storage_of(d.storage) for d in devices])
         fits = np.zeros(len(values.storage.distinct), dtype=bool)  # each distinct shard: on some device
         for device in np.unique(device_storage, axis=0):  # devices are mostly alike
             fits |= (values.storage.distinct <= device).all(1)

@@ -6,10 +6,9 @@ topology = make_topology(8, "cuda", hbm_cap_gb=16)   # or topology_for_device("a
 from __future__ import annotations
 
 import os
-from typing import Protocol
+from typing import Any
 
 import torch
-from torch import nn
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import (
     HardwareConfig,
@@ -18,19 +17,9 @@ from torchrec.distributed.planner.types import (
     TopologyFactory,
     TrainerConfig,
 )
-from torchrec.distributed.types import ModuleSharder
 
 from embnb._checks import check_choice, check_int, check_number
 from embnb.planner.space import GB
-
-
-class Planned(Protocol):
-    """What the reservation reads of a planned model (an
-    `embnb.lab.planner.models.Enumerated` is one)."""
-
-    module: nn.Module
-    sharders: list[ModuleSharder]
-
 
 __all__ = ["make_topology", "topology_for_device", "reserved_topology"]
 
@@ -107,26 +96,18 @@ def topology_for_device(
         world_size,
         device.type,
         hbm,
-        _system_memory() / local_world_size / GB,
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / local_world_size / GB,  # POSIX
         local_world_size,
         intra_host_bw,
         inter_host_bw,
     )
 
 
-def _system_memory() -> int:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except ImportError:  # psutil comes with jupyter; plain POSIX otherwise
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def reserved_topology(
-    topology: Topology, enumerated: Planned, batch_size: int, storage_reservation_percentage: float = 0.15
+    topology: Topology, enumerated: Any, batch_size: int, storage_reservation_percentage: float = 0.15
 ) -> Topology:
-    """The storage constraint the planner hands its proposers and partitioner."""
+    """The storage constraint the planner hands its proposers and partitioner, for the `module` and
+    `sharders` of `enumerated` (an `embnb.lab.planner.models.Enumerated`)."""
     return FixedPercentageStorageReservation(storage_reservation_percentage).reserve(
         topology, batch_size, enumerated.module, enumerated.sharders
     )
