@@ -347,14 +347,8 @@ def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
+    except FileNotFoundError:  # exited and reaped
         return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
 
 
 def _collect(procs, results_queue, world_size: int, timeout_s: float, deadline: float) -> list[Any]:

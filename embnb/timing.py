@@ -167,19 +167,17 @@ def time_phase(fn: Callable[[], Any], device: torch.device | str | None = None) 
     current stream waits for it. On a CPU, perf_counter and the thread's CPU clock around `fn`.
     The caller builds `fn`'s inputs once, outside it, so that only the phase is timed."""
     on_gpu = device is not None and torch.device(device).type == "cuda"
-    if not on_gpu:
-        cpu_ns, start = time.thread_time_ns(), time.perf_counter()
-        fn()
-        wall = time.perf_counter() - start
-        return PhaseTime(wall, wall, (time.thread_time_ns() - cpu_ns) / 1e9)
-    synchronize(device)
-    stream = torch.cuda.current_stream(device)
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record(stream)
+    if on_gpu:
+        synchronize(device)
+        stream = torch.cuda.current_stream(device)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record(stream)
     cpu_ns, start = time.thread_time_ns(), time.perf_counter()
     fn()
     enqueue = time.perf_counter() - start
     thread = (time.thread_time_ns() - cpu_ns) / 1e9
+    if not on_gpu:  # the work itself ran in the call
+        return PhaseTime(enqueue, enqueue, thread)
     end.record(stream)
     end.synchronize()
     return PhaseTime(begin.elapsed_time(end) / 1e3, enqueue, thread)
