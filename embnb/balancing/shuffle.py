@@ -99,7 +99,7 @@ class BalancedShuffle:
         if collective_thread == "auto":
             collective_thread = "caller" if nccl else "worker"
         in_worker = overlap and collective_thread == "worker" and step_collectives
-        if in_worker and _is_default_group(group):
+        if in_worker and (group is None or group == dist.group.WORLD):
             raise ValueError(
                 "BalancedShuffle(overlap=True) on the default process group: its worker's collectives "
                 "would interleave with the training step's on the same group (DistributedModelParallel's "
@@ -353,7 +353,11 @@ class BalancedShuffle:
         """One small all-gather of (batch size, a checksum of keys, dtypes and
         dense width): every rank raises the same ValueError where they differ,
         before any collective whose sizes would not match."""
-        signature = _batch_signature(kjt, dense)
+        weights = None if kjt.weights_or_none() is None else kjt.weights().dtype
+        signature = (
+            f"keys {kjt.keys()}, values {kjt.values().dtype}, lengths {kjt.lengths().dtype}, "
+            f"weights {weights}, dense width {dense.shape[1]} {dense.dtype}"
+        )
         gathered = self._gather_sizes(kjt.stride(), zlib.crc32(signature.encode()), dense.device)
         self._check_sizes(gathered, step)
         if len(set(gathered[:, 1].tolist())) > 1:
@@ -403,18 +407,6 @@ def _recorded_event(device: torch.device) -> torch.cuda.Event | None:
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
     return event
-
-
-def _is_default_group(group: dist.ProcessGroup | None) -> bool:
-    return group is None or group is dist.group.WORLD or group == dist.group.WORLD
-
-
-def _batch_signature(kjt: KeyedJaggedTensor, dense: torch.Tensor) -> str:
-    weights = kjt.weights_or_none()
-    return (
-        f"keys {kjt.keys()}, values {kjt.values().dtype}, lengths {kjt.lengths().dtype}, "
-        f"weights {None if weights is None else weights.dtype}, dense width {dense.shape[1]} {dense.dtype}"
-    )
 
 
 def _unpack_batch(

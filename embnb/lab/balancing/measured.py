@@ -82,11 +82,6 @@ class RankStep:
         """The step: the slowest rank."""
         return max(self.ms)
 
-    @property
-    def step_range_ms(self) -> tuple[float, float]:
-        """The slowest rank's low and high over repeats."""
-        return max(self.low_ms), max(self.high_ms)
-
 
 @dataclass(frozen=True)
 class StepConfig:
@@ -223,9 +218,9 @@ class CappedRun:
         """A row per run: the cap over the mean, whether it binds, the largest tokens and measured peak
         (MiB) of a rank, the step's cost against the uncapped KK + swaps with its repeats' range, and
         `lowers_peak` credited only where the cap binds (another method may differ without a cap)."""
-        rows, (base_low, base_high) = [], self.runs["uncapped"].step_range_ms
-        for label, step in self.runs.items():
-            low, high = step.step_range_ms[0] / base_high, step.step_range_ms[1] / base_low
+        rows, base = [], self.runs["uncapped"]
+        for label, step in self.runs.items():  # the slowest rank's low over the base's high, and back
+            low, high = max(step.low_ms) / max(base.high_ms), max(step.high_ms) / max(base.low_ms)
             rows.append(
                 {
                     "distribution": self.distribution,
