@@ -262,19 +262,19 @@ def test_the_enumerators_bench_clock_leaves_the_estimators_as_they_run():
 
     from embnb import planner
     from embnb._torchrec_private import estimators_of
-    from embnb.bench.enumerators import _clock_estimates
     from embnb.lab.planner.models import make_model
+    from embnb.lab.planner.planning import clocked
     from embnb.planner.enumerator import DistinctShardEnumerator
     from embnb.timing import Stopwatch
 
     model = make_model(4, seed=0)
     module = EmbeddingBagCollection(tables=model.tables, device=torch.device("meta"))
     enumerator = DistinctShardEnumerator(planner.make_topology(2, "cpu"), 512, model.constraints)
-    clock = _clock_estimates(enumerator)
-    with Stopwatch() as watch:
+    with clocked(enumerator, "_estimate") as clock, Stopwatch() as watch:
         enumerator.enumerate(module, [EmbeddingBagCollectionSharder()])
-    assert all("estimate" not in vars(estimator) for estimator in estimators_of(enumerator))
+        assert all("estimate" not in vars(estimator) for estimator in estimators_of(enumerator))
     assert 0 < clock.total_s < watch.wall_s
+    assert "_estimate" not in vars(enumerator)  # the class's method again after the block
 
 
 def test_end_to_end_bench_plans_in_fresh_processes_as_in_this_one(tmp_path, bench):
@@ -392,7 +392,7 @@ def test_end_to_end_bench_stops_torchrec_past_its_memory_limit(tmp_path, bench):
 
 
 def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
-    from embnb.lab.planner.ablation import LADDER
+    from embnb.lab.planner.comparison import LADDER
 
     stdout, _ = bench(
         "ablation", "--tables", "8", "--world-sizes", "2", "--repeats", "2", "--out", str(tmp_path)
@@ -412,29 +412,38 @@ def test_ablation_bench_reports_every_rung_with_its_spread(tmp_path, bench):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["planner", "--tables", "0"], "--tables must all be >= 1, got [0]"),
-        (["planner", "--quality-instances", "-1"], "--quality-instances must be >= 0, got -1"),
+        (["planner", "--tables", "0"], "argument --tables: must be >= 1, got 0"),
+        (["planner", "--quality-instances", "-1"], "argument --quality-instances: must be >= 0, got -1"),
         (["balancer", "--repeats", "0"], "--repeats must be >= 1, got 0"),
-        (["planner", "--repeats", "0"], "--repeats must be >= 1, got 0"),
-        (["planner", "--enumerate-repeats", "0"], "--enumerate-repeats must be >= 1, got 0"),
-        (["ablation", "--world-sizes", "0"], "--world-sizes must all be >= 1, got [0]"),
-        (["enumerators", "--repeats", "0"], "--tables and --repeats must be >= 1, got 200, 0"),
-        (["end_to_end", "--processes", "0"], "--processes must be >= 1, got 0"),
+        (["planner", "--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+        (["planner", "--enumerate-repeats", "0"], "argument --enumerate-repeats: must be >= 1, got 0"),
+        (["ablation", "--world-sizes", "0"], "argument --world-sizes: must be >= 1, got 0"),
+        (["enumerators", "--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+        (["end_to_end", "--processes", "0"], "argument --processes: must be >= 1, got 0"),
         (
             ["end_to_end", "--cases", "800by64"],
-            "a case is TABLESxDEVICES[/PER_HOST][:RESERVATION][@HBM], e.g. 800x64 or 800x64/8:fixed@1; "
-            "got '800by64'",
+            "a case is TABLESxDEVICES[/PER_HOST][:heuristical|:fixed][@HBM] with each count >= 1 and "
+            "HBM > 0, e.g. 800x64 or 800x64/8:fixed@1; got '800by64'",
         ),
         (["end_to_end", "--cases", "800x64/3"], "PER_HOST must divide the devices, got '800x64/3'"),
+        (["end_to_end", "--cases", "800x64/8:half"], "[:heuristical|:fixed][@HBM] with each count"),
+        (["end_to_end", "--cases", "8x8@0"], "and HBM > 0, e.g. 800x64 or 800x64/8:fixed@1; got '8x8@0'"),
+        (["end_to_end", "--cases", "0x8"], "with each count >= 1 and HBM > 0"),
         (
-            ["end_to_end", "--cases", "800x64/8:half"],
-            "a case's reservation must be one of heuristical, fixed, got 'half' in '800x64/8:half'",
+            ["end_to_end", "--torchrec-dp-timeout-s", "-1"],
+            "argument --torchrec-dp-timeout-s: must be >= 0, got -1.0",
         ),
-        (["end_to_end", "--cases", "8x8@0"], "@HBM must be a fraction > 0, e.g. @1; got '0' in '8x8@0'"),
-        (["end_to_end", "--torchrec-dp-timeout-s", "-1"], "--torchrec-dp-timeout-s must be >= 0, got -1.0"),
-        (["end_to_end", "--torchrec-dp-memory-gib", "0"], "--torchrec-dp-memory-gib must be > 0, got 0.0"),
+        (
+            ["end_to_end", "--torchrec-dp-memory-gib", "0"],
+            "argument --torchrec-dp-memory-gib: must be > 0, got 0.0",
+        ),
         (["end_to_end", "--storage-reservation", "half"], "invalid choice: 'half'"),
-        (["ablation", "--timeout-s", "0"], "--hbm-fraction and --timeout-s must be > 0, got 0.5, 0.0"),
+        (["ablation", "--timeout-s", "0"], "argument --timeout-s: must be > 0, got 0.0"),
+        (["planner", "--hbm-fraction", "nan"], "argument --hbm-fraction: must be > 0, got nan"),
+        (
+            ["planner", "--devices-per-host", "3"],
+            "--devices-per-host must divide the larger world sizes, got 3",
+        ),
         (["nosuch"], "got 'nosuch'"),
     ],
 )

@@ -1,20 +1,15 @@
 """From the model to the plan in a fresh process: `python -m embnb.bench end_to_end`.
 
 A training script plans once, in a process that has only imported its libraries and built its model.
-This bench times exactly that: `--processes` new Python processes per case, each building the planner
-bench's model (`make_model(tables, seed=0)`) and timing one `create_planner(topology, 512,
-constraints=...).plan(module, sharders)` (imports timed apart; the peak RSS beside it); the same call
-repeated in this process (`embnb.lab.planner.planning.time_end_to_end`); and, in one more fresh
-process, torchrec's EmbeddingShardingPlanner with its DynamicProgrammingProposer and enumerator, cut at
-`--torchrec-dp-timeout-s` (checked between proposals; its enumeration comes first and is not cut: a
-process still running `ENUMERATION_GRACE_S` past the limit is stopped, `stopped_after_s`, no plan; so
-is one whose resident memory passes `--torchrec-dp-memory-gib`, `stopped_for_memory_gib`). Both plan
-under one storage reservation, by default torchrec's (HeuristicalStorageReservation(0.15)).
+Per case: `--processes` new Python processes, each building the planner bench's model and timing one
+`create_planner(topology, 512, constraints=...).plan(module, sharders)` (imports timed apart; peak RSS
+beside it); the same call repeated in this process (`time_end_to_end`); and, in one more fresh
+process, torchrec's EmbeddingShardingPlanner with its DynamicProgrammingProposer and enumerator, cut
+at `--torchrec-dp-timeout-s` between proposals (its enumeration is not cut: it is stopped
+`ENUMERATION_GRACE_S` past the limit, or once its resident memory passes `--torchrec-dp-memory-gib`).
 
-A case is TABLESxDEVICES, or TABLESxDEVICES/PER_HOST for hosts of PER_HOST devices (torchrec's
-local_world_size), then optionally :RESERVATION (heuristical or fixed) and @HBM (each device's HBM
-holds that fraction of the tables' fp32 rows spread evenly; default half). On 1,024 devices half leaves
-no plan (docs/planner.md, "No plan at 1,024 devices"): that case holds all its rows.
+A case is TABLESxDEVICES[/PER_HOST][:RESERVATION][@HBM] (`_case`). On 1,024 devices half the rows in
+HBM leave no plan (docs/planner.md, "No plan at 1,024 devices"): that case holds all its rows.
 """
 
 from __future__ import annotations
@@ -33,10 +28,10 @@ import time
 import pandas as pd
 
 from embnb import planner
-from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.bench.planner import bounded, write_rows
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs
 from embnb.lab.planner.models import fused_table_gb, make_model
 from embnb.lab.planner.planning import time_end_to_end
-from embnb.timing import machine_name
 
 BATCH_SIZE = 512
 ENUMERATION_GRACE_S = 300  # torchrec's planner past its limit (its enumeration) before it is stopped
@@ -45,15 +40,12 @@ MEMORY_POLL_S = 0.5  # how often torchrec's planner's resident memory is read
 SHOWN = ["num_tables", "world_size", "hosts", "fresh_process_s", "in_process_s", "in_process_rating"]
 SHOWN += ["same_rating_everywhere", "torchrec_dp.plan_s", "torchrec_dp.rating", "torchrec_dp.timed_out"]
 SHOWN += ["torchrec_dp.stopped_after_s", "torchrec_dp.stopped_for_memory_gib"]  # printed per case
-_CASE = re.compile(r"(\d+)x(\d+)(?:/(\d+))?(?::([a-z]+))?(?:@(\d*\.?\d+))?")  # see _case
-
-# torchrec's default (HeuristicalStorageReservation(0.15): the percentage, dense parameters and KJTs),
-# create_planner's; "fixed" reserves the 15% alone (FixedPercentageStorageReservation), where torchrec's
-# KJT reservation leaves a model no plan (--storage-reservation).
+# "heuristical" also reserves dense parameters and KJTs, which leaves the largest models no plan
 RESERVATIONS = {
     "heuristical": "torchrec's default, HeuristicalStorageReservation(0.15), for both",
     "fixed": "FixedPercentageStorageReservation(0.15), for both",
 }
+_CASE = re.compile(rf"(\d+)x(\d+)(?:/(\d+))?(?::({'|'.join(RESERVATIONS)}))?(?:@(\d*\.?\d+))?")  # see _case
 
 # One plan in a new process, by embnb's create_planner or (a timeout given) torchrec's planner with its
 # DP proposer; prints {"import_s", "plan_s", "rating", "proposals", "timed_out", "peak_rss_gib"} as JSON.
@@ -114,27 +106,16 @@ def _case(text: str) -> tuple[int, int, int | None, str | None, float]:
     HBM_FRACTION): hosts of 8 devices; '800x64/8:fixed' -> (800, 64, 8, 'fixed', HBM_FRACTION): under
     that reservation; '800x64/8:fixed@1' -> (800, 64, 8, 'fixed', 1.0): HBM for all the rows."""
     match = _CASE.fullmatch(text.lower())
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"a case is TABLESxDEVICES[/PER_HOST][:RESERVATION][@HBM], e.g. 800x64 or 800x64/8:fixed@1; "
-            f"got {text!r}"
-        )
-    tables, devices, per_host, reservation, hbm = match.groups()
-    tables, devices, local = int(tables), int(devices), int(per_host) if per_host else None
-    if reservation is not None and reservation not in RESERVATIONS:
-        raise argparse.ArgumentTypeError(
-            f"a case's reservation must be one of {', '.join(RESERVATIONS)}, got {reservation!r} in {text!r}"
-        )
+    tables, devices, per_host, reservation, hbm = match.groups() if match else [None] * 5
     hbm_fraction = HBM_FRACTION if hbm is None else float(hbm)
-    if not hbm_fraction > 0:
+    if match is None or min(int(tables), int(devices), int(per_host or 1)) < 1 or not hbm_fraction > 0:
         raise argparse.ArgumentTypeError(
-            f"a case's @HBM must be a fraction > 0, e.g. @1; got {hbm!r} in {text!r}"
+            f"a case is TABLESxDEVICES[/PER_HOST][:heuristical|:fixed][@HBM] with each count >= 1 and "
+            f"HBM > 0, e.g. 800x64 or 800x64/8:fixed@1; got {text!r}"
         )
-    if tables < 1 or devices < 1 or (local is not None and (local < 1 or devices % local)):
-        raise argparse.ArgumentTypeError(
-            f"tables and devices must be >= 1 and PER_HOST must divide the devices, got {text!r}"
-        )
-    return tables, devices, local, reservation, hbm_fraction
+    if per_host and int(devices) % int(per_host):
+        raise argparse.ArgumentTypeError(f"PER_HOST must divide the devices, got {text!r}")
+    return int(tables), int(devices), int(per_host) if per_host else None, reservation, hbm_fraction
 
 
 def _plan_in_a_new_process(
@@ -254,46 +235,26 @@ def main(argv: list[str]) -> int:
         help="TABLESxDEVICES or TABLESxDEVICES/PER_HOST, then :heuristical or :fixed, then @HBM (the "
         f"fraction of the tables' fp32 rows each device's HBM holds, spread evenly; default {half})",
     )
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "--torchrec-dp-timeout-s",
-        type=float,
+        type=bounded(float, 0),
         default=300,
         help="torchrec's planner with its DP proposer beside each case, cut here (0: skip)",
     )
-    parser.add_argument(
-        "--torchrec-dp-memory-gib",
-        type=float,
-        default=8,
-        help="torchrec's planner is stopped once its resident memory passes this",
-    )
-    parser.add_argument(
-        "--storage-reservation",
-        choices=list(RESERVATIONS),
-        default="heuristical",
-        help="what both planners reserve where a case names none",
-    )
-    parser.add_argument("--processes", type=int, default=5, help="fresh processes per case (and runs here)")
+    memory_help = "torchrec's planner is stopped once its resident memory passes this"
+    add("--torchrec-dp-memory-gib", type=bounded(float, 0, low_open=True), default=8, help=memory_help)
+    reservation_help = "what both planners reserve where a case names none"
+    add("--storage-reservation", choices=list(RESERVATIONS), default="heuristical", help=reservation_help)
+    add("--processes", type=bounded(int, 1), default=5, help="fresh processes per case (and runs here)")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name, low in (("processes", 1), ("torchrec_dp_timeout_s", 0)):
-        if getattr(opts, name) < low:
-            parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(opts, name)}")
-    if not opts.torchrec_dp_memory_gib > 0:
-        parser.error(f"--torchrec-dp-memory-gib must be > 0, got {opts.torchrec_dp_memory_gib}")
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
     for case in opts.cases:
         rows.append(bench_case(case, opts))
         print(pd.json_normalize(rows[-1]).reindex(columns=SHOWN).to_string(index=False), flush=True)
-    payload = {
-        "benchmark": "end_to_end",
-        "machine": machine_name(),
-        **{k: v for k, v in vars(opts).items() if k != "out"},  # the command line, as run
-        "batch_size": BATCH_SIZE,
-        "hbm_fraction": HBM_FRACTION,
-        "storage_reservation": RESERVATIONS[opts.storage_reservation],
-        "rows": rows,
-        "bench_s": time.perf_counter() - start,
-    }
-    print(f"wrote {write_results('end_to_end', payload, opts.out)}")
-    return 0
+    fields = {"batch_size": BATCH_SIZE, "hbm_fraction": HBM_FRACTION}
+    return write_rows(
+        "end_to_end", opts, rows, start, **fields, storage_reservation=RESERVATIONS[opts.storage_reservation]
+    )

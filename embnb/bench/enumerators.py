@@ -1,20 +1,12 @@
-"""torchrec's EmbeddingEnumerator against embnb's DistinctShardEnumerator on
-models beyond the planner bench's: `python -m embnb.bench enumerators`.
+"""torchrec's EmbeddingEnumerator against embnb's DistinctShardEnumerator on models beyond the planner
+bench's: `python -m embnb.bench enumerators`.
 
-Cases: `make_model`'s tables (one EmbeddingBagCollection, one feature per
-table) on GPU and CPU topologies, and `make_mixed_model`'s (weighted tables
-that several features read, each with its pooling factor, beside sequence
-tables in an EmbeddingCollection; UVM caches, with statistics, on GPUs).
-Each enumerator enumerates each case `--repeats` times in one process
-(median and range); the first enumerations are checked to hold the same
-options (`same_options`: option by option, floats to the bit).
-
-Also measured on embnb's side: the seconds of its estimate step, torchrec's
-own estimators run unchanged once per distinct shard size of an option
-(`embnb_estimators_s`). torchrec's time over those seconds is the most an
-enumerator that runs torchrec's estimators could gain.
-
-    python -m embnb.bench enumerators [--tables 200] [--repeats 3] [--out DIR]
+Cases (`CASES`): `make_model`'s tables on GPU and CPU topologies, and `make_mixed_model`'s (weighted
+tables that several features read beside sequence tables; UVM caches, with statistics, on GPUs).
+Each enumerator enumerates each case --repeats times in one process (median and range); the first
+enumerations are checked to hold the same options (`same_options`: floats to the bit). Also timed:
+embnb's estimate step, torchrec's own estimators run once per distinct shard size
+(`embnb_estimators_s`), the most an enumerator that runs torchrec's estimators could gain.
 """
 
 from __future__ import annotations
@@ -40,10 +32,12 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from embnb import planner
 from embnb._checks import check_int
-from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
+from embnb.bench.planner import bounded, write_rows
+from embnb.bench.results import add_out_argument, quiet_torchrec_logs
 from embnb.lab.planner.models import fused_table_gb, make_model
+from embnb.lab.planner.planning import clocked
 from embnb.planner.enumerator import DistinctShardEnumerator, same_options
-from embnb.timing import Stopwatch, machine_name
+from embnb.timing import Stopwatch
 
 BATCH_SIZE = 512
 SHOWN = ["model", "num_tables", "device", "world_size", "local_world_size", "num_options", "distinct_shards"]
@@ -143,21 +137,6 @@ def _model(case: Case, num_tables: int) -> MixedModel:
     return MixedModel(module, [EmbeddingBagCollectionSharder()], model.constraints, model.tables)
 
 
-def _clock_estimates(enumerator: DistinctShardEnumerator) -> Stopwatch:
-    """A Stopwatch summing the wall seconds of the enumerator's estimate step (torchrec's estimators
-    on its distinct shards). It wraps the enumerator's own `_estimate` on the instance and leaves the
-    estimators alone: a wrapped estimator would ride into embnb's copy of torchrec's perf estimator
-    (`estimates._quick_lookups`) and send it down torchrec's slow path."""
-    watch, estimate = Stopwatch(), enumerator._estimate
-
-    def timed(*args, **kwargs):
-        with watch:
-            return estimate(*args, **kwargs)
-
-    enumerator._estimate = timed
-    return watch
-
-
 def bench_case(case: Case, num_tables: int, repeats: int) -> dict:
     model = _model(case, num_tables)
     fused_gb = fused_table_gb(model.tables)
@@ -174,11 +153,14 @@ def bench_case(case: Case, num_tables: int, repeats: int) -> dict:
         for _ in range(repeats):
             gc.collect()  # each run starts from a heap without the last run's garbage
             enumerator = kind(topology, BATCH_SIZE, model.constraints)
-            clock = _clock_estimates(enumerator) if name == "embnb" else None
-            with Stopwatch() as watch:
+            # embnb's estimate step (torchrec's estimators on its distinct shards), clocked on the
+            # enumerator: a clock on an estimator would send embnb's copy of torchrec's perf
+            # estimator (`estimates._quick_lookups`) down torchrec's slow path
+            steps = ("_estimate",) if name == "embnb" else ()
+            with clocked(enumerator, *steps) as clock, Stopwatch() as watch:
                 options = enumerator.enumerate(model.module, model.sharders)
             runs[name].append(watch.wall_s)
-            if clock:
+            if steps:
                 estimators_s.append(clock.total_s)
             first.setdefault(name, options)
             del enumerator, options
@@ -209,26 +191,16 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench enumerators", description=__doc__.split("\n")[0]
     )
+    count = bounded(int, 1)
     parser.add_argument(
-        "--tables", type=int, default=200, help="tables per model (mixed: and a quarter more)"
+        "--tables", type=count, default=200, help="tables per model (mixed: and a quarter more)"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="enumerations per enumerator and case")
+    parser.add_argument("--repeats", type=count, default=3, help="enumerations per enumerator and case")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    if opts.tables < 1 or opts.repeats < 1:
-        parser.error(f"--tables and --repeats must be >= 1, got {opts.tables}, {opts.repeats}")
     quiet_torchrec_logs()
     start, rows = time.perf_counter(), []
     for case in CASES:
         rows.append(bench_case(case, opts.tables, opts.repeats))
         print(pd.DataFrame([rows[-1]])[SHOWN].to_string(index=False), flush=True)
-    payload = {
-        "benchmark": "enumerators",
-        "machine": machine_name(),
-        "batch_size": BATCH_SIZE,
-        "repeats": opts.repeats,
-        "rows": rows,
-        "bench_s": time.perf_counter() - start,
-    }
-    print(f"wrote {write_results('enumerators', payload, opts.out)}")
-    return 0
+    return write_rows("enumerators", opts, rows, start, batch_size=BATCH_SIZE)

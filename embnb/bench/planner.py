@@ -1,21 +1,12 @@
-"""Planning time and plan quality at scale: `python -m embnb.bench planner`.
+"""Planning time and plan quality at scale: `python -m embnb.bench planner`; and what the planner
+benches share (`bounded` options, `write_rows`).
 
-Plans random models (`make_model`: --tables) on GPU topologies (--world-sizes) whose HBM holds
---hbm-fraction of the tables' fp32 rows, with torchrec's EmbeddingShardingPlanner and, in turn, this
-DP proposer, torchrec's DynamicProgrammingProposer and torchrec's default proposers, each under the same
-time limit (checked by torchrec's planner between proposals) over torchrec's enumeration. Options are
-enumerated --enumerate-repeats times by torchrec's EmbeddingEnumerator and embnb's
-DistinctShardEnumerator (medians and ranges; their options checked equal). Each proposer's perf
-rating (slowest rank) and planning time are recorded for the performance page to compare; this DP
-plans --repeats times (its times: the median run's, every run's in `plan_s_runs`), each peer once.
-
-End to end, for embnb: `create_planner(topology, batch_size, constraints, storage_reservation="fixed")
-.plan(module, sharders)` as a user calls it (every proposer here plans under
-FixedPercentageStorageReservation(0.15)), --repeats times from a fresh module; for torchrec's proposers,
-torchrec's enumeration (median) plus their planning time. Plan quality (`quality_study`: random small
-instances, HBM that binds): each proposer's rating over the brute-force optimum, as the worst ratio,
-the share within 2% and the instances without a plan. `--tables` with no value skips the scale part;
-`--quality-instances 0` the quality part.
+Random models (`make_model`) on GPU topologies whose HBM holds --hbm-fraction of the tables' fp32
+rows: torchrec's enumeration timed beside embnb's DistinctShardEnumerator (their options checked
+equal), then planned in torchrec's planner by embnb's DP (--repeats times), torchrec's DP and
+torchrec's default proposers (once each) under one time limit, and by `create_planner(...).plan` end
+to end as a user calls it, all under FixedPercentageStorageReservation(0.15). Plan quality: each
+proposer's rating over brute force's best on random small instances (`quality_summary`).
 """
 
 from __future__ import annotations
@@ -25,17 +16,23 @@ import gc
 import itertools
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from embnb import planner
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, spread, write_results
-from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
+from embnb.lab.planner.comparison import (
+    Planning,
+    compare_proposers,
+    default_proposers,
+    quality_study,
+    quality_summary,
+)
 from embnb.lab.planner.models import Enumerated, enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.planning import records, time_end_to_end
-from embnb.lab.planner.quality import quality_study
 from embnb.planner.enumerator import same_options
 from embnb.timing import machine_name
 
@@ -114,20 +111,13 @@ def _enumerate(model, topology, opts: argparse.Namespace, enumerator: str) -> tu
 
 
 def quality(opts: argparse.Namespace) -> list[dict]:
-    """Per table count and proposer (`quality_study`): the instances planned, those GridSearch
-    skipped (past torchrec's MAX_PROPOSALS), the worst rating over brute force's best among those
-    with a plan, the share within 2% and the instances without a plan."""
-    frames = []
-    for num_tables in opts.quality_tables:
-        study = quality_study(opts.quality_instances, opts.seed, num_tables, opts.batch_size)
-        summary = study.groupby("proposer", sort=False).ratio.agg(
-            instances="count",
-            skipped=lambda ratios: ratios.isna().sum(),
-            worst_ratio=lambda ratios: ratios[np.isfinite(ratios)].max(),
-            within_2pct=lambda ratios: (ratios.dropna() <= 1.02).mean(),
-            no_plan=lambda ratios: np.isinf(ratios).sum(),
+    """Per table count and proposer, `quality_summary` of a `quality_study`."""
+    frames = [
+        quality_summary(quality_study(opts.quality_instances, opts.seed, tables, opts.batch_size)).assign(
+            num_tables=tables
         )
-        frames.append(summary.assign(num_tables=num_tables))
+        for tables in opts.quality_tables
+    ]
     return records(pd.concat(frames).reset_index(), "records")
 
 
@@ -142,34 +132,59 @@ def _print(row: dict) -> None:
     print(pd.DataFrame(row["proposers"]).T[SHOWN].to_string(), flush=True)
 
 
+def bounded(kind: type, low: float, low_open: bool = False) -> Callable[[str], Any]:
+    """An argparse type: the option's text as `kind` (int or float), refused below `low` (and at it
+    when `low_open`) with a message naming the bound and the value."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not (value > low if low_open else value >= low):  # NaN too
+            raise argparse.ArgumentTypeError(f"must be {'>' if low_open else '>='} {low}, got {value}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value: 'x'"
+    return parse
+
+
+def write_rows(name: str, opts: argparse.Namespace, rows: list[dict], start: float, **fields: Any) -> int:
+    """Write a bench's results (`write_results`): its name, the machine, the command line as run
+    (but --out), `fields`, its `rows` and its seconds since `start`; print where; exit code 0."""
+    payload = {
+        "benchmark": name,
+        "machine": machine_name(),
+        **{k: v for k, v in vars(opts).items() if k != "out"},
+        **fields,
+        "rows": rows,
+        "bench_s": time.perf_counter() - start,
+    }
+    print(f"wrote {write_results(name, payload, opts.out)}")
+    return 0
+
+
 def _options(argv: list[str]) -> argparse.Namespace:
     """The command line, checked."""
     parser = argparse.ArgumentParser(prog="python -m embnb.bench planner", description=__doc__.split("\n")[0])
-    add, ints = parser.add_argument, {"type": int, "nargs": "+"}
-    add("--tables", type=int, nargs="*", default=[50, 200, 800])
-    add("--world-sizes", **ints, default=[8, 64])
-    add("--hbm-fraction", type=float, default=0.5, help="HBM per device, a fraction of the tables' fp32 rows")
+    add, count, counts = parser.add_argument, bounded(int, 1), {"type": bounded(int, 1), "nargs": "+"}
+    add("--tables", type=count, nargs="*", default=[50, 200, 800])
+    add("--world-sizes", **counts, default=[8, 64])
+    share = bounded(float, 0, low_open=True)
+    add("--hbm-fraction", type=share, default=0.5, help="HBM per device / the tables' fp32 rows per device")
     add("--timeout-s", type=float, default=120, help="planning time limit per proposer")
-    add("--repeats", type=int, default=5, help="plans with embnb DP per row (median and range reported)")
-    add("--enumerate-repeats", type=int, default=3, help="enumerations per enumerator and row")
-    add("--devices-per-host", type=int, default=None, help="torchrec's local_world_size (default: one host)")
+    add("--repeats", type=count, default=5, help="plans with embnb DP per row (median and range reported)")
+    add("--enumerate-repeats", type=count, default=3, help="enumerations per enumerator and row")
+    add(
+        "--devices-per-host", type=count, default=None, help="torchrec's local_world_size (default: one host)"
+    )
     add("--batch-size", type=int, default=512)
     add("--seed", type=int, default=0)
-    add("--quality-instances", type=int, default=50, help="random small instances per table count (0: skip)")
-    add("--quality-tables", **ints, default=[3, 4], help="their table counts (brute force: 16^tables plans)")
+    instances = bounded(int, 0)
+    add("--quality-instances", type=instances, default=50, help="small instances per table count (0: skip)")
+    add("--quality-tables", **counts, default=[3, 4], help="their table counts (16^tables plans each)")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
-    for name in ("tables", "world_sizes", "quality_tables"):
-        if any(v < 1 for v in getattr(opts, name)):
-            parser.error(f"--{name.replace('_', '-')} must all be >= 1, got {getattr(opts, name)}")
-    for name, low in (("repeats", 1), ("enumerate_repeats", 1), ("quality_instances", 0)):
-        if getattr(opts, name) < low:
-            parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(opts, name)}")
     per_host = opts.devices_per_host
-    if per_host is not None and (per_host < 1 or any(w % per_host for w in opts.world_sizes if w > per_host)):
-        parser.error(f"--devices-per-host must be >= 1 and divide the larger world sizes, got {per_host}")
-    if not 0 < opts.hbm_fraction:
-        parser.error(f"--hbm-fraction must be > 0, got {opts.hbm_fraction}")
+    if per_host is not None and any(w % per_host for w in opts.world_sizes if w > per_host):
+        parser.error(f"--devices-per-host must divide the larger world sizes, got {per_host}")
     return opts
 
 
@@ -188,17 +203,12 @@ def main(argv: list[str]) -> int:
         )
         quality_rows = quality(opts)
         print(pd.DataFrame(quality_rows).to_string(index=False), flush=True)
-    payload = {
-        "benchmark": "planner",
-        "machine": machine_name(),
-        **{k: v for k, v in vars(opts).items() if k != "out"},  # the command line, as run
-        "storage_reservation": (
-            "FixedPercentageStorageReservation(0.15) for every proposer, end to end too "
-            "(create_planner(storage_reservation='fixed'))"
-        ),
-        "rows": rows,
-        "quality_vs_brute_force": quality_rows,
-        "bench_s": time.perf_counter() - start,
-    }
-    print(f"wrote {write_results('planner', payload, opts.out)}")
-    return 0
+    reservation = "FixedPercentageStorageReservation(0.15) for every proposer, end to end too"
+    return write_rows(
+        "planner",
+        opts,
+        rows,
+        start,
+        storage_reservation=f"{reservation} (create_planner(storage_reservation='fixed'))",
+        quality_vs_brute_force=quality_rows,
+    )

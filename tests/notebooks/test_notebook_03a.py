@@ -67,7 +67,7 @@ def test_the_page_capped_runs_find_the_proposers_ratings_and_brute_forces_best(r
 
 
 def test_ablation_ladder(run):
-    from embnb.lab.planner.ablation import LADDER
+    from embnb.lab.planner.comparison import LADDER
 
     results = run.results
     ablation = results["ablation"]

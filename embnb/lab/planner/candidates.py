@@ -1,9 +1,7 @@
-"""Plans to measure, each with torchrec's own estimate beside it: the planners' plans (embnb's DP,
-torchrec's DP, Greedy, torchrec's default set) and deliberately poor ones built from the same
-enumerated options (every table table-wise on a few ranks; every table data-parallel), and all of
-them measured rank by rank on one batch (`measure_candidates`, over `embnb.steptime.measure_world`:
-the planners' plans in interleaved rounds paired with embnb DP's, the poor ones alone after them).
-Notebook 03a and `python -m embnb.bench steptime` run it.
+"""Plans to measure, each with torchrec's own estimate beside it: the planners' plans and poor ones
+built on purpose from the same options (`candidate_plans`), measured rank by rank on one batch
+(`measure_placed`, over `embnb.steptime.measure_world`). Notebook 03a and `python -m embnb.bench
+steptime` run it.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.types import ShardingOption, Topology
@@ -25,8 +22,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_choice, check_int
 from embnb.lab.planner.comparison import UVM_KERNELS, default_proposers
-from embnb.lab.planner.models import Enumerated, Model, enumerate_options, hosts_of
-from embnb.lab.planner.planning import run_planner
+from embnb.lab.planner.models import Enumerated, Model, enumerate_options
+from embnb.lab.planner.planning import rank_loads, run_planner
 from embnb.planner.calibration import Calibration, estimators
 from embnb.planner.enumerator import make_enumerator
 from embnb.planner.perf_model import KernelCallPerfModel
@@ -139,18 +136,11 @@ def candidate_plans(
 
 
 def estimated_per_rank(options: Sequence[ShardingOption], world_size: int) -> dict[str, list[float]]:
-    """torchrec's estimates summed per rank, in seconds: `total` (what its rating takes the maximum
-    of), `compute` (forward + backward compute) and `comms` (forward + backward communication)."""
-    shards = [shard for option in options for shard in option.shards]
-    ranks = np.array([shard.rank for shard in shards], dtype=np.int64)
-    ms = {
-        "total": [s.perf.total for s in shards],
-        "compute": [s.perf.fwd_compute + s.perf.bwd_compute for s in shards],
-        "comms": [s.perf.fwd_comms + s.perf.bwd_comms for s in shards],
-    }
-    return {
-        key: np.bincount(ranks, np.divide(v, 1e3), minlength=world_size).tolist() for key, v in ms.items()
-    }
+    """torchrec's estimates summed per rank (`rank_loads`), in seconds: `total` (what its rating takes
+    the maximum of), `compute` (forward + backward compute) and `comms` (forward + backward
+    communication)."""
+    loads = rank_loads(options, world_size) / 1e3
+    return {"total": loads.perf.tolist(), "compute": loads.compute.tolist(), "comms": loads.comms.tolist()}
 
 
 def plan_shape(options: Sequence[ShardingOption]) -> dict[str, int]:
@@ -225,7 +215,7 @@ class MeasuredCandidates:
         world = self.world
         return {
             "world_size": self.topology.world_size,
-            "hosts": hosts_of(self.topology),
+            "hosts": self.topology.world_size // self.topology.local_world_size,
             "device": world.device,
             "device_name": world.machine,
             "clock": world.clock,
@@ -244,38 +234,18 @@ def measure_candidates(
     rounds: int,
     *,
     device: str = "cpu",
-    compute_device: str | None = None,
-    hbm_cap_gb: float | None = None,
-    local_world_size: int | None = None,
-    alone_repeats: int = 1,
-    poor: Sequence[str] | None = None,
     seed: int = 0,
     timeout_s: float = 120.0,
     **options: Any,
 ) -> MeasuredCandidates:
-    """`candidate_plans` of `model` on `world_size` devices of `compute_device` (default: where
-    the kernels run, `kernel_device(device)`), measured (`measure_placed`) on one global batch of
-    `batch_size` samples per rank (seed `seed`)."""
+    """`candidate_plans` of `model` for one host of `world_size` devices of the kind the kernels run
+    on (`kernel_device(device)`), measured by `measure_placed` (`options`: its own) on one global
+    batch of `batch_size` samples per rank (seed `seed`)."""
     check_int("world_size", world_size, low=2)
-    topology = make_topology(
-        world_size,
-        compute_device or kernel_device(device)[0],
-        hbm_cap_gb=hbm_cap_gb,
-        local_world_size=local_world_size,
-    )
+    topology = make_topology(world_size, kernel_device(device)[0])
     candidates = candidate_plans(model, topology, batch_size, timeout_s=timeout_s)
     batch = make_batch(model.tables, model.constraints, world_size, batch_size, seed)
-    return measure_placed(
-        topology,
-        candidates,
-        model.tables,
-        batch,
-        rounds,
-        device=device,
-        alone_repeats=alone_repeats,
-        poor=poor,
-        **options,
-    )
+    return measure_placed(topology, candidates, model.tables, batch, rounds, device=device, **options)
 
 
 def measure_placed(

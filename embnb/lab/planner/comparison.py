@@ -1,14 +1,18 @@
 """Proposers side by side in torchrec's planner: each over the same enumerated options with a
-fresh `EmbeddingShardingPlanner` (`run_planner`), under the same storage reservation, and again as
-the HBM budget shrinks."""
+fresh `EmbeddingShardingPlanner` (`run_planner`), under the same storage reservation; again as the
+HBM budget shrinks (`budget_sweep`), against brute force on random small instances
+(`quality_study`), and embnb's DP piece by piece (`ablation_table`)."""
 
 from __future__ import annotations
 
 import collections
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import pandas as pd
 from torchrec.distributed.planner import proposers as torchrec_proposers
 from torchrec.distributed.planner.proposers import MAX_PROPOSALS
@@ -17,14 +21,15 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm.auto import tqdm
 
 from embnb._checks import check_int
+from embnb.lab.planner.brute_force import brute_force_rating
 from embnb.lab.planner.explain import memory_ratio
-from embnb.lab.planner.models import Enumerated, enumerate_options
+from embnb.lab.planner.models import Enumerated, Model, enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.planning import rank_loads, run_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
 from embnb.planner.topology import make_topology
 
 __all__ = ["Planning", "ProposerFactory", "default_proposers", "compare_proposers", "timing_breakdown"]
-__all__ += ["budget_sweep"]
+__all__ += ["budget_sweep", "random_instance", "quality_study", "quality_summary", "LADDER", "ablation_table"]
 
 ProposerFactory = Callable[[], "Proposer | list[Proposer]"]
 UVM_KERNELS = ("fused_uvm", "fused_uvm_caching")  # rows in DDR: FBGEMM runs them only on a GPU
@@ -183,3 +188,108 @@ def budget_sweep(
         table = compare_proposers(enumerated, topology, planning, proposers).reset_index()
         frames.append(table.assign(hbm_cap_gb=cap, memory_ratio=ratio))
     return pd.concat(frames, ignore_index=True)
+
+
+def random_instance(seed: int, num_tables: int = 3) -> tuple[Model, Topology]:
+    """A small model and 2 to 4 GPUs whose HBM binds: per device, 15% to 120% of the fp32 rows of
+    all tables spread evenly."""
+    rng = np.random.default_rng(seed)
+    world_size = int(rng.integers(2, 5))
+    model = make_model(num_tables, seed)
+    budget = fused_table_gb(model.tables) / world_size * rng.uniform(0.15, 1.2)
+    return model, make_topology(world_size, "cuda", hbm_cap_gb=budget)
+
+
+def quality_study(
+    num_instances: int,
+    seed: int = 0,
+    num_tables: int = 3,
+    batch_size: int = 512,
+    progress: bool = False,
+    storage_reservation_percentage: float = 0.15,
+) -> pd.DataFrame:
+    """Each of `default_proposers` alone (`compare_proposers`), its rating over the brute-force best
+    on random small instances: one row per instance and proposer with the instance's `world_size`
+    and `hosts` (ratio inf: no plan where brute force found one; NaN: GridSearch skipped, as
+    torchrec skips it past MAX_PROPOSALS combinations; instances without any plan left out), all
+    under one storage reservation."""
+    check_int("num_instances", num_instances, low=1)
+    proposers = {k: v for k, v in default_proposers().items() if k != "torchrec default"}
+    frames = []
+    for instance in tqdm(range(seed, seed + num_instances), desc="instances", disable=not progress):
+        model, topology = random_instance(instance, num_tables)
+        enumerated = enumerate_options(model.tables, topology, batch_size, model.constraints)
+        best = brute_force_rating(enumerated, topology, batch_size, storage_reservation_percentage)
+        if not math.isfinite(best):
+            continue
+        planning = Planning(batch_size, model.constraints, storage_reservation_percentage)
+        table = compare_proposers(enumerated, topology, planning, proposers)
+        rating = table.perf_rating.where(table.feasible, math.inf)
+        rating = rating.mask(table.note.str.startswith("skipped"))
+        instance_of = {
+            "instance": instance,
+            "world_size": topology.world_size,
+            "hosts": topology.world_size // topology.local_world_size,
+        }
+        frame = pd.DataFrame({"perf_rating": rating, "brute_force": best, "ratio": rating / best})
+        frames.append(frame.reset_index().assign(**instance_of))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def quality_summary(study: pd.DataFrame) -> pd.DataFrame:
+    """Per proposer of a `quality_study` (notebook 03's table, the planner bench's record): the
+    instances it planned (`instances`), those GridSearch skipped (`skipped`: NaN ratio) and those
+    without a plan (`no_plan`: inf); among its plans the worst and median ratio to brute force's best
+    (`worst_ratio`, `median_ratio`); and the share of the instances it planned within 2% of the best
+    (`within_2pct`; no plan is not within)."""
+    ratios = study.groupby("proposer", sort=False).ratio
+    found = study.ratio.where(np.isfinite(study.ratio)).groupby(study.proposer, sort=False)  # inf: NaN
+    return pd.DataFrame(
+        {
+            "instances": ratios.count(),
+            "skipped": ratios.size() - ratios.count(),
+            "no_plan": ratios.count() - found.count(),
+            "worst_ratio": found.max(),
+            "median_ratio": found.median(),
+            "within_2pct": (study.ratio <= 1.02).groupby(study.proposer, sort=False).sum() / ratios.count(),
+        }
+    )
+
+
+# What each piece of DynamicProgrammingProposer buys: a ladder of proposers, each rung turning one piece
+# back on, from the plain knapsack (every frontier plan, largest memory first: torchrec's DP recipe on
+# embnb's bins) to the default proposer (+ the replica of torchrec's partitioner).
+_NOTHING = dict(bisect=False, slack=False, prune=False, max_caps=0, max_refinements=0, replay=False)
+_ADDED = [  # rung name, the proposer argument it turns back to its default
+    ("plain knapsack", None),
+    ("+ bisection", "bisect"),
+    ("+ memory slack", "slack"),
+    ("+ capped runs", "max_caps"),
+    ("+ local search", "max_refinements"),
+    ("+ lower-bound pruning", "prune"),
+    ("+ the replica", "replay"),
+]
+LADDER: dict[str, dict[str, Any]] = {  # rung -> DynamicProgrammingProposer arguments
+    name: {k: v for k, v in _NOTHING.items() if k not in [a for _, a in _ADDED[: i + 1]]}
+    for i, (name, _) in enumerate(_ADDED)
+}
+_COLUMNS = ("perf_rating", "same_rating_every_run", "plans_considered", "proposals", "plan_s")
+_COLUMNS += ("plan_s_min", "plan_s_max", "timed_out")  # of compare_proposers' table
+
+
+def ablation_table(
+    enumerated: Enumerated,
+    topology: Topology,
+    planning: Planning = Planning(repeats=3),
+    bins_per_device: int = 100,
+) -> pd.DataFrame:
+    """One row per rung (`compare_proposers`' columns, by rung): the plan's perf rating (the search
+    is deterministic: `same_rating_every_run`), the plans the proposer considered, the proposals
+    torchrec's partitioner placed, and planning seconds (the median run's, min, max over
+    `planning.repeats`; no enumeration)."""
+    proposers = {
+        name: functools.partial(DynamicProgrammingProposer, bins_per_device=bins_per_device, **arguments)
+        for name, arguments in LADDER.items()
+    }
+    table = compare_proposers(enumerated, topology, planning, proposers).rename_axis("rung")
+    return table[list(_COLUMNS)]

@@ -1,9 +1,8 @@
-"""The knapsack recurrence in plain Python, the core notebook 03 shows: `knapsack_choices` fills the
-DP table row by row and remembers which option each cell took; `backtrack` walks those choices up
-from a bin of the last row. `embnb.planner.knapsack.Knapsack` runs the same recurrence vectorized
-over HBM x DDR bins, keeps each state's exact memory and drops states another beats on every axis;
-on whole-bin memories its least perf at or below each bin equals this module's (tested, and these
-functions against brute force)."""
+"""What notebook 03's page is checked against: the knapsack recurrence it writes (dp[t][m], the least
+summed perf of tables 0..t in exactly m memory bins) against brute force over every combination and
+against `embnb.planner.knapsack.Knapsack`, which runs the same recurrence vectorized over HBM x DDR
+bins, keeps each state's exact memory and drops states another beats on every axis (so the two agree
+on the least perf at or below each bin); and notebook 03a's capped runs against the proposer's."""
 
 from __future__ import annotations
 
@@ -16,54 +15,18 @@ from embnb.lab.planner.planning import run_planner
 from embnb.planner.knapsack import Knapsack
 from embnb.planner.proposer import DynamicProgrammingProposer
 
-__all__ = ["knapsack_choices", "backtrack", "least_perf_by_enumeration", "page_core_agrees", "CAPS_ONLY"]
-__all__ += ["capped_runs_agree"]
+__all__ = ["least_perf_by_enumeration", "page_core_agrees", "CAPS_ONLY", "capped_runs_agree"]
 
 # The proposer with its knapsack runs and nothing else: every frontier plan of each run proposed.
 CAPS_ONLY = dict(bisect=False, slack=False, prune=False, max_refinements=0, replay=False)
 
 
-def knapsack_choices(
-    perfs: list[list[float]], memories: list[list[int]], capacity: int
-) -> tuple[list[list[float]], list[list[int]]]:
-    """rows[t][m]: the least summed perf of one option for each of tables 0..t in exactly m memory
-    bins (inf: none); choices[t][m]: the option of table t that cell took (-1: none). Option o of
-    table t costs perfs[t][o] and takes memories[t][o] bins; a tie keeps the first (lowest bin
-    above, then lowest option)."""
-    best = [0.0] + [math.inf] * capacity  # no table yet: 0 perf in 0 bins
-    rows, choices = [], []
-    for table_perfs, table_memories in zip(perfs, memories):
-        after, chosen = [math.inf] * (capacity + 1), [-1] * (capacity + 1)
-        for used, perf in enumerate(best):
-            if perf == math.inf:
-                continue
-            for option, (option_perf, option_memory) in enumerate(zip(table_perfs, table_memories)):
-                cell = used + option_memory  # dp[t][m + w] = min(dp[t-1][m] + p)
-                if cell <= capacity and perf + option_perf < after[cell]:
-                    after[cell], chosen[cell] = perf + option_perf, option
-        rows.append(after)
-        choices.append(chosen)
-        best = after
-    return rows, choices
-
-
-def backtrack(choices: list[list[int]], memories: list[list[int]], end: int) -> list[int]:
-    """The option of each table in the plan that ends in bin `end` of the last row: a cell's choice
-    names its option, whose memory says in which bin of the row above the plan was."""
-    plan = []
-    for table in reversed(range(len(choices))):
-        option = choices[table][end]
-        if option < 0:
-            raise ValueError(f"no plan ends in bin {end} of row {table}: that cell is unreachable")
-        plan.append(option)
-        end -= memories[table][option]
-    return plan[::-1]
-
-
 def least_perf_by_enumeration(
     perfs: list[list[float]], memories: list[list[int]], capacity: int
 ) -> list[list[float]]:
-    """What `knapsack_choices`' rows must hold, by trying every combination of a few tables."""
+    """rows[t][m]: the least summed perf of one option for each of tables 0..t in exactly m bins
+    (inf: none), by trying every combination of a few tables. Option o of table t costs
+    perfs[t][o] and takes memories[t][o] bins."""
     rows = []
     for t in range(len(perfs)):
         row = [math.inf] * (capacity + 1)
@@ -82,22 +45,39 @@ def page_core_agrees(
     perfs: list[list[float]],
     memories: list[list[int]],
 ) -> dict[str, bool]:
-    """Whether a recurrence written on notebook 03's page (its DP table, choices and backtracked
-    plan over `perfs` and `memories`) agrees with `knapsack_choices` cell by cell, and with the
-    proposer's `Knapsack` on the least perf at or below each bin (it drops dominated states)."""
+    """Whether a recurrence written on notebook 03's page holds over `perfs` and `memories`: its DP
+    table `rows` equals brute force cell by cell (`table`); each cell's option in `choices` (-1:
+    unreachable) rebuilds the cell from the row above (`choices`); its walked-back `plan` fits and
+    has the least summed perf (`plan`); and the proposer's `Knapsack` has the same least perf at or
+    below each bin (`proposer_knapsack`)."""
     capacity = len(rows[-1]) - 1
-    want_rows, want_choices = knapsack_choices(perfs, memories, capacity)
-    end = min(range(capacity + 1), key=lambda m: want_rows[-1][m])
+    want = np.array(least_perf_by_enumeration(perfs, memories, capacity))
+    got = np.array(rows, dtype=float)
+    above = np.vstack([[0.0] + [math.inf] * capacity, got[:-1]])  # no table yet: 0 perf in 0 bins
+    rebuilt = [
+        option >= 0
+        and m >= memories[t][option]
+        and math.isclose(above[t, m - memories[t][option]] + perfs[t][option], got[t, m])
+        if math.isfinite(got[t, m])
+        else option == -1
+        for t, row in enumerate(choices)
+        for m, option in enumerate(row)
+    ]
+    used = sum(memories[t][o] for t, o in enumerate(plan))
     knapsack = Knapsack(np.array([capacity + 1.0]), (capacity + 1,))  # bin m holds memory m exactly
     for t, (table_perfs, table_memories) in enumerate(zip(perfs, memories)):
         knapsack.add_table(
             t, np.array(table_memories, dtype=float)[:, None], np.array(table_perfs, dtype=float)
         )
-    got, want = np.minimum.accumulate(np.array(rows[-1])), np.minimum.accumulate(knapsack.least)
+    least, want_least = np.minimum.accumulate(got[-1]), np.minimum.accumulate(knapsack.least)
     return {
-        "table": rows == want_rows and choices == want_choices,
-        "plan": plan == backtrack(want_choices, memories, end),
-        "proposer_knapsack": bool(np.allclose(got, want) and np.array_equal(np.isinf(got), np.isinf(want))),
+        "table": bool(np.allclose(got, want) and np.array_equal(np.isinf(got), np.isinf(want))),
+        "choices": all(rebuilt),
+        "plan": used <= capacity
+        and math.isclose(sum(perfs[t][o] for t, o in enumerate(plan)), want[-1].min()),
+        "proposer_knapsack": bool(
+            np.allclose(least, want_least) and np.array_equal(np.isinf(least), np.isinf(want_least))
+        ),
     }
 
 

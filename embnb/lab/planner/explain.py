@@ -19,8 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_int
 from embnb.lab.planner.brute_force import PlanRater, option_label, rate_every_plan
-from embnb.lab.planner.core import backtrack, knapsack_choices
-from embnb.lab.planner.models import Enumerated, enumerate_options, hosts_of
+from embnb.lab.planner.models import Enumerated, enumerate_options
 from embnb.planner.knapsack import Knapsack, knapsack_axes
 from embnb.planner.space import AXES, GB, SearchSpace, by_table
 from embnb.planner.topology import make_topology, reserved_topology
@@ -83,13 +82,10 @@ def memory_ratio(
 
 @dataclass(frozen=True)
 class SmallKnapsack:
-    """A knapsack small enough to work by hand: each table's options (labels) with torchrec's
-    estimated summed perf (ms) and HBM (GiB, and in whole bins rounded up, so a plan within
-    `capacity` bins fits the devices' HBM together), the DP table of
-    `core.knapsack_choices` (`rows[t][m]`: least summed perf of tables 0..t in exactly m
-    bins; `choices[t][m]`: the option that cell took, -1 none) and its best plan, ending in bin
-    `end`; each option's largest shard's perf and HBM, and torchrec's rating (`rate`, NaN:
-    cannot be placed)."""
+    """A knapsack small enough to work by hand (notebook 03's page fills its DP table): each
+    table's options (labels) with torchrec's estimated summed perf (ms) and HBM (GiB, and in whole
+    bins rounded up, so a plan within `capacity` bins fits the devices' HBM together); each
+    option's largest shard's perf and HBM, and torchrec's rating (`rate`, NaN: cannot be placed)."""
 
     tables: list[str]
     options: list[list[str]]
@@ -98,10 +94,6 @@ class SmallKnapsack:
     memories: list[list[int]]
     bin_gb: float
     capacity: int
-    rows: list[list[float]]
-    choices: list[list[int]]
-    end: int
-    plan: list[int]
     shard_perfs: list[list[float]] = field(default_factory=list)
     shard_hbm_gb: list[list[float]] = field(default_factory=list)
     rate: Callable[[Sequence[int]], float] | None = field(default=None, repr=False)
@@ -124,9 +116,8 @@ def small_knapsack(
     num_bins: int,
     storage_reservation_percentage: float = 0.15,
 ) -> SmallKnapsack:
-    """The options of `options_table` (one per label and table, sorted by label), the devices' HBM
-    cut into `num_bins` bins, and the DP table of `knapsack_choices` over them with its best plan.
-    Raises ValueError where no plan fits."""
+    """The options of `options_table` (one per label and table, sorted by label) and the devices'
+    HBM cut into `num_bins` bins. Raises ValueError where no plan fits."""
     check_int("num_bins", num_bins, low=1, high=60)
     space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
     options = options_table(enumerated, topology, batch_size, storage_reservation_percentage)
@@ -136,9 +127,7 @@ def small_knapsack(
     options = options.drop_duplicates(["table", "option"]).sort_values("option", kind="stable")
     per_table = options.groupby("table").agg(list).loc[tables]  # each column: a list per table
     perfs, memories = per_table.perf.tolist(), per_table.bins.tolist()
-    rows, choices = knapsack_choices(perfs, memories, num_bins)
-    end = min(range(num_bins + 1), key=lambda m: rows[-1][m])
-    if not math.isfinite(rows[-1][end]):
+    if sum(min(m) for m in memories) > num_bins:
         raise ValueError(f"no plan fits {num_bins} bins of {bin_gb:.4g} GiB: give more memory or bins")
     objects = per_table.sharding_option.tolist()
     rater = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage)
@@ -150,10 +139,6 @@ def small_knapsack(
         memories,
         bin_gb,
         num_bins,
-        rows,
-        choices,
-        end,
-        backtrack(choices, memories, end),
         per_table.shard_perf.tolist(),
         per_table.shard_hbm_gb.tolist(),
         lambda plan: rater([objects[t][o] for t, o in enumerate(plan)]),
@@ -266,7 +251,7 @@ def summed_vs_rated(
             {
                 "instance": instance,
                 "world_size": topology.world_size,
-                "hosts": hosts_of(topology),
+                "hosts": topology.world_size // topology.local_world_size,
                 "hbm_gb": hbm_gb,
                 "spec": spec,
                 "least_placed_sum_over_best": least / best,

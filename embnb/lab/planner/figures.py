@@ -40,14 +40,22 @@ def option_code(label: str) -> str:
     return _KERNEL_CODES.get(kernel, kernel[:1].upper())
 
 
-def knapsack_choices_figure(small: SmallKnapsack, title: str | None = None) -> Figure:
-    """The DP table of a `SmallKnapsack`, one row per table added (under a start row: 0 ms in bin 0)
-    and one column per memory bin; each reachable cell shows its least summed perf (ms), coloured
-    by the option its row's table took there; outlined cells and arrows: the best plan, backtracked."""
+def knapsack_choices_figure(
+    small: SmallKnapsack,
+    dp: list[list[float]],
+    choices: list[list[int]],
+    plan: list[int],
+    title: str | None = None,
+) -> Figure:
+    """The DP table `dp` filled over a `SmallKnapsack` (`dp[t][m]`: least summed perf of tables 0..t
+    in exactly m bins; `choices[t][m]`: the option that cell took, -1 none), one row per table added
+    (under a start row: 0 ms in bin 0) and one column per memory bin; each reachable cell shows its
+    least summed perf (ms), coloured by the option its row's table took there; outlined cells and
+    arrows: the walked-back `plan` (one option per table)."""
     codes = [[option_code(label) for label in options] for options in small.options]
     legend = list(dict.fromkeys(zip(sum(codes, []), sum(small.options, []))))
     shade = {code: _KERNEL_COLORS.get(code, color(label, i)) for i, (code, label) in enumerate(legend)}
-    rows = [[0.0] + [math.inf] * small.capacity, *small.rows]
+    rows = [[0.0] + [math.inf] * small.capacity, *dp]
     fig = new_figure(1.6 + 0.5 * (small.capacity + 1), 1.4 + 0.48 * len(rows))
     ax = fig.subplots()
     for r, row in enumerate(rows):
@@ -55,12 +63,12 @@ def knapsack_choices_figure(small: SmallKnapsack, title: str | None = None) -> F
             if not math.isfinite(perf):
                 ax.add_patch(Rectangle((m - 0.5, r - 0.5), 1, 1, color="0.93"))  # unreachable
                 continue
-            code = codes[r - 1][small.choices[r - 1][m]] if r else ""
+            code = codes[r - 1][choices[r - 1][m]] if r else ""
             ax.add_patch(Rectangle((m - 0.5, r - 0.5), 1, 1, color=shade.get(code, "white"), alpha=0.55))
             text = f"{code}\n{perf:.3f}" if code else f"{perf:.0f}"
             ax.text(m, r, text, ha="center", va="center", fontsize=6.5)
     # path[r]: the bin the best plan is in after row r (row 0: the start, bin 0)
-    path = [0, *itertools.accumulate(small.memories[t][o] for t, o in enumerate(small.plan))]
+    path = [0, *itertools.accumulate(small.memories[t][o] for t, o in enumerate(plan))]
     for r, m in enumerate(path):
         ax.add_patch(Rectangle((m - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
         if r:
@@ -80,7 +88,7 @@ def knapsack_choices_figure(small: SmallKnapsack, title: str | None = None) -> F
     handles = [Patch(color=shade[c], alpha=0.55, label=f"{c}: {label}") for c, label in legend]
     handles.append(Patch(facecolor="0.93", label="unreachable"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
-    best = f"best plan: {small.rows[-1][small.end]:.3f} ms in {small.end} bins"
+    best = f"best plan: {dp[-1][path[-1]]:.3f} ms in {path[-1]} bins"
     ax.set_title(title or f"Knapsack DP: each cell's least estimated summed perf, ms ({best})", fontsize=10)
     return fig
 

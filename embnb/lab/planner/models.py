@@ -19,7 +19,7 @@ from embnb.planner.enumerator import make_enumerator
 from embnb.planner.space import GB
 from embnb.timing import Stopwatch
 
-__all__ = ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options", "hosts_of"]
+__all__ = ["Model", "make_model", "fused_table_gb", "Enumerated", "enumerate_options"]
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,3 @@ def enumerate_options(
     with Stopwatch() as watch:
         options = chosen.enumerate(module, sharders)
     return Enumerated(module, sharders, options, watch.wall_s)
-
-
-def hosts_of(topology: Topology) -> int:
-    """The hosts of a torchrec Topology: world_size // local_world_size (a Topology made without
-    `local_world_size` puts every device on one host)."""
-    return topology.world_size // topology.local_world_size

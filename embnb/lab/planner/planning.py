@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +37,12 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from embnb._checks import check_int
 from embnb._torchrec_private import best_plan, num_proposals, planner_proposers
 from embnb.lab.planner.models import Enumerated
-from embnb.planner.enumerator import default_enumerator
 from embnb.planner.factory import create_planner
 from embnb.planner.space import GB
 from embnb.timing import Stopwatch
 
 __all__ = ["PlanRun", "run_planner", "EndToEnd", "time_end_to_end", "rank_loads", "records", "plain"]
-__all__ += ["quiet_logs"]
+__all__ += ["quiet_logs", "clocked"]
 
 
 def quiet_logs() -> None:
@@ -89,35 +89,26 @@ class _Replay(Enumerator):
         pass
 
 
-class _TimedPartitioner(GreedyPerfPartitioner):
-    """torchrec's default partitioner, its seconds summed over every call."""
+@contextlib.contextmanager
+def clocked(obj: Any, *methods: str) -> Iterator[Stopwatch]:
+    """A Stopwatch summing the wall seconds of every call of `obj`'s `methods` in the block: each is
+    wrapped on the instance (the class's method again after), so what calls it is left alone."""
+    watch = Stopwatch()
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.watch = Stopwatch()
+    def timed(method: Callable) -> Callable:
+        def call(*args, **kwargs):
+            with watch:
+                return method(*args, **kwargs)
 
-    def partition(self, *args, **kwargs):
-        with self.watch:
-            return super().partition(*args, **kwargs)
+        return call
 
-
-class _TimedProposer(Proposer):
-    """A proposer, its load, propose and feedback timed."""
-
-    def __init__(self, proposer: Proposer) -> None:
-        self.proposer, self.watch = proposer, Stopwatch()
-
-    def load(self, search_space, enumerator=None) -> None:
-        with self.watch:
-            self.proposer.load(search_space=search_space, enumerator=enumerator)
-
-    def propose(self):
-        with self.watch:
-            return self.proposer.propose()
-
-    def feedback(self, partitionable, plan=None, perf_rating=None, storage_constraint=None) -> None:
-        with self.watch:
-            self.proposer.feedback(partitionable, plan, perf_rating, storage_constraint)
+    for name in methods:
+        setattr(obj, name, timed(getattr(obj, name)))
+    try:
+        yield watch
+    finally:
+        for name in methods:
+            delattr(obj, name)
 
 
 @dataclass(frozen=True)
@@ -154,13 +145,13 @@ def run_planner(
     proposers = proposer if isinstance(proposer, list) else [proposer]
     # a DP proposer's rating (KernelCallPerfModel) is the planner's too: else its check of its replica fails
     rating = next((p.performance_model for p in proposers if getattr(p, "performance_model", None)), None)
-    timed, partitioner = [_TimedProposer(p) for p in proposers], _TimedPartitioner()
+    partitioner = GreedyPerfPartitioner()
     planner = EmbeddingShardingPlanner(  # stats=[]: torchrec's default stats would format every plan
         topology=topology,
         batch_size=batch_size,
         enumerator=_Replay(enumerated.options),
         storage_reservation=FixedPercentageStorageReservation(percentage=storage_reservation_percentage),
-        proposer=timed,
+        proposer=proposers,
         partitioner=partitioner,
         stats=[],
         constraints=constraints,
@@ -169,14 +160,19 @@ def run_planner(
         performance_model=rating,
     )
     note, watch = "", Stopwatch()
-    try:
-        with watch:
-            planner.plan(enumerated.module, enumerated.sharders)
-    except PlannerError as error:  # a proposer's own reason says more than torchrec's summary
-        reasons = [getattr(p, "no_plan_reason", None) for p in proposers]
-        note = "no plan: " + (next(filter(None, reasons), None) or str(error).strip().splitlines()[0])[:200]
-    except Exception as error:  # e.g. torchrec's DP divides by zero on CPU topologies
-        note = f"failed: {type(error).__name__}: {str(error).strip()[:160]}"
+    with contextlib.ExitStack() as stack:
+        in_proposers = [stack.enter_context(clocked(p, "load", "propose", "feedback")) for p in proposers]
+        in_partitioner = stack.enter_context(clocked(partitioner, "partition"))
+        try:
+            with watch:
+                planner.plan(enumerated.module, enumerated.sharders)
+        except PlannerError as error:  # a proposer's own reason says more than torchrec's summary
+            reasons = [getattr(p, "no_plan_reason", None) for p in proposers]
+            note = (
+                "no plan: " + (next(filter(None, reasons), None) or str(error).strip().splitlines()[0])[:200]
+            )
+        except Exception as error:  # e.g. torchrec's DP divides by zero on CPU topologies
+            note = f"failed: {type(error).__name__}: {str(error).strip()[:160]}"
     reset_shard_rank(enumerated.options)
     plan = best_plan(planner)  # a placed copy; None where no plan fit
     # The planner stops asking at its time limit; a proposer that still has a proposal was cut.
@@ -193,18 +189,17 @@ def run_planner(
         watch.wall_s,
         timed_out,
         note,
-        sum(p.watch.total_s for p in timed),
-        partitioner.watch.total_s,
+        sum(w.total_s for w in in_proposers),
+        in_partitioner.total_s,
     )
 
 
 @dataclass(frozen=True)
 class EndToEnd:
-    """`create_planner(...).plan(module, sharders)` timed as a user calls it: create_planner's
-    enumerator ("embnb" or "torchrec"), every run's seconds (each from a fresh module and
-    planner), the DP's rating of its plan (inf: no plan) and whether every run rated alike."""
+    """`create_planner(...).plan(module, sharders)` timed as a user calls it: every run's seconds
+    (each from a fresh module and planner), the DP's rating of its plan (inf: no plan) and whether
+    every run rated alike."""
 
-    enumerator: str
     seconds: list[float]
     rating: float
     same_rating_every_run: bool
@@ -245,16 +240,19 @@ def time_end_to_end(
         seconds.append(watch.wall_s)
         ratings.append(planner_proposers(chosen)[0].best_rating)  # create_planner's DP
         del module, chosen
-    name = default_enumerator() if enumerator is None else enumerator
-    return EndToEnd(name, seconds, ratings[0], len(set(ratings)) == 1)
+    return EndToEnd(seconds, ratings[0], len(set(ratings)) == 1)
 
 
-def rank_loads(plan: list[ShardingOption], world_size: int) -> pd.DataFrame:
-    """Perf and memory (GiB) of a placed plan, one row per rank."""
+def rank_loads(plan: Sequence[ShardingOption], world_size: int) -> pd.DataFrame:
+    """torchrec's estimates of a placed plan summed per rank, one row each: `perf` (ms, what its
+    rating takes the maximum of), of it `compute` and `comms` (forward + backward), and memory
+    `hbm_gb` and `ddr_gb` (GiB)."""
     shards = [shard for option in plan for shard in option.shards]
     ranks = np.array([shard.rank for shard in shards], dtype=np.int64)
     columns = {
         "perf": [s.perf.total for s in shards],
+        "compute": [s.perf.fwd_compute + s.perf.bwd_compute for s in shards],
+        "comms": [s.perf.fwd_comms + s.perf.bwd_comms for s in shards],
         "hbm_gb": [s.storage.hbm / GB for s in shards],
         "ddr_gb": [s.storage.ddr / GB for s in shards],
     }

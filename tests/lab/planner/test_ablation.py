@@ -1,4 +1,4 @@
-"""embnb.lab.planner.ablation: the ladder of proposers, each adding one piece.
+"""embnb.lab.planner.comparison.ablation_table: the ladder of proposers, each adding one piece.
 
 The oracles are set relations, not recorded numbers: up to local search each
 rung considers every plan the rung before considers and more (the same
@@ -13,11 +13,9 @@ import math
 import pytest
 
 from embnb import planner
-from embnb.lab.planner.ablation import LADDER, ablation_table
 from embnb.lab.planner.brute_force import brute_force_rating
-from embnb.lab.planner.comparison import Planning
+from embnb.lab.planner.comparison import LADDER, Planning, ablation_table, random_instance
 from embnb.lab.planner.models import enumerate_options, make_model
-from embnb.lab.planner.quality import random_instance
 
 BATCH_SIZE = 512
 SUPERSETS = ["plain knapsack", "+ bisection", "+ memory slack", "+ capped runs", "+ local search"]

@@ -14,33 +14,22 @@ from embnb.lab.planner.explain import SmallKnapsack
 INF = math.inf
 
 
-def _small(rows, choices, plan, end, memories, options=(("t/fused", "t/fused_uvm_caching"),) * 2):
-    return SmallKnapsack(
-        tables=["a", "b"],
-        options=[list(o) for o in options],
-        perfs=[[1.0, 3.0], [2.0, 5.0]],
-        hbm_gb=[[0.2, 0.1], [0.2, 0.1]],
-        memories=memories,
-        bin_gb=0.1,
-        capacity=3,
-        rows=rows,
-        choices=choices,
-        end=end,
-        plan=plan,
-    )
+SMALL = SmallKnapsack(
+    tables=["a", "b"],
+    options=[["t/fused", "t/fused_uvm_caching"]] * 2,
+    perfs=[[1.0, 3.0], [2.0, 5.0]],
+    hbm_gb=[[0.2, 0.1], [0.2, 0.1]],
+    memories=[[2, 1], [2, 1]],
+    bin_gb=0.1,
+    capacity=3,
+)
 
 
 def test_small_knapsack_figure_marks_each_cells_choice_and_outlines_the_backtracked_path():
     # worked by hand: a takes F (1 ms, 2 bins) or C (3 ms, 1 bin); b likewise (2 ms, 2 bins) or (5 ms, 1 bin)
     # row a: bin 1 = C 3, bin 2 = F 1; row b: bin 2 = C+C 8, bin 3 = min(C+F 5, F+C 6) -> F (from bin 1)
-    small = _small(
-        rows=[[INF, 3.0, 1.0, INF], [INF, INF, 8.0, 5.0]],
-        choices=[[-1, 1, 0, -1], [-1, -1, 1, 0]],
-        plan=[1, 0],
-        end=3,
-        memories=[[2, 1], [2, 1]],
-    )
-    fig = plots.knapsack_choices_figure(small)
+    rows = [[INF, 3.0, 1.0, INF], [INF, INF, 8.0, 5.0]]
+    fig = plots.knapsack_choices_figure(SMALL, rows, [[-1, 1, 0, -1], [-1, -1, 1, 0]], [1, 0])
     ax = fig.axes[0]
     cells = [t for t in ax.texts if not hasattr(t, "xyann")]  # not the arrows
     texts = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in cells}

@@ -1,7 +1,7 @@
-"""embnb.lab.planner.core (the recurrence shown in notebook 03) against the
-vectorized Knapsack the proposer runs (on whole-bin memories the least perf
-at or below each memory is the same), and its table, each cell's choice and
-the backtracked plan against brute force over every combination."""
+"""Notebook 03's page (the knapsack recurrence and walk back it writes, run from the notebook)
+against the vectorized Knapsack the proposer runs (on whole-bin memories the least perf at or below
+each memory is the same) and against brute force over every combination, cell by cell; and
+embnb.lab.planner.core's checks of a page, which must fail for a page that is wrong."""
 
 import itertools
 import math
@@ -13,23 +13,34 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embnb import harness
-from embnb.lab.planner.core import (
-    backtrack,
-    capped_runs_agree,
-    knapsack_choices,
-    least_perf_by_enumeration,
-    page_core_agrees,
-)
+from embnb.lab.planner.core import capped_runs_agree, least_perf_by_enumeration, page_core_agrees
 from embnb.lab.planner.explain import SMALL_LIMITS, small_knapsack, tiny_instance
 from embnb.planner.knapsack import Knapsack
 
 INF = math.inf
 
 
-def least_perf_per_memory(perfs, memories, capacity):
-    """The last row of `knapsack_choices` (with no table: 0 perf in 0 bins)."""
-    rows, _ = knapsack_choices(perfs, memories, capacity)
-    return rows[-1] if rows else [0.0] + [math.inf] * capacity
+def _page(notebook: str, edit=lambda source: source) -> dict:
+    """The cells of `notebook` that define the page's knapsack (and walk_back, capped_runs), `edit`ed,
+    run as the page runs them."""
+    cells = nbformat.read(str(harness.NOTEBOOKS_DIR / f"{notebook}.ipynb"), as_version=4).cells
+    namespace = {"math": math}
+    for cell in cells:
+        if cell.cell_type == "code" and cell.source.startswith(("def knapsack(", "def capped_runs(")):
+            exec(edit(cell.source), namespace)
+    return namespace
+
+
+PAGE = _page("03_dp_planner")
+
+
+def _solve(perfs, memories, capacity):
+    """The page's DP table and choices, the end of its best plan and the plan walked back from it
+    (None: no plan fits; the page assumes one does)."""
+    rows, choices = PAGE["knapsack"](perfs, memories, capacity)
+    end = min(range(capacity + 1), key=lambda m: rows[-1][m])
+    plan = PAGE["walk_back"](choices, memories, end) if rows[-1][end] < INF else None
+    return rows, choices, end, plan
 
 
 TABLES = st.lists(  # per table: options (perf, memory in bins)
@@ -41,10 +52,10 @@ TABLES = st.lists(  # per table: options (perf, memory in bins)
 
 @settings(max_examples=150, deadline=None)
 @given(tables=TABLES, capacity=st.integers(0, 15))
-def test_the_readable_recurrence_and_the_knapsack_agree(tables, capacity):
+def test_the_pages_recurrence_and_the_knapsack_agree(tables, capacity):
     perfs = [[p for p, _ in table] for table in tables]
     memories = [[m for _, m in table] for table in tables]
-    best = least_perf_per_memory(perfs, memories, capacity)
+    best = PAGE["knapsack"](perfs, memories, capacity)[0][-1]
 
     # one axis of capacity + 1 bins of size 1: bin m holds memory m exactly
     knapsack = Knapsack(np.array([capacity + 1.0]), (capacity + 1,))
@@ -58,7 +69,7 @@ def test_the_readable_recurrence_and_the_knapsack_agree(tables, capacity):
 
 def test_by_hand():
     # two tables: (perf 5, 2 bins) or (perf 1, 4 bins); (perf 2, 1 bin) or (perf 1, 3 bins)
-    best = least_perf_per_memory([[5, 1], [2, 1]], [[2, 4], [1, 3]], 7)
+    best = PAGE["knapsack"]([[5, 1], [2, 1]], [[2, 4], [1, 3]], 7)[0][-1]
     inf = math.inf
     # 2+1 bins: 5+2; 2+3: 5+1; 4+1: 1+2; 4+3: 1+1
     assert best == [inf, inf, inf, 7, inf, min(6, 3), inf, 2]
@@ -75,7 +86,7 @@ def _every_plan(perfs, memories):
 
 
 def _check_choices_against_brute_force(perfs, memories, capacity):
-    rows, choices = knapsack_choices(perfs, memories, capacity)
+    rows, choices, end, plan = _solve(perfs, memories, capacity)
     for t in range(len(perfs)):
         for m in range(capacity + 1):
             brute = min(
@@ -89,11 +100,8 @@ def _check_choices_against_brute_force(perfs, memories, capacity):
             # the marked option is one that reaches the cell's least perf from the row above
             above = rows[t - 1] if t else [0.0] + [INF] * capacity
             assert above[m - memories[t][option]] + perfs[t][option] == pytest.approx(rows[t][m]), (t, m)
-    finite = [b for b in range(capacity + 1) if rows[-1][b] < INF]
-    if not finite:
+    if rows[-1][end] == INF:
         return
-    end = min(finite, key=lambda b: rows[-1][b])
-    plan = backtrack(choices, memories, end)
     best = min(p for p, b, _ in _every_plan(perfs, memories) if b <= capacity)
     assert sum(perfs[t][o] for t, o in enumerate(plan)) == pytest.approx(best)
     assert sum(memories[t][o] for t, o in enumerate(plan)) == end <= capacity
@@ -101,19 +109,13 @@ def _check_choices_against_brute_force(perfs, memories, capacity):
 
 @settings(max_examples=100, deadline=None)
 @given(tables=TABLES, capacity=st.integers(0, 15))
-def test_each_cells_choice_and_the_backtracked_plan_agree_with_brute_force(tables, capacity):
+def test_each_cells_choice_and_the_walked_back_plan_agree_with_brute_force(tables, capacity):
     perfs = [[p for p, _ in table] for table in tables]
     memories = [[m for _, m in table] for table in tables]
     _check_choices_against_brute_force(perfs, memories, capacity)
     enumerated = np.array(least_perf_by_enumeration(perfs, memories, capacity))
-    dp = np.array(knapsack_choices(perfs, memories, capacity)[0])
+    dp = np.array(PAGE["knapsack"](perfs, memories, capacity)[0])
     assert np.allclose(enumerated, dp) and np.array_equal(np.isinf(enumerated), np.isinf(dp))
-
-
-def test_backtrack_refuses_an_unreachable_bin():
-    _, choices = knapsack_choices([[1.0]], [[2]], 3)
-    with pytest.raises(ValueError, match="no plan ends in bin 1 of row 0"):
-        backtrack(choices, [[2]], 1)
 
 
 def test_the_small_knapsack_of_torchrecs_options_is_the_brute_force_one():
@@ -134,38 +136,37 @@ def test_the_small_knapsack_of_torchrecs_options_is_the_brute_force_one():
         assert all(b - 1 < gb / small.bin_gb <= b + 1e-9 for gb, b in zip(hbm, bins))
     assert sum(max(m) for m in small.memories) > small.capacity  # memory binds: not every table fused
     _check_choices_against_brute_force(small.perfs, small.memories, small.capacity)
+    rows, _, end, plan = _solve(small.perfs, small.memories, small.capacity)
     best = min(p for p, b, _ in _every_plan(small.perfs, small.memories) if b <= small.capacity)
-    assert small.rows[-1][small.end] == pytest.approx(best)
-    assert sum(small.hbm_gb[t][o] for t, o in enumerate(small.plan)) <= small.capacity * small.bin_gb
+    assert rows[-1][end] == pytest.approx(best)
+    assert sum(small.hbm_gb[t][o] for t, o in enumerate(plan)) <= small.capacity * small.bin_gb
+    with pytest.raises(ValueError, match="no plan fits 2 bins"):  # each table's least memory takes more
+        small_knapsack(enumerated, topology, 512, 2)
 
 
 def test_the_page_core_check_fails_for_a_recurrence_off_by_one_bin():
     perfs, memories, capacity = [[5, 1], [2, 1], [3, 2]], [[2, 4], [1, 3], [1, 2]], 9
-    rows, choices = knapsack_choices(perfs, memories, capacity)
-    end = min(range(capacity + 1), key=lambda m: rows[-1][m])
-    plan = backtrack(choices, memories, end)
+    rows, choices, _, plan = _solve(perfs, memories, capacity)
     assert page_core_agrees(rows, choices, plan, perfs, memories) == dict.fromkeys(
-        ("table", "plan", "proposer_knapsack"), True
+        ("table", "choices", "plan", "proposer_knapsack"), True
     )
     # a page that charges each option one bin less than it takes
     short = [[max(m - 1, 0) for m in table] for table in memories]
-    bad_rows, bad_choices = knapsack_choices(perfs, short, capacity)
-    bad_end = min(range(capacity + 1), key=lambda m: bad_rows[-1][m])
-    bad = page_core_agrees(bad_rows, bad_choices, backtrack(bad_choices, short, bad_end), perfs, memories)
-    assert bad["table"] is False and bad["proposer_knapsack"] is False
+    bad_rows, bad_choices, _, bad_plan = _solve(perfs, short, capacity)
+    bad = page_core_agrees(bad_rows, bad_choices, bad_plan, perfs, memories)
+    assert bad == {
+        "table": False,
+        "choices": False,
+        "plan": True,
+        "proposer_knapsack": False,
+    }  # 9 bins fit it
+    assert page_core_agrees(rows, choices, [0, 0, 0], perfs, memories)["plan"] is False  # summed 10, not 4
+    # a page whose choices are off by one option, its table right
+    shifted = [[(o + 1) % 2 if o >= 0 else o for o in row] for row in choices]
+    assert page_core_agrees(rows, shifted, plan, perfs, memories)["choices"] is False
 
 
 CAPPED_RUN = "plans = run(cap, math.inf) if balance else run(math.inf, cap)"
-
-
-def _page_core(edit=lambda source: source) -> dict:
-    """The knapsack, walk_back and capped_runs cell of notebook 03a (`edit`ed), run as the page runs it."""
-    notebook = nbformat.read(str(harness.NOTEBOOKS_DIR / "03a_dp_planner_measured.ipynb"), as_version=4)
-    namespace = {"math": math}
-    for cell in notebook.cells:
-        if cell.cell_type == "code" and cell.source.startswith(("def knapsack(", "def capped_runs(")):
-            exec(edit(cell.source), namespace)
-    return namespace
 
 
 def test_the_page_capped_runs_find_the_proposers_ratings_and_a_cap_ignored_does_not():
@@ -179,7 +180,7 @@ def test_the_page_capped_runs_find_the_proposers_ratings_and_a_cap_ignored_does_
         args = (tiny.perfs, tiny.memories, tiny.capacity, tiny.shard_perfs, tiny.shard_hbm_gb, tiny.rate)
         return min(r for r in page["capped_runs"](*args, caps).values() if not math.isnan(r))
 
-    page_best = {caps: best(_page_core(), caps) for caps in (0, 8)}
+    page_best = {caps: best(_page("03a_dp_planner_measured"), caps) for caps in (0, 8)}
     assert page_best[8] < page_best[0]  # the caps find a better plan here
     assert capped_runs_agree(page_best, enumerated, topology, 512, 0.15) == {
         "max_caps=0": True,
@@ -190,7 +191,7 @@ def test_the_page_capped_runs_find_the_proposers_ratings_and_a_cap_ignored_does_
         assert CAPPED_RUN in source or "def capped_runs(" not in source
         return source.replace(CAPPED_RUN, "plans = run(math.inf, math.inf)")
 
-    ignored = {caps: best(_page_core(ignore_the_cap), caps) for caps in (0, 8)}
+    ignored = {caps: best(_page("03a_dp_planner_measured", ignore_the_cap), caps) for caps in (0, 8)}
     assert capped_runs_agree(ignored, enumerated, topology, 512, 0.15) == {
         "max_caps=0": True,
         "max_caps=8": False,
