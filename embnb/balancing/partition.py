@@ -252,10 +252,6 @@ def _refine(weights: list[float], parts: Parts, max_swaps: int, num_real: int) -
     return [sorted(part) for part in parts]
 
 
-def _default_max_swaps(num_items: int) -> int:
-    return 4 * num_items
-
-
 def refine_by_swaps(workloads: Any, parts: Sequence[Sequence[int]], max_swaps: int | None = None) -> Parts:
     """Improve a partition by one-for-one swaps, keeping every part's size.
 
@@ -272,7 +268,7 @@ def refine_by_swaps(workloads: Any, parts: Sequence[Sequence[int]], max_swaps: i
         raise ValueError("parts is empty: need at least one part")
     check_partition(parts, len(weights))
     if max_swaps is None:
-        max_swaps = _default_max_swaps(len(weights))
+        max_swaps = 4 * len(weights)
     check_int("max_swaps", max_swaps, low=0)
     return _refine(weights, [list(p) for p in parts], max_swaps, len(weights))
 
@@ -285,7 +281,7 @@ def kk_swap(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts:
     num_parts = check_int("num_parts", num_parts, low=1)
     padded = padded_weights(weights, num_parts, equal_size)
     sets = _kk_sets(padded, num_parts, equal_size, len(weights))
-    refined = _refine(padded, [items for _, items in sets], _default_max_swaps(len(padded)), len(weights))
+    refined = _refine(padded, [items for _, items in sets], 4 * len(padded), len(weights))
     return _drop_padding(_heaviest_first(padded, refined), len(weights))
 
 

@@ -138,24 +138,20 @@ class TrainingRuns:
         unknown `reference`."""
         if reference not in self.per_repeat:
             raise ValueError(f"reference {reference!r} is not a run; runs: {list(self.per_repeat)}")
-        base, flops, summaries = self.step_ms(reference), self.flops_speedups(reference), self.summaries()
-        rows = []
-        for label in self.per_repeat:
-            ms = self.step_ms(label)
-            ratios, mean = [b / m for b, m in zip(base, ms)], statistics.fmean(ms)
-            rows.append(
-                {
-                    "run": label,
-                    "ms_per_step": mean,
-                    "speedup": statistics.fmean(base) / mean,
-                    "speedup_low": min(ratios),
-                    "speedup_high": max(ratios),
-                    "flops_predict": flops[label],
-                    "shuffle_ms": 1e3 * summaries[label]["shuffle_seconds"],
-                    "hidden_fraction": summaries[label]["hidden_fraction"],
-                }
-            )
-        return pd.DataFrame(rows).set_index("run")
+        ms = pd.DataFrame({label: self.step_ms(label) for label in self.per_repeat})  # a row per repeat
+        ratios = ms.rdiv(ms[reference], axis=0)  # per repeat, the reference's ms over each run's
+        summaries = pd.DataFrame(self.summaries()).T
+        return pd.DataFrame(
+            {
+                "ms_per_step": ms.mean(),
+                "speedup": ms[reference].mean() / ms.mean(),
+                "speedup_low": ratios.min(),
+                "speedup_high": ratios.max(),
+                "flops_predict": pd.Series(self.flops_speedups(reference)),
+                "shuffle_ms": 1e3 * summaries["shuffle_seconds"].astype(float),
+                "hidden_fraction": summaries["hidden_fraction"],
+            }
+        ).rename_axis("run")
 
     def same_weights(self, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
         """Whether every run trained rank 0 to the first run's weights."""
