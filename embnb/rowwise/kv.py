@@ -162,12 +162,10 @@ class ShardedKVTable:
         self.keys = torch.empty(0, dtype=torch.int64, device=self.device)
         self.rows = torch.empty(0, embedding_dim, device=self.device)
         self._counters = {
-            "lookups": 0,
             "keys_requested": 0,
             "keys_served": 0,
             "unique_keys_served": 0,
             "bytes_served": 0,
-            "grad_keys_applied": 0,
         }
 
     # ------------------------------------------------------------ routing
@@ -248,7 +246,6 @@ class ShardedKVTable:
         served = self.rows[pos]
         back = self._exchange(served, recv_splits, send_splits)
         c = self._counters
-        c["lookups"] += 1
         c["keys_requested"] += len(buckets.unbucketize_permute)
         c["keys_served"] += len(keys)
         c["unique_keys_served"] += num_unique
@@ -285,7 +282,6 @@ class ShardedKVTable:
         # Sequential on the CPU (source-rank order), so the result equals a
         # single-process table given the ranks' batches in rank order.
         self.rows.index_add_(0, pos, recv, alpha=-lr)
-        self._counters["grad_keys_applied"] += len(keys)
 
     def stats(self) -> dict[str, int]:
         """This rank's load counters (cumulative over calls).
@@ -368,15 +364,9 @@ class KVTableSpec:
 
     def table(self, rank: int, world_size: int) -> ShardedKVTable:
         """This rank's fresh table, checked against the process group it lives in."""
-        table = ShardedKVTable(
-            TABLE_NAME, self.embedding_dim, self.dist_type, block_size=self.block_size, seed=self.seed
+        return ShardedKVTable(
+            TABLE_NAME, self.embedding_dim, self.dist_type, world_size, rank, self.block_size, self.seed
         )
-        if (table.world_size, table.rank) != (world_size, rank):
-            raise ValueError(
-                f"called as rank {rank} of {world_size} "
-                f"but the table is rank {table.rank} of {table.world_size}"
-            )
-        return table
 
 
 def lookup_on_rank(

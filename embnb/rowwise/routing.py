@@ -136,17 +136,12 @@ def _route(
     return owner, local
 
 
-def _check_nonnegative_keys(keys: torch.Tensor, where: str) -> None:
-    if keys.numel() and bool((keys < 0).any()):
-        bad = int(keys[keys < 0][0])
-        raise ValueError(f"continuous routing needs keys >= 0, got key {bad}{where}")
-
-
-def _check_table_ids(keys: torch.Tensor, num_embeddings: int, where: str, mode: str) -> None:
-    outside = (keys < 0) | (keys >= num_embeddings)
+def _check_keys(keys: torch.Tensor, mode: DistType, where: str, num_embeddings: int | None = None) -> None:
+    """Raise naming the first key below 0 (continuous), or outside [0, num_embeddings) (a table's)."""
+    outside = (keys < 0) if num_embeddings is None else (keys < 0) | (keys >= num_embeddings)
     if keys.numel() and bool(outside.any()):
-        bad = int(keys[outside][0])
-        raise ValueError(f"{mode} routing needs keys in [0, {num_embeddings}), got key {bad}{where}")
+        allowed = ">= 0" if num_embeddings is None else f"in [0, {num_embeddings})"
+        raise ValueError(f"{mode.value} routing needs keys {allowed}, got key {int(keys[outside][0])}{where}")
 
 
 # The modes that read a table's rows: feistel_roundrobin always, roundrobin for a dense table.
@@ -180,12 +175,12 @@ def owner_rank(
         if block_size is None:
             raise ValueError("continuous routing needs a block_size, got None")
         block_size = check_int("block_size", block_size, low=1)
-        _check_nonnegative_keys(keys, "")
+        _check_keys(keys, mode, "")
     if mode is DistType.FEISTEL_ROUNDROBIN and num_embeddings is None:
         raise ValueError("feistel_roundrobin routing needs num_embeddings, got None")
     if mode in _TABLE_MODES and num_embeddings is not None:
         block_size = check_int("num_embeddings", num_embeddings, low=1)
-        _check_table_ids(keys, block_size, "", mode.value)
+        _check_keys(keys, mode, "", block_size)
     return _route(keys, world_size, mode, block_size, check_int("seed", seed, low=0))[0]
 
 
@@ -449,11 +444,11 @@ def _bucketize_reference(args: _Args) -> Bucketized:
     if continuous:
         is_continuous = torch.tensor([m is DistType.CONTINUOUS for m in modes], device=device)
         where = f" (features {continuous} are continuous)"
-        _check_nonnegative_keys(keys[is_continuous[feature]], where)
+        _check_keys(keys[is_continuous[feature]], DistType.CONTINUOUS, where)
     for f, mode in enumerate(modes):
         if mode in _TABLE_MODES and tables and tables[f]:
             where = f" (feature {f} is {mode.value} with num_embeddings {tables[f]})"
-            _check_table_ids(keys[feature == f], tables[f], where, mode.value)
+            _check_keys(keys[feature == f], mode, where, tables[f])
     owner, local = _route_by_feature(keys, feature, args)
 
     # Bucket (rank, f, b) sits at rank * num_segments + segment. A stable

@@ -154,10 +154,8 @@ def hottest_key_counts(
     if keys.numel() == 0:
         return torch.zeros(world_size, dtype=torch.int64)
     values, counts = torch.unique(keys, return_counts=True)
-    continuous = DistType.parse(dist_type) is DistType.CONTINUOUS and table_rows is None
-    block = block_size_for(keys, world_size) if continuous else None  # the table's layout
-    hottest = values[counts.argmax()].repeat(int(counts.max()))
-    return rank_counts(hottest, world_size, dist_type, block_size=block, table_rows=table_rows)
+    owner = owners(keys, world_size, dist_type, table_rows=table_rows)  # the table rank_counts routes
+    return torch.bincount(owner[keys == values[counts.argmax()]], minlength=world_size)
 
 
 def worked_example(

@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 
 from embnb.cuda import loader
 from embnb.rowwise.routing import DIST_CODES, DistType, bucketize, feistel_round_keys
-from embnb.timing import interleaved_seconds, machine_name, median_seconds
+from embnb.scaling import copy_bandwidth
+from embnb.timing import interleaved_seconds, machine_name
 
 PEERS = ("embnb", "fbgemm", "reference")
 
@@ -73,13 +74,6 @@ def bytes_moved(lengths: torch.Tensor, indices: torch.Tensor, world_size: int) -
     """Read lengths and keys; write W * len(lengths) lengths, keys, permute."""
     length_bytes = lengths.element_size() * lengths.numel()
     return length_bytes * (1 + world_size) + 3 * indices.element_size() * indices.numel()
-
-
-def copy_gbps(device: str, num_bytes: int = 256 << 20, repeats: int = 10) -> float:
-    """The device's copy bandwidth, bytes read + written per second / 1e9."""
-    src = torch.ones(num_bytes // 8, dtype=torch.int64, device=device)
-    dst = torch.empty_like(src)
-    return 2 * num_bytes / median_seconds(lambda: dst.copy_(src), repeats, 2, device) / 1e9
 
 
 def fbgemm_peer(device: str) -> Callable | None:
@@ -178,7 +172,7 @@ def run(cases: KernelCases, progress: bool = True) -> dict:
         measure_case(num_keys, world_size, dist_type, thread_count, cases, fbgemm)
         for dist_type, num_keys, world_size, thread_count in tqdm(grid, desc="cases", disable=not progress)
     ]
-    copy = copy_gbps(cases.device)
+    copy = copy_bandwidth(cases.device) / 1e9  # GB/s
     for row in rows:
         row["embnb_fraction_of_copy"] = row["embnb_gbps"] / copy
     timing = {k: v for k, v in asdict(cases).items() if k in ("repeats", "warmup", "reference_repeats")}

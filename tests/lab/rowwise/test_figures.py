@@ -106,8 +106,8 @@ def test_load_explorer_shows_a_bad_value_instead_of_raising():
     # strided keys need offset < stride; an option the generator refuses
     explorer.streams.pattern_options["strided"] = {"stride": 5, "offset": 9}
     explorer.controls["num_keys"].value = 2000
-    assert explorer.error.startswith("ValueError: offset must be in [0, 5), got 9")
-    assert "offset must be in" in explorer.status.value
+    assert explorer.error.startswith("ValueError: offset must be an int in [0, 4], got 9")
+    assert "offset must be an int in" in explorer.status.value
     assert explorer.figure is before  # the last good figure stays
 
 
