@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from embnb.collectives import exchange
-from embnb.columnwise.placement import check_shard_ranks, check_widths, column_offsets, stitch_cw
+from embnb.columnwise.placement import check_shard_ranks, check_widths, column_offsets, rank_order, stitch_cw
 
 __all__ = ["local_shards", "cw_sequence_lookup"]
 
@@ -71,26 +71,19 @@ def cw_sequence_lookup(
     ).tolist()
     all_ids = exchange(ids.repeat(len(owners)), send_counts, counts, group)
 
-    # 2. Look them up in the shards held here, in shard (column) order.
-    my_width = sum(widths[s] for s in mine)
-    blocks = [
-        torch.cat([local_shards[s][src_ids] for s in mine], dim=1)
-        if mine
-        else torch.empty(len(src_ids), 0, dtype=dtype, device=device)
-        for src_ids in torch.split(all_ids, counts)
-    ]
-    send = (
-        torch.cat([b.reshape(-1) for b in blocks]) if blocks else torch.empty(0, dtype=dtype, device=device)
-    )
+    # 2. Look them up in the shards held here, in shard (column) order: rows of all sources at once.
+    if mine:
+        send = torch.cat([local_shards[s][all_ids] for s in mine], dim=1)
+    else:
+        send = torch.empty(len(all_ids), 0, dtype=dtype, device=device)
 
-    # 3. Send each requester its rows; they arrive ordered by owner rank.
+    # 3. Send each requester its rows; they arrive ordered by owner rank, each owner's in column order.
+    n = ids.numel()
     owner_widths = [sum(widths[s] for s in range(len(ranks)) if ranks[s] == r) for r in range(world_size)]
-    recv = exchange(send, [c * my_width for c in counts], [ids.numel() * w for w in owner_widths], group)
-    per_owner = torch.split(recv, [ids.numel() * w for w in owner_widths])
-    rank_ordered = []
-    for owner, chunk in enumerate(per_owner):
-        shards = [s for s in range(len(ranks)) if ranks[s] == owner]
-        rank_ordered += torch.split(
-            chunk.view(ids.numel(), owner_widths[owner]), [widths[s] for s in shards], dim=1
-        )
-    return stitch_cw(rank_ordered, ranks), list(rank_ordered)
+    recv = exchange(
+        send.reshape(-1), [c * send.shape[1] for c in counts], [n * w for w in owner_widths], group
+    )
+    per_owner = torch.split(recv, [n * w for w in owner_widths])
+    arrived = torch.cat([chunk.view(n, w) for chunk, w in zip(per_owner, owner_widths)], dim=1)
+    rank_ordered = list(torch.split(arrived, [widths[s] for s in rank_order(ranks)], dim=1))
+    return stitch_cw(rank_ordered, ranks), rank_ordered

@@ -76,12 +76,9 @@ def run_seed(case: CWCase, device: str = "auto", timeout_s: float = 300.0) -> tu
     ranks, torchrec_device = list(case.shard_ranks), "cpu" if note else plan.device
     paths = ["naive", "reference"] + ([] if skipped else ["torchrec", "torchrec_unpermuted"])
     checks = [
-        {
-            "path": p,
-            "title": PATH_TITLES[p],
-            "equals_unsharded": run.matches(p),
-            "max_abs_error": run.max_abs_error(p),
-        }
+        dict(
+            path=p, title=PATH_TITLES[p], equals_unsharded=run.matches(p), max_abs_error=run.max_abs_error(p)
+        )
         for p in paths
     ]
     kernels = None if skipped else ", ".join(sorted({k for r in run.ranks for k in r.compute_kernels}))
