@@ -23,26 +23,18 @@ def parse_ints(text: str, what: str) -> list[int]:
 
 
 class PlacementExplorer(Explorer):
-    """Controls `shard_ranks`, `widths` (text; empty = torchrec's equal split), `world_size` and
-    `embedding_dim` (1 to `max_embedding_dim`)."""
+    """Controls `shard_ranks`, `widths` (text; empty = torchrec's equal split), `world_size` (1 to 8)
+    and `embedding_dim` (1 to 48, or to the one given if wider)."""
 
-    def __init__(
-        self,
-        shard_ranks: str = "0, 1, 0",
-        world_size: int = 2,
-        embedding_dim: int = 12,
-        widths: str = "",
-        max_world_size: int = 8,
-        max_embedding_dim: int = 48,
-    ):
-        text, top = {"continuous_update": False}, max(max_embedding_dim, embedding_dim)
+    def __init__(self, shard_ranks: str = "0, 1, 0", world_size: int = 2, embedding_dim: int = 12):
+        text = {"continuous_update": False}
         super().__init__(
             {
                 "shard_ranks": widgets.Text(value=shard_ranks, description="shard_ranks", **text),
-                "widths": widgets.Text(value=widths, description="widths", placeholder="equal split", **text),
-                "world_size": world_size_slider(world_size, max_world_size),
+                "widths": widgets.Text(description="widths", placeholder="equal split", **text),
+                "world_size": world_size_slider(world_size, 8),
                 "embedding_dim": widgets.IntSlider(
-                    embedding_dim, min=1, max=top, description="embedding_dim", **text
+                    embedding_dim, min=1, max=max(48, embedding_dim), description="embedding_dim", **text
                 ),
             }
         )
