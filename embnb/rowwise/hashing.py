@@ -17,7 +17,6 @@ __all__ = [
     "feistel_half_bits",
     "feistel_permutation",
     "unsigned_mod",
-    "op_round_keys",
 ]
 
 
@@ -55,16 +54,11 @@ def unsigned_mod(x: torch.Tensor, m: int) -> torch.Tensor:
 FEISTEL_ROUNDS = 4
 
 
-def feistel_round_keys(seed: int) -> torch.Tensor:
-    """One 64-bit key per Feistel round, from the seed."""
-    return hash_key(torch.arange(FEISTEL_ROUNDS, dtype=torch.int64) + seed * FEISTEL_ROUNDS + 1)
-
-
 @functools.lru_cache(maxsize=8)
-def op_round_keys(seed: int) -> torch.Tensor:
-    """The kernels' round keys, made once per seed (the op only reads them; a training step calls
-    bucketize every batch)."""
-    return feistel_round_keys(seed)
+def feistel_round_keys(seed: int) -> torch.Tensor:
+    """One 64-bit key per Feistel round, from the seed (int64 `[FEISTEL_ROUNDS]`). Made once per seed (a
+    training step routes every batch) and shared by every caller: read it, never write it."""
+    return hash_key(torch.arange(FEISTEL_ROUNDS, dtype=torch.int64) + seed * FEISTEL_ROUNDS + 1)
 
 
 def _feistel(x: torch.Tensor, half_bits: int, keys: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,6 @@ from embnb.rowwise.hashing import (
     feistel_permutation,
     feistel_round_keys,
     hash_key,
-    op_round_keys,
     unsigned_mod,
 )
 
@@ -334,7 +333,7 @@ def bucketize(
     if args.tables is not None:
         entry[DistType.ROUNDROBIN] = args.tables
     blocks = [entry[m][f] if m in entry else 0 for f, m in enumerate(args.modes)]
-    keys = op_round_keys(args.seed) if DistType.FEISTEL_ROUNDROBIN in args.modes else None
+    keys = feistel_round_keys(args.seed) if DistType.FEISTEL_ROUNDROBIN in args.modes else None
     out = torch.ops.embnb.bucketize(
         args.lengths,
         args.indices,
