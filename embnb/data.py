@@ -25,10 +25,10 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def uniform_ids(num_keys: int, *, seed: int = 0, id_space: int = ID_SPACE) -> torch.Tensor:
-    """Ids uniform over [0, id_space)."""
+def uniform_ids(num_keys: int, *, seed: int = 0) -> torch.Tensor:
+    """Ids uniform over [0, ID_SPACE)."""
     check_int("num_keys", num_keys, low=0)
-    return torch.randint(0, id_space, (num_keys,), generator=_generator(seed), dtype=torch.int64)
+    return torch.randint(0, ID_SPACE, (num_keys,), generator=_generator(seed), dtype=torch.int64)
 
 
 def sequential_ids(num_keys: int, *, seed: int = 0, start: int = 0) -> torch.Tensor:
@@ -37,21 +37,14 @@ def sequential_ids(num_keys: int, *, seed: int = 0, start: int = 0) -> torch.Ten
     return torch.arange(start, start + num_keys, dtype=torch.int64)
 
 
-def strided_ids(
-    num_keys: int,
-    *,
-    seed: int = 0,
-    stride: int = 12,
-    offset: int = 0,
-    id_space: int = ID_SPACE,
-) -> torch.Tensor:
+def strided_ids(num_keys: int, *, seed: int = 0, stride: int = 12, offset: int = 0) -> torch.Tensor:
     """k*stride + offset for random k: the ids one of `stride` interleaved
     allocators hands out (allocator `offset`), e.g. auto-increment with
     `auto_increment_increment = stride` in a multi-writer database."""
     check_int("num_keys", num_keys, low=0)
     check_int("stride", stride, low=1)
     check_int("offset", offset, low=0, high=stride - 1)
-    k = torch.randint(0, id_space // stride, (num_keys,), generator=_generator(seed), dtype=torch.int64)
+    k = torch.randint(0, ID_SPACE // stride, (num_keys,), generator=_generator(seed), dtype=torch.int64)
     return k * stride + offset
 
 
@@ -61,7 +54,6 @@ def tagged_ids(
     seed: int = 0,
     tag_bits: int = 3,
     tags: tuple[int, ...] = (1, 2, 5),
-    id_space: int = ID_SPACE,
 ) -> torch.Tensor:
     """(random << tag_bits) | tag, tag drawn uniformly from `tags`.
 
@@ -75,7 +67,7 @@ def tagged_ids(
     if bad:
         raise ValueError(f"tag {bad[0]} does not fit in tag_bits={tag_bits}")
     gen = _generator(seed)
-    high = torch.randint(0, id_space >> tag_bits, (num_keys,), generator=gen, dtype=torch.int64)
+    high = torch.randint(0, ID_SPACE >> tag_bits, (num_keys,), generator=gen, dtype=torch.int64)
     which = torch.randint(0, len(tags), (num_keys,), generator=gen)
     return (high << tag_bits) | torch.tensor(tags, dtype=torch.int64)[which]
 
@@ -86,7 +78,6 @@ def snowflake_ids(
     seed: int = 0,
     ids_per_ms: float = 0.05,
     num_workers: int = 4,
-    start_ms: int = SNOWFLAKE_START_MS,
 ) -> torch.Tensor:
     """Snowflake ids in creation order: ms << 22 | worker << 12 | sequence.
 
@@ -99,7 +90,7 @@ def snowflake_ids(
     check_int("num_workers", num_workers, low=1, high=1024)
     gen = _generator(seed)
     gaps = torch.empty(num_keys, dtype=torch.float64).exponential_(ids_per_ms, generator=gen)
-    ms = start_ms + torch.cumsum(gaps, 0).floor().to(torch.int64)
+    ms = SNOWFLAKE_START_MS + torch.cumsum(gaps, 0).floor().to(torch.int64)
     worker = torch.randint(0, num_workers, (num_keys,), generator=gen)
     # Sequence = position among earlier ids of the same (ms, worker): a run of the stably sorted groups.
     sorted_group, order = torch.sort(ms * 1024 + worker, stable=True)
