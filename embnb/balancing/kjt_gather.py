@@ -324,11 +324,4 @@ def compare_gathers(
         calls[name] = sum(counted.values())
         seconds[name] = statistics.median(collective_seconds(functools.partial(gather, kjts), repeats))
     identical = all(same_kjt(a, b) for a, b in zip(results["fused"], results["per_key"]))
-    return {
-        "rank": rank,
-        "calls": calls,
-        "seconds": seconds,
-        "identical": identical,
-        "num_kjts": num_kjts,
-        "keys_per_kjt": keys_per_kjt,
-    }
+    return {"calls": calls, "seconds": seconds, "identical": identical}

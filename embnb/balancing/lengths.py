@@ -1,16 +1,9 @@
-"""Sequence-length distributions the balancers are compared on.
+"""Sequence-length distributions the balancers are compared on, since their conclusions depend on the
+shape: Zipf (`embnb.data.zipf_lengths`: median 2 at alpha 1.5, a few samples thousands long, so with
+many parts the longest sample alone often exceeds a fair share) and log-normal (a median of tens to
+hundreds of items, as user histories after a minimum-activity filter, and a milder tail).
 
-Two shapes, because a balancer's conclusions depend on them:
-
-- `zipf`: P(L) ~ L**-alpha on [1, max_length] (`embnb.data.zipf_lengths`).
-  With alpha 1.5 the median is 2 and a few samples are thousands long, so
-  with many parts the longest sample alone often exceeds a fair share.
-- `lognormal`: log L ~ Normal(log median, sigma), rounded, clipped to
-  [1, max_length]: a median of tens to hundreds of items (user histories
-  after a minimum-activity filter) and a milder tail.
-
-    spec = LengthDistribution("lognormal", median=128, sigma=1.0)
-    lengths = spec.draw(1024, max_length=8192, seed=0)
+    lengths = LengthDistribution("lognormal", median=128, sigma=1.0).draw(1024, max_length=8192, seed=0)
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Does a rank's time follow its work? Least squares of ms over GFLOPs and a constant per rank
-(`WORK`: issue 70's acceptance check; where the constant is most of a rank's time, the step is bound
-by fixed costs, not by the work a balancer moves), or also over distinct lengths and tokens
-(`WORK_AND_LENGTHS`: `SequenceDense` runs one group of kernels per distinct length).
-
-    time_vs_work(gpu_rank_rows())   # a row per committed GPU run (`embnb.results.load_runs`)
+"""Does a rank's time follow its work? Least squares of ms over GFLOPs and a constant per rank (`WORK`,
+issue 70's check: where the constant is most of a rank's time, fixed costs bound the step, not the
+work a balancer moves), or also over distinct lengths and tokens (`WORK_AND_LENGTHS`).
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from embnb.results import load_runs
 __all__ = ["RankTimeFit", "fit_rank_time", "rank_rows", "time_vs_work", "gpu_rank_rows"]
 
 WORK = ("gflops", "per_rank")
-WORK_AND_LENGTHS = ("gflops", "distinct_lengths", "tokens", "per_rank")
+WORK_AND_LENGTHS = ("gflops", "distinct_lengths", "tokens", "per_rank")  # SequenceDense: kernels per length
 FIXED_SHARE_LIMIT = 0.10  # issue 70's acceptance check for a dense block: the fixed part at most 10%
 GPU_COLUMNS = ["source", "machine", "file", "bench", "world_size", "method", "ms", "gflops"]
 

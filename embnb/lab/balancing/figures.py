@@ -19,17 +19,9 @@ from embnb.lab.plotting import MEAN_STYLE, color, new_figure
 
 __all__ = ["gap_figure", "timeline", "time_vs_work_figure"]
 
-PHASE_COLORS = {
-    "load": "#c7c7c7",
-    "gather_workloads": "#8172b3",
-    "kk": "#c44e52",
-    "exchange": "#937860",
-    "forward": "#4c72b0",
-    "backward": "#55a868",
-    "wait": "#000000",
-    "all_reduce": "#dd8452",
-    "optimizer": "#da8bc3",
-}
+# seaborn's "deep" palette, a phase each; loading grey, the loop's wait black
+PHASES = ["forward", "all_reduce", "backward", "kk", "gather_workloads", "exchange", "optimizer"]
+PHASE_COLORS = dict(zip(PHASES, sns.color_palette("deep").as_hex())) | {"load": "#c7c7c7", "wait": "#000000"}
 AT_THE_BOUND = 1e-5  # a gap of 0 drawn here, on its own labelled line of the log axis
 MARKERS = "osD^v"  # a method each: as many methods as markers at most
 
