@@ -52,20 +52,12 @@ def column_order_figure(
     naive = cw.concat_in_rank_order(arrived)
     naive_right = torch.equal(naive, columns)
     verdict = "right only because the ranks are sorted" if naive_right else "WRONG"
+    naive_title = f"naive: concatenate in arrival (rank) order {order} — {verdict}"
+    permuted_title = f"permute {cw.cw_permute_indices(ranks)}, then concatenate — right"
     strips = [
         ("unsharded EmbeddingCollection (column order)", columns, in_order, "black"),
-        (
-            f"naive: concatenate in arrival (rank) order {order} — {verdict}",
-            naive,
-            order,
-            (WRONG, RIGHT)[naive_right],
-        ),
-        (
-            f"permute {cw.cw_permute_indices(ranks)}, then concatenate — right",
-            cw.stitch_cw(arrived, ranks),
-            in_order,
-            RIGHT,
-        ),
+        (naive_title, naive, order, (WRONG, RIGHT)[naive_right]),
+        (permuted_title, cw.stitch_cw(arrived, ranks), in_order, RIGHT),
     ]
     fig = new_figure(min(max(7.0, 2.4 + 0.42 * dim), 16), 4.2)
     for ax, (text, row, shards, text_color) in zip(fig.subplots(3, 1), strips):
