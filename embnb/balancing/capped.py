@@ -27,7 +27,7 @@ from embnb.balancing.partition import (
     check_partition,
     karmarkar_karp,
     kk_swap,
-    padded_weights,
+    part_sizes,
 )
 
 __all__ = ["CAPPED_METHODS", "balance_capped", "part_tokens", "minimum_cap"]
@@ -54,9 +54,7 @@ def minimum_cap(tokens: Any, num_parts: int) -> float:
 def _capped_greedy(weights: list[float], tokens: list[float], num_parts: int, cap: float) -> Parts:
     # greedy_lpt's capacities; the lightest part with room in count and tokens
     num_items = len(weights)
-    pads = len(padded_weights(weights, num_parts, True)) - num_items
-    per_part = (num_items + pads) // num_parts
-    capacity = [per_part - (p >= num_parts - pads) for p in range(num_parts)]
+    capacity = part_sizes(num_items, num_parts)
     loads, held = [0.0] * num_parts, [0.0] * num_parts
     parts: Parts = [[] for _ in range(num_parts)]
     for i in sorted(range(num_items), key=lambda i: (-weights[i], i)):

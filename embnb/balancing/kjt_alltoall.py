@@ -253,9 +253,4 @@ def compare_exchanges(
         seconds[name] = {"median": statistics.median(times), "low": min(times), "high": max(times)}
     (a_kjts, a_dense), (b_kjts, b_dense) = outputs["allgather"], outputs["alltoall"]
     identical = torch.equal(a_dense, b_dense) and all(same_kjt(a, b) for a, b in zip(a_kjts, b_kjts))
-    return {
-        "rank": rank,
-        "identical": identical,
-        "seconds": seconds,
-        "alltoall_bytes": stats["received_bytes"],
-    }
+    return {"identical": identical, "seconds": seconds, "alltoall_bytes": stats["received_bytes"]}

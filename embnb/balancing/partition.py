@@ -94,6 +94,12 @@ def padded_weights(weights: list[float], num_parts: int, equal_size: bool) -> li
     return weights + [0.0] * pad
 
 
+def part_sizes(num_items: int, num_parts: int) -> list[int]:
+    """Equal counts: every part's samples, the last parts (those holding padding) one fewer."""
+    pads = (-num_items) % num_parts
+    return [(num_items + pads) // num_parts - (p >= num_parts - pads) for p in range(num_parts)]
+
+
 def _drop_padding(parts: Parts, num_items: int) -> Parts:
     return [sorted(i for i in part if i < num_items) for part in parts]
 
@@ -120,9 +126,7 @@ def greedy_lpt(workloads: Any, num_parts: int, equal_size: bool = True) -> Parts
     weights = as_workloads(workloads)
     num_parts = check_int("num_parts", num_parts, low=1)
     num_items = len(weights)
-    pads = len(padded_weights(weights, num_parts, equal_size)) - num_items
-    per_part = (num_items + pads) // num_parts
-    capacity = [per_part - (p >= num_parts - pads) if equal_size else num_items for p in range(num_parts)]
+    capacity = part_sizes(num_items, num_parts) if equal_size else [num_items] * num_parts
     heap = [(0.0, p) for p in range(num_parts) if capacity[p] > 0]  # (load, part): lightest on top
     heapq.heapify(heap)
     parts: Parts = [[] for _ in range(num_parts)]

@@ -279,10 +279,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
 
 
 def _worker_group() -> dist.ProcessGroup:
-    """A process group of all ranks for the shuffle worker alone (every rank
-    calls this at the same point). Gloo only: NCCL's documentation (2.29,
-    "Thread Safety") says issuing operations in parallel to independent
-    communicators on the same device from several threads is not safe."""
+    """A process group of all ranks for the shuffle worker alone (every rank calls this at the same
+    point); gloo only, as docs/balancing.md says why (NCCL 2.29's "Thread Safety")."""
     if dist.get_backend() != "gloo":
         raise ValueError(
             f"shuffle_group='own' needs the gloo backend, this run uses {dist.get_backend()!r}: "
