@@ -1,15 +1,12 @@
 """`python -m embnb.bench sharders`: the routed sharder's input distribution against torchrec's own.
 
-One launch of W gloo ranks on the CPU builds the same two-table EmbeddingBagCollection sharded
-row-wise three ways: torchrec's own `ShardedEmbeddingBagCollection` (the plan's continuous
-blocks, torchrec's sharder), and `RoutedShardedEmbeddingBagCollection` under `roundrobin` and
-under `feistel_roundrobin`. Each rank feeds all three the same KeyedJaggedTensor (ids drawn
-Zipf over the table, a vocabulary numbered by frequency) and times one whole input
-distribution per call: the bucketing (FBGEMM's `block_bucketize_sparse_features` for torchrec's,
-embnb's bucketize op for the routed ones) and torchrec's all-to-all, waited for
-(`input_dist(ctx, kjt).wait().wait()`). `embnb.timing.interleaved_seconds` runs the
-three in turn each round, so load from other processes hits them alike; a round's time is the
-slowest rank's. Reported: routed / torchrec per round, median and range.
+One launch of W gloo ranks on the CPU shards the same two-table EmbeddingBagCollection row-wise three
+ways: torchrec's own `ShardedEmbeddingBagCollection` (continuous blocks) and the routed one under
+`roundrobin` and `feistel_roundrobin`. Each rank feeds all three the same KeyedJaggedTensor (Zipf ids,
+a vocabulary numbered by frequency); a call is one whole input distribution, bucketing and all-to-all,
+waited for (`input_dist(ctx, kjt).wait().wait()`), the three interleaved round by round
+(`embnb.timing.interleaved_seconds`); a round's time is its slowest rank's. Reported: routed / torchrec
+per round, median and range.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ torchrec's own row-wise sharding looks such an id up in another id's row, silent
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -216,27 +215,17 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
             padded = lengths.new_zeros(kept.shape)
             padded[kept] = lengths
             lengths = padded.view(-1)
-        try:
-            out = bucketize(
-                lengths,
-                sparse_features.values(),
-                self._world,
-                self._modes,
-                self._block_sizes,
-                weights=sparse_features.weights_or_none(),
-                num_embeddings=self._num_embeddings,
-                seed=self._seed,
-                native=self._native,
-            )
-        except ValueError as error:  # the kernel names a feature by its position: add its name
-            where = re.search(r"\(feature (\d+) ", str(error))
-            if where is None:
-                name = f"features {self._features}"
-            else:
-                i = int(where[1])
-                table = f" of table {self._tables[i]!r}" if self._tables else ""
-                name = f"feature {self._features[i]!r}{table}"
-            raise ValueError(f"{name}: {error}") from None
+        out = bucketize(  # every id is in its table: forward replaced the others first
+            lengths,
+            sparse_features.values(),
+            self._world,
+            self._modes,
+            self._block_sizes,
+            weights=sparse_features.weights_or_none(),
+            num_embeddings=self._num_embeddings,
+            seed=self._seed,
+            native=self._native,
+        )
         if kept is None:
             return out
         return out._replace(lengths=out.lengths.view(self._world, *kept.shape)[:, kept].reshape(-1))

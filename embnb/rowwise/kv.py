@@ -222,12 +222,8 @@ class ShardedKVTable:
     def _find_or_insert(self, keys: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Row positions of ``keys`` (inserting missing ones) and how many
         distinct keys there were."""
-        unique = torch.unique(keys)  # sorted
-        pos = torch.searchsorted(self.keys, unique)
-        found = torch.zeros_like(unique, dtype=torch.bool)
-        if len(self.keys):
-            found = self.keys[pos.clamp(max=len(self.keys) - 1)] == unique
-        missing = unique[~found]
+        unique = torch.unique(keys)
+        missing = unique[~torch.isin(unique, self.keys)]
         if len(missing):
             merged = torch.cat([self.keys, missing])
             order = torch.argsort(merged)  # keys unique: order is unambiguous

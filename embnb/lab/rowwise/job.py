@@ -74,8 +74,9 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
     from embnb.rowwise.sharded_rows import weight_key
 
     # torchrec 1.8's sharded modules call c10d's deprecated reduce_scatter_tensor and
-    # all_gather_into_tensor: a FutureWarning per rank that a user of torchrec cannot act on
-    warnings.filterwarnings("ignore", r".*is deprecated\. Please use .*", FutureWarning)
+    # all_gather_into_tensor, and its DDP wrapping passes DDP's deprecated `broadcast_buffers`: a
+    # FutureWarning per rank that a user of torchrec cannot act on
+    warnings.filterwarnings("ignore", r".*is deprecated\. Please use .*|`broadcast_buffers`", FutureWarning)
     torch.manual_seed(config.seed)
     table = EmbeddingBagConfig(config.num_embeddings, config.embedding_dim, TABLE, feature_names=["f"])
 
@@ -89,11 +90,7 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
             return self.head(self.ebc(kjt)["f"]).squeeze(1)
 
     fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": config.learning_rate}
-    with warnings.catch_warnings():
-        # torchrec's own DDP wrapping passes DDP's deprecated `broadcast_buffers`: nothing a reader
-        # can act on, printed once per rank in `make run`
-        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
-        dmp = shard_model(Model(torch.device("meta")), {TABLE: routing}, world_size, fused)
+    dmp = shard_model(Model(torch.device("meta")), {TABLE: routing}, world_size, fused)
     sharded, layout = dmp.module.ebc, TableLayout(config.num_embeddings, world_size, routing, config.seed)
     head = torch.optim.SGD([p for n, p in dmp.named_parameters() if "head" in n], lr=config.learning_rate)
     out: dict = {"losses": [], "ids_received": [], "ids_by_layout": [], "local_ids": []}
@@ -116,8 +113,8 @@ def train_rank(rank: int, world_size: int, routing: str, config: TrainConfig) ->
         head.step()
         out["losses"].append(float(loss.detach()))
         out["local_ids"].append(ids.tolist())
-    (shard,) = sharded.state_dict()[weight_key(sharded, TABLE)].local_shards()
     key = weight_key(sharded, TABLE)  # torchrec's key + the layout (docs/sharders.md)
+    (shard,) = sharded.state_dict()[key].local_shards()
     routing = str(sharded.routings[TABLE])
     return out | {"routing": routing, "local_rows": int(shard.tensor.shape[0]), "state_dict_key": key}
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from embnb._checks import check_int
 from embnb.cuda import loader
 from embnb.rowwise.routing import DIST_CODES, DistType, bucketize, feistel_round_keys
 from embnb.scaling import copy_bandwidth
@@ -160,9 +161,10 @@ def run(cases: KernelCases, progress: bool = True) -> dict:
     """Every case of `cases` at each thread count (`progress`: a tqdm bar); the JSON payload (rows plus
     context). Raises ValueError on a bad thread count."""
     threads = cases.threads
-    bad = [t for t in threads if not isinstance(t, int) or isinstance(t, bool) or t < 0]
-    if not threads or bad:
-        raise ValueError(f"threads must be a non-empty list of ints >= 0 (0: all cores), got {list(threads)}")
+    if not threads:
+        raise ValueError("threads must be a non-empty list of ints >= 0 (0: all cores), got []")
+    for t in threads:
+        check_int("threads", t, low=0)
     if torch.device(cases.device).type == "cuda":
         threads = threads[:1]  # the host threads only launch the kernels
     fbgemm = fbgemm_peer(cases.device)
