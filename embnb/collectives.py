@@ -25,13 +25,9 @@ __all__ = ["all_reduce_", "all_gather_flat", "exchange", "collective_seconds"]
 def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Sum `tensor` over the group, in place, through host memory when the
     backend needs it there (ranks sharing a GPU talk over gloo)."""
-    where = collective_device(group)
-    if tensor.device == where:
-        dist.all_reduce(tensor, group=group)
-        return tensor
-    staged = tensor.to(where)
+    staged = tensor.to(collective_device(group))  # `tensor` itself where the backend takes it
     dist.all_reduce(staged, group=group)
-    return tensor.copy_(staged)
+    return tensor if staged is tensor else tensor.copy_(staged)
 
 
 def all_gather_flat(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:

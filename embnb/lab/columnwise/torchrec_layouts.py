@@ -31,9 +31,9 @@ def planner_cw_layout(embedding_dim: int, num_embeddings: int, world_size: int) 
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 
-    sizes = {"embedding_dim": embedding_dim, "num_embeddings": num_embeddings, "world_size": world_size}
-    for name, value in sizes.items():
-        check_int(name, value, low=1)
+    check_int("embedding_dim", embedding_dim, low=1)
+    check_int("num_embeddings", num_embeddings, low=1)
+    check_int("world_size", world_size, low=1)
     config = EmbeddingConfig(num_embeddings, embedding_dim, "t0", feature_names=["f0"])
     ec = EmbeddingCollection(tables=[config], device=torch.device("meta"))
     constraints = {"t0": ParameterConstraints(sharding_types=["column_wise"], compute_kernels=["fused"])}
