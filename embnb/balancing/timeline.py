@@ -35,18 +35,8 @@ class Timeline:
 
     def add(self, phase: str, step: int, start: float, end: float, **extra: Any) -> None:
         thread = "main" if threading.get_ident() == self._loop_thread else "worker"
-        self.spans.append(
-            {
-                "phase": phase,
-                "step": step,
-                "start": start,
-                "end": end,
-                "thread": thread,
-                "warmup": self.warmup,
-                "iteration": self.iteration,
-                **extra,
-            }
-        )
+        span = {"phase": phase, "step": step, "start": start, "end": end, "thread": thread}
+        self.spans.append(span | {"warmup": self.warmup, "iteration": self.iteration, **extra})
 
     @contextlib.contextmanager
     def span(self, phase: str, step: int, device: torch.device | None = None) -> Iterator[None]:

@@ -95,7 +95,7 @@ class TrainConfig:
 
 class AttentionBlock(nn.Module):
     """One transformer block over each sample's own tokens (no padding):
-    its forward FLOPs are `balancer.attention_block_flops` per sample."""
+    its forward FLOPs are `workloads.attention_block_flops` per sample."""
 
     def __init__(self, embedding_dim: int, ffn_dim: int, num_heads: int) -> None:
         super().__init__()

@@ -168,13 +168,8 @@ def measure_unit(world_size: int, width: int, opts: argparse.Namespace, dtype: t
         torch.cuda.empty_cache()
         where = "in the sweep" if check is None else f"at batch {check.chosen_batch}"
         acceptance = None if check is None else check.as_dict()
-        verdict = f"out of memory {where}: not compared"
-        return empty | {
-            "samples_per_rank": None,
-            "verdict": verdict,
-            "acceptance": acceptance,
-            "error": str(error),
-        }
+        failed = {"verdict": f"out of memory {where}: not compared", "error": str(error)}
+        return empty | failed | {"samples_per_rank": None, "acceptance": acceptance}
     return world | {"samples_per_rank": chosen, "verdict": check.verdict, "acceptance": check.as_dict()}
 
 
