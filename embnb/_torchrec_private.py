@@ -1,17 +1,10 @@
 """torchrec's private names that embnb uses, each behind one small function.
 
-embnb reads and sets a few of torchrec's private attributes and calls a few
-of its private functions: its enumerator's state and filters (the enumerator
-in `embnb.planner.enumerator` is torchrec's loop with its own helpers), the
-perf estimator's config, the planner's parts, and fields of the sharded
-modules. None of them is part of torchrec's API, so they live here alone: the
-rest of embnb calls the functions below, and tests/planner/test_torchrec_private.py
-checks, on every stack CI runs, that every name in `PRIVATE_FUNCTIONS` and
-`PRIVATE_ATTRIBUTES` still exists with the parameters used here. At run time
-`enumerator_missing()` checks what embnb's enumerator needs (its private
-functions, and ShardingOption taking no field it does not fill): a torchrec
-that lacks a piece gets torchrec's own enumerator, with one warning naming it
-(`embnb.planner.enumerator.default_enumerator`).
+None of them is part of torchrec's API, so they live here alone: the rest of embnb calls the
+functions below, and tests/planner/test_torchrec_private.py checks, on every stack CI runs, that
+every name in `PRIVATE_FUNCTIONS` and `PRIVATE_ATTRIBUTES` still exists with the parameters used
+here. At run time a torchrec that lacks a piece embnb's enumerator needs (`enumerator_missing`)
+gets torchrec's own enumerator, with one warning naming it (`enumerator.default_enumerator`).
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ class EmbnbShardingPlanner(EmbeddingShardingPlanner):
     Args:
         topology: the topology planned for (EmbeddingShardingPlanner's).
         dp_proposer: the DynamicProgrammingProposer among the planner's proposers.
-        world_size: the ranks planned for (`topology.world_size`).
+        progress: a tqdm bar while it plans (`create_planner`'s `progress`).
         **kwargs: EmbeddingShardingPlanner's other arguments.
     """
 
@@ -196,12 +196,11 @@ class EmbnbShardingPlanner(EmbeddingShardingPlanner):
         *,
         topology: Topology,
         dp_proposer: DynamicProgrammingProposer,
-        world_size: int,
         progress: bool = False,
         **kwargs,
     ) -> None:
         super().__init__(topology=topology, **kwargs)
-        self.topology, self.dp_proposer, self.world_size = topology, dp_proposer, world_size
+        self.topology, self.dp_proposer, self.world_size = topology, dp_proposer, topology.world_size
         self.progress = progress
 
     def plan(self, module, sharders):
@@ -370,9 +369,8 @@ def create_planner(
     )
     if not isinstance(storage_reservation, StorageReservation):  # made here: not the caller's
         reservation.proposer = proposer
-    the_planner = EmbnbShardingPlanner(
+    return EmbnbShardingPlanner(
         dp_proposer=proposer,
-        world_size=topology.world_size,
         progress=attached() if progress is None else check_bool("progress", progress),
         topology=topology,
         batch_size=batch_size,
@@ -391,7 +389,6 @@ def create_planner(
         debug=False,
         performance_model=performance_model,
     )
-    return the_planner
 
 
 PROGRESS_DELAY_S = 2.0  # plans quicker than this show no bar

@@ -1,12 +1,6 @@
-"""The DP proposer's search: the knapsack over memory bins, and which of its plans to try.
-
-`Knapsack` is the DP: the least summed perf per memory bin over the tables
-added so far (on one axis natively, embnb/cuda/knapsack.cpp);
-`without_dominated` drops the options that cannot change it; `knapsack_axes`
-picks the memory axes that can bind and their bins; `FrontierSearch` picks
-which plans of one run to consider. They work on the arrays of
-`embnb.planner.space.SearchSpace`. `embnb.planner.proposer` proposes from
-them; `embnb.lab.planner.explain` shows them.
+"""The DP proposer's knapsack over memory bins (`Knapsack`, natively on one axis:
+embnb/cuda/knapsack.cpp), with the helpers that size and prune it, and which plans of one run
+to try (`FrontierSearch`), on the arrays of `embnb.planner.space.SearchSpace`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from torchrec.distributed.types import ShardingType
 __all__ = ["Layout", "LayoutOption", "LAZY_FIELDS", "deferred"]
 
 # What a LayoutOption keeps beside torchrec's fields (in its __dict__).
-LAZY_FIELDS = frozenset({"_layout", "_slot_of", "_estimates", "_made"})
+LAZY_FIELDS = frozenset({"layout", "slot_of", "estimates", "_made"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,8 +108,12 @@ class Layout:
 class LayoutOption(ShardingOption):
     """torchrec's ShardingOption whose `shards` are made from its `Layout`
     when first read (then kept, as torchrec keeps its list). Until then it
-    holds its layout, each shard's slot among its estimates and the
-    estimates (a (Perf, Storage) pair per slot; None before estimation)."""
+    holds its `layout`, each shard's slot among its estimates (`slot_of`) and
+    the `estimates` (a (Perf, Storage) pair per slot; None before estimation)."""
+
+    layout: Layout
+    slot_of: np.ndarray
+    estimates: list[tuple[Perf, Storage]] | None
 
     @classmethod
     def of(cls, layout: Layout, **fields: Any) -> LayoutOption:
@@ -120,7 +124,8 @@ class LayoutOption(ShardingOption):
 
     def defer(self, layout: Layout, slot_of: np.ndarray, estimates: list | None) -> None:
         """Drop the made shards (if any): the next read makes them again from these."""
-        self.__dict__.update(_layout=layout, _slot_of=slot_of, _estimates=estimates, _made=None)
+        self.layout, self.slot_of, self.estimates = layout, slot_of, estimates
+        self.__dict__["_made"] = None
 
     @property
     def shards(self) -> list[Shard]:
@@ -138,23 +143,11 @@ class LayoutOption(ShardingOption):
         """Whether its shards exist as objects (read, or set)."""
         return self.__dict__["_made"] is not None
 
-    @property
-    def layout(self) -> Layout:
-        return self.__dict__["_layout"]
-
-    @property
-    def slot_of(self) -> np.ndarray:
-        return self.__dict__["_slot_of"]
-
-    @property
-    def estimates(self) -> list[tuple[Perf, Storage]] | None:
-        return self.__dict__["_estimates"]
-
     def __deepcopy__(self, memo: dict[int, Any] | None) -> LayoutOption:
         # torchrec's deep copy, sharing the read-only layout and slots
         copied = object.__new__(type(self))
         for name, value in self.__dict__.items():
-            shared = name in ("_tensor", "_module", "_layout", "_slot_of")
+            shared = name in ("_tensor", "_module", "layout", "slot_of")
             copied.__dict__[name] = value if shared else copy.deepcopy(value, memo)
         return copied
 

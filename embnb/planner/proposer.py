@@ -229,16 +229,9 @@ class DynamicProgrammingProposer(Proposer):
         # Before the first feedback the device memory is unknown: propose each
         # table's smallest option, like torchrec's DP proposer.
         self._values = ShardValues(search_space)
-        self._current: np.ndarray | None = (
-            np.array(
-                [
-                    min(range(len(opts)), key=lambda i: self._values.memory(opts[i])[:2])
-                    for opts in self._options
-                ]
-            )
-            if self._options
-            else None
-        )
+        memory = self._values.memory
+        smallest = [min(range(len(opts)), key=lambda i: memory(opts[i])[:2]) for opts in self._options]
+        self._current: np.ndarray | None = np.array(smallest) if smallest else None
 
     @property
     def num_disagreements(self) -> int:

@@ -147,7 +147,6 @@ class GreedyPerfReplica:
                 rows = option._rows
                 if option.kind == UNIFORM and rows.stop - rows.start == num:
                     self.uniform_start[t, o] = rows.start
-        self.uniform = self.uniform_start >= 0
         self.table_start = np.cumsum([0] + [len(table) for table in options[:-1]]).astype(np.int64)
         zero = performance_model is None or performance_model.is_zero
         self.terms = None if zero else RatingTerms(performance_model, options, values)

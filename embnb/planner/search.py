@@ -1,13 +1,6 @@
-"""The DP proposer's two searches, on the options as arrays (`SearchSpace`):
-
-- `KnapsackRuns`: the knapsack runs, uncapped first, then with the largest
-  partitioned shard capped on perf (balance) or on memory (packing), and
-  (given each option's TBE group, `fewer_groups`) runs with fewer groups;
-  each run is a `FrontierSearch` over its frontier of least-perf plans.
-- `HillClimb`: changes of one or two tables around the best plans so far
-  (`Start`s), taking the first improvement, while refinements are left.
-
-`embnb.planner.proposer` feeds them the planner's (or the replica's) answers.
+"""The DP proposer's two searches on the options as arrays (`SearchSpace`): the knapsack runs
+(`KnapsackRuns`, each a `FrontierSearch`) and the hill climbs around the best plans so far
+(`HillClimb`). `embnb.planner.proposer` feeds them the planner's (or the replica's) answers.
 """
 
 from __future__ import annotations
@@ -67,9 +60,7 @@ class KnapsackRuns:
         # themselves (a byte per table, per plan) grow with tables x plans.
         self._seen: set[bytes] = set()
         self._workspace = torch.empty(0, dtype=torch.int32)  # the native runs' trace, reused run to run
-        self.key_type = np.min_scalar_type(
-            max(space.perf.shape[1] - 1, 0)
-        )  # holds any option index: short rows
+        self.key_type = np.min_scalar_type(max(space.perf.shape[1] - 1, 0))  # holds any option index
 
     def run(self, allowed: np.ndarray) -> FrontierSearch:
         """One knapsack over the `allowed` options; its frontier without the

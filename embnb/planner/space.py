@@ -1,11 +1,8 @@
 """The options of a model as arrays: what the DP proposer searches over.
 
-`ShardValues` reads every shard's storage and perf once from torchrec's
-`ShardingOption`s; `SearchSpace` turns them into per-table arrays of perf and
-memory (dropping options the partitioner treats alike, and options whose
-largest shard fits on no device), with the lower bounds and memory checks the
-proposer prunes by (`screen`: for a whole run of plans at once).
-`embnb.planner.knapsack` searches them; `embnb.planner.replica` places them.
+`ShardValues` reads every shard's storage and perf once from torchrec's `ShardingOption`s;
+`SearchSpace` turns them into per-table arrays of perf and memory, with the lower bounds and
+memory checks the proposer prunes by.
 """
 
 from __future__ import annotations

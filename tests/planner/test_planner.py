@@ -50,11 +50,16 @@ from embnb._torchrec_private import (
 from embnb.bench.enumerators import make_mixed_model
 from embnb.dist import launch_each
 from embnb.lab.planner.brute_force import brute_force_rating, rate_every_plan
-from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
+from embnb.lab.planner.comparison import (
+    Planning,
+    compare_proposers,
+    default_proposers,
+    quality_summary,
+    random_instance,
+)
 from embnb.lab.planner.explain import knapsack_frontier, options_table, plan_extremes
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.planning import run_planner
-from embnb.lab.planner.quality import quality_summary, random_instance
 from embnb.planner import space as planner_space
 from embnb.planner.factory import Fallback
 from embnb.planner.knapsack import Knapsack, knapsack_axes
@@ -518,15 +523,17 @@ def test_package_brute_force_agrees_with_the_test_one():
 def test_quality_summary_per_proposer():
     study = pd.DataFrame(
         {
-            "proposer": ["a", "a", "a", "b", "b"],
-            "ratio": [1.0, 1.01, 1.5, math.inf, 1.0],
-            "instance": [0, 1, 2, 0, 1],
+            "proposer": ["a", "a", "a", "b", "b", "b"],
+            "ratio": [1.0, 1.01, 1.5, math.inf, 1.0, math.nan],
+            "instance": [0, 1, 2, 0, 1, 2],
         }
     )
     summary = quality_summary(study)
-    assert list(summary.index) == ["a", "b"] and list(summary.columns) == ["max", "median", "within 2%"]
-    assert summary.loc["a"].tolist() == pytest.approx([1.5, 1.01, 2 / 3])
-    assert summary.loc["b", "max"] == math.inf and summary.loc["b", "within 2%"] == 0.5
+    assert list(summary.index) == ["a", "b"]
+    # worked by hand: b planned 2 of its 3 (one skipped, NaN), one of them without a plan (inf)
+    columns = ["instances", "skipped", "no_plan", "worst_ratio", "median_ratio", "within_2pct"]
+    assert summary.loc["a", columns].tolist() == pytest.approx([3, 0, 0, 1.5, 1.01, 2 / 3])
+    assert summary.loc["b", columns].tolist() == pytest.approx([2, 1, 1, 1.0, 1.0, 0.5])
 
 
 # --- create_planner, topologies, compare_proposers ----------------------------------
