@@ -132,10 +132,8 @@ class RoutedFeaturesDist(RwSparseFeaturesDist):
             appears twice), for error messages.
 
     An id outside its table's `[0, num_embeddings)` raises a ValueError on every rank, naming the
-    feature, table, id and the rank that holds it, before any id is sent (`IdCheckedAllToAll`).
-    Cost per step: each feature's smallest and largest id (one pass over the ids, with one
-    device-to-host read of 2 numbers per feature on a GPU), and four more int64 to each rank in
-    the splits all-to-all torchrec makes anyway; no other collective.
+    feature, table, id and the rank that holds it, before any id is sent (`IdCheckedAllToAll`; its
+    cost: docs/sharders.md).
     """
 
     def __init__(

@@ -212,16 +212,11 @@ def _resolve_num_features(
     tables: list[int] | None = None,
 ) -> tuple[int, str]:
     """(count, where it came from): explicit, a per-feature list, else 1."""
-    candidates = []  # (where the count came from, count)
     if num_features is not None:
         check_int("num_features", num_features, low=1)
-        candidates.append(("num_features", num_features))
-    if sizes is not None:
-        candidates.append(("len(block_sizes)", len(sizes)))
-    if tables is not None:
-        candidates.append(("len(num_embeddings)", len(tables)))
-    if isinstance(modes, list):
-        candidates.append(("len(dist_type)", len(modes)))
+    per_feature = {"len(block_sizes)": sizes, "len(num_embeddings)": tables, "len(dist_type)": modes}
+    candidates = [("num_features", num_features)] if num_features is not None else []  # (where, count)
+    candidates += [(name, len(v)) for name, v in per_feature.items() if isinstance(v, list)]
     if not candidates:
         return 1, "default for one dist_type and no per-feature list"
     name0, count0 = candidates[0]
@@ -347,12 +342,7 @@ def bucketize(
 
 
 _warned_no_cuda = False
-DIST_CODES = {  # torch.ops.embnb.bucketize's per-feature codes
-    DistType.CONTINUOUS: 0,
-    DistType.ROUNDROBIN: 1,
-    DistType.HASH_ROUNDROBIN: 2,
-    DistType.FEISTEL_ROUNDROBIN: 3,
-}
+DIST_CODES = {mode: code for code, mode in enumerate(DistType)}  # torch.ops.embnb.bucketize's codes
 
 
 def _check_args(

@@ -84,9 +84,7 @@ def block_size_for(keys: torch.Tensor, world_size: int, table_rows: int | None =
         if largest < 0:
             raise ValueError(f"continuous routing needs keys >= 0, got max {largest}")
         table_rows = largest + 1
-    if table_rows < 1:
-        raise ValueError(f"table_rows must be >= 1, got {table_rows}")
-    return max(1, -(-table_rows // world_size))  # ceil division
+    return max(1, -(-check_int("table_rows", table_rows, low=1) // world_size))  # ceil division
 
 
 def into_table(keys: torch.Tensor, table_rows: int, how: str = "modulo") -> torch.Tensor:

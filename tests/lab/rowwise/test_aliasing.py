@@ -22,7 +22,7 @@ def test_block_size_for_sizes_the_table_to_the_largest_key():
         aliasing.block_size_for(torch.tensor([-5, -1]), 4)
     # a table of its own size: the keys do not matter
     assert aliasing.block_size_for(torch.tensor([2**60]), 3, table_rows=100) == 34
-    with pytest.raises(ValueError, match="table_rows must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="table_rows must be an int >= 1, got 0"):
         aliasing.block_size_for(torch.tensor([1]), 3, table_rows=0)
 
 
