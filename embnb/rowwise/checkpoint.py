@@ -69,14 +69,15 @@ def _check_layout(rank: int, world_size: int, dist: DistType, block_size: int | 
         check_int("block_size (dist_type 'continuous')", block_size, low=1)
 
 
+def got(value: object) -> str:
+    """What an error says it got: a tensor's dtype and shape, or another value's type."""
+    if isinstance(value, torch.Tensor):
+        return f"dtype {value.dtype} and shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
 def _check_shard(keys: torch.Tensor, rows: torch.Tensor, where: str) -> None:
     """Shape, dtype and uniqueness checks shared by dump and load."""
-
-    def got(t: object) -> str:
-        return (
-            f"dtype {t.dtype} and shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        )
-
     if not isinstance(keys, torch.Tensor) or keys.dim() != 1 or keys.dtype != torch.int64:
         raise ValueError(f"{where}: keys must be a 1-D int64 tensor, got {got(keys)}")
     if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or not rows.is_floating_point():

@@ -253,20 +253,10 @@ class ShardedKVTable:
         ``grads[i]`` the gradient of input key i; duplicates are summed.
         A collective, like ``lookup``."""
         num_features, lengths, values = self._read(batch)
-        num_keys = values.numel()
-        if (
-            not isinstance(grads, torch.Tensor)
-            or not grads.is_floating_point()
-            or tuple(grads.shape) != (num_keys, self.embedding_dim)
-        ):
-            got = (
-                f"{grads.dtype} {tuple(grads.shape)}"
-                if isinstance(grads, torch.Tensor)
-                else type(grads).__name__
-            )
+        shape = (values.numel(), self.embedding_dim)
+        if not (isinstance(grads, torch.Tensor) and grads.is_floating_point() and grads.shape == shape):
             raise ValueError(
-                f"grads must be a float tensor of shape ({num_keys}, "
-                f"{self.embedding_dim}) (one row per key), got {got}"
+                f"grads must be a float tensor of {shape} (one row per key), got {checkpoint.got(grads)}"
             )
         check_number("lr", lr)
         buckets, send_splits, recv_splits, keys = self._route(num_features, lengths, values)
