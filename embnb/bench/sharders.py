@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, write_results
-from embnb.data import zipf_probs
 from embnb.dist import launch
+from embnb.lab.rowwise.routed_loads import case_ids
 from embnb.timing import interleaved_seconds, paired_ratio
 
 ROUTINGS = ("roundrobin", "feistel_roundrobin")
@@ -64,12 +64,10 @@ def _sharded(world_size: int, rows: int, dim: int, routing: str | None):
 
 
 def _batch(rank: int, rows: int, batch: int, pooling: int, alpha: float):
-    """Zipf(alpha) ranks as ids: id 0 is the most frequent."""
+    """Zipf(alpha) ranks as ids (id 0 the most frequent: appendix 01a's `frequency` stream)."""
     from torchrec import KeyedJaggedTensor
 
-    gen = torch.Generator().manual_seed(rank)
-    n = batch * pooling * len(TABLES)
-    ids = torch.multinomial(zipf_probs(rows, alpha), n, replacement=True, generator=gen)
+    ids = case_ids("frequency", batch * pooling * len(TABLES), rows, 1, alpha, seed=rank)
     lengths = torch.full((batch * len(TABLES),), pooling, dtype=torch.int64)
     return KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{t}" for t in TABLES], values=ids, lengths=lengths)
 

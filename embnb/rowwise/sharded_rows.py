@@ -23,19 +23,13 @@ def weight_key(module: nn.Module, table: str) -> str:
     return keys[0]
 
 
-def _local_block(module: nn.Module, table: str) -> tuple[torch.Tensor, int, int]:
-    """(this rank's rows, their first storage row, the table's storage rows)."""
+def gather_rows(module: nn.Module, table: str, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """`table`'s `[storage_rows, dim]` rows in storage order, on every rank. Collective."""
     weight = module.state_dict()[weight_key(module, table)]
     shards = weight.local_shards()
     if len(shards) != 1:
         raise ValueError(f"table {table!r} has {len(shards)} shards on this rank; row-wise sharding has one")
-    shard = shards[0]
-    return shard.tensor, int(shard.metadata.shard_offsets[0]), int(weight.size(0))
-
-
-def gather_rows(module: nn.Module, table: str, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """`table`'s `[storage_rows, dim]` rows in storage order, on every rank. Collective."""
-    local, offset, total = _local_block(module, table)
+    local, offset = shards[0].tensor, int(shards[0].metadata.shard_offsets[0])
     world = dist.get_world_size(group)
     # on the rows' device: nccl gathers only CUDA tensors
     sizes = [torch.zeros(2, dtype=torch.int64, device=local.device) for _ in range(world)]
@@ -45,7 +39,7 @@ def gather_rows(module: nn.Module, table: str, group: dist.ProcessGroup | None =
     padded[: local.shape[0]] = local.detach()
     blocks = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(blocks, padded, group=group)
-    out = local.new_zeros((total, local.shape[1]))
+    out = local.new_zeros((int(weight.size(0)), local.shape[1]))
     for (start, count), rows in zip((s.tolist() for s in sizes), blocks):
         out[start : start + count] = rows[:count]
     return out
