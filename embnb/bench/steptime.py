@@ -35,6 +35,7 @@ from collections import Counter
 from typing import Any
 
 import torch
+from torchrec.distributed.planner.planners import to_sharding_plan
 
 from embnb.bench.plans import candidates_from_json, candidates_to_json
 from embnb.bench.results import (
@@ -220,7 +221,7 @@ def _acceptance(
     head = {"plan": candidate.name, "critical_rank": rank}
     sizes = sorted(batches)
     try:
-        shards = plan_shards(candidate.sharding_plan(topology), model.tables, topology.world_size)
+        shards = plan_shards(to_sharding_plan(candidate.options, topology), model.tables, topology.world_size)
         works = [plan_work(shards, batches[b], rank) for b in sizes]
         head["num_ids"] = [w.num_ids for w in works]
         steps = dict(zip(sizes, lookup_steps(works, StepOptions(device=device))))

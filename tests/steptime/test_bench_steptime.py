@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner, to_sharding_plan
 
 import embnb.bench.steptime as steptime_bench
 from embnb.bench.plans import candidates_from_json, candidates_to_json
@@ -190,7 +190,7 @@ def test_plans_written_as_plain_data_come_back_with_the_same_estimates_and_shard
             continue
         assert plan_shape(back.options) == plan_shape(plan.options)
         assert estimated_per_rank(back.options, 4) == estimated_per_rank(plan.options, 4)
-        shards = [plan_shards(c.sharding_plan(topology), model.tables, 4) for c in (plan, back)]
+        shards = [plan_shards(to_sharding_plan(c.options, topology), model.tables, 4) for c in (plan, back)]
         assert shards[0] == shards[1]
     with pytest.raises(ValueError, match=r"shards tables \['table_5'\] the model does not have"):
         candidates_from_json(candidates_to_json(planned), make_model(5, seed=0, max_rows=2000))
