@@ -81,67 +81,42 @@ class Knapsack:
         self.mem = mem[:, None]
 
     def add_table(self, table: int, weights: np.ndarray, perfs: np.ndarray) -> None:
+        """Add one table: natively on one axis (embnb/cuda/knapsack.cpp, one pass), else in numpy
+        without sorting (each bin's first winner in (option, state) order comes from a second
+        scatter); either way a bin is kept if no bin with less or equal memory on every axis beats
+        it."""
         if self._frontier is not None:
             raise RuntimeError("this knapsack's tables were added in one native run; start a new Knapsack")
         options = np.flatnonzero(np.isfinite(perfs))
-        if len(self.shape) == 1:
-            self._add_table_on_one_axis(table, weights[options, 0], perfs, options)
-            return
-        moved = self.mem[None] + weights[options][:, None]  # [options, states, axes]
-        cell = np.floor(moved / self.bin_size).astype(np.int64)
-        ok = (moved <= self.capacity).all(-1) & (cell < np.array(self.shape)).all(-1)
-        o, s = np.nonzero(ok)
-        cells = np.ravel_multi_index(tuple(np.moveaxis(cell[o, s], -1, 0)), self.shape)
-        perf = self.perf[s] + perfs[options[o]]
-        least = np.full(math.prod(self.shape), np.inf)
-        np.minimum.at(least, cells, perf)
-        win = perf == least[cells]
-        cells, first = np.unique(cells[win], return_index=True)
-        o, s = o[win][first], s[win][first]
-        keep = self._undominated(cells, least)
-        cells, o, s = cells[keep], o[keep], s[keep]
-        self.trace.append((table, cells, options[o], s))
-        self.cells, self.perf, self.mem, self.least = cells, least[cells], moved[o, s], least
-
-    def _add_table_on_one_axis(
-        self, table: int, weights: np.ndarray, perfs: np.ndarray, options: np.ndarray
-    ) -> None:
-        """`add_table` on one memory axis: natively (embnb/cuda/knapsack.cpp,
-        one pass), else in numpy without sorting (each bin's first winner in
-        (option, state) order comes from a second scatter); either way a bin
-        is kept if it beats every bin below it."""
-        num_bins = self.shape[0]
         if self._native:
             step = torch.ops.embnb.knapsack_step(
-                *map(torch.from_numpy, (self.mem[:, 0], self.perf, weights, perfs[options])),
+                *map(torch.from_numpy, (self.mem[:, 0], self.perf, weights[options, 0], perfs[options])),
                 float(self.capacity[0]),
                 float(self.bin_size[0]),
-                num_bins,
+                self.shape[0],
             )
             cells, o, s, perf, mem, least = (t.numpy() for t in step)
             self.trace.append((table, cells, options[o], s))
             self.cells, self.perf, self.mem, self.least = cells, perf, mem[:, None], least
             return
-        moved = self.mem[None, :, 0] + weights[:, None]  # [options, states]
-        cell = np.floor(moved / self.bin_size[0]).astype(np.int64)
-        o, s = np.nonzero((moved <= self.capacity[0]) & (cell < num_bins))
-        cells = cell[o, s]
+        moved = self.mem[None] + weights[options][:, None]  # [options, states, axes]
+        cell = np.floor(moved / self.bin_size).astype(np.int64)
+        o, s = np.nonzero((moved <= self.capacity).all(-1) & (cell < np.array(self.shape)).all(-1))
+        cells = np.ravel_multi_index(tuple(np.moveaxis(cell[o, s], -1, 0)), self.shape)
         perf = self.perf[s] + perfs[options[o]]
-        least = np.full(num_bins, np.inf)
+        least = np.full(math.prod(self.shape), np.inf)
         np.minimum.at(least, cells, perf)
         winners = np.flatnonzero(perf == least[cells])
-        first = np.full(num_bins, len(perf))
+        first = np.full(len(least), len(perf))
         np.minimum.at(first, cells[winners], winners)
-        below = np.concatenate([[np.inf], np.minimum.accumulate(least)[:-1]])
-        cells = np.flatnonzero(least < below)  # reached (least < inf) and undominated
-        pick = first[cells]
-        o, s = o[pick], s[pick]
+        cells = np.flatnonzero(self._undominated(least))  # reached (least < inf) and undominated
+        o, s = o[first[cells]], s[first[cells]]
         self.trace.append((table, cells, options[o], s))
-        self.cells, self.perf, self.mem, self.least = cells, least[cells], moved[o, s][:, None], least
+        self.cells, self.perf, self.mem, self.least = cells, least[cells], moved[o, s], least
 
-    def _undominated(self, cells: np.ndarray, least: np.ndarray) -> np.ndarray:
-        """Which of `cells` no other bin with less or equal memory on every
-        axis beats on perf (a prefix minimum per axis over the bin grid)."""
+    def _undominated(self, least: np.ndarray) -> np.ndarray:
+        """Per bin, whether no other bin with less or equal memory on every axis
+        beats it on perf (a prefix minimum per axis over the bin grid)."""
         grid = least.reshape(self.shape)
         below = np.full(self.shape, np.inf)  # least perf at strictly less memory
         for axis in range(grid.ndim):
@@ -155,7 +130,7 @@ class Knapsack:
                 if other != axis:
                     shifted = np.minimum.accumulate(shifted, axis=other)
             below = np.minimum(below, shifted)
-        return least[cells] < below.ravel()[cells]
+        return least < below.ravel()
 
     def frontier(self, num_tables: int) -> np.ndarray:
         """The option of each table for every kept state [states, tables],
