@@ -9,6 +9,8 @@ its own batch, and returns what the parent compares with the unsharded module.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -255,7 +257,7 @@ def parity_case(rank, world_size, kind, rows, routings, seed, off_by_one=False):
     out = flat_output(kind, model(make_batch(rows, rank, seed).to(rank_device())))
     (out * output_grad(out, rank, seed).to(out.device)).sum().backward()
     after = {name: gather_rows(sharded, name).cpu() for name in rows}
-    layouts = {name: layout.describe() for name, layout in sharded.table_layouts.items()}
+    layouts = {name: dataclasses.asdict(layout) for name, layout in sharded.table_layouts.items()}
     return {
         "built": built,
         "out": out.detach().cpu(),

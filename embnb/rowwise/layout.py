@@ -124,15 +124,6 @@ class TableLayout:
         seed = f",seed={self.seed}" if self.routing is Routing.FEISTEL_ROUNDROBIN else ""
         return f"@{self.routing.value}(world_size={self.world_size}{seed})"
 
-    def describe(self) -> dict:
-        """What a checkpoint records about this layout."""
-        return {
-            "routing": self.routing.value,
-            "world_size": self.world_size,
-            "num_embeddings": self.num_embeddings,
-            "seed": self.seed,
-        }
-
 
 def convert_rows(rows: torch.Tensor, source: TableLayout, target: TableLayout) -> torch.Tensor:
     """A table's storage rows saved under `source`, laid out for `target`.
