@@ -219,11 +219,6 @@ def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 1 << 28, re
     check_int("repeats", repeats, low=1)
     source = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     target = torch.empty_like(source)
-    times, _ = interleaved_phases(
-        {"copy": lambda: target.copy_(source)},
-        repeats,
-        warmup=1,
-        device=device,
-        threads=torch.get_num_threads(),
-    )
+    copy = {"copy": lambda: target.copy_(source)}
+    times, _ = interleaved_phases(copy, repeats, warmup=1, device=device, threads=torch.get_num_threads())
     return 2 * source.numel() * 4 / statistics.median(t.seconds for t in times["copy"])
