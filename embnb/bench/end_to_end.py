@@ -166,11 +166,6 @@ def _rss_gib(pid: int) -> float:
         return 0.0
 
 
-def _hosts(world_size: int, local: int | None) -> str:
-    hosts = 1 if local is None else world_size // local
-    return f"{hosts} host{'s' if hosts > 1 else ''} of {local or world_size}"
-
-
 def bench_case(case: tuple, opts: argparse.Namespace) -> dict:
     """One case (`_case`'s tuple; no reservation: --storage-reservation): create_planner in
     --processes fresh processes and as often here, and torchrec's DP in one more fresh process."""
@@ -189,7 +184,7 @@ def bench_case(case: tuple, opts: argparse.Namespace) -> dict:
         repeats=opts.processes,
         storage_reservation=reservation,
     )
-    plan_runs = [run["plan_s"] for run in fresh]
+    plan_runs, hosts = [run["plan_s"] for run in fresh], world_size // (local or world_size)
     peer = opts.torchrec_dp_timeout_s and _plan_in_a_new_process(
         shape, reservation, opts.torchrec_dp_timeout_s, opts.torchrec_dp_memory_gib
     )
@@ -197,7 +192,7 @@ def bench_case(case: tuple, opts: argparse.Namespace) -> dict:
         "num_tables": num_tables,
         "world_size": world_size,
         "local_world_size": local or world_size,
-        "hosts": _hosts(world_size, local),
+        "hosts": f"{hosts} host{'s' * (hosts > 1)} of {local or world_size}",
         "storage_reservation": RESERVATIONS[reservation],
         "hbm_fraction": hbm_fraction,
         "fresh_process_s": statistics.median(plan_runs),
@@ -206,7 +201,7 @@ def bench_case(case: tuple, opts: argparse.Namespace) -> dict:
         "fresh_ratings": [run["rating"] for run in fresh],
         "fresh_proposals": [run["proposals"] for run in fresh],
         "fresh_peak_rss_gib_runs": [run["peak_rss_gib"] for run in fresh],
-        "in_process_s": warm.median_s,
+        "in_process_s": statistics.median(warm.seconds),
         "in_process_s_runs": warm.seconds,
         "in_process_rating": warm.rating,
         "same_rating_everywhere": len({*(run["rating"] for run in fresh), warm.rating}) == 1,
@@ -236,12 +231,8 @@ def main(argv: list[str]) -> int:
         f"fraction of the tables' fp32 rows each device's HBM holds, spread evenly; default {half})",
     )
     add = parser.add_argument
-    add(
-        "--torchrec-dp-timeout-s",
-        type=bounded(float, 0),
-        default=300,
-        help="torchrec's planner with its DP proposer beside each case, cut here (0: skip)",
-    )
+    timeout_help = "torchrec's planner with its DP proposer beside each case, cut here (0: skip)"
+    add("--torchrec-dp-timeout-s", type=bounded(float, 0), default=300, help=timeout_help)
     memory_help = "torchrec's planner is stopped once its resident memory passes this"
     add("--torchrec-dp-memory-gib", type=bounded(float, 0, low_open=True), default=8, help=memory_help)
     reservation_help = "what both planners reserve where a case names none"

@@ -73,16 +73,13 @@ def make_mixed_model(num_tables: int, seed: int = 0, uvm_caching: bool = True) -
         cacheability=0.4, expected_lookups=20_000, mrc_hist_counts=torch.tensor([9.0, 4, 2, 1]), height=8000
     )
     for i in range(num_tables):
-        features = int(rng.integers(1, 5))
-        name = f"shared_{i}"
-        pooled.append(
-            EmbeddingBagConfig(
-                name=name,
-                feature_names=[f"{name}_f{j}" for j in range(features)],
-                num_embeddings=rows(),
-                embedding_dim=int(rng.choice([16, 32, 64, 128, 256])),
-            )
-        )
+        features, name = int(rng.integers(1, 5)), f"shared_{i}"
+        num_rows, dim = (
+            rows(),
+            int(rng.choice([16, 32, 64, 128, 256])),
+        )  # drawn in this order: the same models
+        feature_names = [f"{name}_f{j}" for j in range(features)]
+        pooled.append(EmbeddingBagConfig(num_rows, dim, name, feature_names=feature_names))
         constraints[name] = ParameterConstraints(
             pooling_factors=[float(rng.choice([1, 2, 5, 10, 20, 50])) for _ in range(features)],
             cache_params=CacheParams(load_factor=0.2, stats=stats) if uvm_caching and i % 5 == 0 else None,
@@ -90,9 +87,7 @@ def make_mixed_model(num_tables: int, seed: int = 0, uvm_caching: bool = True) -
     sequence = []
     for i in range(max(1, num_tables // 4)):
         name = f"sequence_{i}"
-        sequence.append(
-            EmbeddingConfig(name=name, feature_names=[f"{name}_f"], num_embeddings=rows(), embedding_dim=64)
-        )
+        sequence.append(EmbeddingConfig(rows(), 64, name, feature_names=[f"{name}_f"]))
         if uvm_caching and i % 3 == 0:
             constraints[name] = ParameterConstraints(
                 pooling_factors=[float(rng.choice([5, 20, 50]))],
@@ -139,11 +134,8 @@ def _model(case: Case, num_tables: int) -> MixedModel:
 
 def bench_case(case: Case, num_tables: int, repeats: int) -> dict:
     model = _model(case, num_tables)
-    fused_gb = fused_table_gb(model.tables)
-    if case.device == "cuda":
-        caps = {"hbm_cap_gb": fused_gb / case.world_size * 0.5}
-    else:
-        caps = {"ddr_cap_gb": fused_gb / case.world_size * 2}
+    per_device_gb = fused_table_gb(model.tables) / case.world_size  # the rows spread evenly
+    caps = {"hbm_cap_gb": per_device_gb * 0.5} if case.device == "cuda" else {"ddr_cap_gb": per_device_gb * 2}
     topology = planner.make_topology(
         case.world_size, case.device, local_world_size=case.local_world_size, **caps
     )

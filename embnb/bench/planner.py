@@ -74,7 +74,7 @@ def bench_one(num_tables: int, world_size: int, opts: argparse.Namespace) -> dic
         storage_reservation="fixed",
     )
     proposers[OURS].update(
-        end_to_end_s=end_to_end.median_s,
+        end_to_end_s=statistics.median(end_to_end.seconds),
         end_to_end_s_runs=end_to_end.seconds,
         end_to_end_rating=end_to_end.rating,
         end_to_end_same_rating_every_run=end_to_end.same_rating_every_run,
@@ -103,9 +103,7 @@ def _enumerate(model, topology, opts: argparse.Namespace, enumerator: str) -> tu
     first, seconds = None, []
     for _ in range(opts.enumerate_repeats):
         gc.collect()  # each run starts from a heap without the last run's garbage
-        run = enumerate_options(
-            model.tables, topology, opts.batch_size, model.constraints, enumerator=enumerator
-        )
+        run = enumerate_options(model.tables, topology, opts.batch_size, model.constraints, enumerator)
         first, seconds = run if first is None else first, [*seconds, run.seconds]
     return first, seconds
 

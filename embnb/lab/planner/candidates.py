@@ -17,13 +17,12 @@ from typing import Any
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.types import ShardingOption, Topology
-from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_choice, check_int
-from embnb.lab.planner.comparison import UVM_KERNELS, default_proposers
+from embnb.lab.planner.comparison import UVM_KERNELS, Planning, default_proposers
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options
-from embnb.lab.planner.planning import rank_loads, run_planner
+from embnb.lab.planner.planning import rank_loads
 from embnb.planner.calibration import Calibration, estimators
 from embnb.planner.enumerator import make_enumerator
 from embnb.planner.perf_model import KernelCallPerfModel
@@ -52,11 +51,6 @@ class CandidatePlan:
     rating: float
     note: str = ""
     planning_s: float = math.nan
-
-    def sharding_plan(self, topology: Topology) -> ShardingPlan:
-        if self.options is None:
-            raise ValueError(f"plan {self.name!r} has no plan: {self.note}")
-        return to_sharding_plan(self.options, topology)
 
 
 def one_kind_on(enumerated: Enumerated, sharding_type: str, ranks: Sequence[int]) -> list[ShardingOption]:
@@ -110,17 +104,9 @@ def candidate_plans(
         rating = KernelCallPerfModel.from_calibration(topology, calibration)
         calibrated = Enumerated(enumerated.module, enumerated.sharders, options, 0.0)
         runs.append((CALIBRATED, DynamicProgrammingProposer(performance_model=rating), calibrated))
-    plans = {}
+    plans, planning = {}, Planning(batch_size, model.constraints, timeout_s=timeout_s)
     for name, proposer, over in runs:
-        run = run_planner(
-            proposer,
-            over,
-            topology,
-            batch_size,
-            name=name,
-            constraints=model.constraints,
-            timeout_s=timeout_s,
-        )
+        run = planning.run(proposer, over, topology, name)
         plans[name] = CandidatePlan(name, run.plan, run.perf_rating, run.note, run.seconds)
     if not poor:
         return plans
@@ -256,17 +242,18 @@ def measure_placed(
     rounds: int,
     *,
     device: str = "cpu",
-    alone_repeats: int = 1,
     poor: Sequence[str] | None = None,
     **options: Any,
 ) -> MeasuredCandidates:
     """Plans placed on `topology` (`candidate_plans`, or `candidates_from_json`) measured rank by
     rank on `batch` where the kernels run (`kernel_device(device)`): the planners' plans in `rounds`
-    interleaved rounds, each paired with embnb DP's, then the poor plans named in `poor` (None: all)
-    `alone_repeats` timed steps each. `options`: `embnb.steptime.StepOptions`' fields (threads,
-    warmup, hidden)."""
+    interleaved rounds, each paired with embnb DP's, then the poor plans named in `poor` (None: all).
+    `options`: `measure_world`'s (`alone_repeats`: timed steps of each poor plan) and
+    `embnb.steptime.StepOptions`' fields (threads, warmup, hidden)."""
     device, note = kernel_device(device)
-    placed = {n: c.sharding_plan(topology) for n, c in candidates.items() if c.options is not None}
+    placed = {
+        n: to_sharding_plan(c.options, topology) for n, c in candidates.items() if c.options is not None
+    }
     planners = {n: plan for n, plan in placed.items() if candidates[n].note != POOR}
     world = measure_world(
         planners,
@@ -275,7 +262,6 @@ def measure_placed(
         rounds,
         reference=REFERENCE if REFERENCE in planners else None,
         alone={n: plan for n, plan in placed.items() if n not in planners and (poor is None or n in poor)},
-        alone_repeats=alone_repeats,
         device=device,
         **options,
     )

@@ -150,19 +150,11 @@ def timing_breakdown(comparison: pd.DataFrame) -> pd.DataFrame:
     """Where each proposer's planning time went (a `compare_proposers` table): the shared
     enumeration, the proposer, torchrec's partitioner, the rest of torchrec's planner (rating,
     copying the best plan), end to end, and the plans considered and proposed."""
-    enumerate_s, c = comparison.attrs.get("enumerate_s", math.nan), comparison
-    return pd.DataFrame(
-        {
-            "enumerate_s": enumerate_s,
-            "proposer_s": c.proposer_s,
-            "partitioner_s": c.partitioner_s,
-            "planner_rest_s": c.plan_s - c.proposer_s - c.partitioner_s,
-            "plan_s": c.plan_s,
-            "end_to_end_s": enumerate_s + c.plan_s,
-            "plans_considered": c.get("plans_considered", c.proposals),
-            "proposals": c.proposals,
-        }
-    )
+    parts = ["enumerate_s", "proposer_s", "partitioner_s", "planner_rest_s", "plan_s", "end_to_end_s"]
+    enumerate_s = comparison.attrs.get("enumerate_s", math.nan)
+    rest_s = comparison.plan_s - comparison.proposer_s - comparison.partitioner_s
+    table = comparison.assign(enumerate_s=enumerate_s, planner_rest_s=rest_s)
+    return table[[*parts, "plans_considered", "proposals"]]
 
 
 def budget_sweep(
@@ -226,13 +218,11 @@ def quality_study(
         table = compare_proposers(enumerated, topology, planning, proposers)
         rating = table.perf_rating.where(table.feasible, math.inf)
         rating = rating.mask(table.note.str.startswith("skipped"))
-        instance_of = {
-            "instance": instance,
-            "world_size": topology.world_size,
-            "hosts": topology.world_size // topology.local_world_size,
-        }
+        hosts = topology.world_size // topology.local_world_size
         frame = pd.DataFrame({"perf_rating": rating, "brute_force": best, "ratio": rating / best})
-        frames.append(frame.reset_index().assign(**instance_of))
+        frames.append(
+            frame.reset_index().assign(instance=instance, world_size=topology.world_size, hosts=hosts)
+        )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from embnb.lab.planner.planning import run_planner
+from embnb.lab.planner.comparison import Planning
 from embnb.planner.knapsack import Knapsack
 from embnb.planner.proposer import DynamicProgrammingProposer
 
@@ -82,16 +82,14 @@ def page_core_agrees(
 
 
 def capped_runs_agree(page_best: dict[int, float], enumerated, topology, batch_size: int, reservation: float):
-    """Whether the capped runs written on notebook 03's page find the best rating the library's
+    """Whether the capped runs written on notebook 03a's page find the best rating the library's
     DynamicProgrammingProposer finds with its knapsack runs alone (`CAPS_ONLY`) in torchrec's
     planner, for each `max_caps` in `page_best` (max_caps -> the page's best rating)."""
+    planning = Planning(batch_size, storage_reservation_percentage=reservation)
 
     def rating(caps: int) -> float:
         proposer = DynamicProgrammingProposer(max_caps=caps, **CAPS_ONLY)
-        run = run_planner(
-            proposer, enumerated, topology, batch_size, storage_reservation_percentage=reservation
-        )
-        return run.perf_rating
+        return planning.run(proposer, enumerated, topology).perf_rating
 
     return {
         f"max_caps={caps}": math.isclose(best, rating(caps), rel_tol=1e-9) for caps, best in page_best.items()

@@ -1,10 +1,6 @@
 """Looking inside the proposer: its options, a knapsack small enough to work by hand, the plain
 knapsack's frontier, and why the least summed perf is not the plan to take (brute force over tiny
-instances, each plan placed and rated as torchrec's planner does).
-
-A tiny instance is three tables on two GPUs with four options each (table-wise or row-wise,
-`fused` or `fused_uvm_caching`): 64 plans.
-"""
+instances, each plan placed and rated as torchrec's planner does)."""
 
 from __future__ import annotations
 
@@ -25,10 +21,10 @@ from embnb.planner.space import AXES, GB, SearchSpace, by_table
 from embnb.planner.topology import make_topology, reserved_topology
 
 __all__ = ["options_table", "SmallKnapsack", "small_knapsack", "memory_ratio", "knapsack_frontier"]
-__all__ += ["PlanExtremes", "plan_extremes", "TINY_LIMITS", "SMALL_LIMITS", "tiny_instance"]
+__all__ += ["plan_extremes", "TINY_LIMITS", "SMALL_LIMITS", "tiny_instance"]
 __all__ += ["summed_vs_rated", "share_by_tightness"]
 
-TINY_LIMITS = {
+TINY_LIMITS = {  # a tiny instance: four options per table, 64 plans of three tables
     "sharding_types": ["table_wise", "row_wise"],
     "compute_kernels": ["fused", "fused_uvm_caching"],
 }
@@ -56,7 +52,6 @@ def options_table(
         {
             "table": option.name,
             "option": option_label(option),
-            "shards": len(option.shards),
             "perf": space.perf[t, o],
             "hbm_gb": space.mem[t, o, 0] / GB,
             "ddr_gb": space.mem[t, o, 1] / GB,
@@ -100,13 +95,9 @@ class SmallKnapsack:
 
     def describe(self) -> pd.DataFrame:
         """One row per table and option: perf and HBM (GiB and bins)."""
-        return pd.DataFrame(
-            {"table": table, "option": label, "perf": perf, "hbm_gb": hbm, "bins": bins}
-            for t, table in enumerate(self.tables)
-            for label, perf, hbm, bins in zip(
-                self.options[t], self.perfs[t], self.hbm_gb[t], self.memories[t]
-            )
-        )
+        columns = {"option": self.options, "perf": self.perfs, "hbm_gb": self.hbm_gb, "bins": self.memories}
+        frame = pd.DataFrame({"table": self.tables, **columns}).explode(list(columns), ignore_index=True)
+        return frame.infer_objects()
 
 
 def small_knapsack(
@@ -176,36 +167,23 @@ def knapsack_frontier(
     return frame
 
 
-@dataclass(frozen=True)
-class PlanExtremes:
-    """Three rows of a brute-force table (`rate_every_plan`): the least summed perf (placeable or
-    not), the least summed perf the partitioner can place, and the best rating (ties: the least
-    summed perf); how many plans can be placed, of how many."""
-
-    least_sum: pd.Series
-    least_placed_sum: pd.Series
-    best_rated: pd.Series
-    placeable: int
-    plans: int
-
-    def table(self) -> pd.DataFrame:
-        """The three plans, one row each (summed perf, rating: NaN where it cannot be placed)."""
-        rows = {"least summed": self.least_sum, "least summed placeable": self.least_placed_sum}
-        return pd.DataFrame({**rows, "best rated": self.best_rated}).T
-
-
-def plan_extremes(every_plan: pd.DataFrame) -> PlanExtremes:
-    """`PlanExtremes` of `every_plan` (columns summed_perf and perf_rating, NaN: not placeable)."""
+def plan_extremes(every_plan: pd.DataFrame) -> pd.DataFrame:
+    """Three rows of a brute-force table (`rate_every_plan`: columns summed_perf and perf_rating,
+    NaN: not placeable): the `least summed` perf (placeable or not), the `least summed placeable`
+    and the `best rated` (ties: the least summed perf); `.attrs`: `placeable` plans of `plans`.
+    Raises ValueError where none can be placed."""
     placeable = every_plan.dropna(subset=["perf_rating"])
     if placeable.empty:
         raise ValueError(f"none of the {len(every_plan)} plans can be placed: no best plan")
-    return PlanExtremes(
-        every_plan.loc[every_plan.summed_perf.idxmin()],
-        placeable.loc[placeable.summed_perf.idxmin()],
-        every_plan.sort_values(["perf_rating", "summed_perf"]).iloc[0],
-        len(placeable),
-        len(every_plan),
-    )
+    extremes = pd.DataFrame(
+        {
+            "least summed": every_plan.loc[every_plan.summed_perf.idxmin()],
+            "least summed placeable": placeable.loc[placeable.summed_perf.idxmin()],
+            "best rated": every_plan.sort_values(["perf_rating", "summed_perf"]).iloc[0],
+        }
+    ).T
+    extremes.attrs.update(placeable=len(placeable), plans=len(every_plan))
+    return extremes
 
 
 def tiny_instance(
@@ -228,10 +206,10 @@ def tiny_instance(
 def summed_vs_rated(
     num_instances: int, seed: int = 0, batch_size: int = 512, storage_reservation_percentage: float = 0.15
 ) -> pd.DataFrame:
-    """Random tiny instances (rows, dims, pooling factors and HBM drawn from a few round values),
-    one row each: its `world_size` and `hosts`, the rating of the least summed perf plan the
-    partitioner can place over the best rating (1: it is the best), whether the least summed perf
-    of all cannot be placed, and `memory_ratio`. Instances where no plan can be placed are left out."""
+    """Random tiny instances on two GPUs (rows, dims, pooling factors and HBM drawn from a few round
+    values), one row each: the rating of the least summed perf plan the partitioner can place over
+    the best rating (1: it is the best), whether the least summed perf of all cannot be placed, and
+    `memory_ratio`. Instances where no plan can be placed are left out."""
     check_int("num_instances", num_instances, low=1)
     rng = np.random.default_rng(seed)
     rows = []
@@ -245,17 +223,15 @@ def summed_vs_rated(
         every_plan = rate_every_plan(enumerated, topology, batch_size, storage_reservation_percentage)
         if every_plan.perf_rating.isna().all():
             continue
-        extremes = plan_extremes(every_plan)
-        best, least = extremes.best_rated.perf_rating, extremes.least_placed_sum.perf_rating
+        rating = plan_extremes(every_plan).perf_rating
+        best, least = rating["best rated"], rating["least summed placeable"]
         rows.append(
             {
                 "instance": instance,
-                "world_size": topology.world_size,
-                "hosts": topology.world_size // topology.local_world_size,
                 "hbm_gb": hbm_gb,
                 "spec": spec,
                 "least_placed_sum_over_best": least / best,
-                "least_sum_unplaceable": bool(math.isnan(extremes.least_sum.perf_rating)),
+                "least_sum_unplaceable": bool(math.isnan(rating["least summed"])),
                 "memory_ratio": memory_ratio(
                     enumerated, topology, batch_size, storage_reservation_percentage
                 ),

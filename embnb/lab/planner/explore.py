@@ -22,9 +22,8 @@ __all__ = ["ExplorerStart", "PlannerExplorer", "hbm_slider"]
 
 
 def hbm_slider(value: float) -> widgets.FloatLogSlider:
-    """A log slider for HBM per device from `value` / 16 to `value` * 16, 2**(1/4) apart, whose grid
-    passes through `value`, so it starts at exactly `value` (a grid from a fixed minimum would snap
-    1.2 to 2**0.25 = 1.19)."""
+    """A log slider for HBM per device, `value` / 16 to `value` * 16 in steps of 2**(1/4) on a grid
+    through `value`, so it starts there (a grid from a fixed minimum would snap 1.2 to 1.19)."""
     exponent = math.log2(check_number("hbm_cap_gb", value, low=0, low_open=True))
     return widgets.FloatLogSlider(
         value=value,

@@ -45,7 +45,6 @@ def knapsack_choices_figure(
     dp: list[list[float]],
     choices: list[list[int]],
     plan: list[int],
-    title: str | None = None,
 ) -> Figure:
     """The DP table `dp` filled over a `SmallKnapsack` (`dp[t][m]`: least summed perf of tables 0..t
     in exactly m bins; `choices[t][m]`: the option that cell took, -1 none), one row per table added
@@ -89,7 +88,7 @@ def knapsack_choices_figure(
     handles.append(Patch(facecolor="0.93", label="unreachable"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
     best = f"best plan: {dp[-1][path[-1]]:.3f} ms in {path[-1]} bins"
-    ax.set_title(title or f"Knapsack DP: each cell's least estimated summed perf, ms ({best})", fontsize=10)
+    ax.set_title(f"Knapsack DP: each cell's least estimated summed perf, ms ({best})", fontsize=10)
     return fig
 
 

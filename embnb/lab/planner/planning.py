@@ -9,7 +9,6 @@ import dataclasses
 import gc
 import logging
 import math
-import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -203,10 +202,6 @@ class EndToEnd:
     seconds: list[float]
     rating: float
     same_rating_every_run: bool
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.seconds)
 
 
 def time_end_to_end(
