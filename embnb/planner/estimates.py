@@ -109,17 +109,12 @@ def clone(value: Any) -> Any:
 
 
 def _quick_lookups(estimator: EmbeddingPerfEstimator) -> EmbeddingPerfEstimator:
-    """A copy of torchrec's perf estimator whose config lists only the public
-    names that can hold an annotated method (the estimator passed is left as
-    it is).
-
-    torchrec finds a config's custom formulas by scanning `dir(config)` for
-    methods carrying an annotation attribute, several times per shard; that
-    scan is most of its perf estimate. A name whose value is falsy, not
-    callable, or a plain function or method with no attributes of its own can
-    never match, so leaving those out changes no lookup's result. The copy's
-    config is an instance of a subclass of the config's class (same class
-    hierarchy, same attributes) whose `__dir__` returns the rest."""
+    """A copy of torchrec's perf estimator (the one passed is left as it is) whose config, an
+    instance of a subclass of its class with the same attributes, lists in `__dir__` only the
+    public names that can hold an annotated method. torchrec finds a config's custom formulas by
+    scanning `dir(config)` for an annotation attribute, several times per shard (most of its perf
+    estimate); a name whose value is falsy, not callable, or a plain function or method with no
+    attributes of its own can never match, so leaving it out changes no lookup's result."""
     config = estimator.config
     if not hasattr(config, "__dict__") or hasattr(type(config), "__slots__"):
         return estimator  # not a plain instance: used as it is

@@ -204,15 +204,10 @@ class EmbnbShardingPlanner(EmbeddingShardingPlanner):
         self.progress = progress
 
     def plan(self, module, sharders):
-        """torchrec's plan, with the cyclic garbage collector paused
-        (`collector_paused`), torchrec's own steps too: its partitions and its
-        deep copy of each better plan allocate shards by the hundred thousand
-        on thousands of tables, and the collections they trigger walk every
-        option enumerated (seconds each). The one collection that planning
-        leaves due runs before `plan` returns (else the caller's next
-        allocation would pay it), so a plan's time includes it. With
-        `progress`, one tqdm bar: the enumeration, then the plans the DP
-        considers (its best rating beside it)."""
+        """torchrec's plan, with the cyclic garbage collector paused throughout
+        (`collector_paused`; docs/planner.md, "What is computed once") and the one
+        collection that planning leaves due run before it returns, inside its time. With
+        `progress`, one tqdm bar: the enumeration, then the plans the DP considers."""
         self.dp_proposer.expect_sharders(sharders, self.topology)
         try:
             with self._progress_bar(), collector_paused():

@@ -43,12 +43,11 @@ class Knapsack:
         native: bool | None = None,
         workspace: torch.Tensor | None = None,
     ):
-        """`native`: add tables on one axis with torch.ops.embnb.knapsack_step
-        (the same states, several times faster); None: when embnb's native
-        extension is built (`python -m embnb.cuda build`; the planner never
-        compiles it) and loads, else numpy, after one warning; False: numpy.
-        `workspace`: an int32 tensor the native run keeps its trace in (and
-        grows), passed from run to run so its memory is allocated once."""
+        """`native`: add tables on one axis with torch.ops.embnb.knapsack_step (the same
+        states, several times faster), as `embnb.cuda.loader.use` reads it, never compiling
+        (None: where the extension is built, else numpy after one warning). `workspace`: an
+        int32 tensor the native run keeps its trace in (and grows), passed from run to run so
+        its memory is allocated once."""
         self.capacity, self.shape, self.workspace = capacity, bins, workspace
         self._native = len(bins) == 1 and loader.use(native, build=False)
         self.bin_size = capacity / np.array(bins)

@@ -118,10 +118,9 @@ class GreedyPerfReplica:
         native: bool | None = None,
         performance_model: KernelCallPerfModel | None = None,
     ) -> None:
-        """`native`: place what it models with torch.ops.embnb.greedy_place;
-        None: when embnb's native extension is built (`python -m embnb.cuda
-        build`; the planner never compiles it) and loads, else here, after
-        one warning; False: here. `performance_model`: rate as it rates
+        """`native`: place what it models with torch.ops.embnb.greedy_place, as
+        `embnb.cuda.loader.use` reads it, never compiling (None: where the extension
+        is built, else here after one warning). `performance_model`: rate as it rates
         (its kernel calls per rank and collectives; None or all coefficients
         0: NoopPerfModel's ratings, the same to the bit)."""
         devices = storage_constraint.devices
