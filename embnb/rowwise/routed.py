@@ -138,14 +138,11 @@ def check_compatible(table: str, saved: Mapping[str, Any] | None, layout: TableL
     depend on W (torchrec reshards them); the round-robin routings' do, and
     feistel_roundrobin's on its seed.
     """
-    saved = dict(saved) if saved else {"routing": Routing.CONTINUOUS.value, "seed": 0}
+    saved = dict(saved) if saved else {"routing": Routing.CONTINUOUS.value}
     routing = Routing.parse(saved.get("routing", Routing.CONTINUOUS.value))
-    same = routing is layout.routing
-    if same and routing is Routing.FEISTEL_ROUNDROBIN:
-        same = int(saved.get("seed", 0)) == layout.seed
-    if same and routing is not Routing.CONTINUOUS:
-        same = int(saved.get("world_size", -1)) == layout.world_size
-    if not same:
+    world_size, seed = int(saved.get("world_size", 1)), int(saved.get("seed", 0))
+    # the same layout is the same key suffix: routing, and W and seed where they move rows
+    if TableLayout(layout.num_embeddings, world_size, routing, seed).key_suffix != layout.key_suffix:
         where = ", ".join(f"{k}={saved[k]!r}" for k in ("routing", "world_size", "seed") if k in saved)
         raise RoutingMismatch(
             f"table {table!r}: the state dict was saved with routing {routing.value!r} ({where}) but this "
@@ -346,11 +343,8 @@ class RoutedSharder:
 
     Args:
         routings: table -> routing ("continuous", "roundrobin", "feistel_roundrobin"). A table is named
-            by its name (every collection's table of that name) or by its collection's path in the
-            model and its name, `"{module_fqn}.{table}"` (`"sparse.ebc.t_item"`; it wins over the
-            bare name). A name that matches no table raises a ValueError naming it: when the sharder
-            shards the collection it names, or the model's root collection, else at the first input
-            distribution, once every collection has been sharded.
+            by its name or by `"{module_fqn}.{table}"` (it wins over the bare name); a name that
+            matches no table raises a ValueError naming it (docs/sharders.md, "Several collections").
         others: the routing of row-wise tables not in `routings`.
         seed: the key of feistel_roundrobin's bijection.
         **kwargs: as for torchrec's sharder (fused_params, qcomm_codecs_registry, ...).

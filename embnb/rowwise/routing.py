@@ -46,7 +46,6 @@ __all__ = [
     "KEY_MODES",
     "Bucketized",
     "hash_key",
-    "feistel_permutation",
     "feistel_round_keys",
     "owner_rank",
     "bucketize",

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 __all__ = ["MASK64", "fmix64", "jump_bucket", "page_core_agrees"]
 
-DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
-
 MASK64 = (1 << 64) - 1  # keep the low 64 bits: uint64 arithmetic
 
 
@@ -55,7 +53,7 @@ def page_core_agrees(
         raise ValueError("keys must be a non-empty list of ints in [0, 2**63)")
     tensor = torch.tensor(keys, dtype=torch.int64)
     checks = {"fmix64": [page_fmix64(k) for k in keys] == [h & MASK64 for h in hash_key(tensor).tolist()]}
-    for dist_type in DIST_TYPES:
+    for dist_type in ("continuous", "roundrobin", "hash_roundrobin"):
         checks[dist_type] = all(
             [page_owner(k, w, dist_type, block_size) for k in keys]
             == owner_rank(tensor, w, dist_type, block_size).tolist()

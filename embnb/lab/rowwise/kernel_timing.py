@@ -102,17 +102,15 @@ def measure_case(
     lengths, indices = make_inputs(num_keys, device)
     block = math.ceil(rows / world_size)
     mode = DistType.parse(dist_type)
-    feistel = mode is DistType.FEISTEL_ROUNDROBIN
     # the op's entry: a continuous feature's block, a feistel table's rows; roundrobin routes unbounded
     # keys here (0), as the KV tables and dynamicemb do
     entry = {DistType.CONTINUOUS: block, DistType.FEISTEL_ROUNDROBIN: rows}.get(mode, 0)
     blocks = [entry] * num_features
-    keys = feistel_round_keys(0) if feistel else None
+    keys = feistel_round_keys(0) if mode is DistType.FEISTEL_ROUNDROBIN else None
     loader.load()
-    code = DIST_CODES[mode]
     calls = {  # the op itself, as FBGEMM's: no Python-side argument checks timed
         "embnb": lambda: torch.ops.embnb.bucketize(
-            lengths, indices, world_size, [code] * num_features, blocks, None, keys
+            lengths, indices, world_size, [DIST_CODES[mode]] * num_features, blocks, None, keys
         ),
         "reference": lambda: bucketize(
             lengths, indices, world_size, mode, blocks, num_embeddings=blocks, native=False
