@@ -50,7 +50,10 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         try:
             results = run_notebook(nb, opts.out, params)
-            line, ok = str(results.get("summary", "(no summary in results JSON)")), True
+            summary = results.get("summary", "(no summary in results JSON)")
+            if isinstance(summary, dict):  # a notebook's headline numbers as data
+                summary = "; ".join(f"{key}: {value}" for key, value in summary.items())
+            line, ok = str(summary), True
         except Exception as exc:  # report and go on with the next notebook
             line, ok = f"FAILED: {str(exc).splitlines()[0]}", False
         seconds = time.perf_counter() - start
