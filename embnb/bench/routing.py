@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -148,20 +147,18 @@ def _options(argv: list[str]) -> argparse.Namespace:
     if opts.world_size < 2 or opts.zipf_alpha <= 0 or opts.deadline_s <= 0:
         got = f"{opts.world_size}, {opts.zipf_alpha} and {opts.deadline_s}"
         parser.error(f"--world-size must be >= 2, --zipf-alpha and --deadline-s > 0; got {got}")
+    try:
+        opts.device = tbe_device(opts.device)
+    except ValueError as error:
+        parser.error(str(error))
+    opts.rows = opts.rows or ROWS[opts.device]
+    if not opts.world_size <= opts.rows or opts.stride > opts.rows:
+        parser.error(f"--rows must be >= --world-size and --stride, got {opts.rows}")
     return opts
 
 
 def main(argv: list[str]) -> int:
     opts = _options(argv)
-    try:
-        opts.device = tbe_device(opts.device)
-    except ValueError as error:
-        print(error, file=sys.stderr)
-        return 2
-    opts.rows = opts.rows or ROWS[opts.device]
-    if not opts.world_size <= opts.rows or opts.stride > opts.rows:
-        print(f"--rows must be >= --world-size and --stride, got {opts.rows}", file=sys.stderr)
-        return 2
     threads = torch.get_num_threads()
     if opts.device == "cpu":
         torch.set_num_threads(1)  # the CPU clock is the thread's: one intra-op thread

@@ -13,9 +13,8 @@ duplicated. dynamicemb's loader keeps `key % world_size == rank` whatever the di
 `hash_roundrobin` most rows then land on a rank that does not own them (or are dropped): the mistake
 this module avoids.
 
-safetensors: no pickle, so loading runs no code. Each file is written to a temporary name beside it,
-fsynced and renamed, shards before the metadata, and every shard read back is checked against the
-metadata (dim, rank, ownership): a crash never leaves a half-written file under a final name, and one
+safetensors: no pickle, so loading runs no code. Files are written atomically (`_atomic_write`),
+shards before the metadata, and every shard read back is checked against the metadata, so a crash
 between the two writes is reported, not silently loaded.
 """
 
@@ -123,7 +122,8 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it."""
+    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it: a crash never
+    leaves a half-written file under ``path``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -3,21 +3,13 @@ dynamicemb's hash tables, taught simply: each rank holds the rows of the keys it
 (`embnb.rowwise.routing`) as a sorted tensor of unique global keys and a tensor of rows. A key seen for
 the first time gets `init_rows`, a pure function of key and seed, so every rank, every world size and
 the single-process table (no process group, or `world_size=1`: the all-to-alls skipped) give a key the
-same initial row.
+same initial row, and storage and checkpoints agree across layouts.
 
 A lookup has the ids-out, rows-back shape of torchrec's row-wise sharding, in three
 `all_to_all_single` calls with uneven splits: `bucketize` groups the keys by owner rank, the ranks
 exchange the counts, then the ids; each owner finds (or inserts) the rows and sends them back, and
-`unbucketize_permute` puts them in input order. `apply_gradients` routes per-key gradient rows the same
-way and applies plain SGD (`row -= lr * grad`, duplicates summed).
-
-Keys are stored as global keys in every mode, so storage, initial rows and checkpoints agree across
-layouts. `continuous` sends the owner a local row id, which it turns back into the key: an in-block id
-`l < block_size` is `rank * block_size + l`; past the blocks the id is `key // world_size` (always
-`>= block_size` there) and `key % world_size == rank`, so the key is `l * world_size + rank`.
-
-A batch is a torchrec `KeyedJaggedTensor` or a `JaggedBatch`, the same accessors without torchrec
-(`lookup_on_rank` takes these: unpickling a KJT imports torchrec, which costs each spawned rank seconds).
+`unbucketize_permute` puts them in input order. `apply_gradients` routes gradient rows the same way.
+A batch is a torchrec `KeyedJaggedTensor` or a `JaggedBatch`, the same accessors without torchrec.
 """
 
 from __future__ import annotations
@@ -76,7 +68,8 @@ def init_rows(keys: torch.Tensor, embedding_dim: int, seed: int = 0) -> torch.Te
 
 
 class JaggedBatch:
-    """A KeyedJaggedTensor's keys, values and lengths, without torchrec.
+    """A KeyedJaggedTensor's keys, values and lengths, without torchrec (unpickling a KJT imports
+    torchrec, which costs each spawned rank seconds: `lookup_on_rank` takes these).
 
     ``lengths`` is feature-major (``[num_features * batch_size]``), as
     ``KeyedJaggedTensor.lengths()``; the accessors have KJT's names.
@@ -211,7 +204,10 @@ class ShardedKVTable:
         return buckets, send_splits, recv_splits, self._to_global(ids)
 
     def _to_global(self, ids: torch.Tensor) -> torch.Tensor:
-        """Global keys from the ids an owner receives (see module doc)."""
+        """Global keys from the ids an owner receives. `continuous` sends a local row id: an in-block id
+        `l < block_size` is key `rank * block_size + l`; past the blocks the id is `key // world_size`
+        (always `>= block_size` there) and `key % world_size == rank`, so the key is
+        `l * world_size + rank`."""
         if self.dist_type is not DistType.CONTINUOUS:
             return ids  # round-robin modes send the raw key
         in_block = ids < self.block_size

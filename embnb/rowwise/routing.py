@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 
 from embnb._checks import check_int, check_int_tensor
+from embnb.cuda import loader
 from embnb.rowwise.hashing import (
     feistel_permutation,
     feistel_round_keys,
@@ -303,8 +304,6 @@ def bucketize(
     args = _check_args(
         lengths, indices, world_size, dist_type, block_sizes, num_features, weights, num_embeddings, seed
     )
-    from embnb.cuda import loader  # builds the extension on first use
-
     if not loader.use(native):
         return _bucketize_reference(args)
     device = args.indices.device
