@@ -49,8 +49,7 @@ def main(argv: list[str]) -> int:
     try:
         device = resolve_device(args.device)
     except ValueError as error:  # --device cuda without a GPU
-        print(f"bucketize bench: {error}", file=sys.stderr)
-        return 2
+        parser.error(str(error))
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     dist_types = tuple(DistType.parse(d).value for d in args.dist_types.split(","))
     cases = KernelCases(

@@ -142,16 +142,10 @@ class ShardedKVTable:
                 f"rank={dist.get_rank()})"
             )
         self.rank = rank
-        if self.dist_type is DistType.CONTINUOUS:
-            block_size = check_int("block_size", block_size, low=1)
-        else:
-            block_size = None  # never read by the round-robin modes
-        self.block_size = block_size
-        init_rows(torch.empty(0, dtype=torch.int64), 1, seed)  # checks seed
-        self.seed = seed
-        if device is None:
-            device = rank_device() if grouped else torch.device("cpu")
-        self.device = torch.device(device)
+        continuous = self.dist_type is DistType.CONTINUOUS  # the round-robin modes read no block_size
+        self.block_size = check_int("block_size", block_size, low=1) if continuous else None
+        self.seed = check_int("seed", seed, low=_INT64_MIN, high=_INT64_MAX)  # as init_rows takes it
+        self.device = torch.device(device or (rank_device() if grouped else "cpu"))
         self.keys = torch.empty(0, dtype=torch.int64, device=self.device)
         self.rows = torch.empty(0, embedding_dim, device=self.device)
         self._counters = {

@@ -18,7 +18,6 @@ _HOMES = {
         "zipf_over_seeds",
         "sign_test",
         "alpha_sweep",
-        "COUNTED",
         "pipeline_table",
         "out_of_range_lookup",
     ],
