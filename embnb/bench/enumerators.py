@@ -183,11 +183,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m embnb.bench enumerators", description=__doc__.split("\n")[0]
     )
-    count = bounded(int, 1)
-    parser.add_argument(
-        "--tables", type=count, default=200, help="tables per model (mixed: and a quarter more)"
-    )
-    parser.add_argument("--repeats", type=count, default=3, help="enumerations per enumerator and case")
+    add, count = parser.add_argument, bounded(int, 1)
+    add("--tables", type=count, default=200, help="tables per model (mixed: and a quarter more)")
+    add("--repeats", type=count, default=3, help="enumerations per enumerator and case")
     add_out_argument(parser)
     opts = parser.parse_args(argv)
     quiet_torchrec_logs()
