@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import ipywidgets as widgets
@@ -33,7 +34,8 @@ class LoadExplorer(Explorer):
         if not streams.patterns or not dist_types:
             raise ValueError("patterns and dist_types must not be empty")
         names = [DistType.parse(d).value for d in dist_types]
-        self.streams, self._stream = streams, (None, None)
+        # one stream at a time: toggling dist_type or W reuses it
+        self.streams, self._keys = streams, functools.lru_cache(maxsize=1)(streams.keys)
         step, top = max(1, max_num_keys // 1000), max(max_num_keys, num_keys)
         super().__init__(
             {
@@ -47,9 +49,7 @@ class LoadExplorer(Explorer):
         )
 
     def draw(self, pattern: str, dist_type: str, world_size: int, num_keys: int) -> Figure:
-        if self._stream[0] != (pattern, num_keys):  # one stream: toggling dist_type or W reuses it
-            self._stream = ((pattern, num_keys), self.streams.keys(pattern, num_keys))
-        keys, rows = self._stream[1], self.streams.rows_for(pattern, dist_type)
+        keys, rows = self._keys(pattern, num_keys), self.streams.rows_for(pattern, dist_type)
         return rank_bars(
             {dist_type: rank_counts(keys, world_size, dist_type, table_rows=rows)},
             highlight={dist_type: hottest_key_counts(keys, world_size, dist_type, table_rows=rows)},

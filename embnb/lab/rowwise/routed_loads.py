@@ -73,7 +73,6 @@ class LoadsConfig:
 RANK_COLUMNS = (
     "case world_size routing rank rows ids ids_replayed lookup_ms lookup_wall_ms lookup_ms_low lookup_ms_high"
 ).split()
-CASE_KEYS = ["case", "world_size", "routing"]
 
 
 def layout_batch(ids: torch.Tensor, layout: TableLayout, bag_size: int) -> GlobalBatch:
@@ -124,7 +123,7 @@ def case_table(loads: pd.DataFrame) -> pd.DataFrame:
     """Per (case, world_size, routing) of `measure_loads`' ranks: max/mean of the ids and of the lookup
     time, and the slowest and the median rank's ms (CPU time)."""
     ratio = lambda values: max_over_mean(values.tolist())  # noqa: E731
-    return loads.groupby(CASE_KEYS, sort=False).agg(
+    return loads.groupby(["case", "world_size", "routing"], sort=False).agg(
         ids_max_over_mean=("ids", ratio),
         time_max_over_mean=("lookup_ms", ratio),
         slowest_ms=("lookup_ms", "max"),
