@@ -73,8 +73,7 @@ def read_rows(checkpoint_id: str | os.PathLike, key: str, num_embeddings: int) -
     """
     metadata = _metadata(checkpoint_id)
     found, layout = _saved(metadata, key, num_embeddings)
-    rows = _read(checkpoint_id, metadata, found)
-    return convert_rows(rows, layout, TableLayout(num_embeddings, 1))
+    return convert_rows(_read(checkpoint_id, metadata, found), layout, TableLayout(num_embeddings, 1))
 
 
 def load_resharded(

@@ -309,9 +309,8 @@ def bucketize(
     device = args.indices.device
     if device.type != "cpu" and not loader.load().cuda:
         message = (
-            f"embnb: the native extension was built without CUDA "
-            f"kernels, so bucketize on {device} tensors runs the "
-            f"pure-torch reference (same results)"
+            f"embnb: the native extension was built without CUDA kernels, so bucketize on {device} "
+            f"tensors runs the pure-torch reference (same results)"
         )
         if native:
             raise loader.NativeUnavailable(message)

@@ -48,8 +48,7 @@ def gather_rows(module: nn.Module, table: str, group: dist.ProcessGroup | None =
 def load_rows(module: nn.Module, table: str, rows: torch.Tensor) -> None:
     """Load `rows` (`[storage_rows, dim]`, storage order) into `table`; each rank takes its block."""
     state = module.state_dict()
-    key = weight_key(module, table)
-    weight = state[key]
+    weight = state[weight_key(module, table)]
     if tuple(rows.shape) != tuple(weight.size()):
         held = tuple(weight.size())
         raise ValueError(f"table {table!r} holds {held} storage rows, got {tuple(rows.shape)}")

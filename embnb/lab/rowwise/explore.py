@@ -34,8 +34,7 @@ class LoadExplorer(Explorer):
         if not streams.patterns or not dist_types:
             raise ValueError("patterns and dist_types must not be empty")
         names = [DistType.parse(d).value for d in dist_types]
-        # one stream at a time: toggling dist_type or W reuses it
-        self.streams, self._keys = streams, functools.lru_cache(maxsize=1)(streams.keys)
+        self.streams, self._keys = streams, functools.lru_cache(maxsize=1)(streams.keys)  # one stream kept
         step, top = max(1, max_num_keys // 1000), max(max_num_keys, num_keys)
         super().__init__(
             {
