@@ -177,28 +177,6 @@ class RecordingProposer(planner.DynamicProgrammingProposer):
         return proposal
 
 
-class BestPlan(Stats):
-    """torchrec's planner logs its best plan to its Stats."""
-
-    plan = None
-
-    def log(
-        self,
-        sharding_plan,
-        topology,
-        batch_size,
-        storage_reservation,
-        num_proposals,
-        num_plans,
-        run_time,
-        best_plan,
-        *args,
-        **kwargs,
-    ):
-        if sharding_plan.plan:
-            self.plan = best_plan
-
-
 def plan_with(proposer, tables, constraints, topology, performance_model=None):
     """torchrec's planner with only `proposer` (and `performance_model`, else
     NoopPerfModel): its best plan's rating (inf: none), the storage constraint
@@ -206,20 +184,19 @@ def plan_with(proposer, tables, constraints, topology, performance_model=None):
     module = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
     reservation = FixedPercentageStorageReservation(RESERVATION)
-    best = BestPlan()
     the_planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=BATCH_SIZE,
         storage_reservation=reservation,
         proposer=[proposer],
         constraints=constraints,
-        stats=[best],
+        stats=[],  # none: torchrec's default prints its table
         debug=False,
         performance_model=performance_model,
     )
     try:
         sharding_plan = the_planner.plan(module, sharders)
-        rating = (performance_model or NoopPerfModel(topology)).rate(best.plan)
+        rating = (performance_model or NoopPerfModel(topology)).rate(best_plan(the_planner))
     except PlannerError:
         sharding_plan, rating = None, math.inf
     constraint = reservation.reserve(topology, BATCH_SIZE, module, sharders, constraints)
