@@ -489,12 +489,13 @@ def test_package_brute_force_agrees_with_the_test_one():
     assert every.perf_rating.min() == pytest.approx(expected)
     assert brute_force_rating(enumerated, topology, BATCH_SIZE) == pytest.approx(expected)
     extremes = plan_extremes(every)
-    assert extremes.best_rated.perf_rating == pytest.approx(expected)
-    assert (extremes.plans, extremes.placeable) == (64, every.perf_rating.notna().sum())
+    summed = extremes.summed_perf
+    assert extremes.loc["best rated", "perf_rating"] == pytest.approx(expected)
+    assert (extremes.attrs["plans"], extremes.attrs["placeable"]) == (64, every.perf_rating.notna().sum())
     # summed perf adds up per table: the least is each table's least option
     least = sum(min(o.total_perf for o in g) for g in by_table(enumerated.options))
-    assert extremes.least_sum.summed_perf == pytest.approx(least)
-    assert extremes.least_placed_sum.summed_perf >= extremes.least_sum.summed_perf
+    assert summed["least summed"] == pytest.approx(least)
+    assert summed["least summed placeable"] >= summed["least summed"]
 
 
 def test_quality_summary_per_proposer():
