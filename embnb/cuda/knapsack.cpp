@@ -1,6 +1,6 @@
 // torch.ops.embnb.knapsack_step and knapsack_run: the DP proposer's knapsack
 // on one memory axis, one table at a time or every table in one call; the
-// native twin of embnb/planner/knapsack.py (Knapsack._add_table_on_one_axis).
+// native twin of embnb/planner/knapsack.py (Knapsack.add_table on one axis).
 // It keeps exactly the numpy version's states: the same float sums (state +
 // option, in double), the same bins (floor(memory / bin_size)), the same
 // winner per bin (the least perf; on a tie the first in (option, state)
