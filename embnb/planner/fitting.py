@@ -1,4 +1,4 @@
-"""The least-squares fit of a `Calibration` to measured ranks (`embnb.planner.calibration` holds
+"""The fit of a `Calibration` to measured ranks (`embnb.planner.calibration` holds
 what is fitted and how torchrec runs it; this module, how it is fitted).
 
     ranks = measured_ranks(options, times, topology, sharders, cache_bytes=...)
@@ -18,7 +18,7 @@ from embnb.planner.calibration import TERMS, Calibration, MeasuredRank
 __all__ = ["fit", "HUBER_DELTA"]
 
 # Huber's threshold on a rank's relative error: about the spread of a rank measured twice (the
-# calibrate bench's rank_repeat_gap, a median of 3.7% on the 2-core CPU), so ranks within the noise
+# calibrate bench's rank_repeat_gap, medians of 2.4-4.0% on the 2-core CPU), so ranks within the noise
 # count as least squares.
 HUBER_DELTA = 0.05
 HUBER_ITERATIONS = 100
@@ -46,7 +46,8 @@ def fit(
     parameter"; solved by iteratively reweighted non-negative least squares, weights
     min(1, delta / |error|)). Why not least squares: the goal is the median rank's error, and a few
     ranks the terms cannot price (the dense kernel's, issue #69) pulled a squared fit off the rest
-    (2026-11-29's CPU run: held-out median 8.6% squared, 7.7% Huber). None: least squares. Raises
+    (five CPU calibrate runs: held-out median per-rank error 6.2-9.5%, median 8.7%, Huber; 7.1-11.2%,
+    median 10.6%, least squares on the same ranks). None: least squares. Raises
     ValueError where a measurement is not a positive finite time, `huber_delta` is not > 0, or the
     ranks do not determine every coefficient.
 
