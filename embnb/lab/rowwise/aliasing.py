@@ -27,27 +27,6 @@ from embnb.data import make_keys
 from embnb.metrics import max_over_mean
 from embnb.rowwise.routing import DistType, hash_key, owner_rank
 
-__all__ = [
-    "KeyStreams",
-    "into_table",
-    "block_size_for",
-    "owners",
-    "rank_counts",
-    "hot_key_floor",
-    "worked_example",
-    "load_table",
-    "hash_noise",
-    "balls_into_bins",
-    "zipf_over_seeds",
-    "sign_test",
-    "hottest_key_counts",
-    "counted_placement",
-    "alpha_sweep",
-    "COUNTED",
-    "pipeline_table",
-    "out_of_range_lookup",
-]
-
 COUNTED = "counted placement (LPT)"  # the dist_type column of the count-aware model
 
 

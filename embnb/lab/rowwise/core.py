@@ -5,8 +5,6 @@ the rule its page writes (`page_core_agrees`), and a jump consistent hash to con
 
 from __future__ import annotations
 
-__all__ = ["MASK64", "fmix64", "jump_bucket", "page_core_agrees"]
-
 MASK64 = (1 << 64) - 1  # keep the low 64 bits: uint64 arithmetic
 
 

@@ -14,8 +14,6 @@ from embnb.lab.rowwise.aliasing import KeyStreams, hot_key_floor, hottest_key_co
 from embnb.lab.widgets import Explorer, world_size_slider
 from embnb.rowwise.routing import DistType
 
-__all__ = ["LoadExplorer"]
-
 
 class LoadExplorer(Explorer):
     """Keys per rank (bars) and the hottest key's share (black) of one of `streams` (as the notebook's

@@ -10,8 +10,6 @@ from matplotlib.figure import Figure
 
 from embnb.lab.plotting import color, new_figure
 
-__all__ = ["load_heatmap", "zipf_seeds_figure", "routed_loads_figure"]
-
 
 def _panels(fig: Figure, count: int, **options) -> list:
     return list(fig.subplots(1, count, squeeze=False, **options)[0])

@@ -13,8 +13,6 @@ from embnb.lab.rowwise.routed_loads import TABLE, case_ids
 from embnb.metrics import max_over_mean
 from embnb.rowwise import TableLayout
 
-__all__ = ["TrainConfig", "shard_model", "train_rank", "training_rows"]
-
 
 def shard_model(model: torch.nn.Module, routings: dict[str, str], world_size: int, fused_params: dict):
     """`model.ebc`'s tables row-wise under DMP, each routed as `routings` says (torchrec's own

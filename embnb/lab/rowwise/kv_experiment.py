@@ -16,16 +16,6 @@ from embnb.metrics import max_over_mean
 from embnb.rowwise import checkpoint, kv
 from embnb.rowwise.routing import DistType, hash_key, owner_rank
 
-__all__ = [
-    "make_batches",
-    "run_kv_lookups",
-    "reload",
-    "DYNAMICEMB_LOADER",
-    "DYNAMICEMB_COMMIT",
-    "dynamicemb_keys_loaded",
-    "mismatch_message",
-]
-
 
 def make_batches(keys: torch.Tensor, world_size: int, keys_per_sample: int = 1) -> list[kv.JaggedBatch]:
     """Split `keys` into one batch per rank (data-parallel input: rank r looks up `batches[r]`), each

@@ -26,9 +26,6 @@ from embnb.steptime import GlobalBatch, batch_from_keys
 from embnb.steptime.measure import StepOptions, measure_ranks
 from embnb.steptime.work import RankWork, routing_work
 
-__all__ = ["CASES", "ROUTINGS", "LoadsConfig", "case_ids", "measure_loads", "case_table", "rank_spread"]
-__all__ += ["step_verdicts"]
-
 CASES = ("frequency", "strided", "hashed")
 ROUTINGS = tuple(r.value for r in Routing)
 TABLE = "table"
