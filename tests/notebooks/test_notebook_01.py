@@ -2,7 +2,7 @@
 
 The expectations are independent of the notebook: they follow from how the key streams are built
 (embnb.data), from counting residues, from the plain Python routing rule
-(embnb.lab.rowwise.core, tests/sharder_ranks.owner_local) and from enumerating coin flips, not
+(tests/lab/rowwise/plain_routing.py, tests/sharder_ranks.owner_local) and from enumerating coin flips, not
 from re-running the notebook's own code.
 """
 
@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from embnb.data import make_keys, zipf_probs
-from embnb.lab.rowwise.core import fmix64
+from tests.lab.rowwise.plain_routing import fmix64
 from tests.sharder_ranks import owner_local
 
 WORLD_SIZE = 8

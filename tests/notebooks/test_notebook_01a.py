@@ -1,7 +1,7 @@
 """Notebook 01a (routing measured at length), executed for real with small parameters.
 
 Each expectation is recomputed here from how the keys are built, from the plain-int routing rule
-(embnb.lab.rowwise.core, tests/sharder_ranks.owner_local), from random draws made here or from
+(tests/lab/rowwise/plain_routing.py, tests/sharder_ranks.owner_local), from random draws made here or from
 the raw per-round and per-rank numbers the results record, not from the notebook's own code.
 """
 
@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from embnb.data import make_keys, zipf_probs
-from embnb.lab.rowwise.core import fmix64
 from embnb.lab.rowwise.routed_loads import case_ids
+from tests.lab.rowwise.plain_routing import fmix64
 from tests.sharder_ranks import owner_local
 
 WORLD_SIZE = 8

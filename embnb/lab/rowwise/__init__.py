@@ -17,7 +17,7 @@ _HOMES = {
         "balls_into_bins",
         "zipf_over_seeds",
         "sign_test",
-        "alpha_sweep",
+        "COUNTED",
         "pipeline_table",
         "out_of_range_lookup",
     ],

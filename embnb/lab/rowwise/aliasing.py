@@ -160,20 +160,15 @@ def worked_example(
 
 
 def load_table(
-    patterns: Iterable[str],
+    streams: KeyStreams,
     dist_types: Iterable[DistType | str],
     world_sizes: Iterable[int],
     num_keys: int,
-    seed: int = 0,
-    pattern_options: Mapping[str, Mapping[str, Any]] | None = None,
-    table_rows: Mapping[str, int] | None = None,
     progress: bool = False,
 ) -> pd.DataFrame:
     """max/mean of keys per rank for every (pattern, dist_type, world_size), one row each (columns
-    pattern, dist_type, world_size, num_keys, max_over_mean, hot_key_floor): keys generated once per
-    pattern (`KeyStreams`), routed under every dist_type and world size. `progress`: a tqdm bar."""
-    options = {k: dict(v) for k, v in (pattern_options or {}).items()}
-    streams = KeyStreams(list(patterns), seed, options, dict(table_rows or {}))
+    pattern, dist_type, world_size, num_keys, max_over_mean, hot_key_floor): `num_keys` keys of each of
+    `streams`' patterns, routed under every dist_type and world size. `progress`: a tqdm bar."""
     rows = []
     for pattern in tqdm(streams.patterns, desc="patterns", disable=not progress):
         keys = streams.keys(pattern, num_keys)
@@ -219,28 +214,36 @@ def balls_into_bins(
 def zipf_over_seeds(
     num_keys: int,
     world_size: int,
-    dist_types: Iterable[DistType | str],
+    dist_types: Iterable[str],
     seeds: Iterable[int],
-    keys_per_step: int,
-    alpha: float,
+    alphas: Iterable[float],
+    keys_per_step: int | None = None,
 ) -> pd.DataFrame:
-    """Zipf(alpha) traffic per seed and dist_type: max/mean of all lookups, and of the lookups left when
+    """Zipf(alpha) traffic per alpha, seed and dist_type (`COUNTED`: the count-aware model,
+    `counted_placement`): max/mean of all lookups and, with `keys_per_step`, of the lookups left when
     each step of `keys_per_step` keys sends every distinct key once (deduplication before the
-    all-to-all). Columns: seed, dist_type, traffic, max_over_mean, hot_key_floor."""
-    if not 1 <= keys_per_step <= num_keys:
+    all-to-all). Columns: alpha, seed, dist_type, traffic, max_over_mean, hottest_share (p1 of all
+    lookups, as measured), w_times_p1, hot_key_floor (`max(1, W * p1)`, as `hot_key_floor`)."""
+    if keys_per_step is not None and not 1 <= keys_per_step <= num_keys:
         raise ValueError(f"keys_per_step must be in [1, num_keys={num_keys}], got {keys_per_step}")
     rows = []
-    for seed in seeds:
+    for alpha, seed in itertools.product(alphas, list(seeds)):
         keys = make_keys("zipf", num_keys, seed, alpha=alpha)
-        span = int(keys.max()) + 1
-        steps = torch.arange(keys.numel()) // keys_per_step
-        deduplicated = torch.unique(steps * span + keys) % span  # distinct keys within each step
-        block, floor = block_size_for(keys, world_size), hot_key_floor(keys, world_size)
-        for mode in map(DistType.parse, dist_types):
-            for traffic, sent in (("all lookups", keys), ("deduplicated per step", deduplicated)):
-                counts = rank_counts(sent, world_size, mode, block_size=block)  # only continuous reads it
-                rows.append((seed, mode.value, traffic, max_over_mean(counts), floor))
-    return pd.DataFrame(rows, columns=["seed", "dist_type", "traffic", "max_over_mean", "hot_key_floor"])
+        traffics = {"all lookups": keys}
+        if keys_per_step is not None:  # the distinct keys within each step
+            span, steps = int(keys.max()) + 1, torch.arange(keys.numel()) // keys_per_step
+            traffics["deduplicated per step"] = torch.unique(steps * span + keys) % span
+        p1 = int(_key_counts(keys).max()) / keys.numel()
+        hot = (p1, world_size * p1, max(1.0, world_size * p1))  # hottest_share, w_times_p1, hot_key_floor
+        block = block_size_for(keys, world_size)  # only continuous reads it
+        for dist_type, (traffic, sent) in itertools.product(dist_types, traffics.items()):
+            if dist_type == COUNTED:
+                counts = counted_placement(sent, world_size)
+            else:
+                counts = rank_counts(sent, world_size, dist_type, block_size=block)
+            rows.append((float(alpha), seed, dist_type, traffic, max_over_mean(counts), *hot))
+    columns = "alpha seed dist_type traffic max_over_mean hottest_share w_times_p1 hot_key_floor".split()
+    return pd.DataFrame(rows, columns=columns)
 
 
 def sign_test(runs: pd.DataFrame, first: str, second: str, traffic: str = "all lookups") -> dict[str, Any]:
@@ -263,25 +266,6 @@ def counted_placement(keys: torch.Tensor, world_size: int) -> list[int]:
     far (`embnb.balancing.partition.greedy_lpt` over the keys' counts, as it places samples)."""
     counts = _key_counts(keys).tolist()
     return [sum(counts[i] for i in part) for part in greedy_lpt(counts, world_size, equal_size=False)]
-
-
-def alpha_sweep(
-    alphas: Iterable[float], num_keys: int, world_size: int, dist_types: Sequence[str], seeds: Iterable[int]
-) -> pd.DataFrame:
-    """max/mean of all lookups of a Zipf(alpha) stream per alpha, seed and dist_type, with `COUNTED` (the
-    count-aware model) on every seed too. Columns: alpha, seed, dist_type, max_over_mean, hottest_share
-    (p1 as measured), w_times_p1, hot_key_floor (`max(1, W * p1)`, as `hot_key_floor`)."""
-    records = []
-    for alpha, seed in itertools.product(alphas, list(seeds)):
-        keys = make_keys("zipf", num_keys, seed, alpha=alpha)
-        p1 = int(_key_counts(keys).max()) / keys.numel()
-        loads = {d: rank_counts(keys, world_size, d) for d in dist_types}
-        loads[COUNTED] = counted_placement(keys, world_size)
-        for dist_type, per_rank in loads.items():
-            w_p1 = world_size * p1
-            records.append((float(alpha), seed, dist_type, max_over_mean(per_rank), p1, w_p1, max(1.0, w_p1)))
-    columns = ["alpha", "seed", "dist_type", "max_over_mean", "hottest_share", "w_times_p1", "hot_key_floor"]
-    return pd.DataFrame(records, columns=columns)
 
 
 def pipeline_table(

@@ -18,7 +18,7 @@ from embnb.rowwise.routing import DistType
 class LoadExplorer(Explorer):
     """Keys per rank (bars) and the hottest key's share (black) of one of `streams` (as the notebook's
     sweep generates them) under one of `dist_types` (the last shown first), and the hot-key floor (red);
-    `world_size` and `num_keys` start the sliders, `max_world_size` and `max_num_keys` end them."""
+    `world_size` and `num_keys` start the sliders (which end at 64 ranks and 10**6 keys, or there)."""
 
     def __init__(
         self,
@@ -26,19 +26,17 @@ class LoadExplorer(Explorer):
         dist_types: Sequence[DistType | str],
         world_size: int = 8,
         num_keys: int = 100_000,
-        max_world_size: int = 64,
-        max_num_keys: int = 10**6,
     ):
         if not streams.patterns or not dist_types:
             raise ValueError("patterns and dist_types must not be empty")
         names = [DistType.parse(d).value for d in dist_types]
         self.streams, self._keys = streams, functools.lru_cache(maxsize=1)(streams.keys)  # one stream kept
-        step, top = max(1, max_num_keys // 1000), max(max_num_keys, num_keys)
+        step, top = 1000, max(10**6, num_keys)
         super().__init__(
             {
                 "pattern": widgets.Dropdown(options=list(streams.patterns), description="pattern"),
                 "dist_type": widgets.ToggleButtons(options=names, value=names[-1], description="dist_type"),
-                "world_size": world_size_slider(world_size, max_world_size),
+                "world_size": world_size_slider(world_size, 64),
                 "num_keys": widgets.IntSlider(
                     num_keys, min=step, max=top, step=step, description="num_keys", continuous_update=False
                 ),

@@ -15,18 +15,18 @@ def _panels(fig: Figure, count: int, **options) -> list:
     return list(fig.subplots(1, count, squeeze=False, **options)[0])
 
 
-def load_heatmap(table: pd.DataFrame, value: str = "max_over_mean") -> Figure:
-    """`value` per pattern (rows) and dist_type (columns) of a `load_table`, one panel per world size,
+def load_heatmap(table: pd.DataFrame) -> Figure:
+    """max/mean per pattern (rows) and dist_type (columns) of a `load_table`, one panel per world size,
     on one logarithmic colour scale from 1 (balanced) to the largest W (all keys on one rank)."""
     if table.empty:
         raise ValueError("table is empty: nothing to plot")
     world_sizes = sorted(table["world_size"].unique())
-    norm = LogNorm(1.0, max(float(max(world_sizes)), float(table[value].max()), 2.0))
+    norm = LogNorm(1.0, max(float(max(world_sizes)), float(table["max_over_mean"].max()), 2.0))
     fig = new_figure(1.4 + 2.9 * len(world_sizes), 1.8 + 0.4 * table["pattern"].nunique())
     axes = _panels(fig, len(world_sizes), sharey=True)
     for ax, world_size in zip(axes, world_sizes):
         rows = table[table["world_size"] == world_size]
-        grid = rows.pivot_table(index="pattern", columns="dist_type", values=value, sort=False)
+        grid = rows.pivot_table(index="pattern", columns="dist_type", values="max_over_mean", sort=False)
         last = ax is axes[-1]
         sns.heatmap(grid, ax=ax, norm=norm, cmap="magma_r", annot=True, fmt=".2f", linewidths=0.5, cbar=last)
         ax.set(title=f"world_size = {world_size}", ylabel="pattern" if ax is axes[0] else "")
@@ -35,8 +35,8 @@ def load_heatmap(table: pd.DataFrame, value: str = "max_over_mean") -> Figure:
     ticks = [t for t in (1, 1.5, 2, 4, 8, 16, 32, 64, 128) if t <= norm.vmax]
     colorbar.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
     colorbar.minorticks_off()
-    colorbar.set_label(value.replace("_over_", "/"))
-    fig.suptitle(f"{value.replace('_over_', '/')} of keys per rank (1 = balanced, W = all on one rank)")
+    colorbar.set_label("max/mean")
+    fig.suptitle("max/mean of keys per rank (1 = balanced, W = all on one rank)")
     return fig
 
 
@@ -77,11 +77,11 @@ def zipf_seeds_figure(zipf: pd.DataFrame) -> Figure:
     return fig
 
 
-def routed_loads_figure(loads: pd.DataFrame, device: str, world_size: int | None = None) -> Figure:
-    """The replay of `routed_loads.measure_loads` at one W (default: the largest), one panel per id
+def routed_loads_figure(loads: pd.DataFrame, device: str) -> Figure:
+    """The replay of `routed_loads.measure_loads` at its largest W, one panel per id
     stream (at most 4): each rank a point, its ids on x, its lookup's median CPU ms on y with a line
     over its repeats' range; colour and marker: the routing."""
-    w = world_size or int(loads["world_size"].max())
+    w = int(loads["world_size"].max())
     at = loads[loads["world_size"] == w]
     cases = list(dict.fromkeys(at["case"]))[:4]
     palette = {r: color(r, i + 2) for i, r in enumerate(dict.fromkeys(at["routing"]))}  # feistel: its own

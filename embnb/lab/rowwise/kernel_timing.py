@@ -29,7 +29,7 @@ from embnb._checks import check_int
 from embnb.cuda import loader
 from embnb.rowwise.routing import DIST_CODES, DistType, bucketize, feistel_round_keys
 from embnb.scaling import copy_bandwidth
-from embnb.timing import interleaved_seconds, machine_name
+from embnb.timing import interleaved_seconds, machine_name, paired_ratio
 
 PEERS = ("embnb", "fbgemm", "reference")
 
@@ -69,12 +69,6 @@ def make_inputs(num_keys: int, device: str, rows: int = INPUT["rows"], seed: int
     lengths[: num_keys - int(lengths.sum())] += 1
     indices = torch.randint(0, rows, (num_keys,), generator=gen)
     return (lengths.to(device, torch.int32), indices.to(device, torch.int64))
-
-
-def bytes_moved(lengths: torch.Tensor, indices: torch.Tensor, world_size: int) -> int:
-    """Read lengths and keys; write W * len(lengths) lengths, keys, permute."""
-    length_bytes = lengths.element_size() * lengths.numel()
-    return length_bytes * (1 + world_size) + 3 * indices.element_size() * indices.numel()
 
 
 def fbgemm_peer(device: str) -> Callable | None:
@@ -128,7 +122,8 @@ def measure_case(
     times, used_threads = interleaved_seconds(
         calls, cases.repeats, cases.warmup, device, threads, {"reference": cases.reference_repeats}
     )
-    moved = bytes_moved(lengths, indices, world_size)
+    # what any implementation moves: read lengths and keys; write W * len(lengths) lengths, keys, permute
+    moved = lengths.nbytes * (1 + world_size) + 3 * indices.nbytes
     row: dict[str, Any] = dict(
         num_keys=indices.numel(),
         world_size=world_size,
@@ -146,9 +141,9 @@ def measure_case(
         row[f"{name}_gbps"] = seconds and moved / seconds / 1e9
     # per interleaved round: the spread of the ratio, which moves between runs on a shared machine
     row["embnb_rounds_s"], row["fbgemm_rounds_s"] = times["embnb"], times.get("fbgemm")
-    per_round = [f / e for f, e in zip(times.get("fbgemm", []), times["embnb"])]
-    row["embnb_over_fbgemm_low"] = min(per_round) if per_round else None
-    row["embnb_over_fbgemm_high"] = max(per_round) if per_round else None
+    per_round = paired_ratio(times["fbgemm"], times["embnb"]) if "fbgemm" in times else None
+    row["embnb_over_fbgemm_low"] = per_round and per_round.low
+    row["embnb_over_fbgemm_high"] = per_round and per_round.high
     for peer in PEERS[1:]:  # best-of-rounds ratio: less sensitive to load from other processes
         row[f"embnb_over_{peer}"] = row[f"{peer}_s"] and row[f"{peer}_s"] / row["embnb_s"]
         row[f"embnb_over_{peer}_min"] = row[f"{peer}_min_s"] and row[f"{peer}_min_s"] / row["embnb_min_s"]
@@ -182,8 +177,6 @@ def run(cases: KernelCases, progress: bool = True) -> dict:
         machine=machine_name(cases.device),
         cpu_model=_cpu_model(),
         cores=os.cpu_count(),
-        threads=list(threads),
-        torch=torch.__version__,
         fbgemm="available" if fbgemm else "not available on this device",
         copy_gbps=copy,
         load_average_before=load_before,

@@ -74,9 +74,8 @@ def run_kv_lookups(
 # dynamicemb's loader, read at NVIDIA/recsys-examples e4fc876 (PR #367, the commit that adds
 # hash_roundrobin and the dist_type check); the same lines are at 43465ae. At 5174c99, before
 # hash_roundrobin, the same two steps sit in get_loading_files and KeyValueTable.load.
-DYNAMICEMB_COMMIT = "e4fc876f5bf98b9478eae70b317c7d02ce954d3a"
 DYNAMICEMB_LOADER = {
-    "commit": DYNAMICEMB_COMMIT,
+    "commit": "e4fc876f5bf98b9478eae70b317c7d02ce954d3a",
     "files": (
         "corelib/dynamicemb/dynamicemb/batched_dynamicemb_tables.py:169, get_loading_files: "
         "`if world_size == num_key_files:` return only this rank's own files, else every file"
@@ -106,7 +105,6 @@ def reload(
     world_sizes: Sequence[int],
     embedding_dim: int,
     seed: int,
-    block_sizes: Mapping[int, int | None] | None = None,
 ) -> list[dict[str, Any]]:
     """The KV checkpoint in `directory` loaded at each of `world_sizes` by embnb's loader
     (`checkpoint.load`: each row on the rank routing asks) and by dynamicemb's as embnb replays it
@@ -116,19 +114,19 @@ def reload(
     table's rows are `kv.init_rows`, looked up, never trained), and the share of rows whose owner differs
     from the saved W's (`rows_moved_fraction`), against a jump consistent hash's,
     `jump_bucket(fmix64(key), W)` (`jump_hash_moved_fraction`). One dict per world size."""
-    mode, block_sizes = DistType.parse(dist_type), dict(block_sizes or {})
+    mode = DistType.parse(dist_type)
     meta = checkpoint.read_metadata(directory, kv.TABLE_NAME)
-    saved_w = meta["world_size"]
+    saved_w, block = meta["world_size"], meta["block_size"]  # continuous: the saved block, as load's
     saved_by_rank = [checkpoint.load(directory, kv.TABLE_NAME, r, saved_w, mode)[0] for r in range(saved_w)]
     saved = torch.cat(saved_by_rank)
-    old_owner = owner_rank(saved, saved_w, mode, meta["block_size"])
+    old_owner = owner_rank(saved, saved_w, mode, block)
     hashes = [h & MASK64 for h in hash_key(saved).tolist()]
     rows = []
     for w in world_sizes:
-        block = block_sizes.get(w)
-        embnb = [checkpoint.load(directory, kv.TABLE_NAME, r, w, mode, block_size=block) for r in range(w)]
+        embnb = [checkpoint.load(directory, kv.TABLE_NAME, r, w, mode) for r in range(w)]
         dynamicemb = [dynamicemb_keys_loaded(saved_by_rank, rank, w) for rank in range(w)]
-        owner = dict(zip(saved.tolist(), owner_rank(saved, w, mode, block).tolist()))
+        new_owner = owner_rank(saved, w, mode, block)
+        owner = dict(zip(saved.tolist(), new_owner.tolist()))
         row: dict[str, Any] = {"world_size": w, "rows_saved": saved.numel()}
         for name, loaded in (("embnb", [keys for keys, _ in embnb]), ("dynamicemb", dynamicemb)):
             keys = [(rank, k) for rank, part in enumerate(loaded) for k in part.tolist()]
@@ -137,7 +135,7 @@ def reload(
             row[f"{name}_rows_dropped"] = saved.numel() - len({k for _, k in keys})
         row["dynamicemb_files_read_per_rank"] = 1 if w == saved_w else saved_w
         row["embnb_rows_exact"] = all(torch.equal(r, kv.init_rows(k, embedding_dim, seed)) for k, r in embnb)
-        row["rows_moved_fraction"] = float((old_owner != owner_rank(saved, w, mode, block)).double().mean())
+        row["rows_moved_fraction"] = float((old_owner != new_owner).double().mean())
         moved = sum(jump_bucket(h, saved_w) != jump_bucket(h, w) for h in hashes)
         row["jump_hash_moved_fraction"] = moved / max(len(hashes), 1)
         rows.append(row)

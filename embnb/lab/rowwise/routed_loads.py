@@ -1,12 +1,9 @@
 """Appendix 01a's section 7: torchrec row-wise tables under each routing of embnb's sharders.
 
-Three id streams (`case_ids`) go into one table of `num_embeddings` rows: `frequency` (Zipf ranks as
-ids: id 0 the hottest), `strided` (`k * stride`; the stride does not know W), `hashed` (uniform raw
-keys, `fmix64(key) % num_embeddings`). Each is laid out by `embnb.rowwise.TableLayout` at each W;
-the ids per rank are counted from the layout, then each rank's lookups are replayed with real
-kernels, one rank after another (`embnb.steptime.measure_ranks` on the storage slots in torchrec's
-contiguous blocks: each rank looks up the local rows the routed sharder's input distribution sends
-it).
+Three id streams (`case_ids`) go into one table of `num_embeddings` rows, each laid out by
+`embnb.rowwise.TableLayout` at each W; the ids per rank are counted from the layout, then each rank's
+lookups are replayed with real kernels, one rank after another (`embnb.steptime.measure_routing` on the
+storage slots in torchrec's contiguous blocks: the local rows the routed sharder sends each rank).
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ from embnb.data import make_keys, zipf_cdf
 from embnb.lab.rowwise.aliasing import into_table
 from embnb.metrics import max_over_mean
 from embnb.rowwise import Routing, TableLayout
-from embnb.steptime import GlobalBatch, batch_from_keys
-from embnb.steptime.measure import StepOptions, measure_ranks
+from embnb.steptime import GlobalBatch, batch_from_keys, measure_routing
 from embnb.steptime.work import RankWork, routing_work
 
 CASES = ("frequency", "strided", "hashed")
@@ -87,14 +83,15 @@ def rank_work(batch: GlobalBatch, layout: TableLayout, dim: int, rank: int) -> R
 
 def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, case: str) -> list[tuple]:
     """Rank by rank, the lookups of the global batch `ids` (rank 0's local ids first) under `layout`:
-    torchrec's blocks over the storage slots (each rank the local rows the sharder sends it); no
-    collectives counted. One `RANK_COLUMNS` row per rank: its storage rows, the ids it owns (counted
+    torchrec's blocks over the storage slots (each rank the local rows the sharder sends it); the
+    collectives not timed. One `RANK_COLUMNS` row per rank: its storage rows, the ids it owns (counted
     from the layout), the ids the replayed lookup received, the lookup's median ms (forward + backward
     with the fused optimizer; thread CPU time and wall time) and its [min, max] over repeats (CPU)."""
-    w, batch = layout.world_size, layout_batch(ids, layout, config.bag_size)
+    c, w = config, layout.world_size
+    rows, dims, block = {TABLE: layout.storage_rows}, {TABLE: c.embedding_dim}, {TABLE: layout.block_size}
     # the dense part at its smallest: every rank has the same local batch
-    opts = StepOptions(threads=config.threads, warmup=config.warmup, repeats=config.repeats, hidden=(8,))
-    times = measure_ranks(lambda r: rank_work(batch, layout, config.embedding_dim, r), w, options=opts)
+    options = dict(threads=c.threads, warmup=c.warmup, repeats=c.repeats, hidden=(8,))
+    times = measure_routing(layout_batch(ids, layout, c.bag_size), "continuous", rows, dims, block, **options)
     owned = torch.bincount(layout.owner(ids), minlength=w).tolist()
     return [
         (case, w, layout.routing.value, r.rank, storage, n, r.num_ids)

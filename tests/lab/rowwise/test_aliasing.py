@@ -7,8 +7,8 @@ import torch
 
 from embnb.data import make_keys, zipf_probs
 from embnb.lab.rowwise import aliasing
-from embnb.lab.rowwise.core import fmix64
 from embnb.rowwise.routing import hash_key, owner_rank
+from tests.lab.rowwise.plain_routing import fmix64
 
 MODES = ["continuous", "roundrobin", "hash_roundrobin"]
 
@@ -116,9 +116,8 @@ def test_worked_example_shows_8_low_bits_when_w_is_not_a_power_of_two():
 
 def test_load_table_covers_every_case_and_finds_aliasing():
     patterns = ["uniform", "strided", "tagged", "zipf"]
-    table = aliasing.load_table(
-        patterns, MODES, [4, 8], num_keys=40_000, seed=0, pattern_options={"zipf": {"alpha": 1.5}}
-    )
+    streams = aliasing.KeyStreams(patterns, pattern_options={"zipf": {"alpha": 1.5}})
+    table = aliasing.load_table(streams, MODES, [4, 8], num_keys=40_000)
     assert list(table.columns) == [
         "pattern",
         "dist_type",
@@ -146,42 +145,42 @@ def test_load_table_covers_every_case_and_finds_aliasing():
 
 
 def test_load_table_is_deterministic_and_passes_pattern_options():
-    mild = aliasing.load_table(
-        ["zipf"], ["hash_roundrobin"], [8], 20_000, pattern_options={"zipf": {"alpha": 1.1}}
-    )
-    steep = aliasing.load_table(
-        ["zipf"], ["hash_roundrobin"], [8], 20_000, pattern_options={"zipf": {"alpha": 2.0}}
-    )
-    again = aliasing.load_table(
-        ["zipf"], ["hash_roundrobin"], [8], 20_000, pattern_options={"zipf": {"alpha": 2.0}}
-    )
+    def sweep(alpha):
+        streams = aliasing.KeyStreams(["zipf"], pattern_options={"zipf": {"alpha": alpha}})
+        return aliasing.load_table(streams, ["hash_roundrobin"], [8], 20_000)
+
+    mild, steep, again = sweep(1.1), sweep(2.0), sweep(2.0)
     assert steep.equals(again)
     assert steep["hot_key_floor"].iloc[0] > 2 * mild["hot_key_floor"].iloc[0]
 
 
 def test_load_table_rejects_bad_arguments():
     with pytest.raises(ValueError, match="pattern_options for patterns not swept"):
-        aliasing.load_table(["uniform"], MODES, [4], 100, pattern_options={"zipf": {}})
+        aliasing.KeyStreams(["uniform"], pattern_options={"zipf": {}})
     with pytest.raises(ValueError, match=r"table_rows for patterns not swept: \['zipf'\]"):
-        aliasing.load_table(["uniform"], MODES, [4], 100, table_rows={"zipf": 10})
+        aliasing.KeyStreams(["uniform"], table_rows={"zipf": 10})
     with pytest.raises(ValueError, match="unknown pattern"):
-        aliasing.load_table(["nope"], MODES, [4], 100)
+        aliasing.load_table(aliasing.KeyStreams(["nope"]), MODES, [4], 100)
     with pytest.raises(ValueError, match="not one of"):
-        aliasing.load_table(["uniform"], ["modulo"], [4], 100)
+        aliasing.load_table(aliasing.KeyStreams(["uniform"]), ["modulo"], [4], 100)
 
 
 def test_load_table_progress_bar_runs():
-    table = aliasing.load_table(["sequential"], ["roundrobin"], [2, 4], 1000, progress=True)
+    table = aliasing.load_table(
+        aliasing.KeyStreams(["sequential"]), ["roundrobin"], [2, 4], 1000, progress=True
+    )
     assert table["max_over_mean"].tolist() == [1.0, 1.0]
 
 
 def test_load_table_maps_ids_into_the_table_before_its_blocks():
+    def sweep(table_rows):
+        streams = aliasing.KeyStreams(["sequential"], table_rows={"sequential": table_rows})
+        return aliasing.load_table(streams, ["continuous"], [4], 1000)
+
     # sequential ids 0..999 in a table of 100 rows over 4 ranks: id % 100 puts
     # 10 ids on each row, blocks of 25 rows take 250 ids each
-    table = aliasing.load_table(["sequential"], ["continuous"], [4], 1000, table_rows={"sequential": 100})
-    assert table["max_over_mean"].tolist() == [1.0]
-    sized = aliasing.load_table(["sequential"], ["continuous"], [4], 1000, table_rows={"sequential": 4000})
-    assert sized["max_over_mean"].tolist() == [4.0]  # all in the first block of 1000 rows
+    assert sweep(100)["max_over_mean"].tolist() == [1.0]
+    assert sweep(4000)["max_over_mean"].tolist() == [4.0]  # all in the first block of 1000 rows
     # 0..399 in 160 rows: rows 0..79 hold 3 ids, rows 80..159 hold 2; blocks of 40 rows: 120, 120, 80, 80
     odd = aliasing.rank_counts(torch.arange(400), 4, "continuous", table_rows=160)
     assert odd.tolist() == [120, 120, 80, 80]
@@ -221,7 +220,7 @@ def test_balls_into_bins_quantiles_match_the_two_bin_case():
 
 
 def test_zipf_over_seeds_deduplicates_within_each_step_only():
-    runs = aliasing.zipf_over_seeds(4000, 4, ["roundrobin"], [0, 1], keys_per_step=1000, alpha=1.5)
+    runs = aliasing.zipf_over_seeds(4000, 4, ["roundrobin"], [0, 1], [1.5], keys_per_step=1000)
     assert runs["traffic"].tolist() == ["all lookups", "deduplicated per step"] * 2
     for seed in (0, 1):
         keys = make_keys("zipf", 4000, seed=seed, alpha=1.5)
@@ -231,7 +230,7 @@ def test_zipf_over_seeds_deduplicates_within_each_step_only():
         assert row.max_over_mean == pytest.approx(float(counts.max()) * 4 / len(sent))
         assert row.hot_key_floor == aliasing.hot_key_floor(keys, 4)
     with pytest.raises(ValueError, match=r"keys_per_step must be in \[1, num_keys=100\], got 0"):
-        aliasing.zipf_over_seeds(100, 4, ["roundrobin"], [0], keys_per_step=0, alpha=1.5)
+        aliasing.zipf_over_seeds(100, 4, ["roundrobin"], [0], [1.5], keys_per_step=0)
 
 
 @pytest.mark.parametrize(
@@ -258,9 +257,11 @@ def test_counted_placement_is_greedy_largest_first():
     assert aliasing.counted_placement(torch.tensor([10**12, 10**12, 5]), 3) == [2, 1, 0]  # big ids
 
 
-def test_alpha_sweep_rows_and_floor_against_counts():
-    sweep = aliasing.alpha_sweep([0.8, 1.5], 4000, 4, ["roundrobin", "hash_roundrobin"], [0, 1])
-    assert len(sweep) == 2 * 2 * 3
+def test_zipf_over_alphas_rows_and_floor_against_counts():
+    sweep = aliasing.zipf_over_seeds(
+        4000, 4, ["roundrobin", "hash_roundrobin", aliasing.COUNTED], [0, 1], [0.8, 1.5]
+    )
+    assert len(sweep) == 2 * 2 * 3 and set(sweep.traffic) == {"all lookups"}  # no keys_per_step
     for row in sweep.itertuples():
         keys = make_keys("zipf", 4000, row.seed, alpha=row.alpha)
         top = max(torch.unique(keys, return_counts=True)[1].tolist())

@@ -1,5 +1,5 @@
-"""embnb.lab.rowwise.core (plain-int fmix64 and jump hash, notebook 01's page check) and the tests'
-plain-int owner (tests/lab/rowwise/plain_routing.py) against the tensor path embnb.rowwise.routing uses."""
+"""embnb.lab.rowwise.core (the jump hash, notebook 01's page check) and the tests' plain-int fmix64 and
+owner (tests/lab/rowwise/plain_routing.py) against the tensor path embnb.rowwise.routing uses."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from embnb.lab.rowwise import core as reference
 from embnb.rowwise.routing import bucketize, hash_key, owner_rank
-from tests.lab.rowwise.plain_routing import owner_of
+from tests.lab.rowwise.plain_routing import MASK64, fmix64, owner_of
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
@@ -18,7 +18,7 @@ INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 def test_plain_int_routing_matches_the_tensor_path(keys, world_size):
     tensor = torch.tensor(keys, dtype=torch.int64)
     hashes = hash_key(tensor).tolist()
-    assert [reference.fmix64(k) for k in keys] == [h & reference.MASK64 for h in hashes]
+    assert [fmix64(k) for k in keys] == [h & MASK64 for h in hashes]
     for mode in ("roundrobin", "hash_roundrobin"):
         want = owner_rank(tensor, world_size, mode).tolist()
         assert [owner_of(k, world_size, mode) for k in keys] == want, mode
@@ -37,8 +37,8 @@ def test_plain_int_continuous_routing_matches_the_tensor_path(keys, world_size, 
 
 def test_fmix64_spreads_the_bits_of_small_keys():
     # 0 is fmix64's fixed point; any other key's hash sets high bits too
-    assert reference.fmix64(0) == 0
-    assert all(reference.fmix64(k) >> 32 for k in range(1, 100))
+    assert fmix64(0) == 0
+    assert all(fmix64(k) >> 32 for k in range(1, 100))
 
 
 def test_unknown_dist_type_is_named():
@@ -84,9 +84,9 @@ def _as_int64(unsigned: int) -> int:
 def test_fmix64_equals_murmurhash3_as_mmh3_computes_it():
     keys = [k for k, _ in GOLDEN_FMIX64]
     want = [h for _, h in GOLDEN_FMIX64]
-    assert [reference.fmix64(k) for k in keys] == want
+    assert [fmix64(k) for k in keys] == want
     tensor = torch.tensor([_as_int64(k) for k in keys], dtype=torch.int64)
-    assert [h & reference.MASK64 for h in hash_key(tensor).tolist()] == want
+    assert [h & MASK64 for h in hash_key(tensor).tolist()] == want
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -134,16 +134,16 @@ def test_the_page_core_check_agrees_with_the_reference_and_fails_for_a_changed_r
     """page_core_agrees: the reference's own rule passes; a hash shifted by 32 instead of 33, or an
     owner off by one rank, fails the check it breaks (what notebook 01's assert relies on)."""
     args = (PAGE_KEYS, [3, 8, 64], 1 << 60)
-    assert reference.page_core_agrees(reference.fmix64, owner_of, *args) == dict.fromkeys(
+    assert reference.page_core_agrees(fmix64, owner_of, *args) == dict.fromkeys(
         ("fmix64", "continuous", "roundrobin", "hash_roundrobin"), True
     )
 
     def shifted_fmix64(key):
-        x = key & reference.MASK64
+        x = key & MASK64
         x ^= x >> 32
-        x = (x * 0xFF51AFD7ED558CCD) & reference.MASK64
+        x = (x * 0xFF51AFD7ED558CCD) & MASK64
         x ^= x >> 33
-        x = (x * 0xC4CEB9FE1A85EC53) & reference.MASK64
+        x = (x * 0xC4CEB9FE1A85EC53) & MASK64
         return x ^ (x >> 33)
 
     def hashed_owner(key, world_size, dist_type, block_size):
@@ -157,10 +157,10 @@ def test_the_page_core_check_agrees_with_the_reference_and_fails_for_a_changed_r
     def off_by_one(key, world_size, dist_type, block_size):
         return (owner_of(key, world_size, dist_type, block_size) + 1) % world_size
 
-    bad = reference.page_core_agrees(reference.fmix64, off_by_one, *args)
+    bad = reference.page_core_agrees(fmix64, off_by_one, *args)
     assert bad == {"fmix64": True, "continuous": False, "roundrobin": False, "hash_roundrobin": False}
 
 
 def test_the_page_core_check_names_keys_it_cannot_take():
     with pytest.raises(ValueError, match=r"\[0, 2\*\*63\)"):
-        reference.page_core_agrees(reference.fmix64, owner_of, [-1], [2], 1)
+        reference.page_core_agrees(fmix64, owner_of, [-1], [2], 1)

@@ -13,13 +13,9 @@ MODES = ["continuous", "roundrobin", "hash_roundrobin"]
 
 @pytest.fixture(scope="module")
 def table():
-    return aliasing.load_table(
-        ["uniform", "strided", "zipf"],
-        MODES,
-        [2, 4, 8],
-        num_keys=4000,
-        pattern_options={"zipf": {"alpha": 1.5}, "strided": {"stride": 8}},  # W | 8: all on one rank
-    )
+    options = {"zipf": {"alpha": 1.5}, "strided": {"stride": 8}}  # W | 8: all on one rank
+    streams = aliasing.KeyStreams(["uniform", "strided", "zipf"], pattern_options=options)
+    return aliasing.load_table(streams, MODES, [2, 4, 8], num_keys=4000)
 
 
 def _png_bytes(fig):
@@ -46,7 +42,7 @@ def test_load_heatmap_has_a_panel_per_world_size_and_one_colour_bar(table):
 
 
 def test_zipf_seeds_figure_has_a_panel_per_traffic_and_a_dot_per_seed():
-    zipf = aliasing.zipf_over_seeds(4000, 4, MODES, range(3), keys_per_step=1000, alpha=1.5)
+    zipf = aliasing.zipf_over_seeds(4000, 4, MODES, range(3), [1.5], keys_per_step=1000)
     fig = figures.zipf_seeds_figure(zipf)
     assert [ax.get_title() for ax in fig.axes] == ["all lookups", "deduplicated per step"]
     dots = sum(len(c.get_offsets()) for c in fig.axes[0].collections if len(c.get_offsets()) > 0)

@@ -7,7 +7,7 @@ import pytest
 
 from embnb.data import make_keys
 from embnb.lab.rowwise import aliasing
-from embnb.lab.rowwise.core import fmix64
+from tests.lab.rowwise.plain_routing import fmix64
 
 
 def test_the_peers_refuse_an_id_past_the_table_or_read_row_zero():
