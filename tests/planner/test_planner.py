@@ -49,7 +49,6 @@ from embnb._torchrec_private import (
 )
 from embnb.bench.enumerators import make_mixed_model
 from embnb.dist import launch_each
-from embnb.lab.planner.brute_force import brute_force_rating, rate_every_plan
 from embnb.lab.planner.comparison import (
     Planning,
     compare_proposers,
@@ -57,7 +56,7 @@ from embnb.lab.planner.comparison import (
     quality_summary,
     random_instance,
 )
-from embnb.lab.planner.explain import knapsack_frontier, options_table, plan_extremes
+from embnb.lab.planner.explain import brute_force_rating, knapsack_frontier, plan_extremes, rate_every_plan
 from embnb.lab.planner.models import enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.planning import run_planner
 from embnb.planner import space as planner_space
@@ -470,8 +469,10 @@ def test_dp_table_rows_match_every_pair_of_options():
     tables, constraints, topology = tiny()
     enumerated = enumerate_options(tables, topology, BATCH_SIZE, constraints)
     table = _knapsack_rows(enumerated, topology, bins_per_device=8)
-    options = options_table(enumerated, topology, BATCH_SIZE)
-    first, second = (options[options.table == t.name] for t in tables[:2])
+    constraint = reserved_topology(topology, enumerated, BATCH_SIZE, RESERVATION)
+    space = planner_space.SearchSpace(planner_space.by_table(enumerated.options), constraint)
+    # each table's options the knapsack chooses from (padding: inf perf, never the least)
+    first, second = (pd.DataFrame({"perf": space.perf[t], "hbm_gb": space.mem[t, :, 0] / GB}) for t in (0, 1))
     pairs = first.merge(second, how="cross")
     cells = (pairs.hbm_gb_x + pairs.hbm_gb_y) // table.attrs["bin_gb"]
     least = (pairs.perf_x + pairs.perf_y).groupby(cells.astype(int)).min()

@@ -18,8 +18,8 @@ _HOMES = {
         "tiny_instance",
         "summed_vs_rated",
         "share_by_tightness",
+        "rate_every_plan",
     ],
-    "brute_force": ["rate_every_plan"],
     "planning": ["time_end_to_end", "rank_loads", "records", "plain", "quiet_logs"],
     "comparison": [
         "Planning",

@@ -21,8 +21,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm.auto import tqdm
 
 from embnb._checks import check_int
-from embnb.lab.planner.brute_force import brute_force_rating
-from embnb.lab.planner.explain import memory_ratio
+from embnb.lab.planner.explain import brute_force_rating, memory_ratio
 from embnb.lab.planner.models import Enumerated, Model, enumerate_options, fused_table_gb, make_model
 from embnb.lab.planner.planning import rank_loads, run_planner
 from embnb.planner.proposer import DynamicProgrammingProposer
@@ -117,6 +116,7 @@ def compare_proposers(
         nothing = {"hbm_gb": math.nan, "ddr_gb": math.nan}  # no plan
         peak = rank_loads(run.plan, topology.world_size).max() if run.plan else nothing
         skipped = name == "GridSearch" and combinations > MAX_PROPOSALS  # torchrec skips it then
+        note = f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}" if skipped else run.note
         rows.append(
             {
                 "proposer": name,
@@ -136,9 +136,7 @@ def compare_proposers(
                 "partitioner_s": run.partitioner_s,
                 "timed_out": any(r.timed_out for r in runs),
                 "same_rating_every_run": len({str(r.perf_rating) for r in runs}) == 1,  # str: nan == nan
-                "note": f"skipped: {combinations:.3g} combinations > {MAX_PROPOSALS}"
-                if skipped
-                else run.note,
+                "note": note,
             }
         )
     table = pd.DataFrame(rows).set_index("proposer")

@@ -1,67 +1,105 @@
 """Looking inside the proposer: its options, a knapsack small enough to work by hand, the plain
-knapsack's frontier, and why the least summed perf is not the plan to take (brute force over tiny
-instances, each plan placed and rated as torchrec's planner does)."""
+knapsack's frontier, and why the least summed perf is not the plan to take: brute force over tiny
+instances (the proposer is checked against it), every combination of options placed by torchrec's
+GreedyPerfPartitioner and rated by its NoopPerfModel (the slowest rank), as its planner places and
+rates a proposal."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.perf_models import NoopPerfModel
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption, Topology
+from torchrec.distributed.planner.utils import reset_shard_rank
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from embnb._checks import check_int
-from embnb.lab.planner.brute_force import PlanRater, option_label, rate_every_plan
 from embnb.lab.planner.models import Enumerated, enumerate_options
 from embnb.planner.knapsack import Knapsack, knapsack_axes
 from embnb.planner.space import AXES, GB, SearchSpace, by_table
 from embnb.planner.topology import make_topology, reserved_topology
 
-__all__ = ["options_table", "SmallKnapsack", "small_knapsack", "memory_ratio", "knapsack_frontier"]
+__all__ = ["PlanRater", "brute_force_rating", "rate_every_plan", "option_label"]
+__all__ += ["SmallKnapsack", "small_knapsack", "memory_ratio", "knapsack_frontier"]
 __all__ += ["plan_extremes", "TINY_LIMITS", "SMALL_LIMITS", "tiny_instance"]
 __all__ += ["summed_vs_rated", "share_by_tightness"]
 
-TINY_LIMITS = {  # a tiny instance: four options per table, 64 plans of three tables
-    "sharding_types": ["table_wise", "row_wise"],
-    "compute_kernels": ["fused", "fused_uvm_caching"],
-}
 # The knapsack worked by hand: two options per table, one memory each (HBM).
 SMALL_LIMITS = {"sharding_types": ["table_wise"], "compute_kernels": ["fused", "fused_uvm_caching"]}
+# A tiny instance: row-wise too, four options per table, 64 plans of three tables.
+TINY_LIMITS = SMALL_LIMITS | {"sharding_types": ["table_wise", "row_wise"]}
 _ROWS, _DIMS, _POOLING = (250_000, 500_000, 1_000_000, 2_000_000), (32, 64, 128), (1.0, 2.0, 5.0, 10.0, 20.0)
 _HBM_GB = (0.25, 0.5, 0.75, 1.0)
-TIGHTNESS_EDGES = (0.5, 1.0, 2.0)  # memory_ratio bins of share_by_tightness
 
 
-def _space_of(enumerated: Enumerated, topology: Topology, batch_size: int, reservation: float) -> SearchSpace:
-    return SearchSpace(
-        by_table(enumerated.options), reserved_topology(topology, enumerated, batch_size, reservation)
-    )
+def option_label(option: ShardingOption) -> str:
+    return f"{option.sharding_type}/{option.compute_kernel}"
 
 
-def options_table(
+class PlanRater:
+    """Places and rates one proposal as torchrec's planner does (NaN: cannot be placed)."""
+
+    def __init__(self, enumerated: Enumerated, topology: Topology, batch_size: int, reservation: float):
+        self.constraint = reserved_topology(topology, enumerated, batch_size, reservation)
+        self.partitioner, self.perf_model = GreedyPerfPartitioner(), NoopPerfModel(topology)
+
+    def __call__(self, proposal: list[ShardingOption]) -> float:
+        try:
+            return self.perf_model.rate(self.partitioner.partition(proposal, self.constraint))
+        except PlannerError:
+            return math.nan
+        finally:
+            reset_shard_rank(proposal)
+
+
+def brute_force_rating(
+    enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
+) -> float:
+    """The best rating over every combination of options (inf if none can be placed), tried by a
+    lower bound (the mean rank load, or the largest shard) until no untried one can beat the best."""
+
+    def bound(plan: tuple[ShardingOption, ...]) -> float:
+        largest = max(shard.perf.total for option in plan for shard in option.shards)
+        return max(sum(option.total_perf for option in plan) / topology.world_size, largest)
+
+    rate, best = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage), math.inf
+    for plan in sorted(itertools.product(*by_table(enumerated.options)), key=bound):
+        if bound(plan) >= best:
+            break
+        rating = rate(list(plan))
+        if not math.isnan(rating):
+            best = min(best, rating)
+    return best
+
+
+def rate_every_plan(
     enumerated: Enumerated, topology: Topology, batch_size: int, storage_reservation_percentage: float = 0.15
 ) -> pd.DataFrame:
-    """The options the knapsack chooses from, one row per table and option: summed perf, memory
-    (GiB), and the largest shard's perf and memory. Options alike for the partitioner are shown
-    once; options whose largest shard fits on no device are left out."""
-    space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
-    return pd.DataFrame(
-        {
-            "table": option.name,
-            "option": option_label(option),
-            "perf": space.perf[t, o],
-            "hbm_gb": space.mem[t, o, 0] / GB,
-            "ddr_gb": space.mem[t, o, 1] / GB,
-            "shard_perf": max(s.perf.total for s in option.shards),
-            "shard_hbm_gb": max(s.storage.hbm for s in option.shards) / GB,
-            "sharding_option": option,
-        }
-        for t, options in enumerate(space.options)
-        for o, option in enumerate(options)
-    )
+    """Every combination of options, one row each: each table's option, the plan's HBM and DDR
+    (GiB), its summed perf and its rating (NaN where it cannot be placed). Raises ValueError past
+    100,000 combinations."""
+    groups = by_table(enumerated.options)
+    count = math.prod(len(g) for g in groups)
+    if count > 100_000:
+        raise ValueError(f"{count} combinations is more than 100,000: use fewer tables or options")
+    rate, rows = PlanRater(enumerated, topology, batch_size, storage_reservation_percentage), []
+    for proposal in map(list, itertools.product(*groups)):
+        rows.append(
+            {o.name: option_label(o) for o in proposal}
+            | {
+                "hbm_gb": sum(o.total_storage.hbm for o in proposal) / GB,
+                "ddr_gb": sum(o.total_storage.ddr for o in proposal) / GB,
+                "summed_perf": sum(o.total_perf for o in proposal),
+                "perf_rating": rate(proposal),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def memory_ratio(
@@ -107,11 +145,25 @@ def small_knapsack(
     num_bins: int,
     storage_reservation_percentage: float = 0.15,
 ) -> SmallKnapsack:
-    """The options of `options_table` (one per label and table, sorted by label) and the devices'
-    HBM cut into `num_bins` bins. Raises ValueError where no plan fits."""
+    """The options the knapsack chooses from (`SearchSpace`'s: options alike for the partitioner
+    once, none whose largest shard fits on no device; one per label and table, sorted by label)
+    and the devices' HBM cut into `num_bins` bins. Raises ValueError where no plan fits."""
     check_int("num_bins", num_bins, low=1, high=60)
-    space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
-    options = options_table(enumerated, topology, batch_size, storage_reservation_percentage)
+    reserved = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
+    space = SearchSpace(by_table(enumerated.options), reserved)
+    options = pd.DataFrame(
+        {
+            "table": option.name,
+            "option": option_label(option),
+            "perf": space.perf[t, o],
+            "hbm_gb": space.mem[t, o, 0] / GB,
+            "shard_perf": max(s.perf.total for s in option.shards),
+            "shard_hbm_gb": max(s.storage.hbm for s in option.shards) / GB,
+            "sharding_option": option,
+        }
+        for t, options in enumerate(space.options)
+        for o, option in enumerate(options)
+    )
     tables = list(dict.fromkeys(options.table))  # in the model's order
     bin_gb = float(space.capacity[0]) / GB / num_bins
     options["bins"] = [math.ceil(gb / bin_gb - 1e-9) for gb in options.hbm_gb]  # rounded up
@@ -145,9 +197,10 @@ def knapsack_frontier(
     storage_reservation_percentage: float = 0.15,
 ) -> pd.DataFrame:
     """The plain knapsack's plans in the order the proposer takes them, from the largest memory
-    down: memory (GiB), summed perf and each table's option; `.attrs["axes"]`: the memory axes
-    the knapsack bins (those that can bind)."""
-    space = _space_of(enumerated, topology, batch_size, storage_reservation_percentage)
+    down: memory (GiB) and summed perf; `.attrs["axes"]`: the memory axes the knapsack bins (those
+    that can bind)."""
+    reserved = reserved_topology(topology, enumerated, batch_size, storage_reservation_percentage)
+    space = SearchSpace(by_table(enumerated.options), reserved)
     axes, capacity, bins, weights = knapsack_axes(space, bins_per_device, ddr_bins_per_device)
     knapsack = Knapsack(capacity, bins)
     for t in range(len(space.options)):
@@ -161,8 +214,6 @@ def knapsack_frontier(
             "summed_perf": space.perf[tables, plans].sum(-1),
         }
     )
-    for t, options in enumerate(space.options):
-        frame[options[0].name] = [option_label(options[o]) for o in plans[:, t]]
     frame.attrs["axes"] = [AXES[a] for a in axes]
     return frame
 
@@ -213,24 +264,19 @@ def summed_vs_rated(
     check_int("num_instances", num_instances, low=1)
     rng = np.random.default_rng(seed)
     rows = []
-    for instance in range(num_instances):
+    for _ in range(num_instances):
         spec = [
             (name, int(rng.choice(_ROWS)), int(rng.choice(_DIMS)), float(rng.choice(_POOLING)))
             for name in ("user_id", "item_id", "ad_id")
         ]
-        hbm_gb = float(rng.choice(_HBM_GB))
-        enumerated, topology = tiny_instance(spec, hbm_gb, batch_size=batch_size)
+        enumerated, topology = tiny_instance(spec, float(rng.choice(_HBM_GB)), batch_size=batch_size)
         every_plan = rate_every_plan(enumerated, topology, batch_size, storage_reservation_percentage)
         if every_plan.perf_rating.isna().all():
             continue
         rating = plan_extremes(every_plan).perf_rating
-        best, least = rating["best rated"], rating["least summed placeable"]
         rows.append(
             {
-                "instance": instance,
-                "hbm_gb": hbm_gb,
-                "spec": spec,
-                "least_placed_sum_over_best": least / best,
+                "least_placed_sum_over_best": rating["least summed placeable"] / rating["best rated"],
                 "least_sum_unplaceable": bool(math.isnan(rating["least summed"])),
                 "memory_ratio": memory_ratio(
                     enumerated, topology, batch_size, storage_reservation_percentage
@@ -240,7 +286,7 @@ def summed_vs_rated(
     return pd.DataFrame(rows)
 
 
-def share_by_tightness(pitfall: pd.DataFrame, edges: Sequence[float] = TIGHTNESS_EDGES) -> pd.DataFrame:
+def share_by_tightness(pitfall: pd.DataFrame, edges: Sequence[float] = (0.5, 1.0, 2.0)) -> pd.DataFrame:
     """`summed_vs_rated`'s instances grouped by `memory_ratio` (bins cut at `edges`), one row per
     bin: instances, those where the least summed placeable plan rates worse than the best (beyond
     rounding), and their share."""

@@ -13,8 +13,8 @@ import math
 import pytest
 
 from embnb import planner
-from embnb.lab.planner.brute_force import brute_force_rating
 from embnb.lab.planner.comparison import LADDER, Planning, ablation_table, random_instance
+from embnb.lab.planner.explain import brute_force_rating
 from embnb.lab.planner.models import enumerate_options, make_model
 
 BATCH_SIZE = 512
