@@ -1,8 +1,7 @@
 """Plans to measure, each with torchrec's own estimate beside it: the planners' plans and poor ones
 built on purpose from the same options (`candidate_plans`), measured rank by rank on one batch
 (`measure_placed`, over `embnb.steptime.measure_world`). Notebook 03a and `python -m embnb.bench
-steptime` run it.
-"""
+steptime` run it."""
 
 from __future__ import annotations
 
@@ -77,7 +76,6 @@ def candidate_plans(
     topology: Topology,
     batch_size: int,
     *,
-    few_ranks: Sequence[int] = (1, 2),
     timeout_s: float = 120.0,
     enumerated: Enumerated | None = None,
     planners: Sequence[str] = PLANNERS,
@@ -87,8 +85,8 @@ def candidate_plans(
     """The plans of `planners` (names of `default_proposers`, over one enumeration); with a
     `calibration`, embnb's DP planning over its estimates (`CALIBRATED`: the enumeration's estimates
     calibrated, plans rated with its kernel calls, as `embnb.planner.create_planner(calibration=...)`
-    plans); with `poor`, poor ones: every table table-wise on the first k ranks for each k in
-    `few_ranks`, and every table data-parallel."""
+    plans); with `poor`, poor ones: every table table-wise on rank 0, on ranks 0 and 1, and every
+    table data-parallel."""
     check_int("batch_size", batch_size, low=1)
     enumerated = enumerated or enumerate_options(
         model.tables, topology, batch_size, model.constraints, "embnb"
@@ -111,8 +109,7 @@ def candidate_plans(
     if not poor:
         return plans
     rate = NoopPerfModel(topology).rate
-    for k in few_ranks:
-        check_int("few_ranks", k, low=1, high=topology.world_size)
+    for k in (1, 2):
         options = one_kind_on(enumerated, "table_wise", list(range(k)))
         name = f"all table-wise on {k} rank{'s' if k > 1 else ''}"
         plans[name] = CandidatePlan(name, options, rate(options), POOR)
@@ -139,17 +136,12 @@ def plan_shape(options: Sequence[ShardingOption]) -> dict[str, int]:
 def plan_row(candidate: CandidatePlan, topology: Topology) -> dict[str, Any]:
     """A candidate before any measurement: its name, whether poor on purpose, torchrec's rating and
     its total per rank (ms), its shape and tables in UVM (the last three where it has a plan)."""
-    row = {
-        "plan": candidate.name,
-        "poor": candidate.note == POOR,
-        "rating_ms": candidate.rating,
-        "note": candidate.note,
-    }
+    note = candidate.note
+    row = {"plan": candidate.name, "poor": note == POOR, "rating_ms": candidate.rating, "note": note}
     options = candidate.options
     if options is not None:
-        total = estimated_per_rank(options, topology.world_size)["total"]
         row |= {
-            "estimated_per_rank_ms": [s * 1e3 for s in total],
+            "estimated_per_rank_ms": rank_loads(options, topology.world_size).perf.tolist(),
             "shape": plan_shape(options),
             "uvm_tables": sum(o.compute_kernel in UVM_KERNELS for o in options),
         }
@@ -169,10 +161,9 @@ class MeasuredCandidates:
     def rows(self) -> list[dict[str, Any]]:
         """One per candidate: torchrec's rating and its total per rank (ms), the plan's shape and
         tables in UVM, then on the world's clock (ms) the slowest rank's step per round and their
-        median, the slowest rank's lookups (median over rounds), each rank's median lookups, the
-        communication per rank computed from the counted bytes (`steptime.comms.LINK_MODEL`, not
-        measured), its step minus embnb DP's round by round (`minus_embnb_dp_mean`, `_ci_low`,
-        `_ci_high`: the 95% t-interval, ms) and its `verdict` (None: not paired)."""
+        median, the slowest rank's lookups (median over rounds), each rank's median lookups, its step
+        minus embnb DP's round by round (`minus_embnb_dp_mean`, `_ci_low`, `_ci_high`: the 95%
+        t-interval, ms) and its `verdict` (None: not paired)."""
         rows = []
         for name, candidate in self.candidates.items():
             plan = self.world.plans.get(name)
@@ -182,15 +173,13 @@ class MeasuredCandidates:
             row = plan_row(candidate, self.topology) | {"note": note}
             if plan is not None and plan.measured:
                 clock, times = self.world.clock, plan.times
-                paired = plan.minus_reference
                 row |= {
                     "step_ms": plan.median_step_ms,
                     "step_ms_rounds": plan.step_ms,
                     "lookup_ms": statistics.median(plan.lookup_ms),
                     "critical_rank": plan.critical_rank,
                     "lookup_per_rank_ms": [r.lookup.median_s(clock) * 1e3 for r in times.ranks],
-                    "computed_comms_ms": [c.computed_seconds(self.topology) * 1e3 for c in times.comms],
-                    **{f"minus_embnb_dp_{k}": getattr(paired, k, None) for k in PAIRED_FIELDS},
+                    **{f"minus_embnb_dp_{k}": getattr(plan.minus_reference, k, None) for k in PAIRED_FIELDS},
                     "verdict": plan.verdict,
                 }
             rows.append(row)
@@ -207,7 +196,6 @@ class MeasuredCandidates:
             "clock": world.clock,
             "device_note": self.device_note,
             "rounds": world.rounds,
-            "seconds": world.seconds,
             "plans": self.rows(),
             "told_apart": world.told_apart(),
         }
@@ -255,14 +243,9 @@ def measure_placed(
         n: to_sharding_plan(c.options, topology) for n, c in candidates.items() if c.options is not None
     }
     planners = {n: plan for n, plan in placed.items() if candidates[n].note != POOR}
+    alone = {n: plan for n, plan in placed.items() if n not in planners and (poor is None or n in poor)}
+    reference = REFERENCE if REFERENCE in planners else None
     world = measure_world(
-        planners,
-        tables,
-        batch,
-        rounds,
-        reference=REFERENCE if REFERENCE in planners else None,
-        alone={n: plan for n, plan in placed.items() if n not in planners and (poor is None or n in poor)},
-        device=device,
-        **options,
+        planners, tables, batch, rounds, reference=reference, alone=alone, device=device, **options
     )
     return MeasuredCandidates(topology, dict(candidates), world, note)

@@ -1,8 +1,7 @@
-"""What notebook 03's page is checked against: the knapsack recurrence it writes (dp[t][m], the least
-summed perf of tables 0..t in exactly m memory bins) against brute force over every combination and
-against `embnb.planner.knapsack.Knapsack`, which runs the same recurrence vectorized over HBM x DDR
-bins, keeps each state's exact memory and drops states another beats on every axis (so the two agree
-on the least perf at or below each bin); and notebook 03a's capped runs against the proposer's."""
+"""What notebook 03's page is checked against: its knapsack recurrence against brute force over every
+combination and the proposer's `embnb.planner.knapsack.Knapsack` (the recurrence vectorized over HBM x
+DDR bins, dropping states another beats on every axis: the least perf at or below each bin agrees);
+notebook 03a's capped runs against the proposer's."""
 
 from __future__ import annotations
 
@@ -11,14 +10,11 @@ import math
 
 import numpy as np
 
-from embnb.lab.planner.comparison import Planning
+from embnb.lab.planner.comparison import LADDER, Planning
 from embnb.planner.knapsack import Knapsack
 from embnb.planner.proposer import DynamicProgrammingProposer
 
-__all__ = ["least_perf_by_enumeration", "page_core_agrees", "CAPS_ONLY", "capped_runs_agree"]
-
-# The proposer with its knapsack runs and nothing else: every frontier plan of each run proposed.
-CAPS_ONLY = dict(bisect=False, slack=False, prune=False, max_refinements=0, replay=False)
+__all__ = ["least_perf_by_enumeration", "page_core_agrees", "capped_runs_agree"]
 
 
 def least_perf_by_enumeration(
@@ -83,12 +79,13 @@ def page_core_agrees(
 
 def capped_runs_agree(page_best: dict[int, float], enumerated, topology, batch_size: int, reservation: float):
     """Whether the capped runs written on notebook 03a's page find the best rating the library's
-    DynamicProgrammingProposer finds with its knapsack runs alone (`CAPS_ONLY`) in torchrec's
-    planner, for each `max_caps` in `page_best` (max_caps -> the page's best rating)."""
+    DynamicProgrammingProposer finds with its knapsack runs alone (`LADDER`'s plain knapsack with
+    `max_caps`) in torchrec's planner, for each `max_caps` in `page_best`
+    (max_caps -> the page's best rating)."""
     planning = Planning(batch_size, storage_reservation_percentage=reservation)
 
     def rating(caps: int) -> float:
-        proposer = DynamicProgrammingProposer(max_caps=caps, **CAPS_ONLY)
+        proposer = DynamicProgrammingProposer(**(LADDER["plain knapsack"] | {"max_caps": caps}))
         return planning.run(proposer, enumerated, topology).perf_rating
 
     return {

@@ -1,6 +1,5 @@
 """Notebook 03's explorer: a click re-plans a random model at another HBM budget, world size or
-table count and compares the proposers (`embnb.lab.widgets.Explorer`); it takes seconds.
-"""
+table count and compares the proposers (`embnb.lab.widgets.Explorer`); it takes seconds."""
 
 from __future__ import annotations
 
@@ -18,22 +17,7 @@ from embnb.lab.planner.models import enumerate_options, make_model
 from embnb.lab.widgets import Explorer
 from embnb.planner.topology import make_topology
 
-__all__ = ["ExplorerStart", "PlannerExplorer", "hbm_slider"]
-
-
-def hbm_slider(value: float) -> widgets.FloatLogSlider:
-    """A log slider for HBM per device, `value` / 16 to `value` * 16 in steps of 2**(1/4) on a grid
-    through `value`, so it starts there (a grid from a fixed minimum would snap 1.2 to 1.19)."""
-    exponent = math.log2(check_number("hbm_cap_gb", value, low=0, low_open=True))
-    return widgets.FloatLogSlider(
-        value=value,
-        base=2,
-        min=exponent - 4,
-        max=exponent + 4,
-        step=0.25,
-        readout_format=".3g",
-        description="HBM GiB",
-    )
+__all__ = ["ExplorerStart", "PlannerExplorer"]
 
 
 @dataclass(frozen=True)
@@ -60,16 +44,25 @@ class PlannerExplorer(Explorer):
         self.proposers = {
             name: factories[check_choice("proposer", name, list(factories))] for name in start.proposers
         }
-        check_int("batch_size", planning.batch_size, low=1)
         reservation = planning.storage_reservation_percentage
         check_number("storage_reservation_percentage", reservation, low=0, high=1, high_open=True)
-        check_choice("compute_device", start.compute_device, ("cuda", "cpu"))
         self.start, self.planning = start, planning
         world_size = check_int("world_size", start.world_size, low=2, high=32)
         num_tables = check_int("num_tables", start.num_tables, low=3, high=120)
+        # HBM per device from /16 to x16 in steps of 2**(1/4) on a grid through the start value, so the
+        # slider starts there (a grid from a fixed minimum would snap 1.2 to 1.19)
+        exponent = math.log2(check_number("hbm_cap_gb", start.hbm_cap_gb, low=0, low_open=True))
         super().__init__(
             {
-                "hbm_cap_gb": hbm_slider(start.hbm_cap_gb),
+                "hbm_cap_gb": widgets.FloatLogSlider(
+                    value=start.hbm_cap_gb,
+                    base=2,
+                    min=exponent - 4,
+                    max=exponent + 4,
+                    step=0.25,
+                    readout_format=".3g",
+                    description="HBM GiB",
+                ),
                 "world_size": widgets.IntSlider(value=world_size, min=2, max=32, description="world size"),
                 "num_tables": widgets.IntSlider(value=num_tables, min=3, max=120, description="tables"),
             },
@@ -90,5 +83,4 @@ class PlannerExplorer(Explorer):
         for done, (name, factory) in enumerate(self.proposers.items(), start=1):
             self.progress_step(done, steps, name)
             rows.append(compare_proposers(enumerated, topology, planning, {name: factory}))
-        title = planned_title(num_tables, world_size, hbm_cap_gb)
-        return proposer_comparison(pd.concat(rows), title=title)
+        return proposer_comparison(pd.concat(rows), planned_title(num_tables, world_size, hbm_cap_gb))

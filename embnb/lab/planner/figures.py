@@ -20,14 +20,8 @@ from embnb.lab.planner.explain import SmallKnapsack
 from embnb.lab.plotting import color, new_figure
 from embnb.results import Run
 
-__all__ = [
-    "option_code",
-    "knapsack_choices_figure",
-    "proposer_comparison",
-    "planned_title",
-    "measured_figure",
-]
-__all__ += ["calibration_scatter"]
+__all__ = ["option_code", "knapsack_choices_figure", "proposer_comparison", "planned_title"]
+__all__ += ["measured_figure", "calibration_scatter"]
 
 _KERNEL_CODES = {"fused": "F", "fused_uvm_caching": "C", "fused_uvm": "U"}  # compute kernel -> cell mark
 _KERNEL_COLORS = {"F": "#4c72b0", "C": "#dd8452", "U": "#8172b3"}
@@ -169,18 +163,9 @@ def calibration_scatter(ranks: pd.DataFrame, bench: Run) -> Figure:
     errors = heldout_errors(ranks)
     fig = new_figure(10, 4.6)
     axes = fig.subplots(1, 2, sharex=True, sharey=True)
+    dots = dict(y="measured_ms", hue="world_size", palette="deep", s=12, alpha=0.6)  # both panels alike
     for ax, name in zip(axes, ESTIMATES):
-        sns.scatterplot(
-            ranks,
-            x=name,
-            y="measured_ms",
-            hue="world_size",
-            palette="deep",
-            s=12,
-            alpha=0.6,
-            ax=ax,
-            legend=name == "calibrated",
-        )
+        sns.scatterplot(ranks, x=name, ax=ax, legend=name == "calibrated", **dots)
         for factor, style in ((1, "-"), (1 - GOAL, ":"), (1 + GOAL, ":")):
             ax.axline((1, factor), (10, 10 * factor), color="0.3", linewidth=0.8, linestyle=style)
         label = "torchrec's default estimate" if name == "torchrec_default" else "calibrated estimate"

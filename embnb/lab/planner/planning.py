@@ -35,6 +35,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._checks import check_int
 from embnb._torchrec_private import best_plan, num_proposals, planner_proposers
+from embnb.lab.logs import quiet_torch_fx
 from embnb.lab.planner.models import Enumerated
 from embnb.planner.factory import create_planner
 from embnb.planner.space import GB
@@ -47,8 +48,6 @@ __all__ += ["quiet_logs", "clocked"]
 def quiet_logs() -> None:
     """What a notebook quiets: torchrec's planner logs every proposal and warns for each
     data-parallel table; torch.fx logs a deprecation (here and in anything started from here)."""
-    from embnb.lab.logs import quiet_torch_fx
-
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.ERROR)
     pd.set_option("display.width", 140)
@@ -167,9 +166,8 @@ def run_planner(
                 planner.plan(enumerated.module, enumerated.sharders)
         except PlannerError as error:  # a proposer's own reason says more than torchrec's summary
             reasons = [getattr(p, "no_plan_reason", None) for p in proposers]
-            note = (
-                "no plan: " + (next(filter(None, reasons), None) or str(error).strip().splitlines()[0])[:200]
-            )
+            reason = next(filter(None, reasons), None) or str(error).strip().splitlines()[0]
+            note = f"no plan: {reason[:200]}"
         except Exception as error:  # e.g. torchrec's DP divides by zero on CPU topologies
             note = f"failed: {type(error).__name__}: {str(error).strip()[:160]}"
     reset_shard_rank(enumerated.options)

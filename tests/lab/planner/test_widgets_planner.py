@@ -8,7 +8,7 @@ import pytest
 
 from embnb import planner
 from embnb.lab.planner.comparison import Planning, compare_proposers, default_proposers
-from embnb.lab.planner.explore import ExplorerStart, PlannerExplorer, hbm_slider
+from embnb.lab.planner.explore import ExplorerStart, PlannerExplorer
 from embnb.lab.planner.models import make_model
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -87,7 +87,7 @@ def test_a_budget_without_any_plan_shows_why_instead_of_raising():
 
 @pytest.mark.parametrize("value", [1.2, 0.5, 3.0, 0.07])
 def test_the_hbm_slider_starts_at_exactly_the_value(value):
-    slider = hbm_slider(value)
+    slider = PlannerExplorer(ExplorerStart(value, 2, 3)).controls["hbm_cap_gb"]
     assert slider.value == value
     # the frontend snaps to min + k * step: the value is on that grid, k whole
     steps = (math.log2(value) - slider.min) / slider.step
@@ -99,7 +99,7 @@ def test_bad_explorer_settings_are_named():
     with pytest.raises(ValueError, match="proposer 'nosuch' is not one of"):
         small_explorer(proposers=("nosuch",))
     with pytest.raises(ValueError, match="hbm_cap_gb must be a finite number > 0, got 0"):
-        hbm_slider(0)
+        PlannerExplorer(ExplorerStart(0, 2, 3))
     with pytest.raises(ValueError, match="world_size must be an int in \\[2, 32\\], got 64"):
         PlannerExplorer(ExplorerStart(1.0, 64, 3))
 
