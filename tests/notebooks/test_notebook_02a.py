@@ -117,10 +117,8 @@ def test_at_8_ranks_the_planner_puts_each_shard_on_its_own_rank(run):
 
 def test_uneven_widths_work_in_embnb_and_are_unsupported_in_torchrec(run):
     results = run.results
-    assert results["uneven_widths"] == [1, 6, 4, 5]
     assert results["uneven_reference_matches_unsharded"] is True and results["uneven_max_abs_error"] == 0.0
     assert results["uneven_naive_matches_unsharded"] is False
-    assert results["torchrec_size_per_rank"] == [4, 12]
     outcomes = results["torchrec_size_per_rank_outcomes"]
     assert len(outcomes) == WORLD_SIZE and all(o["error"] and o["matches"] is None for o in outcomes)
     assert any("Split sizes doesn't match" in o["error"] for o in outcomes)

@@ -10,7 +10,7 @@ _HOMES = {
     "core": ["all_placements", "page_core_agrees"],
     "cases": ["CWCase"],
     "traffic": ["wire_bytes"],
-    "experiment": ["run_seed", "error_panels", "run_appendix", "shard_table", "permute_derivation"],
+    "experiment": ["run_seed", "error_panels", "run_appendix", "shard_table"],
     "figures": ["column_order_figure", "lookup_error_figure"],
     "explore": ["PlacementExplorer"],
     # what the pages use from the rest of embnb, under the same names
@@ -18,7 +18,6 @@ _HOMES = {
     "embnb.lab.logs": ["quiet_torch_fx"],
     "embnb.columnwise.placement": [
         "check_shard_ranks",
-        "check_widths",
         "equal_widths",
         "column_offsets",
         "rank_order",

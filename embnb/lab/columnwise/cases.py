@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 TABLE, FEATURE = "t0", "f0"
 PATHS = ("reference", "torchrec")  # embnb's CW lookup, torchrec's ShardedEmbeddingCollection
-UNPERMUTED = ("torchrec_unpermuted",)  # torchrec's module with its permute switched off
 Output = tuple[torch.Tensor, torch.Tensor]  # (lengths, values) of one rank's lookup, on the CPU
 
 
@@ -91,14 +90,12 @@ class CWCase:
         """Why torchrec's ShardedEmbeddingCollection cannot take this case (uneven or unaligned shard
         widths: embnb's check), or None."""
         widths = {TABLE: list(self.widths)} if self.widths is not None else None
+        placements = {TABLE: list(self.shard_ranks)}
         try:
-            adapter.check_torchrec_placements(self.embedding_dim, self.placements(), self.world_size, widths)
+            adapter.check_torchrec_placements(self.embedding_dim, placements, self.world_size, widths)
         except ValueError as exc:
             return str(exc)
         return None
-
-    def placements(self) -> dict[str, list[int]]:
-        return {TABLE: list(self.shard_ranks)}
 
 
 def make_embedding_collection(case: CWCase, device: torch.device | str = "cpu") -> EmbeddingCollection:
@@ -167,7 +164,7 @@ def _forward(case: CWCase, ec, kjt, group, result: RankOutputs) -> None:
         result.reference, result.rank_ordered = (kjt.lengths().cpu(), rows.cpu()), [s.cpu() for s in arrived]
         result.traffic["reference"] = sent
     if "torchrec" in case.paths:
-        sharded = adapter.shard_cw(ec, case.placements(), group)
+        sharded = adapter.shard_cw(ec, {TABLE: list(case.shard_ranks)}, group)
         result.torchrec = _plain(sharded(kjt).wait())
         with recorded_all_to_all() as sent:
             sharded(kjt).wait()
@@ -209,7 +206,7 @@ class CWRun:
         """Rank `rank`'s (lengths, values) by `path`: "reference", "torchrec", "torchrec_unpermuted", or
         "naive" (embnb's slices concatenated in rank order); None where the path did not run."""
         got = self.ranks[rank]
-        if check_choice("path", path, PATHS + UNPERMUTED + ("naive",)) != "naive":
+        if check_choice("path", path, (*PATHS, "torchrec_unpermuted", "naive")) != "naive":
             return getattr(got, path)
         arrived = got.rank_ordered
         return None if arrived is None else (got.reference[0], cw.concat_in_rank_order(arrived))

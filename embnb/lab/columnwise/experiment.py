@@ -17,7 +17,6 @@ import torch
 from embnb.columnwise import placement as cw
 from embnb.columnwise.torchrec_adapter import fbgemm_cuda_problem
 from embnb.dist import device_plan
-from embnb.lab.columnwise import torchrec_layouts as layouts
 from embnb.lab.columnwise.cases import (
     CWCase,
     CWRun,
@@ -26,7 +25,7 @@ from embnb.lab.columnwise.cases import (
     run_cw_cases,
     size_per_rank_call,
 )
-from embnb.lab.columnwise.traffic import planner_bytes_at, traffic_table
+from embnb.lab.columnwise.traffic import mixed_dims_error, planner_bytes_at, planner_cw_layout, traffic_table
 
 PATH_TITLES = {
     "naive": "embnb: naive concatenation in rank order",
@@ -37,19 +36,12 @@ PATH_TITLES = {
 
 
 def shard_table(shard_ranks: Sequence[int], widths: Sequence[int]) -> pd.DataFrame:
-    """One row per shard: its columns, its rank and where it arrives."""
+    """One row per shard: its columns, its rank, and its permute index (where it arrives among the
+    rank-ordered outputs) next to its two parts: shards on lower ranks, earlier ones on its own."""
     ranks = cw.check_shard_ranks(shard_ranks)
     widths = cw.check_widths(widths, sum(widths), len(ranks))
-    columns = [f"{o}..{o + w - 1}" for o, w in zip(cw.column_offsets(widths), widths)]
-    arrives = [cw.rank_order(ranks).index(s) for s in range(len(ranks))]
-    data = {"columns": columns, "rank": ranks, "arrives at position": arrives}
-    return pd.DataFrame(data, index=[f"s{s}" for s in range(len(ranks))])
-
-
-def permute_derivation(shard_ranks: Sequence[int]) -> pd.DataFrame:
-    """Each shard's permute index next to its two parts: shards on lower ranks, earlier ones on its own."""
-    ranks = cw.check_shard_ranks(shard_ranks)
     data = {
+        "columns": [f"{o}..{o + w - 1}" for o, w in zip(cw.column_offsets(widths), widths)],
         "rank": ranks,
         "shards on lower ranks": [sum(r < rank for r in ranks) for rank in ranks],
         "earlier shards, same rank": [ranks[:s].count(rank) for s, rank in enumerate(ranks)],
@@ -62,11 +54,10 @@ def run_seed(case: CWCase, device: str = "auto", timeout_s: float = 300.0) -> tu
     """`case` (equal widths) on `world_size` real ranks: embnb's path and, unless torchrec cannot take the
     placement (then `torchrec_skipped` says why), torchrec's; where fbgemm has no CUDA kernels, torchrec's
     path runs on the CPU (`torchrec_device_note` says why). Returns the results as plain data (the
-    placement, device, backend, torchrec's kernel and version, rank order, embnb's and torchrec's permute,
+    widths, device, backend, torchrec's kernel and version, rank order, embnb's and torchrec's permute,
     ids per rank, and per path that ran whether it equals the unsharded EC and its max |error|) and the
     run itself (its tensors)."""
     plan = device_plan(device, case.world_size)
-    cw.equal_widths(case.embedding_dim, len(case.shard_ranks))  # refuse before any rank starts
     skipped = case.torchrec_problem()
     if skipped is not None:
         case = replace(case, paths=("reference",))
@@ -83,9 +74,6 @@ def run_seed(case: CWCase, device: str = "auto", timeout_s: float = 300.0) -> tu
     ]
     kernels = None if skipped else ", ".join(sorted({k for r in run.ranks for k in r.compute_kernels}))
     return {
-        "world_size": case.world_size,
-        "embedding_dim": case.embedding_dim,
-        "shard_ranks": ranks,
         "widths": case.shard_widths(),
         "device": plan.device,
         "backend": plan.backend,
@@ -129,7 +117,7 @@ def run_appendix(
 
     w, ranks = case.world_size, cw.check_shard_ranks(case.shard_ranks, case.world_size)
     uneven = replace(case, widths=list(uneven_widths), paths=("reference",))
-    planned = [layouts.planner_cw_layout(d, traffic_case.num_embeddings, w) for d in planner_dims]
+    planned = [planner_cw_layout(d, traffic_case.num_embeddings, w) for d in planner_dims]
     for layout in planned:  # torchrec's planner cuts equal blocks; column_wise(ranks=...) makes the same
         if layout.widths != cw.equal_widths(layout.embedding_dim, len(layout.ranks)):
             raise ValueError(f"torchrec's planner made uneven widths {layout.widths}: not a case this runs")
@@ -145,7 +133,7 @@ def run_appendix(
     table = traffic_table(traffic_runs, [source for *_, source in placements])
     ids = [len(b[1]) for b in make_batches(traffic_case)]
     mean_ids = round(sum(ids) / len(ids))
-    results = {
+    return {
         "torchrec_version": version("torchrec"),
         "torchrec_min_cw_dim": MIN_CW_DIM,
         "planner_layouts": [asdict(p) for p in planned],  # torchrec planner's CW shards at world_size
@@ -154,19 +142,16 @@ def run_appendix(
         "planner_bytes_at": planner_bytes_at(
             count_world_size, planner_dims, traffic_case.num_embeddings, mean_ids, traffic_case.batch_size
         ),
-        "uneven_widths": uneven.shard_widths(),
         "uneven_reference_matches_unsharded": uneven_run.matches("reference"),
         "uneven_naive_matches_unsharded": uneven_run.matches("naive"),
         "uneven_max_abs_error": uneven_run.max_abs_error("reference"),
         "embnb_uneven_check": uneven.torchrec_problem(),  # embnb's own check, before torchrec
-        "torchrec_size_per_rank": list(size_per_rank),
         "torchrec_size_per_rank_outcomes": [asdict(o) for o in runs[-1]],
-        "torchrec_mixed_dims_error": layouts.mixed_dims_error(),
+        "torchrec_mixed_dims_error": mixed_dims_error(),
         "pooled": {
             "shard_ranks": ranks,
             "max_abs_error": pooled,  # per rank: its pooled output against the unsharded module's
             "matches": max(pooled) <= 1e-6,  # equal up to float rounding
         },
         "run_seconds": round(seconds, 2),  # the launch, including process start
-    }
-    return results, table
+    }, table

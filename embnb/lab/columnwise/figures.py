@@ -20,24 +20,6 @@ LINE = {"color": "#444444", "linewidth": 1}
 IMAGE = {"aspect": "auto", "interpolation": "nearest"}
 
 
-def _draw_strip(ax, columns: torch.Tensor, shards: list[int], ranks: list[int], widths: list[int]) -> None:
-    """One row of cells coloured (and numbered) by their source column; under each block, its shard's
-    label in its rank's colour."""
-    dim = sum(widths)
-    ax.imshow(columns.view(1, -1).numpy(), cmap="viridis", vmin=0, vmax=max(dim - 1, 1), **IMAGE)
-    for x, col in enumerate(columns.tolist() if dim <= 40 else []):
-        ax.text(x, 0, str(int(col)), ha="center", va="center", fontsize=8, color="wk"[col >= 0.6 * dim])
-    starts = [sum(widths[s] for s in shards[:i]) for i in range(len(shards))]
-    for start in starts[1:]:
-        ax.axvline(start - 0.5, color="white", linewidth=3)
-    labels = [f"s{s} (rank {ranks[s]})" for s in shards]
-    ax.set_xticks([start + widths[s] / 2 - 0.5 for start, s in zip(starts, shards)], labels, fontsize=8)
-    for tick, s in zip(ax.get_xticklabels(), shards):
-        tick.set_color(color(f"rank {ranks[s]}", ranks[s]))
-    ax.tick_params(axis="x", length=0)
-    ax.set_yticks([])
-
-
 def column_order_figure(
     shard_ranks: Sequence[int], widths: Sequence[int], title: str | None = None
 ) -> Figure:
@@ -61,7 +43,19 @@ def column_order_figure(
     ]
     fig = new_figure(min(max(7.0, 2.4 + 0.42 * dim), 16), 4.2)
     for ax, (text, row, shards, text_color) in zip(fig.subplots(3, 1), strips):
-        _draw_strip(ax, row[0], shards, ranks, widths)
+        # cells coloured and numbered by source column; under each block its shard, in its rank's colour
+        ax.imshow(row.numpy(), cmap="viridis", vmin=0, vmax=max(dim - 1, 1), **IMAGE)
+        for x, col in enumerate(row[0].tolist() if dim <= 40 else []):
+            ax.text(x, 0, str(int(col)), ha="center", va="center", fontsize=8, color="wk"[col >= 0.6 * dim])
+        starts = [sum(widths[s] for s in shards[:i]) for i in range(len(shards))]
+        for start in starts[1:]:
+            ax.axvline(start - 0.5, color="white", linewidth=3)
+        labels = [f"s{s} (rank {ranks[s]})" for s in shards]
+        ax.set_xticks([start + widths[s] / 2 - 0.5 for start, s in zip(starts, shards)], labels, fontsize=8)
+        for tick, s in zip(ax.get_xticklabels(), shards):
+            tick.set_color(color(f"rank {ranks[s]}", ranks[s]))
+        ax.tick_params(axis="x", length=0)
+        ax.set_yticks([])
         ax.set_title(text, loc="left", fontsize=9, color=text_color)
     fig.suptitle(title or f"shard_ranks {ranks}, widths {widths}: cell = source column", fontsize=10)
     return fig

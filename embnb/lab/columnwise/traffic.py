@@ -1,18 +1,70 @@
-"""Appendix 02a's byte count: what each path sent per layout (recorded by `cases.recorded_all_to_all`),
-next to what `wire_bytes` says each path puts on the wire, and the same count at the layouts torchrec's
-planner makes on more ranks (`planner_bytes_at`: a count, no ranks run)."""
+"""Appendix 02a's byte count and the column-wise layouts torchrec itself makes and takes, asked of the
+installed torchrec: what each path sent per layout (recorded by `cases.recorded_all_to_all`) next to
+what `wire_bytes` says it puts on the wire; the same count at the layouts torchrec's planner makes on
+more ranks (`planner_cw_layout`; `planner_bytes_at`: a count, no ranks run); and what torchrec's
+EmbeddingCollection says to tables of different widths (`mixed_dims_error`).
+
+    planner_cw_layout(512, 1000, 2)      # PlannerLayout(ranks=[0, 1, 0, 1], widths=[128] * 4)
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
+import torch
 
 from embnb._checks import check_int
-from embnb.lab.columnwise.cases import CWRun, make_batches
-from embnb.lab.columnwise.torchrec_layouts import planner_cw_layout
+from embnb.lab.columnwise.cases import FEATURE, TABLE, CWRun, make_batches
+from embnb.planner.factory import make_reservation
+from embnb.planner.topology import make_topology
 
 PATHS = (("torchrec", "torchrec"), ("embnb", "reference"))  # (name in the tables, CWRun path)
+
+
+@dataclass(frozen=True)
+class PlannerLayout:
+    """One table's column-wise shards as torchrec's planner placed them, in column order."""
+
+    embedding_dim: int
+    ranks: list[int]  # rank of each shard
+    widths: list[int]  # columns of each shard
+
+
+def planner_cw_layout(embedding_dim: int, num_embeddings: int, world_size: int) -> PlannerLayout:
+    """The shards torchrec's EmbeddingShardingPlanner makes of one EmbeddingCollection table when it may
+    only shard it column-wise (fused kernel), on `world_size` CPU devices of one host."""
+    from torchrec import EmbeddingCollection, EmbeddingConfig
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+
+    check_int("embedding_dim", embedding_dim, low=1)
+    check_int("num_embeddings", num_embeddings, low=1)
+    config = EmbeddingConfig(num_embeddings, embedding_dim, TABLE, feature_names=[FEATURE])
+    ec = EmbeddingCollection(tables=[config], device=torch.device("meta"))
+    constraints = {TABLE: ParameterConstraints(sharding_types=["column_wise"], compute_kernels=["fused"])}
+    # embnb.planner's topology and reservation (torchrec's defaults, without their warnings), no stats table
+    topology, reservation = make_topology(world_size, "cpu"), make_reservation("heuristical")
+    planner = EmbeddingShardingPlanner(
+        topology, constraints=constraints, storage_reservation=reservation, stats=[]
+    )
+    plan = planner.plan(ec, [EmbeddingCollectionSharder()])
+    shards = sorted(plan.plan[""][TABLE].sharding_spec.shards, key=lambda s: s.shard_offsets[1])
+    ranks, widths = [s.placement.rank() for s in shards], [s.shard_sizes[1] for s in shards]
+    return PlannerLayout(embedding_dim, ranks, widths)
+
+
+def mixed_dims_error(dims: tuple[int, int] = (4, 8)) -> str:
+    """The error torchrec's EmbeddingCollection raises for two tables of `dims` columns."""
+    from torchrec import EmbeddingCollection, EmbeddingConfig
+
+    tables = [EmbeddingConfig(4, d, f"t{i}", feature_names=[f"f{i}"]) for i, d in enumerate(dims)]
+    try:
+        EmbeddingCollection(tables=tables, device=torch.device("meta"))
+    except ValueError as error:
+        return f"ValueError: {error}"
+    return f"no error: tables of {list(dims)} columns were accepted"
 
 
 def wire_bytes(

@@ -6,18 +6,13 @@ from embnb.lab.columnwise import experiment
 from embnb.lab.columnwise.cases import CWCase
 
 
-def test_shard_table_lists_columns_ranks_and_arrival():
+def test_shard_table_lists_columns_ranks_and_the_permute_with_its_two_parts():
     table = experiment.shard_table([1, 0, 0, 1], [1, 3, 2, 2])
     assert list(table.index) == ["s0", "s1", "s2", "s3"]
     assert list(table["columns"]) == ["0..0", "1..3", "4..5", "6..7"]
-    # rank 0's s1, s2 arrive first, then rank 1's s0, s3
-    assert list(table["arrives at position"]) == [2, 0, 1, 3]
-
-
-def test_permute_derivation_adds_up_to_the_permute():
-    table = experiment.permute_derivation([1, 0, 0, 1])
     assert list(table["shards on lower ranks"]) == [2, 0, 0, 2]
     assert list(table["earlier shards, same rank"]) == [0, 0, 1, 1]
+    # rank 0's s1, s2 arrive first, then rank 1's s0, s3
     assert list(table["permute[s]"]) == [2, 0, 1, 3]
 
 

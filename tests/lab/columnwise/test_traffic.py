@@ -1,11 +1,9 @@
-"""embnb.lab.columnwise.torchrec_layouts and traffic.wire_bytes: torchrec's
-planner layouts against the block rule written out by hand, and the byte count
-against a hand count."""
+"""embnb.lab.columnwise.traffic: torchrec's planner layouts against the block rule written out by
+hand, its error for mixed widths, and the byte count against a hand count."""
 
 import pytest
 
-from embnb.lab.columnwise import torchrec_layouts
-from embnb.lab.columnwise.traffic import wire_bytes
+from embnb.lab.columnwise.traffic import mixed_dims_error, planner_cw_layout, wire_bytes
 
 
 def _block_by_hand(dim: int, minimum: int = 128) -> int:
@@ -15,7 +13,7 @@ def _block_by_hand(dim: int, minimum: int = 128) -> int:
 
 @pytest.mark.parametrize("dim", [256, 384, 1000, 200, 96])
 def test_planner_layouts_follow_torchrecs_block_rule(dim):
-    layout = torchrec_layouts.planner_cw_layout(dim, 100, 2)
+    layout = planner_cw_layout(dim, 100, 2)
     block = _block_by_hand(dim)
     assert layout.embedding_dim == dim
     assert layout.widths == [block] * (dim // block)
@@ -23,9 +21,9 @@ def test_planner_layouts_follow_torchrecs_block_rule(dim):
 
 
 def test_mixed_dims_error_is_torchrecs_own():
-    message = torchrec_layouts.mixed_dims_error((4, 8))
+    message = mixed_dims_error((4, 8))
     assert message.startswith("ValueError: All tables in a EmbeddingCollection")
-    assert torchrec_layouts.mixed_dims_error((8, 8)).startswith("no error")
+    assert mixed_dims_error((8, 8)).startswith("no error")
 
 
 def test_wire_bytes_by_hand():
