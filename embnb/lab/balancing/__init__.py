@@ -5,7 +5,7 @@
 from embnb.lab.exports import lazy_exports
 
 _HOMES = {
-    **dict.fromkeys(["comparison", "cost_fit", "experiment", "figures", "job", "measured"], []),  # modules
+    **dict.fromkeys(["comparison", "experiment", "figures", "job", "measured"], []),  # modules
     "core": ["page_core_agrees", "trace_table"],
     "explore": ["BalanceExplorer"],
     "embnb.dist": ["device_plan", "launch", "resolve_device", "start_rank_server"],

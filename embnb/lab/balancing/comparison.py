@@ -52,14 +52,8 @@ def comparison_table(
         if flops_dims is not None:
             estimates["flops"] = attention_block_flops(lengths, *flops_dims).tolist()
         for (workload, weights), method in itertools.product(estimates.items(), METHODS):
-            batch = {
-                "distribution": name,
-                "num_samples": n,
-                "num_parts": k,
-                "seed": seed,
-                "workload": workload,
-            }
-            rows.append(batch | {"method": method} | imbalance(weights, balance(weights, k, method)))
+            batch = dict(zip(BATCH, (name, workload, n, k, seed)), method=method)
+            rows.append(batch | imbalance(weights, balance(weights, k, method)))
     return pd.DataFrame(rows)
 
 

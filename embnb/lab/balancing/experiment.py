@@ -94,9 +94,8 @@ class TrainingRuns:
                 for s in r["spans"]
             ]
             hidden = hidden_fraction(spans)
-            result[label] = {
-                k: repeats[0][0][k] for k in ("mode", "native_kk", "exchange", "shuffle_group")
-            } | {
+            config = {k: repeats[0][0][k] for k in ("mode", "native_kk", "exchange", "shuffle_group")}
+            result[label] = config | {
                 "shuffle_seconds": shuffle_ms.get(label, 0.0) / 1e3,
                 "hidden_fraction": None if math.isnan(hidden) else hidden,
             }
@@ -112,11 +111,8 @@ class TrainingRuns:
 
     def flops_speedups(self, reference: str) -> dict[str, float]:
         """The speed-up each run would get if a step took its slowest rank's FLOPs (first repeat)."""
-
-        def max_flops(label: str) -> float:
-            return sum(training.slowest_rank(self.per_repeat[label][0], "step_flops"))
-
-        return {label: max_flops(reference) / max_flops(label) for label in self.per_repeat}
+        flops = {k: sum(training.slowest_rank(r[0], "step_flops")) for k, r in self.per_repeat.items()}
+        return {label: flops[reference] / f for label, f in flops.items()}
 
     def phase_breakdown(self) -> pd.DataFrame:
         """A row per (run, thread, phase): ms per timed step, the mean over repeats, steps and ranks

@@ -69,7 +69,7 @@ def timeline(spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]], steps: Seq
     """One panel per run: per rank a row for its training loop and one below for its shuffle worker,
     a bar per phase, in ms from the run's first span; a bracket above each iteration. Spans need
     phase, rank, start, end (seconds), thread and iteration; only iterations in `steps` are drawn.
-    The legend gives each phase's ms per drawn step (mean over steps and ranks). Raises ValueError
+    The legend gives each (phase, thread)'s ms per drawn step (mean over steps and ranks). Raises ValueError
     on a run with no span to draw."""
     fig = new_figure(12, 0.9 + 2.3 * len(spans_by_run))
     axes = fig.subplots(len(spans_by_run), 1, squeeze=False)[:, 0]
@@ -92,13 +92,11 @@ def timeline(spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]], steps: Seq
         ax.set_yticks(list(ticks), list(ticks.values()), fontsize=8)
         ax.set(ylim=(len(ranks) - 0.4, -0.6), xlabel="ms")
         ax.set_title(name, loc="left", fontsize=10)
-        ms = {}  # phase -> its ms per drawn step in each thread it ran in
         phases = phase_seconds([dict(s, warmup=False) for s in spans], steps, len(ranks))
-        for (thread, phase), seconds in phases.items():
-            ms.setdefault(phase, []).append(f"{1e3 * seconds:.1f}" + " (worker)" * (thread == "worker"))
-        handles = [
-            Patch(color=PHASE_COLORS.get(p, "0.5"), label=f"{p}: {', '.join(ms.get(p, []))} ms")
-            for p in dict.fromkeys(s["phase"] for s in spans if s["phase"] != "step")
+        handles = [  # a phase in each thread it ran in
+            Patch(color=PHASE_COLORS.get(phase, "0.5"), label=f"{phase} ({thread}): {1e3 * seconds:.1f} ms")
+            for (thread, phase), seconds in phases.items()
+            if phase != "step"
         ]
         ax.legend(
             handles=handles,
@@ -114,7 +112,7 @@ def timeline(spans_by_run: Mapping[str, Sequence[Mapping[str, Any]]], steps: Seq
 def time_vs_work_figure(ranks: pd.DataFrame, fits: pd.DataFrame) -> Figure:
     """A panel per source, 4 to a row: each measured rank's ms against its GFLOPs with the least
     squares line, and the fitted fixed part dashed (where it is most of a rank's time, the step
-    follows overhead, not work). `ranks`: rows of source, ms, gflops; `fits`: `cost_fit.time_vs_work`
+    follows overhead, not work). `ranks`: rows of source, ms, gflops; `fits`: `measured.time_vs_work`
     of them."""
     grid = sns.lmplot(
         ranks,

@@ -1,11 +1,16 @@
 """Appendix 04a's step measured rank by rank (each rank's forward and backward of `SequenceDense` on
 its samples, every rank of a partition timed in turn in interleaved rounds by
 `embnb.timing.interleaved_phases`; the step is the slowest rank) on thread CPU time at one thread on a
-CPU, CUDA events on a GPU (its enqueue time beside it); memory caps; a link model."""
+CPU, CUDA events on a GPU (its enqueue time beside it); memory caps; a link model. And does a rank's
+time follow its work? Least squares of ms over GFLOPs and a constant per rank (`WORK`, issue 70's
+check: where the constant is most of a rank's time, fixed costs bound the step, not the work a
+balancer moves), or also over distinct lengths and tokens (`WORK_AND_LENGTHS`), here and in the
+committed GPU runs (`gpu_rank_rows`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,16 +30,19 @@ from embnb.balancing.partition import METHODS, balance
 from embnb.balancing.workloads import equal_size_lower_bound, lengths_tensor
 from embnb.collectives import all_gather_flat, collective_seconds
 from embnb.dist import launch, rank_device, resolve_device
-from embnb.lab.balancing.cost_fit import WORK, WORK_AND_LENGTHS, fit_rank_time, rank_rows
-from embnb.scaling import sweep_clock
+from embnb.results import load_runs
+from embnb.scaling import MAX_FIXED_SHARE, sweep_clock
 from embnb.steptime.kernels import SequenceDense
 from embnb.steptime.memory import peak_memory_partition, peak_step_bytes
 from embnb.timing import interleaved_phases, median_seconds
 
 __all__ = ["StepConfig", "BalancedSteps", "measure_balanced_steps", "ActivationModel", "measure_capped"]
+__all__ += ["RankTimeFit", "fit_rank_time", "rank_rows", "time_vs_work", "gpu_rank_rows"]
 
 # bytes per id of each key of `kjt_alltoall.zipf_batch` (int64 ids, two keys with fp32 weights), per label
 EXCHANGE_ITEM_BYTES, EXCHANGE_DENSE_BYTES = (8, 8, 12, 12), 8
+WORK = ("gflops", "per_rank")
+WORK_AND_LENGTHS = ("gflops", "distinct_lengths", "tokens", "per_rank")  # SequenceDense: kernels per length
 
 
 def sequence_dense_flops(lengths: Any, width: int, hidden: Sequence[int]) -> torch.Tensor:
@@ -152,23 +160,17 @@ class BalancedSteps:
     def speedups(self) -> pd.DataFrame:
         """Per run: measured speed-up over the loader's cut, the FLOP model's (max FLOPs over max
         FLOPs), the bound's (the cut's max FLOPs over the equal-count lower bound)."""
-        rows = []
-        for (name, w, method), run in self.runs.items():
-            cut, bound = self.runs[(name, w, "contiguous")], self.bounds[(name, w)]
-            rows.append(
-                {
-                    "distribution": name,
-                    "world_size": w,
-                    "method": method,
-                    "step_ms": run.step_ms,
-                    "measured": cut.step_ms / run.step_ms,
-                    "flop_model": max(cut.flops) / max(run.flops),
-                    "bound": max(cut.flops) / bound["lower_bound"],
-                    "longest_sets_bound": bound["longest_sets_bound"],
-                    "clock": run.clock,
-                }
-            )
-        return pd.DataFrame(rows)
+        runs, cuts = list(self.runs.values()), [self.runs[(*key[:2], "contiguous")] for key in self.runs]
+        bounds = [self.bounds[key[:2]] for key in self.runs]
+        table = pd.DataFrame(list(self.runs), columns=["distribution", "world_size", "method"])
+        return table.assign(
+            step_ms=[run.step_ms for run in runs],
+            measured=[cut.step_ms / run.step_ms for cut, run in zip(cuts, runs)],
+            flop_model=[max(cut.flops) / max(run.flops) for cut, run in zip(cuts, runs)],
+            bound=[max(cut.flops) / bound["lower_bound"] for cut, bound in zip(cuts, bounds)],
+            longest_sets_bound=[bound["longest_sets_bound"] for bound in bounds],
+            clock=[run.clock for run in runs],
+        )
 
 
 def measure_balanced_steps(
@@ -206,7 +208,6 @@ class CappedRun:
     size: str
     cap: float
     mean: float  # of `size` per rank
-    asked_over_mean: float  # the cap asked for, before it was raised to fit
     runs: dict[str, RankStep]
     peak_bytes: dict[str, list[int]]
     held: dict[str, list[float]]
@@ -218,25 +219,21 @@ class CappedRun:
         """A row per run: the cap over the mean, whether it binds, the largest tokens and measured peak
         (MiB) of a rank, the step's cost against the uncapped KK + swaps with its repeats' range, and
         `lowers_peak` credited only where the cap binds (another method may differ without a cap)."""
-        rows, base = [], self.runs["uncapped"]
-        for label, step in self.runs.items():  # the slowest rank's low over the base's high, and back
-            low, high = max(step.low_ms) / max(base.high_ms), max(step.high_ms) / max(base.low_ms)
-            rows.append(
-                {
-                    "distribution": self.distribution,
-                    "cap on": self.size,
-                    "run": label,
-                    "cap_over_mean": self.cap / self.mean,
-                    "binds": self.binds,
-                    "max_tokens": max(step.tokens),
-                    "peak_mib": max(self.peak_bytes[label]) / 2**20,
-                    "cost": self.cost[label],
-                    "cost_low": low,
-                    "cost_high": high,
-                    "lowers_peak": self.binds and self.lowers_peak[label],
-                }
-            )
-        return pd.DataFrame(rows).set_index(["distribution", "cap on", "run"])
+        steps, base = self.runs, self.runs["uncapped"]
+        table = pd.DataFrame(
+            {
+                "cap_over_mean": self.cap / self.mean,
+                "binds": self.binds,
+                "max_tokens": {label: max(step.tokens) for label, step in steps.items()},
+                "peak_mib": {label: max(peaks) / 2**20 for label, peaks in self.peak_bytes.items()},
+                "cost": self.cost,
+                # the slowest rank's low over the base's high, and back
+                "cost_low": {label: max(step.low_ms) / max(base.high_ms) for label, step in steps.items()},
+                "cost_high": {label: max(step.high_ms) / max(base.low_ms) for label, step in steps.items()},
+                "lowers_peak": {label: self.binds and lower for label, lower in self.lowers_peak.items()},
+            }
+        )
+        return pd.concat({(self.distribution, self.size): table}, names=["distribution", "cap on", "run"])
 
 
 @dataclass(frozen=True)
@@ -309,9 +306,7 @@ def measure_capped(
     cost = {label: step.step_ms / measured["uncapped"].step_ms for label, step in measured.items()}
     lowers = {label: max(p) < max(peaks["uncapped"]) for label, p in peaks.items()}
     binds = max(held["uncapped"]) > cap
-    return CappedRun(
-        distribution, world_size, size, cap, mean, cap_over_mean, measured, peaks, held, binds, cost, lowers
-    )
+    return CappedRun(distribution, world_size, size, cap, mean, measured, peaks, held, binds, cost, lowers)
 
 
 def _link_ms(world_size: int, kind: str, link_bytes: float, local_world_size: int) -> float:
@@ -378,21 +373,104 @@ def worker_shares(
     return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class RankTimeFit:
+    """ms per unit of each feature over `ranks` ranks; `r`: measured ms against GFLOPs; `fixed_share`:
+    the constant over the mean measured ms."""
+
+    features: list[str]
+    coefficients: dict[str, float]
+    ranks: int
+    r: float
+    fixed_share: float
+    max_relative_residual: float
+
+    def predict(self, row: Mapping[str, float]) -> float:
+        return sum(c * row[f] for f, c in self.coefficients.items())
+
+
+def fit_rank_time(rows: Sequence[Mapping[str, float]], features: Sequence[str] = WORK) -> RankTimeFit:
+    """Least squares (minimum norm: columns may be collinear) of ms over `features`; "per_rank" is
+    the constant 1. Raises ValueError on fewer than 2 rows."""
+    if len(rows) < 2:
+        raise ValueError(f"need at least 2 ranks to fit, got {len(rows)}")
+    x = np.array([[1.0 if f == "per_rank" else float(r[f]) for f in features] for r in rows])
+    y, gflops = (np.array([float(r[k]) for r in rows]) for k in ("ms", "gflops"))
+    beta = np.linalg.lstsq(x, y, rcond=None)[0]
+    r = float(np.corrcoef(gflops, y)[0, 1]) if gflops.std() > 0 and y.std() > 0 else 0.0
+    coefficients = dict(zip(features, beta.tolist()))
+    fixed_share = coefficients.get("per_rank", 0.0) / float(y.mean())
+    residual = float((abs(y - x @ beta) / y).max())
+    return RankTimeFit(list(features), coefficients, len(rows), r, fixed_share, residual)
+
+
+def rank_rows(runs: Mapping[Any, Any]) -> list[dict[str, float]]:
+    """One row per rank of every `RankStep` in `runs`: its ms on its clock and its work."""
+    return [
+        {"ms": ms, "gflops": f / 1e9, "distinct_lengths": n, "tokens": t, "per_rank": 1.0}
+        for step in runs.values()
+        for ms, f, n, t in zip(step.ms, step.flops, step.distinct_lengths, step.tokens)
+    ]
+
+
+def time_vs_work(ranks: pd.DataFrame) -> pd.DataFrame:
+    """Per source of `ranks` (rows of source, ms, gflops; one per measured rank): the `WORK` fit's
+    fixed ms and ms per GFLOP, r, the fixed share of the mean rank, the achieved TFLOPS (all GFLOPs
+    over all ms), and `time_follows_work`: fixed share at most `MAX_FIXED_SHARE["flops"]` (issue 70)."""
+    rows = []
+    for source, group in ranks.groupby("source", sort=False):
+        fit = fit_rank_time(group.to_dict("records"), WORK)
+        rows.append(
+            {
+                "source": source,
+                "ranks": fit.ranks,
+                "r": fit.r,
+                "fixed_ms": fit.coefficients["per_rank"],
+                "ms_per_gflop": fit.coefficients["gflops"],
+                "fixed_share": fit.fixed_share,
+                "tflops": group["gflops"].sum() / group["ms"].sum(),  # GFLOP per ms = TFLOP per s
+                "time_follows_work": fit.fixed_share <= MAX_FIXED_SHARE["flops"],
+            }
+        )
+    return pd.DataFrame(rows).set_index("source")
+
+
+def gpu_rank_rows(results_dir: str | pathlib.Path | None = None) -> pd.DataFrame:
+    """Every rank of every partition the committed GPU runs (device "cuda") measured: its source (the
+    GPU, the run's date, the bench and the model width), ms (median over repeats; the run's clock) and
+    GFLOPs. `results_dir`: None reads the committed results."""
+    rows = []
+    for run in [*load_runs("balancer", results_dir), *load_runs("hstu", results_dir)]:
+        if run.data.get("device") != "cuda":
+            continue
+        if run.benchmark == "balancer":
+            measured = run.data["rank_by_rank"]
+            width, runs = measured["measured_config"]["width"], measured["measured_runs"]
+            # files before the interleaved rounds named each rank's ms by its clock
+            per_rank = [(r["ms"] if "ms" in r else r[f"{r['clock']}_ms"], r["flops"]) for r in runs]
+        else:
+            width = run.data["worlds"][0]["width"]
+            per_rank = [(r["rank_ms_median"], r["rank_flops"]) for w in run.data["worlds"] for r in w["runs"]]
+        source = f"{run.machine.removeprefix('NVIDIA ')} {run.date}, {run.benchmark}, width {width}"
+        rows += [
+            {"source": source, "ms": m, "gflops": f / 1e9}
+            for ms, flops in per_rank
+            for m, f in zip(ms, flops)
+        ]
+    return pd.DataFrame(rows, columns=["source", "ms", "gflops"])
+
+
 def fitted(steps: BalancedSteps) -> tuple[pd.DataFrame, dict[str, Any]]:
     """`steps.speedups()` with what a per-rank cost of FLOPs, distinct lengths and tokens predicts
-    ("fitted_model"), and both fits of `cost_fit` over every measured rank (WORK: does time follow
+    ("fitted_model"), and both fits (`fit_rank_time`) over every measured rank (WORK: does time follow
     FLOPs; WORK_AND_LENGTHS: the per-length and per-token costs beside them)."""
     rows = rank_rows(steps.runs)
     fits = {"work": fit_rank_time(rows, WORK), "work_and_lengths": fit_rank_time(rows, WORK_AND_LENGTHS)}
-
     predict = fits["work_and_lengths"].predict
-    slowest = {key: max(map(predict, rank_rows({key: run}))) for key, run in steps.runs.items()}
-    table = steps.speedups()
-    table["fitted_model"] = [
-        slowest[(r.distribution, r.world_size, "contiguous")]
-        / slowest[(r.distribution, r.world_size, r.method)]
-        for r in table.itertuples()
-    ]
+    slowest = [max(map(predict, rank_rows({key: run}))) for key, run in steps.runs.items()]
+    cut = {key[:2]: ms for key, ms in zip(steps.runs, slowest) if key[2] == "contiguous"}
+    table = steps.speedups()  # a row per run, in the runs' order
+    table["fitted_model"] = [cut[key[:2]] / ms for key, ms in zip(steps.runs, slowest)]
     return table, {name: dataclasses.asdict(f) for name, f in fits.items()}
 
 
@@ -402,7 +480,7 @@ def results(steps: BalancedSteps, capped: Sequence[CappedRun], shares: Mapping[s
     table, fits = fitted(steps)
     config = dataclasses.asdict(steps.config) | {"threads": 1, "clock": sweep_clock(steps.config.device)}
     return {
-        "measured_config": config | {"hidden": list(steps.config.hidden)},
+        "measured_config": config,
         "measured_batches": [
             {"distribution": d, "world_size": w, "lengths": n} for (d, w), n in steps.lengths.items()
         ],

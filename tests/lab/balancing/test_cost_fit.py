@@ -1,11 +1,11 @@
-"""embnb.lab.balancing.cost_fit on ranks built by hand: a cost exactly linear in its features comes
-back exactly, the fixed share and r follow, and a flat time reads as overhead-bound."""
+"""embnb.lab.balancing.measured's rank-time fits on ranks built by hand: a cost exactly linear in its
+features comes back exactly, the fixed share and r follow, and a flat time reads as overhead-bound."""
 
 import types
 
 import pytest
 
-from embnb.lab.balancing import cost_fit, measured
+from embnb.lab.balancing import measured
 from embnb.lab.balancing.measured import RankStep
 
 COST = {"gflops": 2.0, "distinct_lengths": 0.5, "tokens": 0.001, "per_rank": 0.25}  # ms per unit
@@ -28,9 +28,9 @@ def _runs():
 
 
 def test_an_exactly_linear_cost_is_recovered_with_no_residual():
-    rows = cost_fit.rank_rows(_runs())
+    rows = measured.rank_rows(_runs())
     assert len(rows) == 6
-    fit = cost_fit.fit_rank_time(rows, cost_fit.WORK_AND_LENGTHS)
+    fit = measured.fit_rank_time(rows, measured.WORK_AND_LENGTHS)
     assert fit.coefficients == pytest.approx(COST, rel=1e-6)
     assert fit.max_relative_residual == pytest.approx(0, abs=1e-9)
     mean_ms = sum(r["ms"] for r in rows) / len(rows)
@@ -41,10 +41,10 @@ def test_an_exactly_linear_cost_is_recovered_with_no_residual():
 
 def test_time_flat_in_work_is_mostly_fixed():
     rows = [{"ms": 10.0 + 0.01 * (i % 2), "gflops": float(i)} for i in range(6)]
-    fit = cost_fit.fit_rank_time(rows, cost_fit.WORK)
+    fit = measured.fit_rank_time(rows, measured.WORK)
     assert fit.fixed_share > 0.95 and abs(fit.coefficients["gflops"]) < 0.01
     with pytest.raises(ValueError, match="at least 2 ranks"):
-        cost_fit.fit_rank_time(rows[:1])
+        measured.fit_rank_time(rows[:1])
 
 
 def test_fitted_speedups_are_the_fits_slowest_ranks():

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from embnb.balancing.lengths import LengthDistribution
-from embnb.lab.balancing import comparison, cost_fit, figures
+from embnb.lab.balancing import comparison, figures, measured
 
 METHODS = ["contiguous", "greedy_lpt", "karmarkar_karp", "kk_swap"]
 
@@ -57,7 +57,7 @@ def test_time_vs_work_draws_each_source_with_its_fit():
             for g in (1, 2, 3)
         ]
     )
-    fits = cost_fit.time_vs_work(ranks)
+    fits = measured.time_vs_work(ranks)
     assert fits.loc[["a", "b"], "fixed_share"].tolist() == pytest.approx([0, 1], abs=1e-9)
     fig = figures.time_vs_work_figure(ranks, fits)
     assert len(fig.axes) == 2
@@ -65,4 +65,4 @@ def test_time_vs_work_draws_each_source_with_its_fit():
         assert ax.lines[-1].get_ydata()[0] == pytest.approx(fits.loc[source, "fixed_ms"], abs=1e-9)
     # a fifth committed run wraps to a second row instead of failing the appendix
     many = pd.DataFrame([{"source": f"s{i}", "ms": 1.0 + g, "gflops": g} for i in range(5) for g in (1, 2)])
-    assert len(figures.time_vs_work_figure(many, cost_fit.time_vs_work(many)).axes) == 5
+    assert len(figures.time_vs_work_figure(many, measured.time_vs_work(many)).axes) == 5

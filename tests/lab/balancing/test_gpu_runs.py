@@ -1,11 +1,11 @@
-"""embnb.lab.balancing.cost_fit.gpu_rank_rows: the committed GPU runs read back as one row per rank,
+"""embnb.lab.balancing.measured.gpu_rank_rows: the committed GPU runs read back as one row per rank,
 and the check that their time follows their work, on results files written here."""
 
 import json
 
 import pytest
 
-from embnb.lab.balancing import cost_fit
+from embnb.lab.balancing import measured
 
 
 def _balancer(path, machine, device, ms, flops, interleaved=False):
@@ -30,10 +30,10 @@ def test_only_cuda_runs_are_read_and_the_fit_says_what_bounds_them(tmp_path):
     _balancer(tmp_path / "balancer-b-gpu.json", "GPU B", "cuda", [10.0, 10.5], [1e9, 3e9])  # flat: overhead
     _balancer(tmp_path / "balancer-c-gpu.json", "GPU C", "cuda", [1.0, 3.0], [1e9, 3e9], True)  # follows work
     (tmp_path / "bucketize-d-gpu.json").write_text(json.dumps({"machine": "GPU D", "date": "2026-11-26"}))
-    ranks = cost_fit.gpu_rank_rows(tmp_path)
+    ranks = measured.gpu_rank_rows(tmp_path)
     assert len(ranks) == 2 * 2 * 2  # 2 files x 2 methods x 2 ranks: not the CPU run, not another bench
     assert ranks["ms"].tolist() == [10.0, 10.5] * 2 + [1.0, 3.0] * 2  # the wall clock, as the run says
-    fits = cost_fit.time_vs_work(ranks)
+    fits = measured.time_vs_work(ranks)
     assert list(fits.index) == [
         "GPU B 2026-11-26, balancer, width 32",
         "GPU C 2026-11-26, balancer, width 32",
@@ -45,4 +45,4 @@ def test_only_cuda_runs_are_read_and_the_fit_says_what_bounds_them(tmp_path):
 
 
 def test_no_gpu_run_gives_an_empty_table(tmp_path):
-    assert cost_fit.gpu_rank_rows(tmp_path).empty
+    assert measured.gpu_rank_rows(tmp_path).empty
