@@ -18,9 +18,10 @@ output_write_size + d * hash_size) * block_penalty / device_bw`, with (a, b, c, 
 `bwd_compute_multiplier * fwd`. A calibration keeps that ratio (torchrec's default 2: one measured
 total cannot tell forward from backward) and fits the forward coefficients of each (sharding type,
 compute kernel) it has measurements of; the estimate is linear in them, so the fit is a non-negative
-(robust) regression over ranks (`embnb.planner.fitting`). Three terms torchrec's formula lacks are added to its forward through
-its `@forward_compute` extension point and fitted with its four (`EMBNB_TERMS`: a lookup into a
-table larger than the device's cache, a cost per shard, and the rows a batch updates). A sharding
+(robust) regression over ranks (`embnb.planner.fitting`). Three terms torchrec's formula lacks are
+added to its forward through its `@forward_compute` extension point and fitted with its four
+(`EMBNB_TERMS`: a lookup into a table larger than the device's cache, a cost per shard, and the rows
+a batch updates). A sharding
 type without measurements is priced as a fitted sibling of its family in torchrec's defaults
 (`SIBLINGS`), else at torchrec's default. Each shard's terms (its estimated compute per unit of each
 coefficient) are computed by torchrec's estimator itself
