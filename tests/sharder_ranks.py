@@ -27,7 +27,6 @@ from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.distributed.types import ShardingPlan
 
-from embnb.lab.rowwise.core import fmix64
 from embnb.rowwise import (
     RoutedEmbeddingBagCollectionSharder,
     RoutedEmbeddingCollectionSharder,
@@ -39,6 +38,7 @@ from embnb.rowwise import (
     load_rows,
 )
 from embnb.rowwise.sharded_rows import weight_key
+from tests.lab.rowwise.plain_routing import fmix64
 
 DIM = 4
 LR = 0.1

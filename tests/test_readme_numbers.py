@@ -41,14 +41,8 @@ def test_01_stride_12_on_8_ranks():
 
     p = _defaults("01_modulo_aliasing")
     assert (p["stride"], p["world_size"], p["num_keys"]) == (12, 8, 1_000_000)
-    table = aliasing.load_table(
-        ["strided"],
-        ["roundrobin", "hash_roundrobin"],
-        [8],
-        p["num_keys"],
-        p["seed"],
-        {"strided": {"stride": 12}},
-    )
+    streams = aliasing.KeyStreams(["strided"], p["seed"], {"strided": {"stride": 12}})
+    table = aliasing.load_table(streams, ["roundrobin", "hash_roundrobin"], [8], p["num_keys"])
     ratio = dict(zip(table["dist_type"], table["max_over_mean"]))
     assert ratio["roundrobin"] == pytest.approx(4.0, rel=0.01)  # gcd(12, 8), by hand
     finding = _row("01_modulo_aliasing")[2]

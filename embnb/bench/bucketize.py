@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import sys
+from dataclasses import asdict
 
 import pandas as pd
 
 from embnb.bench.results import add_out_argument, write_results
 from embnb.dist import resolve_device
-from embnb.lab.rowwise.kernel_timing import KernelCases, run
+from embnb.lab.rowwise.kernel_timing import INPUT, KernelCases, run
 from embnb.rowwise.routing import DistType
+from embnb.scaling import copy_bandwidth
 
 SIZES = [10**5, 10**6, 10**7]
 QUICK_SIZES = [10**4, 10**5]
@@ -62,7 +65,14 @@ def main(argv: list[str]) -> int:
         args.warmup,
         args.reference_repeats,
     )
+    load_before = os.getloadavg()
     payload = run(cases)
+    copy = copy_bandwidth(device) / 1e9  # GB/s
+    for row in payload["rows"]:
+        row["embnb_fraction_of_copy"] = row["embnb_gbps"] / copy
+    timing = {k: v for k, v in asdict(cases).items() if k in ("repeats", "warmup", "reference_repeats")}
+    payload |= dict(benchmark="bucketize", cpu_model=_cpu_model(), copy_gbps=copy, input=INPUT | timing)
+    payload |= dict(load_average_before=load_before, load_average_after=os.getloadavg())
     print(pd.DataFrame(payload["rows"])[TABLE_COLUMNS].to_string(index=False, float_format="{:.2f}".format))
     print(
         f"machine: {payload['machine']} ({payload['cpu_model']}), {os.cpu_count()} cores, copy "
@@ -75,3 +85,11 @@ def main(argv: list[str]) -> int:
         print("bucketize bench: embnb's output differs from a peer's", file=sys.stderr)
         return 1
     return 0
+
+
+def _cpu_model() -> str:
+    try:
+        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"

@@ -36,11 +36,13 @@ from embnb.bench.results import (
     tbe_device,
     write_results,
 )
-from embnb.lab.rowwise.routed_loads import CASES, ROUTINGS, case_ids, layout_batch, rank_work
+from embnb.lab.rowwise.routed_loads import CASES, ROUTINGS, TABLE, case_ids, layout_batch
 from embnb.rowwise import TableLayout
 from embnb.scaling import copy_bandwidth, measure_scaling, sweep_batches, sweep_clock
+from embnb.steptime import GlobalBatch
 from embnb.steptime.kernels import DEFAULT_OPTIMIZER
 from embnb.steptime.measure import StepOptions, lookup_steps
+from embnb.steptime.work import RankWork, routing_work
 from embnb.timing import interleaved_phases, machine_name
 
 __all__ = ["FOLLOWS", "pearson", "follows", "main"]
@@ -70,6 +72,13 @@ def follows(seconds: list[float], ids: list[int], distinct_rows: list[int]) -> d
         (first, low), (_, high) = sorted(unexplained.items(), key=lambda item: item[1])
         answer = first if low <= high / 2 and low < high else "not told apart"
     return {"pearson_time_ids": r["ids"], "pearson_time_distinct_rows": r["distinct rows"], "follows": answer}
+
+
+def rank_work(batch: GlobalBatch, layout: TableLayout, dim: int, rank: int) -> RankWork:
+    """Rank `rank`'s lookups of a `layout_batch`: torchrec's contiguous blocks over the layout's storage
+    rows, so each rank looks up the local rows the routed sharder's input distribution sends it."""
+    rows, block = {TABLE: layout.storage_rows}, {TABLE: layout.block_size}
+    return routing_work(batch, "continuous", rows, {TABLE: dim}, rank, block)
 
 
 def measure_case(stream: str, routing: str, opts: argparse.Namespace, bandwidth: float) -> dict[str, Any]:

@@ -10,12 +10,12 @@ from embnb.lab.source import show_source
 
 
 def test_shows_each_function_whole_in_order():
-    code = show_source(reference.fmix64, reference.jump_bucket)
+    code = show_source(reference.jump_bucket, reference.page_core_agrees)
     text = code.data
-    assert text.index("def fmix64") < text.index("def jump_bucket")
-    for fn in (reference.fmix64, reference.jump_bucket):
+    assert text.index("def jump_bucket") < text.index("def page_core_agrees")
+    for fn in (reference.jump_bucket, reference.page_core_agrees):
         assert inspect.getsource(fn).strip() in text
-    assert "0xFF51AFD7ED558CCD" in text
+    assert "2862933555777941757" in text
     assert "<div" in code._repr_html_() and "balanced_job" in show_source(balanced_job)._repr_html_()
 
 

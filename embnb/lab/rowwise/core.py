@@ -1,22 +1,11 @@
-"""The routing rule's hash in plain Python integers (`fmix64`: Python's unbounded ints make the uint64
-arithmetic explicit that `embnb.rowwise.routing` does on wrapping int64 tensors), notebook 01's check of
-the rule its page writes (`page_core_agrees`), and a jump consistent hash to contrast with `% W`.
+"""Notebook 01's check of the routing rule its page writes in plain Python integers (`page_core_agrees`:
+Python's unbounded ints make the uint64 arithmetic explicit that `embnb.rowwise.routing` does on wrapping
+int64 tensors), and a jump consistent hash to contrast with `% W`.
 """
 
 from __future__ import annotations
 
 MASK64 = (1 << 64) - 1  # keep the low 64 bits: uint64 arithmetic
-
-
-def fmix64(key: int) -> int:
-    """MurmurHash3's 64-bit finalizer (no seed), as dynamicemb hashes keys."""
-    x = key & MASK64  # the key's unsigned 64-bit pattern
-    x ^= x >> 33
-    x = (x * 0xFF51AFD7ED558CCD) & MASK64
-    x ^= x >> 33
-    x = (x * 0xC4CEB9FE1A85EC53) & MASK64
-    x ^= x >> 33
-    return x
 
 
 def jump_bucket(key: int, num_buckets: int) -> int:

@@ -6,8 +6,8 @@ Per (dist_type, num_keys, W, threads), on the same inputs in the same run: embnb
 on a GPU only with a CUDA FBGEMM) and the pure-torch reference. Outputs are compared bit for bit first,
 then the calls are interleaved round by round; figures are medians after warm-up, with the best round and
 per-round ratios. On CPU, embnb's kernel uses `at::parallel_for` and FBGEMM's CPU op one thread, so only
-the one-thread ratio compares the kernels themselves. Bandwidth counts the bytes any implementation must
-move, against the device's copy bandwidth. Input: 8 features, lengths uniform on [0, 64] scaled to
+the one-thread ratio compares the kernels themselves. GB/s counts the bytes any implementation must move
+(the bench sets it against the copy bandwidth). Input: 8 features, lengths uniform on [0, 64] scaled to
 exactly `num_keys` keys, keys uniform over 10**8 rows, FBGEMM's block size ceil(rows / W).
 """
 
@@ -16,10 +16,9 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import pathlib
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +27,6 @@ from tqdm.auto import tqdm
 from embnb._checks import check_int
 from embnb.cuda import loader
 from embnb.rowwise.routing import DIST_CODES, DistType, bucketize, feistel_round_keys
-from embnb.scaling import copy_bandwidth
 from embnb.timing import interleaved_seconds, machine_name, paired_ratio
 
 PEERS = ("embnb", "fbgemm", "reference")
@@ -151,8 +149,8 @@ def measure_case(
 
 
 def run(cases: KernelCases, progress: bool = True) -> dict:
-    """Every case of `cases` at each thread count (`progress`: a tqdm bar); the JSON payload (rows plus
-    context). Raises ValueError on a bad thread count."""
+    """Every case of `cases` at each thread count (`progress`: a tqdm bar): the rows, with the device,
+    its machine and cores, and whether FBGEMM's op ran there. Raises ValueError on a bad thread count."""
     threads = cases.threads
     if not threads:
         raise ValueError("threads must be a non-empty list of ints >= 0 (0: all cores), got []")
@@ -161,34 +159,10 @@ def run(cases: KernelCases, progress: bool = True) -> dict:
     if torch.device(cases.device).type == "cuda":
         threads = threads[:1]  # the host threads only launch the kernels
     fbgemm = fbgemm_peer(cases.device)
-    load_before = os.getloadavg()
     grid = list(itertools.product(cases.dist_types, cases.sizes, cases.world_sizes, threads))
     rows = [
         measure_case(num_keys, world_size, dist_type, thread_count, cases, fbgemm)
         for dist_type, num_keys, world_size, thread_count in tqdm(grid, desc="cases", disable=not progress)
     ]
-    copy = copy_bandwidth(cases.device) / 1e9  # GB/s
-    for row in rows:
-        row["embnb_fraction_of_copy"] = row["embnb_gbps"] / copy
-    timing = {k: v for k, v in asdict(cases).items() if k in ("repeats", "warmup", "reference_repeats")}
-    return dict(
-        benchmark="bucketize",
-        device=cases.device,
-        machine=machine_name(cases.device),
-        cpu_model=_cpu_model(),
-        cores=os.cpu_count(),
-        fbgemm="available" if fbgemm else "not available on this device",
-        copy_gbps=copy,
-        load_average_before=load_before,
-        load_average_after=os.getloadavg(),
-        input=INPUT | timing,
-        rows=rows,
-    )
-
-
-def _cpu_model() -> str:
-    try:
-        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
+    machine, fbgemm = machine_name(cases.device), "available" if fbgemm else "not available on this device"
+    return dict(device=cases.device, machine=machine, cores=os.cpu_count(), fbgemm=fbgemm, rows=rows)

@@ -20,7 +20,6 @@ from embnb.lab.rowwise.aliasing import into_table
 from embnb.metrics import max_over_mean
 from embnb.rowwise import Routing, TableLayout
 from embnb.steptime import GlobalBatch, batch_from_keys, measure_routing
-from embnb.steptime.work import RankWork, routing_work
 
 CASES = ("frequency", "strided", "hashed")
 ROUTINGS = tuple(r.value for r in Routing)
@@ -72,13 +71,6 @@ def layout_batch(ids: torch.Tensor, layout: TableLayout, bag_size: int) -> Globa
     """The global batch `ids` (int64 `[W * ids per rank]`, rank 0's local ids first) as `layout`'s
     storage slots, in bags of `bag_size` ids."""
     return batch_from_keys(list(layout.slots(ids).view(layout.world_size, -1)), bag_size, table=TABLE)
-
-
-def rank_work(batch: GlobalBatch, layout: TableLayout, dim: int, rank: int) -> RankWork:
-    """Rank `rank`'s lookups of a `layout_batch`: torchrec's contiguous blocks over the layout's storage
-    rows, so each rank looks up the local rows the routed sharder's input distribution sends it."""
-    rows, block = {TABLE: layout.storage_rows}, {TABLE: layout.block_size}
-    return routing_work(batch, "continuous", rows, {TABLE: dim}, rank, block)
 
 
 def measure_case(ids: torch.Tensor, layout: TableLayout, config: LoadsConfig, case: str) -> list[tuple]:
