@@ -169,16 +169,22 @@ def test_fit_recovers_known_coefficients_from_torchrecs_estimates():
         assert math.isclose(calibration.estimate(rank.shards), rank.lookups_ms, rel_tol=1e-9)
 
 
-def test_fit_recovers_a_known_cost_per_kernel_call():
-    """Ranks priced at known coefficients plus 0.46 ms per kernel call (issue #69: a TBE call's
-    cost whatever its ids), each rank with 1 to 3 calls: `fit` recovers both, its estimate adds the
-    calls, and the same ranks fitted without the term (`kernel_calls=False`) fit worse."""
+def two_term_pool():
+    """KNOWN's groups with torchrec's first two terms only, and every shard of their enumerated
+    options as (its terms, its compute by torchrec's estimator at those coefficients)."""
     topology, constraints, sharders, options = enumerated()
     two = {group: (values[0], values[1], 0.0, 0.0) for group, values in KNOWN.items()}
     options = [o for o in options if (o.sharding_type, o.compute_kernel) in two]
     measured = oracle_compute(options, topology, constraints, sharders, two)
     terms = shard_terms(options, topology, sharders, constraints)
-    pool = [(terms[i][s], measured[i][s]) for i, o in enumerate(options) for s in range(len(o.shards))]
+    return two, [(terms[i][s], measured[i][s]) for i, o in enumerate(options) for s in range(len(o.shards))]
+
+
+def test_fit_recovers_a_known_cost_per_kernel_call():
+    """Ranks priced at known coefficients plus 0.46 ms per kernel call (issue #69: a TBE call's
+    cost whatever its ids), each rank with 1 to 3 calls: `fit` recovers both, its estimate adds the
+    calls, and the same ranks fitted without the term (`kernel_calls=False`) fit worse."""
+    two, pool = two_term_pool()
     rng, per_call = np.random.default_rng(1), 0.46
     ranks = []
     for _ in range(60):
@@ -205,18 +211,13 @@ def test_fit_recovers_a_known_cost_per_kernel_call():
     assert fit(uncounted, "cuda", "synthetic", terms=TERMS[:2]).kernel_call_ms == 0
 
 
-def test_a_few_outlying_ranks_leave_the_huber_fit_at_the_known_coefficients():
+def test_a_few_outlying_ranks_leave_the_huber_fit_pricing_the_others():
     """Ranks priced at known coefficients (torchrec's own estimator, the oracle), 6 of 60 measured
     60% slow (a cost the terms cannot see): the Huber fit (the default) prices the 54 others within
     1% at the median rank; least squares (`huber_delta=None`), pulled toward the slow ones, more
     than 2% off. (Ranks, not coefficients: the two terms are nearly collinear in this pool.) A bad
     threshold is named."""
-    topology, constraints, sharders, options = enumerated()
-    two = {group: (values[0], values[1], 0.0, 0.0) for group, values in KNOWN.items()}
-    options = [o for o in options if (o.sharding_type, o.compute_kernel) in two]
-    measured = oracle_compute(options, topology, constraints, sharders, two)
-    terms = shard_terms(options, topology, sharders, constraints)
-    pool = [(terms[i][s], measured[i][s]) for i, o in enumerate(options) for s in range(len(o.shards))]
+    _, pool = two_term_pool()
     rng = np.random.default_rng(2)
     ranks = []
     for r in range(60):
@@ -234,16 +235,8 @@ def test_a_few_outlying_ranks_leave_the_huber_fit_at_the_known_coefficients():
 
 def test_fit_of_some_terms_recovers_them_and_leaves_the_others_zero():
     """`terms=`: coefficients known to be 0 outside the fitted terms are recovered as the others."""
-    topology, constraints, sharders, options = enumerated()
-    two = {group: (values[0], values[1], 0.0, 0.0) for group, values in KNOWN.items()}
-    options = [o for o in options if (o.sharding_type, o.compute_kernel) in two]
-    measured = oracle_compute(options, topology, constraints, sharders, two)
-    terms = shard_terms(options, topology, sharders, constraints)
-    ranks = [
-        MeasuredRank(measured[i][s], (terms[i][s],))
-        for i, o in enumerate(options)
-        for s in range(len(o.shards))
-    ]
+    two, pool = two_term_pool()
+    ranks = [MeasuredRank(ms, (shard,)) for shard, ms in pool]
     calibration = fit(ranks, "cuda", "synthetic", terms=TERMS[:2])
     for group, values in two.items():
         want = extended(values)
