@@ -150,7 +150,18 @@ def test_the_dmp_ranks_received_the_ids_the_layout_names(run):
 
 
 def test_summary_figures_and_explorer(run):
-    assert run.results["summary"]  # the harness prints it
+    results = run.results
+    summary = results["summary"]  # the headline as data: each value read back from its table
+    at_w = [r for r in results["sweep"] if (r["pattern"], r["world_size"]) == ("strided", WORLD_SIZE)]
+    assert summary["busiest rank over mean, strided ids"] == {
+        r["dist_type"]: r["max_over_mean"] for r in at_w
+    }
+    assert (summary["stride"], summary["world_size"]) == (STRIDE, WORLD_SIZE)
+    sign = results["zipf_sign_test"]
+    assert summary["Zipf seeds, hash_roundrobin below roundrobin"] == {
+        "first_below": sign["first_below"],
+        "seeds": sign["seeds"],
+    }
     figures = run.figures()
     assert len(figures) == 2  # the heatmap, the Zipf seeds
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)

@@ -284,7 +284,24 @@ def test_the_step_verdicts_are_recomputed_from_the_per_rank_times(run):
 
 
 def test_summary_and_figures(run):
-    assert run.results["summary"]  # the harness prints it
+    results = run.results
+    summary = results["summary"]  # the headline as data: each value read back from its table
+    assert summary["bucketize kernel timed on"] == results["kernel"]["machine"]
+    saved = next(r for r in results["loaders"]["rows"] if r["world_size"] == KV_WORLD_SIZE)
+    assert summary["embnb's replay of dynamicemb's loader at the saved W"] == {
+        "world_size": KV_WORLD_SIZE,
+        "rows_saved": saved["rows_saved"],
+        "dynamicemb_rows_dropped": saved["dynamicemb_rows_dropped"],
+    }
+    ratios = results["kernel"]["ratios"]
+    reach = [r for r in ratios if r["reaches_parity"]]
+    assert summary["bucketize ratios whose range reaches parity"] == {"reach": len(reach), "of": len(ratios)}
+    verdicts = results["routed"]["verdicts"]
+    told = [v for v in verdicts if v["told_apart"]]
+    assert summary["routed replay, (stream, W) pairs told apart"] == {
+        "told_apart": len(told),
+        "of": len(verdicts),
+    }
     figures = run.figures()
     assert len(figures) == 3  # hashing's noise, the alpha sweep, the routed replay (3 panels)
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)

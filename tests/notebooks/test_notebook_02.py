@@ -57,7 +57,13 @@ def test_the_page_core_agrees_with_the_library(run):
 
 
 def test_the_summary_the_key_figure_the_error_figure_and_the_explorer(run):
-    assert run.results["summary"]  # the harness prints it
+    results = run.results
+    summary = results["summary"]  # the headline as data: each value read back from its field
+    assert summary["shard_ranks"] == results["plan_ranks"] == RANKS  # torchrec's plan puts the shards there
+    assert summary["permute"] == results["permute_indices"]
+    checks = {c["path"]: c["equals_unsharded"] for c in results["checks"]}
+    exact = {"naive": False, "reference": True, "torchrec": True, "torchrec_unpermuted": False}
+    assert summary["equal to the unsharded EmbeddingCollection"] == checks == exact
     assert len(run.figures()) == 2  # the column order (key), the lookup error
     assert (run.out / "02_cw_permute_indices_key.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run.widgets_shown_by("PlacementExplorer(") == 1

@@ -124,7 +124,13 @@ def test_the_key_figure_and_the_explorer_are_drawn(run):
     assert run.widgets_shown_by("PlannerExplorer(") == 1
 
 
-def test_the_summary_names_the_machine_it_ran_on(run):
+def test_the_summary_as_data_and_the_machine_it_ran_on(run):
     from embnb.timing import machine_name
 
-    assert run.results["machine"] == machine_name()
+    results = run.results
+    assert results["machine"] == machine_name()
+    summary = results["summary"]  # the headline as data: each value read back from its table
+    assert summary["knapsack by hand equals brute force"] is results["page_core_agrees"]["table"] is True
+    ours = results["quality"]["embnb DP"]
+    assert summary["embnb DP's rating over brute force's best, worst (estimates)"] == ours["worst_ratio"]
+    assert summary["instances"] == len({row["instance"] for row in results["quality_study"]})

@@ -169,6 +169,11 @@ def test_plans_measured_rank_by_rank_and_paired_round_by_round(run):
         if low > 0 or high < 0:
             told[name] = "slower" if low > 0 else "faster"
     assert measured["told_apart"] == told and measured["cannot_tell_apart"] == (not told)
+    summary = run.results["summary"]  # the headline as data: each value read back from its field
+    assert summary["measured on"] == measured["device_name"]
+    assert summary["world_size"] == measured["world_size"]
+    assert summary["torchrec"] == run.results["torchrec_version"]
+    assert summary["plans told apart from embnb DP"] == (told or "none")
     # every table whole on every rank (a dense update of every row): slower lookups than the DP's
     assert ran["all data-parallel"]["lookup_ms"] > ours["lookup_ms"]
 
