@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 import sys
 import time
+from typing import Any
 
 from embnb.harness import ROOT, list_notebooks, notebook_problems, run_notebook, strip_outputs
 
@@ -50,10 +51,7 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         try:
             results = run_notebook(nb, opts.out, params)
-            summary = results.get("summary", "(no summary in results JSON)")
-            if isinstance(summary, dict):  # a notebook's headline numbers as data
-                summary = "; ".join(f"{key}: {value}" for key, value in summary.items())
-            line, ok = str(summary), True
+            line, ok = summary_line(results.get("summary", "(no summary in results JSON)")), True
         except Exception as exc:  # report and go on with the next notebook
             line, ok = f"FAILED: {str(exc).splitlines()[0]}", False
         seconds = time.perf_counter() - start
@@ -62,6 +60,24 @@ def main(argv: list[str]) -> int:
         print(f"{nb.stem:<28} {seconds:7.1f} s  {line}", flush=True)
     print(f"outputs in {opts.out}; report: {write_report(opts.out, entries)}")
     return 0 if all(e.ok for e in entries) else 1
+
+
+def summary_line(summary: Any) -> str:
+    """A notebook's summary on one line: a dict (its headline numbers as data) as `key: value`
+    pairs, nested dicts in braces, floats to 3 significant digits; anything else as `str`."""
+    if isinstance(summary, dict):
+        return "; ".join(f"{key}: {_short(value)}" for key, value in summary.items())
+    return str(summary)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} {_short(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_short(item) for item in value) + "]"
+    return str(value)
 
 
 if __name__ == "__main__":

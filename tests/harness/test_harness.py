@@ -265,3 +265,22 @@ def test_reading_notebooks_builds_no_iri_parser_and_still_validates():
     # the format checker still works for the formats it keeps
     checker = jsonschema.FormatChecker()
     assert checker.conforms("2026-11-27", "date") and not checker.conforms("2026-13-40", "date")
+
+
+def test_a_summary_given_as_data_prints_on_one_line():
+    """A notebook's summary as a dict: its pairs in order, floats to 3 significant digits, nested
+    dicts in braces; a sentence as it is."""
+    from embnb.harness.__main__ import summary_line
+
+    summary = {
+        "device": "cpu",
+        "gap": 0.0088445,
+        "ci": {"low": -54.216, "high": 71.5},
+        "ok": True,
+        "n": [1, 2.25],
+    }
+    assert (
+        summary_line(summary)
+        == "device: cpu; gap: 0.00884; ci: {low -54.2, high 71.5}; ok: True; n: [1, 2.25]"
+    )
+    assert summary_line("W = 8: none told apart") == "W = 8: none told apart"
