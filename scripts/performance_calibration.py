@@ -46,8 +46,13 @@ def calibrate_section(run: Run) -> str:
             rows.append([f"held out, {label}", percent_pair(errors), str(errors["ranks"])])
     floor = data.get("rank_repeat_gap")  # written by the bench since 2026-11-28
     if floor is not None:
-        rows.append(["one placement measured twice: the gap between its runs (the noise)",
-                     f"{floor['median']:.0%} median", str(floor["ranks"])])  # fmt: skip
+        rows.append(
+            [
+                "one placement measured twice: the gap between its runs (the noise)",
+                f"{floor['median']:.0%} median",
+                str(floor["ranks"]),
+            ]
+        )
     parts += [
         "Per-rank error |estimate / measured - 1| of each rank holding a shard (held out: the models and "
         "plans below, none fitted on):",
@@ -156,10 +161,13 @@ def gpu_refit_section() -> str:
         )
     ]
     proposed = [
-        [f"W = {p['world_size']}" + (f", {p['hbm_cap_gb']} GiB HBM" if p["hbm_cap_gb"] else ""),
-         groups_cell(p["uncalibrated"]), groups_cell(p)]
+        [
+            f"W = {p['world_size']}" + (f", {p['hbm_cap_gb']} GiB HBM" if p["hbm_cap_gb"] else ""),
+            groups_cell(p["uncalibrated"]),
+            groups_cell(p),
+        ]
         for p in distinct_topologies(data["proposed"])
-    ]  # fmt: skip
+    ]
     parts += [
         f"{data['scale']['label']} ({data['machine']}). {data['rebuildable_plans']} of "
         f"{data['plans_in_files']} measured plans of {len(data['runs'])} runs planned again here with the "

@@ -20,11 +20,14 @@ def hstu_section(run: Run) -> str:
     for world in compared:
         runs = {r["method"]: r for r in world["runs"]}
         rows.append(
-            [str(world["world_size"]), str(world["width"]),
-             str(world.get("samples_per_rank", config["samples_per_rank"])),
-             sig(runs["contiguous"]["step_ms_median"])]
+            [
+                str(world["world_size"]),
+                str(world["width"]),
+                str(world.get("samples_per_rank", config["samples_per_rank"])),
+                sig(runs["contiguous"]["step_ms_median"]),
+            ]
             + [f"{_ratio(runs[m]['speedup_vs_cut'])}; {sig(runs[m]['flop_model_speedup'])}x" for m in methods]
-        )  # fmt: skip
+        )
     checks = [_check_line(w) for w in data["worlds"] if w.get("acceptance")]
     cut = ", ".join(f"W = {c['world_size']} width {c['width']}" for c in data["cut_by_deadline"])
     sweep_w = data["sweep_world_size"]
@@ -53,9 +56,16 @@ def hstu_section(run: Run) -> str:
             "and every wider one.",
         ]
         + ([f"Cut by the bench's deadline: {cut}."] if cut else [])
-        + (["**Acceptance check** (the cut's heaviest rank at each batch; compared only where the fitted "
-            "fixed share is at most the limit):", "\n".join(checks)] if checks else [])
-    )  # fmt: skip
+        + (
+            [
+                "**Acceptance check** (the cut's heaviest rank at each batch; compared only where the fitted "
+                "fixed share is at most the limit):",
+                "\n".join(checks),
+            ]
+            if checks
+            else []
+        )
+    )
 
 
 def _check_line(world: dict) -> str:

@@ -344,9 +344,11 @@ def test_end_to_end_bench_plans_under_the_reservation_asked_for(tmp_path, bench)
         # the oracle: create_planner asked for that reservation here, on the bench's model and topology
         model = make_model(tables, seed=0)
         topology = planner.make_topology(
-            world_size, "cuda", hbm_cap_gb=fused_table_gb(model.tables) / world_size * hbm,
+            world_size,
+            "cuda",
+            hbm_cap_gb=fused_table_gb(model.tables) / world_size * hbm,
             local_world_size=per_host,
-        )  # fmt: skip
+        )
         chosen = planner.create_planner(
             topology, 512, constraints=model.constraints, storage_reservation=reservation
         )

@@ -106,10 +106,16 @@ def test_an_end_to_end_row_with_its_own_hbm_share_names_it(tmp_path):
     def row(devices: int, hbm: float) -> dict:
         runs = [1.0, 2.0, 3.0]
         return {
-            "num_tables": 50, "world_size": devices, "local_world_size": 8, "hbm_fraction": hbm,
-            "import_s_runs": runs, "fresh_process_s_runs": runs, "in_process_s_runs": runs,
-            "in_process_rating": 1.0, "same_rating_everywhere": True,
-        }  # fmt: skip
+            "num_tables": 50,
+            "world_size": devices,
+            "local_world_size": 8,
+            "hbm_fraction": hbm,
+            "import_s_runs": runs,
+            "fresh_process_s_runs": runs,
+            "in_process_s_runs": runs,
+            "in_process_rating": 1.0,
+            "same_rating_everywhere": True,
+        }
 
     rows = [row(16, 0.5), row(1024, 1.0)]
     data = {"benchmark": "end_to_end", "machine": "box", "date": "2026-01-01", "hbm_fraction": 0.5}

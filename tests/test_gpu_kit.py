@@ -501,8 +501,10 @@ def test_the_groups_of_a_window_run_every_step_once_in_the_planned_order(tmp_pat
     assert [s for s in order if s not in ("fbgemm-cuda", "build")] == every[2:]  # the kit's order
     # each step's record is on disk as soon as it ends: a command killed later keeps them
     assert [r["step"] for r in json.loads((tmp_path / "steps.json").read_text())] == [
-        "fbgemm-cuda", "build", *[n for n in every[2:] if ran[n] == ["notebooks"]]
-    ]  # fmt: skip
+        "fbgemm-cuda",
+        "build",
+        *[n for n in every[2:] if ran[n] == ["notebooks"]],
+    ]
 
 
 def test_steps_past_the_deadline_are_cut_and_recorded(tmp_path):

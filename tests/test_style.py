@@ -2,6 +2,7 @@
 package, tests and notebooks: `make test` fails on any violation."""
 
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -30,13 +31,16 @@ def test_ruff_finds_nothing(command):
 
 
 def test_the_formatter_is_never_turned_off():
-    """One formatter: no statement of the package is packed by hand under `# fmt: skip` or
-    `# fmt: off` (ruff would then keep it as written, and line counts would hide it)."""
+    """One formatter: no statement of the package, its tests or its scripts is packed by hand under
+    a `fmt: skip` or `fmt: off` comment (ruff would then keep it as written, and line counts would
+    hide it)."""
+    turned_off = re.compile(r"#\s*fmt:\s*(skip|off)\b")
     found = [
         f"{path.relative_to(ROOT)}:{number}"
-        for path in sorted((ROOT / "embnb").rglob("*.py"))
+        for folder in ("embnb", "tests", "scripts")
+        for path in sorted((ROOT / folder).rglob("*.py"))
         for number, line in enumerate(path.read_text().splitlines(), start=1)
-        if "fmt: skip" in line or "fmt: off" in line
+        if turned_off.search(line)
     ]
     assert found == []
 

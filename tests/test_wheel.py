@@ -82,8 +82,18 @@ def test_the_wheel_alone_runs_the_docs_planner_example(tmp_path):
     with dependencies_venv(needs) as venv:  # the declared requirements, installed once per set
         python = venv / "bin" / "python"
         # the wheel over whatever embnb an earlier run left; nothing else is installed here
-        run(python, "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check",
-            "--no-deps", "--force-reinstall", wheel)  # fmt: skip
+        run(
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--force-reinstall",
+            wheel,
+        )
         run_the_example(python, venv, tmp_path)
 
 
@@ -124,8 +134,11 @@ def run_the_example(python: pathlib.Path, venv: pathlib.Path, tmp_path: pathlib.
     script.write_text(planner_example())
     # the example as a script, in the process that says where its embnb comes from
     where, out = run(
-        python, "-c", "import embnb, runpy; print(embnb.__file__); runpy.run_path('planner_example.py', "
-        "run_name='__main__')", cwd=tmp_path,
-    ).split("\n", 1)  # fmt: skip
+        python,
+        "-c",
+        "import embnb, runpy; print(embnb.__file__); runpy.run_path('planner_example.py', "
+        "run_name='__main__')",
+        cwd=tmp_path,
+    ).split("\n", 1)
     assert where.startswith(str(venv)), where
     assert re.search(r"^300 tables planned in [\d.]+ s; rating [\d.]+ ms$", out, flags=re.M), out

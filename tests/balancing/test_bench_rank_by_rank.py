@@ -13,14 +13,37 @@ from embnb.timing import machine_name
 def test_balancer_bench_measures_rank_by_rank_with_the_notebooks_fields(tmp_path, capsys):
     code = main(
         [
-            "balancer", "--samples", "64", "--parts", "4", "--budget", "0.02", "--no-train",
-            "--exchange-world-size", "--measured-world-size", "2", "4", "--measured-batch-size", "4",
-            "--measured-max-length", "32", "--measured-repeats", "1", "--cap-world-size", "4",
+            "balancer",
+            "--samples",
+            "64",
+            "--parts",
+            "4",
+            "--budget",
+            "0.02",
+            "--no-train",
+            "--exchange-world-size",
+            "--measured-world-size",
+            "2",
+            "4",
+            "--measured-batch-size",
+            "4",
+            "--measured-max-length",
+            "32",
+            "--measured-repeats",
+            "1",
+            "--cap-world-size",
+            "4",
             # up to 100% fixed passes the acceptance check: compared (tests/test_bench_acceptance.py: 10%);
             # 8x the work, so that noise on a busy machine cannot tilt the fitted slope below zero
-            "--sweep-factors", "1", "8", "--max-fixed-share", "1", "--out", str(tmp_path),
+            "--sweep-factors",
+            "1",
+            "8",
+            "--max-fixed-share",
+            "1",
+            "--out",
+            str(tmp_path),
         ]
-    )  # fmt: skip
+    )
     out = capsys.readouterr().out
     assert code == 0 and "rank by rank" in out
     (path,) = tmp_path.glob("balancer-*.json")

@@ -55,14 +55,33 @@ def compile_jobs(tmp_path_factory):
         if source.endswith(".cu"):
             if shutil.which("nvcc"):
                 jobs[f"nvcc {source}"] = _start(
-                    ["nvcc", "-arch=sm_90", "-O3", "-std=c++20", "-Xcompiler", "-fPIC,-Wall", "-c",
-                     str(CUDA_DIR / source), "-o", str(out / f"{stem}_cu.o")]
-                )  # fmt: skip
+                    [
+                        "nvcc",
+                        "-arch=sm_90",
+                        "-O3",
+                        "-std=c++20",
+                        "-Xcompiler",
+                        "-fPIC,-Wall",
+                        "-c",
+                        str(CUDA_DIR / source),
+                        "-o",
+                        str(out / f"{stem}_cu.o"),
+                    ]
+                )
         else:
             jobs[f"binding {source}"] = _start(
-                [os.environ.get("CXX", "c++"), "-std=c++20", "-fPIC", "-Wall", "-c",
-                 *[f"-I{p}" for p in include_paths()], str(CUDA_DIR / source), "-o", str(out / f"{stem}.o")]
-            )  # fmt: skip
+                [
+                    os.environ.get("CXX", "c++"),
+                    "-std=c++20",
+                    "-fPIC",
+                    "-Wall",
+                    "-c",
+                    *[f"-I{p}" for p in include_paths()],
+                    str(CUDA_DIR / source),
+                    "-o",
+                    str(out / f"{stem}.o"),
+                ]
+            )
     yield jobs
     for name, job in jobs.items():
         if name != "dir" and job.poll() is None:
@@ -719,8 +738,10 @@ def test_cuda_extension_links_and_registers_both_kernels(native, compile_jobs):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    for op, cpu, cuda in (("bucketize", "bucketize_cpu.cpp", "bucketize_cuda.cpp"),
-                          ("feistel_slots", "feistel.cpp", "feistel_cuda.cpp")):  # fmt: skip
+    for op, cpu, cuda in (
+        ("bucketize", "bucketize_cpu.cpp", "bucketize_cuda.cpp"),
+        ("feistel_slots", "feistel.cpp", "feistel_cuda.cpp"),
+    ):
         dump = done.stdout.split(f"name: embnb::{op}")[1].split("name: embnb::")[0]
         registered = {line.split(":")[0]: line for line in dump.splitlines()}
         assert cpu in registered.get("CPU", ""), done.stdout

@@ -96,9 +96,12 @@ def extended(values):
 
 def device_bw(topology, compute_kernel):
     return kernel_bw_lookup(
-        topology.compute_device, compute_kernel, topology.hbm_mem_bw, topology.ddr_mem_bw,
+        topology.compute_device,
+        compute_kernel,
+        topology.hbm_mem_bw,
+        topology.ddr_mem_bw,
         topology.hbm_to_ddr_mem_bw,
-    )  # fmt: skip
+    )
 
 
 def distinct_rows(ids: int, rows: int) -> float:

@@ -307,14 +307,24 @@ def test_bucketize_continuous_fbgemm_edge_shapes():
 def check_against_model(case, dist_type):
     tables, seed = case["tables"], case["seed"]
     got = bucketize(
-        case["lengths"], case["indices"], case["world"], dist_type, case["blocks"],
-        num_embeddings=tables, seed=seed,
-    )  # fmt: skip
+        case["lengths"],
+        case["indices"],
+        case["world"],
+        dist_type,
+        case["blocks"],
+        num_embeddings=tables,
+        seed=seed,
+    )
     assert isinstance(got, Bucketized)
     want = py_bucketize(
-        case["lengths"].tolist(), case["indices"].tolist(), case["world"], case["modes"], case["blocks"],
-        tables, seed,
-    )  # fmt: skip
+        case["lengths"].tolist(),
+        case["indices"].tolist(),
+        case["world"],
+        case["modes"],
+        case["blocks"],
+        tables,
+        seed,
+    )
     assert got.lengths.dtype == case["lengths"].dtype
     assert got.indices.dtype == case["indices"].dtype
     assert got.lengths.tolist() == want[0]

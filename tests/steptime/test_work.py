@@ -234,16 +234,26 @@ def test_a_worlds_plans_in_interleaved_rounds_pair_round_by_round():
         ebc, {"a": table_wise(rank=0), "b": table_wise(rank=1)}, local_size=2, world_size=2, device_type="cpu"
     )
     cw = construct_module_sharding_plan(
-        ebc, {"a": column_wise(ranks=[0, 1]), "b": table_wise(rank=0)}, local_size=2, world_size=2,
+        ebc,
+        {"a": column_wise(ranks=[0, 1]), "b": table_wise(rank=0)},
+        local_size=2,
+        world_size=2,
         device_type="cpu",
-    )  # fmt: skip
+    )
     broken = {"a": tw["a"]}  # table b placed nowhere
     batch = make_batch(TABLES, CONSTRAINTS, 2, 8, seed=0)
     plans = {"tw": ShardingPlan({"": tw}), "cw": ShardingPlan({"": cw}), "broken": ShardingPlan({"": broken})}
     world = measure_world(
-        plans, TABLES, batch, rounds=3, reference="tw", alone={"tw again": plans["tw"]}, alone_repeats=2,
-        warmup=0, hidden=(8,),
-    )  # fmt: skip
+        plans,
+        TABLES,
+        batch,
+        rounds=3,
+        reference="tw",
+        alone={"tw again": plans["tw"]},
+        alone_repeats=2,
+        warmup=0,
+        hidden=(8,),
+    )
     assert list(world.plans) == ["tw", "cw", "broken", "tw again"] and world.clock == "cpu"
     broken = world.plans["broken"]
     assert not broken.measured and "places no shard of tables ['b']" in broken.error
@@ -298,9 +308,12 @@ def test_bad_configurations_are_named():
         measure_routing(make_batch(TABLES, None, 2, 2), "modulo", {}, {})
     # a table-row-wise table whose row blocks sit on two hosts (ranks 1 and 2 of hosts of 2)
     hosts = construct_module_sharding_plan(
-        ebc, {"a": table_row_wise(host_index=0), "b": table_wise(rank=0)}, local_size=2, world_size=4,
+        ebc,
+        {"a": table_row_wise(host_index=0), "b": table_wise(rank=0)},
+        local_size=2,
+        world_size=4,
         device_type="cpu",
-    )  # fmt: skip
+    )
     split = [s for s in plan_shards(hosts, TABLES, 4) if s.table == "a"]
     assert devices_per_host(split, 4) == 2
     moved = [dataclasses.replace(s, rank=s.rank + 1) for s in split]
@@ -362,9 +375,12 @@ def test_routing_comms_continuous_is_torchrecs_row_wise_and_every_id_arrives_onc
     dims = {t.name: t.embedding_dim for t in TABLES}
     ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))
     plan = construct_module_sharding_plan(
-        ebc, {t.name: row_wise(compute_kernel="fused") for t in TABLES}, local_size=world, world_size=world,
+        ebc,
+        {t.name: row_wise(compute_kernel="fused") for t in TABLES},
+        local_size=world,
+        world_size=world,
         device_type="cpu",
-    )  # fmt: skip
+    )
     shards = plan_shards(plan, TABLES, world)
     for rank in range(world):  # continuous blocks of ceil(rows / W): torchrec's row-wise, byte for byte
         ours = routing_comms(batch, "continuous", rows, dims, rank)

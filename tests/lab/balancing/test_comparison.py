@@ -41,19 +41,30 @@ def test_percent_keeps_two_significant_digits():
 
 
 def _row(dist, seed, method, max_load, gap=0.0, longest=False):
-    return {"distribution": dist, "workload": "tokens", "num_samples": 8, "num_parts": 2, "seed": seed,
-            "method": method, "max_load": max_load, "gap_to_lower_bound": gap,
-            "largest_item_sets_bound": longest}  # fmt: skip
+    return {
+        "distribution": dist,
+        "workload": "tokens",
+        "num_samples": 8,
+        "num_parts": 2,
+        "seed": seed,
+        "method": method,
+        "max_load": max_load,
+        "gap_to_lower_bound": gap,
+        "largest_item_sets_bound": longest,
+    }
 
 
 def test_kk_swap_vs_lpt_counts_each_batch_by_its_largest_part():
     table = pd.DataFrame(
         [
-            _row("zipf", 0, "kk_swap", 10.0), _row("zipf", 0, "greedy_lpt", 10.0),
-            _row("zipf", 1, "kk_swap", 9.0), _row("zipf", 1, "greedy_lpt", 11.0),
-            _row("lognormal", 0, "kk_swap", 12.0), _row("lognormal", 0, "greedy_lpt", 11.0),
+            _row("zipf", 0, "kk_swap", 10.0),
+            _row("zipf", 0, "greedy_lpt", 10.0),
+            _row("zipf", 1, "kk_swap", 9.0),
+            _row("zipf", 1, "greedy_lpt", 11.0),
+            _row("lognormal", 0, "kk_swap", 12.0),
+            _row("lognormal", 0, "greedy_lpt", 11.0),
         ]
-    )  # fmt: skip
+    )
     counts = comparison.kk_swap_vs_lpt(table)
     assert list(counts.index) == [("zipf", "tokens"), ("lognormal", "tokens")]  # the table's order
     assert counts.loc[("zipf", "tokens")].to_dict() == {"kk_swap": 1, "equal": 1, "greedy_lpt": 0}
@@ -63,10 +74,12 @@ def test_kk_swap_vs_lpt_counts_each_batch_by_its_largest_part():
 def test_worst_gaps_take_the_worst_batch_and_the_share_where_the_longest_sample_sets_the_bound():
     table = pd.DataFrame(
         [
-            _row("zipf", 0, "kk_swap", 0, gap=0.01, longest=True), _row("zipf", 1, "kk_swap", 0, gap=0.03),
-            _row("zipf", 0, "karmarkar_karp", 0, gap=0.2), _row("zipf", 1, "karmarkar_karp", 0, gap=0.1),
+            _row("zipf", 0, "kk_swap", 0, gap=0.01, longest=True),
+            _row("zipf", 1, "kk_swap", 0, gap=0.03),
+            _row("zipf", 0, "karmarkar_karp", 0, gap=0.2),
+            _row("zipf", 1, "karmarkar_karp", 0, gap=0.1),
         ]
-    )  # fmt: skip
+    )
     worst = comparison.worst_gaps(table).loc[("zipf", "tokens")]
     assert worst.to_dict() == {"karmarkar_karp": 0.2, "kk_swap": 0.03, "longest_sets_bound": 0.5}
 

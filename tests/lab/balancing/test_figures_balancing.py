@@ -38,11 +38,18 @@ def test_gap_panels_one_per_workload_with_every_method_beside_the_others():
 
 def test_timeline_draws_a_bar_per_phase_span_and_names_an_empty_run():
     spans = [
-        {"phase": "forward", "rank": r, "start": 0.001 * r, "end": 0.002 + 0.001 * r, "thread": t,
-         "iteration": 1, "step": 1}
+        {
+            "phase": "forward",
+            "rank": r,
+            "start": 0.001 * r,
+            "end": 0.002 + 0.001 * r,
+            "thread": t,
+            "iteration": 1,
+            "step": 1,
+        }
         for r in (0, 1)
         for t in ("main", "worker")
-    ]  # fmt: skip
+    ]
     fig = figures.timeline({"sync": spans}, steps=[1])
     assert len(fig.axes[0].collections) == 4
     with pytest.raises(ValueError, match="run 'sync' has no spans"):

@@ -20,8 +20,12 @@ def _balancer(path, machine, device, ms, flops, interleaved=False):
         {"distribution": "zipf", "world_size": 2, "method": m, "flops": flops, **times}
         for m in ("contiguous", "kk_swap")
     ]
-    payload = {"machine": machine, "date": "2026-11-26", "device": device,
-               "rank_by_rank": {"measured_config": {"width": 32}, "measured_runs": runs}}  # fmt: skip
+    payload = {
+        "machine": machine,
+        "date": "2026-11-26",
+        "device": device,
+        "rank_by_rank": {"measured_config": {"width": 32}, "measured_runs": runs},
+    }
     path.write_text(json.dumps(payload))
 
 
