@@ -46,8 +46,10 @@ def fit(
     parameter"; solved by iteratively reweighted non-negative least squares, weights
     min(1, delta / |error|)). Why not least squares: the goal is the median rank's error, and a few
     ranks the terms cannot price (the dense kernel's, issue #69) pulled a squared fit off the rest
-    (five CPU calibrate runs: held-out median per-rank error 6.2-9.5%, median 8.7%, Huber; 7.1-11.2%,
-    median 10.6%, least squares on the same ranks). None: least squares. Raises
+    (five CPU calibrate runs whose training ranks nearly all held a data-parallel table: held-out
+    median per-rank error 6.2-9.5%, median 8.7%, Huber; 7.1-11.2%, median 10.6%, least squares on
+    the same ranks; with half the training plans free of them, about even: docs/planner.md). None:
+    least squares. Raises
     ValueError where a measurement is not a positive finite time, `huber_delta` is not > 0, or the
     ranks do not determine every coefficient.
 

@@ -5,8 +5,9 @@ batched embedding (TBE) per lookup group, and the dense part.
 (torchrec/distributed/batched_embedding_kernel.py): the "fused" kernel is
 `BatchedFusedEmbeddingBag`, a `SplitTableBatchedEmbeddingBagsCodegen` with
 one (rows, cols, location, compute device) spec per shard, the
-`feature_table_map` of its features, sum pooling, fp32 weights and the
-optimizer run inside its backward; the "dense" kernel (data-parallel
+`feature_table_map` of its features, sum pooling, fp32 weights initialized
+uniformly as torchrec's `init_parameters` does, and the optimizer run inside
+its backward; the "dense" kernel (data-parallel
 tables) is `BatchedDenseEmbeddingBag`, a `DenseTableBatchedEmbeddingBagsCodegen`
 whose weight gradient an optimizer applies after backward (here plain SGD).
 """
@@ -118,7 +119,7 @@ def lookup_module(
         return EmbeddingLocation[FUSED_LOCATIONS[kernel]] if on_gpu else EmbeddingLocation.HOST
 
     compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
-    return SplitTableBatchedEmbeddingBagsCodegen(
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=[(s.rows, s.cols, location(s.compute_kernel), compute) for s in group.shards],
         feature_table_map=list(group.feature_shard),
         pooling_mode=PoolingMode.SUM,
@@ -129,6 +130,14 @@ def lookup_module(
         device=device,
         table_names=[s.table for s in group.shards],
     )
+    # torchrec initializes its kernel's weights (`init_parameters`: uniform within
+    # +-sqrt(1 / num_embeddings), the table's; here the shard's rows); FBGEMM alone leaves zeros, pages
+    # the OS maps on first write, so a step would time faults no job pays.
+    with torch.no_grad():
+        for shard, weights in zip(group.shards, tbe.split_embedding_weights()):
+            bound = shard.rows**-0.5
+            weights.uniform_(-bound, bound)
+    return tbe
 
 
 def make_mlp(width: int, hidden: Sequence[int]) -> nn.Sequential:

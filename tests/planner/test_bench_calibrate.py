@@ -158,3 +158,23 @@ def test_random_plans_on_a_cuda_topology_leave_out_the_host_level_types():
     rng = np.random.default_rng(0)
     picked = {o.sharding_type for _ in range(30) for o in random_plan(enumerated, 4, rng)}
     assert picked == offered - {"table_row_wise", "grid_shard"}
+
+
+def test_random_plans_without_data_parallel_pick_every_other_type():
+    """Every other training plan leaves data-parallel out (most ranks of the planners' plans hold
+    none): such a plan has no data-parallel table, and draws every type the plans with it draw."""
+    import numpy as np
+
+    from embnb.bench.calibrate import random_plan
+    from embnb.lab.planner.models import enumerate_options, make_model
+    from embnb.planner.topology import make_topology
+
+    model = make_model(8, seed=1, max_rows=5_000)
+    enumerated = enumerate_options(model.tables, make_topology(4, "cpu"), 32, model.constraints, "embnb")
+    rng = np.random.default_rng(0)
+    with_dp = {o.sharding_type for _ in range(30) for o in random_plan(enumerated, 4, rng)}
+    without = {
+        o.sharding_type for _ in range(30) for o in random_plan(enumerated, 4, rng, data_parallel=False)
+    }
+    assert "data_parallel" in with_dp
+    assert without == with_dp - {"data_parallel"}
