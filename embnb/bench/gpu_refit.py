@@ -34,7 +34,7 @@ from embnb.lab.planner.calibrated import GPU_REFIT
 from embnb.lab.planner.candidates import POOR, candidate_plans, estimated_per_rank, plan_shape
 from embnb.lab.planner.models import Enumerated, enumerate_options, make_model
 from embnb.planner.calibration import TERMS, Calibration, MeasuredRank, rank_terms, torchrec_default_estimate
-from embnb.planner.fitting import fit
+from embnb.planner.fitting import design_matrix, fit
 from embnb.planner.perf_model import KernelCallPerfModel
 from embnb.planner.topology import make_topology
 from embnb.results import load_runs, stack_versions, write_results
@@ -203,22 +203,17 @@ def fit_determined(
     with another of them (same sharding type first) and given its coefficients, until the ranks
     determine the rest. Returns the calibration and the groups so merged ("type/kernel" ->
     "type/kernel"); ValueError where a combination holds one group only (with the kernel calls)."""
-    columns = [TERMS.index(t) for t in (kwargs.get("terms") or TERMS)]
+    terms = tuple(kwargs.get("terms") or TERMS)
     merged: dict[tuple[str, str], tuple[str, str]] = {}
     while True:
         try:
             calibration = fit(ranks, *args, **kwargs)
         except ValueError:
             groups = sorted({shard.group for rank in ranks for shard in rank.shards})
-            design = np.zeros((len(ranks), len(groups) * len(columns) + 1))
-            for r, rank in enumerate(ranks):
-                for shard in rank.shards:
-                    g = groups.index(shard.group) * len(columns)
-                    design[r, g : g + len(columns)] += [shard.terms[c] for c in columns]
-                design[r, -1] = rank.kernel_calls
+            design = design_matrix(ranks, terms, groups, kernel_calls=True)
             norms = np.linalg.norm(design, axis=0)
             null = np.linalg.svd(design / np.where(norms > 0, norms, 1.0))[2][-1]
-            weight = np.abs(null[:-1]).reshape(len(groups), len(columns)).sum(axis=1)
+            weight = np.abs(null[:-1]).reshape(len(groups), len(terms)).sum(axis=1)
             support = [g for g, w in zip(groups, weight) if w > 1e-6]
             if len(support) < 2:
                 raise

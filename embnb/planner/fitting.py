@@ -15,7 +15,7 @@ from torchrec.distributed.planner.constants import BWD_COMPUTE_MULTIPLIER
 from embnb._checks import check_number
 from embnb.planner.calibration import TERMS, Calibration, MeasuredRank
 
-__all__ = ["fit", "HUBER_DELTA"]
+__all__ = ["fit", "design_matrix", "HUBER_DELTA"]
 
 # Huber's threshold on a rank's relative error: about the spread of a rank measured twice (the
 # calibrate bench's rank_repeat_gap, medians of 2.4-4.0% on the 2-core CPU), so ranks within the noise
@@ -27,6 +27,24 @@ HUBER_ITERATIONS = 100
 def _check_terms(terms: tuple[str, ...] | list[str]) -> None:
     if not terms or any(term not in TERMS for term in terms) or len(set(terms)) != len(tuple(terms)):
         raise ValueError(f"terms must be distinct names from {TERMS}, got {terms!r}")
+
+
+def design_matrix(
+    ranks: list[MeasuredRank], terms: tuple[str, ...], groups: list[tuple[str, str]], kernel_calls: bool
+) -> np.ndarray:
+    """The regressors `fit` solves over: float64, (len(ranks), len(groups) x len(terms) [+ 1]); row r
+    holds the sums of rank r's shards' `terms` (ms per unit coefficient) in its shards' group's
+    block (`groups` order), then, with `kernel_calls`, the rank's kernel calls."""
+    columns = [TERMS.index(term) for term in terms]
+    width = len(columns)
+    design = np.zeros((len(ranks), len(groups) * width + int(kernel_calls)))
+    for r, rank in enumerate(ranks):
+        for shard in rank.shards:
+            start = groups.index(shard.group) * width
+            design[r, start : start + width] += [shard.terms[c] for c in columns]
+        if kernel_calls:
+            design[r, -1] = rank.kernel_calls
+    return design
 
 
 def fit(
@@ -49,9 +67,8 @@ def fit(
     (five CPU calibrate runs whose training ranks nearly all held a data-parallel table: held-out
     median per-rank error 6.2-9.5%, median 8.7%, Huber; 7.1-11.2%, median 10.6%, least squares on
     the same ranks; with half the training plans free of them, about even: docs/planner.md). None:
-    least squares. Raises
-    ValueError where a measurement is not a positive finite time, `huber_delta` is not > 0, or the
-    ranks do not determine every coefficient.
+    least squares. Raises ValueError where a measurement is not a positive finite time,
+    `huber_delta` is not > 0, or the ranks do not determine every coefficient.
 
     `kernel_calls`: fit `kernel_call_ms` too, one coefficient for every group, whose regressor is
     each rank's `MeasuredRank.kernel_calls` (the cost of a TBE call, whatever its ids: issue #69);
@@ -87,19 +104,13 @@ def fit(
         spills = any(shard.terms[miss] > 0 for rank in ranks for shard in rank.shards)
         terms = tuple(t for t in TERMS if t != TERMS[miss] or spills)
     chosen = tuple(terms)
-    columns = [TERMS.index(term) for term in chosen]
-    width = len(columns)
+    width = len(chosen)
     groups = sorted({shard.group for rank in ranks for shard in rank.shards})
     slot = {group: g * width for g, group in enumerate(groups)}
     if kernel_calls is None:
         kernel_calls = any(rank.kernel_calls for rank in ranks)
     calls_column = len(groups) * width  # the last column, where fitted
-    design = np.zeros((len(ranks), len(groups) * width + int(bool(kernel_calls))))
-    for r, rank in enumerate(ranks):
-        for shard in rank.shards:
-            design[r, slot[shard.group] : slot[shard.group] + width] += [shard.terms[c] for c in columns]
-        if kernel_calls:
-            design[r, calls_column] = rank.kernel_calls
+    design = design_matrix(ranks, chosen, groups, kernel_calls)
     measured = np.array([rank.lookups_ms for rank in ranks])
     weighted = design / measured[:, None]
     scale = np.linalg.norm(weighted, axis=0)
@@ -134,6 +145,7 @@ def fit(
             break
     solution = solution / scale
     coefficients = {}
+    columns = [TERMS.index(term) for term in chosen]
     for group in groups:
         values = [0.0] * len(TERMS)
         for c, value in zip(columns, solution[slot[group] : slot[group] + width]):
