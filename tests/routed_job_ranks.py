@@ -9,6 +9,8 @@ job uses them (spawned ranks import them from here).
   routings name a table by its name and one by its collection's path; or names no table.
 - `save_case` / `reshard_case`: a routed model trained one row-wise Adagrad step and saved with DCP;
   what DCP and `load_state_dict` do with it in other layouts; `load_resharded` at another W and routing.
+- `dynamic_reshard_case`: a routed row-wise table and a table-wise one, trained with row-wise Adagrad;
+  torchrec's `DistributedModelParallel.reshard` moves the table-wise one (test_sharders_reshard.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from torchrec import (
 )
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.distributed.types import ShardingPlan
 
 from embnb.rowwise import RoutedEmbeddingBagCollectionSharder, RoutedEmbeddingCollectionSharder
@@ -269,3 +271,127 @@ def reshard_case(rank, world_size, routing, path, seed):
         "found": found,
         "key": weight_key(sharded, "t"),
     }
+
+
+RESHARD_ROWS = {"t_r": 11, "t_tw": 7}  # t_r: row-wise, routed, reads "f"; t_tw: table-wise, reads "g"
+RESHARD_BATCH = 3
+
+
+def reshard_module(seed: int) -> EmbeddingBagCollection:
+    configs = [
+        EmbeddingBagConfig(name=name, embedding_dim=DIM, num_embeddings=rows, feature_names=[feature])
+        for (name, rows), feature in zip(RESHARD_ROWS.items(), ["f", "g"])
+    ]
+    return seeded(EmbeddingBagCollection(tables=configs), seed)
+
+
+def reshard_batch(rank: int, step: int, seed: int) -> KeyedJaggedTensor:
+    """RESHARD_BATCH samples of "f" and "g", 0-3 ids per bag."""
+    gen = torch.Generator().manual_seed(seed * 1000 + step * 10 + rank)
+    lengths = torch.randint(0, 4, (2 * RESHARD_BATCH,), generator=gen)
+    f, g = lengths.split(RESHARD_BATCH)
+    values = [
+        torch.randint(0, n, (int(bags.sum()),), generator=gen)
+        for n, bags in zip(RESHARD_ROWS.values(), (f, g))
+    ]
+    return KeyedJaggedTensor.from_lengths_sync(keys=["f", "g"], values=torch.cat(values), lengths=lengths)
+
+
+def reshard_grad(rank: int, step: int, seed: int, shape: torch.Size) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed * 1000 + step * 10 + rank + 5))
+
+
+def _reshard_plan(world_size: int, sharder, tw_rank: int, seed: int):
+    return construct_module_sharding_plan(
+        reshard_module(seed),
+        {"t_r": row_wise(compute_kernel="fused"), "t_tw": table_wise(rank=tw_rank, compute_kernel="fused")},
+        sharder=sharder,
+        local_size=world_size,
+        world_size=world_size,
+        device_type="cpu",
+    )
+
+
+def _local_blocks(sharded) -> dict[str, list[tuple[int, torch.Tensor]]]:
+    """Each state dict key and each optimizer state ("{key}/{state name}") -> this rank's
+    (first row, rows) blocks."""
+    blocks = {key: value.local_shards() for key, value in sharded.state_dict().items()}
+    for key, states in sharded.fused_optimizer.state_dict()["state"].items():
+        blocks |= {f"{key}/{name}": value.local_shards() for name, value in states.items()}
+    return {
+        key: [(int(s.metadata.shard_offsets[0]), s.tensor.detach().clone()) for s in shards]
+        for key, shards in blocks.items()
+    }
+
+
+class ReshardModel(nn.Module):
+    """reshard_module's EBC times a dense scale of 1 (never stepped): torchrec 1.8's
+    `DistributedModelParallel.reshard` reads `.module` of the DDP wrapper, which a model without
+    dense parameters lacks."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.ebc = reshard_module(seed)
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        return self.ebc(features).values() * self.scale
+
+
+def _reshard_step(model, rank: int, step: int, seed: int) -> torch.Tensor:
+    out = model(reshard_batch(rank, step, seed))
+    (out * reshard_grad(rank, step, seed, out.shape)).sum().backward()
+    return out.detach()
+
+
+def dynamic_reshard_case(rank, world_size, routing, seed):
+    """A routed row-wise table (t_r) and a table-wise one (t_tw, on rank 0) trained one row-wise
+    Adagrad step; torchrec's `DistributedModelParallel.reshard` moves t_tw to rank 1; a second step.
+    Returns the blocks (`_local_blocks`) before and after the reshard and after the second step, the
+    outputs, the keys, the output on a batch of no samples on rank 0 (its backward too), and the
+    errors of a reshard of t_r and of a table the module lacks, with whether anything changed."""
+    from torchrec.distributed.sharding.dynamic_sharding import output_sharding_plan_delta_single
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan
+
+    sharder = RoutedEmbeddingBagCollectionSharder({"t_r": routing}, fused_params=_adagrad())
+    plan = _reshard_plan(world_size, sharder, 0, seed)
+    model = DistributedModelParallel(
+        ReshardModel(seed),
+        sharders=[sharder],
+        plan=ShardingPlan({"ebc": plan}),
+        device=torch.device("cpu"),
+    )
+    sharded = model.module.ebc
+    out = {"out_1": _reshard_step(model, rank, 1, seed), "before": _local_blocks(sharded)}
+    delta = output_sharding_plan_delta_single(plan, _reshard_plan(world_size, sharder, 1, seed), True)
+    out["delta"] = sorted(delta[1])
+    model.reshard({"ebc": delta}, "ebc")
+    out["after"] = _local_blocks(sharded)
+    out["keys"] = list(model.state_dict())
+    out["optimizer_keys"] = list(model.fused_optimizer.state_dict()["state"])
+    out["out_2"] = _reshard_step(model, rank, 2, seed)
+    out["after_2"] = _local_blocks(sharded)
+
+    def no_samples_step():
+        batch = reshard_batch(rank, 3, seed)
+        if rank == 0:
+            batch = KeyedJaggedTensor.from_lengths_sync(
+                keys=["f", "g"],
+                values=torch.zeros(0, dtype=torch.int64),
+                lengths=torch.zeros(0, dtype=torch.int64),
+            )
+        values = model(batch)
+        values.sum().backward()
+        out["out_3_shape"] = list(values.shape)
+
+    out["error_3"] = _error(no_samples_step)
+    before = _local_blocks(sharded)
+    routed_delta = EmbeddingModuleShardingPlan({"t_r": plan["t_r"]})
+    out["error_routed"] = _error(lambda: model.reshard({"ebc": (0.0, routed_delta)}, "ebc"))
+    unknown_delta = EmbeddingModuleShardingPlan({"t_typo": plan["t_tw"]})
+    out["error_unknown"] = _error(lambda: model.reshard({"ebc": (0.0, unknown_delta)}, "ebc"))
+    after = _local_blocks(sharded)
+    out["routed_unchanged"] = before.keys() == after.keys() and all(
+        all(torch.equal(a[1], b[1]) for a, b in zip(before[k], after[k])) for k in before
+    )
+    return out

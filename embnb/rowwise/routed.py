@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 ROW_WISE = ShardingType.ROW_WISE.value
+_RESHARDABLE = (ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value)  # torchrec's update_shards
 _NO_SAMPLES = "embnb_no_samples"  # set on a step's context when its batch had no samples
 
 
@@ -186,6 +187,9 @@ class RoutedIds:
     one included) fails in its planning step, and `load_state_dict` raises `RoutingMismatch` naming
     both layouts before any rows load. A batch of no samples gets an output of 0 samples; an id
     outside its table raises a ValueError on every rank before any id is sent (docs/sharders.md).
+    torchrec's `DistributedModelParallel.reshard` (`update_shards`) moves table-wise and column-wise
+    tables; the routed tables keep their rows, optimizer state and key suffixes; a row-wise table
+    named in its plan raises a ValueError naming it before anything moves.
     """
 
     layout_type: type[TableLayout] = TableLayout  # a subclass may lay rows out otherwise (a test's bug)
@@ -234,14 +238,54 @@ class RoutedIds:
         self.table_layouts: dict[str, TableLayout] = layouts
         self._check_names = check_names
         self.register_state_dict_post_hook(_keys_of_layouts)
-        for _, optimizer in self.fused_optimizer.optimizers:  # as torchrec renames its TBEs' keys
-            optimizer.params = {self._routed_key(key): p for key, p in optimizer.params.items()}
+        self._rename_optimizer_keys(self._routed_key)
         self._edge_output_dists(kwargs.get("qcomm_codecs_registry"))
         if not any(p.is_meta for p in module.parameters()):
             self._load_unsharded(module)
 
     def _edge_output_dists(self, qcomm_codecs_registry: Any) -> None:
         """Replace output distributions that stop on edge batches (`embnb.rowwise.edge_batches`)."""
+
+    def update_shards(self, changed_sharding_params: Mapping[str, ParameterSharding], *args: Any) -> None:
+        """torchrec's dynamic resharding (`DistributedModelParallel.reshard`, an EmbeddingBagCollection's
+        in torchrec 1.6-1.9): it moves table-wise and column-wise tables between ranks; the routed
+        tables keep their rows, optimizer state, key suffixes and edge-batch output distributions.
+
+        Args:
+            changed_sharding_params: table name -> its new ParameterSharding (the delta plan).
+            *args: torchrec's (env, device).
+
+        Raises:
+            ValueError: naming a table the module lacks, a table that is not table_wise or
+                column_wise, or a new sharding type other than the table's, before anything changes.
+        """
+        for name, sharding in changed_sharding_params.items():
+            current = self.module_sharding_plan.get(name)
+            if current is None:
+                raise ValueError(
+                    f"the new plan names table {name!r}, which this module lacks; its "
+                    f"tables: {sorted(self.module_sharding_plan)}"
+                )
+            if current.sharding_type not in _RESHARDABLE or sharding.sharding_type != current.sharding_type:
+                raise ValueError(
+                    f"table {name!r} is sharded {current.sharding_type!r} and the new plan shards it "
+                    f"{sharding.sharding_type!r}; torchrec's resharding moves {list(_RESHARDABLE)} tables "
+                    f"between ranks, within their sharding type (a routed table's rows go to a new layout "
+                    f"through a checkpoint: embnb.rowwise.load_resharded)"
+                )
+        # torchrec rebuilds the optimizers with its own keys and copies the unchanged tables' state
+        # into them by key: the old ones get its keys too, for the copy; then the constructor's keys
+        # and edge-batch output distributions again (torchrec rebuilt the output distributions).
+        self._rename_optimizer_keys(self._torchrec_key)
+        try:
+            super().update_shards(changed_sharding_params, *args)
+        finally:
+            self._rename_optimizer_keys(self._routed_key)
+        self._edge_output_dists(self.qcomm_codecs_registry)
+
+    def _rename_optimizer_keys(self, rename: Callable[[str], str]) -> None:
+        for _, optimizer in self.fused_optimizer.optimizers:  # as torchrec renames its TBEs' keys
+            optimizer.params = {rename(key): p for key, p in optimizer.params.items()}
 
     def key_suffixes(self) -> dict[str, str]:
         """Table name -> what its keys end with (`TableLayout.key_suffix`), for each routed table."""
@@ -251,6 +295,11 @@ class RoutedIds:
         """`key` (torchrec's, `{weight_prefix}.{table}.weight`) with its table's layout suffix."""
         table = key[len(self.weight_prefix) + 1 : -len(".weight")] if key.endswith(".weight") else None
         return key + self.key_suffixes().get(table, "")
+
+    def _torchrec_key(self, key: str) -> str:
+        """`key` without its table's layout suffix (torchrec's key)."""
+        suffix = next((s for s in self.key_suffixes().values() if key.endswith(".weight" + s)), "")
+        return key[: len(key) - len(suffix)]
 
     def _load_unsharded(self, module: nn.Module) -> None:
         state = dict(module.state_dict())
