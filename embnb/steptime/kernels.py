@@ -5,7 +5,7 @@ batched embedding (TBE) per lookup group, and the dense part.
 (torchrec/distributed/batched_embedding_kernel.py): the "fused" kernel is
 `BatchedFusedEmbeddingBag`, a `SplitTableBatchedEmbeddingBagsCodegen` with
 one (rows, cols, location, compute device) spec per shard, the
-`feature_table_map` of its features, sum pooling, fp32 weights initialized
+`feature_table_map` of its features, the table's pooling (sum or mean), fp32 weights initialized
 uniformly as torchrec's `init_parameters` does, and the optimizer run inside
 its backward; the "dense" kernel (data-parallel
 tables) is `BatchedDenseEmbeddingBag`, a `DenseTableBatchedEmbeddingBagsCodegen`
@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torchrec.distributed.types import ShardingType
+from torchrec.modules.embedding_configs import PoolingType, pooling_type_to_pooling_mode
 
 from embnb.steptime.work import LookupGroup
 
@@ -62,6 +64,24 @@ def check_tbe_device(device: torch.device | str) -> None:
         )
 
 
+# The sharding type torchrec's lookups pass its kernels (the row-wise shardings' own; grid_shard's is
+# table_row_wise); the others pass none.
+_KERNEL_SHARDING_TYPE = {
+    "row_wise": ShardingType.ROW_WISE,
+    "table_row_wise": ShardingType.TABLE_ROW_WISE,
+    "grid_shard": ShardingType.TABLE_ROW_WISE,
+}
+
+
+def _pooling_mode(group: LookupGroup):
+    """FBGEMM's PoolingMode for `group`'s TBE, as torchrec's kernel picks it
+    (`pooling_type_to_pooling_mode`): the table's pooling, but SUM for a mean-pooled table sharded
+    row-wise, table-row-wise or grid, whose bags torchrec divides after the reduce-scatter."""
+    return pooling_type_to_pooling_mode(
+        PoolingType(group.pooling), _KERNEL_SHARDING_TYPE.get(group.sharding_type)
+    )
+
+
 class DenseLookup(nn.Module):
     """torchrec's dense kernel: FBGEMM's DenseTableBatchedEmbeddingBagsCodegen,
     whose weight gradient SGD applies after backward (`step`)."""
@@ -75,6 +95,7 @@ class DenseLookup(nn.Module):
         self.tbe = DenseTableBatchedEmbeddingBagsCodegen(
             embedding_specs=[(s.rows, s.cols) for s in group.shards],
             feature_table_map=list(group.feature_shard),
+            pooling_mode=_pooling_mode(group),
             use_cpu=device.type == "cpu",
         ).to(device)
         self.learning_rate = learning_rate
@@ -97,7 +118,7 @@ def lookup_module(
 ) -> nn.Module:
     """One TBE for `group`'s shards, as torchrec builds its kernel (module docstring)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,
         SplitTableBatchedEmbeddingBagsCodegen,
@@ -122,7 +143,7 @@ def lookup_module(
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=[(s.rows, s.cols, location(s.compute_kernel), compute) for s in group.shards],
         feature_table_map=list(group.feature_shard),
-        pooling_mode=PoolingMode.SUM,
+        pooling_mode=_pooling_mode(group),
         weights_precision=SparseType.FP32,
         cache_precision=SparseType.FP32,
         optimizer=EmbOptimType(optimizer),

@@ -80,6 +80,7 @@ class Shard:
     cols: int
     features: tuple[str, ...]
     tbe_key: tuple = ()
+    pooling: str = "SUM"  # the table's torchrec PoolingType value: how its TBE pools a bag
 
     def describe(self) -> dict[str, object]:
         """The shard as the results JSON records it."""
@@ -104,6 +105,12 @@ class LookupGroup:
     batch_size: int
     lengths: torch.Tensor  # int64, len(feature_shard) * batch_size
     ids: torch.Tensor  # int64, local rows of each feature's shard
+
+    @property
+    def pooling(self) -> str:
+        """How the TBE pools a bag (torchrec's PoolingType value, "SUM" or "MEAN"): one per group,
+        since torchrec's grouping key holds the table's pooling."""
+        return self.shards[0].pooling
 
     @property
     def pooled_dim(self) -> int:
@@ -186,7 +193,9 @@ def plan_shards(
         for (rank, (row, col), (rows, cols)), key in zip(blocks, keys):
             if not 0 <= rank < world_size:
                 raise ValueError(f"table {name!r}: a shard on rank {rank}, outside world_size {world_size}")
-            shards.append(Shard(name, kind, kernel, rank, row, rows, col, cols, features, key))
+            shards.append(
+                Shard(name, kind, kernel, rank, row, rows, col, cols, features, key, table.pooling.value)
+            )
     missing = set(by_name) - {s.table for s in shards}
     if missing:
         raise ValueError(f"the plan places no shard of tables {sorted(missing)}")

@@ -36,7 +36,7 @@ from torchrec.distributed.sharding_plan import (
     table_wise,
 )
 from torchrec.distributed.types import CacheParams
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb.dist import launch_each
@@ -54,14 +54,23 @@ TABLES = [
 CONSTRAINTS = {t.name: ParameterConstraints(pooling_factors=[30.0]) for t in TABLES}
 
 # 2 hosts of 2 ranks: h0 and h1 table-row-wise on one host each (h1 with two
-# features, dense kernel), h2 grid-sharded (two column blocks of 128, one per
-# host; rows that do not split evenly), h3 table-wise, h4 row-wise over both hosts.
+# features, dense kernel, mean pooling), h2 grid-sharded (two column blocks of 128,
+# one per host; rows that do not split evenly), h3 table-wise and mean-pooled, h4
+# row-wise over both hosts.
 PER_HOST, HOSTS_BATCH = 2, 64
 HOST_TABLES = [
     EmbeddingBagConfig(name="h0", feature_names=["h0"], num_embeddings=5_001, embedding_dim=64),
-    EmbeddingBagConfig(name="h1", feature_names=["h1a", "h1b"], num_embeddings=3_000, embedding_dim=32),
+    EmbeddingBagConfig(
+        name="h1",
+        feature_names=["h1a", "h1b"],
+        num_embeddings=3_000,
+        embedding_dim=32,
+        pooling=PoolingType.MEAN,
+    ),
     EmbeddingBagConfig(name="h2", feature_names=["h2"], num_embeddings=4_001, embedding_dim=256),
-    EmbeddingBagConfig(name="h3", feature_names=["h3"], num_embeddings=2_000, embedding_dim=32),
+    EmbeddingBagConfig(
+        name="h3", feature_names=["h3"], num_embeddings=2_000, embedding_dim=32, pooling=PoolingType.MEAN
+    ),
     EmbeddingBagConfig(name="h4", feature_names=["h4"], num_embeddings=2_000, embedding_dim=16),
 ]
 HOST_CONSTRAINTS = {
