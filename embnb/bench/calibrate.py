@@ -28,6 +28,9 @@ checked on models and plans it was not fitted on.
    minus embnb DP (calibrated)'s (`measure_world`'s paired difference: the mean with its 95%
    t-interval).
 
+5. `speed_probe`: one fixed rank timed before the training set, after it and after the held-out
+   worlds: the machine's own drift over the run, beside the errors it would move.
+
 The figures are measured on `--device` (this machine's CPU by default, or its GPU; named by
 `embnb.timing.machine_name`), except the estimates, which are labelled as torchrec's.
 """
@@ -47,6 +50,8 @@ import numpy as np
 import torch
 from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from embnb._torchrec_private import best_plan
 from embnb.bench.results import add_out_argument, quiet_torchrec_logs, tbe_device, write_results
@@ -453,6 +458,36 @@ def errors(ranks: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+PROBE_TABLES, PROBE_SEED, PROBE_WORLD = 4, 99, 8  # the speed probe's fixed work
+
+
+def speed_probe(opts: argparse.Namespace) -> tuple[float, int]:
+    """The machine's speed now: one fixed rank's measured lookups (ms, `opts.clock`) and its ids: the
+    tables of `make_model(PROBE_TABLES, seed=PROBE_SEED)`, all table-wise on rank 0 of
+    `PROBE_WORLD`, on the bench's batch size, seed, device and repeats. The bench times it before the
+    training set, after it and after the held-out worlds: the same work each time, so a change
+    between the three is the machine's (issue #69: the same plans came 8-12% apart in two runs)."""
+    model = make_model(PROBE_TABLES, seed=PROBE_SEED, max_rows=opts.max_rows)
+    plan = construct_module_sharding_plan(
+        EmbeddingBagCollection(tables=model.tables, device=torch.device("meta")),
+        {table.name: table_wise(rank=0) for table in model.tables},
+        local_size=PROBE_WORLD,
+        world_size=PROBE_WORLD,
+        device_type=torch.device(opts.device).type,
+    )
+    batch = make_batch(model.tables, model.constraints, PROBE_WORLD, opts.batch_size, opts.seed)
+    rank = measure_plan(
+        plan,
+        model.tables,
+        batch,
+        device=opts.device,
+        threads=opts.threads,
+        warmup=opts.warmup,
+        repeats=opts.repeats,
+    ).ranks[0]
+    return rank.lookup.median_s(opts.clock) * 1e3, rank.num_ids
+
+
 def collective_latency(opts: argparse.Namespace) -> CollectiveLatency:
     """The calibration's `collective_ms`: each sharding type's collectives timed on real ranks
     (`measure_collective_ms`; why as many ranks as cores by default: its module's docstring)."""
@@ -481,7 +516,9 @@ def main(argv: list[str]) -> int:
     quiet_torchrec_logs()
     before, load = torch.get_num_threads(), os.getloadavg()  # a shared machine: how busy it was
     with Stopwatch() as watch:
+        probe = {"before_training": speed_probe(opts)[0]}
         ranks, train_rows = training_set(opts)
+        probe["after_training"], probe_ids = speed_probe(opts)
         calibration = fit(
             ranks, opts.device, machine_name(opts.device), terms=opts.terms, cache_bytes=opts.cache_bytes
         )
@@ -505,6 +542,8 @@ def main(argv: list[str]) -> int:
         worlds = [
             heldout_world(calibration, seed, world_size, opts, per_shard) for seed, world_size in opts.heldout
         ]
+        probe["after_heldout"] = speed_probe(opts)[0]
+    print(f"speed probe ({probe_ids} ids, {opts.clock} time): {probe} ms", flush=True)
     heldout = errors([rank for w in worlds for p in w["plans"] if p["measured"] for rank in p["ranks"]])
     for name, e in heldout.items():
         print(
@@ -537,6 +576,8 @@ def main(argv: list[str]) -> int:
         "calibration": calibration.to_json(),
         "calibration_per_shard": per_shard.to_json(),  # the same fit without the kernel-call term
         "heldout_errors": heldout,
+        # one fixed rank timed three times: a change between them is the machine's speed (`speed_probe`)
+        "speed_probe": {"ms": probe, "ids": probe_ids, "tables": PROBE_TABLES, "seed": PROBE_SEED},
         "rank_repeat_gap": floor,  # one placement measured twice, rank by rank: the noise under the errors
         "heldout": worlds,
         "bench_s": watch.wall_s,

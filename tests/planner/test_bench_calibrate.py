@@ -9,7 +9,9 @@ import statistics
 
 import pytest
 
+from embnb.lab.planner.models import make_model
 from embnb.planner.calibration import Calibration
+from embnb.steptime import make_batch
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -42,6 +44,13 @@ def test_calibrate_bench_summary_agrees_with_its_ranks(tmp_path, capsys):
     assert (collectives["world_size"], collectives["backend"], collectives["why"]) == (2, "gloo", "")
     assert calibration.collective_ms == collectives["collective_ms"]
     assert all(ms > 0 for t, ms in calibration.collective_ms.items() if t != "data_parallel")
+    # the speed probe: three timings of one rank that reads every id of its tables' features
+    probe = payload["speed_probe"]
+    assert set(probe["ms"]) == {"before_training", "after_training", "after_heldout"}
+    assert all(ms > 0 for ms in probe["ms"].values())
+    probe_model = make_model(probe["tables"], seed=probe["seed"], max_rows=2000)
+    probe_batch = make_batch(probe_model.tables, probe_model.constraints, 8, 8, 0)
+    assert probe["ids"] == sum(int(bag.sum()) for rank in probe_batch.lengths for bag in rank) > 0
     (world,) = payload["heldout"]
     measured = [p for p in world["plans"] if p["measured"]]
     # the calibrated DP's rating holds the collectives of each sharding type its plan uses
