@@ -211,10 +211,11 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "low": min(values), "high": max(values)}
 
 
-def _measure(options, model: Model, topology, batch, opts) -> StepTimes:
+def _measure(plan, tables, batch, opts) -> StepTimes:
+    """`measure_plan` of a torchrec plan at the bench's device, threads, warm-up and repeats."""
     return measure_plan(
-        to_sharding_plan(options, topology),
-        model.tables,
+        plan,
+        tables,
         batch,
         device=opts.device,
         threads=opts.threads,
@@ -241,7 +242,7 @@ def training_set(opts: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
                 # the dense kernel's cost mixed in (issue #69)
                 data_parallel = index % 2 == 0
                 options = random_plan(enumerated, world_size, rng, data_parallel)
-                times = _measure(options, model, topology, batch, opts)
+                times = _measure(to_sharding_plan(options, topology), model.tables, batch, opts)
                 measured = measured_ranks(
                     options,
                     times,
@@ -476,15 +477,7 @@ def speed_probe(opts: argparse.Namespace) -> tuple[float, int]:
         device_type=torch.device(opts.device).type,
     )
     batch = make_batch(model.tables, model.constraints, PROBE_WORLD, opts.batch_size, opts.seed)
-    rank = measure_plan(
-        plan,
-        model.tables,
-        batch,
-        device=opts.device,
-        threads=opts.threads,
-        warmup=opts.warmup,
-        repeats=opts.repeats,
-    ).ranks[0]
+    rank = _measure(plan, model.tables, batch, opts).ranks[0]
     return rank.lookup.median_s(opts.clock) * 1e3, rank.num_ids
 
 
