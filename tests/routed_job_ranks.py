@@ -395,3 +395,70 @@ def dynamic_reshard_case(rank, world_size, routing, seed):
         all(torch.equal(a[1], b[1]) for a, b in zip(before[k], after[k])) for k in before
     )
     return out
+
+
+BLOCK_ROWS = 50  # the table the block-read cases save and load: many blocks of a few rows
+
+
+def _block_model(world_size: int, routing: str, seed: int):
+    """One table "t" of BLOCK_ROWS rows, row-wise under `routing` with row-wise Adagrad, inside a model."""
+    config = EmbeddingBagConfig(name="t", embedding_dim=DIM, num_embeddings=BLOCK_ROWS, feature_names=["f"])
+    module = seeded(EmbeddingBagCollection(tables=[config]), seed)
+    sharder = RoutedEmbeddingBagCollectionSharder({"t": routing}, fused_params=_adagrad())
+    return DistributedModelParallel(
+        nn.ModuleDict({"ebc": module}),
+        sharders=[sharder],
+        plan=ShardingPlan({"ebc": _plan(module, sharder, world_size, ["t"])}),
+        device=torch.device("cpu"),
+    )
+
+
+def block_save_case(rank, world_size, routing, path, seed):
+    """Train one row-wise Adagrad step on ids across the table under `routing`, save with DCP: the
+    rows and the Adagrad state in storage order."""
+    model = _block_model(world_size, routing, seed)
+    ids = torch.arange(rank, BLOCK_ROWS, 3)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["f"], ids, torch.tensor([len(ids) // 2, len(ids) - len(ids) // 2])
+    )
+    model.module["ebc"](kjt).values().sum().backward()
+    dcp.save({"model": model.state_dict(), "optim": model.fused_optimizer.state_dict()}, checkpoint_id=path)
+    return {"rows": gather_rows(model.module["ebc"], "t"), "momentum": _momentum(model)}
+
+
+def block_load_case(rank, world_size, routing, path, seed, max_rows):
+    """load_resharded with max_rows_per_read=max_rows into a model of `routing`, DCP's real
+    FileSystemReader wrapped to record each read: the destination tensor's rows and the rows it
+    received (per read call); then the rows and Adagrad state in storage order, and this rank's
+    rows of each."""
+    reads = []
+    real = dcp.FileSystemReader.read_data
+
+    def spy(self, plan, planner):
+        dests = {item.dest_index.fqn for item in plan.items}
+        held = [planner.lookup_tensor(item.dest_index).shape[0] for item in plan.items]
+        reads.append(
+            {"keys": sorted(dests), "dest_rows": max(held), "rows": sum(i.lengths[0] for i in plan.items)}
+        )
+        return real(self, plan, planner)
+
+    model = _block_model(world_size, routing, seed + 2)
+    dcp.FileSystemReader.read_data = spy
+    try:
+        found = load_resharded(
+            model.module["ebc"],
+            path,
+            prefix="model.ebc.",
+            optimizer_prefix="optim.state.ebc.",
+            max_rows_per_read=max_rows,
+        )
+    finally:
+        dcp.FileSystemReader.read_data = real
+    (shard,) = model.module["ebc"].state_dict()[weight_key(model.module["ebc"], "t")].local_shards()
+    return {
+        "found": found,
+        "reads": reads,
+        "rows": gather_rows(model.module["ebc"], "t"),
+        "momentum": _momentum(model),
+        "shard": (int(shard.metadata.shard_offsets[0]), int(shard.metadata.shard_sizes[0])),
+    }
