@@ -8,15 +8,16 @@ batch s+1 while step s computes.
 docs/balancing.md gives, with their sources, the rules the class enforces: where the collectives may
 be issued (`collective_thread`: a worker on the default group aborts gloo, NCCL refuses two threads;
 "caller" is NVIDIA recsys-examples' design, commit 7cf45752), and the signature gather that makes
-every rank raise the same ValueError from `finish()` where the ranks' batches differ or a loader ends.
+every rank raise the same ValueError from `finish()` where the ranks' batches differ, a loader ends or
+raises, or one rank's input is bad (`embnb.balancing.shuffle_checks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -30,6 +31,15 @@ from embnb._checks import check_bool, check_choice, check_native
 from embnb.balancing.kjt_alltoall import alltoall_kjt
 from embnb.balancing.kjt_gather import allgather_kjt, select_samples
 from embnb.balancing.partition import METHODS, balance
+from embnb.balancing.shuffle_checks import (
+    NO_BATCH,
+    TROUBLE,
+    RanksDiffer,
+    check_same_batch,
+    check_sizes,
+    gather_sizes,
+    input_problem,
+)
 from embnb.balancing.timeline import Timeline
 from embnb.collectives import all_gather_flat
 from embnb.dist import collective_device
@@ -38,14 +48,15 @@ __all__ = ["EXCHANGES", "COLLECTIVE_THREADS", "BalancedShuffle"]
 
 EXCHANGES = ("allgather", "alltoall")
 COLLECTIVE_THREADS = ("auto", "worker", "caller")
-_NO_BATCH = -1  # the batch size a rank whose batches ended sends
 _END = object()  # what batches() takes from a loader that has ended
 Batch = tuple[KeyedJaggedTensor, torch.Tensor]
 
 
-class _RanksDiffer(ValueError):
-    """A check of values every rank gathered: it fails alike on every rank,
-    so `finish()` can raise it later, as a ValueError, on every rank."""
+@dataclasses.dataclass
+class _Raised:
+    """What batches() takes from a loader that raised: its exception."""
+
+    error: Exception
 
 
 class BalancedShuffle:
@@ -132,19 +143,32 @@ class BalancedShuffle:
         self.close()
 
     def close(self) -> None:
+        """Shut the worker down, after the shuffle it runs (every rank runs the
+        same one), dropping any shuffle left pending."""
         if self._worker is not None:
             self._worker.shutdown(wait=True, cancel_futures=True)
+        self._pending = None
 
     def start(self, kjt: KeyedJaggedTensor, dense: torch.Tensor, workloads: torch.Tensor, step: int) -> None:
-        """Shuffle this batch: in the worker with `overlap`, else now. Where
-        the ranks' batches differ, `finish()` raises (in every mode)."""
+        """Shuffle this batch: in the worker with `overlap`, else now.
+
+        kjt: `stride` samples; dense: (stride, width) rows; workloads: (stride,),
+        each sample's cost. Where one rank's input has other shapes, or the
+        ranks' batches differ, `finish()` raises the same ValueError on every
+        rank, naming the rank and what it passed (in every mode: that rank
+        still joins the signature gather, so no rank waits). RuntimeError
+        where a shuffle is pending (`finish()` not called, or a `batches()`
+        iterator left unfinished and not closed).
+        """
         if self._pending is not None:
-            raise RuntimeError("start() called twice without finish()")
-        if workloads.shape != (kjt.stride(),) or dense.dim() != 2 or dense.shape[0] != kjt.stride():
-            raise ValueError(
-                f"need one workload and one dense row per sample: stride {kjt.stride()}, "
-                f"workloads {tuple(workloads.shape)}, dense {tuple(dense.shape)}"
+            raise RuntimeError(
+                "start() called twice without finish() (or while a batches() iterator left unfinished "
+                "holds its next shuffle: close() that iterator)"
             )
+        problem = input_problem(kjt, dense, workloads, self.rank)
+        if problem is not None:  # raised by finish() on every rank, as where the batches differ
+            self._start_without_batch(step, problem)
+            return
         ready = _recorded_event(dense.device)  # the batch is ready on the caller's stream
         try:
             if self._worker is None:
@@ -159,11 +183,13 @@ class BalancedShuffle:
                     gathered_event = _recorded_event(dense.device)
                 future = self._worker.submit(self._kk, gathered, step, gathered_event)
                 self._pending = _Pending(step, future=future, inputs=(kjt, dense, gathered))
-        except _RanksDiffer as error:  # every rank failed this check: raised by finish(), as in the worker
+        except RanksDiffer as error:  # every rank failed this check: raised by finish(), as in the worker
             self._pending = _Pending(step, error=error)
 
     def finish(self) -> Batch:
-        """This rank's KJT and dense rows (waits for the worker, re-raising its error)."""
+        """This rank's KJT and dense rows (waits for the worker, re-raising its
+        error): the ValueError every rank raises where the ranks' batches
+        differ or some rank's input was bad."""
         if self._pending is None:
             raise RuntimeError("finish() called before start()")
         if self._pending.ended:
@@ -177,7 +203,8 @@ class BalancedShuffle:
     def _finish(self) -> Batch | None:
         """The pending shuffle's batch; None for an end-of-data check that every
         rank passed (all ended); the ValueError every rank raises where the
-        ranks' batches differ or some rank's ended."""
+        ranks' batches differ, some rank's ended or some rank's was bad; on
+        the rank whose loader raised, the loader's own exception."""
         pending, self._pending = self._pending, None
         assert pending is not None
         try:
@@ -190,7 +217,9 @@ class BalancedShuffle:
             if pending.done is None:
                 with self.timeline.span("wait", pending.step):
                     result = pending.future.result()
-        except _RanksDiffer as error:
+        except RanksDiffer as error:
+            if pending.raised is not None:
+                raise pending.raised from None
             raise ValueError(str(error)) from None
         if pending.done is not None:
             kjt, dense, made = pending.done
@@ -208,6 +237,16 @@ class BalancedShuffle:
                 if tensor is not None:
                     tensor.record_stream(stream)
         return kjt, dense
+
+    def _discard(self) -> None:
+        """Drop the pending shuffle, after the worker's part of it: where every
+        rank leaves `batches()` at the same batch, every rank drops the same
+        shuffle, none of its collectives stays in flight, and the caller's
+        exchange is issued on no rank."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.future is not None:
+            with contextlib.suppress(RanksDiffer):  # every rank's outcome alike, and no batch is wanted
+                pending.future.result()
 
     def _shuffle(
         self,
@@ -229,7 +268,7 @@ class BalancedShuffle:
     ) -> torch.Tensor:
         """Every rank's workloads (the first column) and, with "allgather", dense rows."""
         with self.timeline.span("gather_workloads", step, dense.device):
-            self._check_same_batch(kjt, dense, step)
+            check_same_batch(kjt, dense, step, self.group)
             rows = workloads.to(torch.float64).unsqueeze(1)
             if self.exchange == "allgather":  # the dense rows ride along
                 rows = torch.cat([rows, dense.to(torch.float64)], dim=1)
@@ -270,104 +309,94 @@ class BalancedShuffle:
         shortest rank's `batches` has n, every rank yields n batches, then
         raises the same ValueError when asked for batch n, in every mode ("no
         batch" rides on the next shuffle's signature gather: no collective
-        more per step, one small gather after the last batch).
+        more per step, one small gather after the last batch). Where one
+        rank's loader (or `workloads`) raises at batch n, every rank yields
+        n batches, then that rank re-raises the exception and the others
+        raise a ValueError naming it. Leaving early (every rank at the same
+        batch: a `break` that drops the iterator, or its `close()`) drops
+        the next batch's shuffle on every rank, nothing left in flight.
 
             pipeline = TrainPipelineSparseDist(model, optimizer, device)
             balanced = shuffle.batches(dataloader, lambda b: b.sparse_features["item"].lengths())
             while True:
                 pipeline.progress(balanced)   # StopIteration after the last batch
         """
-        source = iter(batches)
-        layout, step = self._start_next(next(source, _END), workloads, 0), 0
-        while True:
-            # the next batch loads while the worker shuffles this one
-            following = _END if layout is None else next(source, _END)
-            shuffled = self._finish()  # where some rank's batches ended here, every rank raises
-            if shuffled is None:  # every rank's batches ended at `step`
-                return
-            next_layout = self._start_next(following, workloads, step + 1)
-            yield _unpack_batch(*shuffled, layout)
-            layout, step = next_layout, step + 1
+        source = _each(batches)
+        layout, step = self._start_next(_next_batch(source), workloads, 0), 0
+        try:
+            while True:
+                # the next batch loads while the worker shuffles this one
+                following = _END if layout is None else _next_batch(source)
+                shuffled = self._finish()  # where some rank's batches ended or failed here, every rank raises
+                if shuffled is None:  # every rank's batches ended at `step`
+                    return
+                next_layout = self._start_next(following, workloads, step + 1)
+                yield _unpack_batch(*shuffled, layout)
+                layout, step = next_layout, step + 1
+        except GeneratorExit:  # the consumer left (every rank at the same batch): nothing stays pending
+            self._discard()
+            raise
 
     def _start_next(
         self, batch: Any, workloads: Callable[[TorchrecBatch], torch.Tensor], step: int
     ) -> tuple[int, torch.dtype, tuple[int, ...], torch.dtype] | None:
-        """Start the shuffle of batch `step` and return its layout, or, where
-        this rank's batches ended (`_END`), its end-of-data check (None)."""
+        """Start the shuffle of batch `step` and return its layout; or, where
+        this rank has no batch (its loader ended or raised, or the batch could
+        not be read), its "no batch" in the signature gather (None)."""
         if batch is _END:
-            self._start_end(step)
+            self._start_without_batch(step)
             return None
-        dense, labels = batch.dense_features, batch.labels
-        size = batch.sparse_features.stride()
-        rows = torch.cat([t.reshape(size, -1).to(torch.float64) for t in (dense, labels)], dim=1)
-        self.start(batch.sparse_features, rows, workloads(batch).reshape(-1), step)
+        if isinstance(batch, _Raised):
+            error = batch.error
+            self._start_without_batch(
+                step,
+                f"rank {self.rank}'s loader raised {type(error).__name__} at batch {step}: {error}",
+                error,
+            )
+            return None
+        try:
+            dense, labels = batch.dense_features, batch.labels
+            size = batch.sparse_features.stride()
+            if dense.shape[0] != size or labels.shape[0] != size:
+                raise ValueError(
+                    f"a Batch needs one dense row and one label per sample: stride {size}, "
+                    f"dense_features {tuple(dense.shape)}, labels {tuple(labels.shape)}"
+                )
+            rows = torch.cat([t.reshape(size, -1).to(torch.float64) for t in (dense, labels)], dim=1)
+            loads = workloads(batch).reshape(-1)
+        except Exception as error:  # raised here by finish(); the others name this rank
+            problem = f"rank {self.rank}'s batch {step} could not be read ({type(error).__name__}: {error})"
+            self._start_without_batch(step, problem, error)
+            return None
+        self.start(batch.sparse_features, rows, loads, step)
         return dense.reshape(size, -1).shape[1], dense.dtype, tuple(labels.shape[1:]), labels.dtype
 
-    def _start_end(self, step: int) -> None:
-        """This rank has no batch `step`: its "no batch" in the signature gather
-        the other ranks' shuffle of batch `step` makes, issued where theirs is
-        (the worker, or now on the caller's thread); `_finish()` gives its
-        outcome."""
+    def _start_without_batch(
+        self, step: int, problem: str | None = None, raised: Exception | None = None
+    ) -> None:
+        """This rank has no batch `step` to shuffle: its batches ended (no
+        `problem`), or its input is bad or its loader raised (`problem` says
+        so; `raised`: what finish() re-raises here). It sends "no batch" or
+        "trouble" in the signature gather the other ranks' shuffle of batch
+        `step` makes, issued where theirs is (the worker, or now on the
+        caller's thread); `_finish()` gives the outcome."""
         device = collective_device(self.group)  # on this thread: the rank's GPU under NCCL
+        check = functools.partial(self._check_without_batch, step, device, problem)
+        ended = problem is None
         if self._worker is not None and self.collective_thread == "worker":
-            self._pending = _Pending(
-                step, future=self._worker.submit(self._check_ended, step, device), ended=True
-            )
+            self._pending = _Pending(step, future=self._worker.submit(check), ended=ended, raised=raised)
             return
         try:
-            self._check_ended(step, device)
-            self._pending = _Pending(step, ended=True)
-        except _RanksDiffer as error:
-            self._pending = _Pending(step, error=error, ended=True)
+            check()
+            self._pending = _Pending(step, ended=ended)
+        except RanksDiffer as error:
+            self._pending = _Pending(step, error=error, ended=ended, raised=raised)
 
-    def _check_ended(self, step: int, device: torch.device) -> None:
+    def _check_without_batch(self, step: int, device: torch.device, problem: str | None) -> None:
         if device.type == "cuda":
             torch.cuda.set_device(device)  # in the worker too
-        self._check_sizes(self._gather_sizes(_NO_BATCH, device=device), step)
-
-    def _gather_sizes(self, size: int, checksum: int = 0, device: torch.device | None = None) -> torch.Tensor:
-        """Every rank's (batch size, signature checksum): one small all-gather."""
-        mine = torch.tensor([size, checksum], dtype=torch.int64, device=device)
-        return all_gather_flat(mine, self.group).view(-1, 2).cpu()
-
-    def _check_sizes(self, gathered: torch.Tensor, step: int) -> None:
-        """The same ValueError on every rank where the batch sizes differ or some
-        rank has no batch (`_NO_BATCH`): every rank sees the same sizes."""
-        sizes = gathered[:, 0].tolist()
-        ended = [rank for rank, size in enumerate(sizes) if size == _NO_BATCH]
-        if ended and len(ended) < len(sizes):
-            going = [rank for rank in range(len(sizes)) if rank not in ended]
-            raise _RanksDiffer(
-                f"ranks {ended} have no batch {step} (their batches ended) while ranks {going} have one; "
-                "BalancedShuffle needs as many batches on every rank (e.g. a DistributedSampler with "
-                "drop_last=True and DataLoader(drop_last=True))"
-            )
-        if len(set(sizes)) > 1:
-            raise _RanksDiffer(
-                f"batch sizes differ across ranks: {sizes} samples on ranks 0..{len(sizes) - 1}; "
-                "BalancedShuffle needs the same number of samples on every rank (drop or pad the "
-                "partial last batch, e.g. DataLoader(drop_last=True))"
-            )
-
-    def _check_same_batch(self, kjt: KeyedJaggedTensor, dense: torch.Tensor, step: int) -> None:
-        """One small all-gather of (batch size, a checksum of keys, dtypes and
-        dense width): every rank raises the same ValueError where they differ,
-        before any collective whose sizes would not match."""
-        weights = None if kjt.weights_or_none() is None else kjt.weights().dtype
-        signature = (
-            f"keys {kjt.keys()}, values {kjt.values().dtype}, lengths {kjt.lengths().dtype}, "
-            f"weights {weights}, dense width {dense.shape[1]} {dense.dtype}"
-        )
-        gathered = self._gather_sizes(kjt.stride(), zlib.crc32(signature.encode()), dense.device)
-        self._check_sizes(gathered, step)
-        if len(set(gathered[:, 1].tolist())) > 1:
-            signatures: list[Any] = [None] * self.world_size
-            dist.all_gather_object(signatures, signature, group=self.group)  # every rank is here
-            described = "; ".join(f"rank {r}: {s}" for r, s in enumerate(signatures))
-            raise _RanksDiffer(
-                f"batches differ across ranks ({described}); BalancedShuffle needs the same KJT keys, "
-                "dtypes and dense width on every rank"
-            )
+        code = NO_BATCH if problem is None else TROUBLE
+        check_sizes(gather_sizes(self.group, code, device=device), step, self.group, problem)
 
     @contextlib.contextmanager
     def _side_stream(self, device: torch.device, ready: torch.cuda.Event | None) -> Iterator[None]:
@@ -390,14 +419,17 @@ class BalancedShuffle:
 class _Pending:
     """A started shuffle: its result (synchronous), or the worker's future and,
     where the caller exchanges, the batch and the gathered rows; or the error
-    its check found (every rank's); `ended`: an end-of-data check, no batch."""
+    its check found (every rank's); `ended`: an end-of-data check, no batch;
+    `raised`: this rank's loader's exception, re-raised here in place of the
+    check's error."""
 
     step: int
     done: tuple[KeyedJaggedTensor, torch.Tensor, torch.cuda.Event | None] | None = None
     future: Future | None = None
     inputs: tuple[KeyedJaggedTensor, torch.Tensor, torch.Tensor] | None = None
-    error: _RanksDiffer | None = None
+    error: RanksDiffer | None = None
     ended: bool = False
+    raised: Exception | None = None
 
 
 def _recorded_event(device: torch.device) -> torch.cuda.Event | None:
@@ -418,3 +450,19 @@ def _unpack_batch(
     return TorchrecBatch(
         dense_features=rows[:, :width].to(dense_dtype), sparse_features=kjt, labels=labels.to(label_dtype)
     )
+
+
+def _each(batches: Iterable[TorchrecBatch]) -> Iterator[TorchrecBatch]:
+    """`batches`' items; `iter(batches)` runs at the first `next()`, so
+    `_next_batch` takes what it raises too."""
+    yield from batches
+
+
+def _next_batch(source: Iterator[TorchrecBatch]) -> Any:
+    """The loader's next batch, `_END` after its last, `_Raised` where it raised."""
+    try:
+        return next(source)
+    except StopIteration:
+        return _END
+    except Exception as error:  # every rank learns it at this batch's signature gather
+        return _Raised(error)
