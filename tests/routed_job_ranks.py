@@ -462,3 +462,89 @@ def block_load_case(rank, world_size, routing, path, seed, max_rows):
         "momentum": _momentum(model),
         "shard": (int(shard.metadata.shard_offsets[0]), int(shard.metadata.shard_sizes[0])),
     }
+
+
+# The EmbeddingCollection checkpoint cases (tests/rowwise/test_dcp_ec.py): a routed sequence table saved
+# and loaded with load_resharded, as the EBC block cases above.
+
+
+def _ec_model(world_size: int, routing: str, seed: int):
+    """One EmbeddingCollection table "t" of BLOCK_ROWS rows, row-wise under `routing` with row-wise
+    Adagrad, at `model.module["ec"]`."""
+    config = EmbeddingConfig(name="t", embedding_dim=DIM, num_embeddings=BLOCK_ROWS, feature_names=["f"])
+    module = seeded(EmbeddingCollection(tables=[config]), seed)
+    sharder = RoutedEmbeddingCollectionSharder({"t": routing}, fused_params=_adagrad())
+    return DistributedModelParallel(
+        nn.ModuleDict({"ec": module}),
+        sharders=[sharder],
+        plan=ShardingPlan({"ec": _plan(module, sharder, world_size, ["t"])}),
+        device=torch.device("cpu"),
+    )
+
+
+def ec_batch(rank: int, seed: int) -> KeyedJaggedTensor:
+    """Two sequences of "f" on this rank: every id once across the ranks, then repeats and an empty one."""
+    gen = torch.Generator().manual_seed(seed * 10 + rank)
+    ids = torch.cat([torch.arange(rank, BLOCK_ROWS, 3), torch.randint(0, BLOCK_ROWS, (4,), generator=gen)])
+    return KeyedJaggedTensor.from_lengths_sync(["f"], ids, torch.tensor([len(ids) - 3, 0, 3]))
+
+
+def _ec_momentum(sharded) -> torch.Tensor:
+    """The row-wise Adagrad state of the one table, in storage order, gathered from the ranks."""
+    (value,) = sharded.fused_optimizer.state[next(iter(sharded.fused_optimizer.params.values()))].values()
+    (shard,) = value.local_shards()
+    blocks = [None] * dist.get_world_size()
+    dist.all_gather_object(blocks, (int(shard.metadata.shard_offsets[0]), shard.tensor.clone()))
+    return torch.cat([block for _, block in sorted(blocks, key=lambda b: b[0])])
+
+
+def ec_save_case(rank, world_size, routing, path, seed):
+    """Train one row-wise Adagrad step of the EC under `routing` on this rank's `ec_batch`, save model
+    and optimizer with DCP: the rows and Adagrad state in storage order, the saved keys."""
+    model = _ec_model(world_size, routing, seed)
+    out = model.module["ec"](ec_batch(rank, seed))["f"].values()
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + rank))
+    (out * grad).sum().backward()
+    dcp.save({"model": model.state_dict(), "optim": model.fused_optimizer.state_dict()}, checkpoint_id=path)
+    sharded = model.module["ec"]
+    return {
+        "rows": gather_rows(sharded, "t"),
+        "momentum": _ec_momentum(sharded),
+        "keys": list(model.state_dict()),
+        "optimizer_keys": list(model.fused_optimizer.state_dict()["state"]),
+    }
+
+
+def ec_load_case(rank, world_size, routing, path, seed, max_rows):
+    """load_resharded with max_rows_per_read=max_rows into an EC model of `routing`, DCP's
+    FileSystemReader wrapped to record each read: the keys it loaded from, the reads, the rows and
+    Adagrad state in storage order, and the sequence embeddings (values, lengths) of this rank's
+    `ec_batch`."""
+    reads = []
+    real = dcp.FileSystemReader.read_data
+
+    def spy(self, plan, planner):  # as block_load_case: each read's keys and rows
+        held = [planner.lookup_tensor(item.dest_index).shape[0] for item in plan.items]
+        keys = sorted({item.dest_index.fqn for item in plan.items})
+        reads.append({"keys": keys, "dest_rows": max(held), "rows": sum(i.lengths[0] for i in plan.items)})
+        return real(self, plan, planner)
+
+    model = _ec_model(world_size, routing, seed + 2)
+    sharded = model.module["ec"]
+    dcp.FileSystemReader.read_data = spy
+    try:
+        found = load_resharded(
+            sharded, path, prefix="model.ec.", optimizer_prefix="optim.state.ec.", max_rows_per_read=max_rows
+        )
+    finally:
+        dcp.FileSystemReader.read_data = real
+    with torch.no_grad():
+        out = model.module["ec"](ec_batch(rank, seed + 1))["f"]
+    return {
+        "found": found,
+        "reads": reads,
+        "rows": gather_rows(sharded, "t"),
+        "momentum": _ec_momentum(sharded),
+        "out": out.values().detach(),
+        "lengths": out.lengths(),
+    }
