@@ -11,9 +11,14 @@ job uses them (spawned ranks import them from here).
   what DCP and `load_state_dict` do with it in other layouts; `load_resharded` at another W and routing.
 - `dynamic_reshard_case`: a routed row-wise table and a table-wise one, trained with row-wise Adagrad;
   torchrec's `DistributedModelParallel.reshard` moves the table-wise one (test_sharders_reshard.py).
+- `block_save_case` / `block_load_case` (test_dcp_blocks.py) and `ec_save_case` / `ec_load_case`
+  (test_dcp_ec.py): one routed table, of an EmbeddingBagCollection or an EmbeddingCollection, saved
+  with DCP and loaded by `load_resharded` in blocks of rows, each read recorded (`recorded_reads`).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -205,9 +210,10 @@ def _train_step(model, rank: int) -> None:
     model.module["ebc"](kjt).values().sum().backward()
 
 
-def _momentum(model) -> torch.Tensor:
-    """The row-wise Adagrad state, in storage order, gathered from the ranks."""
-    sharded = model.module["ebc"]
+def _momentum(model, key: str = "ebc") -> torch.Tensor:
+    """The row-wise Adagrad state of the one table of `model.module[key]`, in storage order, gathered
+    from the ranks."""
+    sharded = model.module[key]
     (value,) = sharded.fused_optimizer.state[next(iter(sharded.fused_optimizer.params.values()))].values()
     (shard,) = value.local_shards()
     blocks = [None] * dist.get_world_size()
@@ -400,17 +406,45 @@ def dynamic_reshard_case(rank, world_size, routing, seed):
 BLOCK_ROWS = 50  # the table the block-read cases save and load: many blocks of a few rows
 
 
-def _block_model(world_size: int, routing: str, seed: int):
-    """One table "t" of BLOCK_ROWS rows, row-wise under `routing` with row-wise Adagrad, inside a model."""
-    config = EmbeddingBagConfig(name="t", embedding_dim=DIM, num_embeddings=BLOCK_ROWS, feature_names=["f"])
-    module = seeded(EmbeddingBagCollection(tables=[config]), seed)
-    sharder = RoutedEmbeddingBagCollectionSharder({"t": routing}, fused_params=_adagrad())
+def _block_model(world_size: int, routing: str, seed: int, sequence: bool = False):
+    """One table "t" of BLOCK_ROWS rows, row-wise under `routing` with row-wise Adagrad, at
+    `model.module["ebc"]` (an EmbeddingBagCollection) or, with `sequence`, `model.module["ec"]`."""
+    if sequence:
+        config = EmbeddingConfig(name="t", embedding_dim=DIM, num_embeddings=BLOCK_ROWS, feature_names=["f"])
+        module = seeded(EmbeddingCollection(tables=[config]), seed)
+        sharder = RoutedEmbeddingCollectionSharder({"t": routing}, fused_params=_adagrad())
+    else:
+        config = EmbeddingBagConfig(
+            name="t", embedding_dim=DIM, num_embeddings=BLOCK_ROWS, feature_names=["f"]
+        )
+        module = seeded(EmbeddingBagCollection(tables=[config]), seed)
+        sharder = RoutedEmbeddingBagCollectionSharder({"t": routing}, fused_params=_adagrad())
+    key = "ec" if sequence else "ebc"
     return DistributedModelParallel(
-        nn.ModuleDict({"ebc": module}),
+        nn.ModuleDict({key: module}),
         sharders=[sharder],
-        plan=ShardingPlan({"ebc": _plan(module, sharder, world_size, ["t"])}),
+        plan=ShardingPlan({key: _plan(module, sharder, world_size, ["t"])}),
         device=torch.device("cpu"),
     )
+
+
+@contextlib.contextmanager
+def recorded_reads():
+    """DCP's real FileSystemReader, each read recorded: the keys it loads into, the most rows of a
+    destination tensor and the rows it reads (a list that fills while the block runs)."""
+    reads, real = [], dcp.FileSystemReader.read_data
+
+    def spy(self, plan, planner):
+        held = [planner.lookup_tensor(item.dest_index).shape[0] for item in plan.items]
+        keys = sorted({item.dest_index.fqn for item in plan.items})
+        reads.append({"keys": keys, "dest_rows": max(held), "rows": sum(i.lengths[0] for i in plan.items)})
+        return real(self, plan, planner)
+
+    dcp.FileSystemReader.read_data = spy
+    try:
+        yield reads
+    finally:
+        dcp.FileSystemReader.read_data = real
 
 
 def block_save_case(rank, world_size, routing, path, seed):
@@ -431,20 +465,8 @@ def block_load_case(rank, world_size, routing, path, seed, max_rows):
     FileSystemReader wrapped to record each read: the destination tensor's rows and the rows it
     received (per read call); then the rows and Adagrad state in storage order, and this rank's
     rows of each."""
-    reads = []
-    real = dcp.FileSystemReader.read_data
-
-    def spy(self, plan, planner):
-        dests = {item.dest_index.fqn for item in plan.items}
-        held = [planner.lookup_tensor(item.dest_index).shape[0] for item in plan.items]
-        reads.append(
-            {"keys": sorted(dests), "dest_rows": max(held), "rows": sum(i.lengths[0] for i in plan.items)}
-        )
-        return real(self, plan, planner)
-
     model = _block_model(world_size, routing, seed + 2)
-    dcp.FileSystemReader.read_data = spy
-    try:
+    with recorded_reads() as reads:
         found = load_resharded(
             model.module["ebc"],
             path,
@@ -452,8 +474,6 @@ def block_load_case(rank, world_size, routing, path, seed, max_rows):
             optimizer_prefix="optim.state.ebc.",
             max_rows_per_read=max_rows,
         )
-    finally:
-        dcp.FileSystemReader.read_data = real
     (shard,) = model.module["ebc"].state_dict()[weight_key(model.module["ebc"], "t")].local_shards()
     return {
         "found": found,
@@ -464,24 +484,6 @@ def block_load_case(rank, world_size, routing, path, seed, max_rows):
     }
 
 
-# The EmbeddingCollection checkpoint cases (tests/rowwise/test_dcp_ec.py): a routed sequence table saved
-# and loaded with load_resharded, as the EBC block cases above.
-
-
-def _ec_model(world_size: int, routing: str, seed: int):
-    """One EmbeddingCollection table "t" of BLOCK_ROWS rows, row-wise under `routing` with row-wise
-    Adagrad, at `model.module["ec"]`."""
-    config = EmbeddingConfig(name="t", embedding_dim=DIM, num_embeddings=BLOCK_ROWS, feature_names=["f"])
-    module = seeded(EmbeddingCollection(tables=[config]), seed)
-    sharder = RoutedEmbeddingCollectionSharder({"t": routing}, fused_params=_adagrad())
-    return DistributedModelParallel(
-        nn.ModuleDict({"ec": module}),
-        sharders=[sharder],
-        plan=ShardingPlan({"ec": _plan(module, sharder, world_size, ["t"])}),
-        device=torch.device("cpu"),
-    )
-
-
 def ec_batch(rank: int, seed: int) -> KeyedJaggedTensor:
     """Two sequences of "f" on this rank: every id once across the ranks, then repeats and an empty one."""
     gen = torch.Generator().manual_seed(seed * 10 + rank)
@@ -489,19 +491,10 @@ def ec_batch(rank: int, seed: int) -> KeyedJaggedTensor:
     return KeyedJaggedTensor.from_lengths_sync(["f"], ids, torch.tensor([len(ids) - 3, 0, 3]))
 
 
-def _ec_momentum(sharded) -> torch.Tensor:
-    """The row-wise Adagrad state of the one table, in storage order, gathered from the ranks."""
-    (value,) = sharded.fused_optimizer.state[next(iter(sharded.fused_optimizer.params.values()))].values()
-    (shard,) = value.local_shards()
-    blocks = [None] * dist.get_world_size()
-    dist.all_gather_object(blocks, (int(shard.metadata.shard_offsets[0]), shard.tensor.clone()))
-    return torch.cat([block for _, block in sorted(blocks, key=lambda b: b[0])])
-
-
 def ec_save_case(rank, world_size, routing, path, seed):
     """Train one row-wise Adagrad step of the EC under `routing` on this rank's `ec_batch`, save model
     and optimizer with DCP: the rows and Adagrad state in storage order, the saved keys."""
-    model = _ec_model(world_size, routing, seed)
+    model = _block_model(world_size, routing, seed, sequence=True)
     out = model.module["ec"](ec_batch(rank, seed))["f"].values()
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + rank))
     (out * grad).sum().backward()
@@ -509,7 +502,7 @@ def ec_save_case(rank, world_size, routing, path, seed):
     sharded = model.module["ec"]
     return {
         "rows": gather_rows(sharded, "t"),
-        "momentum": _ec_momentum(sharded),
+        "momentum": _momentum(model, "ec"),
         "keys": list(model.state_dict()),
         "optimizer_keys": list(model.fused_optimizer.state_dict()["state"]),
     }
@@ -520,31 +513,19 @@ def ec_load_case(rank, world_size, routing, path, seed, max_rows):
     FileSystemReader wrapped to record each read: the keys it loaded from, the reads, the rows and
     Adagrad state in storage order, and the sequence embeddings (values, lengths) of this rank's
     `ec_batch`."""
-    reads = []
-    real = dcp.FileSystemReader.read_data
-
-    def spy(self, plan, planner):  # as block_load_case: each read's keys and rows
-        held = [planner.lookup_tensor(item.dest_index).shape[0] for item in plan.items]
-        keys = sorted({item.dest_index.fqn for item in plan.items})
-        reads.append({"keys": keys, "dest_rows": max(held), "rows": sum(i.lengths[0] for i in plan.items)})
-        return real(self, plan, planner)
-
-    model = _ec_model(world_size, routing, seed + 2)
+    model = _block_model(world_size, routing, seed + 2, sequence=True)
     sharded = model.module["ec"]
-    dcp.FileSystemReader.read_data = spy
-    try:
+    with recorded_reads() as reads:
         found = load_resharded(
             sharded, path, prefix="model.ec.", optimizer_prefix="optim.state.ec.", max_rows_per_read=max_rows
         )
-    finally:
-        dcp.FileSystemReader.read_data = real
     with torch.no_grad():
         out = model.module["ec"](ec_batch(rank, seed + 1))["f"]
     return {
         "found": found,
         "reads": reads,
         "rows": gather_rows(sharded, "t"),
-        "momentum": _ec_momentum(sharded),
+        "momentum": _momentum(model, "ec"),
         "out": out.values().detach(),
         "lengths": out.lengths(),
     }
