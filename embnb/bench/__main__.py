@@ -8,7 +8,7 @@ import embnb.bench
 
 
 def _names() -> list[str]:
-    skip = {"results", "plans", "__main__"}  # what the benches share, not benches
+    skip = {"results", "plans", "calibrate_training", "__main__"}  # parts of benches, not benches
     return sorted(m.name for m in pkgutil.iter_modules(embnb.bench.__path__) if m.name not in skip)
 
 

@@ -156,7 +156,7 @@ def test_random_plans_on_a_cuda_topology_leave_out_the_host_level_types():
     grid_shard), but keep every other type."""
     import numpy as np
 
-    from embnb.bench.calibrate import random_plan
+    from embnb.bench.calibrate_training import random_plan
     from embnb.lab.planner.models import enumerate_options, make_model
     from embnb.planner.topology import make_topology
 
@@ -174,7 +174,7 @@ def test_random_plans_without_data_parallel_pick_every_other_type():
     none): such a plan has no data-parallel table, and draws every type the plans with it draw."""
     import numpy as np
 
-    from embnb.bench.calibrate import random_plan
+    from embnb.bench.calibrate_training import random_plan
     from embnb.lab.planner.models import enumerate_options, make_model
     from embnb.planner.topology import make_topology
 
